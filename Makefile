@@ -1,0 +1,93 @@
+# entropyd + sigmatrain. `make` builds both programs into build/.
+# `make test` runs every test, `make bench` every benchmark, `make demo` the
+# main job. `make test SANITIZE=address,undefined` builds into build/san and
+# runs the whole suite under the sanitizers.
+
+CC      ?= cc
+SANITIZE ?=
+ifeq ($(SANITIZE),)
+BUILD   ?= build
+OPT     ?= -O2
+else
+BUILD   ?= build/san
+OPT     ?= -O1
+endif
+
+PKGS     := libmicrohttpd libcjson sqlite3 openblas libcurl
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
+           -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -I$(BUILD)/gen $(PKG_CFLAGS)
+LDLIBS  += $(PKG_LIBS) -llapacke -lpthread -lm
+ifneq ($(SANITIZE),)
+CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+TRAINER_SRC := $(filter-out trainer/main.c,$(wildcard trainer/*.c))
+TEST_SRC    := $(wildcard tests/test_*.c)
+BENCH_SRC   := $(wildcard bench/*.c)
+WEB_FILES   := $(shell find web -type f 2>/dev/null | sort)
+
+DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o
+TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
+TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all deps test bench demo clean experiments
+all: $(BUILD)/entropyd $(if $(wildcard trainer/main.c),$(BUILD)/sigmatrain) $(TESTS) $(BENCHES)
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# Build-time embedding: SQL migrations and the web page become C arrays, so the
+# daemon is one self-contained binary.
+$(BUILD)/tools/embed: scripts/embed.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -Wall -Wextra -Werror $< -o $@
+$(BUILD)/gen/migrations.c: $(BUILD)/tools/embed $(sort $(wildcard schema/*.sql))
+	@mkdir -p $(dir $@)
+	$(BUILD)/tools/embed migrations schema $(sort $(wildcard schema/*.sql)) > $@
+$(BUILD)/gen/webassets.c: $(BUILD)/tools/embed $(WEB_FILES)
+	@mkdir -p $(dir $@)
+	$(BUILD)/tools/embed webassets web $(WEB_FILES) > $@
+$(BUILD)/gen/%.o: $(BUILD)/gen/%.c
+	$(CC) $(CFLAGS) -Wno-overlength-strings -c $< -o $@
+
+$(BUILD)/libdaemon.a: $(DAEMON_OBJ)
+	@rm -f $@; ar rcs $@ $^
+$(BUILD)/libtrainer.a: $(TRAINER_OBJ)
+	@rm -f $@; ar rcs $@ $(if $^,$^,)
+
+$(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+# Every test and benchmark links both module libraries; the linker keeps only
+# the objects it needs.
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+test: deps all
+	@BUILD=$(BUILD) SANITIZE=$(SANITIZE) scripts/run-tests.sh
+
+bench: deps
+	@$(MAKE) --no-print-directory all SANITIZE=
+	@BUILD=build scripts/run-bench.sh
+
+demo: deps all
+	@BUILD=$(BUILD) scripts/demo.sh
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

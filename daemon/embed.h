@@ -1,0 +1,18 @@
+/* embed.h: files compiled into the daemon at build time (scripts/embed.c).
+ * `migrations` holds schema/*.sql sorted by name; `webassets` holds web/.
+ * Each table ends with an entry whose path is NULL. Data is NUL-terminated
+ * (not counted in size) so SQL can be passed to sqlite3_exec directly. */
+#ifndef EMBED_H
+#define EMBED_H
+#include <stddef.h>
+
+struct embed_file {
+    const char *path;          /* relative to schema/ or web/ */
+    const unsigned char *data; /* static, never freed */
+    long size;
+};
+
+extern const struct embed_file migrations[];
+extern const struct embed_file webassets[];
+
+#endif
