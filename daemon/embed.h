@@ -1,5 +1,5 @@
 /* embed.h: files compiled into the daemon at build time (scripts/embed.c).
- * `migrations` holds schema/*.sql sorted by name; `webassets` holds web/.
+ * `migrations` holds the schema .sql files sorted by name; `webassets` holds web/.
  * Each table ends with an entry whose path is NULL. Data is NUL-terminated
  * (not counted in size) so SQL can be passed to sqlite3_exec directly. */
 #ifndef EMBED_H

@@ -1,0 +1,784 @@
+/* ingest.c: the trainer-facing event loop. See ingest.h for the contract
+ * and schema/protocol.md for what goes over the wire. */
+#include "ingest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define READ_CHUNK (256 * 1024)
+#define IN_INITIAL (16 * 1024)
+
+/* Ingest's view of a run: enough to validate lines without the database. */
+struct run {
+    char name[PROTO_MAX_RUN + 1];
+    int64_t id;              /* 0 until the writer welcomed it */
+    int64_t layers, heads;
+    int64_t last_seq;        /* highest seq accepted (queued or committed) */
+    int ended;
+    struct conn *owner;      /* the connection that said hello last, or NULL */
+    struct run *next;
+};
+
+struct conn {
+    int fd;
+    uint64_t id;
+    char *in;                /* buffered input not yet consumed */
+    size_t in_len, in_cap;
+    int skipping;            /* discarding the rest of an overlong line */
+    char *out;               /* pending output (welcome, errors) */
+    size_t out_off, out_len, out_cap;
+    int64_t ack_pending, ack_sent;
+    struct run *run;
+    int waiting;             /* hello sent to the writer, welcome not back yet */
+    int closing;             /* close once output is flushed */
+    int eof;                 /* peer closed its side */
+    int want_out;            /* EPOLLOUT armed */
+    int reading;             /* EPOLLIN armed */
+};
+
+/* Marker values stored in epoll_event.data.u64 for non-connection fds. */
+enum { EV_UNIX = 1, EV_TCP, EV_NOTIFY, EV_STOP, EV_CONN_BASE = 16 };
+
+struct ingest {
+    struct ingest_config cfg;
+    struct writer *writer;
+    int notify_fd, stop_fd;
+    int ep, ctl_ep;          /* all fds; control fds only (used while paused) */
+    int unix_fd, tcp_fd, tcp_port;
+    char *unix_path;
+    struct conn **conns;     /* by fd */
+    int conns_cap;
+    uint64_t next_id;
+    struct run *runs;
+    int paused;              /* the writer's queue was full */
+    pthread_mutex_t stats_mu;
+    struct ingest_stats stats;
+};
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+#define STAT_ADD(ing, field, n) do { pthread_mutex_lock(&(ing)->stats_mu); (ing)->stats.field += (n); \
+                                     pthread_mutex_unlock(&(ing)->stats_mu); } while (0)
+
+/* ---- output ---- */
+
+static void conn_arm(struct ingest *ing, struct conn *c) {
+    int want_out = c->out_len > c->out_off || c->ack_pending > c->ack_sent;
+    int reading = !c->waiting && !c->closing && !c->eof;
+    if (want_out == c->want_out && reading == c->reading) return;
+    struct epoll_event ev = {.events = (reading ? EPOLLIN : 0) | (want_out ? EPOLLOUT : 0),
+                             .data.u64 = EV_CONN_BASE + (uint64_t)c->fd};
+    epoll_ctl(ing->ep, EPOLL_CTL_MOD, c->fd, &ev);
+    c->want_out = want_out;
+    c->reading = reading;
+}
+
+/* Appends bytes to the connection's output. Returns -1 if the client has
+ * let more than max_out bytes pile up unread. */
+static int out_append(struct ingest *ing, struct conn *c, const char *s, size_t n) {
+    if (c->out_off && c->out_off == c->out_len) c->out_off = c->out_len = 0;
+    if (c->out_len - c->out_off + n > ing->cfg.max_out) return -1;
+    if (c->out_len + n > c->out_cap) {
+        if (c->out_off) {
+            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+            c->out_len -= c->out_off;
+            c->out_off = 0;
+        }
+        size_t cap = c->out_cap ? c->out_cap : 4096;
+        while (cap < c->out_len + n) cap *= 2;
+        if (cap != c->out_cap) {
+            char *o = realloc(c->out, cap);
+            if (!o) return -1;
+            c->out = o;
+            c->out_cap = cap;
+        }
+    }
+    memcpy(c->out + c->out_len, s, n);
+    c->out_len += n;
+    return 0;
+}
+
+static void conn_close(struct ingest *ing, struct conn *c);
+
+/* A connection is done when it was told to close, or when its peer has
+ * finished sending and every line it sent is handled and acked. */
+static int conn_done(const struct conn *c) {
+    if (c->closing) return 1;
+    if (!c->eof || c->waiting || memchr(c->in, '\n', c->in_len)) return 0;
+    return !c->run || c->run->owner != c || c->ack_sent >= c->run->last_seq;
+}
+
+/* Writes what can be written now without blocking. */
+static void conn_flush(struct ingest *ing, struct conn *c) {
+    if (c->ack_pending > c->ack_sent) {
+        char line[96];
+        int n = snprintf(line, sizeof line, "{\"type\":\"ack\",\"seq\":%lld}\n", (long long)c->ack_pending);
+        if (out_append(ing, c, line, (size_t)n) == 0) c->ack_sent = c->ack_pending;
+    }
+    while (c->out_off < c->out_len) {
+        ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+        if (w > 0) {
+            c->out_off += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        conn_close(ing, c); /* peer gone */
+        return;
+    }
+    if (c->out_off >= c->out_len && conn_done(c)) {
+        conn_close(ing, c);
+        return;
+    }
+    conn_arm(ing, c);
+}
+
+/* Queues an error line. Closing codes, and a client that does not read its
+ * errors, end the connection once the output is flushed. */
+static void send_error(struct ingest *ing, struct conn *c, int code, const char *msg, int64_t seq) {
+    char line[1024];
+    size_t n = (size_t)snprintf(line, sizeof line, "{\"type\":\"error\",\"code\":\"%s\",\"message\":", proto_err_name(code));
+    n += proto_json_string(line + n, sizeof line - n - 64, msg, strnlen(msg, 700));
+    if (seq > 0) n += (size_t)snprintf(line + n, sizeof line - n, ",\"seq\":%lld", (long long)seq);
+    n += (size_t)snprintf(line + n, sizeof line - n, "}\n");
+    STAT_ADD(ing, errors[code], 1);
+    if (out_append(ing, c, line, n)) {
+        STAT_ADD(ing, errors[PROTO_E_TOO_MANY_ERRORS], 1);
+        c->closing = 1;
+        return;
+    }
+    if (code == PROTO_E_UNAUTHORIZED || code == PROTO_E_SUPERSEDED || code == PROTO_E_TOO_MANY_ERRORS)
+        c->closing = 1;
+}
+
+/* ---- runs ---- */
+
+static struct run *run_by_name(struct ingest *ing, const char *name) {
+    for (struct run *r = ing->runs; r; r = r->next)
+        if (strcmp(r->name, name) == 0) return r;
+    return NULL;
+}
+
+static struct run *run_by_id(struct ingest *ing, int64_t id) {
+    for (struct run *r = ing->runs; r; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+static void run_remove(struct ingest *ing, struct run *run) {
+    for (struct run **p = &ing->runs; *p; p = &(*p)->next)
+        if (*p == run) {
+            *p = run->next;
+            free(run);
+            return;
+        }
+}
+
+static void submit_control(struct ingest *ing, int kind, struct run *run, struct conn *c) {
+    struct writer_item *it = calloc(1, sizeof *it);
+    if (!it) {
+        fprintf(stderr, "entropyd: out of memory marking run %s\n", run->name);
+        return;
+    }
+    it->kind = kind;
+    it->run_id = run->id;
+    it->conn = c ? c->id : 0;
+    it->time = wall_now();
+    writer_submit(ing->writer, it); /* control items are always taken */
+}
+
+/* Detaches a connection from its run; the run turns stale unless it ended. */
+static void conn_detach(struct ingest *ing, struct conn *c) {
+    struct run *run = c->run;
+    c->run = NULL;
+    if (!run || run->owner != c) return;
+    run->owner = NULL;
+    if (run->id == 0) {
+        /* never welcomed: the writer's reply will find no owner */
+        return;
+    }
+    if (!run->ended) submit_control(ing, WRITER_STALE, run, NULL);
+}
+
+/* ---- connections ---- */
+
+static void conn_close(struct ingest *ing, struct conn *c) {
+    conn_detach(ing, c);
+    epoll_ctl(ing->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    ing->conns[c->fd] = NULL;
+    free(c->in);
+    free(c->out);
+    free(c);
+    pthread_mutex_lock(&ing->stats_mu);
+    ing->stats.conns_open--;
+    pthread_mutex_unlock(&ing->stats_mu);
+}
+
+static struct conn *conn_by_id(struct ingest *ing, uint64_t id) {
+    /* ids are unique; fds are reused, so check both */
+    for (int fd = 0; fd < ing->conns_cap; fd++)
+        if (ing->conns[fd] && ing->conns[fd]->id == id) return ing->conns[fd];
+    return NULL;
+}
+
+static void accept_all(struct ingest *ing, int lfd) {
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                fprintf(stderr, "entropyd: accept: %s\n", strerror(errno));
+            return;
+        }
+        pthread_mutex_lock(&ing->stats_mu);
+        int full = (int)ing->stats.conns_open >= ing->cfg.max_conns;
+        if (full) ing->stats.conns_rejected++;
+        pthread_mutex_unlock(&ing->stats_mu);
+        if (full || fd >= 1 << 24) {
+            static const char msg[] = "{\"type\":\"error\",\"code\":\"internal\",\"message\":\"too many connections\"}\n";
+            ssize_t ignored = send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)ignored;
+            close(fd);
+            continue;
+        }
+        if (fd >= ing->conns_cap) {
+            int cap = ing->conns_cap ? ing->conns_cap : 1024;
+            while (cap <= fd) cap *= 2;
+            struct conn **cs = realloc(ing->conns, (size_t)cap * sizeof *cs);
+            if (!cs) {
+                close(fd);
+                continue;
+            }
+            memset(cs + ing->conns_cap, 0, (size_t)(cap - ing->conns_cap) * sizeof *cs);
+            ing->conns = cs;
+            ing->conns_cap = cap;
+        }
+        struct conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        if (lfd == ing->tcp_fd) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        }
+        c->fd = fd;
+        c->id = ++ing->next_id;
+        c->reading = 1;
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_CONN_BASE + (uint64_t)fd};
+        if (epoll_ctl(ing->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        ing->conns[fd] = c;
+        pthread_mutex_lock(&ing->stats_mu);
+        ing->stats.conns_total++;
+        ing->stats.conns_open++;
+        pthread_mutex_unlock(&ing->stats_mu);
+    }
+}
+
+/* ---- lines ---- */
+
+static int check_shapes(const struct proto_msg *m, const struct run *run, char *err, size_t errlen) {
+    for (uint32_t i = 0; i < m->nmetrics; i++) {
+        const struct proto_metric *pm = &m->metrics[i];
+        if (pm->kind == PROTO_LAYER && pm->rows != run->layers) {
+            snprintf(err, errlen, "layer metric %s has %u values, the run has %lld layers", pm->name, pm->rows,
+                     (long long)run->layers);
+            return -1;
+        }
+        if (pm->kind == PROTO_HEAD && (pm->rows != run->layers || pm->cols != run->heads)) {
+            snprintf(err, errlen, "head metric %s is %u x %u, the run is %lld layers x %lld heads", pm->name,
+                     pm->rows, pm->cols, (long long)run->layers, (long long)run->heads);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+enum { LINE_DONE, LINE_BLOCKED };
+
+/* Handles one complete line. Returns LINE_BLOCKED when the line could not
+ * be queued (writer full): the caller keeps it and retries later. */
+static int handle_line(struct ingest *ing, struct conn *c, const char *line, size_t len) {
+    struct proto_msg msg = {0};
+    char err[512];
+    int code = proto_parse(line, len, &msg, err, sizeof err);
+    if (code != PROTO_OK) {
+        send_error(ing, c, code, err, msg.has_seq ? msg.seq : 0);
+        proto_msg_free(&msg);
+        return LINE_DONE;
+    }
+    if (ing->cfg.token && msg.type == PROTO_HELLO && (!msg.token || strcmp(msg.token, ing->cfg.token) != 0)) {
+        send_error(ing, c, PROTO_E_UNAUTHORIZED, msg.token ? "wrong token" : "this daemon requires a token in hello", 0);
+        proto_msg_free(&msg);
+        return LINE_DONE;
+    }
+    struct run *run = c->run;
+    if (msg.type == PROTO_HELLO) {
+        struct run *r = run_by_name(ing, msg.run);
+        if (r && r->owner && r->owner != c) {
+            struct conn *old = r->owner;
+            send_error(ing, old, PROTO_E_SUPERSEDED, "another connection said hello for this run", 0);
+            old->run = NULL; /* the run stays live: the new connection has it */
+            r->owner = NULL;
+            conn_flush(ing, old);
+        }
+        if (c->run && c->run != r) conn_detach(ing, c);
+        if (!r) {
+            r = calloc(1, sizeof *r);
+            if (!r) {
+                send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
+                proto_msg_free(&msg);
+                return LINE_DONE;
+            }
+            snprintf(r->name, sizeof r->name, "%s", msg.run);
+            r->next = ing->runs;
+            ing->runs = r;
+        }
+        r->owner = c;
+        c->run = r;
+        c->waiting = 1;
+        struct writer_item *it = calloc(1, sizeof *it);
+        if (!it) {
+            send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
+            c->waiting = 0;
+            proto_msg_free(&msg);
+            return LINE_DONE;
+        }
+        it->kind = WRITER_HELLO;
+        it->conn = c->id;
+        it->msg = msg;
+        it->time = wall_now();
+        writer_submit(ing->writer, it);
+        STAT_ADD(ing, messages, 1);
+        return LINE_DONE;
+    }
+    if (!run) {
+        send_error(ing, c, PROTO_E_NO_HELLO, "send hello first", msg.seq);
+        proto_msg_free(&msg);
+        return LINE_DONE;
+    }
+    if (run->ended) {
+        send_error(ing, c, PROTO_E_RUN_ENDED, "the run has ended; send hello to reopen it", msg.seq);
+        proto_msg_free(&msg);
+        return LINE_DONE;
+    }
+    if (msg.seq <= run->last_seq) {
+        snprintf(err, sizeof err, "seq %lld is already stored (last is %lld); ignored", (long long)msg.seq,
+                 (long long)run->last_seq);
+        send_error(ing, c, PROTO_E_DUPLICATE, err, msg.seq);
+        proto_msg_free(&msg);
+        return LINE_DONE;
+    }
+    if (msg.seq > run->last_seq + 1) {
+        snprintf(err, sizeof err, "expected seq %lld, got %lld: resend from %lld", (long long)run->last_seq + 1,
+                 (long long)msg.seq, (long long)run->last_seq + 1);
+        send_error(ing, c, PROTO_E_SEQ_GAP, err, msg.seq);
+        proto_msg_free(&msg);
+        return LINE_DONE;
+    }
+    if (msg.type == PROTO_STEP && check_shapes(&msg, run, err, sizeof err)) {
+        send_error(ing, c, PROTO_E_BAD_SHAPE, err, msg.seq);
+        proto_msg_free(&msg);
+        return LINE_DONE;
+    }
+    struct writer_item *it = calloc(1, sizeof *it);
+    if (!it) {
+        send_error(ing, c, PROTO_E_INTERNAL, "out of memory", msg.seq);
+        proto_msg_free(&msg);
+        return LINE_DONE;
+    }
+    it->kind = msg.type == PROTO_STEP ? WRITER_STEP : msg.type == PROTO_EVENT ? WRITER_EVENT : WRITER_END;
+    it->conn = c->id;
+    it->run_id = run->id;
+    it->seq = msg.seq;
+    it->msg = msg;
+    if (writer_submit(ing->writer, it)) {
+        it->msg = (struct proto_msg){0};
+        writer_item_free(it);
+        proto_msg_free(&msg);
+        return LINE_BLOCKED;
+    }
+    run->last_seq = it->seq;
+    if (it->kind == WRITER_END) run->ended = 1;
+    STAT_ADD(ing, messages, 1);
+    return LINE_DONE;
+}
+
+/* Handles the complete lines in the input buffer, stopping at a hello (the
+ * rest waits for the welcome) or when the writer is full. */
+static void process_input(struct ingest *ing, struct conn *c) {
+    size_t off = 0;
+    uint64_t lines = 0;
+    while (!c->waiting && !c->closing && !ing->paused) {
+        char *nl = memchr(c->in + off, '\n', c->in_len - off);
+        if (!nl) break;
+        size_t len = (size_t)(nl - (c->in + off));
+        if (c->skipping) {
+            c->skipping = 0;
+        } else {
+            if (handle_line(ing, c, c->in + off, len) == LINE_BLOCKED) {
+                ing->paused = 1;
+                break;
+            }
+            lines++;
+        }
+        off += len + 1;
+    }
+    if (off) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    /* a partial line longer than the limit can never become valid */
+    if (c->in_len > PROTO_MAX_LINE && !c->skipping) {
+        send_error(ing, c, PROTO_E_LINE_TOO_LONG, "line longer than 4 MiB; skipped to its newline", 0);
+        c->skipping = 1;
+        c->in_len = 0;
+    } else if (c->skipping && !memchr(c->in, '\n', c->in_len)) {
+        c->in_len = 0;
+    }
+    if (lines) STAT_ADD(ing, lines, lines);
+}
+
+static void conn_read(struct ingest *ing, struct conn *c) {
+    if (c->in_cap - c->in_len < READ_CHUNK / 4) {
+        size_t cap = c->in_cap ? c->in_cap * 2 : IN_INITIAL;
+        while (cap - c->in_len < READ_CHUNK / 4) cap *= 2;
+        if (cap > PROTO_MAX_LINE + 2 * READ_CHUNK) cap = PROTO_MAX_LINE + 2 * READ_CHUNK;
+        if (cap > c->in_cap) {
+            char *in = realloc(c->in, cap);
+            if (!in) {
+                send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
+                c->closing = 1;
+                return;
+            }
+            c->in = in;
+            c->in_cap = cap;
+        }
+    }
+    size_t room = c->in_cap - c->in_len;
+    if (room > READ_CHUNK) room = READ_CHUNK;
+    ssize_t n = recv(c->fd, c->in + c->in_len, room, 0);
+    if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return;
+        conn_close(ing, c);
+        return;
+    }
+    if (n == 0) {
+        /* the peer has finished sending; what it sent is still handled and
+         * acked before the connection closes (conn_done) */
+        c->eof = 1;
+        process_input(ing, c);
+        conn_flush(ing, c);
+        return;
+    }
+    c->in_len += (size_t)n;
+    STAT_ADD(ing, bytes, (uint64_t)n);
+    process_input(ing, c);
+    conn_flush(ing, c);
+}
+
+/* ---- writer replies ---- */
+
+static void handle_replies(struct ingest *ing) {
+    uint64_t v;
+    ssize_t ignored = read(ing->notify_fd, &v, sizeof v);
+    (void)ignored;
+    struct writer_reply *r = writer_take_replies(ing->writer);
+    while (r) {
+        struct writer_reply *next = r->next;
+        struct conn *c = NULL;
+        if (r->kind == WRITER_R_ACK) {
+            struct run *run = run_by_id(ing, r->run_id);
+            c = run ? run->owner : NULL;
+            if (c && !c->waiting && r->seq > c->ack_pending) c->ack_pending = r->seq;
+        } else {
+            c = conn_by_id(ing, r->conn);
+            if (r->kind == WRITER_R_WELCOME && c && c->waiting && c->run) {
+                struct run *run = c->run;
+                struct run *dup = run_by_id(ing, r->run_id);
+                if (dup && dup != run) run_remove(ing, dup); /* stale entry of an older hello */
+                run->id = r->run_id;
+                run->layers = r->layers;
+                run->heads = r->heads;
+                run->last_seq = r->seq;
+                run->ended = 0;
+                c->waiting = 0;
+                c->ack_pending = c->ack_sent = r->seq;
+                char line[128];
+                int n = snprintf(line, sizeof line, "{\"type\":\"welcome\",\"run_id\":%lld,\"last_seq\":%lld}\n",
+                                 (long long)r->run_id, (long long)r->seq);
+                out_append(ing, c, line, (size_t)n);
+            } else if (r->kind == WRITER_R_ERROR && c) {
+                send_error(ing, c, r->code, r->message, r->seq);
+                if (c->waiting) { /* the hello failed */
+                    struct run *run = c->run;
+                    c->waiting = 0;
+                    c->run = NULL;
+                    if (run && run->owner == c) run->owner = NULL;
+                    if (run && run->id == 0) run_remove(ing, run);
+                }
+            }
+        }
+        if (c) {
+            process_input(ing, c); /* lines held back behind the hello */
+            conn_flush(ing, c);
+        }
+        free(r);
+        r = next;
+    }
+}
+
+/* ---- listeners ---- */
+
+static int listen_unix(struct ingest *ing, const char *path, char *err, size_t errlen) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sa.sun_path) {
+        snprintf(err, errlen, "socket path too long: %s", path);
+        return -1;
+    }
+    strcpy(sa.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    /* a socket file left by a dead daemon is removed; a live one is not */
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+        snprintf(err, errlen, "another entropyd is listening on %s", path);
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    unlink(path);
+    mode_t old = umask(077); /* mode 0600 from birth: no window for others */
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    umask(old);
+    if (rc < 0 || listen(fd, 1024) < 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    ing->unix_path = strdup(path);
+    return fd;
+}
+
+static int listen_tcp(struct ingest *ing, const char *spec, char *err, size_t errlen) {
+    char host[256];
+    const char *colon = strrchr(spec, ':');
+    if (!colon || colon == spec || (size_t)(colon - spec) >= sizeof host || !colon[1]) {
+        snprintf(err, errlen, "--listen-tcp wants HOST:PORT, got \"%s\"", spec);
+        return -1;
+    }
+    memcpy(host, spec, (size_t)(colon - spec));
+    host[colon - spec] = 0;
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
+    int gai = getaddrinfo(host, colon + 1, &hints, &res);
+    if (gai) {
+        snprintf(err, errlen, "--listen-tcp %s: %s", spec, gai_strerror(gai));
+        return -1;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, 1024) < 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", spec, strerror(errno));
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    ing->tcp_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                             : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
+}
+
+static int ep_add(int ep, int fd, uint64_t tag) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
+    return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *writer, int notify_fd, char *err,
+                             size_t errlen) {
+    struct ingest *ing = calloc(1, sizeof *ing);
+    if (!ing) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    ing->cfg = *cfg;
+    if (ing->cfg.max_conns <= 0) ing->cfg.max_conns = 10000;
+    if (!ing->cfg.max_out) ing->cfg.max_out = 4u << 20;
+    ing->writer = writer;
+    ing->notify_fd = notify_fd;
+    ing->unix_fd = ing->tcp_fd = ing->stop_fd = ing->ep = ing->ctl_ep = -1;
+    pthread_mutex_init(&ing->stats_mu, NULL);
+    ing->ep = epoll_create1(EPOLL_CLOEXEC);
+    ing->ctl_ep = epoll_create1(EPOLL_CLOEXEC);
+    ing->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ing->ep < 0 || ing->ctl_ep < 0 || ing->stop_fd < 0) {
+        snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    if (cfg->socket_path && (ing->unix_fd = listen_unix(ing, cfg->socket_path, err, errlen)) < 0) goto fail;
+    if (cfg->tcp && (ing->tcp_fd = listen_tcp(ing, cfg->tcp, err, errlen)) < 0) goto fail;
+    if ((ing->unix_fd >= 0 && ep_add(ing->ep, ing->unix_fd, EV_UNIX)) ||
+        (ing->tcp_fd >= 0 && ep_add(ing->ep, ing->tcp_fd, EV_TCP)) ||
+        ep_add(ing->ep, notify_fd, EV_NOTIFY) || ep_add(ing->ep, ing->stop_fd, EV_STOP) ||
+        ep_add(ing->ctl_ep, notify_fd, EV_NOTIFY) || ep_add(ing->ctl_ep, ing->stop_fd, EV_STOP)) {
+        snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
+        goto fail;
+    }
+    return ing;
+fail:
+    ingest_destroy(ing);
+    return NULL;
+}
+
+void ingest_stop(struct ingest *ing) {
+    uint64_t one = 1;
+    ssize_t ignored = write(ing->stop_fd, &one, sizeof one);
+    (void)ignored;
+}
+
+int ingest_tcp_port(const struct ingest *ing) { return ing->tcp_port; }
+
+/* Resumes connections that hold complete lines once the writer has room. */
+static void resume_all(struct ingest *ing) {
+    ing->paused = 0;
+    for (int fd = 0; fd < ing->conns_cap && !ing->paused; fd++) {
+        struct conn *c = ing->conns[fd];
+        if (!c || !c->in_len) continue;
+        process_input(ing, c);
+        if (ing->conns[fd] == c) conn_flush(ing, c);
+    }
+}
+
+int ingest_run(struct ingest *ing, int drain_ms) {
+    struct epoll_event evs[256];
+    int stopping = 0;
+    double pause_start = 0;
+    while (!stopping) {
+        int ep = ing->paused ? ing->ctl_ep : ing->ep;
+        int n = epoll_wait(ep, evs, 256, ing->paused ? 20 : 1000);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            fprintf(stderr, "entropyd: epoll_wait: %s\n", strerror(errno));
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            uint64_t tag = evs[i].data.u64;
+            if (tag == EV_STOP) stopping = 1;
+            else if (tag == EV_NOTIFY) handle_replies(ing);
+            else if (tag == EV_UNIX) accept_all(ing, ing->unix_fd);
+            else if (tag == EV_TCP) accept_all(ing, ing->tcp_fd);
+            else {
+                int fd = (int)(tag - EV_CONN_BASE);
+                struct conn *c = fd < ing->conns_cap ? ing->conns[fd] : NULL;
+                if (!c) continue;
+                if (evs[i].events & (EPOLLERR | EPOLLHUP) && !(evs[i].events & EPOLLIN)) {
+                    conn_close(ing, c);
+                    continue;
+                }
+                if ((evs[i].events & EPOLLIN) && !ing->paused) conn_read(ing, c);
+                if (ing->conns[fd] == c && (evs[i].events & EPOLLOUT)) conn_flush(ing, c);
+            }
+        }
+        if (ing->paused && !writer_full(ing->writer)) {
+            STAT_ADD(ing, paused_ms, (uint64_t)(mono_ms() - pause_start));
+            resume_all(ing);
+        }
+        if (ing->paused && pause_start == 0) pause_start = mono_ms();
+        if (!ing->paused) pause_start = 0;
+    }
+    /* Shutdown: stop accepting, let the writer commit what was accepted,
+     * pass on its acks, then close. */
+    if (ing->unix_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->unix_fd, NULL);
+    if (ing->tcp_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->tcp_fd, NULL);
+    double deadline = mono_ms() + drain_ms;
+    while (mono_ms() < deadline) {
+        struct writer_stats ws;
+        writer_get_stats(ing->writer, &ws);
+        handle_replies(ing);
+        int pending_out = 0;
+        for (int fd = 0; fd < ing->conns_cap; fd++) {
+            struct conn *c = ing->conns[fd];
+            if (!c) continue;
+            conn_flush(ing, c);
+            if (ing->conns[fd] == c && (c->out_len > c->out_off || c->ack_pending > c->ack_sent)) pending_out = 1;
+        }
+        if (ws.queue_bytes == 0 && !pending_out) break;
+        epoll_wait(ing->ctl_ep, evs, 256, 10);
+    }
+    return 0;
+}
+
+void ingest_destroy(struct ingest *ing) {
+    if (!ing) return;
+    for (int fd = 0; fd < ing->conns_cap; fd++)
+        if (ing->conns[fd]) {
+            conn_close(ing, ing->conns[fd]); /* its run turns stale */
+        }
+    free(ing->conns);
+    while (ing->runs) {
+        struct run *n = ing->runs->next;
+        free(ing->runs);
+        ing->runs = n;
+    }
+    if (ing->unix_fd >= 0) close(ing->unix_fd);
+    if (ing->tcp_fd >= 0) close(ing->tcp_fd);
+    if (ing->unix_path) {
+        unlink(ing->unix_path);
+        free(ing->unix_path);
+    }
+    if (ing->stop_fd >= 0) close(ing->stop_fd);
+    if (ing->ep >= 0) close(ing->ep);
+    if (ing->ctl_ep >= 0) close(ing->ctl_ep);
+    pthread_mutex_destroy(&ing->stats_mu);
+    free(ing);
+}
+
+void ingest_get_stats(struct ingest *ing, struct ingest_stats *out) {
+    pthread_mutex_lock(&ing->stats_mu);
+    *out = ing->stats;
+    pthread_mutex_unlock(&ing->stats_mu);
+}

@@ -1,0 +1,179 @@
+/* main.c: entropyd — flags, signals and wiring. The modules do the work:
+ * store (SQLite), writer (the thread that writes), ingest (trainer sockets).
+ * Nothing below main() exits the process. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ingest.h"
+#include "store.h"
+#include "writer.h"
+
+#define ENTROPYD_VERSION "0.1.0"
+
+static struct ingest *g_ingest;
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (g_ingest) ingest_stop(g_ingest);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: entropyd [options]\n"
+            "\n"
+            "Stores attention-collapse telemetry from trainers (protocol v1, schema/protocol.md)\n"
+            "in SQLite.\n"
+            "\n"
+            "  --data DIR            data directory (default ./entropyd-data); created if missing\n"
+            "  --db PATH             database file (default DIR/entropyd.db)\n"
+            "  --socket PATH         Unix socket for trainers (default DIR/entropyd.sock, mode 0600);\n"
+            "                        'off' for none\n"
+            "  --listen-tcp HOST:PORT  also accept trainers over TCP (use loopback unless the\n"
+            "                        network is trusted, and set --token); port 0 picks a free one\n"
+            "  --token TOKEN         require this token in every hello (or $ENTROPYD_TOKEN)\n"
+            "  --max-conns N         trainer connections at most (default 10000)\n"
+            "  --queue-mb N          memory for accepted, uncommitted messages (default 256)\n"
+            "  --drain-ms N          at shutdown, wait this long to commit and ack (default 5000)\n"
+            "  --version, --help\n"
+            "\n"
+            "SIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
+}
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int parse_int(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "entropyd: %s wants an integer in %ld..%ld, got \"%s\"\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Trainers x connections can exceed the default 1024 descriptors. */
+static void raise_fd_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *data = "entropyd-data", *db = NULL, *sock = NULL, *tcp = NULL;
+    const char *token = getenv("ENTROPYD_TOKEN");
+    long max_conns = 10000, queue_mb = 256, drain_ms = 5000;
+    enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP };
+    static const struct option opts[] = {
+        {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
+        {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
+        {"token", required_argument, 0, O_TOKEN},     {"max-conns", required_argument, 0, O_MAXCONNS},
+        {"queue-mb", required_argument, 0, O_QUEUE},  {"drain-ms", required_argument, 0, O_DRAIN},
+        {"version", no_argument, 0, O_VERSION},       {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case O_DATA: data = optarg; break;
+        case O_DB: db = optarg; break;
+        case O_SOCKET: sock = optarg; break;
+        case O_TCP: tcp = optarg; break;
+        case O_TOKEN: token = optarg; break;
+        case O_MAXCONNS: if (parse_int("--max-conns", optarg, 1, 1000000, &max_conns)) return 2; break;
+        case O_QUEUE: if (parse_int("--queue-mb", optarg, 1, 65536, &queue_mb)) return 2; break;
+        case O_DRAIN: if (parse_int("--drain-ms", optarg, 0, 600000, &drain_ms)) return 2; break;
+        case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", ENTROPYD_VERSION, PROTO_VERSION, store_schema_version()); return 0;
+        case 'h': case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "entropyd: unexpected argument \"%s\"\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (token && !*token) token = NULL;
+
+    char dbpath[4096], sockpath[4096], err[1024];
+    if (mkdir(data, 0700) < 0 && errno != EEXIST) {
+        fprintf(stderr, "entropyd: cannot create data directory %s: %s\n", data, strerror(errno));
+        return 1;
+    }
+    snprintf(dbpath, sizeof dbpath, "%s/entropyd.db", data);
+    snprintf(sockpath, sizeof sockpath, "%s/entropyd.sock", data);
+    if (!db) db = dbpath;
+    if (!sock) sock = sockpath;
+    if (strcmp(sock, "off") == 0) sock = NULL;
+    if (!sock && !tcp) {
+        fprintf(stderr, "entropyd: no listener: give --socket or --listen-tcp\n");
+        return 2;
+    }
+
+    raise_fd_limit();
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    struct store *st = NULL;
+    struct writer *w = NULL;
+    int efd = -1;
+    st = store_open(db, err, sizeof err);
+    if (!st) {
+        fprintf(stderr, "entropyd: %s\n", err);
+        goto out;
+    }
+    int stale = store_mark_live_stale(st, wall_now());
+    if (stale > 0) fprintf(stderr, "entropyd: %d run(s) left live by an earlier daemon are now stale\n", stale);
+    efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (efd < 0) {
+        fprintf(stderr, "entropyd: eventfd: %s\n", strerror(errno));
+        goto out;
+    }
+    struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20};
+    w = writer_create(st, efd, &wcfg, err, sizeof err);
+    if (!w) {
+        fprintf(stderr, "entropyd: %s\n", err);
+        goto out;
+    }
+    struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns};
+    g_ingest = ingest_create(&icfg, w, efd, err, sizeof err);
+    if (!g_ingest) {
+        fprintf(stderr, "entropyd: %s\n", err);
+        goto out;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    printf("entropyd %s: db %s", ENTROPYD_VERSION, db);
+    if (sock) printf(", socket %s", sock);
+    if (tcp) printf(", tcp port %d", ingest_tcp_port(g_ingest));
+    printf("\n");
+    fflush(stdout);
+
+    rc = ingest_run(g_ingest, (int)drain_ms) == 0 ? 0 : 1;
+    fprintf(stderr, "entropyd: stopping\n");
+out:
+    ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
+    g_ingest = NULL;
+    writer_destroy(w);        /* commits everything queued */
+    store_close(st);
+    if (efd >= 0) close(efd);
+    return rc;
+}

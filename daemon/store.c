@@ -1,0 +1,667 @@
+/* store.c: entropyd's SQLite write side. See store.h for the contract and
+ * schema/storage.md for the layout. This file knows SQL and blobs; it knows
+ * nothing of sockets or threads (the writer thread calls it). */
+#include "store.h"
+
+#include <math.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "embed.h"
+
+/* A metric of a cached run: its row id, kind, value count and last stored
+ * step (-1 when none), which decides when a rollup block is complete. */
+struct metric_cache {
+    char name[PROTO_MAX_NAME + 1];
+    int64_t id;
+    int kind;
+    uint32_t n;
+    int64_t last_step;
+};
+
+/* What the writer knows of a run between messages: a cache of rows, safe
+ * to drop at any time (every change is written to the database at once). */
+struct run_cache {
+    int64_t id, layers, heads;
+    int64_t last_seq, last_step;  /* last_step -1 when none */
+    double updated;
+    uint32_t nmetrics, cap;
+    struct metric_cache *metrics;
+};
+
+enum {
+    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SELECT_FRAMES,
+    S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS,
+    S_COUNT
+};
+
+static const char *const stmt_sql[S_COUNT] = {
+    [S_INSERT_FRAME] = "INSERT OR REPLACE INTO frames(metric_id, step, data) VALUES (?1, ?2, ?3)",
+    [S_INSERT_STEP] = "INSERT OR REPLACE INTO steps(run_id, step, seq, time) VALUES (?1, ?2, ?3, ?4)",
+    [S_INSERT_METRIC] = "INSERT INTO metrics(run_id, name, kind) VALUES (?1, ?2, ?3)",
+    [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, block, nframes, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+    [S_SELECT_FRAMES] = "SELECT data FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
+    [S_SELECT_ROLLUPS] = "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 AND block < ?4",
+    [S_UPDATE_RUN] = "UPDATE runs SET last_seq = ?2, last_step = ?3, updated = ?4 WHERE id = ?1",
+    [S_INSERT_EVENT] = "INSERT INTO events(run_id, seq, time, level, text) VALUES (?1, ?2, ?3, ?4, ?5)",
+    [S_SELECT_RUN] = "SELECT layers, heads, last_seq, last_step, updated FROM runs WHERE id = ?1",
+    [S_SELECT_METRICS] = "SELECT m.id, m.name, m.kind, (SELECT max(step) FROM frames f WHERE f.metric_id = m.id) "
+                         "FROM metrics m WHERE m.run_id = ?1",
+};
+
+struct store {
+    sqlite3 *db;
+    sqlite3_stmt *stmt[S_COUNT];
+    char err[512];
+    int errcode;
+    int in_txn;
+    uint32_t nruns, capruns;
+    struct run_cache **runs;
+    /* scratch for rollup aggregation, grown on demand */
+    unsigned char *agg;
+    size_t aggcap;
+};
+
+static int set_err(struct store *st, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->err, sizeof st->err, fmt, ap);
+    va_end(ap);
+    st->errcode = code;
+    return -1;
+}
+
+static int db_err(struct store *st, const char *what) {
+    return set_err(st, sqlite3_extended_errcode(st->db) & 0xff, "%s: %s", what, sqlite3_errmsg(st->db));
+}
+
+const char *store_errmsg(const struct store *st) { return st->err; }
+int store_errcode(const struct store *st) { return st->errcode; }
+
+int store_schema_version(void) {
+    int n = 0;
+    while (migrations[n].path) n++;
+    return n;
+}
+
+static int exec(struct store *st, const char *sql) {
+    char *msg = NULL;
+    if (sqlite3_exec(st->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        set_err(st, sqlite3_extended_errcode(st->db) & 0xff, "%s", msg ? msg : sqlite3_errmsg(st->db));
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int64_t pragma_int(struct store *st, const char *sql) {
+    sqlite3_stmt *s;
+    int64_t v = -1;
+    if (sqlite3_prepare_v2(st->db, sql, -1, &s, NULL) != SQLITE_OK) return -1;
+    if (sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return v;
+}
+
+/* Applies the migrations the database has not seen, each in its own
+ * transaction together with the new user_version. */
+static int migrate(struct store *st) {
+    int known = store_schema_version();
+    int64_t have = pragma_int(st, "PRAGMA user_version");
+    if (have < 0) return db_err(st, "reading schema version");
+    if (have > known)
+        return set_err(st, SQLITE_ERROR,
+                       "database schema version %lld is newer than this entropyd knows (%d): "
+                       "use a newer entropyd or another --db", (long long)have, known);
+    for (int i = (int)have; i < known; i++) {
+        char sql[64];
+        if (exec(st, "BEGIN IMMEDIATE")) return -1;
+        if (exec(st, (const char *)migrations[i].data)) {
+            char msg[sizeof st->err];
+            snprintf(msg, sizeof msg, "%s", st->err);
+            exec(st, "ROLLBACK");
+            return set_err(st, SQLITE_ERROR, "migration %.64s failed: %.400s", migrations[i].path, msg);
+        }
+        snprintf(sql, sizeof sql, "PRAGMA user_version = %d", i + 1);
+        if (exec(st, sql) || exec(st, "COMMIT")) {
+            exec(st, "ROLLBACK");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+struct store *store_open(const char *path, char *err, size_t errlen) {
+    struct store *st = calloc(1, sizeof *st);
+    if (!st) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "cannot open database %s: %s", path, st->db ? sqlite3_errmsg(st->db) : "out of memory");
+        goto fail;
+    }
+    sqlite3_busy_timeout(st->db, 5000);
+    /* page_size only takes effect before the first table exists. 16 KiB
+     * pages pack the frame rows (~600 bytes for 12x12) with little waste. */
+    if (exec(st, "PRAGMA page_size = 16384") ||
+        exec(st, "PRAGMA journal_mode = WAL") ||
+        exec(st, "PRAGMA synchronous = NORMAL") ||
+        exec(st, "PRAGMA foreign_keys = ON") ||
+        exec(st, "PRAGMA cache_size = -65536") ||
+        migrate(st)) {
+        snprintf(err, errlen, "database %s: %s", path, st->err);
+        goto fail;
+    }
+    for (int i = 0; i < S_COUNT; i++) {
+        if (sqlite3_prepare_v3(st->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st->stmt[i], NULL) != SQLITE_OK) {
+            snprintf(err, errlen, "database %s: preparing statement: %s", path, sqlite3_errmsg(st->db));
+            goto fail;
+        }
+    }
+    return st;
+fail:
+    store_close(st);
+    return NULL;
+}
+
+static void drop_caches(struct store *st) {
+    for (uint32_t i = 0; i < st->nruns; i++) {
+        free(st->runs[i]->metrics);
+        free(st->runs[i]);
+    }
+    st->nruns = 0;
+}
+
+void store_close(struct store *st) {
+    if (!st) return;
+    if (st->in_txn) store_rollback(st);
+    drop_caches(st);
+    free(st->runs);
+    free(st->agg);
+    for (int i = 0; i < S_COUNT; i++) sqlite3_finalize(st->stmt[i]);
+    sqlite3_close(st->db);
+    free(st);
+}
+
+int store_begin(struct store *st) {
+    if (exec(st, "BEGIN IMMEDIATE")) return -1;
+    st->in_txn = 1;
+    return 0;
+}
+
+static int step_done(struct store *st, sqlite3_stmt *s, const char *what) {
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return db_err(st, what);
+    return 0;
+}
+
+int store_commit(struct store *st) {
+    if (exec(st, "COMMIT")) return -1;
+    st->in_txn = 0;
+    return 0;
+}
+
+int store_savepoint(struct store *st) { return exec(st, "SAVEPOINT item"); }
+int store_release(struct store *st) { return exec(st, "RELEASE item"); }
+
+void store_rollback_to(struct store *st) {
+    sqlite3_exec(st->db, "ROLLBACK TO item; RELEASE item", NULL, NULL, NULL);
+    drop_caches(st);
+}
+
+/* Writes the run's bookkeeping columns from its cache. */
+static int run_save(struct store *st, struct run_cache *r) {
+    sqlite3_stmt *s = st->stmt[S_UPDATE_RUN];
+    sqlite3_bind_int64(s, 1, r->id);
+    sqlite3_bind_int64(s, 2, r->last_seq);
+    if (r->last_step >= 0) sqlite3_bind_int64(s, 3, r->last_step);
+    else sqlite3_bind_null(s, 3);
+    sqlite3_bind_double(s, 4, r->updated);
+    return step_done(st, s, "updating run");
+}
+
+void store_rollback(struct store *st) {
+    if (sqlite3_get_autocommit(st->db) == 0) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+    st->in_txn = 0;
+    drop_caches(st); /* the cache may describe rows that no longer exist */
+}
+
+/* Finds or loads the cache of run id. NULL with an error if it fails. */
+static struct run_cache *run_get(struct store *st, int64_t id) {
+    for (uint32_t i = 0; i < st->nruns; i++)
+        if (st->runs[i]->id == id) return st->runs[i];
+    struct run_cache *r = calloc(1, sizeof *r);
+    if (!r) { set_err(st, SQLITE_NOMEM, "out of memory"); return NULL; }
+    r->id = id;
+    sqlite3_stmt *s = st->stmt[S_SELECT_RUN];
+    sqlite3_bind_int64(s, 1, id);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        r->layers = sqlite3_column_int64(s, 0);
+        r->heads = sqlite3_column_int64(s, 1);
+        r->last_seq = sqlite3_column_int64(s, 2);
+        r->last_step = sqlite3_column_type(s, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 3);
+        r->updated = sqlite3_column_double(s, 4);
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW) {
+        free(r);
+        if (rc == SQLITE_DONE) set_err(st, -3, "no run %lld", (long long)id);
+        else db_err(st, "loading run");
+        return NULL;
+    }
+    s = st->stmt[S_SELECT_METRICS];
+    sqlite3_bind_int64(s, 1, id);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (r->nmetrics == r->cap) {
+            uint32_t cap = r->cap ? r->cap * 2 : 16;
+            struct metric_cache *m = realloc(r->metrics, cap * sizeof *m);
+            if (!m) { rc = SQLITE_NOMEM; break; }
+            r->metrics = m;
+            r->cap = cap;
+        }
+        struct metric_cache *m = &r->metrics[r->nmetrics++];
+        m->id = sqlite3_column_int64(s, 0);
+        snprintf(m->name, sizeof m->name, "%s", (const char *)sqlite3_column_text(s, 1));
+        m->kind = sqlite3_column_int(s, 2);
+        m->n = m->kind == PROTO_SCALAR ? 1 : m->kind == PROTO_LAYER ? (uint32_t)r->layers : (uint32_t)(r->layers * r->heads);
+        m->last_step = sqlite3_column_type(s, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 3);
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE) {
+        if (rc == SQLITE_NOMEM) set_err(st, SQLITE_NOMEM, "out of memory");
+        else db_err(st, "loading metrics");
+        free(r->metrics);
+        free(r);
+        return NULL;
+    }
+    if (st->nruns == st->capruns) {
+        uint32_t cap = st->capruns ? st->capruns * 2 : 16;
+        struct run_cache **rs = realloc(st->runs, cap * sizeof *rs);
+        if (!rs) {
+            free(r->metrics);
+            free(r);
+            set_err(st, SQLITE_NOMEM, "out of memory");
+            return NULL;
+        }
+        st->runs = rs;
+        st->capruns = cap;
+    }
+    st->runs[st->nruns++] = r;
+    return r;
+}
+
+static void run_forget(struct store *st, int64_t id) {
+    for (uint32_t i = 0; i < st->nruns; i++) {
+        if (st->runs[i]->id != id) continue;
+        free(st->runs[i]->metrics);
+        free(st->runs[i]);
+        st->runs[i] = st->runs[--st->nruns];
+        return;
+    }
+}
+
+int store_mark_live_stale(struct store *st, double now) {
+    char sql[128];
+    snprintf(sql, sizeof sql, "UPDATE runs SET status = 'stale', updated = %.3f WHERE status = 'live'", now);
+    if (exec(st, sql)) return -1;
+    return sqlite3_changes(st->db);
+}
+
+int store_run_open(struct store *st, const char *name, int64_t layers, int64_t heads, int64_t seq_len,
+                   const char *meta, double now, struct store_run_info *out) {
+    sqlite3_stmt *s = NULL;
+    int ret = -1;
+    memset(out, 0, sizeof *out);
+    if (sqlite3_prepare_v2(st->db, "SELECT id, layers, heads, last_seq FROM runs WHERE name = ?1", -1, &s, NULL) != SQLITE_OK) {
+        db_err(st, "looking up run");
+        goto out;
+    }
+    sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        out->id = sqlite3_column_int64(s, 0);
+        out->layers = sqlite3_column_int64(s, 1);
+        out->heads = sqlite3_column_int64(s, 2);
+        out->last_seq = sqlite3_column_int64(s, 3);
+        out->seq_len = seq_len;
+        sqlite3_finalize(s);
+        s = NULL;
+        if (out->layers != layers || out->heads != heads) {
+            set_err(st, -2, "run %s has %lld layers x %lld heads, not %lld x %lld", name,
+                    (long long)out->layers, (long long)out->heads, (long long)layers, (long long)heads);
+            goto out;
+        }
+        if (sqlite3_prepare_v2(st->db, "UPDATE runs SET status = 'live', updated = ?2, seq_len = ?3, "
+                               "meta = coalesce(?4, meta) WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) {
+            db_err(st, "resuming run");
+            goto out;
+        }
+        sqlite3_bind_int64(s, 1, out->id);
+    } else if (rc == SQLITE_DONE) {
+        sqlite3_finalize(s);
+        s = NULL;
+        if (sqlite3_prepare_v2(st->db, "INSERT INTO runs(name, status, created, updated, seq_len, meta, layers, heads) "
+                               "VALUES (?1, 'live', ?2, ?2, ?3, coalesce(?4, '{}'), ?5, ?6)", -1, &s, NULL) != SQLITE_OK) {
+            db_err(st, "creating run");
+            goto out;
+        }
+        sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 5, layers);
+        sqlite3_bind_int64(s, 6, heads);
+        out->created = 1;
+        out->layers = layers;
+        out->heads = heads;
+        out->seq_len = seq_len;
+    } else {
+        db_err(st, "looking up run");
+        goto out;
+    }
+    sqlite3_bind_double(s, 2, now);
+    sqlite3_bind_int64(s, 3, seq_len);
+    if (meta) sqlite3_bind_text(s, 4, meta, -1, SQLITE_STATIC);
+    else sqlite3_bind_null(s, 4);
+    if (sqlite3_step(s) != SQLITE_DONE) {
+        db_err(st, "writing run");
+        goto out;
+    }
+    if (out->created) out->id = sqlite3_last_insert_rowid(st->db);
+    ret = 0;
+out:
+    sqlite3_finalize(s);
+    return ret;
+}
+
+static struct metric_cache *metric_get(struct store *st, struct run_cache *r, const struct proto_metric *pm,
+                                       uint32_t hint, int *conflict) {
+    struct metric_cache *m = NULL;
+    *conflict = 0;
+    if (hint < r->nmetrics && strcmp(r->metrics[hint].name, pm->name) == 0) m = &r->metrics[hint];
+    for (uint32_t i = 0; !m && i < r->nmetrics; i++)
+        if (strcmp(r->metrics[i].name, pm->name) == 0) m = &r->metrics[i];
+    if (m) {
+        if (m->kind != pm->kind) *conflict = 1;
+        return m;
+    }
+    if (r->nmetrics == r->cap) {
+        uint32_t cap = r->cap ? r->cap * 2 : 16;
+        struct metric_cache *nm = realloc(r->metrics, cap * sizeof *nm);
+        if (!nm) { set_err(st, SQLITE_NOMEM, "out of memory"); return NULL; }
+        r->metrics = nm;
+        r->cap = cap;
+    }
+    sqlite3_stmt *s = st->stmt[S_INSERT_METRIC];
+    sqlite3_bind_int64(s, 1, r->id);
+    sqlite3_bind_text(s, 2, pm->name, -1, SQLITE_STATIC);
+    sqlite3_bind_int(s, 3, pm->kind);
+    if (step_done(st, s, "creating metric")) return NULL;
+    m = &r->metrics[r->nmetrics++];
+    memcpy(m->name, pm->name, sizeof m->name);
+    m->id = sqlite3_last_insert_rowid(st->db);
+    m->kind = pm->kind;
+    m->n = pm->rows * pm->cols;
+    m->last_step = -1;
+    return m;
+}
+
+/* Accumulator layout: per value {f32 min, f32 max, f64 sum, u32 n}. */
+static void agg_reset(unsigned char *a, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        unsigned char *e = a + (size_t)i * STORE_ROLLUP_BYTES;
+        float mn = NAN, mx = NAN;
+        double sum = 0;
+        uint32_t c = 0;
+        memcpy(e, &mn, 4);
+        memcpy(e + 4, &mx, 4);
+        memcpy(e + 8, &sum, 8);
+        memcpy(e + 16, &c, 4);
+    }
+}
+
+static void agg_merge(unsigned char *e, float mn2, float mx2, double sum2, uint32_t c2) {
+    float mn, mx;
+    double sum;
+    uint32_t c;
+    if (c2 == 0) return;
+    memcpy(&mn, e, 4);
+    memcpy(&mx, e + 4, 4);
+    memcpy(&sum, e + 8, 8);
+    memcpy(&c, e + 16, 4);
+    if (c == 0 || mn2 < mn) mn = mn2;
+    if (c == 0 || mx2 > mx) mx = mx2;
+    sum += sum2;
+    c += c2;
+    memcpy(e, &mn, 4);
+    memcpy(e + 4, &mx, 4);
+    memcpy(e + 8, &sum, 8);
+    memcpy(e + 16, &c, 4);
+}
+
+/* Computes and stores rollup block `block` of level `level` for metric m
+ * from the level below (raw frames for level 1). An empty block gets no row. */
+static int rollup_block(struct store *st, struct metric_cache *m, int level, int64_t block) {
+    size_t bytes = (size_t)m->n * STORE_ROLLUP_BYTES;
+    if (bytes > st->aggcap) {
+        unsigned char *a = realloc(st->agg, bytes);
+        if (!a) return set_err(st, SQLITE_NOMEM, "out of memory");
+        st->agg = a;
+        st->aggcap = bytes;
+    }
+    agg_reset(st->agg, m->n);
+    int64_t nframes = 0;
+    int rc;
+    sqlite3_stmt *s;
+    if (level == 1) {
+        int64_t size = STORE_LEVEL_SIZE(1);
+        s = st->stmt[S_SELECT_FRAMES];
+        sqlite3_bind_int64(s, 1, m->id);
+        sqlite3_bind_int64(s, 2, block * size);
+        sqlite3_bind_int64(s, 3, (block + 1) * size);
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+            const float *v = sqlite3_column_blob(s, 0);
+            int nb = sqlite3_column_bytes(s, 0);
+            if ((uint32_t)nb != m->n * 4) continue; /* cannot happen: shapes are fixed per run */
+            nframes++;
+            for (uint32_t i = 0; i < m->n; i++) {
+                float x;
+                memcpy(&x, (const unsigned char *)v + 4 * (size_t)i, 4);
+                if (isfinite(x)) agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, x, x, x, 1);
+            }
+        }
+    } else {
+        s = st->stmt[S_SELECT_ROLLUPS];
+        sqlite3_bind_int64(s, 1, m->id);
+        sqlite3_bind_int(s, 2, level - 1);
+        sqlite3_bind_int64(s, 3, block * 8);
+        sqlite3_bind_int64(s, 4, block * 8 + 8);
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+            const unsigned char *d = sqlite3_column_blob(s, 1);
+            if ((size_t)sqlite3_column_bytes(s, 1) != bytes) continue;
+            nframes += sqlite3_column_int64(s, 0);
+            for (uint32_t i = 0; i < m->n; i++) {
+                const unsigned char *e = d + (size_t)i * STORE_ROLLUP_BYTES;
+                float mn, mx;
+                double sum;
+                uint32_t c;
+                memcpy(&mn, e, 4);
+                memcpy(&mx, e + 4, 4);
+                memcpy(&sum, e + 8, 8);
+                memcpy(&c, e + 16, 4);
+                agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, mn, mx, sum, c);
+            }
+        }
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE) return db_err(st, "reading rollup source");
+    if (nframes == 0) return 0;
+    s = st->stmt[S_INSERT_ROLLUP];
+    sqlite3_bind_int64(s, 1, m->id);
+    sqlite3_bind_int(s, 2, level);
+    sqlite3_bind_int64(s, 3, block);
+    sqlite3_bind_int64(s, 4, nframes);
+    sqlite3_bind_blob(s, 5, st->agg, (int)bytes, SQLITE_STATIC);
+    return step_done(st, s, "writing rollup");
+}
+
+/* A new frame at `step` completes every block that held the metric's
+ * previous last step and ends at or before `step`. */
+static int rollup_advance(struct store *st, struct metric_cache *m, int64_t step) {
+    if (m->last_step < 0) return 0;
+    for (int k = 1; k <= STORE_LEVELS; k++) {
+        int64_t size = STORE_LEVEL_SIZE(k);
+        int64_t pb = m->last_step / size;
+        if (step / size <= pb) break; /* higher levels cannot complete either */
+        if (rollup_block(st, m, k, pb)) return -1;
+    }
+    return 0;
+}
+
+/* Deletes the run's values of every step >= step and records an event. */
+static int rewrite_history(struct store *st, struct run_cache *r, int64_t step, double time) {
+    char sql[640];
+    snprintf(sql, sizeof sql,
+             "DELETE FROM frames WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND step >= %lld;"
+             "DELETE FROM rollups WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) "
+             "  AND block >= %lld / (64 << (3 * (level - 1)));"
+             "DELETE FROM steps WHERE run_id = %lld AND step >= %lld;",
+             (long long)r->id, (long long)step, (long long)r->id, (long long)step, (long long)r->id, (long long)step);
+    if (exec(st, sql)) return -1;
+    char text[96];
+    snprintf(text, sizeof text, "rollback to step %lld (was at step %lld)", (long long)step, (long long)r->last_step);
+    if (store_event(st, r->id, 0, time, PROTO_WARN, text)) return -1;
+    /* reload the metrics' last steps from what remains */
+    int64_t id = r->id, last_seq = r->last_seq;
+    run_forget(st, id);
+    r = run_get(st, id);
+    if (!r) return -1;
+    r->last_seq = last_seq;
+    r->last_step = step - 1;
+    return 0;
+}
+
+int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto_msg *msg, double time,
+               char *conflict, size_t cap) {
+    struct run_cache *r = run_get(st, run_id);
+    int conflicts = 0;
+    if (!r) return -1;
+    if (r->last_step >= 0 && msg->step <= r->last_step) {
+        if (rewrite_history(st, r, msg->step, time)) return -1;
+        r = run_get(st, run_id);
+        if (!r) return -1;
+    }
+    sqlite3_stmt *s = st->stmt[S_INSERT_STEP];
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_int64(s, 2, msg->step);
+    sqlite3_bind_int64(s, 3, seq);
+    sqlite3_bind_double(s, 4, time);
+    if (step_done(st, s, "writing step")) return -1;
+    for (uint32_t i = 0; i < msg->nmetrics; i++) {
+        const struct proto_metric *pm = &msg->metrics[i];
+        int conf;
+        struct metric_cache *m = metric_get(st, r, pm, i, &conf);
+        if (!m) return -1;
+        if (conf || m->n != pm->rows * pm->cols) {
+            if (!conflicts++ && cap) snprintf(conflict, cap, "%s", pm->name);
+            continue;
+        }
+        if (rollup_advance(st, m, msg->step)) return -1;
+        s = st->stmt[S_INSERT_FRAME];
+        sqlite3_bind_int64(s, 1, m->id);
+        sqlite3_bind_int64(s, 2, msg->step);
+        sqlite3_bind_blob(s, 3, msg->values + pm->offset, (int)(m->n * sizeof(float)), SQLITE_STATIC);
+        if (step_done(st, s, "writing frame")) return -1;
+        m->last_step = msg->step;
+    }
+    r->last_seq = seq;
+    r->last_step = msg->step;
+    r->updated = time;
+    if (run_save(st, r)) return -1;
+    return conflicts ? 1 : 0;
+}
+
+int store_event(struct store *st, int64_t run_id, int64_t seq, double time, int level, const char *text) {
+    sqlite3_stmt *s = st->stmt[S_INSERT_EVENT];
+    sqlite3_bind_int64(s, 1, run_id);
+    if (seq > 0) sqlite3_bind_int64(s, 2, seq);
+    else sqlite3_bind_null(s, 2);
+    sqlite3_bind_double(s, 3, time);
+    sqlite3_bind_text(s, 4, proto_level_name(level), -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 5, text, -1, SQLITE_STATIC);
+    if (step_done(st, s, "writing event")) return -1;
+    if (seq > 0) {
+        struct run_cache *r = run_get(st, run_id);
+        if (!r) return -1;
+        r->last_seq = seq;
+        r->updated = time;
+        if (run_save(st, r)) return -1;
+    }
+    return 0;
+}
+
+int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, double now) {
+    sqlite3_stmt *s = NULL;
+    int ret = -1;
+    if (sqlite3_prepare_v2(st->db, "UPDATE runs SET status = ?2, updated = ?3 WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) {
+        db_err(st, "setting run status");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_text(s, 2, proto_status_name(status), -1, SQLITE_STATIC);
+    sqlite3_bind_double(s, 3, now);
+    if (sqlite3_step(s) != SQLITE_DONE) {
+        db_err(st, "setting run status");
+        goto out;
+    }
+    if (seq > 0) {
+        struct run_cache *r = run_get(st, run_id);
+        if (!r) goto out;
+        r->last_seq = seq;
+        r->updated = now;
+        if (run_save(st, r)) goto out;
+    }
+    ret = 0;
+out:
+    sqlite3_finalize(s);
+    return ret;
+}
+
+int store_run_delete(struct store *st, int64_t run_id) {
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "DELETE FROM frames WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld);"
+             "DELETE FROM rollups WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld);"
+             "DELETE FROM steps WHERE run_id = %lld;"
+             "DELETE FROM runs WHERE id = %lld;",
+             (long long)run_id, (long long)run_id, (long long)run_id, (long long)run_id);
+    if (exec(st, sql)) return -1;
+    if (sqlite3_changes(st->db) == 0) return set_err(st, -3, "no run %lld", (long long)run_id);
+    run_forget(st, run_id);
+    return 0;
+}
+
+int64_t store_run_last_seq(struct store *st, int64_t run_id) {
+    sqlite3_stmt *s;
+    int64_t v = -1;
+    if (sqlite3_prepare_v2(st->db, "SELECT last_seq FROM runs WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) return -1;
+    sqlite3_bind_int64(s, 1, run_id);
+    if (sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return v;
+}
+
+int64_t store_db_bytes(struct store *st) {
+    int64_t pages = pragma_int(st, "PRAGMA page_count");
+    int64_t size = pragma_int(st, "PRAGMA page_size");
+    return pages < 0 || size < 0 ? -1 : pages * size;
+}
+
+int store_set_max_pages(struct store *st, int64_t max_pages) {
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA max_page_count = %lld", (long long)(max_pages > 0 ? max_pages : 4294967294LL));
+    return exec(st, sql);
+}

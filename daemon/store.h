@@ -1,0 +1,107 @@
+/* store.h: the SQLite database of entropyd — the write side.
+ *
+ * One `struct store` owns one SQLite connection. The writer thread owns the
+ * only writing store; readers (HTTP) open their own read-only connections
+ * (see query.h). The schema and blob formats are in schema/ (storage.md).
+ *
+ * Writes happen inside explicit transactions: store_begin(), any number of
+ * store_run_open/store_step/store_event/store_run_status calls, then
+ * store_commit() or store_rollback(). A failed call leaves the transaction to
+ * be rolled back by the caller; after store_rollback() every cached state is
+ * dropped and reloaded from the database, so retrying the same calls in a new
+ * transaction is always correct.
+ *
+ * Functions return 0 on success and -1 on failure with a message in the
+ * store's error buffer (store_errmsg) and the SQLite result code in
+ * store_errcode (SQLITE_FULL, SQLITE_BUSY, SQLITE_IOERR... ). */
+#ifndef STORE_H
+#define STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto.h"
+
+struct store;
+
+/* Rollup levels: level k (1..STORE_LEVELS) summarizes blocks of
+ * STORE_LEVEL_SIZE(k) steps. */
+#define STORE_LEVELS 5
+#define STORE_LEVEL_SIZE(k) (INT64_C(64) << (3 * ((k) - 1)))   /* 64, 512, 4096, 32768, 262144 */
+#define STORE_ROLLUP_BYTES 20  /* per value: f32 min, f32 max, f64 sum, u32 finite count */
+
+/* Result of store_run_open. */
+struct store_run_info {
+    int64_t id;
+    int64_t last_seq;    /* highest committed seq, 0 for a new run */
+    int64_t layers, heads, seq_len;
+    int created;         /* 1 if the run did not exist */
+};
+
+/* Opens (creating if needed) the database at path and brings its schema up
+ * to date. page_size applies to new databases only. Returns NULL with a
+ * message in err on failure, including a database newer than this daemon.
+ * The caller owns the result and frees it with store_close(). */
+struct store *store_open(const char *path, char *err, size_t errlen);
+
+/* Closes the connection (rolling back an open transaction). Accepts NULL. */
+void store_close(struct store *st);
+
+const char *store_errmsg(const struct store *st);
+int store_errcode(const struct store *st);
+
+/* The schema version this build knows (number of migrations). */
+int store_schema_version(void);
+
+int store_begin(struct store *st);
+/* Commits. On failure the transaction is still open: call store_rollback(). */
+int store_commit(struct store *st);
+void store_rollback(struct store *st);
+
+/* A savepoint around one message inside the transaction, so that a message
+ * that fails for a reason of its own is undone alone: store_savepoint(),
+ * the calls, then store_release() or store_rollback_to(). */
+int store_savepoint(struct store *st);
+int store_release(struct store *st);
+void store_rollback_to(struct store *st);
+
+/* Marks every run left `live` (by a daemon that died) as `stale`. Call once
+ * at start, outside a transaction. Returns the number of runs changed or -1. */
+int store_mark_live_stale(struct store *st, double now);
+
+/* Creates run `name` or resumes it (status live, meta replaced when meta is
+ * not NULL). A resumed run with other layers/heads fails with errcode -2
+ * (shape mismatch) and a message; nothing is changed then. */
+int store_run_open(struct store *st, const char *name, int64_t layers, int64_t heads,
+                   int64_t seq_len, const char *meta, double now, struct store_run_info *out);
+
+/* Stores one step message of run run_id with sequence seq. The message's
+ * shape must already be validated against the run (ingest does). A metric
+ * whose name the run already uses with another kind is skipped; its name is
+ * written into conflict (cap bytes) and 1 is returned (the rest is stored).
+ * A step <= the run's last step rewrites history (schema/protocol.md). */
+int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto_msg *msg,
+               double time, char *conflict, size_t cap);
+
+/* Stores an event; seq 0 means written by the daemon itself (NULL in the db). */
+int store_event(struct store *st, int64_t run_id, int64_t seq, double time, int level,
+                const char *text);
+
+/* Sets a run's status (enum proto_status); seq > 0 also advances last_seq. */
+int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, double now);
+
+/* Deletes a run and all its data. Returns 0, or -1 (errcode -3 if no such run). */
+int store_run_delete(struct store *st, int64_t run_id);
+
+/* Committed facts of a run for tests and callers outside a transaction:
+ * last_seq (or -1 if no such run). */
+int64_t store_run_last_seq(struct store *st, int64_t run_id);
+
+/* Bytes of the database file (page_count * page_size). */
+int64_t store_db_bytes(struct store *st);
+
+/* For tests of full-disk behaviour: caps the file at max_pages pages
+ * (PRAGMA max_page_count); 0 removes the cap (restores the default). */
+int store_set_max_pages(struct store *st, int64_t max_pages);
+
+#endif

@@ -1,0 +1,388 @@
+/* writer.c: the writer thread. See writer.h for the contract. */
+#include "writer.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct writer {
+    struct store *st;
+    int notify_fd;
+    struct writer_config cfg;
+    pthread_t thread;
+    int started;
+
+    pthread_mutex_t mu;              /* guards everything below */
+    pthread_cond_t cv;
+    struct writer_item *head, *tail; /* submitted, not yet taken */
+    size_t bytes;                    /* held by queued and uncommitted items */
+    int stop;
+    struct writer_reply *rhead, *rtail;
+
+    struct writer_stats stats;       /* written by the writer thread only */
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void notify(struct writer *w) {
+    uint64_t one = 1;
+    ssize_t r;
+    do r = write(w->notify_fd, &one, sizeof one);
+    while (r < 0 && errno == EINTR);
+}
+
+void writer_item_free(struct writer_item *it) {
+    if (!it) return;
+    proto_msg_free(&it->msg);
+    free(it);
+}
+
+/* Replies produced while applying a batch; posted only after its commit. */
+struct replies {
+    struct writer_reply *head, *tail;
+};
+
+static void replies_clear(struct replies *r) {
+    while (r->head) {
+        struct writer_reply *n = r->head->next;
+        free(r->head);
+        r->head = n;
+    }
+    r->tail = NULL;
+}
+
+static struct writer_reply *reply_add(struct replies *r, int kind, uint64_t conn, int64_t run_id, int64_t seq) {
+    struct writer_reply *rp = calloc(1, sizeof *rp);
+    if (!rp) return NULL; /* a lost reply: the trainer learns on its next ack */
+    rp->kind = kind;
+    rp->conn = conn;
+    rp->run_id = run_id;
+    rp->seq = seq;
+    if (r->tail) r->tail->next = rp;
+    else r->head = rp;
+    r->tail = rp;
+    return rp;
+}
+
+static void reply_error(struct replies *r, uint64_t conn, int64_t seq, int code, const char *fmt, const char *arg) {
+    struct writer_reply *rp = reply_add(r, WRITER_R_ERROR, conn, 0, seq);
+    if (!rp) return;
+    rp->code = code;
+    snprintf(rp->message, sizeof rp->message, fmt, arg);
+}
+
+static int retryable(int code) {
+    switch (code) {
+    case SQLITE_FULL: case SQLITE_IOERR: case SQLITE_BUSY: case SQLITE_LOCKED:
+    case SQLITE_NOMEM: case SQLITE_CANTOPEN: case SQLITE_READONLY: case SQLITE_PROTOCOL:
+        return 1;
+    }
+    return 0;
+}
+
+enum { APPLY_OK = 0, APPLY_RETRY = -1 };
+
+/* Applies one item under a savepoint. An error of the item's own is undone
+ * alone and answered; an error that may pass fails the whole transaction. */
+static int apply(struct writer *w, struct writer_item *it, struct replies *rep) {
+    struct store *st = w->st;
+    char conflict[PROTO_MAX_NAME + 1];
+    int r = 0;
+    if (store_savepoint(st)) return retryable(store_errcode(st)) ? APPLY_RETRY : (store_rollback_to(st), 0);
+    switch (it->kind) {
+    case WRITER_HELLO: {
+        struct store_run_info info;
+        const struct proto_msg *m = &it->msg;
+        r = store_run_open(st, m->run, m->layers, m->heads, m->seq_len, m->meta, it->time, &info);
+        if (r == 0) {
+            struct writer_reply *rp = reply_add(rep, WRITER_R_WELCOME, it->conn, info.id, info.last_seq);
+            if (rp) {
+                rp->layers = info.layers;
+                rp->heads = info.heads;
+                rp->seq_len = info.seq_len;
+            }
+        } else if (store_errcode(st) == -2) {
+            store_rollback_to(st);
+            reply_error(rep, it->conn, 0, PROTO_E_SHAPE_MISMATCH, "%s", store_errmsg(st));
+            return APPLY_OK;
+        }
+        break;
+    }
+    case WRITER_STEP:
+        r = store_step(st, it->run_id, it->seq, &it->msg, it->time, conflict, sizeof conflict);
+        if (r == 1) {
+            reply_error(rep, it->conn, it->seq, PROTO_E_KIND_CONFLICT,
+                        "metric %s already has another kind (or shape) in this run; it was not stored", conflict);
+            r = 0;
+        }
+        if (r == 0) {
+            pthread_mutex_lock(&w->mu);
+            w->stats.values += it->msg.nvalues;
+            pthread_mutex_unlock(&w->mu);
+        }
+        break;
+    case WRITER_EVENT:
+        r = store_event(st, it->run_id, it->seq, it->time, it->msg.level, it->msg.text ? it->msg.text : "");
+        break;
+    case WRITER_END:
+        r = store_run_status(st, it->run_id, it->msg.status, it->seq, it->time);
+        break;
+    case WRITER_STALE:
+        r = store_run_status(st, it->run_id, PROTO_STALE, 0, it->time);
+        break;
+    }
+    if (r == 0) {
+        if (store_release(st) == 0) return APPLY_OK;
+    }
+    int code = store_errcode(st);
+    pthread_mutex_lock(&w->mu);
+    w->stats.db_errors++;
+    pthread_mutex_unlock(&w->mu);
+    if (retryable(code)) return APPLY_RETRY;
+    store_rollback_to(st);
+    reply_error(rep, it->conn, it->seq, PROTO_E_INTERNAL, "database error: %s", store_errmsg(st));
+    fprintf(stderr, "entropyd: writer: message rejected: %s\n", store_errmsg(st));
+    return APPLY_OK;
+}
+
+/* After a commit: acks (one per run, the highest seq), the commit hook,
+ * then the replies go to the ingest loop and the items are freed. */
+static void finish_batch(struct writer *w, struct writer_item *batch, struct replies *rep, double commit_ms) {
+    for (struct writer_item *it = batch; it; it = it->next) {
+        if (it->seq <= 0 || it->kind == WRITER_HELLO || it->kind == WRITER_STALE) continue;
+        struct writer_reply *a = NULL;
+        for (struct writer_reply *r = rep->head; r; r = r->next)
+            if (r->kind == WRITER_R_ACK && r->run_id == it->run_id) { a = r; break; }
+        if (!a) a = reply_add(rep, WRITER_R_ACK, 0, it->run_id, it->seq);
+        if (a && it->seq > a->seq) a->seq = it->seq;
+    }
+    if (w->cfg.on_commit) w->cfg.on_commit(w->cfg.ctx, batch, commit_ms);
+    size_t freed = 0;
+    uint64_t n = 0;
+    while (batch) {
+        struct writer_item *next = batch->next;
+        freed += batch->bytes;
+        n++;
+        writer_item_free(batch);
+        batch = next;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->stats.items += n;
+    if (rep->head) {
+        if (w->rtail) w->rtail->next = rep->head;
+        else w->rhead = rep->head;
+        w->rtail = rep->tail;
+    }
+    w->bytes -= freed;
+    pthread_mutex_unlock(&w->mu);
+    rep->head = rep->tail = NULL;
+    notify(w);
+}
+
+/* Commits the open transaction holding batch. When the commit (or, with
+ * failed set, an earlier write) failed, rolls back and re-applies the whole
+ * batch with backoff until the database takes it. Only when the daemon is
+ * stopping and the database still refuses is the batch dropped unacked: the
+ * trainers resend it to the next daemon from their last ack. */
+static void commit_batch(struct writer *w, struct writer_item *batch, struct replies *rep, int failed) {
+    double backoff = 50;
+    for (int attempt = 0;; attempt++) {
+        if (!failed) {
+            double t0 = now_ms();
+            if (store_commit(w->st) == 0) {
+                double ms = now_ms() - t0;
+                pthread_mutex_lock(&w->mu);
+                w->stats.commits++;
+                w->stats.commit_ms_total += ms;
+                if (ms > w->stats.commit_ms_max) w->stats.commit_ms_max = ms;
+                w->stats.failing = 0;
+                pthread_mutex_unlock(&w->mu);
+                if (attempt) fprintf(stderr, "entropyd: writer: database writable again after %d retries\n", attempt);
+                finish_batch(w, batch, rep, ms);
+                return;
+            }
+        }
+        if (attempt == 0) fprintf(stderr, "entropyd: writer: write failed: %s (holding the batch, retrying)\n", store_errmsg(w->st));
+        store_rollback(w->st);
+        pthread_mutex_lock(&w->mu);
+        w->stats.failing = 1;
+        w->stats.retries++;
+        int stopping = w->stop;
+        pthread_mutex_unlock(&w->mu);
+        if (stopping && attempt >= 20) {
+            fprintf(stderr, "entropyd: writer: database still refuses writes at shutdown; "
+                            "unacked messages will be resent by their trainers\n");
+            replies_clear(rep);
+            size_t freed = 0;
+            while (batch) {
+                struct writer_item *n = batch->next;
+                freed += batch->bytes;
+                writer_item_free(batch);
+                batch = n;
+            }
+            pthread_mutex_lock(&w->mu);
+            w->bytes -= freed;
+            pthread_mutex_unlock(&w->mu);
+            return;
+        }
+        usleep((useconds_t)(backoff * 1000));
+        if (backoff < 2000) backoff *= 2;
+        replies_clear(rep);
+        failed = store_begin(w->st) != 0;
+        for (struct writer_item *it = batch; it && !failed; it = it->next)
+            if (apply(w, it, rep) == APPLY_RETRY) failed = 1;
+    }
+}
+
+static void *writer_main(void *arg) {
+    struct writer *w = arg;
+    struct writer_item *batch = NULL, *btail = NULL;
+    struct replies rep = {0};
+    size_t nbatch = 0;
+    double txn_start = 0;
+    int in_txn = 0, failed = 0;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->head && !w->stop && !in_txn) pthread_cond_wait(&w->cv, &w->mu);
+        if (!w->head && w->stop && !in_txn) {
+            pthread_mutex_unlock(&w->mu);
+            break;
+        }
+        struct writer_item *take = w->head;
+        w->head = w->tail = NULL;
+        pthread_mutex_unlock(&w->mu);
+
+        if (take && !in_txn) {
+            failed = store_begin(w->st) != 0;
+            in_txn = 1;
+            txn_start = now_ms();
+        }
+        while (take) {
+            struct writer_item *it = take;
+            take = take->next;
+            it->next = NULL;
+            if (btail) btail->next = it;
+            else batch = it;
+            btail = it;
+            nbatch++;
+            if (!failed && apply(w, it, &rep) == APPLY_RETRY) failed = 1;
+        }
+        pthread_mutex_lock(&w->mu);
+        int empty = w->head == NULL;
+        pthread_mutex_unlock(&w->mu);
+        if (in_txn && (empty || failed || nbatch >= WRITER_MAX_BATCH || now_ms() - txn_start >= WRITER_COMMIT_MS)) {
+            commit_batch(w, batch, &rep, failed);
+            batch = btail = NULL;
+            nbatch = 0;
+            in_txn = 0;
+            failed = 0;
+        }
+    }
+    replies_clear(&rep);
+    return NULL;
+}
+
+struct writer *writer_create(struct store *st, int notify_fd, const struct writer_config *cfg, char *err,
+                             size_t errlen) {
+    struct writer *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    w->st = st;
+    w->notify_fd = notify_fd;
+    if (cfg) w->cfg = *cfg;
+    if (!w->cfg.max_bytes) w->cfg.max_bytes = (size_t)256 << 20;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    int rc = pthread_create(&w->thread, NULL, writer_main, w);
+    if (rc) {
+        snprintf(err, errlen, "cannot start writer thread: %s", strerror(rc));
+        writer_destroy(w);
+        return NULL;
+    }
+    w->started = 1;
+    return w;
+}
+
+void writer_destroy(struct writer *w) {
+    if (!w) return;
+    if (w->started) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+    }
+    while (w->head) {
+        struct writer_item *n = w->head->next;
+        writer_item_free(w->head);
+        w->head = n;
+    }
+    while (w->rhead) {
+        struct writer_reply *n = w->rhead->next;
+        free(w->rhead);
+        w->rhead = n;
+    }
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+int writer_submit(struct writer *w, struct writer_item *it) {
+    if (!it->bytes) it->bytes = sizeof *it + it->msg.nvalues * sizeof(float) + it->msg.nmetrics * sizeof(struct proto_metric);
+    if (it->time == 0) it->time = it->msg.has_time ? it->msg.time : wall_now();
+    pthread_mutex_lock(&w->mu);
+    /* control items are tiny and must never be refused: a lost STALE or
+     * HELLO would leave a run in the wrong state */
+    int control = it->kind == WRITER_HELLO || it->kind == WRITER_STALE || it->kind == WRITER_END;
+    if (!control && w->bytes >= w->cfg.max_bytes) {
+        pthread_mutex_unlock(&w->mu);
+        return -1;
+    }
+    it->next = NULL;
+    if (w->tail) w->tail->next = it;
+    else w->head = it;
+    w->tail = it;
+    w->bytes += it->bytes;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+int writer_full(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    int full = w->bytes >= w->cfg.max_bytes;
+    pthread_mutex_unlock(&w->mu);
+    return full;
+}
+
+struct writer_reply *writer_take_replies(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    struct writer_reply *r = w->rhead;
+    w->rhead = w->rtail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    return r;
+}
+
+void writer_get_stats(struct writer *w, struct writer_stats *out) {
+    pthread_mutex_lock(&w->mu);
+    *out = w->stats;
+    out->queue_bytes = w->bytes;
+    pthread_mutex_unlock(&w->mu);
+}

@@ -1,0 +1,107 @@
+/* writer.h: the writer thread — the only code that writes the database.
+ *
+ * The ingest loop hands it parsed, validated messages through a bounded
+ * queue (writer_submit). The writer applies them in order inside one
+ * transaction, each under a savepoint, and commits when the queue runs dry,
+ * after WRITER_MAX_BATCH items, or at the latest WRITER_COMMIT_MS after the
+ * transaction began. Only after a commit does it post replies (welcome, ack,
+ * error) back to the ingest loop, which owns the sockets.
+ *
+ * When the database fails for a reason that may pass (disk full, I/O error,
+ * busy, out of memory), the writer rolls back, keeps the whole batch, and
+ * retries with backoff: nothing is acked meanwhile, the queue fills and the
+ * ingest loop stops reading (back-pressure). Nothing accepted is dropped. */
+#ifndef WRITER_H
+#define WRITER_H
+
+#include <stdint.h>
+
+#include "proto.h"
+#include "store.h"
+
+#define WRITER_COMMIT_MS 100
+#define WRITER_MAX_BATCH 4096
+
+enum writer_kind {
+    WRITER_HELLO,   /* msg is the hello; replies WELCOME (or ERROR) to conn */
+    WRITER_STEP,    /* run_id, seq, msg */
+    WRITER_EVENT,   /* run_id, seq, msg */
+    WRITER_END,     /* run_id, seq, msg.status */
+    WRITER_STALE,   /* run_id: its connection closed without end */
+};
+
+/* One unit of work. Allocated by the submitter, owned by the writer from
+ * writer_submit() on, freed by it after commit. */
+struct writer_item {
+    int kind;                /* enum writer_kind */
+    uint64_t conn;           /* ingest's connection id, for replies */
+    int64_t run_id;
+    int64_t seq;
+    double time;             /* message time (daemon clock when the line had none) */
+    size_t bytes;            /* approximate memory held, for the queue bound */
+    struct proto_msg msg;
+    struct writer_item *next;
+};
+
+enum writer_reply_kind { WRITER_R_WELCOME, WRITER_R_ACK, WRITER_R_ERROR };
+
+/* A reply for the ingest loop. For ACK, conn is 0 and the reply goes to
+ * whichever connection owns run_id. */
+struct writer_reply {
+    int kind;
+    uint64_t conn;
+    int64_t run_id;
+    int64_t seq;                  /* WELCOME: last_seq; ACK: acked seq; ERROR: the line's seq or 0 */
+    int64_t layers, heads, seq_len;  /* WELCOME */
+    int code;                     /* ERROR: enum proto_err */
+    char message[240];
+    struct writer_reply *next;
+};
+
+/* Called in the writer thread after each successful commit, with the
+ * committed items in order (valid only during the call). For the live
+ * stream, alerts and metrics; it must not block for long. */
+typedef void writer_commit_fn(void *ctx, const struct writer_item *items, double commit_ms);
+
+struct writer_config {
+    size_t max_bytes;            /* queue bound (default 256 MiB) */
+    writer_commit_fn *on_commit; /* may be NULL */
+    void *ctx;
+};
+
+struct writer;
+
+/* Starts the writer thread on st (which it uses exclusively until
+ * writer_destroy). notify_fd is an eventfd the writer signals when replies
+ * are ready or queue space frees up. Returns NULL with a message on failure. */
+struct writer *writer_create(struct store *st, int notify_fd, const struct writer_config *cfg,
+                             char *err, size_t errlen);
+
+/* Stops the thread after committing everything submitted, then frees.
+ * Accepts NULL. Replies not taken are freed. */
+void writer_destroy(struct writer *w);
+
+/* Queues an item (never blocks). Returns 0, or -1 if the queue is over its
+ * bound: the caller keeps the item and should stop reading input until
+ * writer_full() turns false. HELLO, END and STALE items are always taken. */
+int writer_submit(struct writer *w, struct writer_item *it);
+
+/* 1 if the queue is at its bound. */
+int writer_full(struct writer *w);
+
+/* Takes all replies posted so far (a list the caller frees with free() per
+ * node), oldest first; NULL if none. */
+struct writer_reply *writer_take_replies(struct writer *w);
+
+/* Frees an item and its message. */
+void writer_item_free(struct writer_item *it);
+
+/* Counters, read without locking (approximate while running). */
+struct writer_stats {
+    uint64_t commits, items, values, retries, db_errors, queue_bytes;
+    double commit_ms_total, commit_ms_max;
+    int failing;                 /* 1 while the database refuses writes */
+};
+void writer_get_stats(struct writer *w, struct writer_stats *out);
+
+#endif

@@ -1,0 +1,717 @@
+/* model.c - forward and backward of the GPT model in model.h.
+ *
+ * Kernel conventions (llm.c): X_forward(out, inputs..., sizes),
+ * X_backward(d-inputs..., d-outputs, saved inputs..., sizes).  Gradients of
+ * PARAMETERS are always added into.  Gradients of ACTIVATIONS are overwritten
+ * by matmul/attention/gelu/crossentropy backward and added into by
+ * layernorm_backward; each call site says which.  Why not "always add" as in
+ * llm.c: that needs the activation-gradient buffers zeroed every step, several
+ * MB of memset that costs more than the σReparam bookkeeping we try to keep
+ * under 3%.  Instead one layer's worth of scratch is reused across layers. */
+#include "model.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- random */
+
+uint32_t model_random_u32(uint64_t *state)
+{
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+float model_random_f32(uint64_t *state)
+{
+    return (float)(model_random_u32(state) >> 8) / 16777216.0f;
+}
+
+float model_random_normal(uint64_t *state)
+{
+    float u1 = 1.0f - model_random_f32(state); /* (0, 1] so the log is finite */
+    float u2 = model_random_f32(state);
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
+}
+
+static float truncated_normal(uint64_t *rng, float std)
+{
+    float z;
+    do z = model_random_normal(rng); while (fabsf(z) > 2.0f);
+    return z * std;
+}
+
+/* ---------------------------------------------------------- fast math */
+
+/* exp(x) for x in float range, relative error ~2e-7: Cephes exp2f polynomial
+ * with a round-to-nearest trick instead of floorf, so that GCC vectorizes the
+ * loops that call it (libm's expf is a call per element). */
+static inline float fast_expf(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float t = x * 1.44269504088896341f;
+    float r = (t + 12582912.0f) - 12582912.0f;
+    float f = t - r;
+    float p = 1.535336188319500e-4f;
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    union { int32_t i; float f; } e;
+    e.i = ((int32_t)r + 127) << 23;
+    return p * e.f;
+}
+
+static inline float fast_tanhf(float x)
+{
+    return 1.0f - 2.0f / (fast_expf(2.0f * x) + 1.0f);
+}
+
+/* ------------------------------------------------------------- kernels */
+
+static void encoder_forward(float *out, const int *inp, const float *wte,
+                            const float *wpe, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *o = out + ((long)b * T + t) * C;
+            const float *we = wte + (long)inp[b * T + t] * C;
+            const float *pe = wpe + (long)t * C;
+            for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
+        }
+}
+
+/* Adds into dwte, dwpe. */
+static void encoder_backward(float *dwte, float *dwpe, const float *dout,
+                             const int *inp, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *d = dout + ((long)b * T + t) * C;
+            float *dwe = dwte + (long)inp[b * T + t] * C;
+            float *dpe = dwpe + (long)t * C;
+            for (int i = 0; i < C; i++) { dwe[i] += d[i]; dpe[i] += d[i]; }
+        }
+}
+
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *bias, int N, int C)
+{
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (long)n * C;
+        float m = 0.0f;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= C;
+        float v = 0.0f;
+        for (int i = 0; i < C; i++) { float d = x[i] - m; v += d * d; }
+        v /= C;
+        float s = 1.0f / sqrtf(v + 1e-5f);
+        float *o = out + (long)n * C;
+        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + bias[i];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+/* Adds into dinp, dw, dbias. */
+static void layernorm_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C)
+{
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (long)n * C;
+        const float *x = inp + (long)n * C;
+        float *dx = dinp + (long)n * C;
+        float m = mean[n], s = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int i = 0; i < C; i++) {
+            float norm = (x[i] - m) * s;
+            float dn = w[i] * d[i];
+            dnorm_mean += dn;
+            dnorm_norm_mean += dn * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        for (int i = 0; i < C; i++) {
+            float norm = (x[i] - m) * s;
+            float dn = w[i] * d[i];
+            dbias[i] += d[i];
+            dw[i] += norm * d[i];
+            dx[i] += (dn - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+}
+
+void model_matmul_reference(float *out, const float *inp, const float *w,
+                            const float *bias, int N, int C, int OC)
+{
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            float s = bias ? bias[o] : 0.0f;
+            for (int i = 0; i < C; i++) s += inp[(long)n * C + i] * w[(long)o * C + i];
+            out[(long)n * OC + o] = s;
+        }
+}
+
+/* out (N, OC) = inp (N, C) @ w^T + bias; with accumulate, out += that instead
+ * (a fused residual add). */
+static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                           int N, int C, int OC, int accumulate)
+{
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (bias) {
+        for (int n = 0; n < N; n++) {
+            float *o = out + (long)n * OC;
+            if (accumulate) for (int i = 0; i < OC; i++) o[i] += bias[i];
+            else for (int i = 0; i < OC; i++) o[i] = bias[i];
+        }
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C,
+                beta, out, OC);
+}
+
+/* OVERWRITES dinp (if not NULL); dw = dw_beta * dw + dout^T inp; adds into dbias. */
+static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC,
+                            float dw_beta)
+{
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC,
+                    w, C, 0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+                dw_beta, dw, C);
+    if (dbias)
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (long)n * OC;
+            for (int o = 0; o < OC; o++) dbias[o] += d[o];
+        }
+}
+
+/* Causal softmax of one row in place: entries 0..i kept, the rest zeroed. */
+static void causal_softmax_row(float *a, int i, int T)
+{
+    float mx = a[0];
+    for (int j = 1; j <= i; j++) mx = a[j] > mx ? a[j] : mx;
+    float s = 0.0f;
+    for (int j = 0; j <= i; j++) { float e = fast_expf(a[j] - mx); a[j] = e; s += e; }
+    float inv = 1.0f / s;
+    for (int j = 0; j <= i; j++) a[j] *= inv;
+    for (int j = i + 1; j < T; j++) a[j] = 0.0f;
+}
+
+/* qkv (B, T, 3C) -> att (B, NH, T, T), out (B, T, C). */
+static void attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                              int C, int NH)
+{
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (long)b * T * C3 + h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *a = att + ((long)b * NH + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k,
+                        C3, 0.0f, a, T);
+            for (int i = 0; i < T; i++) causal_softmax_row(a + (long)i * T, i, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v,
+                        C3, 0.0f, out + (long)b * T * C + h * hs, C);
+        }
+}
+
+/* OVERWRITES dqkv (B, T, 3C); datt is (T, T) scratch. */
+static void attention_backward(float *dqkv, float *datt, const float *dout,
+                               const float *qkv, const float *att, int B, int T, int C,
+                               int NH)
+{
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            long off = (long)b * T * C3 + h * hs;
+            const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + ((long)b * NH + h) * T * T;
+            const float *d = dout + (long)b * T * C + h * hs;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, C3,
+                        0.0f, datt, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C,
+                        0.0f, dv, C3);
+            for (int i = 0; i < T; i++) {
+                const float *ar = a + (long)i * T;
+                float *dr = datt + (long)i * T;
+                float s = 0.0f;
+                for (int j = 0; j <= i; j++) s += ar[j] * dr[j];
+                for (int j = 0; j <= i; j++) dr[j] = ar[j] * (dr[j] - s) * scale;
+                for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, k,
+                        C3, 0.0f, dq, C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, q,
+                        C3, 0.0f, dk, C3);
+        }
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+
+static void gelu_forward(float *out, const float *inp, long n)
+{
+    for (long i = 0; i < n; i++) {
+        float x = inp[i];
+        float t = fast_tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
+        out[i] = 0.5f * x * (1.0f + t);
+    }
+}
+
+/* OVERWRITES dinp. */
+static void gelu_backward(float *dinp, const float *inp, const float *dout, long n)
+{
+    for (long i = 0; i < n; i++) {
+        float x = inp[i];
+        float t = fast_tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
+        float dt = (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = (0.5f * (1.0f + t) + 0.5f * x * dt) * dout[i];
+    }
+}
+
+/* probs (N, V) holds logits on entry and softmax on return; losses[n] gets
+ * -log p[target] when targets is not NULL.  Returns the mean loss (or -1). */
+static float softmax_crossentropy_forward(float *probs, float *losses, const int *targets,
+                                          int N, int V)
+{
+    double total = 0.0;
+    for (int n = 0; n < N; n++) {
+        float *p = probs + (long)n * V;
+        float mx = p[0];
+        for (int i = 1; i < V; i++) mx = p[i] > mx ? p[i] : mx;
+        float zt = targets ? p[targets[n]] : 0.0f;
+        float s = 0.0f;
+        for (int i = 0; i < V; i++) { float e = fast_expf(p[i] - mx); p[i] = e; s += e; }
+        float inv = 1.0f / s;
+        for (int i = 0; i < V; i++) p[i] *= inv;
+        if (targets) {
+            /* log-sum-exp form: finite even when p[target] underflows */
+            losses[n] = logf(s) + mx - zt;
+            total += losses[n];
+        }
+    }
+    return targets ? (float)(total / N) : -1.0f;
+}
+
+/* probs becomes dlogits of the mean loss, in place. */
+static void crossentropy_backward(float *probs, const int *targets, int N, int V)
+{
+    float inv = 1.0f / N;
+    for (int n = 0; n < N; n++) {
+        float *p = probs + (long)n * V;
+        for (int i = 0; i < V; i++) p[i] *= inv;
+        p[targets[n]] -= inv;
+    }
+}
+
+/* ------------------------------------------------------------ the model */
+
+size_t model_param_sizes(const model_config *cfg, size_t s[MODEL_NUM_PARAMS])
+{
+    size_t V = cfg->vocab, T = cfg->max_seq, L = cfg->layers, C = cfg->dim;
+    s[MODEL_WTE] = V * C;
+    s[MODEL_WPE] = T * C;
+    s[MODEL_LN1W] = L * C;
+    s[MODEL_LN1B] = L * C;
+    s[MODEL_QKVW] = L * 3 * C * C;
+    s[MODEL_QKVB] = L * 3 * C;
+    s[MODEL_ATTPROJW] = L * C * C;
+    s[MODEL_ATTPROJB] = L * C;
+    s[MODEL_LN2W] = L * C;
+    s[MODEL_LN2B] = L * C;
+    s[MODEL_FCW] = L * 4 * C * C;
+    s[MODEL_FCB] = L * 4 * C;
+    s[MODEL_FCPROJW] = L * C * 4 * C;
+    s[MODEL_FCPROJB] = L * C;
+    s[MODEL_LNFW] = C;
+    s[MODEL_LNFB] = C;
+    s[MODEL_LMW] = V * C;
+    s[MODEL_GAMMA] = 4 * L + 1;
+    size_t n = 0;
+    for (int i = 0; i < MODEL_NUM_PARAMS; i++) n += s[i];
+    return n;
+}
+
+int model_config_check(const model_config *c, char *err, size_t errlen)
+{
+    const char *msg = NULL;
+    if (c->vocab < 2 || c->vocab > 65536) msg = "vocab must be in [2, 65536]";
+    else if (c->max_seq < 1 || c->max_seq > 16384) msg = "seq-len must be in [1, 16384]";
+    else if (c->layers < 1 || c->layers > 256) msg = "layers must be in [1, 256]";
+    else if (c->heads < 1 || c->dim < 1 || c->dim > 65536) msg = "heads and dim must be positive";
+    else if (c->dim % c->heads != 0) msg = "dim must be divisible by heads";
+    else if (c->norm < 0 || c->norm > 2) msg = "bad norm mode";
+    else if (c->reparam < 0 || c->reparam > 2) msg = "bad reparam mode";
+    else if (c->gamma_init < 0 || c->gamma_init > 1) msg = "bad gamma init";
+    if (msg) { snprintf(err, errlen, "%s", msg); return -1; }
+    return 0;
+}
+
+static void carve_params(model_params *p, float *mem, const size_t *s)
+{
+    float **ptrs[MODEL_NUM_PARAMS] = {
+        &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw,
+        &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb,
+        &p->lnfw, &p->lnfb, &p->lmw, &p->gamma};
+    for (int i = 0; i < MODEL_NUM_PARAMS; i++) { *ptrs[i] = mem; mem += s[i]; }
+}
+
+static size_t carve_acts(model_acts *a, float *mem, const model_config *c, size_t B, size_t T)
+{
+    size_t L = c->layers, C = c->dim, H = c->heads, V = c->vocab, BT = B * T;
+    struct { float **p; size_t n; } t[] = {
+        {&a->encoded, BT * C},       {&a->ln1, L * BT * C},      {&a->ln1_mean, L * BT},
+        {&a->ln1_rstd, L * BT},      {&a->qkv, L * BT * 3 * C},  {&a->atty, L * BT * C},
+        {&a->att, L * B * H * T * T}, {&a->residual2, L * BT * C}, {&a->ln2, L * BT * C},
+        {&a->ln2_mean, L * BT},      {&a->ln2_rstd, L * BT},     {&a->fch, L * BT * 4 * C},
+        {&a->fch_gelu, L * BT * 4 * C}, {&a->residual3, L * BT * C}, {&a->lnf, BT * C},
+        {&a->lnf_mean, BT},          {&a->lnf_rstd, BT},         {&a->probs, BT * V},
+        {&a->losses, BT}};
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (mem) *t[i].p = mem + n;
+        n += t[i].n;
+    }
+    return n;
+}
+
+static size_t scratch_size(const model_config *c, size_t B, size_t T)
+{
+    return 15 * B * T * (size_t)c->dim + T * T;
+}
+
+model *model_create(const model_config *cfg, int B, int T)
+{
+    char err[128];
+    if (model_config_check(cfg, err, sizeof err) != 0 || B < 1 || T < 1 || T > cfg->max_seq)
+        return NULL;
+    model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    m->B = B;
+    m->T = T;
+    m->num_params = model_param_sizes(cfg, m->param_sizes);
+    m->params_memory = calloc(m->num_params, sizeof(float));
+    m->grads_memory = calloc(m->num_params, sizeof(float));
+    size_t na = carve_acts(&m->acts, NULL, cfg, B, T);
+    m->acts_memory = calloc(na, sizeof(float));
+    m->scratch = calloc(scratch_size(cfg, B, T), sizeof(float));
+    int L = cfg->layers, C = cfg->dim;
+    m->num_linear = MODEL_LIN_PER_LAYER * L + 1;
+    m->lin = calloc(m->num_linear, sizeof *m->lin);
+    /* u (in) + v (out) per linear: per layer C+3C, C+C, C+4C, 4C+C; head C+V */
+    m->pi_size = (size_t)L * (4 + 2 + 5 + 5) * C + C + cfg->vocab;
+    m->pi_memory = calloc(m->pi_size, sizeof(float));
+    if (!m->params_memory || !m->grads_memory || !m->acts_memory || !m->scratch || !m->lin ||
+        !m->pi_memory)
+        goto err;
+    carve_params(&m->params, m->params_memory, m->param_sizes);
+    carve_params(&m->grads, m->grads_memory, m->param_sizes);
+    carve_acts(&m->acts, m->acts_memory, cfg, B, T);
+
+    size_t nw = m->param_sizes[MODEL_QKVW] + m->param_sizes[MODEL_ATTPROJW] +
+                m->param_sizes[MODEL_FCW] + m->param_sizes[MODEL_FCPROJW] +
+                m->param_sizes[MODEL_LMW];
+    if (cfg->reparam != MODEL_REPARAM_NONE) {
+        m->eff_memory = calloc(nw, sizeof(float));
+        m->deff_memory = calloc(nw, sizeof(float));
+        if (!m->eff_memory || !m->deff_memory) goto err;
+    }
+    m->one = 1.0f;
+    float *pi = m->pi_memory, *eff = m->eff_memory, *deff = m->deff_memory;
+    for (int i = 0; i < m->num_linear; i++) {
+        sreparam_linear *l = &m->lin[i];
+        int layer = i / MODEL_LIN_PER_LAYER, k = i % MODEL_LIN_PER_LAYER;
+        float *w, *dw;
+        if (i == m->num_linear - 1) {
+            l->out = cfg->vocab; l->in = C;
+            w = m->params.lmw; dw = m->grads.lmw;
+        } else if (k == MODEL_LIN_QKV) {
+            l->out = 3 * C; l->in = C;
+            w = m->params.qkvw + (size_t)layer * 3 * C * C; dw = m->grads.qkvw + (w - m->params.qkvw);
+        } else if (k == MODEL_LIN_ATTPROJ) {
+            l->out = C; l->in = C;
+            w = m->params.attprojw + (size_t)layer * C * C; dw = m->grads.attprojw + (w - m->params.attprojw);
+        } else if (k == MODEL_LIN_FC) {
+            l->out = 4 * C; l->in = C;
+            w = m->params.fcw + (size_t)layer * 4 * C * C; dw = m->grads.fcw + (w - m->params.fcw);
+        } else {
+            l->out = C; l->in = 4 * C;
+            w = m->params.fcprojw + (size_t)layer * 4 * C * C; dw = m->grads.fcprojw + (w - m->params.fcprojw);
+        }
+        l->w = w;
+        l->dw = dw;
+        l->gamma = m->params.gamma + i;
+        l->dgamma = m->grads.gamma + i;
+        l->u = pi; pi += l->in;
+        l->v = pi; pi += l->out;
+        l->sigma = 1.0f;
+        if (cfg->reparam == MODEL_REPARAM_NONE) {
+            l->weff = w;
+            l->dweff = dw;
+        } else {
+            size_t n = (size_t)l->out * l->in;
+            l->weff = eff; eff += n;
+            l->dweff = deff; deff += n;
+        }
+    }
+    return m;
+err:
+    model_destroy(m);
+    return NULL;
+}
+
+void model_destroy(model *m)
+{
+    if (!m) return;
+    free(m->params_memory);
+    free(m->grads_memory);
+    free(m->acts_memory);
+    free(m->scratch);
+    free(m->lin);
+    free(m->pi_memory);
+    free(m->eff_memory);
+    free(m->deff_memory);
+    free(m);
+}
+
+static void random_unit(float *x, int n, uint64_t *rng)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++) { x[i] = model_random_normal(rng); s += (double)x[i] * x[i]; }
+    float inv = (float)(1.0 / sqrt(s));
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void model_init(model *m, uint64_t *rng)
+{
+    const model_config *c = &m->cfg;
+    model_params *p = &m->params;
+    const size_t *s = m->param_sizes;
+    float std_res = 0.02f / sqrtf(2.0f * c->layers);
+    memset(m->params_memory, 0, m->num_params * sizeof(float));
+    struct { float *t; size_t n; float std; } w[] = {
+        {p->wte, s[MODEL_WTE], 0.02f},       {p->wpe, s[MODEL_WPE], 0.02f},
+        {p->qkvw, s[MODEL_QKVW], 0.02f},     {p->attprojw, s[MODEL_ATTPROJW], std_res},
+        {p->fcw, s[MODEL_FCW], 0.02f},       {p->fcprojw, s[MODEL_FCPROJW], std_res},
+        {p->lmw, s[MODEL_LMW], 0.02f}};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        for (size_t j = 0; j < w[i].n; j++) w[i].t[j] = truncated_normal(rng, w[i].std);
+    for (size_t j = 0; j < s[MODEL_LN1W]; j++) p->ln1w[j] = p->ln2w[j] = 1.0f;
+    for (size_t j = 0; j < s[MODEL_LNFW]; j++) p->lnfw[j] = 1.0f;
+    for (int i = 0; i < m->num_linear; i++) {
+        sreparam_linear *l = &m->lin[i];
+        *l->gamma = 1.0f;
+        l->sigma = 1.0f;
+        if (c->reparam == MODEL_REPARAM_NONE) continue;
+        if (c->reparam == MODEL_REPARAM_SIGMA && c->gamma_init == MODEL_GAMMA_SIGMA) {
+            double top = sreparam_top_singular(l->w, l->out, l->in, l->u, l->v);
+            if (top <= 0.0) { /* LAPACK failure: fall back to a long power iteration */
+                random_unit(l->u, l->in, rng);
+                for (int k = 0; k < 200; k++) sreparam_power_step(l);
+                top = l->sigma;
+            }
+            l->sigma = (float)top;
+            *l->gamma = (float)top;
+        } else {
+            random_unit(l->u, l->in, rng);
+            int steps = c->reparam == MODEL_REPARAM_SPECTRAL ? 15 : 1;
+            for (int k = 0; k < steps; k++) sreparam_power_step(l);
+            if (c->reparam == MODEL_REPARAM_SIGMA) random_unit(l->u, l->in, rng);
+            /* gamma one: u is a fresh random unit vector (paper pseudocode); v from
+             * one step only so that an eval before training has a defined sigma. */
+        }
+    }
+}
+
+void model_zero_grad(model *m)
+{
+    memset(m->grads_memory, 0, m->num_params * sizeof(float));
+}
+
+/* Per-layer activation pointers (offsets use the capacity, contents the
+ * forward's B, T). */
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
+        *ln2_rstd, *fch, *fch_gelu, *residual3;
+} layer_acts;
+
+static layer_acts layer_of(model *m, int l)
+{
+    size_t BT = (size_t)m->B * m->T, C = m->cfg.dim;
+    size_t att = (size_t)m->B * m->cfg.heads * m->T * m->T;
+    model_acts *a = &m->acts;
+    layer_acts r = {
+        a->ln1 + l * BT * C, a->ln1_mean + l * BT, a->ln1_rstd + l * BT,
+        a->qkv + l * BT * 3 * C, a->atty + l * BT * C, a->att + l * att,
+        a->residual2 + l * BT * C, a->ln2 + l * BT * C, a->ln2_mean + l * BT,
+        a->ln2_rstd + l * BT, a->fch + l * BT * 4 * C, a->fch_gelu + l * BT * 4 * C,
+        a->residual3 + l * BT * C};
+    return r;
+}
+
+/* The input of block l (the residual stream entering it). */
+static float *block_input(model *m, int l)
+{
+    if (l == 0) return m->acts.encoded;
+    layer_acts p = layer_of(m, l - 1);
+    return m->cfg.norm == MODEL_NORM_POST ? p.ln2 : p.residual3;
+}
+
+float model_forward(model *m, const int *inputs, const int *targets, int B, int T, int train)
+{
+    const model_config *c = &m->cfg;
+    int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, BT = B * T;
+    model_params *p = &m->params;
+    m->cur_B = B; m->cur_T = T;
+    m->inputs = inputs; m->targets = targets;
+    if (c->reparam != MODEL_REPARAM_NONE)
+        for (int i = 0; i < m->num_linear; i++) {
+            sreparam_linear *l = &m->lin[i];
+            if (train) sreparam_power_step(l);
+            else l->sigma = sreparam_sigma(l);
+            sreparam_forward(l);
+        }
+    encoder_forward(m->acts.encoded, inputs, p->wte, p->wpe, B, T, C);
+    float *x = m->acts.encoded;
+    for (int l = 0; l < L; l++) {
+        layer_acts a = layer_of(m, l);
+        const sreparam_linear *lin = m->lin + l * MODEL_LIN_PER_LAYER;
+        float *ain = x, *min, *skip;
+        if (c->norm == MODEL_NORM_PRE) {
+            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p->ln1w + l * C, p->ln1b + l * C, BT, C);
+            ain = a.ln1;
+        }
+        matmul_forward(a.qkv, ain, lin[MODEL_LIN_QKV].weff, p->qkvb + l * 3 * C, BT, C, 3 * C, 0);
+        attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+        memcpy(a.residual2, x, sizeof(float) * BT * C);
+        matmul_forward(a.residual2, a.atty, lin[MODEL_LIN_ATTPROJ].weff, p->attprojb + l * C, BT, C, C, 1);
+        if (c->norm == MODEL_NORM_PRE) {
+            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + l * C, p->ln2b + l * C, BT, C);
+            min = a.ln2; skip = a.residual2;
+        } else if (c->norm == MODEL_NORM_POST) {
+            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual2, p->ln1w + l * C, p->ln1b + l * C, BT, C);
+            min = skip = a.ln1;
+        } else {
+            min = skip = a.residual2;
+        }
+        matmul_forward(a.fch, min, lin[MODEL_LIN_FC].weff, p->fcb + l * 4 * C, BT, C, 4 * C, 0);
+        gelu_forward(a.fch_gelu, a.fch, (long)BT * 4 * C);
+        memcpy(a.residual3, skip, sizeof(float) * BT * C);
+        matmul_forward(a.residual3, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, p->fcprojb + l * C, BT, 4 * C, C, 1);
+        x = a.residual3;
+        if (c->norm == MODEL_NORM_POST) {
+            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual3, p->ln2w + l * C, p->ln2b + l * C, BT, C);
+            x = a.ln2;
+        }
+    }
+    if (c->norm != MODEL_NORM_NONE) {
+        layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, x, p->lnfw, p->lnfb, BT, C);
+        x = m->acts.lnf;
+    }
+    matmul_forward(m->acts.probs, x, m->lin[m->num_linear - 1].weff, NULL, BT, C, V, 0);
+    m->mean_loss = softmax_crossentropy_forward(m->acts.probs, m->acts.losses, targets, BT, V);
+    return m->mean_loss;
+}
+
+static void add_into(float *dst, const float *src, long n)
+{
+    for (long i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void model_backward(model *m)
+{
+    const model_config *c = &m->cfg;
+    int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab;
+    int B = m->cur_B, T = m->cur_T, BT = B * T;
+    long BTC = (long)BT * C;
+    model_params *p = &m->params, *g = &m->grads;
+    float dwb = c->reparam == MODEL_REPARAM_NONE ? 1.0f : 0.0f; /* see dweff in model_create */
+    float *s = m->scratch;
+    float *dx = s, *dtmp = s + BTC, *da = s + 2 * BTC, *datty = s + 3 * BTC;
+    float *dqkv = s + 4 * BTC, *dfch_gelu = s + 7 * BTC, *dfch = s + 11 * BTC;
+    float *datt = s + 15 * BTC;
+    float *tmp;
+
+    crossentropy_backward(m->acts.probs, m->targets, BT, V);
+    float *xlast = block_input(m, L);
+    const sreparam_linear *head = &m->lin[m->num_linear - 1];
+    if (c->norm != MODEL_NORM_NONE) {
+        matmul_backward(dtmp, head->dweff, NULL, m->acts.probs, m->acts.lnf, head->weff, BT, C, V, dwb);
+        memset(dx, 0, sizeof(float) * BTC);
+        layernorm_backward(dx, g->lnfw, g->lnfb, dtmp, xlast, p->lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, BT, C);
+    } else {
+        matmul_backward(dx, head->dweff, NULL, m->acts.probs, xlast, head->weff, BT, C, V, dwb);
+    }
+    for (int l = L - 1; l >= 0; l--) {
+        layer_acts a = layer_of(m, l);
+        const sreparam_linear *lin = m->lin + l * MODEL_LIN_PER_LAYER;
+        float *xin = block_input(m, l);
+        float *min = c->norm == MODEL_NORM_PRE ? a.ln2 : c->norm == MODEL_NORM_POST ? a.ln1 : a.residual2;
+        float *ain = c->norm == MODEL_NORM_PRE ? a.ln1 : xin;
+        if (c->norm == MODEL_NORM_POST) { /* out = LN2(r3) */
+            memset(dtmp, 0, sizeof(float) * BTC);
+            layernorm_backward(dtmp, g->ln2w + l * C, g->ln2b + l * C, dx, a.residual3, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
+            tmp = dx; dx = dtmp; dtmp = tmp;
+        }
+        /* dx = d(residual3); MLP branch */
+        matmul_backward(dfch_gelu, lin[MODEL_LIN_FCPROJ].dweff, g->fcprojb + l * C, dx, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, BT, 4 * C, C, dwb);
+        gelu_backward(dfch, a.fch, dfch_gelu, (long)BT * 4 * C);
+        matmul_backward(da, lin[MODEL_LIN_FC].dweff, g->fcb + l * 4 * C, dfch, min, lin[MODEL_LIN_FC].weff, BT, C, 4 * C, dwb);
+        if (c->norm == MODEL_NORM_PRE) {
+            layernorm_backward(dx, g->ln2w + l * C, g->ln2b + l * C, da, a.residual2, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
+        } else if (c->norm == MODEL_NORM_POST) { /* n = LN1(r2) feeds both skip and MLP */
+            add_into(dx, da, BTC);
+            memset(dtmp, 0, sizeof(float) * BTC);
+            layernorm_backward(dtmp, g->ln1w + l * C, g->ln1b + l * C, dx, a.residual2, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
+            tmp = dx; dx = dtmp; dtmp = tmp;
+        } else {
+            add_into(dx, da, BTC);
+        }
+        /* dx = d(residual2); attention branch */
+        matmul_backward(datty, lin[MODEL_LIN_ATTPROJ].dweff, g->attprojb + l * C, dx, a.atty, lin[MODEL_LIN_ATTPROJ].weff, BT, C, C, dwb);
+        attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
+        matmul_backward(da, lin[MODEL_LIN_QKV].dweff, g->qkvb + l * 3 * C, dqkv, ain, lin[MODEL_LIN_QKV].weff, BT, C, 3 * C, dwb);
+        if (c->norm == MODEL_NORM_PRE)
+            layernorm_backward(dx, g->ln1w + l * C, g->ln1b + l * C, da, xin, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
+        else
+            add_into(dx, da, BTC);
+    }
+    encoder_backward(g->wte, g->wpe, dx, m->inputs, B, T, C);
+    if (c->reparam != MODEL_REPARAM_NONE)
+        for (int i = 0; i < m->num_linear; i++)
+            sreparam_backward(&m->lin[i], c->reparam == MODEL_REPARAM_SIGMA);
+}
+
+float *model_attention(model *m, int layer) { return layer_of(m, layer).att; }
+float *model_qkv(model *m, int layer) { return layer_of(m, layer).qkv; }
+
+float *model_attn_input(model *m, int layer)
+{
+    return m->cfg.norm == MODEL_NORM_PRE ? layer_of(m, layer).ln1 : block_input(m, layer);
+}
+
+const float *model_qkv_weight(const model *m, int layer)
+{
+    return m->lin[layer * MODEL_LIN_PER_LAYER + MODEL_LIN_QKV].weff;
+}
+
+int model_linear_index(const model *m, int layer, int which)
+{
+    if (layer >= m->cfg.layers) return m->num_linear - 1;
+    return layer * MODEL_LIN_PER_LAYER + which;
+}
+
+const sreparam_linear *model_linear(const model *m, int index) { return &m->lin[index]; }

@@ -1,0 +1,1465 @@
+/* telemetry.c -- protocol v1 client: ring, sender thread, spool, socket.
+ *
+ * Data flow (one way):
+ *   producer --(SPSC ring of preallocated slots, no syscall)--> sender thread
+ *   sender: format JSON body, prefix {"seq":N, -> append to spool segment
+ *   sender: stream spool bytes from the welcome's last_seq+1 -> socket
+ *   sender: read welcome / ack / error / alert -> trim spool, inbox ring
+ *
+ * Why the spool is a write-ahead log even when the daemon is healthy: one
+ * code path for live sending and for resending after a reconnect or a
+ * restart, and a process crash loses nothing that had a seq. The writes are
+ * page-cache writes of the sender thread (no fsync); segments are deleted
+ * once acknowledged, usually before the kernel writes them back.
+ *
+ * Spool layout: SPOOL_DIR/RUN/seg-<first seq, 20 digits>.log, each holding
+ * complete lines with consecutive seqs starting at the number in its name;
+ * the newest segment is the one being appended to. An empty newest segment
+ * records the next seq when everything else was acknowledged and trimmed.
+ * SPOOL_DIR/RUN/lock is flock()ed by the owning process.
+ *
+ * Not here: metric computation (probe.c), printing (the caller polls).
+ */
+#include "telemetry.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TICK_MS 2                 /* sender idle poll: bounds enqueue->send latency */
+#define INBOX_CAP 64
+#define OBUF_CAP (256 * 1024)
+#define IBUF_CAP (1024 * 1024)    /* daemon lines longer than this are skipped */
+#define WBUF_CAP (256 * 1024)
+#define EVENT_TEXT_MAX (64 * 1024)
+#define SEQ_PREFIX_MAX 32         /* {"seq":18446744073709551615, */
+#define WELCOME_TIMEOUT_MS 10000
+#define CONNECT_TIMEOUT_MS 2000
+#define DRAIN_BATCH 256
+
+enum { MSG_STEP, MSG_EVENT, MSG_END };
+enum { C_DOWN, C_CONNECTING, C_HELLO, C_STREAMING, C_STOPPED };
+
+typedef char name_t[TELEMETRY_NAME_MAX + 1];
+
+struct telemetry_step {
+    telemetry *owner;
+    int kind;                 /* MSG_* */
+    int64_t step;
+    double time;              /* < 0: omitted */
+    int n_scalar, n_layer, n_head;
+    name_t *scalar_names;     /* (max_scalars) */
+    float *scalars;           /* (max_scalars) */
+    name_t *layer_names;      /* (max_layer_metrics) */
+    float *layers;            /* (max_layer_metrics, L) */
+    name_t *head_names;       /* (max_head_metrics) */
+    float *heads;             /* (max_head_metrics, L, H) */
+    char level[16];           /* event level or end status */
+    char *text;               /* event text, malloc()ed, freed by the sender */
+};
+
+typedef struct segment {
+    uint64_t first;           /* seq of its first line */
+    uint64_t size;            /* bytes of complete lines */
+} segment;
+
+struct telemetry {
+    /* Configuration, immutable after create. */
+    char run[TELEMETRY_RUN_MAX + 1];
+    int L, H;
+    int max_s, max_l, max_h;
+    int has_address, is_unix;
+    char *unix_path, *host, *port;
+    char *hello; size_t hello_len;
+    char *root;               /* spool root */
+    char *dir;                /* root/run */
+    int root_is_tmp;
+    int lock_fd;
+    uint64_t spool_max, seg_bytes;
+    int backoff_min, backoff_max;
+
+    /* Ring: the producer owns head and the open slot, the sender owns tail. */
+    size_t cap;
+    telemetry_step *slots;
+    char *slot_mem;
+    _Atomic size_t head, tail;
+    _Atomic uint64_t done;    /* slots fully processed (spooled or dropped) */
+    telemetry_step *open;
+
+    /* Inbox: the sender produces, telemetry_poll consumes. */
+    telemetry_msg inbox[INBOX_CAP];
+    _Atomic size_t in_head, in_tail;
+
+    /* Sender thread state. */
+    pthread_t thread;
+    int thread_started;
+    atomic_int stop;
+    segment *segs; size_t nsegs, segcap;
+    uint64_t spool_total;
+    int wfd;                  /* append fd of the newest segment */
+    uint64_t next_seq, acked;
+    char *fmt; size_t fmtcap; /* body of one line, after SEQ_PREFIX_MAX bytes */
+    char *wbuf; size_t wlen;  /* lines waiting for one write() */
+    unsigned wbuf_n;
+    uint64_t reported_drops;
+    int fd, cstate;
+    uint64_t next_attempt, deadline;  /* monotonic ns */
+    int backoff;
+    int stream_was_up;
+    char *obuf; size_t olen, ooff;
+    int hello_nl;             /* the hello's newline is still in obuf */
+    char *ibuf; size_t ilen; int iskip;
+    uint64_t rd_first, rd_off; int rd_fd;
+
+    /* Counters (see telemetry_stats). */
+    _Atomic uint64_t st_enqueued, st_dropped_queue, st_dropped_spool, st_spooled,
+        st_sent, st_acked, st_next_seq, st_spool_bytes, st_connects,
+        st_connect_failures, st_errors, st_inbox_dropped;
+    atomic_int st_connected;
+};
+
+#define ST_ADD(t, f, n) atomic_fetch_add_explicit(&(t)->f, (uint64_t)(n), memory_order_relaxed)
+#define ST_SET(t, f, v) atomic_store_explicit(&(t)->f, (v), memory_order_relaxed)
+#define ST_GET(t, f) atomic_load_explicit(&(t)->f, memory_order_relaxed)
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+double telemetry_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
+}
+
+/* ---------------------------------------------------------------- numbers */
+
+static const double P10[23] = {
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+};
+static const uint64_t U10[11] = {
+    1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
+    1000000000, 10000000000ull,
+};
+
+static int utoa(char *p, uint64_t v)
+{
+    char tmp[20];
+    int n = 0;
+    do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    for (int i = 0; i < n; i++) p[i] = tmp[n - 1 - i];
+    return n;
+}
+
+/* Writes the ndig decimal digits of m (no trailing zeros required) with the
+ * first digit at decimal exponent e10, in plain or exponent notation. */
+static int emit_decimal(char *p, uint64_t m, int ndig, int e10)
+{
+    char d[10];
+    while (ndig > 1 && m % 10 == 0) { m /= 10; ndig--; }
+    for (int i = ndig - 1; i >= 0; i--) { d[i] = (char)('0' + m % 10); m /= 10; }
+    char *s = p;
+    if (e10 >= 0 && e10 < 16) {
+        if (e10 + 1 >= ndig) {
+            memcpy(s, d, (size_t)ndig); s += ndig;
+            for (int i = 0; i < e10 + 1 - ndig; i++) *s++ = '0';
+        } else {
+            memcpy(s, d, (size_t)e10 + 1); s += e10 + 1;
+            *s++ = '.';
+            memcpy(s, d + e10 + 1, (size_t)(ndig - e10 - 1)); s += ndig - e10 - 1;
+        }
+    } else if (e10 < 0 && e10 >= -5) {
+        *s++ = '0'; *s++ = '.';
+        for (int i = 0; i < -e10 - 1; i++) *s++ = '0';
+        memcpy(s, d, (size_t)ndig); s += ndig;
+    } else {
+        *s++ = d[0];
+        if (ndig > 1) { *s++ = '.'; memcpy(s, d + 1, (size_t)ndig - 1); s += ndig - 1; }
+        *s++ = 'e';
+        if (e10 < 0) { *s++ = '-'; e10 = -e10; }
+        s += utoa(s, (uint64_t)e10);
+    }
+    return (int)(s - p);
+}
+
+/* Shortest-ish round-trip float32 formatting without printf: scale by an
+ * exact power of ten in double (53 bits are plenty for 9 digits of a 24-bit
+ * mantissa), then try 6, 7 and 8 digits and keep the first that converts
+ * back to the same float the way a parser does ((float) of a correctly
+ * rounded double); 9 digits always round-trip. Magnitudes whose scaling
+ * needs a power of ten beyond 1e22 (|v| < ~1e-14 or > ~1e31) and subnormals
+ * fall back to "%.9g". */
+int telemetry_format_float(char *buf, float v)
+{
+    char *p = buf;
+    if (!isfinite(v)) { memcpy(p, "null", 4); return 4; }
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if (bits >> 31) { *p++ = '-'; bits &= 0x7fffffffu; memcpy(&v, &bits, sizeof v); }
+    if (bits == 0) { *p++ = '0'; return (int)(p - buf); }
+    int be = (int)(bits >> 23);
+    if (be == 0) goto slow;
+    int e2 = be - 127;
+    int e10 = e2 >= 0 ? (e2 * 1233) >> 12 : -((-e2 * 1233 + 4095) >> 12);
+    double d = v;
+    uint64_t m9 = 0;
+    for (int tries = 0; tries < 3; tries++) {
+        int k = 8 - e10;
+        if (k > 22 || k < -22) goto slow;
+        double s = k >= 0 ? d * P10[k] : d / P10[-k];
+        m9 = (uint64_t)(s + 0.5);
+        if (m9 >= U10[9]) e10++;
+        else if (m9 < U10[8]) e10--;
+        else break;
+    }
+    if (m9 >= U10[9] || m9 < U10[8]) goto slow;
+    for (int nd = 6; nd < 9; nd++) {
+        uint64_t div = U10[9 - nd];
+        uint64_t m = (m9 + div / 2) / div;
+        int ee = e10;
+        if (m >= U10[nd]) { m /= 10; ee++; }
+        int kk = nd - 1 - ee; /* value = m / 10^kk */
+        if (kk > 22 || kk < -22) continue;
+        double back = kk >= 0 ? (double)m / P10[kk] : (double)m * P10[-kk];
+        if ((float)back == v) return (int)(p - buf) + emit_decimal(p, m, nd, ee);
+    }
+    return (int)(p - buf) + emit_decimal(p, m9, 9, e10);
+slow:
+    return (int)(p - buf) + snprintf(p, 20, "%.9g", (double)v);
+}
+
+/* Unix seconds with microseconds, trailing zeros trimmed. */
+static int format_time(char *p, double t)
+{
+    int n = snprintf(p, 40, "%.6f", t);
+    while (n > 1 && p[n - 1] == '0') n--;
+    if (p[n - 1] == '.') n--;
+    return n;
+}
+
+/* ---------------------------------------------------------------- names */
+
+static int metric_char(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == ':' || c == '-';
+}
+
+static int run_char(unsigned char c)
+{
+    return metric_char(c) || c == '@' || c == '+';
+}
+
+/* Validates and copies a metric name; -1 when invalid. */
+static int copy_name(char *dst, const char *name)
+{
+    size_t i = 0;
+    for (; name[i]; i++) {
+        if (i == TELEMETRY_NAME_MAX || !metric_char((unsigned char)name[i])) return -1;
+        dst[i] = name[i];
+    }
+    if (i == 0) return -1;
+    dst[i] = 0;
+    return 0;
+}
+
+static int valid_run(const char *r)
+{
+    size_t n = strlen(r);
+    if (n < 1 || n > TELEMETRY_RUN_MAX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!run_char((unsigned char)r[i])) return 0;
+    return strcmp(r, ".") && strcmp(r, ".."); /* it is also a directory name */
+}
+
+/* JSON string body of s[0..n): escapes, and replaces invalid UTF-8 by '?'.
+ * out must hold 6*n bytes. */
+static size_t json_escape(char *out, const unsigned char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    char *o = out;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c == '"' || c == '\\') { *o++ = '\\'; *o++ = (char)c; i++; continue; }
+        if (c < 0x20) {
+            if (c == '\n') { *o++ = '\\'; *o++ = 'n'; }
+            else if (c == '\t') { *o++ = '\\'; *o++ = 't'; }
+            else if (c == '\r') { *o++ = '\\'; *o++ = 'r'; }
+            else { memcpy(o, "\\u00", 4); o += 4; *o++ = hex[c >> 4]; *o++ = hex[c & 15]; }
+            i++;
+            continue;
+        }
+        if (c < 0x80) { *o++ = (char)c; i++; continue; }
+        size_t k = 0;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) k = 2;
+        else if (c >= 0xe0 && c <= 0xef) { k = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
+        else if (c >= 0xf0 && c <= 0xf4) { k = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
+        int ok = k > 0 && i + k <= n;
+        for (size_t j = 1; ok && j < k; j++) {
+            unsigned cc = s[i + j];
+            if (j == 1 ? (cc < lo || cc > hi) : (cc < 0x80 || cc > 0xbf)) ok = 0;
+        }
+        if (!ok) { *o++ = '?'; i++; continue; }
+        memcpy(o, s + i, k); o += k; i += k;
+    }
+    return (size_t)(o - out);
+}
+
+/* ---------------------------------------------------------------- producer */
+
+void telemetry_config_init(telemetry_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+}
+
+const char *telemetry_run_name(const telemetry *t)
+{
+    return t->run;
+}
+
+telemetry_step *telemetry_step_begin(telemetry *t, int64_t step, double time)
+{
+    size_t h = atomic_load_explicit(&t->head, memory_order_relaxed);
+    size_t tl = atomic_load_explicit(&t->tail, memory_order_acquire);
+    t->open = NULL;
+    if (step < 0) return NULL;
+    if (h - tl >= t->cap) {
+        ST_ADD(t, st_dropped_queue, 1);
+        return NULL;
+    }
+    telemetry_step *s = &t->slots[h % t->cap];
+    s->kind = MSG_STEP;
+    s->step = step;
+    s->time = isfinite(time) ? time : -1;
+    s->n_scalar = s->n_layer = s->n_head = 0;
+    t->open = s;
+    return s;
+}
+
+int telemetry_step_scalar(telemetry_step *s, const char *name, double value)
+{
+    if (!s || !name) return TELEMETRY_EINVAL;
+    if (s->n_scalar == s->owner->max_s) return TELEMETRY_EFULL;
+    if (copy_name(s->scalar_names[s->n_scalar], name)) return TELEMETRY_EINVAL;
+    s->scalars[s->n_scalar++] = (float)value;
+    return TELEMETRY_OK;
+}
+
+int telemetry_step_layer(telemetry_step *s, const char *name, const float *values)
+{
+    if (!s || !name || !values) return TELEMETRY_EINVAL;
+    if (s->n_layer == s->owner->max_l) return TELEMETRY_EFULL;
+    if (copy_name(s->layer_names[s->n_layer], name)) return TELEMETRY_EINVAL;
+    size_t L = (size_t)s->owner->L;
+    memcpy(s->layers + (size_t)s->n_layer * L, values, L * sizeof(float));
+    s->n_layer++;
+    return TELEMETRY_OK;
+}
+
+int telemetry_step_heads(telemetry_step *s, const char *name, const float *values)
+{
+    if (!s || !name || !values) return TELEMETRY_EINVAL;
+    if (s->n_head == s->owner->max_h) return TELEMETRY_EFULL;
+    if (copy_name(s->head_names[s->n_head], name)) return TELEMETRY_EINVAL;
+    size_t LH = (size_t)s->owner->L * (size_t)s->owner->H;
+    memcpy(s->heads + (size_t)s->n_head * LH, values, LH * sizeof(float));
+    s->n_head++;
+    return TELEMETRY_OK;
+}
+
+static void publish(telemetry *t)
+{
+    size_t h = atomic_load_explicit(&t->head, memory_order_relaxed);
+    atomic_store_explicit(&t->head, h + 1, memory_order_release);
+    ST_ADD(t, st_enqueued, 1);
+    t->open = NULL;
+}
+
+int telemetry_step_commit(telemetry *t, telemetry_step *s)
+{
+    if (!s || s != t->open) return TELEMETRY_EINVAL;
+    publish(t);
+    return TELEMETRY_OK;
+}
+
+static int valid_level(const char *l)
+{
+    return l && (!strcmp(l, "info") || !strcmp(l, "warn") || !strcmp(l, "error"));
+}
+
+static int valid_status(const char *s)
+{
+    return s && (!strcmp(s, "finished") || !strcmp(s, "failed") || !strcmp(s, "aborted"));
+}
+
+/* A non-step message into the ring. text (may be NULL) is taken over. */
+static int enqueue_other(telemetry *t, int kind, const char *level, char *text)
+{
+    size_t h = atomic_load_explicit(&t->head, memory_order_relaxed);
+    size_t tl = atomic_load_explicit(&t->tail, memory_order_acquire);
+    if (h - tl >= t->cap) {
+        free(text);
+        ST_ADD(t, st_dropped_queue, 1);
+        return TELEMETRY_EFULL;
+    }
+    telemetry_step *s = &t->slots[h % t->cap];
+    s->kind = kind;
+    snprintf(s->level, sizeof s->level, "%s", level);
+    s->text = text;
+    s->time = telemetry_now();
+    publish(t);
+    return TELEMETRY_OK;
+}
+
+int telemetry_event(telemetry *t, const char *level, const char *text)
+{
+    if (!t || !valid_level(level) || !text) return TELEMETRY_EINVAL;
+    size_t n = strnlen(text, EVENT_TEXT_MAX);
+    char *copy = malloc(n + 1);
+    if (!copy) return TELEMETRY_EFULL;
+    memcpy(copy, text, n);
+    copy[n] = 0;
+    return enqueue_other(t, MSG_EVENT, level, copy);
+}
+
+int telemetry_poll(telemetry *t, telemetry_msg *out)
+{
+    size_t tl = atomic_load_explicit(&t->in_tail, memory_order_relaxed);
+    size_t h = atomic_load_explicit(&t->in_head, memory_order_acquire);
+    if (tl == h) return 0;
+    *out = t->inbox[tl % INBOX_CAP];
+    atomic_store_explicit(&t->in_tail, tl + 1, memory_order_release);
+    return 1;
+}
+
+void telemetry_msg_free(telemetry_msg *m)
+{
+    if (!m) return;
+    free(m->line);
+    m->line = NULL;
+}
+
+void telemetry_stats_get(const telemetry *tc, telemetry_stats *o)
+{
+    telemetry *t = (telemetry *)tc; /* atomics are read-only here */
+    memset(o, 0, sizeof *o);
+    o->enqueued = ST_GET(t, st_enqueued);
+    o->dropped_queue = ST_GET(t, st_dropped_queue);
+    o->dropped_spool = ST_GET(t, st_dropped_spool);
+    o->spooled = ST_GET(t, st_spooled);
+    o->sent = ST_GET(t, st_sent);
+    o->acked = ST_GET(t, st_acked);
+    o->next_seq = ST_GET(t, st_next_seq);
+    o->spool_bytes = ST_GET(t, st_spool_bytes);
+    o->connects = ST_GET(t, st_connects);
+    o->reconnects = o->connects ? o->connects - 1 : 0;
+    o->connect_failures = ST_GET(t, st_connect_failures);
+    o->errors = ST_GET(t, st_errors);
+    o->inbox_dropped = ST_GET(t, st_inbox_dropped);
+    o->connected = atomic_load_explicit(&t->st_connected, memory_order_relaxed);
+}
+
+/* Everything enqueued has been processed by the sender and, with an
+ * address, acknowledged. */
+static int settled(telemetry *t)
+{
+    uint64_t done = atomic_load_explicit(&t->done, memory_order_acquire);
+    if (done != atomic_load_explicit(&t->head, memory_order_relaxed)) return 0;
+    if (!t->has_address) return 1;
+    return ST_GET(t, st_acked) + 1 >= ST_GET(t, st_next_seq);
+}
+
+int telemetry_flush(telemetry *t, int timeout_ms)
+{
+    uint64_t end = now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+    for (;;) {
+        if (settled(t)) return TELEMETRY_OK;
+        if (now_ns() >= end) return TELEMETRY_ETIMEDOUT;
+        sleep_ms(1);
+    }
+}
+
+/* ---------------------------------------------------------------- inbox */
+
+static void inbox_push(telemetry *t, const char *line, size_t len)
+{
+    size_t h = atomic_load_explicit(&t->in_head, memory_order_relaxed);
+    size_t tl = atomic_load_explicit(&t->in_tail, memory_order_acquire);
+    if (h - tl >= INBOX_CAP) { ST_ADD(t, st_inbox_dropped, 1); return; }
+    telemetry_msg *m = &t->inbox[h % INBOX_CAP];
+    m->line = malloc(len + 1);
+    if (!m->line) { ST_ADD(t, st_inbox_dropped, 1); return; }
+    memcpy(m->line, line, len);
+    m->line[len] = 0;
+    m->type[0] = 0;
+    cJSON *j = cJSON_ParseWithLength(line, len);
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
+    if (cJSON_IsString(ty)) snprintf(m->type, sizeof m->type, "%s", ty->valuestring);
+    cJSON_Delete(j);
+    atomic_store_explicit(&t->in_head, h + 1, memory_order_release);
+}
+
+/* A message from the client itself, e.g. when the spool cannot serve the
+ * daemon's last_seq. Same shape as a daemon error, type "client". */
+static void inbox_note(telemetry *t, const char *code, const char *fmt, ...)
+{
+    char msg[256], line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    int n = snprintf(line, sizeof line, "{\"type\":\"client\",\"code\":\"%s\",\"message\":\"%s\"}",
+                     code, msg);
+    inbox_push(t, line, (size_t)n);
+}
+
+/* ---------------------------------------------------------------- spool */
+
+static char *seg_path(const telemetry *t, uint64_t first)
+{
+    size_t n = strlen(t->dir) + 40;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/seg-%020llu.log", t->dir, (unsigned long long)first);
+    return p;
+}
+
+static int seg_push(telemetry *t, uint64_t first, uint64_t size)
+{
+    if (t->nsegs == t->segcap) {
+        size_t nc = t->segcap ? t->segcap * 2 : 16;
+        segment *ns = realloc(t->segs, nc * sizeof *ns);
+        if (!ns) return -1;
+        t->segs = ns;
+        t->segcap = nc;
+    }
+    t->segs[t->nsegs++] = (segment){ first, size };
+    return 0;
+}
+
+/* Opens a new, empty newest segment named after next_seq. */
+static int spool_rotate(telemetry *t)
+{
+    if (t->wfd >= 0) close(t->wfd);
+    t->wfd = -1;
+    char *p = seg_path(t, t->next_seq);
+    if (!p) return -1;
+    t->wfd = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    free(p);
+    if (t->wfd < 0) return -1;
+    if (t->nsegs && t->segs[t->nsegs - 1].first == t->next_seq) return 0; /* reopened */
+    return seg_push(t, t->next_seq, 0);
+}
+
+static void spool_unlink(telemetry *t, uint64_t first)
+{
+    char *p = seg_path(t, first);
+    if (p) unlink(p);
+    free(p);
+}
+
+/* Deletes the segments whose every line is acknowledged (never the newest). */
+static void spool_trim(telemetry *t)
+{
+    size_t k = 0;
+    while (k + 1 < t->nsegs && t->segs[k + 1].first - 1 <= t->acked) {
+        spool_unlink(t, t->segs[k].first);
+        t->spool_total -= t->segs[k].size;
+        k++;
+    }
+    if (k) {
+        memmove(t->segs, t->segs + k, (t->nsegs - k) * sizeof *t->segs);
+        t->nsegs -= k;
+    }
+    ST_SET(t, st_spool_bytes, t->spool_total);
+}
+
+static int cmp_seg(const void *a, const void *b)
+{
+    const segment *x = a, *y = b;
+    return x->first < y->first ? -1 : x->first > y->first;
+}
+
+static int mkdir_p(const char *path)
+{
+    char *p = strdup(path);
+    if (!p) return -1;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0700) && errno != EEXIST) { free(p); return -1; }
+        *s = '/';
+    }
+    int rc = mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
+    free(p);
+    return rc;
+}
+
+/* Opens the run's spool directory, locks it, and recovers the segments and
+ * next_seq: the newest segment is cut after its last complete line (a crash
+ * may leave half a line; that line's seq was never sent because the sender
+ * only streams bytes it wrote completely). */
+static int spool_open(telemetry *t, char *err, size_t errlen)
+{
+    if (mkdir_p(t->dir)) {
+        set_err(err, errlen, "spool: mkdir %s: %s", t->dir, strerror(errno));
+        return -1;
+    }
+    size_t n = strlen(t->dir) + 8;
+    char *lp = malloc(n);
+    if (!lp) return -1;
+    snprintf(lp, n, "%s/lock", t->dir);
+    t->lock_fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    free(lp);
+    if (t->lock_fd < 0) {
+        set_err(err, errlen, "spool: open lock in %s: %s", t->dir, strerror(errno));
+        return -1;
+    }
+    if (flock(t->lock_fd, LOCK_EX | LOCK_NB)) {
+        set_err(err, errlen, "spool: %s is in use by another client: %s", t->dir, strerror(errno));
+        return -1;
+    }
+    DIR *d = opendir(t->dir);
+    if (!d) {
+        set_err(err, errlen, "spool: opendir %s: %s", t->dir, strerror(errno));
+        return -1;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        unsigned long long first;
+        char tail[8];
+        if (strlen(e->d_name) != 28 || sscanf(e->d_name, "seg-%20llu.%3s", &first, tail) != 2 ||
+            strcmp(tail, "log") || first == 0)
+            continue;
+        struct stat st;
+        char *p = seg_path(t, first);
+        int ok = p && stat(p, &st) == 0;
+        free(p);
+        if (!ok || seg_push(t, first, (uint64_t)st.st_size)) { closedir(d); goto fail; }
+    }
+    closedir(d);
+    if (t->nsegs == 0) {
+        t->next_seq = 1;
+        if (spool_rotate(t)) goto fail;
+        return 0;
+    }
+    qsort(t->segs, t->nsegs, sizeof *t->segs, cmp_seg);
+    segment *last = &t->segs[t->nsegs - 1];
+    char *p = seg_path(t, last->first);
+    if (!p) goto fail;
+    int fd = open(p, O_RDWR | O_CLOEXEC);
+    free(p);
+    if (fd < 0) goto fail;
+    char buf[65536];
+    uint64_t off = 0, good = 0, lines = 0;
+    for (;;) {
+        ssize_t r = pread(fd, buf, sizeof buf, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        for (ssize_t i = 0; i < r; i++)
+            if (buf[i] == '\n') { lines++; good = off + (uint64_t)i + 1; }
+        off += (uint64_t)r;
+    }
+    if (good != off && ftruncate(fd, (off_t)good)) { close(fd); goto fail; }
+    close(fd);
+    last->size = good;
+    t->next_seq = last->first + lines;
+    for (size_t i = 0; i < t->nsegs; i++) t->spool_total += t->segs[i].size;
+    /* Append to the newest segment again (next_seq names a new one only
+     * when rotating). */
+    uint64_t keep = t->next_seq;
+    t->next_seq = last->first;
+    int rc = spool_rotate(t);
+    t->next_seq = keep;
+    if (rc) goto fail;
+    return 0;
+fail:
+    set_err(err, errlen, "spool: recovering %s: %s", t->dir, strerror(errno));
+    return -1;
+}
+
+/* Writes len bytes holding n lines (the last n seqs assigned) to the newest
+ * segment. On failure the segment is cut back and the seqs are taken back,
+ * so numbering stays gapless; the lines count as dropped. */
+static int spool_write(telemetry *t, const char *buf, size_t len, unsigned n)
+{
+    segment *s = &t->segs[t->nsegs - 1];
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(t->wfd, buf + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            if (ftruncate(t->wfd, (off_t)s->size)) { /* the next recovery cuts it */ }
+            t->next_seq -= n;
+            ST_SET(t, st_next_seq, t->next_seq);
+            ST_ADD(t, st_dropped_spool, n);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    s->size += len;
+    t->spool_total += len;
+    ST_ADD(t, st_spooled, n);
+    ST_SET(t, st_spool_bytes, t->spool_total);
+    return 0;
+}
+
+static void spool_flush(telemetry *t)
+{
+    if (t->wlen) spool_write(t, t->wbuf, t->wlen, t->wbuf_n);
+    t->wlen = 0;
+    t->wbuf_n = 0;
+}
+
+/* Gives the body (text after the seq, from "\"type\"" to the newline, placed
+ * at body with SEQ_PREFIX_MAX free bytes before it) the next seq and appends
+ * it, or drops it when the spool bound would be exceeded. Returns 0 when
+ * spooled (or buffered for writing), -1 when dropped. */
+static int spool_add(telemetry *t, char *body, size_t blen)
+{
+    for (;;) {
+        char pre[SEQ_PREFIX_MAX];
+        size_t plen = 7;
+        memcpy(pre, "{\"seq\":", 7);
+        plen += (size_t)utoa(pre + plen, t->next_seq);
+        pre[plen++] = ',';
+        size_t len = plen + blen;
+        if (t->spool_total + t->wlen + len > t->spool_max || t->nsegs == 0) {
+            ST_ADD(t, st_dropped_spool, 1);
+            return -1;
+        }
+        segment *s = &t->segs[t->nsegs - 1];
+        if (s->size + t->wlen + len > t->seg_bytes && s->size + t->wlen > 0) {
+            /* A failed flush takes its seqs back, hence the loop: the line
+             * is numbered only once everything before it is settled. */
+            spool_flush(t);
+            if (t->segs[t->nsegs - 1].size > 0 && spool_rotate(t)) {
+                ST_ADD(t, st_dropped_spool, 1);
+                return -1;
+            }
+            continue;
+        }
+        if (t->wlen && t->wlen + len > WBUF_CAP) {
+            spool_flush(t);
+            continue;
+        }
+        char *line = body - plen;
+        memcpy(line, pre, plen);
+        t->next_seq++;
+        ST_SET(t, st_next_seq, t->next_seq);
+        if (len > WBUF_CAP) return spool_write(t, line, len, 1);
+        memcpy(t->wbuf + t->wlen, line, len);
+        t->wlen += len;
+        t->wbuf_n++;
+        return 0;
+    }
+}
+
+/* ---------------------------------------------------------------- formatting */
+
+static size_t step_body_max(const telemetry *t)
+{
+    size_t name = TELEMETRY_NAME_MAX + 8, num = 25;
+    size_t L = (size_t)t->L, H = (size_t)t->H;
+    return 128 + (size_t)t->max_s * (name + num) + (size_t)t->max_l * (name + L * num) +
+           (size_t)t->max_h * (name + L * (3 + H * num));
+}
+
+/* Formats the slot's JSON body at t->fmt + SEQ_PREFIX_MAX; returns its length. */
+static size_t format_body(telemetry *t, const telemetry_step *s)
+{
+    char *b = t->fmt + SEQ_PREFIX_MAX, *p = b;
+#define PUT(str) (memcpy(p, str, sizeof(str) - 1), p += sizeof(str) - 1)
+    if (s->kind == MSG_EVENT) {
+        PUT("\"type\":\"event\",\"level\":\"");
+        p += strlen(strcpy(p, s->level));
+        PUT("\",\"text\":\"");
+        p += json_escape(p, (const unsigned char *)s->text, strlen(s->text));
+        PUT("\",\"time\":");
+        p += format_time(p, s->time);
+    } else if (s->kind == MSG_END) {
+        PUT("\"type\":\"end\",\"status\":\"");
+        p += strlen(strcpy(p, s->level));
+        *p++ = '"';
+    } else {
+        PUT("\"type\":\"step\",\"step\":");
+        p += utoa(p, (uint64_t)s->step);
+        if (s->time >= 0) { PUT(",\"time\":"); p += format_time(p, s->time); }
+        if (s->n_scalar) {
+            PUT(",\"scalars\":{");
+            for (int i = 0; i < s->n_scalar; i++) {
+                if (i) *p++ = ',';
+                *p++ = '"';
+                p += strlen(strcpy(p, s->scalar_names[i]));
+                *p++ = '"'; *p++ = ':';
+                p += telemetry_format_float(p, s->scalars[i]);
+            }
+            *p++ = '}';
+        }
+        int L = t->L, H = t->H;
+        if (s->n_layer) {
+            PUT(",\"layers\":{");
+            for (int i = 0; i < s->n_layer; i++) {
+                const float *v = s->layers + (size_t)i * (size_t)L;
+                if (i) *p++ = ',';
+                *p++ = '"';
+                p += strlen(strcpy(p, s->layer_names[i]));
+                *p++ = '"'; *p++ = ':'; *p++ = '[';
+                for (int l = 0; l < L; l++) {
+                    if (l) *p++ = ',';
+                    p += telemetry_format_float(p, v[l]);
+                }
+                *p++ = ']';
+            }
+            *p++ = '}';
+        }
+        if (s->n_head) {
+            PUT(",\"heads\":{");
+            for (int i = 0; i < s->n_head; i++) {
+                const float *v = s->heads + (size_t)i * (size_t)L * (size_t)H;
+                if (i) *p++ = ',';
+                *p++ = '"';
+                p += strlen(strcpy(p, s->head_names[i]));
+                *p++ = '"'; *p++ = ':'; *p++ = '[';
+                for (int l = 0; l < L; l++) {
+                    if (l) *p++ = ',';
+                    *p++ = '[';
+                    for (int h = 0; h < H; h++) {
+                        if (h) *p++ = ',';
+                        p += telemetry_format_float(p, v[(size_t)l * (size_t)H + (size_t)h]);
+                    }
+                    *p++ = ']';
+                }
+                *p++ = ']';
+            }
+            *p++ = '}';
+        }
+    }
+    *p++ = '}';
+    *p++ = '\n';
+#undef PUT
+    return (size_t)(p - b);
+}
+
+/* Sends a warn event about losses once the spool has room for it. */
+static void report_drops(telemetry *t)
+{
+    uint64_t q = ST_GET(t, st_dropped_queue), s = ST_GET(t, st_dropped_spool);
+    if (q + s == t->reported_drops || t->spool_total + t->wlen + 1024 > t->spool_max) return;
+    char *b = t->fmt + SEQ_PREFIX_MAX;
+    int n = snprintf(b, 512,
+                     "\"type\":\"event\",\"level\":\"warn\",\"text\":\"telemetry client dropped %llu "
+                     "messages so far (queue full: %llu, spool full: %llu)\",\"time\":",
+                     (unsigned long long)(q + s), (unsigned long long)q, (unsigned long long)s);
+    n += format_time(b + n, telemetry_now());
+    b[n++] = '}';
+    b[n++] = '\n';
+    if (spool_add(t, b, (size_t)n) == 0) t->reported_drops = q + s;
+}
+
+/* Moves up to DRAIN_BATCH messages from the ring into the spool. */
+static int drain_ring(telemetry *t)
+{
+    size_t tl = atomic_load_explicit(&t->tail, memory_order_relaxed);
+    size_t h = atomic_load_explicit(&t->head, memory_order_acquire);
+    int n = 0;
+    if (tl != h) report_drops(t);
+    while (tl != h && n < DRAIN_BATCH) {
+        telemetry_step *s = &t->slots[tl % t->cap];
+        size_t blen = format_body(t, s);
+        free(s->text);
+        s->text = NULL;
+        atomic_store_explicit(&t->tail, ++tl, memory_order_release);
+        spool_add(t, t->fmt + SEQ_PREFIX_MAX, blen);
+        n++;
+    }
+    spool_flush(t);
+    if (n) atomic_fetch_add_explicit(&t->done, (uint64_t)n, memory_order_release);
+    return n;
+}
+
+/* ---------------------------------------------------------------- connection */
+
+static void disconnect(telemetry *t, int failed_connect)
+{
+    if (t->fd >= 0) close(t->fd);
+    t->fd = -1;
+    t->olen = t->ooff = t->ilen = 0;
+    t->iskip = 0;
+    if (t->rd_fd >= 0) close(t->rd_fd);
+    t->rd_fd = -1;
+    if (failed_connect) ST_ADD(t, st_connect_failures, 1);
+    atomic_store_explicit(&t->st_connected, 0, memory_order_relaxed);
+    if (t->cstate != C_STOPPED) t->cstate = C_DOWN;
+    t->next_attempt = now_ns() + (uint64_t)t->backoff * 1000000u;
+    t->backoff = t->backoff * 2 > t->backoff_max ? t->backoff_max : t->backoff * 2;
+}
+
+static void connected(telemetry *t)
+{
+    t->cstate = C_HELLO;
+    t->deadline = now_ns() + (uint64_t)WELCOME_TIMEOUT_MS * 1000000u;
+    memcpy(t->obuf, t->hello, t->hello_len);
+    t->olen = t->hello_len;
+    t->ooff = 0;
+    t->hello_nl = 1;
+}
+
+static void start_connect(telemetry *t)
+{
+    int fd = -1, rc;
+    if (t->is_unix) {
+        struct sockaddr_un sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sun_family = AF_UNIX;
+        memcpy(sa.sun_path, t->unix_path, strlen(t->unix_path));
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) goto fail;
+        rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    } else {
+        /* getaddrinfo may block on DNS; it runs in the sender thread only. */
+        struct addrinfo hints, *ai = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_socktype = SOCK_STREAM;
+        if (getaddrinfo(t->host, t->port, &hints, &ai) || !ai) goto fail;
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) { freeaddrinfo(ai); goto fail; }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        freeaddrinfo(ai);
+    }
+    t->fd = fd;
+    if (rc == 0) { connected(t); return; }
+    if (errno == EINPROGRESS) {
+        t->cstate = C_CONNECTING;
+        t->deadline = now_ns() + (uint64_t)CONNECT_TIMEOUT_MS * 1000000u;
+        return;
+    }
+    disconnect(t, 1);
+    return;
+fail:
+    if (fd >= 0) close(fd);
+    disconnect(t, 1);
+}
+
+/* Positions the spool reader on the line with seq `seq`. */
+static void reader_seek(telemetry *t, uint64_t seq)
+{
+    if (t->rd_fd >= 0) close(t->rd_fd);
+    t->rd_fd = -1;
+    t->rd_first = seq;
+    t->rd_off = 0;
+    if (t->nsegs == 0) return;
+    size_t i = t->nsegs - 1;
+    while (i > 0 && t->segs[i].first > seq) i--;
+    t->rd_first = t->segs[i].first;
+    t->rd_off = 0;
+    uint64_t skip = seq - t->segs[i].first;
+    if (skip == 0) return;
+    char *p = seg_path(t, t->rd_first);
+    t->rd_fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+    free(p);
+    if (t->rd_fd < 0) { t->rd_off = t->segs[i].size; return; }
+    char buf[65536];
+    while (t->rd_off < t->segs[i].size) {
+        uint64_t want = t->segs[i].size - t->rd_off;
+        ssize_t r = pread(t->rd_fd, buf, want < sizeof buf ? want : sizeof buf, (off_t)t->rd_off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        for (ssize_t k = 0; k < r; k++) {
+            if (buf[k] == '\n' && --skip == 0) { t->rd_off += (uint64_t)k + 1; return; }
+        }
+        t->rd_off += (uint64_t)r;
+    }
+}
+
+static void on_welcome(telemetry *t, uint64_t last)
+{
+    if (last >= t->next_seq) {
+        /* The daemon holds more of this run than our spool knows (the spool
+         * was lost or belongs to an older incarnation): continue after it.
+         * Spooled lines would only be duplicates. */
+        inbox_note(t, "seq_reset", "daemon has seq %llu, spool was at %llu; continuing at %llu",
+                   (unsigned long long)last, (unsigned long long)t->next_seq - 1,
+                   (unsigned long long)last + 1);
+        for (size_t i = 0; i < t->nsegs; i++) spool_unlink(t, t->segs[i].first);
+        t->nsegs = 0;
+        t->spool_total = 0;
+        t->next_seq = last + 1;
+        ST_SET(t, st_next_seq, t->next_seq);
+        if (spool_rotate(t)) {
+            inbox_note(t, "spool_error", "cannot create a segment: %s", strerror(errno));
+        }
+    } else if (t->nsegs && last + 1 < t->segs[0].first) {
+        /* Messages the daemon never committed are gone from the spool (the
+         * daemon lost data it had acknowledged): it would answer seq_gap to
+         * everything. Stop; the spool keeps the rest. */
+        inbox_note(t, "seq_lost", "daemon expects seq %llu but the spool starts at %llu; stopped",
+                   (unsigned long long)last + 1, (unsigned long long)t->segs[0].first);
+        t->cstate = C_STOPPED;
+        disconnect(t, 0);
+        return;
+    }
+    if (last > t->acked) t->acked = last;
+    ST_SET(t, st_acked, t->acked);
+    spool_trim(t);
+    reader_seek(t, last + 1);
+    t->cstate = C_STREAMING;
+    t->backoff = t->backoff_min;
+    ST_ADD(t, st_connects, 1);
+    atomic_store_explicit(&t->st_connected, 1, memory_order_relaxed);
+}
+
+static void handle_line(telemetry *t, const char *line, size_t len)
+{
+    cJSON *j = cJSON_ParseWithLength(line, len);
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
+    const char *type = cJSON_IsString(ty) ? ty->valuestring : "";
+    if (!strcmp(type, "welcome")) {
+        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(j, "last_seq");
+        if (t->cstate == C_HELLO && cJSON_IsNumber(ls) && ls->valuedouble >= 0) {
+            inbox_push(t, line, len);
+            on_welcome(t, (uint64_t)ls->valuedouble);
+        }
+    } else if (!strcmp(type, "ack")) {
+        const cJSON *sq = cJSON_GetObjectItemCaseSensitive(j, "seq");
+        if (cJSON_IsNumber(sq) && sq->valuedouble > (double)t->acked &&
+            sq->valuedouble < (double)t->next_seq) {
+            t->acked = (uint64_t)sq->valuedouble;
+            ST_SET(t, st_acked, t->acked);
+            spool_trim(t);
+        }
+    } else {
+        if (!strcmp(type, "error")) ST_ADD(t, st_errors, 1);
+        inbox_push(t, line, len);
+        const cJSON *code = cJSON_GetObjectItemCaseSensitive(j, "code");
+        const char *c = cJSON_IsString(code) ? code->valuestring : "";
+        if (!strcmp(c, "seq_gap")) {
+            /* A new hello makes the daemon state where to resume. */
+            t->backoff = t->backoff_min;
+            disconnect(t, 0);
+            t->next_attempt = 0;
+        } else if (!strcmp(c, "superseded")) {
+            /* Another client owns the run now; fighting it helps no one. */
+            t->cstate = C_STOPPED;
+            disconnect(t, 0);
+        }
+    }
+    cJSON_Delete(j);
+}
+
+static void do_read(telemetry *t)
+{
+    for (;;) {
+        ssize_t r = recv(t->fd, t->ibuf + t->ilen, IBUF_CAP - t->ilen, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (r <= 0) { disconnect(t, 0); return; }
+        t->ilen += (size_t)r;
+        size_t start = 0;
+        for (size_t i = t->ilen - (size_t)r; i < t->ilen; i++) {
+            if (t->ibuf[i] != '\n') continue;
+            size_t n = i - start;
+            if (n && t->ibuf[i - 1] == '\r') n--;
+            if (!t->iskip && n) handle_line(t, t->ibuf + start, n);
+            t->iskip = 0;
+            start = i + 1;
+            if (t->fd < 0) return; /* the line closed the connection */
+        }
+        memmove(t->ibuf, t->ibuf + start, t->ilen - start);
+        t->ilen -= start;
+        if (t->ilen == IBUF_CAP) { t->iskip = 1; t->ilen = 0; }
+    }
+}
+
+static void count_sent(telemetry *t, const char *p, size_t n)
+{
+    uint64_t nl = 0;
+    const char *e = p + n;
+    while ((p = memchr(p, '\n', (size_t)(e - p)))) { nl++; p++; }
+    if (nl && t->hello_nl) { nl--; t->hello_nl = 0; }
+    if (nl) ST_ADD(t, st_sent, nl);
+}
+
+static void do_write(telemetry *t)
+{
+    while (t->ooff < t->olen) {
+        ssize_t w = send(t->fd, t->obuf + t->ooff, t->olen - t->ooff, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (w <= 0) { disconnect(t, 0); return; }
+        count_sent(t, t->obuf + t->ooff, (size_t)w);
+        t->ooff += (size_t)w;
+    }
+    t->olen = t->ooff = 0;
+}
+
+/* Refills the output buffer from the spool reader. */
+static void fill_obuf(telemetry *t)
+{
+    if (t->ooff == t->olen) t->olen = t->ooff = 0;
+    while (t->olen < OBUF_CAP) {
+        size_t i = 0;
+        while (i < t->nsegs && t->segs[i].first < t->rd_first) i++;
+        if (i == t->nsegs) return;
+        if (t->segs[i].first != t->rd_first) { /* ours was trimmed: go on */
+            if (t->rd_fd >= 0) close(t->rd_fd);
+            t->rd_fd = -1;
+            t->rd_first = t->segs[i].first;
+            t->rd_off = 0;
+        }
+        segment *s = &t->segs[i];
+        if (t->rd_off >= s->size) {
+            if (i + 1 == t->nsegs) return;
+            if (t->rd_fd >= 0) close(t->rd_fd);
+            t->rd_fd = -1;
+            t->rd_first = t->segs[i + 1].first;
+            t->rd_off = 0;
+            continue;
+        }
+        if (t->rd_fd < 0) {
+            char *p = seg_path(t, t->rd_first);
+            t->rd_fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+            free(p);
+            if (t->rd_fd < 0) { t->rd_off = s->size; continue; } /* lost: skip */
+        }
+        uint64_t want = s->size - t->rd_off, room = OBUF_CAP - t->olen;
+        ssize_t r = pread(t->rd_fd, t->obuf + t->olen, want < room ? want : room, (off_t)t->rd_off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { t->rd_off = s->size; continue; }
+        t->olen += (size_t)r;
+        t->rd_off += (uint64_t)r;
+    }
+}
+
+static void *sender_main(void *arg)
+{
+    telemetry *t = arg;
+    while (!atomic_load_explicit(&t->stop, memory_order_acquire)) {
+        int busy = drain_ring(t);
+        int timeout = busy ? 0 : TICK_MS;
+        uint64_t now = now_ns();
+        if (t->has_address) {
+            if (t->cstate == C_DOWN && now >= t->next_attempt) start_connect(t);
+            if ((t->cstate == C_HELLO || t->cstate == C_CONNECTING) && now > t->deadline)
+                disconnect(t, t->cstate == C_CONNECTING);
+            if (t->cstate == C_STREAMING) fill_obuf(t);
+        }
+        if (t->fd < 0) {
+            if (timeout) sleep_ms(timeout);
+            continue;
+        }
+        struct pollfd pf = { t->fd, POLLIN, 0 };
+        if (t->cstate == C_CONNECTING || t->olen > t->ooff) pf.events |= POLLOUT;
+        int pr = poll(&pf, 1, timeout);
+        if (pr <= 0) continue;
+        if (t->cstate == C_CONNECTING) {
+            int e = 0;
+            socklen_t el = sizeof e;
+            if (getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &e, &el) || e) disconnect(t, 1);
+            else if (pf.revents & (POLLOUT | POLLERR | POLLHUP)) connected(t);
+            continue;
+        }
+        if (pf.revents & (POLLIN | POLLHUP | POLLERR)) do_read(t);
+        if (t->fd >= 0 && (pf.revents & POLLOUT)) do_write(t);
+    }
+    /* Whatever is still in the ring goes to the spool for a later client. */
+    while (drain_ring(t)) {}
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static int parse_address(telemetry *t, const char *a, char *err, size_t errlen)
+{
+    if (!strncmp(a, "unix:", 5)) {
+        size_t n = strlen(a + 5);
+        if (n == 0 || n >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+            set_err(err, errlen, "address %s: bad unix socket path length", a);
+            return -1;
+        }
+        t->is_unix = 1;
+        t->unix_path = strdup(a + 5);
+        return t->unix_path ? 0 : -1;
+    }
+    if (!strncmp(a, "tcp:", 4)) {
+        const char *hp = a + 4, *colon = strrchr(hp, ':');
+        if (!colon || colon == hp || !colon[1]) goto bad;
+        char *end;
+        long port = strtol(colon + 1, &end, 10);
+        if (*end || port < 1 || port > 65535) goto bad;
+        const char *h = hp, *he = colon;
+        if (*h == '[' && he[-1] == ']') { h++; he--; }
+        t->host = strndup(h, (size_t)(he - h));
+        t->port = strdup(colon + 1);
+        return t->host && t->port ? 0 : -1;
+    }
+bad:
+    set_err(err, errlen, "address %s: expected unix:PATH or tcp:HOST:PORT", a);
+    return -1;
+}
+
+static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_t errlen)
+{
+    char *meta = NULL;
+    if (c->meta_json) {
+        cJSON *m = cJSON_Parse(c->meta_json);
+        if (!cJSON_IsObject(m)) {
+            cJSON_Delete(m);
+            set_err(err, errlen, "meta_json is not a JSON object");
+            return -1;
+        }
+        meta = cJSON_PrintUnformatted(m); /* one line, whatever the input */
+        cJSON_Delete(m);
+        if (!meta) return -1;
+    }
+    size_t tlen = c->token ? strlen(c->token) : 0;
+    size_t cap = 256 + strlen(t->run) + (meta ? strlen(meta) : 0) + 6 * tlen;
+    t->hello = malloc(cap);
+    if (!t->hello) { free(meta); return -1; }
+    int n = snprintf(t->hello, cap,
+                     "{\"type\":\"hello\",\"protocol\":1,\"run\":\"%s\",\"layers\":%d,\"heads\":%d,"
+                     "\"seq_len\":%d",
+                     t->run, t->L, t->H, c->seq_len);
+    if (meta) n += snprintf(t->hello + n, cap - (size_t)n, ",\"meta\":%s", meta);
+    free(meta);
+    if (c->token) {
+        n += snprintf(t->hello + n, cap - (size_t)n, ",\"token\":\"");
+        n += (int)json_escape(t->hello + n, (const unsigned char *)c->token, tlen);
+        t->hello[n++] = '"';
+    }
+    t->hello[n++] = '}';
+    t->hello[n++] = '\n';
+    t->hello_len = (size_t)n;
+    if (t->hello_len > OBUF_CAP) {
+        set_err(err, errlen, "hello too long (meta over %d bytes)", OBUF_CAP);
+        return -1;
+    }
+    return 0;
+}
+
+/* Carves every slot's arrays out of one allocation. */
+static int alloc_slots(telemetry *t)
+{
+    size_t L = (size_t)t->L, LH = L * (size_t)t->H;
+    size_t per = (size_t)t->max_s * (sizeof(name_t) + sizeof(float)) +
+                 (size_t)t->max_l * (sizeof(name_t) + L * sizeof(float)) +
+                 (size_t)t->max_h * (sizeof(name_t) + LH * sizeof(float));
+    per = (per + 63) & ~(size_t)63;
+    t->slots = calloc(t->cap, sizeof *t->slots);
+    t->slot_mem = malloc(per * t->cap);
+    if (!t->slots || !t->slot_mem) return -1;
+    for (size_t i = 0; i < t->cap; i++) {
+        telemetry_step *s = &t->slots[i];
+        char *m = t->slot_mem + i * per;
+        s->owner = t;
+        s->scalar_names = (name_t *)m; m += (size_t)t->max_s * sizeof(name_t);
+        s->layer_names = (name_t *)m; m += (size_t)t->max_l * sizeof(name_t);
+        s->head_names = (name_t *)m; m += (size_t)t->max_h * sizeof(name_t);
+        s->scalars = (float *)m; m += (size_t)t->max_s * sizeof(float);
+        s->layers = (float *)m; m += (size_t)t->max_l * L * sizeof(float);
+        s->heads = (float *)m;
+    }
+    return 0;
+}
+
+telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
+{
+    telemetry *t = calloc(1, sizeof *t);
+    if (!t) { set_err(err, errlen, "out of memory"); return NULL; }
+    t->lock_fd = t->wfd = t->fd = t->rd_fd = -1;
+    if (c->layers < 1 || c->layers > 4096 || c->heads < 1 || c->heads > 4096 ||
+        (long)c->layers * c->heads > 1048576 || c->seq_len < 1) {
+        set_err(err, errlen, "bad shape: layers %d heads %d seq_len %d", c->layers, c->heads,
+                c->seq_len);
+        goto err;
+    }
+    t->L = c->layers;
+    t->H = c->heads;
+    t->max_s = c->max_scalars > 0 ? c->max_scalars : 64;
+    t->max_l = c->max_layer_metrics > 0 ? c->max_layer_metrics : 32;
+    t->max_h = c->max_head_metrics > 0 ? c->max_head_metrics : 32;
+    t->cap = c->queue_slots ? c->queue_slots : 256;
+    t->spool_max = c->spool_max_bytes ? c->spool_max_bytes : (uint64_t)256 << 20;
+    t->seg_bytes = t->spool_max / 8;
+    if (t->seg_bytes < 4096) t->seg_bytes = 4096;
+    if (t->seg_bytes > (16u << 20)) t->seg_bytes = 16u << 20;
+    t->backoff_min = c->backoff_min_ms > 0 ? c->backoff_min_ms : 50;
+    t->backoff_max = c->backoff_max_ms > 0 ? c->backoff_max_ms : 2000;
+    if (t->backoff_max < t->backoff_min) t->backoff_max = t->backoff_min;
+    t->backoff = t->backoff_min;
+
+    if (c->run) {
+        if (!valid_run(c->run)) {
+            set_err(err, errlen, "bad run name \"%s\": 1..128 of [A-Za-z0-9._:@+-]", c->run);
+            goto err;
+        }
+        snprintf(t->run, sizeof t->run, "%s", c->run);
+    } else {
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        unsigned rnd = (unsigned)(now_ns() ^ ((uint64_t)getpid() << 16)) & 0xffffu;
+        snprintf(t->run, sizeof t->run, "run-%04d%02d%02d-%02d%02d%02d-%d-%04x", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), rnd);
+    }
+    if (c->address) {
+        t->has_address = 1;
+        if (parse_address(t, c->address, err, errlen)) goto err;
+    }
+    if (build_hello(t, c, err, errlen)) goto err;
+
+    if (c->spool_dir) {
+        t->root = strdup(c->spool_dir);
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        size_t n = strlen(tmp ? tmp : "/tmp") + 32;
+        t->root = malloc(n);
+        if (t->root) {
+            snprintf(t->root, n, "%s/telemetry-XXXXXX", tmp ? tmp : "/tmp");
+            if (!mkdtemp(t->root)) {
+                set_err(err, errlen, "mkdtemp %s: %s", t->root, strerror(errno));
+                goto err;
+            }
+            t->root_is_tmp = 1;
+        }
+    }
+    if (!t->root) { set_err(err, errlen, "out of memory"); goto err; }
+    size_t dn = strlen(t->root) + strlen(t->run) + 2;
+    t->dir = malloc(dn);
+    if (!t->dir) { set_err(err, errlen, "out of memory"); goto err; }
+    snprintf(t->dir, dn, "%s/%s", t->root, t->run);
+    if (spool_open(t, err, errlen)) goto err;
+    ST_SET(t, st_next_seq, t->next_seq);
+    ST_SET(t, st_spool_bytes, t->spool_total);
+    /* Nothing older than the spool's first line can still be unacknowledged. */
+    t->acked = t->segs[0].first - 1;
+    ST_SET(t, st_acked, t->acked);
+
+    size_t body = step_body_max(t);
+    if (body < 6 * EVENT_TEXT_MAX + 256) body = 6 * EVENT_TEXT_MAX + 256;
+    t->fmtcap = SEQ_PREFIX_MAX + body;
+    t->fmt = malloc(t->fmtcap);
+    t->wbuf = malloc(WBUF_CAP);
+    t->obuf = malloc(OBUF_CAP);
+    t->ibuf = malloc(IBUF_CAP);
+    if (!t->fmt || !t->wbuf || !t->obuf || !t->ibuf || alloc_slots(t)) {
+        set_err(err, errlen, "out of memory");
+        goto err;
+    }
+
+    /* The sender takes no signals: they belong to the program. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&t->thread, NULL, sender_main, t);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) {
+        set_err(err, errlen, "pthread_create: %s", strerror(rc));
+        goto err;
+    }
+    t->thread_started = 1;
+    return t;
+err:
+    telemetry_destroy(t, NULL, 0);
+    return NULL;
+}
+
+static void remove_tmp_spool(telemetry *t)
+{
+    for (size_t i = 0; i < t->nsegs; i++) spool_unlink(t, t->segs[i].first);
+    size_t n = strlen(t->dir) + 8;
+    char *p = malloc(n);
+    if (p) {
+        snprintf(p, n, "%s/lock", t->dir);
+        unlink(p);
+    }
+    free(p);
+    rmdir(t->dir);
+    rmdir(t->root);
+}
+
+int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
+{
+    if (!t) return TELEMETRY_OK;
+    if (status && !valid_status(status)) return TELEMETRY_EINVAL;
+    int rc = TELEMETRY_OK;
+    if (t->thread_started) {
+        uint64_t end = now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+        if (status) {
+            /* The end must not be lost to a momentarily full ring. */
+            while (enqueue_other(t, MSG_END, status, NULL) == TELEMETRY_EFULL && now_ns() < end) {
+                atomic_fetch_sub_explicit(&t->st_dropped_queue, 1, memory_order_relaxed);
+                sleep_ms(1);
+            }
+        }
+        uint64_t left = now_ns() < end ? (end - now_ns()) / 1000000u : 0;
+        rc = telemetry_flush(t, (int)left);
+        atomic_store_explicit(&t->stop, 1, memory_order_release);
+        pthread_join(t->thread, NULL);
+    }
+    telemetry_msg m;
+    while (t->thread_started && telemetry_poll(t, &m)) telemetry_msg_free(&m);
+    if (t->fd >= 0) close(t->fd);
+    if (t->rd_fd >= 0) close(t->rd_fd);
+    if (t->wfd >= 0) close(t->wfd);
+    if (t->root_is_tmp && t->dir) remove_tmp_spool(t);
+    if (t->lock_fd >= 0) close(t->lock_fd);
+    for (size_t i = 0; t->slots && i < t->cap; i++) free(t->slots[i].text);
+    free(t->slots);
+    free(t->slot_mem);
+    free(t->segs);
+    free(t->fmt);
+    free(t->wbuf);
+    free(t->obuf);
+    free(t->ibuf);
+    free(t->hello);
+    free(t->unix_path);
+    free(t->host);
+    free(t->port);
+    free(t->root);
+    free(t->dir);
+    free(t);
+    return rc;
+}

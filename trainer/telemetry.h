@@ -1,0 +1,161 @@
+/* telemetry.h -- protocol v1 client for entropyd (schema/protocol.md).
+ *
+ * A self-contained module: any C program can report per-step metrics with it.
+ * It knows nothing of models or trainers; it moves named floats.
+ *
+ * Threads. The caller (the "producer", typically the training loop) builds
+ * steps and events; a private sender thread formats them as JSON lines,
+ * assigns seq, appends them to an on-disk spool (a write-ahead log) and
+ * streams the spool to the daemon, reconnecting with exponential backoff.
+ * The producer functions (telemetry_step_*, telemetry_event, telemetry_poll)
+ * must be called from one thread at a time; telemetry_stats from any thread.
+ *
+ * Hot path. telemetry_step_begin / _scalar / _layer / _heads / _commit make
+ * no system call, take no lock and allocate nothing: they copy floats into a
+ * preallocated slot of a bounded single-producer ring. When the ring is full,
+ * the step is dropped and counted (stats.dropped_queue) instead of waiting.
+ *
+ * Reliability. Every message is appended to the spool before it is sent, and
+ * removed from it only when the daemon acknowledged it. The spool survives
+ * the process: a new client with the same run name and spool directory
+ * resumes seq numbering and uploads what was never acknowledged. When the
+ * spool is at its byte bound, messages are dropped and counted
+ * (stats.dropped_spool), and an `event` reporting the loss is sent once room
+ * is back. Nothing the daemon does (refusing, closing, stalling, never
+ * reading) can block the producer.
+ */
+#ifndef TELEMETRY_H
+#define TELEMETRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Return codes. */
+#define TELEMETRY_OK        0
+#define TELEMETRY_EFULL    -1  /* queue (or metric slot table) full: dropped, counted */
+#define TELEMETRY_EINVAL   -2  /* bad argument: name, level, status, shape */
+#define TELEMETRY_ETIMEDOUT -3 /* a bounded wait ended before everything was acknowledged */
+
+#define TELEMETRY_NAME_MAX 64  /* metric names: 1..64 bytes of [A-Za-z0-9._:-] */
+#define TELEMETRY_RUN_MAX 128  /* run names: 1..128 bytes of [A-Za-z0-9._:@+-] */
+
+typedef struct telemetry telemetry;
+typedef struct telemetry_step telemetry_step; /* one slot of the ring */
+
+/* Configuration. Strings are copied by telemetry_create; the struct may be
+ * freed afterwards. Zero / NULL fields take the default given. */
+typedef struct telemetry_config {
+    const char *address;   /* "unix:PATH" or "tcp:HOST:PORT"; NULL: spool only,
+                              never connect */
+    const char *run;       /* run name; NULL: generated, see telemetry_run_name */
+    int layers, heads;     /* L, H: 1..4096, L*H <= 1048576 (required) */
+    int seq_len;           /* T >= 1 (required) */
+    const char *meta_json; /* JSON object text sent in hello, or NULL */
+    const char *token;     /* daemon token, or NULL */
+    const char *spool_dir; /* spool root; the run spools in SPOOL_DIR/RUN/.
+                              NULL: a private temporary directory removed by
+                              destroy (no persistence across processes) */
+    size_t queue_slots;    /* ring capacity in messages; default 256 */
+    size_t spool_max_bytes;/* spool bound; default 256 MiB */
+    int max_scalars;       /* per-step metric slots; defaults 64, 32, 32 */
+    int max_layer_metrics;
+    int max_head_metrics;
+    int backoff_min_ms;    /* reconnect backoff; defaults 50 and 2000 */
+    int backoff_max_ms;
+} telemetry_config;
+
+/* Counters, a snapshot. Monotonic except spool_bytes and connected. */
+typedef struct telemetry_stats {
+    uint64_t enqueued;      /* messages accepted into the ring */
+    uint64_t dropped_queue; /* messages dropped because the ring was full */
+    uint64_t dropped_spool; /* messages dropped because the spool was full or failing */
+    uint64_t spooled;       /* messages written to the spool (each has a seq) */
+    uint64_t sent;          /* message lines written to the socket, resends included */
+    uint64_t acked;         /* highest seq the daemon acknowledged (or welcomed) */
+    uint64_t next_seq;      /* seq the next message will get */
+    uint64_t spool_bytes;   /* bytes in the spool now */
+    uint64_t connects;      /* welcomes received */
+    uint64_t reconnects;    /* welcomes after the first one */
+    uint64_t connect_failures;
+    uint64_t errors;        /* error lines received from the daemon */
+    uint64_t inbox_dropped; /* incoming lines lost because the inbox was full */
+    int connected;          /* 1 while a welcomed connection is up */
+} telemetry_stats;
+
+/* A line received from the daemon (welcome, error, alert, or any unknown
+ * type; acks are not delivered, see stats.acked). */
+typedef struct telemetry_msg {
+    char type[32]; /* the "type" field, truncated; "" when absent */
+    char *line;    /* the JSON text without newline; malloc()ed, the caller
+                      owns it: free it, or call telemetry_msg_free */
+} telemetry_msg;
+
+/* Fills *cfg with zeros (all defaults). */
+void telemetry_config_init(telemetry_config *cfg);
+
+/* Creates a client and starts its sender thread. Validates the config
+ * (address syntax, run name, shape, meta is a JSON object), opens and locks
+ * the spool directory (creating it), recovers seq numbering from it.
+ * Does not wait for the daemon. Returns NULL on failure with a message in
+ * err (when err is not NULL). */
+telemetry *telemetry_create(const telemetry_config *cfg, char *err, size_t errlen);
+
+/* Enqueues `end` with status "finished", "failed" or "aborted" (or nothing
+ * when status is NULL: the run stays resumable and is marked stale), waits
+ * at most timeout_ms for the daemon to acknowledge everything, stops the
+ * sender and frees. What was not acknowledged stays in the spool for a later
+ * client. Returns TELEMETRY_OK when everything was acknowledged (or, with no
+ * address, spooled), TELEMETRY_ETIMEDOUT otherwise, TELEMETRY_EINVAL for a
+ * bad status (then nothing is freed). Accepts NULL. */
+int telemetry_destroy(telemetry *t, const char *status, int timeout_ms);
+
+/* The run name (given or generated); owned by t, valid until destroy. */
+const char *telemetry_run_name(const telemetry *t);
+
+/* Starts a step in the next free ring slot and returns it, or NULL when the
+ * ring is full (the step is counted in dropped_queue). step >= 0; time is
+ * Unix seconds, or a negative value to let the daemon stamp it. Calling
+ * begin again before commit discards the open step. No syscall. */
+telemetry_step *telemetry_step_begin(telemetry *t, int64_t step, double time);
+
+/* Adds a metric to an open step. name is copied; values are copied (layer:
+ * L floats; heads: L*H floats, row-major [layer][head]). NaN and +-Inf are
+ * sent as null. Returns TELEMETRY_OK, TELEMETRY_EINVAL for a bad name or a
+ * NULL argument, TELEMETRY_EFULL when the step already holds max_* metrics
+ * of that kind. Names are not checked for duplicates. No syscall. */
+int telemetry_step_scalar(telemetry_step *s, const char *name, double value);
+int telemetry_step_layer(telemetry_step *s, const char *name, const float *values);
+int telemetry_step_heads(telemetry_step *s, const char *name, const float *values);
+
+/* Publishes the open step to the sender. Returns TELEMETRY_OK, or
+ * TELEMETRY_EINVAL when s is not the step begin returned last. No syscall. */
+int telemetry_step_commit(telemetry *t, telemetry_step *s);
+
+/* Enqueues an event: level "info", "warn" or "error", text (copied, UTF-8,
+ * at most 64 KiB; invalid bytes become '?'). Allocates, so it is meant for
+ * rare messages, not for every step. Returns TELEMETRY_OK, TELEMETRY_EINVAL,
+ * or TELEMETRY_EFULL when the ring is full (counted in dropped_queue). */
+int telemetry_event(telemetry *t, const char *level, const char *text);
+
+/* Takes the oldest received line, without blocking. Returns 1 and fills
+ * *out (the caller owns out->line), or 0 when there is none. */
+int telemetry_poll(telemetry *t, telemetry_msg *out);
+void telemetry_msg_free(telemetry_msg *m);
+
+/* Fills *out with a snapshot of the counters. Any thread. */
+void telemetry_stats_get(const telemetry *t, telemetry_stats *out);
+
+/* Waits at most timeout_ms until every enqueued message is acknowledged
+ * (with no address: spooled). Returns TELEMETRY_OK or TELEMETRY_ETIMEDOUT.
+ * Sleeps: not for the hot path. */
+int telemetry_flush(telemetry *t, int timeout_ms);
+
+/* Formats v as the shortest (up to 9 significant digits) JSON number that
+ * reads back as the same float32, or "null" when v is not finite. buf must
+ * hold 24 bytes; no terminating NUL is written. Returns the length. */
+int telemetry_format_float(char *buf, float v);
+
+/* Unix time in seconds (CLOCK_REALTIME through the vDSO). */
+double telemetry_now(void);
+
+#endif
