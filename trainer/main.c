@@ -1,0 +1,495 @@
+/* main.c - sigmatrain: the command line and the training loop.
+ *
+ * Reads as a story: parse flags, build data, model and optimizer (or restore
+ * them from a checkpoint), then step: batch -> forward -> backward -> clip ->
+ * update -> [telemetry] -> progress / eval / save.  Exit status: 0 done,
+ * 1 usage or I/O error, 3 diverged (NaN/Inf loss or gradient). */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+
+#define SYNTH_TOKENS (1u << 21)
+
+typedef struct {
+    ckpt_meta run;            /* everything that defines the run (saved in checkpoints) */
+    const char *data_path;
+    const char *save_path;
+    const char *resume_path;
+    int save_every, eval_every, eval_batches, print_every, threads;
+    int continue_on_nan;
+    int sgemm_peak;           /* --sgemm-peak: measure and exit (for the benchmark) */
+} options;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: sigmatrain [flags]\n"
+"Trains a GPT-style transformer (fp32, OpenBLAS) with or without sigmaReparam.\n"
+"model:\n"
+"  --layers N            blocks (default 4)\n"
+"  --heads N             attention heads (default 4)\n"
+"  --dim N               model width C, divisible by heads (default 128)\n"
+"  --seq-len N           context length T (default 128)\n"
+"  --norm MODE           pre|post|none LayerNorm placement (default pre)\n"
+"  --reparam MODE        sigma|none|spectral (default sigma)\n"
+"  --gamma-init MODE     sigma|one: gamma starts at sigma(W_init) (W_hat = W) or 1 (default sigma)\n"
+"training:\n"
+"  --optimizer NAME      sgd|momentum|adam|adamw (default adamw; betas 0.9, 0.95)\n"
+"  --lr X                peak learning rate (default 1e-3)\n"
+"  --warmup N            linear warmup steps, 0 allowed (default 0)\n"
+"  --schedule S          constant|cosine, cosine ends at lr/10 (default cosine)\n"
+"  --weight-decay X      on matrices and embeddings (default 0; AdamW decoupled)\n"
+"  --clip X              global gradient-norm clip, 0 = off (default 1.0)\n"
+"  --batch N             sequences per step (default 16)\n"
+"  --steps N             total steps (default 1000)\n"
+"  --seed N              init and synthetic data seed (default 1)\n"
+"  --threads N           OpenBLAS threads (default 2)\n"
+"  --data FILE           train a byte-level model (vocab 256) on FILE; default: synthetic corpus\n"
+"  --continue-on-nan     report a NaN/Inf step, skip its update and go on (default: exit 3)\n"
+"output:\n"
+"  --eval-every N        validation loss every N steps, 0 = only at the end (default 100)\n"
+"  --eval-batches N      validation batches per eval (default 8)\n"
+"  --print-every N       progress line every N steps (default 10)\n"
+"  --save PATH           checkpoint at the end (and every --save-every steps);\n"
+"                        \"{step}\" in PATH is replaced by the step number\n"
+"  --save-every N        (default 0: only at the end)\n"
+"  --resume PATH         continue a run from its checkpoint; the run's definition\n"
+"                        (model, optimizer, schedule, batch, seed, data) comes from the file\n"
+"  --sgemm-peak          print OpenBLAS sgemm GFLOP/s with --threads and exit\n"
+"  --help\n");
+}
+
+static int parse_enum(const char *flag, const char *v, const char *const *names, int n, int *out)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) { *out = i; return 0; }
+    fprintf(stderr, "sigmatrain: %s: unknown value '%s' (one of:", flag, v);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %s", names[i]);
+    fprintf(stderr, ")\n");
+    return -1;
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "sigmatrain: %s: expected an integer in [%d, %d], got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *v, float lo, float *out)
+{
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || *end || end == v || !isfinite(x) || x < lo) {
+        fprintf(stderr, "sigmatrain: %s: expected a number >= %g, got '%s'\n", flag, lo, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static const char *const REPARAM_NAMES[] = {"none", "sigma", "spectral"};
+static const char *const NORM_NAMES[] = {"pre", "post", "none"};
+static const char *const GAMMA_NAMES[] = {"sigma", "one"};
+static const char *const OPT_NAMES[] = {"sgd", "momentum", "adam", "adamw"};
+static const char *const SCHED_NAMES[] = {"constant", "cosine"};
+
+/* Returns 0 to run, 1 after --help, -1 on a bad flag. */
+static int parse_args(int argc, char **argv, options *o)
+{
+    ckpt_meta *r = &o->run;
+    memset(o, 0, sizeof *o);
+    r->cfg = (model_config){.vocab = DATA_SYNTH_VOCAB, .max_seq = 128, .layers = 4, .heads = 4,
+                            .dim = 128, .norm = MODEL_NORM_PRE, .reparam = MODEL_REPARAM_SIGMA,
+                            .gamma_init = MODEL_GAMMA_SIGMA};
+    r->optimizer = OPTIM_ADAMW;
+    r->schedule = OPTIM_SCHEDULE_COSINE;
+    r->batch = 16;
+    r->seq_len = 128;
+    r->warmup = 0;
+    r->steps = 1000;
+    r->seed = 1;
+    r->lr = 1e-3f;
+    r->weight_decay = 0.0f;
+    r->clip = 1.0f;
+    r->beta1 = 0.9f;
+    r->beta2 = 0.95f;
+    r->eps = 1e-8f;
+    o->eval_every = 100;
+    o->eval_batches = 8;
+    o->print_every = 10;
+    o->threads = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 1; }
+        if (strcmp(a, "--continue-on-nan") == 0) { o->continue_on_nan = 1; continue; }
+        if (strcmp(a, "--sgemm-peak") == 0) { o->sgemm_peak = 1; continue; }
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "sigmatrain: unexpected argument '%s' (see --help)\n", a);
+            return -1;
+        }
+        const char *v = NULL;
+        const char *eq = strchr(a, '=');
+        char name[64];
+        size_t nl = eq ? (size_t)(eq - a) : strlen(a);
+        if (nl >= sizeof name) nl = sizeof name - 1;
+        memcpy(name, a, nl);
+        name[nl] = 0;
+        if (eq) v = eq + 1;
+        else if (i + 1 < argc) v = argv[++i];
+        else { fprintf(stderr, "sigmatrain: %s needs a value (see --help)\n", name); return -1; }
+        int rc;
+        float lo0 = 0.0f;
+        if (!strcmp(name, "--layers")) rc = parse_int(name, v, 1, 256, &r->cfg.layers);
+        else if (!strcmp(name, "--heads")) rc = parse_int(name, v, 1, 1024, &r->cfg.heads);
+        else if (!strcmp(name, "--dim")) rc = parse_int(name, v, 1, 16384, &r->cfg.dim);
+        else if (!strcmp(name, "--seq-len")) rc = parse_int(name, v, 1, 16384, &r->seq_len);
+        else if (!strcmp(name, "--batch")) rc = parse_int(name, v, 1, 1 << 20, &r->batch);
+        else if (!strcmp(name, "--steps")) rc = parse_int(name, v, 0, 1 << 30, &r->steps);
+        else if (!strcmp(name, "--warmup")) rc = parse_int(name, v, 0, 1 << 30, &r->warmup);
+        else if (!strcmp(name, "--threads")) rc = parse_int(name, v, 1, 256, &o->threads);
+        else if (!strcmp(name, "--eval-every")) rc = parse_int(name, v, 0, 1 << 30, &o->eval_every);
+        else if (!strcmp(name, "--eval-batches")) rc = parse_int(name, v, 1, 1 << 20, &o->eval_batches);
+        else if (!strcmp(name, "--print-every")) rc = parse_int(name, v, 1, 1 << 30, &o->print_every);
+        else if (!strcmp(name, "--save-every")) rc = parse_int(name, v, 0, 1 << 30, &o->save_every);
+        else if (!strcmp(name, "--seed")) {
+            int s; rc = parse_int(name, v, 0, 2147483647, &s); r->seed = (uint64_t)s;
+        }
+        else if (!strcmp(name, "--lr")) rc = parse_float(name, v, lo0, &r->lr);
+        else if (!strcmp(name, "--weight-decay")) rc = parse_float(name, v, lo0, &r->weight_decay);
+        else if (!strcmp(name, "--clip")) rc = parse_float(name, v, lo0, &r->clip);
+        else if (!strcmp(name, "--reparam")) rc = parse_enum(name, v, REPARAM_NAMES, 3, &r->cfg.reparam);
+        else if (!strcmp(name, "--norm")) rc = parse_enum(name, v, NORM_NAMES, 3, &r->cfg.norm);
+        else if (!strcmp(name, "--gamma-init")) rc = parse_enum(name, v, GAMMA_NAMES, 2, &r->cfg.gamma_init);
+        else if (!strcmp(name, "--optimizer")) rc = parse_enum(name, v, OPT_NAMES, 4, &r->optimizer);
+        else if (!strcmp(name, "--schedule")) rc = parse_enum(name, v, SCHED_NAMES, 2, &r->schedule);
+        else if (!strcmp(name, "--data")) { o->data_path = v; rc = 0; }
+        else if (!strcmp(name, "--save")) { o->save_path = v; rc = 0; }
+        else if (!strcmp(name, "--resume")) { o->resume_path = v; rc = 0; }
+        else { fprintf(stderr, "sigmatrain: unknown flag '%s' (see --help)\n", name); return -1; }
+        if (rc) return -1;
+    }
+    if (r->cfg.dim % r->cfg.heads) {
+        fprintf(stderr, "sigmatrain: --dim %d is not divisible by --heads %d\n", r->cfg.dim, r->cfg.heads);
+        return -1;
+    }
+    if (o->save_every && !o->save_path) {
+        fprintf(stderr, "sigmatrain: --save-every needs --save PATH\n");
+        return -1;
+    }
+    r->cfg.max_seq = r->seq_len;
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* OpenBLAS 0.3.21's DYNAMIC_ARCH does not know recent Xeons and falls back to
+ * its generic "Prescott" kernels, 3-5x slower.  The core type is read once at
+ * library load, so the only fix from inside the program is to set
+ * OPENBLAS_CORETYPE and exec ourselves again.  A user's own setting wins. */
+static void fix_openblas_coretype(char **argv)
+{
+    if (getenv("OPENBLAS_CORETYPE")) return;
+    const char *core = openblas_get_corename();
+    if (!core || strcmp(core, "Prescott") != 0) return;
+    const char *want = NULL;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512bf16")) want = "Cooperlake";
+    else if (__builtin_cpu_supports("avx512f")) want = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2")) want = "Haswell";
+    if (!want) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    execv("/proc/self/exe", argv);
+    /* exec failed: carry on with the slow kernels */
+}
+
+static double sgemm_peak(int threads)
+{
+    int n = 1024;
+    float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n),
+          *c = malloc(sizeof(float) * n * n);
+    if (!a || !b || !c) { free(a); free(b); free(c); return 0.0; }
+    for (long i = 0; i < (long)n * n; i++) { a[i] = (float)(i % 7) * 0.1f; b[i] = (float)(i % 5) * 0.1f; }
+    openblas_set_num_threads(threads);
+    double best = 0.0;
+    for (int rep = 0; rep < 12; rep++) {
+        double t = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        t = now_s() - t;
+        double g = 2.0 * n * n * n / t / 1e9;
+        if (g > best) best = g;
+    }
+    free(a); free(b); free(c);
+    return best;
+}
+
+/* Matmul FLOPs of one training step (forward + backward = 3x forward). */
+static double step_flops(const model_config *c, int B, int T)
+{
+    double C = c->dim, L = c->layers, BT = (double)B * T;
+    double lin = BT * 2.0 * (L * 12.0 * C * C + c->vocab * C);
+    double att = L * B * 2.0 * 2.0 * T * T * C; /* QK^T and AV, full T x T */
+    return 3.0 * (lin + att);
+}
+
+static void save_path_for(char *out, size_t n, const char *path, long step)
+{
+    const char *p = strstr(path, "{step}");
+    if (!p) { snprintf(out, n, "%s", path); return; }
+    snprintf(out, n, "%.*s%ld%s", (int)(p - path), path, step, p + 6);
+}
+
+static float evaluate(model *m, const data *d, int *in, int *tg, int B, int T, int batches)
+{
+    double s = 0.0;
+    for (int k = 0; k < batches; k++) {
+        data_val_batch(d, k, in, tg, B, T);
+        s += model_forward(m, in, tg, B, T, 0);
+    }
+    return (float)(s / batches);
+}
+
+static void fmt_eta(char *buf, size_t n, double secs)
+{
+    long s = secs > 0 && secs < 1e9 ? (long)secs : 0;
+    snprintf(buf, n, "%02ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+}
+
+/* ---- TELEMETRY HOOK -------------------------------------------------------
+ * Called once per completed training step, after the optimizer update, with
+ * the model still holding this step's forward activations (attention
+ * probabilities, layer inputs; see model.h "For probes").  trainer/probe.[ch]
+ * and trainer/telemetry.[ch] will plug in here: compute collapse metrics
+ * from the model and telemetry_enqueue() them (no syscall on this thread).
+ * Nothing is done yet. */
+static void telemetry_on_step(model *m, long step, float loss, float lr, float grad_norm)
+{
+    (void)m; (void)step; (void)loss; (void)lr; (void)grad_norm;
+}
+/* --------------------------------------------------------------------------- */
+
+static void build_groups(const model *m, optim_group *g)
+{
+    size_t off = 0;
+    for (int i = 0; i < MODEL_NUM_PARAMS; i++) {
+        g[i].offset = off;
+        g[i].n = m->param_sizes[i];
+        off += g[i].n;
+        g[i].decay = i == MODEL_WTE || i == MODEL_WPE || i == MODEL_QKVW || i == MODEL_ATTPROJW ||
+                     i == MODEL_FCW || i == MODEL_FCPROJW || i == MODEL_LMW;
+        g[i].frozen = i == MODEL_GAMMA && m->cfg.reparam != MODEL_REPARAM_SIGMA;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    fix_openblas_coretype(argv);
+    options o;
+    int pr = parse_args(argc, argv, &o);
+    if (pr) return pr > 0 ? 0 : 1;
+    if (o.sgemm_peak) {
+        printf("sgemm_peak_gflops %.1f threads %d core %s\n", sgemm_peak(o.threads), o.threads,
+               openblas_get_corename());
+        return 0;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    openblas_set_num_threads(o.threads);
+    char err[512];
+    ckpt_meta *r = &o.run;
+    int status = 1;
+    data *d = NULL;
+    model *m = NULL;
+    optim *opt = NULL;
+    int *in = NULL, *tg = NULL;
+
+    if (o.resume_path) {
+        int keep_steps = r->steps;
+        int steps_given = 0;
+        for (int i = 1; i < argc; i++) steps_given |= strncmp(argv[i], "--steps", 7) == 0;
+        if (ckpt_read_meta(o.resume_path, r, err, sizeof err) != 0) {
+            fprintf(stderr, "sigmatrain: resume: %s\n", err);
+            goto out;
+        }
+        if (steps_given) r->steps = keep_steps;
+        if ((r->data_kind == 1) != (o.data_path != NULL)) {
+            fprintf(stderr, "sigmatrain: resume: the checkpoint was trained on %s; %s\n",
+                    r->data_kind ? "a --data file" : "the synthetic corpus",
+                    r->data_kind ? "give the same --data FILE" : "do not give --data");
+            goto out;
+        }
+    }
+    /* data */
+    if (o.data_path) {
+        d = data_file(o.data_path, err, sizeof err);
+        if (!d) { fprintf(stderr, "sigmatrain: --data %s\n", err); goto out; }
+        r->data_kind = 1;
+    } else {
+        d = data_synthetic(r->seed, SYNTH_TOKENS);
+        if (!d) { fprintf(stderr, "sigmatrain: out of memory\n"); goto out; }
+        r->data_kind = 0;
+    }
+    r->cfg.vocab = d->vocab;
+    if (o.resume_path && (d->hash != r->data_hash || d->n != r->data_tokens)) {
+        fprintf(stderr, "sigmatrain: resume: the data differs from the checkpoint's (%zu tokens, hash %016llx vs %llu, %016llx)\n",
+                d->n, (unsigned long long)d->hash, (unsigned long long)r->data_tokens,
+                (unsigned long long)r->data_hash);
+        goto out;
+    }
+    r->data_tokens = d->n;
+    r->data_hash = d->hash;
+    if (data_check(d, r->batch, r->seq_len, err, sizeof err) != 0) {
+        fprintf(stderr, "sigmatrain: %s\n", err);
+        goto out;
+    }
+    if (model_config_check(&r->cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "sigmatrain: %s\n", err);
+        goto out;
+    }
+    int B = r->batch, T = r->seq_len;
+    m = model_create(&r->cfg, B, T);
+    opt = m ? optim_create(r->optimizer, m->num_params, r->beta1, r->beta2, r->eps, r->weight_decay) : NULL;
+    in = malloc(sizeof(int) * B * T);
+    tg = malloc(sizeof(int) * B * T);
+    if (!m || !opt || !in || !tg) { fprintf(stderr, "sigmatrain: out of memory\n"); goto out; }
+    if (o.resume_path) {
+        if (ckpt_load(o.resume_path, r, m, opt, err, sizeof err) != 0) {
+            fprintf(stderr, "sigmatrain: resume: %s\n", err);
+            goto out;
+        }
+        d->pos = r->data_pos;
+    } else {
+        r->rng = r->seed * 0x9E3779B97F4A7C15ull ^ 0xD1B54A32D192ED03ull;
+        if (!r->rng) r->rng = 1;
+        model_init(m, &r->rng);
+        r->step = 0;
+        r->nan_steps = 0;
+    }
+    optim_group groups[MODEL_NUM_PARAMS];
+    build_groups(m, groups);
+
+    printf("sigmatrain: L=%d H=%d C=%d T=%d B=%d vocab=%d params=%zu | reparam=%s gamma-init=%s norm=%s | "
+           "%s lr=%g warmup=%d schedule=%s wd=%g clip=%g | steps=%d seed=%llu threads=%d blas=%s | data=%s%s\n",
+           r->cfg.layers, r->cfg.heads, r->cfg.dim, T, B, r->cfg.vocab, m->num_params,
+           REPARAM_NAMES[r->cfg.reparam], GAMMA_NAMES[r->cfg.gamma_init], NORM_NAMES[r->cfg.norm],
+           OPT_NAMES[r->optimizer], r->lr, r->warmup, SCHED_NAMES[r->schedule], r->weight_decay,
+           r->clip, r->steps, (unsigned long long)r->seed, o.threads, openblas_get_corename(),
+           o.data_path ? o.data_path : "synthetic", o.resume_path ? " (resumed)" : "");
+    if (o.resume_path) printf("resumed from %s at step %lld\n", o.resume_path, (long long)r->step);
+
+    double t0 = now_s(), tlast = t0, flops = step_flops(&r->cfg, B, T);
+    long start = (long)r->step, done_here = 0, window = 0;
+    float loss = NAN, lr = 0.0f, gnorm = 0.0f, val = NAN;
+    double loss_acc = 0.0;
+    for (long step = start; step < r->steps; step++) {
+        data_next_train(d, in, tg, B, T);
+        loss = model_forward(m, in, tg, B, T, 1);
+        lr = optim_lr(r->lr, (int)step, r->warmup, r->steps, r->schedule);
+        int bad = !isfinite(loss);
+        if (!bad) {
+            model_zero_grad(m);
+            model_backward(m);
+            gnorm = optim_clip(m->grads_memory, m->num_params, r->clip);
+            bad = !isfinite(gnorm);
+        }
+        if (bad) {
+            r->nan_steps++;
+            fprintf(stderr, "sigmatrain: step %ld: %s is %s (diverged)%s\n", step + 1,
+                    isfinite(loss) ? "gradient norm" : "loss",
+                    isnan(isfinite(loss) ? gnorm : loss) ? "NaN" : "Inf",
+                    o.continue_on_nan ? "; skipping the update (--continue-on-nan)" : "");
+            if (!o.continue_on_nan) {
+                printf("summary: diverged at step %ld, loss %g\n", step + 1, loss);
+                status = 3;
+                goto out;
+            }
+        } else {
+            optim_step(opt, m->params_memory, m->grads_memory, groups, MODEL_NUM_PARAMS, lr);
+        }
+        r->step = step + 1;
+        r->data_pos = d->pos;
+        r->optim_t = opt->t;
+        done_here++;
+        window++;
+        if (isfinite(loss)) loss_acc += loss;
+
+        telemetry_on_step(m, step + 1, loss, lr, gnorm);
+
+        if (r->step % o.print_every == 0 || r->step == r->steps) {
+            double t = now_s();
+            double tps = (double)window * B * T / (t - tlast);
+            char eta[32];
+            fmt_eta(eta, sizeof eta, (r->steps - r->step) * (t - t0) / done_here);
+            printf("step %6lld/%d | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | %.1f GFLOP/s | eta %s\n",
+                   (long long)r->step, r->steps, window ? loss_acc / window : loss, lr, gnorm,
+                   tps, tps / (B * T) * flops / 1e9, eta);
+            tlast = t;
+            window = 0;
+            loss_acc = 0.0;
+        }
+        if (o.eval_every && r->step % o.eval_every == 0 && r->step < r->steps) {
+            double te = now_s();
+            val = evaluate(m, d, in, tg, B, T, o.eval_batches);
+            printf("eval step %lld | val loss %.4f\n", (long long)r->step, val);
+            tlast += now_s() - te; /* keep evals out of tokens/s */
+            t0 += now_s() - te;
+        }
+        if (o.save_every && r->step % o.save_every == 0 && r->step < r->steps) {
+            char path[4096];
+            save_path_for(path, sizeof path, o.save_path, (long)r->step);
+            double ts = now_s();
+            if (ckpt_save(path, r, m, opt, err, sizeof err) != 0) {
+                fprintf(stderr, "sigmatrain: save: %s\n", err);
+                goto out;
+            }
+            tlast += now_s() - ts;
+            t0 += now_s() - ts;
+        }
+    }
+    double elapsed = now_s() - t0;
+    val = evaluate(m, d, in, tg, B, T, o.eval_batches);
+    printf("eval step %lld | val loss %.4f\n", (long long)r->step, val);
+    if (o.save_path) {
+        char path[4096];
+        save_path_for(path, sizeof path, o.save_path, (long)r->step);
+        if (ckpt_save(path, r, m, opt, err, sizeof err) != 0) {
+            fprintf(stderr, "sigmatrain: save: %s\n", err);
+            goto out;
+        }
+        printf("saved %s\n", path);
+    }
+    double tps = done_here ? (double)done_here * B * T / elapsed : 0.0;
+    printf("summary: steps %lld | last train loss %.4f | val loss %.4f | nan steps %lld | "
+           "%.1f s | %.0f tok/s | %.1f GFLOP/s\n",
+           (long long)r->step, loss, val, (long long)r->nan_steps, elapsed, tps,
+           tps / (B * T) * flops / 1e9);
+    status = isfinite(val) ? 0 : 3;
+out:
+    free(in);
+    free(tg);
+    optim_destroy(opt);
+    model_destroy(m);
+    data_destroy(d);
+    return status;
+}
