@@ -145,6 +145,10 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
     case WRITER_STALE:
         r = store_run_status(st, it->run_id, PROTO_STALE, 0, it->time);
         break;
+    case WRITER_DELETE:
+        r = store_run_delete(st, it->run_id);
+        if (r && store_errcode(st) == -3) r = 0; /* already gone: nothing to undo */
+        break;
     }
     if (r == 0) {
         if (store_release(st) == 0) return APPLY_OK;
@@ -164,7 +168,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
  * then the replies go to the ingest loop and the items are freed. */
 static void finish_batch(struct writer *w, struct writer_item *batch, struct replies *rep, double commit_ms) {
     for (struct writer_item *it = batch; it; it = it->next) {
-        if (it->seq <= 0 || it->kind == WRITER_HELLO || it->kind == WRITER_STALE) continue;
+        if (it->seq <= 0 || it->kind == WRITER_HELLO || it->kind == WRITER_STALE || it->kind == WRITER_DELETE) continue;
         struct writer_reply *a = NULL;
         for (struct writer_reply *r = rep->head; r; r = r->next)
             if (r->kind == WRITER_R_ACK && r->run_id == it->run_id) { a = r; break; }
@@ -350,7 +354,8 @@ int writer_submit(struct writer *w, struct writer_item *it) {
     pthread_mutex_lock(&w->mu);
     /* control items are tiny and must never be refused: a lost STALE or
      * HELLO would leave a run in the wrong state */
-    int control = it->kind == WRITER_HELLO || it->kind == WRITER_STALE || it->kind == WRITER_END;
+    int control = it->kind == WRITER_HELLO || it->kind == WRITER_STALE || it->kind == WRITER_END ||
+                  it->kind == WRITER_DELETE;
     if (!control && w->bytes >= w->cfg.max_bytes) {
         pthread_mutex_unlock(&w->mu);
         return -1;

@@ -28,6 +28,9 @@ enum writer_kind {
     WRITER_EVENT,   /* run_id, seq, msg */
     WRITER_END,     /* run_id, seq, msg.status */
     WRITER_STALE,   /* run_id: its connection closed without end */
+    WRITER_DELETE,  /* run_id: delete the run and its data (HTTP DELETE). No reply;
+                     * conn is a ticket of the submitter's choosing, seen again by
+                     * the commit hook. A run already gone is not an error. */
 };
 
 /* One unit of work. Allocated by the submitter, owned by the writer from
@@ -83,7 +86,7 @@ void writer_destroy(struct writer *w);
 
 /* Queues an item (never blocks). Returns 0, or -1 if the queue is over its
  * bound: the caller keeps the item and should stop reading input until
- * writer_full() turns false. HELLO, END and STALE items are always taken. */
+ * writer_full() turns false. HELLO, END, STALE and DELETE items are always taken. */
 int writer_submit(struct writer *w, struct writer_item *it);
 
 /* 1 if the queue is at its bound. */
