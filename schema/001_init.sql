@@ -35,27 +35,33 @@ CREATE TABLE steps (
 ) WITHOUT ROWID;
 
 -- Raw values: one row per metric and step holding all its values as a
--- little-endian float32 array (NaN where the trainer sent null).
+-- little-endian float32 array (NaN where the trainer sent null). A rowid
+-- table so that rows are appended at the end of the b-tree and pages fill
+-- completely (keyed by (metric_id, step) they would be inserted in many
+-- places at once and pages would split half-empty); the index is small.
 CREATE TABLE frames (
+  id        INTEGER PRIMARY KEY,
   metric_id INTEGER NOT NULL,
   step      INTEGER NOT NULL,
-  data      BLOB NOT NULL,
-  PRIMARY KEY (metric_id, step)
-) WITHOUT ROWID;
+  data      BLOB NOT NULL
+);
+CREATE UNIQUE INDEX frames_metric_step ON frames(metric_id, step);
 
 -- Exact summaries of aligned step blocks, for fast downsampled history.
 -- Level k covers blocks of 64 * 8^(k-1) steps: block b is steps
 -- [b*size, (b+1)*size). data holds per value {f32 min, f32 max, f64 sum,
 -- u32 finite count} (20 bytes, little-endian); nframes counts the frames
 -- in the block, so non-finite = nframes - finite count.
+-- (A rowid table for the same reason as frames.)
 CREATE TABLE rollups (
+  id        INTEGER PRIMARY KEY,
   metric_id INTEGER NOT NULL,
   level     INTEGER NOT NULL,
   block     INTEGER NOT NULL,
   nframes   INTEGER NOT NULL,
-  data      BLOB NOT NULL,
-  PRIMARY KEY (metric_id, level, block)
-) WITHOUT ROWID;
+  data      BLOB NOT NULL
+);
+CREATE UNIQUE INDEX rollups_metric_level_block ON rollups(metric_id, level, block);
 
 CREATE TABLE events (
   id      INTEGER PRIMARY KEY,
