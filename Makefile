@@ -20,6 +20,11 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
            -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -I$(BUILD)/gen $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -llapacke -lpthread -lm
+# The trainer's elementwise kernels want vectorization for this CPU.
+ifeq ($(SANITIZE),)
+TRAINER_OPT ?= -O3 -march=native
+endif
+$(BUILD)/trainer/%.o: CFLAGS += $(TRAINER_OPT)
 ifneq ($(SANITIZE),)
 CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)

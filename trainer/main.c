@@ -315,7 +315,6 @@ int main(int argc, char **argv)
         return 0;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
-    openblas_set_num_threads(o.threads);
     char err[512];
     ckpt_meta *r = &o.run;
     int status = 1;
@@ -368,7 +367,7 @@ int main(int argc, char **argv)
         goto out;
     }
     int B = r->batch, T = r->seq_len;
-    m = model_create(&r->cfg, B, T);
+    m = model_create(&r->cfg, B, T, o.threads);
     opt = m ? optim_create(r->optimizer, m->num_params, r->beta1, r->beta2, r->eps, r->weight_decay) : NULL;
     in = malloc(sizeof(int) * B * T);
     tg = malloc(sizeof(int) * B * T);

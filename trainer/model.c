@@ -38,6 +38,9 @@ float model_random_normal(uint64_t *state)
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
 }
 
+/* Kernels are kept out of line so that profiles attribute time to them. */
+#define KERNEL static __attribute__((noinline))
+
 static float truncated_normal(uint64_t *rng, float std)
 {
     float z;
@@ -76,7 +79,7 @@ static inline float fast_tanhf(float x)
 
 /* ------------------------------------------------------------- kernels */
 
-static void encoder_forward(float *out, const int *inp, const float *wte,
+KERNEL void encoder_forward(float *out, const int *inp, const float *wte,
                             const float *wpe, int B, int T, int C)
 {
     for (int b = 0; b < B; b++)
@@ -89,7 +92,7 @@ static void encoder_forward(float *out, const int *inp, const float *wte,
 }
 
 /* Adds into dwte, dwpe. */
-static void encoder_backward(float *dwte, float *dwpe, const float *dout,
+KERNEL void encoder_backward(float *dwte, float *dwpe, const float *dout,
                              const int *inp, int B, int T, int C)
 {
     for (int b = 0; b < B; b++)
@@ -101,7 +104,7 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout,
         }
 }
 
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+KERNEL void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *bias, int N, int C)
 {
     for (int n = 0; n < N; n++) {
@@ -121,7 +124,7 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 }
 
 /* Adds into dinp, dw, dbias. */
-static void layernorm_backward(float *dinp, float *dw, float *dbias, const float *dout,
+KERNEL void layernorm_backward(float *dinp, float *dw, float *dbias, const float *dout,
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C)
 {
@@ -162,7 +165,7 @@ void model_matmul_reference(float *out, const float *inp, const float *w,
 
 /* out (N, OC) = inp (N, C) @ w^T + bias; with accumulate, out += that instead
  * (a fused residual add). */
-static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+KERNEL void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC, int accumulate)
 {
     float beta = accumulate ? 1.0f : 0.0f;
@@ -179,7 +182,7 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
 }
 
 /* OVERWRITES dinp (if not NULL); dw = dw_beta * dw + dout^T inp; adds into dbias. */
-static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+KERNEL void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC,
                             float dw_beta)
 {
@@ -208,7 +211,7 @@ static void causal_softmax_row(float *a, int i, int T)
 }
 
 /* qkv (B, T, 3C) -> att (B, NH, T, T), out (B, T, C). */
-static void attention_forward(float *out, float *att, const float *qkv, int B, int T,
+KERNEL void attention_forward(float *out, float *att, const float *qkv, int B, int T,
                               int C, int NH)
 {
     int hs = C / NH, C3 = 3 * C;
@@ -227,7 +230,7 @@ static void attention_forward(float *out, float *att, const float *qkv, int B, i
 }
 
 /* OVERWRITES dqkv (B, T, 3C); datt is (T, T) scratch. */
-static void attention_backward(float *dqkv, float *datt, const float *dout,
+KERNEL void attention_backward(float *dqkv, float *datt, const float *dout,
                                const float *qkv, const float *att, int B, int T, int C,
                                int NH)
 {
@@ -261,7 +264,7 @@ static void attention_backward(float *dqkv, float *datt, const float *dout,
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 
-static void gelu_forward(float *out, const float *inp, long n)
+KERNEL void gelu_forward(float *out, const float *inp, long n)
 {
     for (long i = 0; i < n; i++) {
         float x = inp[i];
@@ -271,7 +274,7 @@ static void gelu_forward(float *out, const float *inp, long n)
 }
 
 /* OVERWRITES dinp. */
-static void gelu_backward(float *dinp, const float *inp, const float *dout, long n)
+KERNEL void gelu_backward(float *dinp, const float *inp, const float *dout, long n)
 {
     for (long i = 0; i < n; i++) {
         float x = inp[i];
@@ -282,8 +285,8 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, long
 }
 
 /* probs (N, V) holds logits on entry and softmax on return; losses[n] gets
- * -log p[target] when targets is not NULL.  Returns the mean loss (or -1). */
-static float softmax_crossentropy_forward(float *probs, float *losses, const int *targets,
+ * -log p[target] when targets is not NULL.  Returns the sum of the losses. */
+KERNEL double softmax_crossentropy_forward(float *probs, float *losses, const int *targets,
                                           int N, int V)
 {
     double total = 0.0;
@@ -302,13 +305,13 @@ static float softmax_crossentropy_forward(float *probs, float *losses, const int
             total += losses[n];
         }
     }
-    return targets ? (float)(total / N) : -1.0f;
+    return total;
 }
 
-/* probs becomes dlogits of the mean loss, in place. */
-static void crossentropy_backward(float *probs, const int *targets, int N, int V)
+/* probs becomes dlogits of the loss sum scaled by inv (1 / tokens of the
+ * whole batch), in place. */
+KERNEL void crossentropy_backward(float *probs, const int *targets, int N, int V, float inv)
 {
-    float inv = 1.0f / N;
     for (int n = 0; n < N; n++) {
         float *p = probs + (long)n * V;
         for (int i = 0; i < V; i++) p[i] *= inv;
@@ -387,12 +390,14 @@ static size_t carve_acts(model_acts *a, float *mem, const model_config *c, size_
     return n;
 }
 
+static void *worker_main(void *arg);
+
 static size_t scratch_size(const model_config *c, size_t B, size_t T)
 {
     return 15 * B * T * (size_t)c->dim + T * T;
 }
 
-model *model_create(const model_config *cfg, int B, int T)
+model *model_create(const model_config *cfg, int B, int T, int threads)
 {
     char err[128];
     if (model_config_check(cfg, err, sizeof err) != 0 || B < 1 || T < 1 || T > cfg->max_seq)
@@ -407,14 +412,13 @@ model *model_create(const model_config *cfg, int B, int T)
     m->grads_memory = calloc(m->num_params, sizeof(float));
     size_t na = carve_acts(&m->acts, NULL, cfg, B, T);
     m->acts_memory = calloc(na, sizeof(float));
-    m->scratch = calloc(scratch_size(cfg, B, T), sizeof(float));
     int L = cfg->layers, C = cfg->dim;
     m->num_linear = MODEL_LIN_PER_LAYER * L + 1;
     m->lin = calloc(m->num_linear, sizeof *m->lin);
     /* u (in) + v (out) per linear: per layer C+3C, C+C, C+4C, 4C+C; head C+V */
     m->pi_size = (size_t)L * (4 + 2 + 5 + 5) * C + C + cfg->vocab;
     m->pi_memory = calloc(m->pi_size, sizeof(float));
-    if (!m->params_memory || !m->grads_memory || !m->acts_memory || !m->scratch || !m->lin ||
+    if (!m->params_memory || !m->grads_memory || !m->acts_memory || !m->lin ||
         !m->pi_memory)
         goto err;
     carve_params(&m->params, m->params_memory, m->param_sizes);
@@ -427,9 +431,37 @@ model *model_create(const model_config *cfg, int B, int T)
     if (cfg->reparam != MODEL_REPARAM_NONE) {
         m->eff_memory = calloc(nw, sizeof(float));
         m->deff_memory = calloc(nw, sizeof(float));
+        m->deff_size = nw;
         if (!m->eff_memory || !m->deff_memory) goto err;
     }
+    if (threads < 1) threads = 1;
+    if (threads > B) threads = B;
+    m->shards = calloc(threads, sizeof *m->shards);
+    if (!m->shards) goto err;
+    m->nthreads = threads;
+    for (int t = 0; t < threads; t++) {
+        model_shard *sh = &m->shards[t];
+        int nb = B * (t + 1) / threads - B * t / threads;
+        sh->m = m;
+        sh->id = t;
+        sh->scratch = calloc(scratch_size(cfg, nb, T), sizeof(float));
+        sh->grads_memory = t ? calloc(m->num_params, sizeof(float)) : m->grads_memory;
+        sh->deff = t && m->deff_memory ? calloc(nw, sizeof(float)) : m->deff_memory;
+        if (!sh->scratch || !sh->grads_memory || (m->deff_memory && !sh->deff)) goto err;
+        carve_params(&sh->grads, sh->grads_memory, m->param_sizes);
+    }
     m->one = 1.0f;
+    if (pthread_mutex_init(&m->mu, NULL) != 0) goto err;
+    if (pthread_cond_init(&m->go, NULL) != 0) { pthread_mutex_destroy(&m->mu); goto err; }
+    if (pthread_cond_init(&m->done, NULL) != 0) {
+        pthread_cond_destroy(&m->go); pthread_mutex_destroy(&m->mu); goto err;
+    }
+    m->sync_ok = 1;
+    openblas_set_num_threads(1);
+    for (int t = 1; t < threads; t++) {
+        if (pthread_create(&m->shards[t].thread, NULL, worker_main, &m->shards[t]) != 0) goto err;
+        m->shards[t].started = 1;
+    }
     float *pi = m->pi_memory, *eff = m->eff_memory, *deff = m->deff_memory;
     for (int i = 0; i < m->num_linear; i++) {
         sreparam_linear *l = &m->lin[i];
@@ -479,7 +511,24 @@ void model_destroy(model *m)
     free(m->params_memory);
     free(m->grads_memory);
     free(m->acts_memory);
-    free(m->scratch);
+    if (m->sync_ok) {
+        pthread_mutex_lock(&m->mu);
+        m->quit = 1;
+        pthread_cond_broadcast(&m->go);
+        pthread_mutex_unlock(&m->mu);
+    }
+    for (int t = 0; m->shards && t < m->nthreads; t++) {
+        model_shard *sh = &m->shards[t];
+        if (sh->started) pthread_join(sh->thread, NULL);
+        free(sh->scratch);
+        if (t) { free(sh->grads_memory); free(sh->deff); }
+    }
+    free(m->shards);
+    if (m->sync_ok) {
+        pthread_cond_destroy(&m->go);
+        pthread_cond_destroy(&m->done);
+        pthread_mutex_destroy(&m->mu);
+    }
     free(m->lin);
     free(m->pi_memory);
     free(m->eff_memory);
@@ -541,53 +590,51 @@ void model_zero_grad(model *m)
     memset(m->grads_memory, 0, m->num_params * sizeof(float));
 }
 
-/* Per-layer activation pointers (offsets use the capacity, contents the
- * forward's B, T). */
+/* Per-layer activation pointers (offsets between layers use the capacity
+ * B x T, contents the forward's B, T), shifted to example b0. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *residual3;
 } layer_acts;
 
-static layer_acts layer_of(model *m, int l)
+static layer_acts layer_at(model *m, int l, int b0)
 {
-    size_t BT = (size_t)m->B * m->T, C = m->cfg.dim;
-    size_t att = (size_t)m->B * m->cfg.heads * m->T * m->T;
+    size_t BT = (size_t)m->B * m->T, C = m->cfg.dim, H = m->cfg.heads;
+    size_t att = (size_t)m->B * H * m->T * m->T;
+    size_t r = (size_t)b0 * m->cur_T; /* first row of the shard */
     model_acts *a = &m->acts;
-    layer_acts r = {
-        a->ln1 + l * BT * C, a->ln1_mean + l * BT, a->ln1_rstd + l * BT,
-        a->qkv + l * BT * 3 * C, a->atty + l * BT * C, a->att + l * att,
-        a->residual2 + l * BT * C, a->ln2 + l * BT * C, a->ln2_mean + l * BT,
-        a->ln2_rstd + l * BT, a->fch + l * BT * 4 * C, a->fch_gelu + l * BT * 4 * C,
-        a->residual3 + l * BT * C};
-    return r;
+    layer_acts la = {
+        a->ln1 + l * BT * C + r * C, a->ln1_mean + l * BT + r, a->ln1_rstd + l * BT + r,
+        a->qkv + l * BT * 3 * C + r * 3 * C, a->atty + l * BT * C + r * C,
+        a->att + l * att + (size_t)b0 * H * m->cur_T * m->cur_T,
+        a->residual2 + l * BT * C + r * C, a->ln2 + l * BT * C + r * C,
+        a->ln2_mean + l * BT + r, a->ln2_rstd + l * BT + r,
+        a->fch + l * BT * 4 * C + r * 4 * C, a->fch_gelu + l * BT * 4 * C + r * 4 * C,
+        a->residual3 + l * BT * C + r * C};
+    return la;
 }
 
-/* The input of block l (the residual stream entering it). */
-static float *block_input(model *m, int l)
+static layer_acts layer_of(model *m, int l) { return layer_at(m, l, 0); }
+
+/* The input of block l (the residual stream entering it), from example b0. */
+static float *block_input(model *m, int l, int b0)
 {
-    if (l == 0) return m->acts.encoded;
-    layer_acts p = layer_of(m, l - 1);
+    if (l == 0) return m->acts.encoded + (size_t)b0 * m->cur_T * m->cfg.dim;
+    layer_acts p = layer_at(m, l - 1, b0);
     return m->cfg.norm == MODEL_NORM_POST ? p.ln2 : p.residual3;
 }
 
-float model_forward(model *m, const int *inputs, const int *targets, int B, int T, int train)
+/* Forward of examples [b0, b0 + B); returns the sum of their token losses. */
+static double forward_shard(model *m, int b0, int B)
 {
     const model_config *c = &m->cfg;
-    int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, BT = B * T;
+    int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, T = m->cur_T, BT = B * T;
     model_params *p = &m->params;
-    m->cur_B = B; m->cur_T = T;
-    m->inputs = inputs; m->targets = targets;
-    if (c->reparam != MODEL_REPARAM_NONE)
-        for (int i = 0; i < m->num_linear; i++) {
-            sreparam_linear *l = &m->lin[i];
-            if (train) sreparam_power_step(l);
-            else l->sigma = sreparam_sigma(l);
-            sreparam_forward(l);
-        }
-    encoder_forward(m->acts.encoded, inputs, p->wte, p->wpe, B, T, C);
-    float *x = m->acts.encoded;
+    size_t r = (size_t)b0 * T;
+    float *x = m->acts.encoded + r * C;
+    encoder_forward(x, m->inputs + r, p->wte, p->wpe, B, T, C);
     for (int l = 0; l < L; l++) {
-        layer_acts a = layer_of(m, l);
+        layer_acts a = layer_at(m, l, b0);
         const sreparam_linear *lin = m->lin + l * MODEL_LIN_PER_LAYER;
         float *ain = x, *min, *skip;
         if (c->norm == MODEL_NORM_PRE) {
@@ -618,47 +665,57 @@ float model_forward(model *m, const int *inputs, const int *targets, int B, int 
         }
     }
     if (c->norm != MODEL_NORM_NONE) {
-        layernorm_forward(m->acts.lnf, m->acts.lnf_mean, m->acts.lnf_rstd, x, p->lnfw, p->lnfb, BT, C);
-        x = m->acts.lnf;
+        float *lnf = m->acts.lnf + r * C;
+        layernorm_forward(lnf, m->acts.lnf_mean + r, m->acts.lnf_rstd + r, x, p->lnfw, p->lnfb, BT, C);
+        x = lnf;
     }
-    matmul_forward(m->acts.probs, x, m->lin[m->num_linear - 1].weff, NULL, BT, C, V, 0);
-    m->mean_loss = softmax_crossentropy_forward(m->acts.probs, m->acts.losses, targets, BT, V);
-    return m->mean_loss;
+    float *probs = m->acts.probs + r * V;
+    matmul_forward(probs, x, m->lin[m->num_linear - 1].weff, NULL, BT, C, V, 0);
+    return softmax_crossentropy_forward(probs, m->acts.losses + r, m->targets ? m->targets + r : NULL, BT, V);
 }
 
-static void add_into(float *dst, const float *src, long n)
+KERNEL void add_into(float *dst, const float *src, long n)
 {
     for (long i = 0; i < n; i++) dst[i] += src[i];
 }
 
-void model_backward(model *m)
+/* Backward of examples [b0, b0 + B) into shard sh's gradient buffers. */
+static void backward_shard(model *m, model_shard *sh, int b0, int B)
 {
     const model_config *c = &m->cfg;
-    int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab;
-    int B = m->cur_B, T = m->cur_T, BT = B * T;
+    int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, T = m->cur_T, BT = B * T;
     long BTC = (long)BT * C;
-    model_params *p = &m->params, *g = &m->grads;
+    size_t r = (size_t)b0 * T;
+    model_params *p = &m->params, *g = &sh->grads;
     float dwb = c->reparam == MODEL_REPARAM_NONE ? 1.0f : 0.0f; /* see dweff in model_create */
-    float *s = m->scratch;
+    float *s = sh->scratch;
     float *dx = s, *dtmp = s + BTC, *da = s + 2 * BTC, *datty = s + 3 * BTC;
     float *dqkv = s + 4 * BTC, *dfch_gelu = s + 7 * BTC, *dfch = s + 11 * BTC;
     float *datt = s + 15 * BTC;
     float *tmp;
+    /* this shard's copy of a linear's dL/dW_hat */
+#define DWEFF(i) (c->reparam == MODEL_REPARAM_NONE                                   \
+                      ? sh->grads_memory + (m->lin[i].dweff - m->grads_memory)          \
+                      : sh->deff + (m->lin[i].dweff - m->deff_memory))
 
-    crossentropy_backward(m->acts.probs, m->targets, BT, V);
-    float *xlast = block_input(m, L);
-    const sreparam_linear *head = &m->lin[m->num_linear - 1];
+    if (sh != &m->shards[0]) memset(sh->grads_memory, 0, sizeof(float) * m->num_params);
+    float *probs = m->acts.probs + r * V;
+    crossentropy_backward(probs, m->targets + r, BT, V, 1.0f / ((float)m->cur_B * T));
+    float *xlast = block_input(m, L, b0);
+    int hi = m->num_linear - 1;
+    const sreparam_linear *head = &m->lin[hi];
     if (c->norm != MODEL_NORM_NONE) {
-        matmul_backward(dtmp, head->dweff, NULL, m->acts.probs, m->acts.lnf, head->weff, BT, C, V, dwb);
+        matmul_backward(dtmp, DWEFF(hi), NULL, probs, m->acts.lnf + r * C, head->weff, BT, C, V, dwb);
         memset(dx, 0, sizeof(float) * BTC);
-        layernorm_backward(dx, g->lnfw, g->lnfb, dtmp, xlast, p->lnfw, m->acts.lnf_mean, m->acts.lnf_rstd, BT, C);
+        layernorm_backward(dx, g->lnfw, g->lnfb, dtmp, xlast, p->lnfw, m->acts.lnf_mean + r, m->acts.lnf_rstd + r, BT, C);
     } else {
-        matmul_backward(dx, head->dweff, NULL, m->acts.probs, xlast, head->weff, BT, C, V, dwb);
+        matmul_backward(dx, DWEFF(hi), NULL, probs, xlast, head->weff, BT, C, V, dwb);
     }
     for (int l = L - 1; l >= 0; l--) {
-        layer_acts a = layer_of(m, l);
-        const sreparam_linear *lin = m->lin + l * MODEL_LIN_PER_LAYER;
-        float *xin = block_input(m, l);
+        layer_acts a = layer_at(m, l, b0);
+        int li = l * MODEL_LIN_PER_LAYER;
+        const sreparam_linear *lin = m->lin + li;
+        float *xin = block_input(m, l, b0);
         float *min = c->norm == MODEL_NORM_PRE ? a.ln2 : c->norm == MODEL_NORM_POST ? a.ln1 : a.residual2;
         float *ain = c->norm == MODEL_NORM_PRE ? a.ln1 : xin;
         if (c->norm == MODEL_NORM_POST) { /* out = LN2(r3) */
@@ -667,9 +724,9 @@ void model_backward(model *m)
             tmp = dx; dx = dtmp; dtmp = tmp;
         }
         /* dx = d(residual3); MLP branch */
-        matmul_backward(dfch_gelu, lin[MODEL_LIN_FCPROJ].dweff, g->fcprojb + l * C, dx, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, BT, 4 * C, C, dwb);
+        matmul_backward(dfch_gelu, DWEFF(li + MODEL_LIN_FCPROJ), g->fcprojb + l * C, dx, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, BT, 4 * C, C, dwb);
         gelu_backward(dfch, a.fch, dfch_gelu, (long)BT * 4 * C);
-        matmul_backward(da, lin[MODEL_LIN_FC].dweff, g->fcb + l * 4 * C, dfch, min, lin[MODEL_LIN_FC].weff, BT, C, 4 * C, dwb);
+        matmul_backward(da, DWEFF(li + MODEL_LIN_FC), g->fcb + l * 4 * C, dfch, min, lin[MODEL_LIN_FC].weff, BT, C, 4 * C, dwb);
         if (c->norm == MODEL_NORM_PRE) {
             layernorm_backward(dx, g->ln2w + l * C, g->ln2b + l * C, da, a.residual2, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
         } else if (c->norm == MODEL_NORM_POST) { /* n = LN1(r2) feeds both skip and MLP */
@@ -681,18 +738,110 @@ void model_backward(model *m)
             add_into(dx, da, BTC);
         }
         /* dx = d(residual2); attention branch */
-        matmul_backward(datty, lin[MODEL_LIN_ATTPROJ].dweff, g->attprojb + l * C, dx, a.atty, lin[MODEL_LIN_ATTPROJ].weff, BT, C, C, dwb);
+        matmul_backward(datty, DWEFF(li + MODEL_LIN_ATTPROJ), g->attprojb + l * C, dx, a.atty, lin[MODEL_LIN_ATTPROJ].weff, BT, C, C, dwb);
         attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
-        matmul_backward(da, lin[MODEL_LIN_QKV].dweff, g->qkvb + l * 3 * C, dqkv, ain, lin[MODEL_LIN_QKV].weff, BT, C, 3 * C, dwb);
+        matmul_backward(da, DWEFF(li + MODEL_LIN_QKV), g->qkvb + l * 3 * C, dqkv, ain, lin[MODEL_LIN_QKV].weff, BT, C, 3 * C, dwb);
         if (c->norm == MODEL_NORM_PRE)
             layernorm_backward(dx, g->ln1w + l * C, g->ln1b + l * C, da, xin, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
         else
             add_into(dx, da, BTC);
     }
-    encoder_backward(g->wte, g->wpe, dx, m->inputs, B, T, C);
+    encoder_backward(g->wte, g->wpe, dx, m->inputs + r, B, T, C);
+#undef DWEFF
+}
+
+/* ---- worker threads: data parallel over the examples of a batch ---------
+ * Each shard runs the whole forward/backward of its examples with
+ * single-threaded OpenBLAS calls; see model.h for why. */
+
+static void shard_range(const model *m, int t, int *b0, int *nb)
+{
+    int B = m->cur_B, n = m->nthreads < B ? m->nthreads : B;
+    if (t >= n) { *b0 = 0; *nb = 0; return; }
+    *b0 = B * t / n;
+    *nb = B * (t + 1) / n - *b0;
+}
+
+static void run_shard(model *m, int t)
+{
+    int b0, nb;
+    shard_range(m, t, &b0, &nb);
+    model_shard *sh = &m->shards[t];
+    if (m->job == 1) sh->loss_sum = nb ? forward_shard(m, b0, nb) : 0.0;
+    else if (nb) backward_shard(m, sh, b0, nb);
+    else if (t) memset(sh->grads_memory, 0, sizeof(float) * m->num_params), sh->idle = 1;
+}
+
+static void *worker_main(void *arg)
+{
+    model_shard *sh = arg;
+    model *m = sh->m;
+    unsigned seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&m->mu);
+        while (m->gen == seen && !m->quit) pthread_cond_wait(&m->go, &m->mu);
+        if (m->quit) { pthread_mutex_unlock(&m->mu); return NULL; }
+        seen = m->gen;
+        pthread_mutex_unlock(&m->mu);
+        run_shard(m, sh->id);
+        pthread_mutex_lock(&m->mu);
+        if (--m->pending == 0) pthread_cond_signal(&m->done);
+        pthread_mutex_unlock(&m->mu);
+    }
+}
+
+/* Runs job (1 forward, 2 backward) on every shard and waits for all. */
+static void run_all(model *m, int job)
+{
+    m->job = job;
+    for (int t = 0; t < m->nthreads; t++) m->shards[t].idle = 0;
+    if (m->nthreads > 1) {
+        pthread_mutex_lock(&m->mu);
+        m->pending = m->nthreads - 1;
+        m->gen++;
+        pthread_cond_broadcast(&m->go);
+        pthread_mutex_unlock(&m->mu);
+    }
+    run_shard(m, 0);
+    if (m->nthreads > 1) {
+        pthread_mutex_lock(&m->mu);
+        while (m->pending > 0) pthread_cond_wait(&m->done, &m->mu);
+        pthread_mutex_unlock(&m->mu);
+    }
+}
+
+float model_forward(model *m, const int *inputs, const int *targets, int B, int T, int train)
+{
+    const model_config *c = &m->cfg;
+    m->cur_B = B; m->cur_T = T;
+    m->inputs = inputs; m->targets = targets;
     if (c->reparam != MODEL_REPARAM_NONE)
+        for (int i = 0; i < m->num_linear; i++) {
+            sreparam_linear *l = &m->lin[i];
+            if (train) sreparam_power_step(l);
+            else l->sigma = sreparam_sigma(l);
+            sreparam_forward(l);
+        }
+    run_all(m, 1);
+    double total = 0.0;
+    for (int t = 0; t < m->nthreads; t++) total += m->shards[t].loss_sum;
+    m->mean_loss = targets ? (float)(total / ((double)B * T)) : -1.0f;
+    return m->mean_loss;
+}
+
+void model_backward(model *m)
+{
+    run_all(m, 2);
+    /* Reduce the shards' gradients in a fixed order (bit-reproducible). */
+    for (int t = 1; t < m->nthreads; t++) {
+        model_shard *sh = &m->shards[t];
+        if (sh->idle) continue;
+        add_into(m->grads_memory, sh->grads_memory, (long)m->num_params);
+        if (m->deff_memory) add_into(m->deff_memory, sh->deff, (long)m->deff_size);
+    }
+    if (m->cfg.reparam != MODEL_REPARAM_NONE)
         for (int i = 0; i < m->num_linear; i++)
-            sreparam_backward(&m->lin[i], c->reparam == MODEL_REPARAM_SIGMA);
+            sreparam_backward(&m->lin[i], m->cfg.reparam == MODEL_REPARAM_SIGMA);
 }
 
 float *model_attention(model *m, int layer) { return layer_of(m, layer).att; }
@@ -700,7 +849,7 @@ float *model_qkv(model *m, int layer) { return layer_of(m, layer).qkv; }
 
 float *model_attn_input(model *m, int layer)
 {
-    return m->cfg.norm == MODEL_NORM_PRE ? layer_of(m, layer).ln1 : block_input(m, layer);
+    return m->cfg.norm == MODEL_NORM_PRE ? layer_of(m, layer).ln1 : block_input(m, layer, 0);
 }
 
 const float *model_qkv_weight(const model *m, int layer)

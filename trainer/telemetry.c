@@ -1014,22 +1014,105 @@ static void reader_seek(telemetry *t, uint64_t seq)
     }
 }
 
+/* Rewrites every unacknowledged spool line with consecutive seqs from
+ * `from` into one new segment. Used when the daemon already holds more of
+ * the run than the spool knows (the spool was lost, or the run name reused):
+ * lines we numbered at or below its last_seq were never stored (the daemon
+ * took them for duplicates), so they get new numbers instead of being lost.
+ * Returns the number of lines renumbered, -1 on I/O failure. */
+static long spool_renumber(telemetry *t, uint64_t from)
+{
+    size_t pn = strlen(t->dir) + 20;
+    char *tmp = malloc(pn);
+    if (!tmp) return -1;
+    snprintf(tmp, pn, "%s/renumber.tmp", t->dir);
+    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    uint64_t seq = from, size = 0;
+    long n = 0;
+    char *buf = NULL;
+    if (out < 0) goto fail;
+    for (size_t i = 0; i < t->nsegs; i++) {
+        segment *sg = &t->segs[i];
+        char *p = seg_path(t, sg->first);
+        int fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+        free(p);
+        if (fd < 0) goto fail;
+        free(buf);
+        buf = malloc(sg->size + 1);
+        ssize_t r = buf ? pread(fd, buf, sg->size, 0) : -1;
+        close(fd);
+        if (r != (ssize_t)sg->size) goto fail;
+        uint64_t old = sg->first;
+        for (char *line = buf, *end = buf + sg->size; line < end; old++) {
+            char *nl = memchr(line, '\n', (size_t)(end - line));
+            char *body = memchr(line, ',', (size_t)(end - line));
+            if (!nl || !body || body > nl) break;
+            body++;
+            if (old > t->acked) {
+                char pre[SEQ_PREFIX_MAX];
+                size_t plen = 7;
+                memcpy(pre, "{\"seq\":", 7);
+                plen += (size_t)utoa(pre + plen, seq++);
+                pre[plen++] = ',';
+                size_t blen = (size_t)(nl + 1 - body);
+                if (write(out, pre, plen) != (ssize_t)plen ||
+                    write(out, body, blen) != (ssize_t)blen)
+                    goto fail;
+                size += plen + blen;
+                n++;
+            }
+            line = nl + 1;
+        }
+    }
+    free(buf);
+    buf = NULL;
+    close(out);
+    out = -1;
+    char *dst = seg_path(t, from);
+    if (!dst || rename(tmp, dst)) { free(dst); goto fail; }
+    free(dst);
+    free(tmp);
+    for (size_t i = 0; i < t->nsegs; i++)
+        if (t->segs[i].first != from) spool_unlink(t, t->segs[i].first);
+    t->nsegs = 0;
+    seg_push(t, from, size); /* capacity exists: nsegs was >= 1 */
+    t->spool_total = size;
+    t->next_seq = seq;
+    ST_SET(t, st_next_seq, t->next_seq);
+    ST_SET(t, st_spool_bytes, t->spool_total);
+    if (t->wfd >= 0) close(t->wfd);
+    t->next_seq = from;
+    spool_rotate(t); /* reopens seg-FROM for appending */
+    t->next_seq = seq;
+    return n;
+fail:
+    if (out >= 0) close(out);
+    unlink(tmp);
+    free(tmp);
+    free(buf);
+    return -1;
+}
+
 static void on_welcome(telemetry *t, uint64_t last)
 {
     if (last >= t->next_seq) {
-        /* The daemon holds more of this run than our spool knows (the spool
-         * was lost or belongs to an older incarnation): continue after it.
-         * Spooled lines would only be duplicates. */
-        inbox_note(t, "seq_reset", "daemon has seq %llu, spool was at %llu; continuing at %llu",
-                   (unsigned long long)last, (unsigned long long)t->next_seq - 1,
-                   (unsigned long long)last + 1);
-        for (size_t i = 0; i < t->nsegs; i++) spool_unlink(t, t->segs[i].first);
-        t->nsegs = 0;
-        t->spool_total = 0;
-        t->next_seq = last + 1;
-        ST_SET(t, st_next_seq, t->next_seq);
-        if (spool_rotate(t)) {
-            inbox_note(t, "spool_error", "cannot create a segment: %s", strerror(errno));
+        uint64_t was = t->next_seq - 1;
+        long n = spool_renumber(t, last + 1);
+        if (n >= 0) {
+            inbox_note(t, "seq_reset",
+                       "daemon has seq %llu, spool was at %llu; %ld unsent messages renumbered from %llu",
+                       (unsigned long long)last, (unsigned long long)was, n,
+                       (unsigned long long)last + 1);
+        } else {
+            /* Cannot rewrite: continue after the daemon, losing the spool. */
+            for (size_t i = 0; i < t->nsegs; i++) spool_unlink(t, t->segs[i].first);
+            t->nsegs = 0;
+            t->spool_total = 0;
+            t->next_seq = last + 1;
+            ST_SET(t, st_next_seq, t->next_seq);
+            spool_rotate(t);
+            inbox_note(t, "spool_error", "renumbering the spool failed (%s); unsent messages dropped",
+                       strerror(errno));
         }
     } else if (t->nsegs && last + 1 < t->segs[0].first) {
         /* Messages the daemon never committed are gone from the spool (the
@@ -1294,12 +1377,13 @@ static int alloc_slots(telemetry *t)
         telemetry_step *s = &t->slots[i];
         char *m = t->slot_mem + i * per;
         s->owner = t;
-        s->scalar_names = (name_t *)m; m += (size_t)t->max_s * sizeof(name_t);
-        s->layer_names = (name_t *)m; m += (size_t)t->max_l * sizeof(name_t);
-        s->head_names = (name_t *)m; m += (size_t)t->max_h * sizeof(name_t);
+        /* floats first: the 65-byte names would misalign them */
         s->scalars = (float *)m; m += (size_t)t->max_s * sizeof(float);
         s->layers = (float *)m; m += (size_t)t->max_l * L * sizeof(float);
-        s->heads = (float *)m;
+        s->heads = (float *)m; m += (size_t)t->max_h * LH * sizeof(float);
+        s->scalar_names = (name_t *)m; m += (size_t)t->max_s * sizeof(name_t);
+        s->layer_names = (name_t *)m; m += (size_t)t->max_l * sizeof(name_t);
+        s->head_names = (name_t *)m;
     }
     return 0;
 }
