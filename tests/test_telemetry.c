@@ -1,0 +1,906 @@
+/* test_telemetry.c -- the protocol v1 client against a fake daemon.
+ *
+ * The fake daemon is a thread with a listening socket (Unix, or TCP on port
+ * 0) that speaks enough of protocol v1: answers hello with welcome (a chosen
+ * last_seq), stores data lines by seq like entropyd (duplicates and gaps are
+ * counted and answered with errors, never stored), acks, and can refuse,
+ * close mid-stream, forget uncommitted lines, stall, or inject lines. Every
+ * line it receives must be valid JSON: each test checks bad_json == 0.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "telemetry.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void msleep(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+/* Polls cond every 2 ms for at most ms milliseconds. */
+#define WAIT_FOR(cond, ms)                                                                  \
+    do {                                                                                    \
+        uint64_t wait_end_ = ms_now() + (ms);                                               \
+        while (!(cond) && ms_now() < wait_end_) msleep(2);                                  \
+        if (!(cond)) fail_msg("timed out after %d ms waiting for: %s", (int)(ms), #cond);   \
+    } while (0)
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(p);
+}
+
+typedef struct env {
+    char dir[64];
+    char sock[128];
+    char addr[160];
+    char spool[128];
+} env;
+
+static void env_init(env *e)
+{
+    snprintf(e->dir, sizeof e->dir, "/tmp/ttel-XXXXXX");
+    assert_non_null(mkdtemp(e->dir));
+    snprintf(e->sock, sizeof e->sock, "%s/d.sock", e->dir);
+    snprintf(e->addr, sizeof e->addr, "unix:%s", e->sock);
+    snprintf(e->spool, sizeof e->spool, "%s/spool", e->dir);
+}
+
+static void env_free(env *e)
+{
+    nftw(e->dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int count_segments(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, "seg-", 4)) n++;
+    closedir(d);
+    return n;
+}
+
+static telemetry_stats stats(telemetry *t)
+{
+    telemetry_stats s;
+    telemetry_stats_get(t, &s);
+    return s;
+}
+
+/* ---------------------------------------------------------------- fake daemon */
+
+enum { F_NORMAL, F_STALL, F_REFUSE };
+
+typedef struct fake {
+    char path[128];
+    int tcp, port;
+    int lfd;
+    pthread_t th;
+    pthread_mutex_t mu;
+    atomic_int stop;
+    atomic_int mode;
+    /* behaviour, under mu */
+    int ack;             /* send acks */
+    long long last;      /* highest stored seq */
+    int close_after;     /* close the connection after this many data lines (once) */
+    long long forget_to; /* on that close, forget stored lines above this (-1: keep) */
+    const char *inject[4];
+    int n_inject;
+    /* records, under mu */
+    char **lines;
+    int nlines, linecap;
+    long long *stored;
+    int nstored, storecap;
+    int duplicates, gaps, bad_json, hellos, connections;
+    long long first_data_seq[16]; /* first data seq of each connection */
+} fake;
+
+static void fake_record(fake *f, const char *line, size_t n)
+{
+    if (f->nlines == f->linecap) {
+        f->linecap = f->linecap ? 2 * f->linecap : 64;
+        f->lines = realloc(f->lines, (size_t)f->linecap * sizeof *f->lines);
+    }
+    f->lines[f->nlines++] = strndup(line, n);
+}
+
+static void fake_store(fake *f, long long seq)
+{
+    if (f->nstored == f->storecap) {
+        f->storecap = f->storecap ? 2 * f->storecap : 256;
+        f->stored = realloc(f->stored, (size_t)f->storecap * sizeof *f->stored);
+    }
+    f->stored[f->nstored++] = seq;
+}
+
+static void fake_send(int fd, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    buf[n++] = '\n';
+    if (send(fd, buf, (size_t)n, MSG_NOSIGNAL) < 0) { /* the client went away */ }
+}
+
+/* Handles one line; returns 1 to close the connection. */
+static int fake_line(fake *f, int fd, int conn, int *data_lines, int *welcomed, const char *line,
+                     size_t n)
+{
+    pthread_mutex_lock(&f->mu);
+    fake_record(f, line, n);
+    cJSON *j = cJSON_ParseWithLength(line, n);
+    int close_it = 0;
+    if (!j) {
+        f->bad_json++;
+        goto out;
+    }
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(j, "type"));
+    if (type && !strcmp(type, "hello")) {
+        f->hellos++;
+        fake_send(fd, "{\"type\":\"welcome\",\"run_id\":1,\"last_seq\":%lld}", f->last);
+        for (int i = 0; i < f->n_inject; i++) fake_send(fd, "%s", f->inject[i]);
+        *welcomed = 1;
+        goto out;
+    }
+    cJSON *sq = cJSON_GetObjectItem(j, "seq");
+    if (!cJSON_IsNumber(sq)) { f->bad_json++; goto out; }
+    long long seq = (long long)sq->valuedouble;
+    if (conn < 16 && f->first_data_seq[conn] == 0) f->first_data_seq[conn] = seq;
+    if (seq <= f->last) {
+        f->duplicates++;
+        fake_send(fd, "{\"type\":\"error\",\"code\":\"duplicate\",\"message\":\"dup\",\"seq\":%lld}", seq);
+    } else if (seq > f->last + 1) {
+        f->gaps++;
+        fake_send(fd, "{\"type\":\"error\",\"code\":\"seq_gap\",\"message\":\"expected %lld\",\"seq\":%lld}",
+                  f->last + 1, seq);
+    } else {
+        f->last = seq;
+        fake_store(f, seq);
+    }
+    if (f->close_after && ++*data_lines >= f->close_after) {
+        f->close_after = 0;
+        if (f->forget_to >= 0) {
+            while (f->nstored && f->stored[f->nstored - 1] > f->forget_to) f->nstored--;
+            f->last = f->forget_to;
+            f->forget_to = -1;
+        }
+        f->ack = 1;
+        close_it = 1;
+    }
+out:
+    cJSON_Delete(j);
+    pthread_mutex_unlock(&f->mu);
+    return close_it;
+}
+
+static void fake_serve(fake *f, int fd, int conn)
+{
+    char *buf = malloc(8 << 20);
+    size_t len = 0;
+    int data_lines = 0, welcomed = 0;
+    long long acked = -1;
+    while (!atomic_load(&f->stop)) {
+        if (welcomed && atomic_load(&f->mode) == F_STALL) { msleep(5); continue; }
+        struct pollfd p = { fd, POLLIN, 0 };
+        if (poll(&p, 1, 10) <= 0) continue;
+        ssize_t r = recv(fd, buf + len, (8 << 20) - len, 0);
+        if (r <= 0) break;
+        len += (size_t)r;
+        size_t start = 0;
+        int close_it = 0;
+        for (size_t i = 0; i < len && !close_it; i++) {
+            if (buf[i] != '\n') continue;
+            close_it = fake_line(f, fd, conn, &data_lines, &welcomed, buf + start, i - start);
+            start = i + 1;
+            if (welcomed && atomic_load(&f->mode) == F_STALL) break;
+        }
+        if (close_it) break;
+        memmove(buf, buf + start, len - start);
+        len -= start;
+        pthread_mutex_lock(&f->mu);
+        if (f->ack && welcomed && f->last != acked) {
+            acked = f->last;
+            fake_send(fd, "{\"type\":\"ack\",\"seq\":%lld}", acked);
+        }
+        pthread_mutex_unlock(&f->mu);
+    }
+    free(buf);
+    close(fd);
+}
+
+static void *fake_main(void *arg)
+{
+    fake *f = arg;
+    int conn = 0;
+    while (!atomic_load(&f->stop)) {
+        struct pollfd p = { f->lfd, POLLIN, 0 };
+        if (poll(&p, 1, 10) <= 0) continue;
+        int fd = accept(f->lfd, NULL, NULL);
+        if (fd < 0) continue;
+        pthread_mutex_lock(&f->mu);
+        f->connections++;
+        pthread_mutex_unlock(&f->mu);
+        if (atomic_load(&f->mode) == F_REFUSE) { close(fd); continue; }
+        fake_serve(f, fd, conn++);
+    }
+    return NULL;
+}
+
+/* Starts a fake daemon on path (Unix) or, with path NULL, on 127.0.0.1:0. */
+static fake *fake_start(const char *path, long long last, int ack)
+{
+    fake *f = calloc(1, sizeof *f);
+    pthread_mutex_init(&f->mu, NULL);
+    f->last = last;
+    f->ack = ack;
+    f->forget_to = -1;
+    if (path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(f->path, sizeof f->path, "%s", path);
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+        unlink(path);
+        f->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+        assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    } else {
+        struct sockaddr_in sa = { .sin_family = AF_INET };
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        f->tcp = 1;
+        f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+        socklen_t sl = sizeof sa;
+        getsockname(f->lfd, (struct sockaddr *)&sa, &sl);
+        f->port = ntohs(sa.sin_port);
+    }
+    assert_int_equal(listen(f->lfd, 16), 0);
+    pthread_create(&f->th, NULL, fake_main, f);
+    return f;
+}
+
+static void fake_stop(fake *f)
+{
+    if (!f) return;
+    atomic_store(&f->stop, 1);
+    pthread_join(f->th, NULL);
+    close(f->lfd);
+    if (!f->tcp) unlink(f->path);
+    for (int i = 0; i < f->nlines; i++) free(f->lines[i]);
+    free(f->lines);
+    free(f->stored);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+}
+
+static int fake_get(fake *f, const int *field)
+{
+    pthread_mutex_lock(&f->mu);
+    int v = *field;
+    pthread_mutex_unlock(&f->mu);
+    return v;
+}
+
+/* The stored seqs are exactly 1..n (or first..first+n-1), once each, in order. */
+static void assert_stored_exactly(fake *f, long long first, int n)
+{
+    pthread_mutex_lock(&f->mu);
+    int got = f->nstored;
+    int ok = got == n;
+    for (int i = 0; ok && i < n; i++) ok = f->stored[i] == first + i;
+    int bad = f->bad_json;
+    pthread_mutex_unlock(&f->mu);
+    if (!ok) fail_msg("stored %d seqs, expected %lld..%lld in order", got, first, first + n - 1);
+    assert_int_equal(bad, 0);
+}
+
+/* The data line with this seq, parsed (caller deletes), or NULL. */
+static cJSON *fake_find(fake *f, long long seq)
+{
+    cJSON *found = NULL;
+    pthread_mutex_lock(&f->mu);
+    for (int i = f->nlines - 1; i >= 0 && !found; i--) {
+        cJSON *j = cJSON_Parse(f->lines[i]);
+        cJSON *sq = cJSON_GetObjectItem(j, "seq");
+        if (cJSON_IsNumber(sq) && (long long)sq->valuedouble == seq) found = j;
+        else cJSON_Delete(j);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return found;
+}
+
+static void base_config(telemetry_config *c, const env *e, const char *run, int L, int H)
+{
+    telemetry_config_init(c);
+    c->address = e->addr;
+    c->run = run;
+    c->layers = L;
+    c->heads = H;
+    c->seq_len = 16;
+    c->spool_dir = e->spool;
+    c->backoff_min_ms = 5;
+    c->backoff_max_ms = 50;
+}
+
+static telemetry *create_ok(const telemetry_config *c)
+{
+    char err[256] = "";
+    telemetry *t = telemetry_create(c, err, sizeof err);
+    if (!t) fail_msg("telemetry_create: %s", err);
+    return t;
+}
+
+/* One step with a scalar, a layer vector and a head matrix, values from i. */
+static void put_step(telemetry *t, int64_t step, int L, int H)
+{
+    float lv[64], hv[4096];
+    for (int l = 0; l < L; l++) lv[l] = (float)step + 0.25f * (float)l;
+    for (int k = 0; k < L * H; k++) hv[k] = 1.0f / (float)(k + 1) + (float)step;
+    telemetry_step *s = telemetry_step_begin(t, step, 1764500000.25 + (double)step);
+    assert_non_null(s);
+    assert_int_equal(telemetry_step_scalar(s, "loss", 2.5 + (double)step), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_layer(s, "rank_ratio", lv), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_heads(s, "entropy", hv), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_format_float(void **state)
+{
+    char b[32];
+    struct { float v; const char *s; } cases[] = {
+        { 0.0f, "0" }, { 0.5f, "0.5" }, { 1.0f, "1" }, { -2.5f, "-2.5" }, { 0.1f, "0.1" },
+        { 0.001f, "0.001" }, { 100.0f, "100" }, { 1e10f, "10000000000" }, { 1.5e-7f, "1.5e-7" },
+        { 123456.789f, "123456.79" }, { 16777216.0f, "16777216" }, { 3e-5f, "0.00003" }, { 1e-6f, "1e-6" }, { NAN, "null" }, { INFINITY, "null" }, { -INFINITY, "null" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int n = telemetry_format_float(b, cases[i].v);
+        b[n] = 0;
+        assert_string_equal(b, cases[i].s);
+    }
+    /* Round trip over random bit patterns, extremes and subnormals included;
+     * every output must be a complete JSON number of at most 9 digits. */
+    uint32_t x = 12345;
+    for (int i = 0; i < 300000; i++) {
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        uint32_t bits = i < 100 ? (uint32_t)i : x;
+        float v;
+        memcpy(&v, &bits, sizeof v);
+        if (!isfinite(v)) continue;
+        int n = telemetry_format_float(b, v);
+        b[n] = 0;
+        char *end;
+        float back = strtof(b, &end);
+        if (*end || back != v) fail_msg("%.9g formatted as %s reads back as %.9g", (double)v, b, (double)back);
+        int digits = 0, leading = 1;
+        for (char *p = b; *p && *p != 'e'; p++) {
+            if (*p >= '1' && *p <= '9') leading = 0;
+            if (*p >= '0' && *p <= '9' && !leading) digits++;
+        }
+        if (digits > 9 && !strchr(b, 'e')) {
+            /* plain notation of a large integer-valued float: fine if exact */
+            assert_true(fabsf(v) >= 1e9f);
+        }
+        assert_true(b[0] == '-' || (b[0] >= '0' && b[0] <= '9'));
+        assert_false(n >= 2 && b[0] == '0' && b[1] >= '0' && b[1] <= '9'); /* no leading zeros */
+    }
+}
+
+static void test_hello_and_every_line(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    telemetry_config c;
+    base_config(&c, &e, "hello-run", 2, 3);
+    c.meta_json = "{\n \"model\": \"gpt\", \"lr\": 0.001, \"nested\": {\"a\": [1, 2]}\n}";
+    c.token = "s3cr\"et";
+    telemetry *t = create_ok(&c);
+    assert_string_equal(telemetry_run_name(t), "hello-run");
+    for (int i = 0; i < 5; i++) put_step(t, i, 2, 3);
+    assert_int_equal(telemetry_event(t, "warn", "a \"q\"\n\xc3\xa9\xff end"), TELEMETRY_OK);
+    assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 7);
+
+    pthread_mutex_lock(&f->mu);
+    cJSON *h = cJSON_Parse(f->lines[0]);
+    pthread_mutex_unlock(&f->mu);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(h, "type")), "hello");
+    assert_int_equal(cJSON_GetObjectItem(h, "protocol")->valueint, 1);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(h, "run")), "hello-run");
+    assert_int_equal(cJSON_GetObjectItem(h, "layers")->valueint, 2);
+    assert_int_equal(cJSON_GetObjectItem(h, "heads")->valueint, 3);
+    assert_int_equal(cJSON_GetObjectItem(h, "seq_len")->valueint, 16);
+    cJSON *meta = cJSON_GetObjectItem(h, "meta");
+    assert_true(cJSON_IsObject(meta));
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(meta, "model")), "gpt");
+    assert_true(cJSON_GetObjectItem(meta, "lr")->valuedouble == 0.001);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(h, "token")), "s3cr\"et");
+    cJSON_Delete(h);
+
+    for (int i = 0; i < 5; i++) {
+        cJSON *j = fake_find(f, i + 1);
+        assert_non_null(j);
+        assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "type")), "step");
+        assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, i);
+        assert_true(cJSON_GetObjectItem(j, "time")->valuedouble == 1764500000.25 + i);
+        assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "scalars"), "loss")->valuedouble ==
+                    (double)(float)(2.5 + i));
+        cJSON *rr = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "layers"), "rank_ratio");
+        assert_int_equal(cJSON_GetArraySize(rr), 2);
+        assert_true((float)cJSON_GetArrayItem(rr, 1)->valuedouble == (float)i + 0.25f);
+        cJSON *en = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "heads"), "entropy");
+        assert_int_equal(cJSON_GetArraySize(en), 2);
+        for (int l = 0; l < 2; l++) {
+            cJSON *row = cJSON_GetArrayItem(en, l);
+            assert_int_equal(cJSON_GetArraySize(row), 3);
+            for (int hh = 0; hh < 3; hh++)
+                assert_true((float)cJSON_GetArrayItem(row, hh)->valuedouble ==
+                            1.0f / (float)(l * 3 + hh + 1) + (float)i);
+        }
+        cJSON_Delete(j);
+    }
+    cJSON *ev = fake_find(f, 6);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(ev, "type")), "event");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(ev, "level")), "warn");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(ev, "text")), "a \"q\"\n\xc3\xa9? end");
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(ev, "time")));
+    cJSON_Delete(ev);
+    cJSON *end = fake_find(f, 7);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(end, "type")), "end");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(end, "status")), "finished");
+    cJSON_Delete(end);
+    fake_stop(f);
+    env_free(&e);
+}
+
+static void test_nan_becomes_null(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    telemetry_config c;
+    base_config(&c, &e, "nan-run", 2, 2);
+    telemetry *t = create_ok(&c);
+    telemetry_step *s = telemetry_step_begin(t, 7, -1);
+    assert_int_equal(telemetry_step_scalar(s, "loss", NAN), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_scalar(s, "lr", 1e-3), TELEMETRY_OK);
+    float lv[2] = { 1.0f, NAN }, hv[4] = { INFINITY, -INFINITY, 2.0f, -0.0f };
+    assert_int_equal(telemetry_step_layer(s, "cos_sim", lv), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_heads(s, "max_logit", hv), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    cJSON *j = fake_find(f, 1);
+    assert_non_null(j);
+    assert_null(cJSON_GetObjectItem(j, "time")); /* negative time: the daemon stamps it */
+    cJSON *sc = cJSON_GetObjectItem(j, "scalars");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(sc, "loss")));
+    assert_true((float)cJSON_GetObjectItem(sc, "lr")->valuedouble == 1e-3f);
+    cJSON *cs = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "layers"), "cos_sim");
+    assert_true(cJSON_GetArrayItem(cs, 0)->valuedouble == 1.0);
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(cs, 1)));
+    cJSON *ml = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "heads"), "max_logit");
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 0), 0)));
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 0), 1)));
+    assert_true(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 1), 0)->valuedouble == 2.0);
+    assert_true(cJSON_IsNumber(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 1), 1)));
+    cJSON_Delete(j);
+    assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 2);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* The daemon closes after 6 lines and forgets 4..6 (never committed): the
+ * reconnected client must resend from the welcome's last_seq + 1. */
+static void test_resend_from_last_seq(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 0);
+    pthread_mutex_lock(&f->mu);
+    f->close_after = 6;
+    f->forget_to = 3;
+    pthread_mutex_unlock(&f->mu);
+    telemetry_config c;
+    base_config(&c, &e, "resend-run", 3, 2);
+    telemetry *t = create_ok(&c);
+    for (int i = 0; i < 10; i++) put_step(t, i, 3, 2);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    telemetry_stats s = stats(t);
+    assert_int_equal(s.acked, 10);
+    assert_true(s.reconnects >= 1);
+    assert_true(s.sent >= 13); /* 6 + 7 resent */
+    pthread_mutex_lock(&f->mu);
+    assert_int_equal(f->first_data_seq[0], 1);
+    assert_int_equal(f->first_data_seq[1], 4);
+    assert_int_equal(f->duplicates, 0);
+    assert_int_equal(f->gaps, 0);
+    pthread_mutex_unlock(&f->mu);
+    assert_stored_exactly(f, 1, 10);
+    for (int i = 0; i < 10; i++) { /* each seq carries its own step */
+        cJSON *j = fake_find(f, i + 1);
+        assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, i);
+        cJSON_Delete(j);
+    }
+    assert_int_equal(telemetry_destroy(t, NULL, 1000), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* No daemon: everything spools; a daemon that appears later receives it
+ * exactly once, in order, and the acks trim the spool. */
+static void test_spool_upload_and_trim(void **state)
+{
+    env e;
+    env_init(&e);
+    telemetry_config c;
+    base_config(&c, &e, "spool-run", 12, 12);
+    c.spool_max_bytes = 64 * 1024; /* segments of 8 KiB: a few steps each */
+    telemetry *t = create_ok(&c);
+    for (int i = 0; i < 30; i++) put_step(t, i, 12, 12);
+    WAIT_FOR(stats(t).spooled == 30, 5000);
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/spool-run", e.spool);
+    int segs = count_segments(dir);
+    telemetry_stats s = stats(t);
+    assert_true(segs >= 4);
+    assert_true(s.connect_failures >= 1);
+    assert_int_equal(s.sent, 0);
+    assert_int_equal(s.dropped_spool, 0);
+    assert_true(s.spool_bytes > 30 * 1000);
+
+    fake *f = fake_start(e.sock, 0, 1);
+    WAIT_FOR(stats(t).acked == 30, 5000);
+    assert_stored_exactly(f, 1, 30);
+    /* Trimmed down to the newest segment. */
+    WAIT_FOR(count_segments(dir) == 1, 2000);
+    assert_true(stats(t).spool_bytes <= 8192);
+    assert_int_equal(fake_get(f, &f->duplicates), 0);
+    /* Live messages after the upload continue the numbering. */
+    put_step(t, 30, 12, 12);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 31);
+    assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 32);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* A full spool drops with a count (never blocks), numbering stays gapless,
+ * and the loss is reported as an event once there is room. */
+static void test_spool_full_drops(void **state)
+{
+    env e;
+    env_init(&e);
+    telemetry_config c;
+    base_config(&c, &e, "full-run", 12, 12);
+    c.spool_max_bytes = 16 * 1024;
+    c.queue_slots = 128;
+    telemetry *t = create_ok(&c);
+    for (int i = 0; i < 40; i++) put_step(t, i, 12, 12);
+    WAIT_FOR(stats(t).spooled + stats(t).dropped_spool >= 40, 5000);
+    print_message("spooled %llu dropped %llu\n", (unsigned long long)stats(t).spooled, (unsigned long long)stats(t).dropped_spool);
+    telemetry_stats s = stats(t);
+    assert_true(s.dropped_spool > 0);
+    assert_true(s.spooled >= 5);
+    assert_true(s.spool_bytes <= 16 * 1024);
+    assert_int_equal(s.next_seq, s.spooled + 1);
+    assert_int_equal(s.dropped_queue, 0);
+    int kept = (int)s.spooled;
+
+    fake *f = fake_start(e.sock, 0, 1);
+    WAIT_FOR(stats(t).acked == (uint64_t)kept, 5000);
+    assert_stored_exactly(f, 1, kept);
+    put_step(t, 40, 12, 12); /* preceded by the loss report */
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    uint64_t last = stats(t).next_seq - 1;
+    assert_true(last >= (uint64_t)kept + 2);
+    assert_stored_exactly(f, 1, (int)last);
+    cJSON *st = fake_find(f, (long long)last);
+    assert_int_equal(cJSON_GetObjectItem(st, "step")->valueint, 40);
+    cJSON_Delete(st);
+    cJSON *ev = fake_find(f, (long long)last - 1);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(ev, "type")), "event");
+    char want[64];
+    snprintf(want, sizeof want, "dropped %llu messages", (unsigned long long)s.dropped_spool);
+    assert_non_null(strstr(cJSON_GetStringValue(cJSON_GetObjectItem(ev, "text")), want));
+    cJSON_Delete(ev);
+    assert_int_equal(telemetry_destroy(t, NULL, 1000), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* A daemon that welcomes and then never reads: the socket fills, the
+ * producer never waits, the spool takes everything, destroy's wait is bounded. */
+static void test_stalled_daemon_never_blocks(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    atomic_store(&f->mode, F_STALL);
+    enum { L = 12, H = 12, N = 1500 };
+    telemetry_config c;
+    base_config(&c, &e, "stall-run", L, H);
+    c.queue_slots = 64;
+    telemetry *t = create_ok(&c);
+    WAIT_FOR(stats(t).connected, 5000);
+    static float hv[8][L * H];
+    float lv[L];
+    for (int k = 0; k < L * H; k++)
+        for (int m = 0; m < 8; m++) hv[m][k] = (float)k * 0.37f + (float)m;
+    for (int l = 0; l < L; l++) lv[l] = 0.5f + (float)l;
+    static const char *hn[8] = { "entropy", "entropy_norm", "max_logit", "sigma_qk",
+                                 "entropy_bound", "eig_mean", "eig_var", "extra" };
+    uint64_t worst = 0, t0 = ms_now();
+    int accepted = 0;
+    for (int i = 0; i < N; i++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        telemetry_step *s = telemetry_step_begin(t, i, -1);
+        if (s) {
+            telemetry_step_scalar(s, "loss", 1.0);
+            telemetry_step_layer(s, "rank_ratio", lv);
+            for (int m = 0; m < 8; m++) telemetry_step_heads(s, hn[m], hv[m]);
+            telemetry_step_commit(t, s);
+            accepted++;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        uint64_t ns = (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u + (uint64_t)(b.tv_nsec - a.tv_nsec);
+        if (ns > worst) worst = ns;
+        if (i % 8 == 0) msleep(1); /* a little breathing room, like a real step */
+    }
+    uint64_t elapsed = ms_now() - t0;
+    print_message("stalled daemon: %d steps in %llu ms, worst enqueue %llu us\n", N,
+                  (unsigned long long)elapsed, (unsigned long long)worst / 1000);
+    /* Each call copies ~40 KiB: a blocked call would take the welcome timeout. */
+    assert_true(worst < 50u * 1000000u);
+    telemetry_stats s = stats(t);
+    assert_int_equal(s.enqueued + s.dropped_queue, N);
+    assert_int_equal(s.enqueued, (uint64_t)accepted);
+    /* (plus a loss report when the ring overflowed) */
+    WAIT_FOR(stats(t).spooled >= (uint64_t)accepted, 10000);
+    s = stats(t);
+    assert_true(s.sent < s.spooled); /* the socket filled up */
+    assert_int_equal(s.acked, 0);
+    uint64_t d0 = ms_now();
+    assert_int_equal(telemetry_destroy(t, "finished", 200), TELEMETRY_ETIMEDOUT);
+    assert_true(ms_now() - d0 < 2000);
+    assert_int_equal(fake_get(f, &f->bad_json), 0);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* A new process (a new client) with the same run and spool directory picks
+ * up the unsent spool and continues the numbering; a torn last line (crash
+ * mid-write) is cut; a second live client on the same spool is refused. */
+static void test_restart_continues_seq(void **state)
+{
+    env e;
+    env_init(&e);
+    telemetry_config c;
+    base_config(&c, &e, "restart-run", 2, 2);
+    telemetry *a = create_ok(&c);
+    char err[256] = "";
+    assert_null(telemetry_create(&c, err, sizeof err));
+    assert_non_null(strstr(err, "in use"));
+    for (int i = 0; i < 30; i++) put_step(a, i, 2, 2);
+    WAIT_FOR(stats(a).spooled == 30, 5000);
+    assert_int_equal(telemetry_destroy(a, NULL, 0), TELEMETRY_ETIMEDOUT);
+
+    char seg[256];
+    snprintf(seg, sizeof seg, "%s/restart-run/seg-%020d.log", e.spool, 1);
+    FILE *fp = fopen(seg, "a");
+    assert_non_null(fp);
+    fputs("{\"seq\":31,\"type\":\"st", fp);
+    fclose(fp);
+
+    telemetry *b = create_ok(&c);
+    assert_int_equal(stats(b).next_seq, 31);
+    for (int i = 30; i < 50; i++) put_step(b, i, 2, 2);
+    WAIT_FOR(stats(b).spooled == 20, 5000);
+    fake *f = fake_start(e.sock, 0, 1);
+    assert_int_equal(telemetry_destroy(b, "finished", 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 51);
+    for (int i = 0; i < 50; i++) {
+        cJSON *j = fake_find(f, i + 1);
+        assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, i);
+        cJSON_Delete(j);
+    }
+    assert_int_equal(fake_get(f, &f->hellos), 1);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* A daemon that already holds more of the run than the spool knows: the
+ * client continues after its last_seq and says so in the inbox. */
+static void test_daemon_ahead_resets_seq(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 100, 1);
+    telemetry_config c;
+    base_config(&c, &e, "ahead-run", 1, 1);
+    telemetry *t = create_ok(&c);
+    for (int i = 0; i < 3; i++) put_step(t, i, 1, 1);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 101, 3);
+    telemetry_msg m;
+    int saw_reset = 0;
+    while (telemetry_poll(t, &m)) {
+        if (!strcmp(m.type, "client") && strstr(m.line, "seq_reset")) saw_reset = 1;
+        telemetry_msg_free(&m);
+    }
+    assert_true(saw_reset);
+    assert_int_equal(telemetry_destroy(t, NULL, 1000), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* Over TCP: welcome, error and an unknown (alert) line reach the inbox in
+ * order; errors are counted; acks are not delivered. */
+static void test_inbox_over_tcp(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(NULL, 0, 1);
+    pthread_mutex_lock(&f->mu);
+    f->inject[0] = "{\"type\":\"error\",\"code\":\"bad_field\",\"message\":\"x\",\"seq\":1}";
+    f->inject[1] = "{\"type\":\"alert\",\"rule\":\"collapse\",\"layer\":1}";
+    f->n_inject = 2;
+    pthread_mutex_unlock(&f->mu);
+    telemetry_config c;
+    base_config(&c, &e, "tcp-run", 1, 2);
+    char addr[64];
+    snprintf(addr, sizeof addr, "tcp:127.0.0.1:%d", f->port);
+    c.address = addr;
+    telemetry *t = create_ok(&c);
+    put_step(t, 0, 1, 2);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    WAIT_FOR(stats(t).errors == 1, 2000);
+    const char *want[] = { "welcome", "error", "alert" };
+    for (int i = 0; i < 3; i++) {
+        telemetry_msg m;
+        assert_int_equal(telemetry_poll(t, &m), 1);
+        assert_string_equal(m.type, want[i]);
+        assert_non_null(m.line);
+        assert_null(strchr(m.line, '\n'));
+        telemetry_msg_free(&m);
+    }
+    telemetry_msg m;
+    assert_int_equal(telemetry_poll(t, &m), 0);
+    assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 2);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* A daemon that accepts and closes at once: backoff, no crash, no block,
+ * and the spool keeps everything. */
+static void test_refusing_daemon(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    atomic_store(&f->mode, F_REFUSE);
+    telemetry_config c;
+    base_config(&c, &e, "refuse-run", 1, 1);
+    telemetry *t = create_ok(&c);
+    for (int i = 0; i < 5; i++) put_step(t, i, 1, 1);
+    WAIT_FOR(fake_get(f, &f->connections) >= 3, 5000);
+    WAIT_FOR(stats(t).spooled == 5, 2000);
+    assert_int_equal(stats(t).connects, 0);
+    atomic_store(&f->mode, F_NORMAL);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 5);
+    assert_int_equal(telemetry_destroy(t, NULL, 1000), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
+}
+
+static void test_api_errors(void **state)
+{
+    env e;
+    env_init(&e);
+    telemetry_config c;
+    char err[256];
+    base_config(&c, &e, "a b", 2, 2);
+    err[0] = 0;
+    assert_null(telemetry_create(&c, err, sizeof err));
+    assert_non_null(strstr(err, "run name"));
+    base_config(&c, &e, "ok", 2, 2);
+    c.address = "http://x";
+    assert_null(telemetry_create(&c, err, sizeof err));
+    base_config(&c, &e, "ok", 0, 2);
+    assert_null(telemetry_create(&c, err, sizeof err));
+    base_config(&c, &e, "ok", 2, 2);
+    c.meta_json = "[1]";
+    assert_null(telemetry_create(&c, err, sizeof err));
+    assert_null(telemetry_create(&(telemetry_config){ .layers = 1 }, NULL, 0));
+
+    /* Generated run name, spool-only mode. */
+    base_config(&c, &e, NULL, 2, 2);
+    c.address = NULL;
+    c.max_scalars = 2;
+    telemetry *t = create_ok(&c);
+    const char *rn = telemetry_run_name(t);
+    assert_true(!strncmp(rn, "run-", 4) && strlen(rn) > 10);
+    for (const char *p = rn; *p; p++) assert_true(strchr("abcdefghijklmnopqrstuvwxyz0123456789-", *p));
+    telemetry_step *s = telemetry_step_begin(t, 0, -1);
+    assert_int_equal(telemetry_step_scalar(s, "bad name", 1), TELEMETRY_EINVAL);
+    assert_int_equal(telemetry_step_scalar(s, "", 1), TELEMETRY_EINVAL);
+    char longname[80];
+    memset(longname, 'x', 65);
+    longname[65] = 0;
+    assert_int_equal(telemetry_step_scalar(s, longname, 1), TELEMETRY_EINVAL);
+    longname[64] = 0;
+    assert_int_equal(telemetry_step_scalar(s, longname, 1), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_scalar(s, "b", 1), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_scalar(s, "c", 1), TELEMETRY_EFULL);
+    assert_int_equal(telemetry_step_commit(t, NULL), TELEMETRY_EINVAL);
+    assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_EINVAL); /* already published */
+    assert_null(telemetry_step_begin(t, -1, 0));
+    assert_int_equal(telemetry_event(t, "loud", "x"), TELEMETRY_EINVAL);
+    assert_int_equal(telemetry_destroy(t, "done", 0), TELEMETRY_EINVAL);
+    assert_int_equal(telemetry_flush(t, 2000), TELEMETRY_OK);
+    telemetry_stats st = stats(t);
+    assert_int_equal(st.spooled, 1);
+    assert_int_equal(st.next_seq, 2);
+    assert_int_equal(telemetry_destroy(t, "finished", 2000), TELEMETRY_OK);
+    assert_int_equal(telemetry_destroy(NULL, NULL, 0), TELEMETRY_OK);
+    env_free(&e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_format_float),
+        cmocka_unit_test(test_hello_and_every_line),
+        cmocka_unit_test(test_nan_becomes_null),
+        cmocka_unit_test(test_resend_from_last_seq),
+        cmocka_unit_test(test_spool_upload_and_trim),
+        cmocka_unit_test(test_spool_full_drops),
+        cmocka_unit_test(test_stalled_daemon_never_blocks),
+        cmocka_unit_test(test_restart_continues_seq),
+        cmocka_unit_test(test_daemon_ahead_resets_seq),
+        cmocka_unit_test(test_inbox_over_tcp),
+        cmocka_unit_test(test_refusing_daemon),
+        cmocka_unit_test(test_api_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
