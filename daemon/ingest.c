@@ -584,7 +584,7 @@ static int listen_unix(struct ingest *ing, const char *path, char *err, size_t e
         return -1;
     }
     unlink(path);
-    mode_t old = umask(077); /* mode 0600 from birth: no window for others */
+    mode_t old = umask(0177); /* mode 0600 from birth: no window for others */
     int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
     umask(old);
     if (rc < 0 || listen(fd, 1024) < 0) {

@@ -1,0 +1,198 @@
+"""Shared helpers for end-to-end tests: start the real entropyd on a temp
+directory, talk protocol v1 to it over its real socket, read its real
+SQLite file. Standard library only.
+
+Not a test itself (the runner picks up tests/e2e_*.py only)."""
+import json
+import math
+import os
+import signal
+import socket
+import sqlite3
+import struct
+import subprocess
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENTROPYD = os.environ.get("ENTROPYD") or os.path.join(ROOT, "build", "entropyd")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Daemon:
+    """One entropyd process on its own data directory."""
+
+    def __init__(self, data=None, args=(), env=None):
+        self.tmp = None
+        if data is None:
+            self.tmp = tempfile.TemporaryDirectory(prefix="entropyd-e2e-")
+            data = self.tmp.name
+        self.data = data
+        self.args = list(args)
+        self.env = env
+        self.proc = None
+        self.sock = os.path.join(data, "entropyd.sock")
+        self.db = os.path.join(data, "entropyd.db")
+        self.log_path = os.path.join(data, "daemon.log")
+        self.stdout_lines = []
+
+    def start(self, wait=True):
+        log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        if self.env:
+            env.update(self.env)
+        self.proc = subprocess.Popen([ENTROPYD, "--data", self.data, "--http", "off"] + self.args
+                                     if self._has_http_flag() else [ENTROPYD, "--data", self.data] + self.args,
+                                     stdout=subprocess.PIPE, stderr=log, env=env)
+        if wait:
+            line = self.proc.stdout.readline().decode()
+            self.stdout_lines.append(line)
+            if not line:
+                raise RuntimeError("entropyd did not start: " + self.log())
+        return self
+
+    _http_flag = None
+
+    @classmethod
+    def _has_http_flag(cls):
+        if cls._http_flag is None:
+            out = subprocess.run([ENTROPYD, "--help"], capture_output=True).stdout.decode()
+            cls._http_flag = "--http" in out
+        return cls._http_flag
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        if not self.proc:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.proc.stdout.close()
+        self.proc = None
+        return rc
+
+    def kill9(self):
+        return self.stop(signal.SIGKILL)
+
+    def rss_kb(self):
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def query(self, sql, args=()):
+        con = sqlite3.connect(self.db, timeout=10)
+        try:
+            return con.execute(sql, args).fetchall()
+        finally:
+            con.close()
+
+    def cleanup(self):
+        if self.proc:
+            self.stop(signal.SIGKILL)
+        if self.tmp:
+            self.tmp.cleanup()
+
+
+class Client:
+    """A protocol v1 connection. recv() returns parsed daemon lines."""
+
+    def __init__(self, path=None, tcp=None, timeout=10):
+        if tcp:
+            self.s = socket.create_connection(tcp, timeout=timeout)
+        else:
+            self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.s.connect(path)  # blocking: waits for room in the backlog
+            self.s.settimeout(timeout)
+        self.buf = b""
+
+    def send_raw(self, data):
+        self.s.sendall(data)
+
+    def send(self, obj):
+        self.s.sendall(json.dumps(obj, allow_nan=False).encode() + b"\n")
+
+    def recv(self, timeout=10):
+        self.s.settimeout(timeout)
+        while b"\n" not in self.buf:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise EOFError("connection closed; buffered %r" % self.buf[:200])
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def recv_until(self, pred, timeout=10):
+        deadline = time.time() + timeout
+        seen = []
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                raise TimeoutError("no matching line; saw %r" % seen[-5:])
+            m = self.recv(left)
+            seen.append(m)
+            if pred(m):
+                return m, seen
+
+    def hello(self, run, layers=2, heads=3, seq_len=16, meta=None, token=None):
+        msg = {"type": "hello", "protocol": 1, "run": run, "layers": layers, "heads": heads, "seq_len": seq_len}
+        if meta is not None:
+            msg["meta"] = meta
+        if token is not None:
+            msg["token"] = token
+        self.send(msg)
+        return self.recv_until(lambda m: m["type"] in ("welcome", "error"))[0]
+
+    def wait_ack(self, seq, timeout=10):
+        return self.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq, timeout)
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+def step_msg(seq, step, layers=2, heads=3, base=0.0, extra=None):
+    """A step whose values are a deterministic function of (step, l, h)."""
+    heads_m = {"entropy": [[head_value(step, l, h, base) for h in range(heads)] for l in range(layers)]}
+    msg = {"type": "step", "seq": seq, "step": step, "time": 1764500000 + step,
+           "scalars": {"loss": 3.0 - step * 0.001},
+           "layers": {"rank_ratio": [0.5 + l * 0.01 for l in range(layers)]},
+           "heads": heads_m}
+    if extra:
+        msg.update(extra)
+    return msg
+
+
+def head_value(step, l, h, base=0.0):
+    return base + ((step * 7 + l * 3 + h) % 101) / 10.0
+
+
+def floats(blob):
+    return list(struct.unpack("<%df" % (len(blob) // 4), blob))
+
+
+def isnan(x):
+    return isinstance(x, float) and math.isnan(x)
