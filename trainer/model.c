@@ -50,23 +50,23 @@ static float truncated_normal(uint64_t *rng, float std)
 
 /* ---------------------------------------------------------- fast math */
 
-/* exp(x) for x in float range, relative error ~2e-7: Cephes exp2f polynomial
- * with a round-to-nearest trick instead of floorf, so that GCC vectorizes the
- * loops that call it (libm's expf is a call per element). */
+/* exp(x) for x in float range, relative error ~2e-7: Cephes expf (Cody-Waite
+ * range reduction, degree-6 polynomial) with a round-to-nearest trick instead
+ * of floorf, so that GCC vectorizes the loops that call it (libm's expf is a
+ * call per element). */
 static inline float fast_expf(float x)
 {
     x = x < -87.0f ? -87.0f : x;
     x = x > 88.0f ? 88.0f : x;
-    float t = x * 1.44269504088896341f;
-    float r = (t + 12582912.0f) - 12582912.0f;
-    float f = t - r;
-    float p = 1.535336188319500e-4f;
-    p = p * f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
+    float r = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float f = x - r * 0.693359375f - r * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * f + 1.3981999507e-3f;
+    p = p * f + 8.3334519073e-3f;
+    p = p * f + 4.1665795894e-2f;
+    p = p * f + 1.6666665459e-1f;
+    p = p * f + 5.0000001201e-1f;
+    p = p * f * f + f + 1.0f;
     union { int32_t i; float f; } e;
     e.i = ((int32_t)r + 127) << 23;
     return p * e.f;

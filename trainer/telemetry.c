@@ -1373,6 +1373,8 @@ static int alloc_slots(telemetry *t)
     t->slots = calloc(t->cap, sizeof *t->slots);
     t->slot_mem = malloc(per * t->cap);
     if (!t->slots || !t->slot_mem) return -1;
+    /* Touch every page now, so the hot path never takes a page fault. */
+    memset(t->slot_mem, 0, per * t->cap);
     for (size_t i = 0; i < t->cap; i++) {
         telemetry_step *s = &t->slots[i];
         char *m = t->slot_mem + i * per;
