@@ -1,5 +1,6 @@
 /* main.c: entropyd — flags, signals and wiring. The modules do the work:
- * store (SQLite), writer (the thread that writes), ingest (trainer sockets).
+ * store (SQLite), writer (the thread that writes), ingest (trainer sockets),
+ * query (read-only connections), stream (SSE ring), http (libmicrohttpd).
  * Nothing below main() exits the process. */
 #include <errno.h>
 #include <getopt.h>
@@ -13,8 +14,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <stdatomic.h>
+
+#include "http.h"
 #include "ingest.h"
+#include "query.h"
 #include "store.h"
+#include "stream.h"
 #include "writer.h"
 
 #define ENTROPYD_VERSION "0.1.0"
@@ -24,6 +30,28 @@ static struct ingest *g_ingest;
 static void on_signal(int sig) {
     (void)sig;
     if (g_ingest) ingest_stop(g_ingest);
+}
+
+/* The writer's commit hook: the live stream, then the HTTP side (commit
+ * latency, DELETE completion). http is set once HTTP is up. */
+struct hooks {
+    struct stream *stream;
+    _Atomic(struct http *) http;
+};
+
+static void on_commit(void *ctx, const struct writer_item *items, double commit_ms) {
+    struct hooks *hk = ctx;
+    if (hk->stream) stream_on_commit(hk->stream, items);
+    struct http *h = atomic_load(&hk->http);
+    if (h) http_on_commit(h, items, commit_ms);
+}
+
+static int64_t resolve_run(void *ctx, const char *name) {
+    char err[256];
+    struct query *q = query_acquire(ctx, err, sizeof err);
+    int64_t id = q ? query_run_id(q, name) : 0;
+    query_release(ctx, q);
+    return id;
 }
 
 static void usage(FILE *f) {
@@ -43,6 +71,15 @@ static void usage(FILE *f) {
             "  --max-conns N         trainer connections at most (default 10000)\n"
             "  --queue-mb N          memory for accepted, uncommitted messages (default 256)\n"
             "  --drain-ms N          at shutdown, wait this long to commit and ack (default 5000)\n"
+            "  --http HOST:PORT      serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"
+            "                        port 0 picks a free one (printed as \"http port N\"); 'off' for none.\n"
+            "                        With --token, /api and /metrics need Authorization: Bearer TOKEN\n"
+            "  --http-max-conns N    HTTP connections at most, stream clients included (default 512)\n"
+            "  --web-root DIR        serve the dashboard from DIR instead of the embedded copy\n"
+            "  --metrics-heads       /metrics also exports the latest value of every head\n"
+            "                        (layers x heads series per metric and run: mind the cardinality)\n"
+            "  --stream-events N     live events kept for Last-Event-ID resume (default 16384)\n"
+            "  --keepalive-ms N      SSE keep-alive comment interval (default 15000)\n"
             "  --version, --help\n"
             "\n"
             "SIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
@@ -79,13 +116,20 @@ int main(int argc, char **argv) {
     const char *data = "entropyd-data", *db = NULL, *sock = NULL, *tcp = NULL;
     const char *token = getenv("ENTROPYD_TOKEN");
     long max_conns = 10000, queue_mb = 256, drain_ms = 5000;
-    enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP };
+    const char *http_listen = "127.0.0.1:8080", *web_root = NULL;
+    long http_conns = 512, stream_events = 16384, keepalive_ms = 15000;
+    int metrics_heads = 0;
+    enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
+           O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
         {"token", required_argument, 0, O_TOKEN},     {"max-conns", required_argument, 0, O_MAXCONNS},
         {"queue-mb", required_argument, 0, O_QUEUE},  {"drain-ms", required_argument, 0, O_DRAIN},
         {"version", no_argument, 0, O_VERSION},       {"help", no_argument, 0, O_HELP},
+        {"http", required_argument, 0, O_HTTP},       {"http-max-conns", required_argument, 0, O_HTTPCONNS},
+        {"web-root", required_argument, 0, O_WEBROOT}, {"metrics-heads", no_argument, 0, O_MHEADS},
+        {"stream-events", required_argument, 0, O_SEVENTS}, {"keepalive-ms", required_argument, 0, O_KEEPALIVE},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -98,6 +142,12 @@ int main(int argc, char **argv) {
         case O_MAXCONNS: if (parse_int("--max-conns", optarg, 1, 1000000, &max_conns)) return 2; break;
         case O_QUEUE: if (parse_int("--queue-mb", optarg, 1, 65536, &queue_mb)) return 2; break;
         case O_DRAIN: if (parse_int("--drain-ms", optarg, 0, 600000, &drain_ms)) return 2; break;
+        case O_HTTP: http_listen = strcmp(optarg, "off") == 0 ? NULL : optarg; break;
+        case O_HTTPCONNS: if (parse_int("--http-max-conns", optarg, 1, 100000, &http_conns)) return 2; break;
+        case O_WEBROOT: web_root = optarg; break;
+        case O_MHEADS: metrics_heads = 1; break;
+        case O_SEVENTS: if (parse_int("--stream-events", optarg, 1, 10000000, &stream_events)) return 2; break;
+        case O_KEEPALIVE: if (parse_int("--keepalive-ms", optarg, 10, 3600000, &keepalive_ms)) return 2; break;
         case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", ENTROPYD_VERSION, PROTO_VERSION, store_schema_version()); return 0;
         case 'h': case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -131,6 +181,10 @@ int main(int argc, char **argv) {
     int rc = 1;
     struct store *st = NULL;
     struct writer *w = NULL;
+    struct query_pool *pool = NULL;
+    struct stream *stream = NULL;
+    struct http *http = NULL;
+    struct hooks hooks = {0};
     int efd = -1;
     st = store_open(db, err, sizeof err);
     if (!st) {
@@ -144,7 +198,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "entropyd: eventfd: %s\n", strerror(errno));
         goto out;
     }
-    struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20};
+    if (http_listen) {
+        pool = query_pool_open(db, 16, err, sizeof err);
+        if (!pool) {
+            fprintf(stderr, "entropyd: %s\n", err);
+            goto out;
+        }
+        struct stream_config scfg = {.max_events = (size_t)stream_events, .keepalive_ms = (int)keepalive_ms,
+                                     .resolve = resolve_run, .ctx = pool};
+        stream = stream_create(&scfg, err, sizeof err);
+        if (!stream) {
+            fprintf(stderr, "entropyd: %s\n", err);
+            goto out;
+        }
+        hooks.stream = stream;
+    }
+    struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20, .on_commit = on_commit, .ctx = &hooks};
     w = writer_create(st, efd, &wcfg, err, sizeof err);
     if (!w) {
         fprintf(stderr, "entropyd: %s\n", err);
@@ -156,6 +225,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "entropyd: %s\n", err);
         goto out;
     }
+    if (http_listen) {
+        struct http_config hcfg = {.listen = http_listen, .token = token, .web_root = web_root,
+                                   .max_conns = (int)http_conns, .metrics_heads = metrics_heads, .pool = pool,
+                                   .stream = stream, .writer = w, .ingest = g_ingest};
+        http = http_create(&hcfg, err, sizeof err);
+        if (!http) {
+            fprintf(stderr, "entropyd: %s\n", err);
+            goto out;
+        }
+        atomic_store(&hooks.http, http);
+    }
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
@@ -164,15 +244,23 @@ int main(int argc, char **argv) {
     printf("entropyd %s: db %s", ENTROPYD_VERSION, db);
     if (sock) printf(", socket %s", sock);
     if (tcp) printf(", tcp port %d", ingest_tcp_port(g_ingest));
+    if (http) printf(", http %s", http_listen);
     printf("\n");
+    if (http) printf("http port %d\n", http_port(http));
     fflush(stdout);
 
     rc = ingest_run(g_ingest, (int)drain_ms) == 0 ? 0 : 1;
     fprintf(stderr, "entropyd: stopping\n");
 out:
+    /* HTTP first: open streams end, no request reaches a closing writer */
+    if (stream) stream_shutdown(stream);
+    atomic_store(&hooks.http, NULL);
+    http_destroy(http);
     ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
     g_ingest = NULL;
     writer_destroy(w);        /* commits everything queued */
+    stream_destroy(stream);
+    query_pool_close(pool);
     store_close(st);
     if (efd >= 0) close(efd);
     return rc;

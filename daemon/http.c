@@ -1,0 +1,829 @@
+/* http.c: routes and handlers of entropyd's HTTP API. See http.h for the
+ * contract and README.md ("HTTP API") for the routes.
+ *
+ * Request flow (libmicrohttpd): the access handler is called once with the
+ * headers (we allocate the request state into *req_cls), then with each
+ * piece of a body (we refuse bodies), then once more to answer. The state
+ * is freed in the completion callback; streamed answers (export, SSE) own
+ * their own state, freed by the response's free callback. */
+#include "http.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "embed.h"
+
+#define HTTP_DELETE_WAIT_MS 10000
+#define HTTP_MAX_POINTS 100000
+#define HTTP_MAX_EVENTS 10000
+
+/* Commit latency histogram bounds, seconds. */
+static const double hist_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+#define HIST_N (sizeof hist_le / sizeof hist_le[0])
+
+struct http {
+    struct http_config cfg;
+    struct MHD_Daemon *d;
+    int port;
+    char *token;
+    char *web_root;             /* realpath of cfg.web_root, or NULL */
+
+    pthread_mutex_t mu;         /* guards everything below */
+    pthread_cond_t cv;          /* a DELETE committed */
+    uint64_t next_ticket, done_ticket;
+    uint64_t hist[HIST_N + 1];  /* last: +Inf */
+    double hist_sum;
+    uint64_t hist_count;
+    uint64_t responses[6];      /* by status class: [2]=2xx ... [5]=5xx */
+};
+
+struct req {
+    int had_body;
+};
+
+/* ---- responses ------------------------------------------------------- */
+
+static enum MHD_Result respond(struct http *h, struct MHD_Connection *c, unsigned status, struct MHD_Response *r) {
+    if (!r) return MHD_NO;
+    pthread_mutex_lock(&h->mu);
+    if (status / 100 < 6) h->responses[status / 100]++;
+    pthread_mutex_unlock(&h->mu);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* Answers with the buffer's text (taken over and freed). */
+static enum MHD_Result send_buf(struct http *h, struct MHD_Connection *c, unsigned status, const char *ctype,
+                                struct query_buf *b) {
+    if (b->failed) {
+        query_buf_free(b);
+        static const char oom[] = "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
+        struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+        if (r) MHD_add_response_header(r, "Content-Type", "application/json");
+        return respond(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, r);
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(b->len, b->p ? b->p : (void *)"",
+                                                             b->p ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        query_buf_free(b);
+        return MHD_NO;
+    }
+    memset(b, 0, sizeof *b);
+    MHD_add_response_header(r, "Content-Type", ctype);
+    MHD_add_response_header(r, "Cache-Control", "no-store");
+    return respond(h, c, status, r);
+}
+
+static enum MHD_Result send_json(struct http *h, struct MHD_Connection *c, unsigned status, struct query_buf *b) {
+    return send_buf(h, c, status, "application/json", b);
+}
+
+static const char *error_code(unsigned status) {
+    switch (status) {
+    case 400: return "bad_request";
+    case 401: return "unauthorized";
+    case 404: return "not_found";
+    case 405: return "method_not_allowed";
+    case 409: return "conflict";
+    case 413: return "payload_too_large";
+    case 503: return "unavailable";
+    default: return status >= 500 ? "internal" : "error";
+    }
+}
+
+static enum MHD_Result send_error(struct http *h, struct MHD_Connection *c, unsigned status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum MHD_Result send_error(struct http *h, struct MHD_Connection *c, unsigned status, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct query_buf b = {0};
+    query_buf_printf(&b, "{\"error\":{\"code\":\"%s\",\"message\":", error_code(status));
+    query_buf_json_str(&b, msg);
+    query_buf_puts(&b, "}}");
+    if (status == 401) {
+        struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_FREE);
+        if (!r) {
+            query_buf_free(&b);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "application/json");
+        MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"entropyd\"");
+        return respond(h, c, status, r);
+    }
+    return send_json(h, c, status, &b);
+}
+
+/* The answer for a query.h return code other than QUERY_OK. */
+static enum MHD_Result send_query_error(struct http *h, struct MHD_Connection *c, int rc, const char *err) {
+    unsigned st = rc == QUERY_NOT_FOUND ? 404 : rc == QUERY_BAD ? 400 : 500;
+    if (st == 500) fprintf(stderr, "entropyd: http: %s\n", err);
+    return send_error(h, c, st, "%s", err);
+}
+
+/* ---- parameters ------------------------------------------------------ */
+
+struct params {
+    const char *const *allowed;  /* NULL-terminated */
+    const char *unknown;         /* the first parameter not allowed */
+};
+
+static enum MHD_Result param_check(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    (void)value;
+    struct params *p = cls;
+    if (strcmp(key, "token") == 0) return MHD_YES;
+    for (const char *const *a = p->allowed; *a; a++)
+        if (strcmp(*a, key) == 0) return MHD_YES;
+    p->unknown = key;
+    return MHD_NO;
+}
+
+/* 0 when every query parameter is in allowed; else -1 with *unknown set. */
+static int params_ok(struct MHD_Connection *c, const char *const *allowed, const char **unknown) {
+    struct params p = {.allowed = allowed};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, param_check, &p);
+    *unknown = p.unknown;
+    return p.unknown ? -1 : 0;
+}
+
+/* Parses a decimal integer in [lo, hi], nothing else in the string. */
+static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    if (!s || !*s) return -1;
+    const char *p = s;
+    if (*p == '-') p++;
+    if (*p < '0' || *p > '9') return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Reads optional integer parameter name into *out (untouched when absent).
+ * Returns 1 if present, 0 if absent, -1 if malformed. */
+static int int_param(struct MHD_Connection *c, const char *name, int64_t lo, int64_t hi, int64_t *out) {
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    if (!v) return 0;
+    return parse_i64(v, lo, hi, out) ? -1 : 1;
+}
+
+#define BAD_INT(name, lo, hi)                                                                                   \
+    send_error(h, c, 400, "parameter %s must be an integer in %lld..%lld", name, (long long)(lo), (long long)(hi))
+
+/* ---- auth ------------------------------------------------------------ */
+
+static int same(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char d = la != lb;
+    for (size_t i = 0; i < la; i++) d |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
+    return d == 0;
+}
+
+static int authorized(struct http *h, struct MHD_Connection *c) {
+    if (!h->token) return 1;
+    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (a && strncmp(a, "Bearer ", 7) == 0 && same(a + 7, h->token)) return 1;
+    const char *t = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "token");
+    return t && same(t, h->token);
+}
+
+/* ---- handlers -------------------------------------------------------- */
+
+typedef enum MHD_Result handler_fn(struct http *h, struct MHD_Connection *c, int64_t id);
+
+/* Borrows a read connection; when none can be had, answers 503 and
+ * returns NULL with the answer's result in *res. */
+static struct query *take_query(struct http *h, struct MHD_Connection *c, enum MHD_Result *res) {
+    char err[256];
+    struct query *q = query_acquire(h->cfg.pool, err, sizeof err);
+    if (!q) {
+        fprintf(stderr, "entropyd: http: %s\n", err);
+        *res = send_error(h, c, 503, "database unavailable: %s", err);
+    }
+    return q;
+}
+
+static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t id) {
+    (void)id;
+    static const char *const statuses[] = {"live", "stale", "finished", "failed", "aborted", NULL};
+    const char *status = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "status");
+    if (status) {
+        int ok = 0;
+        for (const char *const *s = statuses; *s; s++) ok |= strcmp(*s, status) == 0;
+        if (!ok) return send_error(h, c, 400, "status must be live, stale, finished, failed or aborted");
+    }
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) return res;
+    struct query_buf b = {0};
+    char err[256];
+    int rc = query_runs(q, status, &b, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) {
+        query_buf_free(&b);
+        return send_query_error(h, c, rc, err);
+    }
+    return send_json(h, c, 200, &b);
+}
+
+static enum MHD_Result h_run(struct http *h, struct MHD_Connection *c, int64_t id) {
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) return res;
+    struct query_buf b = {0};
+    char err[256];
+    int rc = query_run(q, id, &b, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) {
+        query_buf_free(&b);
+        return send_query_error(h, c, rc, err);
+    }
+    return send_json(h, c, 200, &b);
+}
+
+static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_t id) {
+    struct query_series_req r = {.run_id = id, .layer = -1, .head = -1, .points = 1000};
+    r.metric = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "metric");
+    if (!r.metric || !*r.metric) return send_error(h, c, 400, "parameter metric is required");
+    int p;
+    if (int_param(c, "layer", 0, 1 << 20, &r.layer) < 0) return BAD_INT("layer", 0, 1 << 20);
+    if (int_param(c, "head", 0, 1 << 20, &r.head) < 0) return BAD_INT("head", 0, 1 << 20);
+    if ((p = int_param(c, "from", 0, INT64_MAX / 2, &r.from)) < 0) return BAD_INT("from", 0, INT64_MAX / 2);
+    r.has_from = p;
+    if ((p = int_param(c, "to", 0, INT64_MAX / 2, &r.to)) < 0) return BAD_INT("to", 0, INT64_MAX / 2);
+    r.has_to = p;
+    if (int_param(c, "points", 1, HTTP_MAX_POINTS, &r.points) < 0) return BAD_INT("points", 1, HTTP_MAX_POINTS);
+    if (r.has_from && r.has_to && r.from > r.to) return send_error(h, c, 400, "from is after to");
+    const char *agg = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "agg");
+    if (agg) {
+        if (strcmp(agg, "mean") == 0) r.agg = QUERY_AGG_MEAN;
+        else if (strcmp(agg, "min") == 0) r.agg = QUERY_AGG_MIN;
+        else if (strcmp(agg, "max") == 0) r.agg = QUERY_AGG_MAX;
+        else return send_error(h, c, 400, "agg must be mean, min or max");
+    }
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) return res;
+    struct query_buf b = {0};
+    char err[256];
+    int rc = query_series(q, &r, &b, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) {
+        query_buf_free(&b);
+        return send_query_error(h, c, rc, err);
+    }
+    return send_json(h, c, 200, &b);
+}
+
+static enum MHD_Result h_frame(struct http *h, struct MHD_Connection *c, int64_t id) {
+    const char *metric = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "metric");
+    if (!metric || !*metric) return send_error(h, c, 400, "parameter metric is required");
+    int64_t step = 0;
+    int has = int_param(c, "step", 0, INT64_MAX, &step);
+    if (has < 0) return BAD_INT("step", 0, INT64_MAX);
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) return res;
+    struct query_buf b = {0};
+    char err[256];
+    int rc = query_frame(q, id, metric, has, step, &b, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) {
+        query_buf_free(&b);
+        return send_query_error(h, c, rc, err);
+    }
+    return send_json(h, c, 200, &b);
+}
+
+static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_t id) {
+    int64_t after = 0, limit = 1000;
+    if (int_param(c, "after", 0, INT64_MAX, &after) < 0) return BAD_INT("after", 0, INT64_MAX);
+    if (int_param(c, "limit", 1, HTTP_MAX_EVENTS, &limit) < 0) return BAD_INT("limit", 1, HTTP_MAX_EVENTS);
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) return res;
+    struct query_buf b = {0};
+    char err[256];
+    int rc = query_events(q, id, after, limit, &b, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) {
+        query_buf_free(&b);
+        return send_query_error(h, c, rc, err);
+    }
+    return send_json(h, c, 200, &b);
+}
+
+/* An export in progress: owned by its response. */
+struct export_state {
+    struct query_pool *pool;
+    struct query *q;
+    struct query_export *x;
+};
+
+static ssize_t export_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    struct export_state *e = cls;
+    ssize_t n = query_export_read(e->x, buf, max);
+    if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (n == 0) return MHD_CONTENT_READER_END_OF_STREAM;
+    return n;
+}
+
+static void export_free(void *cls) {
+    struct export_state *e = cls;
+    query_export_end(e->x);
+    query_release(e->pool, e->q);
+    free(e);
+}
+
+static enum MHD_Result h_export(struct http *h, struct MHD_Connection *c, int64_t id) {
+    const char *f = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "format");
+    int format;
+    if (!f || strcmp(f, "csv") == 0) format = QUERY_CSV;
+    else if (strcmp(f, "jsonl") == 0) format = QUERY_JSONL;
+    else return send_error(h, c, 400, "format must be csv or jsonl");
+    struct export_state *e = calloc(1, sizeof *e);
+    if (!e) return send_error(h, c, 500, "out of memory");
+    e->pool = h->cfg.pool;
+    enum MHD_Result res;
+    if (!(e->q = take_query(h, c, &res))) {
+        free(e);
+        return res;
+    }
+    char err[256];
+    int rc;
+    e->x = query_export_begin(e->q, id, format, &rc, err, sizeof err);
+    if (!e->x) {
+        query_release(e->pool, e->q);
+        free(e);
+        return send_query_error(h, c, rc, err);
+    }
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, export_read, e, export_free);
+    if (!r) {
+        export_free(e);
+        return MHD_NO;
+    }
+    char disp[96];
+    snprintf(disp, sizeof disp, "attachment; filename=\"run-%lld.%s\"", (long long)id, format == QUERY_CSV ? "csv" : "jsonl");
+    MHD_add_response_header(r, "Content-Type", format == QUERY_CSV ? "text/csv" : "application/x-ndjson");
+    MHD_add_response_header(r, "Content-Disposition", disp);
+    return respond(h, c, 200, r);
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    ssize_t n = stream_client_read(cls, buf, max);
+    return n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : n;
+}
+
+static void sse_free(void *cls) { stream_client_close(cls); }
+
+static enum MHD_Result h_stream(struct http *h, struct MHD_Connection *c, int64_t id) {
+    (void)id;
+    int64_t run = 0;
+    if (int_param(c, "run", 1, INT64_MAX, &run) < 0) return BAD_INT("run", 1, INT64_MAX);
+    const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
+    if (!last) last = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "last_event_id");
+    struct stream_client *sc = stream_client_open(h->cfg.stream, run, last);
+    if (!sc) return send_error(h, c, 500, "out of memory");
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 32 * 1024, sse_read, sc, sse_free);
+    if (!r) {
+        stream_client_close(sc);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-store");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    return respond(h, c, 200, r);
+}
+
+static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_t id) {
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) return res;
+    char status[16], err[256];
+    int rc = query_run_status(q, id, status, sizeof status, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) return send_query_error(h, c, rc, err);
+    if (strcmp(status, "live") == 0)
+        return send_error(h, c, 409, "run %lld is live: a trainer is connected to it; delete it once it has ended",
+                          (long long)id);
+    struct writer_item *it = calloc(1, sizeof *it);
+    if (!it) return send_error(h, c, 500, "out of memory");
+    it->kind = WRITER_DELETE;
+    it->run_id = id;
+    /* the ticket is taken and submitted under the lock so that tickets
+     * reach the writer (and so commit) in order */
+    pthread_mutex_lock(&h->mu);
+    uint64_t ticket = it->conn = ++h->next_ticket;
+    writer_submit(h->cfg.writer, it);
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += HTTP_DELETE_WAIT_MS / 1000;
+    while (h->done_ticket < ticket)
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &dl) == ETIMEDOUT) break;
+    int done = h->done_ticket >= ticket;
+    pthread_mutex_unlock(&h->mu);
+    struct query_buf b = {0};
+    query_buf_printf(&b, done ? "{\"deleted\":%lld}" : "{\"deleting\":%lld}", (long long)id);
+    return send_json(h, c, done ? 200 : 202, &b);
+}
+
+static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64_t id) {
+    (void)id;
+    struct writer_stats ws;
+    writer_get_stats(h->cfg.writer, &ws);
+    struct query_buf b = {0};
+    query_buf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s}", ws.failing ? "failing" : "ok",
+                     ws.failing ? "true" : "false");
+    return send_json(h, c, ws.failing ? 503 : 200, &b);
+}
+
+static void prom(struct query_buf *b, const char *name, const char *type, const char *help, double v) {
+    query_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {
+    (void)id;
+    struct query_buf b = {0};
+    if (h->cfg.ingest) {
+        struct ingest_stats is;
+        ingest_get_stats(h->cfg.ingest, &is);
+        prom(&b, "entropyd_connections_total", "counter", "Trainer connections accepted.", (double)is.conns_total);
+        prom(&b, "entropyd_connections_open", "gauge", "Trainer connections open.", (double)is.conns_open);
+        prom(&b, "entropyd_connections_rejected_total", "counter", "Trainer connections refused (limit).",
+             (double)is.conns_rejected);
+        prom(&b, "entropyd_lines_total", "counter", "Protocol lines received.", (double)is.lines);
+        prom(&b, "entropyd_received_bytes_total", "counter", "Bytes received from trainers.", (double)is.bytes);
+        prom(&b, "entropyd_messages_total", "counter", "Protocol messages accepted.", (double)is.messages);
+        prom(&b, "entropyd_ingest_paused_seconds_total", "counter",
+             "Time ingest stopped reading because the writer queue was full.", is.paused_ms / 1e3);
+        query_buf_puts(&b, "# HELP entropyd_errors_total Protocol errors sent to trainers, by code.\n"
+                           "# TYPE entropyd_errors_total counter\n");
+        for (int e = 1; e < PROTO_E_COUNT; e++)
+            query_buf_printf(&b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e),
+                             (unsigned long long)is.errors[e]);
+    }
+    struct writer_stats ws;
+    writer_get_stats(h->cfg.writer, &ws);
+    prom(&b, "entropyd_commits_total", "counter", "Database transactions committed.", (double)ws.commits);
+    prom(&b, "entropyd_items_total", "counter", "Messages committed.", (double)ws.items);
+    prom(&b, "entropyd_values_total", "counter", "Metric values ingested (committed).", (double)ws.values);
+    prom(&b, "entropyd_commit_retries_total", "counter", "Batches retried after a database failure.", (double)ws.retries);
+    prom(&b, "entropyd_db_errors_total", "counter", "Database errors met by the writer.", (double)ws.db_errors);
+    prom(&b, "entropyd_queue_bytes", "gauge", "Memory held by accepted, uncommitted messages.", (double)ws.queue_bytes);
+    prom(&b, "entropyd_db_failing", "gauge", "1 while the database refuses writes.", ws.failing);
+    pthread_mutex_lock(&h->mu);
+    uint64_t hist[HIST_N + 1], cnt = h->hist_count, resp[6];
+    double sum = h->hist_sum;
+    memcpy(hist, h->hist, sizeof hist);
+    memcpy(resp, h->responses, sizeof resp);
+    pthread_mutex_unlock(&h->mu);
+    query_buf_puts(&b, "# HELP entropyd_commit_seconds Time to commit one writer transaction.\n"
+                       "# TYPE entropyd_commit_seconds histogram\n");
+    uint64_t acc = 0;
+    for (size_t i = 0; i < HIST_N; i++) {
+        acc += hist[i];
+        query_buf_printf(&b, "entropyd_commit_seconds_bucket{le=\"%g\"} %llu\n", hist_le[i], (unsigned long long)acc);
+    }
+    query_buf_printf(&b, "entropyd_commit_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cnt);
+    query_buf_printf(&b, "entropyd_commit_seconds_sum %.9g\nentropyd_commit_seconds_count %llu\n", sum,
+                     (unsigned long long)cnt);
+    struct stream_stats ss;
+    stream_get_stats(h->cfg.stream, &ss);
+    prom(&b, "entropyd_stream_clients", "gauge", "Open /api/stream connections.", (double)ss.clients);
+    prom(&b, "entropyd_stream_events_total", "counter", "Events published to the stream.", (double)ss.published);
+    prom(&b, "entropyd_stream_resets_total", "counter", "Stream clients that resumed from before the ring.",
+         (double)ss.resets);
+    query_buf_puts(&b, "# HELP entropyd_http_responses_total HTTP responses by status class.\n"
+                       "# TYPE entropyd_http_responses_total counter\n");
+    for (int k = 2; k <= 5; k++)
+        query_buf_printf(&b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
+
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) {
+        query_buf_free(&b);
+        return res;
+    }
+    prom(&b, "entropyd_db_bytes", "gauge", "Size of the database file.", (double)query_db_bytes(q));
+    char err[256];
+    int rc = query_prometheus(q, h->cfg.metrics_heads, &b, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) {
+        query_buf_free(&b);
+        return send_query_error(h, c, rc, err);
+    }
+    return send_buf(h, c, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
+}
+
+/* ---- static files ---------------------------------------------------- */
+
+static const char *content_type(const char *path) {
+    static const struct { const char *ext, *type; } types[] = {
+        {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
+        {".mjs", "text/javascript; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
+        {".json", "application/json"}, {".svg", "image/svg+xml"}, {".png", "image/png"},
+        {".ico", "image/x-icon"}, {".txt", "text/plain; charset=utf-8"}, {".map", "application/json"},
+        {".woff2", "font/woff2"}, {".wasm", "application/wasm"}};
+    const char *dot = strrchr(path, '.');
+    if (dot)
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+            if (strcmp(dot, types[i].ext) == 0) return types[i].type;
+    return "application/octet-stream";
+}
+
+/* A request path as a file path under web/: "" and ".../" name index.html.
+ * -1 when it tries to leave the directory or is too long. */
+static int static_path(const char *url, char *out, size_t cap) {
+    while (*url == '/') url++;
+    for (const char *p = url; *p; p++)
+        if (*p == '\\') return -1;
+    /* no segment may be "..": the path must stay inside the root */
+    for (const char *seg = url; seg && *seg;) {
+        const char *end = strchr(seg, '/');
+        size_t n = end ? (size_t)(end - seg) : strlen(seg);
+        if (n == 2 && seg[0] == '.' && seg[1] == '.') return -1;
+        seg = end ? end + 1 : NULL;
+    }
+    size_t len = strlen(url);
+    int n = snprintf(out, cap, "%s%s", url, len == 0 || url[len - 1] == '/' ? "index.html" : "");
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+static enum MHD_Result h_static(struct http *h, struct MHD_Connection *c, const char *url) {
+    char rel[1024];
+    if (static_path(url, rel, sizeof rel)) return send_error(h, c, 400, "bad path");
+    if (!h->web_root) {
+        for (const struct embed_file *f = webassets; f->path; f++) {
+            if (strcmp(f->path, rel) != 0) continue;
+            struct MHD_Response *r =
+                MHD_create_response_from_buffer((size_t)f->size, (void *)f->data, MHD_RESPMEM_PERSISTENT);
+            if (!r) return MHD_NO;
+            MHD_add_response_header(r, "Content-Type", content_type(rel));
+            MHD_add_response_header(r, "Cache-Control", "no-cache");
+            return respond(h, c, 200, r);
+        }
+        return send_error(h, c, 404, "no such file: /%s", rel);
+    }
+    char full[PATH_MAX + 1100], real[PATH_MAX];
+    snprintf(full, sizeof full, "%s/%s", h->web_root, rel);
+    /* symlinks may not lead outside the root either */
+    size_t rl = strlen(h->web_root);
+    if (!realpath(full, real) || strncmp(real, h->web_root, rl) != 0 || real[rl] != '/')
+        return send_error(h, c, 404, "no such file: /%s", rel);
+    int fd = open(real, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0) close(fd);
+        return send_error(h, c, 404, "no such file: /%s", rel);
+    }
+    struct MHD_Response *r = MHD_create_response_from_fd((uint64_t)st.st_size, fd); /* takes the fd */
+    if (!r) {
+        close(fd);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", content_type(rel));
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    return respond(h, c, 200, r);
+}
+
+/* ---- routing --------------------------------------------------------- */
+
+/* Routes under /api (and /metrics, /healthz). path has "{id}" where a run
+ * id goes; params lists the query parameters the route accepts. */
+struct route {
+    const char *method;
+    const char *path;
+    handler_fn *fn;
+    int auth;
+    const char *const *params;
+};
+
+static const char *const p_none[] = {NULL};
+static const char *const p_runs[] = {"status", NULL};
+static const char *const p_series[] = {"metric", "layer", "head", "from", "to", "points", "agg", NULL};
+static const char *const p_frame[] = {"metric", "step", NULL};
+static const char *const p_events[] = {"after", "limit", NULL};
+static const char *const p_export[] = {"format", NULL};
+static const char *const p_stream[] = {"run", "last_event_id", NULL};
+
+static const struct route routes[] = {
+    {"GET", "/api/runs", h_runs, 1, p_runs},
+    {"GET", "/api/runs/{id}", h_run, 1, p_none},
+    {"DELETE", "/api/runs/{id}", h_delete, 1, p_none},
+    {"GET", "/api/runs/{id}/series", h_series, 1, p_series},
+    {"GET", "/api/runs/{id}/frame", h_frame, 1, p_frame},
+    {"GET", "/api/runs/{id}/events", h_events, 1, p_events},
+    {"GET", "/api/runs/{id}/export", h_export, 1, p_export},
+    {"GET", "/api/stream", h_stream, 1, p_stream},
+    {"GET", "/metrics", h_metrics, 1, p_none},
+    {"GET", "/healthz", h_healthz, 0, p_none},
+    {NULL, NULL, NULL, 0, NULL}, /* not found */
+};
+
+/* Matches url against a route path. Returns 1 on a match (with the id),
+ * 0 on none, -1 when the shape matches but the id is not a run id. */
+static int match(const char *pattern, const char *url, int64_t *id) {
+    const char *brace = strstr(pattern, "{id}");
+    if (!brace) return strcmp(pattern, url) == 0;
+    size_t pre = (size_t)(brace - pattern);
+    if (strncmp(pattern, url, pre) != 0) return 0;
+    const char *seg = url + pre, *end = strchr(seg, '/');
+    size_t n = end ? (size_t)(end - seg) : strlen(seg);
+    if (n == 0 || strcmp(brace + 4, end ? end : "") != 0) return 0;
+    char tmp[32];
+    if (n >= sizeof tmp) return -1;
+    memcpy(tmp, seg, n);
+    tmp[n] = 0;
+    return parse_i64(tmp, 1, INT64_MAX, id) ? -1 : 1;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls) {
+    (void)version;
+    (void)upload_data;
+    struct http *h = cls;
+    struct req *r = *req_cls;
+    if (!r) {
+        if (!(r = calloc(1, sizeof *r))) return MHD_NO;
+        *req_cls = r;
+        return MHD_YES;
+    }
+    if (*upload_data_size) { /* bodies are refused; read and drop, answer at the end */
+        r->had_body = 1;
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    int is_api = strncmp(url, "/api/", 5) == 0 || strcmp(url, "/api") == 0 || strcmp(url, "/metrics") == 0 ||
+                 strcmp(url, "/healthz") == 0;
+    if (r->had_body) return send_error(h, c, 413, "request bodies are not accepted");
+    if (!is_api) {
+        if (!is_get) return send_error(h, c, 405, "method %s not allowed here", method);
+        return h_static(h, c, url);
+    }
+    int path_matched = 0;
+    for (const struct route *rt = routes; rt->path; rt++) {
+        int64_t id = 0;
+        int m = match(rt->path, url, &id);
+        if (m == 0) continue;
+        if (rt->auth && !authorized(h, c))
+            return send_error(h, c, 401, "a token is required: Authorization: Bearer TOKEN (or ?token=)");
+        if (m < 0) return send_error(h, c, 400, "a run id is a positive integer");
+        path_matched = 1;
+        int ok = strcmp(rt->method, method) == 0 || (strcmp(rt->method, "GET") == 0 && strcmp(method, "HEAD") == 0);
+        if (!ok) continue;
+        const char *unknown;
+        if (params_ok(c, rt->params, &unknown)) return send_error(h, c, 400, "unknown parameter %s", unknown);
+        return rt->fn(h, c, id);
+    }
+    if (path_matched) return send_error(h, c, 405, "method %s not allowed on %s", method, url);
+    if (h->token && !authorized(h, c))
+        return send_error(h, c, 401, "a token is required: Authorization: Bearer TOKEN (or ?token=)");
+    return send_error(h, c, 404, "no such endpoint: %s", url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    free(*req_cls);
+    *req_cls = NULL;
+}
+
+/* ---- lifecycle ------------------------------------------------------- */
+
+static int resolve(const char *listen, struct sockaddr_storage *ss, socklen_t *len, char *err, size_t errlen) {
+    char host[256];
+    const char *colon = strrchr(listen, ':');
+    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host || !colon[1]) {
+        snprintf(err, errlen, "--http wants HOST:PORT, got \"%s\"", listen);
+        return -1;
+    }
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = 0;
+    char *h = host;
+    size_t hl = strlen(h);
+    if (h[0] == '[' && hl > 2 && h[hl - 1] == ']') {
+        h[hl - 1] = 0;
+        h++;
+    }
+    int64_t port;
+    if (parse_i64(colon + 1, 0, 65535, &port)) {
+        snprintf(err, errlen, "--http: bad port \"%s\"", colon + 1);
+        return -1;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai;
+    int rc = getaddrinfo(h, colon + 1, &hints, &ai);
+    if (rc) {
+        snprintf(err, errlen, "--http: cannot resolve \"%s\": %s", h, gai_strerror(rc));
+        return -1;
+    }
+    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+    *len = ai->ai_addrlen;
+    freeaddrinfo(ai);
+    return 0;
+}
+
+struct http *http_create(const struct http_config *cfg, char *err, size_t errlen) {
+    struct http *h = calloc(1, sizeof *h);
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    h->cfg = *cfg;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (cfg->token && *cfg->token && !(h->token = strdup(cfg->token))) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (cfg->web_root) {
+        char real[PATH_MAX];
+        if (!realpath(cfg->web_root, real)) {
+            snprintf(err, errlen, "--web-root %s: %s", cfg->web_root, strerror(errno));
+            goto fail;
+        }
+        if (!(h->web_root = strdup(real))) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    if (resolve(cfg->listen ? cfg->listen : "127.0.0.1:8080", &ss, &sl, err, errlen)) goto fail;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_conns > 0 ? cfg->max_conns : 512),
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
+                            MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_END);
+    if (!h->d) {
+        snprintf(err, errlen, "cannot serve HTTP on %s (address in use?)", cfg->listen ? cfg->listen : "127.0.0.1:8080");
+        goto fail;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : 0;
+    return h;
+fail:
+    http_destroy(h);
+    return NULL;
+}
+
+int http_port(const struct http *h) { return h->port; }
+
+void http_on_commit(struct http *h, const struct writer_item *items, double commit_ms) {
+    double s = commit_ms / 1e3;
+    size_t i = 0;
+    while (i < HIST_N && s > hist_le[i]) i++;
+    pthread_mutex_lock(&h->mu);
+    h->hist[i]++;
+    h->hist_sum += s;
+    h->hist_count++;
+    int woke = 0;
+    for (const struct writer_item *it = items; it; it = it->next)
+        if (it->kind == WRITER_DELETE && it->conn > h->done_ticket) {
+            h->done_ticket = it->conn;
+            woke = 1;
+        }
+    if (woke) pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+void http_destroy(struct http *h) {
+    if (!h) return;
+    if (h->d) MHD_stop_daemon(h->d);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    free(h->token);
+    free(h->web_root);
+    free(h);
+}

@@ -1,0 +1,50 @@
+/* http.h: entropyd's HTTP server (libmicrohttpd): the JSON API over the
+ * stored runs (query.h), the live stream (stream.h), Prometheus /metrics,
+ * /healthz and the dashboard's static files (embedded web/, or a directory
+ * while developing). The routes and their parameters are in README.md,
+ * section "HTTP API".
+ *
+ * Threads: libmicrohttpd runs a thread per connection (so a stream client
+ * may block waiting for events); each request borrows a read-only database
+ * connection from the pool. Writes (DELETE) go through the writer thread. */
+#ifndef HTTP_H
+#define HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ingest.h"
+#include "query.h"
+#include "stream.h"
+#include "writer.h"
+
+struct http_config {
+    const char *listen;        /* "HOST:PORT"; port 0 picks a free one */
+    const char *token;         /* when not NULL: /api and /metrics need it */
+    const char *web_root;      /* serve static files from this directory; NULL: embedded web/ */
+    int max_conns;             /* simultaneous connections (default 512) */
+    int metrics_heads;         /* /metrics also exports per-head latest values */
+    struct query_pool *pool;   /* borrowed, as are the three below */
+    struct stream *stream;
+    struct writer *writer;
+    struct ingest *ingest;     /* may be NULL (no ingest counters) */
+};
+
+struct http;
+
+/* Binds and starts serving. Returns NULL with a message on failure
+ * (address in use, bad HOST:PORT...). */
+struct http *http_create(const struct http_config *cfg, char *err, size_t errlen);
+
+/* The TCP port bound. */
+int http_port(const struct http *h);
+
+/* For the writer's commit hook (writer thread): records the commit's
+ * latency and completes DELETE requests waiting for their commit. */
+void http_on_commit(struct http *h, const struct writer_item *items, double commit_ms);
+
+/* Stops the server (open streams end: call stream_shutdown first) and
+ * frees. Accepts NULL. */
+void http_destroy(struct http *h);
+
+#endif

@@ -1,0 +1,1049 @@
+/* query.c: read-only queries for the HTTP API. See query.h for the contract
+ * and schema/storage.md for the blob layouts and the series recipe. */
+#include "query.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store.h"
+
+/* ---- buffer ---------------------------------------------------------- */
+
+static int buf_reserve(struct query_buf *b, size_t n) {
+    if (b->failed) return -1;
+    if (b->len + n + 1 <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->failed = 1;
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+void query_buf_add(struct query_buf *b, const char *s, size_t n) {
+    if (buf_reserve(b, n)) return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void query_buf_puts(struct query_buf *b, const char *s) { query_buf_add(b, s, strlen(s)); }
+
+void query_buf_printf(struct query_buf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        query_buf_add(b, tmp, (size_t)n);
+        return;
+    }
+    if (buf_reserve(b, (size_t)n)) return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void query_buf_json_str(struct query_buf *b, const char *s) {
+    size_t len = strlen(s);
+    char tmp[512];
+    size_t need = proto_json_string(tmp, sizeof tmp, s, len);
+    if (need <= sizeof tmp - 1) {
+        query_buf_add(b, tmp, need);
+        return;
+    }
+    if (buf_reserve(b, need + 1)) return;
+    proto_json_string(b->p + b->len, need + 1, s, len);
+    b->len += need;
+    b->p[b->len] = 0;
+}
+
+void query_buf_free(struct query_buf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+/* A float as JSON: the shortest form that reads back to the same float32,
+ * null when not finite. */
+static void buf_f32(struct query_buf *b, float x) {
+    if (!isfinite(x)) {
+        query_buf_add(b, "null", 4);
+        return;
+    }
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%.9g", (double)x);
+    for (int p = 6; p < 9; p++) { /* shorter when it still round-trips */
+        char t2[32];
+        int m = snprintf(t2, sizeof t2, "%.*g", p, (double)x);
+        if (strtof(t2, NULL) == x) {
+            query_buf_add(b, t2, (size_t)m);
+            return;
+        }
+    }
+    query_buf_add(b, tmp, (size_t)n);
+}
+
+static void buf_f64(struct query_buf *b, double x) {
+    if (!isfinite(x)) {
+        query_buf_add(b, "null", 4);
+        return;
+    }
+    query_buf_printf(b, "%.17g", x);
+}
+
+/* ---- pool ------------------------------------------------------------ */
+
+enum {
+    Q_RUN,          /* layers, heads, status of a run */
+    Q_METRIC,       /* id, kind of a run's metric */
+    Q_STEP_RANGE,   /* min, max step of a metric's frames */
+    Q_ROLLUPS,      /* block, nframes, data of a level's block range */
+    Q_FRAMES,       /* step, data of a step range */
+    Q_FRAME_AT,     /* the last frame <= step */
+    Q_COUNT
+};
+
+static const char *const q_sql[Q_COUNT] = {
+    [Q_RUN] = "SELECT layers, heads, status FROM runs WHERE id = ?1",
+    [Q_METRIC] = "SELECT id, kind FROM metrics WHERE run_id = ?1 AND name = ?2",
+    [Q_STEP_RANGE] = "SELECT min(step), max(step) FROM frames WHERE metric_id = ?1",
+    [Q_ROLLUPS] = "SELECT block, nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 "
+                  "AND block BETWEEN ?3 AND ?4 ORDER BY block",
+    [Q_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
+    [Q_FRAME_AT] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
+};
+
+struct query {
+    sqlite3 *db;
+    sqlite3_stmt *stmt[Q_COUNT];
+    struct query *next;
+};
+
+struct query_pool {
+    char *path;
+    int keep, nidle;
+    pthread_mutex_t mu;
+    struct query *idle;
+};
+
+static void conn_close(struct query *q) {
+    if (!q) return;
+    for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(q->stmt[i]);
+    sqlite3_close(q->db);
+    free(q);
+}
+
+static struct query *conn_open(const char *path, char *err, size_t errlen) {
+    struct query *q = calloc(1, sizeof *q);
+    if (!q) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (sqlite3_open_v2(path, &q->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "cannot open database %s: %s", path, q->db ? sqlite3_errmsg(q->db) : "out of memory");
+        goto fail;
+    }
+    sqlite3_busy_timeout(q->db, 5000);
+    /* mmap lets reads of frames and rollups skip a copy into the page cache */
+    sqlite3_exec(q->db, "PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -16384", NULL, NULL, NULL);
+    for (int i = 0; i < Q_COUNT; i++) {
+        if (sqlite3_prepare_v3(q->db, q_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &q->stmt[i], NULL) != SQLITE_OK) {
+            snprintf(err, errlen, "database %s: preparing a query: %s", path, sqlite3_errmsg(q->db));
+            goto fail;
+        }
+    }
+    return q;
+fail:
+    conn_close(q);
+    return NULL;
+}
+
+struct query_pool *query_pool_open(const char *path, int keep, char *err, size_t errlen) {
+    struct query_pool *p = calloc(1, sizeof *p);
+    if (!p || !(p->path = strdup(path))) {
+        free(p);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    p->keep = keep > 0 ? keep : 8;
+    pthread_mutex_init(&p->mu, NULL);
+    /* open one now so that a bad path fails at start, not at the first request */
+    struct query *q = query_acquire(p, err, errlen);
+    if (!q) {
+        query_pool_close(p);
+        return NULL;
+    }
+    query_release(p, q);
+    return p;
+}
+
+void query_pool_close(struct query_pool *p) {
+    if (!p) return;
+    while (p->idle) {
+        struct query *n = p->idle->next;
+        conn_close(p->idle);
+        p->idle = n;
+    }
+    pthread_mutex_destroy(&p->mu);
+    free(p->path);
+    free(p);
+}
+
+struct query *query_acquire(struct query_pool *p, char *err, size_t errlen) {
+    pthread_mutex_lock(&p->mu);
+    struct query *q = p->idle;
+    if (q) {
+        p->idle = q->next;
+        p->nidle--;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (!q) q = conn_open(p->path, err, errlen);
+    if (q) q->next = NULL;
+    return q;
+}
+
+void query_release(struct query_pool *p, struct query *q) {
+    if (!q) return;
+    if (!sqlite3_get_autocommit(q->db)) sqlite3_exec(q->db, "ROLLBACK", NULL, NULL, NULL);
+    pthread_mutex_lock(&p->mu);
+    if (p->nidle < p->keep) {
+        q->next = p->idle;
+        p->idle = q;
+        p->nidle++;
+        q = NULL;
+    }
+    pthread_mutex_unlock(&p->mu);
+    conn_close(q);
+}
+
+/* ---- helpers --------------------------------------------------------- */
+
+static int db_fail(struct query *q, char *err, size_t errlen, const char *what) {
+    snprintf(err, errlen, "database error %s: %s", what, sqlite3_errmsg(q->db));
+    return QUERY_ERR;
+}
+
+static int begin(struct query *q, char *err, size_t errlen) {
+    if (sqlite3_exec(q->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK) return db_fail(q, err, errlen, "starting a read");
+    return QUERY_OK;
+}
+
+static void end(struct query *q) {
+    if (!sqlite3_get_autocommit(q->db)) sqlite3_exec(q->db, "COMMIT", NULL, NULL, NULL);
+}
+
+static const char *kind_name(int kind) { return kind == 0 ? "scalar" : kind == 1 ? "layer" : "head"; }
+
+struct runinfo {
+    int64_t layers, heads;
+    char status[16];
+};
+
+static int run_get(struct query *q, int64_t id, struct runinfo *ri, char *err, size_t errlen) {
+    sqlite3_stmt *s = q->stmt[Q_RUN];
+    sqlite3_bind_int64(s, 1, id);
+    int rc = sqlite3_step(s), ret = QUERY_OK;
+    if (rc == SQLITE_ROW) {
+        ri->layers = sqlite3_column_int64(s, 0);
+        ri->heads = sqlite3_column_int64(s, 1);
+        snprintf(ri->status, sizeof ri->status, "%s", (const char *)sqlite3_column_text(s, 2));
+    } else if (rc == SQLITE_DONE) {
+        snprintf(err, errlen, "no run %lld", (long long)id);
+        ret = QUERY_NOT_FOUND;
+    } else {
+        ret = db_fail(q, err, errlen, "reading the run");
+    }
+    sqlite3_reset(s);
+    return ret;
+}
+
+static int metric_get(struct query *q, int64_t run_id, const char *name, int64_t *id, int *kind, char *err,
+                      size_t errlen) {
+    sqlite3_stmt *s = q->stmt[Q_METRIC];
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(s), ret = QUERY_OK;
+    if (rc == SQLITE_ROW) {
+        *id = sqlite3_column_int64(s, 0);
+        *kind = sqlite3_column_int(s, 1);
+    } else if (rc == SQLITE_DONE) {
+        snprintf(err, errlen, "run %lld has no metric named \"%.64s\"", (long long)run_id, name);
+        ret = QUERY_NOT_FOUND;
+    } else {
+        ret = db_fail(q, err, errlen, "reading the metric");
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    return ret;
+}
+
+/* ---- runs ------------------------------------------------------------ */
+
+static cJSON *run_json(sqlite3_stmt *s) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddNumberToObject(o, "id", (double)sqlite3_column_int64(s, 0));
+    cJSON_AddStringToObject(o, "name", (const char *)sqlite3_column_text(s, 1));
+    cJSON_AddStringToObject(o, "status", (const char *)sqlite3_column_text(s, 2));
+    cJSON_AddNumberToObject(o, "created", sqlite3_column_double(s, 3));
+    cJSON_AddNumberToObject(o, "updated", sqlite3_column_double(s, 4));
+    if (sqlite3_column_type(s, 5) == SQLITE_NULL) cJSON_AddNullToObject(o, "last_step");
+    else cJSON_AddNumberToObject(o, "last_step", (double)sqlite3_column_int64(s, 5));
+    cJSON_AddNumberToObject(o, "last_seq", (double)sqlite3_column_int64(s, 6));
+    cJSON_AddNumberToObject(o, "layers", (double)sqlite3_column_int64(s, 7));
+    cJSON_AddNumberToObject(o, "heads", (double)sqlite3_column_int64(s, 8));
+    cJSON_AddNumberToObject(o, "seq_len", (double)sqlite3_column_int64(s, 9));
+    /* meta was validated as a JSON object by the protocol parser */
+    cJSON_AddRawToObject(o, "meta", (const char *)sqlite3_column_text(s, 10));
+    cJSON_AddNumberToObject(o, "alerts_firing", 0); /* the alerts issue fills this in */
+    return o;
+}
+
+#define RUN_COLS "id, name, status, created, updated, last_step, last_seq, layers, heads, seq_len, meta"
+
+static int emit_json(cJSON *root, struct query_buf *out, char *err, size_t errlen) {
+    char *txt = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!txt) {
+        snprintf(err, errlen, "out of memory");
+        return QUERY_ERR;
+    }
+    query_buf_puts(out, txt);
+    free(txt);
+    return QUERY_OK;
+}
+
+int query_runs(struct query *q, const char *status, struct query_buf *out, char *err, size_t errlen) {
+    sqlite3_stmt *s = NULL;
+    cJSON *arr = cJSON_CreateArray();
+    int ret = QUERY_ERR, rc;
+    if (!arr) goto oom;
+    if (sqlite3_prepare_v2(q->db,
+                           "SELECT " RUN_COLS " FROM runs WHERE ?1 IS NULL OR status = ?1 ORDER BY id",
+                           -1, &s, NULL) != SQLITE_OK) {
+        ret = db_fail(q, err, errlen, "listing runs");
+        goto out;
+    }
+    if (status) sqlite3_bind_text(s, 1, status, -1, SQLITE_STATIC);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        cJSON *o = run_json(s);
+        if (!o) goto oom;
+        cJSON_AddItemToArray(arr, o);
+    }
+    if (rc != SQLITE_DONE) {
+        ret = db_fail(q, err, errlen, "listing runs");
+        goto out;
+    }
+    ret = emit_json(arr, out, err, errlen);
+    arr = NULL;
+    goto out;
+oom:
+    snprintf(err, errlen, "out of memory");
+out:
+    cJSON_Delete(arr);
+    sqlite3_finalize(s);
+    return ret;
+}
+
+int query_run(struct query *q, int64_t id, struct query_buf *out, char *err, size_t errlen) {
+    sqlite3_stmt *s = NULL;
+    cJSON *o = NULL;
+    int ret = QUERY_ERR, rc;
+    if (begin(q, err, errlen)) return QUERY_ERR;
+    if (sqlite3_prepare_v2(q->db, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) {
+        ret = db_fail(q, err, errlen, "reading the run");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, id);
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_DONE) {
+        snprintf(err, errlen, "no run %lld", (long long)id);
+        ret = QUERY_NOT_FOUND;
+        goto out;
+    }
+    if (rc != SQLITE_ROW || !(o = run_json(s))) {
+        ret = db_fail(q, err, errlen, "reading the run");
+        goto out;
+    }
+    sqlite3_finalize(s);
+    s = NULL;
+    cJSON *m = cJSON_AddObjectToObject(o, "metrics");
+    cJSON *kinds[3] = {cJSON_AddArrayToObject(m, "scalars"), cJSON_AddArrayToObject(m, "layers"),
+                       cJSON_AddArrayToObject(m, "heads")};
+    if (sqlite3_prepare_v2(q->db, "SELECT name, kind FROM metrics WHERE run_id = ?1 ORDER BY name", -1, &s,
+                           NULL) != SQLITE_OK) {
+        ret = db_fail(q, err, errlen, "listing metrics");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, id);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int k = sqlite3_column_int(s, 1);
+        if (k >= 0 && k < 3 && kinds[k])
+            cJSON_AddItemToArray(kinds[k], cJSON_CreateString((const char *)sqlite3_column_text(s, 0)));
+    }
+    if (rc != SQLITE_DONE) {
+        ret = db_fail(q, err, errlen, "listing metrics");
+        goto out;
+    }
+    sqlite3_finalize(s);
+    s = NULL;
+    if (sqlite3_prepare_v2(q->db, "SELECT min(step) FROM steps WHERE run_id = ?1", -1, &s, NULL) != SQLITE_OK ||
+        (sqlite3_bind_int64(s, 1, id), sqlite3_step(s)) != SQLITE_ROW) {
+        ret = db_fail(q, err, errlen, "reading the first step");
+        goto out;
+    }
+    if (sqlite3_column_type(s, 0) == SQLITE_NULL) cJSON_AddNullToObject(o, "first_step");
+    else cJSON_AddNumberToObject(o, "first_step", (double)sqlite3_column_int64(s, 0));
+    ret = emit_json(o, out, err, errlen);
+    o = NULL;
+out:
+    cJSON_Delete(o);
+    sqlite3_finalize(s);
+    end(q);
+    return ret;
+}
+
+int query_run_status(struct query *q, int64_t id, char *status, size_t cap, char *err, size_t errlen) {
+    struct runinfo ri;
+    int rc = run_get(q, id, &ri, err, errlen);
+    if (rc == QUERY_OK) snprintf(status, cap, "%s", ri.status);
+    return rc;
+}
+
+int64_t query_run_id(struct query *q, const char *name) {
+    sqlite3_stmt *s;
+    int64_t id = 0;
+    if (sqlite3_prepare_v2(q->db, "SELECT id FROM runs WHERE name = ?1", -1, &s, NULL) != SQLITE_OK) return 0;
+    sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
+    if (sqlite3_step(s) == SQLITE_ROW) id = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return id;
+}
+
+/* ---- series ---------------------------------------------------------- */
+
+/* One bucket's pool of values. */
+struct bucket {
+    float mn, mx;
+    double sum;
+    uint64_t count, nonfinite, frames;
+};
+
+struct series {
+    struct query *q;
+    int64_t metric_id;
+    uint32_t n;            /* values per frame */
+    uint32_t *cells;       /* selected value indices */
+    uint32_t ncells;
+    int64_t a, w;          /* bucket i covers [a + i*w, a + (i+1)*w), clipped to the range */
+    int64_t last;          /* the metric's last stored step */
+    struct bucket *b;
+    int64_t nb;
+};
+
+static void bucket_merge(struct bucket *b, float mn, float mx, double sum, uint64_t c) {
+    if (!c) return;
+    if (!b->count || mn < b->mn) b->mn = mn;
+    if (!b->count || mx > b->mx) b->mx = mx;
+    b->sum += sum;
+    b->count += c;
+}
+
+static int add_raw(struct series *sr, int64_t lo, int64_t hi) {
+    sqlite3_stmt *s = sr->q->stmt[Q_FRAMES];
+    int rc;
+    sqlite3_bind_int64(s, 1, sr->metric_id);
+    sqlite3_bind_int64(s, 2, lo);
+    sqlite3_bind_int64(s, 3, hi);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t step = sqlite3_column_int64(s, 0);
+        const unsigned char *d = sqlite3_column_blob(s, 1);
+        if ((size_t)sqlite3_column_bytes(s, 1) != (size_t)sr->n * 4) continue;
+        struct bucket *b = &sr->b[(step - sr->a) / sr->w];
+        b->frames++;
+        for (uint32_t i = 0; i < sr->ncells; i++) {
+            float x;
+            memcpy(&x, d + 4 * (size_t)sr->cells[i], 4);
+            if (isfinite(x)) bucket_merge(b, x, x, x, 1);
+            else b->nonfinite++;
+        }
+    }
+    sqlite3_reset(s);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
+    sqlite3_stmt *s = sr->q->stmt[Q_ROLLUPS];
+    int64_t size = STORE_LEVEL_SIZE(level);
+    int rc;
+    sqlite3_bind_int64(s, 1, sr->metric_id);
+    sqlite3_bind_int(s, 2, level);
+    sqlite3_bind_int64(s, 3, b0);
+    sqlite3_bind_int64(s, 4, b1);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t block = sqlite3_column_int64(s, 0);
+        int64_t nframes = sqlite3_column_int64(s, 1);
+        const unsigned char *d = sqlite3_column_blob(s, 2);
+        if ((size_t)sqlite3_column_bytes(s, 2) != (size_t)sr->n * STORE_ROLLUP_BYTES) continue;
+        struct bucket *b = &sr->b[(block * size - sr->a) / sr->w];
+        b->frames += (uint64_t)nframes;
+        for (uint32_t i = 0; i < sr->ncells; i++) {
+            const unsigned char *e = d + (size_t)sr->cells[i] * STORE_ROLLUP_BYTES;
+            float mn, mx;
+            double sum;
+            uint32_t c;
+            memcpy(&mn, e, 4);
+            memcpy(&mx, e + 4, 4);
+            memcpy(&sum, e + 8, 8);
+            memcpy(&c, e + 16, 4);
+            bucket_merge(b, mn, mx, sum, c);
+            b->nonfinite += (uint64_t)nframes - c;
+        }
+    }
+    sqlite3_reset(s);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* Adds the steps [lo, hi] using level k's complete blocks where they fit,
+ * lower levels for the unaligned edges and the tail the level does not
+ * cover yet, and raw frames at the bottom. Every block used lies inside one
+ * bucket because bucket edges are multiples of the top level's size. */
+static int cover(struct series *sr, int64_t lo, int64_t hi, int k) {
+    if (lo > hi) return 0;
+    if (k == 0) return add_raw(sr, lo, hi);
+    int64_t size = STORE_LEVEL_SIZE(k);
+    int64_t complete = sr->last / size * size; /* level k has every block below this */
+    int64_t top = hi < complete - 1 ? hi : complete - 1;
+    int64_t b0 = (lo + size - 1) / size, b1 = (top + 1) / size - 1;
+    if (top < lo || b0 > b1) return cover(sr, lo, hi, k - 1);
+    if (cover(sr, lo, b0 * size - 1, k - 1)) return -1;
+    if (add_rollups(sr, k, b0, b1)) return -1;
+    return cover(sr, (b1 + 1) * size, hi, k - 1);
+}
+
+static void emit_i64_array(struct query_buf *out, const char *name, const struct series *sr, int what) {
+    query_buf_printf(out, ",\"%s\":[", name);
+    int first = 1;
+    for (int64_t i = 0; i < sr->nb; i++) {
+        const struct bucket *b = &sr->b[i];
+        if (!b->frames) continue;
+        uint64_t v = what == 0 ? b->count : b->nonfinite;
+        query_buf_printf(out, first ? "%llu" : ",%llu", (unsigned long long)v);
+        first = 0;
+    }
+    query_buf_add(out, "]", 1);
+}
+
+static void emit_f_array(struct query_buf *out, const char *name, const struct series *sr, int what) {
+    query_buf_printf(out, ",\"%s\":[", name);
+    int first = 1;
+    for (int64_t i = 0; i < sr->nb; i++) {
+        const struct bucket *b = &sr->b[i];
+        if (!b->frames) continue;
+        if (!first) query_buf_add(out, ",", 1);
+        first = 0;
+        if (!b->count) query_buf_add(out, "null", 4);
+        else if (what == QUERY_AGG_MIN) buf_f32(out, b->mn);
+        else if (what == QUERY_AGG_MAX) buf_f32(out, b->mx);
+        else buf_f64(out, b->sum / (double)b->count);
+    }
+    query_buf_add(out, "]", 1);
+}
+
+int query_series(struct query *q, const struct query_series_req *req, struct query_buf *out, char *err,
+                 size_t errlen) {
+    struct series sr = {.q = q};
+    struct runinfo ri;
+    int kind, ret;
+    int64_t first = 0;
+    if (begin(q, err, errlen)) return QUERY_ERR;
+    if ((ret = run_get(q, req->run_id, &ri, err, errlen)) ||
+        (ret = metric_get(q, req->run_id, req->metric, &sr.metric_id, &kind, err, errlen)))
+        goto out;
+    int64_t L = kind == 0 ? 1 : ri.layers, H = kind == 2 ? ri.heads : 1;
+    ret = QUERY_BAD;
+    if (kind == 0 && (req->layer >= 0 || req->head >= 0)) {
+        snprintf(err, errlen, "%s is a scalar: it has no layer or head", req->metric);
+        goto out;
+    }
+    if (kind == 1 && req->head >= 0) {
+        snprintf(err, errlen, "%s is a layer metric: it has no head", req->metric);
+        goto out;
+    }
+    if (req->layer >= L || req->head >= H) {
+        snprintf(err, errlen, "%s has %lld layers x %lld heads; layer or head out of range", req->metric,
+                 (long long)L, (long long)H);
+        goto out;
+    }
+    sr.n = (uint32_t)(L * H);
+    int64_t l0 = req->layer >= 0 ? req->layer : 0, l1 = req->layer >= 0 ? req->layer + 1 : L;
+    int64_t h0 = req->head >= 0 ? req->head : 0, h1 = req->head >= 0 ? req->head + 1 : H;
+    sr.ncells = (uint32_t)((l1 - l0) * (h1 - h0));
+    ret = QUERY_ERR;
+    if (!(sr.cells = malloc(sr.ncells * sizeof *sr.cells))) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    uint32_t nc = 0;
+    for (int64_t l = l0; l < l1; l++)
+        for (int64_t h = h0; h < h1; h++) sr.cells[nc++] = (uint32_t)(l * H + h);
+
+    sqlite3_stmt *s = q->stmt[Q_STEP_RANGE];
+    sqlite3_bind_int64(s, 1, sr.metric_id);
+    int rc = sqlite3_step(s);
+    int empty = rc != SQLITE_ROW || sqlite3_column_type(s, 0) == SQLITE_NULL;
+    if (!empty) {
+        first = sqlite3_column_int64(s, 0);
+        sr.last = sqlite3_column_int64(s, 1);
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW) {
+        ret = db_fail(q, err, errlen, "reading the step range");
+        goto out;
+    }
+    int64_t from = req->has_from ? req->from : first, to = req->has_to ? req->to : sr.last;
+    int64_t lo = from > first ? from : first, hi = to < sr.last ? to : sr.last;
+    if (empty || lo > hi) {
+        sr.nb = 0;
+        sr.w = 1;
+    } else {
+        /* the largest level no wider than a bucket needs to be */
+        uint64_t span = (uint64_t)(hi - lo) + 1;
+        uint64_t w0 = (span + (uint64_t)req->points - 1) / (uint64_t)req->points;
+        int k = 0;
+        while (k < STORE_LEVELS && (uint64_t)STORE_LEVEL_SIZE(k + 1) <= w0) k++;
+        int64_t size = k ? STORE_LEVEL_SIZE(k) : 1;
+        sr.a = lo / size * size;
+        uint64_t reach = (uint64_t)(hi - sr.a) + 1;
+        uint64_t w = (reach + (uint64_t)req->points - 1) / (uint64_t)req->points;
+        w = (w + (uint64_t)size - 1) / (uint64_t)size * (uint64_t)size;
+        sr.w = (int64_t)w;
+        sr.nb = (int64_t)((reach + w - 1) / w);
+        if (!(sr.b = calloc((size_t)sr.nb, sizeof *sr.b))) {
+            snprintf(err, errlen, "out of memory");
+            goto out;
+        }
+        if (cover(&sr, lo, hi, k)) {
+            ret = db_fail(q, err, errlen, "reading the series");
+            goto out;
+        }
+    }
+
+    query_buf_printf(out, "{\"run\":%lld,\"metric\":", (long long)req->run_id);
+    query_buf_json_str(out, req->metric);
+    query_buf_printf(out, ",\"kind\":\"%s\"", kind_name(kind));
+    if (req->layer >= 0) query_buf_printf(out, ",\"layer\":%lld", (long long)req->layer);
+    else query_buf_puts(out, ",\"layer\":null");
+    if (req->head >= 0) query_buf_printf(out, ",\"head\":%lld", (long long)req->head);
+    else query_buf_puts(out, ",\"head\":null");
+    static const char *const aggs[] = {"mean", "min", "max"};
+    if (sr.ncells > 1) query_buf_printf(out, ",\"agg\":\"%s\"", aggs[req->agg]);
+    else query_buf_puts(out, ",\"agg\":null");
+    query_buf_printf(out, ",\"from\":%lld,\"to\":%lld,\"width\":%lld", (long long)from, (long long)to,
+                     (long long)sr.w);
+    query_buf_puts(out, ",\"step\":[");
+    int firstb = 1;
+    for (int64_t i = 0; i < sr.nb; i++) {
+        if (!sr.b[i].frames) continue;
+        int64_t st = sr.a + i * sr.w;
+        if (st < lo) st = lo;
+        query_buf_printf(out, firstb ? "%lld" : ",%lld", (long long)st);
+        firstb = 0;
+    }
+    query_buf_add(out, "]", 1);
+    emit_f_array(out, "min", &sr, QUERY_AGG_MIN);
+    emit_f_array(out, "max", &sr, QUERY_AGG_MAX);
+    emit_f_array(out, "mean", &sr, QUERY_AGG_MEAN);
+    emit_i64_array(out, "count", &sr, 0);
+    emit_i64_array(out, "nonfinite", &sr, 1);
+    if (sr.ncells > 1) emit_f_array(out, "value", &sr, req->agg);
+    query_buf_add(out, "}", 1);
+    ret = QUERY_OK;
+out:
+    free(sr.cells);
+    free(sr.b);
+    end(q);
+    return ret;
+}
+
+/* ---- frame ----------------------------------------------------------- */
+
+/* Values of one frame as JSON: a number for a scalar, [L] for a layer
+ * metric, [[H] x L] for a head metric. */
+static void emit_values(struct query_buf *out, const unsigned char *d, int kind, int64_t L, int64_t H) {
+    float x;
+    if (kind == 0) {
+        memcpy(&x, d, 4);
+        query_buf_add(out, "[", 1);
+        buf_f32(out, x);
+        query_buf_add(out, "]", 1);
+        return;
+    }
+    query_buf_add(out, "[", 1);
+    for (int64_t l = 0; l < L; l++) {
+        if (l) query_buf_add(out, ",", 1);
+        if (kind == 2) query_buf_add(out, "[", 1);
+        for (int64_t h = 0; h < H; h++) {
+            if (h) query_buf_add(out, ",", 1);
+            memcpy(&x, d + 4 * (size_t)(l * H + h), 4);
+            buf_f32(out, x);
+        }
+        if (kind == 2) query_buf_add(out, "]", 1);
+    }
+    query_buf_add(out, "]", 1);
+}
+
+int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
+                struct query_buf *out, char *err, size_t errlen) {
+    struct runinfo ri;
+    int64_t mid;
+    int kind, ret;
+    if (begin(q, err, errlen)) return QUERY_ERR;
+    if ((ret = run_get(q, run_id, &ri, err, errlen)) || (ret = metric_get(q, run_id, metric, &mid, &kind, err, errlen)))
+        goto out;
+    int64_t L = kind == 0 ? 1 : ri.layers, H = kind == 2 ? ri.heads : 1;
+    sqlite3_stmt *s = q->stmt[Q_FRAME_AT];
+    sqlite3_bind_int64(s, 1, mid);
+    sqlite3_bind_int64(s, 2, has_step ? step : INT64_MAX);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW && (size_t)sqlite3_column_bytes(s, 1) == (size_t)(L * H) * 4) {
+        query_buf_printf(out, "{\"run\":%lld,\"metric\":", (long long)run_id);
+        query_buf_json_str(out, metric);
+        query_buf_printf(out, ",\"kind\":\"%s\",\"step\":%lld,\"layers\":%lld,\"heads\":%lld,\"values\":", kind_name(kind),
+                         (long long)sqlite3_column_int64(s, 0), (long long)L, (long long)H);
+        emit_values(out, sqlite3_column_blob(s, 1), kind, L, H);
+        query_buf_add(out, "}", 1);
+        ret = QUERY_OK;
+    } else if (rc == SQLITE_ROW || rc == SQLITE_DONE) {
+        snprintf(err, errlen, "%s has no frame at or before that step", metric);
+        ret = QUERY_NOT_FOUND;
+    } else {
+        ret = db_fail(q, err, errlen, "reading the frame");
+    }
+    sqlite3_reset(s);
+out:
+    end(q);
+    return ret;
+}
+
+/* ---- events ---------------------------------------------------------- */
+
+int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, struct query_buf *out,
+                 char *err, size_t errlen) {
+    struct runinfo ri;
+    sqlite3_stmt *s = NULL;
+    cJSON *root = NULL;
+    int ret, rc;
+    if (begin(q, err, errlen)) return QUERY_ERR;
+    if ((ret = run_get(q, run_id, &ri, err, errlen))) goto out;
+    ret = QUERY_ERR;
+    if (sqlite3_prepare_v2(q->db,
+                           "SELECT id, seq, time, level, text FROM events WHERE run_id = ?1 AND id > ?2 "
+                           "ORDER BY id LIMIT ?3",
+                           -1, &s, NULL) != SQLITE_OK) {
+        ret = db_fail(q, err, errlen, "listing events");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_int64(s, 2, after);
+    sqlite3_bind_int64(s, 3, limit);
+    root = cJSON_CreateObject();
+    cJSON *arr = root ? cJSON_AddArrayToObject(root, "events") : NULL;
+    if (!arr) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    cJSON_AddNumberToObject(root, "run", (double)run_id);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        cJSON *e = cJSON_CreateObject();
+        if (!e) {
+            snprintf(err, errlen, "out of memory");
+            goto out;
+        }
+        cJSON_AddItemToArray(arr, e);
+        cJSON_AddNumberToObject(e, "id", (double)sqlite3_column_int64(s, 0));
+        if (sqlite3_column_type(s, 1) == SQLITE_NULL) cJSON_AddNullToObject(e, "seq");
+        else cJSON_AddNumberToObject(e, "seq", (double)sqlite3_column_int64(s, 1));
+        cJSON_AddNumberToObject(e, "time", sqlite3_column_double(s, 2));
+        cJSON_AddStringToObject(e, "level", (const char *)sqlite3_column_text(s, 3));
+        cJSON_AddStringToObject(e, "text", (const char *)sqlite3_column_text(s, 4));
+    }
+    if (rc != SQLITE_DONE) {
+        ret = db_fail(q, err, errlen, "listing events");
+        goto out;
+    }
+    ret = emit_json(root, out, err, errlen);
+    root = NULL;
+out:
+    cJSON_Delete(root);
+    sqlite3_finalize(s);
+    end(q);
+    return ret;
+}
+
+/* ---- export ---------------------------------------------------------- */
+
+struct query_export {
+    struct query *q;
+    sqlite3_stmt *s;
+    int format;
+    int64_t L, H;
+    int state;          /* 0: header, 1: next row, 2: values of the row, 3: done */
+    char name[PROTO_MAX_NAME + 1];
+    int kind;
+    int64_t step;
+    double time;
+    float *vals;        /* the current frame (copied: the row moves on) */
+    uint32_t n, cap, i; /* values in the frame, capacity, next to emit */
+    char piece[512];    /* the text being handed out */
+    size_t plen, poff;
+};
+
+struct query_export *query_export_begin(struct query *q, int64_t run_id, int format, int *rc, char *err,
+                                        size_t errlen) {
+    struct query_export *x = calloc(1, sizeof *x);
+    struct runinfo ri;
+    *rc = QUERY_ERR;
+    if (!x) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    x->q = q;
+    x->format = format;
+    if (begin(q, err, errlen)) goto fail;
+    if ((*rc = run_get(q, run_id, &ri, err, errlen))) goto fail;
+    *rc = QUERY_ERR;
+    x->L = ri.layers;
+    x->H = ri.heads;
+    /* metric by metric, each in step order: the primary keys' order, so
+     * SQLite streams rows without sorting them first */
+    if (sqlite3_prepare_v2(q->db,
+                           "SELECT m.name, m.kind, f.step, s.time, f.data FROM metrics m "
+                           "JOIN frames f ON f.metric_id = m.id "
+                           "LEFT JOIN steps s ON s.run_id = m.run_id AND s.step = f.step "
+                           "WHERE m.run_id = ?1 ORDER BY m.id, f.step",
+                           -1, &x->s, NULL) != SQLITE_OK) {
+        db_fail(q, err, errlen, "starting the export");
+        goto fail;
+    }
+    sqlite3_bind_int64(x->s, 1, run_id);
+    *rc = QUERY_OK;
+    return x;
+fail:
+    query_export_end(x);
+    return NULL;
+}
+
+static void piece_value(struct query_export *x) {
+    uint32_t i = x->i;
+    float v = x->vals[i];
+    char num[32] = "";
+    int csv = x->format == QUERY_CSV;
+    if (isfinite(v)) snprintf(num, sizeof num, "%.9g", (double)v);
+    else if (!csv) snprintf(num, sizeof num, "null");
+    if (csv) {
+        char lh[48] = ",";
+        if (x->kind == 1) snprintf(lh, sizeof lh, "%u,", i);
+        else if (x->kind == 2) snprintf(lh, sizeof lh, "%lld,%lld", (long long)(i / x->H), (long long)(i % x->H));
+        x->plen = (size_t)snprintf(x->piece, sizeof x->piece, "%s,%s,%lld,%.17g,%s,%s\n", x->name,
+                                   kind_name(x->kind), (long long)x->step, x->time, lh, num);
+        return;
+    }
+    /* jsonl: [v] / [v,v] / [[v,v],[v,v]] */
+    size_t p = 0;
+    uint32_t cols = x->kind == 2 ? (uint32_t)x->H : x->n;
+    if (i == 0) x->piece[p++] = '[';
+    if (x->kind == 2 && i % cols == 0) {
+        if (i) x->piece[p++] = ',';
+        x->piece[p++] = '[';
+    } else if (i) {
+        x->piece[p++] = ',';
+    }
+    p += (size_t)snprintf(x->piece + p, sizeof x->piece - p, "%s", num);
+    if (x->kind == 2 && i % cols == cols - 1) x->piece[p++] = ']';
+    if (i == x->n - 1) p += (size_t)snprintf(x->piece + p, sizeof x->piece - p, "]}\n");
+    x->plen = p;
+}
+
+/* Produces the next piece of text into x->piece. Returns 1, 0 at the end,
+ * -1 on a database error. */
+static int next_piece(struct query_export *x) {
+    x->poff = 0;
+    for (;;) {
+        if (x->state == 0) {
+            x->state = 1;
+            if (x->format == QUERY_CSV) {
+                x->plen = (size_t)snprintf(x->piece, sizeof x->piece, "metric,kind,step,time,layer,head,value\n");
+                return 1;
+            }
+        } else if (x->state == 1) {
+            int rc = sqlite3_step(x->s);
+            if (rc == SQLITE_DONE) {
+                x->state = 3;
+                return 0;
+            }
+            if (rc != SQLITE_ROW) return -1;
+            snprintf(x->name, sizeof x->name, "%s", (const char *)sqlite3_column_text(x->s, 0));
+            x->kind = sqlite3_column_int(x->s, 1);
+            x->step = sqlite3_column_int64(x->s, 2);
+            x->time = sqlite3_column_double(x->s, 3);
+            int bytes = sqlite3_column_bytes(x->s, 4);
+            uint32_t n = (uint32_t)bytes / 4;
+            if (n == 0) continue;
+            if (n > x->cap) {
+                float *v = realloc(x->vals, n * sizeof *v);
+                if (!v) return -1;
+                x->vals = v;
+                x->cap = n;
+            }
+            memcpy(x->vals, sqlite3_column_blob(x->s, 4), (size_t)n * 4);
+            x->n = n;
+            x->i = 0;
+            x->state = 2;
+            if (x->format == QUERY_JSONL) {
+                x->plen = (size_t)snprintf(x->piece, sizeof x->piece,
+                                           "{\"metric\":\"%s\",\"kind\":\"%s\",\"step\":%lld,\"time\":%.17g,\"values\":",
+                                           x->name, kind_name(x->kind), (long long)x->step, x->time);
+                return 1;
+            }
+        } else if (x->state == 2) {
+            if (x->i >= x->n) {
+                x->state = 1;
+                continue;
+            }
+            piece_value(x);
+            x->i++;
+            return 1;
+        } else {
+            return 0;
+        }
+    }
+}
+
+ssize_t query_export_read(struct query_export *x, char *buf, size_t max) {
+    size_t w = 0;
+    while (w < max) {
+        if (x->poff == x->plen) {
+            int r = next_piece(x);
+            if (r < 0) return w ? (ssize_t)w : -1;
+            if (r == 0) break;
+        }
+        size_t n = x->plen - x->poff;
+        if (n > max - w) n = max - w;
+        memcpy(buf + w, x->piece + x->poff, n);
+        x->poff += n;
+        w += n;
+    }
+    return (ssize_t)w;
+}
+
+void query_export_end(struct query_export *x) {
+    if (!x) return;
+    sqlite3_finalize(x->s);
+    end(x->q);
+    free(x->vals);
+    free(x);
+}
+
+/* ---- prometheus ------------------------------------------------------ */
+
+int query_prometheus(struct query *q, int heads, struct query_buf *out, char *err, size_t errlen) {
+    sqlite3_stmt *s = NULL;
+    int ret = QUERY_ERR, rc;
+    if (begin(q, err, errlen)) return QUERY_ERR;
+    if (sqlite3_prepare_v2(q->db, "SELECT name, status, last_step FROM runs ORDER BY id", -1, &s, NULL) != SQLITE_OK) {
+        ret = db_fail(q, err, errlen, "listing runs");
+        goto out;
+    }
+    query_buf_puts(out, "# HELP entropyd_run_last_step Highest stored step of a run.\n"
+                        "# TYPE entropyd_run_last_step gauge\n");
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (sqlite3_column_type(s, 2) == SQLITE_NULL) continue;
+        query_buf_printf(out, "entropyd_run_last_step{run=\"%s\",status=\"%s\"} %lld\n", sqlite3_column_text(s, 0),
+                         sqlite3_column_text(s, 1), (long long)sqlite3_column_int64(s, 2));
+    }
+    if (rc != SQLITE_DONE) {
+        ret = db_fail(q, err, errlen, "listing runs");
+        goto out;
+    }
+    sqlite3_finalize(s);
+    s = NULL;
+    if (sqlite3_prepare_v2(q->db,
+                           "SELECT r.name, m.name, m.kind, r.heads, f.data FROM runs r "
+                           "JOIN metrics m ON m.run_id = r.id "
+                           "JOIN frames f ON f.metric_id = m.id "
+                           "  AND f.step = (SELECT max(step) FROM frames WHERE metric_id = m.id) "
+                           "WHERE m.kind <= ?1 ORDER BY m.kind, r.id, m.name",
+                           -1, &s, NULL) != SQLITE_OK) {
+        ret = db_fail(q, err, errlen, "reading latest values");
+        goto out;
+    }
+    sqlite3_bind_int(s, 1, heads ? 2 : 1);
+    int kind_seen = -1;
+    static const char *const help[3] = {
+        "# HELP entropyd_scalar Latest value of each scalar metric of each run (NaN when not finite).\n"
+        "# TYPE entropyd_scalar gauge\n",
+        "# HELP entropyd_layer Latest value of each layer metric of each run, per layer.\n"
+        "# TYPE entropyd_layer gauge\n",
+        "# HELP entropyd_head Latest value of each head metric of each run, per layer and head.\n"
+        "# TYPE entropyd_head gauge\n"};
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        const char *run = (const char *)sqlite3_column_text(s, 0), *name = (const char *)sqlite3_column_text(s, 1);
+        int kind = sqlite3_column_int(s, 2);
+        int64_t H = sqlite3_column_int64(s, 3);
+        const unsigned char *d = sqlite3_column_blob(s, 4);
+        int n = sqlite3_column_bytes(s, 4) / 4;
+        if (kind < 0 || kind > 2 || H <= 0) continue;
+        if (kind != kind_seen) query_buf_puts(out, help[kind]);
+        kind_seen = kind;
+        for (int i = 0; i < n; i++) {
+            float x;
+            char num[32];
+            memcpy(&x, d + 4 * (size_t)i, 4);
+            if (isnan(x)) snprintf(num, sizeof num, "NaN");
+            else if (isinf(x)) snprintf(num, sizeof num, x > 0 ? "+Inf" : "-Inf");
+            else snprintf(num, sizeof num, "%.9g", (double)x);
+            /* run and metric names are restricted by the protocol to
+             * characters that need no escaping in a label value */
+            if (kind == 0) query_buf_printf(out, "entropyd_scalar{run=\"%s\",metric=\"%s\"} %s\n", run, name, num);
+            else if (kind == 1)
+                query_buf_printf(out, "entropyd_layer{run=\"%s\",metric=\"%s\",layer=\"%d\"} %s\n", run, name, i, num);
+            else
+                query_buf_printf(out, "entropyd_head{run=\"%s\",metric=\"%s\",layer=\"%lld\",head=\"%lld\"} %s\n", run,
+                                 name, (long long)(i / H), (long long)(i % H), num);
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        ret = db_fail(q, err, errlen, "reading latest values");
+        goto out;
+    }
+    ret = QUERY_OK;
+out:
+    sqlite3_finalize(s);
+    end(q);
+    return ret;
+}
+
+int64_t query_db_bytes(struct query *q) {
+    sqlite3_stmt *s;
+    int64_t v = -1;
+    if (sqlite3_prepare_v2(q->db, "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()", -1,
+                           &s, NULL) != SQLITE_OK)
+        return -1;
+    if (sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return v;
+}

@@ -1,0 +1,134 @@
+/* query.h: the read side of the database, for the HTTP API.
+ *
+ * A pool of read-only SQLite connections (WAL lets them read beside the
+ * writer thread without blocking it). A request thread takes one connection
+ * with query_acquire(), runs queries on it, and gives it back with
+ * query_release(); a connection is used by one thread at a time. Every
+ * query runs inside its own read transaction, so what it reads is one
+ * committed state (the rollups agree with the frames).
+ *
+ * Queries write their answer as JSON (or Prometheus text) into a growable
+ * query_buf. Nothing here builds SQL from request text: every value is a
+ * bound parameter.
+ *
+ * Return codes: QUERY_OK, or one of the negative codes below with a one-line
+ * message in the caller's err buffer. This module is not the HTTP layer: it
+ * knows no status codes, only what went wrong. */
+#ifndef QUERY_H
+#define QUERY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+enum query_rc {
+    QUERY_OK = 0,
+    QUERY_ERR = -1,       /* the database failed (or out of memory) */
+    QUERY_NOT_FOUND = -2, /* no such run or metric */
+    QUERY_BAD = -3,       /* the request does not fit the data (layer out of range...) */
+};
+
+/* A growable byte buffer. `failed` is set (and further appends ignored)
+ * when memory ran out; p is NUL-terminated while not failed. The owner
+ * frees p with free(). */
+struct query_buf {
+    char *p;
+    size_t len, cap;
+    int failed;
+};
+void query_buf_add(struct query_buf *b, const char *s, size_t n);
+void query_buf_puts(struct query_buf *b, const char *s);
+void query_buf_printf(struct query_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends s as a JSON string literal (with quotes). */
+void query_buf_json_str(struct query_buf *b, const char *s);
+void query_buf_free(struct query_buf *b);
+
+struct query_pool;
+struct query;
+
+/* Opens a pool over the database at path (which must exist: the daemon's
+ * store creates it first). Connections open lazily; at most `keep` idle
+ * ones are kept. Returns NULL with a message on failure. */
+struct query_pool *query_pool_open(const char *path, int keep, char *err, size_t errlen);
+/* Closes every idle connection and frees the pool. Every acquired
+ * connection must have been released. Accepts NULL. */
+void query_pool_close(struct query_pool *p);
+
+/* Takes an idle connection or opens one. NULL with a message on failure. */
+struct query *query_acquire(struct query_pool *p, char *err, size_t errlen);
+/* Gives a connection back (accepts NULL). */
+void query_release(struct query_pool *p, struct query *q);
+
+/* GET /api/runs: a JSON array of run objects, optionally only those with
+ * `status` (NULL for all). */
+int query_runs(struct query *q, const char *status, struct query_buf *out, char *err, size_t errlen);
+
+/* GET /api/runs/{id}: the run object plus its metric names by kind and its
+ * first step. QUERY_NOT_FOUND if no such run. */
+int query_run(struct query *q, int64_t id, struct query_buf *out, char *err, size_t errlen);
+
+/* A run's status ("live", ...) into status (cap bytes). QUERY_NOT_FOUND if
+ * no such run. */
+int query_run_status(struct query *q, int64_t id, char *status, size_t cap, char *err, size_t errlen);
+
+/* A run's id by name, or 0 if there is none (or on error). */
+int64_t query_run_id(struct query *q, const char *name);
+
+enum query_agg { QUERY_AGG_MEAN = 0, QUERY_AGG_MIN, QUERY_AGG_MAX };
+
+/* A series request; layer/head are -1 when left out, has_from/has_to 0
+ * when left out (then the metric's first / last step). */
+struct query_series_req {
+    int64_t run_id;
+    const char *metric;
+    int64_t layer, head;
+    int has_from, has_to;
+    int64_t from, to;
+    int64_t points;   /* buckets at most, >= 1 */
+    int agg;          /* enum query_agg, used when a head/layer axis is left out */
+};
+
+/* GET /api/runs/{id}/series: at most `points` buckets over [from, to],
+ * each with exact min, max, mean and count of the finite values in it and
+ * the count of non-finite ones, read from the rollups where they cover
+ * the bucket and from raw frames elsewhere (schema/storage.md). Buckets
+ * holding no frame are left out. QUERY_NOT_FOUND for an unknown run or
+ * metric, QUERY_BAD for a layer/head out of range or given for a metric
+ * without that axis. */
+int query_series(struct query *q, const struct query_series_req *req, struct query_buf *out, char *err,
+                 size_t errlen);
+
+/* GET /api/runs/{id}/frame: the metric's values at the last step <= step
+ * (has_step 0: the latest). QUERY_NOT_FOUND when no run, metric or frame. */
+int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
+                struct query_buf *out, char *err, size_t errlen);
+
+/* GET /api/runs/{id}/events: events with id > after, oldest first, at most
+ * limit. QUERY_NOT_FOUND if no such run. */
+int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, struct query_buf *out,
+                 char *err, size_t errlen);
+
+/* Export of every stored value of a run, produced piece by piece so that
+ * nothing larger than one frame is held. The export keeps its connection's
+ * read transaction open (one consistent snapshot) until query_export_end. */
+enum query_format { QUERY_CSV = 0, QUERY_JSONL };
+struct query_export;
+/* Starts an export on q (which stays borrowed until query_export_end).
+ * NULL with *rc set (QUERY_NOT_FOUND, QUERY_ERR) and a message on failure. */
+struct query_export *query_export_begin(struct query *q, int64_t run_id, int format, int *rc, char *err,
+                                        size_t errlen);
+/* Fills buf with up to max bytes of the export. Returns the bytes written,
+ * 0 at the end, -1 if the database failed midway. */
+ssize_t query_export_read(struct query_export *x, char *buf, size_t max);
+/* Ends the read transaction and frees. Accepts NULL. */
+void query_export_end(struct query_export *x);
+
+/* Prometheus text of the latest value of every scalar and layer metric of
+ * every run (and of every head metric when heads is set), plus each run's
+ * last step. */
+int query_prometheus(struct query *q, int heads, struct query_buf *out, char *err, size_t errlen);
+
+/* Bytes of the database file (page_count * page_size), -1 on error. */
+int64_t query_db_bytes(struct query *q);
+
+#endif

@@ -1,0 +1,78 @@
+/* stream.h: the live event stream behind GET /api/stream (Server-Sent Events).
+ *
+ * The writer thread publishes events after each commit (stream_on_commit,
+ * called from the writer's commit hook); HTTP threads read them through a
+ * stream_client each. Events live in a bounded ring of the most recent
+ * ones (by count and by bytes), each already formatted as SSE text with
+ * its id, so one event costs one formatting however many clients read it.
+ *
+ * Event ids are "BOOT-N": BOOT is the daemon's start time in ms, N counts
+ * events from 1. A client that reconnects with Last-Event-ID BOOT-N gets
+ * every event after N, with no gap, as long as N+1 is still in the ring.
+ * When it is not (the client was away longer than the ring holds, or the
+ * id belongs to an earlier daemon), the client first receives an event
+ * `reset` ({"reason":...}) and then the live events from that moment on:
+ * it must reload state through the REST API. This module is not the
+ * HTTP layer: it only produces bytes. */
+#ifndef STREAM_H
+#define STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "writer.h"
+
+/* Resolves a run name to its id (0 if unknown); used for hello items,
+ * which carry the name only. Called in the writer thread. */
+typedef int64_t stream_resolve_fn(void *ctx, const char *run_name);
+
+struct stream_config {
+    size_t max_events;     /* ring capacity in events (default 16384) */
+    size_t max_bytes;      /* ring capacity in bytes (default 32 MiB) */
+    int keepalive_ms;      /* comment sent to an idle client this often (default 15000) */
+    stream_resolve_fn *resolve;
+    void *ctx;
+};
+
+struct stream;
+struct stream_client;
+
+/* Returns NULL with a message on failure. */
+struct stream *stream_create(const struct stream_config *cfg, char *err, size_t errlen);
+/* Frees; every client must be closed first. Accepts NULL. */
+void stream_destroy(struct stream *s);
+/* Wakes every waiting client and makes their reads end (at shutdown). */
+void stream_shutdown(struct stream *s);
+
+/* Publishes one event: kind is the SSE event name ("step", "run",
+ * "alert"), run_id the run it concerns (for ?run= filters), json the data
+ * line (one line, no newline; copied). Safe from any thread. Returns 0, or
+ * -1 out of memory (the event is lost; ids stay contiguous). */
+int stream_publish(struct stream *s, const char *kind, int64_t run_id, const char *json, size_t len);
+
+/* Publishes the events of one commit: a `step` event per step item (run,
+ * step, time, commit time, scalars, layer metrics, and per-layer min and
+ * mean of the head metric `entropy`), a `run` event per status change
+ * (hello: live, end: its status, stale, delete: deleted). Writer thread. */
+void stream_on_commit(struct stream *s, const struct writer_item *items);
+
+/* Opens a client that sees the events of run_filter (0: all runs) after
+ * last_event_id (NULL or "": from now on). NULL when out of memory. */
+struct stream_client *stream_client_open(struct stream *s, int64_t run_filter, const char *last_event_id);
+/* Copies up to max bytes of the client's next events into buf, waiting for
+ * one (or for the keep-alive comment) when there is none. Returns the
+ * bytes written (> 0), or -1 when the stream shuts down. */
+ssize_t stream_client_read(struct stream_client *c, char *buf, size_t max);
+/* Accepts NULL. */
+void stream_client_close(struct stream_client *c);
+
+struct stream_stats {
+    uint64_t published;     /* events published */
+    uint64_t resets;        /* clients that resumed from before the ring */
+    uint64_t clients;       /* clients open now */
+    uint64_t ring_events, ring_bytes;
+};
+void stream_get_stats(struct stream *s, struct stream_stats *out);
+
+#endif
