@@ -1,0 +1,266 @@
+/* test_telemetry_e2e.c -- the telemetry client against the real entropyd.
+ *
+ * Starts $ENTROPYD (set by scripts/run-tests.sh; default build/entropyd) on a
+ * temporary directory, streams steps while the daemon is killed with SIGKILL
+ * and restarted twice, and checks in its SQLite database that every step is
+ * stored exactly once with the values sent (NaN included); then a run that
+ * spooled with no daemon at all is uploaded by a later start. Skipped when
+ * the daemon binary is missing. The fake-daemon unit tests live in
+ * test_telemetry.c; this file checks that both sides agree on protocol v1.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "telemetry.h"
+
+enum { L = 4, H = 3 };
+
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void msleep(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+static const char *daemon_path(void)
+{
+    const char *e = getenv("ENTROPYD");
+    return e && *e ? e : "build/entropyd";
+}
+
+typedef struct env {
+    char dir[64], data[96], sock[128], addr[160], spool[96], db[128];
+    pid_t pid;
+    int starts;
+} env;
+
+static void env_init(env *e)
+{
+    memset(e, 0, sizeof *e);
+    snprintf(e->dir, sizeof e->dir, "/tmp/ttel-e2e-XXXXXX");
+    assert_non_null(mkdtemp(e->dir));
+    snprintf(e->data, sizeof e->data, "%s/data", e->dir);
+    snprintf(e->sock, sizeof e->sock, "%s/entropyd.sock", e->data);
+    snprintf(e->addr, sizeof e->addr, "unix:%s", e->sock);
+    snprintf(e->spool, sizeof e->spool, "%s/spool", e->dir);
+    snprintf(e->db, sizeof e->db, "%s/entropyd.db", e->data);
+}
+
+/* Starts the daemon and waits for its socket. */
+static void daemon_start(env *e)
+{
+    unlink(e->sock); /* a SIGKILLed daemon leaves it behind */
+    char log[128];
+    snprintf(log, sizeof log, "%s/daemon-%d.log", e->dir, e->starts++);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); }
+        execl(daemon_path(), "entropyd", "--data", e->data, (char *)NULL);
+        _exit(127);
+    }
+    e->pid = pid;
+    struct stat st;
+    uint64_t end = ms_now() + 10000;
+    while (stat(e->sock, &st) != 0 && ms_now() < end) msleep(5);
+    if (stat(e->sock, &st) != 0) fail_msg("entropyd did not create %s (see %s)", e->sock, log);
+}
+
+static void daemon_kill(env *e, int sig)
+{
+    if (e->pid <= 0) return;
+    kill(e->pid, sig);
+    waitpid(e->pid, NULL, 0);
+    e->pid = 0;
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(p);
+}
+
+static void env_free(env *e)
+{
+    daemon_kill(e, SIGKILL);
+    nftw(e->dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static telemetry *client(env *e, const char *run)
+{
+    telemetry_config c;
+    telemetry_config_init(&c);
+    c.address = e->addr;
+    c.run = run;
+    c.layers = L;
+    c.heads = H;
+    c.seq_len = 32;
+    c.spool_dir = e->spool;
+    c.queue_slots = 1024;
+    c.backoff_min_ms = 10;
+    c.backoff_max_ms = 200;
+    c.meta_json = "{\"test\":\"telemetry_e2e\"}";
+    char err[256];
+    telemetry *t = telemetry_create(&c, err, sizeof err);
+    if (!t) fail_msg("telemetry_create: %s", err);
+    return t;
+}
+
+/* Head values of a step: k/(step+1), with a NaN at k == 5. */
+static void head_values(int step, float *v)
+{
+    for (int k = 0; k < L * H; k++) v[k] = (float)k / (float)(step + 1);
+    v[5] = NAN;
+}
+
+static void put(telemetry *t, int step)
+{
+    float hv[L * H], lv[L] = { 1, 2, 3, (float)step };
+    head_values(step, hv);
+    telemetry_step *s = telemetry_step_begin(t, step, telemetry_now());
+    assert_non_null(s);
+    assert_int_equal(telemetry_step_scalar(s, "loss", 3.0 - step * 1e-3), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_layer(s, "rank_ratio", lv), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_heads(s, "entropy", hv), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
+}
+
+static long long q1(sqlite3 *db, const char *sql, const char *run)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
+    sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+    long long v = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+    sqlite3_finalize(st);
+    return v;
+}
+
+/* Every step 0..n-1 stored once, seqs 1..n, and the head values of a few
+ * steps exactly as sent. */
+static void check_db(env *e, const char *run, int n, const char *status)
+{
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(e->db, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    const char *rid = "(SELECT id FROM runs WHERE name = ?1)";
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM steps WHERE run_id = %s", rid);
+    assert_int_equal(q1(db, sql, run), n);
+    snprintf(sql, sizeof sql, "SELECT count(DISTINCT seq) FROM steps WHERE run_id = %s", rid);
+    assert_int_equal(q1(db, sql, run), n);
+    snprintf(sql, sizeof sql, "SELECT max(step) FROM steps WHERE run_id = %s", rid);
+    assert_int_equal(q1(db, sql, run), n - 1);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM steps WHERE run_id = %s AND seq != step + 1", rid);
+    assert_int_equal(q1(db, sql, run), 0);
+    if (status) {
+        sqlite3_stmt *st;
+        sqlite3_prepare_v2(db, "SELECT status FROM runs WHERE name = ?1", -1, &st, NULL);
+        sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        assert_string_equal((const char *)sqlite3_column_text(st, 0), status);
+        sqlite3_finalize(st);
+    }
+    int probe[] = { 0, n / 3, n - 1 };
+    for (int i = 0; i < 3; i++) {
+        sqlite3_stmt *st;
+        assert_int_equal(sqlite3_prepare_v2(db,
+                             "SELECT f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
+                             "JOIN runs r ON r.id = m.run_id "
+                             "WHERE r.name = ?1 AND m.name = 'entropy' AND f.step = ?2",
+                             -1, &st, NULL),
+                         SQLITE_OK);
+        sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 2, probe[i]);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        assert_int_equal(sqlite3_column_bytes(st, 0), L * H * 4);
+        const unsigned char *b = sqlite3_column_blob(st, 0);
+        float want[L * H];
+        head_values(probe[i], want);
+        for (int k = 0; k < L * H; k++) {
+            float got;
+            memcpy(&got, b + 4 * k, 4); /* little-endian host */
+            if (k == 5) assert_true(isnan(got));
+            else assert_true(got == want[k]);
+        }
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+}
+
+static int have_daemon(void)
+{
+    return access(daemon_path(), X_OK) == 0;
+}
+
+/* The daemon is SIGKILLed twice while steps stream; after each restart the
+ * client resumes from the daemon's last_seq. */
+static void test_daemon_killed_twice(void **state)
+{
+    if (!have_daemon()) { print_message("skipped: no %s\n", daemon_path()); skip(); }
+    env e;
+    env_init(&e);
+    daemon_start(&e);
+    telemetry *t = client(&e, "e2e-kill");
+    enum { N = 1200 };
+    for (int i = 0; i < N; i++) {
+        put(t, i);
+        if (i == 300 || i == 800) daemon_kill(&e, SIGKILL);
+        if (i == 500 || i == 950) daemon_start(&e);
+        msleep(2);
+    }
+    assert_int_equal(telemetry_destroy(t, "finished", 20000), TELEMETRY_OK);
+    check_db(&e, "e2e-kill", N, "finished");
+    daemon_kill(&e, SIGTERM);
+    env_free(&e);
+}
+
+/* No daemon at all while the run trains; the next client process (same run,
+ * same spool) finds the daemon up and uploads everything. */
+static void test_spool_uploaded_by_next_process(void **state)
+{
+    if (!have_daemon()) { print_message("skipped: no %s\n", daemon_path()); skip(); }
+    env e;
+    env_init(&e);
+    telemetry *a = client(&e, "e2e-spool");
+    for (int i = 0; i < 300; i++) put(a, i);
+    assert_int_equal(telemetry_destroy(a, NULL, 300), TELEMETRY_ETIMEDOUT);
+    daemon_start(&e);
+    telemetry *b = client(&e, "e2e-spool");
+    for (int i = 300; i < 400; i++) put(b, i);
+    assert_int_equal(telemetry_destroy(b, "finished", 20000), TELEMETRY_OK);
+    check_db(&e, "e2e-spool", 400, "finished");
+    daemon_kill(&e, SIGTERM);
+    env_free(&e);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_daemon_killed_twice),
+        cmocka_unit_test(test_spool_uploaded_by_next_process),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
