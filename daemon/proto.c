@@ -3,6 +3,7 @@
  * shapes; it knows nothing of runs, sockets or storage. */
 #include "proto.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -285,7 +286,24 @@ static int parse_int_field(struct parser *ps, const char *name, int64_t lo, int6
         if (skip_value(ps, 1)) return -1;
         return fail(ps, PROTO_E_BAD_FIELD, "%s must be an integer", name);
     }
+    const char *s = ps->p; /* peek skipped the whitespace */
     if (parse_number(ps, &d, &isint)) return -1;
+    if (isint && fabs(d) >= 0x1p53) {
+        /* a double rounds here (2^53+1 reads as 2^53): decide on the exact literal */
+        char buf[24];
+        size_t l = (size_t)(ps->p - s);
+        long long v = 0;
+        errno = 0;
+        if (l < sizeof buf) {
+            memcpy(buf, s, l);
+            buf[l] = 0;
+            v = strtoll(buf, NULL, 10);
+        }
+        if (l >= sizeof buf || errno || v < lo || v > hi)
+            return fail(ps, PROTO_E_BAD_FIELD, "%s must be an integer in %lld..%lld", name, (long long)lo, (long long)hi);
+        *out = v;
+        return 0;
+    }
     if (!isint || d != floor(d) || d < (double)lo || d > (double)hi)
         return fail(ps, PROTO_E_BAD_FIELD, "%s must be an integer in %lld..%lld", name, (long long)lo, (long long)hi);
     *out = (int64_t)d;
@@ -584,10 +602,11 @@ static int check_fields(struct parser *ps, unsigned seen) {
         NEED(F_PROTOCOL, "protocol");
         if (m->protocol != PROTO_VERSION) return fail(ps, PROTO_E_BAD_PROTOCOL, "protocol %lld is not supported (this daemon speaks 1)", (long long)m->protocol);
         NEED(F_RUN, "run");
+        /* before NEED: an object there is a wrongly typed field, not a missing one */
+        if (seen & (F_LAYERS_OBJ | F_HEADS_OBJ)) return fail(ps, PROTO_E_BAD_FIELD, "hello's layers and heads must be integers");
         NEED(F_LAYERS_N, "layers");
         NEED(F_HEADS_N, "heads");
         NEED(F_SEQLEN, "seq_len");
-        if (seen & (F_LAYERS_OBJ | F_HEADS_OBJ)) return fail(ps, PROTO_E_BAD_FIELD, "hello's layers and heads must be integers");
         if (m->layers * m->heads > (int64_t)PROTO_MAX_CELLS) return fail(ps, PROTO_E_BAD_FIELD, "layers * heads must be at most %u", PROTO_MAX_CELLS);
         break;
     case PROTO_STEP:
