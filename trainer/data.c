@@ -13,9 +13,9 @@ enum { TOK_EOS = 0, TOK_COPY = 1, TOK_SEP = 2, TOK_KV = 3, TOK_QRY = 4,
        TOK_ADJ = 8,   /* 8..15 */
        TOK_NOUN = 16, /* 16..31, class = (tok - 16) / 4 */
        TOK_VERB = 32, /* 32..47, class = (tok - 32) / 4 */
-       TOK_SYM = 16,  /* copy symbols 16..63 */
-       TOK_KEY = 16,  /* recall keys 16..39 */
-       TOK_VAL = 40 };/* recall values 40..63 */
+       TOK_SYM = 48,  /* copy symbols 48..63 */
+       TOK_KEY = 16,  /* recall keys 16..23 */
+       TOK_VAL = 48 };/* recall values 48..63 */
 
 static uint32_t rnd(uint64_t *s, uint32_t n) { return model_random_u32(s) % n; }
 
@@ -44,26 +44,26 @@ static int episode(uint8_t *out, uint64_t *s)
     int n = 0;
     uint32_t kind = rnd(s, 10);
     if (kind < 3) {
-        int k = 3 + (int)rnd(s, 8);
+        int k = 2 + (int)rnd(s, 6);
         out[n++] = TOK_COPY;
-        for (int i = 0; i < k; i++) out[n + i] = (uint8_t)(TOK_SYM + rnd(s, 48));
+        for (int i = 0; i < k; i++) out[n + i] = (uint8_t)(TOK_SYM + rnd(s, 16));
         n += k;
         out[n++] = TOK_SEP;
         memcpy(out + n, out + 1, (size_t)k);
         n += k;
     } else if (kind < 6) {
-        int pairs = 2 + (int)rnd(s, 5);
+        int pairs = 2 + (int)rnd(s, 3);
         uint8_t keys[8];
         out[n++] = TOK_KV;
         for (int i = 0; i < pairs; i++) {
             int fresh;
             do { /* distinct keys so the query has one answer */
-                keys[i] = (uint8_t)(TOK_KEY + rnd(s, 24));
+                keys[i] = (uint8_t)(TOK_KEY + rnd(s, 8));
                 fresh = 1;
                 for (int j = 0; j < i; j++) fresh &= keys[j] != keys[i];
             } while (!fresh);
             out[n++] = keys[i];
-            out[n++] = (uint8_t)(TOK_VAL + rnd(s, 24));
+            out[n++] = (uint8_t)(TOK_VAL + rnd(s, 16));
         }
         int q = (int)rnd(s, (uint32_t)pairs);
         out[n++] = TOK_QRY;

@@ -24,8 +24,8 @@ typedef struct {
 
 /* The synthetic corpus of ntokens tokens, deterministic from seed.  A mix of
  * episodes (one token = one symbol):
- *   copy:    COPY s1..sk SEP s1..sk EOS            (k in 3..10; second half needs attention)
- *   recall:  KV k1 v1 .. kn vn QRY ki vi EOS        (n in 2..6; the answer needs attention)
+ *   copy:    COPY s1..sk SEP s1..sk EOS            (k in 2..7, 16 symbols; second half needs attention)
+ *   recall:  KV k1 v1 .. kn vn QRY ki vi EOS        (n in 2..4, 8 keys, 16 values; the answer needs attention)
  *   grammar: DET [ADJ] NOUN VERB DET [ADJ] NOUN EOS (verb agrees with the subject's class,
  *            the object's class is fixed by the verb's)
  * Returns NULL when out of memory. */

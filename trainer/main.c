@@ -400,7 +400,7 @@ int main(int argc, char **argv)
     double t0 = now_s(), tlast = t0, flops = step_flops(&r->cfg, B, T);
     long start = (long)r->step, done_here = 0, window = 0;
     float loss = NAN, lr = 0.0f, gnorm = 0.0f, val = NAN;
-    double loss_acc = 0.0;
+    double loss_acc = 0.0, reparam_eval = 0.0;
     for (long step = start; step < r->steps; step++) {
         data_next_train(d, in, tg, B, T);
         loss = model_forward(m, in, tg, B, T, 1);
@@ -448,8 +448,9 @@ int main(int argc, char **argv)
             loss_acc = 0.0;
         }
         if (o.eval_every && r->step % o.eval_every == 0 && r->step < r->steps) {
-            double te = now_s();
+            double te = now_s(), re = m->reparam_seconds;
             val = evaluate(m, d, in, tg, B, T, o.eval_batches);
+            reparam_eval += m->reparam_seconds - re;
             printf("eval step %lld | val loss %.4f\n", (long long)r->step, val);
             tlast += now_s() - te; /* keep evals out of tokens/s */
             t0 += now_s() - te;
@@ -467,6 +468,7 @@ int main(int argc, char **argv)
         }
     }
     double elapsed = now_s() - t0;
+    double reparam_train = m->reparam_seconds - reparam_eval;
     val = evaluate(m, d, in, tg, B, T, o.eval_batches);
     printf("eval step %lld | val loss %.4f\n", (long long)r->step, val);
     if (o.save_path) {
@@ -480,9 +482,9 @@ int main(int argc, char **argv)
     }
     double tps = done_here ? (double)done_here * B * T / elapsed : 0.0;
     printf("summary: steps %lld | last train loss %.4f | val loss %.4f | nan steps %lld | "
-           "%.1f s | %.0f tok/s | %.1f GFLOP/s\n",
+           "%.1f s | %.0f tok/s | %.1f GFLOP/s | sreparam %.2f%% of step time\n",
            (long long)r->step, loss, val, (long long)r->nan_steps, elapsed, tps,
-           tps / (B * T) * flops / 1e9);
+           tps / (B * T) * flops / 1e9, elapsed > 0 ? 100.0 * reparam_train / elapsed : 0.0);
     status = isfinite(val) ? 0 : 3;
 out:
     free(in);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---------------------------------------------------------------- random */
 
@@ -392,6 +393,13 @@ static size_t carve_acts(model_acts *a, float *mem, const model_config *c, size_
 
 static void *worker_main(void *arg);
 
+static double now_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 static size_t scratch_size(const model_config *c, size_t B, size_t T)
 {
     return 15 * B * T * (size_t)c->dim + T * T;
@@ -449,6 +457,25 @@ model *model_create(const model_config *cfg, int B, int T, int threads)
         sh->deff = t && m->deff_memory ? calloc(nw, sizeof(float)) : m->deff_memory;
         if (!sh->scratch || !sh->grads_memory || (m->deff_memory && !sh->deff)) goto err;
         carve_params(&sh->grads, sh->grads_memory, m->param_sizes);
+    }
+    /* Spread the linears over the threads, largest first onto the least loaded. */
+    m->lin_owner = calloc(m->num_linear, sizeof(int));
+    if (!m->lin_owner) goto err;
+    {
+        double load[256] = {0};
+        int nt = threads < 256 ? threads : 256;
+        for (int i = 0; i < m->num_linear; i++) m->lin_owner[i] = -1;
+        for (int done = 0; done < m->num_linear; done++) {
+            int best = -1;
+            for (int i = 0; i < m->num_linear; i++)
+                if (m->lin_owner[i] < 0 && (best < 0 || (long)m->lin[i].out * m->lin[i].in >
+                                                         (long)m->lin[best].out * m->lin[best].in))
+                    best = i;
+            int tmin = 0;
+            for (int t = 1; t < nt; t++) if (load[t] < load[tmin]) tmin = t;
+            m->lin_owner[best] = tmin;
+            load[tmin] += (double)m->lin[best].out * m->lin[best].in;
+        }
     }
     m->one = 1.0f;
     if (pthread_mutex_init(&m->mu, NULL) != 0) goto err;
@@ -530,6 +557,7 @@ void model_destroy(model *m)
         pthread_mutex_destroy(&m->mu);
     }
     free(m->lin);
+    free(m->lin_owner);
     free(m->pi_memory);
     free(m->eff_memory);
     free(m->deff_memory);
@@ -679,6 +707,17 @@ KERNEL void add_into(float *dst, const float *src, long n)
     for (long i = 0; i < n; i++) dst[i] += src[i];
 }
 
+/* With σReparam the shards never write the gradients of the linear weights
+ * (they write dL/dW_hat; sreparam_backward fills dW once, after the
+ * reduction), so those ranges are neither cleared nor reduced: σReparam then
+ * moves no more memory than the plain model. */
+static int skip_in_grads(const model *m, int t)
+{
+    return m->cfg.reparam != MODEL_REPARAM_NONE &&
+           (t == MODEL_QKVW || t == MODEL_ATTPROJW || t == MODEL_FCW || t == MODEL_FCPROJW ||
+            t == MODEL_LMW);
+}
+
 /* Backward of examples [b0, b0 + B) into shard sh's gradient buffers. */
 static void backward_shard(model *m, model_shard *sh, int b0, int B)
 {
@@ -698,7 +737,13 @@ static void backward_shard(model *m, model_shard *sh, int b0, int B)
                       ? sh->grads_memory + (m->lin[i].dweff - m->grads_memory)          \
                       : sh->deff + (m->lin[i].dweff - m->deff_memory))
 
-    if (sh != &m->shards[0]) memset(sh->grads_memory, 0, sizeof(float) * m->num_params);
+    if (sh != &m->shards[0]) { /* private buffer: clear what this pass adds into */
+        size_t off = 0;
+        for (int t = 0; t < MODEL_NUM_PARAMS; t++) {
+            if (!skip_in_grads(m, t)) memset(sh->grads_memory + off, 0, sizeof(float) * m->param_sizes[t]);
+            off += m->param_sizes[t];
+        }
+    }
     float *probs = m->acts.probs + r * V;
     crossentropy_backward(probs, m->targets + r, BT, V, 1.0f / ((float)m->cur_B * T));
     float *xlast = block_input(m, L, b0);
@@ -762,15 +807,66 @@ static void shard_range(const model *m, int t, int *b0, int *nb)
     *nb = B * (t + 1) / n - *b0;
 }
 
+/* Splits [0, n) evenly over the threads. */
+static void split_range(const model *m, int t, size_t n, size_t *lo, size_t *hi)
+{
+    *lo = n * (size_t)t / (size_t)m->nthreads;
+    *hi = n * (size_t)(t + 1) / (size_t)m->nthreads;
+}
+
+enum { JOB_FORWARD = 1, JOB_BACKWARD, JOB_REDUCE, JOB_REPARAM_FWD, JOB_REPARAM_BWD };
+
 static void run_shard(model *m, int t)
 {
     int b0, nb;
     shard_range(m, t, &b0, &nb);
     model_shard *sh = &m->shards[t];
-    if (m->job == 1) sh->loss_sum = nb ? forward_shard(m, b0, nb) : 0.0;
-    else if (nb) backward_shard(m, sh, b0, nb);
-    else if (t) memset(sh->grads_memory, 0, sizeof(float) * m->num_params), sh->idle = 1;
+    size_t lo, hi;
+    switch (m->job) {
+    case JOB_FORWARD:
+        sh->loss_sum = nb ? forward_shard(m, b0, nb) : 0.0;
+        break;
+    case JOB_BACKWARD:
+        if (nb) backward_shard(m, sh, b0, nb);
+        else sh->idle = 1;
+        break;
+    case JOB_REDUCE: { /* grads (and dW_hat) of shards 1.. into shard 0, fixed order */
+        size_t off = 0;
+        for (int p = 0; p < MODEL_NUM_PARAMS; p++) {
+            size_t n = m->param_sizes[p];
+            if (!skip_in_grads(m, p)) {
+                split_range(m, t, n, &lo, &hi);
+                for (int k = 1; k < m->nthreads; k++)
+                    if (!m->shards[k].idle)
+                        add_into(m->grads_memory + off + lo, m->shards[k].grads_memory + off + lo, (long)(hi - lo));
+            }
+            off += n;
+        }
+        if (m->deff_memory) {
+            split_range(m, t, m->deff_size, &lo, &hi);
+            for (int k = 1; k < m->nthreads; k++)
+                if (!m->shards[k].idle) add_into(m->deff_memory + lo, m->shards[k].deff + lo, (long)(hi - lo));
+        }
+        break;
+    }
+    case JOB_REPARAM_FWD: /* this thread's linears (balanced by size at create) */
+        for (int i = 0; i < m->num_linear; i++) {
+            if (m->lin_owner[i] != t) continue;
+            sreparam_linear *l = &m->lin[i];
+            if (m->train) sreparam_power_step(l);
+            else l->sigma = sreparam_sigma(l);
+            sreparam_forward(l);
+        }
+        break;
+    case JOB_REPARAM_BWD:
+        for (int i = 0; i < m->num_linear; i++)
+            if (m->lin_owner[i] == t)
+                sreparam_backward(&m->lin[i], m->cfg.reparam == MODEL_REPARAM_SIGMA);
+        break;
+    }
 }
+
+#define SPIN 4000 /* pause instructions, ~0.1-0.5 ms */
 
 static void *worker_main(void *arg)
 {
@@ -778,6 +874,10 @@ static void *worker_main(void *arg)
     model *m = sh->m;
     unsigned seen = 0;
     for (;;) {
+        /* Jobs come in bursts (σReparam, forward, backward, reduce): spin a
+         * little before sleeping so a new job starts without a futex wake-up. */
+        for (int i = 0; i < SPIN && __atomic_load_n(&m->gen, __ATOMIC_ACQUIRE) == seen; i++)
+            __builtin_ia32_pause();
         pthread_mutex_lock(&m->mu);
         while (m->gen == seen && !m->quit) pthread_cond_wait(&m->go, &m->mu);
         if (m->quit) { pthread_mutex_unlock(&m->mu); return NULL; }
@@ -790,11 +890,12 @@ static void *worker_main(void *arg)
     }
 }
 
-/* Runs job (1 forward, 2 backward) on every shard and waits for all. */
+/* Runs a job on every shard (shard 0 on this thread) and waits for all. */
 static void run_all(model *m, int job)
 {
     m->job = job;
-    for (int t = 0; t < m->nthreads; t++) m->shards[t].idle = 0;
+    if (job == JOB_FORWARD || job == JOB_BACKWARD)
+        for (int t = 0; t < m->nthreads; t++) m->shards[t].idle = 0;
     if (m->nthreads > 1) {
         pthread_mutex_lock(&m->mu);
         m->pending = m->nthreads - 1;
@@ -804,6 +905,8 @@ static void run_all(model *m, int job)
     }
     run_shard(m, 0);
     if (m->nthreads > 1) {
+        for (int i = 0; i < SPIN && __atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) > 0; i++)
+            __builtin_ia32_pause();
         pthread_mutex_lock(&m->mu);
         while (m->pending > 0) pthread_cond_wait(&m->done, &m->mu);
         pthread_mutex_unlock(&m->mu);
@@ -815,14 +918,13 @@ float model_forward(model *m, const int *inputs, const int *targets, int B, int 
     const model_config *c = &m->cfg;
     m->cur_B = B; m->cur_T = T;
     m->inputs = inputs; m->targets = targets;
-    if (c->reparam != MODEL_REPARAM_NONE)
-        for (int i = 0; i < m->num_linear; i++) {
-            sreparam_linear *l = &m->lin[i];
-            if (train) sreparam_power_step(l);
-            else l->sigma = sreparam_sigma(l);
-            sreparam_forward(l);
-        }
-    run_all(m, 1);
+    if (c->reparam != MODEL_REPARAM_NONE) {
+        double t0 = now_seconds();
+        m->train = train;
+        run_all(m, JOB_REPARAM_FWD);
+        m->reparam_seconds += now_seconds() - t0;
+    }
+    run_all(m, JOB_FORWARD);
     double total = 0.0;
     for (int t = 0; t < m->nthreads; t++) total += m->shards[t].loss_sum;
     m->mean_loss = targets ? (float)(total / ((double)B * T)) : -1.0f;
@@ -831,17 +933,15 @@ float model_forward(model *m, const int *inputs, const int *targets, int B, int 
 
 void model_backward(model *m)
 {
-    run_all(m, 2);
-    /* Reduce the shards' gradients in a fixed order (bit-reproducible). */
-    for (int t = 1; t < m->nthreads; t++) {
-        model_shard *sh = &m->shards[t];
-        if (sh->idle) continue;
-        add_into(m->grads_memory, sh->grads_memory, (long)m->num_params);
-        if (m->deff_memory) add_into(m->deff_memory, sh->deff, (long)m->deff_size);
+    run_all(m, JOB_BACKWARD);
+    /* The reduction moves the same amount of memory with and without
+     * σReparam (see skip_in_grads), so it is not counted as its cost. */
+    if (m->nthreads > 1) run_all(m, JOB_REDUCE);
+    if (m->cfg.reparam != MODEL_REPARAM_NONE) {
+        double t1 = now_seconds();
+        run_all(m, JOB_REPARAM_BWD);
+        m->reparam_seconds += now_seconds() - t1;
     }
-    if (m->cfg.reparam != MODEL_REPARAM_NONE)
-        for (int i = 0; i < m->num_linear; i++)
-            sreparam_backward(&m->lin[i], m->cfg.reparam == MODEL_REPARAM_SIGMA);
 }
 
 float *model_attention(model *m, int layer) { return layer_of(m, layer).att; }

@@ -157,7 +157,11 @@ struct model {
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     unsigned gen;
-    int pending, job, quit, sync_ok;
+    int pending, job, quit, sync_ok, train;
+    int *lin_owner;       /* (num_linear) thread doing each linear's σReparam work */
+    /* wall time spent on σReparam bookkeeping (power steps, W_hat, the
+     * gradient through sigma, reducing dW_hat): for the overhead figure */
+    double reparam_seconds;
     /* last forward's sizes and inputs */
     int cur_B, cur_T;
     const int *inputs, *targets;
