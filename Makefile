@@ -42,6 +42,7 @@ TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all deps test bench demo clean experiments
+.SECONDARY:
 all: $(BUILD)/entropyd $(if $(wildcard trainer/main.c),$(BUILD)/sigmatrain) $(TESTS) $(BENCHES)
 
 deps:

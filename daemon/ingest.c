@@ -421,14 +421,16 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
     it->run_id = run->id;
     it->seq = msg.seq;
     it->msg = msg;
+    int kind = it->kind;
+    /* from a successful submit on, the item belongs to the writer thread */
     if (writer_submit(ing->writer, it)) {
         it->msg = (struct proto_msg){0};
         writer_item_free(it);
         proto_msg_free(&msg);
         return LINE_BLOCKED;
     }
-    run->last_seq = it->seq;
-    if (it->kind == WRITER_END) run->ended = 1;
+    run->last_seq = msg.seq;
+    if (kind == WRITER_END) run->ended = 1;
     STAT_ADD(ing, messages, 1);
     return LINE_DONE;
 }

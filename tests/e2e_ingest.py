@@ -24,6 +24,8 @@ class IngestTest(unittest.TestCase):
         self.d = Daemon().start()
 
     def tearDown(self):
+        if self.d.proc is not None and not self.d.alive():
+            print("daemon died; its log:\n" + self.d.log()[-4000:])
         self.d.cleanup()
 
     def client(self):
