@@ -10,7 +10,7 @@ STEPS=${STEPS:-20000}
 GAP_US=${GAP_US:-100}
 if [ -x "$BUILD/entropyd" ]; then
   dir=$(mktemp -d /tmp/telemetry-bench.XXXXXX)
-  "$BUILD/entropyd" --data "$dir" >"$dir/log" 2>&1 &
+  "$BUILD/entropyd" --data "$dir" --http off >"$dir/log" 2>&1 &
   pid=$!
   trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
   for i in $(seq 100); do [ -S "$dir/entropyd.sock" ] && break; sleep 0.05; done

@@ -79,14 +79,19 @@ static void daemon_start(env *e)
     if (pid == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); }
-        execl(daemon_path(), "entropyd", "--data", e->data, (char *)NULL);
+        execl(daemon_path(), "entropyd", "--data", e->data, "--http", "off", (char *)NULL);
         _exit(127);
     }
     e->pid = pid;
     struct stat st;
     uint64_t end = ms_now() + 10000;
     while (stat(e->sock, &st) != 0 && ms_now() < end) msleep(5);
-    if (stat(e->sock, &st) != 0) fail_msg("entropyd did not create %s (see %s)", e->sock, log);
+    if (stat(e->sock, &st) != 0) {
+        char buf[2048] = "";
+        FILE *f = fopen(log, "r");
+        if (f) { buf[fread(buf, 1, sizeof buf - 1, f)] = 0; fclose(f); }
+        fail_msg("entropyd did not create %s; its log:\n%s", e->sock, buf);
+    }
 }
 
 static void daemon_kill(env *e, int sig)
