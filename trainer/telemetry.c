@@ -1370,6 +1370,11 @@ static int alloc_slots(telemetry *t)
                  (size_t)t->max_l * (sizeof(name_t) + L * sizeof(float)) +
                  (size_t)t->max_h * (sizeof(name_t) + LH * sizeof(float));
     per = (per + 63) & ~(size_t)63;
+    if (t->cap == 0) { /* default: 256 slots, or fewer within 64 MiB (big models) */
+        t->cap = ((size_t)64 << 20) / per;
+        if (t->cap > 256) t->cap = 256;
+        if (t->cap < 16) t->cap = 16;
+    }
     t->slots = calloc(t->cap, sizeof *t->slots);
     t->slot_mem = malloc(per * t->cap);
     if (!t->slots || !t->slot_mem) return -1;
@@ -1405,8 +1410,8 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     t->H = c->heads;
     t->max_s = c->max_scalars > 0 ? c->max_scalars : 64;
     t->max_l = c->max_layer_metrics > 0 ? c->max_layer_metrics : 32;
-    t->max_h = c->max_head_metrics > 0 ? c->max_head_metrics : 32;
-    t->cap = c->queue_slots ? c->queue_slots : 256;
+    t->max_h = c->max_head_metrics > 0 ? c->max_head_metrics : 16;
+    t->cap = c->queue_slots; /* 0: sized by alloc_slots */
     t->spool_max = c->spool_max_bytes ? c->spool_max_bytes : (uint64_t)256 << 20;
     t->seg_bytes = t->spool_max / 8;
     if (t->seg_bytes < 4096) t->seg_bytes = 4096;

@@ -55,9 +55,13 @@ typedef struct telemetry_config {
     const char *spool_dir; /* spool root; the run spools in SPOOL_DIR/RUN/.
                               NULL: a private temporary directory removed by
                               destroy (no persistence across processes) */
-    size_t queue_slots;    /* ring capacity in messages; default 256 */
+    size_t queue_slots;    /* ring capacity in messages; default 256, fewer
+                              (at least 16) when 256 slots would take over
+                              64 MiB. The ring is allocated and touched at
+                              create: slots * (max_scalars + max_layer_metrics*L
+                              + max_head_metrics*L*H) floats, plus names */
     size_t spool_max_bytes;/* spool bound; default 256 MiB */
-    int max_scalars;       /* per-step metric slots; defaults 64, 32, 32 */
+    int max_scalars;       /* per-step metric slots; defaults 64, 32, 16 */
     int max_layer_metrics;
     int max_head_metrics;
     int backoff_min_ms;    /* reconnect backoff; defaults 50 and 2000 */
