@@ -663,6 +663,15 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
         query_buf_printf(out, firstb ? "%lld" : ",%lld", (long long)st);
         firstb = 0;
     }
+    query_buf_puts(out, "],\"end\":[");
+    firstb = 1;
+    for (int64_t i = 0; i < sr.nb; i++) {
+        if (!sr.b[i].frames) continue;
+        int64_t en = sr.a + (i + 1) * sr.w - 1;
+        if (en > hi) en = hi;
+        query_buf_printf(out, firstb ? "%lld" : ",%lld", (long long)en);
+        firstb = 0;
+    }
     query_buf_add(out, "]", 1);
     emit_f_array(out, "min", &sr, QUERY_AGG_MIN);
     emit_f_array(out, "max", &sr, QUERY_AGG_MAX);
@@ -881,7 +890,7 @@ static void piece_value(struct query_export *x) {
 /* Produces the next piece of text into x->piece. Returns 1, 0 at the end,
  * -1 on a database error. */
 static int next_piece(struct query_export *x) {
-    x->poff = 0;
+    x->poff = x->plen = 0;
     for (;;) {
         if (x->state == 0) {
             x->state = 1;
