@@ -174,7 +174,7 @@ static void fmt_val(char *out, size_t cap, float x) {
 
 #define L1 2
 #define H1 3
-#define NSTEPS 6000
+#define NSTEPS 6144 /* the last 64- and 512-blocks are full but not rolled up yet */
 #define GAP_LO 3000 /* steps [GAP_LO, GAP_HI) are never sent */
 #define GAP_HI 3100
 
