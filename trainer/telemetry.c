@@ -223,9 +223,9 @@ static int emit_decimal(char *p, uint64_t m, int ndig, int e10)
 
 /* Shortest-ish round-trip float32 formatting without printf: scale by an
  * exact power of ten in double (53 bits are plenty for 9 digits of a 24-bit
- * mantissa), then try 6, 7 and 8 digits and keep the first that converts
- * back to the same float the way a parser does ((float) of a correctly
- * rounded double); 9 digits always round-trip. Magnitudes whose scaling
+ * mantissa; 9 digits always round-trip), then try 8, 7 and 6 digits while
+ * they convert back to the same float the way a parser does ((float) of a
+ * correctly rounded double). Trailing zeros are then cut, so 0.5 is "0.5". Magnitudes whose scaling
  * needs a power of ten beyond 1e22 (|v| < ~1e-14 or > ~1e31) and subnormals
  * fall back to "%.9g". */
 int telemetry_format_float(char *buf, float v)
@@ -252,17 +252,24 @@ int telemetry_format_float(char *buf, float v)
         else break;
     }
     if (m9 >= U10[9] || m9 < U10[8]) goto slow;
-    for (int nd = 6; nd < 9; nd++) {
-        uint64_t div = U10[9 - nd];
-        uint64_t m = (m9 + div / 2) / div;
+    /* Fewer digits while they still read back (descending: most metric
+     * values need 8 or 9, so this usually stops after one or two tries). */
+    uint32_t best = (uint32_t)m9;
+    int best_nd = 9, best_e = e10;
+    for (int nd = 8; nd >= 6; nd--) {
+        uint32_t div = (uint32_t)U10[9 - nd];
+        uint32_t m = ((uint32_t)m9 + div / 2) / div;
         int ee = e10;
         if (m >= U10[nd]) { m /= 10; ee++; }
         int kk = nd - 1 - ee; /* value = m / 10^kk */
-        if (kk > 22 || kk < -22) continue;
+        if (kk > 22 || kk < -22) break;
         double back = kk >= 0 ? (double)m / P10[kk] : (double)m * P10[-kk];
-        if ((float)back == v) return (int)(p - buf) + emit_decimal(p, m, nd, ee);
+        if ((float)back != v) break;
+        best = m;
+        best_nd = nd;
+        best_e = ee;
     }
-    return (int)(p - buf) + emit_decimal(p, m9, 9, e10);
+    return (int)(p - buf) + emit_decimal(p, best, best_nd, best_e);
 slow:
     return (int)(p - buf) + snprintf(p, 20, "%.9g", (double)v);
 }
