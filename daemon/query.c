@@ -119,7 +119,10 @@ enum {
 static const char *const q_sql[Q_COUNT] = {
     [Q_RUN] = "SELECT layers, heads, status FROM runs WHERE id = ?1",
     [Q_METRIC] = "SELECT id, kind FROM metrics WHERE run_id = ?1 AND name = ?2",
-    [Q_STEP_RANGE] = "SELECT min(step), max(step) FROM frames WHERE metric_id = ?1",
+    /* two subqueries: SQLite answers a lone min() or max() from the index
+     * in one seek, but scans every row when both are in one query */
+    [Q_STEP_RANGE] = "SELECT (SELECT min(step) FROM frames WHERE metric_id = ?1), "
+                     "(SELECT max(step) FROM frames WHERE metric_id = ?1)",
     [Q_ROLLUPS] = "SELECT block, nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 "
                   "AND block BETWEEN ?3 AND ?4 ORDER BY block",
     [Q_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
