@@ -1,0 +1,1152 @@
+/* test_store.c: unit tests of the SQLite write side (daemon/store.c) on a
+ * real database file in a temporary directory.
+ *
+ * The store is driven through its public calls only; what it wrote is read
+ * back through a second, read-only SQLite connection and checked against
+ * schema/storage.md: frames decode to the values sent (NaN for null), and
+ * every rollup row is recomputed by brute force from the frames (min, max,
+ * finite count and nframes exact, sum to 1e-9 of the sum of magnitudes),
+ * including the completeness rule (a row for every non-empty block below
+ * W_k) after gaps, sparse metrics, history rewrites, rollbacks and a full
+ * disk. Not covered: SQLITE_BUSY from a second writer, I/O errors other
+ * than SQLITE_FULL, out-of-memory paths. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "store.h"
+
+/* ------------------------------------------------------------ fixture */
+
+struct fx {
+    char dir[64];
+    char path[128];
+    struct store *st;
+};
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static int setup(void **state) {
+    struct fx *f = calloc(1, sizeof *f);
+    if (!f) return -1;
+    snprintf(f->dir, sizeof f->dir, "/tmp/tstore-XXXXXX");
+    if (!mkdtemp(f->dir)) return -1;
+    snprintf(f->path, sizeof f->path, "%s/test.db", f->dir);
+    char err[256];
+    f->st = store_open(f->path, err, sizeof err);
+    if (!f->st) {
+        fprintf(stderr, "store_open: %s\n", err);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    struct fx *f = *state;
+    store_close(f->st);
+    nftw(f->dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    free(f);
+    return 0;
+}
+
+#define OK(call)                                                                                   \
+    do {                                                                                           \
+        if ((call) != 0) fail_msg("%s failed: %s (code %d)", #call, store_errmsg(f->st), store_errcode(f->st)); \
+    } while (0)
+
+/* ------------------------------------------------------------ reading the database */
+
+static sqlite3 *ro_open(const char *path) {
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    return db;
+}
+
+/* The first column of the first row of a formatted query as int64;
+ * INT64_MIN when there is no row or it is NULL. */
+static int64_t qi(const char *path, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *sql = sqlite3_vmprintf(fmt, ap);
+    va_end(ap);
+    sqlite3 *db = ro_open(path);
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
+    int64_t v = INT64_MIN;
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    sqlite3_free(sql);
+    return v;
+}
+
+/* The same as text (malloc'ed), NULL when there is no row or it is NULL. */
+static char *qs(const char *path, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *sql = sqlite3_vmprintf(fmt, ap);
+    va_end(ap);
+    sqlite3 *db = ro_open(path);
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
+    char *v = NULL;
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) v = strdup((const char *)sqlite3_column_text(s, 0));
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    sqlite3_free(sql);
+    return v;
+}
+
+static double qd(const char *path, const char *fmt, const char *arg) {
+    char *sql = sqlite3_mprintf(fmt, arg);
+    sqlite3 *db = ro_open(path);
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
+    double v = NAN;
+    if (sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_double(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    sqlite3_free(sql);
+    return v;
+}
+
+/* A text dump of every table (row ids of frames and rollups left out), to
+ * compare two databases that should hold the same data. */
+static char *dump_db(const char *path) {
+    static const char *const queries[] = {
+        "SELECT id,name,status,created,updated,layers,heads,seq_len,meta,last_seq,last_step FROM runs ORDER BY id",
+        "SELECT id,run_id,name,kind FROM metrics ORDER BY id",
+        "SELECT run_id,step,seq,time FROM steps ORDER BY run_id,step",
+        "SELECT metric_id,step,hex(data) FROM frames ORDER BY metric_id,step",
+        "SELECT metric_id,level,block,nframes,hex(data) FROM rollups ORDER BY metric_id,level,block",
+        "SELECT run_id,seq,time,level,text FROM events ORDER BY id",
+    };
+    sqlite3 *db = ro_open(path);
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    for (size_t q = 0; q < sizeof queries / sizeof *queries; q++) {
+        sqlite3_stmt *s;
+        assert_int_equal(sqlite3_prepare_v2(db, queries[q], -1, &s, NULL), SQLITE_OK);
+        while (sqlite3_step(s) == SQLITE_ROW) {
+            for (int c = 0; c < sqlite3_column_count(s); c++) {
+                const char *t = sqlite3_column_type(s, c) == SQLITE_NULL ? "NULL" : (const char *)sqlite3_column_text(s, c);
+                size_t l = strlen(t);
+                while (n + l + 4 > cap) {
+                    cap *= 2;
+                    out = realloc(out, cap);
+                    assert_non_null(out);
+                }
+                memcpy(out + n, t, l);
+                n += l;
+                out[n++] = '|';
+            }
+            out[n++] = '\n';
+        }
+        sqlite3_finalize(s);
+        out[n++] = '#';
+    }
+    out[n] = 0;
+    sqlite3_close(db);
+    return out;
+}
+
+/* ------------------------------------------------------------ building steps */
+
+static void msg_step(struct proto_msg *m, int64_t step) {
+    memset(m, 0, sizeof *m);
+    m->type = PROTO_STEP;
+    m->step = step;
+}
+
+static void msg_add(struct proto_msg *m, const char *name, int kind, uint32_t rows, uint32_t cols, const float *v) {
+    m->metrics = realloc(m->metrics, (m->nmetrics + 1) * sizeof *m->metrics);
+    assert_non_null(m->metrics);
+    struct proto_metric *mt = &m->metrics[m->nmetrics++];
+    memset(mt, 0, sizeof *mt);
+    snprintf(mt->name, sizeof mt->name, "%s", name);
+    mt->kind = kind;
+    mt->rows = rows;
+    mt->cols = cols;
+    mt->offset = m->nvalues;
+    uint32_t n = rows * cols;
+    m->values = realloc(m->values, (m->nvalues + n) * sizeof *m->values);
+    assert_non_null(m->values);
+    memcpy(m->values + m->nvalues, v, n * sizeof *v);
+    m->nvalues += n;
+}
+
+/* A deterministic value of metric mi at step, index i, in history epoch
+ * `epoch` (a rewritten history gets other values). Some are NaN or Inf. */
+static float val(int mi, int64_t step, uint32_t i, int epoch) {
+    uint64_t h = (uint64_t)step * 2654435761u + i * 40503u + (uint64_t)mi * 9176u + (uint64_t)epoch * 7919u;
+    h ^= h >> 13;
+    if (h % 17 == 0) return NAN;
+    if (h % 97 == 0) return INFINITY;
+    if (h % 89 == 0) return -INFINITY;
+    return (float)(sin((double)step * 0.013 + i + mi) * 10 + epoch * 100 + (double)(h % 1000) / 7);
+}
+
+#define L 2
+#define H 3
+
+/* The standard step of the 2x3 test model: scalar loss, layer metric rank,
+ * head metric ent, a sparse scalar sp (every 5th step) and a scalar early
+ * (only below step 3000). */
+static void build_step(struct proto_msg *m, int64_t step, int epoch) {
+    float v[L * H];
+    msg_step(m, step);
+    v[0] = val(0, step, 0, epoch);
+    msg_add(m, "loss", PROTO_SCALAR, 1, 1, v);
+    for (uint32_t i = 0; i < L; i++) v[i] = val(1, step, i, epoch);
+    msg_add(m, "rank", PROTO_LAYER, L, 1, v);
+    for (uint32_t i = 0; i < L * H; i++) v[i] = val(2, step, i, epoch);
+    msg_add(m, "ent", PROTO_HEAD, L, H, v);
+    if (step % 5 == 0) {
+        v[0] = val(3, step, 0, epoch);
+        msg_add(m, "sp", PROTO_SCALAR, 1, 1, v);
+    }
+    if (step < 3000) {
+        v[0] = val(4, step, 0, epoch);
+        msg_add(m, "early", PROTO_SCALAR, 1, 1, v);
+    }
+}
+
+static int64_t open_run(struct fx *f, const char *name, int64_t layers, int64_t heads) {
+    struct store_run_info info;
+    OK(store_begin(f->st));
+    OK(store_run_open(f->st, name, layers, heads, 64, NULL, 1000.0, &info));
+    OK(store_commit(f->st));
+    return info.id;
+}
+
+/* Stores the given steps (seq continuing from *seq), committing every
+ * commit_every steps. */
+static void put_steps(struct fx *f, int64_t run, int64_t *seq, const int64_t *steps, size_t n, int epoch,
+                      size_t commit_every) {
+    OK(store_begin(f->st));
+    for (size_t i = 0; i < n; i++) {
+        struct proto_msg m;
+        build_step(&m, steps[i], epoch);
+        int rc = store_step(f->st, run, ++*seq, &m, 1e9 + (double)steps[i], NULL, 0);
+        if (rc != 0) fail_msg("store_step(step %lld): %d %s", (long long)steps[i], rc, store_errmsg(f->st));
+        proto_msg_free(&m);
+        if ((i + 1) % commit_every == 0 && i + 1 < n) {
+            OK(store_commit(f->st));
+            OK(store_begin(f->st));
+        }
+    }
+    OK(store_commit(f->st));
+}
+
+static void put_range(struct fx *f, int64_t run, int64_t *seq, int64_t from, int64_t to, int epoch, size_t commit_every) {
+    size_t n = (size_t)(to - from + 1);
+    int64_t *steps = malloc(n * sizeof *steps);
+    for (size_t i = 0; i < n; i++) steps[i] = from + (int64_t)i;
+    put_steps(f, run, seq, steps, n, epoch, commit_every);
+    free(steps);
+}
+
+/* ------------------------------------------------------------ brute-force rollups */
+
+struct agg {
+    float mn, mx;
+    double sum, abssum;
+    uint32_t count;
+};
+
+static int same_float(float a, float b) {
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y || (isnan(a) && isnan(b));
+}
+
+/* Recomputes every rollup row of run_id's metrics from the frames and
+ * compares; checks the completeness rule. Adds the rows checked per level
+ * to rows_per_level (index 1..5) when not NULL. */
+static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_level) {
+    sqlite3 *db = ro_open(path);
+    int64_t layers = qi(path, "SELECT layers FROM runs WHERE id = %lld", (long long)run_id);
+    int64_t heads = qi(path, "SELECT heads FROM runs WHERE id = %lld", (long long)run_id);
+    sqlite3_stmt *ms;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT id, kind, name FROM metrics WHERE run_id = ?1 ORDER BY id", -1, &ms, NULL), SQLITE_OK);
+    sqlite3_bind_int64(ms, 1, run_id);
+    while (sqlite3_step(ms) == SQLITE_ROW) {
+        int64_t mid = sqlite3_column_int64(ms, 0);
+        int kind = sqlite3_column_int(ms, 1);
+        char name[80];
+        snprintf(name, sizeof name, "%s", (const char *)sqlite3_column_text(ms, 2));
+        uint32_t n = kind == PROTO_SCALAR ? 1 : kind == PROTO_LAYER ? (uint32_t)layers : (uint32_t)(layers * heads);
+
+        /* all frames, by step */
+        size_t nf = 0, capf = 1024;
+        int64_t *fstep = malloc(capf * sizeof *fstep);
+        float *fval = malloc(capf * n * sizeof *fval);
+        sqlite3_stmt *fs;
+        assert_int_equal(sqlite3_prepare_v2(db, "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step", -1, &fs, NULL), SQLITE_OK);
+        sqlite3_bind_int64(fs, 1, mid);
+        while (sqlite3_step(fs) == SQLITE_ROW) {
+            if (nf == capf) {
+                capf *= 2;
+                fstep = realloc(fstep, capf * sizeof *fstep);
+                fval = realloc(fval, capf * n * sizeof *fval);
+            }
+            fstep[nf] = sqlite3_column_int64(fs, 0);
+            assert_int_equal(sqlite3_column_bytes(fs, 1), (int)(n * 4));
+            memcpy(fval + nf * n, sqlite3_column_blob(fs, 1), n * 4);
+            nf++;
+        }
+        sqlite3_finalize(fs);
+        int64_t last = nf ? fstep[nf - 1] : -1;
+
+        for (int k = 1; k <= STORE_LEVELS; k++) {
+            int64_t size = STORE_LEVEL_SIZE(k);
+            sqlite3_stmt *rs;
+            assert_int_equal(sqlite3_prepare_v2(db, "SELECT block, nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 ORDER BY block",
+                                                -1, &rs, NULL), SQLITE_OK);
+            sqlite3_bind_int64(rs, 1, mid);
+            sqlite3_bind_int(rs, 2, k);
+            int rc = sqlite3_step(rs);
+            size_t i = 0;
+            int64_t matched = 0, nrows = 0;
+            /* walk the non-empty blocks in order, alongside the rows */
+            while (i < nf) {
+                int64_t b = fstep[i] / size;
+                size_t j = i;
+                struct agg *a = calloc(n, sizeof *a);
+                for (uint32_t v = 0; v < n; v++) a[v].mn = a[v].mx = NAN;
+                for (; j < nf && fstep[j] / size == b; j++) {
+                    for (uint32_t v = 0; v < n; v++) {
+                        float x = fval[j * n + v];
+                        if (!isfinite(x)) continue;
+                        if (a[v].count == 0 || x < a[v].mn) a[v].mn = x;
+                        if (a[v].count == 0 || x > a[v].mx) a[v].mx = x;
+                        a[v].sum += x;
+                        a[v].abssum += fabs(x);
+                        a[v].count++;
+                    }
+                }
+                int64_t nframes = (int64_t)(j - i);
+                /* rows of empty blocks before b */
+                while (rc == SQLITE_ROW && sqlite3_column_int64(rs, 0) < b) {
+                    fail_msg("metric %s level %d: row for block %lld, which has no frames", name, k,
+                             (long long)sqlite3_column_int64(rs, 0));
+                }
+                if (rc == SQLITE_ROW && sqlite3_column_int64(rs, 0) == b) {
+                    if (sqlite3_column_int64(rs, 1) != nframes)
+                        fail_msg("metric %s level %d block %lld: nframes %lld, frames say %lld", name, k, (long long)b,
+                                 (long long)sqlite3_column_int64(rs, 1), (long long)nframes);
+                    assert_int_equal(sqlite3_column_bytes(rs, 2), (int)(n * STORE_ROLLUP_BYTES));
+                    const unsigned char *d = sqlite3_column_blob(rs, 2);
+                    for (uint32_t v = 0; v < n; v++) {
+                        float mn, mx;
+                        double sum;
+                        uint32_t c;
+                        memcpy(&mn, d + v * 20, 4);
+                        memcpy(&mx, d + v * 20 + 4, 4);
+                        memcpy(&sum, d + v * 20 + 8, 8);
+                        memcpy(&c, d + v * 20 + 16, 4);
+                        if (c != a[v].count || !same_float(mn, a[v].mn) || !same_float(mx, a[v].mx) ||
+                            fabs(sum - a[v].sum) > 1e-9 * a[v].abssum)
+                            fail_msg("metric %s level %d block %lld value %u: stored min %g max %g sum %.17g count %u; "
+                                     "frames give min %g max %g sum %.17g count %u",
+                                     name, k, (long long)b, v, (double)mn, (double)mx, sum, c, (double)a[v].mn,
+                                     (double)a[v].mx, a[v].sum, a[v].count);
+                    }
+                    matched++;
+                    nrows++;
+                    rc = sqlite3_step(rs);
+                } else if (b < last / size) {
+                    fail_msg("metric %s level %d: no row for block %lld (has %lld frames) below W_k = %lld (last step %lld)",
+                             name, k, (long long)b, (long long)nframes, (long long)(last / size * size), (long long)last);
+                }
+                free(a);
+                i = j;
+            }
+            if (rc == SQLITE_ROW)
+                fail_msg("metric %s level %d: row for block %lld, which has no frames", name, k, (long long)sqlite3_column_int64(rs, 0));
+            sqlite3_finalize(rs);
+            if (rows_per_level) rows_per_level[k] += matched;
+        }
+        free(fstep);
+        free(fval);
+    }
+    sqlite3_finalize(ms);
+    sqlite3_close(db);
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void test_migrations(void **state) {
+    struct fx *f = *state;
+    int version = store_schema_version();
+    assert_true(version >= 1);
+    assert_int_equal(qi(f->path, "PRAGMA user_version"), version);
+    assert_int_equal(qi(f->path, "PRAGMA page_size"), 16384);
+    char *jm = qs(f->path, "PRAGMA journal_mode");
+    assert_string_equal(jm, "wal");
+    free(jm);
+    static const char *const tables[] = {"runs", "metrics", "steps", "frames", "rollups", "events"};
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = %Q", tables[i]), 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'frames_metric_step'"), 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollups_metric_level_block'"), 1);
+    assert_true(store_db_bytes(f->st) > 0);
+    assert_int_equal(store_db_bytes(f->st) % 16384, 0);
+
+    /* reopening keeps the data and does not migrate again */
+    int64_t run = open_run(f, "keep", 2, 3);
+    store_close(f->st);
+    char err[256];
+    f->st = store_open(f->path, err, sizeof err);
+    assert_non_null(f->st);
+    assert_int_equal(qi(f->path, "PRAGMA user_version"), version);
+    assert_int_equal(qi(f->path, "SELECT id FROM runs WHERE name = 'keep'"), run);
+
+    /* an existing empty SQLite file (version 0) is brought up to date */
+    char p2[160];
+    snprintf(p2, sizeof p2, "%s/old.db", f->dir);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(p2, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE unrelated(x); PRAGMA user_version = 0;", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    struct store *st2 = store_open(p2, err, sizeof err);
+    if (!st2) fail_msg("store_open(old.db): %s", err);
+    store_close(st2);
+    assert_int_equal(qi(p2, "PRAGMA user_version"), version);
+    assert_int_equal(qi(p2, "SELECT count(*) FROM sqlite_master WHERE name IN ('runs','frames','rollups')"), 3);
+    assert_int_equal(qi(p2, "SELECT count(*) FROM sqlite_master WHERE name = 'unrelated'"), 1);
+}
+
+static void test_newer_schema_refused(void **state) {
+    struct fx *f = *state;
+    open_run(f, "r", 1, 1);
+    store_close(f->st);
+    f->st = NULL;
+    int version = store_schema_version();
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", version + 1);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+
+    char err[512] = "";
+    struct store *st = store_open(f->path, err, sizeof err);
+    assert_null(st);
+    char want[64];
+    snprintf(want, sizeof want, "version %d is newer", version + 1);
+    if (!strstr(err, want) || !strstr(err, f->path)) fail_msg("unclear message: %s", err);
+    /* refused, not touched */
+    assert_int_equal(qi(f->path, "PRAGMA user_version"), version + 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM runs"), 1);
+    /* a path that cannot be opened fails with a message too */
+    err[0] = 0;
+    assert_null(store_open("/nonexistent-dir-for-tests/x.db", err, sizeof err));
+    assert_true(err[0] != 0);
+}
+
+static void test_run_open_resume_mismatch(void **state) {
+    struct fx *f = *state;
+    struct store_run_info a, b, c;
+    OK(store_begin(f->st));
+    OK(store_run_open(f->st, "alpha", 2, 3, 128, "{\"lr\": 0.1}", 1000.5, &a));
+    assert_int_equal(a.created, 1);
+    assert_true(a.id > 0);
+    assert_int_equal(a.last_seq, 0);
+    assert_int_equal(a.layers, 2);
+    assert_int_equal(a.heads, 3);
+    assert_int_equal(a.seq_len, 128);
+    OK(store_run_open(f->st, "beta", 4, 4, 16, NULL, 1001, &b));
+    assert_int_equal(b.created, 1);
+    assert_true(b.id != a.id);
+    OK(store_commit(f->st));
+    char *s = qs(f->path, "SELECT status || ' ' || meta || ' ' || layers || 'x' || heads || ' ' || seq_len FROM runs WHERE id = %lld", (long long)a.id);
+    assert_string_equal(s, "live {\"lr\": 0.1} 2x3 128");
+    free(s);
+    s = qs(f->path, "SELECT meta FROM runs WHERE id = %lld", (long long)b.id);
+    assert_string_equal(s, "{}");
+    free(s);
+    assert_true(qd(f->path, "SELECT created FROM runs WHERE name = %Q", "alpha") == 1000.5);
+    assert_true(qd(f->path, "SELECT updated FROM runs WHERE name = %Q", "alpha") == 1000.5);
+    assert_int_equal(qi(f->path, "SELECT last_step FROM runs WHERE id = %lld", (long long)a.id), INT64_MIN); /* NULL */
+
+    /* some data, then the run goes stale and is resumed */
+    int64_t seq = 0;
+    int64_t steps[] = {0, 1, 2};
+    put_steps(f, a.id, &seq, steps, 3, 0, 10);
+    OK(store_begin(f->st));
+    OK(store_run_status(f->st, a.id, PROTO_STALE, 0, 1100));
+    OK(store_commit(f->st));
+    s = qs(f->path, "SELECT status FROM runs WHERE id = %lld", (long long)a.id);
+    assert_string_equal(s, "stale");
+    free(s);
+    OK(store_begin(f->st));
+    OK(store_run_open(f->st, "alpha", 2, 3, 256, NULL, 1200, &c));
+    OK(store_commit(f->st));
+    assert_int_equal(c.created, 0);
+    assert_int_equal(c.id, a.id);
+    assert_int_equal(c.last_seq, 3);
+    assert_int_equal(c.layers, 2);
+    assert_int_equal(c.heads, 3);
+    s = qs(f->path, "SELECT status || ' ' || meta || ' ' || seq_len FROM runs WHERE id = %lld", (long long)a.id);
+    assert_string_equal(s, "live {\"lr\": 0.1} 256"); /* meta kept when NULL */
+    free(s);
+    assert_true(qd(f->path, "SELECT created FROM runs WHERE name = %Q", "alpha") == 1000.5);
+    assert_true(qd(f->path, "SELECT updated FROM runs WHERE name = %Q", "alpha") == 1200);
+    /* a resume with meta replaces it */
+    OK(store_begin(f->st));
+    OK(store_run_open(f->st, "alpha", 2, 3, 256, "{\"v\":2}", 1300, &c));
+    OK(store_commit(f->st));
+    s = qs(f->path, "SELECT meta FROM runs WHERE id = %lld", (long long)a.id);
+    assert_string_equal(s, "{\"v\":2}");
+    free(s);
+
+    /* another shape: errcode -2, a message naming both shapes, nothing changed */
+    OK(store_begin(f->st));
+    OK(store_run_status(f->st, a.id, PROTO_STALE, 0, 1400));
+    assert_int_equal(store_run_open(f->st, "alpha", 3, 3, 256, "{\"v\":3}", 1500, &c), -1);
+    assert_int_equal(store_errcode(f->st), -2);
+    if (!strstr(store_errmsg(f->st), "2 layers x 3 heads") || !strstr(store_errmsg(f->st), "3 x 3"))
+        fail_msg("message: %s", store_errmsg(f->st));
+    assert_int_equal(store_run_open(f->st, "alpha", 2, 4, 256, NULL, 1500, &c), -1);
+    assert_int_equal(store_errcode(f->st), -2);
+    OK(store_commit(f->st));
+    s = qs(f->path, "SELECT status || ' ' || meta || ' ' || layers || 'x' || heads FROM runs WHERE id = %lld", (long long)a.id);
+    assert_string_equal(s, "stale {\"v\":2} 2x3");
+    free(s);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM runs"), 2);
+    assert_int_equal(store_run_last_seq(f->st, a.id), 3);
+    assert_int_equal(store_run_last_seq(f->st, b.id), 0);
+    assert_int_equal(store_run_last_seq(f->st, 999999), -1);
+}
+
+static void test_step_frames(void **state) {
+    struct fx *f = *state;
+    int64_t run = open_run(f, "frames", L, H);
+    struct proto_msg m;
+    msg_step(&m, 17);
+    float loss = 2.5f, rank[L] = {0.25f, NAN}, ent[L * H] = {1, 2, NAN, -4, INFINITY, 6e-30f};
+    msg_add(&m, "loss", PROTO_SCALAR, 1, 1, &loss);
+    msg_add(&m, "rank", PROTO_LAYER, L, 1, rank);
+    msg_add(&m, "ent", PROTO_HEAD, L, H, ent);
+    OK(store_begin(f->st));
+    assert_int_equal(store_step(f->st, run, 1, &m, 1764500000.25, NULL, 0), 0);
+    OK(store_commit(f->st));
+    proto_msg_free(&m);
+
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics WHERE run_id = %lld", (long long)run), 3);
+    assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'loss'"), 0);
+    assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'rank'"), 1);
+    assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'ent'"), 2);
+    const struct { const char *name; int n; const float *v; } want[] = {{"loss", 1, &loss}, {"rank", L, rank}, {"ent", L * H, ent}};
+    sqlite3 *db = ro_open(f->path);
+    for (int i = 0; i < 3; i++) {
+        sqlite3_stmt *s;
+        assert_int_equal(sqlite3_prepare_v2(db, "SELECT f.step, f.data FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = ?1",
+                                            -1, &s, NULL), SQLITE_OK);
+        sqlite3_bind_text(s, 1, want[i].name, -1, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+        assert_int_equal(sqlite3_column_int64(s, 0), 17);
+        assert_int_equal(sqlite3_column_bytes(s, 1), want[i].n * 4);
+        const unsigned char *d = sqlite3_column_blob(s, 1);
+        for (int k = 0; k < want[i].n; k++) {
+            /* little-endian float32, layer-major */
+            uint32_t bits = (uint32_t)d[4 * k] | (uint32_t)d[4 * k + 1] << 8 | (uint32_t)d[4 * k + 2] << 16 | (uint32_t)d[4 * k + 3] << 24;
+            float x;
+            memcpy(&x, &bits, 4);
+            if (!same_float(x, want[i].v[k])) fail_msg("%s[%d]: %g, want %g", want[i].name, k, (double)x, (double)want[i].v[k]);
+            if (isnan(want[i].v[k])) assert_true(isnan(x)); /* NaN stays NaN: not dropped, not zero */
+        }
+        assert_int_equal(sqlite3_step(s), SQLITE_DONE);
+        sqlite3_finalize(s);
+    }
+    sqlite3_close(db);
+    assert_int_equal(qi(f->path, "SELECT seq FROM steps WHERE run_id = %lld AND step = 17", (long long)run), 1);
+    assert_true(qd(f->path, "SELECT time FROM steps WHERE step = %s", "17") == 1764500000.25);
+    assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 1);
+    assert_int_equal(qi(f->path, "SELECT last_step FROM runs WHERE id = %lld", (long long)run), 17);
+    assert_true(qd(f->path, "SELECT updated FROM runs WHERE name = %Q", "frames") == 1764500000.25);
+    assert_int_equal(store_run_last_seq(f->st, run), 1);
+    /* no rollups yet: the first block is not complete */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups"), 0);
+    /* a step into a later block completes block 0 of level 1 for all three */
+    build_step(&m, 64, 0);
+    OK(store_begin(f->st));
+    assert_int_equal(store_step(f->st, run, 2, &m, 1764500001, NULL, 0), 0);
+    OK(store_commit(f->st));
+    proto_msg_free(&m);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups WHERE level = 1 AND block = 0"), 3);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups WHERE level > 1 OR block > 0"), 0);
+    verify_rollups(f->path, run, NULL);
+    /* an unknown run: errcode -3 */
+    build_step(&m, 1, 0);
+    OK(store_begin(f->st));
+    assert_int_equal(store_step(f->st, 987654, 1, &m, 1, NULL, 0), -1);
+    assert_int_equal(store_errcode(f->st), -3);
+    store_rollback(f->st);
+    proto_msg_free(&m);
+}
+
+static void test_rollups_brute_force(void **state) {
+    struct fx *f = *state;
+    int64_t run = open_run(f, "roll", L, H);
+    /* dense with gaps (every 3rd step missing), then sparse jumps that
+     * complete blocks of levels 3, 4 and 5 */
+    size_t n = 0;
+    int64_t *steps = malloc(8000 * sizeof *steps);
+    for (int64_t s = 0; s < 6000; s++)
+        if (s % 3 != 2) steps[n++] = s;
+    static const int64_t tail[] = {9000, 9001, 40000, 40010, 300000, 300001, 300002, 600000, 2400000};
+    for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) steps[n++] = tail[i];
+    int64_t seq = 0;
+    put_steps(f, run, &seq, steps, n, 0, 250);
+    free(steps);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), (int64_t)n);
+    assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), (int64_t)n);
+    assert_int_equal(qi(f->path, "SELECT last_step FROM runs WHERE id = %lld", (long long)run), 2400000);
+    /* the sparse metric has a frame only every 5th step */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'sp'"),
+                     qi(f->path, "SELECT count(*) FROM steps WHERE step %% 5 = 0"));
+    int64_t rows[STORE_LEVELS + 1] = {0};
+    verify_rollups(f->path, run, rows);
+    for (int k = 1; k <= STORE_LEVELS; k++)
+        if (rows[k] == 0) fail_msg("no rollup row of level %d was checked", k);
+    /* level 1 of ent: blocks 0..92 of the dense part, 140, 625 (40000/64),
+     * 4687 (300000..), 9375 (600000); 2400000 is the last and open */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 1"),
+                     94 + 1 + 1 + 1 + 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 5"), 3);
+    assert_int_equal(qi(f->path, "SELECT nframes FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 5 AND block = 0"),
+                     4000 + 4);
+    /* early stopped at step 2999: its last block stays open, the others are complete */
+    assert_int_equal(qi(f->path, "SELECT max(block) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'early' AND level = 1"),
+                     2998 / 64 - 1);
+}
+
+static int64_t count_rows(struct fx *f, int64_t run, const char *table, const char *where) {
+    return qi(f->path, "SELECT count(*) FROM %s WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND %s",
+              table, (long long)run, where);
+}
+
+static void test_history_rewrite(void **state) {
+    struct fx *f = *state;
+    int64_t run = open_run(f, "rewrite", L, H);
+    int64_t other = open_run(f, "bystander", L, H);
+    int64_t seq = 0, oseq = 0;
+    put_range(f, run, &seq, 0, 1499, 0, 100);
+    put_range(f, other, &oseq, 0, 1499, 0, 500);
+    char *before = NULL;
+    {
+        /* the bystander's rows, to check they are not touched */
+        before = qs(f->path, "SELECT group_concat(hex(data)) FROM (SELECT data FROM rollups WHERE metric_id IN "
+                             "(SELECT id FROM metrics WHERE run_id = %lld) ORDER BY metric_id, level, block)", (long long)other);
+    }
+    assert_true(count_rows(f, run, "rollups", "level = 1 AND block >= 10") > 0);
+    assert_true(count_rows(f, run, "rollups", "level = 2 AND block = 1") > 0);
+
+    /* step 700 again, with other values */
+    int64_t s700[] = {700};
+    put_steps(f, run, &seq, s700, 1, 1, 1);
+    assert_int_equal(count_rows(f, run, "frames", "step > 700"), 0);
+    assert_int_equal(count_rows(f, run, "frames", "step = 700"), 5); /* loss rank ent sp (700 % 5 == 0) early */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 701);
+    assert_int_equal(qi(f->path, "SELECT seq FROM steps WHERE run_id = %lld AND step = 700", (long long)run), seq);
+    assert_int_equal(count_rows(f, run, "rollups", "level = 1 AND block >= 10"), 0);  /* 700 / 64 = 10 */
+    assert_int_equal(count_rows(f, run, "rollups", "level = 2 AND block >= 1"), 0);   /* 700 / 512 = 1 */
+    assert_true(count_rows(f, run, "rollups", "level = 1 AND block = 9") > 0);        /* complete, kept */
+    assert_true(count_rows(f, run, "rollups", "level = 2 AND block = 0") > 0);
+    assert_int_equal(qi(f->path, "SELECT last_step FROM runs WHERE id = %lld", (long long)run), 700);
+    assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq);
+    char *ev = qs(f->path, "SELECT level || '|' || coalesce(seq, 'NULL') || '|' || text FROM events WHERE run_id = %lld", (long long)run);
+    assert_non_null(ev);
+    if (strncmp(ev, "warn|NULL|rollback to step 700", 30) != 0) fail_msg("event: %s", ev);
+    free(ev);
+    /* the frame at 700 holds the new values */
+    float x;
+    char *hex = qs(f->path, "SELECT hex(data) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.run_id = %lld AND m.name = 'loss' AND step = 700",
+                   (long long)run);
+    uint32_t bits = 0;
+    for (int i = 3; i >= 0; i--) {
+        unsigned byte;
+        sscanf(hex + 2 * i, "%2x", &byte);
+        bits = bits << 8 | byte;
+    }
+    free(hex);
+    memcpy(&x, &bits, 4);
+    assert_true(same_float(x, val(0, 700, 0, 1)));
+    verify_rollups(f->path, run, NULL);
+
+    /* continue, then rewrite to a boundary of levels 1 and 2 */
+    put_range(f, run, &seq, 701, 2000, 1, 150);
+    verify_rollups(f->path, run, NULL);
+    int64_t s1024[] = {1024};
+    put_steps(f, run, &seq, s1024, 1, 2, 1);
+    assert_int_equal(count_rows(f, run, "rollups", "level = 1 AND block >= 16"), 0);
+    assert_int_equal(count_rows(f, run, "rollups", "level = 2 AND block >= 2"), 0);
+    assert_true(count_rows(f, run, "rollups", "level = 1 AND block = 15") > 0);
+    put_range(f, run, &seq, 1025, 1600, 2, 64);
+    verify_rollups(f->path, run, NULL);
+    /* the last step again */
+    int64_t s1600[] = {1600};
+    put_steps(f, run, &seq, s1600, 1, 3, 1);
+    assert_int_equal(count_rows(f, run, "frames", "step = 1600"), 5);
+    assert_int_equal(count_rows(f, run, "frames", "step > 1600"), 0);
+    put_range(f, run, &seq, 1601, 1700, 3, 1000);
+    verify_rollups(f->path, run, NULL);
+
+    /* rewrites inside one transaction with the steps before and after it */
+    {
+        int64_t mixed[400];
+        size_t n = 0;
+        for (int64_t s = 1701; s <= 1900; s++) mixed[n++] = s;
+        for (int64_t s = 1750; s <= 1849; s++) mixed[n++] = s;  /* back to 1750 */
+        for (int64_t s = 1795; s <= 1894; s++) mixed[n++] = s;  /* and to 1795 */
+        put_steps(f, run, &seq, mixed, n, 4, 100000);
+    }
+    assert_int_equal(count_rows(f, run, "frames", "step > 1894"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld AND step > 1894", (long long)run), 0);
+    verify_rollups(f->path, run, NULL);
+
+    /* back to step 0: everything goes */
+    int64_t s0[] = {0};
+    put_steps(f, run, &seq, s0, 1, 5, 1);
+    assert_int_equal(count_rows(f, run, "frames", "1"), 5); /* loss rank ent sp early */
+    assert_int_equal(count_rows(f, run, "rollups", "1"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 1);
+    put_range(f, run, &seq, 1, 700, 5, 97);
+    verify_rollups(f->path, run, NULL);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld AND text LIKE 'rollback to step %%'", (long long)run), 6);
+    assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq);
+
+    /* the other run is untouched */
+    char *after = qs(f->path, "SELECT group_concat(hex(data)) FROM (SELECT data FROM rollups WHERE metric_id IN "
+                              "(SELECT id FROM metrics WHERE run_id = %lld) ORDER BY metric_id, level, block)", (long long)other);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)other), 1500);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld", (long long)other), 0);
+    verify_rollups(f->path, other, NULL);
+}
+
+static void test_kind_conflict(void **state) {
+    struct fx *f = *state;
+    int64_t run = open_run(f, "kinds", L, H);
+    struct proto_msg m;
+    float one = 1, lay[L] = {2, 3}, heads[L * H] = {1, 2, 3, 4, 5, 6};
+    msg_step(&m, 0);
+    msg_add(&m, "x", PROTO_SCALAR, 1, 1, &one);
+    msg_add(&m, "r", PROTO_LAYER, L, 1, lay);
+    OK(store_begin(f->st));
+    assert_int_equal(store_step(f->st, run, 1, &m, 10, NULL, 0), 0);
+    proto_msg_free(&m);
+    /* x as a layer metric, y new, r as a head metric */
+    msg_step(&m, 1);
+    msg_add(&m, "y", PROTO_SCALAR, 1, 1, &one);
+    msg_add(&m, "x", PROTO_LAYER, L, 1, lay);
+    msg_add(&m, "r", PROTO_HEAD, L, H, heads);
+    char conflict[PROTO_MAX_NAME + 1] = "";
+    assert_int_equal(store_step(f->st, run, 2, &m, 11, conflict, sizeof conflict), 1);
+    assert_string_equal(conflict, "x"); /* the first one */
+    proto_msg_free(&m);
+    OK(store_commit(f->st));
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'x'"), 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'r'"), 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'y' AND step = 1"), 1);
+    assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'x'"), 0);
+    assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'r'"), 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics WHERE run_id = %lld", (long long)run), 3);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 2);
+    assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 2);
+    /* a conflict only: no name buffer is fine; the same after the cache is dropped */
+    store_close(f->st);
+    char err[256];
+    f->st = store_open(f->path, err, sizeof err);
+    assert_non_null(f->st);
+    msg_step(&m, 2);
+    msg_add(&m, "y", PROTO_HEAD, L, H, heads);
+    OK(store_begin(f->st));
+    assert_int_equal(store_step(f->st, run, 3, &m, 12, NULL, 0), 1);
+    OK(store_commit(f->st));
+    proto_msg_free(&m);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'y'"), 1);
+    assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 3);
+    /* a layer metric with another length is refused the same way */
+    float five[5] = {1, 2, 3, 4, 5};
+    msg_step(&m, 3);
+    msg_add(&m, "r", PROTO_LAYER, 5, 1, five);
+    OK(store_begin(f->st));
+    conflict[0] = 0;
+    assert_int_equal(store_step(f->st, run, 4, &m, 13, conflict, sizeof conflict), 1);
+    assert_string_equal(conflict, "r");
+    OK(store_commit(f->st));
+    proto_msg_free(&m);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'r'"), 1);
+    /* the same name in another run is independent */
+    int64_t run2 = open_run(f, "kinds2", L, H);
+    msg_step(&m, 0);
+    msg_add(&m, "x", PROTO_HEAD, L, H, heads);
+    OK(store_begin(f->st));
+    assert_int_equal(store_step(f->st, run2, 1, &m, 14, NULL, 0), 0);
+    OK(store_commit(f->st));
+    proto_msg_free(&m);
+}
+
+static void test_events_and_status(void **state) {
+    struct fx *f = *state;
+    int64_t run = open_run(f, "ev", L, H);
+    int64_t run2 = open_run(f, "ev2", L, H);
+    int64_t run3 = open_run(f, "ev3", L, H);
+    OK(store_begin(f->st));
+    OK(store_event(f->st, run, 1, 100.5, PROTO_WARN, "lr spike: \"x\" \xe2\x82\xac\nnext line"));
+    OK(store_event(f->st, run, 0, 101, PROTO_INFO, "daemon note"));
+    OK(store_event(f->st, run, 2, 102, PROTO_ERROR, ""));
+    OK(store_commit(f->st));
+    char *s = qs(f->path, "SELECT group_concat(coalesce(seq,'NULL') || ',' || time || ',' || level || ',' || text, ';') FROM "
+                          "(SELECT * FROM events WHERE run_id = %lld ORDER BY id)", (long long)run);
+    assert_string_equal(s, "1,100.5,warn,lr spike: \"x\" \xe2\x82\xac\nnext line;NULL,101.0,info,daemon note;2,102.0,error,");
+    free(s);
+    assert_int_equal(store_run_last_seq(f->st, run), 2);
+    assert_true(qd(f->path, "SELECT updated FROM runs WHERE name = %Q", "ev") == 102);
+    /* a daemon event does not move last_seq */
+    OK(store_begin(f->st));
+    OK(store_event(f->st, run, 0, 103, PROTO_INFO, "x"));
+    OK(store_commit(f->st));
+    assert_int_equal(store_run_last_seq(f->st, run), 2);
+
+    /* status: end with a seq advances last_seq; stale (seq 0) does not */
+    OK(store_begin(f->st));
+    OK(store_run_status(f->st, run, PROTO_FINISHED, 3, 200));
+    OK(store_run_status(f->st, run2, PROTO_STALE, 0, 201));
+    OK(store_commit(f->st));
+    s = qs(f->path, "SELECT group_concat(name || ':' || status || ':' || last_seq || ':' || updated, ' ') FROM (SELECT * FROM runs ORDER BY id)");
+    assert_string_equal(s, "ev:finished:3:200.0 ev2:stale:0:201.0 ev3:live:0:1000.0");
+    free(s);
+    static const int sts[] = {PROTO_FAILED, PROTO_ABORTED, PROTO_LIVE};
+    static const char *const names[] = {"failed", "aborted", "live"};
+    for (int i = 0; i < 3; i++) {
+        OK(store_begin(f->st));
+        OK(store_run_status(f->st, run2, sts[i], 0, 300 + i));
+        OK(store_commit(f->st));
+        s = qs(f->path, "SELECT status FROM runs WHERE id = %lld", (long long)run2);
+        assert_string_equal(s, names[i]);
+        free(s);
+    }
+    /* at start, runs left live become stale */
+    assert_int_equal(store_mark_live_stale(f->st, 400), 2); /* ev2 and ev3 */
+    s = qs(f->path, "SELECT group_concat(status, ' ') FROM (SELECT * FROM runs ORDER BY id)");
+    assert_string_equal(s, "finished stale stale");
+    free(s);
+    assert_true(qd(f->path, "SELECT updated FROM runs WHERE name = %Q", "ev3") == 400);
+    assert_int_equal(store_mark_live_stale(f->st, 401), 0);
+    (void)run3;
+}
+
+static void test_delete(void **state) {
+    struct fx *f = *state;
+    int64_t b = open_run(f, "survivor", L, H);
+    int64_t a = open_run(f, "doomed", L, H); /* the highest id: SQLite hands it out again */
+    int64_t sa = 0, sb = 0;
+    put_range(f, a, &sa, 0, 700, 0, 100);
+    put_range(f, b, &sb, 0, 700, 0, 100);
+    OK(store_begin(f->st));
+    OK(store_event(f->st, a, ++sa, 1, PROTO_INFO, "a"));
+    OK(store_event(f->st, b, ++sb, 1, PROTO_INFO, "b"));
+    OK(store_commit(f->st));
+    assert_true(count_rows(f, a, "rollups", "1") > 0);
+
+    OK(store_begin(f->st));
+    OK(store_run_delete(f->st, a));
+    OK(store_commit(f->st));
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM runs WHERE id = %lld", (long long)a), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics WHERE run_id = %lld", (long long)a), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)a), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld", (long long)a), 0);
+    /* no orphans */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames WHERE metric_id NOT IN (SELECT id FROM metrics)"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups WHERE metric_id NOT IN (SELECT id FROM metrics)"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id NOT IN (SELECT id FROM runs)"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id NOT IN (SELECT id FROM runs)"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)b), 701);
+    verify_rollups(f->path, b, NULL);
+    assert_int_equal(store_run_last_seq(f->st, a), -1);
+    /* the survivor goes on; a new run (which may get the old id) starts clean */
+    put_range(f, b, &sb, 701, 800, 0, 100);
+    int64_t c = open_run(f, "doomed", L, H);
+    struct store_run_info info;
+    OK(store_begin(f->st));
+    OK(store_run_open(f->st, "doomed", L, H, 64, NULL, 1, &info));
+    OK(store_commit(f->st));
+    assert_int_equal(info.last_seq, 0);
+    assert_int_equal(info.id, c);
+    assert_int_equal(c, a); /* the same id as the deleted run: no cached state of it may survive */
+    int64_t sc = 0;
+    put_range(f, c, &sc, 0, 200, 1, 50);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)c), 201);
+    assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)c), 201);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld", (long long)c), 0); /* no rewrite event */
+    verify_rollups(f->path, c, NULL);
+    verify_rollups(f->path, b, NULL);
+    /* deleting a run that is gone: errcode -3 */
+    OK(store_begin(f->st));
+    assert_int_equal(store_run_delete(f->st, 424242), -1);
+    assert_int_equal(store_errcode(f->st), -3);
+    store_rollback(f->st);
+}
+
+static void test_savepoint(void **state) {
+    struct fx *f = *state;
+    int64_t run = open_run(f, "sp", L, H);
+    int64_t seq = 0;
+    put_range(f, run, &seq, 0, 60, 0, 100);
+    struct proto_msg m;
+    OK(store_begin(f->st));
+    /* message 1: kept */
+    OK(store_savepoint(f->st));
+    build_step(&m, 61, 0);
+    assert_int_equal(store_step(f->st, run, ++seq, &m, 1, NULL, 0), 0);
+    proto_msg_free(&m);
+    OK(store_release(f->st));
+    /* message 2: crosses a block boundary, adds a metric and an event; undone */
+    OK(store_savepoint(f->st));
+    build_step(&m, 64, 7);
+    float z = 5;
+    msg_add(&m, "zzz", PROTO_SCALAR, 1, 1, &z);
+    assert_int_equal(store_step(f->st, run, seq + 1, &m, 2, NULL, 0), 0);
+    OK(store_event(f->st, run, seq + 2, 3, PROTO_INFO, "undone"));
+    proto_msg_free(&m);
+    store_rollback_to(f->st);
+    /* message 2 again, other values */
+    OK(store_savepoint(f->st));
+    build_step(&m, 64, 0);
+    assert_int_equal(store_step(f->st, run, ++seq, &m, 4, NULL, 0), 0);
+    proto_msg_free(&m);
+    OK(store_release(f->st));
+    OK(store_commit(f->st));
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics WHERE name = 'zzz'"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events"), 0);
+    assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq);
+    assert_int_equal(qi(f->path, "SELECT seq FROM steps WHERE run_id = %lld AND step = 61", (long long)run), seq - 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 63);
+    assert_int_equal(count_rows(f, run, "rollups", "level = 1 AND block = 0"), 4); /* not sp: no frame at 64 */
+    verify_rollups(f->path, run, NULL);
+
+    /* the same history built without the undone message matches exactly */
+    char p2[160];
+    snprintf(p2, sizeof p2, "%s/ref.db", f->dir);
+    char err[256];
+    struct store *ref = store_open(p2, err, sizeof err);
+    assert_non_null(ref);
+    struct store *keep = f->st;
+    f->st = ref;
+    int64_t rrun = open_run(f, "sp", L, H), rseq = 0;
+    put_range(f, rrun, &rseq, 0, 61, 0, 100);
+    OK(store_begin(f->st));
+    build_step(&m, 64, 0);
+    assert_int_equal(store_step(f->st, rrun, ++rseq, &m, 4, NULL, 0), 0);
+    proto_msg_free(&m);
+    OK(store_commit(f->st));
+    store_close(ref);
+    f->st = keep;
+    char *d1 = dump_db(f->path), *d2 = dump_db(p2);
+    /* step 61's time differs (1 here, 1e9+61 there): compare the frames and rollups parts */
+    char *f1 = strstr(d1, "#"), *f2 = strstr(d2, "#");
+    f1 = strstr(f1 + 1, "#"), f2 = strstr(f2 + 1, "#"); /* after metrics */
+    f1 = strstr(f1 + 1, "#"), f2 = strstr(f2 + 1, "#"); /* after steps */
+    char *e1 = strstr(f1 + 1, "#"), *e2 = strstr(f2 + 1, "#");
+    e1 = strstr(e1 + 1, "#"), e2 = strstr(e2 + 1, "#"); /* after rollups */
+    assert_int_equal(e1 - f1, e2 - f2);
+    assert_memory_equal(f1, f2, (size_t)(e1 - f1));
+    free(d1);
+    free(d2);
+}
+
+/* The calls of one batch, used twice by test_rollback_retry. */
+static void rollback_batch(struct fx *f, int64_t *run, int64_t *seq) {
+    struct store_run_info info;
+    OK(store_run_open(f->st, "rb", L, H, 64, "{\"a\":1}", 5000, &info));
+    *run = info.id;
+    *seq = info.last_seq;
+    for (int64_t s = 200; s < 700; s++) {  /* 200..699 after 0..299: a rewrite to 200 first */
+        struct proto_msg m;
+        build_step(&m, s, 1);
+        int rc = store_step(f->st, *run, ++*seq, &m, 5000 + (double)s, NULL, 0);
+        proto_msg_free(&m);
+        if (rc) fail_msg("step %lld: %s", (long long)s, store_errmsg(f->st));
+    }
+    OK(store_event(f->st, *run, ++*seq, 6000, PROTO_INFO, "batch"));
+    OK(store_run_status(f->st, *run, PROTO_FINISHED, ++*seq, 6001));
+}
+
+static void test_rollback_retry(void **state) {
+    struct fx *f = *state;
+    char err[256];
+    char p2[160];
+    snprintf(p2, sizeof p2, "%s/ref.db", f->dir);
+    struct store *ref = store_open(p2, err, sizeof err);
+    assert_non_null(ref);
+    struct store *stores[2] = {f->st, ref};
+    for (int which = 0; which < 2; which++) {
+        f->st = stores[which];
+        int64_t run = open_run(f, "rb", L, H), seq = 0;
+        put_range(f, run, &seq, 0, 299, 0, 1000);
+        int64_t r2 = 0, s2 = 0;
+        if (which == 0) {
+            /* the batch, rolled back, then retried */
+            OK(store_begin(f->st));
+            rollback_batch(f, &r2, &s2);
+            store_rollback(f->st);
+            assert_int_equal(qi(f->path, "SELECT last_step FROM runs WHERE id = %lld", (long long)run), 299);
+            assert_int_equal(qi(f->path, "SELECT count(*) FROM events"), 0);
+        }
+        OK(store_begin(f->st));
+        rollback_batch(f, &r2, &s2);
+        OK(store_commit(f->st));
+        assert_int_equal(r2, run);
+        assert_int_equal(s2, 300 + 500 + 2);
+    }
+    f->st = stores[0];
+    store_close(ref);
+    char *d1 = dump_db(f->path), *d2 = dump_db(p2);
+    assert_string_equal(d1, d2);
+    free(d1);
+    free(d2);
+    verify_rollups(f->path, 1, NULL);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE text LIKE 'rollback to step 200%%'"), 1);
+    /* store_rollback without a transaction is harmless */
+    store_rollback(f->st);
+    int64_t seq = store_run_last_seq(f->st, 1);
+    put_range(f, 1, &seq, 700, 800, 1, 1000);
+    verify_rollups(f->path, 1, NULL);
+}
+
+static void test_full_disk(void **state) {
+    struct fx *f = *state;
+    int64_t small = open_run(f, "small", L, H), sseq = 0;
+    put_range(f, small, &sseq, 0, 300, 0, 1000);
+    /* a bigger model, so that every step needs new pages */
+    enum { BL = 32, BH = 64 };
+    int64_t big = open_run(f, "big", BL, BH);
+    char *before = dump_db(f->path);
+    static float v[BL * BH];
+    int64_t pages = store_db_bytes(f->st) / 16384;
+    OK(store_set_max_pages(f->st, pages + 2));
+
+    int failed_at = -1;
+    OK(store_begin(f->st));
+    for (int s = 0; s < 200; s++) {
+        struct proto_msg m;
+        msg_step(&m, s);
+        for (int i = 0; i < BL * BH; i++) v[i] = (float)(s * 10000 + i);
+        msg_add(&m, "att", PROTO_HEAD, BL, BH, v);
+        int rc = store_step(f->st, big, s + 1, &m, 1, NULL, 0);
+        proto_msg_free(&m);
+        if (rc) {
+            failed_at = s;
+            break;
+        }
+    }
+    if (failed_at < 0) {
+        assert_int_equal(store_commit(f->st), -1);
+        failed_at = 200;
+    }
+    assert_true(failed_at < 200);
+    assert_int_equal(store_errcode(f->st), SQLITE_FULL);
+    assert_true(strlen(store_errmsg(f->st)) > 0);
+    store_rollback(f->st);
+    /* nothing of the failed transaction is visible; the rest is intact */
+    char *after = dump_db(f->path);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    assert_int_equal(store_run_last_seq(f->st, big), 0);
+    /* still full: the same calls fail the same way */
+    OK(store_begin(f->st));
+    int rc = 0;
+    for (int s = 0; s < 200 && rc == 0; s++) {
+        struct proto_msg m;
+        msg_step(&m, s);
+        for (int i = 0; i < BL * BH; i++) v[i] = (float)(s * 10000 + i);
+        msg_add(&m, "att", PROTO_HEAD, BL, BH, v);
+        rc = store_step(f->st, big, s + 1, &m, 1, NULL, 0);
+        proto_msg_free(&m);
+    }
+    if (rc == 0) rc = store_commit(f->st);
+    assert_int_equal(rc, -1);
+    assert_int_equal(store_errcode(f->st), SQLITE_FULL);
+    store_rollback(f->st);
+
+    /* space returns: the same calls succeed and the data is consistent */
+    OK(store_set_max_pages(f->st, 0));
+    OK(store_begin(f->st));
+    for (int s = 0; s < 200; s++) {
+        struct proto_msg m;
+        msg_step(&m, s);
+        for (int i = 0; i < BL * BH; i++) v[i] = (float)(s * 10000 + i);
+        msg_add(&m, "att", PROTO_HEAD, BL, BH, v);
+        assert_int_equal(store_step(f->st, big, s + 1, &m, 1, NULL, 0), 0);
+        proto_msg_free(&m);
+    }
+    OK(store_commit(f->st));
+    put_range(f, small, &sseq, 301, 399, 0, 1000);
+    assert_int_equal(store_run_last_seq(f->st, big), 200);
+    assert_int_equal(store_run_last_seq(f->st, small), 400);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.run_id = %lld", (long long)big), 200);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)big), 200);
+    /* frame 137 holds exactly its values */
+    sqlite3 *db = ro_open(f->path);
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT data FROM frames WHERE step = 137 AND metric_id IN (SELECT id FROM metrics WHERE name = 'att')",
+                                        -1, &s, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_bytes(s, 0), BL * BH * 4);
+    const float *d = sqlite3_column_blob(s, 0);
+    for (int i = 0; i < BL * BH; i++) {
+        float x;
+        memcpy(&x, (const char *)d + 4 * i, 4);
+        assert_true(x == (float)(137 * 10000 + i));
+    }
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    verify_rollups(f->path, big, NULL);
+    verify_rollups(f->path, small, NULL);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events"), 0); /* no spurious rewrite events */
+    char *ic = qs(f->path, "PRAGMA integrity_check");
+    assert_string_equal(ic, "ok");
+    free(ic);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_migrations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_open_resume_mismatch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_step_frames, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rollups_brute_force, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kind_conflict, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events_and_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_savepoint, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rollback_retry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
