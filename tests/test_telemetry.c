@@ -26,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -645,6 +647,49 @@ static void test_spool_full_drops(void **state)
     env_free(&e);
 }
 
+/* Spool writes that fail (here: RLIMIT_FSIZE, as a full disk would) drop the
+ * messages with a count, cut the torn tail, and take their seqs back: what
+ * the daemon finally receives is gapless and every line is whole. */
+static void test_spool_write_failure(void **state)
+{
+    env e;
+    env_init(&e);
+    telemetry_config c;
+    base_config(&c, &e, "efbig-run", 12, 12);
+    c.spool_max_bytes = 64 << 20; /* segments of 8 MiB: the file limit bites first */
+    c.queue_slots = 256;
+    telemetry *t = create_ok(&c);
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 48 * 1024;
+    signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    for (int i = 0; i < 60; i++) {
+        put_step(t, i, 12, 12);
+        if (i % 4 == 0) msleep(2); /* several write batches */
+    }
+    WAIT_FOR(stats(t).spooled + stats(t).dropped_spool >= 60, 5000);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    telemetry_stats s = stats(t);
+    assert_true(s.dropped_spool > 0);
+    assert_true(s.spooled > 0);
+    assert_int_equal(s.next_seq, s.spooled + 1);
+    assert_true(s.spool_bytes <= 48 * 1024);
+
+    fake *f = fake_start(e.sock, 0, 1);
+    put_step(t, 60, 12, 12);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    uint64_t last = stats(t).next_seq - 1;
+    assert_stored_exactly(f, 1, (int)last);
+    cJSON *j = fake_find(f, (long long)last);
+    assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, 60);
+    cJSON_Delete(j);
+    assert_int_equal(telemetry_destroy(t, NULL, 1000), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
+}
+
 /* A daemon that welcomes and then never reads: the socket fills, the
  * producer never waits, the spool takes everything, destroy's wait is bounded. */
 static void test_stalled_daemon_never_blocks(void **state)
@@ -895,6 +940,7 @@ int main(void)
         cmocka_unit_test(test_resend_from_last_seq),
         cmocka_unit_test(test_spool_upload_and_trim),
         cmocka_unit_test(test_spool_full_drops),
+        cmocka_unit_test(test_spool_write_failure),
         cmocka_unit_test(test_stalled_daemon_never_blocks),
         cmocka_unit_test(test_restart_continues_seq),
         cmocka_unit_test(test_daemon_ahead_resets_seq),

@@ -736,10 +736,13 @@ static int spool_write(telemetry *t, const char *buf, size_t len, unsigned n)
         ssize_t w = write(t->wfd, buf + off, len - off);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
-            if (ftruncate(t->wfd, (off_t)s->size)) { /* the next recovery cuts it */ }
+            int torn = off > 0 && ftruncate(t->wfd, (off_t)s->size) != 0;
             t->next_seq -= n;
             ST_SET(t, st_next_seq, t->next_seq);
             ST_ADD(t, st_dropped_spool, n);
+            /* A torn tail that cannot be cut must not be followed by more
+             * appends: continue in a new segment. */
+            if (torn) spool_rotate(t);
             return -1;
         }
         off += (size_t)w;
