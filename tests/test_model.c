@@ -306,6 +306,7 @@ static void test_fast_exp(void **state)
     assert_true(worst < 1e-6);
     assert_true(fast_expf(-1000.0f) >= 0.0f && fast_expf(-1000.0f) < 1e-37f);
     assert_true(isfinite(fast_expf(1000.0f)));
+    assert_true(isnan(fast_expf(NAN))); /* divergence must stay visible */
 }
 
 /* --------------------------------------------------------- whole model */

@@ -68,8 +68,10 @@ static inline float fast_expf(float x)
     p = p * f + 1.6666665459e-1f;
     p = p * f + 5.0000001201e-1f;
     p = p * f * f + f + 1.0f;
+    /* NaN must stay NaN (p carries it) without an undefined NaN -> int cast */
+    float re = r == r ? r : 0.0f;
     union { int32_t i; float f; } e;
-    e.i = ((int32_t)r + 127) << 23;
+    e.i = ((int32_t)re + 127) << 23;
     return p * e.f;
 }
 
