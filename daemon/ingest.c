@@ -522,6 +522,14 @@ static void handle_replies(struct ingest *ing) {
             struct run *run = run_by_id(ing, r->run_id);
             c = run ? run->owner : NULL;
             if (c && !c->waiting && r->seq > c->ack_pending) c->ack_pending = r->seq;
+        } else if (r->kind == WRITER_R_LINE) {
+            struct run *run = run_by_id(ing, r->run_id);
+            c = run ? run->owner : NULL;
+            /* a line for a run with no connection (an alert while the
+             * trainer is away) is dropped: it is stored and streamed anyway */
+            if (c && r->payload && (out_append(ing, c, r->payload, strlen(r->payload)) ||
+                                    out_append(ing, c, "\n", 1)))
+                c->closing = 1;
         } else {
             c = conn_by_id(ing, r->conn);
             if (r->kind == WRITER_R_WELCOME && c && c->waiting && c->run) {
@@ -554,6 +562,7 @@ static void handle_replies(struct ingest *ing) {
             process_input(ing, c); /* lines held back behind the hello */
             conn_flush(ing, c);
         }
+        free(r->payload);
         free(r);
         r = next;
     }

@@ -18,6 +18,7 @@
 
 #include "http.h"
 #include "ingest.h"
+#include "monitor.h"
 #include "query.h"
 #include "store.h"
 #include "stream.h"
@@ -36,14 +37,21 @@ static void on_signal(int sig) {
  * latency, DELETE completion). http is set once HTTP is up. */
 struct hooks {
     struct stream *stream;
+    struct monitor *monitor;
     _Atomic(struct http *) http;
 };
 
 static void on_commit(void *ctx, const struct writer_item *items, double commit_ms) {
     struct hooks *hk = ctx;
     if (hk->stream) stream_on_commit(hk->stream, items);
+    if (hk->monitor) monitor_on_commit(hk->monitor, items);
     struct http *h = atomic_load(&hk->http);
     if (h) http_on_commit(h, items, commit_ms);
+}
+
+static void on_tick(void *ctx, double now) {
+    struct hooks *hk = ctx;
+    if (hk->monitor) monitor_on_tick(hk->monitor, now);
 }
 
 static int64_t resolve_run(void *ctx, const char *name) {
@@ -80,6 +88,10 @@ static void usage(FILE *f) {
             "                        (layers x heads series per metric and run: mind the cardinality)\n"
             "  --stream-events N     live events kept for Last-Event-ID resume (default 16384)\n"
             "  --keepalive-ms N      SSE keep-alive comment interval (default 15000)\n"
+            "  --rules FILE          alert rules (JSON; default: the built-in set, see README \"Alerts\")\n"
+            "  --webhook URL         POST Alertmanager-style webhook JSON on firing and resolved\n"
+            "  --on-alert CMD        run /bin/sh -c CMD with the alert JSON on stdin\n"
+            "  --quiet-alerts        do not log alerts on stderr\n"
             "  --version, --help\n"
             "\n"
             "SIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
@@ -118,9 +130,11 @@ int main(int argc, char **argv) {
     long max_conns = 10000, queue_mb = 256, drain_ms = 5000;
     const char *http_listen = "127.0.0.1:8080", *web_root = NULL;
     long http_conns = 512, stream_events = 16384, keepalive_ms = 15000;
-    int metrics_heads = 0;
+    int metrics_heads = 0, alert_log = 1;
+    const char *rules = NULL, *webhook = NULL, *on_alert = NULL;
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
-           O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE };
+           O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
+           O_QUIETALERTS };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -130,6 +144,8 @@ int main(int argc, char **argv) {
         {"http", required_argument, 0, O_HTTP},       {"http-max-conns", required_argument, 0, O_HTTPCONNS},
         {"web-root", required_argument, 0, O_WEBROOT}, {"metrics-heads", no_argument, 0, O_MHEADS},
         {"stream-events", required_argument, 0, O_SEVENTS}, {"keepalive-ms", required_argument, 0, O_KEEPALIVE},
+        {"rules", required_argument, 0, O_RULES},     {"webhook", required_argument, 0, O_WEBHOOK},
+        {"on-alert", required_argument, 0, O_ONALERT}, {"quiet-alerts", no_argument, 0, O_QUIETALERTS},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -148,6 +164,10 @@ int main(int argc, char **argv) {
         case O_MHEADS: metrics_heads = 1; break;
         case O_SEVENTS: if (parse_int("--stream-events", optarg, 1, 10000000, &stream_events)) return 2; break;
         case O_KEEPALIVE: if (parse_int("--keepalive-ms", optarg, 10, 3600000, &keepalive_ms)) return 2; break;
+        case O_RULES: rules = optarg; break;
+        case O_WEBHOOK: webhook = optarg; break;
+        case O_ONALERT: on_alert = optarg; break;
+        case O_QUIETALERTS: alert_log = 0; break;
         case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", ENTROPYD_VERSION, PROTO_VERSION, store_schema_version()); return 0;
         case 'h': case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -184,6 +204,7 @@ int main(int argc, char **argv) {
     struct query_pool *pool = NULL;
     struct stream *stream = NULL;
     struct http *http = NULL;
+    struct monitor *monitor = NULL;
     struct hooks hooks = {0};
     int efd = -1;
     st = store_open(db, err, sizeof err);
@@ -213,12 +234,25 @@ int main(int argc, char **argv) {
         }
         hooks.stream = stream;
     }
-    struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20, .on_commit = on_commit, .ctx = &hooks};
+    char external[300] = "";
+    if (http_listen) snprintf(external, sizeof external, "http://%s", http_listen);
+    struct monitor_config mcfg = {.rules_path = rules, .store = st, .stream = stream,
+                                  .notify = {.webhook_url = webhook, .exec_cmd = on_alert, .log = alert_log,
+                                             .external_url = external}};
+    monitor = monitor_create(&mcfg, err, sizeof err);
+    if (!monitor) {
+        fprintf(stderr, "entropyd: %s\n", err);
+        goto out;
+    }
+    hooks.monitor = monitor;
+    struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
+                                 .ctx = &hooks};
     w = writer_create(st, efd, &wcfg, err, sizeof err);
     if (!w) {
         fprintf(stderr, "entropyd: %s\n", err);
         goto out;
     }
+    monitor_set_writer(monitor, w);
     struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns};
     g_ingest = ingest_create(&icfg, w, efd, err, sizeof err);
     if (!g_ingest) {
@@ -259,6 +293,7 @@ out:
     ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
     g_ingest = NULL;
     writer_destroy(w);        /* commits everything queued */
+    monitor_destroy(monitor, 3000); /* gives pending webhooks a moment */
     stream_destroy(stream);
     query_pool_close(pool);
     store_close(st);

@@ -521,21 +521,28 @@ static int rollup_advance(struct store *st, struct metric_cache *m, int64_t step
     return 0;
 }
 
-/* Deletes the run's values of every step >= step and records an event. */
+/* Moves the run's values of every step >= step apart (into a branch) and
+ * records an event: the trainer rolled back and repeats these steps. */
 static int rewrite_history(struct store *st, struct run_cache *r, int64_t step, double time) {
-    char sql[640];
+    char sql[1400];
+    long long id = (long long)r->id, from = (long long)step;
     snprintf(sql, sizeof sql,
+             "INSERT INTO branches(run_id, from_step, to_step, time) VALUES (%lld, %lld, %lld, %.6f);"
+             "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) "
+             "  SELECT last_insert_rowid(), f.metric_id, f.step, f.data FROM frames f "
+             "  WHERE f.metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND f.step >= %lld;"
              "DELETE FROM frames WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND step >= %lld;"
              "DELETE FROM rollups WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) "
              "  AND block >= %lld / (64 << (3 * (level - 1)));"
              "DELETE FROM steps WHERE run_id = %lld AND step >= %lld;",
-             (long long)r->id, (long long)step, (long long)r->id, (long long)step, (long long)r->id, (long long)step);
+             id, from, (long long)r->last_step, time, id, from, id, from, id, from, id, from);
     if (exec(st, sql)) return -1;
-    char text[96];
-    snprintf(text, sizeof text, "rollback to step %lld (was at step %lld)", (long long)step, (long long)r->last_step);
+    char text[128];
+    snprintf(text, sizeof text, "rollback to step %lld (was at step %lld; the abandoned steps are kept as a branch)",
+             (long long)step, (long long)r->last_step);
     if (store_event(st, r->id, 0, time, PROTO_WARN, text)) return -1;
     /* reload the metrics' last steps from what remains */
-    int64_t id = r->id, last_seq = r->last_seq;
+    int64_t last_seq = r->last_seq;
     run_forget(st, id);
     r = run_get(st, id);
     if (!r) return -1;
@@ -663,5 +670,79 @@ int64_t store_db_bytes(struct store *st) {
 int store_set_max_pages(struct store *st, int64_t max_pages) {
     char sql[64];
     snprintf(sql, sizeof sql, "PRAGMA max_page_count = %lld", (long long)(max_pages > 0 ? max_pages : 4294967294LL));
+    return exec(st, sql);
+}
+
+int store_alert_transition(struct store *st, const struct store_alert *a, int64_t *alert_id) {
+    sqlite3_stmt *s = NULL;
+    int ret = -1;
+    int64_t id = 0;
+    /* the open episode of this group, if any (also one left by an earlier daemon) */
+    if (sqlite3_prepare_v2(st->db, "SELECT id FROM alerts WHERE run_id = ?1 AND rule = ?2 AND state = 'firing' "
+                           "ORDER BY id DESC LIMIT 1", -1, &s, NULL) != SQLITE_OK) goto dberr;
+    sqlite3_bind_int64(s, 1, a->run_id);
+    sqlite3_bind_text(s, 2, a->rule, -1, SQLITE_STATIC);
+    if (sqlite3_step(s) == SQLITE_ROW) id = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    s = NULL;
+    int resolved = strcmp(a->transition, "resolved") == 0;
+    if (!id) {
+        if (resolved) { ret = 0; goto out; } /* nothing open: never a resolved without a firing */
+        if (sqlite3_prepare_v2(st->db, "INSERT INTO alerts(run_id, rule, severity, fingerprint, state, starts_at, "
+                               "start_step, last_step, value, cells, payload) VALUES (?1, ?2, ?3, ?4, 'firing', ?5, ?6, "
+                               "?7, ?8, ?9, ?10)", -1, &s, NULL) != SQLITE_OK) goto dberr;
+        sqlite3_bind_int64(s, 1, a->run_id);
+        sqlite3_bind_text(s, 2, a->rule, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 3, a->severity, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 4, a->fingerprint, -1, SQLITE_STATIC);
+        sqlite3_bind_double(s, 5, a->starts_at);
+        sqlite3_bind_int64(s, 6, a->start_step);
+        sqlite3_bind_int64(s, 7, a->step);
+        if (isfinite(a->value)) sqlite3_bind_double(s, 8, a->value);
+        else sqlite3_bind_null(s, 8);
+        sqlite3_bind_text(s, 9, a->cells_json, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 10, a->payload, -1, SQLITE_STATIC);
+        if (sqlite3_step(s) != SQLITE_DONE) goto dberr;
+        id = sqlite3_last_insert_rowid(st->db);
+    } else {
+        if (sqlite3_prepare_v2(st->db, "UPDATE alerts SET state = ?2, ends_at = ?3, last_step = ?4, value = ?5, "
+                               "cells = ?6, payload = ?7 WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) goto dberr;
+        sqlite3_bind_int64(s, 1, id);
+        sqlite3_bind_text(s, 2, resolved ? "resolved" : "firing", -1, SQLITE_STATIC);
+        if (resolved) sqlite3_bind_double(s, 3, a->ends_at);
+        else sqlite3_bind_null(s, 3);
+        sqlite3_bind_int64(s, 4, a->step);
+        if (isfinite(a->value)) sqlite3_bind_double(s, 5, a->value);
+        else sqlite3_bind_null(s, 5);
+        sqlite3_bind_text(s, 6, a->cells_json, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 7, a->payload, -1, SQLITE_STATIC);
+        if (sqlite3_step(s) != SQLITE_DONE) goto dberr;
+    }
+    sqlite3_finalize(s);
+    s = NULL;
+    if (sqlite3_prepare_v2(st->db, "INSERT INTO alert_transitions(alert_id, time, step, transition, value, cells) "
+                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)", -1, &s, NULL) != SQLITE_OK) goto dberr;
+    sqlite3_bind_int64(s, 1, id);
+    sqlite3_bind_double(s, 2, a->time);
+    sqlite3_bind_int64(s, 3, a->step);
+    sqlite3_bind_text(s, 4, a->transition, -1, SQLITE_STATIC);
+    if (isfinite(a->value)) sqlite3_bind_double(s, 5, a->value);
+    else sqlite3_bind_null(s, 5);
+    sqlite3_bind_text(s, 6, a->cells_json, -1, SQLITE_STATIC);
+    if (sqlite3_step(s) != SQLITE_DONE) goto dberr;
+    if (alert_id) *alert_id = id;
+    ret = 0;
+    goto out;
+dberr:
+    db_err(st, "writing alert");
+out:
+    sqlite3_finalize(s);
+    return ret;
+}
+
+int store_alerts_close_run(struct store *st, int64_t run_id, double now) {
+    char sql[256];
+    snprintf(sql, sizeof sql, "UPDATE alerts SET state = 'resolved', ends_at = %.6f WHERE run_id = %lld AND state = 'firing'",
+             now, (long long)run_id);
     return exec(st, sql);
 }

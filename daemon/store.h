@@ -93,6 +93,28 @@ int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, 
 /* Deletes a run and all its data. Returns 0, or -1 (errcode -3 if no such run). */
 int store_run_delete(struct store *st, int64_t run_id);
 
+/* One alert transition (see alert.h), as stored. Strings are borrowed. */
+struct store_alert {
+    int64_t run_id;
+    const char *rule, *severity, *fingerprint;
+    const char *transition;       /* "firing", "update" or "resolved" */
+    double time, starts_at, ends_at;
+    int64_t start_step, step;
+    double value;                 /* NaN stores NULL */
+    const char *cells_json;       /* JSON array */
+    const char *payload;          /* Alertmanager alert object (JSON) */
+};
+
+/* Records a transition: "firing" opens an alerts row for (run, rule) unless
+ * one is open (then it is updated), "update" and "resolved" change the open
+ * row; a "resolved" with no open row is ignored (never a resolved without a
+ * firing). Adds an alert_transitions row. Sets *alert_id when not NULL. Runs
+ * in the caller's transaction, or its own when there is none. */
+int store_alert_transition(struct store *st, const struct store_alert *a, int64_t *alert_id);
+
+/* Resolves every alert of the run still open (at the run's end). */
+int store_alerts_close_run(struct store *st, int64_t run_id, double now);
+
 /* Committed facts of a run for tests and callers outside a transaction:
  * last_seq (or -1 if no such run). */
 int64_t store_run_last_seq(struct store *st, int64_t run_id);

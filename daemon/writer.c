@@ -60,6 +60,7 @@ struct replies {
 static void replies_clear(struct replies *r) {
     while (r->head) {
         struct writer_reply *n = r->head->next;
+        free(r->head->payload);
         free(r->head);
         r->head = n;
     }
@@ -110,6 +111,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
         const struct proto_msg *m = &it->msg;
         r = store_run_open(st, m->run, m->layers, m->heads, m->seq_len, m->meta, it->time, &info);
         if (r == 0) {
+            it->run_id = info.id; /* for the commit hook's readers */
             struct writer_reply *rp = reply_add(rep, WRITER_R_WELCOME, it->conn, info.id, info.last_seq);
             if (rp) {
                 rp->layers = info.layers;
@@ -258,11 +260,28 @@ static void *writer_main(void *arg) {
     struct writer_item *batch = NULL, *btail = NULL;
     struct replies rep = {0};
     size_t nbatch = 0;
-    double txn_start = 0;
+    double txn_start = 0, last_tick = 0;
     int in_txn = 0, failed = 0;
     for (;;) {
         pthread_mutex_lock(&w->mu);
-        while (!w->head && !w->stop && !in_txn) pthread_cond_wait(&w->cv, &w->mu);
+        while (!w->head && !w->stop && !in_txn) {
+            if (!w->cfg.on_tick) {
+                pthread_cond_wait(&w->cv, &w->mu);
+                continue;
+            }
+            double t = wall_now();
+            if (t - last_tick >= 1.0) {
+                pthread_mutex_unlock(&w->mu);
+                w->cfg.on_tick(w->cfg.ctx, t);
+                last_tick = t;
+                pthread_mutex_lock(&w->mu);
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        }
         if (!w->head && w->stop && !in_txn) {
             pthread_mutex_unlock(&w->mu);
             break;
@@ -295,6 +314,12 @@ static void *writer_main(void *arg) {
             nbatch = 0;
             in_txn = 0;
             failed = 0;
+            /* a busy writer still ticks */
+            double t = wall_now();
+            if (w->cfg.on_tick && t - last_tick >= 1.0) {
+                w->cfg.on_tick(w->cfg.ctx, t);
+                last_tick = t;
+            }
         }
     }
     replies_clear(&rep);
@@ -340,6 +365,7 @@ void writer_destroy(struct writer *w) {
     }
     while (w->rhead) {
         struct writer_reply *n = w->rhead->next;
+        free(w->rhead->payload);
         free(w->rhead);
         w->rhead = n;
     }
@@ -375,6 +401,23 @@ int writer_full(struct writer *w) {
     int full = w->bytes >= w->cfg.max_bytes;
     pthread_mutex_unlock(&w->mu);
     return full;
+}
+
+int writer_post_line(struct writer *w, int64_t run_id, const char *line) {
+    struct writer_reply *rp = calloc(1, sizeof *rp);
+    if (!rp || !(rp->payload = strdup(line))) {
+        free(rp);
+        return -1;
+    }
+    rp->kind = WRITER_R_LINE;
+    rp->run_id = run_id;
+    pthread_mutex_lock(&w->mu);
+    if (w->rtail) w->rtail->next = rp;
+    else w->rhead = rp;
+    w->rtail = rp;
+    pthread_mutex_unlock(&w->mu);
+    notify(w);
+    return 0;
 }
 
 struct writer_reply *writer_take_replies(struct writer *w) {

@@ -23,7 +23,8 @@
 #define WRITER_MAX_BATCH 4096
 
 enum writer_kind {
-    WRITER_HELLO,   /* msg is the hello; replies WELCOME (or ERROR) to conn */
+    WRITER_HELLO,   /* msg is the hello; replies WELCOME (or ERROR) to conn;
+                       the writer fills run_id once the run is open */
     WRITER_STEP,    /* run_id, seq, msg */
     WRITER_EVENT,   /* run_id, seq, msg */
     WRITER_END,     /* run_id, seq, msg.status */
@@ -46,10 +47,11 @@ struct writer_item {
     struct writer_item *next;
 };
 
-enum writer_reply_kind { WRITER_R_WELCOME, WRITER_R_ACK, WRITER_R_ERROR };
+enum writer_reply_kind { WRITER_R_WELCOME, WRITER_R_ACK, WRITER_R_ERROR, WRITER_R_LINE };
 
-/* A reply for the ingest loop. For ACK, conn is 0 and the reply goes to
- * whichever connection owns run_id. */
+/* A reply for the ingest loop. For ACK and LINE, conn is 0 and the reply
+ * goes to whichever connection owns run_id. LINE carries a whole protocol
+ * line in payload (an alert), which the taker frees. */
 struct writer_reply {
     int kind;
     uint64_t conn;
@@ -58,6 +60,7 @@ struct writer_reply {
     int64_t layers, heads, seq_len;  /* WELCOME */
     int code;                     /* ERROR: enum proto_err */
     char message[240];
+    char *payload;                /* LINE: malloc'd, no newline */
     struct writer_reply *next;
 };
 
@@ -66,9 +69,14 @@ struct writer_reply {
  * stream, alerts and metrics; it must not block for long. */
 typedef void writer_commit_fn(void *ctx, const struct writer_item *items, double commit_ms);
 
+/* Called in the writer thread, outside any transaction, about once a
+ * second (for time-based alert rules). */
+typedef void writer_tick_fn(void *ctx, double now);
+
 struct writer_config {
     size_t max_bytes;            /* queue bound (default 256 MiB) */
     writer_commit_fn *on_commit; /* may be NULL */
+    writer_tick_fn *on_tick;     /* may be NULL */
     void *ctx;
 };
 
@@ -92,8 +100,12 @@ int writer_submit(struct writer *w, struct writer_item *it);
 /* 1 if the queue is at its bound. */
 int writer_full(struct writer *w);
 
-/* Takes all replies posted so far (a list the caller frees with free() per
- * node), oldest first; NULL if none. */
+/* Posts a protocol line (copied; without newline) for the connection that
+ * owns run_id, e.g. an alert. Safe from any thread. Returns 0 or -1. */
+int writer_post_line(struct writer *w, int64_t run_id, const char *line);
+
+/* Takes all replies posted so far (a list the caller frees: free(payload)
+ * and free() per node), oldest first; NULL if none. */
 struct writer_reply *writer_take_replies(struct writer *w);
 
 /* Frees an item and its message. */

@@ -1,0 +1,916 @@
+/* alert.c: alert rules (parsing) and the evaluation engine. See alert.h. */
+#include "alert.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- default rules ----
+ * Thresholds are tuned on sigmatrain runs (README, "Alerts"): healthy heads
+ * of the synthetic task keep entropy_norm above ~0.3; collapsed heads sit
+ * below 0.05 for hundreds of steps. */
+static const char default_rules[] =
+    "{\"rules\": [\n"
+    "  {\"name\": \"entropy_collapse\", \"metric\": \"entropy_norm\", \"scope\": \"head\",\n"
+    "   \"condition\": {\"op\": \"below\", \"value\": 0.05}, \"for\": 20, \"keep_firing_for\": 10,\n"
+    "   \"severity\": \"critical\",\n"
+    "   \"annotations\": {\"summary\": \"attention entropy collapsed in run {run}\",\n"
+    "                   \"description\": \"entropy_norm below 0.05 for 20 steps at {cells} (step {step}, worst {value})\"}},\n"
+    "  {\"name\": \"entropy_drop\", \"metric\": \"entropy_norm\", \"scope\": \"head\",\n"
+    "   \"condition\": {\"op\": \"drop\", \"pct\": 60, \"window\": 50}, \"for\": 5, \"keep_firing_for\": 20,\n"
+    "   \"severity\": \"warning\",\n"
+    "   \"annotations\": {\"summary\": \"attention entropy falling fast in run {run}\",\n"
+    "                   \"description\": \"entropy_norm fell by more than 60% of its 50-step maximum at {cells}\"}},\n"
+    "  {\"name\": \"bound_saturation\", \"metric\": \"entropy\", \"scope\": \"head\",\n"
+    "   \"condition\": {\"op\": \"near_bound\", \"bound_metric\": \"entropy_bound\", \"rising_metric\": \"sigma_qk\",\n"
+    "                 \"epsilon\": 0.05, \"window\": 20}, \"for\": 10, \"keep_firing_for\": 10,\n"
+    "   \"severity\": \"warning\",\n"
+    "   \"annotations\": {\"summary\": \"entropy pinned at its lower bound in run {run}\",\n"
+    "                   \"description\": \"entropy within 0.05 nats of the sigma_qk bound while sigma_qk rises at {cells}\"}},\n"
+    "  {\"name\": \"logit_growth\", \"metric\": \"max_logit\", \"scope\": \"head\",\n"
+    "   \"condition\": {\"op\": \"growth\", \"value\": 1000, \"rate\": 5, \"window\": 50}, \"for\": 5, \"keep_firing_for\": 10,\n"
+    "   \"severity\": \"warning\",\n"
+    "   \"annotations\": {\"summary\": \"attention logits growing in run {run}\",\n"
+    "                   \"description\": \"max_logit above 1000 or growing faster than 5 per step at {cells}\"}},\n"
+    "  {\"name\": \"loss_spike\", \"metric\": \"loss\", \"scope\": \"scalar\",\n"
+    "   \"condition\": {\"op\": \"zscore\", \"k\": 7, \"window\": 200}, \"for\": 0, \"keep_firing_for\": 20,\n"
+    "   \"severity\": \"warning\",\n"
+    "   \"annotations\": {\"summary\": \"loss spike in run {run}\",\n"
+    "                   \"description\": \"loss {value} more than 7 standard deviations above its 200-step mean at step {step}\"}},\n"
+    "  {\"name\": \"loss_nonfinite\", \"metric\": \"loss\", \"scope\": \"scalar\",\n"
+    "   \"condition\": {\"op\": \"nonfinite\"}, \"for\": 0, \"keep_firing_for\": 0, \"severity\": \"critical\",\n"
+    "   \"annotations\": {\"summary\": \"loss is not finite in run {run}\",\n"
+    "                   \"description\": \"the loss became NaN or infinite at step {step}\"}},\n"
+    "  {\"name\": \"run_stalled\", \"scope\": \"run\", \"condition\": {\"op\": \"stalled\", \"seconds\": 120},\n"
+    "   \"for\": 0, \"keep_firing_for\": 0, \"severity\": \"warning\",\n"
+    "   \"annotations\": {\"summary\": \"run {run} sent nothing for 120 s\",\n"
+    "                   \"description\": \"the trainer is connected but silent\"}}\n"
+    "]}\n";
+
+const char *alert_default_rules_json(void) { return default_rules; }
+
+/* ---- parsing ---- */
+
+static int line_of(const char *text, size_t len, const char *at) {
+    int line = 1;
+    for (const char *p = text; p < at && p < text + len; p++)
+        if (*p == '\n') line++;
+    return line;
+}
+
+/* Best-effort line of a rule: where its name appears in the text. */
+static int rule_line(const char *text, size_t len, const char *name, int idx) {
+    if (name) {
+        char pat[300];
+        snprintf(pat, sizeof pat, "\"%.280s\"", name);
+        const char *p = memmem(text, len, pat, strlen(pat));
+        if (p) return line_of(text, len, p);
+    }
+    /* fall back to the idx-th '{' after "rules" */
+    const char *p = memmem(text, len, "\"rules\"", 7);
+    int seen = -1;
+    for (; p && p < text + len; p++)
+        if (*p == '{' && ++seen == idx) return line_of(text, len, p);
+    return 0;
+}
+
+static char *dupstr(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+static void rule_free(struct alert_rule *r) {
+    free(r->name);
+    free(r->metric);
+    free(r->bound_metric);
+    free(r->rising_metric);
+    free(r->severity);
+    for (int i = 0; i < r->nlabels; i++) { free(r->labels[i].key); free(r->labels[i].value); }
+    for (int i = 0; i < r->nannotations; i++) { free(r->annotations[i].key); free(r->annotations[i].value); }
+}
+
+void alert_rules_free(struct alert_rules *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n; i++) rule_free(&r->rules[i]);
+    free(r->rules);
+    free(r);
+}
+
+static const char *const scope_names[] = {"head", "layer", "scalar", "run"};
+static const char *const op_names[] = {"below", "above", "drop", "growth", "zscore", "nonfinite", "near_bound", "stalled"};
+
+static int parse_kv(cJSON *obj, struct alert_kv *kv, int *n, char *why, size_t whylen, const char *what) {
+    if (!obj) return 0;
+    if (!cJSON_IsObject(obj)) {
+        snprintf(why, whylen, "%s must be an object of strings", what);
+        return -1;
+    }
+    cJSON *it;
+    cJSON_ArrayForEach(it, obj) {
+        if (!cJSON_IsString(it)) {
+            snprintf(why, whylen, "%s.%s must be a string", what, it->string);
+            return -1;
+        }
+        if (*n >= ALERT_MAX_LABELS) {
+            snprintf(why, whylen, "more than %d %s", ALERT_MAX_LABELS, what);
+            return -1;
+        }
+        kv[*n].key = dupstr(it->string);
+        kv[*n].value = dupstr(it->valuestring);
+        (*n)++;
+    }
+    return 0;
+}
+
+/* Reads a number field of the condition; required when need is set. */
+static int num(cJSON *cond, const char *key, double *out, int need, double lo, double hi, char *why, size_t whylen) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(cond, key);
+    if (!v) {
+        if (!need) return 0;
+        snprintf(why, whylen, "condition needs \"%s\"", key);
+        return -1;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) {
+        snprintf(why, whylen, "condition \"%s\" must be a number in [%g, %g]", key, lo, hi);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
+    if (!cJSON_IsObject(o)) {
+        snprintf(why, whylen, "a rule must be an object");
+        return -1;
+    }
+    cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
+    if (!cJSON_IsString(name) || !*name->valuestring || strlen(name->valuestring) > 128) {
+        snprintf(why, whylen, "\"name\" must be a string of 1-128 bytes");
+        return -1;
+    }
+    r->name = dupstr(name->valuestring);
+    cJSON *scope = cJSON_GetObjectItemCaseSensitive(o, "scope");
+    r->scope = -1;
+    for (int i = 0; scope && cJSON_IsString(scope) && i < 4; i++)
+        if (!strcmp(scope->valuestring, scope_names[i])) r->scope = i;
+    if (r->scope < 0) {
+        snprintf(why, whylen, "\"scope\" must be head, layer, scalar or run");
+        return -1;
+    }
+    cJSON *cond = cJSON_GetObjectItemCaseSensitive(o, "condition");
+    cJSON *op = cond ? cJSON_GetObjectItemCaseSensitive(cond, "op") : NULL;
+    r->op = -1;
+    for (int i = 0; op && cJSON_IsString(op) && i < 8; i++)
+        if (!strcmp(op->valuestring, op_names[i])) r->op = i;
+    if (!cJSON_IsObject(cond) || r->op < 0) {
+        snprintf(why, whylen, "\"condition\" must be an object whose \"op\" is one of below, above, drop, growth, "
+                              "zscore, nonfinite, near_bound, stalled");
+        return -1;
+    }
+    if ((r->op == ALERT_OP_STALLED) != (r->scope == ALERT_SCOPE_RUN)) {
+        snprintf(why, whylen, "op stalled goes with scope run, and only it");
+        return -1;
+    }
+    cJSON *metric = cJSON_GetObjectItemCaseSensitive(o, "metric");
+    if (r->op != ALERT_OP_STALLED) {
+        if (!cJSON_IsString(metric) || !*metric->valuestring) {
+            snprintf(why, whylen, "\"metric\" must be a metric name");
+            return -1;
+        }
+        r->metric = dupstr(metric->valuestring);
+    }
+    double w = 1;
+    switch (r->op) {
+    case ALERT_OP_BELOW: case ALERT_OP_ABOVE:
+        if (num(cond, "value", &r->value, 1, -1e300, 1e300, why, whylen)) return -1;
+        break;
+    case ALERT_OP_DROP:
+        if (num(cond, "pct", &r->pct, 1, 0, 100, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen)) return -1;
+        break;
+    case ALERT_OP_GROWTH:
+        r->value = INFINITY;
+        r->rate = INFINITY;
+        if (num(cond, "value", &r->value, 0, -1e300, 1e300, why, whylen) ||
+            num(cond, "rate", &r->rate, 0, -1e300, 1e300, why, whylen) ||
+            num(cond, "window", &w, 1, 1, 100000, why, whylen)) return -1;
+        break;
+    case ALERT_OP_ZSCORE:
+        if (num(cond, "k", &r->k, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 2, 100000, why, whylen)) return -1;
+        break;
+    case ALERT_OP_NONFINITE:
+        break;
+    case ALERT_OP_NEAR_BOUND: {
+        cJSON *b = cJSON_GetObjectItemCaseSensitive(cond, "bound_metric");
+        cJSON *ri = cJSON_GetObjectItemCaseSensitive(cond, "rising_metric");
+        if (!cJSON_IsString(b) || !cJSON_IsString(ri)) {
+            snprintf(why, whylen, "near_bound needs \"bound_metric\" and \"rising_metric\" names");
+            return -1;
+        }
+        r->bound_metric = dupstr(b->valuestring);
+        r->rising_metric = dupstr(ri->valuestring);
+        if (num(cond, "epsilon", &r->epsilon, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen))
+            return -1;
+        break;
+    }
+    case ALERT_OP_STALLED:
+        if (num(cond, "seconds", &r->seconds, 1, 0.001, 1e9, why, whylen)) return -1;
+        break;
+    }
+    if (w != floor(w)) {
+        snprintf(why, whylen, "\"window\" must be a whole number of steps");
+        return -1;
+    }
+    r->window = (int)w;
+    double f = 0, k = 0;
+    cJSON *fo = cJSON_GetObjectItemCaseSensitive(o, "for");
+    cJSON *ko = cJSON_GetObjectItemCaseSensitive(o, "keep_firing_for");
+    if (fo && (!cJSON_IsNumber(fo) || fo->valuedouble < 0 || fo->valuedouble > 1e12 || fo->valuedouble != floor(fo->valuedouble))) {
+        snprintf(why, whylen, "\"for\" must be a whole number of steps >= 0");
+        return -1;
+    }
+    if (ko && (!cJSON_IsNumber(ko) || ko->valuedouble < 0 || ko->valuedouble > 1e12 || ko->valuedouble != floor(ko->valuedouble))) {
+        snprintf(why, whylen, "\"keep_firing_for\" must be a whole number of steps >= 0");
+        return -1;
+    }
+    if (fo) f = fo->valuedouble;
+    if (ko) k = ko->valuedouble;
+    r->for_steps = (int64_t)f;
+    r->keep_firing_for = (int64_t)k;
+    cJSON *sev = cJSON_GetObjectItemCaseSensitive(o, "severity");
+    if (sev && !cJSON_IsString(sev)) {
+        snprintf(why, whylen, "\"severity\" must be a string");
+        return -1;
+    }
+    r->severity = dupstr(sev ? sev->valuestring : "warning");
+    if (parse_kv(cJSON_GetObjectItemCaseSensitive(o, "labels"), r->labels, &r->nlabels, why, whylen, "labels") ||
+        parse_kv(cJSON_GetObjectItemCaseSensitive(o, "annotations"), r->annotations, &r->nannotations, why, whylen,
+                 "annotations"))
+        return -1;
+    cJSON *it;
+    static const char *const known[] = {"name", "metric", "scope", "condition", "for", "keep_firing_for",
+                                        "severity", "labels", "annotations", "description", NULL};
+    cJSON_ArrayForEach(it, o) {
+        int ok = 0;
+        for (int i = 0; known[i]; i++) ok |= !strcmp(it->string, known[i]);
+        if (!ok) {
+            snprintf(why, whylen, "unknown field \"%s\"", it->string);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+struct alert_rules *alert_rules_parse(const char *json, size_t len, char *err, size_t errlen) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    struct alert_rules *rs = NULL;
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        snprintf(err, errlen, "line %d: not valid JSON", at ? line_of(json, len, at) : 0);
+        return NULL;
+    }
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "rules");
+    if (!cJSON_IsArray(arr)) {
+        snprintf(err, errlen, "line 1: the file must be an object with a \"rules\" array");
+        goto out;
+    }
+    rs = calloc(1, sizeof *rs);
+    int n = cJSON_GetArraySize(arr);
+    if (!rs || !(rs->rules = calloc((size_t)(n ? n : 1), sizeof *rs->rules))) {
+        snprintf(err, errlen, "out of memory");
+        free(rs);
+        rs = NULL;
+        goto out;
+    }
+    cJSON *o;
+    int i = 0;
+    cJSON_ArrayForEach(o, arr) {
+        char why[400];
+        rs->n = i + 1;
+        if (parse_rule(o, &rs->rules[i], why, sizeof why)) {
+            cJSON *nm = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "name") : NULL;
+            const char *name = cJSON_IsString(nm) ? nm->valuestring : NULL;
+            snprintf(err, errlen, "line %d: rule %d%s%s%s: %s", rule_line(json, len, name, i), i + 1,
+                     name ? " (" : "", name ? name : "", name ? ")" : "", why);
+            alert_rules_free(rs);
+            rs = NULL;
+            goto out;
+        }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(rs->rules[j].name, rs->rules[i].name)) {
+                snprintf(err, errlen, "line %d: rule %d: the name \"%s\" is used twice",
+                         rule_line(json, len, NULL, i), i + 1, rs->rules[i].name);
+                alert_rules_free(rs);
+                rs = NULL;
+                goto out;
+            }
+        i++;
+    }
+out:
+    cJSON_Delete(root);
+    return rs;
+}
+
+struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen) {
+    if (!path) return alert_rules_parse(default_rules, sizeof default_rules - 1, err, errlen);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot read rules file %s", path);
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            if (cap > (16u << 20)) {
+                snprintf(err, errlen, "rules file %s is larger than 16 MiB", path);
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            char *nb = realloc(buf, cap);
+            if (!nb) { free(buf); fclose(f); snprintf(err, errlen, "out of memory"); return NULL; }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0) break;
+    }
+    fclose(f);
+    char inner[512];
+    struct alert_rules *r = alert_rules_parse(buf, len, inner, sizeof inner);
+    if (!r) snprintf(err, errlen, "rules file %s: %s", path, inner);
+    free(buf);
+    return r;
+}
+
+/* ---- engine ---- */
+
+struct cell_state {
+    int64_t pending_since;   /* -1 when the condition is not holding */
+    int64_t clear_since;     /* -1 unless firing and clear */
+    int firing;
+    float last;
+};
+
+/* The state of one rule in one run. ring holds, per cell, the last `window`
+ * values of the watched series (the metric itself; the rising metric for
+ * near_bound). */
+struct group {
+    int ncells;
+    struct cell_state *cells;
+    float *ring;
+    int ring_n, ring_pos;    /* shared by all cells: they advance together */
+    int firing;
+    int nfiring;
+    double starts_at;
+    int64_t start_step;
+    struct alert_cell *last_cells;   /* what fired, for RESOLVED and UPDATE detection */
+    int nlast;
+};
+
+struct run_state {
+    int64_t id;
+    char *name;
+    int64_t layers, heads;
+    int live;
+    double last_seen;
+    int64_t last_step;
+    struct group *groups;    /* one per rule; allocated on first use */
+    struct run_state *next;
+};
+
+struct alert_engine {
+    const struct alert_rules *rules;
+    struct run_state *runs;
+    int ntr, captr;
+    struct alert_transition *tr;
+    /* cells of transitions: owned per transition, freed at the next feed */
+    struct alert_cell **tr_cells;
+    struct alert_stats stats;
+};
+
+struct alert_engine *alert_engine_create(const struct alert_rules *rules) {
+    struct alert_engine *e = calloc(1, sizeof *e);
+    if (e) e->rules = rules;
+    return e;
+}
+
+static void group_free(struct group *g) {
+    free(g->cells);
+    free(g->ring);
+    free(g->last_cells);
+}
+
+static void run_free(const struct alert_rules *rules, struct run_state *r) {
+    if (r->groups)
+        for (int i = 0; i < rules->n; i++) group_free(&r->groups[i]);
+    free(r->groups);
+    free(r->name);
+    free(r);
+}
+
+static void clear_transitions(struct alert_engine *e) {
+    for (int i = 0; i < e->ntr; i++) free(e->tr_cells[i]);
+    e->ntr = 0;
+}
+
+void alert_engine_destroy(struct alert_engine *e) {
+    if (!e) return;
+    clear_transitions(e);
+    free(e->tr);
+    free(e->tr_cells);
+    while (e->runs) {
+        struct run_state *n = e->runs->next;
+        run_free(e->rules, e->runs);
+        e->runs = n;
+    }
+    free(e);
+}
+
+static struct run_state *run_find(struct alert_engine *e, int64_t id, int create) {
+    for (struct run_state *r = e->runs; r; r = r->next)
+        if (r->id == id) return r;
+    if (!create) return NULL;
+    struct run_state *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->id = id;
+    r->last_step = -1;
+    char nm[32];
+    snprintf(nm, sizeof nm, "run-%lld", (long long)id);
+    r->name = dupstr(nm);
+    r->groups = calloc((size_t)(e->rules->n ? e->rules->n : 1), sizeof *r->groups);
+    if (!r->name || !r->groups) {
+        run_free(e->rules, r);
+        return NULL;
+    }
+    r->next = e->runs;
+    e->runs = r;
+    return r;
+}
+
+static int cells_of(const struct alert_rule *rule, const struct run_state *r) {
+    switch (rule->scope) {
+    case ALERT_SCOPE_HEAD: return (int)(r->layers * r->heads);
+    case ALERT_SCOPE_LAYER: return (int)r->layers;
+    default: return 1;
+    }
+}
+
+/* Allocates a group's state for n cells (once; shapes are fixed per run). */
+static int group_init(struct group *g, const struct alert_rule *rule, int n) {
+    if (g->cells && g->ncells == n) return 0;
+    group_free(g);
+    memset(g, 0, sizeof *g);
+    g->cells = calloc((size_t)n, sizeof *g->cells);
+    g->last_cells = calloc((size_t)n, sizeof *g->last_cells);
+    int w = rule->window > 0 ? rule->window : 1;
+    g->ring = calloc((size_t)n * (size_t)w, sizeof *g->ring);
+    if (!g->cells || !g->last_cells || !g->ring) {
+        group_free(g);
+        memset(g, 0, sizeof *g);
+        return -1;
+    }
+    g->ncells = n;
+    for (int i = 0; i < n; i++) g->cells[i].pending_since = g->cells[i].clear_since = -1;
+    return 0;
+}
+
+static struct alert_transition *tr_add(struct alert_engine *e, int state, const struct alert_rule *rule,
+                                       struct run_state *r, struct group *g, int64_t step, double time) {
+    if (e->ntr == e->captr) {
+        int cap = e->captr ? e->captr * 2 : 16;
+        struct alert_transition *t = realloc(e->tr, (size_t)cap * sizeof *t);
+        if (!t) return NULL;
+        e->tr = t;
+        struct alert_cell **c = realloc(e->tr_cells, (size_t)cap * sizeof *c);
+        if (!c) return NULL;
+        e->tr_cells = c;
+        e->captr = cap;
+    }
+    struct alert_transition *t = &e->tr[e->ntr];
+    struct alert_cell *cells = malloc((size_t)(g->nlast ? g->nlast : 1) * sizeof *cells);
+    if (!cells) return NULL;
+    memcpy(cells, g->last_cells, (size_t)g->nlast * sizeof *cells);
+    e->tr_cells[e->ntr++] = cells;
+    /* FNV-1a over the identifying labels, each followed by a 0 byte */
+    uint64_t h = 1469598103934665603ULL;
+    const char *parts[2 + 2 * ALERT_MAX_LABELS] = {rule->name, r->name};
+    int np = 2;
+    for (int i = 0; i < rule->nlabels; i++) {
+        parts[np++] = rule->labels[i].key;
+        parts[np++] = rule->labels[i].value;
+    }
+    for (int i = 0; i < np; i++) {
+        for (const char *p = parts[i]; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        h *= 1099511628211ULL;
+    }
+    double worst = NAN;
+    for (int i = 0; i < g->nlast; i++) {
+        double v = cells[i].value;
+        if (isnan(worst)) worst = v;
+        else if (rule->op == ALERT_OP_BELOW || rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_NEAR_BOUND) {
+            if (v < worst) worst = v;
+        } else if (v > worst) worst = v;
+    }
+    *t = (struct alert_transition){.state = state, .rule = rule, .run_id = r->id, .run_name = r->name,
+                                   .fingerprint = h, .starts_at = g->starts_at,
+                                   .ends_at = state == ALERT_RESOLVED ? time : 0, .start_step = g->start_step,
+                                   .step = step, .ncells = g->nlast, .cells = cells, .value = worst};
+    e->stats.transitions++;
+    return t;
+}
+
+/* After a group's cells were updated at `step`, emits its transition. */
+static int group_settle(struct alert_engine *e, const struct alert_rule *rule, struct run_state *r, struct group *g,
+                        int64_t step, double time) {
+    int n = 0, changed = 0;
+    int64_t earliest = -1;
+    for (int i = 0; i < g->ncells; i++) {
+        if (!g->cells[i].firing) continue;
+        int layer = -1, head = -1;
+        if (rule->scope == ALERT_SCOPE_HEAD) {
+            layer = (int)(i / r->heads);
+            head = (int)(i % r->heads);
+        } else if (rule->scope == ALERT_SCOPE_LAYER) {
+            layer = i;
+        }
+        if (n >= g->nlast || g->last_cells[n].layer != layer || g->last_cells[n].head != head) changed = 1;
+        n++;
+        if (g->cells[i].pending_since >= 0 && (earliest < 0 || g->cells[i].pending_since < earliest))
+            earliest = g->cells[i].pending_since;
+    }
+    if (n != g->nlast) changed = 1;
+    if (n > 0) {
+        /* remember the firing cells (with their latest values) */
+        int j = 0;
+        for (int i = 0; i < g->ncells; i++) {
+            if (!g->cells[i].firing) continue;
+            g->last_cells[j].layer = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(i / r->heads)
+                                     : rule->scope == ALERT_SCOPE_LAYER ? i : -1;
+            g->last_cells[j].head = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(i % r->heads) : -1;
+            g->last_cells[j].value = g->cells[i].last;
+            j++;
+        }
+        g->nlast = n;
+    }
+    struct alert_transition *t = NULL;
+    if (!g->firing && n > 0) {
+        g->firing = 1;
+        g->starts_at = time;
+        g->start_step = earliest >= 0 ? earliest : step;
+        t = tr_add(e, ALERT_FIRING, rule, r, g, step, time);
+    } else if (g->firing && n == 0) {
+        g->firing = 0;
+        t = tr_add(e, ALERT_RESOLVED, rule, r, g, step, time);
+        g->nlast = 0;
+    } else if (g->firing && changed) {
+        t = tr_add(e, ALERT_UPDATE, rule, r, g, step, time);
+    } else {
+        return 0;
+    }
+    return t ? 1 : -1;
+}
+
+static const struct proto_metric *find_metric(const struct proto_msg *m, const char *name, int kind) {
+    for (uint32_t i = 0; i < m->nmetrics; i++)
+        if (m->metrics[i].kind == kind && strcmp(m->metrics[i].name, name) == 0) return &m->metrics[i];
+    return NULL;
+}
+
+static int scope_kind(int scope) {
+    return scope == ALERT_SCOPE_HEAD ? PROTO_HEAD : scope == ALERT_SCOPE_LAYER ? PROTO_LAYER : PROTO_SCALAR;
+}
+
+/* One cell's condition at this step. ring is the cell's window (oldest at
+ * ring_pos once full); x is the value pushed into it afterwards. */
+static int eval_cell(const struct alert_rule *rule, const struct group *g, const float *ring, float v, float bound,
+                     float rising) {
+    int full = g->ring_n >= rule->window;
+    int w = rule->window;
+    switch (rule->op) {
+    case ALERT_OP_BELOW: return v < rule->value;
+    case ALERT_OP_ABOVE: return v > rule->value;
+    case ALERT_OP_NONFINITE: return !isfinite(v);
+    case ALERT_OP_DROP: {
+        if (!isfinite(v) || g->ring_n == 0) return 0;
+        float mx = -INFINITY;
+        for (int i = 0; i < (full ? w : g->ring_n); i++)
+            if (ring[i] > mx) mx = ring[i];
+        return mx > 0 && v < (1 - rule->pct / 100.0) * mx;
+    }
+    case ALERT_OP_GROWTH: {
+        if (!isfinite(v)) return 0;
+        if (v > rule->value) return 1;
+        if (!full) return 0;
+        float oldest = ring[g->ring_pos];
+        return isfinite(oldest) && (v - oldest) / w > rule->rate;
+    }
+    case ALERT_OP_ZSCORE: {
+        if (!isfinite(v) || !full) return 0;
+        double s = 0, s2 = 0;
+        int n = 0;
+        for (int i = 0; i < w; i++)
+            if (isfinite(ring[i])) { s += ring[i]; s2 += (double)ring[i] * ring[i]; n++; }
+        if (n < 2) return 0;
+        double mean = s / n, var = s2 / n - mean * mean;
+        double sd = var > 0 ? sqrt(var) : 0;
+        return v > mean + rule->k * sd && v > mean;
+    }
+    case ALERT_OP_NEAR_BOUND: {
+        if (!isfinite(v) || !isfinite(bound) || !isfinite(rising) || !full) return 0;
+        float oldest = ring[g->ring_pos];
+        return v - bound < rule->epsilon && isfinite(oldest) && rising > oldest;
+    }
+    }
+    return 0;
+}
+
+/* Moves a cell through pending -> firing -> clear -> resolved. */
+static void cell_step(const struct alert_rule *rule, struct cell_state *c, int cond, int64_t step) {
+    if (cond) {
+        c->clear_since = -1;
+        if (c->pending_since < 0) c->pending_since = step;
+        if (!c->firing && step - c->pending_since >= rule->for_steps) c->firing = 1;
+    } else {
+        c->pending_since = -1;
+        if (c->firing) {
+            if (c->clear_since < 0) c->clear_since = step;
+            if (step - c->clear_since >= rule->keep_firing_for) {
+                c->firing = 0;
+                c->clear_since = -1;
+            }
+        }
+    }
+}
+
+static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, struct run_state *r, struct group *g,
+                     const struct proto_msg *m, int64_t step, double time) {
+    int kind = scope_kind(rule->scope);
+    const struct proto_metric *pm = find_metric(m, rule->metric, kind);
+    if (!pm) return 0;
+    const struct proto_metric *pb = NULL, *pr = NULL;
+    if (rule->op == ALERT_OP_NEAR_BOUND) {
+        pb = find_metric(m, rule->bound_metric, kind);
+        pr = find_metric(m, rule->rising_metric, kind);
+        if (!pb || !pr) return 0;
+    }
+    int n = cells_of(rule, r);
+    if ((int)(pm->rows * pm->cols) != n || group_init(g, rule, n)) return 0;
+    const float *vals = m->values + pm->offset;
+    int w = rule->window > 0 ? rule->window : 1;
+    for (int i = 0; i < n; i++) {
+        float v = vals[i];
+        float b = pb ? m->values[pb->offset + i] : 0, ri = pr ? m->values[pr->offset + i] : 0;
+        float *ring = g->ring + (size_t)i * (size_t)w;
+        int cond = eval_cell(rule, g, ring, v, b, ri);
+        ring[g->ring_pos] = pr ? ri : v;
+        g->cells[i].last = v;
+        cell_step(rule, &g->cells[i], cond, step);
+    }
+    g->ring_pos = (g->ring_pos + 1) % w;
+    if (g->ring_n < w) g->ring_n++;
+    e->stats.evaluations += (uint64_t)n;
+    return group_settle(e, rule, r, g, step, time);
+}
+
+/* Resolves every firing group of a run (the run ended or was deleted). */
+static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step, double time) {
+    int n = 0;
+    for (int i = 0; i < e->rules->n; i++) {
+        struct group *g = &r->groups[i];
+        for (int c = 0; c < g->ncells; c++) {
+            g->cells[c].firing = 0;
+            g->cells[c].pending_since = g->cells[c].clear_since = -1;
+        }
+        if (g->firing) {
+            if (group_settle(e, &e->rules->rules[i], r, g, step, time) < 0) return -1;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* A step at or below the last one: the trainer rolled back. Windows and
+ * pending counts start over; firing cells stay firing until they clear. */
+static void run_rewind(struct alert_engine *e, struct run_state *r) {
+    for (int i = 0; i < e->rules->n; i++) {
+        struct group *g = &r->groups[i];
+        g->ring_n = g->ring_pos = 0;
+        for (int c = 0; c < g->ncells; c++) {
+            g->cells[c].pending_since = -1;
+            g->cells[c].clear_since = -1;
+        }
+    }
+}
+
+static int stalled_eval(struct alert_engine *e, struct run_state *r, double now, int64_t step, int activity) {
+    int n = 0;
+    for (int i = 0; i < e->rules->n; i++) {
+        const struct alert_rule *rule = &e->rules->rules[i];
+        if (rule->op != ALERT_OP_STALLED) continue;
+        struct group *g = &r->groups[i];
+        if (group_init(g, rule, 1)) return -1;
+        int cond = !activity && r->live && now - r->last_seen > rule->seconds;
+        g->cells[0].last = (float)(now - r->last_seen);
+        int was = g->cells[0].firing;
+        g->cells[0].firing = cond;
+        g->cells[0].pending_since = cond ? (was ? g->cells[0].pending_since : r->last_step) : -1;
+        int t = group_settle(e, rule, r, g, step, now);
+        if (t < 0) return -1;
+        n += t;
+    }
+    return n;
+}
+
+int alert_feed(struct alert_engine *e, const struct writer_item *it) {
+    clear_transitions(e);
+    struct run_state *r = run_find(e, it->run_id, 1);
+    if (!r) return -1;
+    double time = it->time;
+    int n = 0, t;
+    switch (it->kind) {
+    case WRITER_HELLO:
+        if (it->msg.run[0]) {
+            free(r->name);
+            r->name = dupstr(it->msg.run);
+        }
+        r->layers = it->msg.layers;
+        r->heads = it->msg.heads;
+        r->live = 1;
+        r->last_seen = time;
+        return 0;
+    case WRITER_STEP: {
+        const struct proto_msg *m = &it->msg;
+        if (r->layers == 0) { /* no hello seen (engine started mid-run): learn the shape from the data */
+            for (uint32_t i = 0; i < m->nmetrics; i++)
+                if (m->metrics[i].kind == PROTO_HEAD) { r->layers = m->metrics[i].rows; r->heads = m->metrics[i].cols; }
+        }
+        if (r->last_step >= 0 && m->step <= r->last_step) run_rewind(e, r);
+        r->last_step = m->step;
+        r->last_seen = time;
+        r->live = 1;
+        e->stats.steps++;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int i = 0; i < e->rules->n; i++) {
+            const struct alert_rule *rule = &e->rules->rules[i];
+            if (rule->op == ALERT_OP_STALLED) continue;
+            t = eval_rule(e, rule, r, &r->groups[i], m, m->step, time);
+            if (t < 0) return -1;
+            n += t;
+        }
+        t = stalled_eval(e, r, time, m->step, 1);
+        if (t < 0) return -1;
+        n += t;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        e->stats.eval_ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        return n;
+    }
+    case WRITER_EVENT:
+        r->last_seen = time;
+        t = stalled_eval(e, r, time, r->last_step, 1);
+        return t;
+    case WRITER_END:
+        r->live = 0;
+        return resolve_all(e, r, r->last_step, time);
+    case WRITER_STALE:
+        r->live = 0;
+        return stalled_eval(e, r, time, r->last_step, 1);
+    default: /* WRITER_DELETE and anything newer: forget the run */
+        t = resolve_all(e, r, r->last_step, time);
+        r->live = 0;
+        return t;
+    }
+}
+
+int alert_tick(struct alert_engine *e, double now) {
+    clear_transitions(e);
+    int n = 0;
+    for (struct run_state *r = e->runs; r; r = r->next) {
+        if (!r->live) continue;
+        int t = stalled_eval(e, r, now, r->last_step, 0);
+        if (t < 0) return -1;
+        n += t;
+    }
+    return n;
+}
+
+const struct alert_transition *alert_transition_at(const struct alert_engine *e, int i) {
+    return i >= 0 && i < e->ntr ? &e->tr[i] : NULL;
+}
+
+void alert_get_stats(const struct alert_engine *e, struct alert_stats *out) { *out = e->stats; }
+
+/* ---- JSON ---- */
+
+static void iso8601(double t, char *buf, size_t n) {
+    if (t <= 0) {
+        snprintf(buf, n, "0001-01-01T00:00:00Z"); /* Alertmanager's "no end" */
+        return;
+    }
+    time_t s = (time_t)t;
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    int ms = (int)((t - (double)s) * 1000);
+    snprintf(buf, n, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+             tm.tm_min, tm.tm_sec, ms);
+}
+
+static void cells_text(const struct alert_transition *t, char *buf, size_t n) {
+    size_t off = 0;
+    buf[0] = 0;
+    for (int i = 0; i < t->ncells && off + 32 < n; i++) {
+        if (i == 12) {
+            snprintf(buf + off, n - off, " and %d more", t->ncells - 12);
+            return;
+        }
+        const struct alert_cell *c = &t->cells[i];
+        if (c->head >= 0) off += (size_t)snprintf(buf + off, n - off, "%slayer %d head %d", i ? ", " : "", c->layer, c->head);
+        else if (c->layer >= 0) off += (size_t)snprintf(buf + off, n - off, "%slayer %d", i ? ", " : "", c->layer);
+        else off += (size_t)snprintf(buf + off, n - off, "%s%s", i ? ", " : "", t->rule->metric ? t->rule->metric : "run");
+    }
+}
+
+/* Replaces {run} {rule} {metric} {step} {value} {cells} in a template. */
+static char *expand(const char *tpl, const struct alert_transition *t) {
+    char cells[640], step[32], value[32];
+    cells_text(t, cells, sizeof cells);
+    snprintf(step, sizeof step, "%lld", (long long)t->step);
+    snprintf(value, sizeof value, "%.4g", t->value);
+    const char *keys[] = {"{run}", "{rule}", "{metric}", "{step}", "{value}", "{cells}"};
+    const char *vals[] = {t->run_name, t->rule->name, t->rule->metric ? t->rule->metric : "", step, value, cells};
+    size_t cap = strlen(tpl) + 1;
+    for (const char *p = tpl; *p; p++)
+        if (*p == '{') cap += sizeof cells + 64;
+    char *out = malloc(cap), *o = out;
+    if (!out) return NULL;
+    for (const char *p = tpl; *p;) {
+        int hit = 0;
+        for (int k = 0; k < 6 && !hit; k++) {
+            size_t kl = strlen(keys[k]);
+            if (strncmp(p, keys[k], kl) == 0) {
+                size_t vl = strlen(vals[k]);
+                memcpy(o, vals[k], vl);
+                o += vl;
+                p += kl;
+                hit = 1;
+            }
+        }
+        if (!hit) *o++ = *p++;
+    }
+    *o = 0;
+    return out;
+}
+
+char *alert_transition_json(const struct alert_transition *t) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    char buf[64];
+    cJSON_AddStringToObject(o, "status", t->state == ALERT_RESOLVED ? "resolved" : "firing");
+    cJSON_AddStringToObject(o, "transition", t->state == ALERT_FIRING ? "firing" : t->state == ALERT_RESOLVED ? "resolved" : "update");
+    cJSON *labels = cJSON_AddObjectToObject(o, "labels");
+    cJSON_AddStringToObject(labels, "alertname", t->rule->name);
+    cJSON_AddStringToObject(labels, "run", t->run_name);
+    cJSON_AddStringToObject(labels, "severity", t->rule->severity);
+    if (t->rule->metric) cJSON_AddStringToObject(labels, "metric", t->rule->metric);
+    for (int i = 0; i < t->rule->nlabels; i++)
+        cJSON_AddStringToObject(labels, t->rule->labels[i].key, t->rule->labels[i].value);
+    cJSON *ann = cJSON_AddObjectToObject(o, "annotations");
+    for (int i = 0; i < t->rule->nannotations; i++) {
+        char *v = expand(t->rule->annotations[i].value, t);
+        cJSON_AddStringToObject(ann, t->rule->annotations[i].key, v ? v : "");
+        free(v);
+    }
+    iso8601(t->starts_at, buf, sizeof buf);
+    cJSON_AddStringToObject(o, "startsAt", buf);
+    iso8601(t->state == ALERT_RESOLVED ? t->ends_at : 0, buf, sizeof buf);
+    cJSON_AddStringToObject(o, "endsAt", buf);
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)t->fingerprint);
+    cJSON_AddStringToObject(o, "fingerprint", buf);
+    cJSON_AddStringToObject(o, "generatorURL", "");
+    cJSON_AddNumberToObject(o, "run_id", (double)t->run_id);
+    cJSON_AddNumberToObject(o, "step", (double)t->step);
+    cJSON_AddNumberToObject(o, "start_step", (double)t->start_step);
+    if (isfinite(t->value)) cJSON_AddNumberToObject(o, "value", t->value);
+    else cJSON_AddNullToObject(o, "value");
+    cJSON *cells = cJSON_AddArrayToObject(o, "cells");
+    for (int i = 0; i < t->ncells; i++) {
+        cJSON *c = cJSON_CreateObject();
+        if (t->cells[i].layer >= 0) cJSON_AddNumberToObject(c, "layer", t->cells[i].layer);
+        if (t->cells[i].head >= 0) cJSON_AddNumberToObject(c, "head", t->cells[i].head);
+        if (isfinite(t->cells[i].value)) cJSON_AddNumberToObject(c, "value", t->cells[i].value);
+        else cJSON_AddNullToObject(c, "value");
+        cJSON_AddItemToArray(cells, c);
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}

@@ -1,0 +1,130 @@
+/* alert.h: alert rules and the engine that evaluates them.
+ *
+ * Rules come from a JSON file (--rules FILE) or the built-in default set
+ * (alert_default_rules_json). The engine is fed every committed item, in
+ * commit order (alert_feed), plus a clock tick (alert_tick) for the one
+ * time-based rule kind (stalled). It keeps per-run, per-rule, per-cell
+ * state in memory and returns transitions: an alert group (run x rule)
+ * starts FIRING when its first cell has held the condition for `for`
+ * steps, and is RESOLVED when its last firing cell has been clear for
+ * `keep_firing_for` steps. A group never resolves without having fired,
+ * and fires once per episode (deduplicated); heads that join or leave a
+ * firing group produce UPDATE transitions, which are stored and streamed but
+ * not notified.
+ *
+ * Pure: no I/O except reading the rules file, no threads. Not thread-safe:
+ * one engine is driven by one thread (the writer's commit hook). */
+#ifndef ALERT_H
+#define ALERT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "writer.h"
+
+enum alert_scope { ALERT_SCOPE_HEAD = 0, ALERT_SCOPE_LAYER, ALERT_SCOPE_SCALAR, ALERT_SCOPE_RUN };
+
+enum alert_op {
+    ALERT_OP_BELOW = 0,   /* v < value */
+    ALERT_OP_ABOVE,       /* v > value */
+    ALERT_OP_DROP,        /* v < (1 - pct/100) * max of the last `window` values */
+    ALERT_OP_GROWTH,      /* v > value, or (v - v[window steps ago]) / window > rate */
+    ALERT_OP_ZSCORE,      /* v > mean + k * std of the previous `window` values */
+    ALERT_OP_NONFINITE,   /* v is NaN or infinite (null on the wire) */
+    ALERT_OP_NEAR_BOUND,  /* v - bound_metric < epsilon while rising_metric grew over `window` */
+    ALERT_OP_STALLED,     /* a live run sent nothing for `seconds` (scope run) */
+};
+
+#define ALERT_MAX_LABELS 16
+
+struct alert_kv {
+    char *key, *value;
+};
+
+struct alert_rule {
+    char *name;
+    char *metric;            /* NULL for stalled */
+    int scope;               /* enum alert_scope */
+    int op;                  /* enum alert_op */
+    double value, pct, rate, k, epsilon, seconds;
+    int window;              /* steps, >= 1 where used */
+    char *bound_metric, *rising_metric;
+    int64_t for_steps, keep_firing_for;
+    char *severity;
+    int nlabels, nannotations;
+    struct alert_kv labels[ALERT_MAX_LABELS];
+    struct alert_kv annotations[ALERT_MAX_LABELS];
+};
+
+struct alert_rules {
+    int n;
+    struct alert_rule *rules;
+};
+
+/* The built-in default rules, as the JSON a rules file would hold. */
+const char *alert_default_rules_json(void);
+
+/* Parses rules from JSON text. On error returns NULL and writes a message
+ * naming the line (and the rule) into err. The caller frees the result with
+ * alert_rules_free(). */
+struct alert_rules *alert_rules_parse(const char *json, size_t len, char *err, size_t errlen);
+/* Reads and parses a file; NULL path gives the default rules. */
+struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen);
+void alert_rules_free(struct alert_rules *r);
+
+enum alert_state { ALERT_FIRING = 1, ALERT_RESOLVED, ALERT_UPDATE };
+
+/* One cell that holds (or held) the condition: layer/head are -1 where the
+ * scope has no such axis. */
+struct alert_cell {
+    int32_t layer, head;
+    float value;
+};
+
+/* A transition of an alert group. Owned by the engine until the next
+ * alert_feed/alert_tick call; copy what must outlive it. */
+struct alert_transition {
+    int state;                    /* enum alert_state */
+    const struct alert_rule *rule;
+    int64_t run_id;
+    const char *run_name;
+    uint64_t fingerprint;         /* of {alertname, run, rule labels} */
+    double starts_at, ends_at;    /* Unix seconds; ends_at 0 while firing */
+    int64_t start_step, step;     /* step the episode began; step of this transition */
+    int ncells;                   /* cells firing now (FIRING, UPDATE) or last (RESOLVED) */
+    const struct alert_cell *cells;
+    double value;                 /* the worst value among the cells */
+};
+
+struct alert_engine;
+
+/* The engine borrows rules: they must outlive it. */
+struct alert_engine *alert_engine_create(const struct alert_rules *rules);
+void alert_engine_destroy(struct alert_engine *e);
+
+/* Feeds one committed item (hello, step, event, end, stale, delete) of a
+ * run. Returns the number of transitions it caused, readable with
+ * alert_transition_at() until the next feed or tick; -1 out of memory
+ * (the engine stays usable). */
+int alert_feed(struct alert_engine *e, const struct writer_item *it);
+
+/* Advances the clock (Unix seconds) for stalled rules. Same returns. */
+int alert_tick(struct alert_engine *e, double now);
+
+const struct alert_transition *alert_transition_at(const struct alert_engine *e, int i);
+
+/* Formats a transition as an Alertmanager alert object (labels,
+ * annotations with {run} {rule} {metric} {step} {value} {cells}
+ * substituted, startsAt, endsAt, fingerprint, status) plus entropyd's
+ * fields (run_id, step, start_step, cells). Returns malloc'd text the
+ * caller frees, or NULL. */
+char *alert_transition_json(const struct alert_transition *t);
+
+/* Evaluation counters, for /metrics and the benchmark. */
+struct alert_stats {
+    uint64_t steps, evaluations, transitions;
+    double eval_ms;
+};
+void alert_get_stats(const struct alert_engine *e, struct alert_stats *out);
+
+#endif

@@ -1,0 +1,171 @@
+/* monitor.c: alert engine + storage + stream + trainer + notifier. See monitor.h. */
+#include "monitor.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stream.h"
+
+struct monitor {
+    struct alert_rules *rules;
+    struct alert_engine *engine;
+    struct notify *notify;
+    struct store *store;
+    struct stream *stream;
+    struct writer *writer;
+    pthread_mutex_t mu;         /* guards stats */
+    struct monitor_stats stats;
+};
+
+struct monitor *monitor_create(const struct monitor_config *cfg, char *err, size_t errlen) {
+    struct monitor *m = calloc(1, sizeof *m);
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&m->mu, NULL);
+    m->store = cfg->store;
+    m->stream = cfg->stream;
+    m->rules = alert_rules_load(cfg->rules_path, err, errlen);
+    if (!m->rules) goto fail;
+    m->engine = alert_engine_create(m->rules);
+    if (!m->engine) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    m->notify = notify_create(&cfg->notify, err, errlen);
+    if (!m->notify) goto fail;
+    return m;
+fail:
+    monitor_destroy(m, 0);
+    return NULL;
+}
+
+void monitor_set_writer(struct monitor *m, struct writer *w) { m->writer = w; }
+
+void monitor_destroy(struct monitor *m, int wait_ms) {
+    if (!m) return;
+    notify_destroy(m->notify, wait_ms);
+    alert_engine_destroy(m->engine);
+    alert_rules_free(m->rules);
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+const struct alert_rules *monitor_rules(const struct monitor *m) { return m->rules; }
+
+static char *cells_json(const struct alert_transition *t) {
+    size_t cap = 16 + (size_t)t->ncells * 64, off = 0;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    s[off++] = '[';
+    for (int i = 0; i < t->ncells; i++) {
+        const struct alert_cell *c = &t->cells[i];
+        char v[32];
+        if (isfinite(c->value)) snprintf(v, sizeof v, "%.6g", c->value);
+        else snprintf(v, sizeof v, "null");
+        off += (size_t)snprintf(s + off, cap - off, "%s{\"layer\":%d,\"head\":%d,\"value\":%s}", i ? "," : "",
+                                c->layer, c->head, v);
+    }
+    snprintf(s + off, cap - off, "]");
+    return s;
+}
+
+static const char *transition_name(int state) {
+    return state == ALERT_FIRING ? "firing" : state == ALERT_RESOLVED ? "resolved" : "update";
+}
+
+/* Sends one transition everywhere it goes. */
+static void dispatch(struct monitor *m, const struct alert_transition *t, int in_txn) {
+    char *json = alert_transition_json(t);
+    char *cells = cells_json(t);
+    char fp[20];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)t->fingerprint);
+    if (!json || !cells) {
+        fprintf(stderr, "entropyd: out of memory formatting an alert\n");
+        goto out;
+    }
+    struct store_alert sa = {.run_id = t->run_id, .rule = t->rule->name, .severity = t->rule->severity,
+                             .fingerprint = fp, .transition = transition_name(t->state),
+                             .time = t->state == ALERT_RESOLVED ? t->ends_at : t->starts_at,
+                             .starts_at = t->starts_at, .ends_at = t->ends_at, .start_step = t->start_step,
+                             .step = t->step, .value = t->value, .cells_json = cells, .payload = json};
+    int failed = 0;
+    if (!in_txn) failed = store_begin(m->store);
+    if (!failed) failed = store_alert_transition(m->store, &sa, NULL);
+    if (!in_txn && !failed) failed = store_commit(m->store);
+    if (failed) {
+        if (!in_txn) store_rollback(m->store);
+        fprintf(stderr, "entropyd: could not store alert %s (%s): %s\n", t->rule->name, sa.transition,
+                store_errmsg(m->store));
+        pthread_mutex_lock(&m->mu);
+        m->stats.store_errors++;
+        pthread_mutex_unlock(&m->mu);
+    }
+    /* {"type":"alert","transition":..,"rule":..,"start_step":..,"step":..,"alert":{..}} */
+    size_t len = strlen(json) + 256 + strlen(t->rule->name);
+    char *line = malloc(len);
+    if (line) {
+        snprintf(line, len, "{\"type\":\"alert\",\"transition\":\"%s\",\"rule\":\"%s\",\"severity\":\"%s\","
+                            "\"start_step\":%lld,\"step\":%lld,\"alert\":%s}",
+                 sa.transition, t->rule->name, t->rule->severity, (long long)t->start_step, (long long)t->step, json);
+        if (m->stream) stream_publish(m->stream, "alert", t->run_id, line, strlen(line));
+        if (m->writer) writer_post_line(m->writer, t->run_id, line);
+        free(line);
+    }
+    if (t->state != ALERT_UPDATE && notify_post(m->notify, sa.transition, t->rule->name, t->run_name, json))
+        fprintf(stderr, "entropyd: out of memory queueing a notification\n");
+    pthread_mutex_lock(&m->mu);
+    if (t->state == ALERT_FIRING) m->stats.firing++;
+    else if (t->state == ALERT_RESOLVED && m->stats.firing > 0) m->stats.firing--;
+    pthread_mutex_unlock(&m->mu);
+out:
+    free(json);
+    free(cells);
+}
+
+static void dispatch_all(struct monitor *m, int n) {
+    for (int i = 0; i < n; i++) {
+        const struct alert_transition *t = alert_transition_at(m->engine, i);
+        if (t) dispatch(m, t, 0);
+    }
+}
+
+/* Copies the engine's counters for other threads to read. */
+static void publish_stats(struct monitor *m) {
+    pthread_mutex_lock(&m->mu);
+    alert_get_stats(m->engine, &m->stats.engine);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void monitor_on_commit(struct monitor *m, const struct writer_item *items) {
+    for (const struct writer_item *it = items; it; it = it->next) {
+        int n = alert_feed(m->engine, it);
+        if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
+        dispatch_all(m, n);
+        if (it->kind == WRITER_END) {
+            /* episodes opened by an earlier daemon that this one never saw */
+            if (store_alerts_close_run(m->store, it->run_id, it->time))
+                fprintf(stderr, "entropyd: closing alerts of run %lld: %s\n", (long long)it->run_id,
+                        store_errmsg(m->store));
+        }
+    }
+    publish_stats(m);
+}
+
+void monitor_on_tick(struct monitor *m, double now) {
+    int n = alert_tick(m->engine, now);
+    if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
+    dispatch_all(m, n);
+    publish_stats(m);
+}
+
+void monitor_get_stats(struct monitor *m, struct monitor_stats *out) {
+    pthread_mutex_lock(&m->mu);
+    *out = m->stats;
+    pthread_mutex_unlock(&m->mu);
+    notify_get_stats(m->notify, &out->notify);
+}

@@ -1,0 +1,61 @@
+/* monitor.h: entropyd's alerting, wired together.
+ *
+ * Runs in the writer thread: the writer's commit hook feeds every committed
+ * item to the rule engine (alert.h) and its tick drives time-based rules.
+ * Each transition is then
+ *   - stored (alerts, alert_transitions) in a small transaction of its own
+ *     right after the commit that caused it (if that write fails, e.g. on a
+ *     full disk, the transition is still streamed and notified, and logged);
+ *   - published on the live stream as an `alert` event (when a stream is set);
+ *   - sent to the trainer of the run as a protocol `alert` line;
+ *   - handed to the notifier (webhook, exec hook, log) when FIRING or RESOLVED.
+ * Nothing here blocks on the network: the notifier has its own thread. */
+#ifndef MONITOR_H
+#define MONITOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "alert.h"
+#include "notify.h"
+#include "store.h"
+#include "writer.h"
+
+struct stream;
+
+struct monitor_config {
+    const char *rules_path;     /* NULL: the default rules */
+    struct notify_config notify;
+    struct store *store;        /* the writer's store: used only from the writer thread */
+    struct stream *stream;      /* may be NULL */
+};
+
+struct monitor;
+
+/* Loads the rules and starts the notifier. NULL with a message (a bad rules
+ * file names its line) on failure. */
+struct monitor *monitor_create(const struct monitor_config *cfg, char *err, size_t errlen);
+
+/* The writer, for alert lines to trainers; set once it exists. */
+void monitor_set_writer(struct monitor *m, struct writer *w);
+
+/* Accepts NULL. Waits at most wait_ms for pending notifications. */
+void monitor_destroy(struct monitor *m, int wait_ms);
+
+/* Writer thread only. */
+void monitor_on_commit(struct monitor *m, const struct writer_item *items);
+void monitor_on_tick(struct monitor *m, double now);
+
+struct monitor_stats {
+    struct alert_stats engine;
+    struct notify_stats notify;
+    uint64_t firing;            /* groups firing now */
+    uint64_t store_errors;
+};
+/* Safe from any thread. */
+void monitor_get_stats(struct monitor *m, struct monitor_stats *out);
+
+/* The rules in force (for documentation endpoints and tests). */
+const struct alert_rules *monitor_rules(const struct monitor *m);
+
+#endif

@@ -1,0 +1,305 @@
+/* notify.c: the notifier thread. See notify.h. */
+#include "notify.h"
+
+#include <cJSON.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+struct note {
+    char *status, *alertname, *run;
+    char *body;              /* the webhook payload */
+    struct note *next;
+};
+
+struct notify {
+    struct notify_config cfg;
+    char *webhook, *exec_cmd, *external;
+    pthread_t th;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct note *head, *tail;
+    int len, stop;
+    double stop_deadline;
+    struct notify_stats stats;
+};
+
+static double mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void note_free(struct note *n) {
+    if (!n) return;
+    free(n->status);
+    free(n->alertname);
+    free(n->run);
+    free(n->body);
+    free(n);
+}
+
+static size_t discard(char *p, size_t s, size_t n, void *u) {
+    (void)p;
+    (void)u;
+    return s * n;
+}
+
+/* Returns 0 delivered, 1 retry later, -1 give up. */
+static int post_once(struct notify *n, const char *body, long *status) {
+    CURL *c = curl_easy_init();
+    if (!c) return 1;
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(c, CURLOPT_URL, n->webhook);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)n->cfg.timeout_ms);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "entropyd");
+    CURLcode rc = curl_easy_perform(c);
+    *status = 0;
+    if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    if (rc != CURLE_OK) return 1;
+    if (*status >= 200 && *status < 300) return 0;
+    if (*status >= 500 || *status == 429) return 1;
+    return -1;
+}
+
+static void run_exec(struct notify *n, const struct note *nt) {
+    int pipefd[2] = {-1, -1};
+    pid_t pid = -1;
+    if (pipe2(pipefd, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
+        if (pid < 0 && pipefd[0] >= 0) {
+            close(pipefd[0]);
+            close(pipefd[1]);
+        }
+        pthread_mutex_lock(&n->mu);
+        n->stats.exec_failed++;
+        pthread_mutex_unlock(&n->mu);
+        return;
+    }
+    if (pid == 0) {
+        dup2(pipefd[0], 0);
+        setenv("ENTROPYD_ALERT_STATUS", nt->status, 1);
+        setenv("ENTROPYD_ALERT_NAME", nt->alertname, 1);
+        setenv("ENTROPYD_ALERT_RUN", nt->run, 1);
+        execl("/bin/sh", "sh", "-c", n->exec_cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(pipefd[0]);
+    size_t len = strlen(nt->body), off = 0;
+    signal(SIGPIPE, SIG_IGN);
+    while (off < len) {
+        ssize_t w = write(pipefd[1], nt->body + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    close(pipefd[1]);
+    int status = 0;
+    double deadline = mono() + 10;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) break;
+        if (r < 0 && errno != EINTR) break;
+        if (mono() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fprintf(stderr, "entropyd: --on-alert command killed after 10 s\n");
+            break;
+        }
+        usleep(10000);
+    }
+    pthread_mutex_lock(&n->mu);
+    n->stats.exec_runs++;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) n->stats.exec_failed++;
+    pthread_mutex_unlock(&n->mu);
+}
+
+static void deliver(struct notify *n, struct note *nt) {
+    if (n->cfg.log)
+        fprintf(stderr, "entropyd: alert %s: %s run=%s\n", nt->status, nt->alertname, nt->run);
+    if (n->exec_cmd) run_exec(n, nt);
+    if (!n->webhook) return;
+    int delay = n->cfg.backoff_ms;
+    for (int attempt = 1;; attempt++) {
+        long code;
+        int r = post_once(n, nt->body, &code);
+        pthread_mutex_lock(&n->mu);
+        if (r == 0) n->stats.sent++;
+        else if (r < 0 || attempt >= n->cfg.retries) n->stats.failed++;
+        else n->stats.retries++;
+        int stopping = n->stop && mono() > n->stop_deadline;
+        pthread_mutex_unlock(&n->mu);
+        if (r == 0) return;
+        if (r < 0 || attempt >= n->cfg.retries || stopping) {
+            fprintf(stderr, "entropyd: webhook %s gave up on %s %s after %d attempt(s) (last HTTP status %ld)\n",
+                    n->webhook, nt->alertname, nt->status, attempt, code);
+            return;
+        }
+        /* sleep, but wake for shutdown */
+        pthread_mutex_lock(&n->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += delay / 1000;
+        ts.tv_nsec += (long)(delay % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        if (!n->stop) pthread_cond_timedwait(&n->cv, &n->mu, &ts);
+        pthread_mutex_unlock(&n->mu);
+        if (delay < 30000) delay *= 2;
+    }
+}
+
+static void *notify_main(void *arg) {
+    struct notify *n = arg;
+    for (;;) {
+        pthread_mutex_lock(&n->mu);
+        while (!n->head && !n->stop) pthread_cond_wait(&n->cv, &n->mu);
+        if (!n->head || (n->stop && mono() > n->stop_deadline)) {
+            pthread_mutex_unlock(&n->mu);
+            break;
+        }
+        struct note *nt = n->head;
+        n->head = nt->next;
+        if (!n->head) n->tail = NULL;
+        n->len--;
+        pthread_mutex_unlock(&n->mu);
+        deliver(n, nt);
+        note_free(nt);
+    }
+    return NULL;
+}
+
+static char *dupstr(const char *s) {
+    return s ? strdup(s) : NULL;
+}
+
+struct notify *notify_create(const struct notify_config *cfg, char *err, size_t errlen) {
+    struct notify *n = calloc(1, sizeof *n);
+    if (!n) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    n->cfg = *cfg;
+    if (n->cfg.max_queue <= 0) n->cfg.max_queue = 1000;
+    if (n->cfg.retries <= 0) n->cfg.retries = 6;
+    if (n->cfg.timeout_ms <= 0) n->cfg.timeout_ms = 5000;
+    if (n->cfg.backoff_ms <= 0) n->cfg.backoff_ms = 500;
+    n->webhook = dupstr(cfg->webhook_url);
+    n->exec_cmd = dupstr(cfg->exec_cmd);
+    n->external = dupstr(cfg->external_url ? cfg->external_url : "");
+    pthread_mutex_init(&n->mu, NULL);
+    pthread_cond_init(&n->cv, NULL);
+    if (n->webhook && strncmp(n->webhook, "http://", 7) && strncmp(n->webhook, "https://", 8)) {
+        snprintf(err, errlen, "--webhook wants an http:// or https:// URL, got \"%s\"", n->webhook);
+        notify_destroy(n, 0);
+        return NULL;
+    }
+    int rc = pthread_create(&n->th, NULL, notify_main, n);
+    if (rc) {
+        snprintf(err, errlen, "cannot start notifier thread: %s", strerror(rc));
+        notify_destroy(n, 0);
+        return NULL;
+    }
+    n->started = 1;
+    return n;
+}
+
+void notify_destroy(struct notify *n, int wait_ms) {
+    if (!n) return;
+    if (n->started) {
+        pthread_mutex_lock(&n->mu);
+        n->stop = 1;
+        n->stop_deadline = mono() + wait_ms / 1000.0;
+        pthread_cond_broadcast(&n->cv);
+        pthread_mutex_unlock(&n->mu);
+        pthread_join(n->th, NULL);
+    }
+    while (n->head) {
+        struct note *x = n->head->next;
+        note_free(n->head);
+        n->stats.dropped++;
+        n->head = x;
+    }
+    pthread_cond_destroy(&n->cv);
+    pthread_mutex_destroy(&n->mu);
+    free(n->webhook);
+    free(n->exec_cmd);
+    free(n->external);
+    free(n);
+}
+
+/* The Alertmanager webhook payload for one alert group. */
+static char *payload(struct notify *n, const char *status, const char *alertname, const char *run, const char *alert_json) {
+    cJSON *alert = cJSON_Parse(alert_json);
+    if (!alert) return NULL;
+    cJSON *o = cJSON_CreateObject();
+    char key[600];
+    snprintf(key, sizeof key, "{}:{alertname=\"%.250s\", run=\"%.250s\"}", alertname, run);
+    cJSON_AddStringToObject(o, "version", "4");
+    cJSON_AddStringToObject(o, "groupKey", key);
+    cJSON_AddNumberToObject(o, "truncatedAlerts", 0);
+    cJSON_AddStringToObject(o, "status", status);
+    cJSON_AddStringToObject(o, "receiver", "entropyd");
+    cJSON *gl = cJSON_AddObjectToObject(o, "groupLabels");
+    cJSON_AddStringToObject(gl, "alertname", alertname);
+    cJSON_AddStringToObject(gl, "run", run);
+    cJSON *labels = cJSON_GetObjectItemCaseSensitive(alert, "labels");
+    cJSON *ann = cJSON_GetObjectItemCaseSensitive(alert, "annotations");
+    cJSON_AddItemToObject(o, "commonLabels", labels ? cJSON_Duplicate(labels, 1) : cJSON_CreateObject());
+    cJSON_AddItemToObject(o, "commonAnnotations", ann ? cJSON_Duplicate(ann, 1) : cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "externalURL", n->external);
+    cJSON *arr = cJSON_AddArrayToObject(o, "alerts");
+    cJSON_AddItemToArray(arr, alert);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+int notify_post(struct notify *n, const char *status, const char *alertname, const char *run, const char *alert_json) {
+    struct note *nt = calloc(1, sizeof *nt);
+    if (!nt) return -1;
+    nt->status = dupstr(status);
+    nt->alertname = dupstr(alertname);
+    nt->run = dupstr(run);
+    nt->body = payload(n, status, alertname, run, alert_json);
+    if (!nt->status || !nt->alertname || !nt->run || !nt->body) {
+        note_free(nt);
+        return -1;
+    }
+    pthread_mutex_lock(&n->mu);
+    if (n->len >= n->cfg.max_queue) {
+        struct note *old = n->head;
+        n->head = old->next;
+        if (!n->head) n->tail = NULL;
+        n->len--;
+        n->stats.dropped++;
+        note_free(old);
+    }
+    if (n->tail) n->tail->next = nt;
+    else n->head = nt;
+    n->tail = nt;
+    n->len++;
+    n->stats.queued++;
+    pthread_cond_signal(&n->cv);
+    pthread_mutex_unlock(&n->mu);
+    return 0;
+}
+
+void notify_get_stats(struct notify *n, struct notify_stats *out) {
+    pthread_mutex_lock(&n->mu);
+    *out = n->stats;
+    pthread_mutex_unlock(&n->mu);
+}
