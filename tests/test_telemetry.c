@@ -877,6 +877,43 @@ static void test_refusing_daemon(void **state)
     env_free(&e);
 }
 
+/* A step whose line would pass protocol v1's 4 MiB is dropped and counted
+ * (the daemon would refuse it), not sent; smaller steps go on. */
+static void test_oversize_step_dropped(void **state)
+{
+    env e;
+    env_init(&e);
+    telemetry_config c;
+    base_config(&c, &e, "big-run", 1024, 1024);
+    c.address = NULL;
+    c.queue_slots = 2;
+    c.max_head_metrics = 1;
+    c.max_layer_metrics = 1;
+    c.max_scalars = 1;
+    telemetry *t = create_ok(&c);
+    float *hv = malloc(1024 * 1024 * sizeof *hv);
+    for (int k = 0; k < 1024 * 1024; k++) hv[k] = 1.0f / (float)(k + 3);
+    telemetry_step *s = telemetry_step_begin(t, 0, -1);
+    assert_int_equal(telemetry_step_heads(s, "entropy", hv), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
+    s = telemetry_step_begin(t, 1, -1);
+    WAIT_FOR((s = s ? s : telemetry_step_begin(t, 1, -1)) != NULL, 2000);
+    assert_int_equal(telemetry_step_scalar(s, "loss", 1.0), TELEMETRY_OK);
+    assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    telemetry_stats st = stats(t);
+    assert_int_equal(st.dropped_oversize, 1);
+    assert_true(st.spooled == 1 || st.spooled == 2); /* the step, maybe a loss report */
+    assert_int_equal(st.next_seq, st.spooled + 1);
+    free(hv);
+    c.max_scalars = 257;
+    char err[128];
+    c.run = "other";
+    assert_null(telemetry_create(&c, err, sizeof err));
+    assert_int_equal(telemetry_destroy(t, NULL, 0), TELEMETRY_OK);
+    env_free(&e);
+}
+
 static void test_api_errors(void **state)
 {
     env e;
@@ -946,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_daemon_ahead_resets_seq),
         cmocka_unit_test(test_inbox_over_tcp),
         cmocka_unit_test(test_refusing_daemon),
+        cmocka_unit_test(test_oversize_step_dropped),
         cmocka_unit_test(test_api_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -55,6 +55,8 @@
 #define WELCOME_TIMEOUT_MS 10000
 #define CONNECT_TIMEOUT_MS 2000
 #define DRAIN_BATCH 256
+#define LINE_MAX_BYTES (4u << 20) /* protocol v1: a line is at most 4 MiB */
+#define METRICS_MAX 256           /* protocol v1: metrics per kind in one step */
 
 enum { MSG_STEP, MSG_EVENT, MSG_END };
 enum { C_DOWN, C_CONNECTING, C_HELLO, C_STREAMING, C_STOPPED };
@@ -131,7 +133,7 @@ struct telemetry {
     uint64_t rd_first, rd_off; int rd_fd;
 
     /* Counters (see telemetry_stats). */
-    _Atomic uint64_t st_enqueued, st_dropped_queue, st_dropped_spool, st_spooled,
+    _Atomic uint64_t st_enqueued, st_dropped_queue, st_dropped_spool, st_dropped_oversize, st_spooled,
         st_sent, st_acked, st_next_seq, st_spool_bytes, st_connects,
         st_connect_failures, st_errors, st_inbox_dropped;
     atomic_int st_connected;
@@ -494,6 +496,7 @@ void telemetry_stats_get(const telemetry *tc, telemetry_stats *o)
     o->enqueued = ST_GET(t, st_enqueued);
     o->dropped_queue = ST_GET(t, st_dropped_queue);
     o->dropped_spool = ST_GET(t, st_dropped_spool);
+    o->dropped_oversize = ST_GET(t, st_dropped_oversize);
     o->spooled = ST_GET(t, st_spooled);
     o->sent = ST_GET(t, st_sent);
     o->acked = ST_GET(t, st_acked);
@@ -894,17 +897,19 @@ static size_t format_body(telemetry *t, const telemetry_step *s)
 /* Sends a warn event about losses once the spool has room for it. */
 static void report_drops(telemetry *t)
 {
-    uint64_t q = ST_GET(t, st_dropped_queue), s = ST_GET(t, st_dropped_spool);
-    if (q + s == t->reported_drops || t->spool_total + t->wlen + 1024 > t->spool_max) return;
+    uint64_t q = ST_GET(t, st_dropped_queue), s = ST_GET(t, st_dropped_spool),
+             o = ST_GET(t, st_dropped_oversize);
+    if (q + s + o == t->reported_drops || t->spool_total + t->wlen + 1024 > t->spool_max) return;
     char *b = t->fmt + SEQ_PREFIX_MAX;
     int n = snprintf(b, 512,
                      "\"type\":\"event\",\"level\":\"warn\",\"text\":\"telemetry client dropped %llu "
-                     "messages so far (queue full: %llu, spool full: %llu)\",\"time\":",
-                     (unsigned long long)(q + s), (unsigned long long)q, (unsigned long long)s);
+                     "messages so far (queue full: %llu, spool full: %llu, over 4 MiB: %llu)\",\"time\":",
+                     (unsigned long long)(q + s + o), (unsigned long long)q, (unsigned long long)s,
+                     (unsigned long long)o);
     n += format_time(b + n, telemetry_now());
     b[n++] = '}';
     b[n++] = '\n';
-    if (spool_add(t, b, (size_t)n) == 0) t->reported_drops = q + s;
+    if (spool_add(t, b, (size_t)n) == 0) t->reported_drops = q + s + o;
 }
 
 /* Moves up to DRAIN_BATCH messages from the ring into the spool. */
@@ -920,7 +925,10 @@ static int drain_ring(telemetry *t)
         free(s->text);
         s->text = NULL;
         atomic_store_explicit(&t->tail, ++tl, memory_order_release);
-        spool_add(t, t->fmt + SEQ_PREFIX_MAX, blen);
+        if (blen + SEQ_PREFIX_MAX > LINE_MAX_BYTES) /* the daemon would refuse it */
+            ST_ADD(t, st_dropped_oversize, 1);
+        else
+            spool_add(t, t->fmt + SEQ_PREFIX_MAX, blen);
         n++;
     }
     spool_flush(t);
@@ -1427,6 +1435,10 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     t->max_s = c->max_scalars > 0 ? c->max_scalars : 64;
     t->max_l = c->max_layer_metrics > 0 ? c->max_layer_metrics : 32;
     t->max_h = c->max_head_metrics > 0 ? c->max_head_metrics : 16;
+    if (t->max_s > METRICS_MAX || t->max_l > METRICS_MAX || t->max_h > METRICS_MAX) {
+        set_err(err, errlen, "at most %d metrics of a kind per step (protocol v1)", METRICS_MAX);
+        goto err;
+    }
     t->cap = c->queue_slots; /* 0: sized by alloc_slots */
     t->spool_max = c->spool_max_bytes ? c->spool_max_bytes : (uint64_t)256 << 20;
     t->seg_bytes = t->spool_max / 8;

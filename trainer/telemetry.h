@@ -61,7 +61,9 @@ typedef struct telemetry_config {
                               create: slots * (max_scalars + max_layer_metrics*L
                               + max_head_metrics*L*H) floats, plus names */
     size_t spool_max_bytes;/* spool bound; default 256 MiB */
-    int max_scalars;       /* per-step metric slots; defaults 64, 32, 16 */
+    int max_scalars;       /* per-step metric slots; defaults 64, 32, 16;
+                              at most 256 each (protocol v1). A step's line
+                              must stay under 4 MiB, roughly 11 bytes a value */
     int max_layer_metrics;
     int max_head_metrics;
     int backoff_min_ms;    /* reconnect backoff; defaults 50 and 2000 */
@@ -73,6 +75,7 @@ typedef struct telemetry_stats {
     uint64_t enqueued;      /* messages accepted into the ring */
     uint64_t dropped_queue; /* messages dropped because the ring was full */
     uint64_t dropped_spool; /* messages dropped because the spool was full or failing */
+    uint64_t dropped_oversize; /* steps whose line would exceed protocol v1's 4 MiB */
     uint64_t spooled;       /* messages written to the spool (each has a seq) */
     uint64_t sent;          /* message lines written to the socket, resends included */
     uint64_t acked;         /* highest seq the daemon acknowledged (or welcomed) */
