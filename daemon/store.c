@@ -526,16 +526,19 @@ static int rollup_advance(struct store *st, struct metric_cache *m, int64_t step
 static int rewrite_history(struct store *st, struct run_cache *r, int64_t step, double time) {
     char sql[1400];
     long long id = (long long)r->id, from = (long long)step;
+    snprintf(sql, sizeof sql, "INSERT INTO branches(run_id, from_step, to_step, time) VALUES (%lld, %lld, %lld, %.6f)",
+             id, from, (long long)r->last_step, time);
+    if (exec(st, sql)) return -1;
+    long long branch = (long long)sqlite3_last_insert_rowid(st->db);
     snprintf(sql, sizeof sql,
-             "INSERT INTO branches(run_id, from_step, to_step, time) VALUES (%lld, %lld, %lld, %.6f);"
              "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) "
-             "  SELECT last_insert_rowid(), f.metric_id, f.step, f.data FROM frames f "
+             "  SELECT %lld, f.metric_id, f.step, f.data FROM frames f "
              "  WHERE f.metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND f.step >= %lld;"
              "DELETE FROM frames WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND step >= %lld;"
              "DELETE FROM rollups WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) "
              "  AND block >= %lld / (64 << (3 * (level - 1)));"
              "DELETE FROM steps WHERE run_id = %lld AND step >= %lld;",
-             id, from, (long long)r->last_step, time, id, from, id, from, id, from, id, from);
+             branch, id, from, id, from, id, from, id, from);
     if (exec(st, sql)) return -1;
     char text[128];
     snprintf(text, sizeof text, "rollback to step %lld (was at step %lld; the abandoned steps are kept as a branch)",

@@ -171,6 +171,11 @@ class IngestTest(unittest.TestCase):
         self.assertEqual(steps, [10, 20, 30, 40, 50])
         ev = self.d.query("SELECT text FROM events WHERE run_id=?", (rid,))
         self.assertTrue(any("rollback to step 50" in e[0] for e in ev), ev)
+        # the abandoned branch is kept apart, not lost
+        br = self.d.query("SELECT id, from_step, to_step FROM branches WHERE run_id=?", (rid,))
+        self.assertEqual([b[1:] for b in br], [(50, 100)])
+        kept = self.d.query("SELECT DISTINCT step FROM abandoned_frames WHERE branch_id=? ORDER BY step", (br[0][0],))
+        self.assertEqual([k[0] for k in kept], [50, 60, 70, 80, 90, 100])
 
     # ---- connections ----
 
