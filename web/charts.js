@@ -1,0 +1,171 @@
+// charts.js: time-series charts on uPlot (vendored, web/vendor/uplot).
+// A TimeChart shows lines over training steps, each optionally with a
+// min/max band (the exact per-bucket extremes from the series API, so a
+// one-step spike stays visible at any zoom), alert markers on the step axis,
+// a legend with live values and a unit on the y axis. Drag to zoom (the
+// owner refetches at finer resolution), double-click to zoom out.
+import uPlot from './vendor/uplot/uPlot.esm.js';
+import {fmt, fmtStep, rafThrottle} from './util.js';
+
+const charts = new Set();
+const onResize = rafThrottle(() => { for (const c of charts) c.resize(); });
+window.addEventListener('resize', onResize);
+
+/** Turns series API answers into one aligned table for uPlot.
+ * lines: [{res (a series answer), y: 'mean'|'value'|'min'|'max', band: bool}]
+ * Returns [xs, ...columns] where a line with band adds [y, max, min]. */
+export function tableOf(lines) {
+  const tables = lines.map((l) => {
+    const r = l.res;
+    const ncols = l.band ? 3 : 1;
+    if (!r || !r.step || !r.step.length) return [[], ...Array.from({length: ncols}, () => [])];
+    const y = l.y === 'value' && r.value ? r.value : (r[l.y] || r.mean);
+    const t = [r.step.slice(), y.slice()];
+    if (l.band) t.push(r.max.slice(), r.min.slice());
+    return t;
+  });
+  if (tables.length === 1) return tables[0];
+  const nonEmpty = tables.filter((t) => t[0].length);
+  if (!nonEmpty.length) return [[], ...tables.flatMap((t) => t.slice(1))];
+  return uPlot.join(tables);
+}
+
+export class TimeChart {
+  /** parent: element; o: {title, unit, height, onZoom(from, to), onReset(),
+   *  markers(): [{step, color, label}], compact} */
+  constructor(parent, o) {
+    this.o = o;
+    this.el = document.createElement('div');
+    this.el.className = 'chart' + (o.compact ? ' compact' : '');
+    parent.append(this.el);
+    this.u = null;
+    this.defs = null;
+    this.data = null;
+    charts.add(this);
+  }
+
+  /** defs: [{label, color, width, dash, band}] — band adds a min/max band
+   * around that line (its data columns: y, max, min). */
+  setData(defs, table) {
+    const key = JSON.stringify([this.o.unit, this.o.title, defs.map((d) => [d.label, d.color, !!d.band, d.dash, d.width])]);
+    this.data = table;
+    if (this.u && key === this.key) {
+      this.u.setData(table);
+      return;
+    }
+    this.key = key;
+    this.defs = defs;
+    this.build();
+  }
+
+  build() {
+    if (this.u) this.u.destroy();
+    const o = this.o, defs = this.defs;
+    const series = [{label: 'step', value: (u, v) => fmtStep(v)}];
+    const bands = [];
+    for (const d of defs) {
+      const i = series.length;
+      series.push({label: d.label, stroke: d.color, width: d.width || 1.5, dash: d.dash, spanGaps: true,
+                   points: {show: false}, value: (u, v) => fmt(v)});
+      if (d.band) {
+        const edge = {stroke: 'transparent', width: 0, class: 'band-edge', spanGaps: true, points: {show: false}};
+        series.push({...edge, label: d.label + ' max', value: (u, v) => fmt(v)});
+        series.push({...edge, label: d.label + ' min', value: (u, v) => fmt(v)});
+        bands.push({series: [i + 1, i + 2], fill: d.color + '2e'});
+      }
+    }
+    const width = Math.max(200, this.el.clientWidth || this.el.parentElement.clientWidth || 600);
+    const opts = {
+      width, height: o.height || 220,
+      title: o.title,
+      series, bands,
+      scales: {x: {time: false}},
+      axes: [
+        {label: 'step', labelSize: 18, size: 36, values: (u, vals) => vals.map((v) => compactStep(v)),
+         grid: {stroke: '#eceef1'}, ticks: {stroke: '#d6d9de'}},
+        {label: o.unit || 'value', labelSize: 18, size: 58, values: (u, vals) => vals.map((v) => fmt(v, 3)),
+         grid: {stroke: '#eceef1'}, ticks: {stroke: '#d6d9de'}},
+      ],
+      legend: {live: true},
+      cursor: {drag: {x: true, y: false, setScale: false}, focus: {prox: 16}},
+      focus: {alpha: 0.35},
+      hooks: {
+        setSelect: [(u) => {
+          if (u.select.width < 4) return;
+          const a = u.posToVal(u.select.left, 'x'), b = u.posToVal(u.select.left + u.select.width, 'x');
+          u.setSelect({left: 0, width: 0, top: 0, height: 0}, false);
+          if (o.onZoom) o.onZoom(Math.max(0, Math.floor(a)), Math.ceil(b));
+        }],
+        draw: [(u) => this.drawMarkers(u)],
+      },
+    };
+    this.u = new uPlot(opts, this.data, this.el);
+    this.u.over.addEventListener('dblclick', () => { if (o.onReset) o.onReset(); });
+  }
+
+  drawMarkers(u) {
+    const ms = this.o.markers ? this.o.markers() : [];
+    if (!ms.length) return;
+    const ctx = u.ctx, top = u.bbox.top, hgt = u.bbox.height;
+    const [x0, x1] = [u.scales.x.min, u.scales.x.max];
+    ctx.save();
+    ctx.lineWidth = 1.5 * devicePixelRatio;
+    for (const m of ms) {
+      if (m.step < x0 || m.step > x1) continue;
+      const x = Math.round(u.valToPos(m.step, 'x', true));
+      ctx.strokeStyle = m.color || '#d62728';
+      ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + hgt); ctx.stroke();
+      ctx.setLineDash([]);
+      ctx.fillStyle = m.color || '#d62728';
+      ctx.beginPath(); ctx.moveTo(x - 5 * devicePixelRatio, top); ctx.lineTo(x + 5 * devicePixelRatio, top);
+      ctx.lineTo(x, top + 7 * devicePixelRatio); ctx.fill();
+    }
+    ctx.restore();
+  }
+
+  /** Appends one point (live step) to every column: values per def,
+   * a band gets [v, v, v]. */
+  append(step, values) {
+    if (!this.u || !this.data || !this.data[0]) return false;
+    const xs = this.data[0];
+    if (xs.length && step <= xs[xs.length - 1]) return false;
+    let c = 1;
+    xs.push(step);
+    this.defs.forEach((d, i) => {
+      const v = values[i] === undefined ? null : values[i];
+      this.data[c++].push(v);
+      if (d.band) { this.data[c++].push(v); this.data[c++].push(v); }
+    });
+    this.redraw();
+    return true;
+  }
+
+  redraw = rafThrottle(() => { if (this.u) this.u.setData(this.data); });
+
+  resize() {
+    if (!this.u) return;
+    const w = this.el.clientWidth;
+    if (w > 0 && Math.abs(w - this.u.width) > 2) this.u.setSize({width: w, height: this.u.height});
+  }
+
+  destroy() {
+    charts.delete(this);
+    if (this.u) this.u.destroy();
+    this.el.remove();
+  }
+}
+
+function compactStep(v) {
+  const a = Math.abs(v);
+  if (a >= 1e6) return +(v / 1e6).toPrecision(3) + 'M';
+  if (a >= 1e4) return +(v / 1e3).toPrecision(3) + 'k';
+  return String(Math.round(v));
+}
+
+/** Buckets to ask for: one per CSS pixel of plot width (so min/max bands are
+ * exact at screen resolution), within the API's limits. */
+export function pointsFor(el, cap = 2000) {
+  const w = (el && el.clientWidth) || 800;
+  return Math.max(50, Math.min(cap, Math.round(w)));
+}

@@ -1,0 +1,177 @@
+// heatmap.js: the layer x head heatmap of one head metric at one step, on a
+// canvas (one putImageData of L x H pixels scaled up, so 32 x 32 or 64 x 64
+// heads cost the same as 12 x 12). Rows are layers (0 at the top), columns
+// heads. Non-finite values are drawn as hatched grey, never as a colour.
+// The values drawn are exposed as window.__heatmap for tests.
+import {VIRIDIS_LUT, fmt, fmtStep, h} from './util.js';
+
+export class Heatmap {
+  /** o: {unit, onPick(layer, head)} */
+  constructor(parent, o = {}) {
+    this.o = o;
+    this.root = h('div', {class: 'heatmap'});
+    this.canvas = h('canvas', {class: 'hm-canvas', 'aria-label': 'layer by head heatmap'});
+    this.tip = h('div', {class: 'hm-tip', hidden: true});
+    this.scale = h('canvas', {class: 'hm-scale', width: 240, height: 12});
+    this.scaleLo = h('span', {class: 'hm-lo'});
+    this.scaleHi = h('span', {class: 'hm-hi'});
+    this.scaleUnit = h('span', {class: 'hm-unit'});
+    this.plot = h('div', {class: 'hm-plot'}, this.canvas, this.tip);
+    this.root.append(this.plot,
+      h('div', {class: 'hm-legend'}, this.scaleLo, this.scale, this.scaleHi, this.scaleUnit));
+    parent.append(this.root);
+    this.frame = null;
+    this.domain = [0, 1];
+    this.fixed = null;
+    this.canvas.addEventListener('mousemove', (e) => this.hover(e));
+    this.canvas.addEventListener('mouseleave', () => { this.tip.hidden = true; });
+    this.canvas.addEventListener('click', (e) => {
+      const c = this.cellAt(e);
+      if (c && this.o.onPick) this.o.onPick(c.l, c.h);
+    });
+    this.ro = new ResizeObserver(() => this.draw());
+    this.ro.observe(this.plot);
+  }
+
+  /** frame: the frame API answer {metric, step, layers, heads, values}.
+   * fixedDomain: [lo, hi] for metrics with a known range (entropy_norm);
+   * otherwise the colour range is the frame's own min..max. */
+  set(frame, unit, fixedDomain) {
+    this.frame = frame;
+    this.unit = unit;
+    const L = frame.layers, H = frame.heads;
+    const flat = new Float64Array(L * H);
+    let lo = Infinity, hi = -Infinity;
+    for (let l = 0; l < L; l++) {
+      const row = Array.isArray(frame.values[l]) ? frame.values[l] : [frame.values[l]];
+      for (let k = 0; k < H; k++) {
+        const v = row[k] === null || row[k] === undefined ? NaN : row[k];
+        flat[l * H + k] = v;
+        if (Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; }
+      }
+    }
+    this.flat = flat;
+    if (fixedDomain) this.domain = fixedDomain;
+    else if (lo <= hi) this.domain = lo === hi ? [lo - 0.5, hi + 0.5] : [lo, hi];
+    window.__heatmap = {metric: frame.metric, step: frame.step, layers: L, heads: H,
+                        values: Array.from({length: L}, (_, l) => Array.from(flat.subarray(l * H, (l + 1) * H),
+                                                                             (v) => (Number.isFinite(v) ? v : null))),
+                        domain: this.domain.slice(), drawn: (window.__heatmap ? window.__heatmap.drawn : 0)};
+    this.canvas.dataset.step = frame.step;
+    this.canvas.dataset.metric = frame.metric;
+    this.draw();
+  }
+
+  draw() {
+    const f = this.frame;
+    if (!f) return;
+    const L = f.layers, H = f.heads;
+    const box = this.plot.getBoundingClientRect();
+    const availW = Math.max(120, box.width - 40);
+    // cells stay square-ish, at most 40 px, at least 6 px high
+    const cell = Math.max(6, Math.min(40, Math.floor(availW / H), Math.floor(560 / L)));
+    const cw = Math.max(4, Math.floor(availW / H) > cell * 2 ? cell : Math.floor(availW / H));
+    const ch = cell;
+    const padL = 34, padT = 18;
+    const W = padL + cw * H, Ht = padT + ch * L;
+    const dpr = window.devicePixelRatio || 1;
+    const cv = this.canvas;
+    if (cv.width !== Math.round(W * dpr) || cv.height !== Math.round(Ht * dpr)) {
+      cv.width = Math.round(W * dpr); cv.height = Math.round(Ht * dpr);
+      cv.style.width = W + 'px'; cv.style.height = Ht + 'px';
+    }
+    this.geom = {padL, padT, cw, ch, L, H};
+    const ctx = cv.getContext('2d');
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, W, Ht);
+    // the cells: one pixel per head, scaled without smoothing
+    const img = new ImageData(H, L);
+    const [lo, hi] = this.domain, span = hi - lo || 1;
+    for (let i = 0; i < L * H; i++) {
+      const v = this.flat[i];
+      const p = i * 4;
+      if (!Number.isFinite(v)) { img.data[p] = 200; img.data[p + 1] = 200; img.data[p + 2] = 205; img.data[p + 3] = 255; continue; }
+      const t = Math.round(255 * Math.min(1, Math.max(0, (v - lo) / span)));
+      img.data[p] = VIRIDIS_LUT[t * 3]; img.data[p + 1] = VIRIDIS_LUT[t * 3 + 1]; img.data[p + 2] = VIRIDIS_LUT[t * 3 + 2];
+      img.data[p + 3] = 255;
+    }
+    if (!this.off || this.off.width !== H || this.off.height !== L) {
+      this.off = document.createElement('canvas');
+      this.off.width = H; this.off.height = L;
+    }
+    this.off.getContext('2d').putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(this.off, padL, padT, cw * H, ch * L);
+    // hatching over non-finite cells
+    ctx.strokeStyle = '#8a8f98'; ctx.lineWidth = 1;
+    for (let i = 0; i < L * H; i++) {
+      if (Number.isFinite(this.flat[i])) continue;
+      const x = padL + (i % H) * cw, y = padT + Math.floor(i / H) * ch;
+      ctx.beginPath(); ctx.moveTo(x, y + ch); ctx.lineTo(x + cw, y); ctx.stroke();
+    }
+    // grid lines when cells are big enough to separate
+    if (cw >= 10 && ch >= 10) {
+      ctx.strokeStyle = 'rgba(255,255,255,0.55)'; ctx.lineWidth = 1;
+      ctx.beginPath();
+      for (let k = 1; k < H; k++) { ctx.moveTo(padL + k * cw + 0.5, padT); ctx.lineTo(padL + k * cw + 0.5, padT + ch * L); }
+      for (let l = 1; l < L; l++) { ctx.moveTo(padL, padT + l * ch + 0.5); ctx.lineTo(padL + cw * H, padT + l * ch + 0.5); }
+      ctx.stroke();
+    }
+    if (this.sel && this.sel.l < L && this.sel.h < H) {
+      ctx.strokeStyle = '#e4572e'; ctx.lineWidth = 2;
+      ctx.strokeRect(padL + this.sel.h * cw + 1, padT + this.sel.l * ch + 1, cw - 2, ch - 2);
+    }
+    // axes: layer numbers on the left, head numbers on top (thinned)
+    ctx.fillStyle = '#5b6270'; ctx.font = '11px system-ui, sans-serif';
+    ctx.textAlign = 'right'; ctx.textBaseline = 'middle';
+    const lstep = Math.ceil(14 / ch);
+    for (let l = 0; l < L; l += lstep) ctx.fillText('L' + l, padL - 4, padT + l * ch + ch / 2);
+    ctx.textAlign = 'center'; ctx.textBaseline = 'bottom';
+    const hstep = Math.ceil(22 / cw);
+    for (let k = 0; k < H; k += hstep) ctx.fillText('h' + k, padL + k * cw + cw / 2, padT - 3);
+    this.drawScale();
+    if (window.__heatmap) window.__heatmap.drawn = (window.__heatmap.drawn || 0) + 1;
+  }
+
+  drawScale() {
+    const c = this.scale.getContext('2d');
+    const w = this.scale.width, hh = this.scale.height;
+    const img = c.createImageData(w, hh);
+    for (let x = 0; x < w; x++) {
+      const t = Math.round((255 * x) / (w - 1));
+      for (let y = 0; y < hh; y++) {
+        const p = (y * w + x) * 4;
+        img.data[p] = VIRIDIS_LUT[t * 3]; img.data[p + 1] = VIRIDIS_LUT[t * 3 + 1];
+        img.data[p + 2] = VIRIDIS_LUT[t * 3 + 2]; img.data[p + 3] = 255;
+      }
+    }
+    c.putImageData(img, 0, 0);
+    this.scaleLo.textContent = fmt(this.domain[0], 3);
+    this.scaleHi.textContent = fmt(this.domain[1], 3);
+    this.scaleUnit.textContent = this.unit ? `(${this.unit}; grey hatched = NaN/∞)` : '';
+  }
+
+  cellAt(e) {
+    const g = this.geom;
+    if (!g) return null;
+    const r = this.canvas.getBoundingClientRect();
+    const x = e.clientX - r.left - g.padL, y = e.clientY - r.top - g.padT;
+    const k = Math.floor(x / g.cw), l = Math.floor(y / g.ch);
+    if (k < 0 || l < 0 || k >= g.H || l >= g.L) return null;
+    return {l, h: k, x: e.clientX - r.left, y: e.clientY - r.top};
+  }
+
+  hover(e) {
+    const c = this.cellAt(e);
+    if (!c || !this.frame) { this.tip.hidden = true; return; }
+    const v = this.flat[c.l * this.geom.H + c.h];
+    this.tip.hidden = false;
+    this.tip.textContent = `layer ${c.l}, head ${c.h}: ${fmt(v)} ${this.unit || ''} @ step ${fmtStep(this.frame.step)}`;
+    this.tip.style.left = Math.min(c.x + 12, this.plot.clientWidth - 220) + 'px';
+    this.tip.style.top = c.y + 12 + 'px';
+  }
+
+  select(l, hd) { this.sel = l === null || l === undefined ? null : {l, h: hd}; this.draw(); }
+
+  destroy() { this.ro.disconnect(); this.root.remove(); }
+}

@@ -1,0 +1,537 @@
+// run.js: one run — training curves, the layer x head heatmap with a step
+// scrubber and playback, per-layer small multiples of every head with the
+// entropy bound, collapse signals (sigma_qk, max_logit, QK eigenspectrum,
+// rank ratio, per-linear sigma and gamma), alerts and events.
+//
+// Data: every curve is a downsampled series (one bucket per pixel, exact
+// min/max per bucket) over the shown step range; zooming asks again for the
+// narrower range, so resolution grows down to single steps. Charts below the
+// fold load when scrolled to. Live steps come from the event stream.
+import {api, reparamOf} from './api.js';
+import {TimeChart, pointsFor, tableOf} from './charts.js';
+import {Heatmap} from './heatmap.js';
+import {subscribe} from './live.js';
+import {color, describe, fmt, fmtAgo, fmtStep, h, rafThrottle, unitOf, urlState, whenVisible} from './util.js';
+
+const HM_DEFAULTS = ['entropy_norm', 'entropy'];
+const FIXED_DOMAIN = {entropy_norm: [0, 1]};
+// collapse signals: how to fold heads into one line per layer
+const SIGNAL_AGG = {sigma_qk: 'max', max_logit: 'max', eig_mean: 'mean', eig_var: 'mean'};
+const ENTROPY_FAMILY = new Set(['entropy', 'entropy_norm', 'entropy_bound']);
+const int = (v) => (v === undefined || v === null || v === '' || Number.isNaN(+v) ? null : Math.max(0, Math.round(+v)));
+
+export class RunView {
+  constructor(root, s) {
+    this.root = root;
+    this.id = +s.run;
+    this.st = {metric: s.metric || null, sm: s.sm || null, step: int(s.step), from: int(s.from), to: int(s.to),
+               layer: int(s.layer), head: int(s.head)};
+    this.charts = [];       // {chart, load, loaded, kind}
+    this.alerts = [];
+    this.pending = 0;
+    this.headerDone = false;
+    this.unsub = subscribe((t, d) => this.onLive(t, d));
+    this.init();
+  }
+
+  /* ---- setup ------------------------------------------------------------ */
+
+  async init() {
+    let run;
+    try { run = await api.run(this.id); } catch (e) {
+      this.root.append(h('section', {class: 'card'}, h('h1', {}, 'Run ' + this.id),
+        h('p', {class: 'error'}, `Cannot load run ${this.id}: ${e.message}`), h('a', {href: './'}, '← all runs')));
+      return;
+    }
+    if (this.dead) return;
+    this.run = run;
+    const m = run.metrics || {scalars: [], layers: [], heads: []};
+    this.m = {scalars: m.scalars || [], layers: m.layers || [], heads: m.heads || []};
+    if (!this.st.metric || !this.m.heads.includes(this.st.metric))
+      this.st.metric = HM_DEFAULTS.find((x) => this.m.heads.includes(x)) || this.m.heads[0] || null;
+    if (!this.st.sm || !this.m.heads.includes(this.st.sm))
+      this.st.sm = ['entropy', 'entropy_norm'].find((x) => this.m.heads.includes(x)) || this.m.heads[0] || null;
+    this.lastStep = run.last_step;
+    this.firstStep = run.first_step ?? 0;
+    this.buildHeader();
+    this.buildRange();
+    this.buildScalars();
+    this.buildHeatmap();
+    this.buildSmallMultiples();
+    this.buildSignals();
+    this.buildAlertsEvents();
+    this.headerDone = true;
+    this.checkComplete();
+  }
+
+  section(title, sub, ...controls) {
+    const body = h('div', {class: 'card-body'});
+    const sec = h('section', {class: 'card'},
+      h('div', {class: 'card-head'}, h('h2', {}, title), sub ? h('span', {class: 'muted'}, sub) : null,
+        h('span', {class: 'spacer'}), ...controls),
+      body);
+    this.root.append(sec);
+    return body;
+  }
+
+  buildHeader() {
+    const r = this.run, rp = reparamOf(r.meta);
+    this.statusEl = h('span', {class: 'badge st-' + r.status, text: r.status});
+    this.lastStepEl = h('b', {id: 'last-step', text: fmtStep(r.last_step)});
+    this.lastLossEl = h('b', {id: 'last-loss', text: '—'});
+    const meta = r.meta && typeof r.meta === 'object' ? r.meta : {};
+    const pick = ['norm', 'optimizer', 'lr', 'seed', 'data', 'host'].filter((k) => k in meta && typeof meta[k] !== 'object');
+    this.root.append(h('section', {class: 'card run-head'},
+      h('div', {class: 'card-head'},
+        h('a', {href: './', class: 'back', title: 'all runs'}, '←'),
+        h('h1', {id: 'run-name'}, r.name), this.statusEl,
+        rp ? h('span', {class: 'badge rp-' + rp, id: 'run-reparam'}, rp === 'sigma' ? 'σReparam' : rp === 'spectral' ? 'spectral norm' : 'no reparam') : null,
+        h('span', {class: 'spacer'}),
+        h('a', {class: 'btn light', href: `./?view=compare&runs=${r.id}`}, 'Compare with…'),
+        h('a', {class: 'btn light', href: `/api/runs/${r.id}/export?format=csv`, download: true}, 'Export CSV')),
+      h('div', {class: 'facts'},
+        h('span', {}, 'last step ', this.lastStepEl),
+        h('span', {}, 'loss ', this.lastLossEl, h('small', {class: 'muted'}, ' nats/token')),
+        h('span', {}, 'shape ', h('b', {}, `${r.layers} layers × ${r.heads} heads`), `, T = ${r.seq_len}`),
+        h('span', {}, 'started ', h('b', {}, fmtAgo(r.created))),
+        ...pick.map((k) => h('span', {}, k + ' ', h('b', {}, String(meta[k]))))),
+      Object.keys(meta).length ? h('details', {class: 'meta'}, h('summary', {}, 'run config (hello meta)'),
+        h('pre', {}, JSON.stringify(meta, null, 2))) : null));
+    api.frame(this.id, 'loss').then((f) => { if (f && this.lossShownStep === undefined) this.lastLossEl.textContent = fmt(f.values[0]); }).catch(() => {});
+  }
+
+  buildRange() {
+    this.rangeEl = h('span', {class: 'range-txt'});
+    this.resetBtn = h('button', {class: 'btn light', onclick: () => this.setRange(null, null)}, 'Zoom out (whole run)');
+    const bar = h('div', {class: 'rangebar'}, h('span', {class: 'muted'}, 'Drag across any chart to zoom; double-click to zoom out.'),
+      h('span', {class: 'spacer'}), this.rangeEl, this.resetBtn);
+    this.root.append(bar);
+    this.showRange();
+  }
+
+  showRange() {
+    const z = this.st.from !== null || this.st.to !== null;
+    this.rangeEl.textContent = z ? `steps ${fmtStep(this.st.from ?? this.firstStep)} – ${fmtStep(this.st.to ?? this.lastStep)}` : 'whole run';
+    this.rangeEl.dataset.zoomed = z ? '1' : '0';
+    this.resetBtn.hidden = !z;
+  }
+
+  chartOpts(title, unit, extra = {}) {
+    return {title, unit, onZoom: (a, b) => this.setRange(a, b), onReset: () => this.setRange(null, null),
+            markers: () => this.alertMarkers(), ...extra};
+  }
+
+  /** Registers a chart: load() fetches and draws it; it runs when the chart
+   * is first scrolled near, and again on every range change once loaded. */
+  addChart(chart, load, kind) {
+    const c = {chart, loaded: false, kind};
+    c.load = async () => {
+      this.pending++;
+      c.loaded = true;
+      try { await load(chart); } catch (e) { if (e.name !== 'AbortError') this.chartError(chart, e); } finally {
+        this.pending--;
+        this.checkComplete();
+      }
+    };
+    this.charts.push(c);
+    whenVisible(chart.el, c.load);
+    return c;
+  }
+
+  chartError(chart, e) {
+    const p = chart.el.querySelector('.chart-error') || chart.el.appendChild(h('p', {class: 'chart-error muted'}));
+    p.textContent = e.status === 404 ? 'no data' : `could not load: ${e.message}`;
+  }
+
+  q(extra) {
+    return {from: this.st.from ?? undefined, to: this.st.to ?? undefined, ...extra};
+  }
+
+  /* ---- training curves -------------------------------------------------- */
+
+  buildScalars() {
+    const s = this.m.scalars;
+    if (!s.length) return;
+    const body = this.section('Training', 'line: bucket mean; band: exact min–max of the steps in each bucket');
+    const grid = h('div', {class: 'grid2'});
+    body.append(grid);
+    this.scalarCharts = [];
+    const groups = [];
+    const lossy = ['loss', 'eval_loss'].filter((x) => s.includes(x));
+    if (lossy.length) groups.push({title: 'loss', metrics: lossy, unit: 'nats/token'});
+    for (const x of s) if (!lossy.includes(x)) groups.push({title: x, metrics: [x], unit: unitOf(x)});
+    for (const g of groups) {
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(g.title, g.unit));
+      grid.append(chart.el.parentElement);
+      chart.metrics = g.metrics;
+      chart.el.dataset.metrics = g.metrics.join(',');
+      this.scalarCharts.push(chart);
+      this.addChart(chart, async (c) => {
+        const pts = pointsFor(c.el);
+        const res = await Promise.all(g.metrics.map((m) => api.series(this.id, this.q({metric: m, points: pts}), {prio: 1})));
+        const defs = g.metrics.map((m, i) => ({label: m, color: m === 'eval_loss' ? '#e15759' : color(i), band: true,
+                                               width: m === 'eval_loss' ? 2 : 1.5}));
+        c.setData(defs, tableOf(res.map((r) => ({res: r, y: 'mean', band: true}))));
+      }, 'scalar');
+    }
+  }
+
+  /* ---- heatmap ---------------------------------------------------------- */
+
+  buildHeatmap() {
+    if (!this.m.heads.length) return;
+    const sel = h('select', {id: 'hm-metric', 'aria-label': 'heatmap metric', onchange: (e) => {
+      this.st.metric = e.target.value; urlState.set({metric: this.st.metric}); this.frameAt(this.st.step);
+    }}, ...this.m.heads.map((x) => h('option', {value: x, selected: x === this.st.metric}, x)));
+    const body = this.section('Heads at a step', 'colour = value of the chosen metric per layer (row) and head (column); click a cell to follow that head', sel);
+    this.scrub = h('input', {type: 'range', id: 'hm-scrub', min: this.firstStep, max: this.lastStep ?? 0, step: 1,
+                              value: this.st.step ?? this.lastStep ?? 0, 'aria-label': 'step',
+                              oninput: (e) => { this.stopPlay(); this.follow = false; this.frameAt(+e.target.value); }});
+    this.playBtn = h('button', {class: 'btn', id: 'hm-play', onclick: () => this.togglePlay()}, '▶ Play');
+    this.liveBtn = h('button', {class: 'btn light', id: 'hm-live', onclick: () => { this.stopPlay(); this.follow = true; this.frameAt(null); }}, 'Latest');
+    this.stepEl = h('span', {class: 'hm-step', id: 'hm-step'}, '—');
+    this.hmDescr = h('div', {class: 'muted small'});
+    body.append(h('div', {class: 'scrubber'}, this.playBtn, this.scrub, this.liveBtn, this.stepEl), this.hmDescr);
+    this.hm = new Heatmap(body, {onPick: (l, hd) => this.pickHead(l, hd)});
+    if (this.st.layer !== null) this.hm.sel = {l: this.st.layer, h: this.st.head ?? 0};
+    this.follow = this.st.step === null;
+    this.frameAt(this.st.step);
+  }
+
+  /** Shows the frame at step (null: the latest). One request in flight; a
+   * newer wish replaces a waiting one, so scrubbing never queues up. */
+  frameAt(step) {
+    this.wantFrame = {step, metric: this.st.metric};
+    if (this.frameBusy) return this.framePromise;
+    this.frameBusy = true;
+    this.framePromise = (async () => {
+      while (this.wantFrame) {
+        const w = this.wantFrame;
+        this.wantFrame = null;
+        this.pending++;
+        try {
+          const f = await api.frame(this.id, w.metric, w.step, {prio: 3});
+          if (this.dead) return;
+          this.hm.set(f, unitOf(w.metric), FIXED_DOMAIN[w.metric]);
+          this.hmDescr.textContent = describe(w.metric) ? `${w.metric}: ${describe(w.metric)}` : w.metric;
+          this.stepEl.textContent = 'step ' + fmtStep(f.step) + (this.follow ? ' (latest)' : '');
+          this.stepEl.dataset.step = f.step;
+          if (!this.follow || w.step !== null) this.scrub.value = f.step;
+          else { if (f.step > +this.scrub.max) this.scrub.max = f.step; this.scrub.value = f.step; }
+          this.hmShown = true;
+          this.syncStepUrl(w.step === null ? null : f.step);
+        } catch (e) {
+          if (e.name !== 'AbortError') this.stepEl.textContent = e.status === 404 ? 'no frame yet' : 'error: ' + e.message;
+          this.hmShown = true;
+        } finally {
+          this.pending--;
+        }
+      }
+      this.frameBusy = false;
+      this.checkComplete();
+    })();
+    return this.framePromise;
+  }
+
+  syncStepUrl = rafThrottle((step) => urlState.set({step: step === null ? undefined : step}));
+
+  togglePlay() { if (this.playing) this.stopPlay(); else this.startPlay(); }
+
+  /** Playback: walks the whole run in about 20 s (at least one step per
+   * frame), waiting for each frame to arrive before asking for the next. */
+  startPlay() {
+    this.playing = true;
+    this.follow = false;
+    this.playBtn.textContent = '❚❚ Pause';
+    const lo = +this.scrub.min, hi = +this.scrub.max;
+    let cur = +this.scrub.value >= hi ? lo : +this.scrub.value;
+    const stride = Math.max(1, Math.round((hi - lo) / 600));
+    const tick = async () => {
+      if (!this.playing || this.dead) return;
+      await this.frameAt(cur);
+      if (cur >= hi) { this.stopPlay(); return; }
+      cur = Math.min(hi, cur + stride);
+      this.playTimer = setTimeout(() => requestAnimationFrame(tick), 16);
+    };
+    tick();
+  }
+
+  stopPlay() {
+    this.playing = false;
+    clearTimeout(this.playTimer);
+    if (this.playBtn) this.playBtn.textContent = '▶ Play';
+  }
+
+  pickHead(l, hd) {
+    this.st.layer = l; this.st.head = hd;
+    urlState.set({layer: l, head: hd});
+    this.hm.select(l, hd);
+    const sm = this.smCharts && this.smCharts[l];
+    if (sm) {
+      sm.chart.el.scrollIntoView({behavior: 'smooth', block: 'center'});
+      sm.focusHead = hd;
+      if (sm.chart.u) sm.chart.u.setSeries(1 + hd, {focus: true});
+    }
+  }
+
+  /* ---- small multiples -------------------------------------------------- */
+
+  buildSmallMultiples() {
+    if (!this.m.heads.length) return;
+    const sel = h('select', {id: 'sm-metric', 'aria-label': 'small multiples metric', onchange: (e) => {
+      this.st.sm = e.target.value; urlState.set({sm: this.st.sm}); this.reloadKind('sm');
+    }}, ...this.m.heads.map((x) => h('option', {value: x, selected: x === this.st.sm}, x)));
+    const body = this.section('Every head, layer by layer',
+      'one line per head (bucket mean); grey band: min–max over the layer’s heads; red dashed: entropy bound (mean over heads)', sel);
+    const grid = h('div', {class: 'grid3'});
+    body.append(grid);
+    this.smCharts = [];
+    const L = this.run.layers, H = this.run.heads;
+    for (let l = 0; l < L; l++) {
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(`layer ${l}`, '', {height: 180, compact: true}));
+      grid.append(chart.el.parentElement);
+      chart.el.dataset.layer = l;
+      const entry = this.addChart(chart, async (c) => {
+        const metric = this.st.sm, pts = pointsFor(c.el, 600);
+        c.o.unit = unitOf(metric);
+        const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
+        const reqs = [api.series(this.id, this.q({metric, layer: l, points: pts, agg: 'mean'}))];
+        for (let k = 0; k < H; k++) reqs.push(api.series(this.id, this.q({metric, layer: l, head: k, points: pts})));
+        if (withBound) reqs.push(api.series(this.id, this.q({metric: 'entropy_bound', layer: l, points: pts, agg: 'mean'})));
+        const res = await Promise.all(reqs);
+        const lines = [], defs = [];
+        for (let k = 0; k < H; k++) {
+          lines.push({res: res[1 + k], y: 'mean'});
+          defs.push({label: 'h' + k, color: color(k, H), width: 1.2});
+        }
+        lines.push({res: res[0], y: 'value', band: true});
+        defs.push({label: 'all heads', color: '#6b7280', width: 1, dash: [2, 3], band: true});
+        if (withBound) {
+          lines.push({res: res[res.length - 1], y: 'value'});
+          defs.push({label: 'entropy_bound', color: '#d62728', width: 1.5, dash: [6, 4]});
+        }
+        c.setData(defs, tableOf(lines));
+        if (entry.focusHead !== undefined && c.u) c.u.setSeries(1 + entry.focusHead, {focus: true});
+      }, 'sm');
+      this.smCharts.push(entry);
+    }
+  }
+
+  /* ---- collapse signals ------------------------------------------------- */
+
+  buildSignals() {
+    const headSig = this.m.heads.filter((x) => !ENTROPY_FAMILY.has(x));
+    const layerSig = this.m.layers.slice();
+    if (!headSig.length && !layerSig.length) return;
+    const body = this.section('Collapse signals', 'one line per layer; head metrics folded over the layer’s heads as stated in each title');
+    const grid = h('div', {class: 'grid2'});
+    body.append(grid);
+    const L = this.run.layers;
+    const mk = (metric, kind) => {
+      const agg = kind === 'head' ? (SIGNAL_AGG[metric] || 'mean') : null;
+      const title = kind === 'head' ? `${metric} (${agg} over heads)` : metric;
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(title, unitOf(metric), {height: 200}));
+      grid.append(chart.el.parentElement);
+      chart.el.dataset.metric = metric;
+      chart.metric = metric;
+      this.addChart(chart, async (c) => {
+        const pts = pointsFor(c.el, 800);
+        const reqs = [];
+        for (let l = 0; l < L; l++) reqs.push(api.series(this.id, this.q({metric, layer: l, points: pts, agg: agg || undefined})));
+        const res = await Promise.all(reqs);
+        const defs = res.map((_, l) => ({label: 'L' + l, color: color(l, L), width: 1.3}));
+        c.setData(defs, tableOf(res.map((r) => ({res: r, y: kind === 'head' ? 'value' : 'mean'}))));
+      }, kind === 'head' ? 'sig-head' : 'sig-layer');
+      if (kind === 'layer') (this.layerCharts ||= []).push(chart);
+    };
+    // the order people read them in: QK norm and logits first, then spectrum, then rank, then linears
+    const order = ['sigma_qk', 'max_logit', 'eig_mean', 'eig_var'];
+    headSig.sort((a, b) => (order.indexOf(a) + 1 || 99) - (order.indexOf(b) + 1 || 99));
+    layerSig.sort((a, b) => rankLayer(a) - rankLayer(b) || a.localeCompare(b));
+    for (const x of headSig) mk(x, 'head');
+    for (const x of layerSig) mk(x, 'layer');
+  }
+
+  /* ---- alerts and events ------------------------------------------------ */
+
+  buildAlertsEvents() {
+    const body = this.section('Alerts and events', 'alerts are also marked on every chart’s step axis (red)');
+    this.alertsEl = h('div', {class: 'list', id: 'alerts'}, h('p', {class: 'muted'}, 'loading…'));
+    this.eventsEl = h('div', {class: 'list', id: 'events'}, h('p', {class: 'muted'}, 'loading…'));
+    body.append(h('div', {class: 'grid2'},
+      h('div', {}, h('h3', {}, 'Alerts'), this.alertsEl),
+      h('div', {}, h('h3', {}, 'Events'), this.eventsEl)));
+    this.loadAlerts();
+    this.loadEvents();
+  }
+
+  async loadAlerts() {
+    let a;
+    try { a = await api.alerts(this.id); } catch (e) { this.alertsEl.textContent = 'could not load alerts: ' + e.message; return; }
+    if (this.dead) return;
+    this.alertsEl.textContent = '';
+    if (a === null) {
+      this.alerts = [];
+      this.alertsEl.append(h('p', {class: 'muted'}, 'This daemon has no alerts API yet (GET /api/runs/' + this.id + '/alerts).'));
+      return;
+    }
+    this.alerts = a;
+    if (!a.length) { this.alertsEl.append(h('p', {class: 'muted'}, 'No alerts for this run.')); return; }
+    const tbl = h('table', {class: 'mini'}, h('thead', {}, h('tr', {},
+      h('th', {}, 'state'), h('th', {}, 'rule'), h('th', {}, 'where'), h('th', {class: 'num'}, 'from step'), h('th', {}, 'summary'))));
+    const tb = h('tbody');
+    for (const x of a) {
+      const al = normAlert(x);
+      tb.append(h('tr', {class: 'al-' + al.state},
+        h('td', {}, h('span', {class: 'badge al-' + al.state}, al.state)),
+        h('td', {}, al.rule), h('td', {}, al.where),
+        h('td', {class: 'num'}, al.step !== null ? h('a', {href: '#', onclick: (e) => { e.preventDefault(); this.jumpTo(al.step); }}, fmtStep(al.step)) : '—'),
+        h('td', {class: 'muted'}, al.summary)));
+    }
+    tbl.append(tb);
+    this.alertsEl.append(tbl);
+    for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+  }
+
+  alertMarkers() {
+    return this.alerts.map(normAlert).filter((a) => a.step !== null)
+      .map((a) => ({step: a.step, color: a.state === 'resolved' ? '#9aa0a6' : '#d62728', label: a.rule}));
+  }
+
+  jumpTo(step) {
+    const span = Math.max(200, Math.round(((this.lastStep ?? step) - this.firstStep) / 20));
+    this.follow = false;
+    this.frameAt(step);
+    this.setRange(Math.max(0, step - span), step + span);
+  }
+
+  async loadEvents() {
+    let r;
+    try { r = await api.events(this.id); } catch (e) { this.eventsEl.textContent = 'could not load events: ' + e.message; return; }
+    if (this.dead) return;
+    const ev = (r && r.events) || [];
+    this.eventsEl.textContent = '';
+    if (!ev.length) { this.eventsEl.append(h('p', {class: 'muted'}, 'No events.')); return; }
+    const tb = h('tbody');
+    for (const e of ev.slice(-300).reverse())
+      tb.append(h('tr', {}, h('td', {class: 'muted nowrap'}, new Date(e.time * 1000).toISOString().slice(5, 19).replace('T', ' ')),
+        h('td', {}, h('span', {class: 'badge lv-' + e.level}, e.level)), h('td', {}, e.text)));
+    this.eventsEl.append(h('table', {class: 'mini'}, tb));
+  }
+
+  /* ---- range, live ------------------------------------------------------ */
+
+  setRange(from, to) {
+    if (from !== null && to !== null && to - from < 2) to = from + 2;
+    if (from === this.st.from && to === this.st.to) return;
+    this.st.from = from; this.st.to = to;
+    urlState.set({from: from ?? undefined, to: to ?? undefined});
+    this.showRange();
+    for (const c of this.charts) if (c.loaded) c.load();
+  }
+
+  reloadKind(kind) { for (const c of this.charts) if (c.kind === kind && c.loaded) c.load(); }
+
+  onLive(type, d) {
+    if (!this.run || this.dead) return;
+    if (type === 'reset') { this.refreshAll(); return; }
+    if (!d || d.run !== this.id) return;
+    if (type === 'run') {
+      if (d.status === 'deleted') { this.root.prepend(h('p', {class: 'error'}, 'This run was deleted.')); return; }
+      this.run.status = d.status;
+      this.statusEl.className = 'badge st-' + d.status;
+      this.statusEl.textContent = d.status;
+      return;
+    }
+    if (type === 'alert') { this.loadAlerts(); return; }
+    if (type !== 'step') return;
+    const step = d.step;
+    if (this.lastStep === null || this.lastStep === undefined || step > this.lastStep) this.lastStep = step;
+    this.lastStepEl.textContent = fmtStep(step);
+    this.lastStepEl.dataset.step = step;
+    if (d.scalars && 'loss' in d.scalars) { this.lastLossEl.textContent = fmt(d.scalars.loss); this.lossShownStep = step; }
+    if (this.run.status !== 'live') { this.run.status = 'live'; this.statusEl.className = 'badge st-live'; this.statusEl.textContent = 'live'; }
+    if (this.scrub && step > +this.scrub.max) this.scrub.max = step;
+    if (this.hm && this.follow && !this.playing) this.frameAt(null);
+    // appended live only while showing up to the end of the run
+    if (this.st.to !== null) return;
+    for (const c of this.scalarCharts || [])
+      c.append(step, c.metrics.map((m) => (d.scalars && m in d.scalars ? d.scalars[m] : null)));
+    for (const c of this.layerCharts || [])
+      if (d.layers && d.layers[c.metric]) c.append(step, d.layers[c.metric]);
+    // per-head curves are not on the stream: refetch what is on screen, at most every 3 s
+    this.liveRefresh();
+  }
+
+  liveRefresh() {
+    if (this.liveTimer) return;
+    this.liveTimer = setTimeout(() => {
+      this.liveTimer = null;
+      if (this.dead || this.st.to !== null) return;
+      for (const c of this.charts) if (c.loaded && (c.kind === 'sm' || c.kind === 'sig-head') && onScreen(c.chart.el)) c.load();
+    }, 3000);
+  }
+
+  async refreshAll() {
+    try {
+      const run = await api.run(this.id);
+      this.run.status = run.status;
+      this.statusEl.className = 'badge st-' + run.status;
+      this.statusEl.textContent = run.status;
+      this.lastStep = run.last_step;
+      this.lastStepEl.textContent = fmtStep(run.last_step);
+      if (this.scrub) this.scrub.max = run.last_step ?? 0;
+    } catch { /* the next event retries */ }
+    for (const c of this.charts) if (c.loaded) c.load();
+    if (this.hm) this.frameAt(this.follow ? null : +this.scrub.value);
+    this.loadAlerts();
+    this.loadEvents();
+  }
+
+  checkComplete() {
+    const r = window.__render;
+    if (!r || r.complete || !this.headerDone || this.pending > 0) return;
+    if (this.hm && !this.hmShown) return;
+    if (this.charts.length && !this.charts.some((c) => c.loaded)) return;
+    r.complete = true;
+    r.completeAt = performance.now();
+    r.charts = this.charts.filter((c) => c.loaded).length;
+  }
+
+  destroy() {
+    this.dead = true;
+    this.stopPlay();
+    clearTimeout(this.liveTimer);
+    this.unsub();
+    for (const c of this.charts) c.chart.destroy();
+    if (this.hm) this.hm.destroy();
+  }
+}
+
+function rankLayer(name) {
+  if (name === 'rank_ratio') return 0;
+  if (name === 'cos_sim') return 1;
+  if (/^sigma/.test(name)) return 2;
+  if (/^gamma/.test(name)) return 3;
+  return 4;
+}
+
+function onScreen(el) {
+  const r = el.getBoundingClientRect();
+  return r.bottom > -200 && r.top < innerHeight + 200;
+}
+
+/** An alert in whatever shape the alerts API settles on (Alertmanager-like
+ * labels/annotations, or flat fields): state, rule, where, step, summary. */
+function normAlert(x) {
+  const lb = x.labels || {}, an = x.annotations || {};
+  const state = String(x.state || x.status || (x.endsAt || x.resolved_step ? 'resolved' : 'firing')).toLowerCase();
+  const rule = x.rule || x.name || lb.alertname || lb.rule || 'alert';
+  const layer = x.layer ?? lb.layer, head = x.head ?? lb.head;
+  const heads = Array.isArray(x.heads) ? x.heads.length + ' heads' : null;
+  const where = heads || (layer !== undefined ? `L${layer}` + (head !== undefined ? ` h${head}` : '') : 'run');
+  const stepRaw = x.start_step ?? x.started_step ?? x.step ?? x.firing_step ?? lb.step ?? an.step ?? null;
+  const step = stepRaw === null || stepRaw === undefined || Number.isNaN(+stepRaw) ? null : +stepRaw;
+  const summary = an.summary || an.description || x.summary || x.message || x.text || '';
+  return {state, rule, where, step, summary};
+}

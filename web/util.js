@@ -1,0 +1,151 @@
+// util.js: small helpers shared by the views: units, number formats,
+// colours, URL state, redraw throttling and lazy loading.
+
+/** Units of the metrics the trainer reports (shared/science.md). Unknown
+ * metrics get "value": every chart still states something. */
+const UNITS = {
+  loss: 'nats/token', eval_loss: 'nats/token', lr: 'learning rate', grad_norm: 'L2 norm',
+  tokens_per_s: 'tokens/s', entropy: 'nats', entropy_bound: 'nats',
+  entropy_norm: 'fraction of log Tᵢ (0–1)', sigma_qk: '‖W_Q W_Kᵀ‖₂/√d', max_logit: 'max |logit|',
+  eig_mean: 'eigenvalue mean', eig_var: 'eigenvalue variance', rank_ratio: '‖X−1x̄ᵀ‖_F/‖X‖_F',
+  cos_sim: 'mean cosine', step_time: 's', time: 's',
+};
+export function unitOf(metric) {
+  if (UNITS[metric]) return UNITS[metric];
+  if (/^sigma/.test(metric)) return 'spectral norm σ(W)';
+  if (/^gamma/.test(metric)) return 'γ (learned scale)';
+  if (/_s$|seconds/.test(metric)) return 's';
+  return 'value';
+}
+
+const DESCR = {
+  entropy: 'mean attention entropy per head',
+  entropy_norm: 'attention entropy / its maximum log Tᵢ',
+  entropy_bound: 'Theorem 3.1 lower bound on entropy',
+  sigma_qk: 'spectral norm of the head’s QK product',
+  max_logit: 'largest |attention logit| of the head',
+  eig_mean: 'QK eigenspectrum mean', eig_var: 'QK eigenspectrum variance',
+  rank_ratio: 'token-diversity ratio (0 = rank collapse)', cos_sim: 'mean pairwise token cosine',
+};
+export const describe = (m) => DESCR[m] || '';
+
+/** A number for people: 4 significant digits, SI-free, steps as integers. */
+export function fmt(v, digits = 4) {
+  if (v === null || v === undefined || Number.isNaN(v)) return '—';
+  if (!Number.isFinite(v)) return v > 0 ? '+∞' : '−∞';
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(digits - 2);
+  return String(Number(v.toPrecision(digits)));
+}
+export const fmtStep = (s) => (s === null || s === undefined ? '—' : Math.round(s).toLocaleString('en-US'));
+
+export function fmtAgo(unixSeconds) {
+  if (!unixSeconds) return '—';
+  const d = Date.now() / 1000 - unixSeconds;
+  if (d < 2) return 'just now';
+  if (d < 60) return `${Math.round(d)} s ago`;
+  if (d < 3600) return `${Math.round(d / 60)} min ago`;
+  if (d < 86400) return `${Math.round(d / 3600)} h ago`;
+  return new Date(unixSeconds * 1000).toISOString().slice(0, 16).replace('T', ' ');
+}
+
+/** Distinct line colours (Tableau-like, readable on white); cycles for
+ * more lines, shifting hue so 32 heads stay tellable apart. */
+const PALETTE = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7',
+                 '#9c755f', '#bab0ac', '#1f77b4', '#2ca02c'];
+export function color(i, n = PALETTE.length) {
+  if (n <= PALETTE.length) return PALETTE[i % PALETTE.length];
+  return `hsl(${Math.round((i * 360) / n)}, 62%, 46%)`;
+}
+
+/** viridis(t), t in [0, 1] -> [r, g, b] 0..255 (polynomial fit of the
+ * matplotlib map: perceptually even, readable in grey and by most colour-blind
+ * people). Dark = low entropy = collapse. */
+export function viridis(t) {
+  t = Math.min(1, Math.max(0, t));
+  const c = [
+    [0.2777273272234177, 0.005407344544966578, 0.3340998053353061],
+    [0.1050930431085774, 1.404613529898575, 1.384590162594685],
+    [-0.3308618287255563, 0.214847559468213, 0.09509516302823659],
+    [-4.634230498983486, -5.799100973351585, -19.33244095627987],
+    [6.228269936347081, 14.17993336680509, 56.69055260068105],
+    [4.776384997670288, -13.74514537774601, -65.35303263337234],
+    [-5.435455855934631, 4.645852612178535, 26.3124352495832],
+  ];
+  const out = [0, 0, 0];
+  for (let k = 0; k < 3; k++) {
+    let v = c[6][k];
+    for (let i = 5; i >= 0; i--) v = c[i][k] + t * v;
+    out[k] = Math.round(255 * Math.min(1, Math.max(0, v)));
+  }
+  return out;
+}
+export const VIRIDIS_LUT = (() => {
+  const lut = new Uint8ClampedArray(256 * 3);
+  for (let i = 0; i < 256; i++) lut.set(viridis(i / 255), i * 3);
+  return lut;
+})();
+
+/** Calls fn at most once per animation frame with the latest arguments. */
+export function rafThrottle(fn) {
+  let queued = false, last;
+  return (...args) => {
+    last = args;
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => { queued = false; fn(...last); });
+  };
+}
+
+/** The URL's query parameters as the page state. set() replaces the
+ * history entry (no new entry per scrub), go() pushes one. */
+export const urlState = {
+  get() { return Object.fromEntries(new URLSearchParams(location.search)); },
+  _write(obj, push) {
+    const u = new URLSearchParams();
+    for (const [k, v] of Object.entries(obj)) if (v !== undefined && v !== null && v !== '') u.set(k, v);
+    const s = u.toString();
+    const url = location.pathname + (s ? '?' + s : '');
+    if (url === location.pathname + location.search) return;
+    if (push) history.pushState(null, '', url); else history.replaceState(null, '', url);
+  },
+  set(patch) { this._write({...this.get(), ...patch}, false); },
+  go(obj) { const t = this.get().token; this._write({...obj, token: t}, true); },
+};
+
+/** Runs load() the first time el comes near the viewport (or at once when
+ * lazy loading is off: ?lazy=0, used by the benchmark to load everything). */
+const lazyOff = new URLSearchParams(location.search).get('lazy') === '0';
+const io = 'IntersectionObserver' in window && !lazyOff
+  ? new IntersectionObserver((entries) => {
+      for (const e of entries) {
+        if (!e.isIntersecting) continue;
+        io.unobserve(e.target);
+        const f = e.target.__lazy;
+        e.target.__lazy = null;
+        if (f) f();
+      }
+    }, {rootMargin: '300px 0px'})
+  : null;
+export function whenVisible(el, load) {
+  if (!io) { load(); return; }
+  el.__lazy = load;
+  io.observe(el);
+}
+export function forgetVisible(el) { if (io) io.unobserve(el); el.__lazy = null; }
+
+/** document.createElement with attributes and children. */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') el.className = v;
+    else if (k === 'text') el.textContent = v;
+    else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (k === 'dataset') Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined && c !== false)
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
