@@ -76,32 +76,42 @@ void query_buf_free(struct query_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* A float as JSON: the shortest form that reads back to the same float32,
- * null when not finite. */
+/* Appends a decimal integer (printf is slow enough to matter in series
+ * answers of 100,000 buckets). */
+static void buf_i64(struct query_buf *b, int64_t v) {
+    char tmp[24], *p = tmp + sizeof tmp;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do *--p = (char)('0' + u % 10);
+    while (u /= 10);
+    if (v < 0) *--p = '-';
+    query_buf_add(b, p, (size_t)(tmp + sizeof tmp - p));
+}
+
+/* A float as JSON: 9 significant digits, which read back to the same
+ * float32; null when not finite. */
 static void buf_f32(struct query_buf *b, float x) {
     if (!isfinite(x)) {
         query_buf_add(b, "null", 4);
         return;
     }
+    if (x == (float)(int32_t)x && fabsf(x) < 1e9f) { /* integers: common, and cheap */
+        buf_i64(b, (int32_t)x);
+        return;
+    }
     char tmp[32];
     int n = snprintf(tmp, sizeof tmp, "%.9g", (double)x);
-    for (int p = 6; p < 9; p++) { /* shorter when it still round-trips */
-        char t2[32];
-        int m = snprintf(t2, sizeof t2, "%.*g", p, (double)x);
-        if (strtof(t2, NULL) == x) {
-            query_buf_add(b, t2, (size_t)m);
-            return;
-        }
-    }
     query_buf_add(b, tmp, (size_t)n);
 }
 
+/* A mean: 12 significant digits, beyond what float32 inputs carry. */
 static void buf_f64(struct query_buf *b, double x) {
     if (!isfinite(x)) {
         query_buf_add(b, "null", 4);
         return;
     }
-    query_buf_printf(b, "%.17g", x);
+    char tmp[40];
+    int n = snprintf(tmp, sizeof tmp, "%.12g", x);
+    query_buf_add(b, tmp, (size_t)n);
 }
 
 /* ---- pool ------------------------------------------------------------ */
@@ -544,7 +554,8 @@ static void emit_i64_array(struct query_buf *out, const char *name, const struct
         const struct bucket *b = &sr->b[i];
         if (!b->frames) continue;
         uint64_t v = what == 0 ? b->count : b->nonfinite;
-        query_buf_printf(out, first ? "%llu" : ",%llu", (unsigned long long)v);
+        if (!first) query_buf_add(out, ",", 1);
+        buf_i64(out, (int64_t)v);
         first = 0;
     }
     query_buf_add(out, "]", 1);
@@ -628,6 +639,11 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
         uint64_t w0 = (span + (uint64_t)req->points - 1) / (uint64_t)req->points;
         int k = 0;
         while (k < STORE_LEVELS && (uint64_t)STORE_LEVEL_SIZE(k + 1) <= w0) k++;
+        /* Buckets of 32..63 steps would read up to 64 raw frames per bucket;
+         * 64-step buckets from level 1 cost at most half the resolution
+         * (never fewer than points/2 buckets) and bound raw reads to the
+         * edges. */
+        if (k == 0 && 2 * w0 >= (uint64_t)STORE_LEVEL_SIZE(1)) k = 1;
         int64_t size = k ? STORE_LEVEL_SIZE(k) : 1;
         sr.a = lo / size * size;
         uint64_t reach = (uint64_t)(hi - sr.a) + 1;
@@ -663,7 +679,8 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
         if (!sr.b[i].frames) continue;
         int64_t st = sr.a + i * sr.w;
         if (st < lo) st = lo;
-        query_buf_printf(out, firstb ? "%lld" : ",%lld", (long long)st);
+        if (!firstb) query_buf_add(out, ",", 1);
+        buf_i64(out, st);
         firstb = 0;
     }
     query_buf_puts(out, "],\"end\":[");
@@ -672,7 +689,8 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
         if (!sr.b[i].frames) continue;
         int64_t en = sr.a + (i + 1) * sr.w - 1;
         if (en > hi) en = hi;
-        query_buf_printf(out, firstb ? "%lld" : ",%lld", (long long)en);
+        if (!firstb) query_buf_add(out, ",", 1);
+        buf_i64(out, en);
         firstb = 0;
     }
     query_buf_add(out, "]", 1);

@@ -397,6 +397,7 @@ static void test_series_exact(void **state) {
      * past the last complete block of each level (5999 is mid-block) */
     check_series("metric=loss", 0, c0, 1, 0, last, 1000);
     check_series("metric=loss&points=10", 0, c0, 1, 0, last, 10);
+    check_series("metric=loss&points=150&from=5", 0, c0, 1, 5, last, 150); /* 41-step buckets become 64 */
     check_series("metric=loss&points=1", 0, c0, 1, 0, last, 1);
     check_series("metric=loss&points=3&from=37&to=5990", 0, c0, 1, 37, 5990, 3);
     check_series("metric=loss&points=7&from=100&to=5900", 0, c0, 1, 100, 5900, 7);

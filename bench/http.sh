@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# HTTP benchmark: a database with one run of 1,000,000 steps (2x2 heads,
+# written straight through store.h by bench_http_gen), served by the real
+# entropyd; bench_http measures series and frame latency, requests/s of
+# /api/runs and of a static file, and commit -> SSE delay with 100 clients.
+#   STEPS=1000000 CLIENTS=100 SECONDS_RUN=3 REQUESTS=500 bench/http.sh
+set -euo pipefail
+BUILD=${BUILD:-build}
+STEPS=${STEPS:-1000000}
+dir=$(mktemp -d /tmp/entropyd-httpbench.XXXXXX)
+pid=
+trap '[ -n "$pid" ] && kill $pid 2>/dev/null; [ -n "$pid" ] && wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+"$BUILD/bench/bench_http_gen" "$dir/entropyd.db" "$STEPS"
+mkdir -p "$dir/web"
+# a 16 KiB page: the size of a small dashboard's index.html
+{ echo '<!doctype html><title>bench</title>'; head -c 12000 /dev/zero | tr '\0' 'x'; echo; } > "$dir/web/index.html"
+"$BUILD/entropyd" --data "$dir" --http 127.0.0.1:0 --web-root "$dir/web" >"$dir/out" 2>"$dir/log" &
+pid=$!
+port=
+for i in $(seq 100); do
+  port=$(awk '/^http port/ {print $3}' "$dir/out" 2>/dev/null || true)
+  [ -n "$port" ] && break
+  sleep 0.05
+done
+[ -n "$port" ] || { echo "http bench: entropyd did not start"; cat "$dir/log"; exit 1; }
+"$BUILD/bench/bench_http" --port "$port" --socket "$dir/entropyd.sock" --run 1 --static /index.html \
+  --requests "${REQUESTS:-500}" --clients "${CLIENTS:-100}" --seconds "${SECONDS_RUN:-3}"
