@@ -1,0 +1,376 @@
+/* test_alert.c: the alert rules parser and engine on recorded series.
+ * Each rule kind fires and resolves at the step its definition says; `for`
+ * and `keep_firing_for` are counted in steps; cells of one run and rule are
+ * grouped into one alert; no duplicate FIRING; never RESOLVED without FIRING. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "alert.h"
+
+#define L 2
+#define H 3
+
+/* A step item with one head metric (or scalar when kind is PROTO_SCALAR). */
+static struct writer_item *mk_step(int64_t run, int64_t step, const char *name, int kind, const float *vals, int n) {
+    struct writer_item *it = calloc(1, sizeof *it);
+    it->kind = WRITER_STEP;
+    it->run_id = run;
+    it->time = 1000.0 + (double)step;
+    it->msg.type = PROTO_STEP;
+    it->msg.step = step;
+    it->msg.nmetrics = 1;
+    it->msg.metrics = calloc(1, sizeof *it->msg.metrics);
+    snprintf(it->msg.metrics[0].name, sizeof it->msg.metrics[0].name, "%s", name);
+    it->msg.metrics[0].kind = kind;
+    it->msg.metrics[0].rows = kind == PROTO_HEAD ? L : 1;
+    it->msg.metrics[0].cols = kind == PROTO_HEAD ? H : 1;
+    it->msg.nvalues = (uint32_t)n;
+    it->msg.values = malloc((size_t)n * sizeof(float));
+    memcpy(it->msg.values, vals, (size_t)n * sizeof(float));
+    return it;
+}
+
+static void add_metric(struct writer_item *it, const char *name, const float *vals) {
+    struct proto_msg *m = &it->msg;
+    m->metrics = realloc(m->metrics, (m->nmetrics + 1) * sizeof *m->metrics);
+    struct proto_metric *pm = &m->metrics[m->nmetrics++];
+    memset(pm, 0, sizeof *pm);
+    snprintf(pm->name, sizeof pm->name, "%s", name);
+    pm->kind = PROTO_HEAD;
+    pm->rows = L;
+    pm->cols = H;
+    pm->offset = m->nvalues;
+    m->values = realloc(m->values, (m->nvalues + L * H) * sizeof(float));
+    memcpy(m->values + m->nvalues, vals, L * H * sizeof(float));
+    m->nvalues += L * H;
+}
+
+static int feed(struct alert_engine *e, struct writer_item *it) {
+    int n = alert_feed(e, it);
+    writer_item_free(it);
+    return n;
+}
+
+static void hello(struct alert_engine *e, int64_t run, const char *name) {
+    struct writer_item *it = calloc(1, sizeof *it);
+    it->kind = WRITER_HELLO;
+    it->run_id = run;
+    it->time = 1000;
+    snprintf(it->msg.run, sizeof it->msg.run, "%s", name);
+    it->msg.layers = L;
+    it->msg.heads = H;
+    assert_int_equal(feed(e, it), 0);
+}
+
+static struct alert_rules *rules(const char *json) {
+    char err[512];
+    struct alert_rules *r = alert_rules_parse(json, strlen(json), err, sizeof err);
+    if (!r) fprintf(stderr, "rules: %s\n", err);
+    assert_non_null(r);
+    return r;
+}
+
+/* Feeds `steps` steps whose head values come from f(step, cell) and records
+ * at which steps FIRING/RESOLVED/UPDATE transitions happened. */
+struct log {
+    int nfire, nresolve, nupdate;
+    int64_t fire_step[16], resolve_step[16];
+    int fire_cells[16];
+    int64_t start_step[16];
+};
+
+static void record(struct alert_engine *e, int n, struct log *lg) {
+    for (int i = 0; i < n; i++) {
+        const struct alert_transition *t = alert_transition_at(e, i);
+        assert_non_null(t);
+        if (t->state == ALERT_FIRING) {
+            assert_true(lg->nfire == lg->nresolve); /* no duplicate FIRING within an episode */
+            lg->fire_cells[lg->nfire] = t->ncells;
+            lg->start_step[lg->nfire] = t->start_step;
+            lg->fire_step[lg->nfire++] = t->step;
+        } else if (t->state == ALERT_RESOLVED) {
+            assert_true(lg->nresolve < lg->nfire); /* never resolved without firing */
+            lg->resolve_step[lg->nresolve++] = t->step;
+        } else {
+            lg->nupdate++;
+        }
+    }
+}
+
+static const char *below_rule =
+    "{\"rules\":[{\"name\":\"collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+    "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3,\"severity\":\"critical\","
+    "\"labels\":{\"team\":\"ml\"},\"annotations\":{\"summary\":\"run {run} collapsed at {cells}\"}}]}";
+
+static void test_below_for_and_keep_firing_for(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "run-a");
+    struct log lg = {0};
+    /* head (1,2) is low from step 10 to step 29, healthy otherwise */
+    for (int s = 0; s < 60; s++) {
+        float v[L * H];
+        for (int i = 0; i < L * H; i++) v[i] = 0.8f;
+        if (s >= 10 && s < 30) v[1 * H + 2] = 0.01f;
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    }
+    assert_int_equal(lg.nfire, 1);
+    assert_int_equal(lg.fire_step[0], 15);   /* held from 10; for 5 steps -> fires at 15 */
+    assert_int_equal(lg.start_step[0], 10);
+    assert_int_equal(lg.fire_cells[0], 1);
+    assert_int_equal(lg.nresolve, 1);
+    assert_int_equal(lg.resolve_step[0], 33); /* clear from 30; keep 3 -> resolves at 33 */
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static void test_blip_shorter_than_for_does_not_fire(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "run-a");
+    struct log lg = {0};
+    for (int s = 0; s < 40; s++) {
+        float v[L * H];
+        for (int i = 0; i < L * H; i++) v[i] = (s % 7 < 4) ? 0.01f : 0.9f; /* 4 low steps at a time */
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    }
+    assert_int_equal(lg.nfire, 0);
+    assert_int_equal(lg.nresolve, 0);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static void test_grouping_and_updates(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "run-a");
+    hello(e, 2, "run-b");
+    struct log la = {0}, lb = {0};
+    for (int s = 0; s < 50; s++) {
+        float v[L * H];
+        /* run a: heads 0 and 4 collapse together at 5, head 2 joins at 20 */
+        for (int i = 0; i < L * H; i++) v[i] = 0.7f;
+        if (s >= 5) v[0] = v[4] = 0.02f;
+        if (s >= 20) v[2] = 0.03f;
+        int n = feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H));
+        if (n > 0 && s == 10) {
+            const struct alert_transition *t = alert_transition_at(e, 0);
+            assert_int_equal(t->ncells, 2);           /* one alert lists both heads */
+            assert_int_equal(t->cells[0].layer, 0);
+            assert_int_equal(t->cells[0].head, 0);
+            assert_int_equal(t->cells[1].layer, 1);
+            assert_int_equal(t->cells[1].head, 1);
+            assert_string_equal(t->run_name, "run-a");
+            char *json = alert_transition_json(t);
+            assert_non_null(strstr(json, "\"alertname\":\"collapse\""));
+            assert_non_null(strstr(json, "\"team\":\"ml\""));
+            assert_non_null(strstr(json, "run run-a collapsed at layer 0 head 0, layer 1 head 1"));
+            assert_non_null(strstr(json, "\"endsAt\":\"0001-01-01T00:00:00Z\""));
+            free(json);
+        }
+        record(e, n, &la);
+        /* run b stays healthy */
+        for (int i = 0; i < L * H; i++) v[i] = 0.6f;
+        record(e, feed(e, mk_step(2, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lb);
+    }
+    assert_int_equal(la.nfire, 1);
+    assert_int_equal(la.fire_step[0], 10);
+    assert_int_equal(la.nupdate, 1);   /* head 2 joined at 25 */
+    assert_int_equal(la.nresolve, 0);
+    assert_int_equal(lb.nfire, 0);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static void test_end_resolves_and_json_resolved(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 7, "ending");
+    struct log lg = {0};
+    float v[L * H] = {0.01f, 0.01f, 0.01f, 0.01f, 0.01f, 0.01f};
+    for (int s = 0; s < 10; s++) record(e, feed(e, mk_step(7, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    assert_int_equal(lg.nfire, 1);
+    struct writer_item *end = calloc(1, sizeof *end);
+    end->kind = WRITER_END;
+    end->run_id = 7;
+    end->time = 2000;
+    int n = alert_feed(e, end);
+    assert_int_equal(n, 1);
+    const struct alert_transition *t = alert_transition_at(e, 0);
+    assert_int_equal(t->state, ALERT_RESOLVED);
+    char *json = alert_transition_json(t);
+    assert_non_null(strstr(json, "\"status\":\"resolved\""));
+    assert_null(strstr(json, "0001-01-01"));
+    free(json);
+    writer_item_free(end);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static void test_drop_growth_zscore_nonfinite(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(
+        "{\"rules\":["
+        "{\"name\":\"drop\",\"metric\":\"ent\",\"scope\":\"head\",\"condition\":{\"op\":\"drop\",\"pct\":50,\"window\":10},"
+        " \"for\":0,\"keep_firing_for\":0},"
+        "{\"name\":\"growth\",\"metric\":\"logit\",\"scope\":\"head\",\"condition\":{\"op\":\"growth\",\"value\":100,"
+        " \"rate\":2,\"window\":5},\"for\":0,\"keep_firing_for\":0},"
+        "{\"name\":\"spike\",\"metric\":\"loss\",\"scope\":\"scalar\",\"condition\":{\"op\":\"zscore\",\"k\":5,\"window\":20},"
+        " \"for\":0,\"keep_firing_for\":0},"
+        "{\"name\":\"nan\",\"metric\":\"loss\",\"scope\":\"scalar\",\"condition\":{\"op\":\"nonfinite\"}}"
+        "]}");
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "r");
+    int fired[4] = {-1, -1, -1, -1};
+    for (int s = 0; s < 80; s++) {
+        float ent[L * H], logit[L * H], loss;
+        for (int i = 0; i < L * H; i++) { ent[i] = 2.0f; logit[i] = 10.0f; }
+        if (s >= 30) ent[3] = 0.9f;              /* a fall of 55% from 2.0 */
+        if (s >= 40) logit[5] = 10.0f + 3.0f * (float)(s - 40); /* +3 per step > rate 2 */
+        loss = 2.0f + 0.01f * (float)(s % 3);
+        if (s == 60) loss = 9.0f;                 /* a spike */
+        if (s == 70) loss = NAN;
+        struct writer_item *it = mk_step(1, s, "loss", PROTO_SCALAR, &loss, 1);
+        add_metric(it, "ent", ent);
+        add_metric(it, "logit", logit);
+        int n = alert_feed(e, it);
+        for (int i = 0; i < n; i++) {
+            const struct alert_transition *t = alert_transition_at(e, i);
+            if (t->state != ALERT_FIRING) continue;
+            int k = !strcmp(t->rule->name, "drop") ? 0 : !strcmp(t->rule->name, "growth") ? 1
+                    : !strcmp(t->rule->name, "spike") ? 2 : 3;
+            if (fired[k] < 0) fired[k] = s;
+        }
+        writer_item_free(it);
+    }
+    assert_int_equal(fired[0], 30);
+    assert_int_equal(fired[1], 44); /* (v(44) - v(39)) / 5 = (22 - 10) / 5 = 2.4 > 2; at 43 it is 1.8 */
+    assert_int_equal(fired[2], 60);
+    assert_int_equal(fired[3], 70);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static void test_near_bound_and_stalled(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(
+        "{\"rules\":["
+        "{\"name\":\"sat\",\"metric\":\"entropy\",\"scope\":\"head\",\"condition\":{\"op\":\"near_bound\","
+        " \"bound_metric\":\"entropy_bound\",\"rising_metric\":\"sigma_qk\",\"epsilon\":0.05,\"window\":4},"
+        " \"for\":2,\"keep_firing_for\":0},"
+        "{\"name\":\"stall\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":30}}"
+        "]}");
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "r");
+    int fired = -1;
+    for (int s = 0; s < 30; s++) {
+        float ent[L * H], bound[L * H], sig[L * H];
+        for (int i = 0; i < L * H; i++) { ent[i] = 1.5f; bound[i] = 0.5f; sig[i] = 1.0f; }
+        if (s >= 10) { sig[2] = 1.0f + 0.5f * (float)(s - 10); ent[2] = 0.52f; bound[2] = 0.50f; }
+        struct writer_item *it = mk_step(1, s, "entropy", PROTO_HEAD, ent, L * H);
+        add_metric(it, "entropy_bound", bound);
+        add_metric(it, "sigma_qk", sig);
+        int n = alert_feed(e, it);
+        for (int i = 0; i < n; i++)
+            if (alert_transition_at(e, i)->state == ALERT_FIRING && fired < 0) fired = s;
+        writer_item_free(it);
+    }
+    assert_int_equal(fired, 13); /* sigma_qk first exceeds its value 4 steps earlier at 11; for 2 */
+    /* stalled: the last step was at t=1029; nothing until t=1070 */
+    assert_int_equal(alert_tick(e, 1050), 0);
+    assert_int_equal(alert_tick(e, 1070), 1);
+    assert_int_equal(alert_transition_at(e, 0)->state, ALERT_FIRING);
+    assert_string_equal(alert_transition_at(e, 0)->rule->name, "stall");
+    assert_int_equal(alert_tick(e, 1080), 0); /* no duplicate */
+    float v[L * H] = {1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f};
+    struct writer_item *it = mk_step(1, 30, "entropy", PROTO_HEAD, v, L * H);
+    it->time = 1081;
+    int n = alert_feed(e, it);
+    int resolved = 0;
+    for (int i = 0; i < n; i++)
+        if (alert_transition_at(e, i)->state == ALERT_RESOLVED && !strcmp(alert_transition_at(e, i)->rule->name, "stall"))
+            resolved = 1;
+    assert_true(resolved);
+    writer_item_free(it);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static void test_bad_rules_name_their_line(void **state) {
+    (void)state;
+    char err[512];
+    const char *bad_json = "{\"rules\": [\n  {\"name\": \"a\",\n   \"scope\": \"head\" \"metric\": \"x\"}\n]}";
+    assert_null(alert_rules_parse(bad_json, strlen(bad_json), err, sizeof err));
+    assert_non_null(strstr(err, "line 3"));
+    const char *bad_field = "{\"rules\": [\n {\"name\":\"ok\",\"scope\":\"scalar\",\"metric\":\"loss\",\"condition\":{\"op\":\"nonfinite\"}},\n"
+                            " {\"name\": \"second\", \"scope\": \"head\", \"metric\": \"e\",\n"
+                            "  \"condition\": {\"op\": \"below\", \"value\": 1}, \"for\": -3}\n]}";
+    assert_null(alert_rules_parse(bad_field, strlen(bad_field), err, sizeof err));
+    assert_non_null(strstr(err, "line 3"));
+    assert_non_null(strstr(err, "second"));
+    assert_non_null(strstr(err, "\"for\""));
+    const char *unknown_op = "{\"rules\":[{\"name\":\"u\",\"scope\":\"head\",\"metric\":\"e\",\"condition\":{\"op\":\"sideways\"}}]}";
+    assert_null(alert_rules_parse(unknown_op, strlen(unknown_op), err, sizeof err));
+    assert_non_null(strstr(err, "op"));
+    const char *dup = "{\"rules\":[{\"name\":\"u\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":1}},"
+                      "{\"name\":\"u\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":1}}]}";
+    assert_null(alert_rules_parse(dup, strlen(dup), err, sizeof err));
+    assert_non_null(strstr(err, "twice"));
+    const char *field = "{\"rules\":[{\"name\":\"u\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":1},\"fro\":3}]}";
+    assert_null(alert_rules_parse(field, strlen(field), err, sizeof err));
+    assert_non_null(strstr(err, "unknown field \"fro\""));
+    /* the built-in set parses */
+    struct alert_rules *def = alert_rules_load(NULL, err, sizeof err);
+    assert_non_null(def);
+    assert_true(def->n >= 7);
+    alert_rules_free(def);
+}
+
+static void test_rollback_restarts_windows(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "rb");
+    struct log lg = {0};
+    for (int s = 0; s < 20; s++) {
+        float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+        if (s >= 12) v[0] = 0.01f;
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    }
+    assert_int_equal(lg.nfire, 1);
+    /* the trainer rolls back to step 10 and continues healthy */
+    for (int s = 10; s < 30; s++) {
+        float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    }
+    assert_int_equal(lg.nfire, 1);
+    assert_int_equal(lg.nresolve, 1);
+    assert_int_equal(lg.resolve_step[0], 13); /* clear from 10, keep 3 */
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_below_for_and_keep_firing_for),
+        cmocka_unit_test(test_blip_shorter_than_for_does_not_fire),
+        cmocka_unit_test(test_grouping_and_updates),
+        cmocka_unit_test(test_end_resolves_and_json_resolved),
+        cmocka_unit_test(test_drop_growth_zscore_nonfinite),
+        cmocka_unit_test(test_near_bound_and_stalled),
+        cmocka_unit_test(test_bad_rules_name_their_line),
+        cmocka_unit_test(test_rollback_restarts_windows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
