@@ -107,17 +107,40 @@ KERNEL void encoder_backward(float *dwte, float *dwpe, const float *dout,
         }
 }
 
+/* Row reductions with 16 partial sums: without -ffast-math GCC may not
+ * reorder a float sum, so a single accumulator would not vectorize. */
+#define LANES 16
+static inline float red_sum(const float *x, int n)
+{
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) acc[k] += x[i + k];
+    float s = 0.0f;
+    for (int k = 0; k < LANES; k++) s += acc[k];
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+
+static inline float red_sqdev(const float *x, float m, int n)
+{
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) { float d = x[i + k] - m; acc[k] += d * d; }
+    float s = 0.0f;
+    for (int k = 0; k < LANES; k++) s += acc[k];
+    for (; i < n; i++) { float d = x[i] - m; s += d * d; }
+    return s;
+}
+
 KERNEL void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *bias, int N, int C)
 {
     for (int n = 0; n < N; n++) {
         const float *x = inp + (long)n * C;
-        float m = 0.0f;
-        for (int i = 0; i < C; i++) m += x[i];
-        m /= C;
-        float v = 0.0f;
-        for (int i = 0; i < C; i++) { float d = x[i] - m; v += d * d; }
-        v /= C;
+        float m = red_sum(x, C) / C;
+        float v = red_sqdev(x, m, C) / C;
         float s = 1.0f / sqrtf(v + 1e-5f);
         float *o = out + (long)n * C;
         for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + bias[i];
@@ -136,12 +159,20 @@ KERNEL void layernorm_backward(float *dinp, float *dw, float *dbias, const float
         const float *x = inp + (long)n * C;
         float *dx = dinp + (long)n * C;
         float m = mean[n], s = rstd[n];
+        float a1[LANES] = {0}, a2[LANES] = {0};
+        int i0 = 0;
+        for (; i0 + LANES <= C; i0 += LANES)
+            for (int k = 0; k < LANES; k++) {
+                float dn = w[i0 + k] * d[i0 + k];
+                a1[k] += dn;
+                a2[k] += dn * (x[i0 + k] - m) * s;
+            }
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int i = 0; i < C; i++) {
-            float norm = (x[i] - m) * s;
-            float dn = w[i] * d[i];
+        for (int k = 0; k < LANES; k++) { dnorm_mean += a1[k]; dnorm_norm_mean += a2[k]; }
+        for (; i0 < C; i0++) {
+            float dn = w[i0] * d[i0];
             dnorm_mean += dn;
-            dnorm_norm_mean += dn * norm;
+            dnorm_norm_mean += dn * (x[i0] - m) * s;
         }
         dnorm_mean /= C;
         dnorm_norm_mean /= C;
