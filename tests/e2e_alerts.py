@@ -1,0 +1,162 @@
+"""End-to-end alert tests against the real daemon: a run whose entropy
+collapses fires entropy_collapse once; the webhook receives the exact
+Alertmanager payload (retried after a 500); the exec hook runs with the JSON
+on stdin; the trainer's own connection receives the alert line; the alert
+resolves once the heads recover; transitions are stored in SQLite."""
+import http.server
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_harness import Client, Daemon  # noqa: E402
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    """Answers 500 to the first POST, then 200; keeps every body."""
+    bodies = []
+    failures_left = 1
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(n)
+        cls = type(self)
+        if cls.failures_left > 0:
+            cls.failures_left -= 1
+            self.send_response(500)
+            self.end_headers()
+            cls.bodies.append(("500", body, self.headers.get("Content-Type")))
+            return
+        cls.bodies.append(("200", body, self.headers.get("Content-Type")))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+RULES = {"rules": [
+    {"name": "entropy_collapse", "metric": "entropy_norm", "scope": "head",
+     "condition": {"op": "below", "value": 0.1}, "for": 3, "keep_firing_for": 2, "severity": "critical",
+     "labels": {"team": "ml"},
+     "annotations": {"summary": "collapse in {run}", "description": "heads {cells}"}},
+    {"name": "loss_nonfinite", "metric": "loss", "scope": "scalar", "condition": {"op": "nonfinite"}},
+]}
+
+
+def step(seq, s, low_heads=(), loss=2.0):
+    vals = [[0.1 * 0 + 0.8 for _ in range(3)] for _ in range(2)]
+    for (l, h) in low_heads:
+        vals[l][h] = 0.01
+    return {"type": "step", "seq": seq, "step": s, "time": 1764500000 + s,
+            "scalars": {"loss": loss}, "heads": {"entropy_norm": vals}}
+
+
+class AlertE2E(unittest.TestCase):
+    def test_collapse_fires_once_notifies_and_resolves(self):
+        Receiver.bodies = []
+        Receiver.failures_left = 1
+        srv = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        tmp = tempfile.TemporaryDirectory()
+        rules = os.path.join(tmp.name, "rules.json")
+        with open(rules, "w") as f:
+            json.dump(RULES, f, indent=2)
+        hook_out = os.path.join(tmp.name, "hook.out")
+        d = Daemon(args=["--rules", rules, "--webhook", "http://127.0.0.1:%d/hook" % srv.server_port,
+                         "--on-alert", "cat >> %s; echo \" $ENTROPYD_ALERT_STATUS $ENTROPYD_ALERT_NAME\" >> %s"
+                         % (hook_out, hook_out)]).start()
+        try:
+            c = Client(d.sock)
+            w = c.hello("collapsing", layers=2, heads=3)
+            seq = 0
+            lines = []
+            # healthy, then heads (0,1) and (1,2) collapse at step 10, recover at step 30
+            for s in range(40):
+                seq += 1
+                low = [(0, 1), (1, 2)] if 10 <= s < 30 else []
+                c.send(step(seq, s, low))
+                _, seen = c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
+                lines += [m for m in seen if m["type"] == "alert"]
+            # the trainer got the alert on its own connection: firing at 13, resolved at 32
+            kinds = [(m["transition"], m["rule"], m["step"]) for m in lines]
+            self.assertIn(("firing", "entropy_collapse", 13), kinds)
+            self.assertIn(("resolved", "entropy_collapse", 32), kinds)
+            fire = [m for m in lines if m["transition"] == "firing"][0]
+            self.assertEqual(fire["start_step"], 10)
+            self.assertEqual(sorted((x["layer"], x["head"]) for x in fire["alert"]["cells"]), [(0, 1), (1, 2)])
+            # webhook: a 500, then the retry delivered; then the resolved one
+            deadline = time.time() + 20
+            while time.time() < deadline and len([b for b in Receiver.bodies if b[0] == "200"]) < 2:
+                time.sleep(0.1)
+            ok = [json.loads(b[1]) for b in Receiver.bodies if b[0] == "200"]
+            self.assertEqual(Receiver.bodies[0][0], "500")
+            self.assertEqual(json.loads(Receiver.bodies[0][1]), ok[0], "the retry resends the same payload")
+            self.assertEqual(Receiver.bodies[0][2], "application/json")
+            self.assertEqual([p["status"] for p in ok], ["firing", "resolved"], "one firing, one resolved, no duplicate")
+            p = ok[0]
+            self.assertEqual(p["version"], "4")
+            self.assertEqual(p["receiver"], "entropyd")
+            self.assertEqual(p["groupLabels"], {"alertname": "entropy_collapse", "run": "collapsing"})
+            self.assertEqual(p["groupKey"], '{}:{alertname="entropy_collapse", run="collapsing"}')
+            self.assertEqual(len(p["alerts"]), 1)
+            a = p["alerts"][0]
+            self.assertEqual(a["status"], "firing")
+            self.assertEqual(a["labels"], {"alertname": "entropy_collapse", "run": "collapsing", "severity": "critical",
+                                           "metric": "entropy_norm", "team": "ml"})
+            self.assertEqual(a["annotations"]["summary"], "collapse in collapsing")
+            self.assertEqual(a["annotations"]["description"], "heads layer 0 head 1, layer 1 head 2")
+            self.assertRegex(a["startsAt"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+            self.assertEqual(a["endsAt"], "0001-01-01T00:00:00Z")
+            self.assertRegex(a["fingerprint"], r"^[0-9a-f]{16}$")
+            r = ok[1]["alerts"][0]
+            self.assertEqual(r["status"], "resolved")
+            self.assertEqual(r["fingerprint"], a["fingerprint"])
+            self.assertNotEqual(r["endsAt"], "0001-01-01T00:00:00Z")
+            # exec hook: both notifications, JSON on stdin
+            deadline = time.time() + 10
+            while time.time() < deadline and (not os.path.exists(hook_out) or open(hook_out).read().count("entropy_collapse\n") < 2):
+                time.sleep(0.1)
+            text = open(hook_out).read()
+            self.assertIn(" firing entropy_collapse\n", text)
+            self.assertIn(" resolved entropy_collapse\n", text)
+            self.assertIn('"version":"4"', text)
+            # stored: one episode with its transitions
+            rows = d.query("SELECT rule, state, start_step, last_step FROM alerts WHERE run_id=?", (w["run_id"],))
+            self.assertEqual(rows, [("entropy_collapse", "resolved", 10, 32)])
+            tr = d.query("SELECT t.transition, t.step FROM alert_transitions t JOIN alerts a ON a.id=t.alert_id "
+                         "WHERE a.run_id=? ORDER BY t.id", (w["run_id"],))
+            self.assertEqual(tr, [("firing", 13), ("resolved", 32)])
+            # a NaN loss fires loss_nonfinite at once
+            seq += 1
+            c.send(step(seq, 40, loss=None))
+            m, _ = c.recv_until(lambda m: m["type"] == "alert" and m["rule"] == "loss_nonfinite")
+            self.assertEqual(m["transition"], "firing")
+            c.close()
+        finally:
+            d.cleanup()
+            srv.shutdown()
+            tmp.cleanup()
+
+    def test_bad_rules_file_is_refused_with_its_line(self):
+        tmp = tempfile.TemporaryDirectory()
+        rules = os.path.join(tmp.name, "rules.json")
+        with open(rules, "w") as f:
+            f.write('{"rules": [\n  {"name": "x", "scope": "head", "metric": "e",\n   "condition": {"op": "below"}}\n]}\n')
+        d = Daemon(args=["--rules", rules])
+        try:
+            with self.assertRaises(RuntimeError) as cm:
+                d.start()
+            self.assertIn("line 2", str(cm.exception))
+            self.assertIn('condition needs "value"', str(cm.exception))
+        finally:
+            d.cleanup()
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
