@@ -321,11 +321,22 @@ static cJSON *run_json(sqlite3_stmt *s) {
     cJSON_AddNumberToObject(o, "seq_len", (double)sqlite3_column_int64(s, 9));
     /* meta was validated as a JSON object by the protocol parser */
     cJSON_AddRawToObject(o, "meta", (const char *)sqlite3_column_text(s, 10));
-    cJSON_AddNumberToObject(o, "alerts_firing", 0); /* the alerts issue fills this in */
+    cJSON_AddNumberToObject(o, "alerts_firing", sqlite3_column_count(s) > 11 ? (double)sqlite3_column_int64(s, 11) : 0);
     return o;
 }
 
 #define RUN_COLS "id, name, status, created, updated, last_step, last_seq, layers, heads, seq_len, meta"
+#define RUN_ALERTS ", (SELECT count(*) FROM alerts a WHERE a.run_id = runs.id AND a.state = 'firing')"
+
+/* Prepares a runs query with the firing-alert count as column 11, or
+ * without it on a database that has no alerts table yet. */
+static int prepare_runs(struct query *q, const char *where, sqlite3_stmt **s) {
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT " RUN_COLS RUN_ALERTS " FROM runs %s", where);
+    if (sqlite3_prepare_v2(q->db, sql, -1, s, NULL) == SQLITE_OK) return SQLITE_OK;
+    snprintf(sql, sizeof sql, "SELECT " RUN_COLS " FROM runs %s", where);
+    return sqlite3_prepare_v2(q->db, sql, -1, s, NULL);
+}
 
 static int emit_json(cJSON *root, struct query_buf *out, char *err, size_t errlen) {
     char *txt = cJSON_PrintUnformatted(root);
@@ -344,9 +355,7 @@ int query_runs(struct query *q, const char *status, struct query_buf *out, char 
     cJSON *arr = cJSON_CreateArray();
     int ret = QUERY_ERR, rc;
     if (!arr) goto oom;
-    if (sqlite3_prepare_v2(q->db,
-                           "SELECT " RUN_COLS " FROM runs WHERE ?1 IS NULL OR status = ?1 ORDER BY id",
-                           -1, &s, NULL) != SQLITE_OK) {
+    if (prepare_runs(q, "WHERE ?1 IS NULL OR status = ?1 ORDER BY id", &s) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "listing runs");
         goto out;
     }
@@ -376,7 +385,7 @@ int query_run(struct query *q, int64_t id, struct query_buf *out, char *err, siz
     cJSON *o = NULL;
     int ret = QUERY_ERR, rc;
     if (begin(q, err, errlen)) return QUERY_ERR;
-    if (sqlite3_prepare_v2(q->db, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) {
+    if (prepare_runs(q, "WHERE id = ?1", &s) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "reading the run");
         goto out;
     }

@@ -674,6 +674,21 @@ static void test_delete(void **state) {
     expect_error(&D, "DELETE", "/api/runs/x", 400, "bad_request");
     snprintf(p, sizeof p, "/api/runs/%lld/series?metric=x", (long long)id);
     expect_error(&D, "GET", p, 404, "not_found");
+    /* a request body is refused, whatever the route */
+    CURL *c = curl_easy_init();
+    char url[128];
+    struct resp rb = {0};
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/runs", D.port);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{\"name\":\"x\"}");
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &rb);
+    assert_int_equal(curl_easy_perform(c), CURLE_OK);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &rb.status);
+    curl_easy_cleanup(c);
+    assert_int_equal(rb.status, 413);
+    assert_non_null(strstr(rb.body, "\"payload_too_large\""));
+    resp_free(&rb);
     /* methods a route does not have */
     snprintf(p, sizeof p, "/api/runs/%lld", (long long)R1);
     expect_error(&D, "PUT", p, 405, "method_not_allowed");
