@@ -286,7 +286,7 @@ static void *writer_main(void *arg) {
             pthread_mutex_unlock(&w->mu);
             break;
         }
-        struct writer_item *take = w->head;
+        struct writer_item *take = w->head, *take_tail = w->tail;
         w->head = w->tail = NULL;
         pthread_mutex_unlock(&w->mu);
 
@@ -296,6 +296,17 @@ static void *writer_main(void *arg) {
             txn_start = now_ms();
         }
         while (take) {
+            /* A long queue is split (writer.h: commit after WRITER_MAX_BATCH
+             * items or WRITER_COMMIT_MS): the rest goes back to the head of
+             * the queue for the next transaction. */
+            if (nbatch >= WRITER_MAX_BATCH || (nbatch % 64 == 63 && now_ms() - txn_start >= WRITER_COMMIT_MS)) {
+                pthread_mutex_lock(&w->mu);
+                take_tail->next = w->head;
+                if (!w->head) w->tail = take_tail;
+                w->head = take;
+                pthread_mutex_unlock(&w->mu);
+                break;
+            }
             struct writer_item *it = take;
             take = take->next;
             it->next = NULL;
