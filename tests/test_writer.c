@@ -1,0 +1,666 @@
+/* test_writer.c: unit tests of the writer thread (daemon/writer.c) on a real
+ * store in a temporary directory.
+ *
+ * Items are submitted as ingest would submit them; the replies are taken
+ * from the writer after its eventfd fires, the commit hook records what each
+ * commit held, and the database is read back through a second, read-only
+ * connection. Checked: welcome (with last_seq on resume), exactly one ack
+ * per run per commit carrying that commit's highest seq, error replies
+ * (kind conflict, shape mismatch), the hook seeing every item once and in
+ * order, the queue bound (writer_full, control items still taken), a full
+ * disk (no acks, nothing lost, recovery when space returns) and
+ * writer_destroy committing everything.
+ *
+ * writer.c is included here rather than linked so that its backoff sleep
+ * (usleep in the retry loop) can be stood in for: the stand-in runs on the
+ * writer thread between two attempts, the one moment the test may touch the
+ * writer's store (to raise the page cap), and shortens the backoff. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <unistd.h> /* before the macro below, so its usleep declaration is untouched */
+
+static void test_backoff(useconds_t us);
+#define usleep(us) test_backoff(us)
+#define UNIT_TESTING 1
+#include "../daemon/writer.c"
+#undef usleep
+
+#include <ftw.h>
+#include <math.h>
+#include <poll.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <sys/eventfd.h>
+
+/* ------------------------------------------------------------ environment */
+
+struct rec {                 /* one item as the commit hook saw it */
+    int kind;
+    uint64_t conn;
+    int64_t run_id, seq;
+    size_t commit;
+};
+
+struct runseq {
+    int64_t run_id, seq;
+};
+
+static struct {
+    char dir[64], path[128];
+    struct store *st;
+    int efd;
+    struct writer *w;
+    pthread_t main_thread;
+    /* written by the commit hook (writer thread) under mu */
+    pthread_mutex_t mu;
+    struct rec recs[20000];
+    size_t nrecs, commits;
+    struct runseq expect_acks[20000]; /* per commit, per run: the highest seq */
+    size_t nexpect;
+    int hook_on_main;
+    int gate_closed, in_gate;    /* the hook waits while gate_closed (to let a queue build up) */
+    pthread_cond_t gate_cv;
+    /* replies taken so far (main thread only) */
+    struct writer_reply replies[20000];
+    size_t nreplies;
+} E;
+
+static atomic_int raise_cap;   /* set by the test; the backoff stand-in acts on it */
+static atomic_int backoffs;
+
+static void test_backoff(useconds_t us) {
+    atomic_fetch_add(&backoffs, 1);
+    if (atomic_exchange(&raise_cap, 0)) {
+        if (store_set_max_pages(E.st, 0)) fprintf(stderr, "raising the cap: %s\n", store_errmsg(E.st));
+    }
+    usleep(us / 10 + 1000); /* a tenth of the real backoff keeps the test short */
+}
+
+static void on_commit(void *ctx, const struct writer_item *items, double commit_ms) {
+    (void)ctx, (void)commit_ms;
+    pthread_mutex_lock(&E.mu);
+    if (pthread_equal(pthread_self(), E.main_thread)) E.hook_on_main = 1;
+    size_t first = E.nexpect;
+    for (const struct writer_item *it = items; it; it = it->next) {
+        if (E.nrecs < sizeof E.recs / sizeof *E.recs)
+            E.recs[E.nrecs++] = (struct rec){it->kind, it->conn, it->run_id, it->seq, E.commits};
+        if (it->seq <= 0 || it->kind == WRITER_HELLO || it->kind == WRITER_STALE || it->kind == WRITER_DELETE) continue;
+        size_t k = first;
+        while (k < E.nexpect && E.expect_acks[k].run_id != it->run_id) k++;
+        if (k == E.nexpect) E.expect_acks[E.nexpect++] = (struct runseq){it->run_id, it->seq};
+        else if (it->seq > E.expect_acks[k].seq) E.expect_acks[k].seq = it->seq;
+    }
+    E.commits++;
+    while (E.gate_closed) {
+        E.in_gate = 1;
+        pthread_cond_wait(&E.gate_cv, &E.mu);
+    }
+    pthread_mutex_unlock(&E.mu);
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static struct writer *start_writer(size_t max_bytes) {
+    struct writer_config cfg = {0};
+    cfg.max_bytes = max_bytes;
+    cfg.on_commit = on_commit;
+    char err[256];
+    struct writer *w = writer_create(E.st, E.efd, &cfg, err, sizeof err);
+    if (!w) fail_msg("writer_create: %s", err);
+    return w;
+}
+
+static int setup(void **state) {
+    (void)state;
+    memset(&E, 0, sizeof E);
+    pthread_mutex_init(&E.mu, NULL);
+    pthread_cond_init(&E.gate_cv, NULL);
+    E.main_thread = pthread_self();
+    atomic_store(&raise_cap, 0);
+    atomic_store(&backoffs, 0);
+    snprintf(E.dir, sizeof E.dir, "/tmp/twriter-XXXXXX");
+    if (!mkdtemp(E.dir)) return -1;
+    snprintf(E.path, sizeof E.path, "%s/w.db", E.dir);
+    char err[256];
+    E.st = store_open(E.path, err, sizeof err);
+    if (!E.st) {
+        fprintf(stderr, "store_open: %s\n", err);
+        return -1;
+    }
+    E.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    return E.efd < 0 ? -1 : 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    writer_destroy(E.w);
+    store_close(E.st);
+    close(E.efd);
+    nftw(E.dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    pthread_mutex_destroy(&E.mu);
+    pthread_cond_destroy(&E.gate_cv);
+    return 0;
+}
+
+/* ------------------------------------------------------------ items */
+
+#define L 2
+#define H 3
+
+static float val(int64_t seq, uint32_t i) { return (float)(seq * 100 + i) + 0.5f; }
+
+static void msg_add(struct proto_msg *m, const char *name, int kind, uint32_t rows, uint32_t cols, const float *v) {
+    m->metrics = realloc(m->metrics, (m->nmetrics + 1) * sizeof *m->metrics);
+    struct proto_metric *mt = &m->metrics[m->nmetrics++];
+    memset(mt, 0, sizeof *mt);
+    snprintf(mt->name, sizeof mt->name, "%s", name);
+    mt->kind = kind;
+    mt->rows = rows;
+    mt->cols = cols;
+    mt->offset = m->nvalues;
+    m->values = realloc(m->values, (m->nvalues + rows * cols) * sizeof *m->values);
+    memcpy(m->values + m->nvalues, v, rows * cols * sizeof *v);
+    m->nvalues += rows * cols;
+}
+
+static struct writer_item *item(int kind, uint64_t conn, int64_t run_id, int64_t seq) {
+    struct writer_item *it = calloc(1, sizeof *it);
+    assert_non_null(it);
+    it->kind = kind;
+    it->conn = conn;
+    it->run_id = run_id;
+    it->seq = seq;
+    it->time = 1700000000 + (double)seq;
+    it->msg.seq = seq;
+    it->msg.has_seq = seq > 0;
+    return it;
+}
+
+static struct writer_item *hello(uint64_t conn, const char *run, int64_t layers, int64_t heads) {
+    struct writer_item *it = item(WRITER_HELLO, conn, 0, 0);
+    it->msg.type = PROTO_HELLO;
+    snprintf(it->msg.run, sizeof it->msg.run, "%s", run);
+    it->msg.protocol = 1;
+    it->msg.layers = layers;
+    it->msg.heads = heads;
+    it->msg.seq_len = 32;
+    return it;
+}
+
+/* A step of the 2x3 model (step = seq - 1): scalar loss and head metric ent. */
+static struct writer_item *step(uint64_t conn, int64_t run_id, int64_t seq) {
+    struct writer_item *it = item(WRITER_STEP, conn, run_id, seq);
+    it->msg.type = PROTO_STEP;
+    it->msg.step = seq - 1;
+    float v[L * H];
+    v[0] = val(seq, 0);
+    msg_add(&it->msg, "loss", PROTO_SCALAR, 1, 1, v);
+    for (uint32_t i = 0; i < L * H; i++) v[i] = val(seq, i);
+    msg_add(&it->msg, "ent", PROTO_HEAD, L, H, v);
+    return it;
+}
+
+static struct writer_item *event(uint64_t conn, int64_t run_id, int64_t seq, const char *text) {
+    struct writer_item *it = item(WRITER_EVENT, conn, run_id, seq);
+    it->msg.type = PROTO_EVENT;
+    it->msg.level = PROTO_WARN;
+    it->msg.text = strdup(text);
+    return it;
+}
+
+static struct writer_item *end(uint64_t conn, int64_t run_id, int64_t seq, int status) {
+    struct writer_item *it = item(WRITER_END, conn, run_id, seq);
+    it->msg.type = PROTO_END;
+    it->msg.status = status;
+    return it;
+}
+
+static void submit(struct writer_item *it) {
+    if (writer_submit(E.w, it) != 0) fail_msg("writer_submit refused an item of kind %d", it->kind);
+}
+
+/* ------------------------------------------------------------ replies */
+
+static uint64_t now_ms_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Waits up to ms for the eventfd, then takes whatever replies there are. */
+static void pump(int ms) {
+    struct pollfd p = {.fd = E.efd, .events = POLLIN};
+    if (poll(&p, 1, ms) > 0) {
+        uint64_t n;
+        ssize_t r = read(E.efd, &n, sizeof n);
+        (void)r;
+    }
+    for (struct writer_reply *r = writer_take_replies(E.w); r;) {
+        struct writer_reply *next = r->next;
+        assert_true(E.nreplies < sizeof E.replies / sizeof *E.replies);
+        E.replies[E.nreplies] = *r;
+        E.replies[E.nreplies].payload = NULL;
+        E.replies[E.nreplies++].next = NULL;
+        free(r->payload);
+        free(r);
+        r = next;
+    }
+}
+
+static const struct writer_reply *find_reply(int kind, uint64_t conn, int64_t run_id, int64_t seq) {
+    for (size_t i = 0; i < E.nreplies; i++) {
+        const struct writer_reply *r = &E.replies[i];
+        if (r->kind != kind) continue;
+        if (kind == WRITER_R_ACK ? (r->run_id == run_id && r->seq >= seq) : r->conn == conn) return r;
+    }
+    return NULL;
+}
+
+#define WAIT_FOR(cond, ms)                                                         \
+    do {                                                                           \
+        uint64_t until_ = now_ms_() + (ms);                                        \
+        while (!(cond) && now_ms_() < until_) pump(5);                             \
+        if (!(cond)) fail_msg("timed out after %d ms waiting for %s", (int)(ms), #cond); \
+    } while (0)
+
+static const struct writer_reply *welcome(uint64_t conn) {
+    const struct writer_reply *r = NULL;
+    WAIT_FOR((r = find_reply(WRITER_R_WELCOME, conn, 0, 0)) || find_reply(WRITER_R_ERROR, conn, 0, 0), 5000);
+    if (!r) fail_msg("hello of conn %llu answered with an error: %s", (unsigned long long)conn,
+                     find_reply(WRITER_R_ERROR, conn, 0, 0)->message);
+    return r;
+}
+
+/* Checks that the acks received so far are exactly one per run per commit,
+ * with the highest seq of that commit, in commit order. */
+static void check_acks(void) {
+    pthread_mutex_lock(&E.mu);
+    size_t k = 0;
+    for (size_t i = 0; i < E.nreplies; i++) {
+        const struct writer_reply *r = &E.replies[i];
+        if (r->kind != WRITER_R_ACK) continue;
+        assert_int_equal(r->conn, 0);
+        if (k >= E.nexpect) fail_msg("ack %zu (run %lld seq %lld) not matched by a commit", k, (long long)r->run_id, (long long)r->seq);
+        if (r->run_id != E.expect_acks[k].run_id || r->seq != E.expect_acks[k].seq)
+            fail_msg("ack %zu: run %lld seq %lld; the commit held run %lld up to seq %lld", k, (long long)r->run_id,
+                     (long long)r->seq, (long long)E.expect_acks[k].run_id, (long long)E.expect_acks[k].seq);
+        k++;
+    }
+    assert_int_equal(k, E.nexpect);
+    pthread_mutex_unlock(&E.mu);
+}
+
+/* ------------------------------------------------------------ reading the database */
+
+static int64_t qi(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *sql = sqlite3_vmprintf(fmt, ap);
+    va_end(ap);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(E.path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
+    int64_t v = INT64_MIN;
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    sqlite3_free(sql);
+    return v;
+}
+
+/* Every frame of metric `name` of the run holds the values of its seq. */
+static void check_frames(int64_t run_id, const char *name, int64_t nsteps, uint32_t n) {
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(E.path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT f.step, f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
+                                        "WHERE m.run_id = ?1 AND m.name = ?2 ORDER BY f.step", -1, &s, NULL), SQLITE_OK);
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
+    int64_t want = 0;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        int64_t stp = sqlite3_column_int64(s, 0);
+        assert_int_equal(stp, want);
+        assert_int_equal(sqlite3_column_bytes(s, 1), (int)(n * 4));
+        const unsigned char *d = sqlite3_column_blob(s, 1);
+        for (uint32_t i = 0; i < n; i++) {
+            float x;
+            memcpy(&x, d + 4 * i, 4);
+            if (x != val(stp + 1, i)) fail_msg("%s step %lld [%u]: %g, want %g", name, (long long)stp, i, (double)x, (double)val(stp + 1, i));
+        }
+        want++;
+    }
+    assert_int_equal(want, nsteps);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void test_hello_steps_event_end(void **state) {
+    (void)state;
+    E.w = start_writer(0);
+    submit(hello(7, "alpha", L, H));
+    const struct writer_reply *wr = welcome(7);
+    int64_t run = wr->run_id;
+    assert_true(run > 0);
+    assert_int_equal(wr->seq, 0); /* last_seq of a new run */
+    assert_int_equal(wr->layers, L);
+    assert_int_equal(wr->heads, H);
+    assert_int_equal(wr->seq_len, 32);
+    assert_int_equal(qi("SELECT count(*) FROM runs WHERE name = 'alpha' AND status = 'live'"), 1); /* committed before the welcome */
+
+    for (int64_t seq = 1; seq <= 300; seq++) submit(step(7, run, seq));
+    submit(event(7, run, 301, "lr spike"));
+    submit(end(7, run, 302, PROTO_FINISHED));
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, 302), 5000);
+    /* the ack came after the commit: everything up to it is in the database */
+    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 302);
+    assert_int_equal(qi("SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 300);
+    assert_int_equal(qi("SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run), 1);
+    assert_int_equal(qi("SELECT count(*) FROM events WHERE run_id = %lld AND seq = 301 AND text = 'lr spike' AND level = 'warn'",
+                        (long long)run), 1);
+    check_frames(run, "loss", 300, 1);
+    check_frames(run, "ent", 300, L * H);
+    /* acks only grow, and match the commits one for one */
+    int64_t last = 0;
+    for (size_t i = 0; i < E.nreplies; i++)
+        if (E.replies[i].kind == WRITER_R_ACK) {
+            assert_true(E.replies[i].seq > last);
+            last = E.replies[i].seq;
+        }
+    assert_int_equal(last, 302);
+    check_acks();
+    for (size_t i = 0; i < E.nreplies; i++) assert_int_not_equal(E.replies[i].kind, WRITER_R_ERROR);
+
+    /* resume: the same run, last_seq 302 */
+    submit(hello(8, "alpha", L, H));
+    wr = welcome(8);
+    assert_int_equal(wr->run_id, run);
+    assert_int_equal(wr->seq, 302);
+    assert_int_equal(qi("SELECT count(*) FROM runs WHERE name = 'alpha' AND status = 'live'"), 1);
+    /* stale: no ack, status changes */
+    struct writer_item *it = item(WRITER_STALE, 8, run, 0);
+    submit(it);
+    WAIT_FOR(qi("SELECT count(*) FROM runs WHERE id = %lld AND status = 'stale'", (long long)run) == 1, 5000);
+    pump(50);
+    check_acks();
+
+    struct writer_stats ws;
+    writer_get_stats(E.w, &ws);
+    assert_true(ws.commits >= 1);
+    assert_int_equal(ws.items, 302 + 3);
+    assert_int_equal(ws.values, 300 * (1 + L * H));
+    assert_int_equal(ws.failing, 0);
+    assert_int_equal(ws.db_errors, 0);
+    assert_int_equal(ws.queue_bytes, 0);
+}
+
+static void test_hook_order_and_coalescing(void **state) {
+    (void)state;
+    E.w = start_writer(0);
+    submit(hello(1, "r1", L, H));
+    submit(hello(2, "r2", L, H));
+    int64_t r1 = welcome(1)->run_id, r2 = welcome(2)->run_id;
+    assert_true(r1 != r2);
+    /* interleaved runs, submitted in bursts so that commits hold many items */
+    int64_t s1 = 0, s2 = 0;
+    struct rec want[4000];
+    size_t nwant = 0;
+    pthread_mutex_lock(&E.mu);
+    size_t base = E.nrecs;
+    pthread_mutex_unlock(&E.mu);
+    for (int burst = 0; burst < 20; burst++) {
+        for (int i = 0; i < 100; i++) {
+            int which = (i * 7 + burst) % 3 != 0;
+            int64_t run = which ? r1 : r2, seq = which ? ++s1 : ++s2;
+            struct writer_item *it = i % 37 == 36 ? event(which ? 1 : 2, run, seq, "e") : step(which ? 1 : 2, run, seq);
+            want[nwant++] = (struct rec){it->kind, it->conn, run, seq, 0};
+            submit(it);
+        }
+        if (burst % 5 == 4) usleep(20000); /* let some commits happen in between */
+    }
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, r1, s1) && find_reply(WRITER_R_ACK, 0, r2, s2), 10000);
+    pump(20);
+    pthread_mutex_lock(&E.mu);
+    assert_int_equal(E.nrecs - base, nwant);
+    for (size_t i = 0; i < nwant; i++) {
+        const struct rec *g = &E.recs[base + i];
+        if (g->kind != want[i].kind || g->conn != want[i].conn || g->run_id != want[i].run_id || g->seq != want[i].seq)
+            fail_msg("hook item %zu: kind %d conn %llu run %lld seq %lld; submitted kind %d conn %llu run %lld seq %lld", i,
+                     g->kind, (unsigned long long)g->conn, (long long)g->run_id, (long long)g->seq, want[i].kind,
+                     (unsigned long long)want[i].conn, (long long)want[i].run_id, (long long)want[i].seq);
+        if (i && g->commit < E.recs[base + i - 1].commit) fail_msg("commits out of order");
+    }
+    int many = 0; /* some commit held more than one item of a run (so coalescing was exercised) */
+    for (size_t i = 1; i < nwant; i++)
+        if (E.recs[base + i].commit == E.recs[base + i - 1].commit) many = 1;
+    assert_int_equal(E.hook_on_main, 0);
+    pthread_mutex_unlock(&E.mu);
+    assert_true(many);
+    check_acks();
+    /* fewer acks than items: they coalesce */
+    size_t nacks = 0;
+    for (size_t i = 0; i < E.nreplies; i++) nacks += E.replies[i].kind == WRITER_R_ACK;
+    assert_true(nacks < nwant);
+    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)r1), s1);
+    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)r2), s2);
+}
+
+static void test_error_replies(void **state) {
+    (void)state;
+    E.w = start_writer(0);
+    submit(hello(3, "errs", L, H));
+    int64_t run = welcome(3)->run_id;
+    submit(step(3, run, 1));
+    /* seq 2: loss as a head metric (kind conflict), plus a new scalar that is stored */
+    struct writer_item *it = item(WRITER_STEP, 3, run, 2);
+    it->msg.type = PROTO_STEP;
+    it->msg.step = 1;
+    float v[L * H] = {1, 2, 3, 4, 5, 6}, one = 42;
+    msg_add(&it->msg, "fresh", PROTO_SCALAR, 1, 1, &one);
+    msg_add(&it->msg, "loss", PROTO_HEAD, L, H, v);
+    submit(it);
+    submit(step(3, run, 3));
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, 3), 5000);
+    const struct writer_reply *er = find_reply(WRITER_R_ERROR, 3, 0, 0);
+    assert_non_null(er);
+    assert_int_equal(er->code, PROTO_E_KIND_CONFLICT);
+    assert_int_equal(er->seq, 2);
+    if (!strstr(er->message, "loss")) fail_msg("message does not name the metric: %s", er->message);
+    assert_int_equal(qi("SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'fresh'"), 1);
+    assert_int_equal(qi("SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'loss'"), 2);
+    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 3);
+    check_acks();
+
+    /* a hello with another shape: an error to that connection, no welcome, nothing changed */
+    submit(hello(4, "errs", L + 1, H));
+    WAIT_FOR(find_reply(WRITER_R_ERROR, 4, 0, 0), 5000);
+    er = find_reply(WRITER_R_ERROR, 4, 0, 0);
+    assert_int_equal(er->code, PROTO_E_SHAPE_MISMATCH);
+    assert_null(find_reply(WRITER_R_WELCOME, 4, 0, 0));
+    if (!strstr(er->message, "2 layers x 3 heads")) fail_msg("message: %s", er->message);
+    assert_int_equal(qi("SELECT layers FROM runs WHERE id = %lld", (long long)run), L);
+    /* the rest of that batch is not disturbed */
+    submit(hello(5, "errs", L, H + 1));
+    submit(step(3, run, 4));
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, 4), 5000);
+    assert_non_null(find_reply(WRITER_R_ERROR, 5, 0, 0));
+    assert_int_equal(qi("SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 4);
+    check_acks();
+}
+
+/* Waits until the writer reports the database failing. */
+static void wait_failing(void) {
+    struct writer_stats ws;
+    uint64_t until = now_ms_() + 5000;
+    do {
+        writer_get_stats(E.w, &ws);
+        if (ws.failing && atomic_load(&backoffs) >= 2) return;
+        usleep(2000);
+    } while (now_ms_() < until);
+    fail_msg("the writer never reported a failing database");
+}
+
+static void test_full_disk_and_queue_bound(void **state) {
+    (void)state;
+    enum { BL = 64, BH = 128 }; /* 32 KiB a frame, over a page: the cap is reached at once */
+    struct store_run_info info;
+    assert_int_equal(store_begin(E.st), 0);
+    assert_int_equal(store_run_open(E.st, "big", BL, BH, 16, NULL, 1, &info), 0);
+    assert_int_equal(store_commit(E.st), 0);
+    int64_t run = info.id;
+    assert_int_equal(store_set_max_pages(E.st, store_db_bytes(E.st) / 16384), 0);
+    const size_t max_bytes = 512 * 1024;
+    E.w = start_writer(max_bytes);
+    static float v[BL * BH];
+    int64_t seq = 0;
+    int refused = 0;
+    struct writer_item *kept = NULL;
+    /* submit until the queue bound refuses */
+    for (int i = 0; i < 1000 && !refused; i++) {
+        struct writer_item *it = item(WRITER_STEP, 9, run, seq + 1);
+        it->msg.type = PROTO_STEP;
+        it->msg.step = seq;
+        for (int k = 0; k < BL * BH; k++) v[k] = (float)((seq + 1) * 10000 + k);
+        msg_add(&it->msg, "att", PROTO_HEAD, BL, BH, v);
+        if (writer_submit(E.w, it) == 0) seq++;
+        else {
+            refused = 1;
+            kept = it; /* the caller keeps a refused item */
+        }
+        if (i == 0) wait_failing();
+    }
+    assert_true(refused);
+    assert_true(writer_full(E.w));
+    /* a data item is refused again while full */
+    assert_int_equal(writer_submit(E.w, kept), -1);
+    /* control items are still taken: an end for this run, a hello for another */
+    submit(end(9, run, seq + 1, PROTO_FINISHED));
+    submit(hello(10, "other", L, H));
+    /* nothing acked or welcomed, nothing committed, while the disk is full */
+    pump(300);
+    assert_null(find_reply(WRITER_R_ACK, 0, run, 1));
+    assert_null(find_reply(WRITER_R_WELCOME, 10, 0, 0));
+    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 0);
+    assert_int_equal(qi("SELECT count(*) FROM steps"), 0);
+    struct writer_stats ws;
+    writer_get_stats(E.w, &ws);
+    assert_int_equal(ws.failing, 1);
+    assert_true(ws.retries >= 1);
+    assert_true(ws.db_errors >= 1);
+    assert_true(ws.queue_bytes >= max_bytes);
+    assert_int_equal(ws.commits, 0);
+
+    /* space returns: everything is committed, acked once per commit, in order */
+    atomic_store(&raise_cap, 1);
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, seq + 1), 10000);
+    WAIT_FOR(find_reply(WRITER_R_WELCOME, 10, 0, 0), 5000);
+    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq + 1);
+    assert_int_equal(qi("SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), seq);
+    assert_int_equal(qi("SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run), 1);
+    assert_int_equal(qi("SELECT count(*) FROM runs WHERE name = 'other'"), 1);
+    /* every value of every step */
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(E.path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT step, data FROM frames ORDER BY step", -1, &s, NULL), SQLITE_OK);
+    int64_t n = 0;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        int64_t st = sqlite3_column_int64(s, 0);
+        assert_int_equal(st, n);
+        assert_int_equal(sqlite3_column_bytes(s, 1), BL * BH * 4);
+        const unsigned char *d = sqlite3_column_blob(s, 1);
+        for (int k = 0; k < BL * BH; k++) {
+            float x;
+            memcpy(&x, d + 4 * k, 4);
+            if (x != (float)((st + 1) * 10000 + k)) fail_msg("step %lld value %d: %g", (long long)st, k, (double)x);
+        }
+        n++;
+    }
+    assert_int_equal(n, seq);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    check_acks();
+    /* no ack went out before the recovery, no error replies at all */
+    for (size_t i = 0; i < E.nreplies; i++) assert_int_not_equal(E.replies[i].kind, WRITER_R_ERROR);
+    writer_get_stats(E.w, &ws);
+    assert_int_equal(ws.failing, 0);
+    assert_int_equal(ws.queue_bytes, 0);
+    assert_false(writer_full(E.w));
+    /* and the refused item goes in now (as a later step) */
+    kept->seq = kept->msg.seq = seq + 2;
+    kept->msg.step = seq;
+    assert_int_equal(writer_submit(E.w, kept), 0);
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, seq + 2), 5000);
+    check_acks();
+}
+
+static void test_destroy_commits_everything(void **state) {
+    (void)state;
+    struct store_run_info info;
+    assert_int_equal(store_begin(E.st), 0);
+    assert_int_equal(store_run_open(E.st, "last", L, H, 16, NULL, 1, &info), 0);
+    assert_int_equal(store_commit(E.st), 0);
+    E.w = start_writer(0);
+    /* hold the writer in the commit hook of seq 1 while 5000 more items queue up */
+    pthread_mutex_lock(&E.mu);
+    E.gate_closed = 1;
+    pthread_mutex_unlock(&E.mu);
+    submit(step(11, info.id, 1));
+    uint64_t until = now_ms_() + 5000;
+    for (;;) {
+        pthread_mutex_lock(&E.mu);
+        int in = E.in_gate;
+        pthread_mutex_unlock(&E.mu);
+        if (in) break;
+        if (now_ms_() > until) fail_msg("the commit hook was not reached");
+        usleep(1000);
+    }
+    for (int64_t seq = 2; seq <= 5000; seq++) submit(step(11, info.id, seq));
+    submit(end(11, info.id, 5001, PROTO_ABORTED));
+    pthread_mutex_lock(&E.mu);
+    E.gate_closed = 0;
+    pthread_cond_broadcast(&E.gate_cv);
+    pthread_mutex_unlock(&E.mu);
+    writer_destroy(E.w);
+    E.w = NULL;
+    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)info.id), 5001);
+    assert_int_equal(qi("SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), 5000);
+    assert_int_equal(qi("SELECT count(*) FROM runs WHERE id = %lld AND status = 'aborted'", (long long)info.id), 1);
+    check_frames(info.id, "ent", 5000, L * H);
+    /* the hook saw every item once; no commit held more than WRITER_MAX_BATCH */
+    pthread_mutex_lock(&E.mu);
+    assert_int_equal(E.nrecs, 5001);
+    assert_true(E.commits >= 2);
+    size_t in_commit = 0;
+    for (size_t i = 0; i < E.nrecs; i++) {
+        assert_int_equal(E.recs[i].seq, (int64_t)i + 1);
+        in_commit = i && E.recs[i].commit == E.recs[i - 1].commit ? in_commit + 1 : 1;
+        if (in_commit > WRITER_MAX_BATCH) fail_msg("commit %zu holds more than %d items", E.recs[i].commit, WRITER_MAX_BATCH);
+    }
+    pthread_mutex_unlock(&E.mu);
+    /* a writer destroyed with nothing submitted, and a NULL one */
+    E.w = start_writer(0);
+    writer_destroy(E.w);
+    E.w = NULL;
+    writer_destroy(NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_hello_steps_event_end, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hook_order_and_coalescing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_replies, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_disk_and_queue_bound, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_commits_everything, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
