@@ -38,6 +38,7 @@ export class TimeChart {
     this.el = document.createElement('div');
     this.el.className = 'chart' + (o.compact ? ' compact' : '');
     parent.append(this.el);
+    this.el.__chart = this;   // for tests and the console
     this.u = null;
     this.defs = null;
     this.data = null;

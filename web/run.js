@@ -181,7 +181,7 @@ export class RunView {
   buildHeatmap() {
     if (!this.m.heads.length) return;
     const sel = h('select', {id: 'hm-metric', 'aria-label': 'heatmap metric', onchange: (e) => {
-      this.st.metric = e.target.value; urlState.set({metric: this.st.metric}); this.frameAt(this.st.step);
+      this.st.metric = e.target.value; urlState.set({metric: this.st.metric}); this.frameAt(this.follow ? null : +this.scrub.value);
     }}, ...this.m.heads.map((x) => h('option', {value: x, selected: x === this.st.metric}, x)));
     const body = this.section('Heads at a step', 'colour = value of the chosen metric per layer (row) and head (column); click a cell to follow that head', sel);
     this.scrub = h('input', {type: 'range', id: 'hm-scrub', min: this.firstStep, max: this.lastStep ?? 0, step: 1,

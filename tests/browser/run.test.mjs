@@ -1,0 +1,119 @@
+// run.test.mjs: the run page against a real entropyd.
+// - the heatmap's cells equal the frame API at a step (from the URL, after
+//   scrubbing, after switching metric);
+// - a step streamed by a trainer shows on the open page within 1 s;
+// - zooming a chart refetches the series for the narrower range (requests
+//   observed) and puts the range in the URL;
+// - after a daemon restart the page reconnects by itself and shows new steps.
+import {check, launch, newPage, rendered, run, screenshot, seedRun, sleep, startDaemon, stepMsg, Trainer} from './harness.mjs';
+
+const L = 6, H = 8;
+
+async function heatmapMatches(page, d, id, metric, step) {
+  await page.waitForFunction(([m, s]) => window.__heatmap && window.__heatmap.metric === m && window.__heatmap.step === s,
+    [metric, step], {timeout: 5000});
+  const hm = await page.evaluate(() => window.__heatmap);
+  const f = await d.api(`/api/runs/${id}/frame?metric=${metric}&step=${step}`);
+  let bad = 0, n = 0;
+  for (let l = 0; l < f.layers; l++) for (let k = 0; k < f.heads; k++) { n++; if (hm.values[l][k] !== f.values[l][k]) bad++; }
+  check(hm.layers === f.layers && hm.heads === f.heads && n === L * H && bad === 0,
+    `heatmap ${metric} at step ${step}: ${n - bad}/${n} cells equal the frame API`, `${bad} differ`);
+}
+
+await run(async (ctx) => {
+  const d = await startDaemon();
+  ctx.cleanups.push(() => d.stop());
+  const {id, trainer} = await seedRun(d.sock, 'run-page', {L, H, steps: 600, meta: {reparam: 'none', norm: 'post', lr: 0.01}, status: 'live', collapse: true});
+  ctx.cleanups.push(() => trainer.close());
+  const browser = await launch();
+  ctx.cleanups.push(() => browser.close());
+  const page = await newPage(browser);
+  const series = [];
+  page.on('request', (r) => { if (r.url().includes('/series?')) series.push(r.url()); });
+
+  // 1. cells at the step named in the URL
+  await page.goto(`${d.base}/?run=${id}&metric=entropy_norm&step=250`);
+  await rendered(page);
+  await heatmapMatches(page, d, id, 'entropy_norm', 250);
+  check(await page.$eval('#run-name', (e) => e.textContent) === 'run-page', 'run page names the run');
+
+  // 2. scrubbing to another step
+  await page.$eval('#hm-scrub', (e) => { e.value = 420; e.dispatchEvent(new Event('input', {bubbles: true})); });
+  await heatmapMatches(page, d, id, 'entropy_norm', 420);
+  check(new URL(page.url()).searchParams.get('step') === '420', 'the URL holds the scrubbed step');
+
+  // 3. another head metric
+  await page.selectOption('#hm-metric', 'sigma_qk');
+  await heatmapMatches(page, d, id, 'sigma_qk', 420);
+  await page.selectOption('#hm-metric', 'entropy_norm');
+
+  // 4. live: follow the latest step, stream one, see it within 1 s
+  await page.click('#hm-live');
+  await page.waitForFunction(() => window.__heatmap.step === 599);
+  for (const s of [600, 601]) {
+    const t0 = Date.now();
+    trainer.send([stepMsg(s, L, H, {collapse: true})]);
+    await page.waitForFunction((s) => document.querySelector('#last-step').dataset.step === String(s) &&
+      window.__heatmap.step === s, s, {timeout: 3000});
+    const ms = Date.now() - t0;
+    check(ms <= 1000, `streamed step ${s} shown (header and heatmap) ${ms} ms after it was sent`, 'target <= 1000 ms');
+  }
+  // 5. zoom: drag across the loss chart -> series refetched for [from, to]
+  const over = await page.$('.chart[data-metrics="loss,eval_loss"] .u-over');
+  const box = await over.boundingBox();
+  const before = series.length;
+  await page.mouse.move(box.x + box.width * 0.3, box.y + box.height / 2);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width * 0.6, box.y + box.height / 2, {steps: 6});
+  await page.mouse.up();
+  await page.waitForFunction(() => new URL(location.href).searchParams.has('from'), null, {timeout: 3000});
+  const u = new URL(page.url());
+  const from = +u.searchParams.get('from'), to = +u.searchParams.get('to');
+  check(from > 100 && to < 450 && from < to, `zoom put the range ${from}..${to} in the URL`);
+  await page.waitForFunction(() => window.__render.complete, null, {timeout: 5000});
+  await sleep(300);
+  const zoomed = series.slice(before).filter((x) => x.includes(`from=${from}`) && x.includes(`to=${to}`));
+  check(zoomed.some((x) => x.includes('metric=loss')), `zoom refetched the loss series for ${from}..${to} (${zoomed.length} series requests)`);
+  // finer resolution: the zoomed answer has steps of width 1
+  const lossUrl = new URL(zoomed.find((x) => x.includes('metric=loss&')));
+  const ans = await d.api(lossUrl.pathname + lossUrl.search);
+  check(ans.width === 1 && ans.step[0] === from, `zoomed loss series is at full resolution (bucket width ${ans.width})`);
+  check(await page.$eval('.range-txt', (e) => e.dataset.zoomed) === '1', 'the range bar says zoomed');
+  await screenshot(page, 'run-zoomed');
+
+  // a shared link reproduces the view
+  const page2 = await newPage(browser);
+  await page2.goto(page.url());
+  await rendered(page2);
+  const st = await page2.evaluate(() => [window.__heatmap && window.__heatmap.metric, document.querySelector('.range-txt').textContent]);
+  check(st[0] === 'entropy_norm' && st[1].includes(String(from)), `a copied URL opens the same run, metric and range (${st[1]})`);
+  await page2.close();
+
+  // 6. zoom out, scroll everything into view (lazy charts), screenshot
+  await page.click('.rangebar button');
+  await page.waitForFunction(() => !new URL(location.href).searchParams.has('from'));
+  for (let y = 0; y < 6000; y += 600) { await page.mouse.wheel(0, 600); await sleep(60); }
+  await page.waitForFunction(() => window.__render.complete);
+  await sleep(500);
+  const lazyLoaded = await page.$$eval('.chart .u-over', (els) => els.length);
+  check(lazyLoaded >= 2 + L + 4, `charts drawn after scrolling: ${lazyLoaded}`);
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await screenshot(page, 'run-page');
+
+  // 7. daemon restart: same data and port; the page reconnects by itself
+  trainer.close();
+  await d.stop();
+  await sleep(300);
+  const d2 = await startDaemon({dataDir: d.dataDir, port: d.port});
+  ctx.cleanups.push(() => d2.stop());
+  await page.waitForFunction(() => window.__live.state === 'open' && window.__live.stats.resets >= 1, null, {timeout: 10000});
+  const t2 = await Trainer.connect(d2.sock);
+  ctx.cleanups.push(() => t2.close());
+  await t2.hello('run-page', L, H, {reparam: 'none'});
+  const t0 = Date.now();
+  t2.send([stepMsg(700, L, H)]);
+  await page.waitForFunction(() => document.querySelector('#last-step').dataset.step === '700', null, {timeout: 5000});
+  const ms = Date.now() - t0;
+  check(ms <= 1000, `after a daemon restart the page reconnected and showed step 700 in ${ms} ms`);
+  check(page.errors.length === 0, 'no errors in the page', page.errors.join('; '));
+}, {timeoutMs: 80000});
