@@ -90,7 +90,11 @@ typedef struct telemetry_stats {
 } telemetry_stats;
 
 /* A line received from the daemon (welcome, error, alert, or any unknown
- * type; acks are not delivered, see stats.acked). */
+ * type; acks are not delivered, see stats.acked), or a note from the client
+ * itself, type "client" with a "code": "seq_reset" (the daemon knew more of
+ * the run than the spool; unsent lines were renumbered after its last_seq),
+ * "seq_lost" (the daemon lost acknowledged data; the client stopped
+ * connecting), "spool_error". */
 typedef struct telemetry_msg {
     char type[32]; /* the "type" field, truncated; "" when absent */
     char *line;    /* the JSON text without newline; malloc()ed, the caller
@@ -113,15 +117,18 @@ telemetry *telemetry_create(const telemetry_config *cfg, char *err, size_t errle
  * sender and frees. What was not acknowledged stays in the spool for a later
  * client. Returns TELEMETRY_OK when everything was acknowledged (or, with no
  * address, spooled), TELEMETRY_ETIMEDOUT otherwise, TELEMETRY_EINVAL for a
- * bad status (then nothing is freed). Accepts NULL. */
+ * bad status (then nothing is freed). Accepts NULL and is the only way to
+ * free t. (With a tcp: address the final join may also wait for a DNS
+ * lookup in progress.) */
 int telemetry_destroy(telemetry *t, const char *status, int timeout_ms);
 
 /* The run name (given or generated); owned by t, valid until destroy. */
 const char *telemetry_run_name(const telemetry *t);
 
 /* Starts a step in the next free ring slot and returns it, or NULL when the
- * ring is full (the step is counted in dropped_queue). step >= 0; time is
- * Unix seconds, or a negative value to let the daemon stamp it. Calling
+ * ring is full (the step is counted in dropped_queue) or step < 0. time is
+ * Unix seconds (e.g. telemetry_now()), or negative to let the daemon stamp
+ * it. The slot belongs to t; it is the caller's only until commit. Calling
  * begin again before commit discards the open step. No syscall. */
 telemetry_step *telemetry_step_begin(telemetry *t, int64_t step, double time);
 
@@ -157,9 +164,10 @@ void telemetry_stats_get(const telemetry *t, telemetry_stats *out);
  * Sleeps: not for the hot path. */
 int telemetry_flush(telemetry *t, int timeout_ms);
 
-/* Formats v as the shortest (up to 9 significant digits) JSON number that
- * reads back as the same float32, or "null" when v is not finite. buf must
- * hold 24 bytes; no terminating NUL is written. Returns the length. */
+/* Formats v as a JSON number that reads back as the same float32 (the
+ * fewest of 6..9 significant digits that do, trailing zeros cut, so 0.1f is
+ * "0.1"), or "null" when v is not finite. No printf, no locale. buf must
+ * hold 24 bytes; no terminating NUL is guaranteed. Returns the length. */
 int telemetry_format_float(char *buf, float v);
 
 /* Unix time in seconds (CLOCK_REALTIME through the vDSO). */
