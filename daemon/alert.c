@@ -358,6 +358,10 @@ struct cell_state {
     int64_t clear_since;     /* -1 unless firing and clear */
     int firing;
     float last;
+    /* running summaries of the cell's window, kept in O(1) per step */
+    float mx;                /* max of the finite values in the ring (-inf if none) */
+    double sum, sumsq;       /* of the finite values in the ring */
+    int nfinite;
 };
 
 /* The state of one rule in one run. ring holds, per cell, the last `window`
@@ -479,8 +483,51 @@ static int group_init(struct group *g, const struct alert_rule *rule, int n) {
         return -1;
     }
     g->ncells = n;
-    for (int i = 0; i < n; i++) g->cells[i].pending_since = g->cells[i].clear_since = -1;
+    for (int i = 0; i < n; i++) {
+        g->cells[i].pending_since = g->cells[i].clear_since = -1;
+        g->cells[i].mx = -INFINITY;
+    }
     return 0;
+}
+
+/* Recomputes a cell's window summaries from its ring (count values). */
+static void ring_rescan(struct cell_state *c, const float *ring, int count) {
+    c->mx = -INFINITY;
+    c->sum = c->sumsq = 0;
+    c->nfinite = 0;
+    for (int i = 0; i < count; i++) {
+        float x = ring[i];
+        if (!isfinite(x)) continue;
+        if (x > c->mx) c->mx = x;
+        c->sum += x;
+        c->sumsq += (double)x * x;
+        c->nfinite++;
+    }
+}
+
+/* Puts x into the cell's window at pos, updating the summaries: the max is
+ * rescanned only when the value leaving was the max, the sums are rescanned
+ * once per lap of the ring to shed rounding drift. */
+static void ring_push(struct cell_state *c, float *ring, int w, int ring_n, int pos, float x) {
+    int full = ring_n >= w;
+    float out = full ? ring[pos] : NAN;
+    ring[pos] = x;
+    int count = full ? w : ring_n + 1;
+    if (pos == w - 1 || (isfinite(out) && out >= c->mx && !(isfinite(x) && x >= out))) {
+        ring_rescan(c, ring, count);
+        return;
+    }
+    if (isfinite(out)) {
+        c->sum -= out;
+        c->sumsq -= (double)out * out;
+        c->nfinite--;
+    }
+    if (isfinite(x)) {
+        if (x > c->mx) c->mx = x;
+        c->sum += x;
+        c->sumsq += (double)x * x;
+        c->nfinite++;
+    }
 }
 
 static struct alert_transition *tr_add(struct alert_engine *e, int state, const struct alert_rule *rule,
@@ -591,21 +638,17 @@ static int scope_kind(int scope) {
 
 /* One cell's condition at this step. ring is the cell's window (oldest at
  * ring_pos once full); x is the value pushed into it afterwards. */
-static int eval_cell(const struct alert_rule *rule, const struct group *g, const float *ring, float v, float bound,
-                     float rising) {
+static int eval_cell(const struct alert_rule *rule, const struct group *g, const struct cell_state *c,
+                     const float *ring, float v, float bound, float rising) {
     int full = g->ring_n >= rule->window;
     int w = rule->window;
     switch (rule->op) {
     case ALERT_OP_BELOW: return v < rule->value;
     case ALERT_OP_ABOVE: return v > rule->value;
     case ALERT_OP_NONFINITE: return !isfinite(v);
-    case ALERT_OP_DROP: {
+    case ALERT_OP_DROP:
         if (!isfinite(v) || g->ring_n == 0) return 0;
-        float mx = -INFINITY;
-        for (int i = 0; i < (full ? w : g->ring_n); i++)
-            if (ring[i] > mx) mx = ring[i];
-        return mx > 0 && v < (1 - rule->pct / 100.0) * mx;
-    }
+        return c->mx > 0 && v < (1 - rule->pct / 100.0) * c->mx;
     case ALERT_OP_GROWTH: {
         if (!isfinite(v)) return 0;
         if (v > rule->value) return 1;
@@ -614,13 +657,8 @@ static int eval_cell(const struct alert_rule *rule, const struct group *g, const
         return isfinite(oldest) && (v - oldest) / w > rule->rate;
     }
     case ALERT_OP_ZSCORE: {
-        if (!isfinite(v) || !full) return 0;
-        double s = 0, s2 = 0;
-        int n = 0;
-        for (int i = 0; i < w; i++)
-            if (isfinite(ring[i])) { s += ring[i]; s2 += (double)ring[i] * ring[i]; n++; }
-        if (n < 2) return 0;
-        double mean = s / n, var = s2 / n - mean * mean;
+        if (!isfinite(v) || !full || c->nfinite < 2) return 0;
+        double mean = c->sum / c->nfinite, var = c->sumsq / c->nfinite - mean * mean;
         double sd = var > 0 ? sqrt(var) : 0;
         return v > mean + rule->k * sd && v > mean;
     }
@@ -666,12 +704,14 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
     if ((int)(pm->rows * pm->cols) != n || group_init(g, rule, n)) return 0;
     const float *vals = m->values + pm->offset;
     int w = rule->window > 0 ? rule->window : 1;
+    int windowed = rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_GROWTH || rule->op == ALERT_OP_ZSCORE ||
+                   rule->op == ALERT_OP_NEAR_BOUND;
     for (int i = 0; i < n; i++) {
         float v = vals[i];
         float b = pb ? m->values[pb->offset + i] : 0, ri = pr ? m->values[pr->offset + i] : 0;
         float *ring = g->ring + (size_t)i * (size_t)w;
-        int cond = eval_cell(rule, g, ring, v, b, ri);
-        ring[g->ring_pos] = pr ? ri : v;
+        int cond = eval_cell(rule, g, &g->cells[i], ring, v, b, ri);
+        if (windowed) ring_push(&g->cells[i], ring, w, g->ring_n, g->ring_pos, pr ? ri : v);
         g->cells[i].last = v;
         cell_step(rule, &g->cells[i], cond, step);
     }
@@ -707,6 +747,9 @@ static void run_rewind(struct alert_engine *e, struct run_state *r) {
         for (int c = 0; c < g->ncells; c++) {
             g->cells[c].pending_since = -1;
             g->cells[c].clear_since = -1;
+            g->cells[c].mx = -INFINITY;
+            g->cells[c].sum = g->cells[c].sumsq = 0;
+            g->cells[c].nfinite = 0;
         }
     }
 }
@@ -758,8 +801,8 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
         r->last_seen = time;
         r->live = 1;
         e->stats.steps++;
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        struct timespec t0, t1; /* CPU time of this thread: the cost, whatever else runs */
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
         for (int i = 0; i < e->rules->n; i++) {
             const struct alert_rule *rule = &e->rules->rules[i];
             if (rule->op == ALERT_OP_STALLED) continue;
@@ -770,7 +813,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
         t = stalled_eval(e, r, time, m->step, 1);
         if (t < 0) return -1;
         n += t;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
         e->stats.eval_ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
         return n;
     }

@@ -123,7 +123,7 @@ char *alert_transition_json(const struct alert_transition *t);
 /* Evaluation counters, for /metrics and the benchmark. */
 struct alert_stats {
     uint64_t steps, evaluations, transitions;
-    double eval_ms;
+    double eval_ms;              /* CPU time spent evaluating steps */
 };
 void alert_get_stats(const struct alert_engine *e, struct alert_stats *out);
 
