@@ -914,6 +914,39 @@ static void test_oversize_step_dropped(void **state)
     env_free(&e);
 }
 
+/* Another client took the run over: this one stops reconnecting (fighting
+ * would only bounce the run between them) and keeps spooling. */
+static void test_superseded_stops_reconnecting(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    pthread_mutex_lock(&f->mu);
+    f->inject[0] = "{\"type\":\"error\",\"code\":\"superseded\",\"message\":\"taken over\"}";
+    f->n_inject = 1;
+    pthread_mutex_unlock(&f->mu);
+    telemetry_config c;
+    base_config(&c, &e, "super-run", 1, 1);
+    telemetry *t = create_ok(&c);
+    WAIT_FOR(stats(t).errors == 1, 5000);
+    for (int i = 0; i < 3; i++) put_step(t, i, 1, 1);
+    msleep(300); /* many backoff periods */
+    assert_int_equal(fake_get(f, &f->connections), 1);
+    telemetry_stats s = stats(t);
+    assert_int_equal(s.connected, 0);
+    assert_true(s.spooled >= 3);
+    telemetry_msg m;
+    int seen = 0;
+    while (telemetry_poll(t, &m)) {
+        seen += !strcmp(m.type, "error") && strstr(m.line, "superseded") != NULL;
+        telemetry_msg_free(&m);
+    }
+    assert_int_equal(seen, 1);
+    assert_int_equal(telemetry_destroy(t, NULL, 0), TELEMETRY_ETIMEDOUT);
+    fake_stop(f);
+    env_free(&e);
+}
+
 static void test_api_errors(void **state)
 {
     env e;
@@ -984,6 +1017,7 @@ int main(void)
         cmocka_unit_test(test_inbox_over_tcp),
         cmocka_unit_test(test_refusing_daemon),
         cmocka_unit_test(test_oversize_step_dropped),
+        cmocka_unit_test(test_superseded_stops_reconnecting),
         cmocka_unit_test(test_api_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
