@@ -120,6 +120,7 @@ typedef struct fake {
     long long last;      /* highest stored seq */
     int close_after;     /* close the connection after this many data lines (once) */
     long long forget_to; /* on that close, forget stored lines above this (-1: keep) */
+    int keep_open;       /* forget without closing: later lines become gaps */
     const char *inject[4];
     int n_inject;
     /* records, under mu */
@@ -203,7 +204,7 @@ static int fake_line(fake *f, int fd, int conn, int *data_lines, int *welcomed, 
             f->forget_to = -1;
         }
         f->ack = 1;
-        close_it = 1;
+        close_it = !f->keep_open;
     }
 out:
     cJSON_Delete(j);
@@ -559,6 +560,35 @@ static void test_resend_from_last_seq(void **state)
         assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, i);
         cJSON_Delete(j);
     }
+    assert_int_equal(telemetry_destroy(t, NULL, 1000), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* The daemon forgets lines without closing: what follows is answered with
+ * seq_gap; the client reconnects at once and resends from the welcome. */
+static void test_seq_gap_resends(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 0);
+    pthread_mutex_lock(&f->mu);
+    f->close_after = 5;
+    f->forget_to = 2;
+    f->keep_open = 1;
+    pthread_mutex_unlock(&f->mu);
+    telemetry_config c;
+    base_config(&c, &e, "gap-run", 2, 1);
+    telemetry *t = create_ok(&c);
+    for (int i = 0; i < 12; i++) {
+        put_step(t, i, 2, 1);
+        msleep(1);
+    }
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 12);
+    assert_true(fake_get(f, &f->gaps) >= 1);
+    assert_true(stats(t).reconnects >= 1);
+    assert_true(stats(t).errors >= 1);
     assert_int_equal(telemetry_destroy(t, NULL, 1000), TELEMETRY_OK);
     fake_stop(f);
     env_free(&e);
@@ -1008,6 +1038,7 @@ int main(void)
         cmocka_unit_test(test_hello_and_every_line),
         cmocka_unit_test(test_nan_becomes_null),
         cmocka_unit_test(test_resend_from_last_seq),
+        cmocka_unit_test(test_seq_gap_resends),
         cmocka_unit_test(test_spool_upload_and_trim),
         cmocka_unit_test(test_spool_full_drops),
         cmocka_unit_test(test_spool_write_failure),
