@@ -55,6 +55,7 @@ void writer_item_free(struct writer_item *it) {
 /* Replies produced while applying a batch; posted only after its commit. */
 struct replies {
     struct writer_reply *head, *tail;
+    uint64_t values;  /* of the applied steps: counted at commit, as they may be applied again */
 };
 
 static void replies_clear(struct replies *r) {
@@ -65,6 +66,7 @@ static void replies_clear(struct replies *r) {
         r->head = n;
     }
     r->tail = NULL;
+    r->values = 0;
 }
 
 static struct writer_reply *reply_add(struct replies *r, int kind, uint64_t conn, int64_t run_id, int64_t seq) {
@@ -132,11 +134,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
                         "metric %s already has another kind (or shape) in this run; it was not stored", conflict);
             r = 0;
         }
-        if (r == 0) {
-            pthread_mutex_lock(&w->mu);
-            w->stats.values += it->msg.nvalues;
-            pthread_mutex_unlock(&w->mu);
-        }
+        if (r == 0) rep->values += it->msg.nvalues;
         break;
     case WRITER_EVENT:
         r = store_event(st, it->run_id, it->seq, it->time, it->msg.level, it->msg.text ? it->msg.text : "");
@@ -189,6 +187,8 @@ static void finish_batch(struct writer *w, struct writer_item *batch, struct rep
     }
     pthread_mutex_lock(&w->mu);
     w->stats.items += n;
+    w->stats.values += rep->values;
+    rep->values = 0;
     if (rep->head) {
         if (w->rtail) w->rtail->next = rep->head;
         else w->rhead = rep->head;
