@@ -603,6 +603,74 @@ static void test_full_disk_and_queue_bound(void **state) {
     check_acks();
 }
 
+/* Closes the gate in the commit hook and waits until the writer sits in it. */
+static void hold_in_hook(void) {
+    pthread_mutex_lock(&E.mu);
+    E.gate_closed = 1;
+    E.in_gate = 0;
+    pthread_mutex_unlock(&E.mu);
+}
+
+static void wait_in_hook(void) {
+    uint64_t until = now_ms_() + 5000;
+    for (;;) {
+        pthread_mutex_lock(&E.mu);
+        int in = E.in_gate;
+        pthread_mutex_unlock(&E.mu);
+        if (in) return;
+        if (now_ms_() > until) fail_msg("the commit hook was not reached");
+        usleep(1000);
+    }
+}
+
+static void release_hook(void) {
+    pthread_mutex_lock(&E.mu);
+    E.gate_closed = 0;
+    pthread_cond_broadcast(&E.gate_cv);
+    pthread_mutex_unlock(&E.mu);
+}
+
+/* A batch whose first items succeed and whose last one hits the full disk
+ * is applied again on every retry: the counters must count it once, when it
+ * is committed. */
+static void test_retry_counts_once(void **state) {
+    (void)state;
+    enum { BL = 64, BH = 128 };
+    struct store_run_info small, big;
+    assert_int_equal(store_begin(E.st), 0);
+    assert_int_equal(store_run_open(E.st, "small", L, H, 16, NULL, 1, &small), 0);
+    assert_int_equal(store_run_open(E.st, "big", BL, BH, 16, NULL, 1, &big), 0);
+    assert_int_equal(store_commit(E.st), 0);
+    assert_int_equal(store_set_max_pages(E.st, store_db_bytes(E.st) / 16384), 0);
+    E.w = start_writer(0);
+    /* a first commit (no new pages needed), held in the hook while the batch queues up */
+    hold_in_hook();
+    submit(item(WRITER_STALE, 1, small.id, 0));
+    wait_in_hook();
+    for (int64_t seq = 1; seq <= 10; seq++) submit(step(1, small.id, seq));
+    struct writer_item *it = item(WRITER_STEP, 2, big.id, 1);
+    it->msg.type = PROTO_STEP;
+    static float v[BL * BH];
+    for (int k = 0; k < BL * BH; k++) v[k] = (float)k;
+    msg_add(&it->msg, "att", PROTO_HEAD, BL, BH, v);
+    submit(it);
+    release_hook();
+    wait_failing();
+    while (atomic_load(&backoffs) < 4) usleep(1000); /* several attempts at the same batch */
+    assert_null(find_reply(WRITER_R_ACK, 0, small.id, 1));
+    atomic_store(&raise_cap, 1);
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, big.id, 1) && find_reply(WRITER_R_ACK, 0, small.id, 10), 10000);
+    check_acks();
+    assert_int_equal(qi("SELECT count(*) FROM steps"), 11);
+    struct writer_stats ws;
+    writer_get_stats(E.w, &ws);
+    assert_true(ws.retries >= 3);
+    assert_int_equal(ws.items, 1 + 10 + 1);
+    assert_int_equal(ws.commits, 2);
+    /* values committed: 10 small steps of 1 + 6, one big step of 8192 */
+    assert_int_equal(ws.values, 10 * (1 + L * H) + BL * BH);
+}
+
 static void test_destroy_commits_everything(void **state) {
     (void)state;
     struct store_run_info info;
@@ -611,25 +679,12 @@ static void test_destroy_commits_everything(void **state) {
     assert_int_equal(store_commit(E.st), 0);
     E.w = start_writer(0);
     /* hold the writer in the commit hook of seq 1 while 5000 more items queue up */
-    pthread_mutex_lock(&E.mu);
-    E.gate_closed = 1;
-    pthread_mutex_unlock(&E.mu);
+    hold_in_hook();
     submit(step(11, info.id, 1));
-    uint64_t until = now_ms_() + 5000;
-    for (;;) {
-        pthread_mutex_lock(&E.mu);
-        int in = E.in_gate;
-        pthread_mutex_unlock(&E.mu);
-        if (in) break;
-        if (now_ms_() > until) fail_msg("the commit hook was not reached");
-        usleep(1000);
-    }
+    wait_in_hook();
     for (int64_t seq = 2; seq <= 5000; seq++) submit(step(11, info.id, seq));
     submit(end(11, info.id, 5001, PROTO_ABORTED));
-    pthread_mutex_lock(&E.mu);
-    E.gate_closed = 0;
-    pthread_cond_broadcast(&E.gate_cv);
-    pthread_mutex_unlock(&E.mu);
+    release_hook();
     writer_destroy(E.w);
     E.w = NULL;
     assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)info.id), 5001);
@@ -660,6 +715,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_hook_order_and_coalescing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_replies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_disk_and_queue_bound, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retry_counts_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_commits_everything, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
