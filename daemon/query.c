@@ -87,6 +87,74 @@ static void buf_i64(struct query_buf *b, int64_t v) {
     query_buf_add(b, p, (size_t)(tmp + sizeof tmp - p));
 }
 
+/* Writes finite d with nd (<= 15) significant digits, trailing zeros
+ * dropped, in the style of %g; returns the length. printf("%.9g") is
+ * exact but slow (multi-precision), and series answers print up to 500,000
+ * numbers. Here one double multiplication scales d: its error (<= 1 ulp,
+ * ~1e-16) is far below the last digit kept, so 9 digits of a float32 still
+ * read back to the same float32, which the tests check. */
+static int fmt_sig(char *out, double d, int nd) {
+    static const double p10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    char *o = out;
+    if (d == 0) {
+        *o++ = '0';
+        return 1;
+    }
+    if (d < 0) {
+        *o++ = '-';
+        d = -d;
+    }
+    int e = (int)floor(log10(d));
+    uint64_t m = 0, lim = (uint64_t)p10[nd];
+    for (int tries = 0; tries < 3; tries++) {
+        int sh = nd - 1 - e;
+        double sc = sh >= 0 ? (sh <= 22 ? d * p10[sh] : d * pow(10, sh)) : (-sh <= 22 ? d / p10[-sh] : d / pow(10, -sh));
+        m = (uint64_t)llround(sc);
+        if (m >= lim) {
+            if (sc >= (double)lim) { /* log10 was one low */
+                e++;
+                continue;
+            }
+            m = lim / 10; /* rounding carried: 9.999999996 -> 10.0000000 */
+            e++;
+        } else if (m < lim / 10) { /* log10 was one high */
+            e--;
+            continue;
+        }
+        break;
+    }
+    char dig[20];
+    for (int i = nd - 1; i >= 0; i--) {
+        dig[i] = (char)('0' + m % 10);
+        m /= 10;
+    }
+    int n = nd;
+    while (n > 1 && dig[n - 1] == '0') n--;
+    if (e >= -5 && e < nd) {
+        if (e >= 0) {
+            for (int i = 0; i <= e; i++) *o++ = i < n ? dig[i] : '0';
+            if (n > e + 1) {
+                *o++ = '.';
+                for (int i = e + 1; i < n; i++) *o++ = dig[i];
+            }
+        } else {
+            *o++ = '0';
+            *o++ = '.';
+            for (int i = 0; i < -e - 1; i++) *o++ = '0';
+            for (int i = 0; i < n; i++) *o++ = dig[i];
+        }
+    } else {
+        *o++ = dig[0];
+        if (n > 1) {
+            *o++ = '.';
+            for (int i = 1; i < n; i++) *o++ = dig[i];
+        }
+        o += sprintf(o, "e%c%02d", e < 0 ? '-' : '+', e < 0 ? -e : e);
+    }
+    return (int)(o - out);
+}
+
 /* A float as JSON: 9 significant digits, which read back to the same
  * float32; null when not finite. */
 static void buf_f32(struct query_buf *b, float x) {
@@ -94,13 +162,8 @@ static void buf_f32(struct query_buf *b, float x) {
         query_buf_add(b, "null", 4);
         return;
     }
-    if (x == (float)(int32_t)x && fabsf(x) < 1e9f) { /* integers: common, and cheap */
-        buf_i64(b, (int32_t)x);
-        return;
-    }
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%.9g", (double)x);
-    query_buf_add(b, tmp, (size_t)n);
+    char tmp[40];
+    query_buf_add(b, tmp, (size_t)fmt_sig(tmp, x, 9));
 }
 
 /* A mean: 12 significant digits, beyond what float32 inputs carry. */
@@ -110,8 +173,7 @@ static void buf_f64(struct query_buf *b, double x) {
         return;
     }
     char tmp[40];
-    int n = snprintf(tmp, sizeof tmp, "%.12g", x);
-    query_buf_add(b, tmp, (size_t)n);
+    query_buf_add(b, tmp, (size_t)fmt_sig(tmp, x, 12));
 }
 
 /* ---- pool ------------------------------------------------------------ */
