@@ -869,8 +869,21 @@ static void test_bad_field(void **state) {
     CHECK(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"meta\":[]}", PROTO_E_BAD_FIELD);
     CHECK(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"meta\":\"{}\"}", PROTO_E_BAD_FIELD);
     CHECK(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"token\":1}", PROTO_E_BAD_FIELD);
+    /* token: at most 256 bytes */
+    char *text = rep('k', 256);
+    line = fmt_line(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"token\":\"%s\"}", text);
+    assert_int_equal(parse(line, &m), PROTO_OK);
+    assert_string_equal(m.token, text);
+    proto_msg_free(&m);
+    free(line);
+    free(text);
+    text = rep('k', 257);
+    line = fmt_line(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"token\":\"%s\"}", text);
+    CHECK(line, PROTO_E_BAD_FIELD);
+    free(line);
+    free(text);
     /* event text: 64 KiB is the limit, counted decoded */
-    char *text = rep('t', PROTO_MAX_TEXT);
+    text = rep('t', PROTO_MAX_TEXT);
     line = fmt_line("{\"type\":\"event\",\"seq\":1,\"level\":\"info\",\"text\":\"%s\"}", text);
     assert_int_equal(parse(line, &m), PROTO_OK);
     assert_int_equal(strlen(m.text), PROTO_MAX_TEXT);
@@ -1004,11 +1017,14 @@ static const char *const valid_lines[] = {
 
 static void test_guard_page(void **state) {
     (void)state;
+    /* three pages: the first and the last inaccessible, so reads before a
+     * line that starts on the middle page's first byte crash too */
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    char *base = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *base = mmap(NULL, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(base != MAP_FAILED);
-    assert_int_equal(mprotect(base + page, page, PROT_NONE), 0);
-    char *guard = base + page;
+    assert_int_equal(mprotect(base, page, PROT_NONE), 0);
+    assert_int_equal(mprotect(base + 2 * page, page, PROT_NONE), 0);
+    char *front = base + page, *guard = base + 2 * page;
     size_t tested = 0;
     for (size_t i = 0; i < sizeof valid_lines / sizeof *valid_lines; i++) {
         size_t len = strlen(valid_lines[i]);
@@ -1022,6 +1038,11 @@ static void test_guard_page(void **state) {
             if (cut == len && rc != PROTO_OK) fail_msg("line %zu: %s (%s)", i, proto_err_name(rc), errbuf);
             assert_true(rc >= PROTO_OK && rc <= PROTO_E_BAD_PROTOCOL);
             if (rc == PROTO_OK) check_msg_invariants(&m); /* (a prefix without the final '\r') */
+            proto_msg_free(&m);
+            /* the same prefix starting right after the front guard */
+            memmove(front, guard - cut, cut);
+            rc = proto_parse(front, cut, &m, errbuf, sizeof errbuf);
+            assert_true(rc >= PROTO_OK && rc <= PROTO_E_BAD_PROTOCOL);
             proto_msg_free(&m);
             tested++;
         }
@@ -1052,12 +1073,17 @@ static void test_guard_page(void **state) {
         int rc = proto_parse(p, len, &m, errbuf, sizeof errbuf);
         assert_int_equal(rc, PROTO_E_BAD_JSON);
         proto_msg_free(&m);
+        memcpy(front, ends[i], len);
+        assert_int_equal(proto_parse(front, len, &m, errbuf, sizeof errbuf), PROTO_E_BAD_JSON);
+        proto_msg_free(&m);
     }
-    /* a zero-length line at the very start of the guard page */
+    /* zero-length lines next to either guard */
     struct proto_msg m = {0};
     assert_int_equal(proto_parse(guard, 0, &m, errbuf, sizeof errbuf), PROTO_E_BAD_JSON);
     proto_msg_free(&m);
-    munmap(base, 2 * page);
+    assert_int_equal(proto_parse(front, 0, &m, errbuf, sizeof errbuf), PROTO_E_BAD_JSON);
+    proto_msg_free(&m);
+    munmap(base, 3 * page);
     assert_true(tested > 500);
 }
 
