@@ -130,6 +130,7 @@ int main(int argc, char **argv) {
     long max_conns = 10000, queue_mb = 256, drain_ms = 5000;
     const char *http_listen = "127.0.0.1:8080", *web_root = NULL;
     long http_conns = 512, stream_events = 16384, keepalive_ms = 15000;
+    int http_explicit = 0;
     int metrics_heads = 0, alert_log = 1;
     const char *rules = NULL, *webhook = NULL, *on_alert = NULL;
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
@@ -158,7 +159,7 @@ int main(int argc, char **argv) {
         case O_MAXCONNS: if (parse_int("--max-conns", optarg, 1, 1000000, &max_conns)) return 2; break;
         case O_QUEUE: if (parse_int("--queue-mb", optarg, 1, 65536, &queue_mb)) return 2; break;
         case O_DRAIN: if (parse_int("--drain-ms", optarg, 0, 600000, &drain_ms)) return 2; break;
-        case O_HTTP: http_listen = strcmp(optarg, "off") == 0 ? NULL : optarg; break;
+        case O_HTTP: http_listen = strcmp(optarg, "off") == 0 ? NULL : optarg; http_explicit = 1; break;
         case O_HTTPCONNS: if (parse_int("--http-max-conns", optarg, 1, 100000, &http_conns)) return 2; break;
         case O_WEBROOT: web_root = optarg; break;
         case O_MHEADS: metrics_heads = 1; break;
@@ -264,10 +265,16 @@ int main(int argc, char **argv) {
                                    .max_conns = (int)http_conns, .metrics_heads = metrics_heads, .pool = pool,
                                    .stream = stream, .writer = w, .ingest = g_ingest};
         http = http_create(&hcfg, err, sizeof err);
-        if (!http) {
+        if (!http && http_explicit) {
             fprintf(stderr, "entropyd: %s\n", err);
             goto out;
         }
+        /* the default address may be taken (another daemon, another
+         * program): storing the trainers' data matters more than the
+         * dashboard, so go on without HTTP and say so */
+        if (!http)
+            fprintf(stderr, "entropyd: %s; running without HTTP (choose an address with --http HOST:PORT, "
+                            "or --http off)\n", err);
         atomic_store(&hooks.http, http);
     }
     struct sigaction sa = {.sa_handler = on_signal};
