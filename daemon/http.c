@@ -444,6 +444,12 @@ static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_
         if (pthread_cond_timedwait(&h->cv, &h->mu, &dl) == ETIMEDOUT) break;
     int done = h->done_ticket >= ticket;
     pthread_mutex_unlock(&h->mu);
+    if (done) { /* committed: but the writer may have rejected the item */
+        if (!(q = take_query(h, c, &res))) return res;
+        rc = query_run_status(q, id, status, sizeof status, err, sizeof err);
+        query_release(h->cfg.pool, q);
+        if (rc == QUERY_OK) return send_error(h, c, 500, "run %lld could not be deleted (see the daemon's log)", (long long)id);
+    }
     struct query_buf b = {0};
     query_buf_printf(&b, done ? "{\"deleted\":%lld}" : "{\"deleting\":%lld}", (long long)id);
     return send_json(h, c, done ? 200 : 202, &b);
