@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -148,20 +149,41 @@ static telemetry *make(const char *address, const char *spool)
     return t;
 }
 
-/* n paced steps; prints the enqueue cost distribution. */
+/* The same copying without the client, to tell the client's cost from the
+ * machine's noise (preemption shows up in max and p99 of both). */
+static float sink[NHEAD * L * H + NLAYER * L + NSCALAR];
+static void copy_only(int64_t step)
+{
+    float *p = sink;
+    for (int i = 0; i < NSCALAR; i++) *p++ = 2.0f + 1e-3f * (float)step;
+    for (int i = 0; i < NLAYER; i++) { memcpy(p, layerv[i], sizeof layerv[i]); p += L; }
+    for (int i = 0; i < NHEAD; i++) { memcpy(p, headv[i], sizeof headv[i]); p += L * H; }
+    __asm__ volatile("" ::"r"(sink) : "memory");
+}
+
+/* n paced steps; prints the enqueue cost distribution. With label
+ * "baseline", times copy_only instead. */
 static void run_paced(const char *label, const char *address, const char *spool, int n, int gap_us)
 {
+    int baseline = !strncmp(label, "baseline", 8);
     telemetry *t = make(address, spool);
     if (address) telemetry_flush(t, 500); /* let it connect (or fail to) first */
     uint64_t *ns = malloc((size_t)n * sizeof *ns);
     int drops = 0;
+    /* This thread's page faults and context switches over the loop: a
+     * voluntary switch would mean the producer blocked somewhere. */
+    struct rusage ru0, ru1;
+    for (int i = 0; i < n; i++) ns[i] = 1; /* fault the timing array in first */
+    getrusage(RUSAGE_THREAD, &ru0);
     for (int i = 0; i < n; i++) {
         uint64_t a = ns_now();
-        drops += enqueue_step(t, i) != 0;
+        if (baseline) copy_only(i);
+        else drops += enqueue_step(t, i) != 0;
         uint64_t b = ns_now();
         ns[i] = b - a;
         while (ns_now() - b < (uint64_t)gap_us * 1000u) {} /* the "training step" */
     }
+    getrusage(RUSAGE_THREAD, &ru1);
     uint64_t sum = 0;
     for (int i = 0; i < n; i++) sum += ns[i];
     qsort(ns, (size_t)n, sizeof *ns, cmp_u64);
@@ -169,10 +191,13 @@ static void run_paced(const char *label, const char *address, const char *spool,
     int settled = telemetry_flush(t, 5000) == TELEMETRY_OK;
     telemetry_stats st;
     telemetry_stats_get(t, &st);
-    printf("  %-34s mean %6.0f ns  p50 %6llu  p99 %6llu  max %7llu ns  = %.4f%% of a 50 ms step;"
+    printf("  %-35s p50 %5llu ns  mean %6.0f  p99 %6llu  max %8llu ns  = %.4f%% (p50) of a 50 ms step;"
+           " producer: %ld faults, %ld voluntary / %ld involuntary switches;"
            " dropped %d, spooled %llu, sent %llu, acked %llu%s\n",
-           label, mean, (unsigned long long)ns[n / 2], (unsigned long long)ns[n * 99 / 100],
-           (unsigned long long)ns[n - 1], mean / 50e6 * 100, drops, (unsigned long long)st.spooled,
+           label, (unsigned long long)ns[n / 2], mean, (unsigned long long)ns[n * 99 / 100],
+           (unsigned long long)ns[n - 1], (double)ns[n / 2] / 50e6 * 100,
+           ru1.ru_minflt - ru0.ru_minflt + ru1.ru_majflt - ru0.ru_majflt, ru1.ru_nvcsw - ru0.ru_nvcsw,
+           ru1.ru_nivcsw - ru0.ru_nivcsw, drops, (unsigned long long)st.spooled,
            (unsigned long long)st.sent, (unsigned long long)st.acked,
            address && !settled ? " (not all acknowledged)" : "");
     telemetry_destroy(t, NULL, 0);
@@ -250,6 +275,7 @@ int main(int argc, char **argv)
     printf("telemetry enqueue, %dx%d model: %d head + %d layer metrics + %d scalars = %d floats/step;"
            " %d steps, %d us of busy work between steps\n",
            L, H, NHEAD, NLAYER, NSCALAR, NHEAD * L * H + NLAYER * L + NSCALAR, n, gap);
+    run_paced("baseline (same copies, no client):", NULL, spool, n, gap);
     run_paced("no daemon (spool only):", NULL, spool, n, gap);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", spool);
