@@ -8,7 +8,7 @@ const params = new URLSearchParams(location.search);
 // carries it in its own URL (?token=...) and passes it on.
 const TOKEN = params.get('token') || '';
 
-const MAX_INFLIGHT = 4;
+const MAX_INFLIGHT = 5;
 let inflight = 0;
 const waiting = [];   // [{run, prio}] high prio first
 export const netStats = {requests: 0, bytes: 0, pending: 0};

@@ -39,6 +39,8 @@ export class TimeChart {
     this.el.className = 'chart' + (o.compact ? ' compact' : '');
     parent.append(this.el);
     this.el.__chart = this;   // for tests and the console
+    // the final height before data arrives, so lazy loading sees the real layout
+    this.el.style.minHeight = (o.height || 220) + (o.compact ? 90 : 70) + 'px';
     this.u = null;
     this.defs = null;
     this.data = null;

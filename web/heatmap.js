@@ -6,7 +6,7 @@
 import {VIRIDIS_LUT, fmt, fmtStep, h} from './util.js';
 
 export class Heatmap {
-  /** o: {unit, onPick(layer, head)} */
+  /** o: {unit, onPick(layer, head), layers} */
   constructor(parent, o = {}) {
     this.o = o;
     this.root = h('div', {class: 'heatmap'});
@@ -20,6 +20,9 @@ export class Heatmap {
     this.root.append(this.plot,
       h('div', {class: 'hm-legend'}, this.scaleLo, this.scale, this.scaleHi, this.scaleUnit));
     parent.append(this.root);
+    // reserve the height the cells will take, so the page does not jump
+    // (and lazy charts below are not mistaken for visible) before data comes
+    if (o.layers) this.plot.style.minHeight = 26 + o.layers * Math.max(6, Math.min(40, Math.floor(560 / o.layers))) + 'px';
     this.frame = null;
     this.domain = [0, 1];
     this.fixed = null;

@@ -37,8 +37,10 @@ export class RunView {
   /* ---- setup ------------------------------------------------------------ */
 
   async init() {
-    let run;
-    try { run = await api.run(this.id); } catch (e) {
+    let run = null;
+    const pre = window.__prefetch;
+    if (pre && pre.id === this.id) { window.__prefetch = null; run = await pre.run; }
+    try { if (!run) run = await api.run(this.id); } catch (e) {
       this.root.append(h('section', {class: 'card'}, h('h1', {}, 'Run ' + this.id),
         h('p', {class: 'error'}, `Cannot load run ${this.id}: ${e.message}`), h('a', {href: './'}, '← all runs')));
       return;
@@ -123,7 +125,7 @@ export class RunView {
 
   /** Registers a chart: load() fetches and draws it; it runs when the chart
    * is first scrolled near, and again on every range change once loaded. */
-  addChart(chart, load, kind) {
+  addChart(chart, load, kind, eager = false) {
     const c = {chart, loaded: false, kind};
     c.load = async () => {
       this.pending++;
@@ -134,7 +136,7 @@ export class RunView {
       }
     };
     this.charts.push(c);
-    whenVisible(chart.el, c.load);
+    if (eager) c.load(); else whenVisible(chart.el, c.load);
     return c;
   }
 
@@ -172,7 +174,7 @@ export class RunView {
         const defs = g.metrics.map((m, i) => ({label: m, color: m === 'eval_loss' ? '#e15759' : color(i), band: true,
                                                width: m === 'eval_loss' ? 2 : 1.5}));
         c.setData(defs, tableOf(res.map((r) => ({res: r, y: 'mean', band: true}))));
-      }, 'scalar');
+      }, 'scalar', groups.indexOf(g) < 4);
     }
   }
 
@@ -192,7 +194,7 @@ export class RunView {
     this.stepEl = h('span', {class: 'hm-step', id: 'hm-step'}, '—');
     this.hmDescr = h('div', {class: 'muted small'});
     body.append(h('div', {class: 'scrubber'}, this.playBtn, this.scrub, this.liveBtn, this.stepEl), this.hmDescr);
-    this.hm = new Heatmap(body, {onPick: (l, hd) => this.pickHead(l, hd)});
+    this.hm = new Heatmap(body, {onPick: (l, hd) => this.pickHead(l, hd), layers: this.run.layers});
     if (this.st.layer !== null) this.hm.sel = {l: this.st.layer, h: this.st.head ?? 0};
     this.follow = this.st.step === null;
     this.frameAt(this.st.step);
@@ -292,7 +294,9 @@ export class RunView {
       grid.append(chart.el.parentElement);
       chart.el.dataset.layer = l;
       const entry = this.addChart(chart, async (c) => {
-        const metric = this.st.sm, pts = pointsFor(c.el, 600);
+        // a point per 3 px: with one request per head this keeps the server on
+        // coarse rollups (bands stay exact per bucket)
+        const metric = this.st.sm, pts = Math.max(60, Math.min(200, Math.round(c.el.clientWidth / 3)));
         c.o.unit = unitOf(metric);
         const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
         const reqs = [api.series(this.id, this.q({metric, layer: l, points: pts, agg: 'mean'}))];
@@ -335,7 +339,7 @@ export class RunView {
       chart.el.dataset.metric = metric;
       chart.metric = metric;
       this.addChart(chart, async (c) => {
-        const pts = pointsFor(c.el, 800);
+        const pts = Math.round(pointsFor(c.el, 800) / 2);   // lines only: a point per 2 px
         const reqs = [];
         for (let l = 0; l < L; l++) reqs.push(api.series(this.id, this.q({metric, layer: l, points: pts, agg: agg || undefined})));
         const res = await Promise.all(reqs);

@@ -125,7 +125,7 @@ const io = 'IntersectionObserver' in window && !lazyOff
         e.target.__lazy = null;
         if (f) f();
       }
-    }, {rootMargin: '300px 0px'})
+    }, {rootMargin: '150px 0px'})
   : null;
 export function whenVisible(el, load) {
   if (!io) { load(); return; }
