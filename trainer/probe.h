@@ -1,0 +1,94 @@
+/* probe.h - collapse metrics of a sigmatrain model, read from what its last
+ * forward pass holds (attention probabilities, qkv activations, layer inputs,
+ * effective weights) plus a few power-iteration steps with persistent
+ * vectors.  Formulas: ../shared/science.md §1, §2, §4, §5, §6.
+ *
+ * What it is: per layer and head `entropy`, `entropy_norm`, `max_logit`,
+ * `sigma_qk`, `entropy_bound`, `eig_mean`, `eig_var`; per layer `rank_ratio`,
+ * `cos_sim`; per linear layer sigma(W) and gamma.  What it is not: a
+ * telemetry client (telemetry.h moves the numbers) and never a forward pass.
+ *
+ * Batch subset.  The per-head and per-layer metrics are computed on the first
+ * `examples` examples of the batch (default 4, PROBE_DEFAULT_EXAMPLES): the
+ * entropy needs a logarithm per attention probability, B*H*T*T/2 per layer,
+ * which on the benchmark config (B=16) costs more than the 3% budget of a
+ * training step.  The examples are fresh every step (the loader moves on), so
+ * the curves still cover the data; `examples = 0` uses the whole batch.
+ *
+ * Cost per logged step (nb examples used, d = C/H):
+ *   entropy, entropy_norm, max_logit   O(nb H T^2) per layer (one pass over
+ *       the probabilities with a vectorized log) + O(nb H T d) dot products;
+ *   entropy_bound   O(nb T (C + 1) iters) per layer for ||X||_2, O(1) per row;
+ *   sigma_qk        O(C d iters) per head (2 power iterations when q/k biases
+ *                   are non-zero, see probe.c);
+ *   eig_mean/var    O(C d^2) per head (one d x d sgemm);
+ *   rank_ratio, cos_sim  O(nb T C) per layer;
+ *   sigma(W)        read from σReparam's own estimate; with --reparam none one
+ *                   power-iteration step per linear layer (O(size of W)).
+ *
+ * All memory is allocated by probe_create, sized for the model's capacity
+ * (B, T); probe_compute allocates nothing and makes no system call.
+ * Not thread-safe: one probe, one caller thread. */
+#ifndef PROBE_H
+#define PROBE_H
+
+#include "model.h"
+
+#define PROBE_DEFAULT_EXAMPLES 4
+#define PROBE_DEFAULT_ITERS 2
+
+typedef struct {
+    int examples;    /* examples of the batch used (first ones); 0 = all;
+                        default (negative) PROBE_DEFAULT_EXAMPLES */
+    int iters;       /* power-iteration steps per probe_compute for sigma_qk
+                        and ||X||_2; <= 0: PROBE_DEFAULT_ITERS */
+} probe_config;
+
+/* Metrics of the last probe_compute.  Head arrays are (L, H) row-major
+ * [layer][head]; layer arrays (L).  Owned by the probe. */
+typedef struct {
+    int layers, heads;
+    float *entropy;       /* mean over examples and rows of Ent(A_i), nats */
+    float *entropy_norm;  /* mean over examples and rows i >= 1 of Ent(A_i)/log(i+1) */
+    float *max_logit;     /* max |a_ij| over examples and unmasked (i, j), scaled logits */
+    float *sigma_qk;      /* ||W_Q^h W_K^h^T||_2 / sqrt(d), power-iteration estimate */
+    float *entropy_bound; /* Theorem 3.1 per row (T_i keys), averaged like entropy */
+    float *eig_mean;      /* mean eigenvalue of W_Q^h W_K^h^T / sqrt(d) (C of them) */
+    float *eig_var;       /* their variance: tr(M M)/(C d) - eig_mean^2 */
+    float *rank_ratio;    /* ||X - 1 mean(X)||_F / ||X||_F of the attention input */
+    float *cos_sim;       /* mean pairwise cosine similarity of its rows */
+    float *lin_sigma[MODEL_LIN_PER_LAYER]; /* sigma(W) per layer: qkv, attproj, fc, fcproj */
+    float *lin_gamma[MODEL_LIN_PER_LAYER]; /* gamma per layer (1 with --reparam none) */
+    float lm_sigma, lm_gamma;              /* the LM head */
+    int examples_used;    /* nb of the last compute */
+    double seconds;       /* wall time of the last probe_compute */
+} probe_metrics;
+
+/* Names of lin_sigma[k] / lin_gamma[k] as telemetry metrics:
+ * "sigma_qkv", "gamma_qkv", "sigma_attproj", ... ; and "sigma_lmhead",
+ * "gamma_lmhead" for the scalars. */
+extern const char *const probe_lin_sigma_names[MODEL_LIN_PER_LAYER];
+extern const char *const probe_lin_gamma_names[MODEL_LIN_PER_LAYER];
+
+typedef struct probe probe;
+
+/* Allocates a probe for model m (its L, H, C, capacity B x T) and seeds the
+ * power-iteration vectors deterministically.  cfg may be NULL (defaults).
+ * Returns NULL when out of memory.  probe_destroy accepts NULL. */
+probe *probe_create(const model *m, const probe_config *cfg);
+void probe_destroy(probe *p);
+
+/* Computes every metric from m's last forward (m->cur_B, m->cur_T): call it
+ * after model_forward and before the optimizer changes the parameters (the
+ * biases and, with --reparam none, the weights are read from the parameters;
+ * the attention they produced is the forward's).  Advances the persistent
+ * power-iteration vectors by cfg.iters steps.  Returns the metrics (owned by
+ * p, overwritten by the next call). */
+const probe_metrics *probe_compute(probe *p, model *m);
+
+/* Theorem 3.1 (science.md §2): the lowest entropy (nats) of a softmax over
+ * T logits whose centred L2 norm is at most s.  T <= 1 gives 0, s <= 0 gives
+ * log T.  Non-increasing in s. */
+double probe_entropy_bound(int T, double s);
+
+#endif
