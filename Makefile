@@ -41,7 +41,7 @@ TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
 TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test bench demo clean experiments
+.PHONY: all deps test bench demo clean experiments fuzz fuzz-build
 .SECONDARY:
 all: $(BUILD)/entropyd $(if $(wildcard trainer/main.c),$(BUILD)/sigmatrain) $(TESTS) $(BENCHES)
 
@@ -95,5 +95,30 @@ demo: deps all
 
 clean:
 	rm -rf build
+
+# Fuzzing (issue 9): libFuzzer harnesses tests/fuzz/fuzz_*.c, each linked with
+# every daemon module (a harness that #includes a module's .c, like
+# fuzz_http_params with http.c, leaves it out). `make fuzz` runs each for
+# FUZZ_SECONDS (default 60) on its corpus tests/fuzz/corpus/NAME/.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZERS      := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+FUZZ_CFLAGS  := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
+                -Idaemon -Ibuild/gen $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -MMD -MP -c $< -o $@
+build/fuzz/obj/gen/%.o: build/gen/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-overlength-strings -c $< -o $@
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -MMD -MP $< \
+		$(filter-out $(patsubst %.c,build/fuzz/obj/%.o,$(shell sed -n 's|^#include "\.\./\.\./\(daemon/.*\.c\)"|\1|p' $<)),$(FUZZ_OBJ)) \
+		$(LDLIBS) -o $@
+fuzz-build: $(FUZZERS)
+fuzz: $(FUZZERS)
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-fuzz.sh
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

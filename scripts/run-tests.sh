@@ -5,6 +5,7 @@
 #   unit:    $BUILD/tests/test_*        (cmocka, one per module)
 #   e2e:     tests/e2e_*.py             (start the real programs; python3 stdlib)
 #   browser: tests/browser/*.test.mjs   (playwright-core + Debian chromium)
+#   fuzz:    tests/fuzz/fuzz_*.c         (libFuzzer, FUZZ_TEST_SECONDS each, default 30)
 # ONLY=pattern runs the matching ones.
 set -u
 BUILD=${BUILD:-build}
@@ -37,6 +38,10 @@ for t in tests/browser/*.test.mjs; do
   [ -f "$t" ] || continue
   [ -n "${SANITIZE:-}" ] && [ "${BROWSER_UNDER_SANITIZE:-1}" = 0 ] && continue
   run "browser_$(basename "$t" .test.mjs)" 600 node "$t"
+done
+for t in tests/fuzz/fuzz_*.c; do
+  [ -f "$t" ] || continue
+  run "$(basename "$t" .c)" 400 env FUZZ_SECONDS="${FUZZ_TEST_SECONDS:-30}" scripts/run-fuzz.sh "$(basename "$t" .c)"
 done
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "tests: $pass passed, $fail failed"
