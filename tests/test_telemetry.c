@@ -506,7 +506,26 @@ static void test_nan_becomes_null(void **state)
     assert_int_equal(telemetry_step_layer(s, "cos_sim", lv), TELEMETRY_OK);
     assert_int_equal(telemetry_step_heads(s, "max_logit", hv), TELEMETRY_OK);
     assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
+    /* The zero-copy variant writes straight into the slot. */
+    s = telemetry_step_begin(t, 8, -1);
+    float *b = telemetry_step_heads_buf(s, "sigma_qk");
+    assert_non_null(b);
+    b[0] = 0.5f; b[1] = NAN; b[2] = 3.0f; b[3] = 4.0f;
+    float *lb = telemetry_step_layer_buf(s, "gamma");
+    assert_non_null(lb);
+    lb[0] = 7.0f; lb[1] = 8.0f;
+    assert_null(telemetry_step_layer_buf(s, "bad name"));
+    assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
     assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    cJSON *k = fake_find(f, 2);
+    cJSON *sq = cJSON_GetObjectItem(cJSON_GetObjectItem(k, "heads"), "sigma_qk");
+    assert_true(cJSON_GetArrayItem(cJSON_GetArrayItem(sq, 0), 0)->valuedouble == 0.5);
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(sq, 0), 1)));
+    assert_true(cJSON_GetArrayItem(cJSON_GetArrayItem(sq, 1), 1)->valuedouble == 4.0);
+    cJSON *gm = cJSON_GetObjectItem(cJSON_GetObjectItem(k, "layers"), "gamma");
+    assert_int_equal(cJSON_GetArraySize(gm), 2);
+    assert_true(cJSON_GetArrayItem(gm, 1)->valuedouble == 8.0);
+    cJSON_Delete(k);
     cJSON *j = fake_find(f, 1);
     assert_non_null(j);
     assert_null(cJSON_GetObjectItem(j, "time")); /* negative time: the daemon stamps it */
@@ -523,7 +542,7 @@ static void test_nan_becomes_null(void **state)
     assert_true(cJSON_IsNumber(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 1), 1)));
     cJSON_Delete(j);
     assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
-    assert_stored_exactly(f, 1, 2);
+    assert_stored_exactly(f, 1, 3);
     fake_stop(f);
     env_free(&e);
 }

@@ -395,14 +395,27 @@ int telemetry_step_scalar(telemetry_step *s, const char *name, double value)
     return TELEMETRY_OK;
 }
 
+float *telemetry_step_layer_buf(telemetry_step *s, const char *name)
+{
+    if (!s || !name || s->n_layer == s->owner->max_l) return NULL;
+    if (copy_name(s->layer_names[s->n_layer], name)) return NULL;
+    return s->layers + (size_t)s->n_layer++ * (size_t)s->owner->L;
+}
+
+float *telemetry_step_heads_buf(telemetry_step *s, const char *name)
+{
+    if (!s || !name || s->n_head == s->owner->max_h) return NULL;
+    if (copy_name(s->head_names[s->n_head], name)) return NULL;
+    return s->heads + (size_t)s->n_head++ * (size_t)s->owner->L * (size_t)s->owner->H;
+}
+
 int telemetry_step_layer(telemetry_step *s, const char *name, const float *values)
 {
     if (!s || !name || !values) return TELEMETRY_EINVAL;
     if (s->n_layer == s->owner->max_l) return TELEMETRY_EFULL;
-    if (copy_name(s->layer_names[s->n_layer], name)) return TELEMETRY_EINVAL;
-    size_t L = (size_t)s->owner->L;
-    memcpy(s->layers + (size_t)s->n_layer * L, values, L * sizeof(float));
-    s->n_layer++;
+    float *dst = telemetry_step_layer_buf(s, name);
+    if (!dst) return TELEMETRY_EINVAL;
+    memcpy(dst, values, (size_t)s->owner->L * sizeof(float));
     return TELEMETRY_OK;
 }
 
@@ -410,10 +423,9 @@ int telemetry_step_heads(telemetry_step *s, const char *name, const float *value
 {
     if (!s || !name || !values) return TELEMETRY_EINVAL;
     if (s->n_head == s->owner->max_h) return TELEMETRY_EFULL;
-    if (copy_name(s->head_names[s->n_head], name)) return TELEMETRY_EINVAL;
-    size_t LH = (size_t)s->owner->L * (size_t)s->owner->H;
-    memcpy(s->heads + (size_t)s->n_head * LH, values, LH * sizeof(float));
-    s->n_head++;
+    float *dst = telemetry_step_heads_buf(s, name);
+    if (!dst) return TELEMETRY_EINVAL;
+    memcpy(dst, values, (size_t)s->owner->L * (size_t)s->owner->H * sizeof(float));
     return TELEMETRY_OK;
 }
 

@@ -141,6 +141,13 @@ int telemetry_step_scalar(telemetry_step *s, const char *name, double value);
 int telemetry_step_layer(telemetry_step *s, const char *name, const float *values);
 int telemetry_step_heads(telemetry_step *s, const char *name, const float *values);
 
+/* Zero-copy variants: add the metric and return where to write its L
+ * (layer) or L*H (heads, row-major) floats, inside the slot; valid until
+ * commit. Write every value: the slot still holds an older message's.
+ * NULL for a bad name, a NULL argument or a full metric table. No syscall. */
+float *telemetry_step_layer_buf(telemetry_step *s, const char *name);
+float *telemetry_step_heads_buf(telemetry_step *s, const char *name);
+
 /* Publishes the open step to the sender. Returns TELEMETRY_OK, or
  * TELEMETRY_EINVAL when s is not the step begin returned last. No syscall. */
 int telemetry_step_commit(telemetry *t, telemetry_step *s);
