@@ -82,7 +82,7 @@ export class TimeChart {
       width, height: o.height || 220,
       title: o.title,
       series, bands,
-      scales: {x: {time: false}},
+      scales: {x: {time: false}, y: {range: yRange}},
       axes: [
         {label: 'step', labelSize: 18, size: 36, values: (u, vals) => vals.map((v) => compactStep(v)),
          grid: {stroke: '#eceef1'}, ticks: {stroke: '#d6d9de'}},
@@ -157,6 +157,18 @@ export class TimeChart {
     if (this.u) this.u.destroy();
     this.el.remove();
   }
+}
+
+/** The y range: the data's with 5% margins; a flat line (a constant lr)
+ * gets a band around its value instead of an empty chart. */
+function yRange(u, min, max) {
+  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+  if (min === max) {
+    const d = Math.abs(min) * 0.1 || 1;
+    return [min - d, max + d];
+  }
+  const pad = (max - min) * 0.05;
+  return [min - pad, max + pad];
 }
 
 function compactStep(v) {

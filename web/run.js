@@ -194,8 +194,41 @@ export class RunView {
     this.stepEl = h('span', {class: 'hm-step', id: 'hm-step'}, '—');
     this.hmDescr = h('div', {class: 'muted small'});
     body.append(h('div', {class: 'scrubber'}, this.playBtn, this.scrub, this.liveBtn, this.stepEl), this.hmDescr);
-    this.hm = new Heatmap(body, {onPick: (l, hd) => this.pickHead(l, hd), layers: this.run.layers});
+    const left = h('div', {}), side = h('div', {class: 'hm-side'});
+    body.append(h('div', {class: 'hm-wrap'}, left, side));
+    this.hm = new Heatmap(left, {onPick: (l, hd) => this.pickHead(l, hd), layers: this.run.layers});
     if (this.st.layer !== null) this.hm.sel = {l: this.st.layer, h: this.st.head ?? 0};
+    // one head over the whole run, the scrubbed step marked in blue
+    this.headNote = h('p', {class: 'muted small', id: 'head-note'});
+    side.append(this.headNote);
+    this.headChart = new TimeChart(side, this.chartOpts('', '', {height: 250,
+      markers: () => [...this.alertMarkers(), ...(this.curStep !== undefined ? [{step: this.curStep, color: '#3b6fb6'}] : [])]}));
+    this.headChart.el.id = 'head-chart';
+    this.headEntry = {chart: this.headChart, loaded: false, kind: 'head'};
+    this.headEntry.load = async () => {
+      const sel = this.hm.sel;
+      if (!sel) return;
+      this.headEntry.loaded = true;
+      this.pending++;
+      try {
+        const metric = this.st.metric, pts = pointsFor(this.headChart.el);
+        const q = (m) => api.series(this.id, this.q({metric: m, layer: sel.l, head: sel.h, points: pts}), {prio: 1});
+        const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
+        const res = await Promise.all(withBound ? [q(metric), q('entropy_bound')] : [q(metric)]);
+        this.headChart.o.title = `layer ${sel.l}, head ${sel.h}: ${metric}`;
+        this.headChart.o.unit = unitOf(metric);
+        const defs = [{label: metric, color: '#3b6fb6', band: true, width: 1.8}];
+        const lines = [{res: res[0], y: 'mean', band: true}];
+        if (withBound) { defs.push({label: 'entropy_bound', color: '#d62728', dash: [6, 4], width: 1.5}); lines.push({res: res[1], y: 'mean'}); }
+        this.headChart.setData(defs, tableOf(lines));
+        this.headChart.el.dataset.layer = sel.l;
+        this.headChart.el.dataset.head = sel.h;
+      } catch (e) { if (e.name !== 'AbortError') this.chartError(this.headChart, e); } finally {
+        this.pending--;
+        this.checkComplete();
+      }
+    };
+    this.charts.push(this.headEntry);
     this.follow = this.st.step === null;
     this.frameAt(this.st.step);
   }
@@ -222,6 +255,14 @@ export class RunView {
           else { if (f.step > +this.scrub.max) this.scrub.max = f.step; this.scrub.value = f.step; }
           this.hmShown = true;
           this.syncStepUrl(w.step === null ? null : f.step);
+          this.curStep = f.step;
+          if (!this.hm.sel) {
+            this.autoPick = true;
+            this.hm.select(...argmin(this.hm.flat, f.heads));
+          }
+          if (this.autoPick) this.headNote.textContent = `the lowest ${w.metric} at step ${fmtStep(f.step)} — click a cell to follow another head`;
+          if (!this.headEntry.loaded || w.metric !== this.headMetric) { this.headMetric = w.metric; this.headEntry.load(); }
+          else if (this.headChart.u) this.headChart.u.redraw(false);
         } catch (e) {
           if (e.name !== 'AbortError') this.stepEl.textContent = e.status === 404 ? 'no frame yet' : 'error: ' + e.message;
           this.hmShown = true;
@@ -268,9 +309,11 @@ export class RunView {
     this.st.layer = l; this.st.head = hd;
     urlState.set({layer: l, head: hd});
     this.hm.select(l, hd);
+    this.autoPick = false;
+    this.headNote.textContent = 'the head picked on the heatmap; the blue line marks the step shown there';
+    this.headEntry.load();
     const sm = this.smCharts && this.smCharts[l];
     if (sm) {
-      sm.chart.el.scrollIntoView({behavior: 'smooth', block: 'center'});
       sm.focusHead = hd;
       if (sm.chart.u) sm.chart.u.setSeries(1 + hd, {focus: true});
     }
@@ -472,7 +515,7 @@ export class RunView {
     this.liveTimer = setTimeout(() => {
       this.liveTimer = null;
       if (this.dead || this.st.to !== null) return;
-      for (const c of this.charts) if (c.loaded && (c.kind === 'sm' || c.kind === 'sig-head') && onScreen(c.chart.el)) c.load();
+      for (const c of this.charts) if (c.loaded && (c.kind === 'sm' || c.kind === 'sig-head' || c.kind === 'head') && onScreen(c.chart.el)) c.load();
     }, 3000);
   }
 
@@ -510,6 +553,13 @@ export class RunView {
     for (const c of this.charts) c.chart.destroy();
     if (this.hm) this.hm.destroy();
   }
+}
+
+/** [layer, head] of the lowest finite value of a flat L x H frame. */
+function argmin(flat, H) {
+  let best = 0, v = Infinity;
+  for (let i = 0; i < flat.length; i++) if (flat[i] < v) { v = flat[i]; best = i; }
+  return [Math.floor(best / H), best % H];
 }
 
 function rankLayer(name) {
