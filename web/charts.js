@@ -103,6 +103,7 @@ export class TimeChart {
       },
     };
     this.u = new uPlot(opts, this.data, this.el);
+    this.el.style.minHeight = '';
     this.u.over.addEventListener('dblclick', () => { if (o.onReset) o.onReset(); });
   }
 

@@ -181,12 +181,12 @@ export function stepMsg(step, L, H, {collapse = false, collapseAt = 150, extraLa
 
 /** Seeds one run of `steps` steps; returns the run id. status: 'live' keeps the
  * connection open (returned as .trainer), else sends end with that status. */
-export async function seedRun(sock, name, {L = 4, H = 4, steps = 300, meta = {}, status = 'finished', collapse = false, start = 0} = {}) {
+export async function seedRun(sock, name, {L = 4, H = 4, steps = 300, meta = {}, status = 'finished', collapse = false, collapseAt = 150, start = 0} = {}) {
   const t = await Trainer.connect(sock);
   const w = await t.hello(name, L, H, meta);
   const batch = [];
   for (let s = start; s < start + steps; s++) {
-    batch.push(stepMsg(s, L, H, {collapse}));
+    batch.push(stepMsg(s, L, H, {collapse, collapseAt}));
     if (batch.length === 200) { t.send(batch.splice(0)); }
   }
   if (batch.length) t.send(batch);
@@ -222,10 +222,10 @@ export async function newPage(browser, {width = 1400, height = 900} = {}) {
   return page;
 }
 
-export async function screenshot(page, name) {
+export async function screenshot(page, name, {fullPage = true} = {}) {
   fs.mkdirSync(ARTIFACTS, {recursive: true});
   const file = path.join(ARTIFACTS, name + '.png');
-  await page.screenshot({path: file, fullPage: true});
+  await page.screenshot({path: file, fullPage});
   console.log('screenshot', path.relative(repo, file));
   return file;
 }

@@ -1,0 +1,62 @@
+// heads32.test.mjs: a 32 x 32-head run (1,024 heads) stays usable — the
+// heatmap draws every cell (equal to the frame API), playback walks the
+// steps, and no main-thread task during load, playback or scrolling through
+// the per-layer charts freezes the tab (longest task and longest gap
+// between animation frames are measured).
+import {check, launch, newPage, rendered, run, screenshot, seedRun, sleep, startDaemon} from './harness.mjs';
+
+const L = 32, H = 32;
+
+await run(async (ctx) => {
+  const d = await startDaemon();
+  ctx.cleanups.push(() => d.stop());
+  const {id} = await seedRun(d.sock, 'wide-32x32', {L, H, steps: 120, meta: {reparam: 'sigma'}, collapse: true, collapseAt: 40});
+  const browser = await launch();
+  ctx.cleanups.push(() => browser.close());
+  const page = await newPage(browser);
+  await page.addInitScript(() => {
+    window.__longest = 0; window.__gap = 0;
+    new PerformanceObserver((l) => { for (const e of l.getEntries()) window.__longest = Math.max(window.__longest, e.duration); })
+      .observe({type: 'longtask', buffered: true});
+    let last = performance.now();
+    const tick = (t) => { window.__gap = Math.max(window.__gap, t - last); last = t; requestAnimationFrame(tick); };
+    requestAnimationFrame(tick);
+  });
+  const t0 = Date.now();
+  await page.goto(`${d.base}/?run=${id}&metric=entropy_norm&step=100`);
+  await rendered(page, 20000);
+  const loadMs = Date.now() - t0;
+  await page.waitForFunction(() => window.__heatmap && window.__heatmap.step === 100);
+  const hm = await page.evaluate(() => window.__heatmap);
+  const f = await d.api(`/api/runs/${id}/frame?metric=entropy_norm&step=100`);
+  let same = 0;
+  for (let l = 0; l < L; l++) for (let k = 0; k < H; k++) if (hm.values[l][k] === f.values[l][k]) same++;
+  check(hm.layers === L && hm.heads === H && same === L * H, `32x32 heatmap: ${same}/${L * H} cells equal the frame API`);
+  const cv = await page.$eval('.hm-canvas', (c) => [c.clientWidth, c.clientHeight]);
+  check(cv[0] >= 32 * 6 && cv[1] >= 32 * 6, `heatmap canvas ${cv[0]}x${cv[1]} px shows every cell`);
+  check(loadMs < 5000, `first render in ${loadMs} ms`);
+
+  // playback to the end
+  await page.click('#hm-scrub', {position: {x: 5, y: 5}});
+  await page.click('#hm-play');
+  await page.waitForFunction(() => window.__heatmap.step === 119, null, {timeout: 15000});
+  check(true, 'playback walked to the last step');
+
+  // scroll through the per-layer charts (each loads 34 series when it shows)
+  for (let y = 0; y < 5000; y += 500) { await page.mouse.wheel(0, 500); await sleep(80); }
+  await page.waitForFunction(() => window.__render.complete, null, {timeout: 20000});
+  await page.waitForFunction(async () => {
+    const {netStats} = await import('./api.js');
+    return netStats.pending === 0;
+  }, null, {timeout: 30000, polling: 200});
+  const [longest, gap, drawn] = await page.evaluate(() => [window.__longest, window.__gap,
+    document.querySelectorAll('.chart .u-over').length]);
+  check(longest < 250, `longest main-thread task ${longest.toFixed(0)} ms (< 250 ms: no frozen tab)`);
+  check(gap < 500, `longest gap between animation frames ${gap.toFixed(0)} ms`);
+  check(drawn >= 6, `${drawn} charts drawn after scrolling`);
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await sleep(200);
+  await screenshot(page, 'heads32-top', {fullPage: false});
+  await screenshot(page, 'heads32');
+  check(page.errors.length === 0, 'no errors in the page', page.errors.join('; '));
+}, {timeoutMs: 80000});
