@@ -10,7 +10,17 @@ STEPS=${STEPS:-1000000}
 dir=$(mktemp -d /tmp/entropyd-httpbench.XXXXXX)
 pid=
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; [ -n "$pid" ] && wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-"$BUILD/bench/bench_http_gen" "$dir/entropyd.db" "$STEPS"
+# generating 1M steps takes 10-25 s: keep the database between runs, made
+# again whenever the generator (so the store code) is newer than it
+cache="$BUILD/bench/http-$STEPS.db"
+if [ ! -s "$cache" ] || [ "$BUILD/bench/bench_http_gen" -nt "$cache" ]; then
+  rm -f "$cache" "$cache-wal" "$cache-shm"
+  "$BUILD/bench/bench_http_gen" "$cache.tmp" "$STEPS"
+  sqlite3 "$cache.tmp" 'PRAGMA wal_checkpoint(TRUNCATE);' >/dev/null 2>&1 || true
+  rm -f "$cache.tmp-wal" "$cache.tmp-shm"
+  mv "$cache.tmp" "$cache"
+fi
+cp "$cache" "$dir/entropyd.db"
 mkdir -p "$dir/web"
 # a 16 KiB page: the size of a small dashboard's index.html
 { echo '<!doctype html><title>bench</title>'; head -c 12000 /dev/zero | tr '\0' 'x'; echo; } > "$dir/web/index.html"
