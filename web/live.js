@@ -50,6 +50,11 @@ function open() {
     if (ev.lastEventId) lastId = ev.lastEventId;
     let data = null;
     try { data = JSON.parse(ev.data); } catch { return; }
+    // alert events carry the run as run_id (in the event or in its alert object)
+    if (data && typeof data === 'object' && data.run === undefined) {
+      const rid = data.run_id ?? (data.alert && data.alert.run_id);
+      if (rid !== undefined) data.run = rid;
+    }
     if (type === 'step' && data && data.run !== undefined) liveStats.lastStep[data.run] = data.step;
     if (type === 'reset') liveStats.resets++;
     if (state !== 'open') setState('open');

@@ -18,6 +18,8 @@ const FIXED_DOMAIN = {entropy_norm: [0, 1]};
 // collapse signals: how to fold heads into one line per layer
 const SIGNAL_AGG = {sigma_qk: 'max', max_logit: 'max', eig_mean: 'mean', eig_var: 'mean'};
 const ENTROPY_FAMILY = new Set(['entropy', 'entropy_norm', 'entropy_bound']);
+const LINEAR = /^(sigma|gamma)_/;
+const TRAINING_ORDER = ['loss', 'lr', 'grad_norm', 'tokens_per_s'];
 const int = (v) => (v === undefined || v === null || v === '' || Number.isNaN(+v) ? null : Math.max(0, Math.round(+v)));
 
 export class RunView {
@@ -28,6 +30,7 @@ export class RunView {
                layer: int(s.layer), head: int(s.head)};
     this.charts = [];       // {chart, load, loaded, kind}
     this.alerts = [];
+    this.liveAlerts = new Map();
     this.pending = 0;
     this.headerDone = false;
     this.unsub = subscribe((t, d) => this.onLive(t, d));
@@ -152,7 +155,8 @@ export class RunView {
   /* ---- training curves -------------------------------------------------- */
 
   buildScalars() {
-    const s = this.m.scalars;
+    // per-linear sigma/gamma of the LM head are scalars: they go with the collapse signals
+    const s = this.m.scalars.filter((x) => !LINEAR.test(x));
     if (!s.length) return;
     const body = this.section('Training', 'line: bucket mean; band: exact min–max of the steps in each bucket');
     const grid = h('div', {class: 'grid2'});
@@ -161,7 +165,9 @@ export class RunView {
     const groups = [];
     const lossy = ['loss', 'eval_loss'].filter((x) => s.includes(x));
     if (lossy.length) groups.push({title: 'loss', metrics: lossy, unit: 'nats/token'});
-    for (const x of s) if (!lossy.includes(x)) groups.push({title: x, metrics: [x], unit: unitOf(x)});
+    const rest = s.filter((x) => !lossy.includes(x))
+      .sort((a, b) => (TRAINING_ORDER.indexOf(a) + 1 || 99) - (TRAINING_ORDER.indexOf(b) + 1 || 99) || a.localeCompare(b));
+    for (const x of rest) groups.push({title: x, metrics: [x], unit: unitOf(x)});
     for (const g of groups) {
       const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(g.title, g.unit));
       grid.append(chart.el.parentElement);
@@ -256,12 +262,15 @@ export class RunView {
           this.hmShown = true;
           this.syncStepUrl(w.step === null ? null : f.step);
           this.curStep = f.step;
-          if (!this.hm.sel) {
-            this.autoPick = true;
-            this.hm.select(...argmin(this.hm.flat, f.heads));
+          let moved = false;
+          if (!this.hm.sel) this.autoPick = true;
+          if (this.autoPick && (!this.playing || !this.hm.sel)) {
+            // follow the lowest head of the frame shown until the user picks one
+            const [l, hd] = argmin(this.hm.flat, f.heads);
+            if (!this.hm.sel || this.hm.sel.l !== l || this.hm.sel.h !== hd) { this.hm.select(l, hd); moved = true; }
+            this.headNote.textContent = `the lowest ${w.metric} at step ${fmtStep(f.step)} — click a cell to follow another head`;
           }
-          if (this.autoPick) this.headNote.textContent = `the lowest ${w.metric} at step ${fmtStep(f.step)} — click a cell to follow another head`;
-          if (!this.headEntry.loaded || w.metric !== this.headMetric) { this.headMetric = w.metric; this.headEntry.load(); }
+          if (moved || !this.headEntry.loaded || w.metric !== this.headMetric) { this.headMetric = w.metric; this.headEntry.load(); }
           else if (this.headChart.u) this.headChart.u.redraw(false);
         } catch (e) {
           if (e.name !== 'AbortError') this.stepEl.textContent = e.status === 404 ? 'no frame yet' : 'error: ' + e.message;
@@ -369,7 +378,8 @@ export class RunView {
   buildSignals() {
     const headSig = this.m.heads.filter((x) => !ENTROPY_FAMILY.has(x));
     const layerSig = this.m.layers.slice();
-    if (!headSig.length && !layerSig.length) return;
+    const scalarSig = this.m.scalars.filter((x) => LINEAR.test(x));
+    if (!headSig.length && !layerSig.length && !scalarSig.length) return;
     const body = this.section('Collapse signals', 'one line per layer; head metrics folded over the layer’s heads as stated in each title');
     const grid = h('div', {class: 'grid2'});
     body.append(grid);
@@ -397,6 +407,17 @@ export class RunView {
     layerSig.sort((a, b) => rankLayer(a) - rankLayer(b) || a.localeCompare(b));
     for (const x of headSig) mk(x, 'head');
     for (const x of layerSig) mk(x, 'layer');
+    for (const x of scalarSig.sort()) {
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(x, unitOf(x), {height: 200}));
+      grid.append(chart.el.parentElement);
+      chart.el.dataset.metric = x;
+      chart.metrics = [x];
+      (this.scalarCharts ||= []).push(chart);
+      this.addChart(chart, async (c) => {
+        const r = await api.series(this.id, this.q({metric: x, points: pointsFor(c.el)}));
+        c.setData([{label: x, color: color(0), band: true}], tableOf([{res: r, y: 'mean', band: true}]));
+      }, 'scalar');
+    }
   }
 
   /* ---- alerts and events ------------------------------------------------ */
@@ -415,11 +436,15 @@ export class RunView {
   async loadAlerts() {
     let a;
     try { a = await api.alerts(this.id); } catch (e) { this.alertsEl.textContent = 'could not load alerts: ' + e.message; return; }
+    this.alertsApi = a !== null;
     if (this.dead) return;
     this.alertsEl.textContent = '';
-    if (a === null) {
+    // alerts seen on the stream but not (yet) in the API answer are kept
+    const seen = new Set((a || []).map((x) => normAlert(x).key));
+    a = [...(a || []), ...[...this.liveAlerts.values()].filter((x) => !seen.has(normAlert(x).key))];
+    if (a.length === 0 && this.alertsApi === false) {
       this.alerts = [];
-      this.alertsEl.append(h('p', {class: 'muted'}, 'This daemon has no alerts API yet (GET /api/runs/' + this.id + '/alerts).'));
+      this.alertsEl.append(h('p', {class: 'muted'}, 'No alerts seen on the live stream; this daemon has no alerts history API yet (GET /api/runs/' + this.id + '/alerts).'));
       return;
     }
     this.alerts = a;
@@ -490,7 +515,12 @@ export class RunView {
       this.statusEl.textContent = d.status;
       return;
     }
-    if (type === 'alert') { this.loadAlerts(); return; }
+    if (type === 'alert') {
+      const k = normAlert(d).key;
+      this.liveAlerts.set(k, d);   // the latest transition of each alert
+      this.loadAlerts();
+      return;
+    }
     if (type !== 'step') return;
     const step = d.step;
     if (this.lastStep === null || this.lastStep === undefined || step > this.lastStep) this.lastStep = step;
@@ -578,14 +608,23 @@ function onScreen(el) {
 /** An alert in whatever shape the alerts API settles on (Alertmanager-like
  * labels/annotations, or flat fields): state, rule, where, step, summary. */
 function normAlert(x) {
+  // the SSE event wraps the stored alert: {type, transition, rule, start_step, step, alert: {...}}
+  if (x && x.alert && typeof x.alert === 'object') x = {...x.alert, rule: x.rule, transition: x.transition};
   const lb = x.labels || {}, an = x.annotations || {};
-  const state = String(x.state || x.status || (x.endsAt || x.resolved_step ? 'resolved' : 'firing')).toLowerCase();
+  const state = String(x.state || x.status || (x.endsAt && !/^0001/.test(x.endsAt) ? 'resolved' : 'firing')).toLowerCase();
   const rule = x.rule || x.name || lb.alertname || lb.rule || 'alert';
-  const layer = x.layer ?? lb.layer, head = x.head ?? lb.head;
-  const heads = Array.isArray(x.heads) ? x.heads.length + ' heads' : null;
-  const where = heads || (layer !== undefined ? `L${layer}` + (head !== undefined ? ` h${head}` : '') : 'run');
+  const cells = Array.isArray(x.cells) ? x.cells : null;
+  const cell = (c) => (c.layer !== undefined ? `L${c.layer}` : '') + (c.head !== undefined ? ` h${c.head}` : '');
+  let where;
+  if (cells && cells.length) where = cells.length === 1 ? cell(cells[0]) || 'run'
+    : `${cells.length} cells: ` + cells.slice(0, 4).map(cell).join(', ') + (cells.length > 4 ? '…' : '');
+  else {
+    const layer = x.layer ?? lb.layer, head = x.head ?? lb.head;
+    where = layer !== undefined ? `L${layer}` + (head !== undefined ? ` h${head}` : '') : (lb.metric || 'run');
+  }
   const stepRaw = x.start_step ?? x.started_step ?? x.step ?? x.firing_step ?? lb.step ?? an.step ?? null;
   const step = stepRaw === null || stepRaw === undefined || Number.isNaN(+stepRaw) ? null : +stepRaw;
   const summary = an.summary || an.description || x.summary || x.message || x.text || '';
-  return {state, rule, where, step, summary};
+  const key = x.fingerprint || x.id || `${rule}@${step}`;
+  return {state, rule, where, step, summary, key, severity: x.severity || lb.severity || ''};
 }

@@ -171,7 +171,7 @@ export function stepMsg(step, L, H, {collapse = false, collapseAt = 150, extraLa
     layers.gamma_qkv = Array.from({length: L}, (_, l) => f32(1 - l * 0.05));
   }
   return {
-    type: 'step', step, time: 1764500000 + step * 0.05,
+    type: 'step', step, time: Date.now() / 1000,
     scalars: {loss: f32(4 * Math.exp(-step / 300) + 1.5 + 0.05 * Math.sin(step)), lr: f32(1e-3 * Math.min(1, step / 50)),
               ...(step % 50 === 0 ? {eval_loss: f32(4 * Math.exp(-step / 300) + 1.7)} : {})},
     layers,

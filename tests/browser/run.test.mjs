@@ -100,7 +100,24 @@ await run(async (ctx) => {
   await page.evaluate(() => window.scrollTo(0, 0));
   await screenshot(page, 'run-page');
 
-  // 7. daemon restart: same data and port; the page reconnects by itself
+  // 7. alerts: a run collapses while its page is open -> listed and marked
+  const al = await seedRun(d.sock, 'alerting', {L: 4, H: 4, steps: 100, status: 'live', collapse: true});
+  ctx.cleanups.push(() => al.trainer.close());
+  const pa = await newPage(browser);
+  await pa.goto(`${d.base}/?run=${al.id}`);
+  await rendered(pa);
+  const more = [];
+  for (let s = 100; s < 420; s++) more.push(stepMsg(s, 4, 4, {collapse: true}));
+  al.trainer.send(more);
+  await pa.waitForFunction(() => /entropy_collapse/.test(document.querySelector('#alerts').textContent), null, {timeout: 8000});
+  const marks = await pa.evaluate(() => document.querySelector('.chart').__chart.o.markers().length);
+  check(marks >= 1, `a firing alert is listed and marked on the step axis (${marks} markers)`);
+  await pa.$eval('#alerts', (e) => e.scrollIntoView());
+  await screenshot(pa, 'run-alerts', {fullPage: false});
+  check(pa.errors.length === 0, 'no errors in the alerting page', pa.errors.join('; '));
+  await pa.close();
+
+  // 8. daemon restart: same data and port; the page reconnects by itself
   trainer.close();
   await d.stop();
   await sleep(300);
