@@ -16,7 +16,12 @@
 #include "ckpt.h"
 #include "data.h"
 #include "model.h"
+#include "monitor.h"
 #include "optim.h"
+
+#include <cjson/cJSON.h>
+
+#define SIGMATRAIN_VERSION "0.5"
 
 #define SYNTH_TOKENS (1u << 21)
 
@@ -28,6 +33,9 @@ typedef struct {
     int save_every, eval_every, eval_batches, print_every, threads;
     int continue_on_nan;
     int sgemm_peak;           /* --sgemm-peak: measure and exit (for the benchmark) */
+    /* telemetry (none without --daemon) */
+    const char *daemon, *run_name, *spool_dir, *token;
+    int log_every, probe_examples, queue_slots, spool_max_mb, upload_spool;
 } options;
 
 static void usage(FILE *f)
@@ -66,6 +74,18 @@ static void usage(FILE *f)
 "  --resume PATH         continue a run from its checkpoint; the run's definition\n"
 "                        (model, optimizer, schedule, batch, seed, data) comes from the file\n"
 "  --sgemm-peak          print OpenBLAS sgemm GFLOP/s with --threads and exit\n"
+"telemetry (to entropyd; nothing at all without --daemon):\n"
+"  --daemon ADDR         unix:PATH or tcp:HOST:PORT; the run streams collapse metrics\n"
+"  --run NAME            run name (default: generated, printed at start)\n"
+"  --spool DIR           on-disk spool (write-ahead log) for unacknowledged messages;\n"
+"                        default: a private temporary one, removed at exit\n"
+"  --log-every K         probe and send every K steps (default 1)\n"
+"  --probe-examples N    examples of the batch the probe reads (default 4, 0 = all)\n"
+"  --telemetry-queue N   in-memory queue bound, messages (default 256)\n"
+"  --spool-max-mb N      spool bound in MiB (default 256); beyond it, counted drops\n"
+"  --token T             daemon token (TCP)\n"
+"  --upload-spool        send what --spool DIR holds for --run NAME (with the run's\n"
+"                        --layers/--heads/--seq-len) to --daemon, wait for the acks, exit\n"
 "  --help\n");
 }
 
@@ -136,11 +156,14 @@ static int parse_args(int argc, char **argv, options *o)
     o->eval_batches = 8;
     o->print_every = 10;
     o->threads = 2;
+    o->log_every = 1;
+    o->probe_examples = PROBE_DEFAULT_EXAMPLES;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 1; }
         if (strcmp(a, "--continue-on-nan") == 0) { o->continue_on_nan = 1; continue; }
         if (strcmp(a, "--sgemm-peak") == 0) { o->sgemm_peak = 1; continue; }
+        if (strcmp(a, "--upload-spool") == 0) { o->upload_spool = 1; continue; }
         if (strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "sigmatrain: unexpected argument '%s' (see --help)\n", a);
             return -1;
@@ -183,6 +206,14 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(name, "--data")) { o->data_path = v; rc = 0; }
         else if (!strcmp(name, "--save")) { o->save_path = v; rc = 0; }
         else if (!strcmp(name, "--resume")) { o->resume_path = v; rc = 0; }
+        else if (!strcmp(name, "--daemon")) { o->daemon = v; rc = 0; }
+        else if (!strcmp(name, "--run")) { o->run_name = v; rc = 0; }
+        else if (!strcmp(name, "--spool")) { o->spool_dir = v; rc = 0; }
+        else if (!strcmp(name, "--token")) { o->token = v; rc = 0; }
+        else if (!strcmp(name, "--log-every")) rc = parse_int(name, v, 1, 1 << 30, &o->log_every);
+        else if (!strcmp(name, "--probe-examples")) rc = parse_int(name, v, 0, 1 << 20, &o->probe_examples);
+        else if (!strcmp(name, "--telemetry-queue")) rc = parse_int(name, v, 16, 1 << 20, &o->queue_slots);
+        else if (!strcmp(name, "--spool-max-mb")) rc = parse_int(name, v, 1, 1 << 20, &o->spool_max_mb);
         else { fprintf(stderr, "sigmatrain: unknown flag '%s' (see --help)\n", name); return -1; }
         if (rc) return -1;
     }
@@ -192,6 +223,14 @@ static int parse_args(int argc, char **argv, options *o)
     }
     if (o->save_every && !o->save_path) {
         fprintf(stderr, "sigmatrain: --save-every needs --save PATH\n");
+        return -1;
+    }
+    if (!o->daemon && (o->run_name || o->spool_dir || o->token || o->upload_spool)) {
+        fprintf(stderr, "sigmatrain: --run, --spool, --token and --upload-spool need --daemon ADDR\n");
+        return -1;
+    }
+    if (o->upload_spool && (!o->run_name || !o->spool_dir)) {
+        fprintf(stderr, "sigmatrain: --upload-spool needs --run NAME and --spool DIR\n");
         return -1;
     }
     r->cfg.max_seq = r->seq_len;
@@ -278,17 +317,98 @@ static void fmt_eta(char *buf, size_t n, double secs)
 }
 
 /* ---- TELEMETRY HOOK -------------------------------------------------------
- * Called once per completed training step, after the optimizer update, with
- * the model still holding this step's forward activations (attention
- * probabilities, layer inputs; see model.h "For probes").  trainer/probe.[ch]
- * and trainer/telemetry.[ch] will plug in here: compute collapse metrics
- * from the model and telemetry_enqueue() them (no syscall on this thread).
- * Nothing is done yet. */
-static void telemetry_on_step(model *m, long step, float loss, float lr, float grad_norm)
+ * Called once per completed training step, after the optimizer update.  The
+ * probe itself ran right after this step's forward (monitor_probe in the
+ * loop), because the update changes the parameters the metrics describe
+ * (biases, and the weights themselves with --reparam none).  Here the step
+ * is only enqueued (no syscall) and the daemon's lines are polled.  An eval
+ * at this step keeps the step open for its eval_loss (monitor_eval).
+ * mon is NULL without --daemon: nothing at all happens. */
+static void telemetry_on_step(monitor *mon, long step, float loss, float lr, float grad_norm,
+                              int eval_follows)
 {
-    (void)m; (void)step; (void)loss; (void)lr; (void)grad_norm;
+    if (mon) monitor_step(mon, step, loss, lr, grad_norm, eval_follows);
+}
+
+/* The hello's meta: everything that defines the run, plus where and when. */
+static char *run_meta_json(const options *o, const model *m, const char *resumed)
+{
+    const ckpt_meta *r = &o->run;
+    cJSON *j = cJSON_CreateObject(), *mo = cJSON_AddObjectToObject(j, "model"),
+          *op = cJSON_AddObjectToObject(j, "optimizer"), *da = cJSON_AddObjectToObject(j, "data"),
+          *pr = cJSON_AddObjectToObject(j, "probe");
+    cJSON_AddStringToObject(j, "trainer", "sigmatrain");
+    cJSON_AddStringToObject(j, "version", SIGMATRAIN_VERSION " (built " __DATE__ " " __TIME__ ")");
+    cJSON_AddNumberToObject(mo, "layers", r->cfg.layers);
+    cJSON_AddNumberToObject(mo, "heads", r->cfg.heads);
+    cJSON_AddNumberToObject(mo, "dim", r->cfg.dim);
+    cJSON_AddNumberToObject(mo, "seq_len", r->seq_len);
+    cJSON_AddNumberToObject(mo, "vocab", r->cfg.vocab);
+    cJSON_AddNumberToObject(mo, "params", (double)m->num_params);
+    cJSON_AddStringToObject(j, "reparam", REPARAM_NAMES[r->cfg.reparam]);
+    cJSON_AddStringToObject(j, "gamma_init", GAMMA_NAMES[r->cfg.gamma_init]);
+    cJSON_AddStringToObject(j, "norm", NORM_NAMES[r->cfg.norm]);
+    cJSON_AddStringToObject(op, "name", OPT_NAMES[r->optimizer]);
+    cJSON_AddNumberToObject(op, "lr", r->lr);
+    cJSON_AddNumberToObject(op, "beta1", r->beta1);
+    cJSON_AddNumberToObject(op, "beta2", r->beta2);
+    cJSON_AddNumberToObject(op, "eps", r->eps);
+    cJSON_AddNumberToObject(op, "weight_decay", r->weight_decay);
+    cJSON_AddNumberToObject(op, "clip", r->clip);
+    cJSON_AddNumberToObject(op, "warmup", r->warmup);
+    cJSON_AddStringToObject(op, "schedule", SCHED_NAMES[r->schedule]);
+    cJSON_AddNumberToObject(op, "batch", r->batch);
+    cJSON_AddNumberToObject(op, "steps", r->steps);
+    cJSON_AddNumberToObject(j, "seed", (double)r->seed);
+    cJSON_AddStringToObject(da, "kind", r->data_kind ? "file" : "synthetic");
+    if (o->data_path) cJSON_AddStringToObject(da, "path", o->data_path);
+    cJSON_AddNumberToObject(da, "tokens", (double)r->data_tokens);
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)r->data_hash);
+    cJSON_AddStringToObject(da, "hash", hash);
+    cJSON_AddNumberToObject(pr, "log_every", o->log_every);
+    cJSON_AddNumberToObject(pr, "examples", o->probe_examples);
+    cJSON_AddNumberToObject(j, "threads", o->threads);
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+    cJSON_AddStringToObject(j, "host", host);
+    time_t now = time(NULL);
+    struct tm tm;
+    char when[32];
+    gmtime_r(&now, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    cJSON_AddStringToObject(j, "start_time", when);
+    if (resumed) {
+        cJSON_AddStringToObject(j, "resumed_from", resumed);
+        cJSON_AddNumberToObject(j, "resumed_at_step", (double)r->step);
+    }
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return text;
 }
 /* --------------------------------------------------------------------------- */
+
+/* The optimizer update split over the model's threads: phase 0 sums the
+ * squared gradient per thread, phase 1 updates each thread's slice with the
+ * clipping factor.  Partial sums are combined in thread order, so results
+ * are deterministic for a given --threads. */
+typedef struct {
+    optim *opt;
+    model *m;
+    const optim_group *groups;
+    int phase;
+    float lr, scale;
+    double sumsq[256];
+} update_task;
+
+static void update_slice(void *ctx, int t, int nt)
+{
+    update_task *u = ctx;
+    size_t n = u->m->num_params, lo = n * t / nt, hi = n * (t + 1) / nt;
+    if (u->phase == 0) u->sumsq[t] = optim_sumsq(u->m->grads_memory, lo, hi);
+    else optim_update(u->opt, u->m->params_memory, u->m->grads_memory, u->scale, u->groups,
+                      MODEL_NUM_PARAMS, u->lr, lo, hi);
+}
 
 static void build_groups(const model *m, optim_group *g)
 {
@@ -316,6 +436,14 @@ int main(int argc, char **argv)
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     char err[512];
+    if (o.upload_spool) {
+        monitor_config uc = {.address = o.daemon, .run = o.run_name, .spool_dir = o.spool_dir,
+                             .token = o.token, .log = stdout};
+        int rc = monitor_upload(&uc, o.run.cfg.layers, o.run.cfg.heads, o.run.seq_len, 60000, err, sizeof err);
+        if (rc < 0) fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
+        return rc == 0 ? 0 : 1;
+    }
+    monitor *mon = NULL;
     ckpt_meta *r = &o.run;
     int status = 1;
     data *d = NULL;
@@ -387,6 +515,10 @@ int main(int argc, char **argv)
     }
     optim_group groups[MODEL_NUM_PARAMS];
     build_groups(m, groups);
+    static update_task upd; /* static: 2 KB of partial sums off the stack */
+    upd.opt = opt;
+    upd.m = m;
+    upd.groups = groups;
 
     printf("sigmatrain: L=%d H=%d C=%d T=%d B=%d vocab=%d params=%zu | reparam=%s gamma-init=%s norm=%s | "
            "%s lr=%g warmup=%d schedule=%s wd=%g clip=%g | steps=%d seed=%llu threads=%d blas=%s | data=%s%s\n",
@@ -396,6 +528,21 @@ int main(int argc, char **argv)
            r->clip, r->steps, (unsigned long long)r->seed, o.threads, openblas_get_corename(),
            o.data_path ? o.data_path : "synthetic", o.resume_path ? " (resumed)" : "");
     if (o.resume_path) printf("resumed from %s at step %lld\n", o.resume_path, (long long)r->step);
+    if (o.daemon) {
+        char *meta = run_meta_json(&o, m, o.resume_path);
+        monitor_config mc = {.address = o.daemon, .run = o.run_name, .spool_dir = o.spool_dir,
+                             .token = o.token, .meta_json = meta, .log_every = o.log_every,
+                             .queue_slots = (size_t)o.queue_slots,
+                             .spool_max_bytes = (size_t)o.spool_max_mb << 20,
+                             .probe = {.examples = o.probe_examples},
+                             .tokens_per_step = (long)B * T};
+        mon = monitor_create(&mc, m, err, sizeof err);
+        free(meta);
+        if (!mon) { fprintf(stderr, "sigmatrain: telemetry: %s\n", err); goto out; }
+        printf("telemetry: run %s -> %s (spool %s, log every %d, probe on %d examples)\n",
+               monitor_run_name(mon), o.daemon, o.spool_dir ? o.spool_dir : "private, temporary",
+               o.log_every, o.probe_examples && o.probe_examples < B ? o.probe_examples : B);
+    }
 
     double t0 = now_s(), tlast = t0, flops = step_flops(&r->cfg, B, T);
     long start = (long)r->step, done_here = 0, window = 0;
@@ -404,12 +551,17 @@ int main(int argc, char **argv)
     for (long step = start; step < r->steps; step++) {
         data_next_train(d, in, tg, B, T);
         loss = model_forward(m, in, tg, B, T, 1);
+        if (monitor_wants(mon, step + 1)) monitor_probe(mon, m);
         lr = optim_lr(r->lr, (int)step, r->warmup, r->steps, r->schedule);
         int bad = !isfinite(loss);
         if (!bad) {
             model_zero_grad(m);
             model_backward(m);
-            gnorm = optim_clip(m->grads_memory, m->num_params, r->clip);
+            upd.phase = 0;
+            model_parallel(m, update_slice, &upd);
+            double ss = 0.0;
+            for (int t = 0; t < m->nthreads; t++) ss += upd.sumsq[t];
+            upd.scale = optim_clip_scale(ss, r->clip, &gnorm);
             bad = !isfinite(gnorm);
         }
         if (bad) {
@@ -424,7 +576,10 @@ int main(int argc, char **argv)
                 goto out;
             }
         } else {
-            optim_step(opt, m->params_memory, m->grads_memory, groups, MODEL_NUM_PARAMS, lr);
+            optim_begin_step(opt);
+            upd.phase = 1;
+            upd.lr = lr;
+            model_parallel(m, update_slice, &upd);
         }
         r->step = step + 1;
         r->data_pos = d->pos;
@@ -433,7 +588,8 @@ int main(int argc, char **argv)
         window++;
         if (isfinite(loss)) loss_acc += loss;
 
-        telemetry_on_step(m, step + 1, loss, lr, gnorm);
+        telemetry_on_step(mon, step + 1, loss, lr, gnorm,
+                          (o.eval_every && r->step % o.eval_every == 0) || r->step == r->steps);
 
         if (r->step % o.print_every == 0 || r->step == r->steps) {
             double t = now_s();
@@ -452,6 +608,7 @@ int main(int argc, char **argv)
             val = evaluate(m, d, in, tg, B, T, o.eval_batches);
             reparam_eval += m->reparam_seconds - re;
             printf("eval step %lld | val loss %.4f\n", (long long)r->step, val);
+            monitor_eval(mon, (long)r->step, val);
             tlast += now_s() - te; /* keep evals out of tokens/s */
             t0 += now_s() - te;
         }
@@ -471,6 +628,7 @@ int main(int argc, char **argv)
     double reparam_train = m->reparam_seconds - reparam_eval;
     val = evaluate(m, d, in, tg, B, T, o.eval_batches);
     printf("eval step %lld | val loss %.4f\n", (long long)r->step, val);
+    monitor_eval(mon, (long)r->step, val);
     if (o.save_path) {
         char path[4096];
         save_path_for(path, sizeof path, o.save_path, (long)r->step);
@@ -487,6 +645,7 @@ int main(int argc, char **argv)
            tps / (B * T) * flops / 1e9, elapsed > 0 ? 100.0 * reparam_train / elapsed : 0.0);
     status = isfinite(val) ? 0 : 3;
 out:
+    monitor_finish(mon, status == 0 ? "finished" : "failed");
     free(in);
     free(tg);
     optim_destroy(opt);

@@ -82,8 +82,8 @@ static inline float fast_tanhf(float x)
 
 /* ------------------------------------------------------------- kernels */
 
-KERNEL void encoder_forward(float *out, const int *inp, const float *wte,
-                            const float *wpe, int B, int T, int C)
+KERNEL void encoder_forward(float *restrict out, const int *restrict inp,
+                            const float *restrict wte, const float *restrict wpe, int B, int T, int C)
 {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -134,8 +134,9 @@ static inline float red_sqdev(const float *x, float m, int n)
     return s;
 }
 
-KERNEL void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *bias, int N, int C)
+KERNEL void layernorm_forward(float *restrict out, float *restrict mean, float *restrict rstd,
+                              const float *restrict inp, const float *restrict w,
+                              const float *restrict bias, int N, int C)
 {
     for (int n = 0; n < N; n++) {
         const float *x = inp + (long)n * C;
@@ -150,9 +151,10 @@ KERNEL void layernorm_forward(float *out, float *mean, float *rstd, const float 
 }
 
 /* Adds into dinp, dw, dbias. */
-KERNEL void layernorm_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int N, int C)
+KERNEL void layernorm_backward(float *restrict dinp, float *restrict dw, float *restrict dbias,
+                               const float *restrict dout, const float *restrict inp,
+                               const float *restrict w, const float *restrict mean,
+                               const float *restrict rstd, int N, int C)
 {
     for (int n = 0; n < N; n++) {
         const float *d = dout + (long)n * C;
@@ -199,8 +201,9 @@ void model_matmul_reference(float *out, const float *inp, const float *w,
 
 /* out (N, OC) = inp (N, C) @ w^T + bias; with accumulate, out += that instead
  * (a fused residual add). */
-KERNEL void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                           int N, int C, int OC, int accumulate)
+KERNEL void matmul_forward(float *restrict out, const float *restrict inp,
+                           const float *restrict w, const float *restrict bias, int N, int C,
+                           int OC, int accumulate)
 {
     float beta = accumulate ? 1.0f : 0.0f;
     if (bias) {
@@ -216,9 +219,9 @@ KERNEL void matmul_forward(float *out, const float *inp, const float *w, const f
 }
 
 /* OVERWRITES dinp (if not NULL); dw = dw_beta * dw + dout^T inp; adds into dbias. */
-KERNEL void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                            const float *inp, const float *w, int N, int C, int OC,
-                            float dw_beta)
+KERNEL void matmul_backward(float *restrict dinp, float *restrict dw, float *restrict dbias,
+                            const float *restrict dout, const float *restrict inp,
+                            const float *restrict w, int N, int C, int OC, float dw_beta)
 {
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC,
@@ -232,16 +235,41 @@ KERNEL void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
         }
 }
 
-/* Causal softmax of one row in place: entries 0..i kept, the rest zeroed. */
-static void causal_softmax_row(float *a, int i, int T)
+static inline float red_max(const float *x, int n)
 {
-    float mx = a[0];
-    for (int j = 1; j <= i; j++) mx = a[j] > mx ? a[j] : mx;
+    float acc[LANES];
+    for (int k = 0; k < LANES; k++) acc[k] = x[0];
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) acc[k] = x[i + k] > acc[k] ? x[i + k] : acc[k];
+    float mx = acc[0];
+    for (int k = 1; k < LANES; k++) mx = acc[k] > mx ? acc[k] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+static inline float red_dot(const float *x, const float *y, int n)
+{
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) acc[k] += x[i + k] * y[i + k];
     float s = 0.0f;
-    for (int j = 0; j <= i; j++) { float e = fast_expf(a[j] - mx); a[j] = e; s += e; }
-    float inv = 1.0f / s;
-    for (int j = 0; j <= i; j++) a[j] *= inv;
-    for (int j = i + 1; j < T; j++) a[j] = 0.0f;
+    for (int k = 0; k < LANES; k++) s += acc[k];
+    for (; i < n; i++) s += x[i] * y[i];
+    return s;
+}
+
+/* Causal softmax of one row in place: entries 0..i kept, the rest zeroed.
+ * A NaN logit makes the row NaN (max and sum propagate it), never hides it. */
+static void causal_softmax_row(float *restrict a, int i, int T)
+{
+    int n = i + 1;
+    float mx = red_max(a, n);
+    for (int j = 0; j < n; j++) a[j] = fast_expf(a[j] - mx);
+    float inv = 1.0f / red_sum(a, n);
+    for (int j = 0; j < n; j++) a[j] *= inv;
+    for (int j = n; j < T; j++) a[j] = 0.0f;
 }
 
 /* qkv (B, T, 3C) -> att (B, NH, T, T), out (B, T, C). */
@@ -284,8 +312,7 @@ KERNEL void attention_backward(float *dqkv, float *datt, const float *dout,
             for (int i = 0; i < T; i++) {
                 const float *ar = a + (long)i * T;
                 float *dr = datt + (long)i * T;
-                float s = 0.0f;
-                for (int j = 0; j <= i; j++) s += ar[j] * dr[j];
+                float s = red_dot(ar, dr, i + 1);
                 for (int j = 0; j <= i; j++) dr[j] = ar[j] * (dr[j] - s) * scale;
                 for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
             }
@@ -298,7 +325,7 @@ KERNEL void attention_backward(float *dqkv, float *datt, const float *dout,
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 
-KERNEL void gelu_forward(float *out, const float *inp, long n)
+KERNEL void gelu_forward(float *restrict out, const float *restrict inp, long n)
 {
     for (long i = 0; i < n; i++) {
         float x = inp[i];
@@ -308,7 +335,8 @@ KERNEL void gelu_forward(float *out, const float *inp, long n)
 }
 
 /* OVERWRITES dinp. */
-KERNEL void gelu_backward(float *dinp, const float *inp, const float *dout, long n)
+KERNEL void gelu_backward(float *restrict dinp, const float *restrict inp,
+                         const float *restrict dout, long n)
 {
     for (long i = 0; i < n; i++) {
         float x = inp[i];
@@ -425,6 +453,10 @@ static size_t carve_acts(model_acts *a, float *mem, const model_config *c, size_
 }
 
 static void *worker_main(void *arg);
+
+/* Jobs of the worker threads (see run_shard). */
+enum { JOB_FORWARD = 1, JOB_BACKWARD, JOB_REDUCE, JOB_REPARAM_FWD, JOB_REPARAM_BWD, JOB_TASK,
+       JOB_ZERO };
 
 static double now_seconds(void)
 {
@@ -646,9 +678,18 @@ void model_init(model *m, uint64_t *rng)
     }
 }
 
+static void run_all(model *m, int job);
+
 void model_zero_grad(model *m)
 {
-    memset(m->grads_memory, 0, m->num_params * sizeof(float));
+    run_all(m, JOB_ZERO);
+}
+
+void model_parallel(model *m, model_task fn, void *ctx)
+{
+    m->task = fn;
+    m->task_ctx = ctx;
+    run_all(m, JOB_TASK);
 }
 
 /* Per-layer activation pointers (offsets between layers use the capacity
@@ -735,7 +776,7 @@ static double forward_shard(model *m, int b0, int B)
     return softmax_crossentropy_forward(probs, m->acts.losses + r, m->targets ? m->targets + r : NULL, BT, V);
 }
 
-KERNEL void add_into(float *dst, const float *src, long n)
+KERNEL void add_into(float *restrict dst, const float *restrict src, long n)
 {
     for (long i = 0; i < n; i++) dst[i] += src[i];
 }
@@ -847,7 +888,6 @@ static void split_range(const model *m, int t, size_t n, size_t *lo, size_t *hi)
     *hi = n * (size_t)(t + 1) / (size_t)m->nthreads;
 }
 
-enum { JOB_FORWARD = 1, JOB_BACKWARD, JOB_REDUCE, JOB_REPARAM_FWD, JOB_REPARAM_BWD };
 
 static void run_shard(model *m, int t)
 {
@@ -890,6 +930,13 @@ static void run_shard(model *m, int t)
             else l->sigma = sreparam_sigma(l);
             sreparam_forward(l);
         }
+        break;
+    case JOB_TASK:
+        m->task(m->task_ctx, t, m->nthreads);
+        break;
+    case JOB_ZERO:
+        split_range(m, t, m->num_params, &lo, &hi);
+        memset(m->grads_memory + lo, 0, (hi - lo) * sizeof(float));
         break;
     case JOB_REPARAM_BWD:
         for (int i = 0; i < m->num_linear; i++)

@@ -114,6 +114,7 @@ typedef struct {
 } model_acts;
 
 typedef struct model model;
+typedef void (*model_task)(void *ctx, int thread, int nthreads); /* see model_parallel */
 
 /* One worker's share of a batch: its own gradient buffers and scratch. */
 typedef struct {
@@ -159,6 +160,8 @@ struct model {
     unsigned gen;
     int pending, job, quit, sync_ok, train;
     int *lin_owner;       /* (num_linear) thread doing each linear's σReparam work */
+    model_task task;      /* model_parallel's job */
+    void *task_ctx;
     /* wall time spent on σReparam bookkeeping (power steps, W_hat, the
      * gradient through sigma, reducing dW_hat): for the overhead figure */
     double reparam_seconds;
@@ -198,8 +201,13 @@ void model_init(model *m, uint64_t *rng);
  * model_backward().  B, T must not exceed the capacity. */
 float model_forward(model *m, const int *inputs, const int *targets, int B, int T, int train);
 
-/* Sets all parameter gradients to zero. */
+/* Sets all parameter gradients to zero (split over the model's threads). */
 void model_zero_grad(model *m);
+
+/* Runs fn(ctx, thread, nthreads) once on each of the model's threads
+ * (thread 0 is the caller) and returns when all are done.  For work on the
+ * flat parameter buffers, e.g. the optimizer update. */
+void model_parallel(model *m, model_task fn, void *ctx);
 
 /* Backward pass of the last forward (which must have had targets); ADDS into
  * the parameter gradients.  Destroys acts.probs. */

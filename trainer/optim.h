@@ -32,10 +32,27 @@ typedef struct {
 optim *optim_create(int kind, size_t n, float beta1, float beta2, float eps, float weight_decay);
 void optim_destroy(optim *o);
 
-/* One update of params with grads at learning rate lr.  Groups must cover
- * the ranges to update; params outside every group are left alone. */
+/* One whole update of params with grads at learning rate lr:
+ * optim_begin_step() then optim_update() over everything with scale 1. */
 void optim_step(optim *o, float *params, const float *grads, const optim_group *groups,
                 int ngroups, float lr);
+
+/* For updates split over threads: optim_begin_step() once (advances the
+ * Adam step count t), then optim_update() on disjoint flat ranges [lo, hi),
+ * possibly concurrently.  The gradient is used as grads * grad_scale (the
+ * clipping factor) and is not modified.  Groups must cover the ranges to
+ * update; params outside every group, or in frozen groups, are left alone. */
+void optim_begin_step(optim *o);
+void optim_update(optim *o, float *params, const float *grads, float grad_scale,
+                  const optim_group *groups, int ngroups, float lr, size_t lo, size_t hi);
+
+/* Sum of squares of grads[lo, hi) in double. */
+double optim_sumsq(const float *grads, size_t lo, size_t hi);
+
+/* Clipping factor for a gradient of squared norm sumsq: min(1, max_norm / norm)
+ * (1 when max_norm is 0).  *norm receives the norm (NaN/Inf if not finite,
+ * then the factor is 1 and the caller should skip the update). */
+float optim_clip_scale(double sumsq, float max_norm, float *norm);
 
 /* Global L2 norm of grads (double accumulation).  If max_norm > 0 and the
  * norm exceeds it, grads are scaled down to max_norm.  Returns the norm
