@@ -261,18 +261,23 @@ static double ge_loss(void *p)
 static void test_gelu(void **state)
 {
     (void)state;
-    int n = 64;
+    int N = 4, OC = 37, n = N * OC; /* lanes and tails */
     float *x = frand(n, 2), *R = frand(n, 1), *out = calloc(n, 4), *dx = calloc(n, 4);
-    x[0] = 12.0f; x[1] = -12.0f; x[2] = 0.0f; /* saturated tails and the origin */
-    gelu_forward(out, x, n);
-    for (int i = 0; i < n; i++) assert_true(fabs(out[i] - ref_gelu1(x[i])) < 1e-5 * (1 + fabs(x[i])));
-    gelu_backward(dx, x, R, n);
-    ge_ctx c = {n, to_d(x, n), to_d(R, n)};
+    float *bias = frand(OC, 0.5), *xb = malloc(sizeof(float) * n);
+    x[0] = 12.0f; x[1] = -12.0f; x[2] = -bias[2]; /* saturated tails and the origin */
+    for (int i = 0; i < n; i++) xb[i] = x[i] + bias[i % OC];
+    float *deriv = malloc(sizeof(float) * n);
+    memcpy(deriv, x, sizeof(float) * n);
+    gelu_forward(out, deriv, bias, N, OC);
+    for (int i = 0; i < n; i++) assert_true(fabs(out[i] - ref_gelu1(xb[i])) < 1e-5 * (1 + fabs(xb[i])));
+    gelu_backward(dx, deriv, R, n);
+    ge_ctx c = {n, to_d(xb, n), to_d(R, n)};
     double *g = malloc(sizeof(double) * n);
     printf("gelu:\n");
     numgrad(g, c.x, n, ge_loss, &c);
     assert_true(relerr("dinp", dx, g, n) < TOL);
-    free(x); free(R); free(out); free(dx); free(c.x); free(c.R); free(g);
+    free(x); free(R); free(out); free(dx); free(bias); free(xb); free(deriv);
+    free(c.x); free(c.R); free(g);
 }
 
 typedef struct { int N, V; double *z; const int *tg; } ce_ctx;

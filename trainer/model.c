@@ -325,25 +325,29 @@ KERNEL void attention_backward(float *dqkv, float *datt, const float *dout,
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 
-KERNEL void gelu_forward(float *restrict out, const float *restrict inp, long n)
+/* out = gelu(x + bias) for x (N, OC); x is then OVERWRITTEN with
+ * gelu'(x + bias), which is all the backward needs (the pre-activation itself
+ * is not used again), so the backward does not recompute tanh. */
+KERNEL void gelu_forward(float *restrict out, float *restrict x, const float *restrict bias,
+                         int N, int OC)
 {
-    for (long i = 0; i < n; i++) {
-        float x = inp[i];
-        float t = fast_tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
-        out[i] = 0.5f * x * (1.0f + t);
+    for (int n = 0; n < N; n++) {
+        float *xr = x + (long)n * OC, *o = out + (long)n * OC;
+        for (int i = 0; i < OC; i++) {
+            float u = xr[i] + bias[i];
+            float t = fast_tanhf(GELU_SCALE * (u + 0.044715f * u * u * u));
+            float dt = (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * u * u);
+            o[i] = 0.5f * u * (1.0f + t);
+            xr[i] = 0.5f * (1.0f + t) + 0.5f * u * dt;
+        }
     }
 }
 
-/* OVERWRITES dinp. */
-KERNEL void gelu_backward(float *restrict dinp, const float *restrict inp,
-                         const float *restrict dout, long n)
+/* OVERWRITES dinp = deriv * dout (deriv from gelu_forward). */
+KERNEL void gelu_backward(float *restrict dinp, const float *restrict deriv,
+                          const float *restrict dout, long n)
 {
-    for (long i = 0; i < n; i++) {
-        float x = inp[i];
-        float t = fast_tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
-        float dt = (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = (0.5f * (1.0f + t) + 0.5f * x * dt) * dout[i];
-    }
+    for (long i = 0; i < n; i++) dinp[i] = deriv[i] * dout[i];
 }
 
 /* probs (N, V) holds logits on entry and softmax on return; losses[n] gets
@@ -756,8 +760,8 @@ static double forward_shard(model *m, int b0, int B)
         } else {
             min = skip = a.residual2;
         }
-        matmul_forward(a.fch, min, lin[MODEL_LIN_FC].weff, p->fcb + l * 4 * C, BT, C, 4 * C, 0);
-        gelu_forward(a.fch_gelu, a.fch, (long)BT * 4 * C);
+        matmul_forward(a.fch, min, lin[MODEL_LIN_FC].weff, NULL, BT, C, 4 * C, 0);
+        gelu_forward(a.fch_gelu, a.fch, p->fcb + l * 4 * C, BT, 4 * C); /* bias fused */
         memcpy(a.residual3, skip, sizeof(float) * BT * C);
         matmul_forward(a.residual3, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, p->fcprojb + l * C, BT, 4 * C, C, 1);
         x = a.residual3;
