@@ -30,7 +30,7 @@ try {
     });
     await page.goto(`${d.base}/?run=${runId}${query}`);
     await page.waitForFunction(() => window.__render && window.__render.complete, null, {timeout: 60000});
-    const r = await page.evaluate(() => ({ms: window.__render.completeAt, charts: window.__render.charts,
+    const r = await page.evaluate(() => ({ms: window.__render.completeAt, charts: window.__render.charts, marks: window.__render.marks,
                                           longest: window.__longest, cells: window.__heatmap && window.__heatmap.values.flat().length}));
     r.requests = requests;
     r.page = page; r.ctx = ctx;
@@ -48,6 +48,8 @@ try {
               `median ${pct(cold, 0.5).toFixed(0)} ms, max ${Math.max(...cold).toFixed(0)} ms over ${LOADS} cold loads ` +
               `(target <= 1000 ms); ${first.charts} charts, ${first.cells} heatmap cells, ${first.requests} API requests`);
   console.log(`dashboard ${label}: longest main-thread task during the first load: ${first.longest.toFixed(0)} ms`);
+  if (first.marks) console.log(`dashboard ${label}: first load timeline (ms since navigation): ` +
+                               first.marks.map(([w, t]) => `${w} ${t}`).join(', '));
 
   // heap after load, after a GC, through the DevTools protocol
   const cdp = await first.ctx.newCDPSession(first.page);

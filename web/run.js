@@ -7,7 +7,7 @@
 // min/max per bucket) over the shown step range; zooming asks again for the
 // narrower range, so resolution grows down to single steps. Charts below the
 // fold load when scrolled to. Live steps come from the event stream.
-import {api, reparamOf} from './api.js';
+import {api, reparamOf, withToken} from './api.js';
 import {TimeChart, pointsFor, tableOf} from './charts.js';
 import {Heatmap} from './heatmap.js';
 import {subscribe} from './live.js';
@@ -20,6 +20,8 @@ const SIGNAL_AGG = {sigma_qk: 'max', max_logit: 'max', eig_mean: 'mean', eig_var
 const ENTROPY_FAMILY = new Set(['entropy', 'entropy_norm', 'entropy_bound']);
 const LINEAR = /^(sigma|gamma)_/;
 const TRAINING_ORDER = ['loss', 'lr', 'grad_norm', 'tokens_per_s'];
+/** Timeline of the first render, for the benchmark (window.__render.marks). */
+const mark = (what) => { const r = window.__render; if (r && !r.complete) (r.marks ||= []).push([what, Math.round(performance.now())]); };
 const int = (v) => (v === undefined || v === null || v === '' || Number.isNaN(+v) ? null : Math.max(0, Math.round(+v)));
 
 export class RunView {
@@ -40,6 +42,7 @@ export class RunView {
   /* ---- setup ------------------------------------------------------------ */
 
   async init() {
+    mark('init');
     let run = null;
     const pre = window.__prefetch;
     if (pre && pre.id === this.id) { window.__prefetch = null; run = await pre.run; }
@@ -50,6 +53,7 @@ export class RunView {
     }
     if (this.dead) return;
     this.run = run;
+    mark('run');
     const m = run.metrics || {scalars: [], layers: [], heads: []};
     this.m = {scalars: m.scalars || [], layers: m.layers || [], heads: m.heads || []};
     if (!this.st.metric || !this.m.heads.includes(this.st.metric))
@@ -62,10 +66,15 @@ export class RunView {
     this.buildRange();
     this.buildScalars();
     this.buildHeatmap();
+    mark('first screen built');
+    // let the first requests go out before building the (long) rest of the page
+    await new Promise((r) => setTimeout(r, 0));
+    if (this.dead) return;
     this.buildSmallMultiples();
     this.buildSignals();
     this.buildAlertsEvents();
     this.headerDone = true;
+    mark('built');
     this.checkComplete();
   }
 
@@ -93,7 +102,7 @@ export class RunView {
         rp ? h('span', {class: 'badge rp-' + rp, id: 'run-reparam'}, rp === 'sigma' ? 'σReparam' : rp === 'spectral' ? 'spectral norm' : 'no reparam') : null,
         h('span', {class: 'spacer'}),
         h('a', {class: 'btn light', href: `./?view=compare&runs=${r.id}`}, 'Compare with…'),
-        h('a', {class: 'btn light', href: `/api/runs/${r.id}/export?format=csv`, download: true}, 'Export CSV')),
+        h('a', {class: 'btn light', href: withToken(`/api/runs/${r.id}/export?format=csv`), download: true}, 'Export CSV')),
       h('div', {class: 'facts'},
         h('span', {}, 'last step ', this.lastStepEl),
         h('span', {}, 'loss ', this.lastLossEl, h('small', {class: 'muted'}, ' nats/token')),
@@ -133,7 +142,7 @@ export class RunView {
     c.load = async () => {
       this.pending++;
       c.loaded = true;
-      try { await load(chart); } catch (e) { if (e.name !== 'AbortError') this.chartError(chart, e); } finally {
+      try { await load(chart); mark('chart ' + (chart.o.title || chart.el.id)); } catch (e) { if (e.name !== 'AbortError') this.chartError(chart, e); } finally {
         this.pending--;
         this.checkComplete();
       }
@@ -226,7 +235,9 @@ export class RunView {
         const defs = [{label: metric, color: '#3b6fb6', band: true, width: 1.8}];
         const lines = [{res: res[0], y: 'mean', band: true}];
         if (withBound) { defs.push({label: 'entropy_bound', color: '#d62728', dash: [6, 4], width: 1.5}); lines.push({res: res[1], y: 'mean'}); }
+        mark('head data');
         this.headChart.setData(defs, tableOf(lines));
+        mark('head chart');
         this.headChart.el.dataset.layer = sel.l;
         this.headChart.el.dataset.head = sel.h;
       } catch (e) { if (e.name !== 'AbortError') this.chartError(this.headChart, e); } finally {
@@ -253,7 +264,9 @@ export class RunView {
         try {
           const f = await api.frame(this.id, w.metric, w.step, {prio: 3});
           if (this.dead) return;
+          mark('frame');
           this.hm.set(f, unitOf(w.metric), FIXED_DOMAIN[w.metric]);
+          mark('heatmap');
           this.hmDescr.textContent = describe(w.metric) ? `${w.metric}: ${describe(w.metric)}` : w.metric;
           this.stepEl.textContent = 'step ' + fmtStep(f.step) + (this.follow ? ' (latest)' : '');
           this.stepEl.dataset.step = f.step;
@@ -454,7 +467,7 @@ export class RunView {
     const tb = h('tbody');
     for (const x of a) {
       const al = normAlert(x);
-      tb.append(h('tr', {class: 'al-' + al.state},
+      tb.append(h('tr', {class: 'alrow'},
         h('td', {}, h('span', {class: 'badge al-' + al.state}, al.state)),
         h('td', {}, al.rule), h('td', {}, al.where),
         h('td', {class: 'num'}, al.step !== null ? h('a', {href: '#', onclick: (e) => { e.preventDefault(); this.jumpTo(al.step); }}, fmtStep(al.step)) : '—'),
@@ -522,6 +535,11 @@ export class RunView {
       return;
     }
     if (type !== 'step') return;
+    if (!this.m.scalars.length && !this.m.layers.length && !this.m.heads.length) {
+      // the run had no data when the page opened: build the page now that it has
+      if (!this.rebuilding) { this.rebuilding = true; setTimeout(() => window.dispatchEvent(new PopStateEvent('popstate')), 200); }
+      return;
+    }
     const step = d.step;
     if (this.lastStep === null || this.lastStep === undefined || step > this.lastStep) this.lastStep = step;
     this.lastStepEl.textContent = fmtStep(step);
