@@ -40,6 +40,20 @@ def test_resume_bit_exact():
             assert a[:4] == b"SGTR", "bad magic"
             assert a == b, "resumed checkpoint differs from the uninterrupted run (%s)" % extra
             print("     resume %s: %d bytes identical" % (" ".join(extra), len(a)))
+        # --steps extends a finished run; run-defining flags are refused with a warning
+        p = run(["--resume", os.path.join(d, "a_12.ckpt"), "--steps", "15", "--lr", "9",
+                 "--eval-every", "0", "--eval-batches", "1"])
+        assert "summary: steps 15 " in p.stdout, p.stdout
+        assert "--lr is ignored" in p.stderr, p.stderr
+        with open(os.path.join(d, "junk.ckpt"), "wb") as f:
+            f.write(b"not a checkpoint at all")
+        p = run(["--resume", os.path.join(d, "junk.ckpt")], expect=1)
+        assert "not a sigmatrain checkpoint" in p.stderr, p.stderr
+        trunc = os.path.join(d, "trunc.ckpt")
+        with open(trunc, "wb") as f:
+            f.write(a[: len(a) // 2])
+        p = run(["--resume", trunc], expect=1)
+        assert "resume" in p.stderr, p.stderr
 
 def test_loss_falls():
     p = run(["--layers", "2", "--dim", "64", "--heads", "4", "--seq-len", "64", "--batch", "16",

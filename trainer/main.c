@@ -460,6 +460,17 @@ int main(int argc, char **argv)
             goto out;
         }
         if (steps_given) r->steps = keep_steps;
+        static const char *const defining[] = {
+            "--layers", "--heads", "--dim", "--seq-len", "--norm", "--reparam", "--gamma-init",
+            "--optimizer", "--lr", "--warmup", "--schedule", "--weight-decay", "--clip",
+            "--batch", "--seed"};
+        for (int i = 1; i < argc; i++)
+            for (size_t k = 0; k < sizeof defining / sizeof defining[0]; k++) {
+                size_t n = strlen(defining[k]);
+                if (strncmp(argv[i], defining[k], n) == 0 && (argv[i][n] == 0 || argv[i][n] == '='))
+                    fprintf(stderr, "sigmatrain: warning: %s is ignored with --resume (the checkpoint defines the run)\n",
+                            defining[k]);
+            }
         if ((r->data_kind == 1) != (o.data_path != NULL)) {
             fprintf(stderr, "sigmatrain: resume: the checkpoint was trained on %s; %s\n",
                     r->data_kind ? "a --data file" : "the synthetic corpus",
@@ -501,10 +512,12 @@ int main(int argc, char **argv)
     tg = malloc(sizeof(int) * B * T);
     if (!m || !opt || !in || !tg) { fprintf(stderr, "sigmatrain: out of memory\n"); goto out; }
     if (o.resume_path) {
+        int steps = r->steps; /* possibly extended by --steps */
         if (ckpt_load(o.resume_path, r, m, opt, err, sizeof err) != 0) {
             fprintf(stderr, "sigmatrain: resume: %s\n", err);
             goto out;
         }
+        r->steps = steps;
         d->pos = r->data_pos;
     } else {
         r->rng = r->seed * 0x9E3779B97F4A7C15ull ^ 0xD1B54A32D192ED03ull;
