@@ -45,7 +45,7 @@ try {
     if (i === 0) first = r; else await r.ctx.close();
   }
   console.log(`dashboard ${label}: first complete render (header, curves, heatmap, first screen of charts): ` +
-              `median ${pct(cold, 0.5).toFixed(0)} ms, max ${Math.max(...cold).toFixed(0)} ms over ${LOADS} cold loads ` +
+              `median ${pct(cold, 0.5).toFixed(0)} ms (min ${Math.min(...cold).toFixed(0)}, max ${Math.max(...cold).toFixed(0)}) over ${LOADS} cold loads ` +
               `(target <= 1000 ms); ${first.charts} charts, ${first.cells} heatmap cells, ${first.requests} API requests`);
   console.log(`dashboard ${label}: longest main-thread task during the first load: ${first.longest.toFixed(0)} ms`);
   if (first.marks) console.log(`dashboard ${label}: first load timeline (ms since navigation): ` +
