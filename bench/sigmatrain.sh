@@ -12,6 +12,8 @@ CFG=(--layers 4 --heads 4 --dim 128 --seq-len 128 --batch 16 --optimizer adamw -
      --steps "$STEPS" --eval-every 0 --eval-batches 1 --print-every "$STEPS")
 [ -x "$BIN" ] || { echo "sigmatrain: $BIN not built"; exit 1; }
 
+# Shared 2-core machine: print the load so that a reader can judge the noise.
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 peak_line=$("$BIN" --sgemm-peak --threads 2)
 peak=$(echo "$peak_line" | awk '{print $2}')
 core=$(echo "$peak_line" | awk '{print $6}')
@@ -92,3 +94,4 @@ PY
 else
   echo "pytorch: not installed for /usr/bin/python3 (apt-get install python3-torch); ratio skipped"
 fi
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
