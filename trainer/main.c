@@ -558,7 +558,7 @@ int main(int argc, char **argv)
     }
 
     double t0 = now_s(), tlast = t0, flops = step_flops(&r->cfg, B, T);
-    long start = (long)r->step, done_here = 0, window = 0;
+    long start = (long)r->step, done_here = 0, window = 0, finite_in_window = 0;
     float loss = NAN, lr = 0.0f, gnorm = 0.0f, val = NAN;
     double loss_acc = 0.0, reparam_eval = 0.0;
     for (long step = start; step < r->steps; step++) {
@@ -599,7 +599,7 @@ int main(int argc, char **argv)
         r->optim_t = opt->t;
         done_here++;
         window++;
-        if (isfinite(loss)) loss_acc += loss;
+        if (isfinite(loss)) { loss_acc += loss; finite_in_window++; }
 
         telemetry_on_step(mon, step + 1, loss, lr, gnorm,
                           (o.eval_every && r->step % o.eval_every == 0) || r->step == r->steps);
@@ -610,10 +610,12 @@ int main(int argc, char **argv)
             char eta[32];
             fmt_eta(eta, sizeof eta, (r->steps - r->step) * (t - t0) / done_here);
             printf("step %6lld/%d | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | %.1f GFLOP/s | eta %s\n",
-                   (long long)r->step, r->steps, window ? loss_acc / window : loss, lr, gnorm,
+                   (long long)r->step, r->steps,
+                   finite_in_window ? loss_acc / finite_in_window : (double)NAN, lr, gnorm,
                    tps, tps / (B * T) * flops / 1e9, eta);
             tlast = t;
             window = 0;
+            finite_in_window = 0;
             loss_acc = 0.0;
         }
         if (o.eval_every && r->step % o.eval_every == 0 && r->step < r->steps) {
