@@ -68,10 +68,12 @@ export class TimeChart {
     const bands = [];
     for (const d of defs) {
       const i = series.length;
-      series.push({label: d.label, stroke: d.color, width: d.width || 1.5, dash: d.dash, spanGaps: true,
-                   points: {show: false}, value: (u, v) => fmt(v)});
+      // a null (a bucket whose values were all NaN/Inf) is a gap; a step
+      // missing from one series of a joined table (undefined) is spanned
+      series.push({label: d.label, stroke: d.color, width: d.width || 1.5, dash: d.dash, spanGaps: false,
+                   points: {size: 4, fill: d.color}, value: (u, v) => fmt(v)});
       if (d.band) {
-        const edge = {stroke: 'transparent', width: 0, class: 'band-edge', spanGaps: true, points: {show: false}};
+        const edge = {stroke: 'transparent', width: 0, class: 'band-edge', spanGaps: false, points: {show: false}};
         series.push({...edge, label: d.label + ' max', value: (u, v) => fmt(v)});
         series.push({...edge, label: d.label + ' min', value: (u, v) => fmt(v)});
         bands.push({series: [i + 1, i + 2], fill: d.color + '2e'});
@@ -84,7 +86,7 @@ export class TimeChart {
       series, bands,
       scales: {x: {time: false}, y: {range: yRange}},
       axes: [
-        {label: 'step', labelSize: 18, size: 36, values: (u, vals) => vals.map((v) => compactStep(v)),
+        {label: 'step', labelSize: 18, size: 36, incrs: STEP_INCRS, values: (u, vals) => vals.map((v) => compactStep(v)),
          grid: {stroke: '#eceef1'}, ticks: {stroke: '#d6d9de'}},
         {label: o.unit || 'value', labelSize: 18, size: 58, values: (u, vals) => vals.map((v) => fmt(v, 3)),
          grid: {stroke: '#eceef1'}, ticks: {stroke: '#d6d9de'}},
@@ -109,10 +111,18 @@ export class TimeChart {
 
   drawMarkers(u) {
     const ms = this.o.markers ? this.o.markers() : [];
-    if (!ms.length) return;
+    const nf = this.nonfinite || [];
+    if (!ms.length && !nf.length) return;
     const ctx = u.ctx, top = u.bbox.top, hgt = u.bbox.height;
     const [x0, x1] = [u.scales.x.min, u.scales.x.max];
     ctx.save();
+    // buckets holding NaN/Inf: a red tick under the plot
+    ctx.fillStyle = '#d62728';
+    for (const st of nf) {
+      if (st < x0 || st > x1) continue;
+      const x = Math.round(u.valToPos(st, 'x', true));
+      ctx.fillRect(x - 1.5 * devicePixelRatio, top + hgt - 9 * devicePixelRatio, 3 * devicePixelRatio, 9 * devicePixelRatio);
+    }
     ctx.lineWidth = 1.5 * devicePixelRatio;
     for (const m of ms) {
       if (m.step < x0 || m.step > x1) continue;
@@ -138,6 +148,7 @@ export class TimeChart {
     xs.push(step);
     this.defs.forEach((d, i) => {
       const v = values[i] === undefined ? null : values[i];
+      if (values[i] === null) (this.nonfinite ||= []).push(step);   // NaN/Inf arrive as null
       this.data[c++].push(v);
       if (d.band) { this.data[c++].push(v); this.data[c++].push(v); }
     });
@@ -158,6 +169,23 @@ export class TimeChart {
     if (this.u) this.u.destroy();
     this.el.remove();
   }
+}
+
+/** Steps are integers: no tick between two steps. */
+const STEP_INCRS = (() => {
+  const a = [];
+  for (let e = 1; e <= 1e12; e *= 10) a.push(e, 2 * e, 5 * e);
+  return a;
+})();
+
+/** Steps of the buckets that held non-finite values, over several answers. */
+export function nonfiniteSteps(answers) {
+  const out = [];
+  for (const r of answers) {
+    if (!r || !r.nonfinite) continue;
+    for (let i = 0; i < r.nonfinite.length; i++) if (r.nonfinite[i] > 0) out.push(r.step[i]);
+  }
+  return out;
 }
 
 /** The y range: the data's with 5% margins; a flat line (a constant lr)

@@ -8,7 +8,7 @@
 // narrower range, so resolution grows down to single steps. Charts below the
 // fold load when scrolled to. Live steps come from the event stream.
 import {api, reparamOf, withToken} from './api.js';
-import {TimeChart, pointsFor, tableOf} from './charts.js';
+import {TimeChart, nonfiniteSteps, pointsFor, tableOf} from './charts.js';
 import {Heatmap} from './heatmap.js';
 import {subscribe} from './live.js';
 import {color, describe, fmt, fmtAgo, fmtStep, h, rafThrottle, unitOf, urlState, whenVisible} from './util.js';
@@ -167,7 +167,7 @@ export class RunView {
     // per-linear sigma/gamma of the LM head are scalars: they go with the collapse signals
     const s = this.m.scalars.filter((x) => !LINEAR.test(x));
     if (!s.length) return;
-    const body = this.section('Training', 'line: bucket mean; band: exact min–max of the steps in each bucket');
+    const body = this.section('Training', 'line: bucket mean; band: exact min–max of the steps in each bucket; red tick: NaN/Inf in the bucket');
     const grid = h('div', {class: 'grid2'});
     body.append(grid);
     this.scalarCharts = [];
@@ -188,6 +188,7 @@ export class RunView {
         const res = await Promise.all(g.metrics.map((m) => api.series(this.id, this.q({metric: m, points: pts}), {prio: 1})));
         const defs = g.metrics.map((m, i) => ({label: m, color: m === 'eval_loss' ? '#e15759' : color(i), band: true,
                                                width: m === 'eval_loss' ? 2 : 1.5}));
+        c.nonfinite = nonfiniteSteps(res);
         c.setData(defs, tableOf(res.map((r) => ({res: r, y: 'mean', band: true}))));
       }, 'scalar', groups.indexOf(g) < 4);
     }
@@ -236,6 +237,7 @@ export class RunView {
         const lines = [{res: res[0], y: 'mean', band: true}];
         if (withBound) { defs.push({label: 'entropy_bound', color: '#d62728', dash: [6, 4], width: 1.5}); lines.push({res: res[1], y: 'mean'}); }
         mark('head data');
+        this.headChart.nonfinite = nonfiniteSteps(res);
         this.headChart.setData(defs, tableOf(lines));
         mark('head chart');
         this.headChart.el.dataset.layer = sel.l;
@@ -428,6 +430,7 @@ export class RunView {
       (this.scalarCharts ||= []).push(chart);
       this.addChart(chart, async (c) => {
         const r = await api.series(this.id, this.q({metric: x, points: pointsFor(c.el)}));
+        c.nonfinite = nonfiniteSteps([r]);
         c.setData([{label: x, color: color(0), band: true}], tableOf([{res: r, y: 'mean', band: true}]));
       }, 'scalar');
     }
