@@ -69,6 +69,8 @@ struct probe {
     float *tmp_d;    /* (d) */
     float *mm;       /* (d*d) */
     float *inv_log;  /* (T+1) 1/log(i) for i >= 2 */
+    float *sq_ratio; /* (T+1) sqrt(i/(i-1)) */
+    float *sq_prod;  /* (T+1) sqrt(i(i-1)) */
     float *lin_u;    /* --reparam none: own power-iteration vectors per linear */
     float *lin_v;
     size_t *lin_off_u, *lin_off_v;
@@ -115,10 +117,12 @@ probe *probe_create(const model *m, const probe_config *cfg)
     p->tmp_d = malloc(sizeof(float) * d * 2);
     p->mm = malloc(sizeof(float) * d * d);
     p->inv_log = malloc(sizeof(float) * (T + 1));
+    p->sq_ratio = malloc(sizeof(float) * (T + 1));
+    p->sq_prod = malloc(sizeof(float) * (T + 1));
     p->lin_off_u = malloc(sizeof(size_t) * (p->nlin + 1));
     p->lin_off_v = malloc(sizeof(size_t) * (p->nlin + 1));
     if (!p->metric_mem || !p->u_qk || !p->u_aug || !p->xv || !p->sig_b || !p->rn || !p->xn || !p->hacc || !p->maxl || !p->tmp_t ||
-        !p->tmp_c || !p->tmp_d || !p->mm || !p->inv_log || !p->lin_off_u || !p->lin_off_v)
+        !p->tmp_c || !p->tmp_d || !p->mm || !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
         goto err;
     size_t su = 0, sv = 0;
     for (int i = 0; i < p->nlin; i++) {
@@ -142,7 +146,12 @@ probe *probe_create(const model *m, const probe_config *cfg)
         for (int i = 0; i < p->nlin; i++)
             random_unit(p->lin_u + p->lin_off_u[i], model_linear(m, i)->in, &rng);
     p->inv_log[0] = p->inv_log[1] = 0.0f;
-    for (int i = 2; i <= T; i++) p->inv_log[i] = (float)(1.0 / log((double)i));
+    p->sq_ratio[0] = p->sq_ratio[1] = p->sq_prod[0] = p->sq_prod[1] = 0.0f;
+    for (int i = 2; i <= T; i++) {
+        p->inv_log[i] = (float)(1.0 / log((double)i));
+        p->sq_ratio[i] = (float)sqrt((double)i / (i - 1));
+        p->sq_prod[i] = (float)sqrt((double)i * (i - 1));
+    }
 
     probe_metrics *o = &p->out;
     float *f = p->metric_mem;
@@ -170,7 +179,7 @@ void probe_destroy(probe *p)
 {
     if (!p) return;
     free(p->metric_mem); free(p->u_qk); free(p->u_aug); free(p->xv); free(p->sig_b);
-    free(p->rn); free(p->xn); free(p->hacc); free(p->maxl); free(p->tmp_t); free(p->tmp_c); free(p->tmp_d); free(p->mm); free(p->inv_log);
+    free(p->rn); free(p->xn); free(p->hacc); free(p->maxl); free(p->tmp_t); free(p->tmp_c); free(p->tmp_d); free(p->mm); free(p->inv_log); free(p->sq_ratio); free(p->sq_prod);
     free(p->lin_u); free(p->lin_v); free(p->lin_off_u); free(p->lin_off_v);
     free(p);
 }
@@ -189,18 +198,32 @@ double probe_entropy_bound(int T, double s)
 
 /* ---- the pass over one attention row ------------------------------------- */
 
+#define LANES 16
+
+/* probe_entropy_bound in float with tables, for the per-row hot path. */
+static inline float bound_f(const probe *p, int T, float s)
+{
+    if (T <= 1) return 0.0f;
+    float r = s * p->sq_ratio[T];
+    if (!(r <= 60.0f)) return r > 60.0f ? 0.0f : NAN;
+    float beta = expf(-r), den = 1.0f + (float)(T - 1) * beta;
+    return logf(den) + s * p->sq_prod[T] * beta / den;
+}
+
 /* log(x) from the bits of a positive normal float (Cephes logf; relative
- * error ~1e-7).  Denormals come out near -87: harmless, they are multiplied
- * by themselves. */
+ * error ~1e-7).  Zero and denormals come out finite, near -87: harmless,
+ * they are multiplied by themselves (so 0 log 0 = 0 without a select). */
 static inline float log_bits(uint32_t bits)
 {
     int e = (int)(bits >> 23) - 126;
     uint32_t mb = (bits & 0x007fffffu) | 0x3f000000u;
     float mf;
     memcpy(&mf, &mb, sizeof mf);                 /* in [0.5, 1) */
-    int lt = mf < 0.70710678f;
-    float x = lt ? mf + mf - 1.0f : mf - 1.0f;
-    float fe = (float)(e - lt);
+    /* branch-free (GCC does not if-convert float selects under
+     * -ftrapping-math): below sqrt(1/2) take 2m and one less exponent */
+    float lt = (float)(mf < 0.70710678f);
+    float x = mf - 1.0f + lt * mf;
+    float fe = (float)e - lt;
     float z = x * x;
     float y = ((((((((7.0376836292E-2f * x - 1.1514610310E-1f) * x + 1.1676998740E-1f) * x
                     - 1.2420140846E-1f) * x + 1.4249322787E-1f) * x - 1.6668057665E-1f) * x
@@ -210,25 +233,28 @@ static inline float log_bits(uint32_t bits)
     return x + y + 0.693359375f * fe;
 }
 
-#define LANES 16
 
 /* Entropy -sum a log a of a[0..n) (zeros contribute 0), and the bit
- * patterns of its largest and smallest entries. */
-static float row_entropy(const float *a, int n, uint32_t *hi_out, uint32_t *lo_out)
+ * patterns of its largest and smallest entries.  Reads a[0..nread) with
+ * nread >= n: entries past n must be 0 (the causal mask's upper triangle),
+ * so whole 16-lane blocks can be read instead of a scalar tail; they are
+ * kept out of the minimum. */
+__attribute__((noinline)) static float row_entropy(const float *a, int n, int nread, uint32_t *hi_out, uint32_t *lo_out)
 {
     float acc[LANES] = {0};
     uint32_t hi[LANES], lo[LANES];
     for (int k = 0; k < LANES; k++) { hi[k] = 0; lo[k] = UINT32_MAX; }
     int j = 0;
-    for (; j + LANES <= n; j += LANES) {
+    for (; j + LANES <= nread; j += LANES) {
         for (int k = 0; k < LANES; k++) {
             float x = a[j + k];
             uint32_t b;
             memcpy(&b, &x, sizeof b);
+            uint32_t valid = 0u - (uint32_t)(j + k < n);   /* all ones or 0, no branch */
+            uint32_t bm = (b & valid) | ~valid;
             hi[k] = b > hi[k] ? b : hi[k];
-            lo[k] = b < lo[k] ? b : lo[k];
-            float t = x * log_bits(b);
-            acc[k] += x > 0.0f ? t : 0.0f;
+            lo[k] = bm < lo[k] ? bm : lo[k];
+            acc[k] += x * log_bits(b);
         }
     }
     for (; j < n; j++) {
@@ -237,7 +263,7 @@ static float row_entropy(const float *a, int n, uint32_t *hi_out, uint32_t *lo_o
         memcpy(&b, &x, sizeof b);
         hi[0] = b > hi[0] ? b : hi[0];
         lo[0] = b < lo[0] ? b : lo[0];
-        if (x > 0.0f) acc[0] += x * log_bits(b);
+        acc[0] += x * log_bits(b);
     }
     float s = 0.0f;
     uint32_t h = 0, l = UINT32_MAX;
@@ -251,10 +277,16 @@ static float row_entropy(const float *a, int n, uint32_t *hi_out, uint32_t *lo_o
     return -s;
 }
 
+/* 8 partial sums: vectorizable without -ffast-math */
 static inline float dot(const float *a, const float *b, int n)
 {
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
     float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int k = 0; k < 8; k++) s += acc[k];
     return s;
 }
 
@@ -439,24 +471,27 @@ const probe_metrics *probe_compute(probe *p, model *m)
                 for (int i = 0; i < T; i++) {
                     const float *row = A + (size_t)i * T;
                     uint32_t hi, lo;
-                    float e = row_entropy(row, i + 1, &hi, &lo);
+                    int nread = (i + LANES) / LANES * LANES;
+                    float e = row_entropy(row, i + 1, nread <= T ? nread : i + 1, &hi, &lo);
                     e_sum += e;
                     en_sum += e * p->inv_log[i + 1];
-                    b_sum += probe_entropy_bound(i + 1, (double)(sx * p->rn[i]));
-                    /* logits at the row's extremes (see the file comment) */
-                    int js = 0;
-                    while (js < i) {
-                        uint32_t bj;
-                        memcpy(&bj, &row[js], sizeof bj);
-                        if (bj == hi) break;
-                        js++;
-                    }
+                    b_sum += bound_f(p, i + 1, sx * p->rn[i]);
+                    /* logits at the row's extremes (see the file comment),
+                     * anchored on the diagonal a_ii when its probability
+                     * is usable, else on the argmax */
                     const float *q = qb + (size_t)i * 3 * C;
-                    float amax = dot(q, kb + (size_t)js * 3 * C, d) * inv_sd;
-                    float amin;
                     float mx, mn;
                     memcpy(&mx, &hi, sizeof mx);
                     memcpy(&mn, &lo, sizeof mn);
+                    float amax;
+                    if (row[i] / mx > 1e-36f) {
+                        amax = dot(q, kb + (size_t)i * 3 * C, d) * inv_sd + logf(mx / row[i]);
+                    } else {
+                        int js = 0;
+                        while (js < i && row[js] != mx) js++;
+                        amax = dot(q, kb + (size_t)js * 3 * C, d) * inv_sd;
+                    }
+                    float amin;
                     float ratio = mn / mx;
                     /* the forward clamps exp's argument at -87: trust the
                      * ratio only well inside that range (e^-82.9) */

@@ -1,0 +1,251 @@
+/* monitor.c - the probe and the telemetry client wired for sigmatrain (see
+ * monitor.h). */
+#include "monitor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "telemetry.h"
+
+struct monitor {
+    telemetry *t;
+    probe *p;
+    FILE *log;
+    int log_every;
+    long tokens_per_step;
+    const probe_metrics *pm;  /* metrics of the probed step, or NULL */
+    long probed_step;
+    telemetry_step *open;     /* a step kept open for its eval_loss */
+    long open_step;
+    /* timing (CLOCK_MONOTONIC seconds) */
+    double last_logged;       /* time of the previous logged step (evals excluded) */
+    long steps_since;         /* training steps since then */
+    double first, last;       /* first and last monitor_step */
+    double hook_seconds;      /* probe + enqueue + poll, all steps */
+    long logged, probed, steps;
+    int connected_once;
+    char run[TELEMETRY_RUN_MAX + 1];
+};
+
+static double mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static telemetry *open_client(const monitor_config *cfg, int layers, int heads, int seq_len,
+                              const char *meta, char *err, size_t errlen)
+{
+    telemetry_config tc;
+    telemetry_config_init(&tc);
+    tc.address = cfg->address;
+    tc.run = cfg->run;
+    tc.layers = layers;
+    tc.heads = heads;
+    tc.seq_len = seq_len;
+    tc.meta_json = meta;
+    tc.token = cfg->token;
+    tc.spool_dir = cfg->spool_dir;
+    tc.queue_slots = cfg->queue_slots;
+    tc.spool_max_bytes = cfg->spool_max_bytes;
+    /* 6 scalars + 2 lm head + a margin; 10 layer metrics; 7 head metrics */
+    tc.max_scalars = 16;
+    tc.max_layer_metrics = 12;
+    tc.max_head_metrics = 8;
+    return telemetry_create(&tc, err, errlen);
+}
+
+monitor *monitor_create(const monitor_config *cfg, const model *m, char *err, size_t errlen)
+{
+    monitor *mo = calloc(1, sizeof *mo);
+    if (!mo) { snprintf(err, errlen, "out of memory"); return NULL; }
+    mo->log = cfg->log ? cfg->log : stderr;
+    mo->log_every = cfg->log_every > 0 ? cfg->log_every : 1;
+    mo->tokens_per_step = cfg->tokens_per_step;
+    mo->p = probe_create(m, &cfg->probe);
+    if (!mo->p) { snprintf(err, errlen, "probe: out of memory"); goto err; }
+    mo->t = open_client(cfg, m->cfg.layers, m->cfg.heads, m->T, cfg->meta_json, err, errlen);
+    if (!mo->t) goto err;
+    snprintf(mo->run, sizeof mo->run, "%s", telemetry_run_name(mo->t));
+    mo->probed_step = -1;
+    mo->open_step = -1;
+    return mo;
+err:
+    probe_destroy(mo->p);
+    free(mo);
+    return NULL;
+}
+
+const char *monitor_run_name(const monitor *mo) { return mo->run; }
+
+int monitor_wants(const monitor *mo, long step) { return mo && step % mo->log_every == 0; }
+
+void monitor_probe(monitor *mo, model *m)
+{
+    double t0 = mono();
+    mo->pm = probe_compute(mo->p, m);
+    mo->probed = 1;
+    mo->hook_seconds += mono() - t0;
+}
+
+/* Prints the daemon's lines: errors (except `duplicate`, which only says
+ * the data is already safe), alerts, the client's notes; the first welcome
+ * and every reconnect. */
+static void poll_lines(monitor *mo)
+{
+    telemetry_msg msg;
+    while (telemetry_poll(mo->t, &msg)) {
+        if (!strcmp(msg.type, "error")) {
+            if (!strstr(msg.line, "\"duplicate\"")) fprintf(mo->log, "telemetry: daemon error: %s\n", msg.line);
+        } else if (!strcmp(msg.type, "alert")) {
+            fprintf(mo->log, "ALERT: %s\n", msg.line);
+        } else if (!strcmp(msg.type, "welcome")) {
+            fprintf(mo->log, "telemetry: %s: %s\n", mo->connected_once ? "reconnected" : "connected", msg.line);
+            mo->connected_once = 1;
+        } else {
+            fprintf(mo->log, "telemetry: %s\n", msg.line);
+        }
+        telemetry_msg_free(&msg);
+    }
+}
+
+static void put_probe(telemetry_step *s, const probe_metrics *r)
+{
+    telemetry_step_heads(s, "entropy", r->entropy);
+    telemetry_step_heads(s, "entropy_norm", r->entropy_norm);
+    telemetry_step_heads(s, "max_logit", r->max_logit);
+    telemetry_step_heads(s, "sigma_qk", r->sigma_qk);
+    telemetry_step_heads(s, "entropy_bound", r->entropy_bound);
+    telemetry_step_heads(s, "eig_mean", r->eig_mean);
+    telemetry_step_heads(s, "eig_var", r->eig_var);
+    telemetry_step_layer(s, "rank_ratio", r->rank_ratio);
+    telemetry_step_layer(s, "cos_sim", r->cos_sim);
+    for (int k = 0; k < MODEL_LIN_PER_LAYER; k++) {
+        telemetry_step_layer(s, probe_lin_sigma_names[k], r->lin_sigma[k]);
+        telemetry_step_layer(s, probe_lin_gamma_names[k], r->lin_gamma[k]);
+    }
+    telemetry_step_scalar(s, "sigma_lmhead", r->lm_sigma);
+    telemetry_step_scalar(s, "gamma_lmhead", r->lm_gamma);
+    telemetry_step_scalar(s, "probe_ms", r->seconds * 1e3);
+}
+
+static void commit_open(monitor *mo)
+{
+    if (mo->open) telemetry_step_commit(mo->t, mo->open);
+    mo->open = NULL;
+    mo->open_step = -1;
+}
+
+void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm, int eval_follows)
+{
+    double t0 = mono();
+    if (mo->first == 0.0) mo->first = mo->last_logged = t0;
+    mo->last = t0;
+    mo->steps_since++;
+    mo->steps++;
+    commit_open(mo);
+    int logged = step % mo->log_every == 0;
+    if (logged || eval_follows) {
+        telemetry_step *s = telemetry_step_begin(mo->t, step, telemetry_now());
+        if (s) {
+            telemetry_step_scalar(s, "loss", loss);
+            telemetry_step_scalar(s, "lr", lr);
+            telemetry_step_scalar(s, "grad_norm", grad_norm);
+            if (logged) {
+                double dt = t0 - mo->last_logged;
+                telemetry_step_scalar(s, "tokens_per_s",
+                                      dt > 0 ? (double)mo->tokens_per_step * mo->steps_since / dt : NAN);
+                mo->last_logged = t0;
+                mo->steps_since = 0;
+                if (mo->probed && mo->pm) put_probe(s, mo->pm);
+                mo->logged++;
+            }
+            if (eval_follows) {
+                mo->open = s;
+                mo->open_step = step;
+            } else {
+                telemetry_step_commit(mo->t, s);
+            }
+        }
+    }
+    mo->probed = 0;
+    poll_lines(mo);
+    mo->hook_seconds += mono() - t0;
+}
+
+void monitor_eval(monitor *mo, long step, float eval_loss)
+{
+    if (!mo) return;
+    if (mo->open && mo->open_step == step) telemetry_step_scalar(mo->open, "eval_loss", eval_loss);
+    commit_open(mo);
+    /* evals stay out of tokens_per_s */
+    mo->last_logged = mono();
+    mo->steps_since = 0;
+}
+
+static void summary(FILE *log, const char *run, telemetry *t, const char *extra)
+{
+    telemetry_stats st;
+    telemetry_stats_get(t, &st);
+    uint64_t dropped = st.dropped_queue + st.dropped_spool + st.dropped_oversize;
+    fprintf(log,
+            "telemetry: run %s | enqueued %llu | sent %llu | acked %llu of %llu | spooled %llu | "
+            "unacked in spool %llu bytes | dropped %llu (queue %llu, spool %llu, oversize %llu) | "
+            "connects %llu, reconnects %llu, failed connects %llu | daemon errors %llu%s\n",
+            run, (unsigned long long)st.enqueued, (unsigned long long)st.sent,
+            (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
+            (unsigned long long)st.spooled, (unsigned long long)st.spool_bytes,
+            (unsigned long long)dropped, (unsigned long long)st.dropped_queue,
+            (unsigned long long)st.dropped_spool, (unsigned long long)st.dropped_oversize,
+            (unsigned long long)st.connects, (unsigned long long)st.reconnects,
+            (unsigned long long)st.connect_failures, (unsigned long long)st.errors, extra);
+}
+
+int monitor_finish(monitor *mo, const char *status)
+{
+    if (!mo) return 0;
+    commit_open(mo);
+    if (status) telemetry_event(mo->t, "info", strcmp(status, "finished") ? "run ended: failed" : "run ended: finished");
+    telemetry_stats st;
+    telemetry_stats_get(mo->t, &st);
+    int wait = st.connected ? 10000 : 500;
+    int rc = telemetry_flush(mo->t, wait);
+    poll_lines(mo);
+    char extra[200];
+    double span = mo->last - mo->first;
+    snprintf(extra, sizeof extra,
+             " | %ld steps logged, telemetry hook (probe + enqueue) %.3f ms/step, %.2f%% of wall time",
+             mo->logged, mo->steps ? 1e3 * mo->hook_seconds / mo->steps : 0.0,
+             span > 0 ? 100.0 * mo->hook_seconds / span : 0.0);
+    summary(mo->log, mo->run, mo->t, extra);
+    /* the end message: destroy waits for its ack while connected */
+    telemetry_stats_get(mo->t, &st);
+    int rc2 = telemetry_destroy(mo->t, status, st.connected ? 3000 : 0);
+    mo->t = NULL;
+    if (rc != TELEMETRY_OK || rc2 != TELEMETRY_OK)
+        fprintf(mo->log, "telemetry: not everything was acknowledged; the rest stays in the spool "
+                         "(upload it later with --upload-spool, same --run and --spool)\n");
+    probe_destroy(mo->p);
+    free(mo);
+    return rc == TELEMETRY_OK && rc2 == TELEMETRY_OK ? 0 : 1;
+}
+
+int monitor_upload(const monitor_config *cfg, int layers, int heads, int seq_len, int timeout_ms,
+                   char *err, size_t errlen)
+{
+    if (!cfg->run || !cfg->spool_dir) {
+        snprintf(err, errlen, "uploading needs the run name and the spool directory");
+        return -1;
+    }
+    /* no meta: the daemon keeps the one the run was created with */
+    telemetry *t = open_client(cfg, layers, heads, seq_len, NULL, err, errlen);
+    if (!t) return -1;
+    FILE *log = cfg->log ? cfg->log : stderr;
+    int rc = telemetry_flush(t, timeout_ms);
+    summary(log, telemetry_run_name(t), t, rc == TELEMETRY_OK ? "" : " | timed out: the rest stays spooled");
+    telemetry_destroy(t, NULL, 0);
+    return rc == TELEMETRY_OK ? 0 : 1;
+}

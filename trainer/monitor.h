@@ -1,0 +1,84 @@
+/* monitor.h - sigmatrain's telemetry glue: runs the probe (probe.h) on
+ * logged steps and streams its metrics with the training scalars through a
+ * telemetry client (telemetry.h); prints what the daemon sends back (errors,
+ * alerts, the client's own notes) and a closing summary.
+ *
+ * What it is not: the protocol client (telemetry.h) or the metrics
+ * (probe.h).  It knows the model (model.h) but not the command line: the
+ * caller builds the hello's meta JSON.
+ *
+ * Per step, the training loop calls, from one thread:
+ *   monitor_wants(mo, step)   -> is this step logged (step % log_every == 0)?
+ *   monitor_probe(mo, m)      right after model_forward of a logged step,
+ *                             before the optimizer changes the parameters;
+ *   monitor_step(...)         after the update: enqueues the step (scalars,
+ *                             probe metrics); polls the daemon's lines;
+ *   monitor_eval(mo, step, v) after an eval at that step, if one follows.
+ * None of these makes a system call or allocates (except printing a line
+ * the daemon sent, which is rare).  monitor_finish ends the run.
+ *
+ * Steps carry: scalars loss, lr, grad_norm, tokens_per_s (over the steps
+ * since the previous logged step, evals excluded), eval_loss (on eval steps),
+ * probe_ms; layer metrics rank_ratio, cos_sim, sigma_qkv, gamma_qkv,
+ * sigma_attproj, gamma_attproj, sigma_fc, gamma_fc, sigma_fcproj,
+ * gamma_fcproj; scalars sigma_lmhead, gamma_lmhead; head metrics entropy,
+ * entropy_norm, max_logit, sigma_qk, entropy_bound, eig_mean, eig_var.  An
+ * eval at a step that is not logged sends a step with the scalars only. */
+#ifndef MONITOR_H
+#define MONITOR_H
+
+#include <stdio.h>
+
+#include "model.h"
+#include "probe.h"
+
+typedef struct {
+    const char *address;      /* "unix:PATH" | "tcp:HOST:PORT" (required) */
+    const char *run;          /* NULL: generated */
+    const char *spool_dir;    /* NULL: a private temporary spool */
+    const char *token;        /* or NULL */
+    const char *meta_json;    /* hello meta (a JSON object) or NULL */
+    int log_every;            /* >= 1 */
+    size_t queue_slots;       /* 0: telemetry's default */
+    size_t spool_max_bytes;   /* 0: telemetry's default */
+    probe_config probe;
+    long tokens_per_step;     /* B * T, for tokens_per_s */
+    FILE *log;                /* where daemon lines and the summary go (stderr if NULL) */
+} monitor_config;
+
+typedef struct monitor monitor;
+
+/* Creates the probe and the telemetry client (which starts connecting in
+ * the background; creation never waits for the daemon).  Returns NULL with
+ * a message in err on a bad address, run name, spool directory or out of
+ * memory.  Strings are copied. */
+monitor *monitor_create(const monitor_config *cfg, const model *m, char *err, size_t errlen);
+
+/* The run name (given or generated), valid until monitor_finish. */
+const char *monitor_run_name(const monitor *mo);
+
+int monitor_wants(const monitor *mo, long step);
+void monitor_probe(monitor *mo, model *m);
+
+/* Enqueues step `step` if it is logged or eval_follows (then the step stays
+ * open until monitor_eval adds eval_loss).  Polls the daemon's lines. */
+void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm, int eval_follows);
+void monitor_eval(monitor *mo, long step, float eval_loss);
+
+/* Commits an open step, waits for the daemon's acks (at most 10 s while
+ * connected, 0.5 s otherwise), ends the run with status ("finished",
+ * "failed", "aborted"; NULL leaves it resumable), prints the summary line
+ * "telemetry: run R | sent N | acked N | spooled N | dropped N (...) | ..."
+ * and frees.  Returns 0 when everything was acknowledged, 1 otherwise.
+ * Accepts NULL (returns 0). */
+int monitor_finish(monitor *mo, const char *status);
+
+/* Uploader: connects as run `cfg->run` with the spool `cfg->spool_dir`
+ * (shape layers x heads, seq_len: as the run was created), sends nothing
+ * new and waits at most timeout_ms until the daemon acknowledged every
+ * spooled message; prints the summary.  Returns 0 when all were
+ * acknowledged, 1 on timeout, -1 on a bad config (message in err). */
+int monitor_upload(const monitor_config *cfg, int layers, int heads, int seq_len, int timeout_ms,
+                   char *err, size_t errlen);
+
+#endif
