@@ -93,6 +93,11 @@ bench: deps
 demo: deps all
 	@BUILD=$(BUILD) scripts/demo.sh
 
+# The learning-rate sweep of docs/experiments.md (issue 8): baseline against
+# σReparam, --norm pre|post|none, Adam and SGD; two trainers at a time.
+experiments: deps all
+	@BUILD=$(BUILD) python3 scripts/experiments.py
+
 clean:
 	rm -rf build
 

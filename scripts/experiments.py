@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""make experiments: the stability claims of sigmaReparam (Zhai et al. 2023) at
+toy scale, measured on this machine.
+
+A learning-rate sweep of the baseline (--reparam none) against sigmaReparam
+(--reparam sigma) for every --norm pre|post|none and for Adam and plain SGD,
+on the synthetic corpus, no warmup, no clipping, constant learning rate. Every
+run streams its probe metrics to one entropyd; per run the driver reports
+
+  - the final validation loss (sigmatrain's summary line),
+  - whether it diverged: NaN/Inf (sigmatrain exit 3) or a final validation
+    loss above ln(64), the loss of a uniform guess over the vocabulary,
+  - the minimum head entropy_norm over all heads and logged steps, and the
+    minimum entropy in nats (from the daemon's stored series, HTTP API),
+  - the largest attention logit (max_logit, Wortsman et al. 2023),
+  - the step where entropy collapse began: the start_step of the daemon's
+    entropy_collapse alert (the built-in rule; README "Alerts"), read from
+    the daemon's SQLite file because the HTTP API has no alerts route yet.
+
+Where the two arms of a cell end close (same verdicts, losses within 0.1),
+two more seeds are run for both. Results: docs/experiments.md (table),
+docs/experiments.png (gnuplot), docs/experiments.json (the rows). Scratch
+(the daemon's data, logs, per-step series, plot data) goes to
+demo-data/experiments/ (ignored by git).
+
+Runs two trainers at a time, each with --threads 1 (a shared 2-core machine).
+  python3 scripts/experiments.py [--quick] [--jobs N] [--out DIR]
+Environment: ENTROPYD, SIGMATRAIN (default build/entropyd, build/sigmatrain).
+Standard library only.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("BUILD", "build")
+ENTROPYD = os.environ.get("ENTROPYD") or os.path.join(ROOT, BUILD, "entropyd")
+SIGMATRAIN = os.environ.get("SIGMATRAIN") or os.path.join(ROOT, BUILD, "sigmatrain")
+
+VOCAB_LOSS = math.log(64)  # uniform guess over the synthetic corpus' vocabulary
+STEPS = 300
+MODEL = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8"]
+COMMON = ["--warmup", "0", "--clip", "0", "--schedule", "constant", "--threads", "1",
+          "--print-every", "50", "--eval-every", "0", "--eval-batches", "8", "--log-every", "1"]
+NORMS = ["pre", "post", "none"]
+# Plain SGD needs a larger step than Adam to move at all; both grids span
+# "trains fine" to "well past stable" for the baseline.
+LRS = {"adam": [1e-3, 1e-2, 3e-2, 1e-1], "sgd": [0.1, 0.3, 1.0, 3.0]}
+QUICK_LRS = {"adam": [1e-3, 3e-2], "sgd": [0.3, 3.0]}
+EXTRA_SEEDS = [2, 3]
+
+
+def run_name(c):
+    return "%s-%s-%s-lr%g-s%d" % (c["opt"], c["norm"], c["reparam"], c["lr"], c["seed"])
+
+
+class Daemon:
+    """entropyd on DIR with a free HTTP port; stopped with SIGTERM."""
+
+    def __init__(self, data):
+        self.data = data
+        os.makedirs(data, exist_ok=True)
+        self.log = open(os.path.join(data, "daemon.log"), "wb")
+        self.proc = subprocess.Popen([ENTROPYD, "--data", data, "--http", "127.0.0.1:0", "--quiet-alerts"],
+                                     stdout=subprocess.PIPE, stderr=self.log)
+        self.port = None
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            line = self.proc.stdout.readline().decode()
+            if not line:
+                break
+            m = re.match(r"http port (\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if not self.port:
+            self.stop()
+            raise RuntimeError("entropyd did not report its HTTP port (see %s/daemon.log)" % data)
+        self.sock = os.path.join(data, "entropyd.sock")
+        self.db = os.path.join(data, "entropyd.db")
+
+    def get(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=30) as r:
+            return json.loads(r.read().decode())
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def start_run(c, d, logdir):
+    args = [SIGMATRAIN] + MODEL + COMMON + [
+        "--steps", str(c["steps"]), "--norm", c["norm"], "--reparam", c["reparam"],
+        "--optimizer", c["opt"], "--lr", repr(c["lr"]), "--seed", str(c["seed"]),
+        "--daemon", "unix:" + d.sock, "--run", run_name(c)]
+    log = open(os.path.join(logdir, run_name(c) + ".log"), "wb")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def parse_log(path):
+    text = open(path, errors="replace").read()
+    m = re.findall(r"\bval loss ([-+0-9.eE]+|-?nan|-?inf)", text)
+    return float(m[-1]) if m else None
+
+
+def measure(c, d, rc, logpath):
+    """One result row: the trainer's verdict plus what the daemon stored."""
+    name = run_name(c)
+    row = dict(c, name=name, exit=rc, eval_loss=parse_log(logpath))
+    nonfinite = rc == 3 or (row["eval_loss"] is not None and not math.isfinite(row["eval_loss"]))
+    row["diverged"] = bool(nonfinite or row["eval_loss"] is None
+                           or row["eval_loss"] > VOCAB_LOSS)
+    row["nan"] = bool(nonfinite)
+    runs = [r for r in d.get("/api/runs") if r["name"] == name]
+    row["stored"] = bool(runs)
+    row["min_entropy_norm"] = row["min_entropy"] = row["max_logit"] = None
+    row["collapse_step"] = None
+    row["series"] = []
+    row["heads_series"] = []
+    for f in FLOOR_WINDOWS:
+        row["floor_%d" % f] = None
+    if not runs:
+        return row
+    run = runs[0]
+    last = max(1, int(run["last_step"] or 1))
+    pts = last + 1  # one point per step: bucket minima are the per-step minima
+
+    def series(metric, agg):
+        s = d.get("/api/runs/%d/series?metric=%s&agg=%s&points=%d" % (run["id"], metric, agg, pts))
+        return s.get("step", []), s.get("min" if agg == "min" else "max", [])
+
+    steps, mins = series("entropy_norm", "min")
+    vals = [v for v in mins if v is not None]
+    if vals:
+        row["min_entropy_norm"] = min(vals)
+    row["series"] = [[s, v] for s, v in zip(steps, mins)]
+    _, ent = series("entropy", "min")
+    ent = [v for v in ent if v is not None]
+    if ent:
+        row["min_entropy"] = min(ent)
+    _, ml = series("max_logit", "max")
+    ml = [v for v in ml if v is not None]
+    if ml:
+        row["max_logit"] = max(ml)
+    # For tuning entropy_collapse ("below V for F steps"): the rule fires on
+    # a head iff the maximum of some F consecutive values of that head is
+    # below V, so floor_F = the lowest such F-step maximum over all heads
+    # is the largest V at which the rule would stay silent on this run.
+    heads = []
+    for l in range(run["layers"]):
+        for h in range(run["heads"]):
+            s = d.get("/api/runs/%d/series?metric=entropy_norm&layer=%d&head=%d&points=%d" % (
+                run["id"], l, h, pts))
+            heads.append(s.get("min", []))
+    row["heads_series"] = heads
+    for f in FLOOR_WINDOWS:
+        row["floor_%d" % f] = floor(heads, f)
+    # The daemon's verdict: first entropy_collapse episode of this run.
+    con = sqlite3.connect("file:%s?mode=ro" % d.db, uri=True, timeout=30)
+    try:
+        r = con.execute("SELECT min(start_step) FROM alerts WHERE run_id = ? AND rule = 'entropy_collapse'",
+                        (run["id"],)).fetchone()
+    finally:
+        con.close()
+    row["collapse_step"] = r[0] if r else None
+    return row
+
+
+FLOOR_WINDOWS = (10, 20, 50)
+
+
+def floor(heads, f):
+    """min over heads and positions of the max of f consecutive values;
+    a missing (non-finite) value breaks a window. None when no window fits."""
+    best = None
+    for vals in heads:
+        for i in range(0, len(vals) - f + 1):
+            w = vals[i:i + f]
+            if any(v is None for v in w):
+                continue
+            m = max(w)
+            if best is None or m < best:
+                best = m
+    return best
+
+
+def run_all(configs, d, logdir, jobs):
+    rows, queue, active = [], list(configs), []
+    while queue or active:
+        while queue and len(active) < jobs:
+            c = queue.pop(0)
+            p, log = start_run(c, d, logdir)
+            active.append((c, p, log, time.time()))
+        time.sleep(0.2)
+        for item in list(active):
+            c, p, log, t0 = item
+            if p.poll() is None:
+                continue
+            active.remove(item)
+            log.close()
+            time.sleep(0.3)  # let the writer commit the trainer's last steps and end
+            row = measure(c, d, p.returncode, os.path.join(logdir, run_name(c) + ".log"))
+            row["seconds"] = round(time.time() - t0, 1)
+            rows.append(row)
+            print("%-34s exit %d  eval %-8s min entropy_norm %-7s floor20 %-7s collapse %-5s %5.1fs" % (
+                row["name"], p.returncode, fmt(row["eval_loss"], 3), fmt(row["min_entropy_norm"], 3),
+                fmt(row["floor_20"], 3),
+                row["collapse_step"] if row["collapse_step"] is not None else "-", row["seconds"]), flush=True)
+    return rows
+
+
+def fmt(v, nd=3):
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, float) and abs(v) >= 1e4:
+        return "%.2g" % v
+    return ("%." + str(nd) + "f") % v
+
+
+def close(a, b):
+    """Both arms of a cell gave the same verdicts and nearly the same loss."""
+    if a["diverged"] != b["diverged"] or (a["collapse_step"] is None) != (b["collapse_step"] is None):
+        return False
+    if a["eval_loss"] is None or b["eval_loss"] is None:
+        return True
+    return abs(a["eval_loss"] - b["eval_loss"]) < 0.1
+
+
+def verdict(r):
+    if r["nan"]:
+        return "NaN"
+    if r["diverged"]:
+        return "diverged"
+    return "ok"
+
+
+def write_markdown(rows, path, cmd, seconds, machine):
+    by_cell = {}
+    for r in rows:
+        by_cell.setdefault((r["opt"], r["norm"], r["lr"]), []).append(r)
+    out = ["# Experiments: sigmaReparam against the baseline at toy scale", "",
+           "Generated by `%s` in %.1f min on %s." % (cmd, seconds / 60, machine), "",
+           "Model: %s, %d steps, synthetic corpus (vocab 64), constant learning rate, "
+           "no warmup, no gradient clipping, `--threads 1`, probe on every step "
+           "(4 examples). `diverged`: NaN/Inf (exit 3) or final validation loss above "
+           "ln 64 = %.2f (worse than a uniform guess). `collapse at`: the step where the "
+           "daemon's `entropy_collapse` alert began (its pending start; `-` = never fired). "
+           "`min ent_norm` / `min ent`: the lowest head entropy_norm / entropy (nats) "
+           "of any head at any step; `20-step floor`: the lowest 20-step running maximum of "
+           "any head's entropy_norm (the rule `entropy_collapse` with `for` 20 fires iff its "
+           "value is above this); `max logit`: the largest attention logit." % (
+               " ".join(MODEL), STEPS, VOCAB_LOSS), "",
+           "| optimizer | norm | lr | reparam | seed | eval loss | verdict | min ent_norm | min ent (nats) | 20-step floor | max logit | collapse at |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(by_cell, key=lambda k: (k[0], NORMS.index(k[1]), k[2])):
+        for r in sorted(by_cell[key], key=lambda r: (r["reparam"] != "none", r["seed"])):
+            out.append("| %s | %s | %g | %s | %d | %s | %s | %s | %s | %s | %s | %s |" % (
+                r["opt"], r["norm"], r["lr"], "σReparam" if r["reparam"] == "sigma" else "baseline",
+                r["seed"], fmt(r["eval_loss"]), verdict(r), fmt(r["min_entropy_norm"]),
+                fmt(r["min_entropy"]), fmt(r["floor_20"]), fmt(r["max_logit"], 1),
+                r["collapse_step"] if r["collapse_step"] is not None else "-"))
+    out.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def write_plot(rows, scratch, png):
+    """4 x 3 panels: (Adam, SGD) x (eval loss, min entropy_norm) over the
+    learning rate, one column per --norm; baseline against sigmaReparam,
+    means over seeds, diverged runs drawn at the 5.0 cap with an open mark."""
+    if not shutil.which("gnuplot"):
+        print("experiments: gnuplot not found (make deps installs gnuplot-nox); no plot")
+        return False
+    os.makedirs(scratch, exist_ok=True)
+    cap = 5.0
+    for opt in LRS:
+        for norm in NORMS:
+            for rp in ("none", "sigma"):
+                cell = [r for r in rows if r["opt"] == opt and r["norm"] == norm and r["reparam"] == rp]
+                lrs = sorted({r["lr"] for r in cell})
+                with open(os.path.join(scratch, "%s-%s-%s.dat" % (opt, norm, rp)), "w") as f:
+                    for lr in lrs:
+                        rs = [r for r in cell if r["lr"] == lr]
+                        loss = mean([min(cap, r["eval_loss"]) if (r["eval_loss"] is not None and
+                                     math.isfinite(r["eval_loss"])) else cap for r in rs])
+                        ent = mean([r["min_entropy_norm"] for r in rs])
+                        div = sum(r["diverged"] for r in rs)
+                        f.write("%g %g %s %d %d\n" % (lr, loss, "NaN" if ent is None else "%g" % ent,
+                                                      div, len(rs)))
+    cairo = subprocess.run(["gnuplot", "-e", "set terminal pngcairo"], capture_output=True).returncode == 0
+    gp = ["set terminal pngcairo size 1500,1500 font ',10'" if cairo else "set terminal png size 1500,1500",
+          "set output '%s'" % png,
+          "set multiplot layout 4,3 title 'σReparam vs baseline, %d steps, 2x4 heads, C=64, T=64 (mean over seeds; open marks: diverged)'" % STEPS,
+          "set logscale x", "set grid", "set key top left", "set datafile missing 'NaN'"]
+    for opt, oname in (("adam", "Adam"), ("sgd", "SGD")):
+        for what, col, ylab, yr in (("loss", 2, "final eval loss (capped at 5)", "[1.5:5.2]"),
+                                    ("ent", 3, "min head entropy_norm", "[0:1]")):
+            for norm in NORMS:
+                b = os.path.join(scratch, "%s-%s-none.dat" % (opt, norm))
+                s = os.path.join(scratch, "%s-%s-sigma.dat" % (opt, norm))
+                gp += ["set title '%s, --norm %s'" % (oname, norm), "set xlabel 'learning rate'",
+                       "set ylabel '%s'" % ylab, "set yrange %s" % yr]
+                gp.append("plot '%s' u 1:%d w lp lw 2 pt 7 lc rgb '#d62728' t 'baseline', "
+                          "'%s' u 1:($4>0?$%d:1/0) w p pt 6 ps 2.5 lc rgb '#d62728' notitle, "
+                          "'%s' u 1:%d w lp lw 2 pt 5 lc rgb '#1f77b4' t 'σReparam', "
+                          "'%s' u 1:($4>0?$%d:1/0) w p pt 4 ps 2.5 lc rgb '#1f77b4' notitle"
+                          % (b, col, b, col, s, col, s, col))
+    gp.append("unset multiplot")
+    script = os.path.join(scratch, "plot.gp")
+    with open(script, "w") as f:
+        f.write("\n".join(gp) + "\n")
+    r = subprocess.run(["gnuplot", script], capture_output=True, text=True)
+    if r.returncode != 0:
+        print("experiments: gnuplot failed:\n" + r.stderr)
+        return False
+    return True
+
+
+def main():
+    global STEPS
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 learning rates per optimizer, no extra seeds")
+    ap.add_argument("--jobs", type=int, default=2, help="trainers at a time (default 2)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs"), help="where the results go (default docs/)")
+    ap.add_argument("--steps", type=int, default=STEPS)
+    args = ap.parse_args()
+    for b in (ENTROPYD, SIGMATRAIN):
+        if not os.access(b, os.X_OK):
+            sys.exit("experiments: %s not built (make)" % b)
+    scratch = os.path.join(ROOT, "demo-data", "experiments")
+    shutil.rmtree(scratch, ignore_errors=True)
+    logdir = os.path.join(scratch, "logs")
+    os.makedirs(logdir)
+    os.makedirs(args.out, exist_ok=True)
+    lrs = QUICK_LRS if args.quick else LRS
+    configs = [dict(opt=o, norm=n, lr=lr, reparam=rp, seed=1, steps=args.steps)
+               for o in lrs for n in NORMS for lr in lrs[o] for rp in ("none", "sigma")]
+    t0 = time.time()
+    d = Daemon(os.path.join(scratch, "daemon"))
+    print("experiments: %d runs, %d at a time; entropyd at http://127.0.0.1:%d/ (data %s)" % (
+        len(configs), args.jobs, d.port, d.data), flush=True)
+    interrupted = False
+    try:
+        rows = run_all(configs, d, logdir, args.jobs)
+        if not args.quick:
+            more = []
+            for c in configs:
+                if c["reparam"] != "none":
+                    continue
+                a = [r for r in rows if r["name"] == run_name(c)][0]
+                b = [r for r in rows if r["name"] == run_name(dict(c, reparam="sigma"))][0]
+                if close(a, b):
+                    more += [dict(c, reparam=rp, seed=s) for s in EXTRA_SEEDS for rp in ("none", "sigma")]
+            if more:
+                print("experiments: %d more runs (extra seeds where both arms ended close)" % len(more),
+                      flush=True)
+                rows += run_all(more, d, logdir, args.jobs)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        d.stop()
+    if interrupted:
+        sys.exit("experiments: interrupted")
+    seconds = time.time() - t0
+    cmd = "make experiments" if not args.quick else "python3 scripts/experiments.py --quick"
+    machine = "%d cores (shared), load average %.1f at the end" % (os.cpu_count(), os.getloadavg()[0])
+    series = {r["name"]: {"min": r.pop("series"), "heads": r.pop("heads_series")} for r in rows}
+    with open(os.path.join(scratch, "series.json"), "w") as f:
+        json.dump(series, f)
+    with open(os.path.join(args.out, "experiments.json"), "w") as f:
+        json.dump({"command": cmd, "seconds": round(seconds, 1), "steps": args.steps,
+                   "model": MODEL, "common": COMMON, "rows": rows}, f, indent=1)
+    write_markdown(rows, os.path.join(args.out, "experiments.md"), cmd, seconds, machine)
+    ok = write_plot(rows, os.path.join(scratch, "plot"), os.path.join(args.out, "experiments.png"))
+    print("experiments: %d runs in %.1f min -> %s/experiments.md%s" % (
+        len(rows), seconds / 60, args.out, ", experiments.png" if ok else ""))
+
+
+if __name__ == "__main__":
+    main()
