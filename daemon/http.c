@@ -333,6 +333,37 @@ static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_
     return send_json(h, c, 200, &b);
 }
 
+/* GET /api/alerts?state=&run=&limit= and GET /api/runs/{id}/alerts?state=&limit= */
+static enum MHD_Result alerts_answer(struct http *h, struct MHD_Connection *c, int64_t run_id) {
+    int64_t limit = 1000;
+    if (int_param(c, "limit", 1, 100000, &limit) < 0) return BAD_INT("limit", 1, 100000);
+    const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
+    if (state && !*state) state = NULL;
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) return res;
+    struct query_buf b = {0};
+    char err[256];
+    int rc = query_alerts(q, state, run_id, limit, &b, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) {
+        query_buf_free(&b);
+        return send_query_error(h, c, rc, err);
+    }
+    return send_json(h, c, 200, &b);
+}
+
+static enum MHD_Result h_alerts(struct http *h, struct MHD_Connection *c, int64_t id) {
+    (void)id;
+    int64_t run = 0;
+    if (int_param(c, "run", 1, INT64_MAX, &run) < 0) return BAD_INT("run", 1, INT64_MAX);
+    return alerts_answer(h, c, run);
+}
+
+static enum MHD_Result h_run_alerts(struct http *h, struct MHD_Connection *c, int64_t id) {
+    return alerts_answer(h, c, id);
+}
+
 /* An export in progress: owned by its response. */
 struct export_state {
     struct query_pool *pool;
@@ -633,6 +664,8 @@ static const char *const p_frame[] = {"metric", "step", NULL};
 static const char *const p_events[] = {"after", "limit", NULL};
 static const char *const p_export[] = {"format", NULL};
 static const char *const p_stream[] = {"run", "last_event_id", NULL};
+static const char *const p_alerts[] = {"state", "run", "limit", NULL};
+static const char *const p_run_alerts[] = {"state", "limit", NULL};
 
 static const struct route routes[] = {
     {"GET", "/api/runs", h_runs, 1, p_runs},
@@ -643,6 +676,8 @@ static const struct route routes[] = {
     {"GET", "/api/runs/{id}/events", h_events, 1, p_events},
     {"GET", "/api/runs/{id}/export", h_export, 1, p_export},
     {"GET", "/api/stream", h_stream, 1, p_stream},
+    {"GET", "/api/alerts", h_alerts, 1, p_alerts},
+    {"GET", "/api/runs/{id}/alerts", h_run_alerts, 1, p_run_alerts},
     {"GET", "/metrics", h_metrics, 1, p_none},
     {"GET", "/healthz", h_healthz, 0, p_none},
     {NULL, NULL, NULL, 0, NULL}, /* not found */

@@ -1131,6 +1131,36 @@ int query_prometheus(struct query *q, int heads, struct query_buf *out, char *er
         ret = db_fail(q, err, errlen, "reading latest values");
         goto out;
     }
+    sqlite3_finalize(s);
+    s = NULL;
+    /* Prometheus' own convention for alerts: one ALERTS series per firing
+     * alert, value 1 (README "Alerts"). */
+    if (sqlite3_prepare_v2(q->db, "SELECT a.rule, r.name, a.severity FROM alerts a JOIN runs r ON r.id = a.run_id "
+                                  "WHERE a.state = 'firing' ORDER BY a.id", -1, &s, NULL) != SQLITE_OK) {
+        ret = db_fail(q, err, errlen, "reading alerts");
+        goto out;
+    }
+    query_buf_puts(out, "# HELP ALERTS Alerts firing now, one series per run and rule.\n# TYPE ALERTS gauge\n");
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        /* rule names come from the rules file: escape them as label values */
+        query_buf_puts(out, "ALERTS{alertname=\"");
+        for (const char *p = (const char *)sqlite3_column_text(s, 0); *p; p++) {
+            if (*p == '\\' || *p == '"') query_buf_add(out, "\\", 1);
+            if (*p == '\n') query_buf_puts(out, "\\n");
+            else query_buf_add(out, p, 1);
+        }
+        query_buf_printf(out, "\",alertstate=\"firing\",run=\"%s\",severity=\"", sqlite3_column_text(s, 1));
+        for (const char *p = (const char *)sqlite3_column_text(s, 2); *p; p++) {
+            if (*p == '\\' || *p == '"') query_buf_add(out, "\\", 1);
+            if (*p == '\n') query_buf_puts(out, "\\n");
+            else query_buf_add(out, p, 1);
+        }
+        query_buf_puts(out, "\"} 1\n");
+    }
+    if (rc != SQLITE_DONE) {
+        ret = db_fail(q, err, errlen, "reading alerts");
+        goto out;
+    }
     ret = QUERY_OK;
 out:
     sqlite3_finalize(s);
@@ -1147,4 +1177,104 @@ int64_t query_db_bytes(struct query *q) {
     if (sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_int64(s, 0);
     sqlite3_finalize(s);
     return v;
+}
+
+/* ---- alerts -------------------------------------------------------------- */
+
+int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t limit, struct query_buf *out, char *err,
+                 size_t errlen) {
+    sqlite3_stmt *s = NULL, *t = NULL;
+    int ret = QUERY_ERR, rc;
+    if (state && strcmp(state, "firing") && strcmp(state, "resolved")) {
+        snprintf(err, errlen, "state must be firing or resolved");
+        return QUERY_BAD;
+    }
+    if (begin(q, err, errlen)) return QUERY_ERR;
+    if (run_id) {
+        if (sqlite3_prepare_v2(q->db, "SELECT 1 FROM runs WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) {
+            ret = db_fail(q, err, errlen, "looking up run");
+            goto out;
+        }
+        sqlite3_bind_int64(s, 1, run_id);
+        rc = sqlite3_step(s);
+        sqlite3_finalize(s);
+        s = NULL;
+        if (rc != SQLITE_ROW) {
+            snprintf(err, errlen, "no run %lld", (long long)run_id);
+            ret = QUERY_NOT_FOUND;
+            goto out;
+        }
+    }
+    if (sqlite3_prepare_v2(q->db,
+                           "SELECT a.id, a.run_id, r.name, a.rule, a.severity, a.fingerprint, a.state, a.starts_at, "
+                           "a.ends_at, a.start_step, a.last_step, a.value, a.cells, a.payload "
+                           "FROM alerts a JOIN runs r ON r.id = a.run_id "
+                           "WHERE (?1 IS NULL OR a.state = ?1) AND (?2 = 0 OR a.run_id = ?2) "
+                           "ORDER BY a.id DESC LIMIT ?3", -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(q->db, "SELECT time, step, transition, value FROM alert_transitions "
+                                  "WHERE alert_id = ?1 ORDER BY id", -1, &t, NULL) != SQLITE_OK) {
+        ret = db_fail(q, err, errlen, "reading alerts");
+        goto out;
+    }
+    if (state) sqlite3_bind_text(s, 1, state, -1, SQLITE_STATIC);
+    else sqlite3_bind_null(s, 1);
+    sqlite3_bind_int64(s, 2, run_id);
+    sqlite3_bind_int64(s, 3, limit);
+    query_buf_puts(out, "[");
+    int first = 1;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        query_buf_printf(out, "%s{\"id\":%lld,\"run_id\":%lld,\"run\":", first ? "" : ",",
+                         (long long)sqlite3_column_int64(s, 0), (long long)sqlite3_column_int64(s, 1));
+        first = 0;
+        query_buf_json_str(out, (const char *)sqlite3_column_text(s, 2));
+        query_buf_puts(out, ",\"rule\":");
+        query_buf_json_str(out, (const char *)sqlite3_column_text(s, 3));
+        query_buf_puts(out, ",\"severity\":");
+        query_buf_json_str(out, (const char *)sqlite3_column_text(s, 4));
+        query_buf_puts(out, ",\"fingerprint\":");
+        query_buf_json_str(out, (const char *)sqlite3_column_text(s, 5));
+        query_buf_puts(out, ",\"state\":");
+        query_buf_json_str(out, (const char *)sqlite3_column_text(s, 6));
+        query_buf_printf(out, ",\"starts_at\":%.3f", sqlite3_column_double(s, 7));
+        if (sqlite3_column_type(s, 8) == SQLITE_NULL) query_buf_puts(out, ",\"ends_at\":null");
+        else query_buf_printf(out, ",\"ends_at\":%.3f", sqlite3_column_double(s, 8));
+        query_buf_printf(out, ",\"start_step\":%lld,\"last_step\":%lld", (long long)sqlite3_column_int64(s, 9),
+                         (long long)sqlite3_column_int64(s, 10));
+        if (sqlite3_column_type(s, 11) == SQLITE_NULL) query_buf_puts(out, ",\"value\":null");
+        else query_buf_printf(out, ",\"value\":%.9g", sqlite3_column_double(s, 11));
+        /* cells and payload are JSON the daemon itself wrote */
+        query_buf_puts(out, ",\"cells\":");
+        query_buf_puts(out, (const char *)sqlite3_column_text(s, 12));
+        query_buf_puts(out, ",\"alert\":");
+        query_buf_puts(out, (const char *)sqlite3_column_text(s, 13));
+        query_buf_puts(out, ",\"transitions\":[");
+        sqlite3_bind_int64(t, 1, sqlite3_column_int64(s, 0));
+        int tf = 1;
+        while ((rc = sqlite3_step(t)) == SQLITE_ROW) {
+            query_buf_printf(out, "%s{\"time\":%.3f,\"step\":%lld,\"transition\":", tf ? "" : ",",
+                             sqlite3_column_double(t, 0), (long long)sqlite3_column_int64(t, 1));
+            tf = 0;
+            query_buf_json_str(out, (const char *)sqlite3_column_text(t, 2));
+            if (sqlite3_column_type(t, 3) == SQLITE_NULL) query_buf_puts(out, ",\"value\":null}");
+            else query_buf_printf(out, ",\"value\":%.9g}", sqlite3_column_double(t, 3));
+        }
+        sqlite3_reset(t);
+        if (rc != SQLITE_DONE) {
+            ret = db_fail(q, err, errlen, "reading alert transitions");
+            goto out;
+        }
+        query_buf_puts(out, "]}");
+    }
+    if (rc != SQLITE_DONE) {
+        ret = db_fail(q, err, errlen, "reading alerts");
+        goto out;
+    }
+    query_buf_puts(out, "]");
+    ret = out->failed ? QUERY_ERR : QUERY_OK;
+    if (out->failed) snprintf(err, errlen, "out of memory");
+out:
+    sqlite3_finalize(s);
+    sqlite3_finalize(t);
+    end(q);
+    return ret;
 }

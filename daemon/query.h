@@ -128,6 +128,13 @@ void query_export_end(struct query_export *x);
  * last step. */
 int query_prometheus(struct query *q, int heads, struct query_buf *out, char *err, size_t errlen);
 
+/* Alerts (README "Alerts"): a JSON array of alert episodes, newest first,
+ * each with its transitions. state is NULL, "firing" or "resolved" (else
+ * QUERY_BAD); run_id 0 means every run (else QUERY_NOT_FOUND when no such
+ * run); at most limit episodes. */
+int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t limit, struct query_buf *out, char *err,
+                 size_t errlen);
+
 /* Bytes of the database file (page_count * page_size), -1 on error. */
 int64_t query_db_bytes(struct query *q);
 

@@ -29,7 +29,7 @@ def free_port():
 class Daemon:
     """One entropyd process on its own data directory."""
 
-    def __init__(self, data=None, args=(), env=None):
+    def __init__(self, data=None, args=(), env=None, http=False):
         self.tmp = None
         if data is None:
             self.tmp = tempfile.TemporaryDirectory(prefix="entropyd-e2e-")
@@ -42,21 +42,43 @@ class Daemon:
         self.db = os.path.join(data, "entropyd.db")
         self.log_path = os.path.join(data, "daemon.log")
         self.stdout_lines = []
+        self.http = http
+        self.http_port = None
 
     def start(self, wait=True):
         log = open(self.log_path, "ab")
         env = dict(os.environ)
         if self.env:
             env.update(self.env)
-        self.proc = subprocess.Popen([ENTROPYD, "--data", self.data, "--http", "off"] + self.args
-                                     if self._has_http_flag() else [ENTROPYD, "--data", self.data] + self.args,
+        http = ["--http", "127.0.0.1:0" if self.http else "off"] if self._has_http_flag() else []
+        self.proc = subprocess.Popen([ENTROPYD, "--data", self.data] + http + self.args,
                                      stdout=subprocess.PIPE, stderr=log, env=env)
         if wait:
             line = self.proc.stdout.readline().decode()
             self.stdout_lines.append(line)
             if not line:
                 raise RuntimeError("entropyd did not start: " + self.log())
+            if self.http:
+                line = self.proc.stdout.readline().decode()
+                self.stdout_lines.append(line)
+                if not line.startswith("http port "):
+                    raise RuntimeError("entropyd printed no http port: %r %s" % (line, self.log()))
+                self.http_port = int(line.split()[2])
         return self
+
+    def get(self, path, headers=None):
+        """GET path on the daemon's HTTP API; returns (status, parsed JSON or text)."""
+        import urllib.request
+        import urllib.error
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.http_port, path), headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                body, status, ctype = r.read(), r.status, r.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as e:
+            body, status, ctype = e.read(), e.code, e.headers.get("Content-Type", "")
+        if "json" in ctype:
+            return status, json.loads(body)
+        return status, body.decode()
 
     _http_flag = None
 

@@ -69,7 +69,7 @@ class AlertE2E(unittest.TestCase):
         hook_out = os.path.join(tmp.name, "hook.out")
         d = Daemon(args=["--rules", rules, "--webhook", "http://127.0.0.1:%d/hook" % srv.server_port,
                          "--on-alert", "cat >> %s; echo \" $ENTROPYD_ALERT_STATUS $ENTROPYD_ALERT_NAME\" >> %s"
-                         % (hook_out, hook_out)]).start()
+                         % (hook_out, hook_out)], http=True).start()
         try:
             c = Client(d.sock)
             w = c.hello("collapsing", layers=2, heads=3)
@@ -131,11 +131,31 @@ class AlertE2E(unittest.TestCase):
             tr = d.query("SELECT t.transition, t.step FROM alert_transitions t JOIN alerts a ON a.id=t.alert_id "
                          "WHERE a.run_id=? ORDER BY t.id", (w["run_id"],))
             self.assertEqual(tr, [("firing", 13), ("resolved", 32)])
+            # the HTTP API: the episode with its transitions, filters, and errors
+            st, al = d.get("/api/runs/%d/alerts" % w["run_id"])
+            self.assertEqual(st, 200)
+            self.assertEqual([(a["rule"], a["state"], a["start_step"], a["last_step"]) for a in al],
+                             [("entropy_collapse", "resolved", 10, 32)])
+            self.assertEqual([(t["transition"], t["step"]) for t in al[0]["transitions"]], [("firing", 13), ("resolved", 32)])
+            self.assertEqual(al[0]["alert"]["labels"]["alertname"], "entropy_collapse")
+            self.assertEqual(sorted((x["layer"], x["head"]) for x in al[0]["cells"]), [(0, 1), (1, 2)])
+            self.assertEqual(d.get("/api/alerts?state=resolved&run=%d" % w["run_id"])[1], al)
+            self.assertEqual(d.get("/api/alerts?state=firing")[1], [])
+            self.assertEqual(d.get("/api/alerts?state=sideways")[0], 400)
+            self.assertEqual(d.get("/api/runs/999/alerts")[0], 404)
             # a NaN loss fires loss_nonfinite at once
             seq += 1
             c.send(step(seq, 40, loss=None))
             m, _ = c.recv_until(lambda m: m["type"] == "alert" and m["rule"] == "loss_nonfinite")
             self.assertEqual(m["transition"], "firing")
+            # ... and is listed as firing, and exported as an ALERTS series
+            st, al = d.get("/api/alerts?state=firing")
+            self.assertEqual([(a["rule"], a["run"]) for a in al], [("loss_nonfinite", "collapsing")])
+            st, text = d.get("/metrics")
+            self.assertEqual(st, 200)
+            self.assertIn('ALERTS{alertname="loss_nonfinite",alertstate="firing",run="collapsing",severity="warning"} 1',
+                          text)
+            self.assertNotIn('ALERTS{alertname="entropy_collapse"', text)
             c.close()
         finally:
             d.cleanup()
