@@ -396,6 +396,28 @@ static char *run_meta_json(const options *o, const model *m, const char *resumed
 }
 /* --------------------------------------------------------------------------- */
 
+/* The optimizer update split over the model's threads: phase 0 sums the
+ * squared gradient per thread, phase 1 updates each thread's slice with the
+ * clipping factor.  Partial sums are combined in thread order, so results
+ * are deterministic for a given --threads. */
+typedef struct {
+    optim *opt;
+    model *m;
+    const optim_group *groups;
+    int phase;
+    float lr, scale;
+    double sumsq[256];
+} update_task;
+
+static void update_slice(void *ctx, int t, int nt)
+{
+    update_task *u = ctx;
+    size_t n = u->m->num_params, lo = n * t / nt, hi = n * (t + 1) / nt;
+    if (u->phase == 0) u->sumsq[t] = optim_sumsq(u->m->grads_memory, lo, hi);
+    else optim_update(u->opt, u->m->params_memory, u->m->grads_memory, u->scale, u->groups,
+                      MODEL_NUM_PARAMS, u->lr, lo, hi);
+}
+
 static void build_groups(const model *m, optim_group *g)
 {
     size_t off = 0;
@@ -446,6 +468,17 @@ int main(int argc, char **argv)
             goto out;
         }
         if (steps_given) r->steps = keep_steps;
+        static const char *const defining[] = {
+            "--layers", "--heads", "--dim", "--seq-len", "--norm", "--reparam", "--gamma-init",
+            "--optimizer", "--lr", "--warmup", "--schedule", "--weight-decay", "--clip",
+            "--batch", "--seed"};
+        for (int i = 1; i < argc; i++)
+            for (size_t k = 0; k < sizeof defining / sizeof defining[0]; k++) {
+                size_t n = strlen(defining[k]);
+                if (strncmp(argv[i], defining[k], n) == 0 && (argv[i][n] == 0 || argv[i][n] == '='))
+                    fprintf(stderr, "sigmatrain: warning: %s is ignored with --resume (the checkpoint defines the run)\n",
+                            defining[k]);
+            }
         if ((r->data_kind == 1) != (o.data_path != NULL)) {
             fprintf(stderr, "sigmatrain: resume: the checkpoint was trained on %s; %s\n",
                     r->data_kind ? "a --data file" : "the synthetic corpus",
@@ -487,10 +520,12 @@ int main(int argc, char **argv)
     tg = malloc(sizeof(int) * B * T);
     if (!m || !opt || !in || !tg) { fprintf(stderr, "sigmatrain: out of memory\n"); goto out; }
     if (o.resume_path) {
+        int steps = r->steps; /* possibly extended by --steps */
         if (ckpt_load(o.resume_path, r, m, opt, err, sizeof err) != 0) {
             fprintf(stderr, "sigmatrain: resume: %s\n", err);
             goto out;
         }
+        r->steps = steps;
         d->pos = r->data_pos;
     } else {
         r->rng = r->seed * 0x9E3779B97F4A7C15ull ^ 0xD1B54A32D192ED03ull;
@@ -501,6 +536,10 @@ int main(int argc, char **argv)
     }
     optim_group groups[MODEL_NUM_PARAMS];
     build_groups(m, groups);
+    static update_task upd; /* static: 2 KB of partial sums off the stack */
+    upd.opt = opt;
+    upd.m = m;
+    upd.groups = groups;
 
     printf("sigmatrain: L=%d H=%d C=%d T=%d B=%d vocab=%d params=%zu | reparam=%s gamma-init=%s norm=%s | "
            "%s lr=%g warmup=%d schedule=%s wd=%g clip=%g | steps=%d seed=%llu threads=%d blas=%s | data=%s%s\n",
@@ -527,7 +566,7 @@ int main(int argc, char **argv)
     }
 
     double t0 = now_s(), tlast = t0, flops = step_flops(&r->cfg, B, T);
-    long start = (long)r->step, done_here = 0, window = 0;
+    long start = (long)r->step, done_here = 0, window = 0, finite_in_window = 0;
     float loss = NAN, lr = 0.0f, gnorm = 0.0f, val = NAN;
     double loss_acc = 0.0, reparam_eval = 0.0;
     for (long step = start; step < r->steps; step++) {
@@ -539,7 +578,11 @@ int main(int argc, char **argv)
         if (!bad) {
             model_zero_grad(m);
             model_backward(m);
-            gnorm = optim_clip(m->grads_memory, m->num_params, r->clip);
+            upd.phase = 0;
+            model_parallel(m, update_slice, &upd);
+            double ss = 0.0;
+            for (int t = 0; t < m->nthreads; t++) ss += upd.sumsq[t];
+            upd.scale = optim_clip_scale(ss, r->clip, &gnorm);
             bad = !isfinite(gnorm);
         }
         if (bad) {
@@ -554,14 +597,17 @@ int main(int argc, char **argv)
                 goto out;
             }
         } else {
-            optim_step(opt, m->params_memory, m->grads_memory, groups, MODEL_NUM_PARAMS, lr);
+            optim_begin_step(opt);
+            upd.phase = 1;
+            upd.lr = lr;
+            model_parallel(m, update_slice, &upd);
         }
         r->step = step + 1;
         r->data_pos = d->pos;
         r->optim_t = opt->t;
         done_here++;
         window++;
-        if (isfinite(loss)) loss_acc += loss;
+        if (isfinite(loss)) { loss_acc += loss; finite_in_window++; }
 
         telemetry_on_step(mon, step + 1, loss, lr, gnorm,
                           (o.eval_every && r->step % o.eval_every == 0) || r->step == r->steps);
@@ -572,10 +618,12 @@ int main(int argc, char **argv)
             char eta[32];
             fmt_eta(eta, sizeof eta, (r->steps - r->step) * (t - t0) / done_here);
             printf("step %6lld/%d | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | %.1f GFLOP/s | eta %s\n",
-                   (long long)r->step, r->steps, window ? loss_acc / window : loss, lr, gnorm,
+                   (long long)r->step, r->steps,
+                   finite_in_window ? loss_acc / finite_in_window : (double)NAN, lr, gnorm,
                    tps, tps / (B * T) * flops / 1e9, eta);
             tlast = t;
             window = 0;
+            finite_in_window = 0;
             loss_acc = 0.0;
         }
         if (o.eval_every && r->step % o.eval_every == 0 && r->step < r->steps) {
