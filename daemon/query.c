@@ -157,7 +157,7 @@ static int fmt_sig(char *out, double d, int nd) {
 
 /* A float as JSON: 9 significant digits, which read back to the same
  * float32; null when not finite. */
-static void buf_f32(struct query_buf *b, float x) {
+void query_buf_f32(struct query_buf *b, float x) {
     if (!isfinite(x)) {
         query_buf_add(b, "null", 4);
         return;
@@ -167,7 +167,7 @@ static void buf_f32(struct query_buf *b, float x) {
 }
 
 /* A mean: 12 significant digits, beyond what float32 inputs carry. */
-static void buf_f64(struct query_buf *b, double x) {
+void query_buf_f64(struct query_buf *b, double x) {
     if (!isfinite(x)) {
         query_buf_add(b, "null", 4);
         return;
@@ -641,9 +641,9 @@ static void emit_f_array(struct query_buf *out, const char *name, const struct s
         if (!first) query_buf_add(out, ",", 1);
         first = 0;
         if (!b->count) query_buf_add(out, "null", 4);
-        else if (what == QUERY_AGG_MIN) buf_f32(out, b->mn);
-        else if (what == QUERY_AGG_MAX) buf_f32(out, b->mx);
-        else buf_f64(out, b->sum / (double)b->count);
+        else if (what == QUERY_AGG_MIN) query_buf_f32(out, b->mn);
+        else if (what == QUERY_AGG_MAX) query_buf_f32(out, b->mx);
+        else query_buf_f64(out, b->sum / (double)b->count);
     }
     query_buf_add(out, "]", 1);
 }
@@ -789,7 +789,7 @@ static void emit_values(struct query_buf *out, const unsigned char *d, int kind,
     if (kind == 0) {
         memcpy(&x, d, 4);
         query_buf_add(out, "[", 1);
-        buf_f32(out, x);
+        query_buf_f32(out, x);
         query_buf_add(out, "]", 1);
         return;
     }
@@ -800,7 +800,7 @@ static void emit_values(struct query_buf *out, const unsigned char *d, int kind,
         for (int64_t h = 0; h < H; h++) {
             if (h) query_buf_add(out, ",", 1);
             memcpy(&x, d + 4 * (size_t)(l * H + h), 4);
-            buf_f32(out, x);
+            query_buf_f32(out, x);
         }
         if (kind == 2) query_buf_add(out, "]", 1);
     }

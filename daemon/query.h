@@ -39,6 +39,11 @@ struct query_buf {
 void query_buf_add(struct query_buf *b, const char *s, size_t n);
 void query_buf_puts(struct query_buf *b, const char *s);
 void query_buf_printf(struct query_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends a float32 as a JSON number with 9 significant digits (reads
+ * back to the same float), or null when not finite. */
+void query_buf_f32(struct query_buf *b, float x);
+/* Appends a double with 12 significant digits, or null when not finite. */
+void query_buf_f64(struct query_buf *b, double x);
 /* Appends s as a JSON string literal (with quotes). */
 void query_buf_json_str(struct query_buf *b, const char *s);
 void query_buf_free(struct query_buf *b);
