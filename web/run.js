@@ -157,6 +157,17 @@ export class RunView {
     p.textContent = e.status === 404 ? 'no data' : `could not load: ${e.message}`;
   }
 
+  /** Buckets to ask for over the shown range: one per pixel at most, one
+   * per 3 pixels at least (per 6 with div 2), and in between as many as keep
+   * buckets >= 64 steps wide, so the daemon answers from rollups rather
+   * than reading every raw step (a bucket's min/max are exact either way). */
+  points(el, div = 1) {
+    const w = pointsFor(el) / div;
+    const lo = this.st.from ?? this.firstStep ?? 0, hi = this.st.to ?? this.lastStep ?? lo;
+    const span = Math.max(1, hi - lo + 1);
+    return Math.round(Math.max(w / 3, Math.min(w, Math.ceil(span / 64))));
+  }
+
   q(extra) {
     return {from: this.st.from ?? undefined, to: this.st.to ?? undefined, ...extra};
   }
@@ -184,7 +195,7 @@ export class RunView {
       chart.el.dataset.metrics = g.metrics.join(',');
       this.scalarCharts.push(chart);
       this.addChart(chart, async (c) => {
-        const pts = pointsFor(c.el);
+        const pts = this.points(c.el);
         const res = await Promise.all(g.metrics.map((m) => api.series(this.id, this.q({metric: m, points: pts}), {prio: 1})));
         const defs = g.metrics.map((m, i) => ({label: m, color: m === 'eval_loss' ? '#e15759' : color(i), band: true,
                                                width: m === 'eval_loss' ? 2 : 1.5}));
@@ -227,7 +238,7 @@ export class RunView {
       this.headEntry.loaded = true;
       this.pending++;
       try {
-        const metric = this.st.metric, pts = pointsFor(this.headChart.el);
+        const metric = this.st.metric, pts = this.points(this.headChart.el);
         const q = (m) => api.series(this.id, this.q({metric: m, layer: sel.l, head: sel.h, points: pts}), {prio: 1});
         const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
         const res = await Promise.all(withBound ? [q(metric), q('entropy_bound')] : [q(metric)]);
@@ -363,7 +374,7 @@ export class RunView {
       const entry = this.addChart(chart, async (c) => {
         // a point per 3 px: with one request per head this keeps the server on
         // coarse rollups (bands stay exact per bucket)
-        const metric = this.st.sm, pts = Math.max(60, Math.min(200, Math.round(c.el.clientWidth / 3)));
+        const metric = this.st.sm, pts = Math.max(60, Math.min(200, this.points(c.el)));
         c.o.unit = unitOf(metric);
         const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
         const reqs = [api.series(this.id, this.q({metric, layer: l, points: pts, agg: 'mean'}))];
@@ -407,7 +418,7 @@ export class RunView {
       chart.el.dataset.metric = metric;
       chart.metric = metric;
       this.addChart(chart, async (c) => {
-        const pts = Math.round(pointsFor(c.el, 800) / 2);   // lines only: a point per 2 px
+        const pts = this.points(c.el, 2);   // lines only: at least a point per 6 px
         const reqs = [];
         for (let l = 0; l < L; l++) reqs.push(api.series(this.id, this.q({metric, layer: l, points: pts, agg: agg || undefined})));
         const res = await Promise.all(reqs);
@@ -429,7 +440,7 @@ export class RunView {
       chart.metrics = [x];
       (this.scalarCharts ||= []).push(chart);
       this.addChart(chart, async (c) => {
-        const r = await api.series(this.id, this.q({metric: x, points: pointsFor(c.el)}));
+        const r = await api.series(this.id, this.q({metric: x, points: this.points(c.el)}));
         c.nonfinite = nonfiniteSteps([r]);
         c.setData([{label: x, color: color(0), band: true}], tableOf([{res: r, y: 'mean', band: true}]));
       }, 'scalar');
