@@ -234,7 +234,7 @@ static void check_attention(int T)
     for (int i = 0; i < n; i++) assert_true(fabs(out[i] - ro[i]) < 1e-5);
     float *dqkv = calloc(3 * n, 4), *datt = calloc(T * T, 4);
     attention_backward(dqkv, datt, R, qkv, att, B, T, C, NH);
-    printf("attention T=%d:\n", T);
+    printf("attention T=%d block=%d:\n", T, att_block);
     numgrad(g, c.qkv, 3 * n, at_loss, &c);
     assert_true(relerr("dqkv", dqkv, g, 3 * n) < TOL);
     free(qkv); free(R); free(out); free(att); free(c.qkv); free(c.R); free(ro); free(g);
@@ -247,6 +247,11 @@ static void test_attention(void **state)
     (void)state;
     check_attention(5);
     check_attention(37);
+    att_block = 16; /* several query/key blocks and a ragged last one */
+    check_attention(37);
+    att_block = 2;
+    check_attention(5);
+    att_block = 32;
 }
 
 typedef struct { int n; double *x, *R; } ge_ctx;
@@ -478,6 +483,9 @@ static void test_model_threads(void **s)
     (void)s;
     check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 2);
     check_model(MODEL_REPARAM_NONE, MODEL_NORM_POST, 0, 3);
+    att_block = 2; /* blocked causal attention inside the whole model */
+    check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 2);
+    att_block = 32;
 }
 
 /* With gamma-init sigma the model starts with W_hat == W. */
