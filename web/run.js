@@ -94,7 +94,18 @@ export class RunView {
     this.lastStepEl = h('b', {id: 'last-step', text: fmtStep(r.last_step)});
     this.lastLossEl = h('b', {id: 'last-loss', text: '—'});
     const meta = r.meta && typeof r.meta === 'object' ? r.meta : {};
-    const pick = ['norm', 'optimizer', 'lr', 'seed', 'data', 'host'].filter((k) => k in meta && typeof meta[k] !== 'object');
+    // a few config facts, flat or nested (sigmatrain nests optimizer and data)
+    const get = (path) => path.split('.').reduce((o, k) => (o && typeof o === 'object' ? o[k] : undefined), meta);
+    const facts = [['norm', 'norm'], ['optimizer', 'optimizer.name'], ['optimizer', 'optimizer'], ['lr', 'optimizer.lr'],
+                   ['lr', 'lr'], ['warmup', 'optimizer.warmup'], ['width', 'model.dim'], ['data', 'data.kind'],
+                   ['seed', 'seed'], ['host', 'host']];
+    const shown = new Set(), pick = [];
+    for (const [label, path] of facts) {
+      const v = get(path);
+      if (shown.has(label) || v === undefined || v === null || typeof v === 'object') continue;
+      shown.add(label);
+      pick.push([label, v]);
+    }
     this.root.append(h('section', {class: 'card run-head'},
       h('div', {class: 'card-head'},
         h('a', {href: './', class: 'back', title: 'all runs'}, '←'),
@@ -108,7 +119,7 @@ export class RunView {
         h('span', {}, 'loss ', this.lastLossEl, h('small', {class: 'muted'}, ' nats/token')),
         h('span', {}, 'shape ', h('b', {}, `${r.layers} layers × ${r.heads} heads`), `, T = ${r.seq_len}`),
         h('span', {}, 'started ', h('b', {}, fmtAgo(r.created))),
-        ...pick.map((k) => h('span', {}, k + ' ', h('b', {}, String(meta[k]))))),
+        ...pick.map(([k, v]) => h('span', {}, k + ' ', h('b', {}, String(v))))),
       Object.keys(meta).length ? h('details', {class: 'meta'}, h('summary', {}, 'run config (hello meta)'),
         h('pre', {}, JSON.stringify(meta, null, 2))) : null));
     api.frame(this.id, 'loss').then((f) => { if (f && this.lossShownStep === undefined) this.lastLossEl.textContent = fmt(f.values[0]); }).catch(() => {});

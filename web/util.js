@@ -14,6 +14,7 @@ export function unitOf(metric) {
   if (UNITS[metric]) return UNITS[metric];
   if (/^sigma/.test(metric)) return 'spectral norm σ(W)';
   if (/^gamma/.test(metric)) return 'γ (learned scale)';
+  if (/_ms$/.test(metric)) return 'ms';
   if (/_s$|seconds/.test(metric)) return 's';
   return 'value';
 }
