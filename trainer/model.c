@@ -199,18 +199,20 @@ void model_matmul_reference(float *out, const float *inp, const float *w,
         }
 }
 
-/* out (N, OC) = inp (N, C) @ w^T + bias; with accumulate, out += that instead
- * (a fused residual add). */
+/* out (N, OC) = inp (N, C) @ w^T + bias (may be NULL) + residual (may be
+ * NULL, same shape as out: the residual add is fused into the bias pass). */
 KERNEL void matmul_forward(float *restrict out, const float *restrict inp,
-                           const float *restrict w, const float *restrict bias, int N, int C,
-                           int OC, int accumulate)
+                           const float *restrict w, const float *restrict bias,
+                           const float *restrict residual, int N, int C, int OC)
 {
-    float beta = accumulate ? 1.0f : 0.0f;
-    if (bias) {
+    float beta = 0.0f;
+    if (bias || residual) {
         for (int n = 0; n < N; n++) {
             float *o = out + (long)n * OC;
-            if (accumulate) for (int i = 0; i < OC; i++) o[i] += bias[i];
-            else for (int i = 0; i < OC; i++) o[i] = bias[i];
+            const float *r = residual ? residual + (long)n * OC : NULL;
+            if (bias && r) for (int i = 0; i < OC; i++) o[i] = r[i] + bias[i];
+            else if (bias) for (int i = 0; i < OC; i++) o[i] = bias[i];
+            else for (int i = 0; i < OC; i++) o[i] = r[i];
         }
         beta = 1.0f;
     }
@@ -375,11 +377,10 @@ KERNEL void gelu_forward(float *restrict out, float *restrict x, const float *re
     }
 }
 
-/* OVERWRITES dinp = deriv * dout (deriv from gelu_forward). */
-KERNEL void gelu_backward(float *restrict dinp, const float *restrict deriv,
-                          const float *restrict dout, long n)
+/* d *= deriv (deriv from gelu_forward): the gradient through GELU, in place. */
+KERNEL void gelu_backward(float *restrict d, const float *restrict deriv, long n)
 {
-    for (long i = 0; i < n; i++) dinp[i] = deriv[i] * dout[i];
+    for (long i = 0; i < n; i++) d[i] *= deriv[i];
 }
 
 /* probs (N, V) holds logits on entry and softmax on return; losses[n] gets
@@ -503,7 +504,7 @@ static double now_seconds(void)
 
 static size_t scratch_size(const model_config *c, size_t B, size_t T)
 {
-    return 15 * B * T * (size_t)c->dim + T * T;
+    return 11 * B * T * (size_t)c->dim + T * T; /* see backward_shard */
 }
 
 model *model_create(const model_config *cfg, int B, int T, int threads)
@@ -779,10 +780,9 @@ static double forward_shard(model *m, int b0, int B)
             layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p->ln1w + l * C, p->ln1b + l * C, BT, C);
             ain = a.ln1;
         }
-        matmul_forward(a.qkv, ain, lin[MODEL_LIN_QKV].weff, p->qkvb + l * 3 * C, BT, C, 3 * C, 0);
+        matmul_forward(a.qkv, ain, lin[MODEL_LIN_QKV].weff, p->qkvb + l * 3 * C, NULL, BT, C, 3 * C);
         attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-        memcpy(a.residual2, x, sizeof(float) * BT * C);
-        matmul_forward(a.residual2, a.atty, lin[MODEL_LIN_ATTPROJ].weff, p->attprojb + l * C, BT, C, C, 1);
+        matmul_forward(a.residual2, a.atty, lin[MODEL_LIN_ATTPROJ].weff, p->attprojb + l * C, x, BT, C, C);
         if (c->norm == MODEL_NORM_PRE) {
             layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + l * C, p->ln2b + l * C, BT, C);
             min = a.ln2; skip = a.residual2;
@@ -792,10 +792,9 @@ static double forward_shard(model *m, int b0, int B)
         } else {
             min = skip = a.residual2;
         }
-        matmul_forward(a.fch, min, lin[MODEL_LIN_FC].weff, NULL, BT, C, 4 * C, 0);
+        matmul_forward(a.fch, min, lin[MODEL_LIN_FC].weff, NULL, NULL, BT, C, 4 * C);
         gelu_forward(a.fch_gelu, a.fch, p->fcb + l * 4 * C, BT, 4 * C); /* bias fused */
-        memcpy(a.residual3, skip, sizeof(float) * BT * C);
-        matmul_forward(a.residual3, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, p->fcprojb + l * C, BT, 4 * C, C, 1);
+        matmul_forward(a.residual3, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, p->fcprojb + l * C, skip, BT, 4 * C, C);
         x = a.residual3;
         if (c->norm == MODEL_NORM_POST) {
             layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual3, p->ln2w + l * C, p->ln2b + l * C, BT, C);
@@ -808,7 +807,7 @@ static double forward_shard(model *m, int b0, int B)
         x = lnf;
     }
     float *probs = m->acts.probs + r * V;
-    matmul_forward(probs, x, m->lin[m->num_linear - 1].weff, NULL, BT, C, V, 0);
+    matmul_forward(probs, x, m->lin[m->num_linear - 1].weff, NULL, NULL, BT, C, V);
     return softmax_crossentropy_forward(probs, m->acts.losses + r, m->targets ? m->targets + r : NULL, BT, V);
 }
 
@@ -839,8 +838,8 @@ static void backward_shard(model *m, model_shard *sh, int b0, int B)
     float dwb = c->reparam == MODEL_REPARAM_NONE ? 1.0f : 0.0f; /* see dweff in model_create */
     float *s = sh->scratch;
     float *dx = s, *dtmp = s + BTC, *da = s + 2 * BTC, *datty = s + 3 * BTC;
-    float *dqkv = s + 4 * BTC, *dfch_gelu = s + 7 * BTC, *dfch = s + 11 * BTC;
-    float *datt = s + 15 * BTC;
+    float *dqkv = s + 4 * BTC, *dfch_gelu = s + 7 * BTC;
+    float *datt = s + 11 * BTC;
     float *tmp;
     /* this shard's copy of a linear's dL/dW_hat */
 #define DWEFF(i) (c->reparam == MODEL_REPARAM_NONE                                   \
@@ -880,8 +879,8 @@ static void backward_shard(model *m, model_shard *sh, int b0, int B)
         }
         /* dx = d(residual3); MLP branch */
         matmul_backward(dfch_gelu, DWEFF(li + MODEL_LIN_FCPROJ), g->fcprojb + l * C, dx, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, BT, 4 * C, C, dwb);
-        gelu_backward(dfch, a.fch, dfch_gelu, (long)BT * 4 * C);
-        matmul_backward(da, DWEFF(li + MODEL_LIN_FC), g->fcb + l * 4 * C, dfch, min, lin[MODEL_LIN_FC].weff, BT, C, 4 * C, dwb);
+        gelu_backward(dfch_gelu, a.fch, (long)BT * 4 * C); /* now d(fc pre-activation) */
+        matmul_backward(da, DWEFF(li + MODEL_LIN_FC), g->fcb + l * 4 * C, dfch_gelu, min, lin[MODEL_LIN_FC].weff, BT, C, 4 * C, dwb);
         if (c->norm == MODEL_NORM_PRE) {
             layernorm_backward(dx, g->ln2w + l * C, g->ln2b + l * C, da, a.residual2, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
         } else if (c->norm == MODEL_NORM_POST) { /* n = LN1(r2) feeds both skip and MLP */
