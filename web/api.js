@@ -33,8 +33,11 @@ export class ApiError extends Error {
   constructor(status, code, message) { super(message); this.status = status; this.code = code; }
 }
 
-/** GET path as JSON, queued; prio > 0 goes first (what the user looks at). */
+/** GET path as JSON, queued. prio 1..3 goes first (the run, the heatmap,
+ * the curves at the top); the rest newest first, so the charts just
+ * scrolled to load before the ones scrolled past. */
 export function getJSON(path, {prio = 0, signal} = {}) {
+  prio = prio > 0 ? prio * 1e12 : performance.now();
   netStats.pending++;
   return new Promise((resolve, reject) => {
     waiting.push({prio, run: async () => {

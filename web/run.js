@@ -128,7 +128,9 @@ export class RunView {
   buildRange() {
     this.rangeEl = h('span', {class: 'range-txt'});
     this.resetBtn = h('button', {class: 'btn light', onclick: () => this.setRange(null, null)}, 'Zoom out (whole run)');
-    const bar = h('div', {class: 'rangebar'}, h('span', {class: 'muted'}, 'Drag across any chart to zoom; double-click to zoom out.'),
+    const bar = h('div', {class: 'rangebar'}, h('span', {class: 'muted'}, 'Drag across any chart to zoom; double-click to zoom out. Markers: ',
+        h('span', {class: 'mk', style: 'color:#d62728'}, '▼ alert firing'), ' ', h('span', {class: 'mk', style: 'color:#9aa0a6'}, '▼ resolved'), ' ',
+        h('span', {class: 'mk', style: 'color:#e68a00'}, '▼ rollback'), ' ', h('span', {class: 'mk', style: 'color:#3b6fb6'}, '▼ step in the heatmap')),
       h('span', {class: 'spacer'}), this.rangeEl, this.resetBtn);
     this.root.append(bar);
     this.showRange();
@@ -505,7 +507,8 @@ export class RunView {
 
   alertMarkers() {
     return this.alerts.map(normAlert).filter((a) => a.step !== null)
-      .map((a) => ({step: a.step, color: a.state === 'resolved' ? '#9aa0a6' : '#d62728', label: a.rule}));
+      .map((a) => ({step: a.step, color: a.state === 'resolved' ? '#9aa0a6' : '#d62728', label: a.rule}))
+      .concat(this.rollbacks || []);
   }
 
   jumpTo(step) {
@@ -520,6 +523,10 @@ export class RunView {
     try { r = await api.events(this.id); } catch (e) { this.eventsEl.textContent = 'could not load events: ' + e.message; return; }
     if (this.dead) return;
     const ev = (r && r.events) || [];
+    // a trainer that rolled back rewrote history from that step: mark it
+    this.rollbacks = ev.map((e) => /rollback to step (\d+)/.exec(e.text || '')).filter(Boolean)
+      .map((m) => ({step: +m[1], color: '#e68a00', label: 'rollback'}));
+    if (this.rollbacks.length) for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
     this.eventsEl.textContent = '';
     if (!ev.length) { this.eventsEl.append(h('p', {class: 'muted'}, 'No events.')); return; }
     const tb = h('tbody');
