@@ -3,11 +3,18 @@
  * Kernel conventions (llm.c): X_forward(out, inputs..., sizes),
  * X_backward(d-inputs..., d-outputs, saved inputs..., sizes).  Gradients of
  * PARAMETERS are always added into.  Gradients of ACTIVATIONS are overwritten
- * by matmul/attention/gelu/crossentropy backward and added into by
- * layernorm_backward; each call site says which.  Why not "always add" as in
- * llm.c: that needs the activation-gradient buffers zeroed every step, several
- * MB of memset that costs more than the σReparam bookkeeping we try to keep
- * under 3%.  Instead one layer's worth of scratch is reused across layers. */
+ * by matmul/attention backward, scaled in place by gelu/crossentropy backward
+ * and added into by layernorm_backward; each kernel's comment says which.  Why
+ * not "always add" as in llm.c: that needs the activation-gradient buffers
+ * zeroed every step, several MB of memset that costs more than the σReparam
+ * bookkeeping we try to keep under 3%.  Instead one layer's worth of scratch
+ * per shard is reused across layers.
+ *
+ * Parallelism: a batch is split into shards of examples (forward_shard,
+ * backward_shard), one per thread, each calling OpenBLAS single-threaded;
+ * shards write private parameter gradients that JOB_REDUCE adds up in a fixed
+ * order.  The rest of a step (σReparam, clearing, the optimizer through
+ * model_parallel) is split over the same threads by ranges. */
 #include "model.h"
 
 #include <cblas.h>
