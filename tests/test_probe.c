@@ -22,16 +22,18 @@
 
 enum { TL = 2, TH = 4, TC = 32, TT = 24, TB = 3, TV = 32 };
 
-static model *make_model(int reparam, uint64_t seed)
+static model *make_model_threads(int reparam, uint64_t seed, int threads)
 {
     model_config cfg = {.vocab = TV, .max_seq = TT, .layers = TL, .heads = TH, .dim = TC,
                         .norm = MODEL_NORM_PRE, .reparam = reparam, .gamma_init = MODEL_GAMMA_SIGMA};
-    model *m = model_create(&cfg, TB, TT, 1);
+    model *m = model_create(&cfg, TB, TT, threads);
     assert_non_null(m);
     uint64_t rng = seed;
     model_init(m, &rng);
     return m;
 }
+
+static model *make_model(int reparam, uint64_t seed) { return make_model_threads(reparam, seed, 1); }
 
 static void random_tokens(int *in, int *tg, int n, uint64_t *rng)
 {
@@ -374,6 +376,32 @@ static void test_linear_sigma(void **state)
     }
 }
 
+/* The probe borrows the model's worker threads: same metrics as on one thread. */
+static void test_threads_agree(void **state)
+{
+    (void)state;
+    model *m1 = make_model_threads(MODEL_REPARAM_NONE, 61, 1), *m2 = make_model_threads(MODEL_REPARAM_NONE, 61, 2);
+    shape_qkv(m1, 5.0f, 0.1f, 9);
+    shape_qkv(m2, 5.0f, 0.1f, 9);
+    forward(m1, 8);
+    forward(m2, 8);
+    probe_config pc = {.examples = 0, .iters = 3};
+    probe *p1 = probe_create(m1, &pc), *p2 = probe_create(m2, &pc);
+    const probe_metrics *a = probe_compute(p1, m1), *b = probe_compute(p2, m2);
+    const float *va[] = {a->entropy, a->entropy_norm, a->max_logit, a->sigma_qk, a->entropy_bound, a->eig_mean, a->eig_var};
+    const float *vb[] = {b->entropy, b->entropy_norm, b->max_logit, b->sigma_qk, b->entropy_bound, b->eig_mean, b->eig_var};
+    for (int k = 0; k < 7; k++)
+        for (int i = 0; i < TL * TH; i++) assert_float_equal(va[k][i], vb[k][i], 1e-4 * (fabs(va[k][i]) + 1e-3));
+    for (int l = 0; l < TL; l++) {
+        assert_float_equal(a->rank_ratio[l], b->rank_ratio[l], 1e-5);
+        assert_float_equal(a->cos_sim[l], b->cos_sim[l], 1e-5);
+    }
+    probe_destroy(p1);
+    probe_destroy(p2);
+    model_destroy(m1);
+    model_destroy(m2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -385,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_max_logit),
         cmocka_unit_test(test_rank_and_cos),
         cmocka_unit_test(test_linear_sigma),
+        cmocka_unit_test(test_threads_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -51,6 +51,15 @@ const char *const probe_lin_sigma_names[MODEL_LIN_PER_LAYER] = {"sigma_qkv", "si
 const char *const probe_lin_gamma_names[MODEL_LIN_PER_LAYER] = {"gamma_qkv", "gamma_attproj",
                                                                 "gamma_fc", "gamma_fcproj"};
 
+/* One thread's scratch. */
+typedef struct {
+    float *xn;       /* (T) ||x_i|| */
+    float *tmp_t;    /* (T) */
+    float *tmp_c;    /* (C+1) */
+    float *tmp_d;    /* (2d) */
+    float *mm;       /* (d*d) */
+} probe_scratch;
+
 struct probe {
     probe_config cfg;
     int L, H, C, d, B, T, nlin;
@@ -59,15 +68,15 @@ struct probe {
     float *u_qk;     /* (L*H, C) right vectors for sigma_qk */
     float *u_aug;    /* (L*H, C+1) right vectors of the bias-augmented product */
     float *xv;       /* (L, C+1) right vector of X~ (shared by the examples of a layer) */
-    float *sig_b;    /* (H) the bound's sigma of each head of the current layer */
-    float *rn;       /* (T) ||x~_i|| of the current example */
-    float *xn;       /* (T) ||x_i|| */
-    double *hacc;    /* (3H) per-head sums of the current layer */
-    float *maxl;     /* (H) */
-    float *tmp_t;    /* (T) */
-    float *tmp_c;    /* (C+1) */
-    float *tmp_d;    /* (d) */
-    float *mm;       /* (d*d) */
+    float *sig_b;    /* (L*H) the bound's sigma of each head */
+    float *rn;       /* (L, B, T) ||x~_i|| of each row of the examples used */
+    float *xs;       /* (L, B) ||X~_b||_2 */
+    int *aug;        /* (L) layer has non-zero q/k biases */
+    int nscratch;    /* threads the scratch below is sized for */
+    probe_scratch *scr;
+    /* the current call, for the worker threads */
+    model *m;
+    int nb, phase;
     float *inv_log;  /* (T+1) 1/log(i) for i >= 2 */
     float *sq_ratio; /* (T+1) sqrt(i/(i-1)) */
     float *sq_prod;  /* (T+1) sqrt(i(i-1)) */
@@ -107,22 +116,28 @@ probe *probe_create(const model *m, const probe_config *cfg)
     p->u_qk = malloc(sizeof(float) * LH * C);
     p->u_aug = malloc(sizeof(float) * LH * (C + 1));
     p->xv = malloc(sizeof(float) * L * (C + 1));
-    p->sig_b = malloc(sizeof(float) * H);
-    p->rn = malloc(sizeof(float) * T);
-    p->xn = malloc(sizeof(float) * T);
-    p->hacc = malloc(sizeof(double) * 3 * H);
-    p->maxl = malloc(sizeof(float) * H);
-    p->tmp_t = malloc(sizeof(float) * T);
-    p->tmp_c = malloc(sizeof(float) * (C + 1));
-    p->tmp_d = malloc(sizeof(float) * d * 2);
-    p->mm = malloc(sizeof(float) * d * d);
+    p->sig_b = malloc(sizeof(float) * LH);
+    p->rn = malloc(sizeof(float) * L * p->B * T);
+    p->xs = malloc(sizeof(float) * L * p->B);
+    p->aug = malloc(sizeof(int) * L);
+    p->nscratch = m->nthreads > 0 ? m->nthreads : 1;
+    p->scr = calloc(p->nscratch, sizeof *p->scr);
+    if (!p->scr) goto err;
+    for (int t = 0; t < p->nscratch; t++) {
+        probe_scratch *sc = &p->scr[t];
+        sc->xn = malloc(sizeof(float) * T);
+        sc->tmp_t = malloc(sizeof(float) * T);
+        sc->tmp_c = malloc(sizeof(float) * (C + 1));
+        sc->tmp_d = malloc(sizeof(float) * d * 2);
+        sc->mm = malloc(sizeof(float) * d * d);
+        if (!sc->xn || !sc->tmp_t || !sc->tmp_c || !sc->tmp_d || !sc->mm) goto err;
+    }
     p->inv_log = malloc(sizeof(float) * (T + 1));
     p->sq_ratio = malloc(sizeof(float) * (T + 1));
     p->sq_prod = malloc(sizeof(float) * (T + 1));
     p->lin_off_u = malloc(sizeof(size_t) * (p->nlin + 1));
     p->lin_off_v = malloc(sizeof(size_t) * (p->nlin + 1));
-    if (!p->metric_mem || !p->u_qk || !p->u_aug || !p->xv || !p->sig_b || !p->rn || !p->xn || !p->hacc || !p->maxl || !p->tmp_t ||
-        !p->tmp_c || !p->tmp_d || !p->mm || !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
+    if (!p->metric_mem || !p->u_qk || !p->u_aug || !p->xv || !p->sig_b || !p->rn || !p->xs || !p->aug || !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
         goto err;
     size_t su = 0, sv = 0;
     for (int i = 0; i < p->nlin; i++) {
@@ -179,7 +194,11 @@ void probe_destroy(probe *p)
 {
     if (!p) return;
     free(p->metric_mem); free(p->u_qk); free(p->u_aug); free(p->xv); free(p->sig_b);
-    free(p->rn); free(p->xn); free(p->hacc); free(p->maxl); free(p->tmp_t); free(p->tmp_c); free(p->tmp_d); free(p->mm); free(p->inv_log); free(p->sq_ratio); free(p->sq_prod);
+    for (int t = 0; p->scr && t < p->nscratch; t++) {
+        probe_scratch *sc = &p->scr[t];
+        free(sc->xn); free(sc->tmp_t); free(sc->tmp_c); free(sc->tmp_d); free(sc->mm);
+    }
+    free(p->scr); free(p->rn); free(p->xs); free(p->aug); free(p->inv_log); free(p->sq_ratio); free(p->sq_prod);
     free(p->lin_u); free(p->lin_v); free(p->lin_off_u); free(p->lin_off_v);
     free(p);
 }
@@ -382,28 +401,28 @@ static int any_nonzero(const float *x, int n)
 }
 
 /* Per-head weight metrics of layer l: sigma_qk, the bound's sigma, eig_mean, eig_var. */
-static void head_weights(probe *p, model *m, int l, int aug)
+static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
 {
     int H = p->H, C = p->C, d = p->d;
     const float *W = model_qkv_weight(m, l);
     const float *bias = m->params.qkvb + (size_t)l * 3 * C;
-    float *t = p->tmp_d, *w = p->tmp_c;
+    float *t = sc->tmp_d, *w = sc->tmp_c;
     double inv_sd = 1.0 / sqrt((double)d);
     for (int h = 0; h < H; h++) {
         size_t k = (size_t)l * H + h;
         const float *Wq = W + (size_t)h * d * C, *Wk = W + (size_t)C * C + (size_t)h * d * C;
         float s = qk_power(Wq, NULL, Wk, NULL, C, d, p->u_qk + k * C, t, w, p->cfg.iters);
         p->out.sigma_qk[k] = s;
-        p->sig_b[h] = aug ? qk_power(Wq, bias + h * d, Wk, bias + C + h * d, C, d,
+        p->sig_b[k] = aug ? qk_power(Wq, bias + h * d, Wk, bias + C + h * d, C, d,
                                      p->u_aug + k * (C + 1), t, w, p->cfg.iters)
                           : s;
         /* M = Wk_h Wq_h^T (d x d) has the non-zero eigenvalues of W_Q^h W_K^h^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d, d, C, 1.0f, Wk, C, Wq, C, 0.0f,
-                    p->mm, d);
+                    sc->mm, d);
         double tr = 0.0, tr2 = 0.0;
         for (int a = 0; a < d; a++) {
-            tr += p->mm[a * d + a];
-            for (int b = 0; b < d; b++) tr2 += (double)p->mm[a * d + b] * p->mm[b * d + a];
+            tr += sc->mm[a * d + a];
+            for (int b = 0; b < d; b++) tr2 += (double)sc->mm[a * d + b] * sc->mm[b * d + a];
         }
         double mean = tr / C * inv_sd;
         p->out.eig_mean[k] = (float)mean;
@@ -411,117 +430,137 @@ static void head_weights(probe *p, model *m, int l, int aug)
     }
 }
 
+/* Phase 1, one layer: weight metrics, row norms, rank_ratio, cos_sim, ||X~_b||_2. */
+static void layer_pass(probe *p, int l, probe_scratch *sc)
+{
+    model *m = p->m;
+    int C = p->C, T = m->cur_T, nb = p->nb;
+    const float *bias = m->params.qkvb + (size_t)l * 3 * C;
+    int aug = p->aug[l] = any_nonzero(bias, 2 * C);
+    head_weights(p, m, l, aug, sc);
+    const float *X = model_attn_input(m, l);
+    double rank_sum = 0.0, cos_sum = 0.0;
+    for (int b = 0; b < nb; b++) {
+        const float *Xb = X + (size_t)b * T * C;
+        float *rn = p->rn + ((size_t)l * p->B + b) * T, *xn = sc->xn, *mean = sc->tmp_c;
+        double fro2 = 0.0, mu2 = 0.0, um2 = 0.0;
+        memset(mean, 0, sizeof(float) * C);
+        for (int i = 0; i < T; i++) {
+            const float *x = Xb + (size_t)i * C;
+            float n2 = dot(x, x, C);
+            fro2 += n2;
+            xn[i] = sqrtf(n2);
+            rn[i] = sqrtf(n2 + (float)aug);
+            for (int c = 0; c < C; c++) mean[c] += x[c];
+        }
+        for (int c = 0; c < C; c++) { double mc = mean[c] / T; mu2 += mc * mc; }
+        /* mean of the unit rows */
+        memset(mean, 0, sizeof(float) * C);
+        for (int i = 0; i < T; i++) {
+            const float *x = Xb + (size_t)i * C;
+            float k = xn[i] > 0.0f ? 1.0f / xn[i] : 0.0f;
+            for (int c = 0; c < C; c++) mean[c] += x[c] * k;
+        }
+        for (int c = 0; c < C; c++) { double mc = mean[c] / T; um2 += mc * mc; }
+        double res2 = fro2 - T * mu2;
+        rank_sum += fro2 > 0 ? sqrt(res2 > 0 ? res2 / fro2 : 0.0) : 0.0;
+        cos_sum += T > 1 ? (T * um2 - 1.0) / (T - 1) : 1.0;
+        /* examples in order, one persistent vector per layer: warm starts */
+        p->xs[(size_t)l * p->B + b] = x_power(Xb, T, C, aug, p->xv + (size_t)l * (C + 1), sc->tmp_t,
+                                              mean, p->cfg.iters);
+    }
+    p->out.rank_ratio[l] = (float)(rank_sum / nb);
+    p->out.cos_sim[l] = (float)(cos_sum / nb);
+}
+
+/* Phase 2, one head: the pass over its attention rows. */
+static void head_pass(probe *p, int l, int h)
+{
+    model *m = p->m;
+    int H = p->H, C = p->C, d = p->d, T = m->cur_T, nb = p->nb;
+    size_t k = (size_t)l * H + h;
+    const float *qkv = model_qkv(m, l), *att = model_attention(m, l);
+    float inv_sd = 1.0f / sqrtf((float)d);
+    double e_sum = 0.0, en_sum = 0.0, b_sum = 0.0;
+    float ml = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const float *A = att + (size_t)(b * H + h) * T * T;
+        const float *qb = qkv + (size_t)b * T * 3 * C + h * d;
+        const float *kb = qb + C;
+        const float *rn = p->rn + ((size_t)l * p->B + b) * T;
+        float sx = p->sig_b[k] * p->xs[(size_t)l * p->B + b];
+        for (int i = 0; i < T; i++) {
+            const float *row = A + (size_t)i * T;
+            uint32_t hi, lo;
+            int nread = (i + LANES) / LANES * LANES;
+            float e = row_entropy(row, i + 1, nread <= T ? nread : i + 1, &hi, &lo);
+            e_sum += e;
+            en_sum += e * p->inv_log[i + 1];
+            b_sum += bound_f(p, i + 1, sx * rn[i]);
+            /* logits at the row's extremes (see the file comment), anchored
+             * on the diagonal a_ii when its probability is usable, else on
+             * the argmax */
+            const float *q = qb + (size_t)i * 3 * C;
+            float mx, mn;
+            memcpy(&mx, &hi, sizeof mx);
+            memcpy(&mn, &lo, sizeof mn);
+            float amax;
+            if (row[i] / mx > 1e-36f) {
+                amax = dot(q, kb + (size_t)i * 3 * C, d) * inv_sd + logf(mx / row[i]);
+            } else {
+                int js = 0;
+                while (js < i && row[js] != mx) js++;
+                amax = dot(q, kb + (size_t)js * 3 * C, d) * inv_sd;
+            }
+            float amin;
+            float ratio = mn / mx;
+            /* the forward clamps exp's argument at -87: trust the ratio
+             * only well inside that range (e^-82.9) */
+            if (ratio > 1e-36f) {
+                amin = amax + logf(ratio);
+            } else {
+                amin = amax;
+                for (int j = 0; j <= i; j++) {
+                    float a = dot(q, kb + (size_t)j * 3 * C, d) * inv_sd;
+                    amin = a < amin ? a : amin;
+                }
+            }
+            float am = fabsf(amax) > fabsf(amin) ? fabsf(amax) : fabsf(amin);
+            if (!(am <= ml)) ml = am;   /* NaN propagates */
+        }
+    }
+    p->out.entropy[k] = (float)(e_sum / ((double)nb * T));
+    p->out.entropy_norm[k] = T > 1 ? (float)(en_sum / ((double)nb * (T - 1))) : NAN;
+    p->out.entropy_bound[k] = (float)(b_sum / ((double)nb * T));
+    p->out.max_logit[k] = ml;
+}
+
+/* model_parallel task: phase 1 splits layers, phase 2 (layer, head) pairs,
+ * round-robin over the threads. */
+static void probe_task(void *ctx, int t, int nt)
+{
+    probe *p = ctx;
+    if (p->phase == 1) {
+        for (int l = t; l < p->L; l += nt) layer_pass(p, l, &p->scr[t]);
+    } else {
+        for (int k = t; k < p->L * p->H; k += nt) head_pass(p, k / p->H, k % p->H);
+    }
+}
+
 const probe_metrics *probe_compute(probe *p, model *m)
 {
     double t0 = now_s();
     probe_metrics *o = &p->out;
-    int L = p->L, H = p->H, C = p->C, d = p->d;
-    int B = m->cur_B, T = m->cur_T;
-    int nb = p->cfg.examples > 0 && p->cfg.examples < B ? p->cfg.examples : B;
-    o->examples_used = nb;
-    float inv_sd = 1.0f / sqrtf((float)d);
-    for (int l = 0; l < L; l++) {
-        const float *bias = m->params.qkvb + (size_t)l * 3 * C;
-        int aug = any_nonzero(bias, 2 * C);
-        head_weights(p, m, l, aug);
-        const float *X = model_attn_input(m, l);
-        const float *qkv = model_qkv(m, l);
-        const float *att = model_attention(m, l);
-        double *ent = p->hacc, *entn = p->hacc + H, *bnd = p->hacc + 2 * H;
-        float *maxl = p->maxl;
-        for (int h = 0; h < H; h++) { ent[h] = entn[h] = bnd[h] = 0.0; maxl[h] = 0.0f; }
-        double rank_sum = 0.0, cos_sum = 0.0;
-        for (int b = 0; b < nb; b++) {
-            const float *Xb = X + (size_t)b * T * C;
-            /* row norms, rank_ratio, cos_sim */
-            double fro2 = 0.0, um2 = 0.0;
-            float *mean = p->tmp_c;
-            memset(mean, 0, sizeof(float) * C);
-            for (int i = 0; i < T; i++) {
-                const float *x = Xb + (size_t)i * C;
-                float n2 = dot(x, x, C);
-                fro2 += n2;
-                p->xn[i] = sqrtf(n2);
-                p->rn[i] = sqrtf(n2 + (float)aug);
-                for (int c = 0; c < C; c++) mean[c] += x[c];
-            }
-            double mu2 = 0.0;
-            for (int c = 0; c < C; c++) { double mc = mean[c] / T; mu2 += mc * mc; }
-            /* mean of unit rows, accumulated into mean[] after clearing */
-            memset(mean, 0, sizeof(float) * C);
-            for (int i = 0; i < T; i++) {
-                const float *x = Xb + (size_t)i * C;
-                float k = p->xn[i] > 0.0f ? 1.0f / p->xn[i] : 0.0f;
-                for (int c = 0; c < C; c++) mean[c] += x[c] * k;
-            }
-            for (int c = 0; c < C; c++) { double mc = mean[c] / T; um2 += mc * mc; }
-            double res2 = fro2 - T * mu2;
-            rank_sum += fro2 > 0 ? sqrt(res2 > 0 ? res2 / fro2 : 0.0) : 0.0;
-            cos_sum += T > 1 ? (T * um2 - 1.0) / (T - 1) : 1.0;
-            /* ||X~_b||_2 (mean[] is free again: use it as scratch for z) */
-            float xs = x_power(Xb, T, C, aug, p->xv + (size_t)l * (C + 1), p->tmp_t, mean,
-                               p->cfg.iters);
-            for (int h = 0; h < H; h++) {
-                const float *A = att + (size_t)(b * H + h) * T * T;
-                const float *qb = qkv + (size_t)b * T * 3 * C + h * d;
-                const float *kb = qb + C;
-                float sx = p->sig_b[h] * xs;
-                double e_sum = 0.0, en_sum = 0.0, b_sum = 0.0;
-                float ml = maxl[h];
-                for (int i = 0; i < T; i++) {
-                    const float *row = A + (size_t)i * T;
-                    uint32_t hi, lo;
-                    int nread = (i + LANES) / LANES * LANES;
-                    float e = row_entropy(row, i + 1, nread <= T ? nread : i + 1, &hi, &lo);
-                    e_sum += e;
-                    en_sum += e * p->inv_log[i + 1];
-                    b_sum += bound_f(p, i + 1, sx * p->rn[i]);
-                    /* logits at the row's extremes (see the file comment),
-                     * anchored on the diagonal a_ii when its probability
-                     * is usable, else on the argmax */
-                    const float *q = qb + (size_t)i * 3 * C;
-                    float mx, mn;
-                    memcpy(&mx, &hi, sizeof mx);
-                    memcpy(&mn, &lo, sizeof mn);
-                    float amax;
-                    if (row[i] / mx > 1e-36f) {
-                        amax = dot(q, kb + (size_t)i * 3 * C, d) * inv_sd + logf(mx / row[i]);
-                    } else {
-                        int js = 0;
-                        while (js < i && row[js] != mx) js++;
-                        amax = dot(q, kb + (size_t)js * 3 * C, d) * inv_sd;
-                    }
-                    float amin;
-                    float ratio = mn / mx;
-                    /* the forward clamps exp's argument at -87: trust the
-                     * ratio only well inside that range (e^-82.9) */
-                    if (ratio > 1e-36f) {
-                        amin = amax + logf(ratio);
-                    } else {
-                        amin = amax;
-                        for (int j = 0; j <= i; j++) {
-                            float a = dot(q, kb + (size_t)j * 3 * C, d) * inv_sd;
-                            amin = a < amin ? a : amin;
-                        }
-                    }
-                    float am = fabsf(amax) > fabsf(amin) ? fabsf(amax) : fabsf(amin);
-                    if (!(am <= ml)) ml = am;   /* NaN propagates */
-                }
-                ent[h] += e_sum;
-                entn[h] += en_sum;
-                bnd[h] += b_sum;
-                maxl[h] = ml;
-            }
-        }
-        for (int h = 0; h < H; h++) {
-            size_t k = (size_t)l * H + h;
-            o->entropy[k] = (float)(ent[h] / ((double)nb * T));
-            o->entropy_norm[k] = T > 1 ? (float)(entn[h] / ((double)nb * (T - 1))) : NAN;
-            o->entropy_bound[k] = (float)(bnd[h] / ((double)nb * T));
-            o->max_logit[k] = maxl[h];
-        }
-        o->rank_ratio[l] = (float)(rank_sum / nb);
-        o->cos_sim[l] = (float)(cos_sum / nb);
+    int B = m->cur_B;
+    p->m = m;
+    p->nb = p->cfg.examples > 0 && p->cfg.examples < B ? p->cfg.examples : B;
+    o->examples_used = p->nb;
+    /* The model's worker threads idle between forward/backward jobs: the
+     * probe borrows them (a model with one thread runs it here). */
+    int par = m->nthreads > 1 && m->nthreads <= p->nscratch;
+    for (p->phase = 1; p->phase <= 2; p->phase++) {
+        if (par) model_parallel(m, probe_task, p);
+        else probe_task(p, 0, 1);
     }
     /* linear layers */
     int none = m->cfg.reparam == MODEL_REPARAM_NONE;
