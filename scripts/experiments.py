@@ -57,6 +57,7 @@ NORMS = ["pre", "post", "none"]
 LRS = {"adam": [1e-3, 1e-2, 3e-2, 1e-1], "sgd": [0.1, 0.3, 1.0, 3.0]}
 QUICK_LRS = {"adam": [1e-3, 3e-2], "sgd": [0.3, 3.0]}
 EXTRA_SEEDS = [2, 3]
+COLLAPSE_FLOOR = 0.02  # entropy_collapse's default value (daemon/alert.c), drawn on the plot
 
 
 def run_name(c):
@@ -199,6 +200,26 @@ def floor(heads, f):
     return best
 
 
+def alert_counts(d):
+    """{rule: {"none": runs, "sigma": runs}}: how many runs of each arm fired each
+    built-in rule at least once (from the daemon's alerts table)."""
+    con = sqlite3.connect("file:%s?mode=ro" % d.db, uri=True, timeout=30)
+    try:
+        rows = con.execute("SELECT a.rule, r.meta, count(DISTINCT r.id) FROM alerts a JOIN runs r ON r.id = a.run_id "
+                           "GROUP BY a.rule, r.id").fetchall()
+    finally:
+        con.close()
+    out = {}
+    for rule, meta, _ in rows:
+        try:
+            rp = json.loads(meta).get("reparam")
+        except (ValueError, AttributeError):
+            rp = None
+        arm = "sigma" if rp and rp != "none" else "none"
+        out.setdefault(rule, {"none": 0, "sigma": 0})[arm] += 1
+    return out
+
+
 def run_all(configs, d, logdir, jobs):
     rows, queue, active = [], list(configs), []
     while queue or active:
@@ -251,7 +272,7 @@ def verdict(r):
     return "ok"
 
 
-def write_markdown(rows, path, cmd, seconds, machine):
+def write_markdown(rows, path, cmd, seconds, machine, counts=None):
     by_cell = {}
     for r in rows:
         by_cell.setdefault((r["opt"], r["norm"], r["lr"]), []).append(r)
@@ -267,6 +288,45 @@ def write_markdown(rows, path, cmd, seconds, machine):
            "any head's entropy_norm (the rule `entropy_collapse` with `for` 20 fires iff its "
            "value is above this); `max logit`: the largest attention logit." % (
                " ".join(MODEL), STEPS, VOCAB_LOSS), "",
+           "## Summary", "",
+           "Per optimizer and norm, for each arm: the largest learning rate of the grid at which "
+           "every seed ended without divergence and without an entropy_collapse alert (and so did "
+           "every smaller one), and the "
+           "best final eval loss (mean over seeds) with its learning rate.", "",
+           "| optimizer | norm | baseline: stable up to | baseline: best eval loss | σReparam: stable up to | σReparam: best eval loss |",
+           "|---|---|---|---|---|---|"]
+    for opt in LRS:
+        for norm in NORMS:
+            cells = []
+            for rp in ("none", "sigma"):
+                arm = [r for r in rows if r["opt"] == opt and r["norm"] == norm and r["reparam"] == rp]
+                lrs = sorted({r["lr"] for r in arm})
+                ok = []  # the grid's learning rates up to the first failing one
+                for lr in lrs:
+                    if not all(not r["diverged"] and r["collapse_step"] is None for r in arm if r["lr"] == lr):
+                        break
+                    ok.append(lr)
+                best = None
+                for lr in lrs:
+                    m = mean([r["eval_loss"] if not r["diverged"] else None for r in arm if r["lr"] == lr])
+                    if m is not None and all(not r["diverged"] for r in arm if r["lr"] == lr) and \
+                            (best is None or m < best[0]):
+                        best = (m, lr)
+                cells.append("%g" % max(ok) if ok else "none")
+                cells.append("%.3f (lr %g)" % best if best else "-")
+            if not any(r["opt"] == opt and r["norm"] == norm for r in rows):
+                continue
+            out.append("| %s | %s | %s |" % (opt, norm, " | ".join(cells)))
+    if counts:
+        nb = sum(r["reparam"] == "none" for r in rows)
+        ns = len(rows) - nb
+        out += ["", "## Built-in alert rules that fired", "",
+                "Runs (of %d baseline, %d σReparam) in which each default rule of entropyd fired "
+                "at least once." % (nb, ns), "",
+                "| rule | baseline runs | σReparam runs |", "|---|---|---|"]
+        for rule in sorted(counts):
+            out.append("| %s | %d | %d |" % (rule, counts[rule]["none"], counts[rule]["sigma"]))
+    out += ["", "## Every run", "",
            "| optimizer | norm | lr | reparam | seed | eval loss | verdict | min ent_norm | min ent (nats) | 20-step floor | max logit | collapse at |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(by_cell, key=lambda k: (k[0], NORMS.index(k[1]), k[2])):
@@ -313,20 +373,26 @@ def write_plot(rows, scratch, png):
     gp = ["set terminal pngcairo size 1500,1500 font ',10'" if cairo else "set terminal png size 1500,1500",
           "set output '%s'" % png,
           "set multiplot layout 4,3 title 'σReparam vs baseline, %d steps, 2x4 heads, C=64, T=64 (mean over seeds; open marks: diverged)'" % STEPS,
+          "set termoption noenhanced",
           "set logscale x", "set grid", "set key top left", "set datafile missing 'NaN'"]
     for opt, oname in (("adam", "Adam"), ("sgd", "SGD")):
         for what, col, ylab, yr in (("loss", 2, "final eval loss (capped at 5)", "[1.5:5.2]"),
                                     ("ent", 3, "min head entropy_norm", "[0:1]")):
+            lo, hi = min(LRS[opt]), max(LRS[opt])
+            gp.append("set xrange [%g:%g]" % (lo / 1.5, hi * 1.5))
             for norm in NORMS:
                 b = os.path.join(scratch, "%s-%s-none.dat" % (opt, norm))
                 s = os.path.join(scratch, "%s-%s-sigma.dat" % (opt, norm))
                 gp += ["set title '%s, --norm %s'" % (oname, norm), "set xlabel 'learning rate'",
-                       "set ylabel '%s'" % ylab, "set yrange %s" % yr]
+                       "set ylabel '%s'" % ylab, "set yrange %s" % yr,
+                       "set key %s left" % ("top" if what == "loss" else "bottom")]
+                floor_line = (", %g w l dt 2 lc rgb '#555555' t 'entropy_collapse floor %g'" % (
+                    COLLAPSE_FLOOR, COLLAPSE_FLOOR)) if what == "ent" else ""
                 gp.append("plot '%s' u 1:%d w lp lw 2 pt 7 lc rgb '#d62728' t 'baseline', "
                           "'%s' u 1:($4>0?$%d:1/0) w p pt 6 ps 2.5 lc rgb '#d62728' notitle, "
                           "'%s' u 1:%d w lp lw 2 pt 5 lc rgb '#1f77b4' t 'σReparam', "
                           "'%s' u 1:($4>0?$%d:1/0) w p pt 4 ps 2.5 lc rgb '#1f77b4' notitle"
-                          % (b, col, b, col, s, col, s, col))
+                          % (b, col, b, col, s, col, s, col) + floor_line)
     gp.append("unset multiplot")
     script = os.path.join(scratch, "plot.gp")
     with open(script, "w") as f:
@@ -362,6 +428,7 @@ def main():
     print("experiments: %d runs, %d at a time; entropyd at http://127.0.0.1:%d/ (data %s)" % (
         len(configs), args.jobs, d.port, d.data), flush=True)
     interrupted = False
+    counts = {}
     try:
         rows = run_all(configs, d, logdir, args.jobs)
         if not args.quick:
@@ -377,6 +444,7 @@ def main():
                 print("experiments: %d more runs (extra seeds where both arms ended close)" % len(more),
                       flush=True)
                 rows += run_all(more, d, logdir, args.jobs)
+        counts = alert_counts(d)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -392,7 +460,7 @@ def main():
     with open(os.path.join(args.out, "experiments.json"), "w") as f:
         json.dump({"command": cmd, "seconds": round(seconds, 1), "steps": args.steps,
                    "model": MODEL, "common": COMMON, "rows": rows}, f, indent=1)
-    write_markdown(rows, os.path.join(args.out, "experiments.md"), cmd, seconds, machine)
+    write_markdown(rows, os.path.join(args.out, "experiments.md"), cmd, seconds, machine, counts)
     ok = write_plot(rows, os.path.join(scratch, "plot"), os.path.join(args.out, "experiments.png"))
     print("experiments: %d runs in %.1f min -> %s/experiments.md%s" % (
         len(rows), seconds / 60, args.out, ", experiments.png" if ok else ""))
