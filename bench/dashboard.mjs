@@ -87,8 +87,7 @@ try {
     while (window.__render && document.querySelector('.range-txt').dataset.zoomed !== '1') await new Promise((r) => setTimeout(r, 5));
     // wait for the reloads to settle: no API request pending for 3 frames
     let quiet = 0;
-    const {netStats} = await import('./api.js');
-    while (quiet < 3) { await new Promise((r) => requestAnimationFrame(r)); quiet = netStats.pending === 0 ? quiet + 1 : 0; }
+    while (quiet < 3) { await new Promise((r) => requestAnimationFrame(r)); quiet = window.__net.pending === 0 ? quiet + 1 : 0; }
     return performance.now() - t0;
   }, Math.round((lo + hi) / 2));
   console.log(`dashboard ${label}: zoom to 1,000 steps -> every loaded chart refetched and drawn: ${tz.toFixed(0)} ms`);

@@ -12,6 +12,7 @@ const MAX_INFLIGHT = 5;
 let inflight = 0;
 const waiting = [];   // [{run, prio}] high prio first
 export const netStats = {requests: 0, bytes: 0, pending: 0};
+window.__net = netStats;   // for tests and the benchmark
 
 function pump() {
   while (inflight < MAX_INFLIGHT && waiting.length) {

@@ -45,15 +45,13 @@ await run(async (ctx) => {
   // scroll through the per-layer charts (each loads 34 series when it shows)
   for (let y = 0; y < 5000; y += 500) { await page.mouse.wheel(0, 500); await sleep(80); }
   await page.waitForFunction(() => window.__render.complete, null, {timeout: 20000});
-  await page.waitForFunction(async () => {
-    const {netStats} = await import('./api.js');
-    return netStats.pending === 0;
-  }, null, {timeout: 30000, polling: 200});
+  await sleep(300);   // the last intersection callbacks
+  await page.waitForFunction(() => window.__net.pending === 0, null, {timeout: 30000, polling: 100});
   const [longest, gap, drawn] = await page.evaluate(() => [window.__longest, window.__gap,
     document.querySelectorAll('.chart .u-over').length]);
   check(longest < 250, `longest main-thread task ${longest.toFixed(0)} ms (< 250 ms: no frozen tab)`);
   check(gap < 500, `longest gap between animation frames ${gap.toFixed(0)} ms`);
-  check(drawn >= 6, `${drawn} charts drawn after scrolling`);
+  check(drawn >= 20, `${drawn} charts drawn after scrolling past them`);
   await page.evaluate(() => window.scrollTo(0, 0));
   await sleep(200);
   await screenshot(page, 'heads32-top', {fullPage: false});
