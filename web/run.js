@@ -291,7 +291,7 @@ export class RunView {
           const f = await api.frame(this.id, w.metric, w.step, {prio: 3});
           if (this.dead) return;
           mark('frame');
-          this.hm.set(f, unitOf(w.metric), FIXED_DOMAIN[w.metric]);
+          this.hm.set(f, unitOf(w.metric), this.domainOf(w.metric));
           mark('heatmap');
           this.hmDescr.textContent = describe(w.metric) ? `${w.metric}: ${describe(w.metric)}` : w.metric;
           this.stepEl.textContent = 'step ' + fmtStep(f.step) + (this.follow ? ' (latest)' : '');
@@ -322,6 +322,15 @@ export class RunView {
       this.checkComplete();
     })();
     return this.framePromise;
+  }
+
+  /** Colour range of a head metric: fixed where the metric has one
+   * (entropy_norm 0..1; entropy and its bound 0..log T, the most a row can
+   * have), so colours mean the same at every step; else the frame's range. */
+  domainOf(metric) {
+    if (FIXED_DOMAIN[metric]) return FIXED_DOMAIN[metric];
+    if ((metric === 'entropy' || metric === 'entropy_bound') && this.run.seq_len > 1) return [0, Math.log(this.run.seq_len)];
+    return undefined;
   }
 
   syncStepUrl = rafThrottle((step) => urlState.set({step: step === null ? undefined : step}));
