@@ -36,7 +36,7 @@ typedef struct {
     int sgemm_peak;           /* --sgemm-peak: measure and exit (for the benchmark) */
     /* telemetry (none without --daemon) */
     const char *daemon, *run_name, *spool_dir, *token;
-    int log_every, probe_examples, queue_slots, spool_max_mb, upload_spool;
+    int log_every, probe_examples, queue_slots, spool_max_mb, upload_spool, telemetry_ab;
 } options;
 
 static void usage(FILE *f)
@@ -87,6 +87,8 @@ static void usage(FILE *f)
 "  --token T             daemon token (TCP)\n"
 "  --upload-spool        send what --spool DIR holds for --run NAME (with the run's\n"
 "                        --layers/--heads/--seq-len) to --daemon, wait for the acks, exit\n"
+"  --telemetry-ab N      benchmark: alternate blocks of N steps with and without telemetry\n"
+"                        and print both step times at the end (bench/telemetry_overhead.sh)\n"
 "  --help\n");
 }
 
@@ -215,6 +217,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(name, "--probe-examples")) rc = parse_int(name, v, 0, 1 << 20, &o->probe_examples);
         else if (!strcmp(name, "--telemetry-queue")) rc = parse_int(name, v, 16, 1 << 20, &o->queue_slots);
         else if (!strcmp(name, "--spool-max-mb")) rc = parse_int(name, v, 1, 1 << 20, &o->spool_max_mb);
+        else if (!strcmp(name, "--telemetry-ab")) rc = parse_int(name, v, 1, 1 << 20, &o->telemetry_ab);
         else { fprintf(stderr, "sigmatrain: unknown flag '%s' (see --help)\n", name); return -1; }
         if (rc) return -1;
     }
@@ -226,8 +229,8 @@ static int parse_args(int argc, char **argv, options *o)
         fprintf(stderr, "sigmatrain: --save-every needs --save PATH\n");
         return -1;
     }
-    if (!o->daemon && (o->run_name || o->spool_dir || o->token || o->upload_spool)) {
-        fprintf(stderr, "sigmatrain: --run, --spool, --token and --upload-spool need --daemon ADDR\n");
+    if (!o->daemon && (o->run_name || o->spool_dir || o->token || o->upload_spool || o->telemetry_ab)) {
+        fprintf(stderr, "sigmatrain: --run, --spool, --token, --upload-spool and --telemetry-ab need --daemon ADDR\n");
         return -1;
     }
     if (o->upload_spool && (!o->run_name || !o->spool_dir)) {
@@ -596,7 +599,9 @@ int main(int argc, char **argv)
                              .queue_slots = (size_t)o.queue_slots,
                              .spool_max_bytes = (size_t)o.spool_max_mb << 20,
                              .probe = {.examples = o.probe_examples},
-                             .tokens_per_step = (long)B * T};
+                             .tokens_per_step = (long)B * T,
+                             .ab_block = o.log_every == 1 ? o.telemetry_ab : 0,
+                             .ab_max_steps = r->steps};
         mon = monitor_create(&mc, m, err, sizeof err);
         free(meta);
         if (!mon) { fprintf(stderr, "sigmatrain: telemetry: %s\n", err); goto out; }

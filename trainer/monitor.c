@@ -26,6 +26,11 @@ struct monitor {
     double hook_seconds;      /* probe + enqueue + poll, all steps */
     long logged, probed, steps;
     int connected_once;
+    /* A/B benchmark: step times (s) of steps with [0] and without [1] telemetry */
+    int ab_block;
+    double *ab_t[2];
+    long ab_n[2], ab_cap;
+    double prev_step_t;
     char run[TELEMETRY_RUN_MAX + 1];
 };
 
@@ -72,8 +77,18 @@ monitor *monitor_create(const monitor_config *cfg, const model *m, char *err, si
     snprintf(mo->run, sizeof mo->run, "%s", telemetry_run_name(mo->t));
     mo->probed_step = -1;
     mo->open_step = -1;
+    if (cfg->ab_block > 0) {
+        mo->ab_block = cfg->ab_block;
+        mo->ab_cap = cfg->ab_max_steps > 0 ? cfg->ab_max_steps : 1;
+        mo->ab_t[0] = malloc(sizeof(double) * mo->ab_cap);
+        mo->ab_t[1] = malloc(sizeof(double) * mo->ab_cap);
+        if (!mo->ab_t[0] || !mo->ab_t[1]) { snprintf(err, errlen, "out of memory"); goto err; }
+    }
     return mo;
 err:
+    if (mo->t) telemetry_destroy(mo->t, NULL, 0);
+    free(mo->ab_t[0]);
+    free(mo->ab_t[1]);
     probe_destroy(mo->p);
     free(mo);
     return NULL;
@@ -81,7 +96,16 @@ err:
 
 const char *monitor_run_name(const monitor *mo) { return mo->run; }
 
-int monitor_wants(const monitor *mo, long step) { return mo && step % mo->log_every == 0; }
+/* A/B mode: blocks of ab_block steps alternate, with telemetry first. */
+static int ab_off(const monitor *mo, long step)
+{
+    return mo->ab_block > 0 && ((step - 1) / mo->ab_block) % 2 == 1;
+}
+
+int monitor_wants(const monitor *mo, long step)
+{
+    return mo && step % mo->log_every == 0 && !ab_off(mo, step);
+}
 
 void monitor_probe(monitor *mo, model *m)
 {
@@ -142,6 +166,20 @@ static void commit_open(monitor *mo)
 void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm, int eval_follows)
 {
     double t0 = mono();
+    if (mo->ab_block > 0) {
+        /* the interval since the previous step holds this whole step; the
+         * first step of each block is left out (it may carry the sender's
+         * work for the previous block) */
+        int off = ab_off(mo, step);
+        if (mo->prev_step_t > 0.0 && (step - 1) % mo->ab_block != 0 && mo->ab_n[off] < mo->ab_cap)
+            mo->ab_t[off][mo->ab_n[off]++] = t0 - mo->prev_step_t;
+        mo->prev_step_t = t0;
+        if (off) {
+            mo->probed = 0;
+            poll_lines(mo);
+            return;
+        }
+    }
     if (mo->first == 0.0) mo->first = mo->last_logged = t0;
     mo->last = t0;
     mo->steps_since++;
@@ -186,6 +224,31 @@ void monitor_eval(monitor *mo, long step, float eval_loss)
     mo->steps_since = 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void ab_report(monitor *mo)
+{
+    if (mo->ab_block <= 0 || mo->ab_n[0] < 3 || mo->ab_n[1] < 3) return;
+    double mean[2], med[2];
+    for (int k = 0; k < 2; k++) {
+        double s = 0.0;
+        for (long i = 0; i < mo->ab_n[k]; i++) s += mo->ab_t[k][i];
+        mean[k] = s / mo->ab_n[k];
+        qsort(mo->ab_t[k], mo->ab_n[k], sizeof(double), cmp_double);
+        long n = mo->ab_n[k];
+        med[k] = n % 2 ? mo->ab_t[k][n / 2] : 0.5 * (mo->ab_t[k][n / 2 - 1] + mo->ab_t[k][n / 2]);
+    }
+    fprintf(mo->log,
+            "telemetry A/B (blocks of %d steps, same run): with %ld steps median %.2f ms mean %.2f ms, "
+            "without %ld steps median %.2f ms mean %.2f ms -> overhead median %.2f%% mean %.2f%%\n",
+            mo->ab_block, mo->ab_n[0], med[0] * 1e3, mean[0] * 1e3, mo->ab_n[1], med[1] * 1e3,
+            mean[1] * 1e3, 100.0 * (med[0] / med[1] - 1.0), 100.0 * (mean[0] / mean[1] - 1.0));
+}
+
 static void summary(FILE *log, const char *run, telemetry *t, const char *extra)
 {
     telemetry_stats st;
@@ -221,6 +284,7 @@ int monitor_finish(monitor *mo, const char *status)
              mo->logged, mo->steps ? 1e3 * mo->hook_seconds / mo->steps : 0.0,
              span > 0 ? 100.0 * mo->hook_seconds / span : 0.0);
     summary(mo->log, mo->run, mo->t, extra);
+    ab_report(mo);
     /* the end message: destroy waits for its ack while connected */
     telemetry_stats_get(mo->t, &st);
     int rc2 = telemetry_destroy(mo->t, status, st.connected ? 3000 : 0);
@@ -229,6 +293,8 @@ int monitor_finish(monitor *mo, const char *status)
         fprintf(mo->log, "telemetry: not everything was acknowledged; the rest stays in the spool "
                          "(upload it later with --upload-spool, same --run and --spool)\n");
     probe_destroy(mo->p);
+    free(mo->ab_t[0]);
+    free(mo->ab_t[1]);
     free(mo);
     return rc == TELEMETRY_OK && rc2 == TELEMETRY_OK ? 0 : 1;
 }

@@ -44,6 +44,10 @@ typedef struct {
     probe_config probe;
     long tokens_per_step;     /* B * T, for tokens_per_s */
     FILE *log;                /* where daemon lines and the summary go (stderr if NULL) */
+    int ab_block;             /* benchmark: > 0 alternates blocks of ab_block steps with
+                                 telemetry (probe + enqueue) and without, and reports the
+                                 step times of both in the summary; needs log_every 1 */
+    long ab_max_steps;        /* steps the A/B arrays are sized for */
 } monitor_config;
 
 typedef struct monitor monitor;
