@@ -52,6 +52,7 @@ export class TimeChart {
   setData(defs, table) {
     const key = JSON.stringify([this.o.unit, this.o.title, defs.map((d) => [d.label, d.color, !!d.band, d.dash, d.width])]);
     this.data = table;
+    this.fetched = table[0] ? table[0].length : 0;
     if (this.u && key === this.key) {
       this.u.setData(table);
       return;
@@ -144,6 +145,9 @@ export class TimeChart {
     if (!this.u || !this.data || !this.data[0]) return false;
     const xs = this.data[0];
     if (xs.length && step <= xs[xs.length - 1]) return false;
+    // a live run would grow the chart by a point per step forever: once the
+    // appended points outnumber the fetched buckets, refetch (downsampled)
+    if (xs.length > 2 * Math.max(this.fetched || 0, 500) && this.reload) { this.reload(); return false; }
     let c = 1;
     xs.push(step);
     this.defs.forEach((d, i) => {

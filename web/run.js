@@ -161,6 +161,7 @@ export class RunView {
       }
     };
     this.charts.push(c);
+    chart.reload = () => { if (!c.reloading) { c.reloading = true; c.load().finally(() => { c.reloading = false; }); } };
     if (eager) c.load(); else whenVisible(chart.el, c.load);
     return c;
   }
