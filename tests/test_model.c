@@ -320,6 +320,30 @@ static void test_crossentropy(void **state)
     free(z); free(probs); free(losses); free(c.z); free(g);
 }
 
+/* The embedding layer: out = wte[token] + wpe[t]; its backward scatters. */
+static void test_encoder(void **state)
+{
+    (void)state;
+    int B = 2, T = 3, C = 4, V = 5, inp[6] = {1, 4, 1, 0, 1, 3};
+    float *wte = frand(V * C, 1), *wpe = frand(T * C, 1), *R = frand(B * T * C, 1);
+    float *out = calloc(B * T * C, 4), *dwte = calloc(V * C, 4), *dwpe = calloc(T * C, 4);
+    encoder_forward(out, inp, wte, wpe, B, T, C);
+    encoder_backward(dwte, dwpe, R, inp, B, T, C);
+    /* the loss <R, out> is linear: its exact gradient is the scatter of R */
+    double gte[20] = {0}, gpe[12] = {0};
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < C; i++) {
+                assert_true(out[(b * T + t) * C + i] == wte[inp[b * T + t] * C + i] + wpe[t * C + i]);
+                gte[inp[b * T + t] * C + i] += R[(b * T + t) * C + i];
+                gpe[t * C + i] += R[(b * T + t) * C + i];
+            }
+    printf("encoder:\n");
+    assert_true(relerr("dwte", dwte, gte, V * C) < 1e-6);
+    assert_true(relerr("dwpe", dwpe, gpe, T * C) < 1e-6);
+    free(wte); free(wpe); free(R); free(out); free(dwte); free(dwpe);
+}
+
 static void test_fast_exp(void **state)
 {
     (void)state;
@@ -526,6 +550,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fast_exp),
+        cmocka_unit_test(test_encoder),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_attention),
