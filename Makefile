@@ -30,6 +30,18 @@ CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
+# MPI (issue 10): build/sigmatrain-mpi, the same trainer with trainer/dist.c
+# compiled by mpicc with -DDIST_MPI.  Built when mpicc exists (MPI=1 demands
+# it, MPI=0 turns it off); build/sigmatrain itself never links MPI.
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+MPI   ?= $(if $(MPICC),1,0)
+ifeq ($(MPI),1)
+ifeq ($(MPICC),)
+$(error MPI=1 but mpicc was not found: make deps installs libopenmpi-dev and openmpi-bin)
+endif
+MPI_BIN := $(BUILD)/sigmatrain-mpi
+endif
+
 DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 TRAINER_SRC := $(filter-out trainer/main.c,$(wildcard trainer/*.c))
 TEST_SRC    := $(wildcard tests/test_*.c)
@@ -43,7 +55,7 @@ BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all deps test bench demo clean experiments fuzz fuzz-build
 .SECONDARY:
-all: $(BUILD)/entropyd $(if $(wildcard trainer/main.c),$(BUILD)/sigmatrain) $(TESTS) $(BENCHES)
+all: $(BUILD)/entropyd $(if $(wildcard trainer/main.c),$(BUILD)/sigmatrain $(MPI_BIN)) $(TESTS) $(BENCHES)
 
 deps:
 	@scripts/deps.sh
@@ -75,6 +87,14 @@ $(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 $(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+# The MPI variant: dist.c again, by mpicc; linked before libtrainer.a so the
+# archive's single-process dist.o is never pulled in.
+$(BUILD)/mpi/trainer/dist.o: trainer/dist.c
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) $(TRAINER_OPT) -DDIST_MPI -c $< -o $@
+$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a
+	$(MPICC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # Every test and benchmark links both module libraries; the linker keeps only
 # the objects it needs.

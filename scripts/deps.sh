@@ -5,7 +5,8 @@ set -euo pipefail
 pkgs=(build-essential pkg-config clang libclang-rt-14-dev
       libmicrohttpd-dev libsqlite3-dev sqlite3 libopenblas-dev liblapacke-dev
       libcjson-dev libcmocka-dev libcurl4-openssl-dev
-      python3 chromium gnuplot-nox)
+      python3 chromium gnuplot-nox
+      libopenmpi-dev openmpi-bin)
 # Node.js may come from elsewhere with npm inside it: ask for the commands.
 command -v node >/dev/null || pkgs+=(nodejs)
 command -v npm >/dev/null || pkgs+=(npm)

@@ -16,6 +16,7 @@
 
 #include "ckpt.h"
 #include "data.h"
+#include "dist.h"
 #include "model.h"
 #include "monitor.h"
 #include "optim.h"
@@ -37,6 +38,7 @@ typedef struct {
     /* telemetry (none without --daemon) */
     const char *daemon, *run_name, *spool_dir, *token;
     int log_every, probe_examples, queue_slots, spool_max_mb, upload_spool, telemetry_ab;
+    int dist_check_every, dist_bucket_kb; /* MPI build (dist.h) */
 } options;
 
 static void usage(FILE *f)
@@ -89,6 +91,10 @@ static void usage(FILE *f)
 "                        --layers/--heads/--seq-len) to --daemon, wait for the acks, exit\n"
 "  --telemetry-ab N      benchmark: alternate blocks of N steps with and without telemetry\n"
 "                        and print both step times at the end (bench/telemetry_overhead.sh)\n"
+"distributed (build/sigmatrain-mpi under mpirun; --batch is the global batch):\n"
+"  --dist-check-every K  compare a hash of parameters, power-iteration vectors and\n"
+"                        optimizer moments across ranks every K steps, 0 = never (default 100)\n"
+"  --dist-bucket-kb N    gradient all-reduce bucket size, 0 = one call (default 0)\n"
 "  --help\n");
 }
 
@@ -161,6 +167,7 @@ static int parse_args(int argc, char **argv, options *o)
     o->threads = 2;
     o->log_every = 1;
     o->probe_examples = PROBE_DEFAULT_EXAMPLES;
+    o->dist_check_every = 100;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 1; }
@@ -216,6 +223,8 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(name, "--log-every")) rc = parse_int(name, v, 1, 1 << 30, &o->log_every);
         else if (!strcmp(name, "--probe-examples")) rc = parse_int(name, v, 0, 1 << 20, &o->probe_examples);
         else if (!strcmp(name, "--telemetry-queue")) rc = parse_int(name, v, 16, 1 << 20, &o->queue_slots);
+        else if (!strcmp(name, "--dist-check-every")) rc = parse_int(name, v, 0, 1 << 30, &o->dist_check_every);
+        else if (!strcmp(name, "--dist-bucket-kb")) rc = parse_int(name, v, 0, 1 << 20, &o->dist_bucket_kb);
         else if (!strcmp(name, "--spool-max-mb")) rc = parse_int(name, v, 1, 1 << 20, &o->spool_max_mb);
         else if (!strcmp(name, "--telemetry-ab")) rc = parse_int(name, v, 1, 1 << 20, &o->telemetry_ab);
         else { fprintf(stderr, "sigmatrain: unknown flag '%s' (see --help)\n", name); return -1; }
@@ -341,13 +350,19 @@ static void save_path_for(char *out, size_t n, const char *path, long step)
     snprintf(out, n, "%.*s%ld%s", (int)(p - path), path, step, p + 6);
 }
 
-static float evaluate(model *m, const data *d, int *in, int *tg, int B, int T, int batches)
+/* Each rank runs its rows of every validation batch; the mean is summed
+ * across ranks (NaN if that fails: the next step's collective reports it). */
+static float evaluate(model *m, const data *d, int *in, int *tg, int B, int T, int batches, dist *dd)
 {
     double s = 0.0;
+    int b0, nb;
+    char err[256];
+    dist_shard(dd, B, &b0, &nb);
     for (int k = 0; k < batches; k++) {
         data_val_batch(d, k, in, tg, B, T);
-        s += model_forward(m, in, tg, B, T, 0);
+        s += model_forward(m, in + b0 * T, tg + b0 * T, nb, T, 0);
     }
+    if (dist_sum(dd, &s, 1, (double)nb / B, err, sizeof err) != 0) return NAN;
     return (float)(s / batches);
 }
 
@@ -369,6 +384,13 @@ static void telemetry_on_step(monitor *mon, long step, float loss, float lr, flo
                               int eval_follows)
 {
     if (mon) monitor_step(mon, step, loss, lr, grad_norm, eval_follows);
+}
+
+/* dist_on_failure's callback (the watcher thread, while the training
+ * thread is blocked in a collective): end the run as failed. */
+static void end_run_failed(void *mon)
+{
+    monitor_finish(mon, "failed");
 }
 
 /* A float as the short decimal it was given as (0.001, not 0.0010000000474974513). */
@@ -494,6 +516,11 @@ int main(int argc, char **argv)
         if (rc < 0) fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
         return rc == 0 ? 0 : 1;
     }
+    /* MPI (build/sigmatrain-mpi) or a job of one; see dist.h */
+    dist *dd = dist_create(&argc, &argv, (size_t)o.dist_bucket_kb * 256, err, sizeof err);
+    if (!dd) { fprintf(stderr, "sigmatrain: %s\n", err); return 1; }
+    if (dist_rank(dd) > 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 prints progress */
+        fprintf(stderr, "sigmatrain: /dev/null: %s\n", strerror(errno));
     monitor *mon = NULL;
     ckpt_meta *r = &o.run;
     int status = 1;
@@ -556,8 +583,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "sigmatrain: %s\n", err);
         goto out;
     }
-    int B = r->batch, T = r->seq_len;
-    m = model_create(&r->cfg, B, T, o.threads);
+    int B = r->batch, T = r->seq_len, b0, nb; /* this rank runs rows [b0, b0 + nb) */
+    if (B < dist_size(dd)) {
+        fprintf(stderr, "sigmatrain: --batch %d is smaller than the %d ranks\n", B, dist_size(dd));
+        goto out;
+    }
+    dist_shard(dd, B, &b0, &nb);
+    m = model_create(&r->cfg, nb, T, o.threads);
     opt = m ? optim_create(r->optimizer, m->num_params, r->beta1, r->beta2, r->eps, r->weight_decay) : NULL;
     in = malloc(sizeof(int) * B * T);
     tg = malloc(sizeof(int) * B * T);
@@ -592,7 +624,11 @@ int main(int argc, char **argv)
            r->clip, r->steps, (unsigned long long)r->seed, o.threads, openblas_get_corename(),
            o.data_path ? o.data_path : "synthetic", o.resume_path ? " (resumed)" : "");
     if (o.resume_path) printf("resumed from %s at step %lld\n", o.resume_path, (long long)r->step);
-    if (o.daemon) {
+    if (dist_size(dd) > 1)
+        printf("dist: %d ranks (MPI), %d-%d rows of each batch of %d per rank, all-reduce bucket %s, "
+               "checksum every %d steps\n", dist_size(dd), B / dist_size(dd), (B + dist_size(dd) - 1) / dist_size(dd),
+               B, o.dist_bucket_kb ? "set" : "whole buffer", o.dist_check_every);
+    if (o.daemon && dist_rank(dd) == 0) { /* one run: rank 0 streams */
         char *meta = run_meta_json(&o, m, o.resume_path);
         monitor_config mc = {.address = o.daemon, .run = o.run_name, .spool_dir = o.spool_dir,
                              .token = o.token, .meta_json = meta, .log_every = o.log_every,
@@ -601,10 +637,12 @@ int main(int argc, char **argv)
                              .probe = {.examples = o.probe_examples},
                              .tokens_per_step = (long)B * T,
                              .ab_block = o.log_every == 1 ? o.telemetry_ab : 0,
-                             .ab_max_steps = r->steps};
+                             .ab_max_steps = r->steps,
+                             .extra_scalars = dist_size(dd) > 1 ? 3 * dist_size(dd) : 0};
         mon = monitor_create(&mc, m, err, sizeof err);
         free(meta);
         if (!mon) { fprintf(stderr, "sigmatrain: telemetry: %s\n", err); goto out; }
+        dist_on_failure(dd, end_run_failed, mon); /* a peer died while we waited on it */
         printf("telemetry: run %s -> %s (spool %s, log every %d, probe on %d examples)\n",
                monitor_run_name(mon), o.daemon, o.spool_dir ? o.spool_dir : "private, temporary",
                o.log_every, o.probe_examples && o.probe_examples < B ? o.probe_examples : B);
@@ -615,14 +653,20 @@ int main(int argc, char **argv)
     float loss = NAN, lr = 0.0f, gnorm = 0.0f, val = NAN;
     double loss_acc = 0.0, reparam_eval = 0.0;
     for (long step = start; step < r->steps; step++) {
+        double tstep = now_s(), comm0 = dist_comm_seconds(dd);
         data_next_train(d, in, tg, B, T);
-        loss = model_forward(m, in, tg, B, T, 1);
+        loss = model_forward(m, in + b0 * T, tg + b0 * T, nb, T, 1);
+        double gl = loss; /* every rank must agree on a bad step: the global mean */
+        if (dist_sum(dd, &gl, 1, (double)nb / B, err, sizeof err) != 0) goto dist_failed;
+        loss = (float)gl;
         if (monitor_wants(mon, step + 1)) monitor_probe(mon, m);
         lr = optim_lr(r->lr, (int)step, r->warmup, r->steps, r->schedule);
         int bad = !isfinite(loss);
         if (!bad) {
             model_zero_grad(m);
             model_backward(m);
+            if (dist_allreduce_grads(dd, m->grads_memory, m->num_params, (float)nb / B, err, sizeof err) != 0)
+                goto dist_failed;
             upd.phase = 0;
             model_parallel(m, update_slice, &upd);
             double ss = 0.0;
@@ -653,6 +697,27 @@ int main(int argc, char **argv)
         done_here++;
         window++;
         if (isfinite(loss)) { loss_acc += loss; finite_in_window++; }
+        if (o.dist_check_every && r->step % o.dist_check_every == 0) {
+            const void *bufs[3] = {m->params_memory, m->pi_memory, opt->state};
+            size_t bytes[3] = {m->num_params * sizeof(float), m->pi_size * sizeof(float),
+                               opt->state_n * sizeof(float)};
+            int rc = dist_check_same(dd, bufs, bytes, 3, err, sizeof err);
+            if (rc > 0) {
+                fprintf(stderr, "sigmatrain: step %lld: %s\n", (long long)r->step, err);
+                status = 4;
+                goto out;
+            }
+            if (rc < 0) goto dist_failed;
+        }
+        if (o.daemon && dist_size(dd) > 1 && r->step % o.log_every == 0) { /* per-rank figures */
+            int ns;
+            const char *const *names;
+            const float *vals;
+            if (dist_rank_stats(dd, (double)nb * T, now_s() - tstep, dist_comm_seconds(dd) - comm0,
+                                &ns, &names, &vals, err, sizeof err) != 0)
+                goto dist_failed;
+            if (mon) monitor_extra_scalars(mon, ns, names, vals);
+        }
 
         telemetry_on_step(mon, step + 1, loss, lr, gnorm,
                           (o.eval_every && r->step % o.eval_every == 0) || r->step == r->steps);
@@ -673,14 +738,14 @@ int main(int argc, char **argv)
         }
         if (o.eval_every && r->step % o.eval_every == 0 && r->step < r->steps) {
             double te = now_s(), re = m->reparam_seconds;
-            val = evaluate(m, d, in, tg, B, T, o.eval_batches);
+            val = evaluate(m, d, in, tg, B, T, o.eval_batches, dd);
             reparam_eval += m->reparam_seconds - re;
             printf("eval step %lld | val loss %.4f\n", (long long)r->step, val);
             monitor_eval(mon, (long)r->step, val);
             tlast += now_s() - te; /* keep evals out of tokens/s */
             t0 += now_s() - te;
         }
-        if (o.save_every && r->step % o.save_every == 0 && r->step < r->steps) {
+        if (o.save_every && r->step % o.save_every == 0 && r->step < r->steps && dist_rank(dd) == 0) {
             char path[4096];
             save_path_for(path, sizeof path, o.save_path, (long)r->step);
             double ts = now_s();
@@ -694,10 +759,10 @@ int main(int argc, char **argv)
     }
     double elapsed = now_s() - t0;
     double reparam_train = m->reparam_seconds - reparam_eval;
-    val = evaluate(m, d, in, tg, B, T, o.eval_batches);
+    val = evaluate(m, d, in, tg, B, T, o.eval_batches, dd);
     printf("eval step %lld | val loss %.4f\n", (long long)r->step, val);
     monitor_eval(mon, (long)r->step, val);
-    if (o.save_path) {
+    if (o.save_path && dist_rank(dd) == 0) { /* ranks are identical (checked) */
         char path[4096];
         save_path_for(path, sizeof path, o.save_path, (long)r->step);
         if (ckpt_save(path, r, m, opt, err, sizeof err) != 0) {
@@ -711,7 +776,15 @@ int main(int argc, char **argv)
            "%.1f s | %.0f tok/s | %.1f GFLOP/s | sreparam %.2f%% of step time\n",
            (long long)r->step, loss, val, (long long)r->nan_steps, elapsed, tps,
            tps / (B * T) * flops / 1e9, elapsed > 0 ? 100.0 * reparam_train / elapsed : 0.0);
+    if (dist_size(dd) > 1)
+        printf("dist: gradient all-reduce %.2f ms/step, %.1f%% of training time (%ld calls, %zu floats each)\n",
+               dist_comm_calls(dd) ? 1e3 * dist_comm_seconds(dd) / dist_comm_calls(dd) : 0.0,
+               elapsed > 0 ? 100.0 * dist_comm_seconds(dd) / elapsed : 0.0, dist_comm_calls(dd), m->num_params);
     status = isfinite(val) ? 0 : 3;
+    goto out;
+dist_failed:
+    fprintf(stderr, "sigmatrain: rank %d: %s\n", dist_rank(dd), err);
+    status = 1;
 out:
     monitor_finish(mon, status == 0 ? "finished" : "failed");
     free(in);
@@ -719,5 +792,6 @@ out:
     optim_destroy(opt);
     model_destroy(m);
     data_destroy(d);
+    dist_destroy(dd, status == 1); /* 1: other ranks may wait in a collective: abort them */
     return status;
 }

@@ -26,6 +26,10 @@ struct monitor {
     double hook_seconds;      /* probe + enqueue + poll, all steps */
     long logged, probed, steps;
     int connected_once;
+    /* monitor_extra_scalars: added to the next logged step (not copied) */
+    int extra_n;
+    const char *const *extra_names;
+    const float *extra_values;
     /* A/B benchmark: step times (s) of steps with [0] and without [1] telemetry */
     int ab_block;
     double *ab_t[2];
@@ -57,7 +61,7 @@ static telemetry *open_client(const monitor_config *cfg, int layers, int heads, 
     tc.queue_slots = cfg->queue_slots;
     tc.spool_max_bytes = cfg->spool_max_bytes;
     /* 6 scalars + 2 lm head + a margin; 10 layer metrics; 7 head metrics */
-    tc.max_scalars = 16;
+    tc.max_scalars = 16 + (cfg->extra_scalars > 0 ? cfg->extra_scalars : 0);
     tc.max_layer_metrics = 12;
     tc.max_head_metrics = 8;
     return telemetry_create(&tc, err, errlen);
@@ -199,6 +203,8 @@ void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm,
                 mo->last_logged = t0;
                 mo->steps_since = 0;
                 if (mo->probed && mo->pm) put_probe(s, mo->pm);
+                for (int i = 0; i < mo->extra_n; i++)
+                    telemetry_step_scalar(s, mo->extra_names[i], mo->extra_values[i]);
                 mo->logged++;
             }
             if (eval_follows) {
@@ -210,8 +216,17 @@ void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm,
         }
     }
     mo->probed = 0;
+    mo->extra_n = 0;
     poll_lines(mo);
     mo->hook_seconds += mono() - t0;
+}
+
+void monitor_extra_scalars(monitor *mo, int n, const char *const *names, const float *values)
+{
+    if (!mo) return;
+    mo->extra_n = n;
+    mo->extra_names = names;
+    mo->extra_values = values;
 }
 
 void monitor_eval(monitor *mo, long step, float eval_loss)

@@ -48,6 +48,7 @@ typedef struct {
                                  telemetry (probe + enqueue) and without, and reports the
                                  step times of both in the summary; needs log_every 1 */
     long ab_max_steps;        /* steps the A/B arrays are sized for */
+    int extra_scalars;        /* room for monitor_extra_scalars per step (0: none) */
 } monitor_config;
 
 typedef struct monitor monitor;
@@ -68,6 +69,12 @@ void monitor_probe(monitor *mo, model *m);
  * open until monitor_eval adds eval_loss).  Polls the daemon's lines. */
 void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm, int eval_follows);
 void monitor_eval(monitor *mo, long step, float eval_loss);
+
+/* Scalars for the next monitor_step of a logged step (e.g. dist.h's
+ * per-rank figures), at most cfg->extra_scalars of them beyond the built-in
+ * ones.  Names and values are not copied: they must stay valid until that
+ * monitor_step, which consumes them.  Accepts NULL mo. */
+void monitor_extra_scalars(monitor *mo, int n, const char *const *names, const float *values);
 
 /* Commits an open step, waits for the daemon's acks (at most 10 s while
  * connected, 0.5 s otherwise), ends the run with status ("finished",
