@@ -8,6 +8,25 @@ import uPlot from './vendor/uplot/uPlot.esm.js';
 import {fmt, fmtStep, rafThrottle} from './util.js';
 
 const charts = new Set();
+
+// The draw queue: one chart per task (setTimeout 0), in the order asked.
+const drawJobs = new Map();   // chart -> [resolve]
+let drawing = false;
+function drawLater(chart, resolve) {
+  const w = drawJobs.get(chart);
+  if (w) w.push(resolve); else drawJobs.set(chart, [resolve]);
+  if (!drawing) { drawing = true; setTimeout(drawOne, 0); }
+}
+function drawOne() {
+  const next = drawJobs.entries().next();
+  if (next.done) { drawing = false; return; }
+  const [chart, waiters] = next.value;
+  drawJobs.delete(chart);
+  try { chart.render(); } catch (e) { console.error('chart', e); }
+  // uPlot draws in a microtask queued by render(): resolve after it
+  queueMicrotask(() => waiters.forEach((r) => r()));
+  if (drawJobs.size) setTimeout(drawOne, 0); else drawing = false;
+}
 const onResize = rafThrottle(() => { for (const c of charts) c.resize(); });
 window.addEventListener('resize', onResize);
 
@@ -49,17 +68,32 @@ export class TimeChart {
 
   /** defs: [{label, color, width, dash, band}] — band adds a min/max band
    * around that line (its data columns: y, max, min). */
+  /** defs: [{label, color, width, dash, band}] — band adds a min/max band
+   * around that line (its data columns: y, max, min). The data is kept at
+   * once; the drawing is queued (one chart per task, so many charts arriving
+   * together never make one long task). Resolves once drawn. */
   setData(defs, table) {
     const key = JSON.stringify([this.o.unit, this.o.title, defs.map((d) => [d.label, d.color, !!d.band, d.dash, d.width])]);
     this.data = table;
     this.fetched = table[0] ? table[0].length : 0;
-    if (this.u && key === this.key) {
-      this.u.setData(table);
-      return;
+    this.pendingDefs = defs;
+    this.pendingKey = key;
+    return new Promise((resolve) => drawLater(this, resolve));
+  }
+
+  /** Runs queued by setData: builds or updates the uPlot instance. */
+  render() {
+    const t0 = performance.now();
+    if (this.dead || !this.pendingDefs) return;
+    const defs = this.pendingDefs, key = this.pendingKey;
+    this.pendingDefs = null;
+    if (this.u && key === this.key) this.u.setData(this.data);
+    else {
+      this.key = key;
+      this.defs = defs;
+      this.build();
     }
-    this.key = key;
-    this.defs = defs;
-    this.build();
+    if (window.__builds) window.__builds.push([this.o.title, Math.round(performance.now() - t0), defs.length]);
   }
 
   build() {
@@ -93,7 +127,10 @@ export class TimeChart {
          grid: {stroke: '#eceef1'}, ticks: {stroke: '#d6d9de'}},
       ],
       legend: {live: true},
-      cursor: {drag: {x: true, y: false, setScale: false}, focus: {prox: 16}},
+      // cursor dots are one composited element per series (will-change):
+      // with 30+ heads per chart and dozens of charts, painting them costs
+      // more than everything else, so many-line charts go without
+      cursor: {drag: {x: true, y: false, setScale: false}, focus: {prox: 16}, points: {show: defs.length <= 6}},
       focus: {alpha: 0.35},
       hooks: {
         setSelect: [(u) => {
@@ -169,6 +206,7 @@ export class TimeChart {
   }
 
   destroy() {
+    this.dead = true;
     charts.delete(this);
     if (this.u) this.u.destroy();
     this.el.remove();

@@ -108,7 +108,7 @@ export class CompareView {
         }));
         const defs = this.runs.map((r, i) => ({label: `${r.name}` + (reparamOf(r.meta) === 'sigma' ? ' (σReparam)' : ''),
                                                color: color(i), band: true, width: 1.8}));
-        chart.setData(defs, tableOf(res.map((x) => ({res: x, y: x && x.value ? 'value' : 'mean', band: true}))));
+        await chart.setData(defs, tableOf(res.map((x) => ({res: x, y: x && x.value ? 'value' : 'mean', band: true}))));
         chart.el.dataset.runs = this.runs.map((r) => r.id).join(',');
       } finally {
         this.pending--;

@@ -214,7 +214,7 @@ export class RunView {
         const defs = g.metrics.map((m, i) => ({label: m, color: m === 'eval_loss' ? '#e15759' : color(i), band: true,
                                                width: m === 'eval_loss' ? 2 : 1.5}));
         c.nonfinite = nonfiniteSteps(res);
-        c.setData(defs, tableOf(res.map((r) => ({res: r, y: 'mean', band: true}))));
+        await c.setData(defs, tableOf(res.map((r) => ({res: r, y: 'mean', band: true}))));
       }, 'scalar', groups.indexOf(g) < 4);
     }
   }
@@ -263,7 +263,7 @@ export class RunView {
         if (withBound) { defs.push({label: 'entropy_bound', color: '#d62728', dash: [6, 4], width: 1.5}); lines.push({res: res[1], y: 'mean'}); }
         mark('head data');
         this.headChart.nonfinite = nonfiniteSteps(res);
-        this.headChart.setData(defs, tableOf(lines));
+        await this.headChart.setData(defs, tableOf(lines));
         mark('head chart');
         this.headChart.el.dataset.layer = sel.l;
         this.headChart.el.dataset.head = sel.h;
@@ -415,7 +415,7 @@ export class RunView {
           lines.push({res: res[res.length - 1], y: 'value'});
           defs.push({label: 'entropy_bound', color: '#d62728', width: 1.5, dash: [6, 4]});
         }
-        c.setData(defs, tableOf(lines));
+        await c.setData(defs, tableOf(lines));
         if (entry.focusHead !== undefined && c.u) c.u.setSeries(1 + entry.focusHead, {focus: true});
       }, 'sm');
       this.smCharts.push(entry);
@@ -446,7 +446,7 @@ export class RunView {
         for (let l = 0; l < L; l++) reqs.push(api.series(this.id, this.q({metric, layer: l, points: pts, agg: agg || undefined})));
         const res = await Promise.all(reqs);
         const defs = res.map((_, l) => ({label: 'L' + l, color: color(l, L), width: 1.3}));
-        c.setData(defs, tableOf(res.map((r) => ({res: r, y: kind === 'head' ? 'value' : 'mean'}))));
+        await c.setData(defs, tableOf(res.map((r) => ({res: r, y: kind === 'head' ? 'value' : 'mean'}))));
       }, kind === 'head' ? 'sig-head' : 'sig-layer');
       if (kind === 'layer') (this.layerCharts ||= []).push(chart);
     };
@@ -465,7 +465,7 @@ export class RunView {
       this.addChart(chart, async (c) => {
         const r = await api.series(this.id, this.q({metric: x, points: this.points(c.el)}));
         c.nonfinite = nonfiniteSteps([r]);
-        c.setData([{label: x, color: color(0), band: true}], tableOf([{res: r, y: 'mean', band: true}]));
+        await c.setData([{label: x, color: color(0), band: true}], tableOf([{res: r, y: 'mean', band: true}]));
       }, 'scalar');
     }
   }
