@@ -5,6 +5,7 @@
 #include "dist.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -41,6 +42,10 @@ struct dist {
     int taken;                /* the watcher is ending the run */
     void (*on_failure)(void *);
     void *failure_ctx;
+    /* test-only fault injection, SIGMATRAIN_DIST_FAULT=RANK:CALL:die|skew */
+    int fault_rank;
+    long fault_call;
+    char fault_kind[8];
 #endif
 };
 
@@ -204,16 +209,28 @@ static void leave(dist *d)
     while (taken) pause(); /* the watcher exits the process */
 }
 
+/* Stop signals go through a pipe to the watcher thread: a handler (not
+ * sigwait with the signals blocked) because threads that exist before main
+ * (OpenBLAS starts its pool in a constructor) have them unblocked, and the
+ * kernel may deliver the signal to any of them. */
+static int stop_pipe[2] = {-1, -1};
+
+static void on_stop_signal(int sig)
+{
+    int e = errno;
+    unsigned char b = (unsigned char)sig;
+    if (write(stop_pipe[1], &b, 1) < 0) {} /* full pipe: one is enough */
+    errno = e;
+}
+
 static void *watcher_main(void *arg)
 {
     dist *d = arg;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
-    int sig = 0;
-    while (sigwait(&set, &sig) != 0) {}
+    unsigned char b = 0;
+    ssize_t r;
+    while ((r = read(stop_pipe[0], &b, 1)) < 0 && errno == EINTR) {}
+    if (r != 1) return NULL;
+    int sig = b;
     pthread_mutex_lock(&d->mu);
     d->stopping = sig;
     int take = d->busy;
@@ -234,15 +251,10 @@ dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size
     if (!d) { snprintf(err, errlen, "dist: out of memory"); return NULL; }
     pthread_mutex_init(&d->mu, NULL);
     d->bucket = bucket_floats;
-    /* Blocked before MPI_Init so that its threads (and the model's and the
-     * telemetry client's, created later) inherit the mask: only the watcher
-     * takes these signals. */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* When mpirun tears a job down it closes the pipes that carry the ranks'
+     * stdout: a progress line written then must fail with EPIPE, not kill
+     * rank 0 before it has ended the run as failed. */
+    signal(SIGPIPE, SIG_IGN);
     int provided = 0;
     int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     if (rc != MPI_SUCCESS) { snprintf(err, errlen, "MPI_Init_thread failed (%d)", rc); goto err; }
@@ -253,12 +265,32 @@ dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
     d->hashes = calloc((size_t)d->size, sizeof(uint64_t));
     if (!d->hashes) { snprintf(err, errlen, "dist: out of memory"); goto err; }
+    if (d->size == 1) return d; /* a singleton keeps the default signal handling */
+    if (pipe2(stop_pipe, O_CLOEXEC) != 0) {
+        snprintf(err, errlen, "dist: pipe: %s", strerror(errno));
+        goto err;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     if (pthread_create(&d->watcher, NULL, watcher_main, d) != 0) {
         snprintf(err, errlen, "dist: watcher thread: %s", strerror(errno));
         goto err;
     }
     d->watcher_started = 1;
     pthread_detach(d->watcher);
+    /* Test-only fault injection (tests/e2e_mpi.py): on rank RANK, at the
+     * CALL-th gradient all-reduce (1-based), "die" exits at once without a
+     * word to MPI (a crashed rank) and "skew" perturbs one reduced gradient
+     * value afterwards (a rank that diverges silently). */
+    d->fault_rank = -1;
+    const char *f = getenv("SIGMATRAIN_DIST_FAULT");
+    if (f && sscanf(f, "%d:%ld:%7s", &d->fault_rank, &d->fault_call, d->fault_kind) != 3) d->fault_rank = -1;
     return d;
 err:
     dist_destroy(d, 1);
@@ -298,6 +330,11 @@ int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, s
     double t0 = mono();
     if (weight != 1.0f)
         for (size_t i = 0; i < n; i++) g[i] *= weight;
+    int fault = d->rank == d->fault_rank && d->comm_calls + 1 == d->fault_call;
+    if (fault && !strcmp(d->fault_kind, "die")) {
+        fprintf(stderr, "sigmatrain: rank %d: SIGMATRAIN_DIST_FAULT: dying at all-reduce %ld\n", d->rank, d->fault_call);
+        _exit(7);
+    }
     if (enter(d, err, errlen) != 0) return -1;
     int rc = MPI_SUCCESS;
     if (d->bucket == 0 || d->bucket >= n) {
@@ -321,6 +358,7 @@ int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, s
         if (rc == MPI_SUCCESS) rc = rc2;
     }
     leave(d);
+    if (fault && !strcmp(d->fault_kind, "skew") && n > 0) g[0] += 1e-3f;
     d->comm_seconds += mono() - t0;
     d->comm_calls++;
     if (rc != MPI_SUCCESS) { mpi_message(rc, "gradient all-reduce", err, errlen); return -1; }

@@ -32,9 +32,10 @@ typedef struct dist dist;
 int dist_compiled_with_mpi(void);
 
 /* Initializes MPI (argc/argv as MPI_Init takes them).  On MPI builds it
- * first blocks SIGTERM/SIGINT/SIGHUP in the calling thread (threads created
- * later inherit that) and starts a watcher thread that takes them: that is
- * how a job killed by mpirun after a peer died is seen (dist_on_failure).
+ * installs handlers for SIGTERM/SIGINT/SIGHUP that wake a watcher thread
+ * (dist_on_failure): that is how a job killed by mpirun after a peer died
+ * is seen.  SIGPIPE is ignored (mpirun closes the ranks' output pipes when
+ * it tears a job down).
  * bucket_floats: gradient floats per allreduce bucket (0: one call for the
  * whole buffer).  Returns NULL with a message in err on failure. */
 dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size_t errlen);
