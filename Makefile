@@ -53,7 +53,7 @@ TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
 TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test bench demo clean experiments fuzz fuzz-build
+.PHONY: all deps test bench demo clean experiments fuzz fuzz-build stress
 .SECONDARY:
 all: $(BUILD)/entropyd $(if $(wildcard trainer/main.c),$(BUILD)/sigmatrain $(MPI_BIN)) $(TESTS) $(BENCHES)
 
@@ -145,5 +145,9 @@ build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJ)
 fuzz-build: $(FUZZERS)
 fuzz: $(FUZZERS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-fuzz.sh
+# `make stress`: the long reliability runs and their table (scripts/run-stress.sh).
+stress: deps
+	@$(MAKE) --no-print-directory all SANITIZE=
+	@BUILD=build FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-stress.sh
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

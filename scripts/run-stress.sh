@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# make stress: the long reliability runs of issue 9, then one table.
+#   1. tests/e2e_reliability.py with STRESS=1: 20 kill -9 rounds of a
+#      streaming load, 200 trainers + 100 SSE clients for 60 s, the
+#      security checks;
+#   2. build/tests/test_faults: every allocation of a trainer session
+#      failing once, SQLITE_IOERR/FULL/BUSY while a trainer streams;
+#   3. build/tests/test_telemetry_frozen with FROZEN_STEPS=5000: a trainer's
+#      step time with its daemon running / frozen (SIGSTOP) / resumed;
+#   4. the fuzzers, FUZZ_SECONDS each (default 60).
+# Logs in build/stress/. Exit status 0 only if every part passed and no
+# data was lost. About 8 minutes on the 2-core build machine.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export ENTROPYD=${ENTROPYD:-$PWD/$BUILD/entropyd}
+out=$BUILD/stress
+mkdir -p "$out"
+rc=0
+step() { # name, command...
+  local name=$1; shift
+  local t0=$(date +%s)
+  if "$@" >"$out/$name.log" 2>&1; then
+    printf "stress %-18s ok   %4ds\n" "$name" $(( $(date +%s) - t0 ))
+  else
+    rc=1
+    printf "stress %-18s FAIL %4ds (log %s)\n" "$name" $(( $(date +%s) - t0 )) "$out/$name.log"
+    tail -n 30 "$out/$name.log" | sed 's/^/    /'
+  fi
+}
+rm -f "$out/reliability.json"
+step reliability env STRESS=1 RELIABILITY_JSON="$out/reliability.json" python3 -W ignore tests/e2e_reliability.py
+step faults "$BUILD/tests/test_faults"
+step frozen env FROZEN_STEPS=5000 "$BUILD/tests/test_telemetry_frozen"
+step fuzz env FUZZ_SECONDS="${FUZZ_SECONDS:-60}" scripts/run-fuzz.sh
+
+python3 - "$out" "$rc" <<'EOF'
+import json, os, re, sys
+out, rc = sys.argv[1], int(sys.argv[2])
+def read(name):
+    try:
+        return open(os.path.join(out, name)).read()
+    except OSError:
+        return ""
+try:
+    r = json.load(open(os.path.join(out, "reliability.json")))
+except (OSError, ValueError):
+    r = {}
+faults, frozen, fuzz = read("faults.log"), read("frozen.log"), read("fuzz.log")
+m = re.search(r"allocation failures: (\d+) injected \(allocations 1\.\.(\d+)", faults)
+alloc = "%s (allocations 1..%s of a session)" % m.groups() if m else "?"
+vfs = re.search(r"injected (\d+) VFS errors; (\d+) steps sent and acked", faults)
+phases = re.findall(r"^(SQLITE_\w+)\s+(\d+) ms: writer retries (\d+)", faults, re.M)
+fz = re.findall(r"^fuzz (\S+)\s+ok\s+\S+\s+runs (\d+)", fuzz, re.M)
+fz_total = sum(int(n) for _, n in fz)
+fr = re.findall(r"^(running|frozen \(SIGSTOP\)|running again)\s+(\d+) µs\s+(\d+) µs\s+([\d.]+) µs\s+([\d.]+) µs\s+(\d+)", frozen, re.M)
+lost = None
+if r:
+    lost = (r.get("load_sent", 0) - r.get("load_stored", 0)) + r.get("kill_lost", 0)
+rows = [
+    ("load held", "%s trainers (12x12, 8 head metrics) + %s SSE clients, %s s: %s steps/s = %.2fM values/s, "
+     "%s errors, %s SSE resets, RSS max %s MiB (first half %s, second half %s)"
+     % (r.get("load_trainers", "?"), r.get("load_sse", "?"), r.get("load_seconds", "?"), r.get("load_steps_per_s", "?"),
+        r.get("load_values_per_s", 0) / 1e6, r.get("load_errors", "?"), r.get("load_resets", "?"),
+        r.get("load_rss_max_mib", "?"), r.get("load_rss_first_half_mib", "?"), r.get("load_rss_second_half_mib", "?"))),
+    ("faults survived", "kill -9: %s rounds (%s trainers, %s steps); allocation failures: %s; SQLite: %s (%s VFS errors)"
+     % (r.get("kill_rounds", "?"), r.get("kill_trainers", "?"), r.get("kill_steps", "?"), alloc,
+        ", ".join("%s %s ms/%s retries" % p for p in phases) or "?", vfs.group(1) if vfs else "?")),
+    ("frozen daemon", "; ".join("%s: step %s µs, telemetry p50 %s µs p99 %s µs, dropped %s" % f for f in fr) or "?"),
+    ("bad inputs tried", "%d fuzz executions (%s); + the security and protocol inputs of the e2e tests"
+     % (fz_total, ", ".join("%s %s" % f for f in fz) or "?")),
+    ("data lost", "%s (load: %s sent, %s stored; kill -9: every acked step present once)"
+     % ("?" if lost is None else lost, r.get("load_sent", "?"), r.get("load_stored", "?"))),
+]
+print()
+print("| %-16s | %s |" % ("stress", "result"))
+print("|%s|%s|" % ("-" * 18, "-" * 60))
+for k, v in rows:
+    print("| %-16s | %s |" % (k, v))
+print()
+print("stress: %s" % ("PASS" if rc == 0 and lost == 0 else "FAIL"))
+sys.exit(0 if rc == 0 and lost == 0 else 1)
+EOF
