@@ -13,7 +13,8 @@ export class CompareView {
   constructor(root, s) {
     this.root = root;
     this.ids = (s.runs || '').split(',').map((x) => +x).filter((x) => x > 0);
-    this.st = {metric: s.metric || 'entropy_norm', layer: int(s.layer), from: int(s.from), to: int(s.to)};
+    this.st = {metric: s.metric || 'entropy_norm', layer: int(s.layer), from: int(s.from), to: int(s.to),
+               agg: ['mean', 'min', 'max'].includes(s.agg) ? s.agg : 'mean'};
     this.charts = [];
     this.pending = 0;
     this.unsub = subscribe((t, d) => this.onLive(t, d));
@@ -73,9 +74,11 @@ export class CompareView {
       ...metrics.map((m) => h('option', {value: m, selected: m === this.st.metric}, `${m} (${this.kinds[m].slice(0, -1)})`)));
     const lSel = h('select', {id: 'cmp-layer', 'aria-label': 'layer', onchange: (e) => { this.st.layer = int(e.target.value); urlState.set({layer: this.st.layer ?? undefined}); this.build(); }},
       h('option', {value: ''}, 'all layers'), ...Array.from({length: maxL}, (_, l) => h('option', {value: l, selected: l === this.st.layer}, 'layer ' + l)));
+    const aSel = h('select', {id: 'cmp-agg', 'aria-label': 'line', onchange: (e) => { this.st.agg = e.target.value; urlState.set({agg: this.st.agg === 'mean' ? undefined : this.st.agg}); this.build(); }},
+      ...['mean', 'min', 'max'].map((a) => h('option', {value: a, selected: a === this.st.agg}, `line: ${a} over heads/layers`)));
     this.rangeEl = h('span', {class: 'range-txt'});
     const reset = h('button', {class: 'btn light', onclick: () => this.setRange(null, null)}, 'Zoom out');
-    this.body.append(h('div', {class: 'rangebar'}, h('span', {class: 'muted'}, 'metric '), mSel, lSel,
+    this.body.append(h('div', {class: 'rangebar'}, h('span', {class: 'muted'}, 'metric '), mSel, lSel, aSel,
       h('span', {class: 'spacer'}), this.rangeEl, reset));
     this.showRange();
     const grid = h('div', {class: 'grid2 card'});
@@ -90,7 +93,8 @@ export class CompareView {
     const layer = kind === 'scalars' ? null : this.st.layer;
     const fold = kind === 'heads' ? (layer === null ? 'all layers and heads' : `layer ${layer}, all heads`)
       : kind === 'layers' ? (layer === null ? 'all layers' : `layer ${layer}`) : '';
-    const title = fold ? `${metric} — ${fold} (line: mean, band: min–max)` : `${metric} (line: mean, band: min–max)`;
+    const line = fold ? this.st.agg : 'mean';
+    const title = fold ? `${metric} — ${fold} (line: ${line}, band: min–max)` : `${metric} (line: mean, band: min–max)`;
     const cell = h('div', {class: 'cell'});
     grid.append(cell);
     const chart = new TimeChart(cell, {title, unit: unitOf(metric), height: 260,
@@ -103,7 +107,7 @@ export class CompareView {
         const pts = pointsFor(chart.el);
         const res = await Promise.all(this.runs.map((r) => {
           const q = {metric, points: pts, from: this.st.from ?? undefined, to: this.st.to ?? undefined};
-          if (kind !== 'scalars') { q.agg = 'mean'; if (layer !== null && layer < r.layers) q.layer = layer; }
+          if (kind !== 'scalars') { q.agg = this.st.agg; if (layer !== null && layer < r.layers) q.layer = layer; }
           return api.series(r.id, q).catch(() => null);
         }));
         const defs = this.runs.map((r, i) => ({label: `${r.name}` + (reparamOf(r.meta) === 'sigma' ? ' (σReparam)' : ''),

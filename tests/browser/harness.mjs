@@ -118,9 +118,9 @@ export class Trainer {
     });
   }
 
-  async hello(run, layers, heads, meta = {}, seqLen = 64) {
+  async hello(run, layers, heads, meta = {}, seqLen = 64, token) {
     const p = this.wait((m) => m.type === 'welcome' || (m.type === 'error' && !m.seq));
-    this.s.write(JSON.stringify({type: 'hello', protocol: 1, run, layers, heads, seq_len: seqLen, meta}) + '\n');
+    this.s.write(JSON.stringify({type: 'hello', protocol: 1, run, layers, heads, seq_len: seqLen, meta, ...(token ? {token} : {})}) + '\n');
     const m = await p;
     if (m.type !== 'welcome') throw new Error('hello refused: ' + JSON.stringify(m));
     return m;
@@ -181,9 +181,9 @@ export function stepMsg(step, L, H, {collapse = false, collapseAt = 150, extraLa
 
 /** Seeds one run of `steps` steps; returns the run id. status: 'live' keeps the
  * connection open (returned as .trainer), else sends end with that status. */
-export async function seedRun(sock, name, {L = 4, H = 4, steps = 300, meta = {}, status = 'finished', collapse = false, collapseAt = 150, start = 0} = {}) {
+export async function seedRun(sock, name, {L = 4, H = 4, steps = 300, meta = {}, status = 'finished', collapse = false, collapseAt = 150, start = 0, token} = {}) {
   const t = await Trainer.connect(sock);
-  const w = await t.hello(name, L, H, meta);
+  const w = await t.hello(name, L, H, meta, 64, token);
   const batch = [];
   for (let s = start; s < start + steps; s++) {
     batch.push(stepMsg(s, L, H, {collapse, collapseAt}));

@@ -65,6 +65,30 @@ await run(async (ctx) => {
     return [1, 4].map((i) => c.data[i].filter((v) => v !== null && v !== undefined).length);
   });
   check(counts[0] >= 100 && counts[1] >= 100, `both runs have points on the compare chart (${counts.join(', ')})`);
+  await page.selectOption('#cmp-agg', 'min');
+  await page.waitForFunction(() => new URL(location.href).searchParams.get('agg') === 'min' &&
+    /line: min/.test(document.querySelector('#compare-body .chart[data-metric="entropy_norm"] .u-title')?.textContent || ''));
+  check(true, 'compare line can be the minimum over heads (agg=min in the URL)');
   await screenshot(page, 'compare');
   check(page.errors.length === 0, 'no errors in the page', page.errors.join('; '));
+
+  // a daemon with --token: the page works when opened with ?token=, and says
+  // what is missing without it
+  const dt = await startDaemon({extra: ['--token', 's3cret']});
+  ctx.cleanups.push(() => dt.stop());
+  await seedRun(dt.sock, 'guarded', {L: 2, H: 2, steps: 20, token: 's3cret'});
+  const pt = await newPage(browser);
+  await pt.goto(dt.base + '/?token=s3cret');
+  await rendered(pt);
+  await pt.waitForSelector('#runs-table tbody tr');
+  const n = await pt.$$eval('#runs-table tbody tr', (t) => t.length);
+  await pt.click('.run-link');
+  await rendered(pt);
+  const hm = await pt.waitForFunction(() => window.__heatmap && window.__heatmap.layers === 2).then(() => true, () => false);
+  check(n === 1 && hm && new URL(pt.url()).searchParams.get('token') === 's3cret',
+    'with --token, /?token=T lists the run and its page loads (the token follows the links)');
+  await pt.goto(dt.base + '/');
+  await pt.waitForFunction(() => /token/.test(document.querySelector('.empty')?.textContent || ''));
+  check(true, 'without the token the runs list says a token is needed');
+  await pt.close();
 }, {timeoutMs: 60000});
