@@ -52,6 +52,8 @@ def mpi_env():
     if os.environ.get("SANITIZE"):
         # OpenMPI's own allocations that live until exit (see the file)
         env["LSAN_OPTIONS"] = "suppressions=%s:print_suppressions=0" % SUPP
+        asan = env.get("ASAN_OPTIONS", "")
+        env["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "fast_unwind_on_malloc=0"
     return env
 
 
