@@ -111,6 +111,29 @@ demo: two runs, same data and seed, $STEPS steps each:
       config: ${MODEL[*]} ${TRAIN[*]}
 
   dashboard: $URL
+EOF
+# Direct links once both runs have said hello (their ids come from the API).
+ids=$(python3 - "$URL" <<'PY' 2>/dev/null
+import json, sys, time, urllib.request
+deadline = time.time() + 15
+while time.time() < deadline:
+    try:
+        runs = {r["name"]: r["id"] for r in json.load(urllib.request.urlopen(sys.argv[1] + "api/runs", timeout=2))}
+        if "demo-baseline" in runs and "demo-sigmareparam" in runs:
+            print(runs["demo-baseline"], runs["demo-sigmareparam"])
+            break
+    except OSError:
+        pass
+    time.sleep(0.2)
+PY
+)
+if [ -n "$ids" ]; then
+  set -- $ids
+  echo "    baseline:   ${URL}?run=$1"
+  echo "    σReparam:   ${URL}?run=$2"
+  echo "    compare:    ${URL}?view=compare&runs=$1,$2"
+fi
+cat <<EOF
 
 demo: open it to watch the baseline's entropy collapse and its entropy_collapse
       alert fire while the sigmaReparam run stays healthy.  Ctrl-C stops everything.

@@ -14,11 +14,13 @@ run streams its probe metrics to one entropyd; per run the driver reports
     minimum entropy in nats (from the daemon's stored series, HTTP API),
   - the largest attention logit (max_logit, Wortsman et al. 2023),
   - the step where entropy collapse began: the start_step of the daemon's
-    entropy_collapse alert (the built-in rule; README "Alerts"), read from
-    the daemon's SQLite file because the HTTP API has no alerts route yet.
+    entropy_collapse alert (the built-in rule; README "Alerts"), from
+    GET /api/runs/{id}/alerts,
+  - for tuning that rule: each run's 10/20/50-step floor (below).
 
 Where the two arms of a cell end close (same verdicts, losses within 0.1),
-two more seeds are run for both. Results: docs/experiments.md (table),
+or where their verdicts differ (one diverged or collapsed, the other did
+not), two more seeds are run for both. Results: docs/experiments.md (table),
 docs/experiments.png (gnuplot), docs/experiments.json (the rows). Scratch
 (the daemon's data, logs, per-step series, plot data) goes to
 demo-data/experiments/ (ignored by git).
@@ -39,6 +41,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,14 +175,26 @@ def measure(c, d, rc, logpath):
     for f in FLOOR_WINDOWS:
         row["floor_%d" % f] = floor(heads, f)
     # The daemon's verdict: first entropy_collapse episode of this run.
+    starts = [a.get("start_step") for a in run_alerts(d, run["id"]) if a.get("rule") == "entropy_collapse"]
+    starts = [x for x in starts if x is not None]
+    row["collapse_step"] = min(starts) if starts else None
+    return row
+
+
+def run_alerts(d, run_id):
+    """The run's alert episodes: GET /api/runs/{id}/alerts, or the daemon's
+    SQLite file when its HTTP API predates that route."""
+    try:
+        return d.get("/api/runs/%d/alerts?limit=10000" % run_id)
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
     con = sqlite3.connect("file:%s?mode=ro" % d.db, uri=True, timeout=30)
     try:
-        r = con.execute("SELECT min(start_step) FROM alerts WHERE run_id = ? AND rule = 'entropy_collapse'",
-                        (run["id"],)).fetchone()
+        return [{"rule": r, "start_step": st} for r, st in
+                con.execute("SELECT rule, start_step FROM alerts WHERE run_id = ?", (run_id,))]
     finally:
         con.close()
-    row["collapse_step"] = r[0] if r else None
-    return row
 
 
 FLOOR_WINDOWS = (10, 20, 50)
@@ -202,21 +217,12 @@ def floor(heads, f):
 
 def alert_counts(d):
     """{rule: {"none": runs, "sigma": runs}}: how many runs of each arm fired each
-    built-in rule at least once (from the daemon's alerts table)."""
-    con = sqlite3.connect("file:%s?mode=ro" % d.db, uri=True, timeout=30)
-    try:
-        rows = con.execute("SELECT a.rule, r.meta, count(DISTINCT r.id) FROM alerts a JOIN runs r ON r.id = a.run_id "
-                           "GROUP BY a.rule, r.id").fetchall()
-    finally:
-        con.close()
+    built-in rule at least once."""
     out = {}
-    for rule, meta, _ in rows:
-        try:
-            rp = json.loads(meta).get("reparam")
-        except (ValueError, AttributeError):
-            rp = None
-        arm = "sigma" if rp and rp != "none" else "none"
-        out.setdefault(rule, {"none": 0, "sigma": 0})[arm] += 1
+    for run in d.get("/api/runs"):
+        arm = "sigma" if (run.get("meta") or {}).get("reparam", "none") != "none" else "none"
+        for rule in {a.get("rule") for a in run_alerts(d, run["id"])}:
+            out.setdefault(rule, {"none": 0, "sigma": 0})[arm] += 1
     return out
 
 
@@ -262,6 +268,12 @@ def close(a, b):
     if a["eval_loss"] is None or b["eval_loss"] is None:
         return True
     return abs(a["eval_loss"] - b["eval_loss"]) < 0.1
+
+
+def verdicts_differ(a, b):
+    """One arm diverged or collapsed and the other did not: worth checking
+    that it is not one seed's luck."""
+    return a["diverged"] != b["diverged"] or (a["collapse_step"] is None) != (b["collapse_step"] is None)
 
 
 def verdict(r):
@@ -349,7 +361,8 @@ def mean(xs):
 def write_plot(rows, scratch, png):
     """4 x 3 panels: (Adam, SGD) x (eval loss, min entropy_norm) over the
     learning rate, one column per --norm; baseline against sigmaReparam,
-    means over seeds, diverged runs drawn at the 5.0 cap with an open mark."""
+    means over seeds, diverged runs drawn at the 5.0 cap with an open mark;
+    entropy on a log axis, so collapse (0.000x) and the alert floor show."""
     if not shutil.which("gnuplot"):
         print("experiments: gnuplot not found (make deps installs gnuplot-nox); no plot")
         return False
@@ -366,6 +379,8 @@ def write_plot(rows, scratch, png):
                         loss = mean([min(cap, r["eval_loss"]) if (r["eval_loss"] is not None and
                                      math.isfinite(r["eval_loss"])) else cap for r in rs])
                         ent = mean([r["min_entropy_norm"] for r in rs])
+                        if ent is not None:
+                            ent = max(ent, 1e-4)  # log axis
                         div = sum(r["diverged"] for r in rs)
                         f.write("%g %g %s %d %d\n" % (lr, loss, "NaN" if ent is None else "%g" % ent,
                                                       div, len(rs)))
@@ -377,7 +392,7 @@ def write_plot(rows, scratch, png):
           "set logscale x", "set grid", "set key top left", "set datafile missing 'NaN'"]
     for opt, oname in (("adam", "Adam"), ("sgd", "SGD")):
         for what, col, ylab, yr in (("loss", 2, "final eval loss (capped at 5)", "[1.5:5.2]"),
-                                    ("ent", 3, "min head entropy_norm", "[0:1]")):
+                                    ("ent", 3, "min head entropy_norm (log; 0 drawn at 1e-4)", "[8e-5:1.5]")):
             lo, hi = min(LRS[opt]), max(LRS[opt])
             gp.append("set xrange [%g:%g]" % (lo / 1.5, hi * 1.5))
             for norm in NORMS:
@@ -385,7 +400,9 @@ def write_plot(rows, scratch, png):
                 s = os.path.join(scratch, "%s-%s-sigma.dat" % (opt, norm))
                 gp += ["set title '%s, --norm %s'" % (oname, norm), "set xlabel 'learning rate'",
                        "set ylabel '%s'" % ylab, "set yrange %s" % yr,
-                       "set key %s left" % ("top" if what == "loss" else "bottom")]
+                       "set key %s left Left reverse" % ("top" if what == "loss" else "bottom"),
+                       "set logscale y" if what == "ent" else "unset logscale y",
+                       "set format y '%g'"]
                 floor_line = (", %g w l dt 2 lc rgb '#555555' t 'entropy_collapse floor %g'" % (
                     COLLAPSE_FLOOR, COLLAPSE_FLOOR)) if what == "ent" else ""
                 gp.append("plot '%s' u 1:%d w lp lw 2 pt 7 lc rgb '#d62728' t 'baseline', "
@@ -438,10 +455,11 @@ def main():
                     continue
                 a = [r for r in rows if r["name"] == run_name(c)][0]
                 b = [r for r in rows if r["name"] == run_name(dict(c, reparam="sigma"))][0]
-                if close(a, b):
+                if close(a, b) or verdicts_differ(a, b):
                     more += [dict(c, reparam=rp, seed=s) for s in EXTRA_SEEDS for rp in ("none", "sigma")]
             if more:
-                print("experiments: %d more runs (extra seeds where both arms ended close)" % len(more),
+                print("experiments: %d more runs (extra seeds where both arms ended close or "
+                      "their verdicts differ)" % len(more),
                       flush=True)
                 rows += run_all(more, d, logdir, args.jobs)
         counts = alert_counts(d)

@@ -1,14 +1,14 @@
 """End-to-end test of `make demo` (issue 8): runs scripts/demo.sh shortened
-(the real entropyd and two real sigmatrain runs, a few hundred steps), then
+(the real entropyd and two real sigmatrain runs, 80 steps), then
 checks through the HTTP API that both runs were stored and finished, that
 the unstable baseline's entropy_collapse alert fired and that the
 sigmaReparam run's did not. Then: a busy first port is skipped, and SIGINT
 to the demo's process group (a terminal's Ctrl-C) stops every process it
 started.
 
-Alerts are read from GET /api/runs/{id}/alerts when the daemon serves it,
-otherwise from the daemon's SQLite file (the HTTP API has no alerts route
-yet; the test says which it used). Standard library only.
+Alerts are read from GET /api/runs/{id}/alerts (from the daemon's SQLite file
+if the daemon predates that route; the test says which it used).
+Standard library only.
 """
 import json
 import os
