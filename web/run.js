@@ -45,7 +45,7 @@ export class RunView {
     mark('init');
     let run = null;
     const pre = window.__prefetch;
-    if (pre && pre.id === this.id) { window.__prefetch = null; run = await pre.run; }
+    if (pre && pre.id === this.id) { window.__prefetch = null; this.preFrame = pre.frame; run = await pre.run; }
     try { if (!run) run = await api.run(this.id); } catch (e) {
       this.root.append(h('section', {class: 'card'}, h('h1', {}, 'Run ' + this.id),
         h('p', {class: 'error'}, `Cannot load run ${this.id}: ${e.message}`), h('a', {href: './'}, '← all runs')));
@@ -289,7 +289,11 @@ export class RunView {
         this.wantFrame = null;
         this.pending++;
         try {
-          const f = await api.frame(this.id, w.metric, w.step, {prio: 3});
+          let f = null;
+          const pf = this.preFrame;
+          this.preFrame = null;
+          if (pf && pf.metric === w.metric && pf.step === w.step) f = await pf.p;   // fetched before the modules loaded
+          if (!f) f = await api.frame(this.id, w.metric, w.step, {prio: 3});
           if (this.dead) return;
           mark('frame');
           this.hm.set(f, unitOf(w.metric), this.domainOf(w.metric));
