@@ -9,7 +9,8 @@
 #      step time with its daemon running / frozen (SIGSTOP) / resumed;
 #   4. the fuzzers, FUZZ_SECONDS each (default 60).
 # Logs in build/stress/. Exit status 0 only if every part passed and no
-# data was lost. About 8 minutes on the 2-core build machine.
+# data was lost. STRESS_TABLE=1 prints the last run's table again.
+# About 8 minutes on the 2-core build machine.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -28,11 +29,14 @@ step() { # name, command...
     tail -n 30 "$out/$name.log" | sed 's/^/    /'
   fi
 }
+# STRESS_TABLE=1: print the table of the last run again, run nothing
+if [ -z "${STRESS_TABLE:-}" ]; then
 rm -f "$out/reliability.json"
 step reliability env STRESS=1 RELIABILITY_JSON="$out/reliability.json" python3 -W ignore tests/e2e_reliability.py
 step faults "$BUILD/tests/test_faults"
 step frozen env FROZEN_STEPS=5000 "$BUILD/tests/test_telemetry_frozen"
 step fuzz env FUZZ_SECONDS="${FUZZ_SECONDS:-60}" scripts/run-fuzz.sh
+fi
 
 python3 - "$out" "$rc" <<'EOF'
 import json, os, re, sys
@@ -66,7 +70,8 @@ rows = [
     ("faults survived", "kill -9: %s rounds (%s trainers, %s steps); allocation failures: %s; SQLite: %s (%s VFS errors)"
      % (r.get("kill_rounds", "?"), r.get("kill_trainers", "?"), r.get("kill_steps", "?"), alloc,
         ", ".join("%s %s ms/%s retries" % p for p in phases) or "?", vfs.group(1) if vfs else "?")),
-    ("frozen daemon", "; ".join("%s: step %s µs, telemetry p50 %s µs p99 %s µs, dropped %s" % f for f in fr) or "?"),
+    ("frozen daemon", "; ".join("%s: step mean %s µs (p99 %s), telemetry calls p50 %s µs p99 %s µs, dropped %s" % f
+                                for f in fr) or "?"),
     ("bad inputs tried", "%d fuzz executions (%s); + the security and protocol inputs of the e2e tests"
      % (fz_total, ", ".join("%s %s" % f for f in fz) or "?")),
     ("data lost", "%s (load: %s sent, %s stored; kill -9: every acked step present once)"
