@@ -83,7 +83,6 @@ export class TimeChart {
 
   /** Runs queued by setData: builds or updates the uPlot instance. */
   render() {
-    const t0 = performance.now();
     if (this.dead || !this.pendingDefs) return;
     const defs = this.pendingDefs, key = this.pendingKey;
     this.pendingDefs = null;
@@ -93,7 +92,6 @@ export class TimeChart {
       this.defs = defs;
       this.build();
     }
-    if (window.__builds) window.__builds.push([this.o.title, Math.round(performance.now() - t0), defs.length]);
   }
 
   build() {

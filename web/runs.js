@@ -72,7 +72,7 @@ export class RunsView {
   addRow(r) {
     const rp = reparamOf(r.meta);
     const cells = {
-      sel: h('input', {type: 'checkbox', 'aria-label': 'select ' + r.name, onchange: (e) => {
+      sel: h('input', {type: 'checkbox', 'aria-label': 'select ' + r.name, checked: this.selected.has(r.id), onchange: (e) => {
         if (e.target.checked) this.selected.add(r.id); else this.selected.delete(r.id);
         this.cmpBtn.disabled = this.selected.size < 2;
         this.cmpBtn.textContent = `Compare selected (${this.selected.size})`;
