@@ -91,6 +91,8 @@ static void usage(FILE *f) {
             "  --rules FILE          alert rules (JSON; default: the built-in set, see README \"Alerts\")\n"
             "  --webhook URL         POST Alertmanager-style webhook JSON on firing and resolved\n"
             "  --on-alert CMD        run /bin/sh -c CMD with the alert JSON on stdin\n"
+            "  --alertmanager URL    also send alerts to Alertmanager's API (URL/api/v2/alerts),\n"
+            "                        firing ones re-sent every --alertmanager-resend-s (default 60)\n"
             "  --quiet-alerts        do not log alerts on stderr\n"
             "  --version, --help\n"
             "\n"
@@ -132,10 +134,11 @@ int main(int argc, char **argv) {
     long http_conns = 512, stream_events = 16384, keepalive_ms = 15000;
     int http_explicit = 0;
     int metrics_heads = 0, alert_log = 1;
-    const char *rules = NULL, *webhook = NULL, *on_alert = NULL;
+    const char *rules = NULL, *webhook = NULL, *on_alert = NULL, *alertmanager = NULL;
+    long am_resend_s = 60;
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
-           O_QUIETALERTS };
+           O_QUIETALERTS, O_AM, O_AMRESEND };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -147,6 +150,7 @@ int main(int argc, char **argv) {
         {"stream-events", required_argument, 0, O_SEVENTS}, {"keepalive-ms", required_argument, 0, O_KEEPALIVE},
         {"rules", required_argument, 0, O_RULES},     {"webhook", required_argument, 0, O_WEBHOOK},
         {"on-alert", required_argument, 0, O_ONALERT}, {"quiet-alerts", no_argument, 0, O_QUIETALERTS},
+        {"alertmanager", required_argument, 0, O_AM}, {"alertmanager-resend-s", required_argument, 0, O_AMRESEND},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -169,6 +173,8 @@ int main(int argc, char **argv) {
         case O_WEBHOOK: webhook = optarg; break;
         case O_ONALERT: on_alert = optarg; break;
         case O_QUIETALERTS: alert_log = 0; break;
+        case O_AM: alertmanager = optarg; break;
+        case O_AMRESEND: if (parse_int("--alertmanager-resend-s", optarg, 1, 86400, &am_resend_s)) return 2; break;
         case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", ENTROPYD_VERSION, PROTO_VERSION, store_schema_version()); return 0;
         case 'h': case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -239,7 +245,8 @@ int main(int argc, char **argv) {
     if (http_listen) snprintf(external, sizeof external, "http://%s", http_listen);
     struct monitor_config mcfg = {.rules_path = rules, .store = st, .stream = stream,
                                   .notify = {.webhook_url = webhook, .exec_cmd = on_alert, .log = alert_log,
-                                             .external_url = external}};
+                                             .external_url = external, .alertmanager_url = alertmanager,
+                                             .am_resend_s = (int)am_resend_s}};
     monitor = monitor_create(&mcfg, err, sizeof err);
     if (!monitor) {
         fprintf(stderr, "entropyd: %s\n", err);

@@ -17,12 +17,23 @@
 struct note {
     char *status, *alertname, *run;
     char *body;              /* the webhook payload */
+    char *alert;             /* the alert object (for Alertmanager) */
     struct note *next;
+};
+
+/* A firing alert as Alertmanager's API takes it, kept for re-sending. */
+struct am_alert {
+    char fp[40];
+    cJSON *obj;              /* {labels, annotations, startsAt[, generatorURL]} */
+    struct am_alert *next;
 };
 
 struct notify {
     struct notify_config cfg;
     char *webhook, *exec_cmd, *external;
+    char *am;                /* Alertmanager's .../api/v2/alerts, or NULL */
+    struct am_alert *firing; /* notifier thread only */
+    double am_next;          /* next re-send (mono) */
     pthread_t th;
     int started;
     pthread_mutex_t mu;
@@ -45,6 +56,7 @@ static void note_free(struct note *n) {
     free(n->alertname);
     free(n->run);
     free(n->body);
+    free(n->alert);
     free(n);
 }
 
@@ -55,11 +67,11 @@ static size_t discard(char *p, size_t s, size_t n, void *u) {
 }
 
 /* Returns 0 delivered, 1 retry later, -1 give up. */
-static int post_once(struct notify *n, const char *body, long *status) {
+static int post_once(struct notify *n, const char *url, const char *body, long *status) {
     CURL *c = curl_easy_init();
     if (!c) return 1;
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(c, CURLOPT_URL, n->webhook);
+    curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)n->cfg.timeout_ms);
@@ -128,25 +140,28 @@ static void run_exec(struct notify *n, const struct note *nt) {
     pthread_mutex_unlock(&n->mu);
 }
 
-static void deliver(struct notify *n, struct note *nt) {
-    if (n->cfg.log)
-        fprintf(stderr, "entropyd: alert %s: %s run=%s\n", nt->status, nt->alertname, nt->run);
-    if (n->exec_cmd) run_exec(n, nt);
-    if (!n->webhook) return;
+/* POSTs body to url with retries (webhook: am == 0; Alertmanager: am == 1,
+ * counted apart). */
+static void post_retry(struct notify *n, const char *url, const char *body, int am, const struct note *nt) {
     int delay = n->cfg.backoff_ms;
     for (int attempt = 1;; attempt++) {
         long code;
-        int r = post_once(n, nt->body, &code);
+        int r = post_once(n, url, body, &code);
         pthread_mutex_lock(&n->mu);
-        if (r == 0) n->stats.sent++;
-        else if (r < 0 || attempt >= n->cfg.retries) n->stats.failed++;
-        else n->stats.retries++;
+        if (am) {
+            if (r == 0) n->stats.am_sent++;
+            else if (r < 0 || attempt >= n->cfg.retries) n->stats.am_failed++;
+        } else {
+            if (r == 0) n->stats.sent++;
+            else if (r < 0 || attempt >= n->cfg.retries) n->stats.failed++;
+        }
+        if (r > 0 && attempt < n->cfg.retries) n->stats.retries++;
         int stopping = n->stop && mono() > n->stop_deadline;
         pthread_mutex_unlock(&n->mu);
         if (r == 0) return;
         if (r < 0 || attempt >= n->cfg.retries || stopping) {
-            fprintf(stderr, "entropyd: webhook %s gave up on %s %s after %d attempt(s) (last HTTP status %ld)\n",
-                    n->webhook, nt->alertname, nt->status, attempt, code);
+            fprintf(stderr, "entropyd: %s %s gave up on %s %s after %d attempt(s) (last HTTP status %ld)\n",
+                    am ? "alertmanager" : "webhook", url, nt->alertname, nt->status, attempt, code);
             return;
         }
         /* sleep, but wake for shutdown */
@@ -162,11 +177,128 @@ static void deliver(struct notify *n, struct note *nt) {
     }
 }
 
+static void rfc3339(double unix_s, char *buf, size_t len) {
+    time_t t = (time_t)unix_s;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    size_t k = strftime(buf, len, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + k, len - k, ".%03dZ", (int)((unix_s - (double)t) * 1000.0));
+}
+
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* One Alertmanager API alert from our alert object; *fp gets its fingerprint. */
+static cJSON *am_object(struct notify *n, const char *alert_json, char *fp, size_t fplen) {
+    cJSON *a = cJSON_Parse(alert_json);
+    if (!a) return NULL;
+    cJSON *o = cJSON_CreateObject();
+    static const char *const keys[] = {"labels", "annotations", "startsAt"};
+    for (int i = 0; i < 3; i++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(a, keys[i]);
+        if (v) cJSON_AddItemToObject(o, keys[i], cJSON_Duplicate(v, 1));
+    }
+    if (n->external && n->external[0]) cJSON_AddStringToObject(o, "generatorURL", n->external);
+    const char *f = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "fingerprint"));
+    snprintf(fp, fplen, "%s", f ? f : "");
+    cJSON *ends = cJSON_GetObjectItemCaseSensitive(a, "endsAt");
+    const char *st = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "status"));
+    if (st && !strcmp(st, "resolved") && cJSON_IsString(ends))
+        cJSON_AddStringToObject(o, "endsAt", ends->valuestring);
+    cJSON_Delete(a);
+    return o;
+}
+
+/* POSTs the firing set (endsAt = now + 4 resend periods), once, no retry:
+ * the next re-send is the retry. */
+static void am_resend(struct notify *n) {
+    n->am_next = mono() + n->cfg.am_resend_s;
+    if (!n->firing) return;
+    char ends[40];
+    rfc3339(wall() + 4.0 * n->cfg.am_resend_s, ends, sizeof ends);
+    cJSON *arr = cJSON_CreateArray();
+    for (struct am_alert *x = n->firing; x; x = x->next) {
+        cJSON *o = cJSON_Duplicate(x->obj, 1);
+        cJSON_AddStringToObject(o, "endsAt", ends);
+        cJSON_AddItemToArray(arr, o);
+    }
+    char *body = cJSON_PrintUnformatted(arr);
+    cJSON_Delete(arr);
+    long code;
+    int r = body ? post_once(n, n->am, body, &code) : 1;
+    free(body);
+    pthread_mutex_lock(&n->mu);
+    if (r == 0) n->stats.am_sent++;
+    else n->stats.am_failed++;
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* Firing: joins the firing set, which is sent at once; resolved: leaves
+ * it and is sent with its endsAt (retried). */
+static void am_deliver(struct notify *n, struct note *nt) {
+    char fp[40];
+    cJSON *o = am_object(n, nt->alert, fp, sizeof fp);
+    if (!o) return;
+    struct am_alert **pp = &n->firing;
+    while (*pp && strcmp((*pp)->fp, fp)) pp = &(*pp)->next;
+    if (*pp) { /* leaves the set (re-added below if firing again) */
+        struct am_alert *x = *pp;
+        *pp = x->next;
+        cJSON_Delete(x->obj);
+        free(x);
+    }
+    if (!strcmp(nt->status, "firing")) {
+        struct am_alert *x = calloc(1, sizeof *x);
+        if (!x) { cJSON_Delete(o); return; }
+        snprintf(x->fp, sizeof x->fp, "%s", fp);
+        x->obj = o;
+        x->next = n->firing;
+        n->firing = x;
+        am_resend(n);
+        return;
+    }
+    cJSON *arr = cJSON_CreateArray();
+    cJSON_AddItemToArray(arr, o);
+    char *body = cJSON_PrintUnformatted(arr);
+    cJSON_Delete(arr);
+    if (body) post_retry(n, n->am, body, 1, nt);
+    free(body);
+}
+
+static void deliver(struct notify *n, struct note *nt) {
+    if (n->cfg.log)
+        fprintf(stderr, "entropyd: alert %s: %s run=%s\n", nt->status, nt->alertname, nt->run);
+    if (n->exec_cmd) run_exec(n, nt);
+    if (n->am) am_deliver(n, nt);
+    if (n->webhook) post_retry(n, n->webhook, nt->body, 0, nt);
+}
+
 static void *notify_main(void *arg) {
     struct notify *n = arg;
     for (;;) {
         pthread_mutex_lock(&n->mu);
-        while (!n->head && !n->stop) pthread_cond_wait(&n->cv, &n->mu);
+        while (!n->head && !n->stop) {
+            if (!n->firing) {
+                pthread_cond_wait(&n->cv, &n->mu);
+                continue;
+            }
+            if (mono() >= n->am_next) break; /* time to re-send the firing set */
+            double wait_s = n->am_next - mono();
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += (time_t)wait_s;
+            ts.tv_nsec += (long)((wait_s - (double)(time_t)wait_s) * 1e9);
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&n->cv, &n->mu, &ts);
+        }
+        if (!n->head && !n->stop) { /* re-send time */
+            pthread_mutex_unlock(&n->mu);
+            am_resend(n);
+            continue;
+        }
         if (!n->head || (n->stop && mono() > n->stop_deadline)) {
             pthread_mutex_unlock(&n->mu);
             break;
@@ -200,8 +332,19 @@ struct notify *notify_create(const struct notify_config *cfg, char *err, size_t 
     n->webhook = dupstr(cfg->webhook_url);
     n->exec_cmd = dupstr(cfg->exec_cmd);
     n->external = dupstr(cfg->external_url ? cfg->external_url : "");
+    if (n->cfg.am_resend_s <= 0) n->cfg.am_resend_s = 60;
+    if (cfg->alertmanager_url) {
+        size_t k = strlen(cfg->alertmanager_url);
+        while (k > 0 && cfg->alertmanager_url[k - 1] == '/') k--;
+        if (asprintf(&n->am, "%.*s/api/v2/alerts", (int)k, cfg->alertmanager_url) < 0) n->am = NULL;
+    }
     pthread_mutex_init(&n->mu, NULL);
     pthread_cond_init(&n->cv, NULL);
+    if (cfg->alertmanager_url && (!n->am || (strncmp(n->am, "http://", 7) && strncmp(n->am, "https://", 8)))) {
+        snprintf(err, errlen, "--alertmanager wants an http:// or https:// URL, got \"%s\"", cfg->alertmanager_url);
+        notify_destroy(n, 0);
+        return NULL;
+    }
     if (n->webhook && strncmp(n->webhook, "http://", 7) && strncmp(n->webhook, "https://", 8)) {
         snprintf(err, errlen, "--webhook wants an http:// or https:// URL, got \"%s\"", n->webhook);
         notify_destroy(n, 0);
@@ -235,9 +378,16 @@ void notify_destroy(struct notify *n, int wait_ms) {
     }
     pthread_cond_destroy(&n->cv);
     pthread_mutex_destroy(&n->mu);
+    while (n->firing) {
+        struct am_alert *x = n->firing->next;
+        cJSON_Delete(n->firing->obj);
+        free(n->firing);
+        n->firing = x;
+    }
     free(n->webhook);
     free(n->exec_cmd);
     free(n->external);
+    free(n->am);
     free(n);
 }
 
@@ -275,7 +425,8 @@ int notify_post(struct notify *n, const char *status, const char *alertname, con
     nt->alertname = dupstr(alertname);
     nt->run = dupstr(run);
     nt->body = payload(n, status, alertname, run, alert_json);
-    if (!nt->status || !nt->alertname || !nt->run || !nt->body) {
+    nt->alert = dupstr(alert_json);
+    if (!nt->status || !nt->alertname || !nt->run || !nt->body || !nt->alert) {
         note_free(nt);
         return -1;
     }

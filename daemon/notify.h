@@ -8,7 +8,15 @@
  *   - exec: `/bin/sh -c CMD` with the same JSON on stdin and
  *     ENTROPYD_ALERT_STATUS / _NAME / _RUN in the environment, killed after
  *     10 s;
- *   - log: one line per notification on stderr.
+ *   - log: one line per notification on stderr;
+ *   - alertmanager: POST of Alertmanager's own API, `POST /api/v2/alerts`
+ *     with an array of {labels, annotations, startsAt, endsAt,
+ *     generatorURL}.  Alertmanager expects a client to re-send its firing
+ *     alerts (it resolves one whose endsAt passes), so the notifier keeps
+ *     the firing set and re-sends it every `am_resend_s` seconds with
+ *     endsAt = now + 4 x am_resend_s (Prometheus' convention: if entropyd
+ *     dies, its alerts resolve by themselves after that); a resolved alert
+ *     is sent once with its real endsAt and retried like the webhook.
  * Only FIRING and RESOLVED transitions are notified (UPDATEs are not). When
  * the queue is full the oldest notification is dropped and counted. */
 #ifndef NOTIFY_H
@@ -26,6 +34,8 @@ struct notify_config {
     int timeout_ms;            /* per HTTP request, default 5000 */
     int backoff_ms;            /* first retry delay, doubled each time, default 500 */
     const char *external_url;  /* the daemon's URL, for externalURL (may be NULL) */
+    const char *alertmanager_url; /* Alertmanager base URL (http://host:9093) or NULL */
+    int am_resend_s;           /* re-send period of firing alerts, default 60 */
 };
 
 struct notify;
@@ -46,6 +56,7 @@ int notify_post(struct notify *n, const char *status, const char *alertname, con
 
 struct notify_stats {
     uint64_t queued, sent, failed, retries, dropped, exec_runs, exec_failed;
+    uint64_t am_sent, am_failed;   /* Alertmanager POSTs (re-sends included) */
 };
 void notify_get_stats(struct notify *n, struct notify_stats *out);
 

@@ -1,0 +1,138 @@
+"""entropyd --alertmanager URL against a fake Alertmanager (issue 10): a
+collapse fires; Alertmanager's API receives `POST /api/v2/alerts` with an
+array of {labels, annotations, startsAt, endsAt, generatorURL}, endsAt in
+the future (now + 4 re-send periods) while firing; the firing alert is
+re-sent every --alertmanager-resend-s; the resolved one arrives once with
+its real endsAt (after a 503 and a retry) and the re-sending stops; the
+webhook still gets its own payload.  python3 stdlib only."""
+import datetime
+import http.server
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_harness import Client, Daemon  # noqa: E402
+
+
+class FakeAM(http.server.BaseHTTPRequestHandler):
+    posts = []           # (time, path, parsed body)
+    fail_resolved = 1    # answer 503 to the first resolved POST
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(n))
+        cls = type(self)
+        resolved = any(a.get("endsAt", "") < now_iso() for a in body) if isinstance(body, list) else False
+        if resolved and cls.fail_resolved > 0:
+            cls.fail_resolved -= 1
+            self.send_response(503)
+            self.end_headers()
+            return
+        cls.posts.append((time.time(), self.path, body, self.headers.get("Content-Type")))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+def now_iso():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+RULES = {"rules": [
+    {"name": "entropy_collapse", "metric": "entropy_norm", "scope": "head",
+     "condition": {"op": "below", "value": 0.1}, "for": 2, "severity": "critical",
+     "annotations": {"summary": "collapse in {run}"}},
+]}
+
+
+def step(seq, s, low):
+    vals = [[0.8, 0.8], [0.8, 0.8]]
+    if low:
+        vals[1][0] = 0.01
+    return {"type": "step", "seq": seq, "step": s, "time": 1764500000 + s,
+            "scalars": {"loss": 2.0}, "heads": {"entropy_norm": vals}}
+
+
+class AlertmanagerE2E(unittest.TestCase):
+    def test_firing_resent_then_resolved(self):
+        FakeAM.posts = []
+        FakeAM.fail_resolved = 1
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeAM)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        tmp = tempfile.TemporaryDirectory()
+        rules = os.path.join(tmp.name, "rules.json")
+        with open(rules, "w") as f:
+            json.dump(RULES, f)
+        am = "http://127.0.0.1:%d/" % srv.server_port
+        d = Daemon(args=["--rules", rules, "--alertmanager", am, "--alertmanager-resend-s", "1",
+                         "--quiet-alerts"]).start()
+        try:
+            c = Client(d.sock)
+            c.hello("am-run", layers=2, heads=2)
+            seq = 0
+            for s in range(10):
+                seq += 1
+                c.send(step(seq, s, low=s >= 5))
+                c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
+            # fires at step 6; wait for the first POST and two re-sends
+            deadline = time.time() + 15
+            while time.time() < deadline and len(FakeAM.posts) < 3:
+                time.sleep(0.05)
+            self.assertGreaterEqual(len(FakeAM.posts), 3, "firing alert sent and re-sent: %s" % FakeAM.posts)
+            t0, path, body, ctype = FakeAM.posts[0]
+            self.assertEqual(path, "/api/v2/alerts")
+            self.assertEqual(ctype, "application/json")
+            self.assertIsInstance(body, list)
+            self.assertEqual(len(body), 1)
+            a = body[0]
+            self.assertEqual(sorted(a), ["annotations", "endsAt", "labels", "startsAt"])
+            self.assertEqual(a["labels"], {"alertname": "entropy_collapse", "run": "am-run",
+                                           "severity": "critical", "metric": "entropy_norm"})
+            self.assertEqual(a["annotations"], {"summary": "collapse in am-run"})
+            self.assertRegex(a["startsAt"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+            self.assertGreater(a["endsAt"], now_iso(), "a firing alert's endsAt lies ahead")
+            gaps = [FakeAM.posts[i + 1][0] - FakeAM.posts[i][0] for i in range(2)]
+            self.assertTrue(all(0.7 < g < 3.0 for g in gaps), "re-sent about every second: %s" % gaps)
+            self.assertTrue(all(p[2][0]["labels"] == a["labels"] and p[2][0]["startsAt"] == a["startsAt"]
+                                for p in FakeAM.posts), "re-sends carry the same alert")
+            # recover: resolved once (after a 503 and a retry), then silence
+            for s in range(10, 16):
+                seq += 1
+                c.send(step(seq, s, low=False))
+                c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
+            deadline = time.time() + 15
+            resolved = []
+            while time.time() < deadline and not resolved:
+                resolved = [p for p in FakeAM.posts if p[2][0]["endsAt"] < now_iso()]
+                time.sleep(0.05)
+            self.assertEqual(len(resolved), 1, "one resolved POST")
+            self.assertEqual(FakeAM.fail_resolved, 0, "the 503 was answered, then retried")
+            r = resolved[0][2][0]
+            self.assertEqual(r["labels"], a["labels"])
+            self.assertEqual(r["startsAt"], a["startsAt"])
+            n = len(FakeAM.posts)
+            time.sleep(2.5)
+            self.assertEqual(len(FakeAM.posts), n, "no re-send after the alert resolved")
+        finally:
+            d.stop()
+            d.cleanup()
+            srv.shutdown()
+            tmp.cleanup()
+
+    def test_bad_url_refused(self):
+        d = Daemon(args=["--alertmanager", "ftp://x"])
+        with self.assertRaises(RuntimeError):
+            d.start()
+        self.assertIn("--alertmanager wants an http", d.log())
+        d.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main()
