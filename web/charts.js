@@ -4,7 +4,8 @@
 // one-step spike stays visible at any zoom), alert markers on the step axis,
 // a legend with live values and a unit on the y axis. Drag to zoom (the
 // owner refetches at finer resolution), double-click to zoom out.
-import uPlot from './vendor/uplot/uPlot.esm.js';
+// uPlot comes from vendor/uplot/uPlot.iife.min.js, loaded by index.html
+const uPlot = window.uPlot;
 import {fmt, fmtStep, rafThrottle} from './util.js';
 
 const charts = new Set();
