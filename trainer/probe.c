@@ -76,7 +76,7 @@ struct probe {
     probe_scratch *scr;
     /* the current call, for the worker threads */
     model *m;
-    int nb, phase;
+    int nb;
     float *inv_log;  /* (T+1) 1/log(i) for i >= 2 */
     float *sq_ratio; /* (T+1) sqrt(i/(i-1)) */
     float *sq_prod;  /* (T+1) sqrt(i(i-1)) */
@@ -430,7 +430,7 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
     }
 }
 
-/* Phase 1, one layer: weight metrics, row norms, rank_ratio, cos_sim, ||X~_b||_2. */
+/* One layer: weight metrics, row norms, rank_ratio, cos_sim, ||X~_b||_2. */
 static void layer_pass(probe *p, int l, probe_scratch *sc)
 {
     model *m = p->m;
@@ -473,7 +473,7 @@ static void layer_pass(probe *p, int l, probe_scratch *sc)
     p->out.cos_sim[l] = (float)(cos_sum / nb);
 }
 
-/* Phase 2, one head: the pass over its attention rows. */
+/* One head (after its layer's layer_pass): the pass over its attention rows. */
 static void head_pass(probe *p, int l, int h)
 {
     model *m = p->m;
@@ -535,15 +535,15 @@ static void head_pass(probe *p, int l, int h)
     p->out.max_logit[k] = ml;
 }
 
-/* model_parallel task: phase 1 splits layers, phase 2 (layer, head) pairs,
- * round-robin over the threads. */
+/* model_parallel task: whole layers round-robin over the threads, so one
+ * hand-off covers everything (each hand-off to a worker can cost a scheduler
+ * slice on a busy machine). */
 static void probe_task(void *ctx, int t, int nt)
 {
     probe *p = ctx;
-    if (p->phase == 1) {
-        for (int l = t; l < p->L; l += nt) layer_pass(p, l, &p->scr[t]);
-    } else {
-        for (int k = t; k < p->L * p->H; k += nt) head_pass(p, k / p->H, k % p->H);
+    for (int l = t; l < p->L; l += nt) {
+        layer_pass(p, l, &p->scr[t]);
+        for (int h = 0; h < p->H; h++) head_pass(p, l, h);
     }
 }
 
@@ -558,10 +558,8 @@ const probe_metrics *probe_compute(probe *p, model *m)
     /* The model's worker threads idle between forward/backward jobs: the
      * probe borrows them (a model with one thread runs it here). */
     int par = m->nthreads > 1 && m->nthreads <= p->nscratch;
-    for (p->phase = 1; p->phase <= 2; p->phase++) {
-        if (par) model_parallel(m, probe_task, p);
-        else probe_task(p, 0, 1);
-    }
+    if (par) model_parallel(m, probe_task, p);
+    else probe_task(p, 0, 1);
     /* linear layers */
     int none = m->cfg.reparam == MODEL_REPARAM_NONE;
     for (int i = 0; i < p->nlin; i++) {

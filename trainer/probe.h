@@ -29,7 +29,7 @@
  * All memory is allocated by probe_create, sized for the model's capacity
  * (B, T) and thread count; probe_compute allocates nothing and makes no
  * system call of its own.  It borrows the model's worker threads
- * (model_parallel: layers, then (layer, head) pairs, round-robin), which
+ * (one model_parallel call, whole layers round-robin), which
  * idle between the forward and the backward; results do not depend on the
  * thread count beyond float rounding.  One probe, one caller thread. */
 #ifndef PROBE_H
