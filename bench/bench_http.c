@@ -29,6 +29,23 @@ static int port, nreq = 500, nclients = 100;
 static double seconds = 3;
 static long run_id = 1;
 static const char *sock_path, *static_path = "/index.html";
+static int daemon_pid; /* when given: the daemon's CPU time per request, which load does not inflate */
+
+/* The daemon's user + system CPU seconds so far, or NAN. */
+static double daemon_cpu(void) {
+    if (!daemon_pid) return NAN;
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", daemon_pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return NAN;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return NAN;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
 
 static double mono(void) {
     struct timespec ts;
@@ -90,6 +107,7 @@ static int latency(const char *name, int kind, double target_ms) {
     snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&head=1&points=1000", run_id);
     timed_get(h, path, &bytes);
     bytes = 0;
+    double cpu0 = daemon_cpu();
     for (int i = 0; i < nreq; i++) {
         if (kind == 0) {
             snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&head=1&points=1000", run_id);
@@ -106,9 +124,12 @@ static int latency(const char *name, int kind, double target_ms) {
         v[i] = timed_get(h, path, &bytes) * 1e3;
         if (v[i] < 0) fails++;
     }
+    double cpu = (daemon_cpu() - cpu0) / nreq * 1e3;
     double p50 = pct(v, (size_t)nreq, 50), p99 = pct(v, (size_t)nreq, 99);
-    printf("http: %-44s p50 %6.2f ms  p99 %6.2f ms  (%d requests, %.0f bytes each)  target p99 <= %g ms: %s\n", name,
-           p50, p99, nreq, (double)bytes / nreq, target_ms, fails ? "FAILED REQUESTS" : p99 <= target_ms ? "met" : "MISSED");
+    printf("http: %-44s p50 %6.2f ms  p99 %6.2f ms  daemon CPU %5.2f ms/request  (%d requests, %.0f bytes each)  "
+           "target p99 <= %g ms: %s\n",
+           name, p50, p99, cpu, nreq, (double)bytes / nreq, target_ms,
+           fails ? "FAILED REQUESTS" : p99 <= target_ms ? "met" : "MISSED");
     free(v);
     curl_easy_cleanup(h);
     return fails;
@@ -258,6 +279,7 @@ static int sse_bench(void) {
         curl_multi_add_handle(m, hs[i]);
     }
     pthread_t th;
+    double cpu0 = daemon_cpu();
     pthread_create(&th, NULL, feeder, NULL);
     int running = 1;
     while (!feed_done && running) {
@@ -265,6 +287,7 @@ static int sse_bench(void) {
         curl_multi_poll(m, NULL, 0, 50, NULL);
     }
     pthread_join(th, NULL);
+    double cpu = daemon_cpu() - cpu0;
     size_t total = 0, got_all = 0;
     for (int i = 0; i < nclients; i++) {
         total += cl[i].n;
@@ -281,8 +304,9 @@ static int sse_bench(void) {
     printf("http: SSE commit -> event received, %d clients:  p50 %6.2f ms  p99 %6.2f ms  max %6.2f ms  target p99 <= 50 ms: %s\n",
            nclients, p50, p99, mx, k && p99 <= 50 ? "met" : "MISSED");
     printf("http: SSE step line written -> event received:  p50 %6.2f ms  p99 %6.2f ms  (%d steps at 200/s, "
-           "%zu events received, %zu of %d clients got every step)\n",
-           pct(sd, ks, 50), pct(sd, ks, 99), feed_steps, total, got_all, nclients);
+           "%zu events received, %zu of %d clients got every step; daemon CPU %.0f%% of one core)\n",
+           pct(sd, ks, 50), pct(sd, ks, 99), feed_steps, total, got_all, nclients,
+           100 * cpu / (feed_steps / 200.0 + 0.7));
     for (int i = 0; i < nclients; i++) {
         curl_multi_remove_handle(m, hs[i]);
         curl_easy_cleanup(hs[i]);
@@ -306,6 +330,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--requests") == 0) nreq = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--clients") == 0) nclients = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--seconds") == 0) seconds = atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--pid") == 0) daemon_pid = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_http: unknown option %s\n", argv[i]);
             return 2;

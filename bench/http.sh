@@ -36,5 +36,5 @@ done
 # the figures are latencies on a shared machine: say how busy it was
 echo "http: load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 "$BUILD/bench/bench_http" --port "$port" --socket "$dir/entropyd.sock" --run 1 --static /index.html \
-  --requests "${REQUESTS:-500}" --clients "${CLIENTS:-100}" --seconds "${SECONDS_RUN:-3}"
+  --requests "${REQUESTS:-500}" --clients "${CLIENTS:-100}" --seconds "${SECONDS_RUN:-3}" --pid "$pid"
 echo "http: load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
