@@ -97,7 +97,7 @@ def test_kill_restart(tmp):
     d = Daemon(data=os.path.join(tmp, "daemon"))
     os.makedirs(d.data)
     d.start()
-    steps = 3000
+    steps = 2000
     spool = os.path.join(tmp, "spool")
     cmd = [SIGMATRAIN] + TINY + ["--steps", str(steps), "--print-every", "100", "--daemon", "unix:" + d.sock,
                                  "--run", "e2e-kill", "--spool", spool]
