@@ -122,6 +122,30 @@ static void test_bound_random(void **state)
     assert_true(tight >= TL * TH * 3); /* the small scales give near-tight bounds */
 }
 
+/* The trainer's settings (2 power steps per call): the first call, with cold
+ * vectors, must already give a valid bound where it is tight, and so must
+ * the following calls as the weights move. */
+static void test_bound_default_iters(void **state)
+{
+    (void)state;
+    int tight = 0;
+    for (int seed = 0; seed < 4; seed++) {
+        model *m = make_model(MODEL_REPARAM_NONE, 200 + seed);
+        shape_qkv(m, 1.0f + seed, 0.02f, 300 + seed);
+        forward(m, 400 + seed);
+        probe *p = probe_create(m, NULL);
+        check_bound(probe_compute(p, m), "first call, default iters", &tight);
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < TL * 3 * TC * TC; i++) m->params.qkvw[i] *= 1.01f;
+            forward(m, 500 + k);
+            check_bound(probe_compute(p, m), "later call, default iters", &tight);
+        }
+        probe_destroy(p);
+        model_destroy(m);
+    }
+    assert_true(tight > 0);
+}
+
 static void test_bound_trained(void **state)
 {
     (void)state;
@@ -408,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_bound_known_values),
         cmocka_unit_test(test_uniform_and_onehot),
         cmocka_unit_test(test_bound_random),
+        cmocka_unit_test(test_bound_default_iters),
         cmocka_unit_test(test_bound_trained),
         cmocka_unit_test(test_sigma_qk_and_eig),
         cmocka_unit_test(test_max_logit),

@@ -29,8 +29,9 @@
  * column (a second power iteration per head; sigma_qk itself stays the norm
  * of the weights only, as specified).  Power iteration approaches a norm
  * from below, so the bound is valid up to its convergence: persistent vectors
- * and PROBE_DEFAULT_ITERS steps per call keep it converged while weights move
- * slowly; tests/test_probe.c checks entropy >= bound after convergence.
+ * (converged by PROBE_WARMUP_ITERS steps on the first call, when they are
+ * cold) and PROBE_DEFAULT_ITERS steps per call keep it converged while the
+ * weights move slowly; tests/test_probe.c checks entropy >= bound.
  *
  * Entropy uses a vectorizable Cephes-style log (relative error ~1e-7) with
  * 16 partial sums, and integer max/min on the probabilities' bit patterns
@@ -60,6 +61,8 @@ typedef struct {
     float *mm;       /* (d*d) */
 } probe_scratch;
 
+#define PROBE_WARMUP_ITERS 50
+
 struct probe {
     probe_config cfg;
     int L, H, C, d, B, T, nlin;
@@ -77,6 +80,8 @@ struct probe {
     /* the current call, for the worker threads */
     model *m;
     int nb;
+    int iters;       /* power steps this call: more on the first (cold vectors) */
+    long calls;
     float *inv_log;  /* (T+1) 1/log(i) for i >= 2 */
     float *sq_ratio; /* (T+1) sqrt(i/(i-1)) */
     float *sq_prod;  /* (T+1) sqrt(i(i-1)) */
@@ -411,10 +416,10 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
     for (int h = 0; h < H; h++) {
         size_t k = (size_t)l * H + h;
         const float *Wq = W + (size_t)h * d * C, *Wk = W + (size_t)C * C + (size_t)h * d * C;
-        float s = qk_power(Wq, NULL, Wk, NULL, C, d, p->u_qk + k * C, t, w, p->cfg.iters);
+        float s = qk_power(Wq, NULL, Wk, NULL, C, d, p->u_qk + k * C, t, w, p->iters);
         p->out.sigma_qk[k] = s;
         p->sig_b[k] = aug ? qk_power(Wq, bias + h * d, Wk, bias + C + h * d, C, d,
-                                     p->u_aug + k * (C + 1), t, w, p->cfg.iters)
+                                     p->u_aug + k * (C + 1), t, w, p->iters)
                           : s;
         /* M = Wk_h Wq_h^T (d x d) has the non-zero eigenvalues of W_Q^h W_K^h^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d, d, C, 1.0f, Wk, C, Wq, C, 0.0f,
@@ -467,7 +472,7 @@ static void layer_pass(probe *p, int l, probe_scratch *sc)
         cos_sum += T > 1 ? (T * um2 - 1.0) / (T - 1) : 1.0;
         /* examples in order, one persistent vector per layer: warm starts */
         p->xs[(size_t)l * p->B + b] = x_power(Xb, T, C, aug, p->xv + (size_t)l * (C + 1), sc->tmp_t,
-                                              mean, p->cfg.iters);
+                                              mean, p->iters);
     }
     p->out.rank_ratio[l] = (float)(rank_sum / nb);
     p->out.cos_sim[l] = (float)(cos_sum / nb);
@@ -555,6 +560,9 @@ const probe_metrics *probe_compute(probe *p, model *m)
     p->m = m;
     p->nb = p->cfg.examples > 0 && p->cfg.examples < B ? p->cfg.examples : B;
     o->examples_used = p->nb;
+    /* Cold random vectors underestimate the norms, which would lift the
+     * bound above the truth: converge them on the first call. */
+    p->iters = p->calls++ == 0 && p->cfg.iters < PROBE_WARMUP_ITERS ? PROBE_WARMUP_ITERS : p->cfg.iters;
     /* The model's worker threads idle between forward/backward jobs: the
      * probe borrows them (a model with one thread runs it here). */
     int par = m->nthreads > 1 && m->nthreads <= p->nscratch;

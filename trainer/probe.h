@@ -44,7 +44,8 @@ typedef struct {
     int examples;    /* examples of the batch used (first ones); 0 = all;
                         default (negative) PROBE_DEFAULT_EXAMPLES */
     int iters;       /* power-iteration steps per probe_compute for sigma_qk
-                        and ||X||_2; <= 0: PROBE_DEFAULT_ITERS */
+                        and ||X||_2; <= 0: PROBE_DEFAULT_ITERS (the first
+                        call does at least 50: the vectors start cold) */
 } probe_config;
 
 /* Metrics of the last probe_compute.  Head arrays are (L, H) row-major
