@@ -5,13 +5,52 @@
 // - the same with every chart of the page loaded at once (?lazy=0);
 // - the page's JS heap after load (CDP, after a GC);
 // - the longest main-thread task during load (a frozen tab shows here);
-// - scrubbing: the time from moving the step slider to the heatmap drawn.
+// - scrubbing: the time from moving the step slider to the heatmap drawn;
+// - the CPU time chromium and entropyd spend on a first render (/proc).
 // usage: node bench/dashboard.mjs DATA_DIR RUN_ID LABEL [LOADS]
+import fs from 'node:fs';
 import {launch, startDaemon, sleep} from '../tests/browser/harness.mjs';
 
 const [dataDir, runId, label, loadsArg] = process.argv.slice(2);
 const LOADS = +(loadsArg || 5);
 const pct = (a, p) => { const s = [...a].sort((x, y) => x - y); return s[Math.min(s.length - 1, Math.floor(p * s.length))]; };
+
+/** CPU time (ms, user + system) per process descended from this one:
+ * chromium's browser, renderer, GPU and network processes and entropyd.
+ * Unlike wall time, it hardly grows when other work shares the CPUs. */
+function cpuSnap() {
+  const procs = new Map();
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const st = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
+      const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
+      const cmd = fs.readFileSync(`/proc/${d}/cmdline`, 'utf8');
+      const type = (/--type=([a-z-]+)/.exec(cmd) || [])[1] || (/chrom/.test(cmd) ? 'browser' : 'other');
+      procs.set(+d, {ppid: +f[1], cpu: (+f[11] + +f[12]) * 10, type});   // clock ticks of 10 ms
+    } catch { /* gone */ }
+  }
+  const mine = new Map(), seen = new Set([process.pid]);
+  let grew = true;
+  while (grew) {
+    grew = false;
+    for (const [pid, p] of procs) if (!seen.has(pid) && seen.has(p.ppid)) { seen.add(pid); mine.set(pid, p); grew = true; }
+  }
+  return mine;
+}
+/** CPU used between two snapshots: {total, daemon} in ms (processes that
+ * exited in between are left out; new ones count from zero). */
+function cpuDelta(a, b, daemonPid) {
+  const out = {total: 0, daemon: 0, by: {}};
+  for (const [pid, p] of b) {
+    const d = p.cpu - (a.has(pid) ? a.get(pid).cpu : 0);
+    out.total += d;
+    const k = pid === daemonPid ? 'entropyd' : p.type;
+    out.by[k] = (out.by[k] || 0) + d;
+    if (pid === daemonPid) out.daemon += d;
+  }
+  return out;
+}
 
 const d = await startDaemon({dataDir});
 const browser = await launch();
@@ -28,20 +67,38 @@ try {
           .observe({type: 'longtask', buffered: true});
       } catch { /* no longtask support */ }
     });
+    const c0 = cpuSnap();
     await page.goto(`${d.base}/?run=${runId}${query}`);
     await page.waitForFunction(() => window.__render && window.__render.complete, null, {timeout: 60000});
+    const cpu = cpuDelta(c0, cpuSnap(), d.proc.pid);
     const r = await page.evaluate(() => ({ms: window.__render.completeAt, charts: window.__render.charts, marks: window.__render.marks,
                                           longest: window.__longest, cells: window.__heatmap && window.__heatmap.values.flat().length}));
     r.requests = requests;
+    r.cpu = cpu;
     r.page = page; r.ctx = ctx;
     return r;
   }
 
-  const cold = [], inits = [];
+  // baseline: the CPU a new tab costs chromium for a trivial page (process
+  // start-up, compositing), to tell the dashboard's own share
+  const base = [];
+  for (let i = 0; i < 3; i++) {
+    const ctx = await browser.newContext({viewport: {width: 1400, height: 900}});
+    const page = await ctx.newPage();
+    const c0 = cpuSnap();
+    await page.goto(`${d.base}/healthz`);
+    await page.waitForLoadState('load');
+    await sleep(50);
+    base.push(cpuDelta(c0, cpuSnap(), d.proc.pid).total);
+    await ctx.close();
+  }
+  const cold = [], inits = [], cpus = [], dcpus = [];
   let first;
   for (let i = 0; i < LOADS; i++) {
     const r = await load('');
     cold.push(r.ms);
+    cpus.push(r.cpu.total);
+    dcpus.push(r.cpu.daemon);
     const init = r.marks && r.marks.find((m) => m[0] === 'init');
     if (init) inits.push(init[1]);
     if (i === 0) first = r; else await r.ctx.close();
@@ -50,6 +107,11 @@ try {
               `median ${pct(cold, 0.5).toFixed(0)} ms (min ${Math.min(...cold).toFixed(0)}, max ${Math.max(...cold).toFixed(0)}) over ${LOADS} cold loads ` +
               `(target <= 1000 ms); ${first.charts} charts, ${first.cells} heatmap cells, ${first.requests} API requests`);
   console.log(`dashboard ${label}: longest main-thread task during the first load: ${first.longest.toFixed(0)} ms`);
+  console.log(`dashboard ${label}: CPU time to the first complete render (a figure the machine's load hardly ` +
+              `inflates; 10 ms ticks): median ${pct(cpus, 0.5).toFixed(0)} ms for chromium + entropyd ` +
+              `(min ${Math.min(...cpus)}, max ${Math.max(...cpus)}), of which entropyd ${pct(dcpus, 0.5).toFixed(0)} ms; ` +
+              `first load by process: ${Object.entries(first.cpu.by).filter(([, v]) => v).map(([k, v]) => `${k} ${v}`).join(', ')}; ` +
+              `a new tab showing a trivial page (/healthz) costs ${pct(base, 0.5)} ms`);
   if (inits.length) console.log(`dashboard ${label}: page and modules loaded (view starts), median ${pct(inits, 0.5).toFixed(0)} ms`);
   if (first.marks) console.log(`dashboard ${label}: first load timeline (ms since navigation): ` +
                                first.marks.map(([w, t]) => `${w} ${t}`).join(', '));
