@@ -103,7 +103,9 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-test: deps all
+# `all` by a second make: on a fresh machine mpicc only exists after deps.
+test: deps
+	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) SANITIZE=$(SANITIZE) scripts/run-tests.sh
 
 bench: deps
