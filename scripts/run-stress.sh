@@ -70,8 +70,10 @@ rows = [
     ("faults survived", "kill -9: %s rounds (%s trainers, %s steps); allocation failures: %s; SQLite: %s (%s VFS errors)"
      % (r.get("kill_rounds", "?"), r.get("kill_trainers", "?"), r.get("kill_steps", "?"), alloc,
         ", ".join("%s %s ms/%s retries" % p for p in phases) or "?", vfs.group(1) if vfs else "?")),
-    ("frozen daemon", "; ".join("%s: step mean %s µs (p99 %s), telemetry calls p50 %s µs p99 %s µs, dropped %s" % f
-                                for f in fr) or "?"),
+    ("frozen daemon", "sigmatrain %s steps/s with its daemon running, %s frozen (%s alternating blocks of %s s); "
+     "simulated 12x12 trainer: " % (r.get("sgt_running_steps_s", "?"), r.get("sgt_frozen_steps_s", "?"),
+                                    r.get("sgt_blocks", "?"), r.get("sgt_block_s", "?")) +
+     ("; ".join("%s: step mean %s µs (p99 %s), telemetry calls p50 %s µs p99 %s µs, dropped %s" % f for f in fr) or "?")),
     ("bad inputs tried", "%d fuzz executions (%s); + the security and protocol inputs of the e2e tests"
      % (fz_total, ", ".join("%s %s" % f for f in fz) or "?")),
     ("data lost", "%s (load: %s sent, %s stored; kill -9: every acked step present once)"

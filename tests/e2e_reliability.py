@@ -194,6 +194,91 @@ class KillTest(unittest.TestCase):
             d.cleanup()
 
 
+class FrozenDaemonTest(unittest.TestCase):
+    """build/sigmatrain streaming to entropyd: its throughput (the tok/s of
+    its progress lines) while the daemon is running, frozen with SIGSTOP,
+    and running again. The bound is generous (the machine is shared); the
+    figures go to the stress table. tests/test_telemetry_frozen.c measures
+    the telemetry calls themselves."""
+
+    def test_sigmatrain_does_not_slow_down_when_its_daemon_freezes(self):
+        exe = os.environ.get("SIGMATRAIN") or os.path.join(ROOT, "build", "sigmatrain")
+        if not os.access(exe, os.X_OK) or b"--daemon" not in subprocess.run([exe, "--help"], capture_output=True).stdout:
+            self.skipTest("no sigmatrain with --daemon")
+        pairs = int(os.environ.get("FROZEN_PAIRS", 10 if STRESS else 4))
+        block = float(os.environ.get("FROZEN_BLOCK_S", 1.5))
+        d = Daemon().start()
+        spool = tempfile.mkdtemp(prefix="entropyd-spool-")
+        p = subprocess.Popen([exe, "--daemon", "unix:" + d.sock, "--run", "frozen-sgt", "--spool", spool,
+                              "--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8",
+                              "--threads", "1", "--steps", "1000000", "--print-every", "1", "--eval-every", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        lines = []  # (arrival time, tok/s)
+        try:
+            def reader():
+                for raw in p.stdout:
+                    m = re.match(rb"step +(\d+)/", raw)
+                    if m:
+                        lines.append((time.time(), int(m.group(1))))
+            th = threading.Thread(target=reader, daemon=True)
+            th.start()
+            deadline = time.time() + 30
+            while not lines and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertTrue(lines, "sigmatrain printed no progress")
+            # alternate running and frozen blocks, so that the machine's
+            # other load (it is shared) falls on both alike
+            control = os.environ.get("FROZEN_CONTROL") == "1"  # the same blocks without the freeze
+            blocks = {"running": [], "frozen": []}
+            for i in range(2 * pairs):
+                kind = "frozen" if i % 2 else "running"
+                if kind == "frozen" and not control:
+                    d.proc.send_signal(signal.SIGSTOP)
+                ta = time.time()
+                time.sleep(block)
+                blocks[kind].append((ta, time.time()))
+                if kind == "frozen":
+                    d.proc.send_signal(signal.SIGCONT)
+
+            def rate(kind):
+                """Steps per second over the blocks of one kind (each line
+                is printed as its step ends; stdout is line-buffered)."""
+                steps = secs = 0
+                for a, b in blocks[kind]:
+                    inside = [s for t, s in lines if a < t <= b]
+                    if len(inside) >= 2:
+                        steps += inside[-1] - inside[0]
+                        secs += b - a
+                return steps / secs if secs else 0.0, steps
+            def gaps(kind):
+                g = sorted(t2 - t1 for a, b in blocks[kind] for (t1, _), (t2, _) in zip(lines, lines[1:]) if a < t1 and t2 <= b)
+                return "p50 %.1f ms, p90 %.1f ms, max %.1f ms" % tuple(1e3 * g[int(q * (len(g) - 1))] for q in (0.5, 0.9, 1.0)) if g else "-"
+            print("time between steps: running %s; frozen %s" % (gaps("running"), gaps("frozen")))
+            (run, nrun), (frozen, nfrozen) = rate("running"), rate("frozen")
+            print("sigmatrain steps/s, %d blocks of %.1f s each: daemon running %.1f (%d steps), daemon frozen %.1f "
+                  "(%d steps)%s" % (pairs, block, run, nrun, frozen, nfrozen, " [control: never frozen]" if control else ""))
+            record(sgt_running_steps_s=round(run, 1), sgt_frozen_steps_s=round(frozen, 1), sgt_blocks=pairs, sgt_block_s=block)
+            self.assertGreater(run, 0)
+            self.assertGreaterEqual(frozen, 0.5 * run, "training slowed down while its daemon was frozen")
+            self.assertIsNone(p.poll(), "sigmatrain exited")
+            # after SIGCONT the run's steps reach the database
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                n = d.query("SELECT count(*) FROM steps")[0][0]
+                if n > 0:
+                    break
+                time.sleep(0.2)
+            self.assertGreater(n, 0)
+        finally:
+            if d.proc is not None:
+                d.proc.send_signal(signal.SIGCONT)
+            p.kill()
+            p.wait()
+            p.stdout.close()
+            d.cleanup()
+            subprocess.run(["rm", "-rf", spool])
+
+
 # ---- load -------------------------------------------------------------
 
 L, H, NHEAD = 12, 12, 8
