@@ -60,7 +60,7 @@ NORMS = ["pre", "post", "none"]
 LRS = {"adam": [1e-3, 1e-2, 3e-2, 1e-1], "sgd": [0.1, 0.3, 1.0, 3.0]}
 QUICK_LRS = {"adam": [1e-3, 3e-2], "sgd": [0.3, 3.0]}
 EXTRA_SEEDS = [2, 3]
-COLLAPSE_FLOOR = 0.02  # entropy_collapse's default value (daemon/alert.c), drawn on the plot
+COLLAPSE_FLOOR = 0.01  # entropy_collapse's default value (daemon/alert.c), drawn on the plot
 
 
 def run_name(c):
