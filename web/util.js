@@ -35,7 +35,7 @@ export function fmt(v, digits = 4) {
   if (v === null || v === undefined || Number.isNaN(v)) return '—';
   if (!Number.isFinite(v)) return v > 0 ? '+∞' : '−∞';
   const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(digits - 2);
+  if (a !== 0 && (a >= 1e5 || a < 1e-4)) return v.toExponential(digits - 2);
   return String(Number(v.toPrecision(digits)));
 }
 export const fmtStep = (s) => (s === null || s === undefined ? '—' : Math.round(s).toLocaleString('en-US'));
