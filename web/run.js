@@ -672,8 +672,13 @@ function onScreen(el) {
 /** An alert in whatever shape the alerts API settles on (Alertmanager-like
  * labels/annotations, or flat fields): state, rule, where, step, summary. */
 function normAlert(x) {
-  // the SSE event wraps the stored alert: {type, transition, rule, start_step, step, alert: {...}}
-  if (x && x.alert && typeof x.alert === 'object') x = {...x.alert, rule: x.rule, transition: x.transition};
+  // The SSE event wraps the alert's JSON: {type, transition, rule, start_step, step, alert: {...}};
+  // an API row holds it too: {id, rule, state, start_step, last_step, cells, alert: {...}, transitions}.
+  // The outer fields win.
+  if (x && x.alert && typeof x.alert === 'object') {
+    const {alert, ...outer} = x;
+    x = {...alert, ...Object.fromEntries(Object.entries(outer).filter(([, v]) => v !== undefined && v !== null))};
+  }
   const lb = x.labels || {}, an = x.annotations || {};
   const state = String(x.state || x.status || (x.endsAt && !/^0001/.test(x.endsAt) ? 'resolved' : 'firing')).toLowerCase();
   const rule = x.rule || x.name || lb.alertname || lb.rule || 'alert';

@@ -36,6 +36,15 @@ await run(async (ctx) => {
   await rendered(page);
   await heatmapMatches(page, d, id, 'entropy_norm', 250);
   check(await page.$eval('#run-name', (e) => e.textContent) === 'run-page', 'run page names the run');
+  // the alerts of the collapse seeded before the page opened, from GET /alerts
+  const stored = await fetch(`${d.base}/api/runs/${id}/alerts`).then((r) => (r.ok ? r.json() : []));
+  if (stored.length) {
+    await page.waitForFunction((n) => document.querySelectorAll('#alerts tbody tr').length === n, stored.length, {timeout: 5000});
+    check(true, `the ${stored.length} stored alert(s) of the run are listed (${stored.map((a) => a.rule).join(', ')})`);
+  } else {
+    check(await page.waitForFunction(() => /No alerts|no alerts/.test(document.querySelector('#alerts').textContent)).then(() => true),
+      'no stored alerts (or no alerts API): the list says so');
+  }
 
   // 2. scrubbing to another step
   await page.$eval('#hm-scrub', (e) => { e.value = 420; e.dispatchEvent(new Event('input', {bubbles: true})); });
