@@ -42,8 +42,8 @@ for mode in attached spooling; do
   if [ -z "$ab" ]; then echo "telemetry_overhead: $mode run failed:"; echo "$out" | tail -5; rc=1; continue; fi
   med=$(echo "$ab" | sed -E 's/.*overhead median (-?[0-9.]+)%.*/\1/')
   mean=$(echo "$ab" | sed -E 's/.*mean (-?[0-9.]+)%$/\1/')
-  verdict=$(awk -v m="$med" 'BEGIN{print (m <= 3.0) ? "within" : "OVER"}')
-  echo "$mode: overhead $med% (median step), $mean% (mean step): $verdict the 3% target"
+  verdict=$(awk -v m="$med" 'BEGIN{print (m <= 3.0) ? "<= 3% in this run" : "> 3% in this run"}')
+  echo "$mode: overhead $med% (median step), $mean% (mean step): $verdict (target 3%; compare runs: one run can be off by 10% on a busy machine)"
   echo "  $ab"
   echo "  $hook; $tps tok/s over the whole run"
 done

@@ -7,7 +7,8 @@
    invariants (entropy >= entropy_bound, entropy <= log T, 0 <= entropy_norm <= 1).
 2. No daemon (unreachable socket): the run trains, exits 0 and leaves a spool;
    `sigmatrain --upload-spool` with the same --run and --spool later uploads
-   all of it (and the run's `end`), exactly once.
+   all of it (and the run's `end`), exactly once; a trainer with another
+   shape under that name prints the daemon's shape_mismatch error.
 3. Without --daemon nothing of telemetry happens (no telemetry line).
 
 Env: SIGMATRAIN, ENTROPYD (binaries). python3 standard library only.
@@ -158,6 +159,13 @@ def test_spool_then_upload(tmp):
                         capture_output=True, text=True, timeout=90)
     check(u2.returncode == 0, "second upload failed:\n%s%s" % (u2.stdout, u2.stderr))
     # (its hello reopens the run, which is left stale: the daemon's rule for a hello)
+    check_exactly_once(d, "e2e-spool", steps, status=None)
+    # the trainer prints what the daemon refuses: a hello with another shape
+    bad = subprocess.run([SIGMATRAIN, "--layers", str(L), "--heads", "4", "--dim", "32", "--seq-len", str(T),
+                          "--batch", "4", "--threads", "1", "--eval-every", "0", "--steps", "5",
+                          "--daemon", "unix:" + d.sock, "--run", "e2e-spool"], capture_output=True, text=True, timeout=60)
+    check("telemetry: daemon error:" in bad.stderr and "shape_mismatch" in bad.stderr,
+          "shape_mismatch not printed:\n%s" % bad.stderr[-2000:])
     check_exactly_once(d, "e2e-spool", steps, status=None)
     d.stop()
     print("no daemon: %d steps spooled, uploaded later exactly once, %.1f s" % (steps, time.time() - t0))
