@@ -115,11 +115,13 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
         if (r == 0) {
             it->run_id = info.id; /* for the commit hook's readers */
             struct writer_reply *rp = reply_add(rep, WRITER_R_WELCOME, it->conn, info.id, info.last_seq);
-            if (rp) {
-                rp->layers = info.layers;
-                rp->heads = info.heads;
-                rp->seq_len = info.seq_len;
-            }
+            /* without its welcome the connection would wait for ever (ingest
+             * reads nothing more from it): out of memory is retried like a
+             * database error */
+            if (!rp) return APPLY_RETRY;
+            rp->layers = info.layers;
+            rp->heads = info.heads;
+            rp->seq_len = info.seq_len;
         } else if (store_errcode(st) == -2) {
             store_rollback_to(st);
             reply_error(rep, it->conn, 0, PROTO_E_SHAPE_MISMATCH, "%s", store_errmsg(st));
