@@ -546,7 +546,9 @@ static void handle_replies(struct ingest *ing) {
                 char line[128];
                 int n = snprintf(line, sizeof line, "{\"type\":\"welcome\",\"run_id\":%lld,\"last_seq\":%lld}\n",
                                  (long long)r->run_id, (long long)r->seq);
-                out_append(ing, c, line, (size_t)n);
+                /* a welcome that cannot be queued (out of memory) would leave
+                 * the trainer waiting for it: close, so that it reconnects */
+                if (out_append(ing, c, line, (size_t)n)) c->closing = 1;
             } else if (r->kind == WRITER_R_ERROR && c) {
                 send_error(ing, c, r->code, r->message, r->seq);
                 if (c->waiting) { /* the hello failed */
