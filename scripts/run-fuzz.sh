@@ -9,7 +9,7 @@
 set -u
 cd "$(dirname "$0")/.."
 secs=${FUZZ_SECONDS:-60}
-make --no-print-directory -s fuzz-build SANITIZE= >/dev/null || { echo "fuzz: build failed"; exit 1; }
+make --no-print-directory -s fuzz-build SANITIZE= BUILD=build >/dev/null || { echo "fuzz: build failed"; exit 1; }
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   for s in tests/fuzz/fuzz_*.c; do names+=("$(basename "$s" .c)"); done
