@@ -77,6 +77,13 @@ export class TimeChart {
     const key = JSON.stringify([this.o.unit, this.o.title, defs.map((d) => [d.label, d.color, !!d.band, d.dash, d.width])]);
     this.data = table;
     this.fetched = table[0] ? table[0].length : 0;
+    this.reloading = false;
+    // live steps that came while this data was being fetched
+    if (this.backlog && table[0]) {
+      const cols = 1 + defs.reduce((n, d) => n + (d.band ? 3 : 1), 0);
+      if (table.length === cols) for (const [st, v] of this.backlog) this.push(st, v, defs);
+    }
+    this.backlog = null;
     this.pendingDefs = defs;
     this.pendingKey = key;
     return new Promise((resolve) => drawLater(this, resolve));
@@ -177,22 +184,38 @@ export class TimeChart {
 
   /** Appends one point (live step) to every column: values per def,
    * a band gets [v, v, v]. */
+  /** Appends one point (live step) to every column: values per def, a
+   * band gets [v, v, v]. Steps that arrive while the chart is (re)loading
+   * wait in a backlog and are added to the new data once it is in. */
   append(step, values) {
-    if (!this.u || !this.data || !this.data[0]) return false;
-    const xs = this.data[0];
-    if (xs.length && step <= xs[xs.length - 1]) return false;
+    const busy = !this.data || !this.data[0] || this.reloading || (!this.u && !this.pendingDefs);
+    const xs = busy ? null : this.data[0];
     // a live run would grow the chart by a point per step forever: once the
     // appended points outnumber the fetched buckets, refetch (downsampled)
-    if (xs.length > 2 * Math.max(this.fetched || 0, 500) && this.reload) { this.reload(); return false; }
+    const full = xs && xs.length > 2 * Math.max(this.fetched || 0, 500) && this.reload;
+    if (busy || full) {
+      if (!this.backlog) this.backlog = [];
+      if (this.backlog.length < 20000) this.backlog.push([step, values]);
+      if (full) { this.reloading = true; this.reload(); }
+      return false;
+    }
+    // data set but not drawn yet: it is the new table, add to it
+    if (!this.push(step, values, this.pendingDefs || this.defs)) return false;
+    if (!this.pendingDefs) this.redraw();
+    return true;
+  }
+
+  push(step, values, defs) {
+    const xs = this.data[0];
+    if (xs.length && step <= xs[xs.length - 1]) return false;
     let c = 1;
     xs.push(step);
-    this.defs.forEach((d, i) => {
+    defs.forEach((d, i) => {
       const v = values[i] === undefined ? null : values[i];
       if (values[i] === null) (this.nonfinite ||= []).push(step);   // NaN/Inf arrive as null
       this.data[c++].push(v);
       if (d.band) { this.data[c++].push(v); this.data[c++].push(v); }
     });
-    this.redraw();
     return true;
   }
 

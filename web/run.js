@@ -155,13 +155,15 @@ export class RunView {
     c.load = async () => {
       this.pending++;
       c.loaded = true;
+      chart.reloading = true;   // live steps wait in the chart's backlog until the new data is in
       try { await load(chart); mark('chart ' + (chart.o.title || chart.el.id)); } catch (e) { if (e.name !== 'AbortError') this.chartError(chart, e); } finally {
+        chart.reloading = false;
         this.pending--;
         this.checkComplete();
       }
     };
     this.charts.push(c);
-    chart.reload = () => { if (!c.reloading) { c.reloading = true; c.load().finally(() => { c.reloading = false; }); } };
+    chart.reload = () => { if (!c.reloading) { c.reloading = true; c.load().finally(() => { c.reloading = false; chart.reloading = false; }); } };
     if (eager) c.load(); else whenVisible(chart.el, c.load);
     return c;
   }
