@@ -49,6 +49,9 @@ def mpi_env():
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # SIGTERM -> SIGKILL delay when mpirun ends a job (default 1 s): time for
+    # rank 0 to end the run as failed on a loaded machine (README)
+    env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "5")
     if os.environ.get("SANITIZE"):
         # OpenMPI's own allocations that live until exit (see the file)
         env["LSAN_OPTIONS"] = "suppressions=%s:print_suppressions=0" % SUPP
