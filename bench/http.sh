@@ -22,7 +22,7 @@ if [ ! -s "$cache" ] || [ "$BUILD/bench/bench_http_gen" -nt "$cache" ]; then
 fi
 cp "$cache" "$dir/entropyd.db"
 mkdir -p "$dir/web"
-# a 16 KiB page: the size of a small dashboard's index.html
+# a 12 KB page: the size of a small dashboard file
 { echo '<!doctype html><title>bench</title>'; head -c 12000 /dev/zero | tr '\0' 'x'; echo; } > "$dir/web/index.html"
 "$BUILD/entropyd" --data "$dir" --http 127.0.0.1:0 --web-root "$dir/web" >"$dir/out" 2>"$dir/log" &
 pid=$!
