@@ -11,7 +11,7 @@
  * and the telemetry calls' time (begin .. commit), p50/p99/max.
  *
  * Bounds, generous because the machine is shared: the frozen phase's mean
- * step time is at most 1.5x the running phase's + 0.2 ms, the telemetry
+ * step time is at most 1.5x the slower running phase's + 0.5 ms, the telemetry
  * calls' p50 stays under 50 µs, no step is dropped from the ring, and after
  * SIGCONT every step is acked and stored exactly once. Skipped when the
  * daemon binary is missing. */
@@ -179,7 +179,9 @@ static void test_frozen_daemon_does_not_slow_the_trainer(void **state) {
     assert_int_equal(st.acked, st.next_seq - 1);
     telemetry_destroy(t, "finished", 10000);
     for (int i = 0; i < 3; i++) assert_int_equal(ph[i].dropped, 0);
-    assert_true(ph[1].mean_step <= 1.5 * ph[0].mean_step + 200);
+    /* the machine is shared: other load lands on any phase, so the frozen
+     * phase is compared with the slower of the two running ones */
+    assert_true(ph[1].mean_step <= 1.5 * fmax(ph[0].mean_step, ph[2].mean_step) + 500);
     assert_true(ph[1].p50_tel < 50);
     /* while frozen the daemon acked nothing new: the phase did exercise the spool */
     assert_true(acked_frozen < (uint64_t)(200 + 2 * steps));
