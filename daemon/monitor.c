@@ -143,6 +143,7 @@ static void publish_stats(struct monitor *m) {
 
 void monitor_on_commit(struct monitor *m, const struct writer_item *items) {
     for (const struct writer_item *it = items; it; it = it->next) {
+        if (!it->applied) continue; /* rejected by the store */
         int n = alert_feed(m->engine, it);
         if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
         dispatch_all(m, n);

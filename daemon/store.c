@@ -346,8 +346,13 @@ int store_run_open(struct store *st, const char *name, int64_t layers, int64_t h
     } else if (rc == SQLITE_DONE) {
         sqlite3_finalize(s);
         s = NULL;
-        if (sqlite3_prepare_v2(st->db, "INSERT INTO runs(name, status, created, updated, seq_len, meta, layers, heads) "
-                               "VALUES (?1, 'live', ?2, ?2, ?3, coalesce(?4, '{}'), ?5, ?6)", -1, &s, NULL) != SQLITE_OK) {
+        /* ids come from id_seq (migration 3) so a deleted run's id is never reused */
+        if (exec(st, "UPDATE id_seq SET last = max(last, (SELECT coalesce(max(id), 0) FROM runs)) + 1 "
+                     "WHERE name = 'runs'"))
+            goto out;
+        if (sqlite3_prepare_v2(st->db, "INSERT INTO runs(id, name, status, created, updated, seq_len, meta, layers, heads) "
+                               "VALUES ((SELECT last FROM id_seq WHERE name = 'runs'), ?1, 'live', ?2, ?2, ?3, "
+                               "coalesce(?4, '{}'), ?5, ?6)", -1, &s, NULL) != SQLITE_OK) {
             db_err(st, "creating run");
             goto out;
         }

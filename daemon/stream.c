@@ -197,6 +197,7 @@ static void run_event(struct stream *s, int64_t run_id, const char *name, const 
 void stream_on_commit(struct stream *s, const struct writer_item *items) {
     double ct = wall_now();
     for (const struct writer_item *it = items; it; it = it->next) {
+        if (!it->applied) continue; /* rejected by the store: nothing to announce */
         switch (it->kind) {
         case WRITER_STEP: step_event(s, it, ct); break;
         case WRITER_HELLO: {

@@ -106,6 +106,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
     struct store *st = w->st;
     char conflict[PROTO_MAX_NAME + 1];
     int r = 0;
+    it->applied = 0;
     if (store_savepoint(st)) return retryable(store_errcode(st)) ? APPLY_RETRY : (store_rollback_to(st), 0);
     switch (it->kind) {
     case WRITER_HELLO: {
@@ -125,7 +126,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
         } else if (store_errcode(st) == -2) {
             store_rollback_to(st);
             reply_error(rep, it->conn, 0, PROTO_E_SHAPE_MISMATCH, "%s", store_errmsg(st));
-            return APPLY_OK;
+            return APPLY_OK; /* not applied */
         }
         break;
     }
@@ -153,7 +154,10 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
         break;
     }
     if (r == 0) {
-        if (store_release(st) == 0) return APPLY_OK;
+        if (store_release(st) == 0) {
+            it->applied = 1;
+            return APPLY_OK;
+        }
     }
     int code = store_errcode(st);
     pthread_mutex_lock(&w->mu);

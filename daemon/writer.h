@@ -43,6 +43,8 @@ struct writer_item {
     int64_t seq;
     double time;             /* message time (daemon clock when the line had none) */
     size_t bytes;            /* approximate memory held, for the queue bound */
+    int applied;             /* set by the writer: 1 if stored, 0 if rejected (the
+                                commit hook sees rejected items too: skip them) */
     struct proto_msg msg;
     struct writer_item *next;
 };
@@ -65,7 +67,8 @@ struct writer_reply {
 };
 
 /* Called in the writer thread after each successful commit, with the
- * committed items in order (valid only during the call). For the live
+ * committed items in order (valid only during the call); items whose
+ * `applied` is 0 were rejected and are not in the database. For the live
  * stream, alerts and metrics; it must not block for long. */
 typedef void writer_commit_fn(void *ctx, const struct writer_item *items, double commit_ms);
 

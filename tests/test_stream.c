@@ -164,11 +164,15 @@ static void test_step_event(void **state) {
         {.name = "rank", .kind = PROTO_LAYER, .rows = 2, .cols = 1, .offset = 1},
         {.name = "entropy", .kind = PROTO_HEAD, .rows = 2, .cols = 3, .offset = 3},
     };
-    struct writer_item it = {.kind = WRITER_STEP, .run_id = 3, .seq = 9, .time = 100.5};
+    struct writer_item it = {.kind = WRITER_STEP, .run_id = 3, .seq = 9, .time = 100.5, .applied = 1};
     it.msg = (struct proto_msg){.type = PROTO_STEP, .step = 42, .nmetrics = 3, .metrics = m, .nvalues = 9, .values = v};
-    struct writer_item end = {.kind = WRITER_END, .run_id = 3, .seq = 10};
+    struct writer_item end = {.kind = WRITER_END, .run_id = 3, .seq = 10, .applied = 1};
     end.msg.status = PROTO_FINISHED;
+    /* an item the store rejected is not announced */
+    struct writer_item rej = {.kind = WRITER_STEP, .run_id = 3, .seq = 11, .time = 101, .applied = 0};
+    rej.msg = (struct proto_msg){.type = PROTO_STEP, .step = 77, .nmetrics = 3, .metrics = m, .nvalues = 9, .values = v};
     it.next = &end;
+    end.next = &rej;
     stream_on_commit(s, &it);
     drain(c, buf, sizeof buf);
     assert_non_null(strstr(buf, "event: step\ndata: {\"run\":3,\"step\":42,\"time\":100.5,\"ct\":"));
@@ -176,6 +180,7 @@ static void test_step_event(void **state) {
     /* per layer over the finite heads: layer 0 {1,2,3}, layer 1 {4} */
     assert_non_null(strstr(buf, "\"entropy\":{\"min\":[1,4],\"mean\":[2,4]}}\n\n"));
     assert_non_null(strstr(buf, "event: run\ndata: {\"run\":3,\"status\":\"finished\"}"));
+    assert_null(strstr(buf, "\"step\":77"));
     stream_client_close(c);
     stream_destroy(s);
 }
