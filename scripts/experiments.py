@@ -426,7 +426,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 learning rates per optimizer, no extra seeds")
     ap.add_argument("--jobs", type=int, default=2, help="trainers at a time (default 2)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs"), help="where the results go (default docs/)")
+    ap.add_argument("--out", default=None,
+                    help="where the results go (default docs/; with --quick demo-data/experiments/out/, "
+                         "so a quick run never overwrites the committed results)")
     ap.add_argument("--steps", type=int, default=STEPS)
     args = ap.parse_args()
     for b in (ENTROPYD, SIGMATRAIN):
@@ -436,6 +438,8 @@ def main():
     shutil.rmtree(scratch, ignore_errors=True)
     logdir = os.path.join(scratch, "logs")
     os.makedirs(logdir)
+    if args.out is None:
+        args.out = os.path.join(scratch, "out") if args.quick else os.path.join(ROOT, "docs")
     os.makedirs(args.out, exist_ok=True)
     lrs = QUICK_LRS if args.quick else LRS
     configs = [dict(opt=o, norm=n, lr=lr, reparam=rp, seed=1, steps=args.steps)
