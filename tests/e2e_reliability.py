@@ -522,6 +522,18 @@ class SecurityTest(unittest.TestCase):
             self.assertNotEqual(r.returncode, 0, spec)
             self.assertIn(b"HOST:PORT", r.stderr)
 
+    def test_data_directory_is_private(self):
+        """The socket is 0600; the database beside it must not be readable
+        by others either: a data directory the daemon creates is 0700."""
+        tmp = tempfile.TemporaryDirectory()
+        d = Daemon(data=os.path.join(tmp.name, "new")).start()
+        try:
+            self.assertEqual(os.stat(d.data).st_mode & 0o777, 0o700)
+            self.assertEqual(os.stat(d.sock).st_mode & 0o777, 0o600)
+        finally:
+            d.cleanup()
+            tmp.cleanup()
+
     def test_token_is_required_on_the_unix_socket_too(self):
         d = Daemon(args=["--token", "s3cret"]).start()
         try:
