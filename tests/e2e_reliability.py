@@ -526,12 +526,17 @@ class SecurityTest(unittest.TestCase):
         """The socket is 0600; the database beside it must not be readable
         by others either: a data directory the daemon creates is 0700."""
         tmp = tempfile.TemporaryDirectory()
-        d = Daemon(data=os.path.join(tmp.name, "new")).start()
+        data = os.path.join(tmp.name, "new")
+        p = subprocess.Popen([ENTROPYD, "--data", data, "--http", "off"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
         try:
-            self.assertEqual(os.stat(d.data).st_mode & 0o777, 0o700)
-            self.assertEqual(os.stat(d.sock).st_mode & 0o777, 0o600)
+            self.assertIn("socket", p.stdout.readline().decode())
+            self.assertEqual(os.stat(data).st_mode & 0o777, 0o700)
+            self.assertEqual(os.stat(os.path.join(data, "entropyd.sock")).st_mode & 0o777, 0o600)
         finally:
-            d.cleanup()
+            p.terminate()
+            p.wait(10)
+            p.stdout.close()
             tmp.cleanup()
 
     def test_token_is_required_on_the_unix_socket_too(self):
