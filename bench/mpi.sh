@@ -72,4 +72,11 @@ echo "CPU seconds (user + sys, whole run incl. start-up; least of the reps): 1 r
      "(buckets ${cpu[bucket]}, no CMA ${cpu[nocma]}), 1 process 2 threads ${cpu[one2]}:" \
      "CPU efficiency of 2 ranks $(awk -v a="${cpu[one1]}" -v b="${cpu[mpi]}" 'BEGIN{printf "%.1f", 100*a/b}')% (what a machine with 2 idle cores could reach at best)"
 echo "gradient: $(echo "${line[mpi]}" | sed -nE 's/.*\(([0-9]+) calls, ([0-9]+) floats each\).*/\2 floats/p') ($(echo "${line[mpi]}" | sed -nE 's/.*calls, ([0-9]+) floats each.*/\1/p' | awk '{printf "%.1f MB", $1*4/1e6}')) per step; best of $REPS runs of $STEPS steps"
+# Would overlapping the all-reduce with the backward pay?  bench/mpi/overlap.c
+# (MPI, so built here with mpicc rather than by the Makefile's bench rule).
+mkdir -p "$BUILD/mpi"
+if mpicc -std=c11 -O2 -Wall -Wextra -Werror bench/mpi/overlap.c -o "$BUILD/mpi/overlap"; then
+  mpirun --oversubscribe -np 2 "$BUILD/mpi/overlap" \
+    "$(echo "${line[mpi]}" | sed -nE 's/.*calls, ([0-9]+) floats each.*/\1/p')" 15 2>&1 | grep '^overlap:'
+fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
