@@ -216,6 +216,11 @@ static void leave(dist *d)
  * (OpenBLAS starts its pool in a constructor) have them unblocked, and the
  * kernel may deliver the signal to any of them. */
 static int stop_pipe[2] = {-1, -1};
+/* The job the watcher serves; NULL once dist_destroy began (a signal that
+ * arrives during the exit must not reach a freed struct).  Held by the
+ * watcher while it ends the run, so dist_destroy waits for it (it exits). */
+static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static dist *watch_d;
 
 static void on_stop_signal(int sig)
 {
@@ -227,12 +232,15 @@ static void on_stop_signal(int sig)
 
 static void *watcher_main(void *arg)
 {
-    dist *d = arg;
+    (void)arg;
     unsigned char b = 0;
     ssize_t r;
     while ((r = read(stop_pipe[0], &b, 1)) < 0 && errno == EINTR) {}
     if (r != 1) return NULL;
     int sig = b;
+    pthread_mutex_lock(&watch_mu);
+    dist *d = watch_d;
+    if (!d) { pthread_mutex_unlock(&watch_mu); return NULL; }
     pthread_mutex_lock(&d->mu);
     d->stopping = sig;
     int take = d->busy;
@@ -240,7 +248,10 @@ static void *watcher_main(void *arg)
     void (*fn)(void *) = d->on_failure;
     void *ctx = d->failure_ctx;
     pthread_mutex_unlock(&d->mu);
-    if (!take) return NULL; /* the training thread sees it at its next call */
+    if (!take) { /* the training thread sees it at its next call */
+        pthread_mutex_unlock(&watch_mu);
+        return NULL;
+    }
     fprintf(stderr, "sigmatrain: rank %d: signal %d while waiting for the other ranks: "
                     "a rank died or the job is being stopped; ending the run as failed\n", d->rank, sig);
     if (fn) fn(ctx);
@@ -280,6 +291,7 @@ dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    watch_d = d;
     if (pthread_create(&d->watcher, NULL, watcher_main, d) != 0) {
         snprintf(err, errlen, "dist: watcher thread: %s", strerror(errno));
         goto err;
@@ -303,6 +315,11 @@ err:
 void dist_destroy(dist *d, int failed)
 {
     if (!d) return;
+    if (d->watcher_started) {
+        pthread_mutex_lock(&watch_mu);
+        watch_d = NULL;
+        pthread_mutex_unlock(&watch_mu);
+    }
     if (d->mpi_inited) {
         if (d->split_wait && d->rank == 0 && d->comm_calls)
             fprintf(stderr, "dist: split timing: waiting for the other ranks %.3f ms/step, all-reduce itself "
