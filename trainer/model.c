@@ -499,7 +499,7 @@ static size_t carve_acts(model_acts *a, float *mem, const model_config *c, size_
 static void *worker_main(void *arg);
 
 /* Jobs of the worker threads (see run_shard). */
-enum { JOB_FORWARD = 1, JOB_BACKWARD, JOB_REDUCE, JOB_REPARAM_FWD, JOB_REPARAM_BWD, JOB_TASK,
+enum { JOB_FORWARD = 1, JOB_BACKWARD, JOB_REDUCE, JOB_REPARAM_FWD, JOB_TASK,
        JOB_ZERO };
 
 static double now_seconds(void)
@@ -829,9 +829,12 @@ KERNEL void add_into(float *restrict dst, const float *restrict src, long n)
  * moves no more memory than the plain model. */
 static int skip_in_grads(const model *m, int t)
 {
-    return m->cfg.reparam != MODEL_REPARAM_NONE &&
-           (t == MODEL_QKVW || t == MODEL_ATTPROJW || t == MODEL_FCW || t == MODEL_FCPROJW ||
-            t == MODEL_LMW);
+    /* gamma's gradient only ever comes from sreparam_backward, which runs
+     * concurrently with the reduction: it must not be touched here */
+    return t == MODEL_GAMMA ||
+           (m->cfg.reparam != MODEL_REPARAM_NONE &&
+            (t == MODEL_QKVW || t == MODEL_ATTPROJW || t == MODEL_FCW || t == MODEL_FCPROJW ||
+             t == MODEL_LMW));
 }
 
 /* Backward of examples [b0, b0 + B) into shard sh's gradient buffers. */
@@ -957,10 +960,19 @@ static void run_shard(model *m, int t)
             }
             off += n;
         }
-        if (m->deff_memory) {
-            split_range(m, t, m->deff_size, &lo, &hi);
+        /* dW_hat by linear, on the thread that owns it, which can then map it
+         * to dW and dgamma at once (no second dispatch): σReparam's backward. */
+        sh->reparam_seconds = 0.0;
+        for (int i = 0; m->deff_memory && i < m->num_linear; i++) {
+            if (m->lin_owner[i] != t) continue;
+            sreparam_linear *l = &m->lin[i];
+            long n = (long)l->out * l->in;
+            size_t o = (size_t)(l->dweff - m->deff_memory);
             for (int k = 1; k < m->nthreads; k++)
-                if (!m->shards[k].idle) add_into(m->deff_memory + lo, m->shards[k].deff + lo, (long)(hi - lo));
+                if (!m->shards[k].idle) add_into(l->dweff, m->shards[k].deff + o, n);
+            double t0 = now_seconds();
+            sreparam_backward(l, m->cfg.reparam == MODEL_REPARAM_SIGMA);
+            sh->reparam_seconds += now_seconds() - t0;
         }
         break;
     }
@@ -979,11 +991,6 @@ static void run_shard(model *m, int t)
     case JOB_ZERO:
         split_range(m, t, m->num_params, &lo, &hi);
         memset(m->grads_memory + lo, 0, (hi - lo) * sizeof(float));
-        break;
-    case JOB_REPARAM_BWD:
-        for (int i = 0; i < m->num_linear; i++)
-            if (m->lin_owner[i] == t)
-                sreparam_backward(&m->lin[i], m->cfg.reparam == MODEL_REPARAM_SIGMA);
         break;
     }
 }
@@ -1057,12 +1064,14 @@ void model_backward(model *m)
 {
     run_all(m, JOB_BACKWARD);
     /* The reduction moves the same amount of memory with and without
-     * σReparam (see skip_in_grads), so it is not counted as its cost. */
-    if (m->nthreads > 1) run_all(m, JOB_REDUCE);
-    if (m->cfg.reparam != MODEL_REPARAM_NONE) {
-        double t1 = now_seconds();
-        run_all(m, JOB_REPARAM_BWD);
-        m->reparam_seconds += now_seconds() - t1;
+     * σReparam (see skip_in_grads), so only sreparam_backward inside it is
+     * counted as σReparam's cost (the slowest thread's share). */
+    if (m->nthreads > 1 || m->cfg.reparam != MODEL_REPARAM_NONE) {
+        run_all(m, JOB_REDUCE);
+        double worst = 0.0;
+        for (int t = 0; t < m->nthreads; t++)
+            if (m->shards[t].reparam_seconds > worst) worst = m->shards[t].reparam_seconds;
+        m->reparam_seconds += worst;
     }
 }
 

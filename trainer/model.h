@@ -127,6 +127,7 @@ typedef struct {
     float *deff;          /* private dL/dW_hat (reparam modes; shard 0: the model's) */
     float *scratch;       /* one layer's backward scratch for this shard's examples */
     double loss_sum;      /* last forward: sum of this shard's token losses */
+    double reparam_seconds; /* last reduction: time in sreparam_backward */
     int idle;             /* last job had no examples for this shard */
 } model_shard;
 
