@@ -18,7 +18,7 @@
 
 #include "http.h"
 #include "ingest.h"
-#include "monitor.h"
+#include "alerter.h"
 #include "query.h"
 #include "store.h"
 #include "stream.h"
@@ -37,21 +37,21 @@ static void on_signal(int sig) {
  * latency, DELETE completion). http is set once HTTP is up. */
 struct hooks {
     struct stream *stream;
-    struct monitor *monitor;
+    struct alerter *alerter;
     _Atomic(struct http *) http;
 };
 
 static void on_commit(void *ctx, const struct writer_item *items, double commit_ms) {
     struct hooks *hk = ctx;
     if (hk->stream) stream_on_commit(hk->stream, items);
-    if (hk->monitor) monitor_on_commit(hk->monitor, items);
+    if (hk->alerter) alerter_on_commit(hk->alerter, items);
     struct http *h = atomic_load(&hk->http);
     if (h) http_on_commit(h, items, commit_ms);
 }
 
 static void on_tick(void *ctx, double now) {
     struct hooks *hk = ctx;
-    if (hk->monitor) monitor_on_tick(hk->monitor, now);
+    if (hk->alerter) alerter_on_tick(hk->alerter, now);
 }
 
 static int64_t resolve_run(void *ctx, const char *name) {
@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
     struct query_pool *pool = NULL;
     struct stream *stream = NULL;
     struct http *http = NULL;
-    struct monitor *monitor = NULL;
+    struct alerter *alerter = NULL;
     struct hooks hooks = {0};
     int efd = -1;
     st = store_open(db, err, sizeof err);
@@ -243,16 +243,16 @@ int main(int argc, char **argv) {
     }
     char external[300] = "";
     if (http_listen) snprintf(external, sizeof external, "http://%s", http_listen);
-    struct monitor_config mcfg = {.rules_path = rules, .store = st, .stream = stream,
+    struct alerter_config mcfg = {.rules_path = rules, .store = st, .stream = stream,
                                   .notify = {.webhook_url = webhook, .exec_cmd = on_alert, .log = alert_log,
                                              .external_url = external, .alertmanager_url = alertmanager,
                                              .am_resend_s = (int)am_resend_s}};
-    monitor = monitor_create(&mcfg, err, sizeof err);
-    if (!monitor) {
+    alerter = alerter_create(&mcfg, err, sizeof err);
+    if (!alerter) {
         fprintf(stderr, "entropyd: %s\n", err);
         goto out;
     }
-    hooks.monitor = monitor;
+    hooks.alerter = alerter;
     struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
                                  .ctx = &hooks};
     w = writer_create(st, efd, &wcfg, err, sizeof err);
@@ -260,7 +260,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "entropyd: %s\n", err);
         goto out;
     }
-    monitor_set_writer(monitor, w);
+    alerter_set_writer(alerter, w);
     struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns};
     g_ingest = ingest_create(&icfg, w, efd, err, sizeof err);
     if (!g_ingest) {
@@ -307,7 +307,7 @@ out:
     ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
     g_ingest = NULL;
     writer_destroy(w);        /* commits everything queued */
-    monitor_destroy(monitor, 3000); /* gives pending webhooks a moment */
+    alerter_destroy(alerter, 3000); /* gives pending webhooks a moment */
     stream_destroy(stream);
     query_pool_close(pool);
     store_close(st);

@@ -50,7 +50,7 @@
 #include <unistd.h>
 
 #include "ingest.h"
-#include "monitor.h"
+#include "alerter.h"
 #include "store.h"
 #include "stream.h"
 #include "writer.h"
@@ -241,18 +241,18 @@ static void shim_register(void) {
 
 struct hooks {
     struct stream *stream;
-    struct monitor *monitor;
+    struct alerter *alerter;
 };
 
 static void on_commit(void *ctx, const struct writer_item *items, double ms) {
     struct hooks *hk = ctx;
     stream_on_commit(hk->stream, items);
-    monitor_on_commit(hk->monitor, items);
+    alerter_on_commit(hk->alerter, items);
 }
 
 static void on_tick(void *ctx, double now) {
     struct hooks *hk = ctx;
-    monitor_on_tick(hk->monitor, now);
+    alerter_on_tick(hk->alerter, now);
 }
 
 static struct daemon {
@@ -261,7 +261,7 @@ static struct daemon {
     struct writer *w;
     struct ingest *ing;
     struct stream *stream;
-    struct monitor *mon;
+    struct alerter *mon;
     struct hooks hooks;
     int efd;
     pthread_t thread;
@@ -287,14 +287,14 @@ static void daemon_start(void) {
     struct stream_config scfg = {.max_events = 1024};
     D.stream = stream_create(&scfg, err, sizeof err);
     assert_non_null(D.stream);
-    struct monitor_config mcfg = {.store = D.st, .stream = D.stream};
-    D.mon = monitor_create(&mcfg, err, sizeof err);
-    if (!D.mon) fail_msg("monitor_create: %s", err);
+    struct alerter_config mcfg = {.store = D.st, .stream = D.stream};
+    D.mon = alerter_create(&mcfg, err, sizeof err);
+    if (!D.mon) fail_msg("alerter_create: %s", err);
     D.hooks = (struct hooks){D.stream, D.mon};
     struct writer_config wcfg = {.on_commit = on_commit, .on_tick = on_tick, .ctx = &D.hooks};
     D.w = writer_create(D.st, D.efd, &wcfg, err, sizeof err);
     assert_non_null(D.w);
-    monitor_set_writer(D.mon, D.w);
+    alerter_set_writer(D.mon, D.w);
     struct ingest_config icfg = {.socket_path = D.sock};
     D.ing = ingest_create(&icfg, D.w, D.efd, err, sizeof err);
     if (!D.ing) fail_msg("ingest_create: %s", err);
@@ -307,7 +307,7 @@ static void daemon_stop(void) {
     assert_int_equal(D.run_rc, 0);
     ingest_destroy(D.ing);
     writer_destroy(D.w);
-    monitor_destroy(D.mon, 1000);
+    alerter_destroy(D.mon, 1000);
     stream_destroy(D.stream);
     store_close(D.st);
     close(D.efd);

@@ -1,5 +1,5 @@
-/* monitor.c: alert engine + storage + stream + trainer + notifier. See monitor.h. */
-#include "monitor.h"
+/* alerter.c: alert engine + storage + stream + trainer + notifier. See alerter.h. */
+#include "alerter.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -9,7 +9,7 @@
 
 #include "stream.h"
 
-struct monitor {
+struct alerter {
     struct alert_rules *rules;
     struct alert_engine *engine;
     struct notify *notify;
@@ -17,11 +17,11 @@ struct monitor {
     struct stream *stream;
     struct writer *writer;
     pthread_mutex_t mu;         /* guards stats */
-    struct monitor_stats stats;
+    struct alerter_stats stats;
 };
 
-struct monitor *monitor_create(const struct monitor_config *cfg, char *err, size_t errlen) {
-    struct monitor *m = calloc(1, sizeof *m);
+struct alerter *alerter_create(const struct alerter_config *cfg, char *err, size_t errlen) {
+    struct alerter *m = calloc(1, sizeof *m);
     if (!m) {
         snprintf(err, errlen, "out of memory");
         return NULL;
@@ -40,13 +40,13 @@ struct monitor *monitor_create(const struct monitor_config *cfg, char *err, size
     if (!m->notify) goto fail;
     return m;
 fail:
-    monitor_destroy(m, 0);
+    alerter_destroy(m, 0);
     return NULL;
 }
 
-void monitor_set_writer(struct monitor *m, struct writer *w) { m->writer = w; }
+void alerter_set_writer(struct alerter *m, struct writer *w) { m->writer = w; }
 
-void monitor_destroy(struct monitor *m, int wait_ms) {
+void alerter_destroy(struct alerter *m, int wait_ms) {
     if (!m) return;
     notify_destroy(m->notify, wait_ms);
     alert_engine_destroy(m->engine);
@@ -55,7 +55,7 @@ void monitor_destroy(struct monitor *m, int wait_ms) {
     free(m);
 }
 
-const struct alert_rules *monitor_rules(const struct monitor *m) { return m->rules; }
+const struct alert_rules *alerter_rules(const struct alerter *m) { return m->rules; }
 
 static char *cells_json(const struct alert_transition *t) {
     size_t cap = 16 + (size_t)t->ncells * 64, off = 0;
@@ -79,7 +79,7 @@ static const char *transition_name(int state) {
 }
 
 /* Sends one transition everywhere it goes. */
-static void dispatch(struct monitor *m, const struct alert_transition *t, int in_txn) {
+static void dispatch(struct alerter *m, const struct alert_transition *t, int in_txn) {
     char *json = alert_transition_json(t);
     char *cells = cells_json(t);
     char fp[20];
@@ -127,7 +127,7 @@ out:
     free(cells);
 }
 
-static void dispatch_all(struct monitor *m, int n) {
+static void dispatch_all(struct alerter *m, int n) {
     for (int i = 0; i < n; i++) {
         const struct alert_transition *t = alert_transition_at(m->engine, i);
         if (t) dispatch(m, t, 0);
@@ -135,13 +135,13 @@ static void dispatch_all(struct monitor *m, int n) {
 }
 
 /* Copies the engine's counters for other threads to read. */
-static void publish_stats(struct monitor *m) {
+static void publish_stats(struct alerter *m) {
     pthread_mutex_lock(&m->mu);
     alert_get_stats(m->engine, &m->stats.engine);
     pthread_mutex_unlock(&m->mu);
 }
 
-void monitor_on_commit(struct monitor *m, const struct writer_item *items) {
+void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
     for (const struct writer_item *it = items; it; it = it->next) {
         if (!it->applied) continue; /* rejected by the store */
         int n = alert_feed(m->engine, it);
@@ -157,14 +157,14 @@ void monitor_on_commit(struct monitor *m, const struct writer_item *items) {
     publish_stats(m);
 }
 
-void monitor_on_tick(struct monitor *m, double now) {
+void alerter_on_tick(struct alerter *m, double now) {
     int n = alert_tick(m->engine, now);
     if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
     dispatch_all(m, n);
     publish_stats(m);
 }
 
-void monitor_get_stats(struct monitor *m, struct monitor_stats *out) {
+void alerter_get_stats(struct alerter *m, struct alerter_stats *out) {
     pthread_mutex_lock(&m->mu);
     *out = m->stats;
     pthread_mutex_unlock(&m->mu);

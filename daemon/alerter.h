@@ -1,4 +1,4 @@
-/* monitor.h: entropyd's alerting, wired together.
+/* alerter.h: entropyd's alerting, wired together.
  *
  * Runs in the writer thread: the writer's commit hook feeds every committed
  * item to the rule engine (alert.h) and its tick drives time-based rules.
@@ -10,8 +10,8 @@
  *   - sent to the trainer of the run as a protocol `alert` line;
  *   - handed to the notifier (webhook, exec hook, log) when FIRING or RESOLVED.
  * Nothing here blocks on the network: the notifier has its own thread. */
-#ifndef MONITOR_H
-#define MONITOR_H
+#ifndef ALERTER_H
+#define ALERTER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -23,39 +23,39 @@
 
 struct stream;
 
-struct monitor_config {
+struct alerter_config {
     const char *rules_path;     /* NULL: the default rules */
     struct notify_config notify;
     struct store *store;        /* the writer's store: used only from the writer thread */
     struct stream *stream;      /* may be NULL */
 };
 
-struct monitor;
+struct alerter;
 
 /* Loads the rules and starts the notifier. NULL with a message (a bad rules
  * file names its line) on failure. */
-struct monitor *monitor_create(const struct monitor_config *cfg, char *err, size_t errlen);
+struct alerter *alerter_create(const struct alerter_config *cfg, char *err, size_t errlen);
 
 /* The writer, for alert lines to trainers; set once it exists. */
-void monitor_set_writer(struct monitor *m, struct writer *w);
+void alerter_set_writer(struct alerter *m, struct writer *w);
 
 /* Accepts NULL. Waits at most wait_ms for pending notifications. */
-void monitor_destroy(struct monitor *m, int wait_ms);
+void alerter_destroy(struct alerter *m, int wait_ms);
 
 /* Writer thread only. */
-void monitor_on_commit(struct monitor *m, const struct writer_item *items);
-void monitor_on_tick(struct monitor *m, double now);
+void alerter_on_commit(struct alerter *m, const struct writer_item *items);
+void alerter_on_tick(struct alerter *m, double now);
 
-struct monitor_stats {
+struct alerter_stats {
     struct alert_stats engine;
     struct notify_stats notify;
     uint64_t firing;            /* groups firing now */
     uint64_t store_errors;
 };
 /* Safe from any thread. */
-void monitor_get_stats(struct monitor *m, struct monitor_stats *out);
+void alerter_get_stats(struct alerter *m, struct alerter_stats *out);
 
 /* The rules in force (for documentation endpoints and tests). */
-const struct alert_rules *monitor_rules(const struct monitor *m);
+const struct alert_rules *alerter_rules(const struct alerter *m);
 
 #endif
