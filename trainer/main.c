@@ -5,6 +5,9 @@
  * update -> [telemetry] -> progress / eval / save.  Exit status: 0 done,
  * 1 usage or I/O error, 3 diverged (NaN/Inf loss or gradient). */
 #include <cblas.h>
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 #include <errno.h>
 #include <pthread.h>
 #include <math.h>
@@ -497,6 +500,14 @@ static void build_groups(const model *m, optim_group *g)
 int main(int argc, char **argv)
 {
     fix_openblas_coretype(argv);
+#if defined(__SSE2__)
+    /* Collapsed attention drives probabilities and their gradients into
+     * denormal floats, which x86 handles in microcode: a collapsing run
+     * trained 3-10x slower (26.3 s vs 4.0 s for 200 steps, same losses).
+     * Flush them to zero (FTZ | DAZ); the worker threads created later
+     * inherit this thread's MXCSR. */
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+#endif
     options o;
     int pr = parse_args(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : 1;
