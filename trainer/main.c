@@ -3,7 +3,9 @@
  * Reads as a story: parse flags, build data, model and optimizer (or restore
  * them from a checkpoint), then step: batch -> forward -> backward -> clip ->
  * update -> [telemetry] -> progress / eval / save.  Exit status: 0 done,
- * 1 usage or I/O error, 3 diverged (NaN/Inf loss or gradient). */
+ * 1 usage or I/O error, 3 diverged (NaN/Inf loss or gradient), 4 ranks
+ * disagree (MPI), 5 aborted on an alert (--on-alert stop, or rollback with no
+ * snapshot left or --max-rollbacks reached). */
 #include <cblas.h>
 #if defined(__SSE2__)
 #include <xmmintrin.h>
@@ -23,6 +25,7 @@
 #include "model.h"
 #include "monitor.h"
 #include "optim.h"
+#include "rollback.h"
 
 #include <cjson/cJSON.h>
 
@@ -42,7 +45,15 @@ typedef struct {
     const char *daemon, *run_name, *spool_dir, *token;
     int log_every, probe_examples, queue_slots, spool_max_mb, upload_spool, telemetry_ab;
     int dist_check_every, dist_bucket_kb; /* MPI build (dist.h) */
+    /* the response to firing alerts (--on-alert) */
+    int on_alert;             /* ON_ALERT_* */
+    const char *on_alert_rules; /* comma-separated rule names, NULL: any */
+    int rollback_every, rollback_keep, max_rollbacks;
+    float rollback_lr_scale;
 } options;
+
+enum { ON_ALERT_WARN, ON_ALERT_CHECKPOINT, ON_ALERT_ROLLBACK, ON_ALERT_STOP };
+#define EXIT_ALERT_ABORTED 5
 
 static void usage(FILE *f)
 {
@@ -92,6 +103,16 @@ static void usage(FILE *f)
 "  --token T             daemon token (TCP)\n"
 "  --upload-spool        send what --spool DIR holds for --run NAME (with the run's\n"
 "                        --layers/--heads/--seq-len) to --daemon, wait for the acks, exit\n"
+"  --on-alert ACTION     warn|checkpoint|rollback|stop on a firing alert from the daemon\n"
+"                        (default warn: print it); checkpoint: save one now (--save PATH,\n"
+"                        else SPOOL/RUN-step{step}.ckpt, . without --spool); stop: save one, end the run\n"
+"                        \"aborted\", exit 5; rollback: restore the newest in-memory snapshot\n"
+"                        from before the alert's start_step, skip the batches since, go on\n"
+"  --on-alert-rules A,B  act only on these rules (default: any)\n"
+"  --rollback-every N    in-memory snapshot every N steps (default 50)\n"
+"  --rollback-keep N     snapshots kept, newest (default 4)\n"
+"  --rollback-lr-scale X multiply the learning rate by X at each rollback (default 1)\n"
+"  --max-rollbacks N     a firing alert after N rollbacks stops the run as stop does (default 3)\n"
 "  --telemetry-ab N      benchmark: alternate blocks of N steps with and without telemetry\n"
 "                        and print both step times at the end (bench/telemetry_overhead.sh)\n"
 "distributed (build/sigmatrain-mpi under mpirun; --batch is the global batch):\n"
@@ -142,6 +163,7 @@ static const char *const NORM_NAMES[] = {"pre", "post", "none"};
 static const char *const GAMMA_NAMES[] = {"sigma", "one"};
 static const char *const OPT_NAMES[] = {"sgd", "momentum", "adam", "adamw"};
 static const char *const SCHED_NAMES[] = {"constant", "cosine"};
+static const char *const ON_ALERT_NAMES[] = {"warn", "checkpoint", "rollback", "stop"};
 
 /* Returns 0 to run, 1 after --help, -1 on a bad flag. */
 static int parse_args(int argc, char **argv, options *o)
@@ -171,6 +193,10 @@ static int parse_args(int argc, char **argv, options *o)
     o->log_every = 1;
     o->probe_examples = PROBE_DEFAULT_EXAMPLES;
     o->dist_check_every = 100;
+    o->rollback_every = 50;
+    o->rollback_keep = 4;
+    o->max_rollbacks = 3;
+    o->rollback_lr_scale = 1.0f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 1; }
@@ -230,6 +256,12 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(name, "--dist-bucket-kb")) rc = parse_int(name, v, 0, 1 << 20, &o->dist_bucket_kb);
         else if (!strcmp(name, "--spool-max-mb")) rc = parse_int(name, v, 1, 1 << 20, &o->spool_max_mb);
         else if (!strcmp(name, "--telemetry-ab")) rc = parse_int(name, v, 1, 1 << 20, &o->telemetry_ab);
+        else if (!strcmp(name, "--on-alert")) rc = parse_enum(name, v, ON_ALERT_NAMES, 4, &o->on_alert);
+        else if (!strcmp(name, "--on-alert-rules")) { o->on_alert_rules = v; rc = 0; }
+        else if (!strcmp(name, "--rollback-every")) rc = parse_int(name, v, 1, 1 << 30, &o->rollback_every);
+        else if (!strcmp(name, "--rollback-keep")) rc = parse_int(name, v, 1, 1024, &o->rollback_keep);
+        else if (!strcmp(name, "--max-rollbacks")) rc = parse_int(name, v, 0, 1 << 30, &o->max_rollbacks);
+        else if (!strcmp(name, "--rollback-lr-scale")) rc = parse_float(name, v, lo0, &o->rollback_lr_scale);
         else { fprintf(stderr, "sigmatrain: unknown flag '%s' (see --help)\n", name); return -1; }
         if (rc) return -1;
     }
@@ -243,6 +275,11 @@ static int parse_args(int argc, char **argv, options *o)
     }
     if (!o->daemon && (o->run_name || o->spool_dir || o->token || o->upload_spool || o->telemetry_ab)) {
         fprintf(stderr, "sigmatrain: --run, --spool, --token, --upload-spool and --telemetry-ab need --daemon ADDR\n");
+        return -1;
+    }
+    if (o->on_alert != ON_ALERT_WARN && !o->daemon) {
+        fprintf(stderr, "sigmatrain: --on-alert %s needs --daemon ADDR (alerts come from entropyd)\n",
+                ON_ALERT_NAMES[o->on_alert]);
         return -1;
     }
     if (o->upload_spool && (!o->run_name || !o->spool_dir)) {
@@ -396,6 +433,88 @@ static void end_run_failed(void *mon)
     monitor_finish(mon, "failed");
 }
 
+/* ---- THE RESPONSE TO ALERTS (--on-alert) ----------------------------------- */
+enum { ALERT_GO_ON, ALERT_ROLLED_BACK, ALERT_STOP, ALERT_ERROR };
+
+static int rule_selected(const char *rules, const char *rule)
+{
+    if (!rules) return 1;
+    size_t n = strlen(rule);
+    for (const char *p = rules; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, rule, n) == 0) return 1;
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
+/* Saves the run's state now: to --save PATH ({step} replaced), else to
+ * SPOOL/RUN-step{step}.ckpt (the current directory without --spool). */
+static int save_on_alert(const options *o, monitor *mon, const ckpt_meta *r, const model *m,
+                         const optim *opt)
+{
+    char path[4096], err[512];
+    if (o->save_path) save_path_for(path, sizeof path, o->save_path, (long)r->step);
+    else snprintf(path, sizeof path, "%s/%s-step%lld.ckpt", o->spool_dir ? o->spool_dir : ".",
+                  monitor_run_name(mon), (long long)r->step);
+    if (ckpt_save(path, r, m, opt, err, sizeof err) != 0) {
+        fprintf(stderr, "sigmatrain: save: %s\n", err);
+        return -1;
+    }
+    printf("saved %s\n", path);
+    return 0;
+}
+
+/* Acts on the firing alerts received so far (printing them is monitor.c's).
+ * Alerts about a step the run has not reached (the abandoned branch of a
+ * rollback) are ignored.  After a rollback r (step, optimizer, lr) and the
+ * model are at the snapshot, the data cursor is not: the batches of the
+ * abandoned steps are not seen again. */
+static int handle_alerts(const options *o, monitor *mon, rollback *rb, int *rollbacks, ckpt_meta *r,
+                         model *m, optim *opt)
+{
+    monitor_alert al;
+    while (monitor_next_alert(mon, &al)) {
+        if (o->on_alert == ON_ALERT_WARN || !rule_selected(o->on_alert_rules, al.rule) || al.step > r->step)
+            continue;
+        char text[512];
+        if (o->on_alert == ON_ALERT_CHECKPOINT) {
+            if (save_on_alert(o, mon, r, m, opt) != 0) return ALERT_ERROR;
+            snprintf(text, sizeof text, "checkpoint at step %lld (alert %s)", (long long)r->step, al.rule);
+            monitor_event(mon, "info", text);
+            continue;
+        }
+        long from = (long)r->step, to = -1;
+        const char *why = "--on-alert stop";
+        if (o->on_alert == ON_ALERT_ROLLBACK) {
+            if (*rollbacks >= o->max_rollbacks) why = "--max-rollbacks reached";
+            else if ((to = rollback_restore(rb, al.start_step, r, m, opt)) < 0)
+                why = "no snapshot from before the alert's start";
+        }
+        if (to < 0) {
+            snprintf(text, sizeof text, "stopping at step %ld (alert %s, started at step %ld): %s",
+                     from, al.rule, al.start_step, why);
+            printf("%s\n", text);
+            monitor_event(mon, "warn", text);
+            if (save_on_alert(o, mon, r, m, opt) != 0) return ALERT_ERROR;
+            return ALERT_STOP;
+        }
+        (*rollbacks)++;
+        r->lr *= o->rollback_lr_scale;
+        snprintf(text, sizeof text,
+                 "rollback from step %ld to step %ld (alert %s, started at step %ld); lr now %g; "
+                 "rollback %d of at most %d", from, to, al.rule, al.start_step, r->lr, *rollbacks,
+                 o->max_rollbacks);
+        printf("%s\n", text);
+        monitor_event(mon, "warn", text);
+        monitor_drop_alerts(mon); /* the rest is about the abandoned steps */
+        return ALERT_ROLLED_BACK;
+    }
+    return ALERT_GO_ON;
+}
+
 /* A float as the short decimal it was given as (0.001, not 0.0010000000474974513). */
 static double tidy(float x)
 {
@@ -539,6 +658,8 @@ int main(int argc, char **argv)
     model *m = NULL;
     optim *opt = NULL;
     int *in = NULL, *tg = NULL;
+    rollback *rb = NULL;
+    int rollbacks = 0;
 
     if (o.resume_path) {
         int keep_steps = r->steps;
@@ -659,6 +780,16 @@ int main(int argc, char **argv)
                o.log_every, o.probe_examples && o.probe_examples < B ? o.probe_examples : B);
     }
 
+    if (o.on_alert != ON_ALERT_WARN && dist_size(dd) > 1) {
+        fprintf(stderr, "sigmatrain: --on-alert %s is for a single process (not under MPI)\n",
+                ON_ALERT_NAMES[o.on_alert]);
+        goto out;
+    }
+    if (o.on_alert == ON_ALERT_ROLLBACK) {
+        rb = rollback_create(o.rollback_keep);
+        if (!rb || rollback_take(rb, r, m, opt) != 0) { fprintf(stderr, "sigmatrain: out of memory\n"); goto out; }
+    }
+
     double t0 = now_s(), tlast = t0, flops = step_flops(&r->cfg, B, T);
     long start = (long)r->step, done_here = 0, window = 0, finite_in_window = 0;
     float loss = NAN, lr = 0.0f, gnorm = 0.0f, val = NAN;
@@ -767,6 +898,22 @@ int main(int argc, char **argv)
             tlast += now_s() - ts;
             t0 += now_s() - ts;
         }
+        if (rb && r->step % o.rollback_every == 0 && rollback_take(rb, r, m, opt) != 0) {
+            fprintf(stderr, "sigmatrain: out of memory\n");
+            goto out;
+        }
+        if (mon && o.on_alert != ON_ALERT_WARN) {
+            int act = handle_alerts(&o, mon, rb, &rollbacks, r, m, opt);
+            if (act == ALERT_ERROR) goto out;
+            if (act == ALERT_STOP) { status = EXIT_ALERT_ABORTED; goto out; }
+            if (act == ALERT_ROLLED_BACK) {
+                r->data_pos = d->pos; /* skip the batches of the abandoned steps */
+                step = (long)r->step - 1; /* the loop's step++ makes it r->step */
+                window = 0;
+                finite_in_window = 0;
+                loss_acc = 0.0;
+            }
+        }
     }
     double elapsed = now_s() - t0;
     double reparam_train = m->reparam_seconds - reparam_eval;
@@ -797,7 +944,8 @@ dist_failed:
     fprintf(stderr, "sigmatrain: rank %d: %s\n", dist_rank(dd), err);
     status = 1;
 out:
-    monitor_finish(mon, status == 0 ? "finished" : "failed");
+    monitor_finish(mon, status == 0 ? "finished" : status == EXIT_ALERT_ABORTED ? "aborted" : "failed");
+    rollback_destroy(rb);
     free(in);
     free(tg);
     optim_destroy(opt);

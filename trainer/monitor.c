@@ -9,6 +9,10 @@
 
 #include "telemetry.h"
 
+#include <cjson/cJSON.h>
+
+#define MONITOR_ALERTS_MAX 16
+
 struct monitor {
     telemetry *t;
     probe *p;
@@ -36,6 +40,9 @@ struct monitor {
     long ab_n[2], ab_cap;
     double prev_step_t;
     char run[TELEMETRY_RUN_MAX + 1];
+    /* firing alerts not yet taken by monitor_next_alert (oldest first) */
+    monitor_alert alerts[MONITOR_ALERTS_MAX];
+    int nalerts;
 };
 
 static double mono(void)
@@ -119,6 +126,53 @@ void monitor_probe(monitor *mo, model *m)
     mo->hook_seconds += mono() - t0;
 }
 
+static void commit_open(monitor *mo);
+
+/* Queues a firing alert line for monitor_next_alert (the oldest is
+ * dropped when the queue is full). */
+static void keep_firing(monitor *mo, const char *line)
+{
+    cJSON *j = cJSON_Parse(line);
+    if (!j) return;
+    const cJSON *tr = cJSON_GetObjectItemCaseSensitive(j, "transition");
+    const cJSON *rule = cJSON_GetObjectItemCaseSensitive(j, "rule");
+    const cJSON *ss = cJSON_GetObjectItemCaseSensitive(j, "start_step");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step");
+    if (cJSON_IsString(tr) && !strcmp(tr->valuestring, "firing") && cJSON_IsString(rule) &&
+        cJSON_IsNumber(ss) && cJSON_IsNumber(st)) {
+        if (mo->nalerts == MONITOR_ALERTS_MAX) {
+            memmove(mo->alerts, mo->alerts + 1, sizeof mo->alerts[0] * (MONITOR_ALERTS_MAX - 1));
+            mo->nalerts--;
+        }
+        monitor_alert *a = &mo->alerts[mo->nalerts++];
+        snprintf(a->rule, sizeof a->rule, "%s", rule->valuestring);
+        a->start_step = (long)ss->valuedouble;
+        a->step = (long)st->valuedouble;
+    }
+    cJSON_Delete(j);
+}
+
+int monitor_next_alert(monitor *mo, monitor_alert *out)
+{
+    if (!mo || mo->nalerts == 0) return 0;
+    *out = mo->alerts[0];
+    memmove(mo->alerts, mo->alerts + 1, sizeof mo->alerts[0] * (size_t)(mo->nalerts - 1));
+    mo->nalerts--;
+    return 1;
+}
+
+void monitor_drop_alerts(monitor *mo)
+{
+    if (mo) mo->nalerts = 0;
+}
+
+void monitor_event(monitor *mo, const char *level, const char *text)
+{
+    if (!mo) return;
+    commit_open(mo);
+    telemetry_event(mo->t, level, text);
+}
+
 /* Prints the daemon's lines: errors (except `duplicate`, which only says
  * the data is already safe), alerts, the client's notes; the first welcome
  * and every reconnect. */
@@ -130,6 +184,7 @@ static void poll_lines(monitor *mo)
             if (!strstr(msg.line, "\"duplicate\"")) fprintf(mo->log, "telemetry: daemon error: %s\n", msg.line);
         } else if (!strcmp(msg.type, "alert")) {
             fprintf(mo->log, "ALERT: %s\n", msg.line);
+            keep_firing(mo, msg.line);
         } else if (!strcmp(msg.type, "welcome")) {
             fprintf(mo->log, "telemetry: %s: %s\n", mo->connected_once ? "reconnected" : "connected", msg.line);
             mo->connected_once = 1;
@@ -286,7 +341,11 @@ int monitor_finish(monitor *mo, const char *status)
 {
     if (!mo) return 0;
     commit_open(mo);
-    if (status) telemetry_event(mo->t, "info", strcmp(status, "finished") ? "run ended: failed" : "run ended: finished");
+    if (status) {
+        char text[64];
+        snprintf(text, sizeof text, "run ended: %s", status);
+        telemetry_event(mo->t, "info", text);
+    }
     telemetry_stats st;
     telemetry_stats_get(mo->t, &st);
     int wait = st.connected ? 10000 : 500;

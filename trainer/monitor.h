@@ -76,6 +76,27 @@ void monitor_eval(monitor *mo, long step, float eval_loss);
  * monitor_step, which consumes them.  Accepts NULL mo. */
 void monitor_extra_scalars(monitor *mo, int n, const char *const *names, const float *values);
 
+/* A firing alert line received from the daemon (any rule): what the
+ * trainer needs to act on it (sigmatrain --on-alert). */
+typedef struct {
+    char rule[64];
+    long start_step;  /* the step at which the condition began to hold */
+    long step;        /* the step of the firing transition */
+} monitor_alert;
+
+/* Takes the oldest firing alert received by the polls of monitor_step (at
+ * most 16 are kept; the oldest is dropped beyond).  Returns 1 and fills
+ * *out, or 0 when there is none.  Accepts NULL mo (returns 0). */
+int monitor_next_alert(monitor *mo, monitor_alert *out);
+
+/* Forgets the firing alerts not yet taken (e.g. after a rollback: they are
+ * about abandoned steps).  Accepts NULL. */
+void monitor_drop_alerts(monitor *mo);
+
+/* Sends an event (level "info" | "warn" | "error") with the run's steps,
+ * after any open step.  Accepts NULL. */
+void monitor_event(monitor *mo, const char *level, const char *text);
+
 /* Commits an open step, waits for the daemon's acks (at most 10 s while
  * connected, 0.5 s otherwise), ends the run with status ("finished",
  * "failed", "aborted"; NULL leaves it resumable), prints the summary line
