@@ -12,6 +12,7 @@ response").
    step 1..N is stored exactly once.
 2. stop: the same run with --on-alert stop saves a checkpoint, ends the run
    "aborted" and exits 5.
+3. checkpoint: a checkpoint lands in the --spool directory, the run goes on.
 
 Env: SIGMATRAIN, ENTROPYD (binaries). python3 standard library only."""
 import json
@@ -110,10 +111,25 @@ def test_stop(tmp):
     print("stop: exit 5 at step %d, checkpoint saved, run aborted, %.1f s" % (stopped, time.time() - t0))
 
 
+def test_checkpoint(tmp):
+    d = daemon(tmp, "d3")
+    spool = os.path.join(tmp, "spool3")
+    try:
+        rc, out = train(d, "ck", ["--steps", "80", "--on-alert", "checkpoint", "--spool", spool])
+        check(rc == 0, "sigmatrain exit %d:\n%s" % (rc, out[-3000:]))
+        m = re.search(r"saved (\S+/ck-step(\d+)\.ckpt)", out)
+        check(m and os.path.dirname(m.group(1)) == spool and os.path.getsize(m.group(1)) > 0,
+              "no checkpoint in the spool:\n" + out[-2000:])
+    finally:
+        d.stop()
+    print("checkpoint: saved %s, run went on to the end" % os.path.basename(m.group(1)))
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="e2e-rollback-") as tmp:
         test_rollback(tmp)
         test_stop(tmp)
+        test_checkpoint(tmp)
     print("ok")
 
 
