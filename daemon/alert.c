@@ -719,6 +719,7 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
     if ((int)(pm->rows * pm->cols) != n || group_init(g, rule, n)) return 0;
     const float *vals = m->values + pm->offset;
     int w = rule->window > 0 ? rule->window : 1;
+    int changed = 0;
     int windowed = rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_GROWTH || rule->op == ALERT_OP_ZSCORE ||
                    rule->op == ALERT_OP_NEAR_BOUND;
     for (int i = 0; i < n; i++) {
@@ -728,12 +729,15 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
         int cond = eval_cell(rule, g, &g->cells[i], ring, v, b, ri);
         if (windowed) ring_push(&g->cells[i], ring, w, g->ring_n, g->ring_pos, pr ? ri : v);
         g->cells[i].last = v;
+        int was = g->cells[i].firing;
         cell_step(rule, &g->cells[i], cond, step);
+        changed |= was != g->cells[i].firing;
     }
     g->ring_pos = (g->ring_pos + 1) % w;
     if (g->ring_n < w) g->ring_n++;
     e->stats.evaluations += (uint64_t)n;
-    return group_settle(e, rule, r, g, step, time);
+    /* transitions only happen when a cell starts or stops firing */
+    return changed ? group_settle(e, rule, r, g, step, time) : 0;
 }
 
 /* Resolves every firing group of a run (the run ended or was deleted). */
