@@ -12,7 +12,9 @@ response").
    step 1..N is stored exactly once.
 2. stop: the same run with --on-alert stop saves a checkpoint, ends the run
    "aborted" and exits 5.
-3. checkpoint: a checkpoint lands in the --spool directory, the run goes on.
+3. --max-rollbacks 2 without lowering lr: the third collapse ends the run
+   as stop does.
+4. checkpoint: a checkpoint lands in the --spool directory, the run goes on.
 
 Env: SIGMATRAIN, ENTROPYD (binaries). python3 standard library only."""
 import json
@@ -111,6 +113,28 @@ def test_stop(tmp):
     print("stop: exit 5 at step %d, checkpoint saved, run aborted, %.1f s" % (stopped, time.time() - t0))
 
 
+def test_max_rollbacks(tmp):
+    d = daemon(tmp, "d4")
+    try:  # lr unchanged: it collapses again after each rollback
+        rc, out = train(d, "mx", ["--steps", "400", "--on-alert", "rollback", "--rollback-every", "10",
+                                  "--max-rollbacks", "2", "--save", os.path.join(tmp, "mx-{step}.ckpt")])
+        check(rc == 5, "expected exit 5, got %d:\n%s" % (rc, out[-3000:]))
+        check(out.count("rollback from step") == 2 and "--max-rollbacks reached" in out, out[-3000:])
+    finally:
+        d.stop()
+    d.start()
+    try:
+        rid, status = d.query("SELECT id, status FROM runs WHERE name = 'mx'")[0]
+        check(status == "aborted", "run status %r" % status)
+        (nb,), = d.query("SELECT count(*) FROM branches WHERE run_id = ?", (rid,))
+        check(nb == 2, "%d branches" % nb)
+        n, distinct = d.query("SELECT count(*), count(DISTINCT step) FROM steps WHERE run_id = ?", (rid,))[0]
+        check(n == distinct, "steps %d, distinct %d" % (n, distinct))
+    finally:
+        d.stop()
+    print("max-rollbacks 2: two rollbacks, then the third collapse stopped the run (exit 5, aborted, 2 branches)")
+
+
 def test_checkpoint(tmp):
     d = daemon(tmp, "d3")
     spool = os.path.join(tmp, "spool3")
@@ -130,6 +154,7 @@ def main():
         test_rollback(tmp)
         test_stop(tmp)
         test_checkpoint(tmp)
+        test_max_rollbacks(tmp)
     print("ok")
 
 
