@@ -64,7 +64,7 @@ def test_rollback(tmp):
     steps = 200
     t0 = time.time()
     try:
-        rc, out = train(d, "rb", ["--steps", str(steps), "--on-alert", "rollback", "--rollback-every", "10",
+        rc, out = train(d, "rb", ["--steps", str(steps), "--on-alert", "rollback", "--rollback-every", "10", "--rollback-keep", "20",
                                   "--rollback-lr-scale", "0.01"])
         check(rc == 0, "sigmatrain exit %d:\n%s" % (rc, out[-3000:]))
         m = re.search(r"rollback from step (\d+) to step (\d+) \(alert entropy_collapse, started at step (\d+)\)", out)
@@ -116,7 +116,7 @@ def test_stop(tmp):
 def test_max_rollbacks(tmp):
     d = daemon(tmp, "d4")
     try:  # lr unchanged: it collapses again after each rollback
-        rc, out = train(d, "mx", ["--steps", "400", "--on-alert", "rollback", "--rollback-every", "10",
+        rc, out = train(d, "mx", ["--steps", "400", "--on-alert", "rollback", "--rollback-every", "10", "--rollback-keep", "20",
                                   "--max-rollbacks", "2", "--save", os.path.join(tmp, "mx-{step}.ckpt")])
         check(rc == 5, "expected exit 5, got %d:\n%s" % (rc, out[-3000:]))
         check(out.count("rollback from step") == 2 and "--max-rollbacks reached" in out, out[-3000:])
