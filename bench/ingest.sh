@@ -7,7 +7,7 @@ BUILD=${BUILD:-build}
 K=${TRAINERS:-4}
 SECS=${SECONDS_RUN:-10}
 dir=$(mktemp -d /tmp/entropyd-bench.XXXXXX)
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$BUILD/entropyd" --data "$dir" >"$dir/log" 2>&1 &
 pid=$!
 for i in $(seq 100); do [ -S "$dir/entropyd.sock" ] && break; sleep 0.05; done
