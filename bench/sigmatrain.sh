@@ -23,6 +23,7 @@ declare -A tps gf rp
 for rep in $(seq "$REPS"); do
   for mode in none sigma; do  # interleaved so that machine noise hits both
     line=$("$BIN" "${CFG[@]}" --reparam "$mode" | grep '^summary:')
+    [ -n "$line" ] || { echo "sigmatrain --reparam $mode failed"; exit 1; }
     t=$(echo "$line" | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/')
     g=$(echo "$line" | sed -E 's/.* ([0-9.]+) GFLOP\/s.*/\1/')
     r=$(echo "$line" | sed -E 's/.*sreparam ([0-9.]+)% of step time.*/\1/')
@@ -86,6 +87,7 @@ PY
   for ct in "" "$core"; do
     out=$(env ${ct:+OPENBLAS_CORETYPE=$ct} OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2 /usr/bin/python3 "$py" 20)
     t=${out%% *}
+    [[ $t =~ ^[0-9]+$ ]] || { echo "  pytorch run failed"; continue; }
     echo "  pytorch ${out#* } (OMP_WAIT_POLICY=PASSIVE, 2 threads${ct:+, OPENBLAS_CORETYPE=$ct}): $t tokens/s"
     [ "$t" -gt "$best" ] && best=$t
   done
