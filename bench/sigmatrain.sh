@@ -92,7 +92,7 @@ PY
     [ "$t" -gt "$best" ] && best=$t
   done
   echo "pytorch best: $best tokens/s"
-  echo "ratio sigmatrain/pytorch: none $(awk -v a="${tps[none]}" -v b="$best" 'BEGIN{printf "%.2f", a/b}')x, sigma $(awk -v a="${tps[sigma]}" -v b="$best" 'BEGIN{printf "%.2f", a/b}')x (target >= 1.5x)"
+  [ "$best" -gt 0 ] && echo "ratio sigmatrain/pytorch: none $(awk -v a="${tps[none]}" -v b="$best" 'BEGIN{printf "%.2f", a/b}')x, sigma $(awk -v a="${tps[sigma]}" -v b="$best" 'BEGIN{printf "%.2f", a/b}')x (target >= 1.5x)"
 else
   echo "pytorch: not installed for /usr/bin/python3 (apt-get install python3-torch); ratio skipped"
 fi
