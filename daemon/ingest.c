@@ -1,6 +1,7 @@
 /* ingest.c: the trainer-facing event loop. See ingest.h for the contract
  * and schema/protocol.md for what goes over the wire. */
 #include "ingest.h"
+#include "now.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -68,18 +69,6 @@ struct ingest {
     pthread_mutex_t stats_mu;
     struct ingest_stats stats;
 };
-
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static double mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 #define STAT_ADD(ing, field, n) do { pthread_mutex_lock(&(ing)->stats_mu); (ing)->stats.field += (n); \
                                      pthread_mutex_unlock(&(ing)->stats_mu); } while (0)
@@ -207,7 +196,7 @@ static void submit_control(struct ingest *ing, int kind, struct run *run, struct
     it->kind = kind;
     it->run_id = run->id;
     it->conn = c ? c->id : 0;
-    it->time = wall_now();
+    it->time = now_wall();
     writer_submit(ing->writer, it); /* control items are always taken */
 }
 
@@ -386,7 +375,7 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
         it->kind = WRITER_HELLO;
         it->conn = c->id;
         it->msg = msg;
-        it->time = wall_now();
+        it->time = now_wall();
         writer_submit(ing->writer, it);
         STAT_ADD(ing, messages, 1);
         return LINE_DONE;
@@ -747,18 +736,18 @@ int ingest_run(struct ingest *ing, int drain_ms) {
             }
         }
         if (ing->paused && !writer_full(ing->writer)) {
-            STAT_ADD(ing, paused_ms, (uint64_t)(mono_ms() - pause_start));
+            STAT_ADD(ing, paused_ms, (uint64_t)(now_mono_ms() - pause_start));
             resume_all(ing);
         }
-        if (ing->paused && pause_start == 0) pause_start = mono_ms();
+        if (ing->paused && pause_start == 0) pause_start = now_mono_ms();
         if (!ing->paused) pause_start = 0;
     }
     /* Shutdown: stop accepting, let the writer commit what was accepted,
      * pass on its acks, then close. */
     if (ing->unix_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->unix_fd, NULL);
     if (ing->tcp_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->tcp_fd, NULL);
-    double deadline = mono_ms() + drain_ms;
-    while (mono_ms() < deadline) {
+    double deadline = now_mono_ms() + drain_ms;
+    while (now_mono_ms() < deadline) {
         struct writer_stats ws;
         writer_get_stats(ing->writer, &ws);
         handle_replies(ing);

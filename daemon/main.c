@@ -23,6 +23,7 @@
 #include "store.h"
 #include "stream.h"
 #include "writer.h"
+#include "now.h"
 
 #define ENTROPYD_VERSION "0.1.0"
 
@@ -97,12 +98,6 @@ static void usage(FILE *f) {
             "  --version, --help\n"
             "\n"
             "SIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
-}
-
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static int parse_int(const char *flag, const char *s, long lo, long hi, long *out) {
@@ -219,7 +214,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "entropyd: %s\n", err);
         goto out;
     }
-    int stale = store_mark_live_stale(st, wall_now());
+    int stale = store_mark_live_stale(st, now_wall());
     if (stale > 0) fprintf(stderr, "entropyd: %d run(s) left live by an earlier daemon are now stale\n", stale);
     efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (efd < 0) {

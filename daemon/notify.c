@@ -1,5 +1,6 @@
 /* notify.c: the notifier thread. See notify.h. */
 #include "notify.h"
+#include "now.h"
 
 #include <cJSON.h>
 #include <curl/curl.h>
@@ -43,12 +44,6 @@ struct notify {
     double stop_deadline;
     struct notify_stats stats;
 };
-
-static double mono(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void note_free(struct note *n) {
     if (!n) return;
@@ -121,12 +116,12 @@ static void run_exec(struct notify *n, const struct note *nt) {
     }
     close(pipefd[1]);
     int status = 0;
-    double deadline = mono() + 10;
+    double deadline = (now_mono_ms() / 1e3) + 10;
     for (;;) {
         pid_t r = waitpid(pid, &status, WNOHANG);
         if (r == pid) break;
         if (r < 0 && errno != EINTR) break;
-        if (mono() > deadline) {
+        if ((now_mono_ms() / 1e3) > deadline) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
             fprintf(stderr, "entropyd: --on-alert command killed after 10 s\n");
@@ -156,7 +151,7 @@ static void post_retry(struct notify *n, const char *url, const char *body, int 
             else if (r < 0 || attempt >= n->cfg.retries) n->stats.failed++;
         }
         if (r > 0 && attempt < n->cfg.retries) n->stats.retries++;
-        int stopping = n->stop && mono() > n->stop_deadline;
+        int stopping = n->stop && (now_mono_ms() / 1e3) > n->stop_deadline;
         pthread_mutex_unlock(&n->mu);
         if (r == 0) return;
         if (r < 0 || attempt >= n->cfg.retries || stopping) {
@@ -215,7 +210,7 @@ static cJSON *am_object(struct notify *n, const char *alert_json, char *fp, size
 /* POSTs the firing set (endsAt = now + 4 resend periods), once, no retry:
  * the next re-send is the retry. */
 static void am_resend(struct notify *n) {
-    n->am_next = mono() + n->cfg.am_resend_s;
+    n->am_next = (now_mono_ms() / 1e3) + n->cfg.am_resend_s;
     if (!n->firing) return;
     char ends[40];
     rfc3339(wall() + 4.0 * n->cfg.am_resend_s, ends, sizeof ends);
@@ -285,8 +280,8 @@ static void *notify_main(void *arg) {
                 pthread_cond_wait(&n->cv, &n->mu);
                 continue;
             }
-            if (mono() >= n->am_next) break; /* time to re-send the firing set */
-            double wait_s = n->am_next - mono();
+            if ((now_mono_ms() / 1e3) >= n->am_next) break; /* time to re-send the firing set */
+            double wait_s = n->am_next - (now_mono_ms() / 1e3);
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_sec += (time_t)wait_s;
@@ -299,7 +294,7 @@ static void *notify_main(void *arg) {
             am_resend(n);
             continue;
         }
-        if (!n->head || (n->stop && mono() > n->stop_deadline)) {
+        if (!n->head || (n->stop && (now_mono_ms() / 1e3) > n->stop_deadline)) {
             pthread_mutex_unlock(&n->mu);
             break;
         }
@@ -365,7 +360,7 @@ void notify_destroy(struct notify *n, int wait_ms) {
     if (n->started) {
         pthread_mutex_lock(&n->mu);
         n->stop = 1;
-        n->stop_deadline = mono() + wait_ms / 1000.0;
+        n->stop_deadline = (now_mono_ms() / 1e3) + wait_ms / 1000.0;
         pthread_cond_broadcast(&n->cv);
         pthread_mutex_unlock(&n->mu);
         pthread_join(n->th, NULL);

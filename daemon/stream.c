@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "query.h"
+#include "now.h"
 
 struct ev {
     uint64_t n;
@@ -41,12 +42,6 @@ struct stream_client {
     struct timespec deadline; /* when to send the next keep-alive */
 };
 
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 struct stream *stream_create(const struct stream_config *cfg, char *err, size_t errlen) {
     struct stream *s = calloc(1, sizeof *s);
     if (!s) goto oom;
@@ -56,7 +51,7 @@ struct stream *stream_create(const struct stream_config *cfg, char *err, size_t 
     if (s->cfg.keepalive_ms <= 0) s->cfg.keepalive_ms = 15000;
     s->ring = calloc(s->cfg.max_events, sizeof *s->ring);
     if (!s->ring) goto oom;
-    s->boot = (uint64_t)(wall_now() * 1000);
+    s->boot = (uint64_t)(now_wall() * 1000);
     s->first = 1;
     s->last = 0;
     pthread_mutex_init(&s->mu, NULL);
@@ -195,7 +190,7 @@ static void run_event(struct stream *s, int64_t run_id, const char *name, const 
 }
 
 void stream_on_commit(struct stream *s, const struct writer_item *items) {
-    double ct = wall_now();
+    double ct = now_wall();
     for (const struct writer_item *it = items; it; it = it->next) {
         if (!it->applied) continue; /* rejected by the store: nothing to announce */
         switch (it->kind) {

@@ -1,5 +1,6 @@
 /* writer.c: the writer thread. See writer.h for the contract. */
 #include "writer.h"
+#include "now.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -26,18 +27,6 @@ struct writer {
 
     struct writer_stats stats;       /* written by the writer thread only */
 };
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void notify(struct writer *w) {
     uint64_t one = 1;
@@ -215,9 +204,9 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
     double backoff = 50;
     for (int attempt = 0;; attempt++) {
         if (!failed) {
-            double t0 = now_ms();
+            double t0 = now_mono_ms();
             if (store_commit(w->st) == 0) {
-                double ms = now_ms() - t0;
+                double ms = now_mono_ms() - t0;
                 pthread_mutex_lock(&w->mu);
                 w->stats.commits++;
                 w->stats.commit_ms_total += ms;
@@ -275,7 +264,7 @@ static void *writer_main(void *arg) {
                 pthread_cond_wait(&w->cv, &w->mu);
                 continue;
             }
-            double t = wall_now();
+            double t = now_wall();
             if (t - last_tick >= 1.0) {
                 pthread_mutex_unlock(&w->mu);
                 w->cfg.on_tick(w->cfg.ctx, t);
@@ -299,13 +288,13 @@ static void *writer_main(void *arg) {
         if (take && !in_txn) {
             failed = store_begin(w->st) != 0;
             in_txn = 1;
-            txn_start = now_ms();
+            txn_start = now_mono_ms();
         }
         while (take) {
             /* A long queue is split (writer.h: commit after WRITER_MAX_BATCH
              * items or WRITER_COMMIT_MS): the rest goes back to the head of
              * the queue for the next transaction. */
-            if (nbatch >= WRITER_MAX_BATCH || (nbatch % 64 == 63 && now_ms() - txn_start >= WRITER_COMMIT_MS)) {
+            if (nbatch >= WRITER_MAX_BATCH || (nbatch % 64 == 63 && now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
                 pthread_mutex_lock(&w->mu);
                 take_tail->next = w->head;
                 if (!w->head) w->tail = take_tail;
@@ -325,14 +314,14 @@ static void *writer_main(void *arg) {
         pthread_mutex_lock(&w->mu);
         int empty = w->head == NULL;
         pthread_mutex_unlock(&w->mu);
-        if (in_txn && (empty || failed || nbatch >= WRITER_MAX_BATCH || now_ms() - txn_start >= WRITER_COMMIT_MS)) {
+        if (in_txn && (empty || failed || nbatch >= WRITER_MAX_BATCH || now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
             commit_batch(w, batch, &rep, failed);
             batch = btail = NULL;
             nbatch = 0;
             in_txn = 0;
             failed = 0;
             /* a busy writer still ticks */
-            double t = wall_now();
+            double t = now_wall();
             if (w->cfg.on_tick && t - last_tick >= 1.0) {
                 w->cfg.on_tick(w->cfg.ctx, t);
                 last_tick = t;
@@ -393,7 +382,7 @@ void writer_destroy(struct writer *w) {
 
 int writer_submit(struct writer *w, struct writer_item *it) {
     if (!it->bytes) it->bytes = sizeof *it + it->msg.nvalues * sizeof(float) + it->msg.nmetrics * sizeof(struct proto_metric);
-    if (it->time == 0) it->time = it->msg.has_time ? it->msg.time : wall_now();
+    if (it->time == 0) it->time = it->msg.has_time ? it->msg.time : now_wall();
     pthread_mutex_lock(&w->mu);
     /* control items are tiny and must never be refused: a lost STALE or
      * HELLO would leave a run in the wrong state */
