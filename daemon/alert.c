@@ -757,11 +757,17 @@ static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step
     return n;
 }
 
-/* A step at or below the last one: the trainer rolled back. Windows and
- * pending counts start over; firing cells stay firing until they clear. */
-static void run_rewind(struct alert_engine *e, struct run_state *r) {
+/* A step at or below the last one: the trainer rolled back to step - 1.
+ * Windows and pending counts start over.  A firing alert that started at
+ * or after `step` rests only on abandoned steps: it resolves here, so a
+ * collapse on the new branch fires anew (and a trainer that answers firing
+ * alerts hears it).  One that started before `step` stays firing until its
+ * cells clear.  Returns the number of transitions, -1 when out of memory. */
+static int run_rewind(struct alert_engine *e, struct run_state *r, int64_t step, double time) {
+    int n = 0;
     for (int i = 0; i < e->rules->n; i++) {
         struct group *g = &r->groups[i];
+        int abandoned = g->firing && g->start_step >= step;
         g->ring_n = g->ring_pos = 0;
         for (int c = 0; c < g->ncells; c++) {
             g->cells[c].pending_since = -1;
@@ -769,8 +775,14 @@ static void run_rewind(struct alert_engine *e, struct run_state *r) {
             g->cells[c].mx = -INFINITY;
             g->cells[c].sum = g->cells[c].sumsq = 0;
             g->cells[c].nfinite = 0;
+            if (abandoned) g->cells[c].firing = 0;
+        }
+        if (abandoned) {
+            if (group_settle(e, &e->rules->rules[i], r, g, step, time) < 0) return -1;
+            n++;
         }
     }
+    return n;
 }
 
 static int stalled_eval(struct alert_engine *e, struct run_state *r, double now, int64_t step, int activity) {
@@ -815,7 +827,10 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
             for (uint32_t i = 0; i < m->nmetrics; i++)
                 if (m->metrics[i].kind == PROTO_HEAD) { r->layers = m->metrics[i].rows; r->heads = m->metrics[i].cols; }
         }
-        if (r->last_step >= 0 && m->step <= r->last_step) run_rewind(e, r);
+        if (r->last_step >= 0 && m->step <= r->last_step) {
+            if ((t = run_rewind(e, r, m->step, time)) < 0) return -1;
+            n += t;
+        }
         r->last_step = m->step;
         r->last_seen = time;
         r->live = 1;

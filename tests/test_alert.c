@@ -349,14 +349,46 @@ static void test_rollback_restarts_windows(void **state) {
         record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
     }
     assert_int_equal(lg.nfire, 1);
-    /* the trainer rolls back to step 10 and continues healthy */
+    assert_int_equal(lg.start_step[0], 12);
+    /* the trainer rolls back to step 9 (repeats from 10): the alert rested
+     * only on abandoned steps, so it resolves at once, without keep_firing_for */
     for (int s = 10; s < 30; s++) {
+        float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+        if (s >= 20) v[3] = 0.02f; /* the new branch collapses again, elsewhere */
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    }
+    assert_int_equal(lg.nresolve, 1);
+    assert_int_equal(lg.resolve_step[0], 10);
+    /* and fires anew: a second FIRING the trainer hears, with its own start */
+    assert_int_equal(lg.nfire, 2);
+    assert_int_equal(lg.start_step[1], 20);
+    assert_int_equal(lg.fire_step[1], 25);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+/* A rollback to a step after the alert began keeps it firing: the steps that
+ * made it fire are still on the run's line.  It resolves when its cells
+ * clear on the new branch (keep_firing_for counted from there). */
+static void test_rollback_after_start_keeps_firing(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "rb");
+    struct log lg = {0};
+    for (int s = 0; s < 25; s++) {
+        float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+        if (s >= 12) v[0] = 0.01f;
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    }
+    assert_int_equal(lg.nfire, 1);
+    for (int s = 20; s < 40; s++) { /* back to 19, healthy from there */
         float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
         record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
     }
     assert_int_equal(lg.nfire, 1);
     assert_int_equal(lg.nresolve, 1);
-    assert_int_equal(lg.resolve_step[0], 13); /* clear from 10, keep 3 */
+    assert_int_equal(lg.resolve_step[0], 23); /* clear from 20, keep 3 */
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
@@ -371,6 +403,7 @@ int main(void) {
         cmocka_unit_test(test_near_bound_and_stalled),
         cmocka_unit_test(test_bad_rules_name_their_line),
         cmocka_unit_test(test_rollback_restarts_windows),
+        cmocka_unit_test(test_rollback_after_start_keeps_firing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
