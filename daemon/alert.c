@@ -520,28 +520,36 @@ static void ring_rescan(struct cell_state *c, const float *ring, int count) {
     }
 }
 
-/* Puts x into the cell's window at pos, updating the summaries: the max is
- * rescanned only when the value leaving was the max, the sums are rescanned
- * once per lap of the ring to shed rounding drift. */
-static void ring_push(struct cell_state *c, float *ring, int w, int ring_n, int pos, float x) {
+/* Puts x into the cell's window at pos, keeping only the summary the rule's
+ * op reads: the max for drop (rescanned only when the value leaving was the
+ * max), the sums for zscore (rescanned once per lap of the ring to shed
+ * rounding drift); growth and near_bound read the ring itself. */
+static void ring_push(int op, struct cell_state *c, float *ring, int w, int ring_n, int pos, float x) {
     int full = ring_n >= w;
     float out = full ? ring[pos] : NAN;
     ring[pos] = x;
     int count = full ? w : ring_n + 1;
-    if (pos == w - 1 || (isfinite(out) && out >= c->mx && !(isfinite(x) && x >= out))) {
-        ring_rescan(c, ring, count);
-        return;
-    }
-    if (isfinite(out)) {
-        c->sum -= out;
-        c->sumsq -= (double)out * out;
-        c->nfinite--;
-    }
-    if (isfinite(x)) {
-        if (x > c->mx) c->mx = x;
-        c->sum += x;
-        c->sumsq += (double)x * x;
-        c->nfinite++;
+    if (op == ALERT_OP_DROP) {
+        if (isfinite(out) && out >= c->mx && !(isfinite(x) && x >= out)) {
+            ring_rescan(c, ring, count);
+        } else if (isfinite(x) && x > c->mx) {
+            c->mx = x;
+        }
+    } else if (op == ALERT_OP_ZSCORE) {
+        if (pos == w - 1) {
+            ring_rescan(c, ring, count);
+            return;
+        }
+        if (isfinite(out)) {
+            c->sum -= out;
+            c->sumsq -= (double)out * out;
+            c->nfinite--;
+        }
+        if (isfinite(x)) {
+            c->sum += x;
+            c->sumsq += (double)x * x;
+            c->nfinite++;
+        }
     }
 }
 
@@ -727,7 +735,7 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
         float b = pb ? m->values[pb->offset + i] : 0, ri = pr ? m->values[pr->offset + i] : 0;
         float *ring = g->ring + (size_t)i * (size_t)w;
         int cond = eval_cell(rule, g, &g->cells[i], ring, v, b, ri);
-        if (windowed) ring_push(&g->cells[i], ring, w, g->ring_n, g->ring_pos, pr ? ri : v);
+        if (windowed) ring_push(rule->op, &g->cells[i], ring, w, g->ring_n, g->ring_pos, pr ? ri : v);
         g->cells[i].last = v;
         int was = g->cells[i].firing;
         cell_step(rule, &g->cells[i], cond, step);
