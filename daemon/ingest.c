@@ -228,11 +228,14 @@ static void conn_close(struct ingest *ing, struct conn *c) {
     pthread_mutex_unlock(&ing->stats_mu);
 }
 
+/* The connection with this id, or NULL when it has closed since. An id's
+ * low 32 bits are the connection's fd; fds are reused, so the whole id must
+ * match too. O(1): a writer reply is routed without scanning every fd. */
 static struct conn *conn_by_id(struct ingest *ing, uint64_t id) {
-    /* ids are unique; fds are reused, so check both */
-    for (int fd = 0; fd < ing->conns_cap; fd++)
-        if (ing->conns[fd] && ing->conns[fd]->id == id) return ing->conns[fd];
-    return NULL;
+    int fd = (int)(uint32_t)id;
+    if (fd < 0 || fd >= ing->conns_cap) return NULL;
+    struct conn *c = ing->conns[fd];
+    return c && c->id == id ? c : NULL;
 }
 
 static void accept_all(struct ingest *ing, int lfd) {
@@ -277,7 +280,7 @@ static void accept_all(struct ingest *ing, int lfd) {
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
         c->fd = fd;
-        c->id = ++ing->next_id;
+        c->id = (++ing->next_id << 32) | (uint32_t)fd; /* unique, and names its fd: see conn_by_id */
         c->reading = 1;
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_CONN_BASE + (uint64_t)fd};
         if (epoll_ctl(ing->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
