@@ -26,7 +26,14 @@
  * run at step 841) would flag healthy runs as they train longer.  Missed at
  * 0.01: milder failures whose heads stay in the healthy range (post-LN Adam
  * 3e-2: floor 0.056, loss stalled at 3.7; pre-LN SGD lr 1: 0.069);
- * logit_growth fires on those. */
+ * logit_growth fires on those.
+ * bound_saturation: at initialisation and while a small sigma_qk keeps a
+ * head near uniform, the Theorem 3.1 bound is close to log T and so is the
+ * entropy: "within epsilon of the bound" holds trivially. Without its guard
+ * (entropy_norm below 0.9) the rule fired on low-lr sigmaReparam runs at
+ * steps 76-96 with every head at entropy_norm 1.000; with it, on 11 runs of
+ * 300 steps (README, "Alerts") it fired on the two that collapsed only
+ * (steps 31 and 113, the latter 52 steps before entropy_collapse began). */
 static const char default_rules[] =
     "{\"rules\": [\n"
     "  {\"name\": \"entropy_collapse\", \"metric\": \"entropy_norm\", \"scope\": \"head\",\n"
@@ -41,10 +48,12 @@ static const char default_rules[] =
     "                   \"description\": \"entropy_norm fell by more than 60% of its 50-step maximum at {cells}\"}},\n"
     "  {\"name\": \"bound_saturation\", \"metric\": \"entropy\", \"scope\": \"head\",\n"
     "   \"condition\": {\"op\": \"near_bound\", \"bound_metric\": \"entropy_bound\", \"rising_metric\": \"sigma_qk\",\n"
-    "                 \"epsilon\": 0.05, \"window\": 20}, \"for\": 10, \"keep_firing_for\": 10,\n"
+    "                 \"epsilon\": 0.05, \"window\": 20,\n"
+    "                 \"and\": {\"metric\": \"entropy_norm\", \"op\": \"below\", \"value\": 0.9}},\n"
+    "   \"for\": 10, \"keep_firing_for\": 10,\n"
     "   \"severity\": \"warning\",\n"
     "   \"annotations\": {\"summary\": \"entropy pinned at its lower bound in run {run}\",\n"
-    "                   \"description\": \"entropy within 0.05 nats of the sigma_qk bound while sigma_qk rises at {cells}\"}},\n"
+    "                   \"description\": \"entropy within 0.05 nats of the sigma_qk bound while sigma_qk rises, the head no longer near uniform, at {cells}\"}},\n"
     "  {\"name\": \"logit_growth\", \"metric\": \"max_logit\", \"scope\": \"head\",\n"
     "   \"condition\": {\"op\": \"growth\", \"value\": 1000, \"rate\": 5, \"window\": 50}, \"for\": 5, \"keep_firing_for\": 10,\n"
     "   \"severity\": \"warning\",\n"
@@ -105,6 +114,7 @@ static void rule_free(struct alert_rule *r) {
     free(r->metric);
     free(r->bound_metric);
     free(r->rising_metric);
+    free(r->and_metric);
     free(r->severity);
     for (int i = 0; i < r->nlabels; i++) { free(r->labels[i].key); free(r->labels[i].value); }
     for (int i = 0; i < r->nannotations; i++) { free(r->annotations[i].key); free(r->annotations[i].value); }
@@ -157,6 +167,22 @@ static int num(cJSON *cond, const char *key, double *out, int need, double lo, d
     }
     *out = v->valuedouble;
     return 0;
+}
+
+/* The condition's optional guard: "and": {"metric": M, "op": "below"|"above",
+ * "value": V} -- another metric of the same cell that must hold as well. */
+static int parse_and(cJSON *and, struct alert_rule *r, char *why, size_t whylen) {
+    cJSON *m = cJSON_GetObjectItemCaseSensitive(and, "metric");
+    cJSON *op = cJSON_GetObjectItemCaseSensitive(and, "op");
+    if (r->op == ALERT_OP_STALLED || !cJSON_IsObject(and) || !cJSON_IsString(m) || !*m->valuestring ||
+        !cJSON_IsString(op) || (strcmp(op->valuestring, "below") && strcmp(op->valuestring, "above"))) {
+        snprintf(why, whylen, "condition \"and\" must be {\"metric\": NAME, \"op\": \"below\" or \"above\", "
+                              "\"value\": NUMBER} (not with stalled)");
+        return -1;
+    }
+    r->and_metric = dupstr(m->valuestring);
+    r->and_op = strcmp(op->valuestring, "below") ? ALERT_OP_ABOVE : ALERT_OP_BELOW;
+    return num(and, "value", &r->and_value, 1, -1e300, 1e300, why, whylen);
 }
 
 static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
@@ -237,6 +263,8 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         if (num(cond, "seconds", &r->seconds, 1, 0.001, 1e9, why, whylen)) return -1;
         break;
     }
+    cJSON *and = cJSON_GetObjectItemCaseSensitive(cond, "and");
+    if (and && parse_and(and, r, why, whylen)) return -1;
     if (w != floor(w)) {
         snprintf(why, whylen, "\"window\" must be a whole number of steps");
         return -1;
@@ -723,8 +751,15 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
         pr = find_metric(m, rule->rising_metric, kind);
         if (!pb || !pr) return 0;
     }
+    const struct proto_metric *pa = NULL;
+    if (rule->and_metric && !(pa = find_metric(m, rule->and_metric, kind))) return 0;
     int n = cells_of(rule, r);
     if ((int)(pm->rows * pm->cols) != n || group_init(g, rule, n)) return 0;
+    /* every metric read per cell has the cell layout (the store refuses
+     * other shapes; checked again so no read can leave the values) */
+    if ((pa && (int)(pa->rows * pa->cols) != n) || (pb && (int)(pb->rows * pb->cols) != n) ||
+        (pr && (int)(pr->rows * pr->cols) != n))
+        return 0;
     const float *vals = m->values + pm->offset;
     int w = rule->window > 0 ? rule->window : 1;
     int changed = 0;
@@ -735,6 +770,10 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
         float b = pb ? m->values[pb->offset + i] : 0, ri = pr ? m->values[pr->offset + i] : 0;
         float *ring = g->ring + (size_t)i * (size_t)w;
         int cond = eval_cell(rule, g, &g->cells[i], ring, v, b, ri);
+        if (cond && pa) {
+            float a = m->values[pa->offset + i];
+            cond = rule->and_op == ALERT_OP_BELOW ? a < rule->and_value : a > rule->and_value;
+        }
         if (windowed) ring_push(rule->op, &g->cells[i], ring, w, g->ring_n, g->ring_pos, pr ? ri : v);
         g->cells[i].last = v;
         int was = g->cells[i].firing;

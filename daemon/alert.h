@@ -49,6 +49,12 @@ struct alert_rule {
     double value, pct, rate, k, epsilon, seconds;
     int window;              /* steps, >= 1 where used */
     char *bound_metric, *rising_metric;
+    /* optional guard (condition "and"): the cell's and_metric (same scope)
+     * must also be below (and_op ALERT_OP_BELOW) or above and_value;
+     * and_metric is NULL when the rule has none */
+    char *and_metric;
+    int and_op;
+    double and_value;
     int64_t for_steps, keep_firing_for;
     char *severity;
     int nlabels, nannotations;

@@ -307,6 +307,77 @@ static void test_near_bound_and_stalled(void **state) {
     alert_rules_free(r);
 }
 
+/* The condition's "and" guard: near_bound with entropy_norm below 0.9 stays
+ * silent while a head is near uniform (entropy == bound ~ log T: the bound is
+ * trivially tight), and fires once the head has concentrated; a step
+ * without the guard's metric is not evaluated. */
+static void test_and_guard(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(
+        "{\"rules\":[{\"name\":\"sat\",\"metric\":\"entropy\",\"scope\":\"head\",\"condition\":{\"op\":\"near_bound\","
+        " \"bound_metric\":\"entropy_bound\",\"rising_metric\":\"sigma_qk\",\"epsilon\":0.05,\"window\":4,"
+        " \"and\":{\"metric\":\"entropy_norm\",\"op\":\"below\",\"value\":0.9}},\"for\":2}]}");
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "g");
+    int fired = -1, fired_cells = 0;
+    for (int s = 0; s < 40; s++) {
+        float ent[L * H], bound[L * H], sig[L * H], norm[L * H];
+        for (int i = 0; i < L * H; i++) { /* uniform: entropy = bound = log 64, sigma rising */
+            ent[i] = 4.1589f; bound[i] = 4.1580f; sig[i] = 0.001f * (float)(s + 1); norm[i] = 1.0f;
+        }
+        if (s >= 20) { /* head (1,1) concentrates; at step 20 its entropy_norm is still above 0.9 */
+            ent[4] = 0.52f; bound[4] = 0.50f; norm[4] = s == 20 ? 0.95f : 0.125f;
+        }
+        struct writer_item *it = mk_step(1, s, "entropy", PROTO_HEAD, ent, L * H);
+        add_metric(it, "entropy_bound", bound);
+        add_metric(it, "sigma_qk", sig);
+        if (s != 21) add_metric(it, "entropy_norm", norm); /* step 21: no guard metric, no evaluation */
+        int n = alert_feed(e, it);
+        for (int i = 0; i < n; i++)
+            if (alert_transition_at(e, i)->state == ALERT_FIRING && fired < 0) {
+                fired = s;
+                fired_cells = alert_transition_at(e, i)->ncells;
+                assert_int_equal(alert_transition_at(e, i)->cells[0].layer, 1);
+                assert_int_equal(alert_transition_at(e, i)->cells[0].head, 1);
+            }
+        writer_item_free(it);
+    }
+    /* 20: the guard says no; 21: not evaluated; pending from 22, for 2 (had
+     * the guard been ignored: 22; had a missing guard metric counted as holding: 23) */
+    assert_int_equal(fired, 24);
+    assert_int_equal(fired_cells, 1);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+    /* without the guard the uniform heads fire as soon as the window is full */
+    r = rules("{\"rules\":[{\"name\":\"sat\",\"metric\":\"entropy\",\"scope\":\"head\",\"condition\":{\"op\":\"near_bound\","
+              " \"bound_metric\":\"entropy_bound\",\"rising_metric\":\"sigma_qk\",\"epsilon\":0.05,\"window\":4},\"for\":2}]}");
+    e = alert_engine_create(r);
+    hello(e, 1, "g");
+    fired = -1;
+    for (int s = 0; s < 10 && fired < 0; s++) {
+        float ent[L * H], bound[L * H], sig[L * H];
+        for (int i = 0; i < L * H; i++) { ent[i] = 4.1589f; bound[i] = 4.1580f; sig[i] = 0.001f * (float)(s + 1); }
+        struct writer_item *it = mk_step(1, s, "entropy", PROTO_HEAD, ent, L * H);
+        add_metric(it, "entropy_bound", bound);
+        add_metric(it, "sigma_qk", sig);
+        if (alert_feed(e, it) > 0 && alert_transition_at(e, 0)->state == ALERT_FIRING) fired = s;
+        writer_item_free(it);
+    }
+    assert_int_equal(fired, 6);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+    /* a bad guard is refused with its reason */
+    char err[512];
+    const char *bad = "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
+                      "\"condition\":{\"op\":\"below\",\"value\":1,\"and\":{\"metric\":\"n\",\"op\":\"drop\",\"value\":1}}}]}";
+    assert_null(alert_rules_parse(bad, strlen(bad), err, sizeof err));
+    assert_non_null(strstr(err, "\"and\""));
+    const char *novalue = "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
+                          "\"condition\":{\"op\":\"below\",\"value\":1,\"and\":{\"metric\":\"n\",\"op\":\"above\"}}}]}";
+    assert_null(alert_rules_parse(novalue, strlen(novalue), err, sizeof err));
+    assert_non_null(strstr(err, "\"value\""));
+}
+
 static void test_bad_rules_name_their_line(void **state) {
     (void)state;
     char err[512];
@@ -401,6 +472,7 @@ int main(void) {
         cmocka_unit_test(test_end_resolves_and_json_resolved),
         cmocka_unit_test(test_drop_growth_zscore_nonfinite),
         cmocka_unit_test(test_near_bound_and_stalled),
+        cmocka_unit_test(test_and_guard),
         cmocka_unit_test(test_bad_rules_name_their_line),
         cmocka_unit_test(test_rollback_restarts_windows),
         cmocka_unit_test(test_rollback_after_start_keeps_firing),

@@ -42,8 +42,8 @@ static void feed_step(struct alert_engine *e, const struct alert_rules *rs, int6
     uint32_t nm = 0, nv = 0;
     for (int i = 0; i < rs->n && nm < 64; i++) {
         const struct alert_rule *r = &rs->rules[i];
-        const char *names[3] = {r->metric, r->bound_metric, r->rising_metric};
-        for (int k = 0; k < 3 && nm < 64; k++) {
+        const char *names[4] = {r->metric, r->bound_metric, r->rising_metric, r->and_metric};
+        for (int k = 0; k < 4 && nm < 64; k++) {
             if (!names[k] || strlen(names[k]) > PROTO_MAX_NAME) continue;
             int dup = 0;
             for (uint32_t j = 0; j < nm; j++) dup |= strcmp(metrics[j].name, names[k]) == 0;
