@@ -33,7 +33,8 @@
  * (entropy_norm below 0.9) the rule fired on low-lr sigmaReparam runs at
  * steps 76-96 with every head at entropy_norm 1.000; with it, on 11 runs of
  * 300 steps (README, "Alerts") it fired on the two that collapsed only
- * (steps 31 and 113, the latter 52 steps before entropy_collapse began). */
+ * (pending from steps 21 and 103, the latter 62 steps before
+ * entropy_collapse began at 165). */
 static const char default_rules[] =
     "{\"rules\": [\n"
     "  {\"name\": \"entropy_collapse\", \"metric\": \"entropy_norm\", \"scope\": \"head\",\n"
