@@ -1,8 +1,10 @@
 """Shared helpers for end-to-end tests: start the real entropyd on a temp
 directory, talk protocol v1 to it over its real socket, read its real
-SQLite file. Standard library only.
+SQLite file, receive its HTTP notifications. Standard library only.
 
 Not a test itself (the runner picks up tests/e2e_*.py only)."""
+import collections
+import http.server
 import json
 import math
 import os
@@ -12,6 +14,7 @@ import sqlite3
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,3 +221,62 @@ def floats(blob):
 
 def isnan(x):
     return isinstance(x, float) and math.isnan(x)
+
+
+class Post(collections.namedtuple("Post", "time path body content_type status")):
+    """One POST a Receiver got: arrival time (time.time()), path, the raw
+    body (bytes), its Content-Type, and the status it was answered with."""
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class Receiver:
+    """A fake HTTP endpoint for the daemon's notifications (--webhook,
+    --alertmanager): a server on 127.0.0.1 and a free port, in a thread of
+    its own, that keeps every POST in .posts (a list of Post, in arrival
+    order). The first `refuse` POSTs whose body satisfies refuse_if (default:
+    any body) are answered refuse_status, for the daemon to retry; every
+    other POST gets 200. The caller owns the receiver and calls close();
+    .posts stays readable after that."""
+
+    def __init__(self, refuse=0, refuse_status=500, refuse_if=None):
+        self.posts = []
+        self.refuse_left = refuse
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                status = receiver._answer(body)
+                receiver.posts.append(Post(time.time(), self.path, body, self.headers.get("Content-Type"), status))
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self._refuse_status = refuse_status
+        self._refuse_if = refuse_if or (lambda body: True)
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.srv.daemon_threads = True
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def _answer(self, body):
+        with self._lock:
+            if self.refuse_left > 0 and self._refuse_if(body):
+                self.refuse_left -= 1
+                return self._refuse_status
+            return 200
+
+    def url(self, path="/"):
+        return "http://127.0.0.1:%d%s" % (self.srv.server_port, path)
+
+    def delivered(self):
+        """The POSTs answered 200, in arrival order (a new list)."""
+        return [p for p in self.posts if p.status == 200]
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()

@@ -6,43 +6,25 @@ re-sent every --alertmanager-resend-s; the resolved one arrives once with
 its real endsAt (after a 503 and a retry) and the re-sending stops; the
 webhook still gets its own payload.  python3 stdlib only."""
 import datetime
-import http.server
 import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Client, Daemon  # noqa: E402
-
-
-class FakeAM(http.server.BaseHTTPRequestHandler):
-    posts = []           # (time, path, parsed body)
-    fail_resolved = 1    # answer 503 to the first resolved POST
-
-    def do_POST(self):
-        n = int(self.headers.get("Content-Length", "0"))
-        body = json.loads(self.rfile.read(n))
-        cls = type(self)
-        resolved = any(a.get("endsAt", "") < now_iso() for a in body) if isinstance(body, list) else False
-        if resolved and cls.fail_resolved > 0:
-            cls.fail_resolved -= 1
-            self.send_response(503)
-            self.end_headers()
-            return
-        cls.posts.append((time.time(), self.path, body, self.headers.get("Content-Type")))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
+from daemon_harness import Client, Daemon, Receiver  # noqa: E402
 
 
 def now_iso():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def resolved(body):
+    """A POST body that carries a resolved alert (its endsAt has passed)."""
+    alerts = json.loads(body)
+    return any(a.get("endsAt", "") < now_iso() for a in alerts) if isinstance(alerts, list) else False
 
 
 RULES = {"rules": [
@@ -62,16 +44,12 @@ def step(seq, s, low):
 
 class AlertmanagerE2E(unittest.TestCase):
     def test_firing_resent_then_resolved(self):
-        FakeAM.posts = []
-        FakeAM.fail_resolved = 1
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeAM)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        am = Receiver(refuse=1, refuse_status=503, refuse_if=resolved)  # 503 to the first resolved POST
         tmp = tempfile.TemporaryDirectory()
         rules = os.path.join(tmp.name, "rules.json")
         with open(rules, "w") as f:
             json.dump(RULES, f)
-        am = "http://127.0.0.1:%d/" % srv.server_port
-        d = Daemon(args=["--rules", rules, "--alertmanager", am, "--alertmanager-resend-s", "1",
+        d = Daemon(args=["--rules", rules, "--alertmanager", am.url("/"), "--alertmanager-resend-s", "1",
                          "--quiet-alerts"]).start()
         try:
             c = Client(d.sock)
@@ -83,10 +61,11 @@ class AlertmanagerE2E(unittest.TestCase):
                 c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
             # fires at step 6; wait for the first POST and two re-sends
             deadline = time.time() + 15
-            while time.time() < deadline and len(FakeAM.posts) < 3:
+            while time.time() < deadline and len(am.delivered()) < 3:
                 time.sleep(0.05)
-            self.assertGreaterEqual(len(FakeAM.posts), 3, "firing alert sent and re-sent: %s" % FakeAM.posts)
-            t0, path, body, ctype = FakeAM.posts[0]
+            posts = am.delivered()
+            self.assertGreaterEqual(len(posts), 3, "firing alert sent and re-sent: %s" % posts)
+            t0, path, body, ctype = posts[0].time, posts[0].path, posts[0].json(), posts[0].content_type
             self.assertEqual(path, "/api/v2/alerts")
             self.assertEqual(ctype, "application/json")
             self.assertIsInstance(body, list)
@@ -98,32 +77,32 @@ class AlertmanagerE2E(unittest.TestCase):
             self.assertEqual(a["annotations"], {"summary": "collapse in am-run"})
             self.assertRegex(a["startsAt"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
             self.assertGreater(a["endsAt"], now_iso(), "a firing alert's endsAt lies ahead")
-            gaps = [FakeAM.posts[i + 1][0] - FakeAM.posts[i][0] for i in range(2)]
+            gaps = [posts[i + 1].time - posts[i].time for i in range(2)]
             self.assertTrue(all(0.7 < g < 3.0 for g in gaps), "re-sent about every second: %s" % gaps)
-            self.assertTrue(all(p[2][0]["labels"] == a["labels"] and p[2][0]["startsAt"] == a["startsAt"]
-                                for p in FakeAM.posts), "re-sends carry the same alert")
+            self.assertTrue(all(p.json()[0]["labels"] == a["labels"] and p.json()[0]["startsAt"] == a["startsAt"]
+                                for p in am.delivered()), "re-sends carry the same alert")
             # recover: resolved once (after a 503 and a retry), then silence
             for s in range(10, 16):
                 seq += 1
                 c.send(step(seq, s, low=False))
                 c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
             deadline = time.time() + 15
-            resolved = []
-            while time.time() < deadline and not resolved:
-                resolved = [p for p in FakeAM.posts if p[2][0]["endsAt"] < now_iso()]
+            done = []
+            while time.time() < deadline and not done:
+                done = [p for p in am.delivered() if p.json()[0]["endsAt"] < now_iso()]
                 time.sleep(0.05)
-            self.assertEqual(len(resolved), 1, "one resolved POST")
-            self.assertEqual(FakeAM.fail_resolved, 0, "the 503 was answered, then retried")
-            r = resolved[0][2][0]
+            self.assertEqual(len(done), 1, "one resolved POST")
+            self.assertEqual(am.refuse_left, 0, "the 503 was answered, then retried")
+            r = done[0].json()[0]
             self.assertEqual(r["labels"], a["labels"])
             self.assertEqual(r["startsAt"], a["startsAt"])
-            n = len(FakeAM.posts)
+            n = len(am.delivered())
             time.sleep(2.5)
-            self.assertEqual(len(FakeAM.posts), n, "no re-send after the alert resolved")
+            self.assertEqual(len(am.delivered()), n, "no re-send after the alert resolved")
         finally:
             d.stop()
             d.cleanup()
-            srv.shutdown()
+            am.close()
             tmp.cleanup()
 
     def test_bad_url_refused(self):

@@ -3,40 +3,15 @@ collapses fires entropy_collapse once; the webhook receives the exact
 Alertmanager payload (retried after a 500); the exec hook runs with the JSON
 on stdin; the trainer's own connection receives the alert line; the alert
 resolves once the heads recover; transitions are stored in SQLite."""
-import http.server
 import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Client, Daemon  # noqa: E402
-
-
-class Receiver(http.server.BaseHTTPRequestHandler):
-    """Answers 500 to the first POST, then 200; keeps every body."""
-    bodies = []
-    failures_left = 1
-
-    def do_POST(self):
-        n = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(n)
-        cls = type(self)
-        if cls.failures_left > 0:
-            cls.failures_left -= 1
-            self.send_response(500)
-            self.end_headers()
-            cls.bodies.append(("500", body, self.headers.get("Content-Type")))
-            return
-        cls.bodies.append(("200", body, self.headers.get("Content-Type")))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
+from daemon_harness import Client, Daemon, Receiver  # noqa: E402
 
 
 RULES = {"rules": [
@@ -58,16 +33,13 @@ def step(seq, s, low_heads=(), loss=2.0):
 
 class AlertE2E(unittest.TestCase):
     def test_collapse_fires_once_notifies_and_resolves(self):
-        Receiver.bodies = []
-        Receiver.failures_left = 1
-        srv = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        hook = Receiver(refuse=1, refuse_status=500)  # 500 to the first POST, then 200
         tmp = tempfile.TemporaryDirectory()
         rules = os.path.join(tmp.name, "rules.json")
         with open(rules, "w") as f:
             json.dump(RULES, f, indent=2)
         hook_out = os.path.join(tmp.name, "hook.out")
-        d = Daemon(args=["--rules", rules, "--webhook", "http://127.0.0.1:%d/hook" % srv.server_port,
+        d = Daemon(args=["--rules", rules, "--webhook", hook.url("/hook"),
                          "--on-alert", "cat >> %s; echo \" $ENTROPYD_ALERT_STATUS $ENTROPYD_ALERT_NAME\" >> %s"
                          % (hook_out, hook_out)], http=True).start()
         try:
@@ -91,12 +63,12 @@ class AlertE2E(unittest.TestCase):
             self.assertEqual(sorted((x["layer"], x["head"]) for x in fire["alert"]["cells"]), [(0, 1), (1, 2)])
             # webhook: a 500, then the retry delivered; then the resolved one
             deadline = time.time() + 20
-            while time.time() < deadline and len([b for b in Receiver.bodies if b[0] == "200"]) < 2:
+            while time.time() < deadline and len(hook.delivered()) < 2:
                 time.sleep(0.1)
-            ok = [json.loads(b[1]) for b in Receiver.bodies if b[0] == "200"]
-            self.assertEqual(Receiver.bodies[0][0], "500")
-            self.assertEqual(json.loads(Receiver.bodies[0][1]), ok[0], "the retry resends the same payload")
-            self.assertEqual(Receiver.bodies[0][2], "application/json")
+            ok = [p.json() for p in hook.delivered()]
+            self.assertEqual(hook.posts[0].status, 500)
+            self.assertEqual(hook.posts[0].json(), ok[0], "the retry resends the same payload")
+            self.assertEqual(hook.posts[0].content_type, "application/json")
             self.assertEqual([p["status"] for p in ok], ["firing", "resolved"], "one firing, one resolved, no duplicate")
             p = ok[0]
             self.assertEqual(p["version"], "4")
@@ -159,7 +131,7 @@ class AlertE2E(unittest.TestCase):
             c.close()
         finally:
             d.cleanup()
-            srv.shutdown()
+            hook.close()
             tmp.cleanup()
 
     def test_bad_rules_file_is_refused_with_its_line(self):

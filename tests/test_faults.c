@@ -49,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "ingest.h"
 #include "alerter.h"
 #include "store.h"
@@ -311,9 +312,7 @@ static void daemon_stop(void) {
     stream_destroy(D.stream);
     store_close(D.st);
     close(D.efd);
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", D.dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(rmtree(D.dir), 0);
 }
 
 /* ------------------------------------------------------------ a trainer */
@@ -551,10 +550,7 @@ static void check_integrity(const char *db) {
     sqlite3_close(h);
 }
 
-static long env_long(const char *name, long dflt) {
-    const char *v = getenv(name);
-    return v && *v ? strtol(v, NULL, 10) : dflt;
-}
+/* env_long: tests/fixture.h. */
 
 /* ------------------------------------------------------------ tests */
 

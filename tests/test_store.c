@@ -15,7 +15,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <ftw.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdint.h>
@@ -24,42 +23,24 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fixture_store.h"
 #include "proto.h"
 #include "store.h"
 
 /* ------------------------------------------------------------ fixture */
 
-struct fx {
-    char dir[64];
-    char path[128];
-    struct store *st;
-};
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
+/* Each test gets f, a store on a new database in a temporary directory
+ * (struct tmp_db, tests/fixture_store.h). */
 static int setup(void **state) {
-    struct fx *f = calloc(1, sizeof *f);
-    if (!f) return -1;
-    snprintf(f->dir, sizeof f->dir, "/tmp/tstore-XXXXXX");
-    if (!mkdtemp(f->dir)) return -1;
-    snprintf(f->path, sizeof f->path, "%s/test.db", f->dir);
-    char err[256];
-    f->st = store_open(f->path, err, sizeof err);
-    if (!f->st) {
-        fprintf(stderr, "store_open: %s\n", err);
-        return -1;
-    }
+    struct tmp_db *f = calloc(1, sizeof *f);
+    if (!f || tmp_db_open(f, "/tmp/tstore-XXXXXX") != 0) return -1;
     *state = f;
     return 0;
 }
 
 static int teardown(void **state) {
-    struct fx *f = *state;
-    store_close(f->st);
-    nftw(f->dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    struct tmp_db *f = *state;
+    tmp_db_close(f);
     free(f);
     return 0;
 }
@@ -71,57 +52,18 @@ static int teardown(void **state) {
 
 /* ------------------------------------------------------------ reading the database */
 
-static sqlite3 *ro_open(const char *path) {
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    return db;
-}
+/* ro_open, qi and qs: tests/fixture_store.h. */
 
-/* The first column of the first row of a formatted query as int64;
- * INT64_MIN when there is no row or it is NULL. */
-static int64_t qi(const char *path, const char *fmt, ...) {
+/* The first column of the first row of a formatted query as a double
+ * (0 when it is NULL); NaN when there is no row. */
+static double qd(const char *path, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    char *sql = sqlite3_vmprintf(fmt, ap);
+    sqlite3_stmt *s = q_prepare(path, fmt, ap);
     va_end(ap);
-    sqlite3 *db = ro_open(path);
-    sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
-    int64_t v = INT64_MIN;
-    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    sqlite3_free(sql);
-    return v;
-}
-
-/* The same as text (malloc'ed), NULL when there is no row or it is NULL. */
-static char *qs(const char *path, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char *sql = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    sqlite3 *db = ro_open(path);
-    sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
-    char *v = NULL;
-    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) v = strdup((const char *)sqlite3_column_text(s, 0));
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    sqlite3_free(sql);
-    return v;
-}
-
-static double qd(const char *path, const char *fmt, const char *arg) {
-    char *sql = sqlite3_mprintf(fmt, arg);
-    sqlite3 *db = ro_open(path);
-    sqlite3_stmt *s;
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
     double v = NAN;
     if (sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_double(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    sqlite3_free(sql);
+    q_done(s);
     return v;
 }
 
@@ -174,22 +116,7 @@ static void msg_step(struct proto_msg *m, int64_t step) {
     m->step = step;
 }
 
-static void msg_add(struct proto_msg *m, const char *name, int kind, uint32_t rows, uint32_t cols, const float *v) {
-    m->metrics = realloc(m->metrics, (m->nmetrics + 1) * sizeof *m->metrics);
-    assert_non_null(m->metrics);
-    struct proto_metric *mt = &m->metrics[m->nmetrics++];
-    memset(mt, 0, sizeof *mt);
-    snprintf(mt->name, sizeof mt->name, "%s", name);
-    mt->kind = kind;
-    mt->rows = rows;
-    mt->cols = cols;
-    mt->offset = m->nvalues;
-    uint32_t n = rows * cols;
-    m->values = realloc(m->values, (m->nvalues + n) * sizeof *m->values);
-    assert_non_null(m->values);
-    memcpy(m->values + m->nvalues, v, n * sizeof *v);
-    m->nvalues += n;
-}
+/* msg_add: tests/fixture_store.h. */
 
 /* A deterministic value of metric mi at step, index i, in history epoch
  * `epoch` (a rewritten history gets other values). Some are NaN or Inf. */
@@ -227,7 +154,7 @@ static void build_step(struct proto_msg *m, int64_t step, int epoch) {
     }
 }
 
-static int64_t open_run(struct fx *f, const char *name, int64_t layers, int64_t heads) {
+static int64_t open_run(struct tmp_db *f, const char *name, int64_t layers, int64_t heads) {
     struct store_run_info info;
     OK(store_begin(f->st));
     OK(store_run_open(f->st, name, layers, heads, 64, NULL, 1000.0, &info));
@@ -237,7 +164,7 @@ static int64_t open_run(struct fx *f, const char *name, int64_t layers, int64_t 
 
 /* Stores the given steps (seq continuing from *seq), committing every
  * commit_every steps. */
-static void put_steps(struct fx *f, int64_t run, int64_t *seq, const int64_t *steps, size_t n, int epoch,
+static void put_steps(struct tmp_db *f, int64_t run, int64_t *seq, const int64_t *steps, size_t n, int epoch,
                       size_t commit_every) {
     OK(store_begin(f->st));
     for (size_t i = 0; i < n; i++) {
@@ -254,7 +181,7 @@ static void put_steps(struct fx *f, int64_t run, int64_t *seq, const int64_t *st
     OK(store_commit(f->st));
 }
 
-static void put_range(struct fx *f, int64_t run, int64_t *seq, int64_t from, int64_t to, int epoch, size_t commit_every) {
+static void put_range(struct tmp_db *f, int64_t run, int64_t *seq, int64_t from, int64_t to, int epoch, size_t commit_every) {
     size_t n = (size_t)(to - from + 1);
     int64_t *steps = malloc(n * sizeof *steps);
     for (size_t i = 0; i < n; i++) steps[i] = from + (int64_t)i;
@@ -394,7 +321,7 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
 /* ------------------------------------------------------------ tests */
 
 static void test_migrations(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int version = store_schema_version();
     assert_true(version >= 1);
     assert_int_equal(qi(f->path, "PRAGMA user_version"), version);
@@ -435,7 +362,7 @@ static void test_migrations(void **state) {
 }
 
 static void test_newer_schema_refused(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     open_run(f, "r", 1, 1);
     store_close(f->st);
     f->st = NULL;
@@ -463,7 +390,7 @@ static void test_newer_schema_refused(void **state) {
 }
 
 static void test_run_open_resume_mismatch(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     struct store_run_info a, b, c;
     OK(store_begin(f->st));
     OK(store_run_open(f->st, "alpha", 2, 3, 128, "{\"lr\": 0.1}", 1000.5, &a));
@@ -538,7 +465,7 @@ static void test_run_open_resume_mismatch(void **state) {
 }
 
 static void test_step_frames(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int64_t run = open_run(f, "frames", L, H);
     struct proto_msg m;
     msg_step(&m, 17);
@@ -605,7 +532,7 @@ static void test_step_frames(void **state) {
 }
 
 static void test_rollups_brute_force(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int64_t run = open_run(f, "roll", L, H);
     /* dense with gaps (every 3rd step missing), then sparse jumps that
      * complete blocks of levels 3, 4 and 5 */
@@ -640,13 +567,13 @@ static void test_rollups_brute_force(void **state) {
                      2998 / 64 - 1);
 }
 
-static int64_t count_rows(struct fx *f, int64_t run, const char *table, const char *where) {
+static int64_t count_rows(struct tmp_db *f, int64_t run, const char *table, const char *where) {
     return qi(f->path, "SELECT count(*) FROM %s WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND %s",
               table, (long long)run, where);
 }
 
 static void test_history_rewrite(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int64_t run = open_run(f, "rewrite", L, H);
     int64_t other = open_run(f, "bystander", L, H);
     int64_t seq = 0, oseq = 0;
@@ -747,7 +674,7 @@ static void test_history_rewrite(void **state) {
 }
 
 static void test_kind_conflict(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int64_t run = open_run(f, "kinds", L, H);
     struct proto_msg m;
     float one = 1, lay[L] = {2, 3}, heads[L * H] = {1, 2, 3, 4, 5, 6};
@@ -810,7 +737,7 @@ static void test_kind_conflict(void **state) {
 }
 
 static void test_events_and_status(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int64_t run = open_run(f, "ev", L, H);
     int64_t run2 = open_run(f, "ev2", L, H);
     int64_t run3 = open_run(f, "ev3", L, H);
@@ -860,7 +787,7 @@ static void test_events_and_status(void **state) {
 }
 
 static void test_delete(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int64_t b = open_run(f, "survivor", L, H);
     int64_t a = open_run(f, "doomed", L, H); /* the highest id: SQLite hands it out again */
     int64_t sa = 0, sb = 0;
@@ -912,7 +839,7 @@ static void test_delete(void **state) {
 }
 
 static void test_savepoint(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int64_t run = open_run(f, "sp", L, H);
     int64_t seq = 0;
     put_range(f, run, &seq, 0, 60, 0, 100);
@@ -979,7 +906,7 @@ static void test_savepoint(void **state) {
 }
 
 /* The calls of one batch, used twice by test_rollback_retry. */
-static void rollback_batch(struct fx *f, int64_t *run, int64_t *seq) {
+static void rollback_batch(struct tmp_db *f, int64_t *run, int64_t *seq) {
     struct store_run_info info;
     OK(store_run_open(f->st, "rb", L, H, 64, "{\"a\":1}", 5000, &info));
     *run = info.id;
@@ -996,7 +923,7 @@ static void rollback_batch(struct fx *f, int64_t *run, int64_t *seq) {
 }
 
 static void test_rollback_retry(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     char err[256];
     char p2[160];
     snprintf(p2, sizeof p2, "%s/ref.db", f->dir);
@@ -1038,7 +965,7 @@ static void test_rollback_retry(void **state) {
 }
 
 static void test_full_disk(void **state) {
-    struct fx *f = *state;
+    struct tmp_db *f = *state;
     int64_t small = open_run(f, "small", L, H), sseq = 0;
     put_range(f, small, &sseq, 0, 300, 0, 1000);
     /* a bigger model, so that every step needs new pages */

@@ -16,7 +16,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -33,35 +32,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "telemetry.h"
 
 /* ---------------------------------------------------------------- helpers */
 
-static uint64_t ms_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
+/* msleep, rmtree, WAIT_UNTIL: tests/fixture.h. */
 
 /* Polls cond every 2 ms for at most ms milliseconds. */
-#define WAIT_FOR(cond, ms)                                                                  \
-    do {                                                                                    \
-        uint64_t wait_end_ = ms_now() + (ms);                                               \
-        while (!(cond) && ms_now() < wait_end_) msleep(2);                                  \
-        if (!(cond)) fail_msg("timed out after %d ms waiting for: %s", (int)(ms), #cond);   \
-    } while (0)
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(p);
-}
+#define WAIT_FOR(cond, ms) WAIT_UNTIL(cond, ms, msleep(2))
 
 typedef struct env {
     char dir[64];
@@ -81,7 +60,7 @@ static void env_init(env *e)
 
 static void env_free(env *e)
 {
-    nftw(e->dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    rmtree(e->dir);
 }
 
 static int count_segments(const char *dir)
@@ -760,7 +739,8 @@ static void test_stalled_daemon_never_blocks(void **state)
     for (int l = 0; l < L; l++) lv[l] = 0.5f + (float)l;
     static const char *hn[8] = { "entropy", "entropy_norm", "max_logit", "sigma_qk",
                                  "entropy_bound", "eig_mean", "eig_var", "extra" };
-    uint64_t worst = 0, t0 = ms_now();
+    uint64_t worst = 0;
+    double t0 = now_mono_ms();
     int accepted = 0;
     for (int i = 0; i < N; i++) {
         struct timespec a, b;
@@ -778,9 +758,9 @@ static void test_stalled_daemon_never_blocks(void **state)
         if (ns > worst) worst = ns;
         if (i % 8 == 0) msleep(1); /* a little breathing room, like a real step */
     }
-    uint64_t elapsed = ms_now() - t0;
-    print_message("stalled daemon: %d steps in %llu ms, worst enqueue %llu us\n", N,
-                  (unsigned long long)elapsed, (unsigned long long)worst / 1000);
+    double elapsed = now_mono_ms() - t0;
+    print_message("stalled daemon: %d steps in %.0f ms, worst enqueue %llu us\n", N,
+                  elapsed, (unsigned long long)worst / 1000);
     /* Each call copies ~40 KiB: a blocked call would take the welcome timeout. */
     assert_true(worst < 50u * 1000000u);
     telemetry_stats s = stats(t);
@@ -791,9 +771,9 @@ static void test_stalled_daemon_never_blocks(void **state)
     s = stats(t);
     assert_true(s.sent < s.spooled); /* the socket filled up */
     assert_int_equal(s.acked, 0);
-    uint64_t d0 = ms_now();
+    double d0 = now_mono_ms();
     assert_int_equal(telemetry_destroy(t, "finished", 200), TELEMETRY_ETIMEDOUT);
-    assert_true(ms_now() - d0 < 2000);
+    assert_true(now_mono_ms() - d0 < 2000);
     assert_int_equal(fake_get(f, &f->bad_json), 0);
     fake_stop(f);
     env_free(&e);

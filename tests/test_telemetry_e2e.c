@@ -14,41 +14,22 @@
 #include <cmocka.h>
 
 #include <errno.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "telemetry.h"
 
 enum { L = 4, H = 3 };
 
-static uint64_t ms_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
-static const char *daemon_path(void)
-{
-    const char *e = getenv("ENTROPYD");
-    return e && *e ? e : "build/entropyd";
-}
+/* msleep, rmtree, entropyd_path, entropyd_start: tests/fixture.h. */
 
 typedef struct env {
     char dir[64], data[96], sock[128], addr[160], spool[96], db[128];
@@ -68,29 +49,15 @@ static void env_init(env *e)
     snprintf(e->db, sizeof e->db, "%s/entropyd.db", e->data);
 }
 
-/* Starts the daemon and waits for its socket. */
+/* Starts the daemon (a log file per start) and waits for its socket. */
 static void daemon_start(env *e)
 {
-    unlink(e->sock); /* a SIGKILLed daemon leaves it behind */
-    char log[128];
+    char log[128], err[2400];
     snprintf(log, sizeof log, "%s/daemon-%d.log", e->dir, e->starts++);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); }
-        execl(daemon_path(), "entropyd", "--data", e->data, "--http", "off", (char *)NULL);
-        _exit(127);
-    }
-    e->pid = pid;
-    struct stat st;
-    uint64_t end = ms_now() + 10000;
-    while (stat(e->sock, &st) != 0 && ms_now() < end) msleep(5);
-    if (stat(e->sock, &st) != 0) {
-        char buf[2048] = "";
-        FILE *f = fopen(log, "r");
-        if (f) { buf[fread(buf, 1, sizeof buf - 1, f)] = 0; fclose(f); }
-        fail_msg("entropyd did not create %s; its log:\n%s", e->sock, buf);
+    e->pid = entropyd_start(e->data, e->sock, log, err, sizeof err);
+    if (e->pid < 0) {
+        e->pid = 0;
+        fail_msg("%s", err);
     }
 }
 
@@ -102,15 +69,10 @@ static void daemon_kill(env *e, int sig)
     e->pid = 0;
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(p);
-}
-
 static void env_free(env *e)
 {
     daemon_kill(e, SIGKILL);
-    nftw(e->dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    rmtree(e->dir);
 }
 
 static telemetry *client(env *e, const char *run)
@@ -216,14 +178,14 @@ static void check_db(env *e, const char *run, int n, const char *status)
 
 static int have_daemon(void)
 {
-    return access(daemon_path(), X_OK) == 0;
+    return access(entropyd_path(), X_OK) == 0;
 }
 
 /* The daemon is SIGKILLed twice while steps stream; after each restart the
  * client resumes from the daemon's last_seq. */
 static void test_daemon_killed_twice(void **state)
 {
-    if (!have_daemon()) { print_message("skipped: no %s\n", daemon_path()); skip(); }
+    if (!have_daemon()) { print_message("skipped: no %s\n", entropyd_path()); skip(); }
     env e;
     env_init(&e);
     daemon_start(&e);
@@ -245,7 +207,7 @@ static void test_daemon_killed_twice(void **state)
  * same spool) finds the daemon up and uploads everything. */
 static void test_spool_uploaded_by_next_process(void **state)
 {
-    if (!have_daemon()) { print_message("skipped: no %s\n", daemon_path()); skip(); }
+    if (!have_daemon()) { print_message("skipped: no %s\n", entropyd_path()); skip(); }
     env e;
     env_init(&e);
     telemetry *a = client(&e, "e2e-spool");

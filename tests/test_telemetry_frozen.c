@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "telemetry.h"
 
 #define L 12
@@ -45,34 +46,7 @@ static double now_us(void) {
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-static long env_long(const char *name, long dflt) {
-    const char *v = getenv(name);
-    return v && *v ? strtol(v, NULL, 10) : dflt;
-}
-
-static const char *daemon_path(void) {
-    const char *p = getenv("ENTROPYD");
-    return p && *p ? p : "build/entropyd";
-}
-
-static pid_t daemon_start(const char *dir, const char *sock) {
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        char log[300];
-        snprintf(log, sizeof log, "%s/daemon.log", dir);
-        if (!freopen(log, "a", stderr) || !freopen("/dev/null", "w", stdout)) _exit(127);
-        execl(daemon_path(), daemon_path(), "--data", dir, "--http", "off", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        struct stat st;
-        if (stat(sock, &st) == 0) return pid;
-        usleep(10000);
-    }
-    fail_msg("entropyd did not create %s", sock);
-    return -1;
-}
+/* env_long, entropyd_path, entropyd_start, rmtree: tests/fixture.h. */
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -134,15 +108,17 @@ static void run_phase(telemetry *t, int64_t *step, long n, long work_us, struct 
 }
 
 static void test_frozen_daemon_does_not_slow_the_trainer(void **state) {
-    if (access(daemon_path(), X_OK) != 0) skip();
+    if (access(entropyd_path(), X_OK) != 0) skip();
     long steps = env_long("FROZEN_STEPS", 1500), work = env_long("FROZEN_WORK_US", 1000);
-    char dir[] = "/tmp/test_frozen.XXXXXX", sock[128], spool[128], db[128];
+    char dir[] = "/tmp/test_frozen.XXXXXX", sock[128], spool[128], db[128], log[128];
     assert_non_null(mkdtemp(dir));
     snprintf(sock, sizeof sock, "%s/entropyd.sock", dir);
     snprintf(spool, sizeof spool, "%s/spool", dir);
     snprintf(db, sizeof db, "%s/entropyd.db", dir);
-    pid_t pid = daemon_start(dir, sock);
-    char addr[160], err[256];
+    snprintf(log, sizeof log, "%s/daemon.log", dir);
+    char addr[160], err[2400];
+    pid_t pid = entropyd_start(dir, sock, log, err, sizeof err);
+    if (pid < 0) fail_msg("%s", err);
     snprintf(addr, sizeof addr, "unix:%s", sock);
     telemetry_config cfg;
     telemetry_config_init(&cfg);
@@ -202,9 +178,7 @@ static void test_frozen_daemon_does_not_slow_the_trainer(void **state) {
     assert_int_equal(sqlite3_column_int64(s, 3), step - 1);
     sqlite3_finalize(s);
     sqlite3_close(h);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(rmtree(dir), 0);
 }
 
 int main(void) {

@@ -28,12 +28,13 @@ static void test_backoff(useconds_t us);
 #include "../daemon/writer.c"
 #undef usleep
 
-#include <ftw.h>
 #include <math.h>
 #include <poll.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <sys/eventfd.h>
+
+#include "fixture_store.h"
 
 /* ------------------------------------------------------------ environment */
 
@@ -49,8 +50,7 @@ struct runseq {
 };
 
 static struct {
-    char dir[64], path[128];
-    struct store *st;
+    struct tmp_db db; /* the writer's store, on a new database (tests/fixture_store.h) */
     int efd;
     struct writer *w;
     pthread_t main_thread;
@@ -74,7 +74,7 @@ static atomic_int backoffs;
 static void test_backoff(useconds_t us) {
     atomic_fetch_add(&backoffs, 1);
     if (atomic_exchange(&raise_cap, 0)) {
-        if (store_set_max_pages(E.st, 0)) fprintf(stderr, "raising the cap: %s\n", store_errmsg(E.st));
+        if (store_set_max_pages(E.db.st, 0)) fprintf(stderr, "raising the cap: %s\n", store_errmsg(E.db.st));
     }
     usleep(us / 10 + 1000); /* a tenth of the real backoff keeps the test short */
 }
@@ -101,17 +101,12 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
     pthread_mutex_unlock(&E.mu);
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
 static struct writer *start_writer(size_t max_bytes) {
     struct writer_config cfg = {0};
     cfg.max_bytes = max_bytes;
     cfg.on_commit = on_commit;
     char err[256];
-    struct writer *w = writer_create(E.st, E.efd, &cfg, err, sizeof err);
+    struct writer *w = writer_create(E.db.st, E.efd, &cfg, err, sizeof err);
     if (!w) fail_msg("writer_create: %s", err);
     return w;
 }
@@ -124,15 +119,7 @@ static int setup(void **state) {
     E.main_thread = pthread_self();
     atomic_store(&raise_cap, 0);
     atomic_store(&backoffs, 0);
-    snprintf(E.dir, sizeof E.dir, "/tmp/twriter-XXXXXX");
-    if (!mkdtemp(E.dir)) return -1;
-    snprintf(E.path, sizeof E.path, "%s/w.db", E.dir);
-    char err[256];
-    E.st = store_open(E.path, err, sizeof err);
-    if (!E.st) {
-        fprintf(stderr, "store_open: %s\n", err);
-        return -1;
-    }
+    if (tmp_db_open(&E.db, "/tmp/twriter-XXXXXX") != 0) return -1;
     E.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     return E.efd < 0 ? -1 : 0;
 }
@@ -140,9 +127,8 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     writer_destroy(E.w);
-    store_close(E.st);
+    tmp_db_close(&E.db);
     close(E.efd);
-    nftw(E.dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     pthread_mutex_destroy(&E.mu);
     pthread_cond_destroy(&E.gate_cv);
     return 0;
@@ -155,19 +141,7 @@ static int teardown(void **state) {
 
 static float val(int64_t seq, uint32_t i) { return (float)(seq * 100 + i) + 0.5f; }
 
-static void msg_add(struct proto_msg *m, const char *name, int kind, uint32_t rows, uint32_t cols, const float *v) {
-    m->metrics = realloc(m->metrics, (m->nmetrics + 1) * sizeof *m->metrics);
-    struct proto_metric *mt = &m->metrics[m->nmetrics++];
-    memset(mt, 0, sizeof *mt);
-    snprintf(mt->name, sizeof mt->name, "%s", name);
-    mt->kind = kind;
-    mt->rows = rows;
-    mt->cols = cols;
-    mt->offset = m->nvalues;
-    m->values = realloc(m->values, (m->nvalues + rows * cols) * sizeof *m->values);
-    memcpy(m->values + m->nvalues, v, rows * cols * sizeof *v);
-    m->nvalues += rows * cols;
-}
+/* msg_add: tests/fixture_store.h. */
 
 static struct writer_item *item(int kind, uint64_t conn, int64_t run_id, int64_t seq) {
     struct writer_item *it = calloc(1, sizeof *it);
@@ -227,12 +201,6 @@ static void submit(struct writer_item *it) {
 
 /* ------------------------------------------------------------ replies */
 
-static uint64_t now_ms_(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Waits up to ms for the eventfd, then takes whatever replies there are. */
 static void pump(int ms) {
     struct pollfd p = {.fd = E.efd, .events = POLLIN};
@@ -262,12 +230,8 @@ static const struct writer_reply *find_reply(int kind, uint64_t conn, int64_t ru
     return NULL;
 }
 
-#define WAIT_FOR(cond, ms)                                                         \
-    do {                                                                           \
-        uint64_t until_ = now_ms_() + (ms);                                        \
-        while (!(cond) && now_ms_() < until_) pump(5);                             \
-        if (!(cond)) fail_msg("timed out after %d ms waiting for %s", (int)(ms), #cond); \
-    } while (0)
+/* Takes replies until cond holds; fails after ms milliseconds. */
+#define WAIT_FOR(cond, ms) WAIT_UNTIL(cond, ms, pump(5))
 
 static const struct writer_reply *welcome(uint64_t conn) {
     const struct writer_reply *r = NULL;
@@ -298,27 +262,11 @@ static void check_acks(void) {
 
 /* ------------------------------------------------------------ reading the database */
 
-static int64_t qi(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char *sql = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open_v2(E.path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
-    int64_t v = INT64_MIN;
-    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    sqlite3_free(sql);
-    return v;
-}
+/* ro_open, qi: tests/fixture_store.h. */
 
 /* Every frame of metric `name` of the run holds the values of its seq. */
 static void check_frames(int64_t run_id, const char *name, int64_t nsteps, uint32_t n) {
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open_v2(E.path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3 *db = ro_open(E.db.path);
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_prepare_v2(db, "SELECT f.step, f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
                                         "WHERE m.run_id = ?1 AND m.name = ?2 ORDER BY f.step", -1, &s, NULL), SQLITE_OK);
@@ -355,17 +303,17 @@ static void test_hello_steps_event_end(void **state) {
     assert_int_equal(wr->layers, L);
     assert_int_equal(wr->heads, H);
     assert_int_equal(wr->seq_len, 32);
-    assert_int_equal(qi("SELECT count(*) FROM runs WHERE name = 'alpha' AND status = 'live'"), 1); /* committed before the welcome */
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE name = 'alpha' AND status = 'live'"), 1); /* committed before the welcome */
 
     for (int64_t seq = 1; seq <= 300; seq++) submit(step(7, run, seq));
     submit(event(7, run, 301, "lr spike"));
     submit(end(7, run, 302, PROTO_FINISHED));
     WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, 302), 5000);
     /* the ack came after the commit: everything up to it is in the database */
-    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 302);
-    assert_int_equal(qi("SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 300);
-    assert_int_equal(qi("SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run), 1);
-    assert_int_equal(qi("SELECT count(*) FROM events WHERE run_id = %lld AND seq = 301 AND text = 'lr spike' AND level = 'warn'",
+    assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 302);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 300);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run), 1);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM events WHERE run_id = %lld AND seq = 301 AND text = 'lr spike' AND level = 'warn'",
                         (long long)run), 1);
     check_frames(run, "loss", 300, 1);
     check_frames(run, "ent", 300, L * H);
@@ -385,11 +333,11 @@ static void test_hello_steps_event_end(void **state) {
     wr = welcome(8);
     assert_int_equal(wr->run_id, run);
     assert_int_equal(wr->seq, 302);
-    assert_int_equal(qi("SELECT count(*) FROM runs WHERE name = 'alpha' AND status = 'live'"), 1);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE name = 'alpha' AND status = 'live'"), 1);
     /* stale: no ack, status changes */
     struct writer_item *it = item(WRITER_STALE, 8, run, 0);
     submit(it);
-    WAIT_FOR(qi("SELECT count(*) FROM runs WHERE id = %lld AND status = 'stale'", (long long)run) == 1, 5000);
+    WAIT_FOR(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'stale'", (long long)run) == 1, 5000);
     pump(50);
     check_acks();
 
@@ -450,8 +398,8 @@ static void test_hook_order_and_coalescing(void **state) {
     size_t nacks = 0;
     for (size_t i = 0; i < E.nreplies; i++) nacks += E.replies[i].kind == WRITER_R_ACK;
     assert_true(nacks < nwant);
-    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)r1), s1);
-    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)r2), s2);
+    assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)r1), s1);
+    assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)r2), s2);
 }
 
 static void test_error_replies(void **state) {
@@ -475,9 +423,9 @@ static void test_error_replies(void **state) {
     assert_int_equal(er->code, PROTO_E_KIND_CONFLICT);
     assert_int_equal(er->seq, 2);
     if (!strstr(er->message, "loss")) fail_msg("message does not name the metric: %s", er->message);
-    assert_int_equal(qi("SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'fresh'"), 1);
-    assert_int_equal(qi("SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'loss'"), 2);
-    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 3);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'fresh'"), 1);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'loss'"), 2);
+    assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 3);
     check_acks();
 
     /* a hello with another shape: an error to that connection, no welcome, nothing changed */
@@ -487,25 +435,25 @@ static void test_error_replies(void **state) {
     assert_int_equal(er->code, PROTO_E_SHAPE_MISMATCH);
     assert_null(find_reply(WRITER_R_WELCOME, 4, 0, 0));
     if (!strstr(er->message, "2 layers x 3 heads")) fail_msg("message: %s", er->message);
-    assert_int_equal(qi("SELECT layers FROM runs WHERE id = %lld", (long long)run), L);
+    assert_int_equal(qi(E.db.path, "SELECT layers FROM runs WHERE id = %lld", (long long)run), L);
     /* the rest of that batch is not disturbed */
     submit(hello(5, "errs", L, H + 1));
     submit(step(3, run, 4));
     WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, 4), 5000);
     assert_non_null(find_reply(WRITER_R_ERROR, 5, 0, 0));
-    assert_int_equal(qi("SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 4);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 4);
     check_acks();
 }
 
 /* Waits until the writer reports the database failing. */
 static void wait_failing(void) {
     struct writer_stats ws;
-    uint64_t until = now_ms_() + 5000;
+    double until = now_mono_ms() + 5000;
     do {
         writer_get_stats(E.w, &ws);
         if (ws.failing && atomic_load(&backoffs) >= 2) return;
         usleep(2000);
-    } while (now_ms_() < until);
+    } while (now_mono_ms() < until);
     fail_msg("the writer never reported a failing database");
 }
 
@@ -513,11 +461,11 @@ static void test_full_disk_and_queue_bound(void **state) {
     (void)state;
     enum { BL = 64, BH = 128 }; /* 32 KiB a frame, over a page: the cap is reached at once */
     struct store_run_info info;
-    assert_int_equal(store_begin(E.st), 0);
-    assert_int_equal(store_run_open(E.st, "big", BL, BH, 16, NULL, 1, &info), 0);
-    assert_int_equal(store_commit(E.st), 0);
+    assert_int_equal(store_begin(E.db.st), 0);
+    assert_int_equal(store_run_open(E.db.st, "big", BL, BH, 16, NULL, 1, &info), 0);
+    assert_int_equal(store_commit(E.db.st), 0);
     int64_t run = info.id;
-    assert_int_equal(store_set_max_pages(E.st, store_db_bytes(E.st) / 16384), 0);
+    assert_int_equal(store_set_max_pages(E.db.st, store_db_bytes(E.db.st) / 16384), 0);
     const size_t max_bytes = 512 * 1024;
     E.w = start_writer(max_bytes);
     static float v[BL * BH];
@@ -549,8 +497,8 @@ static void test_full_disk_and_queue_bound(void **state) {
     pump(300);
     assert_null(find_reply(WRITER_R_ACK, 0, run, 1));
     assert_null(find_reply(WRITER_R_WELCOME, 10, 0, 0));
-    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 0);
-    assert_int_equal(qi("SELECT count(*) FROM steps"), 0);
+    assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 0);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps"), 0);
     struct writer_stats ws;
     writer_get_stats(E.w, &ws);
     assert_int_equal(ws.failing, 1);
@@ -563,13 +511,12 @@ static void test_full_disk_and_queue_bound(void **state) {
     atomic_store(&raise_cap, 1);
     WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, seq + 1), 10000);
     WAIT_FOR(find_reply(WRITER_R_WELCOME, 10, 0, 0), 5000);
-    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq + 1);
-    assert_int_equal(qi("SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), seq);
-    assert_int_equal(qi("SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run), 1);
-    assert_int_equal(qi("SELECT count(*) FROM runs WHERE name = 'other'"), 1);
+    assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq + 1);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), seq);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run), 1);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE name = 'other'"), 1);
     /* every value of every step */
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open_v2(E.path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3 *db = ro_open(E.db.path);
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_prepare_v2(db, "SELECT step, data FROM frames ORDER BY step", -1, &s, NULL), SQLITE_OK);
     int64_t n = 0;
@@ -612,13 +559,13 @@ static void hold_in_hook(void) {
 }
 
 static void wait_in_hook(void) {
-    uint64_t until = now_ms_() + 5000;
+    double until = now_mono_ms() + 5000;
     for (;;) {
         pthread_mutex_lock(&E.mu);
         int in = E.in_gate;
         pthread_mutex_unlock(&E.mu);
         if (in) return;
-        if (now_ms_() > until) fail_msg("the commit hook was not reached");
+        if (now_mono_ms() > until) fail_msg("the commit hook was not reached");
         usleep(1000);
     }
 }
@@ -637,11 +584,11 @@ static void test_retry_counts_once(void **state) {
     (void)state;
     enum { BL = 64, BH = 128 };
     struct store_run_info small, big;
-    assert_int_equal(store_begin(E.st), 0);
-    assert_int_equal(store_run_open(E.st, "small", L, H, 16, NULL, 1, &small), 0);
-    assert_int_equal(store_run_open(E.st, "big", BL, BH, 16, NULL, 1, &big), 0);
-    assert_int_equal(store_commit(E.st), 0);
-    assert_int_equal(store_set_max_pages(E.st, store_db_bytes(E.st) / 16384), 0);
+    assert_int_equal(store_begin(E.db.st), 0);
+    assert_int_equal(store_run_open(E.db.st, "small", L, H, 16, NULL, 1, &small), 0);
+    assert_int_equal(store_run_open(E.db.st, "big", BL, BH, 16, NULL, 1, &big), 0);
+    assert_int_equal(store_commit(E.db.st), 0);
+    assert_int_equal(store_set_max_pages(E.db.st, store_db_bytes(E.db.st) / 16384), 0);
     E.w = start_writer(0);
     /* a first commit (no new pages needed), held in the hook while the batch queues up */
     hold_in_hook();
@@ -659,11 +606,11 @@ static void test_retry_counts_once(void **state) {
     while (atomic_load(&backoffs) < 4) usleep(1000); /* several attempts at the same batch */
     pump(100);
     assert_null(find_reply(WRITER_R_ACK, 0, small.id, 1)); /* the small steps wait with the big one */
-    assert_int_equal(qi("SELECT count(*) FROM steps"), 0);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps"), 0);
     atomic_store(&raise_cap, 1);
     WAIT_FOR(find_reply(WRITER_R_ACK, 0, big.id, 1) && find_reply(WRITER_R_ACK, 0, small.id, 10), 10000);
     check_acks();
-    assert_int_equal(qi("SELECT count(*) FROM steps"), 11);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps"), 11);
     struct writer_stats ws;
     writer_get_stats(E.w, &ws);
     assert_true(ws.retries >= 3);
@@ -676,9 +623,9 @@ static void test_retry_counts_once(void **state) {
 static void test_destroy_commits_everything(void **state) {
     (void)state;
     struct store_run_info info;
-    assert_int_equal(store_begin(E.st), 0);
-    assert_int_equal(store_run_open(E.st, "last", L, H, 16, NULL, 1, &info), 0);
-    assert_int_equal(store_commit(E.st), 0);
+    assert_int_equal(store_begin(E.db.st), 0);
+    assert_int_equal(store_run_open(E.db.st, "last", L, H, 16, NULL, 1, &info), 0);
+    assert_int_equal(store_commit(E.db.st), 0);
     E.w = start_writer(0);
     /* hold the writer in the commit hook of seq 1 while 5000 more items queue up */
     hold_in_hook();
@@ -689,9 +636,9 @@ static void test_destroy_commits_everything(void **state) {
     release_hook();
     writer_destroy(E.w);
     E.w = NULL;
-    assert_int_equal(qi("SELECT last_seq FROM runs WHERE id = %lld", (long long)info.id), 5001);
-    assert_int_equal(qi("SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), 5000);
-    assert_int_equal(qi("SELECT count(*) FROM runs WHERE id = %lld AND status = 'aborted'", (long long)info.id), 1);
+    assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)info.id), 5001);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), 5000);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'aborted'", (long long)info.id), 1);
     check_frames(info.id, "ent", 5000, L * H);
     /* the hook saw every item once; no commit held more than WRITER_MAX_BATCH */
     pthread_mutex_lock(&E.mu);
