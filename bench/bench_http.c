@@ -1,11 +1,13 @@
 /* bench_http: drives a running entropyd's HTTP side and prints latencies.
  *
- *   bench_http --port P --socket PATH --run ID [--static /index.html]
+ *   bench_http --port P --socket PATH --run ID [--split-run ID2] [--static /index.html]
  *              [--requests 500] [--clients 100] [--seconds 3]
  *
  * 1. series: GET /api/runs/ID/series?metric=entropy&layer=0&head=1&points=1000
  *    over the whole run (and over random windows), one keep-alive
  *    connection, sequential requests: p50/p99 latency.
+ *    On the run of 12 heads (--split-run ID2): one head at 200 points, and
+ *    every head of the layer in one request (split=head) at 200 points.
  * 2. frame: GET /api/runs/ID/frame?metric=entropy&step=RANDOM: p50/p99.
  * 3. requests/s of GET /api/runs and of a static file, 4 client threads
  *    each on keep-alive connections, one after the other in this run.
@@ -27,7 +29,7 @@
 
 static int port, nreq = 500, nclients = 100;
 static double seconds = 3;
-static long run_id = 1;
+static long run_id = 1, split_run = 0; /* split_run: a run of 1 layer x 12 heads (0: none) */
 static const char *sock_path, *static_path = "/index.html";
 static int daemon_pid; /* when given: the daemon's CPU time per request, which load does not inflate */
 
@@ -104,7 +106,10 @@ static int latency(const char *name, int kind, double target_ms) {
     unsigned seed = 42;
     int fails = 0;
     /* warm the connection and the page cache once */
-    snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&head=1&points=1000", run_id);
+    if (kind == 4 || kind == 5)
+        snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&split=head&points=200", split_run);
+    else
+        snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&head=1&points=1000", run_id);
     timed_get(h, path, &bytes);
     bytes = 0;
     double cpu0 = daemon_cpu();
@@ -118,6 +123,11 @@ static int latency(const char *name, int kind, double target_ms) {
                      run_id, a, b);
         } else if (kind == 2) {
             snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&points=1000&agg=min", run_id);
+        } else if (kind == 4) {
+            snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&head=%d&points=200", split_run,
+                     i % 12);
+        } else if (kind == 5) {
+            snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&split=head&points=200", split_run);
         } else {
             snprintf(path, sizeof path, "/api/runs/%ld/frame?metric=entropy&step=%d", run_id, rand_r(&seed) % 1000000);
         }
@@ -326,6 +336,7 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--port") == 0) port = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--socket") == 0) sock_path = argv[i + 1];
         else if (strcmp(argv[i], "--run") == 0) run_id = atol(argv[i + 1]);
+        else if (strcmp(argv[i], "--split-run") == 0) split_run = atol(argv[i + 1]);
         else if (strcmp(argv[i], "--static") == 0) static_path = argv[i + 1];
         else if (strcmp(argv[i], "--requests") == 0) nreq = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--clients") == 0) nclients = atoi(argv[i + 1]);
@@ -337,7 +348,7 @@ int main(int argc, char **argv) {
         }
     }
     if (!port || !sock_path) {
-        fprintf(stderr, "usage: bench_http --port P --socket PATH [--run ID] [--static PATH] [--requests N] "
+        fprintf(stderr, "usage: bench_http --port P --socket PATH [--run ID] [--split-run ID] [--static PATH] [--requests N] "
                         "[--clients N] [--seconds S]\n");
         return 2;
     }
@@ -346,6 +357,10 @@ int main(int argc, char **argv) {
     fails += latency("series 1000 points, whole run (1M steps)", 0, 10);
     fails += latency("series 1000 points, random windows", 1, 10);
     fails += latency("series 1000 points, all heads agg=min", 2, 10);
+    if (split_run) {
+        fails += latency("series 200 points, one head of 12", 4, 10);
+        fails += latency("series 200 points, 12 heads split=head", 5, 10);
+    }
     fails += latency("frame at a random step", 3, 2);
     long f1, f2;
     char runs[64];

@@ -179,12 +179,35 @@ static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return 0;
 }
 
+/* Index of the non-empty word v in names (NULL-terminated), or -1. */
+static int choice(const char *v, const char *const *names) {
+    for (int i = 0; names[i]; i++)
+        if (*names[i] && strcmp(v, names[i]) == 0) return i;
+    return -1;
+}
+
 /* Reads optional integer parameter name into *out (untouched when absent).
  * Returns 1 if present, 0 if absent, -1 if malformed. */
 static int int_param(struct MHD_Connection *c, const char *name, int64_t lo, int64_t hi, int64_t *out) {
     const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
     if (!v) return 0;
     return parse_i64(v, lo, hi, out) ? -1 : 1;
+}
+
+/* The accepted words of the series choices, indexed by their enum values
+ * (enum query_agg, enum query_split; "" for a value that cannot be asked
+ * for by name). */
+static const char *const agg_names[] = {[QUERY_AGG_MEAN] = "mean", [QUERY_AGG_MIN] = "min", [QUERY_AGG_MAX] = "max",
+                                        NULL};
+static const char *const split_names[] = {[QUERY_SPLIT_NONE] = "", [QUERY_SPLIT_HEAD] = "head",
+                                          [QUERY_SPLIT_LAYER] = "layer", NULL};
+
+/* Reads optional parameter name, one of the non-empty words in names.
+ * Returns its index, -2 if absent, -1 if not one of them. */
+static int choice_param(struct MHD_Connection *c, const char *name, const char *const *names) {
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    if (!v) return -2;
+    return choice(v, names);
 }
 
 #define BAD_INT(name, lo, hi)                                                                                   \
@@ -274,13 +297,10 @@ static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_
     r.has_to = p;
     if (int_param(c, "points", 1, HTTP_MAX_POINTS, &r.points) < 0) return BAD_INT("points", 1, HTTP_MAX_POINTS);
     if (r.has_from && r.has_to && r.from > r.to) return send_error(h, c, 400, "from is after to");
-    const char *agg = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "agg");
-    if (agg) {
-        if (strcmp(agg, "mean") == 0) r.agg = QUERY_AGG_MEAN;
-        else if (strcmp(agg, "min") == 0) r.agg = QUERY_AGG_MIN;
-        else if (strcmp(agg, "max") == 0) r.agg = QUERY_AGG_MAX;
-        else return send_error(h, c, 400, "agg must be mean, min or max");
-    }
+    if ((p = choice_param(c, "agg", agg_names)) == -1) return send_error(h, c, 400, "agg must be mean, min or max");
+    if (p >= 0) r.agg = p;
+    if ((p = choice_param(c, "split", split_names)) == -1) return send_error(h, c, 400, "split must be head or layer");
+    if (p >= 0) r.split = p;
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
@@ -659,7 +679,7 @@ struct route {
 
 static const char *const p_none[] = {NULL};
 static const char *const p_runs[] = {"status", NULL};
-static const char *const p_series[] = {"metric", "layer", "head", "from", "to", "points", "agg", NULL};
+static const char *const p_series[] = {"metric", "layer", "head", "from", "to", "points", "agg", "split", NULL};
 static const char *const p_frame[] = {"metric", "step", NULL};
 static const char *const p_events[] = {"after", "limit", NULL};
 static const char *const p_export[] = {"format", NULL};

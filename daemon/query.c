@@ -519,24 +519,46 @@ int64_t query_run_id(struct query *q, const char *name) {
 
 /* ---- series ---------------------------------------------------------- */
 
-/* One bucket's pool of values. */
+/* One bucket's pool of values (of one series). */
 struct bucket {
     float mn, mx;
     double sum;
-    uint64_t count, nonfinite, frames;
+    uint64_t count, nonfinite;
 };
 
+/* One series of the answer: where its cells are, and how many it pools. */
+struct group {
+    int64_t layer, head; /* -1: not a single layer / head */
+    uint32_t ncells;
+};
+
+/* A series query being answered. Each selected cell of a frame (a value
+ * index, cells[c]) feeds one group (group[c]); the buckets form a table of
+ * nb rows (time) by ngroups columns, so one pass over a frame or a rollup
+ * row fills every series, and a split answer reads what one series does. */
 struct series {
     struct query *q;
     int64_t metric_id;
     uint32_t n;            /* values per frame */
     uint32_t *cells;       /* selected value indices */
+    uint32_t *group;       /* the group of each selected cell */
     uint32_t ncells;
+    struct group *groups;
+    uint32_t ngroups;
     int64_t a, w;          /* bucket i covers [a + i*w, a + (i+1)*w), clipped to the range */
     int64_t last;          /* the metric's last stored step */
-    struct bucket *b;
     int64_t nb;
+    struct bucket *b;      /* b[i * ngroups + g]: bucket i of group g */
+    uint64_t *frames;      /* frames in bucket i (the same for every group) */
 };
+
+static void series_free(struct series *sr) {
+    free(sr->cells);
+    free(sr->group);
+    free(sr->groups);
+    free(sr->b);
+    free(sr->frames);
+}
 
 static void bucket_merge(struct bucket *b, float mn, float mx, double sum, uint64_t c) {
     if (!c) return;
@@ -556,11 +578,13 @@ static int add_raw(struct series *sr, int64_t lo, int64_t hi) {
         int64_t step = sqlite3_column_int64(s, 0);
         const unsigned char *d = sqlite3_column_blob(s, 1);
         if ((size_t)sqlite3_column_bytes(s, 1) != (size_t)sr->n * 4) continue;
-        struct bucket *b = &sr->b[(step - sr->a) / sr->w];
-        b->frames++;
-        for (uint32_t i = 0; i < sr->ncells; i++) {
+        int64_t i = (step - sr->a) / sr->w;
+        struct bucket *row = &sr->b[i * sr->ngroups];
+        sr->frames[i]++;
+        for (uint32_t c = 0; c < sr->ncells; c++) {
+            struct bucket *b = &row[sr->group[c]];
             float x;
-            memcpy(&x, d + 4 * (size_t)sr->cells[i], 4);
+            memcpy(&x, d + 4 * (size_t)sr->cells[c], 4);
             if (isfinite(x)) bucket_merge(b, x, x, x, 1);
             else b->nonfinite++;
         }
@@ -582,19 +606,21 @@ static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
         int64_t nframes = sqlite3_column_int64(s, 1);
         const unsigned char *d = sqlite3_column_blob(s, 2);
         if ((size_t)sqlite3_column_bytes(s, 2) != (size_t)sr->n * STORE_ROLLUP_BYTES) continue;
-        struct bucket *b = &sr->b[(block * size - sr->a) / sr->w];
-        b->frames += (uint64_t)nframes;
-        for (uint32_t i = 0; i < sr->ncells; i++) {
-            const unsigned char *e = d + (size_t)sr->cells[i] * STORE_ROLLUP_BYTES;
+        int64_t i = (block * size - sr->a) / sr->w;
+        struct bucket *row = &sr->b[i * sr->ngroups];
+        sr->frames[i] += (uint64_t)nframes;
+        for (uint32_t c = 0; c < sr->ncells; c++) {
+            struct bucket *b = &row[sr->group[c]];
+            const unsigned char *e = d + (size_t)sr->cells[c] * STORE_ROLLUP_BYTES;
             float mn, mx;
             double sum;
-            uint32_t c;
+            uint32_t cnt;
             memcpy(&mn, e, 4);
             memcpy(&mx, e + 4, 4);
             memcpy(&sum, e + 8, 8);
-            memcpy(&c, e + 16, 4);
-            bucket_merge(b, mn, mx, sum, c);
-            b->nonfinite += (uint64_t)nframes - c;
+            memcpy(&cnt, e + 16, 4);
+            bucket_merge(b, mn, mx, sum, cnt);
+            b->nonfinite += (uint64_t)nframes - cnt;
         }
     }
     sqlite3_reset(s);
@@ -618,34 +644,185 @@ static int cover(struct series *sr, int64_t lo, int64_t hi, int k) {
     return cover(sr, (b1 + 1) * size, hi, k - 1);
 }
 
-static void emit_i64_array(struct query_buf *out, const char *name, const struct series *sr, int what) {
-    query_buf_printf(out, ",\"%s\":[", name);
+/* QUERY_BAD (with a message) when the request's layer, head and split do
+ * not fit a metric of this kind with L x H cells. */
+static int series_check(const struct query_series_req *req, int kind, int64_t L, int64_t H, char *err,
+                        size_t errlen) {
+    const char *m = req->metric;
+    if (req->agg < QUERY_AGG_MEAN || req->agg > QUERY_AGG_MAX || req->split < QUERY_SPLIT_NONE ||
+        req->split > QUERY_SPLIT_LAYER)
+        snprintf(err, errlen, "bad agg or split");
+    else if (kind == 0 && (req->layer >= 0 || req->head >= 0))
+        snprintf(err, errlen, "%s is a scalar: it has no layer or head", m);
+    else if (kind == 1 && req->head >= 0)
+        snprintf(err, errlen, "%s is a layer metric: it has no head", m);
+    else if (req->layer >= L || req->head >= H)
+        snprintf(err, errlen, "%s has %lld layers x %lld heads; layer or head out of range", m, (long long)L,
+                 (long long)H);
+    else if (req->split == QUERY_SPLIT_HEAD && kind != 2)
+        snprintf(err, errlen, "split=head needs a head metric; %s is a %s metric", m, kind_name(kind));
+    else if (req->split == QUERY_SPLIT_HEAD && req->head >= 0)
+        snprintf(err, errlen, "split=head gives one series per head: leave out head");
+    else if (req->split == QUERY_SPLIT_LAYER && kind == 0)
+        snprintf(err, errlen, "split=layer needs a head or layer metric; %s is a scalar", m);
+    else if (req->split == QUERY_SPLIT_LAYER && (req->layer >= 0 || req->head >= 0))
+        snprintf(err, errlen, "split=layer gives one series per layer: leave out layer and head");
+    else
+        return QUERY_OK;
+    return QUERY_BAD;
+}
+
+/* Selects the request's cells (every layer / head where left out) of a
+ * frame of L x H values and assigns each to its series (enum query_split). */
+static int series_select(struct series *sr, const struct query_series_req *req, int64_t L, int64_t H, char *err,
+                         size_t errlen) {
+    int64_t l0 = req->layer >= 0 ? req->layer : 0, l1 = req->layer >= 0 ? req->layer + 1 : L;
+    int64_t h0 = req->head >= 0 ? req->head : 0, h1 = req->head >= 0 ? req->head + 1 : H;
+    sr->n = (uint32_t)(L * H);
+    sr->ncells = (uint32_t)((l1 - l0) * (h1 - h0));
+    sr->ngroups = req->split == QUERY_SPLIT_HEAD    ? sr->ncells
+                  : req->split == QUERY_SPLIT_LAYER ? (uint32_t)(l1 - l0)
+                                                    : 1;
+    sr->cells = malloc(sr->ncells * sizeof *sr->cells);
+    sr->group = malloc(sr->ncells * sizeof *sr->group);
+    sr->groups = calloc(sr->ngroups, sizeof *sr->groups);
+    if (!sr->cells || !sr->group || !sr->groups) {
+        snprintf(err, errlen, "out of memory");
+        return QUERY_ERR;
+    }
+    uint32_t c = 0;
+    for (int64_t l = l0; l < l1; l++)
+        for (int64_t h = h0; h < h1; h++, c++) {
+            uint32_t g = req->split == QUERY_SPLIT_HEAD ? c : req->split == QUERY_SPLIT_LAYER ? (uint32_t)(l - l0) : 0;
+            struct group *gr = &sr->groups[g];
+            sr->cells[c] = (uint32_t)(l * H + h);
+            sr->group[c] = g;
+            if (!gr->ncells++) {
+                gr->layer = req->split ? l : req->layer;
+                gr->head = req->split == QUERY_SPLIT_HEAD ? h : req->split ? -1 : req->head;
+            }
+        }
+    return QUERY_OK;
+}
+
+/* Chooses the buckets over [lo, hi] (sr->a, w, nb) for at most `points` of
+ * them; returns the rollup level their edges align to. */
+static int series_plan(struct series *sr, int64_t lo, int64_t hi, int64_t points) {
+    /* the largest level no wider than a bucket needs to be */
+    uint64_t span = (uint64_t)(hi - lo) + 1;
+    uint64_t w0 = (span + (uint64_t)points - 1) / (uint64_t)points;
+    int k = 0;
+    while (k < STORE_LEVELS && (uint64_t)STORE_LEVEL_SIZE(k + 1) <= w0) k++;
+    /* Buckets of 32..63 steps would read up to 64 raw frames per bucket;
+     * 64-step buckets from level 1 cost at most half the resolution
+     * (never fewer than points/2 buckets) and bound raw reads to the
+     * edges. */
+    if (k == 0 && 2 * w0 >= (uint64_t)STORE_LEVEL_SIZE(1)) k = 1;
+    int64_t size = k ? STORE_LEVEL_SIZE(k) : 1;
+    sr->a = lo / size * size;
+    uint64_t reach = (uint64_t)(hi - sr->a) + 1;
+    uint64_t w = (reach + (uint64_t)points - 1) / (uint64_t)points;
+    w = (w + (uint64_t)size - 1) / (uint64_t)size * (uint64_t)size;
+    sr->w = (int64_t)w;
+    sr->nb = (int64_t)((reach + w - 1) / w);
+    return k;
+}
+
+enum stat { STAT_MIN, STAT_MAX, STAT_MEAN, STAT_COUNT, STAT_NONFINITE };
+
+/* Appends "name":[...], statistic `what` of group g in each listed bucket
+ * (one holding a frame). */
+static void emit_stat(struct query_buf *out, const char *name, const struct series *sr, uint32_t g, int what) {
+    query_buf_printf(out, "\"%s\":[", name);
     int first = 1;
     for (int64_t i = 0; i < sr->nb; i++) {
-        const struct bucket *b = &sr->b[i];
-        if (!b->frames) continue;
-        uint64_t v = what == 0 ? b->count : b->nonfinite;
+        if (!sr->frames[i]) continue;
+        const struct bucket *b = &sr->b[i * sr->ngroups + g];
         if (!first) query_buf_add(out, ",", 1);
-        buf_i64(out, (int64_t)v);
+        first = 0;
+        if (what == STAT_COUNT) buf_i64(out, (int64_t)b->count);
+        else if (what == STAT_NONFINITE) buf_i64(out, (int64_t)b->nonfinite);
+        else if (!b->count) query_buf_add(out, "null", 4);
+        else if (what == STAT_MIN) query_buf_f32(out, b->mn);
+        else if (what == STAT_MAX) query_buf_f32(out, b->mx);
+        else query_buf_f64(out, b->sum / (double)b->count);
+    }
+    query_buf_add(out, "]", 1);
+}
+
+/* Appends ,"min":[..],"max":..,"mean":..,"count":..,"nonfinite":.. of group
+ * g, and ,"value":[..] (the agg statistic) when it pools several cells. */
+static void emit_group(struct query_buf *out, const struct series *sr, uint32_t g, int agg) {
+    static const char *const names[] = {[STAT_MIN] = "min", [STAT_MAX] = "max", [STAT_MEAN] = "mean",
+                                        [STAT_COUNT] = "count", [STAT_NONFINITE] = "nonfinite"};
+    static const int agg_stat[] = {[QUERY_AGG_MEAN] = STAT_MEAN, [QUERY_AGG_MIN] = STAT_MIN,
+                                   [QUERY_AGG_MAX] = STAT_MAX};
+    for (int what = STAT_MIN; what <= STAT_NONFINITE; what++) {
+        query_buf_add(out, ",", 1);
+        emit_stat(out, names[what], sr, g, what);
+    }
+    if (sr->groups[g].ncells > 1) {
+        query_buf_add(out, ",", 1);
+        emit_stat(out, "value", sr, g, agg_stat[agg]);
+    }
+}
+
+/* Appends "name":[...], the first (last = 0) or last step of each listed
+ * bucket, clipped to [lo, hi]. */
+static void emit_edges(struct query_buf *out, const char *name, const struct series *sr, int last, int64_t lo,
+                       int64_t hi) {
+    query_buf_printf(out, "\"%s\":[", name);
+    int first = 1;
+    for (int64_t i = 0; i < sr->nb; i++) {
+        if (!sr->frames[i]) continue;
+        int64_t st = last ? sr->a + (i + 1) * sr->w - 1 : sr->a + i * sr->w;
+        if (st < lo) st = lo;
+        if (st > hi) st = hi;
+        if (!first) query_buf_add(out, ",", 1);
+        buf_i64(out, st);
         first = 0;
     }
     query_buf_add(out, "]", 1);
 }
 
-static void emit_f_array(struct query_buf *out, const char *name, const struct series *sr, int what) {
-    query_buf_printf(out, ",\"%s\":[", name);
-    int first = 1;
-    for (int64_t i = 0; i < sr->nb; i++) {
-        const struct bucket *b = &sr->b[i];
-        if (!b->frames) continue;
-        if (!first) query_buf_add(out, ",", 1);
-        first = 0;
-        if (!b->count) query_buf_add(out, "null", 4);
-        else if (what == QUERY_AGG_MIN) query_buf_f32(out, b->mn);
-        else if (what == QUERY_AGG_MAX) query_buf_f32(out, b->mx);
-        else query_buf_f64(out, b->sum / (double)b->count);
+/* The answer (query.h): the shared fields, then the one series' arrays, or
+ * with a split the list of series. */
+static void series_emit(struct query_buf *out, const struct series *sr, const struct query_series_req *req, int kind,
+                        int64_t from, int64_t to, int64_t lo, int64_t hi) {
+    static const char *const aggs[] = {"mean", "min", "max"};
+    static const char *const splits[] = {"none", "head", "layer"};
+    int pooled = 0;
+    for (uint32_t g = 0; g < sr->ngroups; g++) pooled |= sr->groups[g].ncells > 1;
+    query_buf_printf(out, "{\"run\":%lld,\"metric\":", (long long)req->run_id);
+    query_buf_json_str(out, req->metric);
+    query_buf_printf(out, ",\"kind\":\"%s\"", kind_name(kind));
+    if (req->layer >= 0) query_buf_printf(out, ",\"layer\":%lld", (long long)req->layer);
+    else query_buf_puts(out, ",\"layer\":null");
+    if (req->head >= 0) query_buf_printf(out, ",\"head\":%lld", (long long)req->head);
+    else query_buf_puts(out, ",\"head\":null");
+    if (req->split) query_buf_printf(out, ",\"split\":\"%s\"", splits[req->split]);
+    if (pooled) query_buf_printf(out, ",\"agg\":\"%s\"", aggs[req->agg]);
+    else query_buf_puts(out, ",\"agg\":null");
+    query_buf_printf(out, ",\"from\":%lld,\"to\":%lld,\"width\":%lld,", (long long)from, (long long)to,
+                     (long long)sr->w);
+    emit_edges(out, "step", sr, 0, lo, hi);
+    query_buf_add(out, ",", 1);
+    emit_edges(out, "end", sr, 1, lo, hi);
+    if (!req->split) {
+        emit_group(out, sr, 0, req->agg);
+    } else {
+        query_buf_puts(out, ",\"series\":[");
+        for (uint32_t g = 0; g < sr->ngroups; g++) {
+            const struct group *gr = &sr->groups[g];
+            query_buf_printf(out, "%s{\"layer\":%lld,\"head\":", g ? "," : "", (long long)gr->layer);
+            if (gr->head >= 0) buf_i64(out, gr->head);
+            else query_buf_puts(out, "null");
+            emit_group(out, sr, g, req->agg);
+            query_buf_add(out, "}", 1);
+        }
+        query_buf_add(out, "]", 1);
     }
-    query_buf_add(out, "]", 1);
+    query_buf_add(out, "}", 1);
 }
 
 int query_series(struct query *q, const struct query_series_req *req, struct query_buf *out, char *err,
@@ -659,33 +836,10 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
         (ret = metric_get(q, req->run_id, req->metric, &sr.metric_id, &kind, err, errlen)))
         goto out;
     int64_t L = kind == 0 ? 1 : ri.layers, H = kind == 2 ? ri.heads : 1;
-    ret = QUERY_BAD;
-    if (kind == 0 && (req->layer >= 0 || req->head >= 0)) {
-        snprintf(err, errlen, "%s is a scalar: it has no layer or head", req->metric);
+    if ((ret = series_check(req, kind, L, H, err, errlen)) || (ret = series_select(&sr, req, L, H, err, errlen)))
         goto out;
-    }
-    if (kind == 1 && req->head >= 0) {
-        snprintf(err, errlen, "%s is a layer metric: it has no head", req->metric);
-        goto out;
-    }
-    if (req->layer >= L || req->head >= H) {
-        snprintf(err, errlen, "%s has %lld layers x %lld heads; layer or head out of range", req->metric,
-                 (long long)L, (long long)H);
-        goto out;
-    }
-    sr.n = (uint32_t)(L * H);
-    int64_t l0 = req->layer >= 0 ? req->layer : 0, l1 = req->layer >= 0 ? req->layer + 1 : L;
-    int64_t h0 = req->head >= 0 ? req->head : 0, h1 = req->head >= 0 ? req->head + 1 : H;
-    sr.ncells = (uint32_t)((l1 - l0) * (h1 - h0));
-    ret = QUERY_ERR;
-    if (!(sr.cells = malloc(sr.ncells * sizeof *sr.cells))) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
-    uint32_t nc = 0;
-    for (int64_t l = l0; l < l1; l++)
-        for (int64_t h = h0; h < h1; h++) sr.cells[nc++] = (uint32_t)(l * H + h);
 
+    ret = QUERY_ERR;
     sqlite3_stmt *s = q->stmt[Q_STEP_RANGE];
     sqlite3_bind_int64(s, 1, sr.metric_id);
     int rc = sqlite3_step(s);
@@ -701,28 +855,19 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
     }
     int64_t from = req->has_from ? req->from : first, to = req->has_to ? req->to : sr.last;
     int64_t lo = from > first ? from : first, hi = to < sr.last ? to : sr.last;
-    if (empty || lo > hi) {
-        sr.nb = 0;
-        sr.w = 1;
-    } else {
-        /* the largest level no wider than a bucket needs to be */
-        uint64_t span = (uint64_t)(hi - lo) + 1;
-        uint64_t w0 = (span + (uint64_t)req->points - 1) / (uint64_t)req->points;
-        int k = 0;
-        while (k < STORE_LEVELS && (uint64_t)STORE_LEVEL_SIZE(k + 1) <= w0) k++;
-        /* Buckets of 32..63 steps would read up to 64 raw frames per bucket;
-         * 64-step buckets from level 1 cost at most half the resolution
-         * (never fewer than points/2 buckets) and bound raw reads to the
-         * edges. */
-        if (k == 0 && 2 * w0 >= (uint64_t)STORE_LEVEL_SIZE(1)) k = 1;
-        int64_t size = k ? STORE_LEVEL_SIZE(k) : 1;
-        sr.a = lo / size * size;
-        uint64_t reach = (uint64_t)(hi - sr.a) + 1;
-        uint64_t w = (reach + (uint64_t)req->points - 1) / (uint64_t)req->points;
-        w = (w + (uint64_t)size - 1) / (uint64_t)size * (uint64_t)size;
-        sr.w = (int64_t)w;
-        sr.nb = (int64_t)((reach + w - 1) / w);
-        if (!(sr.b = calloc((size_t)sr.nb, sizeof *sr.b))) {
+    sr.w = 1;
+    if (!empty && lo <= hi) {
+        int k = series_plan(&sr, lo, hi, req->points);
+        if ((uint64_t)sr.nb * sr.ngroups > QUERY_MAX_SERIES_BUCKETS) {
+            snprintf(err, errlen, "%u series x %lld buckets is more than %d: ask for fewer points%s", sr.ngroups,
+                     (long long)sr.nb, QUERY_MAX_SERIES_BUCKETS,
+                     req->split == QUERY_SPLIT_HEAD && req->layer < 0 ? " or one layer" : "");
+            ret = QUERY_BAD;
+            goto out;
+        }
+        sr.b = calloc((size_t)sr.nb * sr.ngroups, sizeof *sr.b);
+        sr.frames = calloc((size_t)sr.nb, sizeof *sr.frames);
+        if (!sr.b || !sr.frames) {
             snprintf(err, errlen, "out of memory");
             goto out;
         }
@@ -731,51 +876,10 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
             goto out;
         }
     }
-
-    query_buf_printf(out, "{\"run\":%lld,\"metric\":", (long long)req->run_id);
-    query_buf_json_str(out, req->metric);
-    query_buf_printf(out, ",\"kind\":\"%s\"", kind_name(kind));
-    if (req->layer >= 0) query_buf_printf(out, ",\"layer\":%lld", (long long)req->layer);
-    else query_buf_puts(out, ",\"layer\":null");
-    if (req->head >= 0) query_buf_printf(out, ",\"head\":%lld", (long long)req->head);
-    else query_buf_puts(out, ",\"head\":null");
-    static const char *const aggs[] = {"mean", "min", "max"};
-    if (sr.ncells > 1) query_buf_printf(out, ",\"agg\":\"%s\"", aggs[req->agg]);
-    else query_buf_puts(out, ",\"agg\":null");
-    query_buf_printf(out, ",\"from\":%lld,\"to\":%lld,\"width\":%lld", (long long)from, (long long)to,
-                     (long long)sr.w);
-    query_buf_puts(out, ",\"step\":[");
-    int firstb = 1;
-    for (int64_t i = 0; i < sr.nb; i++) {
-        if (!sr.b[i].frames) continue;
-        int64_t st = sr.a + i * sr.w;
-        if (st < lo) st = lo;
-        if (!firstb) query_buf_add(out, ",", 1);
-        buf_i64(out, st);
-        firstb = 0;
-    }
-    query_buf_puts(out, "],\"end\":[");
-    firstb = 1;
-    for (int64_t i = 0; i < sr.nb; i++) {
-        if (!sr.b[i].frames) continue;
-        int64_t en = sr.a + (i + 1) * sr.w - 1;
-        if (en > hi) en = hi;
-        if (!firstb) query_buf_add(out, ",", 1);
-        buf_i64(out, en);
-        firstb = 0;
-    }
-    query_buf_add(out, "]", 1);
-    emit_f_array(out, "min", &sr, QUERY_AGG_MIN);
-    emit_f_array(out, "max", &sr, QUERY_AGG_MAX);
-    emit_f_array(out, "mean", &sr, QUERY_AGG_MEAN);
-    emit_i64_array(out, "count", &sr, 0);
-    emit_i64_array(out, "nonfinite", &sr, 1);
-    if (sr.ncells > 1) emit_f_array(out, "value", &sr, req->agg);
-    query_buf_add(out, "}", 1);
+    series_emit(out, &sr, req, kind, from, to, lo, hi);
     ret = QUERY_OK;
 out:
-    free(sr.cells);
-    free(sr.b);
+    series_free(&sr);
     end(q);
     return ret;
 }

@@ -81,6 +81,17 @@ int64_t query_run_id(struct query *q, const char *name);
 
 enum query_agg { QUERY_AGG_MEAN = 0, QUERY_AGG_MIN, QUERY_AGG_MAX };
 
+/* How a series request splits the selected cells into series. */
+enum query_split {
+    QUERY_SPLIT_NONE = 0, /* one series pooling every selected cell */
+    QUERY_SPLIT_HEAD,     /* head metrics: one series per selected cell (layer, head) */
+    QUERY_SPLIT_LAYER,    /* head or layer metrics: one series per layer (its heads pooled) */
+};
+
+/* At most this many series x buckets in one answer (a split answer of
+ * 1,024 heads at 256 points; larger ones are QUERY_BAD). */
+#define QUERY_MAX_SERIES_BUCKETS 262144
+
 /* A series request; layer/head are -1 when left out, has_from/has_to 0
  * when left out (then the metric's first / last step). */
 struct query_series_req {
@@ -90,16 +101,34 @@ struct query_series_req {
     int has_from, has_to;
     int64_t from, to;
     int64_t points;   /* buckets at most, >= 1 */
-    int agg;          /* enum query_agg, used when a head/layer axis is left out */
+    int agg;          /* enum query_agg, used when a series pools more than one cell */
+    int split;        /* enum query_split */
 };
 
 /* GET /api/runs/{id}/series: at most `points` buckets over [from, to],
  * each with exact min, max, mean and count of the finite values in it and
  * the count of non-finite ones, read from the rollups where they cover
  * the bucket and from raw frames elsewhere (schema/storage.md). Buckets
- * holding no frame are left out. QUERY_NOT_FOUND for an unknown run or
- * metric, QUERY_BAD for a layer/head out of range or given for a metric
- * without that axis. */
+ * holding no frame are left out.
+ *
+ * The selected cells are the metric's cells in layer/head (every layer or
+ * head where left out). Without split they pool into one series, answered
+ * as {run, metric, kind, layer, head, agg, from, to, width, step, end, min,
+ * max, mean, count, nonfinite[, value]}. With a split the answer has the
+ * same fields up to `end` plus "split", and instead of the arrays
+ * "series": [{layer, head, min, max, mean, count, nonfinite[, value]}], one
+ * per layer (QUERY_SPLIT_LAYER; head null) or per selected cell
+ * (QUERY_SPLIT_HEAD), layer-major, every series over the same buckets (a
+ * bucket is listed when it holds any frame). `value` (the `agg` statistic)
+ * is there for series pooling more than one cell. Every series is exactly
+ * what the unsplit request for its cells would answer: splitting reads the
+ * same frames and rollup rows as one series does.
+ *
+ * QUERY_NOT_FOUND for an unknown run or metric. QUERY_BAD for a layer/head
+ * out of range or given for a metric without that axis; for a split of a
+ * scalar, QUERY_SPLIT_HEAD of a layer metric or with a head, QUERY_SPLIT_LAYER
+ * with a layer or head; and for more than QUERY_MAX_SERIES_BUCKETS series x
+ * buckets. */
 int query_series(struct query *q, const struct query_series_req *req, struct query_buf *out, char *err,
                  size_t errlen);
 

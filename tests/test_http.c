@@ -317,23 +317,32 @@ static int teardown(void **state) {
 
 /* ---- series exactness ------------------------------------------------ */
 
-/* Checks one series answer against values computed from what was sent.
- * cells: the value indices pooled (of a frame of n values), metric index
- * for val(). */
-static void check_series(const char *query, int metric, const int *cells, int ncells, int64_t from, int64_t to,
-                         int points) {
-    char path[512];
-    snprintf(path, sizeof path, "/api/runs/%lld/series?%s", (long long)R1, query);
-    cJSON *j = get_json(&D, path, 200);
-    cJSON *step = cJSON_GetObjectItem(j, "step"), *end = cJSON_GetObjectItem(j, "end");
-    cJSON *mn = cJSON_GetObjectItem(j, "min"), *mx = cJSON_GetObjectItem(j, "max");
-    cJSON *mean = cJSON_GetObjectItem(j, "mean"), *count = cJSON_GetObjectItem(j, "count");
-    cJSON *nonf = cJSON_GetObjectItem(j, "nonfinite");
+/* Checks one series' arrays (min, max, mean, count, nonfinite, and value
+ * when it pools several cells) in obj, over the buckets step/end, against
+ * values computed from what was sent. cells: the value indices pooled (of
+ * a frame of n values), metric index for val(); agg: the answer's "agg". */
+static void check_buckets(const char *what, cJSON *step, cJSON *end, cJSON *obj, const char *agg, int metric,
+                          const int *cells, int ncells, int64_t from, int64_t to, int points) {
+    cJSON *mn = cJSON_GetObjectItem(obj, "min"), *mx = cJSON_GetObjectItem(obj, "max");
+    cJSON *mean = cJSON_GetObjectItem(obj, "mean"), *count = cJSON_GetObjectItem(obj, "count");
+    cJSON *nonf = cJSON_GetObjectItem(obj, "nonfinite"), *value = cJSON_GetObjectItem(obj, "value");
     int nb = cJSON_GetArraySize(step);
     assert_true(nb >= 1 && nb <= points);
     assert_int_equal(cJSON_GetArraySize(end), nb);
     assert_int_equal(cJSON_GetArraySize(mn), nb);
+    assert_int_equal(cJSON_GetArraySize(mx), nb);
+    assert_int_equal(cJSON_GetArraySize(mean), nb);
+    assert_int_equal(cJSON_GetArraySize(count), nb);
     assert_int_equal(cJSON_GetArraySize(nonf), nb);
+    /* value: the agg statistic, there exactly when the series pools cells */
+    assert_int_equal(value != NULL, ncells > 1);
+    if (value) {
+        assert_non_null(agg);
+        char *v = cJSON_PrintUnformatted(value), *w = cJSON_PrintUnformatted(cJSON_GetObjectItem(obj, agg));
+        assert_string_equal(v, w);
+        free(v);
+        free(w);
+    }
     uint64_t total = 0;
     int64_t prev_end = from - 1;
     for (int i = 0; i < nb; i++) {
@@ -365,7 +374,7 @@ static void check_series(const char *query, int metric, const int *cells, int nc
         assert_int_equal((uint64_t)cJSON_GetArrayItem(nonf, i)->valuedouble, enf);
         if (ec) {
             if ((float)cJSON_GetArrayItem(mn, i)->valuedouble != emn || (float)cJSON_GetArrayItem(mx, i)->valuedouble != emx)
-                fprintf(stderr, "%s bucket %d [%lld,%lld]: min %g/%g max %g/%g\n", query, i, (long long)s0,
+                fprintf(stderr, "%s bucket %d [%lld,%lld]: min %g/%g max %g/%g\n", what, i, (long long)s0,
                         (long long)s1, cJSON_GetArrayItem(mn, i)->valuedouble, emn,
                         cJSON_GetArrayItem(mx, i)->valuedouble, emx);
             assert_true((float)cJSON_GetArrayItem(mn, i)->valuedouble == emn);
@@ -381,6 +390,22 @@ static void check_series(const char *query, int metric, const int *cells, int nc
     uint64_t want = 0;
     for (int64_t s = from; s <= to; s++) want += step_sent(s) ? (uint64_t)ncells : 0;
     assert_int_equal(total, want);
+}
+
+/* The answer's "agg", or NULL when it is null. */
+static const char *agg_of(cJSON *j) {
+    cJSON *a = cJSON_GetObjectItem(j, "agg");
+    return cJSON_IsString(a) ? a->valuestring : NULL;
+}
+
+/* Checks one (unsplit) series answer against values computed from what was sent. */
+static void check_series(const char *query, int metric, const int *cells, int ncells, int64_t from, int64_t to,
+                         int points) {
+    char path[512];
+    snprintf(path, sizeof path, "/api/runs/%lld/series?%s", (long long)R1, query);
+    cJSON *j = get_json(&D, path, 200);
+    check_buckets(query, cJSON_GetObjectItem(j, "step"), cJSON_GetObjectItem(j, "end"), j, agg_of(j), metric, cells,
+                  ncells, from, to, points);
     cJSON_Delete(j);
 }
 
@@ -443,6 +468,146 @@ static void test_series_exact(void **state) {
     sqlite3_close(db);
 }
 
+/* Asserts that a and b hold the same array `name` (the same text), or
+ * that neither has it. */
+static void same_array(const char *what, cJSON *a, cJSON *b, const char *name) {
+    cJSON *ia = cJSON_GetObjectItem(a, name), *ib = cJSON_GetObjectItem(b, name);
+    if (!ia && !ib) return;
+    char *x = cJSON_PrintUnformatted(ia), *y = cJSON_PrintUnformatted(ib);
+    if (!x || !y) fprintf(stderr, "%s: %s only in one answer\n", what, name);
+    assert_non_null(x);
+    assert_non_null(y);
+    if (strcmp(x, y)) fprintf(stderr, "%s: %s differs:\n  %.300s\n  %.300s\n", what, name, x, y);
+    assert_string_equal(x, y);
+    free(x);
+    free(y);
+}
+
+/* Checks a split answer (query plus split=, and layer= when layer >= 0):
+ * its series are the expected cells in order, each is exact against the
+ * values sent, and each equals, bucket for bucket, the unsplit answer for
+ * its cells (query plus layer= and head=). metric: 1 rank_ratio (a layer
+ * metric) or 2 entropy (a head metric). */
+static void check_split(const char *query, const char *split, int layer, int metric, int64_t from, int64_t to,
+                        int points) {
+    char path[512], one[600];
+    int by_head = strcmp(split, "head") == 0, H = metric == 2 ? H1 : 1;
+    snprintf(path, sizeof path, "/api/runs/%lld/series?%s&split=%s", (long long)R1, query, split);
+    if (layer >= 0) snprintf(path + strlen(path), sizeof path - strlen(path), "&layer=%d", layer);
+    cJSON *j = get_json(&D, path, 200);
+    cJSON *step = cJSON_GetObjectItem(j, "step"), *end = cJSON_GetObjectItem(j, "end");
+    cJSON *series = cJSON_GetObjectItem(j, "series");
+    assert_string_equal(cJSON_GetObjectItem(j, "split")->valuestring, split);
+    assert_null(cJSON_GetObjectItem(j, "min")); /* the arrays are per series */
+    int l0 = layer >= 0 ? layer : 0, l1 = layer >= 0 ? layer + 1 : L1;
+    int want = by_head ? (l1 - l0) * H : L1;
+    assert_int_equal(cJSON_GetArraySize(series), want);
+    for (int i = 0; i < want; i++) {
+        cJSON *s = cJSON_GetArrayItem(series, i);
+        int l = by_head ? l0 + i / H : i, h = by_head ? i % H : -1;
+        assert_int_equal((int)cJSON_GetObjectItem(s, "layer")->valuedouble, l);
+        if (h >= 0) assert_int_equal((int)cJSON_GetObjectItem(s, "head")->valuedouble, h);
+        else assert_true(cJSON_IsNull(cJSON_GetObjectItem(s, "head")));
+        int cells[8], nc = 0;
+        for (int k = 0; k < H; k++)
+            if (h < 0 || k == h) cells[nc++] = l * H + k;
+        snprintf(one, sizeof one, "%s series %d", path, i);
+        check_buckets(one, step, end, s, agg_of(j), metric, cells, nc, from, to, points);
+        /* the same cells asked for alone */
+        snprintf(one, sizeof one, "/api/runs/%lld/series?%s&layer=%d", (long long)R1, query, l);
+        if (h >= 0) snprintf(one + strlen(one), sizeof one - strlen(one), "&head=%d", h);
+        cJSON *o = get_json(&D, one, 200);
+        assert_int_equal((int64_t)cJSON_GetObjectItem(o, "width")->valuedouble,
+                         (int64_t)cJSON_GetObjectItem(j, "width")->valuedouble);
+        static const char *const arrays[] = {"step", "end"};
+        for (int k = 0; k < 2; k++) same_array(one, o, j, arrays[k]);
+        static const char *const stats[] = {"min", "max", "mean", "count", "nonfinite", "value"};
+        for (int k = 0; k < 6; k++) same_array(one, o, s, stats[k]);
+        cJSON_Delete(o);
+    }
+    cJSON_Delete(j);
+}
+
+static void test_series_split(void **state) {
+    (void)state;
+    int64_t last = NSTEPS - 1;
+    /* rollups of several levels, unaligned edges, the gap, full resolution */
+    check_split("metric=entropy&points=9", "head", 1, 2, 0, last, 9);
+    check_split("metric=entropy&points=13&from=513&to=5555", "head", -1, 2, 513, 5555, 13);
+    check_split("metric=entropy&points=100000&from=2990&to=3200", "head", 0, 2, 2990, 3200, 100000);
+    check_split("metric=entropy&points=7&agg=max", "layer", -1, 2, 0, last, 7);
+    check_split("metric=entropy&points=2&agg=min&from=37&to=5990", "layer", -1, 2, 37, 5990, 2);
+    check_split("metric=entropy&points=150&from=5", "layer", -1, 2, 5, last, 150);
+    check_split("metric=rank_ratio&points=17", "layer", -1, 1, 0, last, 17);
+    check_split("metric=rank_ratio&points=4&from=2990&to=3200", "layer", -1, 1, 2990, 3200, 4);
+
+    /* a range with no frame: every series, with empty arrays */
+    char p[256];
+    snprintf(p, sizeof p, "/api/runs/%lld/series?metric=entropy&split=head&from=3010&to=3020", (long long)R1);
+    cJSON *j = get_json(&D, p, 200);
+    cJSON *series = cJSON_GetObjectItem(j, "series");
+    assert_int_equal(cJSON_GetArraySize(series), L1 * H1);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "step")), 0);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(series, 5), "mean")), 0);
+    cJSON_Delete(j);
+
+    /* the bound: series x buckets at most 262,144. A run of 16 x 32 heads
+     * and 600 steps: 512 series x 600 one-step buckets is too many */
+    struct trainer t;
+    assert_int_equal(tr_connect(&t, &D), 0);
+    tr_hello(&t, "wide", 16, 32, NULL);
+    int64_t id = t.run_id;
+    for (int s = 0; s < 600; s++) {
+        char line[8192];
+        int n = snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":%lld,\"step\":%d,\"heads\":{\"entropy\":[",
+                         (long long)++t.seq, s);
+        for (int l = 0; l < 16; l++)
+            for (int h = 0; h < 32; h++)
+                n += snprintf(line + n, sizeof line - n, "%s%d%s", h ? "," : l ? ",[" : "[", (s + l + h) % 10,
+                              h == 31 ? "]" : "");
+        snprintf(line + n, sizeof line - n, "]}}");
+        tr_send(&t, "%s", line);
+    }
+    tr_sync(&t);
+    snprintf(p, sizeof p, "/api/runs/%lld/series?metric=entropy&split=head&points=1000", (long long)id);
+    struct resp r = req(&D, "GET", p, NULL);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "fewer points or one layer"));
+    resp_free(&r);
+    /* one layer (32 series), or half the buckets (512 x 300), is within it */
+    snprintf(p, sizeof p, "/api/runs/%lld/series?metric=entropy&split=head&layer=15&points=1000", (long long)id);
+    j = get_json(&D, p, 200);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "series")), 32);
+    cJSON_Delete(j);
+    snprintf(p, sizeof p, "/api/runs/%lld/series?metric=entropy&split=head&points=300", (long long)id);
+    j = get_json(&D, p, 200);
+    series = cJSON_GetObjectItem(j, "series");
+    assert_int_equal(cJSON_GetArraySize(series), 512);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "step")), 300);
+    /* layer 15, head 31: (s + 46) % 10 over steps 2i and 2i + 1 */
+    cJSON *s = cJSON_GetArrayItem(series, 511);
+    assert_int_equal((int)cJSON_GetObjectItem(s, "layer")->valuedouble, 15);
+    assert_int_equal((int)cJSON_GetObjectItem(s, "head")->valuedouble, 31);
+    for (int i = 0; i < 300; i++) {
+        int a = (2 * i + 46) % 10, b = (2 * i + 47) % 10;
+        assert_int_equal((int)cJSON_GetArrayItem(cJSON_GetObjectItem(s, "count"), i)->valuedouble, 2);
+        assert_int_equal((int)cJSON_GetArrayItem(cJSON_GetObjectItem(s, "min"), i)->valuedouble, a < b ? a : b);
+        assert_int_equal((int)cJSON_GetArrayItem(cJSON_GetObjectItem(s, "max"), i)->valuedouble, a > b ? a : b);
+    }
+    cJSON_Delete(j);
+    snprintf(p, sizeof p, "/api/runs/%lld/series?metric=entropy&split=layer&points=100000", (long long)id);
+    j = get_json(&D, p, 200); /* 16 x 600 */
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "series")), 16);
+    cJSON_Delete(j);
+    tr_send(&t, "{\"type\":\"end\",\"seq\":%lld,\"status\":\"finished\"}", (long long)++t.seq);
+    tr_sync(&t);
+    close(t.fd);
+    snprintf(p, sizeof p, "/api/runs/%lld", (long long)id);
+    r = req(&D, "DELETE", p, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
 static void test_series_errors(void **state) {
     (void)state;
     char p[256];
@@ -464,6 +629,20 @@ static void test_series_errors(void **state) {
     E("?metric=entropy&layer=2", 400, "bad_request");
     E("?metric=entropy&head=3", 400, "bad_request");
     E("?metric=nosuch", 404, "not_found");
+    /* split: head metrics by head, head and layer metrics by layer; no
+     * axis that the split already spreads over */
+    E("?metric=entropy&split=row", 400, "bad_request");
+    E("?metric=entropy&split=", 400, "bad_request");
+    E("?metric=loss&split=head", 400, "bad_request");
+    E("?metric=loss&split=layer", 400, "bad_request");
+    E("?metric=rank_ratio&split=head", 400, "bad_request");
+    E("?metric=entropy&split=head&head=0", 400, "bad_request");
+    E("?metric=entropy&split=head&layer=1&head=2", 400, "bad_request");
+    E("?metric=entropy&split=layer&layer=0", 400, "bad_request");
+    E("?metric=entropy&split=layer&head=0", 400, "bad_request");
+    E("?metric=rank_ratio&split=layer&layer=1", 400, "bad_request");
+    E("?metric=entropy&split=head&layer=2", 400, "bad_request");
+    E("?metric=nosuch&split=head", 404, "not_found");
 #undef E
     expect_error(&D, "GET", "/api/runs/999/series?metric=loss", 404, "not_found");
     expect_error(&D, "GET", "/api/runs/abc/series?metric=loss", 400, "bad_request");
@@ -921,7 +1100,7 @@ static void test_auth(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_series_exact), cmocka_unit_test(test_series_errors), cmocka_unit_test(test_runs),
+        cmocka_unit_test(test_series_exact), cmocka_unit_test(test_series_split), cmocka_unit_test(test_series_errors), cmocka_unit_test(test_runs),
         cmocka_unit_test(test_frame),        cmocka_unit_test(test_events),        cmocka_unit_test(test_export),
         cmocka_unit_test(test_metrics_healthz), cmocka_unit_test(test_delete),     cmocka_unit_test(test_static),
         cmocka_unit_test(test_stream_resume), cmocka_unit_test(test_auth),

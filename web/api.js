@@ -68,10 +68,12 @@ export function getJSON(path, {prio = 0, signal} = {}) {
 export const api = {
   runs: () => getJSON('/api/runs', {prio: 2}),
   run: (id) => getJSON(`/api/runs/${id}`, {prio: 2}),
-  /** q: {metric, layer, head, from, to, points, agg} (undefined fields left out) */
+  /** q: {metric, layer, head, from, to, points, agg, split} (undefined fields
+   * left out); with split ('head' | 'layer') the answer lists one series per
+   * head or layer in `series` (see splitOf in charts.js) */
   series: (id, q, opts) => {
     const u = new URLSearchParams();
-    for (const k of ['metric', 'layer', 'head', 'from', 'to', 'points', 'agg'])
+    for (const k of ['metric', 'layer', 'head', 'from', 'to', 'points', 'agg', 'split'])
       if (q[k] !== undefined && q[k] !== null && q[k] !== '') u.set(k, q[k]);
     return getJSON(`/api/runs/${id}/series?${u}`, opts);
   },

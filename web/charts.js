@@ -50,6 +50,41 @@ export function tableOf(lines) {
   return uPlot.join(tables);
 }
 
+/** The series of a split answer (?split=head|layer) as answers of their
+ * own, {layer, head, step, end, width, min, max, mean, count, nonfinite
+ * [, value]}: they share the answer's buckets, and tableOf takes them like
+ * any other answer. */
+export function splitOf(res) {
+  if (!res || !Array.isArray(res.series)) return [];
+  return res.series.map((s) => ({...s, step: res.step, end: res.end, width: res.width}));
+}
+
+/** Pools answers over the same buckets (the heads of a split answer) into
+ * one, as the daemon pools cells: per bucket the lowest min, the highest
+ * max, count and nonfinite summed, and mean = sum(mean * count) / sum(count)
+ * (null where no series has a finite value). `value` is that mean. */
+export function pooled(answers) {
+  const first = answers[0] || {step: [], end: []}, n = first.step.length;
+  const min = new Array(n).fill(null), max = new Array(n).fill(null), mean = new Array(n).fill(null);
+  const count = new Array(n).fill(0), nonfinite = new Array(n).fill(0);
+  for (let i = 0; i < n; i++) {
+    let lo = Infinity, hi = -Infinity, sum = 0, c = 0, nf = 0;
+    for (const r of answers) {
+      const k = r.count[i];
+      nf += r.nonfinite[i];
+      if (!k) continue;
+      if (r.min[i] < lo) lo = r.min[i];
+      if (r.max[i] > hi) hi = r.max[i];
+      sum += r.mean[i] * k;
+      c += k;
+    }
+    count[i] = c;
+    nonfinite[i] = nf;
+    if (c) { min[i] = lo; max[i] = hi; mean[i] = sum / c; }
+  }
+  return {step: first.step, end: first.end, width: first.width, min, max, mean, count, nonfinite, value: mean};
+}
+
 export class TimeChart {
   /** parent: element; o: {title, unit, height, onZoom(from, to), onReset(),
    *  markers(): [{step, color, label}], compact} */

@@ -8,7 +8,7 @@
 // narrower range, so resolution grows down to single steps. Charts below the
 // fold load when scrolled to. Live steps come from the event stream.
 import {api, reparamOf, withToken} from './api.js';
-import {TimeChart, nonfiniteSteps, pointsFor, tableOf} from './charts.js';
+import {TimeChart, nonfiniteSteps, pointsFor, pooled, splitOf, tableOf} from './charts.js';
 import {Heatmap} from './heatmap.js';
 import {subscribe} from './live.js';
 import {color, describe, fmt, fmtAgo, fmtStep, h, rafThrottle, unitOf, urlState, whenVisible} from './util.js';
@@ -401,24 +401,22 @@ export class RunView {
       grid.append(chart.el.parentElement);
       chart.el.dataset.layer = l;
       const entry = this.addChart(chart, async (c) => {
-        // a point per 3 px: with one request per head this keeps the server on
-        // coarse rollups (bands stay exact per bucket)
+        // every head of the layer in one request (split=head); a point per
+        // 3 px keeps the server on coarse rollups (bands stay exact per bucket)
         const metric = this.st.sm, pts = Math.max(60, Math.min(200, this.points(c.el)));
         c.o.unit = unitOf(metric);
         const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
-        const reqs = [api.series(this.id, this.q({metric, layer: l, points: pts, agg: 'mean'}))];
-        for (let k = 0; k < H; k++) reqs.push(api.series(this.id, this.q({metric, layer: l, head: k, points: pts})));
-        if (withBound) reqs.push(api.series(this.id, this.q({metric: 'entropy_bound', layer: l, points: pts, agg: 'mean'})));
-        const res = await Promise.all(reqs);
-        const lines = [], defs = [];
-        for (let k = 0; k < H; k++) {
-          lines.push({res: res[1 + k], y: 'mean'});
-          defs.push({label: 'h' + k, color: color(k, H), width: 1.2});
-        }
-        lines.push({res: res[0], y: 'value', band: true});
+        const [res, bound] = await Promise.all([
+          api.series(this.id, this.q({metric, layer: l, points: pts, split: 'head'})),
+          withBound ? api.series(this.id, this.q({metric: 'entropy_bound', layer: l, points: pts, agg: 'mean'})) : null]);
+        const heads = splitOf(res);
+        const lines = heads.map((r) => ({res: r, y: 'mean'}));
+        const defs = heads.map((r, k) => ({label: 'h' + r.head, color: color(k, H), width: 1.2}));
+        // the grey band and dashed line over all heads, pooled from the heads' buckets
+        lines.push({res: pooled(heads), y: 'mean', band: true});
         defs.push({label: 'all heads', color: '#6b7280', width: 1, dash: [2, 3], band: true});
         if (withBound) {
-          lines.push({res: res[res.length - 1], y: 'value'});
+          lines.push({res: bound, y: 'value'});
           defs.push({label: 'entropy_bound', color: '#d62728', width: 1.5, dash: [6, 4]});
         }
         await c.setData(defs, tableOf(lines));
@@ -448,11 +446,10 @@ export class RunView {
       chart.metric = metric;
       this.addChart(chart, async (c) => {
         const pts = this.points(c.el, 2);   // lines only: at least a point per 6 px
-        const reqs = [];
-        for (let l = 0; l < L; l++) reqs.push(api.series(this.id, this.q({metric, layer: l, points: pts, agg: agg || undefined})));
-        const res = await Promise.all(reqs);
-        const defs = res.map((_, l) => ({label: 'L' + l, color: color(l, L), width: 1.3}));
-        await c.setData(defs, tableOf(res.map((r) => ({res: r, y: kind === 'head' ? 'value' : 'mean'}))));
+        // every layer in one request (split=layer), heads folded by agg
+        const layers = splitOf(await api.series(this.id, this.q({metric, split: 'layer', points: pts, agg: agg || undefined})));
+        const defs = layers.map((r) => ({label: 'L' + r.layer, color: color(r.layer, L), width: 1.3}));
+        await c.setData(defs, tableOf(layers.map((r) => ({res: r, y: kind === 'head' ? 'value' : 'mean'}))));
       }, kind === 'head' ? 'sig-head' : 'sig-layer');
       if (kind === 'layer') (this.layerCharts ||= []).push(chart);
     };

@@ -42,7 +42,7 @@ await run(async (ctx) => {
   await page.waitForFunction(() => window.__heatmap.step === 119, null, {timeout: 15000});
   check(true, 'playback walked to the last step');
 
-  // scroll through the per-layer charts (each loads 34 series when it shows)
+  // scroll through the per-layer charts (each loads its 32 heads, one split=head request, when it shows)
   for (let y = 0; y < 3000; y += 500) { await page.mouse.wheel(0, 500); await sleep(80); }
   await page.waitForFunction(() => window.__render.complete, null, {timeout: 20000});
   await sleep(300);   // the last intersection callbacks

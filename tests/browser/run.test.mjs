@@ -4,6 +4,9 @@
 // - a step streamed by a trainer shows on the open page within 1 s;
 // - zooming a chart refetches the series for the narrower range (requests
 //   observed) and puts the range in the URL;
+// - the small multiples ask once per layer (split=head) and the band pooled
+//   in the page equals the daemon's pooled answer; a collapse-signal chart
+//   asks once (split=layer) and its lines equal the per-layer answers;
 // - after a daemon restart the page reconnects by itself and shows new steps.
 import {check, launch, newPage, rendered, run, screenshot, seedRun, sleep, startDaemon, stepMsg, Trainer} from './harness.mjs';
 
@@ -120,6 +123,44 @@ await run(async (ctx) => {
   await sleep(500);
   const lazyLoaded = await page.$$eval('.chart .u-over', (els) => els.length);
   check(lazyLoaded >= 2 + L + 4, `charts drawn after scrolling: ${lazyLoaded}`);
+  // 6b. the small multiples ask once per layer (split=head) and pool the
+  // grey band and the "all heads" line in the page: it equals the daemon's
+  // own pooled answer for the layer; a collapse-signal chart asks once
+  // (split=layer) and its lines are the per-layer answers
+  const whole = series.map((x) => new URL(x)).filter((x) => !x.searchParams.has('from'));
+  const smReq = whole.filter((x) => x.searchParams.get('split') === 'head');
+  const smLayers = new Set(smReq.map((x) => x.searchParams.get('layer')));
+  const perHead = whole.filter((x) => x.searchParams.get('metric') === 'entropy' && x.searchParams.has('head'));
+  check(smLayers.size === L && perHead.length === 0,
+    `small multiples: ${smReq.length} split=head requests for ${smLayers.size} layers, ${perHead.length} per-head requests`);
+  const u0 = smReq.filter((x) => x.searchParams.get('layer') === '0').pop();
+  const q0 = new URLSearchParams(u0.search);
+  q0.delete('split');
+  q0.set('agg', 'mean');
+  const [sm0, pool0] = await Promise.all([page.evaluate(() => document.querySelector('.grid3 .chart[data-layer="0"]').__chart.data),
+    d.api(`${u0.pathname}?${q0}`)]);
+  let bandBad = 0;
+  pool0.step.forEach((st, i) => {
+    const j = sm0[0].indexOf(st), mean = sm0[1 + H][j], max = sm0[2 + H][j], min = sm0[3 + H][j];
+    if (j < 0 || min !== pool0.min[i] || max !== pool0.max[i] || Math.abs(mean - pool0.mean[i]) > 1e-9 * (1 + Math.abs(pool0.mean[i]))) bandBad++;
+  });
+  check(pool0.step.length > 0 && bandBad === 0,
+    `layer 0's band and mean over heads, pooled in the page, equal GET ${u0.pathname}?${q0} in ${pool0.step.length - bandBad}/${pool0.step.length} buckets`);
+  // (the heatmap's followed-head chart asks for sigma_qk with a head when that metric is shown)
+  const sigReq = whole.filter((x) => x.searchParams.get('metric') === 'sigma_qk' && !x.searchParams.has('head'));
+  const sigUrl = sigReq[sigReq.length - 1];
+  const sig = await page.evaluate(() => document.querySelector('.chart[data-metric="sigma_qk"]').__chart.data);
+  let sigBad = 0;
+  for (let l = 0; l < L; l++) {
+    const ql = new URLSearchParams(sigUrl.search);
+    ql.delete('split');
+    ql.set('layer', l);
+    const a = await d.api(`${sigUrl.pathname}?${ql}`);
+    a.step.forEach((st, i) => { if (sig[1 + l][sig[0].indexOf(st)] !== a.value[i]) sigBad++; });
+  }
+  check(sigReq.every((x) => x.searchParams.get('split') === 'layer') && sigBad === 0,
+    `sigma_qk (max over heads): ${sigReq.length} split=layer request(s), every layer's line equals its own series answer`,
+    `${sigBad} points differ`);
   await page.evaluate(() => window.scrollTo(0, 0));
   await screenshot(page, 'run-page');
 

@@ -9,10 +9,11 @@
  * very function, then runs everything http.c does with the pieces before a
  * database is touched: route matching and run ids (match), the allowed-
  * parameter check of every route (param_check), integer parameters with
- * each route's bounds (parse_i64), the token comparison (same), static file
- * paths (static_path, which must never yield a ".." segment, a backslash or
- * an absolute path) and content types, and the Last-Event-ID parser of the
- * SSE ring (stream_client_open, on a real ring holding a few events).
+ * each route's bounds (parse_i64), word parameters (agg, split: choice),
+ * the token comparison (same), static file paths (static_path, which must
+ * never yield a ".." segment, a backslash or an absolute path) and content
+ * types, and the Last-Event-ID parser of the SSE ring (stream_client_open,
+ * on a real ring holding a few events).
  *
  * Input: the request target, e.g. "/api/runs/3/series?metric=e&layer=1".
  * If http.c renames one of these static functions this file must follow. */
@@ -51,6 +52,12 @@ static const struct {
             {"to", 0, INT64_MAX / 2}, {"points", 1, HTTP_MAX_POINTS}, {"step", 0, INT64_MAX},
             {"after", 0, INT64_MAX},  {"limit", 1, HTTP_MAX_EVENTS}, {"run", 1, INT64_MAX}};
 
+/* The word-valued parameters and their words (http.c's tables). */
+static const struct {
+    const char *name;
+    const char *const *words;
+} choices[] = {{"agg", agg_names}, {"split", split_names}};
+
 static void check_param(const char *key, const char *value) {
     for (const struct route *rt = routes; rt->path; rt++) {
         struct params p = {.allowed = rt->params};
@@ -62,6 +69,12 @@ static void check_param(const char *key, const char *value) {
         int64_t v = -12345;
         if (parse_i64(value, ints[i].lo, ints[i].hi, &v) == 0)
             check(v >= ints[i].lo && v <= ints[i].hi, "an accepted integer is in its bounds");
+    }
+    for (size_t i = 0; i < sizeof choices / sizeof choices[0]; i++) {
+        if (strcmp(key, choices[i].name) != 0) continue;
+        int k = choice(value, choices[i].words);
+        check(k == -1 || (k >= 0 && *choices[i].words[k] && strcmp(choices[i].words[k], value) == 0),
+              "an accepted choice is one of its words");
     }
     if (strcmp(key, "token") == 0) {
         check(same(value, value), "a token equals itself");
