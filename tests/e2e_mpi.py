@@ -9,7 +9,9 @@ the database holds ONE run, finished, with every step, the model's metrics
 and the per-rank scalars rank0_/rank1_ tokens_per_s, step_ms, comm_ms.  A
 rank that dies mid-run (SIGMATRAIN_DIST_FAULT=1:3:die) leaves that run
 `failed`; a rank whose gradient silently differs (1:2:skew) is caught by the
-checksum at the next check (exit status 4).  python3 stdlib only."""
+checksum at the next check (exit status 4).  --on-alert rollback and stop
+work on 2 ranks (rank 0 hears the alert, every rank answers it alike).
+python3 stdlib only."""
 import os
 import shutil
 import signal
@@ -161,6 +163,52 @@ def wait_status(d, name, want, timeout=20):
     return st
 
 
+UNSTABLE = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8",
+            "--norm", "post", "--optimizer", "adam", "--lr", "0.1", "--warmup", "0", "--clip", "0",
+            "--schedule", "constant", "--seed", "1", "--threads", "1", "--reparam", "none",
+            "--print-every", "50", "--eval-every", "0", "--eval-batches", "2"]
+COLLAPSE_ONLY = {"rules": [{"name": "entropy_collapse", "metric": "entropy_norm", "scope": "head",
+                            "condition": {"op": "below", "value": 0.01}, "for": 20, "severity": "critical"}]}
+
+
+def on_alert(tmp):
+    """The README's unstable config on 2 ranks against a daemon that fires
+    entropy_collapse: rollback restores the same snapshot on both ranks (the
+    checksum every 5 steps after it passes) and the run completes as one run
+    with one branch; stop ends every rank with exit 5 and the run aborted."""
+    import json
+    rules = os.path.join(tmp, "collapse-only.json")
+    with open(rules, "w") as f:
+        json.dump(COLLAPSE_ONLY, f)
+    d = Daemon(args=["--rules", rules])
+    d.start()
+    try:
+        sock = "unix:" + d.sock
+        p = mpirun(2, UNSTABLE + ["--steps", "200", "--daemon", sock, "--run", "mpi-rb", "--on-alert", "rollback",
+                                  "--rollback-every", "10", "--rollback-keep", "20", "--rollback-lr-scale", "0.01",
+                                  "--dist-check-every", "5"], timeout=180)
+        rb = [ln for ln in p.stdout.splitlines() if ln.startswith("rollback from step")]
+        check(p.returncode == 0 and rb and "differ" not in p.stderr,
+              "on-alert rollback on 2 ranks: exit %d, %s (%s)" % (p.returncode, rb[:1], p.stderr.strip()[-300:]))
+        st = run_status(d, "mpi-rb")
+        check(st is not None and st[1] == "finished" and st[2] == 200, "rollback run finished at step 200: %s" % (st,))
+        if st:
+            br = d.query("SELECT from_step, to_step FROM branches WHERE run_id = ?", (st[0],))
+            n, distinct = d.query("SELECT count(*), count(DISTINCT step) FROM steps WHERE run_id = ?", (st[0],))[0]
+            check(len(br) == len(rb) >= 1 and (n, distinct) == (200, 200),
+                  "one branch per rollback (%s), every step once (%d rows, %d distinct)" % (br, n, distinct))
+        ck = os.path.join(tmp, "mpi-stop-{step}.ckpt")
+        p = mpirun(2, UNSTABLE + ["--steps", "400", "--daemon", sock, "--run", "mpi-stop", "--on-alert", "stop",
+                                  "--save", ck], timeout=180)
+        saved = [ln for ln in p.stdout.splitlines() if ln.startswith("saved ")]
+        check(p.returncode == 5 and len(saved) == 1, "on-alert stop on 2 ranks: exit %d, %s" % (p.returncode, saved))
+        st = wait_status(d, "mpi-stop", ("aborted",))
+        check(st is not None and st[1] == "aborted" and st[2] < 400, "stopped run aborted early: %s" % (st,))
+    finally:
+        d.stop()
+        d.cleanup()
+
+
 def main():
     for exe in (SIGMATRAIN, SIGMATRAIN_MPI):
         if not os.access(exe, os.X_OK):
@@ -216,7 +264,10 @@ def main():
             d.stop()
             d.cleanup()
 
-        # 4. a rank that silently diverges is caught by the checksum
+        # 4. --on-alert under MPI: rank 0 hears the alert, every rank answers it
+        on_alert(tmp)
+
+        # 5. a rank that silently diverges is caught by the checksum
         p = mpirun(2, TINY + ["--steps", "10", "--dist-check-every", "3"],
                    env_extra={"SIGMATRAIN_DIST_FAULT": "1:2:skew"})
         check(p.returncode != 0 and "differ across ranks" in p.stderr and "step 3:" in p.stderr,

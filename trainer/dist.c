@@ -158,6 +158,12 @@ int dist_sum(dist *d, double *v, int n, double weight, char *err, size_t errlen)
     return 0;
 }
 
+int dist_bcast_longs(dist *d, long *v, int n, char *err, size_t errlen)
+{
+    (void)d; (void)v; (void)n; (void)err; (void)errlen;
+    return 0;
+}
+
 int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int nbuf,
                     char *err, size_t errlen)
 {
@@ -403,6 +409,16 @@ int dist_sum(dist *d, double *v, int n, double weight, char *err, size_t errlen)
     int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     leave(d);
     if (rc != MPI_SUCCESS) { mpi_message(rc, "all-reduce", err, errlen); return -1; }
+    return 0;
+}
+
+int dist_bcast_longs(dist *d, long *v, int n, char *err, size_t errlen)
+{
+    if (d->size == 1) return 0;
+    if (enter(d, err, errlen) != 0) return -1;
+    int rc = MPI_Bcast(v, n, MPI_LONG, 0, MPI_COMM_WORLD);
+    leave(d);
+    if (rc != MPI_SUCCESS) { mpi_message(rc, "broadcast", err, errlen); return -1; }
     return 0;
 }
 

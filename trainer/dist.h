@@ -73,6 +73,10 @@ int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, s
  * same weight for all n).  For the loss and the eval loss.  0 / -1. */
 int dist_sum(dist *d, double *v, int n, double weight, char *err, size_t errlen);
 
+/* Rank 0's n longs to every rank (v in place): a decision only rank 0 can
+ * make (it alone hears the daemon) carried out by all.  0 / -1. */
+int dist_bcast_longs(dist *d, long *v, int n, char *err, size_t errlen);
+
 /* Hash of buffers (bytes), compared across ranks.  Returns 0 when every
  * rank has the same hash, 1 on a mismatch (err names the ranks that differ
  * from rank 0 and both hashes), -1 on an MPI error. */

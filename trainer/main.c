@@ -434,7 +434,7 @@ static void end_run_failed(void *mon)
 }
 
 /* ---- THE RESPONSE TO ALERTS (--on-alert) ----------------------------------- */
-enum { ALERT_GO_ON, ALERT_ROLLED_BACK, ALERT_STOP, ALERT_ERROR };
+enum { ALERT_GO_ON, ALERT_ROLLED_BACK, ALERT_STOP, ALERT_ERROR, ALERT_DIST_FAILED };
 
 static int rule_selected(const char *rules, const char *rule)
 {
@@ -467,52 +467,66 @@ static int save_on_alert(const options *o, monitor *mon, const ckpt_meta *r, con
     return 0;
 }
 
-/* Acts on the firing alerts received so far (printing them is monitor.c's).
- * Alerts about a step the run has not reached (the abandoned branch of a
- * rollback) are ignored.  After a rollback r (step, optimizer, lr) and the
- * model are at the snapshot, the data cursor is not: the batches of the
- * abandoned steps are not seen again. */
-static int handle_alerts(const options *o, monitor *mon, rollback *rb, int *rollbacks, ckpt_meta *r,
-                         model *m, optim *opt)
+/* The next firing alert the run answers (--on-alert-rules), from the
+ * daemon's lines received so far; alerts about a step the run has not
+ * reached (the abandoned branch of a rollback) are passed over.  mon is
+ * NULL on ranks other than 0: they hear nothing. */
+static int take_alert(const options *o, monitor *mon, const ckpt_meta *r, monitor_alert *al)
 {
-    monitor_alert al;
-    while (monitor_next_alert(mon, &al)) {
-        if (o->on_alert == ON_ALERT_WARN || !rule_selected(o->on_alert_rules, al.rule) || al.step > r->step)
-            continue;
-        char text[512];
-        if (o->on_alert == ON_ALERT_CHECKPOINT) {
-            if (save_on_alert(o, mon, r, m, opt) != 0) return ALERT_ERROR;
-            snprintf(text, sizeof text, "checkpoint at step %lld (alert %s)", (long long)r->step, al.rule);
-            monitor_event(mon, "info", text);
-            continue;
-        }
-        long from = (long)r->step, to = -1;
-        const char *why = "--on-alert stop";
-        if (o->on_alert == ON_ALERT_ROLLBACK) {
-            if (*rollbacks >= o->max_rollbacks) why = "--max-rollbacks reached";
-            else if ((to = rollback_restore(rb, al.start_step, r, m, opt)) < 0)
-                why = "no snapshot from before the alert's start";
-        }
-        if (to < 0) {
-            snprintf(text, sizeof text, "stopping at step %ld (alert %s, started at step %ld): %s",
-                     from, al.rule, al.start_step, why);
-            printf("%s\n", text);
-            monitor_event(mon, "warn", text);
-            if (save_on_alert(o, mon, r, m, opt) != 0) return ALERT_ERROR;
-            return ALERT_STOP;
-        }
-        (*rollbacks)++;
-        r->lr *= o->rollback_lr_scale;
-        snprintf(text, sizeof text,
-                 "rollback from step %ld to step %ld (alert %s, started at step %ld); lr now %g; "
-                 "rollback %d of at most %d", from, to, al.rule, al.start_step, r->lr, *rollbacks,
-                 o->max_rollbacks);
+    while (mon && monitor_next_alert(mon, al))
+        if (rule_selected(o->on_alert_rules, al->rule) && al->step <= r->step) return 1;
+    return 0;
+}
+
+/* Answers at most one firing alert per step (--on-alert).  Under MPI rank 0
+ * takes it and broadcasts its start step, and every rank carries out the
+ * same answer on its identical state: the same snapshot restored, the same
+ * lr, the same stop; rank 0 alone prints, sends the event and saves.  After
+ * a rollback r (step, optimizer, lr) and the model are at the snapshot, the
+ * data cursor is not: the batches of the abandoned steps are not seen
+ * again.  ALERT_DIST_FAILED leaves a message in err. */
+static int handle_alerts(const options *o, monitor *mon, dist *dd, rollback *rb, int *rollbacks,
+                         ckpt_meta *r, model *m, optim *opt, char *err, size_t errlen)
+{
+    monitor_alert al = {.rule = ""};
+    long msg[2] = {take_alert(o, mon, r, &al), 0};
+    msg[1] = msg[0] ? al.start_step : 0;
+    if (dist_bcast_longs(dd, msg, 2, err, errlen) != 0) return ALERT_DIST_FAILED;
+    if (!msg[0]) return ALERT_GO_ON;
+    al.start_step = msg[1];
+    int lead = dist_rank(dd) == 0;
+    char text[512];
+    if (o->on_alert == ON_ALERT_CHECKPOINT) {
+        if (lead && save_on_alert(o, mon, r, m, opt) != 0) return ALERT_ERROR;
+        snprintf(text, sizeof text, "checkpoint at step %lld (alert %s)", (long long)r->step, al.rule);
+        monitor_event(mon, "info", text);
+        return ALERT_GO_ON;
+    }
+    long from = (long)r->step, to = -1;
+    const char *why = "--on-alert stop";
+    if (o->on_alert == ON_ALERT_ROLLBACK) {
+        if (*rollbacks >= o->max_rollbacks) why = "--max-rollbacks reached";
+        else if ((to = rollback_restore(rb, al.start_step, r, m, opt)) < 0)
+            why = "no snapshot from before the alert's start";
+    }
+    if (to < 0) {
+        snprintf(text, sizeof text, "stopping at step %ld (alert %s, started at step %ld): %s",
+                 from, al.rule, al.start_step, why);
         printf("%s\n", text);
         monitor_event(mon, "warn", text);
-        monitor_drop_alerts(mon); /* the rest is about the abandoned steps */
-        return ALERT_ROLLED_BACK;
+        if (lead && save_on_alert(o, mon, r, m, opt) != 0) return ALERT_ERROR;
+        return ALERT_STOP;
     }
-    return ALERT_GO_ON;
+    (*rollbacks)++;
+    r->lr *= o->rollback_lr_scale;
+    snprintf(text, sizeof text,
+             "rollback from step %ld to step %ld (alert %s, started at step %ld); lr now %g; "
+             "rollback %d of at most %d", from, to, al.rule, al.start_step, r->lr, *rollbacks,
+             o->max_rollbacks);
+    printf("%s\n", text);
+    monitor_event(mon, "warn", text);
+    monitor_drop_alerts(mon); /* the rest is about the abandoned steps */
+    return ALERT_ROLLED_BACK;
 }
 
 /* A float as the short decimal it was given as (0.001, not 0.0010000000474974513). */
@@ -780,11 +794,6 @@ int main(int argc, char **argv)
                o.log_every, o.probe_examples && o.probe_examples < B ? o.probe_examples : B);
     }
 
-    if (o.on_alert != ON_ALERT_WARN && dist_size(dd) > 1) {
-        fprintf(stderr, "sigmatrain: --on-alert %s is for a single process (not under MPI)\n",
-                ON_ALERT_NAMES[o.on_alert]);
-        goto out;
-    }
     if (o.on_alert == ON_ALERT_ROLLBACK) {
         rb = rollback_create(o.rollback_keep);
         if (!rb || rollback_take(rb, r, m, opt) != 0) { fprintf(stderr, "sigmatrain: out of memory\n"); goto out; }
@@ -902,8 +911,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "sigmatrain: out of memory\n");
             goto out;
         }
-        if (mon && o.on_alert != ON_ALERT_WARN) {
-            int act = handle_alerts(&o, mon, rb, &rollbacks, r, m, opt);
+        if (o.on_alert != ON_ALERT_WARN) { /* every rank: rank 0 decides, all act */
+            int act = handle_alerts(&o, mon, dd, rb, &rollbacks, r, m, opt, err, sizeof err);
+            if (act == ALERT_DIST_FAILED) goto dist_failed;
             if (act == ALERT_ERROR) goto out;
             if (act == ALERT_STOP) { status = EXIT_ALERT_ABORTED; goto out; }
             if (act == ALERT_ROLLED_BACK) {
