@@ -181,7 +181,10 @@ static int parse_and(cJSON *and, struct alert_rule *r, char *why, size_t whylen)
                               "\"value\": NUMBER} (not with stalled)");
         return -1;
     }
-    r->and_metric = dupstr(m->valuestring);
+    if (!(r->and_metric = dupstr(m->valuestring))) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
     r->and_op = strcmp(op->valuestring, "below") ? ALERT_OP_ABOVE : ALERT_OP_BELOW;
     return num(and, "value", &r->and_value, 1, -1e300, 1e300, why, whylen);
 }
@@ -400,6 +403,7 @@ struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen)
 struct cell_state {
     int64_t pending_since;   /* -1 when the condition is not holding */
     int64_t clear_since;     /* -1 unless firing and clear */
+    int64_t fired_from;      /* while firing: the step its condition began to hold; else -1 */
     int firing;
     float last;
     /* running summaries of the cell's window, kept in O(1) per step */
@@ -528,7 +532,7 @@ static int group_init(struct group *g, const struct alert_rule *rule, int n) {
     }
     g->ncells = n;
     for (int i = 0; i < n; i++) {
-        g->cells[i].pending_since = g->cells[i].clear_since = -1;
+        g->cells[i].pending_since = g->cells[i].clear_since = g->cells[i].fired_from = -1;
         g->cells[i].mx = -INFINITY;
     }
     return 0;
@@ -728,7 +732,10 @@ static void cell_step(const struct alert_rule *rule, struct cell_state *c, int c
     if (cond) {
         c->clear_since = -1;
         if (c->pending_since < 0) c->pending_since = step;
-        if (!c->firing && step - c->pending_since >= rule->for_steps) c->firing = 1;
+        if (!c->firing && step - c->pending_since >= rule->for_steps) {
+            c->firing = 1;
+            c->fired_from = c->pending_since;
+        }
     } else {
         c->pending_since = -1;
         if (c->firing) {
@@ -736,6 +743,7 @@ static void cell_step(const struct alert_rule *rule, struct cell_state *c, int c
             if (step - c->clear_since >= rule->keep_firing_for) {
                 c->firing = 0;
                 c->clear_since = -1;
+                c->fired_from = -1;
             }
         }
     }
@@ -795,7 +803,7 @@ static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step
         struct group *g = &r->groups[i];
         for (int c = 0; c < g->ncells; c++) {
             g->cells[c].firing = 0;
-            g->cells[c].pending_since = g->cells[c].clear_since = -1;
+            g->cells[c].pending_since = g->cells[c].clear_since = g->cells[c].fired_from = -1;
         }
         if (g->firing) {
             if (group_settle(e, &e->rules->rules[i], r, g, step, time) < 0) return -1;
@@ -806,28 +814,36 @@ static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step
 }
 
 /* A step at or below the last one: the trainer rolled back to step - 1.
- * Windows and pending counts start over.  A firing alert that started at
- * or after `step` rests only on abandoned steps: it resolves here, so a
- * collapse on the new branch fires anew (and a trainer that answers firing
- * alerts hears it).  One that started before `step` stays firing until its
- * cells clear.  Returns the number of transitions, -1 when out of memory. */
+ * Windows and pending counts start over.  A firing cell whose condition
+ * began at or after `step` rests only on abandoned steps: it stops firing
+ * here (its group resolves, or is updated when other cells still fire), so
+ * a collapse on the new branch fires anew and a trainer that answers firing
+ * alerts hears it.  A cell that began firing before `step` stays firing
+ * until it clears.  Returns the number of transitions, -1 when out of
+ * memory. */
 static int run_rewind(struct alert_engine *e, struct run_state *r, int64_t step, double time) {
     int n = 0;
     for (int i = 0; i < e->rules->n; i++) {
         struct group *g = &r->groups[i];
-        int abandoned = g->firing && g->start_step >= step;
+        int abandoned = 0;
         g->ring_n = g->ring_pos = 0;
         for (int c = 0; c < g->ncells; c++) {
-            g->cells[c].pending_since = -1;
-            g->cells[c].clear_since = -1;
-            g->cells[c].mx = -INFINITY;
-            g->cells[c].sum = g->cells[c].sumsq = 0;
-            g->cells[c].nfinite = 0;
-            if (abandoned) g->cells[c].firing = 0;
+            struct cell_state *cs = &g->cells[c];
+            cs->pending_since = -1;
+            cs->clear_since = -1;
+            cs->mx = -INFINITY;
+            cs->sum = cs->sumsq = 0;
+            cs->nfinite = 0;
+            if (cs->firing && cs->fired_from >= step) {
+                cs->firing = 0;
+                cs->fired_from = -1;
+                abandoned = 1;
+            }
         }
         if (abandoned) {
-            if (group_settle(e, &e->rules->rules[i], r, g, step, time) < 0) return -1;
-            n++;
+            int t = group_settle(e, &e->rules->rules[i], r, g, step, time);
+            if (t < 0) return -1;
+            n += t;
         }
     }
     return n;

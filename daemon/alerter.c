@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cJSON.h>
+
 #include "stream.h"
 
 struct alerter {
@@ -78,8 +80,11 @@ static const char *transition_name(int state) {
     return state == ALERT_FIRING ? "firing" : state == ALERT_RESOLVED ? "resolved" : "update";
 }
 
-/* Sends one transition everywhere it goes. */
-static void dispatch(struct alerter *m, const struct alert_transition *t, int in_txn) {
+/* Sends one transition everywhere it goes. step_time: the "time" of the
+ * step message whose evaluation made it (the trainer's clock), echoed to
+ * the trainer so that it can tell verdicts on steps a rollback abandoned
+ * from fresh ones; NAN when none (a tick, or a step without time). */
+static void dispatch(struct alerter *m, const struct alert_transition *t, int in_txn, double step_time) {
     char *json = alert_transition_json(t);
     char *cells = cells_json(t);
     char fp[20];
@@ -105,16 +110,25 @@ static void dispatch(struct alerter *m, const struct alert_transition *t, int in
         m->stats.store_errors++;
         pthread_mutex_unlock(&m->mu);
     }
-    /* {"type":"alert","transition":..,"rule":..,"start_step":..,"step":..,"alert":{..}} */
-    size_t len = strlen(json) + 256 + strlen(t->rule->name);
-    char *line = malloc(len);
+    /* {"type":"alert","transition":..,"rule":..,"severity":..,"start_step":..,"step":..[,"step_time":..],
+     *  "alert":{..}} (schema/protocol.md); names escaped as JSON strings */
+    cJSON *o = cJSON_CreateObject();
+    char *line = NULL;
+    if (o && cJSON_AddStringToObject(o, "type", "alert") && cJSON_AddStringToObject(o, "transition", sa.transition) &&
+        cJSON_AddStringToObject(o, "rule", t->rule->name) &&
+        cJSON_AddStringToObject(o, "severity", t->rule->severity) &&
+        cJSON_AddNumberToObject(o, "start_step", (double)t->start_step) &&
+        cJSON_AddNumberToObject(o, "step", (double)t->step) &&
+        (!isfinite(step_time) || cJSON_AddNumberToObject(o, "step_time", step_time)) &&
+        cJSON_AddRawToObject(o, "alert", json))
+        line = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
     if (line) {
-        snprintf(line, len, "{\"type\":\"alert\",\"transition\":\"%s\",\"rule\":\"%s\",\"severity\":\"%s\","
-                            "\"start_step\":%lld,\"step\":%lld,\"alert\":%s}",
-                 sa.transition, t->rule->name, t->rule->severity, (long long)t->start_step, (long long)t->step, json);
         if (m->stream) stream_publish(m->stream, "alert", t->run_id, line, strlen(line));
         if (m->writer) writer_post_line(m->writer, t->run_id, line);
         free(line);
+    } else {
+        fprintf(stderr, "entropyd: out of memory formatting an alert\n");
     }
     if (t->state != ALERT_UPDATE && notify_post(m->notify, sa.transition, t->rule->name, t->run_name, json))
         fprintf(stderr, "entropyd: out of memory queueing a notification\n");
@@ -127,10 +141,10 @@ out:
     free(cells);
 }
 
-static void dispatch_all(struct alerter *m, int n) {
+static void dispatch_all(struct alerter *m, int n, double step_time) {
     for (int i = 0; i < n; i++) {
         const struct alert_transition *t = alert_transition_at(m->engine, i);
-        if (t) dispatch(m, t, 0);
+        if (t) dispatch(m, t, 0, step_time);
     }
 }
 
@@ -146,7 +160,7 @@ void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
         if (!it->applied) continue; /* rejected by the store */
         int n = alert_feed(m->engine, it);
         if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
-        dispatch_all(m, n);
+        dispatch_all(m, n, it->kind == WRITER_STEP && it->msg.has_time ? it->msg.time : NAN);
         if (it->kind == WRITER_END) {
             /* episodes opened by an earlier daemon that this one never saw */
             if (store_alerts_close_run(m->store, it->run_id, it->time))
@@ -160,7 +174,7 @@ void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
 void alerter_on_tick(struct alerter *m, double now) {
     int n = alert_tick(m->engine, now);
     if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
-    dispatch_all(m, n);
+    dispatch_all(m, n, NAN);
     publish_stats(m);
 }
 

@@ -856,15 +856,16 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
     int64_t from = req->has_from ? req->from : first, to = req->has_to ? req->to : sr.last;
     int64_t lo = from > first ? from : first, hi = to < sr.last ? to : sr.last;
     sr.w = 1;
-    if (!empty && lo <= hi) {
-        int k = series_plan(&sr, lo, hi, req->points);
-        if ((uint64_t)sr.nb * sr.ngroups > QUERY_MAX_SERIES_BUCKETS) {
-            snprintf(err, errlen, "%u series x %lld buckets is more than %d: ask for fewer points%s", sr.ngroups,
-                     (long long)sr.nb, QUERY_MAX_SERIES_BUCKETS,
-                     req->split == QUERY_SPLIT_HEAD && req->layer < 0 ? " or one layer" : "");
-            ret = QUERY_BAD;
-            goto out;
-        }
+    int k = !empty && lo <= hi ? series_plan(&sr, lo, hi, req->points) : 0;
+    /* the bound holds for an empty range too: each series is still listed */
+    if ((uint64_t)(sr.nb ? sr.nb : 1) * sr.ngroups > QUERY_MAX_SERIES_BUCKETS) {
+        snprintf(err, errlen, "%u series x %lld buckets is more than %d: ask for fewer points%s", sr.ngroups,
+                 (long long)sr.nb, QUERY_MAX_SERIES_BUCKETS,
+                 req->split == QUERY_SPLIT_HEAD && req->layer < 0 ? " or one layer" : "");
+        ret = QUERY_BAD;
+        goto out;
+    }
+    if (sr.nb > 0) {
         sr.b = calloc((size_t)sr.nb * sr.ngroups, sizeof *sr.b);
         sr.frames = calloc((size_t)sr.nb, sizeof *sr.frames);
         if (!sr.b || !sr.frames) {

@@ -60,6 +60,8 @@ class AlertE2E(unittest.TestCase):
             self.assertIn(("resolved", "entropy_collapse", 32), kinds)
             fire = [m for m in lines if m["transition"] == "firing"][0]
             self.assertEqual(fire["start_step"], 10)
+            # echoes the time of the step message it was evaluated on (the trainer's clock)
+            self.assertEqual(fire["step_time"], 1764500000 + 13)
             self.assertEqual(sorted((x["layer"], x["head"]) for x in fire["alert"]["cells"]), [(0, 1), (1, 2)])
             # webhook: a 500, then the retry delivered; then the resolved one
             deadline = time.time() + 20

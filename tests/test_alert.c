@@ -319,33 +319,46 @@ static void test_and_guard(void **state) {
         " \"and\":{\"metric\":\"entropy_norm\",\"op\":\"below\",\"value\":0.9}},\"for\":2}]}");
     struct alert_engine *e = alert_engine_create(r);
     hello(e, 1, "g");
-    int fired = -1, fired_cells = 0;
+    int fired = -1, fired_cells = 0, joined = -1, joined_cells = 0;
     for (int s = 0; s < 40; s++) {
         float ent[L * H], bound[L * H], sig[L * H], norm[L * H];
         for (int i = 0; i < L * H; i++) { /* uniform: entropy = bound = log 64, sigma rising */
             ent[i] = 4.1589f; bound[i] = 4.1580f; sig[i] = 0.001f * (float)(s + 1); norm[i] = 1.0f;
         }
-        if (s >= 20) { /* head (1,1) concentrates; at step 20 its entropy_norm is still above 0.9 */
-            ent[4] = 0.52f; bound[4] = 0.50f; norm[4] = s == 20 ? 0.95f : 0.125f;
+        if (s >= 20) { /* heads (0,1) and (1,1) concentrate; at step 20 (1,1)'s entropy_norm is still above 0.9 */
+            ent[1] = ent[4] = 0.52f;
+            bound[1] = bound[4] = 0.50f;
+            norm[1] = 0.125f;
+            norm[4] = s == 20 ? 0.95f : 0.125f;
         }
         struct writer_item *it = mk_step(1, s, "entropy", PROTO_HEAD, ent, L * H);
         add_metric(it, "entropy_bound", bound);
         add_metric(it, "sigma_qk", sig);
         if (s != 21) add_metric(it, "entropy_norm", norm); /* step 21: no guard metric, no evaluation */
         int n = alert_feed(e, it);
-        for (int i = 0; i < n; i++)
-            if (alert_transition_at(e, i)->state == ALERT_FIRING && fired < 0) {
+        for (int i = 0; i < n; i++) {
+            const struct alert_transition *t = alert_transition_at(e, i);
+            if (t->state == ALERT_FIRING && fired < 0) {
                 fired = s;
-                fired_cells = alert_transition_at(e, i)->ncells;
-                assert_int_equal(alert_transition_at(e, i)->cells[0].layer, 1);
-                assert_int_equal(alert_transition_at(e, i)->cells[0].head, 1);
+                fired_cells = t->ncells;
+                assert_int_equal(t->cells[0].layer, 0);
+                assert_int_equal(t->cells[0].head, 1);
+            } else if (t->state == ALERT_UPDATE && joined < 0) {
+                joined = s;
+                joined_cells = t->ncells;
             }
+        }
         writer_item_free(it);
     }
-    /* 20: the guard says no; 21: not evaluated; pending from 22, for 2 (had
-     * the guard been ignored: 22; had a missing guard metric counted as holding: 23) */
-    assert_int_equal(fired, 24);
+    /* (0,1): pending from 20; step 21 is not evaluated, so it goes on, and
+     * fires at 22 (had a missing guard metric counted as false: 24).
+     * (1,1): the guard says no at 20; pending from 22, joins at 24 (had a
+     * missing guard metric counted as holding: 23). Had the guard been
+     * ignored, the uniform heads would have fired at 6 (as below). */
+    assert_int_equal(fired, 22);
     assert_int_equal(fired_cells, 1);
+    assert_int_equal(joined, 24);
+    assert_int_equal(joined_cells, 2);
     alert_engine_destroy(e);
     alert_rules_free(r);
     /* without the guard the uniform heads fire as soon as the window is full */
@@ -464,6 +477,39 @@ static void test_rollback_after_start_keeps_firing(void **state) {
     alert_rules_free(r);
 }
 
+/* Abandoned is decided per cell: head A fires from step 12 and stops, head
+ * B takes over from 28 while the group stays firing (its start_step is still
+ * A's 12). A rollback to step 27 abandons B's evidence: the group resolves,
+ * and B collapsing again on the new branch is a new FIRING. */
+static void test_rollback_abandons_per_cell(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "rb");
+    struct log lg = {0};
+    for (int s = 0; s < 41; s++) {
+        float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+        if (s >= 12 && s <= 30) v[0] = 0.01f; /* A: fires at 17, clear from 31, stops at 34 */
+        if (s >= 28) v[5] = 0.01f;            /* B: fires at 33 */
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    }
+    assert_int_equal(lg.nfire, 1);
+    assert_int_equal(lg.nresolve, 0); /* one episode: B joined before A left */
+    assert_int_equal(lg.start_step[0], 12);
+    for (int s = 28; s < 45; s++) { /* back to 27; B collapses again from 30 */
+        float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+        if (s >= 30) v[5] = 0.01f;
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    }
+    assert_int_equal(lg.nresolve, 1);
+    assert_int_equal(lg.resolve_step[0], 28);
+    assert_int_equal(lg.nfire, 2);
+    assert_int_equal(lg.start_step[1], 30);
+    assert_int_equal(lg.fire_step[1], 35);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_below_for_and_keep_firing_for),
@@ -476,6 +522,7 @@ int main(void) {
         cmocka_unit_test(test_bad_rules_name_their_line),
         cmocka_unit_test(test_rollback_restarts_windows),
         cmocka_unit_test(test_rollback_after_start_keeps_firing),
+        cmocka_unit_test(test_rollback_abandons_per_cell),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

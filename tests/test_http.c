@@ -101,6 +101,15 @@ static int tr_connect(struct trainer *t, const struct daemon *d) {
     return connect(t->fd, (struct sockaddr *)&a, sizeof a);
 }
 
+/* Writes n bytes (a whole line, newline included) to the trainer's socket. */
+static void tr_write(struct trainer *t, const char *line, size_t n) {
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(t->fd, line + off, n - off);
+        assert_true(w > 0);
+        off += (size_t)w;
+    }
+}
+
 static void tr_send(struct trainer *t, const char *fmt, ...) {
     char line[8192];
     va_list ap;
@@ -109,11 +118,7 @@ static void tr_send(struct trainer *t, const char *fmt, ...) {
     va_end(ap);
     assert_true(n > 0 && n < (int)sizeof line - 1);
     line[n++] = '\n';
-    for (int off = 0; off < n;) {
-        ssize_t w = write(t->fd, line + off, (size_t)(n - off));
-        assert_true(w > 0);
-        off += (int)w;
-    }
+    tr_write(t, line, (size_t)n);
 }
 
 /* Reads one reply line (5 s at most) into out. */
@@ -598,6 +603,45 @@ static void test_series_split(void **state) {
     snprintf(p, sizeof p, "/api/runs/%lld/series?metric=entropy&split=layer&points=100000", (long long)id);
     j = get_json(&D, p, 200); /* 16 x 600 */
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "series")), 16);
+    cJSON_Delete(j);
+    tr_send(&t, "{\"type\":\"end\",\"seq\":%lld,\"status\":\"finished\"}", (long long)++t.seq);
+    tr_sync(&t);
+    close(t.fd);
+    snprintf(p, sizeof p, "/api/runs/%lld", (long long)id);
+    r = req(&D, "DELETE", p, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+
+    /* the bound holds for a range with no frame too (each series is still
+     * listed): 1024 x 512 heads, one step, asked past it */
+    assert_int_equal(tr_connect(&t, &D), 0);
+    tr_hello(&t, "widest", 1024, 512, NULL);
+    id = t.run_id;
+    size_t cap = 64 + (size_t)1024 * 512 * 2 + 1024 * 4, n = 0;
+    char *big = malloc(cap);
+    assert_non_null(big);
+    n += (size_t)snprintf(big, cap, "{\"type\":\"step\",\"seq\":%lld,\"step\":0,\"heads\":{\"e\":[", (long long)++t.seq);
+    for (int l = 0; l < 1024; l++) {
+        big[n++] = l ? ',' : ' ';
+        big[n++] = '[';
+        for (int h = 0; h < 512; h++) {
+            if (h) big[n++] = ',';
+            big[n++] = '1';
+        }
+        big[n++] = ']';
+    }
+    n += (size_t)snprintf(big + n, cap - n, "]}}\n");
+    tr_write(&t, big, n);
+    free(big);
+    tr_sync(&t);
+    snprintf(p, sizeof p, "/api/runs/%lld/series?metric=e&split=head&from=10&to=20", (long long)id);
+    r = req(&D, "GET", p, NULL);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "524288 series"));
+    resp_free(&r);
+    snprintf(p, sizeof p, "/api/runs/%lld/series?metric=e&split=head&layer=3&from=10&to=20", (long long)id);
+    j = get_json(&D, p, 200); /* one layer: 512 empty series */
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "series")), 512);
     cJSON_Delete(j);
     tr_send(&t, "{\"type\":\"end\",\"seq\":%lld,\"status\":\"finished\"}", (long long)++t.seq);
     tr_sync(&t);

@@ -43,6 +43,7 @@ struct monitor {
     /* firing alerts not yet taken by monitor_next_alert (oldest first) */
     monitor_alert alerts[MONITOR_ALERTS_MAX];
     int nalerts;
+    double rewound_at;        /* telemetry_now() of the last monitor_drop_alerts, 0: none */
 };
 
 static double mono(void)
@@ -128,28 +129,38 @@ void monitor_probe(monitor *mo, model *m)
 
 static void commit_open(monitor *mo);
 
-/* Queues a firing alert line for monitor_next_alert (the oldest is
- * dropped when the queue is full). */
-static void keep_firing(monitor *mo, const char *line)
+int monitor_alert_parse(const char *line, double rewound_at, monitor_alert *out)
 {
     cJSON *j = cJSON_Parse(line);
-    if (!j) return;
+    if (!j) return 0;
     const cJSON *tr = cJSON_GetObjectItemCaseSensitive(j, "transition");
     const cJSON *rule = cJSON_GetObjectItemCaseSensitive(j, "rule");
     const cJSON *ss = cJSON_GetObjectItemCaseSensitive(j, "start_step");
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step");
-    if (cJSON_IsString(tr) && !strcmp(tr->valuestring, "firing") && cJSON_IsString(rule) &&
-        cJSON_IsNumber(ss) && cJSON_IsNumber(st)) {
-        if (mo->nalerts == MONITOR_ALERTS_MAX) {
-            memmove(mo->alerts, mo->alerts + 1, sizeof mo->alerts[0] * (MONITOR_ALERTS_MAX - 1));
-            mo->nalerts--;
-        }
-        monitor_alert *a = &mo->alerts[mo->nalerts++];
-        snprintf(a->rule, sizeof a->rule, "%s", rule->valuestring);
-        a->start_step = (long)ss->valuedouble;
-        a->step = (long)st->valuedouble;
+    const cJSON *at = cJSON_GetObjectItemCaseSensitive(j, "step_time");
+    int ok = cJSON_IsString(tr) && !strcmp(tr->valuestring, "firing") && cJSON_IsString(rule) &&
+             cJSON_IsNumber(ss) && cJSON_IsNumber(st) &&
+             !(rewound_at > 0 && cJSON_IsNumber(at) && at->valuedouble < rewound_at);
+    if (ok) {
+        snprintf(out->rule, sizeof out->rule, "%s", rule->valuestring);
+        out->start_step = (long)ss->valuedouble;
+        out->step = (long)st->valuedouble;
     }
     cJSON_Delete(j);
+    return ok;
+}
+
+/* Queues a firing alert line for monitor_next_alert (the oldest is
+ * dropped when the queue is full). */
+static void keep_firing(monitor *mo, const char *line)
+{
+    monitor_alert al;
+    if (!monitor_alert_parse(line, mo->rewound_at, &al)) return;
+    if (mo->nalerts == MONITOR_ALERTS_MAX) {
+        memmove(mo->alerts, mo->alerts + 1, sizeof mo->alerts[0] * (MONITOR_ALERTS_MAX - 1));
+        mo->nalerts--;
+    }
+    mo->alerts[mo->nalerts++] = al;
 }
 
 int monitor_next_alert(monitor *mo, monitor_alert *out)
@@ -163,7 +174,9 @@ int monitor_next_alert(monitor *mo, monitor_alert *out)
 
 void monitor_drop_alerts(monitor *mo)
 {
-    if (mo) mo->nalerts = 0;
+    if (!mo) return;
+    mo->nalerts = 0;
+    mo->rewound_at = telemetry_now(); /* every step sent so far is stamped earlier */
 }
 
 void monitor_event(monitor *mo, const char *level, const char *text)

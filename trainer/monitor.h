@@ -84,13 +84,22 @@ typedef struct {
     long step;        /* the step of the firing transition */
 } monitor_alert;
 
+/* Reads one alert line of the daemon (schema/protocol.md).  Returns 1 and
+ * fills *out when it is a FIRING transition to act on; 0 for any other
+ * transition, a malformed line, or a FIRING evaluated on a step message
+ * stamped (its "step_time", the trainer's clock) before `rewound_at`: a
+ * verdict on steps a rollback abandoned, which can still be in flight after
+ * it.  rewound_at 0: no rollback yet. */
+int monitor_alert_parse(const char *line, double rewound_at, monitor_alert *out);
+
 /* Takes the oldest firing alert received by the polls of monitor_step (at
  * most 16 are kept; the oldest is dropped beyond).  Returns 1 and fills
  * *out, or 0 when there is none.  Accepts NULL mo (returns 0). */
 int monitor_next_alert(monitor *mo, monitor_alert *out);
 
-/* Forgets the firing alerts not yet taken (e.g. after a rollback: they are
- * about abandoned steps).  Accepts NULL. */
+/* After a rollback: forgets the firing alerts not yet taken, and from now
+ * on ignores those the daemon evaluated on steps sent before this call
+ * (monitor_alert_parse): they are about abandoned steps.  Accepts NULL. */
 void monitor_drop_alerts(monitor *mo);
 
 /* Sends an event (level "info" | "warn" | "error") with the run's steps,

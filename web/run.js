@@ -13,6 +13,11 @@ import {Heatmap} from './heatmap.js';
 import {subscribe} from './live.js';
 import {color, describe, fmt, fmtAgo, fmtStep, h, rafThrottle, unitOf, urlState, whenVisible} from './util.js';
 
+// One split= answer holds at most this many series x buckets (daemon/query.h,
+// QUERY_MAX_SERIES_BUCKETS): the most points a chart of n series may ask for.
+const MAX_SERIES_BUCKETS = 262144;
+const maxPoints = (n) => Math.max(1, Math.floor(MAX_SERIES_BUCKETS / Math.max(1, n)));
+
 const HM_DEFAULTS = ['entropy_norm', 'entropy'];
 const FIXED_DOMAIN = {entropy_norm: [0, 1]};
 // collapse signals: how to fold heads into one line per layer
@@ -403,7 +408,7 @@ export class RunView {
       const entry = this.addChart(chart, async (c) => {
         // every head of the layer in one request (split=head); a point per
         // 3 px keeps the server on coarse rollups (bands stay exact per bucket)
-        const metric = this.st.sm, pts = Math.max(60, Math.min(200, this.points(c.el)));
+        const metric = this.st.sm, pts = Math.min(Math.max(60, Math.min(200, this.points(c.el))), maxPoints(H));
         c.o.unit = unitOf(metric);
         const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
         const [res, bound] = await Promise.all([
@@ -445,7 +450,7 @@ export class RunView {
       chart.el.dataset.metric = metric;
       chart.metric = metric;
       this.addChart(chart, async (c) => {
-        const pts = this.points(c.el, 2);   // lines only: at least a point per 6 px
+        const pts = Math.min(this.points(c.el, 2), maxPoints(L));   // lines only: at least a point per 6 px
         // every layer in one request (split=layer), heads folded by agg
         const layers = splitOf(await api.series(this.id, this.q({metric, split: 'layer', points: pts, agg: agg || undefined})));
         const defs = layers.map((r) => ({label: 'L' + r.layer, color: color(r.layer, L), width: 1.3}));
