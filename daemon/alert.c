@@ -156,7 +156,11 @@ static int parse_kv(cJSON *obj, struct alert_kv *kv, int *n, char *why, size_t w
         }
         kv[*n].key = dupstr(it->string);
         kv[*n].value = dupstr(it->valuestring);
-        (*n)++;
+        (*n)++; /* counted before the check: rule_free frees what was copied */
+        if (!kv[*n - 1].key || !kv[*n - 1].value) {
+            snprintf(why, whylen, "out of memory");
+            return -1;
+        }
     }
     return 0;
 }
@@ -206,7 +210,10 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         snprintf(why, whylen, "\"name\" must be a string of 1-128 bytes");
         return -1;
     }
-    r->name = dupstr(name->valuestring);
+    if (!(r->name = dupstr(name->valuestring))) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
     cJSON *scope = cJSON_GetObjectItemCaseSensitive(o, "scope");
     r->scope = -1;
     for (int i = 0; scope && cJSON_IsString(scope) && i < 4; i++)
@@ -235,7 +242,10 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
             snprintf(why, whylen, "\"metric\" must be a metric name");
             return -1;
         }
-        r->metric = dupstr(metric->valuestring);
+        if (!(r->metric = dupstr(metric->valuestring))) {
+            snprintf(why, whylen, "out of memory");
+            return -1;
+        }
     }
     double w = 1;
     switch (r->op) {
@@ -266,6 +276,10 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         }
         r->bound_metric = dupstr(b->valuestring);
         r->rising_metric = dupstr(ri->valuestring);
+        if (!r->bound_metric || !r->rising_metric) {
+            snprintf(why, whylen, "out of memory");
+            return -1;
+        }
         if (num(cond, "epsilon", &r->epsilon, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen))
             return -1;
         break;
@@ -301,7 +315,10 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         snprintf(why, whylen, "\"severity\" must be a string");
         return -1;
     }
-    r->severity = dupstr(sev ? sev->valuestring : "warning");
+    if (!(r->severity = dupstr(sev ? sev->valuestring : "warning"))) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
     if (parse_kv(cJSON_GetObjectItemCaseSensitive(o, "labels"), r->labels, &r->nlabels, why, whylen, "labels") ||
         parse_kv(cJSON_GetObjectItemCaseSensitive(o, "annotations"), r->annotations, &r->nannotations, why, whylen,
                  "annotations"))
@@ -868,6 +885,7 @@ static int stalled_eval(struct alert_engine *e, struct run_state *r, double now,
         int was = g->cells[0].firing;
         g->cells[0].firing = cond;
         g->cells[0].pending_since = cond ? (was ? g->cells[0].pending_since : r->last_step) : -1;
+        g->cells[0].fired_from = g->cells[0].pending_since; /* firing means fired_from >= 0 */
         int t = group_settle(e, rule, r, g, step, now);
         if (t < 0) return -1;
         n += t;
@@ -884,8 +902,10 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
     switch (it->kind) {
     case WRITER_HELLO:
         if (it->msg.run[0]) {
+            char *name = dupstr(it->msg.run);
+            if (!name) return -1; /* keeps the old name */
             free(r->name);
-            r->name = dupstr(it->msg.run);
+            r->name = name;
         }
         r->layers = it->msg.layers;
         r->heads = it->msg.heads;

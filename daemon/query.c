@@ -860,7 +860,7 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
     /* the bound holds for an empty range too: each series is still listed */
     if ((uint64_t)(sr.nb ? sr.nb : 1) * sr.ngroups > QUERY_MAX_SERIES_BUCKETS) {
         snprintf(err, errlen, "%u series x %lld buckets is more than %d: ask for fewer points%s", sr.ngroups,
-                 (long long)sr.nb, QUERY_MAX_SERIES_BUCKETS,
+                 (long long)(sr.nb ? sr.nb : 1), QUERY_MAX_SERIES_BUCKETS,
                  req->split == QUERY_SPLIT_HEAD && req->layer < 0 ? " or one layer" : "");
         ret = QUERY_BAD;
         goto out;

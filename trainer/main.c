@@ -468,13 +468,14 @@ static int save_on_alert(const options *o, monitor *mon, const ckpt_meta *r, con
 }
 
 /* The next firing alert the run answers (--on-alert-rules), from the
- * daemon's lines received so far; alerts about a step the run has not
- * reached (the abandoned branch of a rollback) are passed over.  mon is
- * NULL on ranks other than 0: they hear nothing. */
+ * daemon's lines received so far; one whose condition began after the
+ * run's step (the abandoned branch of a rollback) is passed over (monitor.h
+ * drops those that began after the restored step).  mon is NULL on ranks
+ * other than 0: they hear nothing. */
 static int take_alert(const options *o, monitor *mon, const ckpt_meta *r, monitor_alert *al)
 {
     while (mon && monitor_next_alert(mon, al))
-        if (rule_selected(o->on_alert_rules, al->rule) && al->step <= r->step) return 1;
+        if (rule_selected(o->on_alert_rules, al->rule) && al->start_step <= r->step) return 1;
     return 0;
 }
 
@@ -525,7 +526,7 @@ static int handle_alerts(const options *o, monitor *mon, dist *dd, rollback *rb,
              o->max_rollbacks);
     printf("%s\n", text);
     monitor_event(mon, "warn", text);
-    monitor_drop_alerts(mon); /* the rest is about the abandoned steps */
+    monitor_rolled_back(mon, to); /* alerts about the abandoned steps no longer count */
     return ALERT_ROLLED_BACK;
 }
 

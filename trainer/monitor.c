@@ -43,7 +43,8 @@ struct monitor {
     /* firing alerts not yet taken by monitor_next_alert (oldest first) */
     monitor_alert alerts[MONITOR_ALERTS_MAX];
     int nalerts;
-    double rewound_at;        /* telemetry_now() of the last monitor_drop_alerts, 0: none */
+    monitor_rewind rewind;    /* the last rollback (monitor_rolled_back) */
+    double last_stamp;        /* time of the last step sent: stamps only increase */
 };
 
 static double mono(void)
@@ -129,7 +130,7 @@ void monitor_probe(monitor *mo, model *m)
 
 static void commit_open(monitor *mo);
 
-int monitor_alert_parse(const char *line, double rewound_at, monitor_alert *out)
+int monitor_alert_parse(const char *line, const monitor_rewind *rw, monitor_alert *out)
 {
     cJSON *j = cJSON_Parse(line);
     if (!j) return 0;
@@ -139,8 +140,9 @@ int monitor_alert_parse(const char *line, double rewound_at, monitor_alert *out)
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step");
     const cJSON *at = cJSON_GetObjectItemCaseSensitive(j, "step_time");
     int ok = cJSON_IsString(tr) && !strcmp(tr->valuestring, "firing") && cJSON_IsString(rule) &&
-             cJSON_IsNumber(ss) && cJSON_IsNumber(st) &&
-             !(rewound_at > 0 && cJSON_IsNumber(at) && at->valuedouble < rewound_at);
+             cJSON_IsNumber(ss) && cJSON_IsNumber(st);
+    if (ok && rw && rw->at > 0 && cJSON_IsNumber(at) && at->valuedouble < rw->at && (long)ss->valuedouble > rw->to)
+        ok = 0; /* evaluated before the rollback, on steps it abandoned */
     if (ok) {
         snprintf(out->rule, sizeof out->rule, "%s", rule->valuestring);
         out->start_step = (long)ss->valuedouble;
@@ -155,7 +157,7 @@ int monitor_alert_parse(const char *line, double rewound_at, monitor_alert *out)
 static void keep_firing(monitor *mo, const char *line)
 {
     monitor_alert al;
-    if (!monitor_alert_parse(line, mo->rewound_at, &al)) return;
+    if (!monitor_alert_parse(line, &mo->rewind, &al)) return;
     if (mo->nalerts == MONITOR_ALERTS_MAX) {
         memmove(mo->alerts, mo->alerts + 1, sizeof mo->alerts[0] * (MONITOR_ALERTS_MAX - 1));
         mo->nalerts--;
@@ -172,11 +174,23 @@ int monitor_next_alert(monitor *mo, monitor_alert *out)
     return 1;
 }
 
-void monitor_drop_alerts(monitor *mo)
+void monitor_rolled_back(monitor *mo, long restored)
 {
     if (!mo) return;
-    mo->nalerts = 0;
-    mo->rewound_at = telemetry_now(); /* every step sent so far is stamped earlier */
+    int k = 0;
+    for (int i = 0; i < mo->nalerts; i++) /* keep those about steps the run kept */
+        if (mo->alerts[i].start_step <= restored) mo->alerts[k++] = mo->alerts[i];
+    mo->nalerts = k;
+    mo->rewind = monitor_rewind_after(mo->last_stamp, restored);
+}
+
+monitor_rewind monitor_rewind_after(double last_stamp, long restored)
+{
+    /* Every step sent so far is stamped at or before last_stamp, every later
+     * one at least 2 us after it; the daemon sees the stamps rounded to 1 us
+     * (the protocol's %.6f).  1 us past the rounded last stamp separates them. */
+    monitor_rewind rw = {.at = floor(last_stamp * 1e6 + 0.5) / 1e6 + 1e-6, .to = restored};
+    return rw;
 }
 
 void monitor_event(monitor *mo, const char *level, const char *text)
@@ -259,7 +273,12 @@ void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm,
     commit_open(mo);
     int logged = step % mo->log_every == 0;
     if (logged || eval_follows) {
-        telemetry_step *s = telemetry_step_begin(mo->t, step, telemetry_now());
+        /* stamps only increase (by 2 us at least, so they stay apart at the
+         * protocol's 1 us), whatever the wall clock does: monitor_rolled_back
+         * tells steps sent before a rollback from later ones by them */
+        double now = telemetry_now();
+        mo->last_stamp = now > mo->last_stamp + 2e-6 ? now : mo->last_stamp + 2e-6;
+        telemetry_step *s = telemetry_step_begin(mo->t, step, mo->last_stamp);
         if (s) {
             telemetry_step_scalar(s, "loss", loss);
             telemetry_step_scalar(s, "lr", lr);

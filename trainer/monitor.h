@@ -84,23 +84,37 @@ typedef struct {
     long step;        /* the step of the firing transition */
 } monitor_alert;
 
+/* Where the last rollback left the run: a FIRING the daemon evaluated on a
+ * step stamped before `at` (the trainer's clock) whose condition began
+ * after step `to` (the restored step) rests on abandoned steps; the daemon
+ * resolves such alerts when the repeated steps arrive.  at 0: no rollback. */
+typedef struct {
+    double at;
+    long to;
+} monitor_rewind;
+
+/* The mark of a rollback to step `restored` when the last step sent was
+ * stamped `last_stamp` (later steps are stamped at least 2 us after it; the
+ * daemon echoes stamps rounded to 1 us). */
+monitor_rewind monitor_rewind_after(double last_stamp, long restored);
+
 /* Reads one alert line of the daemon (schema/protocol.md).  Returns 1 and
  * fills *out when it is a FIRING transition to act on; 0 for any other
- * transition, a malformed line, or a FIRING evaluated on a step message
- * stamped (its "step_time", the trainer's clock) before `rewound_at`: a
- * verdict on steps a rollback abandoned, which can still be in flight after
- * it.  rewound_at 0: no rollback yet. */
-int monitor_alert_parse(const char *line, double rewound_at, monitor_alert *out);
+ * transition, a malformed line, or a FIRING about abandoned steps (rw; its
+ * "step_time" is the stamp of the step it was evaluated on).  A FIRING that
+ * began at or before the restored step still counts: it is about steps the
+ * run kept, and the daemon does not send it again. */
+int monitor_alert_parse(const char *line, const monitor_rewind *rw, monitor_alert *out);
 
 /* Takes the oldest firing alert received by the polls of monitor_step (at
  * most 16 are kept; the oldest is dropped beyond).  Returns 1 and fills
  * *out, or 0 when there is none.  Accepts NULL mo (returns 0). */
 int monitor_next_alert(monitor *mo, monitor_alert *out);
 
-/* After a rollback: forgets the firing alerts not yet taken, and from now
- * on ignores those the daemon evaluated on steps sent before this call
- * (monitor_alert_parse): they are about abandoned steps.  Accepts NULL. */
-void monitor_drop_alerts(monitor *mo);
+/* The run was rolled back to step `restored`: forgets the firing alerts not
+ * yet taken that began after it, and from now on ignores such FIRINGs about
+ * steps sent before this call (monitor_alert_parse).  Accepts NULL. */
+void monitor_rolled_back(monitor *mo, long restored);
 
 /* Sends an event (level "info" | "warn" | "error") with the run's steps,
  * after any open step.  Accepts NULL. */

@@ -52,7 +52,10 @@ await run(async (ctx) => {
   // 2. scrubbing to another step
   await page.$eval('#hm-scrub', (e) => { e.value = 420; e.dispatchEvent(new Event('input', {bubbles: true})); });
   await heatmapMatches(page, d, id, 'entropy_norm', 420);
-  check(new URL(page.url()).searchParams.get('step') === '420', 'the URL holds the scrubbed step');
+  // the URL follows on the next animation frame (rafThrottle): wait for it
+  const urlStep = await page.waitForFunction(() => new URL(location.href).searchParams.get('step') === '420', null,
+    {timeout: 5000}).then(() => true, () => false);
+  check(urlStep, `the URL holds the scrubbed step (${new URL(page.url()).searchParams.get('step')})`);
 
   // 3. another head metric
   await page.selectOption('#hm-metric', 'sigma_qk');
@@ -92,7 +95,7 @@ await run(async (ctx) => {
   await page.mouse.down();
   await page.mouse.move(box.x + box.width * 0.47, box.y + box.height / 2, {steps: 6});
   await page.mouse.up();
-  await page.waitForFunction(() => new URL(location.href).searchParams.has('from'), null, {timeout: 3000});
+  await page.waitForFunction(() => new URL(location.href).searchParams.has('from'), null, {timeout: 10000});
   const u = new URL(page.url());
   const from = +u.searchParams.get('from'), to = +u.searchParams.get('to');
   check(from > 100 && to < 1500 && from < to, `zoom put the range ${from}..${to} in the URL`);
