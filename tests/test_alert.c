@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "alert.h"
+#include "fixture_store.h"
 
 #define L 2
 #define H 3
@@ -37,19 +38,9 @@ static struct writer_item *mk_step(int64_t run, int64_t step, const char *name, 
     return it;
 }
 
+/* A head metric (L x H values) added to a step item (tests/fixture_store.h). */
 static void add_metric(struct writer_item *it, const char *name, const float *vals) {
-    struct proto_msg *m = &it->msg;
-    m->metrics = realloc(m->metrics, (m->nmetrics + 1) * sizeof *m->metrics);
-    struct proto_metric *pm = &m->metrics[m->nmetrics++];
-    memset(pm, 0, sizeof *pm);
-    snprintf(pm->name, sizeof pm->name, "%s", name);
-    pm->kind = PROTO_HEAD;
-    pm->rows = L;
-    pm->cols = H;
-    pm->offset = m->nvalues;
-    m->values = realloc(m->values, (m->nvalues + L * H) * sizeof(float));
-    memcpy(m->values + m->nvalues, vals, L * H * sizeof(float));
-    m->nvalues += L * H;
+    msg_add(&it->msg, name, PROTO_HEAD, L, H, vals);
 }
 
 static int feed(struct alert_engine *e, struct writer_item *it) {

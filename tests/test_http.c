@@ -533,6 +533,18 @@ static void check_split(const char *query, const char *split, int layer, int met
     cJSON_Delete(j);
 }
 
+/* Ends the trainer's run, closes its connection and deletes the run. */
+static void tr_end_and_delete(struct trainer *t, int64_t id) {
+    tr_send(t, "{\"type\":\"end\",\"seq\":%lld,\"status\":\"finished\"}", (long long)++t->seq);
+    tr_sync(t);
+    close(t->fd);
+    char p[64];
+    snprintf(p, sizeof p, "/api/runs/%lld", (long long)id);
+    struct resp r = req(&D, "DELETE", p, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
 static void test_series_split(void **state) {
     (void)state;
     int64_t last = NSTEPS - 1;
@@ -604,13 +616,7 @@ static void test_series_split(void **state) {
     j = get_json(&D, p, 200); /* 16 x 600 */
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "series")), 16);
     cJSON_Delete(j);
-    tr_send(&t, "{\"type\":\"end\",\"seq\":%lld,\"status\":\"finished\"}", (long long)++t.seq);
-    tr_sync(&t);
-    close(t.fd);
-    snprintf(p, sizeof p, "/api/runs/%lld", (long long)id);
-    r = req(&D, "DELETE", p, NULL);
-    assert_int_equal(r.status, 200);
-    resp_free(&r);
+    tr_end_and_delete(&t, id);
 
     /* the bound holds for a range with no frame too (each series is still
      * listed): 1024 x 512 heads, one step, asked past it */
@@ -643,13 +649,7 @@ static void test_series_split(void **state) {
     j = get_json(&D, p, 200); /* one layer: 512 empty series */
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "series")), 512);
     cJSON_Delete(j);
-    tr_send(&t, "{\"type\":\"end\",\"seq\":%lld,\"status\":\"finished\"}", (long long)++t.seq);
-    tr_sync(&t);
-    close(t.fd);
-    snprintf(p, sizeof p, "/api/runs/%lld", (long long)id);
-    r = req(&D, "DELETE", p, NULL);
-    assert_int_equal(r.status, 200);
-    resp_free(&r);
+    tr_end_and_delete(&t, id);
 }
 
 static void test_series_errors(void **state) {
