@@ -136,10 +136,12 @@ static int latency(const char *name, int kind, double target_ms) {
     }
     double cpu = (daemon_cpu() - cpu0) / nreq * 1e3;
     double p50 = pct(v, (size_t)nreq, 50), p99 = pct(v, (size_t)nreq, 99);
-    printf("http: %-44s p50 %6.2f ms  p99 %6.2f ms  daemon CPU %5.2f ms/request  (%d requests, %.0f bytes each)  "
-           "target p99 <= %g ms: %s\n",
-           name, p50, p99, cpu, nreq, (double)bytes / nreq, target_ms,
-           fails ? "FAILED REQUESTS" : p99 <= target_ms ? "met" : "MISSED");
+    char verdict[64];
+    if (fails) snprintf(verdict, sizeof verdict, "FAILED REQUESTS");
+    else if (target_ms <= 0) snprintf(verdict, sizeof verdict, "(no target)");
+    else snprintf(verdict, sizeof verdict, "target p99 <= %g ms: %s", target_ms, p99 <= target_ms ? "met" : "MISSED");
+    printf("http: %-44s p50 %6.2f ms  p99 %6.2f ms  daemon CPU %5.2f ms/request  (%d requests, %.0f bytes each)  %s\n",
+           name, p50, p99, cpu, nreq, (double)bytes / nreq, verdict);
     free(v);
     curl_easy_cleanup(h);
     return fails;
@@ -354,12 +356,14 @@ int main(int argc, char **argv) {
     }
     curl_global_init(CURL_GLOBAL_ALL);
     int fails = 0;
+    /* the issue's targets: a 1000-point series over a 1M-step head, a frame;
+     * the other lines are figures without one (target 0) */
     fails += latency("series 1000 points, whole run (1M steps)", 0, 10);
-    fails += latency("series 1000 points, random windows", 1, 10);
-    fails += latency("series 1000 points, all heads agg=min", 2, 10);
+    fails += latency("series 1000 points, random windows", 1, 0);
+    fails += latency("series 1000 points, all heads agg=min", 2, 0);
     if (split_run) {
-        fails += latency("series 200 points, one head of 12", 4, 10);
-        fails += latency("series 200 points, 12 heads split=head", 5, 10);
+        fails += latency("series 200 points, one head of 12", 4, 0);
+        fails += latency("series 200 points, 12 heads split=head", 5, 0);
     }
     fails += latency("frame at a random step", 3, 2);
     long f1, f2;
