@@ -59,6 +59,7 @@ typedef struct {
     float *tmp_c;    /* (C+1) */
     float *tmp_d;    /* (2d) */
     float *mm;       /* (d*d) */
+    float *scores;   /* (T*T) one example's q.k of a head, for rows whose probabilities underflow */
 } probe_scratch;
 
 #define PROBE_WARMUP_ITERS 50
@@ -135,7 +136,8 @@ probe *probe_create(const model *m, const probe_config *cfg)
         sc->tmp_c = malloc(sizeof(float) * (C + 1));
         sc->tmp_d = malloc(sizeof(float) * d * 2);
         sc->mm = malloc(sizeof(float) * d * d);
-        if (!sc->xn || !sc->tmp_t || !sc->tmp_c || !sc->tmp_d || !sc->mm) goto err;
+        sc->scores = malloc(sizeof(float) * T * T);
+        if (!sc->xn || !sc->tmp_t || !sc->tmp_c || !sc->tmp_d || !sc->mm || !sc->scores) goto err;
     }
     p->inv_log = malloc(sizeof(float) * (T + 1));
     p->sq_ratio = malloc(sizeof(float) * (T + 1));
@@ -201,7 +203,7 @@ void probe_destroy(probe *p)
     free(p->metric_mem); free(p->u_qk); free(p->u_aug); free(p->xv); free(p->sig_b);
     for (int t = 0; p->scr && t < p->nscratch; t++) {
         probe_scratch *sc = &p->scr[t];
-        free(sc->xn); free(sc->tmp_t); free(sc->tmp_c); free(sc->tmp_d); free(sc->mm);
+        free(sc->xn); free(sc->tmp_t); free(sc->tmp_c); free(sc->tmp_d); free(sc->mm); free(sc->scores);
     }
     free(p->scr); free(p->rn); free(p->xs); free(p->aug); free(p->inv_log); free(p->sq_ratio); free(p->sq_prod);
     free(p->lin_u); free(p->lin_v); free(p->lin_off_u); free(p->lin_off_v);
@@ -479,7 +481,7 @@ static void layer_pass(probe *p, int l, probe_scratch *sc)
 }
 
 /* One head (after its layer's layer_pass): the pass over its attention rows. */
-static void head_pass(probe *p, int l, int h)
+static void head_pass(probe *p, int l, int h, probe_scratch *sc)
 {
     model *m = p->m;
     int H = p->H, C = p->C, d = p->d, T = m->cur_T, nb = p->nb;
@@ -494,6 +496,7 @@ static void head_pass(probe *p, int l, int h)
         const float *kb = qb + C;
         const float *rn = p->rn + ((size_t)l * p->B + b) * T;
         float sx = p->sig_b[k] * p->xs[(size_t)l * p->B + b];
+        int have_scores = 0; /* sc->scores holds this example's Q K^T */
         for (int i = 0; i < T; i++) {
             const float *row = A + (size_t)i * T;
             uint32_t hi, lo;
@@ -524,9 +527,18 @@ static void head_pass(probe *p, int l, int h)
             if (ratio > 1e-36f) {
                 amin = amax + logf(ratio);
             } else {
+                /* recompute the row's logits; in a collapsed head most rows
+                 * come here, so the whole example's Q K^T at once (one sgemm,
+                 * rows of qkv are 3C apart) beats a dot product per logit */
+                if (!have_scores) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, d, 1.0f, qb, 3 * C, kb, 3 * C,
+                                0.0f, sc->scores, T);
+                    have_scores = 1;
+                }
+                const float *srow = sc->scores + (size_t)i * T;
                 amin = amax;
                 for (int j = 0; j <= i; j++) {
-                    float a = dot(q, kb + (size_t)j * 3 * C, d) * inv_sd;
+                    float a = srow[j] * inv_sd;
                     amin = a < amin ? a : amin;
                 }
             }
@@ -548,7 +560,7 @@ static void probe_task(void *ctx, int t, int nt)
     probe *p = ctx;
     for (int l = t; l < p->L; l += nt) {
         layer_pass(p, l, &p->scr[t]);
-        for (int h = 0; h < p->H; h++) head_pass(p, l, h);
+        for (int h = 0; h < p->H; h++) head_pass(p, l, h, &p->scr[t]);
     }
 }
 
