@@ -117,6 +117,13 @@ static char *dupstr(const char *s) {
     return d;
 }
 
+/* *dst = a copy of src; on out of memory says so in why and returns -1. */
+static int copy_str(char **dst, const char *src, char *why, size_t whylen) {
+    if ((*dst = dupstr(src))) return 0;
+    snprintf(why, whylen, "out of memory");
+    return -1;
+}
+
 static void rule_free(struct alert_rule *r) {
     free(r->name);
     free(r->metric);
@@ -154,13 +161,9 @@ static int parse_kv(cJSON *obj, struct alert_kv *kv, int *n, char *why, size_t w
             snprintf(why, whylen, "more than %d %s", ALERT_MAX_LABELS, what);
             return -1;
         }
-        kv[*n].key = dupstr(it->string);
-        kv[*n].value = dupstr(it->valuestring);
-        (*n)++; /* counted before the check: rule_free frees what was copied */
-        if (!kv[*n - 1].key || !kv[*n - 1].value) {
-            snprintf(why, whylen, "out of memory");
+        struct alert_kv *e = &kv[(*n)++]; /* counted first: rule_free frees what was copied */
+        if (copy_str(&e->key, it->string, why, whylen) || copy_str(&e->value, it->valuestring, why, whylen))
             return -1;
-        }
     }
     return 0;
 }
@@ -192,10 +195,7 @@ static int parse_and(cJSON *and, struct alert_rule *r, char *why, size_t whylen)
                               "\"value\": NUMBER} (not with stalled)");
         return -1;
     }
-    if (!(r->and_metric = dupstr(m->valuestring))) {
-        snprintf(why, whylen, "out of memory");
-        return -1;
-    }
+    if (copy_str(&r->and_metric, m->valuestring, why, whylen)) return -1;
     r->and_op = strcmp(op->valuestring, "below") ? ALERT_OP_ABOVE : ALERT_OP_BELOW;
     return num(and, "value", &r->and_value, 1, -1e300, 1e300, why, whylen);
 }
@@ -210,10 +210,7 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         snprintf(why, whylen, "\"name\" must be a string of 1-128 bytes");
         return -1;
     }
-    if (!(r->name = dupstr(name->valuestring))) {
-        snprintf(why, whylen, "out of memory");
-        return -1;
-    }
+    if (copy_str(&r->name, name->valuestring, why, whylen)) return -1;
     cJSON *scope = cJSON_GetObjectItemCaseSensitive(o, "scope");
     r->scope = -1;
     for (int i = 0; scope && cJSON_IsString(scope) && i < 4; i++)
@@ -242,10 +239,7 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
             snprintf(why, whylen, "\"metric\" must be a metric name");
             return -1;
         }
-        if (!(r->metric = dupstr(metric->valuestring))) {
-            snprintf(why, whylen, "out of memory");
-            return -1;
-        }
+        if (copy_str(&r->metric, metric->valuestring, why, whylen)) return -1;
     }
     double w = 1;
     switch (r->op) {
@@ -274,12 +268,9 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
             snprintf(why, whylen, "near_bound needs \"bound_metric\" and \"rising_metric\" names");
             return -1;
         }
-        r->bound_metric = dupstr(b->valuestring);
-        r->rising_metric = dupstr(ri->valuestring);
-        if (!r->bound_metric || !r->rising_metric) {
-            snprintf(why, whylen, "out of memory");
+        if (copy_str(&r->bound_metric, b->valuestring, why, whylen) ||
+            copy_str(&r->rising_metric, ri->valuestring, why, whylen))
             return -1;
-        }
         if (num(cond, "epsilon", &r->epsilon, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen))
             return -1;
         break;
@@ -315,10 +306,7 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         snprintf(why, whylen, "\"severity\" must be a string");
         return -1;
     }
-    if (!(r->severity = dupstr(sev ? sev->valuestring : "warning"))) {
-        snprintf(why, whylen, "out of memory");
-        return -1;
-    }
+    if (copy_str(&r->severity, sev ? sev->valuestring : "warning", why, whylen)) return -1;
     if (parse_kv(cJSON_GetObjectItemCaseSensitive(o, "labels"), r->labels, &r->nlabels, why, whylen, "labels") ||
         parse_kv(cJSON_GetObjectItemCaseSensitive(o, "annotations"), r->annotations, &r->nannotations, why, whylen,
                  "annotations"))
