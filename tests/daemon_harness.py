@@ -20,6 +20,19 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTROPYD = os.environ.get("ENTROPYD") or os.path.join(ROOT, "build", "entropyd")
 
+# The README's unstable demo config (post-LN, Adam lr 0.1, no warmup or clip,
+# no σReparam): its first-layer heads collapse within ~30 steps. For tests of
+# the trainer's answer to alerts (e2e_rollback, e2e_mpi).
+UNSTABLE_ARGS = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8",
+                 "--norm", "post", "--optimizer", "adam", "--lr", "0.1", "--warmup", "0", "--clip", "0",
+                 "--schedule", "constant", "--seed", "1", "--threads", "1", "--reparam", "none",
+                 "--print-every", "50", "--eval-every", "0", "--eval-batches", "2"]
+# A rules file with entropy_collapse alone, as in the built-in set (below 0.01 for 20 steps).
+COLLAPSE_ONLY_RULES = {"rules": [
+    {"name": "entropy_collapse", "metric": "entropy_norm", "scope": "head",
+     "condition": {"op": "below", "value": 0.01}, "for": 20, "severity": "critical"},
+]}
+
 
 def free_port():
     s = socket.socket()

@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon  # noqa: E402
+from daemon_harness import COLLAPSE_ONLY_RULES, UNSTABLE_ARGS, Daemon  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, os.environ.get("BUILD", "build"))
@@ -163,14 +163,6 @@ def wait_status(d, name, want, timeout=20):
     return st
 
 
-UNSTABLE = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8",
-            "--norm", "post", "--optimizer", "adam", "--lr", "0.1", "--warmup", "0", "--clip", "0",
-            "--schedule", "constant", "--seed", "1", "--threads", "1", "--reparam", "none",
-            "--print-every", "50", "--eval-every", "0", "--eval-batches", "2"]
-COLLAPSE_ONLY = {"rules": [{"name": "entropy_collapse", "metric": "entropy_norm", "scope": "head",
-                            "condition": {"op": "below", "value": 0.01}, "for": 20, "severity": "critical"}]}
-
-
 def on_alert(tmp):
     """The README's unstable config on 2 ranks against a daemon that fires
     entropy_collapse: rollback restores the same snapshot on both ranks (the
@@ -179,12 +171,12 @@ def on_alert(tmp):
     import json
     rules = os.path.join(tmp, "collapse-only.json")
     with open(rules, "w") as f:
-        json.dump(COLLAPSE_ONLY, f)
+        json.dump(COLLAPSE_ONLY_RULES, f)
     d = Daemon(args=["--rules", rules])
     d.start()
     try:
         sock = "unix:" + d.sock
-        p = mpirun(2, UNSTABLE + ["--steps", "200", "--daemon", sock, "--run", "mpi-rb", "--on-alert", "rollback",
+        p = mpirun(2, UNSTABLE_ARGS + ["--steps", "200", "--daemon", sock, "--run", "mpi-rb", "--on-alert", "rollback",
                                   "--rollback-every", "10", "--rollback-keep", "20", "--rollback-lr-scale", "0.01",
                                   "--dist-check-every", "5"], timeout=180)
         rb = [ln for ln in p.stdout.splitlines() if ln.startswith("rollback from step")]
@@ -198,7 +190,7 @@ def on_alert(tmp):
             check(len(br) == len(rb) >= 1 and (n, distinct) == (200, 200),
                   "one branch per rollback (%s), every step once (%d rows, %d distinct)" % (br, n, distinct))
         ck = os.path.join(tmp, "mpi-stop-{step}.ckpt")
-        p = mpirun(2, UNSTABLE + ["--steps", "400", "--daemon", sock, "--run", "mpi-stop", "--on-alert", "stop",
+        p = mpirun(2, UNSTABLE_ARGS + ["--steps", "400", "--daemon", sock, "--run", "mpi-stop", "--on-alert", "stop",
                                   "--save", ck], timeout=180)
         saved = [ln for ln in p.stdout.splitlines() if ln.startswith("saved ")]
         check(p.returncode == 5 and len(saved) == 1, "on-alert stop on 2 ranks: exit %d, %s" % (p.returncode, saved))

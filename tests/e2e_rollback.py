@@ -26,17 +26,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon, ROOT  # noqa: E402
+from daemon_harness import COLLAPSE_ONLY_RULES, UNSTABLE_ARGS, Daemon, ROOT  # noqa: E402
 
 SIGMATRAIN = os.environ.get("SIGMATRAIN") or os.path.join(ROOT, "build", "sigmatrain")
-UNSTABLE = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8",
-            "--norm", "post", "--optimizer", "adam", "--lr", "0.1", "--warmup", "0", "--clip", "0",
-            "--schedule", "constant", "--seed", "1", "--threads", "1", "--reparam", "none",
-            "--print-every", "50", "--eval-every", "0", "--eval-batches", "2"]
-RULES = {"rules": [
-    {"name": "entropy_collapse", "metric": "entropy_norm", "scope": "head",
-     "condition": {"op": "below", "value": 0.01}, "for": 20, "severity": "critical"},
-]}
 
 
 def check(cond, msg):
@@ -47,14 +39,14 @@ def check(cond, msg):
 def daemon(tmp, name):
     rules = os.path.join(tmp, "rules.json")
     with open(rules, "w") as f:
-        json.dump(RULES, f)
+        json.dump(COLLAPSE_ONLY_RULES, f)
     data = os.path.join(tmp, name)
     os.makedirs(data)
     return Daemon(data=data, args=["--rules", rules]).start()
 
 
 def train(d, run, extra, timeout=120):
-    cmd = [SIGMATRAIN] + UNSTABLE + ["--daemon", "unix:" + d.sock, "--run", run] + extra
+    cmd = [SIGMATRAIN] + UNSTABLE_ARGS + ["--daemon", "unix:" + d.sock, "--run", run] + extra
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return p.returncode, p.stdout
 
