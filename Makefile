@@ -13,9 +13,23 @@ BUILD   ?= build/san
 OPT     ?= -O1
 endif
 
-PKGS     := libmicrohttpd libcjson sqlite3 openblas libcurl
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+# Flags from pkg-config.  The goals that install packages first (demo, test,
+# bench, experiments, stress) run scripts/deps.sh and then a second make, which
+# reads these flags only after the packages exist (a fresh machine has no
+# pkg-config and no libraries when this make starts).  Every other goal that
+# compiles needs them now, and says so if they are missing.
+PKGS       := libmicrohttpd libcjson sqlite3 openblas libcurl
+PKG_CONFIG ?= pkg-config
+DEPS       ?= scripts/deps.sh
+NO_BUILD_GOALS := deps demo test bench experiments stress clean
+BUILD_GOALS    := $(filter-out $(NO_BUILD_GOALS),$(or $(MAKECMDGOALS),all))
+ifneq ($(BUILD_GOALS),)
+PKG_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null)
+ifeq ($(PKG_LIBS),)
+$(error missing build dependencies: pkg-config cannot find $(PKGS); run `make deps` as root (or `make demo`, which installs what it needs first))
+endif
+endif
 
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
            -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -I$(BUILD)/gen $(PKG_CFLAGS)
@@ -33,7 +47,7 @@ endif
 # MPI (issue 10): build/sigmatrain-mpi, the same trainer with trainer/dist.c
 # compiled by mpicc with -DDIST_MPI.  Built when mpicc exists (MPI=1 demands
 # it, MPI=0 turns it off); build/sigmatrain itself never links MPI.
-MPICC ?= $(shell command -v mpicc 2>/dev/null)
+MPICC ?= $(if $(BUILD_GOALS),$(shell command -v mpicc 2>/dev/null))
 MPI   ?= $(if $(MPICC),1,0)
 ifeq ($(MPI),1)
 ifeq ($(MPICC),)
@@ -53,12 +67,24 @@ TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
 TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test bench demo clean experiments fuzz fuzz-build stress
+.PHONY: all programs deps test bench demo clean experiments fuzz fuzz-build stress
 .SECONDARY:
-all: $(BUILD)/entropyd $(if $(wildcard trainer/main.c),$(BUILD)/sigmatrain $(MPI_BIN)) $(TESTS) $(BENCHES)
+PROGRAMS := $(BUILD)/entropyd $(BUILD)/sigmatrain $(MPI_BIN)
+all: $(PROGRAMS) $(TESTS) $(BENCHES)
+programs: $(PROGRAMS)
 
+# `make deps` installs everything any goal needs; each goal below installs
+# only what it needs (scripts/deps.sh PROFILE), then builds by a second make.
 deps:
-	@scripts/deps.sh
+	@$(DEPS) all
+
+# $(call deps_then_make,PROFILE,GOAL): install PROFILE's packages, then make
+# GOAL in a new make.  One recipe, run line by line, so `-j` cannot start the
+# build before the packages are there.
+define deps_then_make
+	@$(DEPS) $(1)
+	@$(MAKE) --no-print-directory $(2)
+endef
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -103,21 +129,22 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# `all` by a second make: on a fresh machine mpicc only exists after deps.
-test: deps
-	@$(MAKE) --no-print-directory all
+test:
+	$(call deps_then_make,test,all)
 	@BUILD=$(BUILD) SANITIZE=$(SANITIZE) scripts/run-tests.sh
 
-bench: deps
-	@$(MAKE) --no-print-directory all SANITIZE=
+bench:
+	$(call deps_then_make,bench,all SANITIZE=)
 	@BUILD=build scripts/run-bench.sh
 
-demo: deps all
+demo:
+	$(call deps_then_make,demo,programs MPI=0)
 	@BUILD=$(BUILD) scripts/demo.sh
 
-# The learning-rate sweep of docs/experiments.md (issue 8): baseline against
-# σReparam, --norm pre|post|none, Adam and SGD; two trainers at a time.
-experiments: deps all
+# The learning-rate sweep of docs/experiments.md: baseline against σReparam,
+# --norm pre|post|none, Adam and SGD; two trainers at a time.
+experiments:
+	$(call deps_then_make,experiments,programs MPI=0)
 	@BUILD=$(BUILD) python3 scripts/experiments.py
 
 clean:
@@ -148,8 +175,10 @@ fuzz-build: $(FUZZERS)
 fuzz: $(FUZZERS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-fuzz.sh
 # `make stress`: the long reliability runs and their table (scripts/run-stress.sh).
-stress: deps
-	@$(MAKE) --no-print-directory all SANITIZE=
+stress:
+	$(call deps_then_make,test,all SANITIZE=)
 	@BUILD=build FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-stress.sh
 
+ifneq ($(BUILD_GOALS),)
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+endif

@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
-# make deps: installs the Debian packages the project needs when run as root,
-# otherwise prints the apt-get line; then installs the browser-test npm packages.
+# scripts/deps.sh PROFILE: makes sure the Debian packages (and, for the
+# browser tests, the npm packages) that PROFILE needs are there.  As root it
+# installs what is missing; as anyone else it prints the apt-get line and
+# fails.  A profile asks only for what its goal uses:
+#   demo         build the two programs and run the demo
+#   experiments  demo + gnuplot (the sweep's plot)
+#   test         everything the suite uses: cmocka, clang (fuzzing), MPI,
+#                the sqlite3 shell, chromium + Node.js + playwright-core
+#   bench        test's packages (benchmarks drive the same programs)
+#   all          every package of every profile (`make deps`)
 set -euo pipefail
-pkgs=(build-essential pkg-config clang libclang-rt-14-dev
-      libmicrohttpd-dev libsqlite3-dev sqlite3 libopenblas-dev liblapacke-dev
-      libcjson-dev libcmocka-dev libcurl4-openssl-dev
-      python3 chromium gnuplot-nox
-      libopenmpi-dev openmpi-bin)
+profile=${1:-all}
+build=(build-essential pkg-config python3
+       libmicrohttpd-dev libsqlite3-dev libopenblas-dev liblapacke-dev
+       libcjson-dev libcurl4-openssl-dev)
+browser=(chromium)
 # Node.js may come from elsewhere with npm inside it: ask for the commands.
-command -v node >/dev/null || pkgs+=(nodejs)
-command -v npm >/dev/null || pkgs+=(npm)
+command -v node >/dev/null || browser+=(nodejs)
+command -v npm >/dev/null || browser+=(npm)
+suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 libopenmpi-dev openmpi-bin "${browser[@]}")
+case $profile in
+  demo)        pkgs=("${build[@]}") ;;
+  experiments) pkgs=("${build[@]}" gnuplot-nox) ;;
+  test|bench)  pkgs=("${build[@]}" "${suite[@]}") ;;
+  all)         pkgs=("${build[@]}" "${suite[@]}" gnuplot-nox) ;;
+  *) echo "deps: unknown profile '$profile' (demo, experiments, test, bench, all)" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,14 +37,20 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
-    echo "deps: missing Debian packages; run as root:"
-    echo "  apt-get install -y ${missing[*]}"
+    echo "deps: missing Debian packages for 'make $profile'; run as root:" >&2
+    echo "  apt-get install -y ${missing[*]}" >&2
     exit 1
   fi
 fi
 # Browser tests: playwright-core from npm drives Debian's /usr/bin/chromium.
-if [ -f tests/browser/package.json ] && [ ! -d tests/browser/node_modules/playwright-core ]; then
-  echo "deps: npm install in tests/browser"
-  (cd tests/browser && npm install --no-audit --no-fund --silent)
-fi
+case $profile in test|bench|all)
+  # The version is pinned (1.49: newer ones refuse Debian 12's Node.js 18);
+  # an older checkout's node_modules with another version is replaced.
+  want=$(sed -n 's/.*"playwright-core": *"\([^"]*\)".*/\1/p' tests/browser/package.json 2>/dev/null)
+  have=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' tests/browser/node_modules/playwright-core/package.json 2>/dev/null | head -1)
+  if [ -f tests/browser/package.json ] && [ "$want" != "$have" ]; then
+    echo "deps: npm ci in tests/browser (playwright-core $want)"
+    (cd tests/browser && npm ci --no-audit --no-fund --silent)
+  fi ;;
+esac
 exit 0
