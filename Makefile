@@ -86,6 +86,11 @@ define deps_then_make
 	@$(MAKE) --no-print-directory $(2)
 endef
 
+# One version for both programs: the VERSION file, compiled into their mains.
+VERSION := $(shell cat VERSION)
+$(BUILD)/daemon/main.o $(BUILD)/trainer/main.o: CFLAGS += -DPROJECT_VERSION='"$(VERSION)"'
+$(BUILD)/daemon/main.o $(BUILD)/trainer/main.o: VERSION
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@

@@ -25,7 +25,6 @@
 #include "writer.h"
 #include "now.h"
 
-#define ENTROPYD_VERSION "0.1.0"
 
 static struct ingest *g_ingest;
 
@@ -170,7 +169,7 @@ int main(int argc, char **argv) {
         case O_QUIETALERTS: alert_log = 0; break;
         case O_AM: alertmanager = optarg; break;
         case O_AMRESEND: if (parse_int("--alertmanager-resend-s", optarg, 1, 86400, &am_resend_s)) return 2; break;
-        case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", ENTROPYD_VERSION, PROTO_VERSION, store_schema_version()); return 0;
+        case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", PROJECT_VERSION, PROTO_VERSION, store_schema_version()); return 0;
         case 'h': case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -284,7 +283,7 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    printf("entropyd %s: db %s", ENTROPYD_VERSION, db);
+    printf("entropyd %s: db %s", PROJECT_VERSION, db);
     if (sock) printf(", socket %s", sock);
     if (tcp) printf(", tcp port %d", ingest_tcp_port(g_ingest));
     if (http) printf(", http %s", http_listen);

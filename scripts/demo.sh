@@ -141,7 +141,6 @@ EOF
 
 wait "$base_pid"; base_rc=$?; base_pid=""
 wait "$sigma_pid"; sigma_rc=$?; sigma_pid=""
-sleep 0.5 # the daemon commits each trainer's last steps and end within ~100 ms
 
 summary() { # name log rc
   local loss
@@ -151,12 +150,33 @@ summary() { # name log rc
 echo "demo: both runs finished"
 summary demo-baseline "$DATA/baseline.log" "$base_rc"
 summary demo-sigmareparam "$DATA/sigmareparam.log" "$sigma_rc"
-if command -v sqlite3 >/dev/null; then
-  echo "demo: alerts raised (rule, first step, state):"
-  sqlite3 -readonly "$DATA/entropyd.db" \
-    "SELECT '  ' || r.name || ': ' || a.rule || ' from step ' || a.start_step || ' (' || a.state || ')'
-       FROM alerts a JOIN runs r ON r.id = a.run_id ORDER BY r.name, a.start_step" 2>/dev/null
-fi
+# The alerts, from the HTTP API once the daemon has committed both runs' ends.
+python3 - "$URL" <<'PY'
+import json, sys, time, urllib.request
+url = sys.argv[1]
+def get(path):
+    return json.load(urllib.request.urlopen(url + path, timeout=5))
+deadline = time.time() + 10
+while time.time() < deadline:
+    try:
+        runs = {r["name"]: r for r in get("api/runs")}
+        if all(runs.get(n, {}).get("status") not in (None, "live") for n in ("demo-baseline", "demo-sigmareparam")):
+            break
+    except OSError:
+        pass
+    time.sleep(0.1)
+try:
+    alerts = get("api/alerts?limit=1000")
+except OSError as e:
+    sys.exit("demo: could not read the alerts: %s" % e)
+print("demo: alerts raised (rule, first step):")
+for name in ("demo-baseline", "demo-sigmareparam"):
+    mine = sorted((a for a in alerts if a["run"] == name), key=lambda a: a["start_step"])
+    for a in mine:
+        print("  %-18s %s from step %d" % (name, a["rule"], a["start_step"]))
+    if not mine:
+        print("  %-18s none" % name)
+PY
 
 if [ "$DEMO_HOLD" = 1 ]; then
   echo "demo: the dashboard stays up at $URL; Ctrl-C stops it"

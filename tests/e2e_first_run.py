@@ -79,6 +79,7 @@ exec pkg-config "$@"
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
         self.assertEqual(self.recorded(), ["demo"])
         self.assertIn("demo: both runs finished", r.stdout)
+        self.assertIn("demo: alerts raised", r.stdout)
         self.assertTrue(os.access(os.path.join(self.dir, "build", "entropyd"), os.X_OK))
         # the demo needs no MPI: the package profile has none, so neither does the build
         self.assertFalse(os.path.exists(os.path.join(self.dir, "build", "sigmatrain-mpi")))

@@ -29,7 +29,6 @@
 
 #include <cjson/cJSON.h>
 
-#define SIGMATRAIN_VERSION "0.5"
 
 #define SYNTH_TOKENS (1u << 21)
 
@@ -78,7 +77,8 @@ static void usage(FILE *f)
 "  --batch N             sequences per step (default 16)\n"
 "  --steps N             total steps (default 1000)\n"
 "  --seed N              init and synthetic data seed (default 1)\n"
-"  --threads N           OpenBLAS threads (default 2)\n"
+"  --threads N           worker threads: the batch is split into N shards, each\n"
+"                        computed by its own thread on single-threaded OpenBLAS (default 2)\n"
 "  --data FILE           train a byte-level model (vocab 256) on FILE; default: synthetic corpus\n"
 "  --continue-on-nan     report a NaN/Inf step, skip its update and go on (default: exit 3)\n"
 "output:\n"
@@ -90,7 +90,8 @@ static void usage(FILE *f)
 "  --save-every N        (default 0: only at the end)\n"
 "  --resume PATH         continue a run from its checkpoint; the run's definition\n"
 "                        (model, optimizer, schedule, batch, seed, data) comes from the file\n"
-"  --sgemm-peak          print OpenBLAS sgemm GFLOP/s with --threads and exit\n"
+"  --sgemm-peak          print the sgemm GFLOP/s ceiling for --threads (N concurrent\n"
+"                        single-threaded calls, and one call on N OpenBLAS threads) and exit\n"
 "telemetry (to entropyd; nothing at all without --daemon):\n"
 "  --daemon ADDR         unix:PATH or tcp:HOST:PORT; the run streams collapse metrics\n"
 "  --run NAME            run name (default: generated, printed at start)\n"
@@ -119,7 +120,7 @@ static void usage(FILE *f)
 "  --dist-check-every K  compare a hash of parameters, power-iteration vectors and\n"
 "                        optimizer moments across ranks every K steps, 0 = never (default 100)\n"
 "  --dist-bucket-kb N    gradient all-reduce bucket size, 0 = one call (default 0)\n"
-"  --help\n");
+"  --version, --help\n");
 }
 
 static int parse_enum(const char *flag, const char *v, const char *const *names, int n, int *out)
@@ -200,6 +201,7 @@ static int parse_args(int argc, char **argv, options *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 1; }
+        if (strcmp(a, "--version") == 0) { printf("sigmatrain %s\n", PROJECT_VERSION); return 1; }
         if (strcmp(a, "--continue-on-nan") == 0) { o->continue_on_nan = 1; continue; }
         if (strcmp(a, "--sgemm-peak") == 0) { o->sgemm_peak = 1; continue; }
         if (strcmp(a, "--upload-spool") == 0) { o->upload_spool = 1; continue; }
@@ -546,7 +548,7 @@ static char *run_meta_json(const options *o, const model *m, const char *resumed
           *op = cJSON_AddObjectToObject(j, "optimizer"), *da = cJSON_AddObjectToObject(j, "data"),
           *pr = cJSON_AddObjectToObject(j, "probe");
     cJSON_AddStringToObject(j, "trainer", "sigmatrain");
-    cJSON_AddStringToObject(j, "version", SIGMATRAIN_VERSION " (built " __DATE__ " " __TIME__ ")");
+    cJSON_AddStringToObject(j, "version", PROJECT_VERSION " (built " __DATE__ " " __TIME__ ")");
     cJSON_AddNumberToObject(mo, "layers", r->cfg.layers);
     cJSON_AddNumberToObject(mo, "heads", r->cfg.heads);
     cJSON_AddNumberToObject(mo, "dim", r->cfg.dim);

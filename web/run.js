@@ -69,8 +69,9 @@ export class RunView {
     this.firstStep = run.first_step ?? 0;
     this.buildHeader();
     this.buildRange();
-    this.buildScalars();
+    // the heads first: the collapse is what the page is for, the loss follows
     this.buildHeatmap();
+    this.buildScalars();
     mark('first screen built');
     // let the first requests go out before building the (long) rest of the page
     await new Promise((r) => setTimeout(r, 0));
