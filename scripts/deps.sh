@@ -47,8 +47,9 @@ fi
 case $profile in test|bench|all)
   # The version is pinned (1.49: newer ones refuse Debian 12's Node.js 18);
   # an older checkout's node_modules with another version is replaced.
-  want=$(sed -n 's/.*"playwright-core": *"\([^"]*\)".*/\1/p' tests/browser/package.json 2>/dev/null)
-  have=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' tests/browser/node_modules/playwright-core/package.json 2>/dev/null | head -1)
+  want=$(sed -n 's/.*"playwright-core": *"\([^"]*\)".*/\1/p' tests/browser/package.json 2>/dev/null || true)
+  have=$(sed -n '0,/"version"/s/^ *"version": *"\([^"]*\)".*/\1/p' \
+           tests/browser/node_modules/playwright-core/package.json 2>/dev/null || true)
   if [ -f tests/browser/package.json ] && [ "$want" != "$have" ]; then
     echo "deps: npm ci in tests/browser (playwright-core $want)"
     (cd tests/browser && npm ci --no-audit --no-fund --silent)
