@@ -137,7 +137,7 @@ static void usage(FILE *f) {
             "                        (layers x heads series per metric and run: mind the cardinality)\n"
             "  --stream-events N     live events kept for Last-Event-ID resume (default 16384)\n"
             "  --keepalive-ms N      SSE keep-alive comment interval (default 15000)\n"
-            "  --rules FILE          alert rules (JSON; default: the built-in set, see README \"Alerts\")\n"
+            "  --rules FILE          alert rules (JSON; default: the built-in set, see docs/alerts.md)\n"
             "  --webhook URL         POST Alertmanager-style webhook JSON on firing and resolved\n"
             "  --on-alert CMD        run /bin/sh -c CMD with the alert JSON on stdin\n"
             "  --alertmanager URL    also send alerts to Alertmanager's API (URL/api/v2/alerts),\n"
