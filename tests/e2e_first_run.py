@@ -95,7 +95,7 @@ exec pkg-config "$@"
         for p in ("chromium", "gnuplot-nox", "libopenmpi-dev", "openmpi-bin", "libcmocka-dev", "clang"):
             self.assertNotIn(p, asked["demo"])
         self.assertEqual(asked["experiments"] - asked["demo"], {"gnuplot-nox"})
-        for p in ("chromium", "libcmocka-dev", "libopenmpi-dev"):
+        for p in ("chromium", "libcmocka-dev", "libopenmpi-dev", "curl", "jq"):
             self.assertIn(p, asked["test"])
 
     def test_deps_installs_the_pinned_browser_driver(self):
