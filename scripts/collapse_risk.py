@@ -51,7 +51,7 @@ HELD_GRID = [
     ("adam", "pre", "none", 0.1, WARM), ("adam", "post", "none", 0.1, WARM), ("adam", "none", "none", 0.03, WARM),
     ("adam", "pre", "sigma", 0.1, WARM), ("sgd", "pre", "none", 0.3, 0), ("sgd", "none", "none", 3.0, WARM),
 ]
-SIGNALS = ("entropy_norm", "max_logit", "logit_scale", "sigma_qk")
+SIGNALS = ("entropy_norm", "max_logit", "logit_scale", "sigma_qk", "entropy_bound")
 
 
 def configs(which, steps=STEPS):
@@ -92,61 +92,10 @@ def divergence_step(steps, loss):
     return None
 
 
-# ---- candidate rules, simulated with the engine's semantics ------------------
-# A rule holds on a head at a step when its condition (and guard) holds; the
-# alert fires at the first step where some head has held it for `for`
-# consecutive steps (for = 0: at once).
-
-def cond_series(kind, p, sig, h):
-    """Booleans per step for head h under candidate (kind, params p)."""
-    en = sig["entropy_norm"][h]
-    if kind == "growth":
-        v = sig[p["metric"]][h]
-        w, rate, cap = p["window"], p["rate"], p.get("value", float("inf"))
-        out = []
-        for t in range(len(v)):
-            x = v[t]
-            ok = False
-            if x is not None:
-                if x > cap:
-                    ok = True
-                elif t >= w and v[t - w] is not None and (x - v[t - w]) / w > rate:
-                    ok = True
-            out.append(ok)
-    elif kind == "drop":
-        w, pct = p["window"], p["pct"]
-        out = []
-        for t in range(len(en)):
-            prev = [x for x in en[max(0, t - w):t] if x is not None]
-            out.append(en[t] is not None and bool(prev) and en[t] < (1 - pct / 100.0) * max(prev))
-    elif kind == "below":
-        out = [x is not None and x < p["value"] for x in en]
-    else:
-        raise ValueError(kind)
-    g = p.get("guard")
-    if g:
-        gv = sig[g["metric"]][h]
-        out = [o and gv[t] is not None and (gv[t] < g["value"] if g["op"] == "below" else gv[t] > g["value"])
-               for t, o in enumerate(out)]
-    return out
-
-
-def fire_step(steps, sig, kind, p):
-    """Step at which the simulated rule fires on this run (None: never)."""
-    need = p["for"]
-    best = None
-    heads = len(sig["entropy_norm"])
-    for h in range(heads):
-        c = cond_series(kind, p, sig, h)
-        run = 0
-        for t, ok in enumerate(c):
-            run = run + 1 if ok else 0
-            if ok and run >= max(1, need):
-                if best is None or steps[t] < best:
-                    best = steps[t]
-                break
-    return best
-
+# ---- candidate rules, evaluated by the daemon itself ---------------------------
+# Every candidate is a rule in the daemon's rules file (named cand-NNN), next
+# to the built-in rules: the engine that ships evaluates them on both
+# sweeps, so tuning and judging read the same alert episodes.
 
 def candidates():
     """The grid searched on the tune sweep."""
@@ -171,11 +120,22 @@ def candidates():
     return out
 
 
-def score(rows, kind, p):
-    """recall, false-alarm rate, median lead (collapse start - fire) on rows."""
+def candidate_rules():
+    """[(name, kind, params, rule)] for the rules file."""
+    out = []
+    for i, (kind, p) in enumerate(candidates()):
+        r = rule_text(kind, p)
+        r.update(name="cand-%03d" % i, scope="head", keep_firing_for=0, severity="info")
+        out.append(("cand-%03d" % i, kind, p, r))
+    return out
+
+
+def score(rows, name):
+    """recall, false-alarm rate, median lead (collapse start - firing) of the
+    rule `name` on rows (their daemon episodes, row["fires"])."""
     hits, leads, fa, nh, nc = 0, [], 0, 0, 0
     for r in rows:
-        f = fire_step(r["data"]["step"], r["data"]["signals"], kind, p) if r["data"].get("signals") else None
+        f = r["fires"].get(name)
         if r["collapsed"]:
             nc += 1
             if f is not None and f < r["collapse_step"]:
@@ -196,12 +156,12 @@ def median(xs):
 
 
 def tune(rows):
-    """Best candidate: highest recall with false alarms <= 5%, then the
-    longest median lead; the table of the top few."""
+    """Candidates with false alarms <= 5% on rows, best first: highest
+    recall, then the longest median lead."""
     scored = []
-    for kind, p in candidates():
-        rec, far, lead, nc, nh = score(rows, kind, p)
-        scored.append((kind, p, rec, far, lead))
+    for name, kind, p, rule in candidate_rules():
+        rec, far, lead, nc, nh = score(rows, name)
+        scored.append((name, rule, rec, far, lead))
     ok = [x for x in scored if x[3] <= 0.05]
     ok.sort(key=lambda x: (-x[2], -(x[4] or 0)))
     return ok, scored
@@ -223,16 +183,33 @@ def rule_text(kind, p):
     return {"metric": metric, "condition": c, "for": p["for"]}
 
 
-def judge(rows, rule="collapse_risk"):
-    """Held-out verdicts from the daemon's own episodes."""
+def fires(alerts):
+    """{rule: first firing step} from a run's stored episodes: the FIRING
+    transition's step from the payload when it has one, else start_step."""
+    out = {}
+    for a in alerts:
+        if a.get("start_step") is None:
+            continue
+        step = None
+        try:
+            step = json.loads(a.get("payload") or "{}").get("step")
+        except (ValueError, TypeError, AttributeError):
+            pass
+        step = step if step is not None else a["start_step"]
+        if a["rule"] not in out or step < out[a["rule"]]:
+            out[a["rule"]] = step
+    return out
+
+
+def judge(rows, rule):
+    """Per run: verdicts and rule's lead times."""
     out = []
     for r in rows:
-        starts = [a["start_step"] for a in r["alerts"] if a.get("rule") == rule and a.get("start_step") is not None]
-        fire = min(starts) + r.get("risk_for", 0) if starts else None
+        f = r["fires"].get(rule)
         out.append(dict(name=r["name"], collapsed=r["collapsed"], healthy=r["healthy"],
-                        collapse_step=r["collapse_step"], diverge_step=r["diverge_step"], fire=fire,
-                        lead=(r["collapse_step"] - fire) if (r["collapsed"] and fire is not None) else None,
-                        lead_div=(r["diverge_step"] - fire) if (r["diverge_step"] is not None and fire is not None)
+                        collapse_step=r["collapse_step"], diverge_step=r["diverge_step"], fire=f,
+                        lead=(r["collapse_step"] - f) if (r["collapsed"] and f is not None) else None,
+                        lead_div=(r["diverge_step"] - f) if (r["diverge_step"] is not None and f is not None)
                         else None))
     return out
 
@@ -261,7 +238,8 @@ def fmt(v, nd=2):
     return str(v)
 
 
-def write_report(path, tune_rows, held_rows, top, chosen_rule, held_j, held_s, tune_s, seconds, machine):
+def write_report(path, tune_rows, held_rows, top, chosen_rule, held_j, held_s, tune_s, seconds, machine,
+                 shipped=None):
     out = ["# Collapse risk: an alert before entropy collapse begins", "",
            "Generated by `make experiments` (part `predict`, scripts/collapse_risk.py) in %.1f min on %s." % (
                seconds / 60, machine), "",
@@ -274,7 +252,11 @@ def write_report(path, tune_rows, held_rows, top, chosen_rule, held_j, held_s, t
            "(its start_step + for); lead to divergence = the first step whose training loss is non-finite "
            "or 1 nat above its running minimum - that same firing step." % (
                " ".join(SMALL), TUNE_SEEDS, STEPS, " ".join(BIG), HELD_SEEDS, STEPS, WARM), "",
-           "## The rule", "", "```json", json.dumps(chosen_rule, indent=1), "```", "",
+           "## The rule", "",
+           "Chosen on the tune sweep alone (highest recall with false alarms <= 5%, then the longest "
+           "median lead):", "", "```json", json.dumps(chosen_rule, indent=1), "```", "",
+           ("The built-in `collapse_risk` of daemon/alert.c is this rule." if shipped else
+            "daemon/alert.c ships no `collapse_risk` that matches it (see below)."), "",
            "## Held-out sweep (the daemon's own alerts)", "",
            "| runs that collapse | healthy runs | other | recall | false alarms | median lead (steps) | "
            "collapse after step 200 | their recall | their median lead | median lead before the loss diverges |",
@@ -293,11 +275,13 @@ def write_report(path, tune_rows, held_rows, top, chosen_rule, held_j, held_s, t
         out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
             x["name"], v, fmt(x["collapse_step"]), fmt(x["diverge_step"]), fmt(x["fire"]), fmt(x["lead"]),
             fmt(x["lead_div"])))
-    out += ["", "## Tuning (simulated on the tune sweep's stored series)", "",
-            "Candidates with false alarms <= 5%% on the tune sweep, best first (of %d tried):" % len(candidates()),
+    out += ["", "## Tuning (the daemon's alerts on the tune sweep)", "",
+            "Candidates with false alarms <= 5%% on the tune sweep, best first (of %d tried, each a rule the "
+            "daemon evaluated on both sweeps):" % len(candidates()),
             "", "| rule | recall | false alarms | median lead |", "|---|---|---|---|"]
-    for kind, p, rec, far, lead in top[:12]:
-        out.append("| `%s` | %.2f | %.2f | %s |" % (json.dumps(rule_text(kind, p)), rec, far, fmt(lead, 0)))
+    for name, rule, rec, far, lead in top[:12]:
+        shown = {k: rule[k] for k in ("metric", "condition", "for")}
+        out.append("| `%s` | %.2f | %.2f | %s |" % (json.dumps(shown), rec, far, fmt(lead, 0)))
     out += ["", "| tune run | verdict | collapse begins | loss diverges |", "|---|---|---|---|"]
     for r in tune_rows:
         v = "collapses" if r["collapsed"] else "healthy" if r["healthy"] else "other"

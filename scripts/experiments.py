@@ -78,11 +78,12 @@ def run_name(c):
 class Daemon:
     """entropyd on DIR with a free HTTP port; stopped with SIGTERM."""
 
-    def __init__(self, data):
+    def __init__(self, data, rules=None):
         self.data = data
         os.makedirs(data, exist_ok=True)
         self.log = open(os.path.join(data, "daemon.log"), "wb")
-        self.proc = subprocess.Popen([ENTROPYD, "--data", data, "--http", "127.0.0.1:0", "--quiet-alerts"],
+        self.proc = subprocess.Popen([ENTROPYD, "--data", data, "--http", "127.0.0.1:0", "--quiet-alerts"] +
+                                     (["--rules", rules] if rules else []),
                                      stdout=subprocess.PIPE, stderr=self.log)
         self.port = None
         deadline = time.time() + 20
@@ -476,70 +477,67 @@ def predict_run_all(configs, d, logdir, jobs):
     return rows
 
 
-def risk_fire_steps(rows):
-    """Each row's collapse_risk firing step: the FIRING transition's step
-    from the stored payload, else start_step + the rule's for."""
-    for r in rows:
-        fires = []
-        for a in r["alerts"]:
-            if a["rule"] != "collapse_risk" or a["start_step"] is None:
-                continue
-            step = None
-            try:
-                step = json.loads(a.get("payload") or "{}").get("step")
-            except (ValueError, TypeError):
-                pass
-            fires.append(step if step is not None else a["start_step"])
-        r["risk_fire"] = min(fires) if fires else None
-    return rows
-
-
 def predict(args, scratch, out):
     t0 = time.time()
-    d = Daemon(os.path.join(scratch, "daemon"))
+    # one daemon, the built-in rules plus every candidate of the tuning grid
+    rules = json.loads(default_rules_json())
+    shipped = [r for r in rules["rules"] if r["name"] == "collapse_risk"]
+    rules["rules"] += [r for _, _, _, r in collapse_risk.candidate_rules()]
+    rules_path = os.path.join(scratch, "rules.json")
+    with open(rules_path, "w") as f:
+        json.dump(rules, f)
+    d = Daemon(os.path.join(scratch, "daemon"), rules_path)
     logdir = os.path.join(scratch, "logs")
     os.makedirs(logdir, exist_ok=True)
     tune_cfg = collapse_risk.configs("tune", args.steps_predict)
-    held_cfg = collapse_risk.configs("held", args.steps_predict)
-    print("collapse-risk: %d tune runs, then %d held-out runs; entropyd at http://127.0.0.1:%d/" % (
-        len(tune_cfg), len(held_cfg), d.port), flush=True)
+    held_cfg = [] if args.tune_only else collapse_risk.configs("held", args.steps_predict)
+    print("collapse-risk: %d tune runs, then %d held-out runs, %d rules; entropyd at "
+          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), len(rules["rules"]), d.port), flush=True)
     try:
-        tune_rows = risk_fire_steps(predict_run_all(tune_cfg, d, logdir, args.jobs))
-        top, _ = collapse_risk.tune(tune_rows)
-        print("collapse-risk: best candidates on the tune sweep (false alarms <= 5%):")
-        for kind, p, rec, far, lead in top[:10]:
-            print("  recall %.2f  false alarms %.2f  median lead %-6s %s" % (
-                rec, far, fmt(lead, 0), json.dumps(collapse_risk.rule_text(kind, p))))
-        if args.tune_only:
-            return
-        held_rows = risk_fire_steps(predict_run_all(held_cfg, d, logdir, args.jobs))
+        tune_rows = predict_run_all(tune_cfg, d, logdir, args.jobs)
+        held_rows = predict_run_all(held_cfg, d, logdir, args.jobs)
     finally:
         d.stop()
-    judge = lambda rows: [dict(name=r["name"], collapsed=r["collapsed"], healthy=r["healthy"],
-                               collapse_step=r["collapse_step"], diverge_step=r["diverge_step"], fire=r["risk_fire"],
-                               lead=(r["collapse_step"] - r["risk_fire"]) if (r["collapsed"] and r["risk_fire"] is not None)
-                               else None,
-                               lead_div=(r["diverge_step"] - r["risk_fire"]) if (r["diverge_step"] is not None and
-                                                                               r["risk_fire"] is not None) else None)
-                          for r in rows]
-    held_j, tune_j = judge(held_rows), judge(tune_rows)
+    for r in tune_rows + held_rows:
+        r["fires"] = collapse_risk.fires(r["alerts"])
+    with open(os.path.join(scratch, "rows.json"), "w") as f:
+        json.dump(tune_rows + held_rows, f)
+    top, _ = collapse_risk.tune(tune_rows)
+    print("collapse-risk: best candidates on the tune sweep (false alarms <= 5%):")
+    for name, rule, rec, far, lead in top[:10]:
+        print("  %s recall %.2f  false alarms %.2f  median lead %-6s %s" % (
+            name, rec, far, fmt(lead, 0), json.dumps({k: rule[k] for k in ("metric", "condition", "for")})))
+    if args.tune_only or not top:
+        return
+    report(tune_rows, held_rows, top, shipped, out, scratch, time.time() - t0)
+
+
+def report(tune_rows, held_rows, top, shipped, out, scratch, seconds):
+    """collapse-risk.md/.json/.png from the two sweeps' rows."""
+    name, chosen = top[0][0], dict(top[0][1])
+    same = bool(shipped) and all(shipped[0].get(k) == chosen.get(k) for k in ("metric", "condition", "for"))
+    judged = "collapse_risk" if same else name
+    held_j, tune_j = collapse_risk.judge(held_rows, judged), collapse_risk.judge(tune_rows, judged)
     held_s, tune_s = collapse_risk.summarize(held_j), collapse_risk.summarize(tune_j)
-    rule = [r for r in json.loads(default_rules_json())["rules"] if r["name"] == "collapse_risk"]
-    seconds = time.time() - t0
     machine = "%d cores (shared), load average %.1f at the end" % (os.cpu_count(), os.getloadavg()[0])
-    collapse_risk.write_report(os.path.join(out, "collapse-risk.md"), tune_rows, held_rows, top,
-                               rule[0] if rule else None, held_j, held_s, tune_s, seconds, machine)
+    chosen["name"] = "collapse_risk"
+    chosen.pop("severity", None)
+    collapse_risk.write_report(os.path.join(out, "collapse-risk.md"), tune_rows, held_rows, top, chosen,
+                               held_j, held_s, tune_s, seconds, machine, shipped=same)
     with open(os.path.join(out, "collapse-risk.json"), "w") as f:
-        json.dump({"seconds": round(seconds, 1), "held_out": held_s, "tune": tune_s, "held_runs": held_j,
-                   "tune_runs": tune_j, "rule": rule[0] if rule else None,
-                   "candidates": [dict(kind=k, params=p, recall=rc, false_alarms=fa, median_lead=ld)
-                                  for k, p, rc, fa, ld in top[:50]]}, f, indent=1)
-    with open(os.path.join(scratch, "series.json"), "w") as f:
-        json.dump({r["name"]: r["data"] for r in tune_rows + held_rows}, f)
+        json.dump({"seconds": round(seconds, 1), "chosen": chosen, "shipped_matches": same,
+                   "held_out": held_s, "tune": tune_s, "held_runs": held_j, "tune_runs": tune_j,
+                   "candidates": [dict(name=n, rule=r, recall=rc, false_alarms=fa, median_lead=ld)
+                                  for n, r, rc, fa, ld in top[:50]],
+                   "held_out_of_the_best_10": [
+                       dict(name=n, summary=collapse_risk.summarize(collapse_risk.judge(held_rows, n)))
+                       for n, _, _, _, _ in top[:10]]}, f, indent=1)
     ok = collapse_risk.write_plot(held_j, os.path.join(scratch, "plot"), os.path.join(out, "collapse-risk.png"))
-    print("collapse-risk: held-out recall %s, false alarms %s, median lead %s (late runs: %s) -> %s/collapse-risk.md%s" % (
-        fmt(held_s["recall"]), fmt(held_s["false_alarms"]), fmt(held_s["median_lead"], 0),
-        fmt(held_s["late_median_lead"], 0), out, ", collapse-risk.png" if ok else ""))
+    print("collapse-risk: %s; held-out recall %s, false alarms %s, median lead %s (collapse after 200: %s) -> "
+          "%s/collapse-risk.md%s" % (
+              "the built-in collapse_risk" if same else "chosen " + name + " (not the built-in rule)",
+              fmt(held_s["recall"]), fmt(held_s["false_alarms"]), fmt(held_s["median_lead"], 0),
+              fmt(held_s["late_median_lead"], 0), out, ", collapse-risk.png" if ok else ""))
 
 
 def default_rules_json():
