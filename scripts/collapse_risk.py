@@ -241,7 +241,7 @@ def tune(rows):
 def rule_text(kind, p):
     """The candidate as the daemon's rule JSON condition."""
     if kind == "growth":
-        c = {"op": "growth", "value": 1e30, "rate": p["rate"], "window": p["window"]}
+        c = {"op": "growth", "rate": p["rate"], "window": p["window"]}
         metric = p["metric"]
     elif kind == "drop":
         c = {"op": "drop", "pct": p["pct"], "window": p["window"]}
