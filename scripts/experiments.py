@@ -467,7 +467,8 @@ def predict_run_all(configs, d, logdir, jobs):
                 row["diverge_step"] = collapse_risk.divergence_step(row["data"]["loss_step"], row["data"]["loss"])
             row["collapsed"] = row["collapse_step"] is not None
             finite = ev is not None and math.isfinite(ev)
-            row["healthy"] = not row["collapsed"] and p.returncode == 0 and finite and ev <= VOCAB_LOSS
+            row["healthy"] = (not row["collapsed"] and p.returncode == 0 and finite and ev <= VOCAB_LOSS
+                              and row["diverge_step"] is None)
             rows.append(row)
             print("%-42s exit %d  eval %-8s collapse %-5s diverge %-5s risk %-5s %5.1fs" % (
                 name, p.returncode, fmt(ev, 3), fmt(row["collapse_step"], 0) if row["collapsed"] else "-",
@@ -580,6 +581,8 @@ def main():
     if args.report_only:
         pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
         rows = json.load(open(os.path.join(pscratch, "rows.json")))
+        for r in rows:  # the current definition of healthy (predict_run_all)
+            r["healthy"] = r["healthy"] and r["diverge_step"] is None
         tune_rows = [r for r in rows if r["name"].startswith("tune-")]
         held_rows = [r for r in rows if r["name"].startswith("held-")]
         shipped = [r for r in json.loads(default_rules_json())["rules"] if r["name"] == "collapse_risk"]
