@@ -81,6 +81,8 @@ struct store {
     int in_txn;
     uint32_t nruns, capruns;
     struct run_cache **runs;
+    int64_t wal_frames;   /* frames in the WAL after the last commit (wal hook) */
+    int64_t page_size;
     /* scratch for rollup aggregation, grown on demand */
     unsigned char *agg;
     size_t aggcap;
@@ -155,6 +157,14 @@ static int migrate(struct store *st) {
     return 0;
 }
 
+/* Replaces SQLite's autocheckpoint (writer.h has the policy instead). */
+static int wal_hook(void *ctx, sqlite3 *db, const char *name, int frames) {
+    (void)db;
+    (void)name;
+    ((struct store *)ctx)->wal_frames = frames;
+    return SQLITE_OK;
+}
+
 struct store *store_open(const char *path, char *err, size_t errlen) {
     struct store *st = calloc(1, sizeof *st);
     if (!st) {
@@ -180,6 +190,8 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "database %s: %s", path, st->err);
         goto fail;
     }
+    sqlite3_wal_hook(st->db, wal_hook, st);
+    st->page_size = pragma_int(st, "PRAGMA page_size");
     for (int i = 0; i < S_COUNT; i++) {
         if (sqlite3_prepare_v3(st->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st->stmt[i], NULL) != SQLITE_OK) {
             snprintf(err, errlen, "database %s: preparing statement: %s", path, sqlite3_errmsg(st->db));
@@ -870,6 +882,8 @@ int64_t store_wal_bytes(struct store *st) {
     return (int64_t)sb.st_size;
 }
 
+int64_t store_wal_used(struct store *st) { return st->wal_frames * (st->page_size + 24); }
+
 int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_bytes) {
     int log = 0, done = 0;
     sqlite3_busy_timeout(st->db, busy_ms);
@@ -877,6 +891,7 @@ int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_by
                                        &log, &done);
     sqlite3_busy_timeout(st->db, 5000);
     if (wal_bytes) *wal_bytes = store_wal_bytes(st);
+    if (rc == SQLITE_OK && restart) st->wal_frames = 0; /* the next write starts the log over */
     if (rc == SQLITE_BUSY) return 1;
     if (rc != SQLITE_OK) return db_err(st, "checkpointing the WAL");
     return 0;

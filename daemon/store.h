@@ -156,6 +156,11 @@ int64_t store_db_bytes(struct store *st);
 /* Bytes of the WAL file (0 when there is none, -1 on error). */
 int64_t store_wal_bytes(struct store *st);
 
+/* Bytes of the WAL in use after the last commit (its frames; the file may
+ * be longer, from before a restart). SQLite's own autocheckpoint is off:
+ * the caller checkpoints (writer.h). */
+int64_t store_wal_used(struct store *st);
+
 /* Checkpoints the WAL outside a transaction: PASSIVE (copies what no
  * reader needs, never waits), or with restart set RESTART (copies all,
  * then waits up to busy_ms for readers of the old WAL so the next writes
