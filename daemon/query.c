@@ -1166,14 +1166,31 @@ void query_export_end(struct query_export *x) {
 
 /* ---- prometheus ------------------------------------------------------ */
 
-int query_prometheus(struct query *q, int heads, struct query_buf *out, char *err, size_t errlen) {
+/* Appends s as a Prometheus label value (backslash, quote, newline escaped). */
+static void buf_label(struct query_buf *b, const char *s) {
+    for (const char *p = s; *p; p++) {
+        if (*p == '\\' || *p == '"') query_buf_add(b, "\\", 1);
+        if (*p == '\n') query_buf_puts(b, "\\n");
+        else query_buf_add(b, p, 1);
+    }
+}
+
+/* The runs /metrics exports: live ones, and the others until keep_s after
+ * their last update (their end). ?1 is the oldest `updated` kept. */
+#define PROM_EXPORTED "(r.status = 'live' OR r.updated >= ?1)"
+
+int query_prometheus(struct query *q, int heads, double now, double keep_s, struct query_buf *out, char *err,
+                     size_t errlen) {
     sqlite3_stmt *s = NULL;
     int ret = QUERY_ERR, rc;
+    double since = now - (keep_s > 0 ? keep_s : 0);
     if (begin(q, err, errlen)) return QUERY_ERR;
-    if (sqlite3_prepare_v2(q->db, "SELECT name, status, last_step FROM runs ORDER BY id", -1, &s, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(q->db, "SELECT name, status, last_step FROM runs r WHERE " PROM_EXPORTED " ORDER BY id", -1,
+                           &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "listing runs");
         goto out;
     }
+    sqlite3_bind_double(s, 1, since);
     query_buf_puts(out, "# HELP entropyd_run_last_step Highest stored step of a run.\n"
                         "# TYPE entropyd_run_last_step gauge\n");
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -1187,17 +1204,19 @@ int query_prometheus(struct query *q, int heads, struct query_buf *out, char *er
     }
     sqlite3_finalize(s);
     s = NULL;
+    /* one row of `latest` per exported metric (migration 4): the cost is
+     * the number of series, not the history behind them */
     if (sqlite3_prepare_v2(q->db,
-                           "SELECT r.name, m.name, m.kind, r.heads, f.data FROM runs r "
+                           "SELECT r.name, m.name, m.kind, r.heads, l.data FROM runs r "
                            "JOIN metrics m ON m.run_id = r.id "
-                           "JOIN frames f ON f.metric_id = m.id "
-                           "  AND f.step = (SELECT max(step) FROM frames WHERE metric_id = m.id) "
-                           "WHERE m.kind <= ?1 ORDER BY m.kind, r.id, m.name",
+                           "JOIN latest l ON l.metric_id = m.id "
+                           "WHERE m.kind <= ?2 AND " PROM_EXPORTED " ORDER BY m.kind, r.id, m.name",
                            -1, &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "reading latest values");
         goto out;
     }
-    sqlite3_bind_int(s, 1, heads ? 2 : 1);
+    sqlite3_bind_double(s, 1, since);
+    sqlite3_bind_int(s, 2, heads ? 2 : 1);
     int kind_seen = -1;
     static const char *const help[3] = {
         "# HELP entropyd_scalar Latest value of each scalar metric of each run (NaN when not finite).\n"
@@ -1238,28 +1257,22 @@ int query_prometheus(struct query *q, int heads, struct query_buf *out, char *er
     }
     sqlite3_finalize(s);
     s = NULL;
-    /* Prometheus' own convention for alerts: one ALERTS series per firing
-     * alert, value 1 (README "Alerts"). */
+    /* One series per firing alert, value 1. Not named ALERTS: that is
+     * Prometheus' own series for its rules, and ours would mix with them. */
     if (sqlite3_prepare_v2(q->db, "SELECT a.rule, r.name, a.severity FROM alerts a JOIN runs r ON r.id = a.run_id "
-                                  "WHERE a.state = 'firing' ORDER BY a.id", -1, &s, NULL) != SQLITE_OK) {
+                                  "WHERE a.state = 'firing' AND " PROM_EXPORTED " ORDER BY a.id", -1, &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "reading alerts");
         goto out;
     }
-    query_buf_puts(out, "# HELP ALERTS Alerts firing now, one series per run and rule.\n# TYPE ALERTS gauge\n");
+    sqlite3_bind_double(s, 1, since);
+    query_buf_puts(out, "# HELP entropyd_alerts_firing Alerts firing now, one series per run and rule.\n"
+                        "# TYPE entropyd_alerts_firing gauge\n");
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         /* rule names come from the rules file: escape them as label values */
-        query_buf_puts(out, "ALERTS{alertname=\"");
-        for (const char *p = (const char *)sqlite3_column_text(s, 0); *p; p++) {
-            if (*p == '\\' || *p == '"') query_buf_add(out, "\\", 1);
-            if (*p == '\n') query_buf_puts(out, "\\n");
-            else query_buf_add(out, p, 1);
-        }
-        query_buf_printf(out, "\",alertstate=\"firing\",run=\"%s\",severity=\"", sqlite3_column_text(s, 1));
-        for (const char *p = (const char *)sqlite3_column_text(s, 2); *p; p++) {
-            if (*p == '\\' || *p == '"') query_buf_add(out, "\\", 1);
-            if (*p == '\n') query_buf_puts(out, "\\n");
-            else query_buf_add(out, p, 1);
-        }
+        query_buf_puts(out, "entropyd_alerts_firing{alertname=\"");
+        buf_label(out, (const char *)sqlite3_column_text(s, 0));
+        query_buf_printf(out, "\",run=\"%s\",severity=\"", sqlite3_column_text(s, 1));
+        buf_label(out, (const char *)sqlite3_column_text(s, 2));
         query_buf_puts(out, "\"} 1\n");
     }
     if (rc != SQLITE_DONE) {
@@ -1272,6 +1285,8 @@ out:
     end(q);
     return ret;
 }
+
+int64_t query_wal_bytes(struct query *q) { return store_wal_bytes_of(sqlite3_db_filename(q->db, "main")); }
 
 int64_t query_db_bytes(struct query *q) {
     sqlite3_stmt *s;

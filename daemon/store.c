@@ -873,8 +873,9 @@ int64_t store_db_bytes(struct store *st) {
     return pages < 0 || size < 0 ? -1 : pages * size;
 }
 
-int64_t store_wal_bytes(struct store *st) {
-    const char *db = sqlite3_db_filename(st->db, "main");
+int64_t store_wal_bytes(struct store *st) { return store_wal_bytes_of(sqlite3_db_filename(st->db, "main")); }
+
+int64_t store_wal_bytes_of(const char *db) {
     char path[4096];
     struct stat sb;
     if (!db || !*db || snprintf(path, sizeof path, "%s-wal", db) >= (int)sizeof path) return -1;

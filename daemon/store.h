@@ -155,6 +155,8 @@ int64_t store_db_bytes(struct store *st);
 
 /* Bytes of the WAL file (0 when there is none, -1 on error). */
 int64_t store_wal_bytes(struct store *st);
+/* The same for the database file at db_path (NULL or "": -1). */
+int64_t store_wal_bytes_of(const char *db_path);
 
 /* Bytes of the WAL in use after the last commit (its frames; the file may
  * be longer, from before a restart). SQLite's own autocheckpoint is off:
