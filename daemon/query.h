@@ -143,8 +143,12 @@ int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, 
                  char *err, size_t errlen);
 
 /* Export of every stored value of a run, produced piece by piece so that
- * nothing larger than one frame is held. The export keeps its connection's
- * read transaction open (one consistent snapshot) until query_export_end. */
+ * nothing larger than a chunk of frames (256 KiB) is held. Each chunk of a
+ * metric's frames is read in its own short read transaction, so that a
+ * client reading slowly never pins the WAL: the export is therefore not one
+ * snapshot. It lists the metrics the run had when it began, each in step
+ * order; steps committed meanwhile may appear, and a rollback or delete
+ * meanwhile shows from the next chunk on. */
 enum query_format { QUERY_CSV = 0, QUERY_JSONL };
 struct query_export;
 /* Starts an export on q (which stays borrowed until query_export_end).
