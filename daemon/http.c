@@ -593,6 +593,9 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
     prom(&b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.", (double)ws.checkpoints);
     prom(&b, "entropyd_checkpoints_busy_total", "counter", "WAL restarts that readers kept from finishing.",
          (double)ws.checkpoints_busy);
+    prom(&b, "entropyd_checkpoints_writer_total", "counter",
+         "WAL restarts the writer ran itself because the WAL reached its hard limit (back-pressure).",
+         (double)ws.checkpoints_writer);
     prom(&b, "entropyd_background_chunks_total", "counter", "Chunks of rollback and delete work committed.",
          (double)ws.job_chunks);
     prom(&b, "entropyd_background_chunk_max_seconds", "gauge", "Longest chunk of rollback or delete work.",

@@ -31,6 +31,11 @@ struct run_cache {
     int64_t last_seq, last_step;  /* last_step -1 when none */
     double updated;
     int rewinding;                /* a rewinds row exists: finish it before any new step */
+    /* how far the rewind got (in this cache's life: a reloaded cache starts
+     * over, which is correct as every phase is idempotent, only slower):
+     * phase 0 rollups, 1 frames, 2 steps; the metric index within it */
+    int rewind_phase;
+    uint32_t rewind_metric;
     uint32_t nmetrics, cap;
     struct metric_cache *metrics;
 };
@@ -38,7 +43,7 @@ struct run_cache {
 enum {
     S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SELECT_FRAMES,
     S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
-    S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_PURGE_NEXT,
+    S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
     S_COUNT
 };
 
@@ -70,6 +75,8 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_REWIND_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2",
     [S_REWIND_STEPS] = "DELETE FROM steps WHERE run_id = ?1 AND step >= coalesce((SELECT step FROM steps "
                        "WHERE run_id = ?1 AND step >= ?2 ORDER BY step DESC LIMIT 1 OFFSET ?3), ?2)",
+    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = ?1 AND level = ?2 "
+                         "AND block >= ?3 LIMIT ?4)",
     [S_PURGE_NEXT] = "SELECT kind, id FROM purge LIMIT 1",
 };
 
@@ -622,18 +629,25 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
     /* 1. rollups from the block holding `from` on (few rows, but 20 bytes
      * per value: each counts as 4 frames), so no reader sees a rollup over
      * frames already moved */
-    for (uint32_t i = 0; i < r->nmetrics && left > 0; i++) {
+    for (; r->rewind_phase == 0 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
         for (int k = 1; k <= STORE_LEVELS && left > 0; k++) {
-            snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = %lld "
-                     "AND level = %d AND block >= %lld LIMIT %lld)", (long long)r->metrics[i].id, k,
-                     (long long)(from / STORE_LEVEL_SIZE(k)), (long long)(left + 3) / 4);
-            if (exec(st, sql)) return -1;
-            left -= 4 * sqlite3_changes64(st->db);
+            s = st->stmt[S_REWIND_ROLLUPS];
+            sqlite3_bind_int64(s, 1, r->metrics[r->rewind_metric].id);
+            sqlite3_bind_int(s, 2, k);
+            sqlite3_bind_int64(s, 3, from / STORE_LEVEL_SIZE(k));
+            sqlite3_bind_int64(s, 4, (left + 3) / 4);
+            if ((n = run_changes(st, s, "deleting rewound rollups")) < 0) return -1;
+            left -= 4 * n;
         }
+        if (left <= 0) break; /* this metric may have more */
+    }
+    if (r->rewind_phase == 0 && r->rewind_metric >= r->nmetrics) {
+        r->rewind_phase = 1;
+        r->rewind_metric = 0;
     }
     /* 2. frames, the highest steps first, into the branch */
-    for (uint32_t i = 0; i < r->nmetrics && left > 0; i++) {
-        int64_t mid = r->metrics[i].id, lo = from;
+    for (; r->rewind_phase == 1 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
+        int64_t mid = r->metrics[r->rewind_metric].id, lo = from;
         s = st->stmt[S_REWIND_LOW];
         sqlite3_bind_int64(s, 1, mid);
         sqlite3_bind_int64(s, 2, from);
@@ -652,9 +666,11 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
         sqlite3_bind_int64(s, 2, lo);
         if ((n = run_changes(st, s, "deleting rewound frames")) < 0) return -1;
         left -= n;
+        if (rc == SQLITE_ROW) break; /* the budget ran out inside this metric */
     }
+    if (r->rewind_phase == 1 && r->rewind_metric >= r->nmetrics) r->rewind_phase = 2;
     /* 3. steps (small rows: 8 per frame's worth) */
-    if (left > 0) {
+    if (r->rewind_phase == 2 && left > 0) {
         int64_t want = left * 8;
         s = st->stmt[S_REWIND_STEPS];
         sqlite3_bind_int64(s, 1, run_id);
@@ -662,6 +678,8 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
         sqlite3_bind_int64(s, 3, want - 1);
         if ((n = run_changes(st, s, "deleting rewound steps")) < 0) return -1;
         if (n >= want) left = 0;
+    } else if (r->rewind_phase < 2) {
+        left = 0;
     }
     if (left <= 0) return 1;
     /* 4. done: the run continues from `from` */
@@ -872,6 +890,8 @@ int64_t store_db_bytes(struct store *st) {
     int64_t size = pragma_int(st, "PRAGMA page_size");
     return pages < 0 || size < 0 ? -1 : pages * size;
 }
+
+const char *store_path(struct store *st) { return sqlite3_db_filename(st->db, "main"); }
 
 int64_t store_wal_bytes(struct store *st) { return store_wal_bytes_of(sqlite3_db_filename(st->db, "main")); }
 

@@ -150,8 +150,11 @@ int64_t store_db_bytes(struct store *st);
 
 /* The WAL: PRAGMA journal_size_limit is STORE_WAL_LIMIT, so the file is cut
  * back to it when it restarts. */
-#define STORE_WAL_LIMIT (INT64_C(64) << 20)
-#define STORE_WAL_LIMIT_STR "67108864"
+#define STORE_WAL_LIMIT (INT64_C(16) << 20)
+#define STORE_WAL_LIMIT_STR "16777216"
+
+/* The database file's path (owned by the store; "" for an in-memory one). */
+const char *store_path(struct store *st);
 
 /* Bytes of the WAL file (0 when there is none, -1 on error). */
 int64_t store_wal_bytes(struct store *st);

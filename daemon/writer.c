@@ -37,6 +37,15 @@ struct writer {
     int purge_pending;               /* store_purge has (or may have) work */
     int64_t job_budget;              /* rows per chunk, adapted to WRITER_JOB_MS */
     double job_backoff_until;        /* after a failed chunk (monotonic ms) */
+
+    /* The checkpointer: its own connection and thread; wal_used (bytes of
+     * the WAL in use after the writer's last commit) and wal_checked (the
+     * figure it last acted on) are guarded by mu. */
+    struct store *ck;
+    pthread_t ckthread;
+    int ckstarted;
+    pthread_cond_t ckcv;
+    int64_t wal_used, wal_checked;
 };
 
 static void notify(struct writer *w) {
@@ -311,19 +320,61 @@ static int jobs_pending(const struct writer *w) {
     return (w->dhead || w->purge_pending) && now_mono_ms() >= w->job_backoff_until;
 }
 
-/* After a commit: checkpoints so that the WAL stays bounded (writer.h). */
+/* After a commit: tells the checkpointer how much of the WAL is in use. */
 static void checkpoint_policy(struct writer *w) {
     int64_t used = store_wal_used(w->st), wal = -1;
-    int r = 0;
-    if (used >= WRITER_WAL_RESTART) r = store_checkpoint(w->st, 1, used >= 3 * WRITER_WAL_RESTART ? 250 : 20, &wal);
-    else if (used >= WRITER_WAL_PASSIVE) r = store_checkpoint(w->st, 0, 0, &wal);
-    else return;
+    pthread_mutex_lock(&w->mu);
+    w->wal_used = used;
+    if (used >= WRITER_WAL_PASSIVE) pthread_cond_signal(&w->ckcv);
+    pthread_mutex_unlock(&w->mu);
+    if (used < WRITER_WAL_HARD) return;
+    /* the checkpointer fell behind (or readers held the log): the writer
+     * checkpoints itself before taking more, which is back-pressure */
+    int r;
+    double t0 = now_mono_ms();
+    /* busy: the checkpointer is copying (checkpoints exclude each other,
+     * without a busy wait) or a reader holds the old log; try again, for at
+     * most 5 s, so that the WAL cannot outgrow the disk's checkpoint pace */
+    while ((r = store_checkpoint(w->st, 1, 250, &wal)) == 1 && now_mono_ms() - t0 < 5000) usleep(10 * 1000);
     pthread_mutex_lock(&w->mu);
     w->stats.checkpoints++;
+    w->stats.checkpoints_writer++;
     if (r == 1) w->stats.checkpoints_busy++;
     if (r < 0) w->stats.db_errors++;
     if (wal > (int64_t)w->stats.wal_peak_bytes) w->stats.wal_peak_bytes = (uint64_t)wal;
     pthread_mutex_unlock(&w->mu);
+}
+
+/* The checkpointer thread, on its own connection: a PASSIVE checkpoint
+ * copies the WAL into the database (and syncs it) without ever blocking
+ * the writer; once the WAL holds WRITER_WAL_RESTART, a RESTART (which only
+ * waits, briefly, for readers of the old log, the copying being done) lets
+ * the writer's next commit start the log over (writer.h). */
+static void *checkpointer_main(void *arg) {
+    struct writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop) {
+        if (w->wal_used < WRITER_WAL_PASSIVE || w->wal_used == w->wal_checked) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&w->ckcv, &w->mu, &ts);
+            continue;
+        }
+        int64_t used = w->wal_checked = w->wal_used, wal = -1;
+        pthread_mutex_unlock(&w->mu);
+        int r = store_checkpoint(w->ck, 0, 0, &wal);
+        if (r == 0 && used >= WRITER_WAL_RESTART)
+            r = store_checkpoint(w->ck, 1, used >= 3 * WRITER_WAL_RESTART ? 250 : 20, &wal);
+        if (r < 0) fprintf(stderr, "entropyd: writer: %s\n", store_errmsg(w->ck));
+        pthread_mutex_lock(&w->mu);
+        w->stats.checkpoints++;
+        if (r == 1) w->stats.checkpoints_busy++;
+        if (r < 0) w->stats.db_errors++;
+        if (wal > (int64_t)w->stats.wal_peak_bytes) w->stats.wal_peak_bytes = (uint64_t)wal;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
 }
 
 /* One chunk of background work in its own transaction: the rewind the
@@ -338,7 +389,7 @@ static void job_chunk(struct writer *w) {
     if (r < 0 || store_commit(st)) goto fail;
     double ms = now_mono_ms() - t0;
     if (ms < WRITER_JOB_MS / 2 && w->job_budget < (INT64_C(1) << 20)) w->job_budget *= 2;
-    else if (ms > WRITER_JOB_MS && w->job_budget > 16) w->job_budget /= 2;
+    else if (ms > WRITER_JOB_MS && w->job_budget > 256) w->job_budget /= 2;
     pthread_mutex_lock(&w->mu);
     w->stats.job_chunks++;
     if (ms > w->stats.job_ms_max) w->stats.job_ms_max = ms;
@@ -479,6 +530,21 @@ struct writer *writer_create(struct store *st, int notify_fd, const struct write
     w->job_budget = 1024;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
+    pthread_cond_init(&w->ckcv, NULL);
+    const char *path = store_path(st);
+    if (path && *path) { /* an in-memory database has no WAL */
+        if (!(w->ck = store_open(path, err, errlen))) {
+            writer_destroy(w);
+            return NULL;
+        }
+        int rc = pthread_create(&w->ckthread, NULL, checkpointer_main, w);
+        if (rc) {
+            snprintf(err, errlen, "cannot start checkpointer thread: %s", strerror(rc));
+            writer_destroy(w);
+            return NULL;
+        }
+        w->ckstarted = 1;
+    }
     int rc = pthread_create(&w->thread, NULL, writer_main, w);
     if (rc) {
         snprintf(err, errlen, "cannot start writer thread: %s", strerror(rc));
@@ -498,6 +564,14 @@ void writer_destroy(struct writer *w) {
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->thread, NULL);
     }
+    if (w->ckstarted) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_signal(&w->ckcv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->ckthread, NULL);
+    }
+    store_close(w->ck);
     while (w->head) {
         struct writer_item *n = w->head->next;
         writer_item_free(w->head);
@@ -516,6 +590,7 @@ void writer_destroy(struct writer *w) {
         w->rhead = n;
     }
     pthread_cond_destroy(&w->cv);
+    pthread_cond_destroy(&w->ckcv);
     pthread_mutex_destroy(&w->mu);
     free(w);
 }

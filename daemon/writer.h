@@ -20,12 +20,19 @@
  *   rewind is done, then go through in order; other runs go on meanwhile;
  * - a DELETE removes the run at once and purges its rows afterwards.
  *
- * WAL policy (SQLite's autocheckpoint is off): after each commit, a PASSIVE
- * checkpoint once the WAL holds WRITER_WAL_PASSIVE bytes, a RESTART (waiting
- * at most 20 ms for readers, 250 ms past 3x) once it holds
- * WRITER_WAL_RESTART, so that the log starts over; journal_size_limit cuts
- * the file back to STORE_WAL_LIMIT. Readers keep their transactions short
- * (query.h), so a restart seldom waits. */
+ * WAL policy (SQLite's autocheckpoint is off): a checkpointer thread with
+ * its own connection runs a PASSIVE checkpoint (copy into the database and
+ * sync, never blocking the writer) whenever a commit leaves the WAL holding
+ * WRITER_WAL_PASSIVE bytes or more, and after it a RESTART (waiting at most
+ * 20 ms for readers of the old log, 250 ms past 3x) once it holds
+ * WRITER_WAL_RESTART, so that the writer's next commit starts the log over;
+ * journal_size_limit cuts the file back to STORE_WAL_LIMIT then. Should the
+ * WAL still reach WRITER_WAL_HARD (the checkpointer starved of CPU or disk,
+ * or readers holding the old log), the writer runs the RESTART itself
+ * (waiting up to 250 ms) before its next batch: back-pressure, so the WAL
+ * stays under WRITER_WAL_HARD plus one batch (64 MiB is the documented
+ * bound). Readers keep their transactions short (query.h), so a restart
+ * seldom waits. */
 #ifndef WRITER_H
 #define WRITER_H
 
@@ -37,8 +44,9 @@
 #define WRITER_COMMIT_MS 100
 #define WRITER_MAX_BATCH 4096
 #define WRITER_JOB_MS 20
-#define WRITER_WAL_PASSIVE (INT64_C(4) << 20)
-#define WRITER_WAL_RESTART (INT64_C(16) << 20)
+#define WRITER_WAL_PASSIVE (INT64_C(2) << 20)
+#define WRITER_WAL_RESTART (INT64_C(8) << 20)
+#define WRITER_WAL_HARD (INT64_C(32) << 20)
 
 enum writer_kind {
     WRITER_HELLO,   /* msg is the hello; replies WELCOME (or ERROR) to conn;
@@ -137,6 +145,7 @@ struct writer_stats {
     uint64_t commits, items, values, retries, db_errors, queue_bytes;
     double commit_ms_total, commit_ms_max;
     uint64_t checkpoints, checkpoints_busy; /* busy: readers kept a RESTART from finishing */
+    uint64_t checkpoints_writer; /* run by the writer itself at WRITER_WAL_HARD */
     uint64_t wal_peak_bytes;     /* largest WAL file seen after a checkpoint */
     uint64_t job_chunks;         /* rewind and purge chunks committed */
     double job_ms_max;
