@@ -90,6 +90,7 @@ struct store {
     struct run_cache **runs;
     int64_t wal_frames;   /* frames in the WAL after the last commit (wal hook) */
     int64_t page_size;
+    int autockpt;         /* checkpoint at 1000 frames as SQLite would (default on) */
     /* scratch for rollup aggregation, grown on demand */
     unsigned char *agg;
     size_t aggcap;
@@ -164,13 +165,17 @@ static int migrate(struct store *st) {
     return 0;
 }
 
-/* Replaces SQLite's autocheckpoint (writer.h has the policy instead). */
+/* Counts the WAL's frames after each commit, and checkpoints as SQLite's
+ * autocheckpoint does (at 1000 frames) unless the caller took that over
+ * (store_set_autocheckpoint). */
 static int wal_hook(void *ctx, sqlite3 *db, const char *name, int frames) {
-    (void)db;
-    (void)name;
-    ((struct store *)ctx)->wal_frames = frames;
+    struct store *st = ctx;
+    st->wal_frames = frames;
+    if (st->autockpt && frames >= 1000) sqlite3_wal_checkpoint(db, name);
     return SQLITE_OK;
 }
+
+void store_set_autocheckpoint(struct store *st, int on) { st->autockpt = on; }
 
 struct store *store_open(const char *path, char *err, size_t errlen) {
     struct store *st = calloc(1, sizeof *st);
@@ -197,6 +202,7 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "database %s: %s", path, st->err);
         goto fail;
     }
+    st->autockpt = 1;
     sqlite3_wal_hook(st->db, wal_hook, st);
     st->page_size = pragma_int(st, "PRAGMA page_size");
     for (int i = 0; i < S_COUNT; i++) {

@@ -161,9 +161,13 @@ int64_t store_wal_bytes(struct store *st);
 /* The same for the database file at db_path (NULL or "": -1). */
 int64_t store_wal_bytes_of(const char *db_path);
 
+/* SQLite's autocheckpoint (a PASSIVE checkpoint in the committing thread
+ * once the WAL holds 1000 pages) is on by default; the writer turns it off
+ * and checkpoints on its own terms (writer.h). */
+void store_set_autocheckpoint(struct store *st, int on);
+
 /* Bytes of the WAL in use after the last commit (its frames; the file may
- * be longer, from before a restart). SQLite's own autocheckpoint is off:
- * the caller checkpoints (writer.h). */
+ * be longer, from before a restart). */
 int64_t store_wal_used(struct store *st);
 
 /* Checkpoints the WAL outside a transaction: PASSIVE (copies what no

@@ -531,6 +531,7 @@ struct writer *writer_create(struct store *st, int notify_fd, const struct write
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     pthread_cond_init(&w->ckcv, NULL);
+    store_set_autocheckpoint(st, 0);
     const char *path = store_path(st);
     if (path && *path) { /* an in-memory database has no WAL */
         if (!(w->ck = store_open(path, err, errlen))) {
