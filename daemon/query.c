@@ -409,13 +409,6 @@ static cJSON *run_json(sqlite3_stmt *s) {
     "s.verdict, s.since_step, s.heads, s.rule, s.last_loss, s.min_entropy"
 #define RUN_FROM " FROM runs LEFT JOIN run_summary s ON s.run_id = runs.id "
 
-/* Prepares a runs query (columns as run_json reads them) with `tail` after FROM. */
-static int prepare_runs(struct query *q, const char *where, sqlite3_stmt **s) {
-    char sql[1024];
-    snprintf(sql, sizeof sql, RUN_SELECT RUN_FROM "%s", where);
-    return sqlite3_prepare_v2(q->db, sql, -1, s, NULL);
-}
-
 static int emit_json(cJSON *root, struct query_buf *out, char *err, size_t errlen) {
     char *txt = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -428,40 +421,47 @@ static int emit_json(cJSON *root, struct query_buf *out, char *err, size_t errle
     return QUERY_OK;
 }
 
-/* Sort keys of the runs list: the name a request uses, and the SQL
- * expression (fixed text, never from the request). NULLs sort as the
- * sentinel so that a cursor can compare them. */
+/* The filters of a runs list, all bound: ?1 status, ?2 verdict, ?3 name
+ * substring, ?4/?5 created range, ?10..?25 meta path/value pairs (a NULL
+ * path is no filter). Fixed text: no SQL is built from a request. */
+#define META_F(p, v) " AND (?" #p " IS NULL OR CAST(json_extract(runs.meta, ?" #p ") AS TEXT) IS ?" #v ")"
+#define RUNS_WHERE                                                                                              \
+    " WHERE (?1 IS NULL OR runs.status = ?1) AND (?2 IS NULL OR coalesce(s.verdict, 'healthy') = ?2) "           \
+    "AND (?3 IS NULL OR instr(lower(runs.name), lower(?3)) > 0) "                                              \
+    "AND (?4 IS NULL OR runs.created >= ?4) AND (?5 IS NULL OR runs.created <= ?5)"                           \
+    META_F(10, 11) META_F(12, 13) META_F(14, 15) META_F(16, 17) META_F(18, 19) META_F(20, 21) META_F(22, 23)  \
+    META_F(24, 25)
+
+/* One page: the filters, then (sort key, id) past the cursor (?6, ?7) as
+ * a row value, in that order, at most ?8 rows (-1: all). Column 18 is the
+ * sort key, for the next cursor. */
+#define RUNS_PAGE(EXPR, CMP, DIR)                                                                               \
+    RUN_SELECT ", " EXPR RUN_FROM RUNS_WHERE " AND (" EXPR ", runs.id) " CMP " (?6, ?7) ORDER BY " EXPR " " DIR \
+               ", runs.id " DIR " LIMIT ?8"
+#define RUNS_SORT(NAME, EXPR, TEXT) \
+    {NAME, TEXT, {RUNS_PAGE(EXPR, ">", "ASC"), RUNS_PAGE(EXPR, "<", "DESC")}}
+
+/* Sort keys of the runs list: the name a request uses and its statements
+ * (ascending, descending). NULLs sort as a sentinel so that a cursor can
+ * compare them. */
 static const struct {
-    const char *name, *expr;
+    const char *name;
     int text;
+    const char *sql[2];
 } run_sorts[] = {
-    [QUERY_SORT_ID] = {"id", "runs.id", 0},
-    [QUERY_SORT_NAME] = {"name", "runs.name", 1},
-    [QUERY_SORT_CREATED] = {"created", "runs.created", 0},
-    [QUERY_SORT_UPDATED] = {"updated", "runs.updated", 0},
-    [QUERY_SORT_LAST_STEP] = {"last_step", "coalesce(runs.last_step, -1)", 0},
-    [QUERY_SORT_LAST_LOSS] = {"last_loss", "coalesce(s.last_loss, 1e308)", 0},
-    [QUERY_SORT_MIN_ENTROPY] = {"min_entropy_norm", "coalesce(s.min_entropy, 1e308)", 0},
-    [QUERY_SORT_VERDICT] = {"verdict", "(CASE s.verdict WHEN 'collapsed' THEN 4 WHEN 'diverged' THEN 3 "
-                                       "WHEN 'collapsing' THEN 2 WHEN 'stalled' THEN 1 ELSE 0 END)", 0},
+    [QUERY_SORT_ID] = RUNS_SORT("id", "runs.id", 0),
+    [QUERY_SORT_NAME] = RUNS_SORT("name", "runs.name", 1),
+    [QUERY_SORT_CREATED] = RUNS_SORT("created", "runs.created", 0),
+    [QUERY_SORT_UPDATED] = RUNS_SORT("updated", "runs.updated", 0),
+    [QUERY_SORT_LAST_STEP] = RUNS_SORT("last_step", "coalesce(runs.last_step, -1)", 0),
+    [QUERY_SORT_LAST_LOSS] = RUNS_SORT("last_loss", "coalesce(s.last_loss, 1e308)", 0),
+    [QUERY_SORT_MIN_ENTROPY] = RUNS_SORT("min_entropy_norm", "coalesce(s.min_entropy, 1e308)", 0),
+    [QUERY_SORT_VERDICT] = RUNS_SORT("verdict", "(CASE s.verdict WHEN 'collapsed' THEN 4 WHEN 'diverged' THEN 3 "
+                                                "WHEN 'collapsing' THEN 2 WHEN 'stalled' THEN 1 ELSE 0 END)", 0),
 };
 
 const char *query_runs_sort_name(int sort) {
     return sort >= 0 && sort < QUERY_SORT_COUNT ? run_sorts[sort].name : NULL;
-}
-
-/* Appends the filters of req to sql (bound as ?1.. in this order: status,
- * verdict, search, created_from, created_to, then meta path/value pairs
- * from ?10). */
-static void runs_where(char *sql, size_t cap, const struct query_runs_req *req) {
-    size_t n = strlen(sql);
-    n += (size_t)snprintf(sql + n, cap - n, " WHERE (?1 IS NULL OR runs.status = ?1) "
-                                            "AND (?2 IS NULL OR coalesce(s.verdict, 'healthy') = ?2) "
-                                            "AND (?3 IS NULL OR instr(lower(runs.name), lower(?3)) > 0) "
-                                            "AND (?4 IS NULL OR runs.created >= ?4) AND (?5 IS NULL OR runs.created <= ?5)");
-    for (int i = 0; i < req->nmeta && n < cap; i++)
-        n += (size_t)snprintf(sql + n, cap - n, " AND CAST(json_extract(runs.meta, ?%d) AS TEXT) = ?%d", 10 + 2 * i,
-                              11 + 2 * i);
 }
 
 static void runs_bind(sqlite3_stmt *s, const struct query_runs_req *req) {
@@ -470,7 +470,7 @@ static void runs_bind(sqlite3_stmt *s, const struct query_runs_req *req) {
     if (req->search && *req->search) sqlite3_bind_text(s, 3, req->search, -1, SQLITE_STATIC);
     if (req->has_from) sqlite3_bind_double(s, 4, req->created_from);
     if (req->has_to) sqlite3_bind_double(s, 5, req->created_to);
-    for (int i = 0; i < req->nmeta; i++) {
+    for (int i = 0; i < req->nmeta && i < QUERY_RUNS_MAX_META; i++) {
         sqlite3_bind_text(s, 10 + 2 * i, req->meta_path[i], -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 11 + 2 * i, req->meta_value[i], -1, SQLITE_STATIC);
     }
@@ -499,7 +499,6 @@ int query_runs_page(struct query *q, const struct query_runs_req *req, struct qu
     cJSON *root = NULL, *arr = NULL;
     int ret = QUERY_ERR, rc;
     int sort = req->sort >= 0 && req->sort < QUERY_SORT_COUNT ? req->sort : QUERY_SORT_ID;
-    const char *expr = run_sorts[sort].expr, *dir = req->desc ? "DESC" : "ASC", *cmp = req->desc ? "<" : ">";
     int64_t cid = 0;
     double cnum = 0;
     const char *cstr = NULL;
@@ -512,15 +511,7 @@ int query_runs_page(struct query *q, const struct query_runs_req *req, struct qu
         return QUERY_BAD;
     }
     if (begin(q, err, errlen)) return QUERY_ERR;
-    char sql[3072];
-    snprintf(sql, sizeof sql, RUN_SELECT ", %s" RUN_FROM, expr);
-    runs_where(sql, sizeof sql, req);
-    size_t n = strlen(sql);
-    if (req->cursor)
-        n += (size_t)snprintf(sql + n, sizeof sql - n, " AND (%s %s ?6 OR (%s = ?6 AND runs.id %s ?7))", expr, cmp,
-                              expr, cmp);
-    snprintf(sql + n, sizeof sql - n, " ORDER BY %s %s, runs.id %s%s", expr, dir, dir, req->limit > 0 ? " LIMIT ?8" : "");
-    if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(q->db, run_sorts[sort].sql[req->desc ? 1 : 0], -1, &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "listing runs");
         goto out;
     }
@@ -529,9 +520,13 @@ int query_runs_page(struct query *q, const struct query_runs_req *req, struct qu
         if (cstr) sqlite3_bind_text(s, 6, cstr, -1, SQLITE_STATIC);
         else sqlite3_bind_double(s, 6, cnum);
         sqlite3_bind_int64(s, 7, cid);
+    } else if (req->desc) {
+        sqlite3_bind_zeroblob(s, 6, 0); /* a blob sorts after every number and text */
+    } else {
+        sqlite3_bind_double(s, 6, -INFINITY); /* before every key, numbers and text */
     }
     /* one more than asked, to know whether there is a next page */
-    if (req->limit > 0) sqlite3_bind_int64(s, 8, req->limit + 1);
+    sqlite3_bind_int64(s, 8, req->limit > 0 ? req->limit + 1 : -1);
     if (!(arr = cJSON_CreateArray())) goto oom;
     int64_t count = 0;
     char next[PROTO_MAX_RUN + 64] = "";
@@ -569,10 +564,8 @@ int query_runs_page(struct query *q, const struct query_runs_req *req, struct qu
     else cJSON_AddNullToObject(root, "next");
     cJSON_AddStringToObject(root, "sort", run_sorts[sort].name);
     cJSON_AddStringToObject(root, "order", req->desc ? "desc" : "asc");
-    /* how many match in all, for the page's "N runs" (an index-only count) */
-    snprintf(sql, sizeof sql, "SELECT count(*)" RUN_FROM);
-    runs_where(sql, sizeof sql, req);
-    if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK) {
+    /* how many match in all, for the page's "N runs" */
+    if (sqlite3_prepare_v2(q->db, "SELECT count(*)" RUN_FROM RUNS_WHERE, -1, &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "counting runs");
         goto out;
     }
@@ -606,7 +599,7 @@ int query_run(struct query *q, int64_t id, struct query_buf *out, char *err, siz
     cJSON *o = NULL;
     int ret = QUERY_ERR, rc;
     if (begin(q, err, errlen)) return QUERY_ERR;
-    if (prepare_runs(q, "WHERE runs.id = ?1", &s) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(q->db, RUN_SELECT RUN_FROM "WHERE runs.id = ?1", -1, &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "reading the run");
         goto out;
     }

@@ -101,7 +101,7 @@ struct query_runs_req {
  * match (the answer /api/runs always gave); else an object {runs, next,
  * sort, order, total}: at most limit runs, next the cursor of the next page
  * (null on the last), total the number of matches. Pages are keyset
- * cursors: a page costs the same however many runs come before it.
+ * cursors (no OFFSET): the next page starts past the last (key, id) seen.
  * QUERY_BAD for a cursor this daemon did not give out for this sort. */
 int query_runs_page(struct query *q, const struct query_runs_req *req, struct query_buf *out, char *err,
                     size_t errlen);

@@ -641,6 +641,9 @@ int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, 
         r->updated = now;
         if (run_save(st, r)) goto out;
     }
+    /* a run that is not live sends nothing until its next hello: its cache
+     * goes, so that the cache holds live runs only, however many are stored */
+    if (status != PROTO_LIVE) run_forget(st, run_id);
     ret = 0;
 out:
     sqlite3_finalize(s);
