@@ -416,15 +416,24 @@ static enum MHD_Result h_frame(struct http *h, struct MHD_Connection *c, int64_t
 }
 
 static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_t id) {
-    int64_t after = 0, limit = 1000;
-    if (int_param(c, "after", 0, INT64_MAX, &after) < 0) return BAD_INT("after", 0, INT64_MAX);
+    static const char *const orders[] = {"asc", "desc", NULL};
+    int64_t after = 0, before = 0, limit = 1000;
+    int has_after, has_before;
+    if ((has_after = int_param(c, "after", 0, INT64_MAX, &after)) < 0) return BAD_INT("after", 0, INT64_MAX);
+    if ((has_before = int_param(c, "before", 1, INT64_MAX, &before)) < 0) return BAD_INT("before", 1, INT64_MAX);
     if (int_param(c, "limit", 1, HTTP_MAX_EVENTS, &limit) < 0) return BAD_INT("limit", 1, HTTP_MAX_EVENTS);
+    int o = choice_param(c, "order", orders);
+    if (o == -1) return send_error(h, c, 400, "order must be asc or desc");
+    /* before= pages towards older events, newest first; so does order=desc */
+    int newest_first = has_before || o == 1;
+    if (has_after && newest_first) return send_error(h, c, 400, "after pages oldest first: not with before or order=desc");
+    if (has_before && o == 0) return send_error(h, c, 400, "before pages newest first: not with order=asc");
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
     struct query_buf b = {0};
     char err[256];
-    int rc = query_events(q, id, after, limit, &b, err, sizeof err);
+    int rc = query_events(q, id, after, before, newest_first, limit, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
         query_buf_free(&b);
@@ -762,7 +771,7 @@ static const char *const p_runs[] = {"status", "verdict", "q", "created_from", "
                                      "limit", "cursor", "meta.*", NULL};
 static const char *const p_series[] = {"metric", "layer", "head", "from", "to", "points", "agg", "split", NULL};
 static const char *const p_frame[] = {"metric", "step", NULL};
-static const char *const p_events[] = {"after", "limit", NULL};
+static const char *const p_events[] = {"after", "before", "order", "limit", NULL};
 static const char *const p_export[] = {"format", NULL};
 static const char *const p_stream[] = {"run", "last_event_id", NULL};
 static const char *const p_alerts[] = {"state", "run", "limit", NULL};

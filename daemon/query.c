@@ -1099,8 +1099,8 @@ out:
 
 /* ---- events ---------------------------------------------------------- */
 
-int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, struct query_buf *out,
-                 char *err, size_t errlen) {
+int query_events(struct query *q, int64_t run_id, int64_t after, int64_t before, int newest_first, int64_t limit,
+                 struct query_buf *out, char *err, size_t errlen) {
     struct runinfo ri;
     sqlite3_stmt *s = NULL;
     cJSON *root = NULL;
@@ -1109,15 +1109,17 @@ int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, 
     if ((ret = run_get(q, run_id, &ri, err, errlen))) goto out;
     ret = QUERY_ERR;
     if (sqlite3_prepare_v2(q->db,
-                           "SELECT id, seq, time, level, text FROM events WHERE run_id = ?1 AND id > ?2 "
-                           "ORDER BY id LIMIT ?3",
+                           newest_first ? "SELECT id, seq, time, level, text FROM events WHERE run_id = ?1 AND id < ?2 "
+                                          "ORDER BY id DESC LIMIT ?3"
+                                        : "SELECT id, seq, time, level, text FROM events WHERE run_id = ?1 AND id > ?2 "
+                                          "ORDER BY id LIMIT ?3",
                            -1, &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "listing events");
         goto out;
     }
     sqlite3_bind_int64(s, 1, run_id);
-    sqlite3_bind_int64(s, 2, after);
-    sqlite3_bind_int64(s, 3, limit);
+    sqlite3_bind_int64(s, 2, newest_first ? (before > 0 ? before : INT64_MAX) : after);
+    sqlite3_bind_int64(s, 3, limit + 1); /* one more: is there more? */
     root = cJSON_CreateObject();
     cJSON *arr = root ? cJSON_AddArrayToObject(root, "events") : NULL;
     if (!arr) {
@@ -1125,7 +1127,9 @@ int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, 
         goto out;
     }
     cJSON_AddNumberToObject(root, "run", (double)run_id);
+    int64_t listed = 0;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (listed++ == limit) break;
         cJSON *e = cJSON_CreateObject();
         if (!e) {
             snprintf(err, errlen, "out of memory");
@@ -1139,10 +1143,11 @@ int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, 
         cJSON_AddStringToObject(e, "level", (const char *)sqlite3_column_text(s, 3));
         cJSON_AddStringToObject(e, "text", (const char *)sqlite3_column_text(s, 4));
     }
-    if (rc != SQLITE_DONE) {
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
         ret = db_fail(q, err, errlen, "listing events");
         goto out;
     }
+    cJSON_AddBoolToObject(root, "more", rc == SQLITE_ROW);
     ret = emit_json(root, out, err, errlen);
     root = NULL;
 out:

@@ -175,10 +175,14 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
 int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
                 struct query_buf *out, char *err, size_t errlen);
 
-/* GET /api/runs/{id}/events: events with id > after, oldest first, at most
- * limit. QUERY_NOT_FOUND if no such run. */
-int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, struct query_buf *out,
-                 char *err, size_t errlen);
+/* GET /api/runs/{id}/events: at most limit events. Oldest first from
+ * after (id > after), or, with newest_first, newest first from before
+ * (id < before; before 0: from the newest). The answer is {run, events,
+ * more}: more is true when further events lie past the last one listed in
+ * that direction (page on with after= / before= its id). QUERY_NOT_FOUND if
+ * no such run. */
+int query_events(struct query *q, int64_t run_id, int64_t after, int64_t before, int newest_first, int64_t limit,
+                 struct query_buf *out, char *err, size_t errlen);
 
 /* Export of every stored value of a run, produced piece by piece so that
  * nothing larger than one frame is held. The export keeps its connection's

@@ -98,6 +98,15 @@ class RunsE2E(unittest.TestCase):
         deadline = time.time() + 10
         while verdict(d, st.id)["state"] != "stalled" and time.time() < deadline:
             time.sleep(0.05)
+        # 1,500 events (issue 15's bar: the newest one can be shown)
+        ev = Trainer(d, "events-run")
+        for i in range(1500):
+            ev.seq += 1
+            ev.c.send({"type": "event", "seq": ev.seq, "level": "warn" if i % 100 == 0 else "info",
+                       "text": "event %d" % i})
+        ev.c.wait_ack(ev.seq, timeout=30)
+        ev.end()
+        cls.ids_events = ev.id
         # bulk runs for paging
         for i in range(23):
             t = Trainer(d, "bulk-%02d" % i, {"reparam": "sigma" if i % 2 else "none", "i": i})
@@ -154,7 +163,7 @@ class RunsE2E(unittest.TestCase):
         st, full = d.get("/api/runs")
         self.assertEqual(st, 200)
         self.assertIsInstance(full, list)  # the unpaged answer callers rely on
-        self.assertEqual(len(full), 28)
+        self.assertEqual(len(full), 29)
         self.assertTrue(all("verdict" in r and "min_entropy_norm" in r for r in full))
         for sort in ("id", "name", "last_loss", "verdict", "min_entropy_norm", "created"):
             for order in ("asc", "desc"):
@@ -165,19 +174,19 @@ class RunsE2E(unittest.TestCase):
                         q += "&cursor=" + urllib.parse.quote(cursor)
                     st, page = d.get(q)
                     self.assertEqual(st, 200, page)
-                    self.assertEqual(page["total"], 28)
+                    self.assertEqual(page["total"], 29)
                     self.assertLessEqual(len(page["runs"]), 6)
                     seen += page["runs"]
                     pages += 1
                     cursor = page["next"]
                     if not cursor:
                         break
-                self.assertEqual(pages, 5, (sort, order))
+                self.assertEqual(pages, 5, (sort, order))  # 29 runs, 6 a page
                 self.assertEqual(sorted(r["id"] for r in seen), sorted(r["id"] for r in full), (sort, order))
                 key = {"id": lambda r: r["id"], "name": lambda r: r["name"],
                        "created": lambda r: r["created"],
                        "last_loss": lambda r: 1e308 if r["last_loss"] is None else r["last_loss"],
-                       "min_entropy_norm": lambda r: r["min_entropy_norm"],
+                       "min_entropy_norm": lambda r: 1e308 if r["min_entropy_norm"] is None else r["min_entropy_norm"],
                        "verdict": lambda r: ["healthy", "stalled", "collapsing", "diverged",
                                              "collapsed"].index(r["verdict"]["state"])}[sort]
                 keys = [key(r) for r in seen]
@@ -221,6 +230,27 @@ class RunsE2E(unittest.TestCase):
         self.assertEqual(st, 200)
         self.assertEqual(d.get("/api/runs/by-name/nobody")[0], 404)
         self.assertEqual(d.get("/api/runs/by-name/nobody/series?metric=loss")[0], 404)
+
+    def test_events_both_ways(self):
+        d, run = self.d, self.ids_events
+        st, p = d.get("/api/runs/%d/events?order=desc&limit=1000" % run)
+        self.assertEqual(st, 200, p)
+        texts = [e["text"] for e in p["events"]]
+        self.assertEqual(texts[0], "event 1499")  # the newest first
+        self.assertEqual(texts[-1], "event 500")
+        self.assertTrue(p["more"])
+        st, p2 = d.get("/api/runs/%d/events?before=%d&limit=1000" % (run, p["events"][-1]["id"]))
+        self.assertEqual([e["text"] for e in p2["events"]], ["event %d" % i for i in range(499, -1, -1)])
+        self.assertFalse(p2["more"])
+        # oldest first, as before, now saying whether there is more
+        st, p3 = d.get("/api/runs/%d/events?limit=1000" % run)
+        self.assertEqual(p3["events"][0]["text"], "event 0")
+        self.assertTrue(p3["more"])
+        st, p4 = d.get("/api/runs/%d/events?after=%d" % (run, p3["events"][-1]["id"]))
+        self.assertEqual(len(p4["events"]), 500)
+        self.assertFalse(p4["more"])
+        self.assertEqual(d.get("/api/runs/%d/events?after=1&before=9" % run)[0], 400)
+        self.assertEqual(d.get("/api/runs/%d/events?order=up" % run)[0], 400)
 
     def test_verdict_survives_restart(self):
         # last: restarts the daemon
