@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <cJSON.h>
+#include <malloc.h>
 
 #include "stream.h"
 
@@ -186,7 +187,9 @@ static void publish_stats(struct alerter *m) {
 }
 
 void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
+    int released = 0;
     for (const struct writer_item *it = items; it; it = it->next) {
+        released |= it->applied && (it->kind == WRITER_END || it->kind == WRITER_DELETE);
         if (!it->applied) continue; /* rejected by the store */
         int n = alert_feed(m->engine, it);
         if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
@@ -199,6 +202,14 @@ void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
                 fprintf(stderr, "entropyd: closing alerts of run %lld: %s\n", (long long)it->run_id,
                         store_errmsg(m->store));
         }
+    }
+    if (released) {
+        /* A run that ended or was deleted released its alert state (alert.c);
+         * its pages in the writer's cache and the heap its messages used go
+         * back too, so that memory returns to what it was before a large run
+         * (the cache refills from the OS's file cache as live runs write). */
+        store_release_memory(m->store);
+        malloc_trim(0);
     }
     publish_stats(m);
 }

@@ -827,3 +827,5 @@ int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_
     sqlite3_bind_int(s, 4, has_loss);
     return step_done(st, s, "writing the run summary");
 }
+
+void store_release_memory(struct store *st) { sqlite3_db_release_memory(st->db); }

@@ -132,6 +132,11 @@ int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int
  * step that has either, nothing otherwise; never reads frames. */
 int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_msg *msg);
 
+/* Gives the connection's unused page cache back to the allocator (after a
+ * large run ended or was deleted, its pages are dead weight). Call outside
+ * a transaction. */
+void store_release_memory(struct store *st);
+
 /* Committed facts of a run for tests and callers outside a transaction:
  * last_seq (or -1 if no such run). */
 int64_t store_run_last_seq(struct store *st, int64_t run_id);

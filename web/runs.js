@@ -15,8 +15,8 @@ const VERDICT_TITLE = {
   collapsed: 'attention entropy collapsed', diverged: 'loss became NaN/Inf, or the run failed',
   stalled: 'the trainer went silent or vanished without ending the run',
 };
-const SORTS = [['updated', 'last update'], ['created', 'created'], ['name', 'name'], ['verdict', 'verdict'],
-  ['min_entropy_norm', 'min entropy_norm'], ['last_loss', 'loss'], ['last_step', 'last step'], ['id', 'id']];
+const SORTS = [['id', 'newest'], ['updated', 'last update'], ['created', 'created'], ['name', 'name'], ['verdict', 'verdict'],
+  ['min_entropy_norm', 'min entropy_norm'], ['last_loss', 'loss'], ['last_step', 'last step']];
 
 export class RunsView {
   constructor(root, state) {
@@ -24,7 +24,7 @@ export class RunsView {
     this.rows = new Map();   // id -> {run, tr, cells}
     this.selected = new Set();
     this.q = {status: state.status || '', verdict: state.verdict || '', search: state.q || '',
-      reparam: state.reparam || '', sort: state.sort || 'updated', order: state.order || 'desc'};
+      reparam: state.reparam || '', sort: state.sort || 'id', order: state.order || 'desc'};
     this.cursors = [null];   // cursor of each page visited; the last is the current one
     this.tbody = h('tbody');
     this.empty = h('p', {class: 'muted empty', hidden: true},
@@ -71,7 +71,7 @@ export class RunsView {
     if (this.q[key] === v) return;
     this.q[key] = v;
     urlState.set({status: this.q.status, verdict: this.q.verdict, q: this.q.search, reparam: this.q.reparam,
-      sort: this.q.sort === 'updated' ? '' : this.q.sort, order: this.q.order === 'desc' ? '' : this.q.order});
+      sort: this.q.sort === 'id' ? '' : this.q.sort, order: this.q.order === 'desc' ? '' : this.q.order});
     this.cursors = [null];
     this.load();
   }
