@@ -631,19 +631,29 @@ static void run_release(struct alert_engine *e, struct run_state *r) {
         }
 }
 
+/* Bytes a run's state holds. */
+static uint64_t run_bytes(const struct alert_engine *e, const struct run_state *r) {
+    uint64_t b = sizeof *r + (size_t)e->rules->n * sizeof *r->groups;
+    for (int k = 0; k < e->rules->n; k++) {
+        const struct group *g = &r->groups[k];
+        int w = e->rules->rules[k].window > 0 ? e->rules->rules[k].window : 1;
+        b += (uint64_t)g->ncells * (sizeof *g->cells + sizeof *g->last_cells + (uint64_t)w * sizeof(float));
+    }
+    return b;
+}
+
 void alert_engine_usage(const struct alert_engine *e, uint64_t *runs, uint64_t *bytes) {
     uint64_t b = 0;
     for (size_t i = 0; i < e->nbuckets; i++)
-        for (const struct run_state *r = e->buckets[i]; r; r = r->hnext) {
-            b += sizeof *r + (size_t)e->rules->n * sizeof *r->groups;
-            for (int k = 0; k < e->rules->n; k++) {
-                const struct group *g = &r->groups[k];
-                int w = e->rules->rules[k].window > 0 ? e->rules->rules[k].window : 1;
-                b += (uint64_t)g->ncells * (sizeof *g->cells + sizeof *g->last_cells + (uint64_t)w * sizeof(float));
-            }
-        }
+        for (const struct run_state *r = e->buckets[i]; r; r = r->hnext) b += run_bytes(e, r);
     *runs = e->nruns;
     *bytes = b;
+}
+
+uint64_t alert_released_bytes(const struct alert_engine *e) {
+    uint64_t b = 0;
+    for (const struct run_state *r = e->released; r; r = r->hnext) b += run_bytes(e, r);
+    return b;
 }
 
 static int cells_of(const struct alert_rule *rule, const struct run_state *r) {

@@ -169,6 +169,10 @@ const struct alert_verdict *alert_verdict_changed(const struct alert_engine *e);
  * or is deleted is released), and the bytes of per-cell state they hold. */
 void alert_engine_usage(const struct alert_engine *e, uint64_t *runs, uint64_t *bytes);
 
+/* Bytes of per-cell state the last alert_feed released (a run that ended
+ * or was deleted), 0 if none. */
+uint64_t alert_released_bytes(const struct alert_engine *e);
+
 /* Formats a transition as an Alertmanager alert object (labels,
  * annotations with {run} {rule} {metric} {step} {value} {cells}
  * substituted, startsAt, endsAt, fingerprint, status) plus entropyd's

@@ -12,6 +12,10 @@
 
 #include "stream.h"
 
+/* A run whose alert state was at least this large gives memory back when it
+ * ends (alerter_on_commit). */
+#define ALERTER_RELEASE_BYTES (16u << 20)
+
 struct alerter {
     struct alert_rules *rules;
     struct alert_engine *engine;
@@ -189,10 +193,11 @@ static void publish_stats(struct alerter *m) {
 void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
     int released = 0;
     for (const struct writer_item *it = items; it; it = it->next) {
-        released |= it->applied && (it->kind == WRITER_END || it->kind == WRITER_DELETE);
+        released |= it->applied && it->kind == WRITER_DELETE;
         if (!it->applied) continue; /* rejected by the store */
         int n = alert_feed(m->engine, it);
         if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
+        released |= alert_released_bytes(m->engine) >= ALERTER_RELEASE_BYTES;
         dispatch_all(m, n, it->kind == WRITER_STEP && it->msg.has_time ? it->msg.time : NAN);
         const struct alert_verdict *v = alert_verdict_changed(m->engine);
         if (v) store_verdict(m, v);
@@ -204,10 +209,12 @@ void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
         }
     }
     if (released) {
-        /* A run that ended or was deleted released its alert state (alert.c);
-         * its pages in the writer's cache and the heap its messages used go
-         * back too, so that memory returns to what it was before a large run
-         * (the cache refills from the OS's file cache as live runs write). */
+        /* A large run that ended released its alert state (alert.c), or a
+         * run was deleted: its pages in the writer's cache and the heap its
+         * messages used go back too, so that memory returns to what it was
+         * before (the cache refills from the OS's file cache as live runs
+         * write). Not after every end: dropping the cache and trimming the
+         * heap cost the next messages ~ms, and small runs leave little. */
         store_release_memory(m->store);
         malloc_trim(0);
     }
