@@ -17,6 +17,11 @@
  * the newest segment is the one being appended to. An empty newest segment
  * records the next seq when everything else was acknowledged and trimmed.
  * SPOOL_DIR/RUN/lock is flock()ed by the owning process.
+ * SPOOL_DIR/RUN/hello.json is the run's hello without its token: what a
+ * later client (telemetry_upload_all, the background uploader) needs to
+ * upload a run it knows nothing else about. A run that ends with everything
+ * acknowledged leaves only an empty newest segment, so "a segment with
+ * bytes" means "unacknowledged messages, or a client that died".
  *
  * Not here: metric computation (probe.c), printing (the caller polls).
  */
@@ -92,6 +97,8 @@ struct telemetry {
     int has_address, is_unix;
     char *unix_path, *host, *port;
     char *hello; size_t hello_len;
+    size_t hello_public_len;  /* the hello's bytes before its token */
+    char *address, *token;    /* copies, for the background uploader */
     char *root;               /* spool root */
     char *dir;                /* root/run */
     int root_is_tmp;
@@ -107,9 +114,17 @@ struct telemetry {
     _Atomic uint64_t done;    /* slots fully processed (spooled or dropped) */
     telemetry_step *open;
 
-    /* Inbox: the sender produces, telemetry_poll consumes. */
+    /* Inbox: the sender (and the uploader, under in_lock) produces,
+     * telemetry_poll consumes. */
     telemetry_msg inbox[INBOX_CAP];
     _Atomic size_t in_head, in_tail;
+    pthread_mutex_t in_lock;
+    int in_lock_init;
+
+    /* Background uploader of the other runs of spool_dir. */
+    pthread_t up_thread;
+    int up_started;
+    atomic_int up_stop;
 
     /* Sender thread state. */
     pthread_t thread;
@@ -544,7 +559,7 @@ int telemetry_flush(telemetry *t, int timeout_ms)
 
 /* ---------------------------------------------------------------- inbox */
 
-static void inbox_push(telemetry *t, const char *line, size_t len)
+static void inbox_push_locked(telemetry *t, const char *line, size_t len)
 {
     size_t h = atomic_load_explicit(&t->in_head, memory_order_relaxed);
     size_t tl = atomic_load_explicit(&t->in_tail, memory_order_acquire);
@@ -560,6 +575,15 @@ static void inbox_push(telemetry *t, const char *line, size_t len)
     if (cJSON_IsString(ty)) snprintf(m->type, sizeof m->type, "%s", ty->valuestring);
     cJSON_Delete(j);
     atomic_store_explicit(&t->in_head, h + 1, memory_order_release);
+}
+
+/* Two producers (sender, uploader): the lock is theirs only; the consumer
+ * (telemetry_poll) stays lock-free. */
+static void inbox_push(telemetry *t, const char *line, size_t len)
+{
+    pthread_mutex_lock(&t->in_lock);
+    inbox_push_locked(t, line, len);
+    pthread_mutex_unlock(&t->in_lock);
 }
 
 /* A message from the client itself, e.g. when the spool cannot serve the
@@ -1328,6 +1352,265 @@ static void *sender_main(void *arg)
     return NULL;
 }
 
+/* ---------------------------------------------------------------- spool upload */
+
+/* SPOOL_DIR/RUN/hello.json: the hello without token, replaced atomically. */
+static int write_hello_file(telemetry *t)
+{
+    size_t n = strlen(t->dir) + 24;
+    char *tmp = malloc(n), *fin = malloc(n);
+    int rc = -1, fd = -1;
+    if (!tmp || !fin) goto out;
+    snprintf(tmp, n, "%s/hello.json.tmp", t->dir);
+    snprintf(fin, n, "%s/hello.json", t->dir);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) goto out;
+    const char tail[] = "}\n";
+    if (write(fd, t->hello, t->hello_public_len) != (ssize_t)t->hello_public_len ||
+        write(fd, tail, 2) != 2)
+        goto out;
+    if (close(fd)) { fd = -1; goto out; }
+    fd = -1;
+    rc = rename(tmp, fin);
+out:
+    if (fd >= 0) close(fd);
+    if (rc && tmp) unlink(tmp);
+    free(tmp);
+    free(fin);
+    return rc;
+}
+
+/* After the sender stopped: when the daemon acknowledged everything, the
+ * segments go and one empty segment named after next_seq keeps the
+ * numbering, so the directory says "nothing to upload". */
+static void spool_compact(telemetry *t)
+{
+    if (!t->has_address || t->acked + 1 < t->next_seq || !t->nsegs) return;
+    if (t->nsegs == 1 && t->segs[0].first == t->next_seq && t->segs[0].size == 0) return;
+    size_t n = t->nsegs;
+    segment *old = malloc(n * sizeof *old);
+    if (!old) return;
+    memcpy(old, t->segs, n * sizeof *old);
+    t->nsegs = 0;
+    t->spool_total = 0;
+    if (spool_rotate(t) == 0)
+        for (size_t i = 0; i < n; i++)
+            if (old[i].first != t->next_seq) spool_unlink(t, old[i].first);
+    free(old);
+}
+
+/* 1 when DIR holds a segment with bytes in it. */
+static int dir_has_data(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) {
+        if (strncmp(e->d_name, "seg-", 4)) continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && st.st_size > 0) found = 1;
+    }
+    closedir(d);
+    return found;
+}
+
+static char *read_small_file(const char *path, size_t max)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) return NULL;
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max, f) : 0;
+    fclose(f);
+    if (buf) buf[n] = 0;
+    return buf;
+}
+
+enum { UP_NOTHING, UP_DONE, UP_LEFT, UP_BUSY };
+
+/* Uploads ROOT/RUN: a client for that run (its shape and meta from
+ * hello.json), waiting until everything is acknowledged, timeout_ms passed
+ * or *stop is set. Fills msg with what happened. */
+static int upload_run(const char *address, const char *root, const char *run, const char *token,
+                      int timeout_ms, atomic_int *stop, char *msg, size_t msglen)
+{
+    size_t n = strlen(root) + strlen(run) + 16;
+    char *dir = malloc(n), *hp = malloc(n);
+    char *text = NULL, *meta = NULL;
+    cJSON *h = NULL;
+    telemetry *c = NULL;
+    int rc = UP_LEFT;
+    if (!dir || !hp) { snprintf(msg, msglen, "run %s: out of memory", run); goto out; }
+    snprintf(dir, n, "%s/%s", root, run);
+    snprintf(hp, n, "%s/hello.json", dir);
+    if (!dir_has_data(dir)) { rc = UP_NOTHING; goto out; }
+    text = read_small_file(hp, (2u << 20));
+    h = text ? cJSON_Parse(text) : NULL;
+    const cJSON *L = cJSON_GetObjectItemCaseSensitive(h, "layers");
+    const cJSON *H = cJSON_GetObjectItemCaseSensitive(h, "heads");
+    const cJSON *T = cJSON_GetObjectItemCaseSensitive(h, "seq_len");
+    const cJSON *M = cJSON_GetObjectItemCaseSensitive(h, "meta");
+    if (!cJSON_IsNumber(L) || !cJSON_IsNumber(H) || !cJSON_IsNumber(T)) {
+        snprintf(msg, msglen, "run %s: no readable hello.json (spooled by an older client?); "
+                 "upload it with its shape given", run);
+        goto out;
+    }
+    if (cJSON_IsObject(M)) meta = cJSON_PrintUnformatted(M);
+    telemetry_config cfg;
+    telemetry_config_init(&cfg);
+    cfg.address = address;
+    cfg.run = run;
+    cfg.layers = L->valueint;
+    cfg.heads = H->valueint;
+    cfg.seq_len = T->valueint;
+    cfg.meta_json = meta;
+    cfg.token = token;
+    cfg.spool_dir = root;
+    cfg.queue_slots = 16;
+    cfg.max_scalars = cfg.max_layer_metrics = cfg.max_head_metrics = 1;
+    cfg.no_spool_upload = 1;
+    char err[256];
+    c = telemetry_create(&cfg, err, sizeof err);
+    if (!c) {
+        int busy = strstr(err, "in use") != NULL;
+        snprintf(msg, msglen, "run %s: %s", run, err);
+        rc = busy ? UP_BUSY : UP_LEFT;
+        goto out;
+    }
+    uint64_t end = now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+    while (!settled(c) && now_ns() < end && !(stop && atomic_load(stop))) sleep_ms(10);
+    telemetry_stats st;
+    telemetry_stats_get(c, &st);
+    rc = settled(c) ? UP_DONE : UP_LEFT;
+    if (rc == UP_DONE)
+        snprintf(msg, msglen, "run %s: spool uploaded, acknowledged up to seq %llu", run,
+                 (unsigned long long)st.acked);
+    else
+        snprintf(msg, msglen, "run %s: not all uploaded (acknowledged %llu of %llu%s)", run,
+                 (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
+                 st.connects ? "" : ", never connected");
+out:
+    telemetry_destroy(c, NULL, 0);
+    cJSON_Delete(h);
+    free(meta);
+    free(text);
+    free(dir);
+    free(hp);
+    return rc;
+}
+
+/* Calls fn for every subdirectory name of root except skip, in name order. */
+static int for_each_run(const char *root, const char *skip, int (*fn)(void *, const char *),
+                        void *arg)
+{
+    struct dirent **names = NULL;
+    int n = scandir(root, &names, NULL, alphasort);
+    if (n < 0) return -1;
+    int stop = 0;
+    for (int i = 0; i < n; i++) {
+        const char *r = names[i]->d_name;
+        if (!stop && valid_run(r) && strcmp(r, ".") && strcmp(r, "..") &&
+            !(skip && !strcmp(r, skip)) && names[i]->d_type == DT_DIR)
+            stop = fn(arg, r);
+        free(names[i]);
+    }
+    free(names);
+    return 0;
+}
+
+static int uploader_one(void *arg, const char *run)
+{
+    telemetry *t = arg;
+    char msg[400];
+    if (atomic_load(&t->up_stop)) return 1;
+    int rc = upload_run(t->address, t->root, run, t->token, 24 * 3600 * 1000, &t->up_stop, msg,
+                        sizeof msg);
+    if (rc == UP_DONE) inbox_note(t, "uploaded", "%s", msg);
+    else if (rc == UP_LEFT) inbox_note(t, "upload_failed", "%s", msg);
+    return atomic_load(&t->up_stop);
+}
+
+static void *uploader_main(void *arg)
+{
+    telemetry *t = arg;
+    for_each_run(t->root, t->run, uploader_one, t);
+    return NULL;
+}
+
+typedef struct upload_all_ctx {
+    const char *address, *root, *token;
+    int timeout_ms, left;
+    FILE *log;
+} upload_all_ctx;
+
+static int upload_all_one(void *arg, const char *run)
+{
+    upload_all_ctx *u = arg;
+    char msg[400];
+    int rc = upload_run(u->address, u->root, run, u->token, u->timeout_ms, NULL, msg, sizeof msg);
+    if (rc == UP_LEFT) u->left++;
+    if (u->log && rc != UP_NOTHING) fprintf(u->log, "entropyd upload: %s\n", msg);
+    return 0;
+}
+
+int telemetry_upload_all(const char *address, const char *spool_dir, const char *token,
+                         int timeout_ms, FILE *log, char *err, size_t errlen)
+{
+    if (!address || !spool_dir) {
+        set_err(err, errlen, "uploading needs an address and a spool directory");
+        return -1;
+    }
+    upload_all_ctx u = { address, spool_dir, token, timeout_ms, 0, log };
+    if (for_each_run(spool_dir, NULL, upload_all_one, &u)) {
+        set_err(err, errlen, "spool %s: %s", spool_dir, strerror(errno));
+        return -1;
+    }
+    return u.left;
+}
+
+int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress)
+{
+    if (!t) return TELEMETRY_OK;
+    if (status && !valid_status(status)) return TELEMETRY_EINVAL;
+    if (grace_ms < 0) grace_ms = 30000;
+    uint64_t start = now_ns(), end = start + (uint64_t)grace_ms * 1000000u;
+    if (status && t->thread_started) {
+        while (enqueue_other(t, MSG_END, status, NULL) == TELEMETRY_EFULL && now_ns() < end) {
+            atomic_fetch_sub_explicit(&t->st_dropped_queue, 1, memory_order_relaxed);
+            sleep_ms(1);
+        }
+    }
+    uint64_t next_line = start + 1000000000u;
+    while (t->thread_started && !settled(t) && now_ns() < end) {
+        sleep_ms(5);
+        uint64_t now = now_ns();
+        if (progress && now >= next_line && !settled(t)) {
+            telemetry_stats st;
+            telemetry_stats_get(t, &st);
+            fprintf(progress,
+                    "entropyd client: run %s: %llu of %llu messages acknowledged, %s; "
+                    "waiting up to %.0f s more for the daemon\n",
+                    t->run, (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
+                    st.connected ? "connected" : "reconnecting", (double)(end - now) / 1e9);
+            fflush(progress);
+            next_line = now + 1000000000u;
+        }
+    }
+    int rc = settled(t) ? TELEMETRY_OK : TELEMETRY_ETIMEDOUT;
+    if (progress && rc != TELEMETRY_OK) {
+        telemetry_stats st;
+        telemetry_stats_get(t, &st);
+        fprintf(progress,
+                "entropyd client: run %s: %llu of %llu messages acknowledged after the %.0f s grace "
+                "period; the rest stays in the spool (the next client on this spool directory "
+                "uploads it)\n",
+                t->run, (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
+                grace_ms / 1e3);
+    }
+    int rc2 = telemetry_destroy(t, NULL, 0);
+    return rc == TELEMETRY_OK ? rc2 : rc;
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 static int parse_address(telemetry *t, const char *a, char *err, size_t errlen)
@@ -1383,6 +1666,7 @@ static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_
                      t->run, t->L, t->H, c->seq_len);
     if (meta) n += snprintf(t->hello + n, cap - (size_t)n, ",\"meta\":%s", meta);
     free(meta);
+    t->hello_public_len = (size_t)n;
     if (c->token) {
         n += snprintf(t->hello + n, cap - (size_t)n, ",\"token\":\"");
         n += (int)json_escape(t->hello + n, (const unsigned char *)c->token, tlen);
@@ -1438,6 +1722,8 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     telemetry *t = calloc(1, sizeof *t);
     if (!t) { set_err(err, errlen, "out of memory"); return NULL; }
     t->lock_fd = t->wfd = t->fd = t->rd_fd = -1;
+    if (pthread_mutex_init(&t->in_lock, NULL)) { free(t); set_err(err, errlen, "mutex"); return NULL; }
+    t->in_lock_init = 1;
     if (c->layers < 1 || c->layers > 4096 || c->heads < 1 || c->heads > 4096 ||
         (long)c->layers * c->heads > 1048576 || c->seq_len < 1) {
         set_err(err, errlen, "bad shape: layers %d heads %d seq_len %d", c->layers, c->heads,
@@ -1480,7 +1766,10 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     if (c->address) {
         t->has_address = 1;
         if (parse_address(t, c->address, err, errlen)) goto err;
+        t->address = strdup(c->address);
+        if (!t->address) { set_err(err, errlen, "out of memory"); goto err; }
     }
+    if (c->token && !(t->token = strdup(c->token))) { set_err(err, errlen, "out of memory"); goto err; }
     if (build_hello(t, c, err, errlen)) goto err;
 
     if (c->spool_dir) {
@@ -1504,6 +1793,10 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     if (!t->dir) { set_err(err, errlen, "out of memory"); goto err; }
     snprintf(t->dir, dn, "%s/%s", t->root, t->run);
     if (spool_open(t, err, errlen)) goto err;
+    if (!t->root_is_tmp && write_hello_file(t)) {
+        set_err(err, errlen, "spool: writing %s/hello.json: %s", t->dir, strerror(errno));
+        goto err;
+    }
     ST_SET(t, st_next_seq, t->next_seq);
     ST_SET(t, st_spool_bytes, t->spool_total);
     /* Nothing older than the spool's first line can still be unacknowledged. */
@@ -1533,6 +1826,16 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
         goto err;
     }
     t->thread_started = 1;
+    if (t->has_address && !t->root_is_tmp && !c->no_spool_upload) {
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        rc = pthread_create(&t->up_thread, NULL, uploader_main, t);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc) {
+            set_err(err, errlen, "pthread_create: %s", strerror(rc));
+            goto err;
+        }
+        t->up_started = 1;
+    }
     return t;
 err:
     telemetry_destroy(t, NULL, 0);
@@ -1569,8 +1872,15 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
         }
         uint64_t left = now_ns() < end ? (end - now_ns()) / 1000000u : 0;
         rc = telemetry_flush(t, (int)left);
+    }
+    if (t->up_started) {
+        atomic_store_explicit(&t->up_stop, 1, memory_order_release);
+        pthread_join(t->up_thread, NULL);
+    }
+    if (t->thread_started) {
         atomic_store_explicit(&t->stop, 1, memory_order_release);
         pthread_join(t->thread, NULL);
+        if (!t->root_is_tmp && settled(t)) spool_compact(t);
     }
     telemetry_msg m;
     while (t->thread_started && telemetry_poll(t, &m)) telemetry_msg_free(&m);
@@ -1589,6 +1899,9 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
     free(t->ibuf);
     free(t->hello);
     free(t->unix_path);
+    free(t->address);
+    free(t->token);
+    if (t->in_lock_init) pthread_mutex_destroy(&t->in_lock);
     free(t->host);
     free(t->port);
     free(t->root);
