@@ -124,7 +124,7 @@ struct telemetry {
     /* Background uploader of the other runs of spool_dir. */
     pthread_t up_thread;
     int up_started;
-    atomic_int up_stop;
+    atomic_int up_stop, up_done;
 
     /* Sender thread state. */
     pthread_t thread;
@@ -1534,6 +1534,7 @@ static void *uploader_main(void *arg)
 {
     telemetry *t = arg;
     for_each_run(t->root, t->run, uploader_one, t);
+    atomic_store(&t->up_done, 1);
     return NULL;
 }
 
@@ -1581,17 +1582,20 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
         }
     }
     uint64_t next_line = start + 1000000000u;
-    while (t->thread_started && !settled(t) && now_ns() < end) {
+    /* the background uploads of other runs get the same grace period */
+    while (t->thread_started && (!settled(t) || (t->up_started && !atomic_load(&t->up_done))) &&
+           now_ns() < end) {
         sleep_ms(5);
         uint64_t now = now_ns();
-        if (progress && now >= next_line && !settled(t)) {
+        if (progress && now >= next_line) {
             telemetry_stats st;
             telemetry_stats_get(t, &st);
             fprintf(progress,
-                    "entropyd client: run %s: %llu of %llu messages acknowledged, %s; "
+                    "entropyd client: run %s: %llu of %llu messages acknowledged, %s%s; "
                     "waiting up to %.0f s more for the daemon\n",
                     t->run, (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
-                    st.connected ? "connected" : "reconnecting", (double)(end - now) / 1e9);
+                    st.connected ? "connected" : "reconnecting",
+                    settled(t) ? ", uploading other runs of the spool" : "", (double)(end - now) / 1e9);
             fflush(progress);
             next_line = now + 1000000000u;
         }

@@ -139,7 +139,9 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms);
  * daemon to acknowledge everything, the sender reconnecting meanwhile (so a
  * daemon that comes back within the grace period gets the spool). While it
  * waits and something is unacknowledged it writes a progress line to
- * progress about once a second (NULL: silent). Then destroys t. Returns as
+ * progress about once a second (NULL: silent). The background uploads of
+ * other runs (see no_spool_upload) get the same grace period: they stop
+ * when it ends and go on in the next client. Then destroys t. Returns as
  * telemetry_destroy does; what was not acknowledged stays in the spool, and
  * the next client started on the same spool directory uploads it. */
 int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress);

@@ -394,7 +394,8 @@ int monitor_finish(monitor *mo, const char *status)
     summary(mo->log, mo->run, mo->t, extra);
     ab_report(mo);
     /* the end message; reconnects for the grace period if the daemon is away */
-    int rc2 = telemetry_finish(mo->t, status, mo->end_grace_ms ? mo->end_grace_ms : 30000, mo->log);
+    int grace = mo->end_grace_ms < 0 ? 0 : mo->end_grace_ms == 0 ? 30000 : mo->end_grace_ms;
+    int rc2 = telemetry_finish(mo->t, status, grace, mo->log);
     mo->t = NULL;
     if (rc != TELEMETRY_OK || rc2 != TELEMETRY_OK)
         fprintf(mo->log, "telemetry: not everything was acknowledged; the rest stays in the spool "
