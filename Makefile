@@ -32,7 +32,7 @@ endif
 endif
 
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
-           -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -Iclient -I$(BUILD)/gen $(PKG_CFLAGS)
+           -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -Iclient -Iproto -I$(BUILD)/gen $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -llapacke -lpthread -lm
 # The trainer's elementwise kernels want vectorization for this CPU.
 ifeq ($(SANITIZE),)
@@ -57,14 +57,16 @@ MPI_BIN := $(BUILD)/sigmatrain-mpi
 endif
 
 DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+# proto/: the protocol's one home, compiled into the daemon and the client library
+PROTO_SRC   := $(wildcard proto/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(wildcard trainer/*.c))
 TEST_SRC    := $(wildcard tests/test_*.c)
 BENCH_SRC   := $(wildcard bench/*.c)
 WEB_FILES   := $(shell find web -type f 2>/dev/null | sort)
 
-DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o
+DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(PROTO_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o
 TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
-CLIENT_SRC  := $(wildcard client/*.c)
+CLIENT_SRC  := $(wildcard client/*.c) $(PROTO_SRC)
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(BUILD)/%.o)
 CLIENT_PIC  := $(CLIENT_SRC:%.c=$(BUILD)/pic/%.o)
 CLIENT_LIB  := $(BUILD)/libentropyd_client.a $(BUILD)/libentropyd_client.so
@@ -207,8 +209,8 @@ FUZZ_SECONDS ?= 60
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZERS      := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 FUZZ_CFLAGS  := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
-                -Idaemon -Ibuild/gen $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o
+                -Idaemon -Iproto -Ibuild/gen $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) $(PROTO_SRC:%.c=build/fuzz/obj/%.o) build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -MMD -MP -c $< -o $@
