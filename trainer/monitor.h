@@ -49,6 +49,8 @@ typedef struct {
                                  step times of both in the summary; needs log_every 1 */
     long ab_max_steps;        /* steps the A/B arrays are sized for */
     int extra_scalars;        /* room for monitor_extra_scalars per step (0: none) */
+    int end_grace_ms;         /* monitor_finish keeps reconnecting this long for the last
+                                 acks (0: 30 s; negative: no wait) */
 } monitor_config;
 
 typedef struct monitor monitor;
@@ -121,10 +123,11 @@ void monitor_rolled_back(monitor *mo, long restored);
 void monitor_event(monitor *mo, const char *level, const char *text);
 
 /* Commits an open step, waits for the daemon's acks (at most 10 s while
- * connected, 0.5 s otherwise), ends the run with status ("finished",
- * "failed", "aborted"; NULL leaves it resumable), prints the summary line
- * "telemetry: run R | sent N | acked N | spooled N | dropped N (...) | ..."
- * and frees.  Returns 0 when everything was acknowledged, 1 otherwise.
+ * connected, 0.5 s otherwise), prints the summary line
+ * "telemetry: run R | sent N | acked N | spooled N | dropped N (...) | ...",
+ * ends the run with status ("finished", "failed", "aborted"; NULL leaves it
+ * resumable) through telemetry_finish (reconnecting for up to end_grace_ms,
+ * a progress line a second while it waits) and frees.  Returns 0 when everything was acknowledged, 1 otherwise.
  * Accepts NULL (returns 0). */
 int monitor_finish(monitor *mo, const char *status);
 
