@@ -332,7 +332,8 @@ def write_report(path, tune_rows, held_rows, top, chosen_rule, held_j, held_s, t
            "median lead):", "", "```json", json.dumps(chosen_rule, indent=1), "```", "",
            ("The built-in `collapse_risk` of daemon/alert.c is this rule." if shipped else
             "daemon/alert.c ships no `collapse_risk` that matches it (see below)."), "",
-           "## Held-out sweep", "",
+           "## Held-out sweep", "", "![collapse_risk against entropy_collapse on the held-out runs that collapse]"
+           "(collapse-risk.png)", "",
            "Judged by %s. The simulation reproduces the daemon's `entropy_collapse` start step on %d of "
            "%d runs." % (judged_by, agree[0], agree[1]), "",
            "| runs that collapse | healthy runs | other | recall | false alarms | median lead (steps) | "
