@@ -332,7 +332,7 @@ class TorchTest(unittest.TestCase):
         try:
             env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
             ex = os.path.join(ROOT, "examples", "pytorch_lm.py")
-            steps = os.environ.get("LM_STEPS", "130")
+            steps = os.environ.get("LM_STEPS", "60")
             procs = {}
             for run, extra in (("lm-baseline", []), ("lm-sigma", ["--sigma-reparam"])):
                 procs[run] = subprocess.Popen([sys.executable, ex, "--daemon", "unix:" + d.sock, "--run", run,
