@@ -231,6 +231,7 @@ static void put_probe(telemetry_step *s, const probe_metrics *r)
     telemetry_step_heads(s, "max_logit", r->max_logit);
     telemetry_step_heads(s, "sigma_qk", r->sigma_qk);
     telemetry_step_heads(s, "entropy_bound", r->entropy_bound);
+    telemetry_step_heads(s, "logit_scale", r->logit_scale);
     telemetry_step_heads(s, "eig_mean", r->eig_mean);
     telemetry_step_heads(s, "eig_var", r->eig_var);
     telemetry_step_layer(s, "rank_ratio", r->rank_ratio);

@@ -22,7 +22,7 @@
  * probe_ms; layer metrics rank_ratio, cos_sim, sigma_qkv, gamma_qkv,
  * sigma_attproj, gamma_attproj, sigma_fc, gamma_fc, sigma_fcproj,
  * gamma_fcproj; scalars sigma_lmhead, gamma_lmhead; head metrics entropy,
- * entropy_norm, max_logit, sigma_qk, entropy_bound, eig_mean, eig_var.  An
+ * entropy_norm, max_logit, sigma_qk, entropy_bound, logit_scale, eig_mean, eig_var.  An
  * eval at a step that is not logged sends a step with the scalars only. */
 #ifndef MONITOR_H
 #define MONITOR_H
