@@ -281,13 +281,17 @@ static int run_blocked(const struct writer *w, int64_t run_id) {
 }
 
 /* 1 if it must wait behind a rewind: added to the deferred list. Runs in
- * the batch's transaction (store_needs_rewind reads its state). */
+ * the batch's transaction (store_needs_rewind reads its state); -1 if that
+ * read failed for a reason that may pass (SQLite may have rolled the
+ * transaction back: the batch must be retried), 0 otherwise. */
 static int defer(struct writer *w, struct writer_item *it) {
     int hold;
     if (w->dhead && it->kind == WRITER_HELLO) hold = 1;
     else if (it->kind == WRITER_HELLO || it->run_id <= 0) hold = 0;
     else if (w->dhead && run_blocked(w, it->run_id)) hold = 1;
-    else hold = it->kind == WRITER_STEP && store_needs_rewind(w->st, it->run_id, it->msg.step) == 1;
+    else if (it->kind != WRITER_STEP) hold = 0;
+    else if ((hold = store_needs_rewind(w->st, it->run_id, it->msg.step)) < 0)
+        return retryable(store_errcode(w->st)) ? -1 : 0; /* else apply() answers the error */
     if (!hold) return 0;
     if (it->kind != WRITER_HELLO && !run_blocked(w, it->run_id)) {
         if (w->nblocked == w->capblocked) {
@@ -502,7 +506,9 @@ static void *writer_main(void *arg) {
             struct writer_item *it = take;
             take = take->next;
             it->next = NULL;
-            if (!failed && defer(w, it)) continue;
+            int d = failed ? 0 : defer(w, it);
+            if (d > 0) continue;
+            if (d < 0) failed = 1;
             if (it->kind == WRITER_DELETE) w->purge_pending = 1;
             if (btail) btail->next = it;
             else batch = it;
