@@ -83,6 +83,7 @@ static const char *const stmt_sql[S_COUNT] = {
 struct store {
     sqlite3 *db;
     sqlite3_stmt *stmt[S_COUNT];
+    sqlite3_stmt *summary_stmt;   /* store_run_summary_step's, prepared on first use */
     char err[512];
     int errcode;
     int in_txn;
@@ -232,6 +233,7 @@ void store_close(struct store *st) {
     free(st->runs);
     free(st->agg);
     for (int i = 0; i < S_COUNT; i++) sqlite3_finalize(st->stmt[i]);
+    sqlite3_finalize(st->summary_stmt);
     sqlite3_close(st->db);
     free(st);
 }
@@ -796,6 +798,9 @@ int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, 
         r->updated = now;
         if (run_save(st, r)) goto out;
     }
+    /* a run that is not live sends nothing until its next hello: its cache
+     * goes, so that the cache holds live runs only, however many are stored */
+    if (status != PROTO_LIVE) run_forget(st, run_id);
     ret = 0;
 out:
     sqlite3_finalize(s);
@@ -970,7 +975,7 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
         id = sqlite3_last_insert_rowid(st->db);
     } else {
         if (sqlite3_prepare_v2(st->db, "UPDATE alerts SET state = ?2, ends_at = ?3, last_step = ?4, value = ?5, "
-                               "cells = ?6, payload = ?7 WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) goto dberr;
+                               "cells = ?6, payload = ?7, reason = ?8 WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) goto dberr;
         sqlite3_bind_int64(s, 1, id);
         sqlite3_bind_text(s, 2, resolved ? "resolved" : "firing", -1, SQLITE_STATIC);
         if (resolved) sqlite3_bind_double(s, 3, a->ends_at);
@@ -980,6 +985,8 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
         else sqlite3_bind_null(s, 5);
         sqlite3_bind_text(s, 6, a->cells_json, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 7, a->payload, -1, SQLITE_STATIC);
+        if (resolved && a->reason) sqlite3_bind_text(s, 8, a->reason, -1, SQLITE_STATIC);
+        else sqlite3_bind_null(s, 8);
         if (sqlite3_step(s) != SQLITE_DONE) goto dberr;
     }
     sqlite3_finalize(s);
@@ -1006,7 +1013,75 @@ out:
 
 int store_alerts_close_run(struct store *st, int64_t run_id, double now) {
     char sql[256];
-    snprintf(sql, sizeof sql, "UPDATE alerts SET state = 'resolved', ends_at = %.6f WHERE run_id = %lld AND state = 'firing'",
+    snprintf(sql, sizeof sql, "UPDATE alerts SET state = 'resolved', ends_at = %.6f, reason = 'run_ended' "
+             "WHERE run_id = %lld AND state = 'firing'",
              now, (long long)run_id);
     return exec(st, sql);
 }
+
+/* ---- run summary and verdict (issue 15; schema/005_runs.sql) ---- */
+
+int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
+                      const char *heads_json, const char *rule) {
+    sqlite3_stmt *s = NULL;
+    int ret = -1;
+    if (sqlite3_prepare_v2(st->db, "INSERT INTO run_summary(run_id, verdict, since_step, heads, rule) "
+                           "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1) "
+                           "ON CONFLICT(run_id) DO UPDATE SET verdict = excluded.verdict, "
+                           "since_step = excluded.since_step, heads = excluded.heads, rule = excluded.rule",
+                           -1, &s, NULL) != SQLITE_OK) {
+        db_err(st, "writing the verdict");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_text(s, 2, verdict, -1, SQLITE_STATIC);
+    if (since_step >= 0) sqlite3_bind_int64(s, 3, since_step);
+    else sqlite3_bind_null(s, 3);
+    sqlite3_bind_text(s, 4, heads_json ? heads_json : "[]", -1, SQLITE_STATIC);
+    if (rule) sqlite3_bind_text(s, 5, rule, -1, SQLITE_STATIC);
+    else sqlite3_bind_null(s, 5);
+    if (sqlite3_step(s) != SQLITE_DONE) {
+        db_err(st, "writing the verdict");
+        goto out;
+    }
+    ret = 0;
+out:
+    sqlite3_finalize(s);
+    return ret;
+}
+
+int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_msg *msg) {
+    double loss = NAN, ent = NAN;
+    int has_loss = 0;
+    for (uint32_t i = 0; i < msg->nmetrics; i++) {
+        const struct proto_metric *pm = &msg->metrics[i];
+        if (pm->kind == PROTO_SCALAR && !strcmp(pm->name, "loss")) {
+            loss = msg->values[pm->offset];
+            has_loss = 1;
+        } else if (pm->kind == PROTO_HEAD && !strcmp(pm->name, "entropy_norm")) {
+            const float *v = msg->values + pm->offset;
+            for (uint32_t k = 0; k < pm->rows * pm->cols; k++)
+                if (isfinite(v[k]) && !(v[k] >= ent)) ent = v[k];
+        }
+    }
+    if (!has_loss && isnan(ent)) return 0;
+    if (!st->summary_stmt &&
+        sqlite3_prepare_v3(st->db, "INSERT INTO run_summary(run_id, last_loss, min_entropy) VALUES (?1, ?2, ?3) "
+                           "ON CONFLICT(run_id) DO UPDATE SET "
+                           "last_loss = CASE WHEN ?4 THEN excluded.last_loss ELSE last_loss END, "
+                           "min_entropy = CASE WHEN excluded.min_entropy IS NULL THEN min_entropy "
+                           "WHEN min_entropy IS NULL OR excluded.min_entropy < min_entropy THEN excluded.min_entropy "
+                           "ELSE min_entropy END",
+                           -1, SQLITE_PREPARE_PERSISTENT, &st->summary_stmt, NULL) != SQLITE_OK)
+        return db_err(st, "preparing the run summary");
+    sqlite3_stmt *s = st->summary_stmt;
+    sqlite3_bind_int64(s, 1, run_id);
+    if (has_loss && isfinite(loss)) sqlite3_bind_double(s, 2, loss);
+    else sqlite3_bind_null(s, 2); /* a NaN loss is stored as NULL: the verdict says diverged */
+    if (isfinite(ent)) sqlite3_bind_double(s, 3, ent);
+    else sqlite3_bind_null(s, 3);
+    sqlite3_bind_int(s, 4, has_loss);
+    return step_done(st, s, "writing the run summary");
+}
+
+void store_release_memory(struct store *st) { sqlite3_db_release_memory(st->db); }

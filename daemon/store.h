@@ -129,6 +129,7 @@ struct store_alert {
     double value;                 /* NaN stores NULL */
     const char *cells_json;       /* JSON array */
     const char *payload;          /* Alertmanager alert object (JSON) */
+    const char *reason;           /* resolved: NULL for a recovery, "run_ended", "run_deleted" */
 };
 
 /* Records a transition: "firing" opens an alerts row for (run, rule) unless
@@ -138,8 +139,29 @@ struct store_alert {
  * in the caller's transaction, or its own when there is none. */
 int store_alert_transition(struct store *st, const struct store_alert *a, int64_t *alert_id);
 
-/* Resolves every alert of the run still open (at the run's end). */
+/* Resolves every alert of the run still open (at the run's end), with
+ * reason 'run_ended'. */
 int store_alerts_close_run(struct store *st, int64_t run_id, double now);
+
+/* ---- run summary and verdict (schema/005_runs.sql) ---- */
+
+/* A run's verdict as the alert engine computed it (alert.h): verdict is
+ * "healthy", "collapsing", "collapsed", "diverged" or "stalled";
+ * since_step -1 stores NULL; heads_json a JSON array of [layer, head]
+ * pairs; rule NULL for none. Runs in the caller's transaction. */
+int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
+                      const char *heads_json, const char *rule);
+
+/* Folds one stored step into the run's summary: the scalar `loss` becomes
+ * last_loss (when the step has it) and the minimum of the finite
+ * entropy_norm head values lowers min_entropy. Costs one row write for a
+ * step that has either, nothing otherwise; never reads frames. */
+int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_msg *msg);
+
+/* Gives the connection's unused page cache back to the allocator (after a
+ * large run ended or was deleted, its pages are dead weight). Call outside
+ * a transaction. */
+void store_release_memory(struct store *st);
 
 /* Committed facts of a run for tests and callers outside a transaction:
  * last_seq (or -1 if no such run). */

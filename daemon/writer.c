@@ -149,6 +149,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
             r = 0;
         }
         if (r == 0) rep->values += it->msg.nvalues;
+        if (r == 0) r = store_run_summary_step(st, it->run_id, &it->msg); /* the runs list's summary */
         break;
     case WRITER_EVENT:
         r = store_event(st, it->run_id, it->seq, it->time, it->msg.level, it->msg.text ? it->msg.text : "");
