@@ -811,7 +811,14 @@ out:
 int store_run_delete(struct store *st, int64_t run_id) {
     char sql[1024];
     long long id = (long long)run_id;
-    if (store_run_last_seq(st, run_id) < 0) return set_err(st, -3, "no run %lld", id);
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(st->db, "SELECT 1 FROM runs WHERE id = ?1", -1, &s, NULL) != SQLITE_OK)
+        return db_err(st, "looking up run");
+    sqlite3_bind_int64(s, 1, run_id);
+    int rc = sqlite3_step(s);
+    sqlite3_finalize(s);
+    if (rc == SQLITE_DONE) return set_err(st, -3, "no run %lld", id);
+    if (rc != SQLITE_ROW) return db_err(st, "looking up run");
     /* the small rows go now (runs cascades to metrics, events, alerts,
      * branches, rewinds); the bulk is listed in purge for store_purge */
     snprintf(sql, sizeof sql,

@@ -46,6 +46,8 @@ struct writer {
     int ckstarted;
     pthread_cond_t ckcv;
     int64_t wal_used, wal_checked;
+    int ckstop;                      /* after the writer thread ended */
+    int wal_reset_ok;                /* a RESTART succeeded since the WAL passed WRITER_WAL_RESTART */
 };
 
 static void notify(struct writer *w) {
@@ -281,13 +283,17 @@ static int run_blocked(const struct writer *w, int64_t run_id) {
 }
 
 /* 1 if it must wait behind a rewind: added to the deferred list. Runs in
- * the batch's transaction (store_needs_rewind reads its state). */
+ * the batch's transaction (store_needs_rewind reads its state); -1 if that
+ * read failed for a reason that may pass (SQLite may have rolled the
+ * transaction back: the batch must be retried), 0 otherwise. */
 static int defer(struct writer *w, struct writer_item *it) {
     int hold;
     if (w->dhead && it->kind == WRITER_HELLO) hold = 1;
     else if (it->kind == WRITER_HELLO || it->run_id <= 0) hold = 0;
     else if (w->dhead && run_blocked(w, it->run_id)) hold = 1;
-    else hold = it->kind == WRITER_STEP && store_needs_rewind(w->st, it->run_id, it->msg.step) == 1;
+    else if (it->kind != WRITER_STEP) hold = 0;
+    else if ((hold = store_needs_rewind(w->st, it->run_id, it->msg.step)) < 0)
+        return retryable(store_errcode(w->st)) ? -1 : 0; /* else apply() answers the error */
     if (!hold) return 0;
     if (it->kind != WRITER_HELLO && !run_blocked(w, it->run_id)) {
         if (w->nblocked == w->capblocked) {
@@ -318,8 +324,22 @@ static void release_deferred(struct writer *w) {
     w->nblocked = 0;
 }
 
+/* Background work yields to the checkpointer: none while the WAL is past
+ * WRITER_WAL_RESTART and not restarted since, so that a big delete or
+ * rollback goes at the pace the disk checkpoints instead of making the
+ * writer wait at WRITER_WAL_HARD (trainers' acks would wait with it).
+ * Called with mu held or from the writer thread. */
 static int jobs_pending(const struct writer *w) {
-    return (w->dhead || w->purge_pending) && now_mono_ms() >= w->job_backoff_until;
+    if (!w->dhead && !w->purge_pending) return 0;
+    if (w->ckstarted && w->wal_used >= WRITER_WAL_RESTART && !w->wal_reset_ok) return 0;
+    return now_mono_ms() >= w->job_backoff_until;
+}
+
+static int jobs_ready(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    int r = jobs_pending(w);
+    pthread_mutex_unlock(&w->mu);
+    return r;
 }
 
 /* After a commit: tells the checkpointer how much of the WAL is in use. */
@@ -327,6 +347,7 @@ static void checkpoint_policy(struct writer *w) {
     int64_t used = store_wal_used(w->st), wal = -1;
     pthread_mutex_lock(&w->mu);
     w->wal_used = used;
+    if (used >= WRITER_WAL_RESTART) w->wal_reset_ok = 0; /* this commit did not start the log over */
     if (used >= WRITER_WAL_PASSIVE) pthread_cond_signal(&w->ckcv);
     pthread_mutex_unlock(&w->mu);
     if (used < WRITER_WAL_HARD) return;
@@ -355,7 +376,7 @@ static void checkpoint_policy(struct writer *w) {
 static void *checkpointer_main(void *arg) {
     struct writer *w = arg;
     pthread_mutex_lock(&w->mu);
-    while (!w->stop) {
+    while (!w->ckstop) {
         if (w->wal_used < WRITER_WAL_PASSIVE || w->wal_used == w->wal_checked) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -373,6 +394,10 @@ static void *checkpointer_main(void *arg) {
         w->stats.checkpoints++;
         if (r == 1) w->stats.checkpoints_busy++;
         if (r < 0) w->stats.db_errors++;
+        if (r == 0 && used >= WRITER_WAL_RESTART) {
+            w->wal_reset_ok = 1;
+            pthread_cond_signal(&w->cv); /* background work may go on */
+        }
         if (wal > (int64_t)w->stats.wal_peak_bytes) w->stats.wal_peak_bytes = (uint64_t)wal;
     }
     pthread_mutex_unlock(&w->mu);
@@ -450,7 +475,7 @@ static void *writer_main(void *arg) {
         }
         if (!w->head && !in_txn) {
             pthread_mutex_unlock(&w->mu);
-            if (jobs_pending(w)) job_chunk(w);
+            if (jobs_ready(w)) job_chunk(w);
             else if (w->dhead) usleep(50 * 1000); /* stopping while a chunk backs off */
             double t = now_wall();
             if (w->cfg.on_tick && t - last_tick >= 1.0) {
@@ -483,7 +508,9 @@ static void *writer_main(void *arg) {
             struct writer_item *it = take;
             take = take->next;
             it->next = NULL;
-            if (!failed && defer(w, it)) continue;
+            int d = failed ? 0 : defer(w, it);
+            if (d > 0) continue;
+            if (d < 0) failed = 1;
             if (it->kind == WRITER_DELETE) w->purge_pending = 1;
             if (btail) btail->next = it;
             else batch = it;
@@ -504,7 +531,7 @@ static void *writer_main(void *arg) {
             checkpoint_policy(w);
             /* between two batches, at most one chunk of background work:
              * no trainer's ack waits behind more than that */
-            if (jobs_pending(w)) job_chunk(w);
+            if (jobs_ready(w)) job_chunk(w);
             /* a busy writer still ticks */
             double t = now_wall();
             if (w->cfg.on_tick && t - last_tick >= 1.0) {
@@ -569,7 +596,7 @@ void writer_destroy(struct writer *w) {
     }
     if (w->ckstarted) {
         pthread_mutex_lock(&w->mu);
-        w->stop = 1;
+        w->ckstop = 1;
         pthread_cond_signal(&w->ckcv);
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->ckthread, NULL);
