@@ -197,7 +197,9 @@ export class TimeChart {
       axes: [
         {...axis, label: 'step', labelSize: 18, size: 36, incrs: STEP_INCRS, values: (u, vals) => vals.map((v) => compactStep(v))},
         {...axis, label: o.unit || 'value', labelSize: 18, size: 58,
-         splits: this.log ? undefined : ySplits, values: this.log ? logTicks : linTicks},
+         splits: this.log ? logSplits : ySplits, values: this.log ? logTicks : linTicks,
+         // the splits above are already thinned: keep uPlot from thinning them again
+         filter: (u, splits) => splits},
       ],
       legend: {live: true},
       // cursor dots are one composited element per series (will-change):
@@ -493,17 +495,30 @@ function linTicks(u, vals) {
   return vals.map((v) => fmt(v, 8));
 }
 
+/** Log axis ticks: 1, 2, 5 per decade over three decades or fewer, else
+ * the decades only (every k-th, for at most about 8 ticks), so a series
+ * spanning 20 decades is not buried under 180 grid lines. */
+function logSplits(u, axisIdx, min, max) {
+  const a = Math.floor(Math.log10(min) + 1e-9), b = Math.ceil(Math.log10(max) - 1e-9);
+  const out = [];
+  if (b - a <= 3) {
+    for (let e = a; e <= b; e++) for (const m of [1, 2, 5]) {
+      const v = +(m * 10 ** e).toPrecision(6);
+      if (v >= min * (1 - 1e-9) && v <= max * (1 + 1e-9)) out.push(v);
+    }
+    return out;
+  }
+  const k = Math.max(1, Math.ceil((b - a) / 8));
+  for (let e = Math.ceil(a / k) * k; e <= b; e += k) out.push(10 ** e);
+  return out;
+}
+
 /** A log axis labels its decades (every k-th when there are many). */
 function logTicks(u, vals) {
-  const dec = vals.filter((v) => Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-6);
-  const k = Math.max(1, Math.ceil(dec.length / Math.max(2, Math.floor(u.bbox.height / devicePixelRatio / 22))));
-  // two decades or fewer: the 2s and 5s too
-  const few = dec.length <= 3;
   return vals.map((v) => {
-    const e = Math.log10(v), r = Math.round(e);
-    const m = +(v / 10 ** Math.floor(e + 1e-9)).toPrecision(6);
-    if (few && (m === 2 || m === 5)) return fmt(v, 3);
-    if (Math.abs(e - r) > 1e-6 || r % k !== 0) return '';
+    if (!(v > 0)) return '';
+    const r = Math.round(Math.log10(v));
+    if (Math.abs(v - 10 ** r) > 1e-9 * v) return fmt(v, 3);
     return r >= -3 && r <= 4 ? fmt(10 ** r, 3) : `1e${r}`;
   });
 }

@@ -317,6 +317,9 @@ export class RunView {
     const left = h('div', {}), side = h('div', {class: 'hm-side'});
     body.append(h('div', {class: 'hm-wrap'}, left, side));
     this.hm = new Heatmap(left, {onPick: (l, hd) => this.pickHead(l, hd), layers: this.run.layers});
+    // the worst heads' values at the step shown, in words
+    this.worstEl = h('div', {class: 'worst', id: 'worst-heads'});
+    left.append(this.worstEl);
     if (this.st.layer !== null) this.hm.sel = {l: this.st.layer, h: this.st.head ?? 0};
     // one head over the whole run, the scrubbed step marked in blue
     this.headNote = h('p', {class: 'muted small', id: 'head-note'});
@@ -340,7 +343,7 @@ export class RunView {
           // the worst heads of the step shown, one line each
           const worst = this.worst;
           res = await Promise.all(worst.map(([l, hd]) => q(metric, l, hd)));
-          this.headChart.o.title = `${metric} of the ${worst.length} worst heads at step ${fmtStep(this.curStep)}`;
+          this.headChart.o.title = `${metric} of the ${worst.length} worst heads at the step shown`;
           this.headChart.o.file = `${this.run.name}-${metric}-worst-heads`;
           defs = worst.map(([l, hd], i) => ({label: `L${l} h${hd}`, color: color(i), band: i === 0, width: i === 0 ? 2 : 1.4}));
           lines = res.map((r, i) => ({res: r, y: 'mean', band: i === 0}));
@@ -367,6 +370,21 @@ export class RunView {
     this.charts.push(this.headEntry);
     this.follow = this.st.step === null;
     this.frameAt(this.st.step);
+  }
+
+  /** Lists the WORST_K worst heads of the frame shown with their values
+   * (lowest entropy; highest of other metrics); a click follows the head. */
+  showWorst(metric, f) {
+    const high = !ENTROPY_FAMILY.has(metric);
+    const worst = worstHeads(this.hm.flat, f.heads, WORST_K, high);
+    this.worstEl.textContent = '';
+    if (!worst.length) return;
+    this.worstEl.append(h('div', {class: 'muted small'}, `${high ? 'highest' : 'lowest'} ${metric} at step ${fmtStep(f.step)}`));
+    const tb = h('tbody');
+    for (const [l, hd] of worst)
+      tb.append(h('tr', {}, h('td', {}, h('a', {href: '#', onclick: (e) => { e.preventDefault(); this.pickHead(l, hd); }}, `L${l} h${hd}`)),
+        h('td', {class: 'num', 'data-layer': l, 'data-head': hd}, fmt(this.hm.flat[l * f.heads + hd]))));
+    this.worstEl.append(h('table', {class: 'mini worst-tbl'}, tb));
   }
 
   /** Whether the heatmap's colours are on a log scale: the URL's hmlog,
@@ -405,6 +423,7 @@ export class RunView {
           if (!this.follow || w.step !== null) this.scrub.value = f.step;
           else { if (f.step > +this.scrub.max) this.scrub.max = f.step; this.scrub.value = f.step; }
           this.hmShown = true;
+          this.showWorst(w.metric, f);
           this.syncStepUrl(w.step === null ? null : f.step);
           this.curStep = f.step;
           let moved = false;
