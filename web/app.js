@@ -4,6 +4,7 @@
 import {RunsView} from './runs.js';
 import {RunView} from './run.js';
 import {CompareView} from './compare.js';
+import {setSmoothing} from './charts.js';
 import {applyTheme, setTheme, themeChoice, urlState} from './util.js';
 
 let current = null;
@@ -11,6 +12,7 @@ let current = null;
 function route() {
   const s = urlState.get();
   if (current) current.destroy();
+  setSmoothing(0);   // the run page sets its own from the URL
   const root = document.getElementById('app');
   root.textContent = '';
   window.__render = {start: performance.now(), complete: false, completeAt: null, view: null};
