@@ -368,8 +368,12 @@ export class RunView {
       }
     };
     this.charts.push(this.headEntry);
-    this.follow = this.st.step === null;
-    this.frameAt(this.st.step);
+    // a zoomed link opens the heatmap inside its window (at its end unless it names a step)
+    const lo = this.st.from ?? this.firstStep, hi = this.st.to ?? this.lastStep;
+    if (this.st.from !== null || this.st.to !== null) { this.scrub.min = lo; this.scrub.max = hi; }
+    const at = this.st.step ?? (this.st.to !== null ? hi : null);
+    this.follow = at === null;
+    this.frameAt(at === null ? null : Math.min(hi, Math.max(lo, at)));
   }
 
   /** Lists the WORST_K worst heads of the frame shown with their values
@@ -662,8 +666,8 @@ export class RunView {
   jumpTo(step) {
     const span = Math.max(200, Math.round(((this.lastStep ?? step) - this.firstStep) / 20));
     this.follow = false;
-    this.frameAt(step);
     this.setRange(Math.max(0, step - span), step + span);
+    this.frameAt(step);
   }
 
   async loadEvents() {
@@ -692,7 +696,23 @@ export class RunView {
     this.st.from = from; this.st.to = to;
     urlState.set({from: from ?? undefined, to: to ?? undefined});
     this.showRange();
+    this.scrubWindow();
     for (const c of this.charts) if (c.loaded) c.load();
+  }
+
+  /** The heatmap's scrubber (and Play) span the zoomed window; a step
+   * outside it moves to its nearest end. */
+  scrubWindow() {
+    if (!this.scrub) return;
+    const lo = this.st.from ?? this.firstStep ?? 0, hi = Math.max(lo, this.st.to ?? this.lastStep ?? lo);
+    this.scrub.min = lo;
+    this.scrub.max = hi;
+    const cur = this.curStep;
+    if (cur !== undefined && (cur < lo || cur > hi)) {
+      this.stopPlay();
+      this.follow = false;
+      this.frameAt(Math.min(hi, Math.max(lo, cur)));
+    }
   }
 
   reloadKind(kind) { for (const c of this.charts) if (c.kind === kind && c.loaded) c.load(); }
@@ -728,7 +748,7 @@ export class RunView {
     this.lastStepEl.dataset.step = step;
     if (d.scalars && 'loss' in d.scalars) { this.lastLossEl.textContent = fmt(d.scalars.loss); this.lossShownStep = step; }
     if (this.run.status !== 'live') { this.run.status = 'live'; this.statusEl.className = 'badge st-live'; this.statusEl.textContent = 'live'; }
-    if (this.scrub && step > +this.scrub.max) this.scrub.max = step;
+    if (this.scrub && this.st.to === null && step > +this.scrub.max) this.scrub.max = step;
     if (this.hm && this.follow && !this.playing) this.frameAt(null);
     // appended live only while showing up to the end of the run
     if (this.st.to !== null) return;

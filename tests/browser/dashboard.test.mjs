@@ -173,6 +173,20 @@ await run(async (ctx) => {
     `heatmap colours of 0.005 and 0.1: ${Math.round(dist(logPix[0], logPix[1]))} apart on the log scale (default), ${Math.round(dist(linPix[0], linPix[1]))} linear`);
   await hp.close();
 
+  // the heatmap follows the zoomed window: a zoomed link opens it inside,
+  // and zooming elsewhere moves it (and the scrubber) there
+  const zp = await newPage(browser);
+  await zp.goto(`${d.base}/?run=${id}&from=100&to=130`);
+  await rendered(zp);
+  await zp.waitForFunction(() => window.__heatmap && window.__heatmap.step === 130, null, {timeout: 5000}).catch(() => {});
+  const z1 = await zp.evaluate(() => [window.__heatmap.step, +document.querySelector('#hm-scrub').min, +document.querySelector('#hm-scrub').max]);
+  await zp.evaluate(() => document.querySelector('.chart[data-metrics="loss,eval_loss"]').__chart.o.onZoom(20, 40));
+  await zp.waitForFunction(() => window.__heatmap.step === 40, null, {timeout: 5000}).catch(() => {});
+  const z2 = await zp.evaluate(() => [window.__heatmap.step, +document.querySelector('#hm-scrub').min, +document.querySelector('#hm-scrub').max]);
+  check(String(z1) === '130,100,130' && String(z2) === '40,20,40',
+    `the heatmap follows the zoom: steps 100..130 -> step ${z1[0]}, scrubber ${z1[1]}..${z1[2]}; 20..40 -> ${z2[0]}, ${z2[1]}..${z2[2]}`);
+  await zp.close();
+
   /* ---- 3. smoothing, downloads ------------------------------------------ */
   const sm0 = await again.$eval(LOSS, (el) => el.__chart.u.data.map((c) => c.slice()));
   await again.$eval('#smooth', (e) => { e.value = 0.9; e.dispatchEvent(new Event('input', {bubbles: true})); });
