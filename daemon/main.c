@@ -3,12 +3,14 @@
  * query (read-only connections), stream (SSE ring), http (libmicrohttpd).
  * Nothing below main() exits the process. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -27,6 +29,53 @@
 
 
 static struct ingest *g_ingest;
+
+/* Takes the database's lock file (DB.lock, holding the owner's pid) for the
+ * life of the process, before anything reads or changes the database: a
+ * second entropyd on the same data must not mark the first one's live runs
+ * stale or write beside it.  Returns the lock's descriptor (kept open; the
+ * kernel releases the lock when the process ends, however it ends), or -1
+ * with a message in err. */
+static int lock_database(const char *db, char *err, size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s.lock", db);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open lock file %.900s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        char owner[32] = "";
+        ssize_t n = pread(fd, owner, sizeof owner - 1, 0);
+        owner[n > 0 ? n : 0] = 0;
+        owner[strcspn(owner, "\n")] = 0;
+        char who[64] = "";
+        if (*owner) snprintf(who, sizeof who, " (pid %s)", owner);
+        snprintf(err, errlen, "%.900s is in use by another entropyd%s: stop it first, or give this one its own --data",
+                 db, who);
+        close(fd);
+        return -1;
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)len, 0) != len) { /* the pid is a courtesy */ }
+    return fd;
+}
+
+/* The database and its -wal and -shm files hold everything the trainers
+ * sent: readable by their owner only, whatever the umask was when an
+ * earlier version (or sqlite3 by hand) created them. */
+static void make_database_private(const char *db)
+{
+    static const char *const suffix[] = {"", "-wal", "-shm", ".lock"};
+    char path[4200];
+    for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
+        snprintf(path, sizeof path, "%s%s", db, suffix[i]);
+        if (chmod(path, 0600) < 0 && errno != ENOENT)
+            fprintf(stderr, "entropyd: warning: cannot make %s private: %s\n", path, strerror(errno));
+    }
+}
 
 static void on_signal(int sig) {
     (void)sig;
@@ -88,7 +137,7 @@ static void usage(FILE *f) {
             "                        (layers x heads series per metric and run: mind the cardinality)\n"
             "  --stream-events N     live events kept for Last-Event-ID resume (default 16384)\n"
             "  --keepalive-ms N      SSE keep-alive comment interval (default 15000)\n"
-            "  --rules FILE          alert rules (JSON; default: the built-in set, see README \"Alerts\")\n"
+            "  --rules FILE          alert rules (JSON; default: the built-in set, see docs/alerts.md)\n"
             "  --webhook URL         POST Alertmanager-style webhook JSON on firing and resolved\n"
             "  --on-alert CMD        run /bin/sh -c CMD with the alert JSON on stdin\n"
             "  --alertmanager URL    also send alerts to Alertmanager's API (URL/api/v2/alerts),\n"
@@ -198,6 +247,7 @@ int main(int argc, char **argv) {
 
     raise_fd_limit();
     signal(SIGPIPE, SIG_IGN);
+    umask(077); /* every file the daemon creates (database, WAL, socket) is its owner's alone */
 
     int rc = 1;
     struct store *st = NULL;
@@ -208,11 +258,17 @@ int main(int argc, char **argv) {
     struct alerter *alerter = NULL;
     struct hooks hooks = {0};
     int efd = -1;
+    int lock_fd = lock_database(db, err, sizeof err);
+    if (lock_fd < 0) {
+        fprintf(stderr, "entropyd: %s\n", err);
+        goto out;
+    }
     st = store_open(db, err, sizeof err);
     if (!st) {
         fprintf(stderr, "entropyd: %s\n", err);
         goto out;
     }
+    make_database_private(db);
     int stale = store_mark_live_stale(st, now_wall());
     if (stale > 0) fprintf(stderr, "entropyd: %d run(s) left live by an earlier daemon are now stale\n", stale);
     efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -266,16 +322,15 @@ int main(int argc, char **argv) {
                                    .max_conns = (int)http_conns, .metrics_heads = metrics_heads, .pool = pool,
                                    .stream = stream, .writer = w, .ingest = g_ingest};
         http = http_create(&hcfg, err, sizeof err);
-        if (!http && http_explicit) {
-            fprintf(stderr, "entropyd: %s\n", err);
+        /* A taken address is an error, the default one too: running on
+         * without HTTP would leave the user's browser (and its token) talking
+         * to whatever holds the port.  Port 0 asks for any free port. */
+        if (!http) {
+            fprintf(stderr, "entropyd: %s%s\n", err,
+                    http_explicit ? "" : " (the default --http 127.0.0.1:8080: choose another with --http HOST:PORT, "
+                                         "any free port with --http 127.0.0.1:0, or none with --http off)");
             goto out;
         }
-        /* the default address may be taken (another daemon, another
-         * program): storing the trainers' data matters more than the
-         * dashboard, so go on without HTTP and say so */
-        if (!http)
-            fprintf(stderr, "entropyd: %s; running without HTTP (choose an address with --http HOST:PORT, "
-                            "or --http off)\n", err);
         atomic_store(&hooks.http, http);
     }
     struct sigaction sa = {.sa_handler = on_signal};
@@ -306,5 +361,6 @@ out:
     query_pool_close(pool);
     store_close(st);
     if (efd >= 0) close(efd);
+    if (lock_fd >= 0) close(lock_fd);
     return rc;
 }

@@ -6,7 +6,7 @@
 #   demo         build the two programs and run the demo
 #   experiments  demo + gnuplot (the sweep's plot)
 #   test         everything the suite uses: cmocka, clang (fuzzing), MPI,
-#                the sqlite3 shell, jq (the docs' curl examples pipe into it),
+#                the sqlite3 shell, curl and jq (tests/e2e_docs runs the docs' examples),
 #                chromium + Node.js + playwright-core
 #   bench        test's packages (benchmarks drive the same programs)
 #   all          every package of every profile (`make deps`)
@@ -19,7 +19,7 @@ browser=(chromium)
 # Node.js may come from elsewhere with npm inside it: ask for the commands.
 command -v node >/dev/null || browser+=(nodejs)
 command -v npm >/dev/null || browser+=(npm)
-suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 jq libopenmpi-dev openmpi-bin "${browser[@]}")
+suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 curl jq libopenmpi-dev openmpi-bin "${browser[@]}")
 case $profile in
   demo)        pkgs=("${build[@]}") ;;
   experiments) pkgs=("${build[@]}" gnuplot-nox) ;;
@@ -47,8 +47,9 @@ fi
 case $profile in test|bench|all)
   # The version is pinned (1.49: newer ones refuse Debian 12's Node.js 18);
   # an older checkout's node_modules with another version is replaced.
-  want=$(sed -n 's/.*"playwright-core": *"\([^"]*\)".*/\1/p' tests/browser/package.json 2>/dev/null)
-  have=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' tests/browser/node_modules/playwright-core/package.json 2>/dev/null | head -1)
+  want=$(sed -n 's/.*"playwright-core": *"\([^"]*\)".*/\1/p' tests/browser/package.json 2>/dev/null || true)
+  have=$(sed -n '0,/"version"/s/^ *"version": *"\([^"]*\)".*/\1/p' \
+           tests/browser/node_modules/playwright-core/package.json 2>/dev/null || true)
   if [ -f tests/browser/package.json ] && [ "$want" != "$have" ]; then
     echo "deps: npm ci in tests/browser (playwright-core $want)"
     (cd tests/browser && npm ci --no-audit --no-fund --silent)

@@ -20,7 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTROPYD = os.environ.get("ENTROPYD") or os.path.join(ROOT, "build", "entropyd")
 
-# The README's unstable demo config (post-LN, Adam lr 0.1, no warmup or clip,
+# The demo's unstable config (docs/demo.md: post-LN, Adam lr 0.1, no warmup or clip,
 # no σReparam): its first-layer heads collapse within ~30 steps. For tests of
 # the trainer's answer to alerts (e2e_rollback, e2e_mpi).
 UNSTABLE_ARGS = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8",

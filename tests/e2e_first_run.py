@@ -7,7 +7,9 @@ them and fails (the first `make demo` once stopped on "cJSON.h: No such
 file").  Here that machine is imitated: PKG_CONFIG is a script that fails
 until a marker file exists, and DEPS, the package step, is a script that
 records its profile and creates the marker.  python3 stdlib only."""
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,6 +70,52 @@ exec pkg-config "$@"
             self.assertEqual(self.recorded()[-1], goal)
             self.assertFalse(os.path.exists(os.path.join(self.dir, "build")),
                              f"make {goal} compiled before its packages were installed")
+
+    def test_profiles_ask_only_for_what_their_goal_needs(self):
+        """As a user without root on a machine that has nothing, each goal's
+        apt-get line names what it needs: the demo no browser, plotter or MPI."""
+        shim = os.path.join(self.dir, "shim")
+        os.mkdir(shim)
+        os.chmod(self.dir, 0o755)   # the unprivileged user runs the shim from here
+        with open(os.path.join(shim, "dpkg-query"), "w") as f:
+            f.write("#!/bin/sh\nexit 1\n")          # nothing is installed
+        os.chmod(os.path.join(shim, "dpkg-query"), 0o755)
+        env = dict(os.environ, PATH=shim + ":" + os.environ["PATH"])
+        asked = {}
+        for profile in ("demo", "experiments", "test"):
+            r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                "bash", os.path.join(ROOT, "scripts", "deps.sh"), profile],
+                               cwd=self.dir, env=env, capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            line = [x for x in r.stderr.splitlines() if "apt-get install" in x]
+            self.assertTrue(line, r.stderr)
+            asked[profile] = set(line[0].split()[3:])
+        for p in ("libcjson-dev", "libmicrohttpd-dev", "pkg-config", "build-essential"):
+            self.assertIn(p, asked["demo"])
+        for p in ("chromium", "gnuplot-nox", "libopenmpi-dev", "openmpi-bin", "libcmocka-dev", "clang"):
+            self.assertNotIn(p, asked["demo"])
+        self.assertEqual(asked["experiments"] - asked["demo"], {"gnuplot-nox"})
+        for p in ("chromium", "libcmocka-dev", "libopenmpi-dev", "curl", "jq"):
+            self.assertIn(p, asked["test"])
+
+    def test_deps_installs_the_pinned_browser_driver(self):
+        """With no node_modules (a fresh clone), `deps.sh test` installs the
+        pinned playwright-core, and this machine's node can load it."""
+        browser = os.path.join(self.dir, "tests", "browser")
+        os.makedirs(browser)
+        for f in ("package.json", "package-lock.json"):
+            shutil.copy(os.path.join(ROOT, "tests", "browser", f), browser)
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "deps.sh"), "test"], cwd=self.dir,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(browser, "package.json")) as f:
+            want = json.load(f)["dependencies"]["playwright-core"]
+        with open(os.path.join(browser, "node_modules", "playwright-core", "package.json")) as f:
+            self.assertEqual(json.load(f)["version"], want)
+        r = subprocess.run(["node", "--input-type=module", "-e",
+                            "import {chromium} from 'playwright-core'; console.log(typeof chromium.launch)"],
+                           cwd=browser, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.stdout.strip(), "function", r.stderr)
 
     def test_demo_on_a_fresh_machine(self):
         """`make -j4 demo` with no packages until deps has run: it builds and

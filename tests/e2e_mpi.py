@@ -52,7 +52,7 @@ def mpi_env():
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     # SIGTERM -> SIGKILL delay when mpirun ends a job (default 1 s): time for
-    # rank 0 to end the run as failed on a loaded machine (README)
+    # rank 0 to end the run as failed on a loaded machine (docs/distributed.md)
     env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "5")
     if os.environ.get("SANITIZE"):
         # OpenMPI's own allocations that live until exit (see the file)
@@ -164,7 +164,7 @@ def wait_status(d, name, want, timeout=20):
 
 
 def on_alert(tmp):
-    """The README's unstable config on 2 ranks against a daemon that fires
+    """The demo's unstable config on 2 ranks against a daemon that fires
     entropy_collapse: rollback restores the same snapshot on both ranks (the
     checksum every 5 steps after it passes) and the run completes as one run
     with one branch; stop ends every rank with exit 5 and the run aborted."""

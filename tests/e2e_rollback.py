@@ -2,7 +2,7 @@
 """sigmatrain --on-alert against the real entropyd (issue 6, "the trainer's
 response").
 
-1. rollback: the documented unstable config (README "Demo and experiments":
+1. rollback: the documented unstable config (docs/demo.md:
    post-LN, Adam, lr 0.1, no clip, --reparam none) collapses; entropyd, with
    only entropy_collapse (entropy_norm < 0.01 for 20 steps, the default),
    fires; the trainer restores its newest in-memory snapshot from before the
