@@ -4,6 +4,7 @@
 import {api, reparamOf} from './api.js';
 import {subscribe} from './live.js';
 import {fmt, fmtAgo, fmtStep, h, urlState} from './util.js';
+import {verdictOf} from './verdict.js';
 
 const REPARAM_TEXT = {sigma: 'σReparam', spectral: 'spectral norm', none: 'none'};
 
@@ -33,7 +34,7 @@ export class RunsView {
             h('th', {class: 'sel'}, ''), h('th', {}, 'run'), h('th', {}, 'status'), h('th', {}, 'σReparam'),
             h('th', {class: 'num'}, 'layers × heads'), h('th', {class: 'num'}, 'last step'),
             h('th', {class: 'num', title: 'latest training loss, nats/token'}, 'loss (nats)'),
-            h('th', {class: 'num', title: 'lowest per-head attention entropy at the latest step, nats'}, 'min head entropy (nats)'),
+            h('th', {class: 'num', title: 'lowest per-head attention entropy at the latest step, nats; coloured by the run’s verdict (red: collapsed or diverged, amber: collapsing or stalled)'}, 'min head entropy (nats)'),
             h('th', {class: 'num'}, 'alerts firing'), h('th', {}, 'updated'))),
           this.tbody),
         this.empty));
@@ -57,9 +58,12 @@ export class RunsView {
     // the latest loss and entropy per run: one small frame request each
     await Promise.all(runs.map(async (r) => {
       const row = this.rows.get(r.id);
-      const [loss, ent] = await Promise.all([
-        api.frame(r.id, 'loss').catch(() => null), api.frame(r.id, 'entropy').catch(() => null)]);
+      // the verdict: the daemon's (run.verdict), else derived from the run's alerts
+      const [loss, ent, alerts] = await Promise.all([
+        api.frame(r.id, 'loss').catch(() => null), api.frame(r.id, 'entropy').catch(() => null),
+        r.verdict ? null : api.alerts(r.id).catch(() => null)]);
       if (!row || this.dead) return;
+      if (r.verdict || alerts) this.setVerdict(row, verdictOf(r, alerts));
       if (loss && row.lossStep === undefined) this.setLoss(row, loss.values[0], loss.step);
       if (ent && row.entStep === undefined) {
         let m = Infinity;
@@ -101,7 +105,15 @@ export class RunsView {
   setLoss(row, v, step) { row.lossStep = step; row.cells.loss.textContent = fmt(v); }
   setEnt(row, v, step) {
     row.entStep = step; row.cells.ent.textContent = fmt(v);
-    row.cells.ent.classList.toggle('bad', v !== null && v < 0.3);
+  }
+  /** Colours the entropy cell by the run's verdict, not by a threshold in
+   * nats (a healthy σReparam run sits at 0.2 nats, a collapsed one at 4e-5). */
+  setVerdict(row, v) {
+    row.tr.dataset.verdict = v.state;
+    const c = row.cells.ent;
+    for (const k of [...c.classList]) if (k.startsWith('v-')) c.classList.remove(k);
+    c.classList.add('v-' + v.state);
+    c.title = `verdict: ${v.state}` + (v.since_step !== null ? ` (step ${fmtStep(v.since_step)})` : '');
   }
   setAlerts(row, n) {
     row.cells.alerts.textContent = '';
