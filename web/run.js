@@ -244,6 +244,7 @@ export class RunView {
   chartError(chart, e) {
     const p = chart.el.querySelector('.chart-error') || chart.el.appendChild(h('p', {class: 'chart-error muted'}));
     p.textContent = e.status === 404 ? 'no data' : `could not load: ${e.message}`;
+    chart.el.classList.remove('loading');
   }
 
   /** Buckets to ask for over the shown range: one per pixel at most, one
