@@ -320,7 +320,7 @@ export class TimeChart {
     ctx.font = `${Math.round(10.5 * dpr)}px system-ui, sans-serif`;
     ctx.textBaseline = 'top';
     ctx.textAlign = 'left';
-    const rows = [[], [], []];
+    const rows = [[], [], []], bg = themeColors().bg;
     const right = u.bbox.left + u.bbox.width;
     // labels are placed most important first (m.prio), then by step
     const order = [...ms].sort((a, b) => (b.prio || 0) - (a.prio || 0) || a.step - b.step);
@@ -348,10 +348,12 @@ export class TimeChart {
       if (r < 0) continue;
       rows[r].push([lx, lx + w]);
       const ly = top + (8 + 12 * r) * dpr;
-      ctx.fillStyle = this.themeBg || themeColors().bg;
-      ctx.globalAlpha = 0.8;
-      ctx.fillRect(lx, ly, w, 12 * dpr);
-      ctx.globalAlpha = 1;
+      // a thin halo of the background keeps the label readable over lines
+      // without hiding the data under a box
+      ctx.strokeStyle = bg;
+      ctx.lineWidth = 3 * dpr;
+      ctx.lineJoin = 'round';
+      ctx.strokeText(m.label, lx + 3 * dpr, ly + 1 * dpr);
       ctx.fillStyle = col;
       ctx.fillText(m.label, lx + 3 * dpr, ly + 1 * dpr);
     }
