@@ -778,7 +778,10 @@ export class RunView {
     if (this.liveTimer) return;
     this.liveTimer = setTimeout(() => {
       this.liveTimer = null;
-      if (this.dead || this.st.to !== null) return;
+      if (this.dead) return;
+      // the daemon's verdict can turn (collapsing while the rule is pending) without an alert event
+      this.refreshVerdict();
+      if (this.st.to !== null) return;
       for (const c of this.charts) if (c.loaded && (c.kind === 'sm' || c.kind === 'sig-head' || c.kind === 'head') && onScreen(c.chart.el)) c.load();
     }, 3000);
   }
