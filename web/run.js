@@ -11,7 +11,7 @@ import {api, reparamOf, withToken} from './api.js';
 import {TimeChart, getSmoothing, logByDefault, nonfiniteSteps, pointsFor, pooled, setSmoothing, splitOf, tableOf} from './charts.js';
 import {Heatmap} from './heatmap.js';
 import {subscribe} from './live.js';
-import {color, describe, fmt, fmtAgo, fmtStep, h, rafThrottle, unitOf, urlState, whenVisible} from './util.js';
+import {color, describe, fmt, fmtAgo, fmtStep, h, unitOf, urlState, whenVisible} from './util.js';
 import {normAlert, verdictOf} from './verdict.js';
 
 // One split= answer holds at most this many series x buckets (daemon/query.h,
@@ -467,7 +467,13 @@ export class RunView {
     return undefined;
   }
 
-  syncStepUrl = rafThrottle((step) => urlState.set({step: step === null ? undefined : step}));
+  /** The heatmap's step into the URL, 200 ms after the last change: during
+   * playback a history.replaceState per frame was the page's largest cost
+   * (0.6 s of main thread over a 120-frame play of a 32 x 32 run). */
+  syncStepUrl = (step) => {
+    clearTimeout(this.urlTimer);
+    this.urlTimer = setTimeout(() => urlState.set({step: step === null ? undefined : step}), 200);
+  };
 
   togglePlay() { if (this.playing) this.stopPlay(); else this.startPlay(); }
 
@@ -817,6 +823,7 @@ export class RunView {
     this.stopPlay();
     clearTimeout(this.liveTimer);
     clearTimeout(this.verdictTimer);
+    clearTimeout(this.urlTimer);
     clearInterval(this.agoTimer);
     this.unsub();
     for (const c of this.charts) c.chart.destroy();
@@ -827,10 +834,17 @@ export class RunView {
 /** [[layer, head], ...] of the k lowest (high: highest) finite values of a
  * flat L x H frame, worst first. */
 function worstHeads(flat, H, k, high = false) {
-  const idx = [];
-  for (let i = 0; i < flat.length; i++) if (Number.isFinite(flat[i])) idx.push(i);
-  idx.sort((a, b) => (high ? flat[b] - flat[a] : flat[a] - flat[b]) || a - b);
-  return idx.slice(0, k).map((i) => [Math.floor(i / H), i % H]);
+  // one pass keeping the k worst in order (k is small; a sort of every head ran per frame of playback)
+  const top = [];
+  const worse = (i, j) => (high ? flat[i] > flat[j] : flat[i] < flat[j]);
+  for (let i = 0; i < flat.length; i++) {
+    if (!Number.isFinite(flat[i])) continue;
+    if (top.length === k && !worse(i, top[k - 1])) continue;
+    let p = top.length < k ? top.length : k - 1;
+    top[p] = i;
+    while (p > 0 && worse(top[p], top[p - 1])) { [top[p], top[p - 1]] = [top[p - 1], top[p]]; p--; }
+  }
+  return top.map((i) => [Math.floor(i / H), i % H]);
 }
 
 function rankLayer(name) {
