@@ -4,13 +4,15 @@
 import {RunsView} from './runs.js';
 import {RunView} from './run.js';
 import {CompareView} from './compare.js';
-import {urlState} from './util.js';
+import {setSmoothing} from './charts.js';
+import {applyTheme, setTheme, themeChoice, urlState} from './util.js';
 
 let current = null;
 
 function route() {
   const s = urlState.get();
   if (current) current.destroy();
+  setSmoothing(0);   // the run page sets its own from the URL
   const root = document.getElementById('app');
   root.textContent = '';
   window.__render = {start: performance.now(), complete: false, completeAt: null, view: null};
@@ -37,4 +39,18 @@ document.addEventListener('click', (e) => {
   route();
 });
 window.addEventListener('popstate', route);
+
+/** The header's theme toggle: system -> light -> dark -> system. */
+const NEXT_THEME = {auto: 'light', light: 'dark', dark: 'auto'};
+function showTheme() {
+  const b = document.getElementById('theme-toggle');
+  if (!b) return;
+  const c = themeChoice();
+  b.textContent = {auto: '◐ auto', light: '☀ light', dark: '☾ dark'}[c];
+  b.title = `theme: ${c === 'auto' ? 'follows the system' : c} (click: ${NEXT_THEME[c] === 'auto' ? 'follow the system' : NEXT_THEME[c]})`;
+  b.dataset.choice = c;
+}
+document.getElementById('theme-toggle')?.addEventListener('click', () => { setTheme(NEXT_THEME[themeChoice()]); showTheme(); });
+applyTheme();
+showTheme();
 route();

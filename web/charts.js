@@ -6,7 +6,7 @@
 // owner refetches at finer resolution), double-click to zoom out.
 // uPlot comes from vendor/uplot/uPlot.iife.min.js, loaded by index.html
 const uPlot = window.uPlot;
-import {fmt, fmtStep, rafThrottle} from './util.js';
+import {downloadBlob, ema, fmt, fmtStep, h, rafThrottle, themeColors} from './util.js';
 
 const charts = new Set();
 
@@ -30,6 +30,21 @@ function drawOne() {
 }
 const onResize = rafThrottle(() => { for (const c of charts) c.resize(); });
 window.addEventListener('resize', onResize);
+// a theme change (dark mode) rebuilds every chart with the new axis colours
+window.addEventListener('themechange', () => { for (const c of charts) if (c.u) c.build(); });
+
+/** EMA smoothing of every chart's lines (0 = off; TensorBoard's slider):
+ * the lines are smoothed, the min-max bands stay the raw data's. */
+let smoothing = 0;
+export function setSmoothing(a) {
+  smoothing = Math.min(0.999, Math.max(0, +a || 0));
+  for (const c of charts) if (c.u) c.u.setData(c.shown());
+}
+export const getSmoothing = () => smoothing;
+
+/** Metrics that span decades: their charts start on a log axis. */
+const LOG_DEFAULT = new Set(['entropy_norm', 'max_logit', 'sigma_qk']);
+export const logByDefault = (metric) => LOG_DEFAULT.has(metric);
 
 /** Turns series API answers into one aligned table for uPlot.
  * lines: [{res (a series answer), y: 'mean'|'value'|'min'|'max', band: bool}]
@@ -87,11 +102,19 @@ export function pooled(answers) {
 
 export class TimeChart {
   /** parent: element; o: {title, unit, height, onZoom(from, to), onReset(),
-   *  markers(): [{step, color, label}], compact} */
+   *  markers(): [{step, color, label}], compact, log (start on a log y
+   *  axis), sync (crosshair group key), file (download file name base)} */
   constructor(parent, o) {
     this.o = o;
+    this.log = !!o.log;
     this.el = document.createElement('div');
-    this.el.className = 'chart' + (o.compact ? ' compact' : '');
+    this.el.className = 'chart loading' + (o.compact ? ' compact' : '');
+    this.logBtn = h('button', {class: 'tool', 'data-tool': 'log', title: 'logarithmic y axis', 'aria-pressed': String(this.log),
+                               onclick: () => this.setLog(!this.log)}, 'log');
+    this.tools = h('div', {class: 'chart-tools'}, this.logBtn,
+      h('button', {class: 'tool', 'data-tool': 'png', title: 'download this chart as PNG', onclick: () => this.downloadPNG()}, 'PNG'),
+      h('button', {class: 'tool', 'data-tool': 'csv', title: 'download the data of this chart as CSV', onclick: () => this.downloadCSV()}, 'CSV'));
+    this.el.append(this.tools);
     parent.append(this.el);
     this.el.__chart = this;   // for tests and the console
     // the final height before data arrives, so lazy loading sees the real layout
@@ -119,6 +142,12 @@ export class TimeChart {
       if (table.length === cols) for (const [st, v] of this.backlog) this.push(st, v, defs);
     }
     this.backlog = null;
+    // autoLog: the first data decides the axis, log when the lines span
+    // three decades or more of positive values (a click on "log" overrides)
+    if (this.o.autoLog && !this.logDecided && table[0] && table[0].length) {
+      this.logDecided = true;
+      if (!this.log && spansDecades(table, defs)) { this.log = true; this.logBtn.setAttribute('aria-pressed', 'true'); }
+    }
     this.pendingDefs = defs;
     this.pendingKey = key;
     return new Promise((resolve) => drawLater(this, resolve));
@@ -129,7 +158,7 @@ export class TimeChart {
     if (this.dead || !this.pendingDefs) return;
     const defs = this.pendingDefs, key = this.pendingKey;
     this.pendingDefs = null;
-    if (this.u && key === this.key) this.u.setData(this.data);
+    if (this.u && key === this.key) this.u.setData(this.shown());
     else {
       this.key = key;
       this.defs = defs;
@@ -139,7 +168,7 @@ export class TimeChart {
 
   build() {
     if (this.u) this.u.destroy();
-    const o = this.o, defs = this.defs;
+    const o = this.o, defs = this.defs, th = themeColors();
     const series = [{label: 'step', value: (u, v) => fmtStep(v)}];
     const bands = [];
     for (const d of defs) {
@@ -156,22 +185,33 @@ export class TimeChart {
       }
     }
     const width = Math.max(200, this.el.clientWidth || this.el.parentElement.clientWidth || 600);
+    const axis = {stroke: th.axis, grid: {stroke: th.grid}, ticks: {stroke: th.tick}};
+    const y = this.log
+      ? {distr: 3, log: 10, range: yRangeLog}
+      : {range: yRange};
     const opts = {
       width, height: o.height || 220,
       title: o.title,
       series, bands,
-      scales: {x: {time: false}, y: {range: yRange}},
+      scales: {x: {time: false}, y},
       axes: [
-        {label: 'step', labelSize: 18, size: 36, incrs: STEP_INCRS, values: (u, vals) => vals.map((v) => compactStep(v)),
-         grid: {stroke: '#eceef1'}, ticks: {stroke: '#d6d9de'}},
-        {label: o.unit || 'value', labelSize: 18, size: 58, values: (u, vals) => vals.map((v) => fmt(v, 3)),
-         grid: {stroke: '#eceef1'}, ticks: {stroke: '#d6d9de'}},
+        {...axis, label: 'step', labelSize: 18, size: 36, incrs: STEP_INCRS, values: (u, vals) => vals.map((v) => compactStep(v))},
+        {...axis, label: o.unit || 'value', labelSize: 18, size: 58,
+         splits: this.log ? logSplits : ySplits, values: this.log ? logTicks : linTicks,
+         // the splits above are already thinned: keep uPlot from thinning them again
+         filter: (u, splits) => splits},
       ],
       legend: {live: true},
       // cursor dots are one composited element per series (will-change):
       // with 30+ heads per chart and dozens of charts, painting them costs
-      // more than everything else, so many-line charts go without
-      cursor: {drag: {x: true, y: false, setScale: false}, focus: {prox: 16}, points: {show: defs.length <= 6}},
+      // more than everything else, so many-line charts go without.
+      // dataIdx: the legend shows a series' value at the step under the
+      // cursor or nothing, never the nearest step that has one (uPlot's
+      // default would show eval_loss "at" a step where no eval ran).
+      // sync: one crosshair across the page's charts, by step.
+      cursor: {drag: {x: true, y: false, setScale: false}, focus: {prox: 16}, points: {show: defs.length <= 6},
+               dataIdx: (u, si, idx) => idx,
+               sync: o.sync ? {key: o.sync, setSeries: false} : undefined},
       focus: {alpha: 0.35},
       hooks: {
         setSelect: [(u) => {
@@ -183,42 +223,143 @@ export class TimeChart {
         draw: [(u) => this.drawMarkers(u)],
       },
     };
-    this.u = new uPlot(opts, this.data, this.el);
+    this.u = new uPlot(opts, this.shown(), this.el);
+    this.el.classList.remove('loading');
+    this.el.dataset.scale = this.log ? 'log' : 'linear';
     this.el.style.minHeight = '';
     this.u.over.addEventListener('dblclick', () => { if (o.onReset) o.onReset(); });
   }
 
+  /** The table drawn: the data with each line EMA-smoothed (when smoothing
+   * is on; the band columns stay raw) and, on a log axis, values <= 0 as
+   * gaps (they have no place on it). this.data stays the raw data. */
+  shown() {
+    const t = this.data, defs = this.defs || this.pendingDefs;
+    if (!t || !defs || (!smoothing && !this.log)) return t;
+    const out = [t[0]];
+    let c = 1;
+    const pos = (col) => (this.log ? col.map((v) => (v === null || v === undefined || v > 0 ? v : null)) : col);
+    for (const d of defs) {
+      if (c >= t.length) break;
+      out.push(pos(smoothing ? ema(t[c], smoothing) : t[c])); c++;
+      if (d.band) { out.push(pos(t[c])); out.push(pos(t[c + 1])); c += 2; }
+    }
+    return out;
+  }
+
+  setLog(on) {
+    this.log = !!on;
+    this.logDecided = true;
+    this.logBtn.setAttribute('aria-pressed', String(this.log));
+    if (this.u) this.build();
+  }
+
+  /** The chart's data as CSV: a row per step, a column per line, plus its
+   * band's max and min (what the chart shows; the raw values, and the
+   * smoothed line as <label>_ema when smoothing is on). */
+  csv() {
+    const t = this.data, defs = this.defs;
+    if (!t || !defs) return '';
+    const head = ['step'], cols = [];
+    let c = 1;
+    const sm = smoothing ? this.shown() : null;
+    for (const d of defs) {
+      head.push(d.label); cols.push(t[c]);
+      if (sm) { head.push(d.label + '_ema'); cols.push(sm[c]); }
+      c++;
+      if (d.band) { head.push(d.label + '_max', d.label + '_min'); cols.push(t[c], t[c + 1]); c += 2; }
+    }
+    const cell = (v) => (v === null ? 'nan' : v === undefined ? '' : String(v));
+    const q = (s) => (/[",\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s);
+    const lines = [head.map(q).join(',')];
+    for (let i = 0; i < t[0].length; i++) lines.push([t[0][i], ...cols.map((col) => cell(col[i]))].join(','));
+    return lines.join('\n') + '\n';
+  }
+
+  fileName(ext) {
+    const base = (this.o.file || this.o.title || 'chart').replace(/[^A-Za-z0-9._-]+/g, '_').replace(/^_+|_+$/g, '');
+    return `${base || 'chart'}.${ext}`;
+  }
+
+  downloadCSV() { downloadBlob(this.fileName('csv'), new Blob([this.csv()], {type: 'text/csv'})); }
+
+  /** The chart as drawn (axes, lines, markers) under its title, as PNG. */
+  async downloadPNG() {
+    if (!this.u) return;
+    const src = this.u.ctx.canvas, dpr = window.devicePixelRatio || 1, th = themeColors();
+    const top = Math.round(26 * dpr);
+    const cv = document.createElement('canvas');
+    cv.width = src.width; cv.height = src.height + top;
+    const ctx = cv.getContext('2d');
+    ctx.fillStyle = th.bg; ctx.fillRect(0, 0, cv.width, cv.height);
+    ctx.fillStyle = th.ink; ctx.font = `600 ${Math.round(13 * dpr)}px system-ui, sans-serif`;
+    ctx.textBaseline = 'middle';
+    ctx.fillText(this.o.title || '', Math.round(8 * dpr), top / 2);
+    ctx.drawImage(src, 0, top);
+    const blob = await new Promise((r) => cv.toBlob(r, 'image/png'));
+    downloadBlob(this.fileName('png'), blob);
+  }
+
+  /** Red ticks under NaN/Inf buckets; a dashed line per marker with a
+   * triangle and its label at the top (labels that would overlap go to
+   * the next row, at most three rows; the rest show on hover only). */
   drawMarkers(u) {
     const ms = this.o.markers ? this.o.markers() : [];
     const nf = this.nonfinite || [];
     if (!ms.length && !nf.length) return;
-    const ctx = u.ctx, top = u.bbox.top, hgt = u.bbox.height;
+    const ctx = u.ctx, top = u.bbox.top, hgt = u.bbox.height, dpr = devicePixelRatio;
     const [x0, x1] = [u.scales.x.min, u.scales.x.max];
     ctx.save();
-    // buckets holding NaN/Inf: a red tick under the plot
     ctx.fillStyle = '#d62728';
     for (const st of nf) {
       if (st < x0 || st > x1) continue;
       const x = Math.round(u.valToPos(st, 'x', true));
-      ctx.fillRect(x - 1.5 * devicePixelRatio, top + hgt - 9 * devicePixelRatio, 3 * devicePixelRatio, 9 * devicePixelRatio);
+      ctx.fillRect(x - 1.5 * dpr, top + hgt - 9 * dpr, 3 * dpr, 9 * dpr);
     }
-    ctx.lineWidth = 1.5 * devicePixelRatio;
+    ctx.lineWidth = 1.5 * dpr;
+    ctx.font = `${Math.round(10.5 * dpr)}px system-ui, sans-serif`;
+    ctx.textBaseline = 'top';
+    ctx.textAlign = 'left';
+    const rows = [[], [], []], bg = themeColors().bg;
+    const right = u.bbox.left + u.bbox.width;
+    // labels are placed most important first (m.prio), then by step
+    const order = [...ms].sort((a, b) => (b.prio || 0) - (a.prio || 0) || a.step - b.step);
     for (const m of ms) {
       if (m.step < x0 || m.step > x1) continue;
       const x = Math.round(u.valToPos(m.step, 'x', true));
-      ctx.strokeStyle = m.color || '#d62728';
-      ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
+      const col = m.color || '#d62728';
+      ctx.strokeStyle = col;
+      ctx.setLineDash([4 * dpr, 3 * dpr]);
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + hgt); ctx.stroke();
       ctx.setLineDash([]);
-      ctx.fillStyle = m.color || '#d62728';
-      ctx.beginPath(); ctx.moveTo(x - 5 * devicePixelRatio, top); ctx.lineTo(x + 5 * devicePixelRatio, top);
-      ctx.lineTo(x, top + 7 * devicePixelRatio); ctx.fill();
+      ctx.fillStyle = col;
+      ctx.beginPath(); ctx.moveTo(x - 5 * dpr, top); ctx.lineTo(x + 5 * dpr, top);
+      ctx.lineTo(x, top + 7 * dpr); ctx.fill();
+    }
+    for (const m of order) {
+      if (m.step < x0 || m.step > x1) continue;
+      const x = Math.round(u.valToPos(m.step, 'x', true));
+      const col = m.color || '#d62728';
+      if (!m.label || this.o.compact) continue;
+      const w = ctx.measureText(m.label).width + 6 * dpr;
+      let lx = x + 4 * dpr;
+      if (lx + w > right) lx = x - 4 * dpr - w;
+      const r = rows.findIndex((row) => row.every(([a, b]) => lx + w < a || lx > b));
+      if (r < 0) continue;
+      rows[r].push([lx, lx + w]);
+      const ly = top + (8 + 12 * r) * dpr;
+      // a thin halo of the background keeps the label readable over lines
+      // without hiding the data under a box
+      ctx.strokeStyle = bg;
+      ctx.lineWidth = 3 * dpr;
+      ctx.lineJoin = 'round';
+      ctx.strokeText(m.label, lx + 3 * dpr, ly + 1 * dpr);
+      ctx.fillStyle = col;
+      ctx.fillText(m.label, lx + 3 * dpr, ly + 1 * dpr);
     }
     ctx.restore();
   }
 
-  /** Appends one point (live step) to every column: values per def,
-   * a band gets [v, v, v]. */
   /** Appends one point (live step) to every column: values per def, a
    * band gets [v, v, v]. Steps that arrive while the chart is (re)loading
    * wait in a backlog and are added to the new data once it is in. */
@@ -240,21 +381,24 @@ export class TimeChart {
     return true;
   }
 
+  /** values[i]: a number, null (the step's value was NaN/Inf: a gap and a
+   * red tick) or undefined (the step has no value of that metric, e.g. no
+   * eval_loss at a step without eval: nothing, as in the fetched data). */
   push(step, values, defs) {
     const xs = this.data[0];
     if (xs.length && step <= xs[xs.length - 1]) return false;
     let c = 1;
     xs.push(step);
     defs.forEach((d, i) => {
-      const v = values[i] === undefined ? null : values[i];
-      if (values[i] === null) (this.nonfinite ||= []).push(step);   // NaN/Inf arrive as null
+      const v = values[i];
+      if (v === null) (this.nonfinite ||= []).push(step);
       this.data[c++].push(v);
       if (d.band) { this.data[c++].push(v); this.data[c++].push(v); }
     });
     return true;
   }
 
-  redraw = rafThrottle(() => { if (this.u) this.u.setData(this.data); });
+  redraw = rafThrottle(() => { if (this.u) this.u.setData(this.shown()); });
 
   resize() {
     if (!this.u) return;
@@ -287,16 +431,98 @@ export function nonfiniteSteps(answers) {
   return out;
 }
 
+/** True when min..max is no wider than float32 rounding: the daemon
+ * stores float32 values and prints a bucket's min/max at float32 precision
+ * but its mean (a double) with more digits, so a constant lr reads
+ * 0.100000001 and 0.10000000149. Drawn at double precision that 5e-10
+ * filled the whole axis (the "phantom lr drop" where live points, at float32
+ * precision, joined fetched means) with four ticks all reading 0.1. */
+function flat(min, max) {
+  return min === max || Math.abs(max - min) <= 2e-7 * Math.max(Math.abs(min), Math.abs(max));
+}
+
 /** The y range: the data's with 5% margins; a flat line (a constant lr)
- * gets a band around its value instead of an empty chart. */
+ * gets a band of +-10% around its value instead of an empty chart. */
 function yRange(u, min, max) {
   if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
-  if (min === max) {
-    const d = Math.abs(min) * 0.1 || 1;
-    return [min - d, max + d];
+  if (flat(min, max)) {
+    const c = (min + max) / 2, d = Math.abs(c) * 0.1 || 1;
+    return [c - d, c + d];
   }
   const pad = (max - min) * 0.05;
   return [min - pad, max + pad];
+}
+
+/** Log axis: whole decades around the positive data. */
+function yRangeLog(u, min, max) {
+  if (min === null || max === null || !(min > 0) || !Number.isFinite(max)) return [1e-3, 1];
+  let lo = 10 ** Math.floor(Math.log10(min)), hi = 10 ** Math.ceil(Math.log10(max));
+  if (hi <= lo) { lo /= 10; hi *= 10; }
+  return [lo, hi];
+}
+
+/** True when the lines' finite values are all positive and max/min >= 1000. */
+function spansDecades(t, defs) {
+  let lo = Infinity, hi = -Infinity, c = 1;
+  for (const d of defs) {
+    for (let k = 0; k < (d.band ? 3 : 1); k++, c++)
+      for (const v of t[c] || []) if (v !== null && v !== undefined && Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; }
+  }
+  return lo > 0 && hi / lo >= 1000;
+}
+
+/** A flat series gets one tick, at its value; others uPlot's. */
+function ySplits(u, axisIdx, min, max, incr) {
+  if (flatData(u)) return [(min + max) / 2];
+  const out = [];
+  for (let v = Math.ceil(min / incr) * incr; v <= max + incr * 1e-9; v += incr) out.push(+v.toPrecision(12));
+  return out;
+}
+function flatData(u) {
+  let lo = Infinity, hi = -Infinity;
+  for (let s = 1; s < u.data.length; s++) {
+    if (u.series[s] && u.series[s].show === false) continue;
+    for (const v of u.data[s]) if (v !== null && v !== undefined && Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; }
+  }
+  return lo <= hi && flat(lo, hi);
+}
+
+/** Tick labels with as many digits as tell them apart (3 to 8), so a
+ * near-constant series never shows the same label twice. */
+function linTicks(u, vals) {
+  for (let dg = 3; dg <= 8; dg++) {
+    const out = vals.map((v) => fmt(v, dg));
+    if (new Set(out).size === out.length) return out;
+  }
+  return vals.map((v) => fmt(v, 8));
+}
+
+/** Log axis ticks: 1, 2, 5 per decade over three decades or fewer, else
+ * the decades only (every k-th, for at most about 8 ticks), so a series
+ * spanning 20 decades is not buried under 180 grid lines. */
+function logSplits(u, axisIdx, min, max) {
+  const a = Math.floor(Math.log10(min) + 1e-9), b = Math.ceil(Math.log10(max) - 1e-9);
+  const out = [];
+  if (b - a <= 3) {
+    for (let e = a; e <= b; e++) for (const m of [1, 2, 5]) {
+      const v = +(m * 10 ** e).toPrecision(6);
+      if (v >= min * (1 - 1e-9) && v <= max * (1 + 1e-9)) out.push(v);
+    }
+    return out;
+  }
+  const k = Math.max(1, Math.ceil((b - a) / 8));
+  for (let e = Math.ceil(a / k) * k; e <= b; e += k) out.push(10 ** e);
+  return out;
+}
+
+/** A log axis labels its decades (every k-th when there are many). */
+function logTicks(u, vals) {
+  return vals.map((v) => {
+    if (!(v > 0)) return '';
+    const r = Math.round(Math.log10(v));
+    if (Math.abs(v - 10 ** r) > 1e-9 * v) return fmt(v, 3);
+    return r >= -3 && r <= 4 ? fmt(10 ** r, 3) : `1e${r}`;
+  });
 }
 
 function compactStep(v) {

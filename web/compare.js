@@ -3,7 +3,7 @@
 // layer metric folded over every layer and head (line: mean, band: the
 // exact min–max over all heads in each bucket), or one layer of it.
 import {api, reparamOf} from './api.js';
-import {TimeChart, pointsFor, tableOf} from './charts.js';
+import {TimeChart, logByDefault, pointsFor, tableOf} from './charts.js';
 import {subscribe} from './live.js';
 import {color, fmtStep, h, unitOf, urlState} from './util.js';
 
@@ -97,7 +97,8 @@ export class CompareView {
     const title = fold ? `${metric} — ${fold} (line: ${line}, band: min–max)` : `${metric} (line: mean, band: min–max)`;
     const cell = h('div', {class: 'cell'});
     grid.append(cell);
-    const chart = new TimeChart(cell, {title, unit: unitOf(metric), height: 260,
+    const chart = new TimeChart(cell, {title, unit: unitOf(metric), height: 260, sync: 'compare', file: `compare-${metric}`,
+      log: logByDefault(metric), autoLog: true,
       onZoom: (a, b) => this.setRange(a, b), onReset: () => this.setRange(null, null)});
     chart.el.dataset.metric = metric;
     const c = {chart};

@@ -3,7 +3,12 @@
 // heads cost the same as 12 x 12). Rows are layers (0 at the top), columns
 // heads. Non-finite values are drawn as hatched grey, never as a colour.
 // The values drawn are exposed as window.__heatmap for tests.
-import {VIRIDIS_LUT, fmt, fmtStep, h} from './util.js';
+import {VIRIDIS_LUT, fmt, fmtStep, h, themeColors} from './util.js';
+
+// On a log colour scale, values at or below this fraction of the top of the
+// scale take the darkest colour (entropy_norm: 1e-4, so 0.005 and 0.1 are
+// 0.42 and 0.75 of the scale, apart; linear they are 0.005 and 0.1).
+const LOG_SPAN = 1e4;
 
 export class Heatmap {
   /** o: {unit, onPick(layer, head), layers} */
@@ -32,6 +37,8 @@ export class Heatmap {
       const c = this.cellAt(e);
       if (c && this.o.onPick) this.o.onPick(c.l, c.h);
     });
+    this.onTheme = () => this.draw();
+    window.addEventListener('themechange', this.onTheme);
     this.ro = new ResizeObserver(() => this.draw());
     this.ro.observe(this.plot);
   }
@@ -39,9 +46,11 @@ export class Heatmap {
   /** frame: the frame API answer {metric, step, layers, heads, values}.
    * fixedDomain: [lo, hi] for metrics with a known range (entropy_norm);
    * otherwise the colour range is the frame's own min..max. */
-  set(frame, unit, fixedDomain) {
+  set(frame, unit, fixedDomain, log = this.log) {
     this.frame = frame;
     this.unit = unit;
+    this.fixedDomain = fixedDomain;
+    this.log = !!log;
     const L = frame.layers, H = frame.heads;
     const flat = new Float64Array(L * H);
     let lo = Infinity, hi = -Infinity;
@@ -54,12 +63,28 @@ export class Heatmap {
       }
     }
     this.flat = flat;
-    if (fixedDomain) this.domain = fixedDomain;
-    else if (lo <= hi) this.domain = lo === hi ? [lo - 0.5, hi + 0.5] : [lo, hi];
+    if (this.log) {
+      // whole decades from the top of the scale down LOG_SPAN (or to the
+      // smallest positive value, when that is nearer)
+      let minPos = Infinity;
+      for (const v of flat) if (v > 0 && v < minPos) minPos = v;
+      const top = fixedDomain ? fixedDomain[1] : hi;
+      // a metric with a known top keeps one scale at every step
+      if (fixedDomain && top > 0) this.domain = [top / LOG_SPAN, top];
+      else if (top > 0) {
+        const t = 10 ** Math.ceil(Math.log10(top));
+        const b = Math.max(t / LOG_SPAN, 10 ** Math.floor(Math.log10(Math.min(minPos, top))));
+        this.domain = [b < t ? b : t / 10, t];
+      } else this.log = false;
+    }
+    if (!this.log) {
+      if (fixedDomain) this.domain = fixedDomain;
+      else if (lo <= hi) this.domain = lo === hi ? [lo - 0.5, hi + 0.5] : [lo, hi];
+    }
     window.__heatmap = {metric: frame.metric, step: frame.step, layers: L, heads: H,
                         values: Array.from({length: L}, (_, l) => Array.from(flat.subarray(l * H, (l + 1) * H),
                                                                              (v) => (Number.isFinite(v) ? v : null))),
-                        domain: this.domain.slice(), drawn: (window.__heatmap ? window.__heatmap.drawn : 0)};
+                        domain: this.domain.slice(), scale: this.log ? 'log' : 'linear', drawn: (window.__heatmap ? window.__heatmap.drawn : 0)};
     this.canvas.dataset.step = frame.step;
     this.canvas.dataset.metric = frame.metric;
     this.draw();
@@ -89,12 +114,11 @@ export class Heatmap {
     ctx.clearRect(0, 0, W, Ht);
     // the cells: one pixel per head, scaled without smoothing
     const img = new ImageData(H, L);
-    const [lo, hi] = this.domain, span = hi - lo || 1;
     for (let i = 0; i < L * H; i++) {
       const v = this.flat[i];
       const p = i * 4;
       if (!Number.isFinite(v)) { img.data[p] = 200; img.data[p + 1] = 200; img.data[p + 2] = 205; img.data[p + 3] = 255; continue; }
-      const t = Math.round(255 * Math.min(1, Math.max(0, (v - lo) / span)));
+      const t = Math.round(255 * this.position(v));
       img.data[p] = VIRIDIS_LUT[t * 3]; img.data[p + 1] = VIRIDIS_LUT[t * 3 + 1]; img.data[p + 2] = VIRIDIS_LUT[t * 3 + 2];
       img.data[p + 3] = 255;
     }
@@ -125,7 +149,7 @@ export class Heatmap {
       ctx.strokeRect(padL + this.sel.h * cw + 1, padT + this.sel.l * ch + 1, cw - 2, ch - 2);
     }
     // axes: layer numbers on the left, head numbers on top (thinned)
-    ctx.fillStyle = '#5b6270'; ctx.font = '11px system-ui, sans-serif';
+    ctx.fillStyle = themeColors().muted; ctx.font = '11px system-ui, sans-serif';
     ctx.textAlign = 'right'; ctx.textBaseline = 'middle';
     const lstep = Math.ceil(14 / ch);
     for (let l = 0; l < L; l += lstep) ctx.fillText('L' + l, padL - 4, padT + l * ch + ch / 2);
@@ -134,6 +158,19 @@ export class Heatmap {
     for (let k = 0; k < H; k += hstep) ctx.fillText('h' + k, padL + k * cw + cw / 2, padT - 3);
     this.drawScale();
     if (window.__heatmap) window.__heatmap.drawn = (window.__heatmap.drawn || 0) + 1;
+  }
+
+  /** Where v sits on the colour scale, 0..1 (clamped). */
+  position(v) {
+    const [lo, hi] = this.domain;
+    const t = this.log ? (v > 0 ? Math.log10(v / lo) / Math.log10(hi / lo) : 0) : (v - lo) / (hi - lo || 1);
+    return Math.min(1, Math.max(0, t));
+  }
+
+  /** Colour of value v as [r, g, b] (for tests: what the cell shows). */
+  colorOf(v) {
+    const t = Math.round(255 * this.position(v));
+    return [VIRIDIS_LUT[t * 3], VIRIDIS_LUT[t * 3 + 1], VIRIDIS_LUT[t * 3 + 2]];
   }
 
   drawScale() {
@@ -149,9 +186,9 @@ export class Heatmap {
       }
     }
     c.putImageData(img, 0, 0);
-    this.scaleLo.textContent = fmt(this.domain[0], 3);
+    this.scaleLo.textContent = (this.log ? '≤ ' : '') + fmt(this.domain[0], 3);
     this.scaleHi.textContent = fmt(this.domain[1], 3);
-    this.scaleUnit.textContent = this.unit ? `(${this.unit}; grey hatched = NaN/∞)` : '';
+    this.scaleUnit.textContent = (this.log ? 'log scale; ' : '') + (this.unit ? `${this.unit}; ` : '') + 'grey hatched = NaN/∞';
   }
 
   cellAt(e) {
@@ -176,5 +213,5 @@ export class Heatmap {
 
   select(l, hd) { this.sel = l === null || l === undefined ? null : {l, h: hd}; this.draw(); }
 
-  destroy() { this.ro.disconnect(); this.root.remove(); }
+  destroy() { this.ro.disconnect(); window.removeEventListener('themechange', this.onTheme); this.root.remove(); }
 }

@@ -8,10 +8,11 @@
 // narrower range, so resolution grows down to single steps. Charts below the
 // fold load when scrolled to. Live steps come from the event stream.
 import {api, reparamOf, withToken} from './api.js';
-import {TimeChart, nonfiniteSteps, pointsFor, pooled, splitOf, tableOf} from './charts.js';
+import {TimeChart, getSmoothing, logByDefault, nonfiniteSteps, pointsFor, pooled, setSmoothing, splitOf, tableOf} from './charts.js';
 import {Heatmap} from './heatmap.js';
 import {subscribe} from './live.js';
-import {color, describe, fmt, fmtAgo, fmtStep, h, rafThrottle, unitOf, urlState, whenVisible} from './util.js';
+import {color, describe, fmt, fmtAgo, fmtStep, h, unitOf, urlState, whenVisible} from './util.js';
+import {normAlert, verdictOf} from './verdict.js';
 
 // One split= answer holds at most this many series x buckets (daemon/query.h,
 // QUERY_MAX_SERIES_BUCKETS): the most points a chart of n series may ask for.
@@ -25,6 +26,11 @@ const SIGNAL_AGG = {sigma_qk: 'max', max_logit: 'max', eig_mean: 'mean', eig_var
 const ENTROPY_FAMILY = new Set(['entropy', 'entropy_norm', 'entropy_bound']);
 const LINEAR = /^(sigma|gamma)_/;
 const TRAINING_ORDER = ['loss', 'lr', 'grad_norm', 'tokens_per_s'];
+// the heatmap's colour scale starts logarithmic for these (?hmlog=0|1 overrides)
+const HM_LOG = new Set(['entropy_norm']);
+// the side chart shows this many of the worst heads of the step shown
+const WORST_K = 4;
+const VERDICT_TEXT = {healthy: 'Healthy', collapsing: 'Collapsing', collapsed: 'Collapsed', diverged: 'Diverged', stalled: 'Stalled'};
 /** Timeline of the first render, for the benchmark (window.__render.marks). */
 const mark = (what) => { const r = window.__render; if (r && !r.complete) (r.marks ||= []).push([what, Math.round(performance.now())]); };
 const int = (v) => (v === undefined || v === null || v === '' || Number.isNaN(+v) ? null : Math.max(0, Math.round(+v)));
@@ -34,7 +40,8 @@ export class RunView {
     this.root = root;
     this.id = +s.run;
     this.st = {metric: s.metric || null, sm: s.sm || null, step: int(s.step), from: int(s.from), to: int(s.to),
-               layer: int(s.layer), head: int(s.head)};
+               layer: int(s.layer), head: int(s.head), hmlog: s.hmlog === '1' ? true : s.hmlog === '0' ? false : null};
+    setSmoothing(s.smooth);
     this.charts = [];       // {chart, load, loaded, kind}
     this.alerts = [];
     this.liveAlerts = new Map();
@@ -68,6 +75,8 @@ export class RunView {
     this.lastStep = run.last_step;
     this.firstStep = run.first_step ?? 0;
     this.buildHeader();
+    this.buildVerdict();
+    this.loadAlerts();
     this.buildRange();
     // the heads first: the collapse is what the page is for, the loss follows
     this.buildHeatmap();
@@ -104,7 +113,7 @@ export class RunView {
     const get = (path) => path.split('.').reduce((o, k) => (o && typeof o === 'object' ? o[k] : undefined), meta);
     const facts = [['norm', 'norm'], ['optimizer', 'optimizer.name'], ['optimizer', 'optimizer'], ['lr', 'optimizer.lr'],
                    ['lr', 'lr'], ['warmup', 'optimizer.warmup'], ['width', 'model.dim'], ['data', 'data.kind'],
-                   ['seed', 'seed'], ['host', 'host']];
+                   ['seed', 'seed']];
     const shown = new Set(), pick = [];
     for (const [label, path] of facts) {
       const v = get(path);
@@ -124,11 +133,56 @@ export class RunView {
         h('span', {}, 'last step ', this.lastStepEl),
         h('span', {}, 'loss ', this.lastLossEl, h('small', {class: 'muted'}, ' nats/token')),
         h('span', {}, 'shape ', h('b', {}, `${r.layers} layers × ${r.heads} heads`), `, T = ${r.seq_len}`),
-        h('span', {}, 'started ', h('b', {}, fmtAgo(r.created))),
+        h('span', {}, 'started ', this.agoEl = h('b', {id: 'started-ago', title: new Date(r.created * 1000).toISOString()}, fmtAgo(r.created))),
         ...pick.map(([k, v]) => h('span', {}, k + ' ', h('b', {}, String(v))))),
       Object.keys(meta).length ? h('details', {class: 'meta'}, h('summary', {}, 'run config (hello meta)'),
         h('pre', {}, JSON.stringify(meta, null, 2))) : null));
+    // relative times stay current
+    this.agoTimer = setInterval(() => { this.agoEl.textContent = fmtAgo(this.run.created); }, 5000);
     api.frame(this.id, 'loss').then((f) => { if (f && this.lossShownStep === undefined) this.lastLossEl.textContent = fmt(f.values[0]); }).catch(() => {});
+  }
+
+  /** The verdict banner: the run's state in a word with its step, the
+   * heads it concerns and what is firing now. Filled by renderVerdict once
+   * the alerts are in (the daemon's verdict needs none). */
+  buildVerdict() {
+    this.verdictState = h('span', {class: 'v-state', id: 'verdict-state'}, '…');
+    this.verdictDetail = h('span', {class: 'v-detail', id: 'verdict-detail'});
+    this.firingEl = h('span', {class: 'v-firing', id: 'firing-now'});
+    this.verdictEl = h('section', {class: 'verdict', id: 'verdict', 'data-state': 'unknown', role: 'status'},
+      this.verdictState, this.verdictDetail, h('span', {class: 'spacer'}), this.firingEl);
+    this.root.append(this.verdictEl);
+    if (this.run.verdict) this.renderVerdict();
+  }
+
+  renderVerdict() {
+    if (!this.verdictEl) return;
+    const v = verdictOf(this.run, this.alertsKnown ? this.alerts : null);
+    if (!this.alertsKnown && v.source !== 'daemon') return;
+    this.verdict = v;
+    const at = v.since_step !== null ? fmtStep(v.since_step) : null;
+    const word = VERDICT_TEXT[v.state];
+    const head = v.state === 'healthy' ? word
+      : v.state === 'collapsed' || v.state === 'diverged' ? `${word}${at ? ' at step ' + at : ''}`
+      : `${word}${at ? ' since step ' + at : ''}`;
+    this.verdictState.textContent = head;
+    const heads = v.heads.slice(0, 8).map(([l, hd]) => `L${l} h${hd}`).join(', ') + (v.heads.length > 8 ? ` and ${v.heads.length - 8} more` : '');
+    const why = {healthy: 'no entropy collapse alert has fired on this run',
+                 collapsing: 'attention entropy collapsing', collapsed: 'attention entropy collapsed',
+                 diverged: 'the loss became NaN or infinite', stalled: 'the trainer stopped sending'}[v.state];
+    this.verdictDetail.textContent = why + (heads ? ` in ${heads}` : '') + (v.rule ? ` (rule ${v.rule})` : '');
+    Object.assign(this.verdictEl.dataset, {state: v.state, since: v.since_step ?? '', source: v.source});
+    // what fires now: one chip per firing alert
+    const firing = (this.alerts || []).map(normAlert).filter((a) => a.state === 'firing');
+    this.firingEl.textContent = '';
+    if (!firing.length) this.firingEl.append(h('span', {class: 'muted'}, this.alertsKnown ? 'nothing firing now' : ''));
+    else {
+      this.firingEl.append(h('span', {class: 'muted'}, 'firing now:'));
+      for (const a of firing)
+        this.firingEl.append(h('a', {href: '#', class: 'badge al-firing', title: a.summary,
+          onclick: (e) => { e.preventDefault(); if (a.step !== null) this.jumpTo(a.step); }},
+          `${a.rule} · ${a.where}${a.step !== null ? ' · since ' + fmtStep(a.step) : ''}`));
+    }
   }
 
   buildRange() {
@@ -137,9 +191,22 @@ export class RunView {
     const bar = h('div', {class: 'rangebar'}, h('span', {class: 'muted'}, 'Drag across any chart to zoom; double-click to zoom out. Markers: ',
         h('span', {class: 'mk', style: 'color:#d62728'}, '▼ alert firing'), ' ', h('span', {class: 'mk', style: 'color:#9aa0a6'}, '▼ resolved'), ' ',
         h('span', {class: 'mk', style: 'color:#e68a00'}, '▼ rollback'), ' ', h('span', {class: 'mk', style: 'color:#3b6fb6'}, '▼ step in the heatmap')),
-      h('span', {class: 'spacer'}), this.rangeEl, this.resetBtn);
+      h('span', {class: 'spacer'}), this.smoothControl(), this.rangeEl, this.resetBtn);
     this.root.append(bar);
     this.showRange();
+  }
+
+  /** EMA smoothing of every line on the page (the bands stay raw), 0..0.99,
+   * kept in the URL as smooth=. */
+  smoothControl() {
+    const val = h('span', {class: 'small', id: 'smooth-val'}, String(getSmoothing()));
+    const inp = h('input', {type: 'range', id: 'smooth', min: 0, max: 0.99, step: 0.01, value: getSmoothing(),
+      'aria-label': 'smoothing', oninput: (e) => {
+        setSmoothing(+e.target.value);
+        val.textContent = String(getSmoothing());
+        urlState.set({smooth: getSmoothing() || undefined});
+      }});
+    return h('label', {class: 'smooth', title: 'exponential moving average of the lines; the min–max bands stay the raw data'}, 'smoothing', inp, val);
   }
 
   showRange() {
@@ -151,7 +218,7 @@ export class RunView {
 
   chartOpts(title, unit, extra = {}) {
     return {title, unit, onZoom: (a, b) => this.setRange(a, b), onReset: () => this.setRange(null, null),
-            markers: () => this.alertMarkers(), ...extra};
+            markers: () => this.alertMarkers(), sync: 'run-' + this.id, file: `${this.run.name}-${title}`, ...extra};
   }
 
   /** Registers a chart: load() fetches and draws it; it runs when the chart
@@ -177,6 +244,7 @@ export class RunView {
   chartError(chart, e) {
     const p = chart.el.querySelector('.chart-error') || chart.el.appendChild(h('p', {class: 'chart-error muted'}));
     p.textContent = e.status === 404 ? 'no data' : `could not load: ${e.message}`;
+    chart.el.classList.remove('loading');
   }
 
   /** Buckets to ask for over the shown range: one per pixel at most, one
@@ -211,7 +279,7 @@ export class RunView {
       .sort((a, b) => (TRAINING_ORDER.indexOf(a) + 1 || 99) - (TRAINING_ORDER.indexOf(b) + 1 || 99) || a.localeCompare(b));
     for (const x of rest) groups.push({title: x, metrics: [x], unit: unitOf(x)});
     for (const g of groups) {
-      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(g.title, g.unit));
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(g.title, g.unit, {log: g.metrics.some(logByDefault), autoLog: true}));
       grid.append(chart.el.parentElement);
       chart.metrics = g.metrics;
       chart.el.dataset.metrics = g.metrics.join(',');
@@ -234,7 +302,11 @@ export class RunView {
     const sel = h('select', {id: 'hm-metric', 'aria-label': 'heatmap metric', onchange: (e) => {
       this.st.metric = e.target.value; urlState.set({metric: this.st.metric}); this.frameAt(this.follow ? null : +this.scrub.value);
     }}, ...this.m.heads.map((x) => h('option', {value: x, selected: x === this.st.metric}, x)));
-    const body = this.section('Heads at a step', 'colour = value of the chosen metric per layer (row) and head (column); click a cell to follow that head', sel);
+    this.hmLogBox = h('input', {type: 'checkbox', id: 'hm-log', checked: this.hmLog(), onchange: (e) => {
+      this.st.hmlog = e.target.checked; urlState.set({hmlog: e.target.checked ? 1 : 0}); this.redrawHeatmap();
+    }});
+    const body = this.section('Heads at a step', 'colour = value of the chosen metric per layer (row) and head (column); click a cell to follow that head',
+      h('label', {class: 'hm-opts', title: 'logarithmic colour scale: tells 0.005 from 0.1'}, this.hmLogBox, 'log colour'), sel);
     this.scrub = h('input', {type: 'range', id: 'hm-scrub', min: this.firstStep, max: this.lastStep ?? 0, step: 1,
                               value: this.st.step ?? this.lastStep ?? 0, 'aria-label': 'step',
                               oninput: (e) => { this.stopPlay(); this.follow = false; this.frameAt(+e.target.value); }});
@@ -246,6 +318,9 @@ export class RunView {
     const left = h('div', {}), side = h('div', {class: 'hm-side'});
     body.append(h('div', {class: 'hm-wrap'}, left, side));
     this.hm = new Heatmap(left, {onPick: (l, hd) => this.pickHead(l, hd), layers: this.run.layers});
+    // the worst heads' values at the step shown, in words
+    this.worstEl = h('div', {class: 'worst', id: 'worst-heads'});
+    left.append(this.worstEl);
     if (this.st.layer !== null) this.hm.sel = {l: this.st.layer, h: this.st.head ?? 0};
     // one head over the whole run, the scrubbed step marked in blue
     this.headNote = h('p', {class: 'muted small', id: 'head-note'});
@@ -261,14 +336,27 @@ export class RunView {
       this.pending++;
       try {
         const metric = this.st.metric, pts = this.points(this.headChart.el);
-        const q = (m) => api.series(this.id, this.q({metric: m, layer: sel.l, head: sel.h, points: pts}), {prio: 1});
-        const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
-        const res = await Promise.all(withBound ? [q(metric), q('entropy_bound')] : [q(metric)]);
-        this.headChart.o.title = `layer ${sel.l}, head ${sel.h}: ${metric}`;
+        const q = (m, l, hd) => api.series(this.id, this.q({metric: m, layer: l, head: hd, points: pts}), {prio: 1});
+        if (metric !== this.headChart.metric) { this.headChart.metric = metric; this.headChart.setLog(logByDefault(metric)); }
         this.headChart.o.unit = unitOf(metric);
-        const defs = [{label: metric, color: '#3b6fb6', band: true, width: 1.8}];
-        const lines = [{res: res[0], y: 'mean', band: true}];
-        if (withBound) { defs.push({label: 'entropy_bound', color: '#d62728', dash: [6, 4], width: 1.5}); lines.push({res: res[1], y: 'mean'}); }
+        let defs, lines, res;
+        if (this.autoPick && this.worst && this.worst.length) {
+          // the worst heads of the step shown, one line each
+          const worst = this.worst;
+          res = await Promise.all(worst.map(([l, hd]) => q(metric, l, hd)));
+          this.headChart.o.title = `${metric} of the ${worst.length} worst heads at the step shown`;
+          this.headChart.o.file = `${this.run.name}-${metric}-worst-heads`;
+          defs = worst.map(([l, hd], i) => ({label: `L${l} h${hd}`, color: color(i), band: i === 0, width: i === 0 ? 2 : 1.4}));
+          lines = res.map((r, i) => ({res: r, y: 'mean', band: i === 0}));
+        } else {
+          const withBound = metric === 'entropy' && this.m.heads.includes('entropy_bound');
+          res = await Promise.all(withBound ? [q(metric, sel.l, sel.h), q('entropy_bound', sel.l, sel.h)] : [q(metric, sel.l, sel.h)]);
+          this.headChart.o.title = `layer ${sel.l}, head ${sel.h}: ${metric}`;
+          this.headChart.o.file = `${this.run.name}-${metric}-L${sel.l}-h${sel.h}`;
+          defs = [{label: metric, color: '#3b6fb6', band: true, width: 1.8}];
+          lines = [{res: res[0], y: 'mean', band: true}];
+          if (withBound) { defs.push({label: 'entropy_bound', color: '#d62728', dash: [6, 4], width: 1.5}); lines.push({res: res[1], y: 'mean'}); }
+        }
         mark('head data');
         this.headChart.nonfinite = nonfiniteSteps(res);
         await this.headChart.setData(defs, tableOf(lines));
@@ -281,8 +369,35 @@ export class RunView {
       }
     };
     this.charts.push(this.headEntry);
-    this.follow = this.st.step === null;
-    this.frameAt(this.st.step);
+    // a zoomed link opens the heatmap inside its window (at its end unless it names a step)
+    const lo = this.st.from ?? this.firstStep, hi = this.st.to ?? this.lastStep;
+    if (this.st.from !== null || this.st.to !== null) { this.scrub.min = lo; this.scrub.max = hi; }
+    const at = this.st.step ?? (this.st.to !== null ? hi : null);
+    this.follow = at === null;
+    this.frameAt(at === null ? null : Math.min(hi, Math.max(lo, at)));
+  }
+
+  /** Lists the WORST_K worst heads of the frame shown with their values
+   * (lowest entropy; highest of other metrics); a click follows the head. */
+  showWorst(metric, f) {
+    const high = !ENTROPY_FAMILY.has(metric);
+    const worst = worstHeads(this.hm.flat, f.heads, WORST_K, high);
+    this.worstEl.textContent = '';
+    if (!worst.length) return;
+    this.worstEl.append(h('div', {class: 'muted small'}, `${high ? 'highest' : 'lowest'} ${metric} at step ${fmtStep(f.step)}`));
+    const tb = h('tbody');
+    for (const [l, hd] of worst)
+      tb.append(h('tr', {}, h('td', {}, h('a', {href: '#', onclick: (e) => { e.preventDefault(); this.pickHead(l, hd); }}, `L${l} h${hd}`)),
+        h('td', {class: 'num', 'data-layer': l, 'data-head': hd}, fmt(this.hm.flat[l * f.heads + hd]))));
+    this.worstEl.append(h('table', {class: 'mini worst-tbl'}, tb));
+  }
+
+  /** Whether the heatmap's colours are on a log scale: the URL's hmlog,
+   * else by metric (entropy_norm: yes). */
+  hmLog() { return this.st.hmlog ?? HM_LOG.has(this.st.metric); }
+
+  redrawHeatmap() {
+    if (this.hm && this.hm.frame) this.hm.set(this.hm.frame, unitOf(this.st.metric), this.domainOf(this.st.metric), this.hmLog());
   }
 
   /** Shows the frame at step (null: the latest). One request in flight; a
@@ -304,7 +419,8 @@ export class RunView {
           if (!f) f = await api.frame(this.id, w.metric, w.step, {prio: 3});
           if (this.dead) return;
           mark('frame');
-          this.hm.set(f, unitOf(w.metric), this.domainOf(w.metric));
+          if (this.hmLogBox) this.hmLogBox.checked = this.hmLog();
+          this.hm.set(f, unitOf(w.metric), this.domainOf(w.metric), this.hmLog());
           mark('heatmap');
           this.hmDescr.textContent = describe(w.metric) ? `${w.metric}: ${describe(w.metric)}` : w.metric;
           this.stepEl.textContent = 'step ' + fmtStep(f.step) + (this.follow ? ' (latest)' : '');
@@ -312,15 +428,20 @@ export class RunView {
           if (!this.follow || w.step !== null) this.scrub.value = f.step;
           else { if (f.step > +this.scrub.max) this.scrub.max = f.step; this.scrub.value = f.step; }
           this.hmShown = true;
+          this.showWorst(w.metric, f);
           this.syncStepUrl(w.step === null ? null : f.step);
           this.curStep = f.step;
           let moved = false;
           if (!this.hm.sel) this.autoPick = true;
           if (this.autoPick && (!this.playing || !this.hm.sel)) {
-            // follow the lowest head of the frame shown until the user picks one
-            const [l, hd] = argmin(this.hm.flat, f.heads);
+            // follow the worst heads of the frame shown until the user picks
+            // one: the lowest entropy, the highest of other metrics
+            const high = !ENTROPY_FAMILY.has(w.metric);
+            const worst = worstHeads(this.hm.flat, f.heads, WORST_K, high);
+            const [l, hd] = worst[0] || [0, 0];
             if (!this.hm.sel || this.hm.sel.l !== l || this.hm.sel.h !== hd) { this.hm.select(l, hd); moved = true; }
-            this.headNote.textContent = `the lowest ${w.metric} at step ${fmtStep(f.step)} — click a cell to follow another head`;
+            if (String(worst) !== String(this.worst)) { this.worst = worst; moved = true; }
+            this.headNote.textContent = `the ${worst.length} ${high ? 'highest' : 'lowest'} ${w.metric} at step ${fmtStep(f.step)} — click a cell to follow one head`;
           }
           if (moved || !this.headEntry.loaded || w.metric !== this.headMetric) { this.headMetric = w.metric; this.headEntry.load(); }
           else if (this.headChart.u) this.headChart.u.redraw(false);
@@ -346,7 +467,13 @@ export class RunView {
     return undefined;
   }
 
-  syncStepUrl = rafThrottle((step) => urlState.set({step: step === null ? undefined : step}));
+  /** The heatmap's step into the URL, 200 ms after the last change: during
+   * playback a history.replaceState per frame was the page's largest cost
+   * (0.6 s of main thread over a 120-frame play of a 32 x 32 run). */
+  syncStepUrl = (step) => {
+    clearTimeout(this.urlTimer);
+    this.urlTimer = setTimeout(() => urlState.set({step: step === null ? undefined : step}), 200);
+  };
 
   togglePlay() { if (this.playing) this.stopPlay(); else this.startPlay(); }
 
@@ -403,7 +530,8 @@ export class RunView {
     this.smCharts = [];
     const L = this.run.layers, H = this.run.heads;
     for (let l = 0; l < L; l++) {
-      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(`layer ${l}`, '', {height: 180, compact: true}));
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(`layer ${l}`, '', {height: 180, compact: true,
+        log: logByDefault(this.st.sm), autoLog: true}));
       grid.append(chart.el.parentElement);
       chart.el.dataset.layer = l;
       const entry = this.addChart(chart, async (c) => {
@@ -446,7 +574,7 @@ export class RunView {
     const mk = (metric, kind) => {
       const agg = kind === 'head' ? (SIGNAL_AGG[metric] || 'mean') : null;
       const title = kind === 'head' ? `${metric} (${agg} over heads)` : metric;
-      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(title, unitOf(metric), {height: 200}));
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(title, unitOf(metric), {height: 200, log: logByDefault(metric), autoLog: true}));
       grid.append(chart.el.parentElement);
       chart.el.dataset.metric = metric;
       chart.metric = metric;
@@ -466,7 +594,7 @@ export class RunView {
     for (const x of headSig) mk(x, 'head');
     for (const x of layerSig) mk(x, 'layer');
     for (const x of scalarSig.sort()) {
-      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(x, unitOf(x), {height: 200}));
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(x, unitOf(x), {height: 200, autoLog: true}));
       grid.append(chart.el.parentElement);
       chart.el.dataset.metric = x;
       chart.metrics = [x];
@@ -488,25 +616,37 @@ export class RunView {
     body.append(h('div', {class: 'grid2'},
       h('div', {}, h('h3', {}, 'Alerts'), this.alertsEl),
       h('div', {}, h('h3', {}, 'Events'), this.eventsEl)));
-    this.loadAlerts();
+    this.renderAlerts();
     this.loadEvents();
   }
 
   async loadAlerts() {
     let a;
-    try { a = await api.alerts(this.id); } catch (e) { this.alertsEl.textContent = 'could not load alerts: ' + e.message; return; }
+    try { a = await api.alerts(this.id); } catch (e) { this.alertsError = e.message; if (this.alertsEl) this.alertsEl.textContent = 'could not load alerts: ' + e.message; return; }
     this.alertsApi = a !== null;
     if (this.dead) return;
+    // alerts seen on the stream but not (yet) in the API answer are kept;
+    // a live transition newer than the API's row replaces it
+    const live = new Map([...this.liveAlerts.values()].map((x) => [normAlert(x).key, x]));
+    a = [...(a || []).filter((x) => !live.has(normAlert(x).key)), ...live.values()];
+    this.alerts = a;
+    this.alertsKnown = true;
+    this.renderVerdict();
+    this.renderAlerts();
+    for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+  }
+
+  renderAlerts() {
+    if (!this.alertsEl) return;
+    if (this.alertsError) { this.alertsEl.textContent = 'could not load alerts: ' + this.alertsError; return; }
+    if (!this.alertsKnown) return;
+    const a = this.alerts;
     this.alertsEl.textContent = '';
-    // alerts seen on the stream but not (yet) in the API answer are kept
-    const seen = new Set((a || []).map((x) => normAlert(x).key));
-    a = [...(a || []), ...[...this.liveAlerts.values()].filter((x) => !seen.has(normAlert(x).key))];
     if (a.length === 0 && this.alertsApi === false) {
       this.alerts = [];
       this.alertsEl.append(h('p', {class: 'muted'}, 'No alerts seen on the live stream; this daemon has no alerts history API yet (GET /api/runs/' + this.id + '/alerts).'));
       return;
     }
-    this.alerts = a;
     if (!a.length) { this.alertsEl.append(h('p', {class: 'muted'}, 'No alerts for this run.')); return; }
     const tbl = h('table', {class: 'mini'}, h('thead', {}, h('tr', {},
       h('th', {}, 'state'), h('th', {}, 'rule'), h('th', {}, 'where'), h('th', {class: 'num'}, 'from step'), h('th', {}, 'summary'))));
@@ -515,26 +655,26 @@ export class RunView {
       const al = normAlert(x);
       tb.append(h('tr', {class: 'alrow'},
         h('td', {}, h('span', {class: 'badge al-' + al.state}, al.state)),
-        h('td', {}, al.rule), h('td', {}, al.where),
+        h('td', {}, al.rule), h('td', {class: 'where', title: al.where}, al.where),
         h('td', {class: 'num'}, al.step !== null ? h('a', {href: '#', onclick: (e) => { e.preventDefault(); this.jumpTo(al.step); }}, fmtStep(al.step)) : '—'),
-        h('td', {class: 'muted'}, al.summary)));
+        h('td', {class: 'muted summary'}, al.summary)));
     }
     tbl.append(tb);
     this.alertsEl.append(tbl);
-    for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
   }
 
   alertMarkers() {
     return this.alerts.map(normAlert).filter((a) => a.step !== null)
-      .map((a) => ({step: a.step, color: a.state === 'resolved' ? '#9aa0a6' : '#d62728', label: a.rule}))
+      .map((a) => ({step: a.step, color: a.state === 'resolved' ? '#9aa0a6' : '#d62728', label: a.rule,
+                    prio: (a.severity === 'critical' ? 2 : 0) + (a.state === 'firing' ? 1 : 0)}))
       .concat(this.rollbacks || []);
   }
 
   jumpTo(step) {
     const span = Math.max(200, Math.round(((this.lastStep ?? step) - this.firstStep) / 20));
     this.follow = false;
-    this.frameAt(step);
     this.setRange(Math.max(0, step - span), step + span);
+    this.frameAt(step);
   }
 
   async loadEvents() {
@@ -544,7 +684,7 @@ export class RunView {
     const ev = (r && r.events) || [];
     // a trainer that rolled back rewrote history from that step: mark it
     this.rollbacks = ev.map((e) => /rollback to step (\d+)/.exec(e.text || '')).filter(Boolean)
-      .map((m) => ({step: +m[1], color: '#e68a00', label: 'rollback'}));
+      .map((m) => ({step: +m[1], color: '#e68a00', label: 'rollback', prio: 4}));
     if (this.rollbacks.length) for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
     this.eventsEl.textContent = '';
     if (!ev.length) { this.eventsEl.append(h('p', {class: 'muted'}, 'No events.')); return; }
@@ -563,7 +703,23 @@ export class RunView {
     this.st.from = from; this.st.to = to;
     urlState.set({from: from ?? undefined, to: to ?? undefined});
     this.showRange();
+    this.scrubWindow();
     for (const c of this.charts) if (c.loaded) c.load();
+  }
+
+  /** The heatmap's scrubber (and Play) span the zoomed window; a step
+   * outside it moves to its nearest end. */
+  scrubWindow() {
+    if (!this.scrub) return;
+    const lo = this.st.from ?? this.firstStep ?? 0, hi = Math.max(lo, this.st.to ?? this.lastStep ?? lo);
+    this.scrub.min = lo;
+    this.scrub.max = hi;
+    const cur = this.curStep;
+    if (cur !== undefined && (cur < lo || cur > hi)) {
+      this.stopPlay();
+      this.follow = false;
+      this.frameAt(Math.min(hi, Math.max(lo, cur)));
+    }
   }
 
   reloadKind(kind) { for (const c of this.charts) if (c.kind === kind && c.loaded) c.load(); }
@@ -577,12 +733,14 @@ export class RunView {
       this.run.status = d.status;
       this.statusEl.className = 'badge st-' + d.status;
       this.statusEl.textContent = d.status;
+      this.refreshVerdict();
       return;
     }
     if (type === 'alert') {
       const k = normAlert(d).key;
       this.liveAlerts.set(k, d);   // the latest transition of each alert
       this.loadAlerts();
+      this.refreshVerdict();
       return;
     }
     if (type !== 'step') return;
@@ -597,23 +755,39 @@ export class RunView {
     this.lastStepEl.dataset.step = step;
     if (d.scalars && 'loss' in d.scalars) { this.lastLossEl.textContent = fmt(d.scalars.loss); this.lossShownStep = step; }
     if (this.run.status !== 'live') { this.run.status = 'live'; this.statusEl.className = 'badge st-live'; this.statusEl.textContent = 'live'; }
-    if (this.scrub && step > +this.scrub.max) this.scrub.max = step;
+    if (this.scrub && this.st.to === null && step > +this.scrub.max) this.scrub.max = step;
     if (this.hm && this.follow && !this.playing) this.frameAt(null);
     // appended live only while showing up to the end of the run
     if (this.st.to !== null) return;
     for (const c of this.scalarCharts || [])
-      c.append(step, c.metrics.map((m) => (d.scalars && m in d.scalars ? d.scalars[m] : null)));
+      // a metric the step did not carry (eval_loss between evals) is
+      // undefined, nothing; null is a NaN/Inf the trainer sent (red tick)
+      c.append(step, c.metrics.map((m) => (d.scalars && m in d.scalars ? d.scalars[m] : undefined)));
     for (const c of this.layerCharts || [])
       if (d.layers && d.layers[c.metric]) c.append(step, d.layers[c.metric]);
     // per-head curves are not on the stream: refetch what is on screen, at most every 3 s
     this.liveRefresh();
   }
 
+  /** The daemon's verdict changes with alerts and the run's end: ask again
+   * (at most once a second); a derived verdict follows loadAlerts. */
+  refreshVerdict() {
+    this.renderVerdict();
+    if (!this.run.verdict || this.verdictTimer) return;
+    this.verdictTimer = setTimeout(async () => {
+      this.verdictTimer = null;
+      try { const r = await api.run(this.id); if (!this.dead && r) { this.run.verdict = r.verdict; this.renderVerdict(); } } catch { /* next event */ }
+    }, 1000);
+  }
+
   liveRefresh() {
     if (this.liveTimer) return;
     this.liveTimer = setTimeout(() => {
       this.liveTimer = null;
-      if (this.dead || this.st.to !== null) return;
+      if (this.dead) return;
+      // the daemon's verdict can turn (collapsing while the rule is pending) without an alert event
+      this.refreshVerdict();
+      if (this.st.to !== null) return;
       for (const c of this.charts) if (c.loaded && (c.kind === 'sm' || c.kind === 'sig-head' || c.kind === 'head') && onScreen(c.chart.el)) c.load();
     }, 3000);
   }
@@ -648,17 +822,29 @@ export class RunView {
     this.dead = true;
     this.stopPlay();
     clearTimeout(this.liveTimer);
+    clearTimeout(this.verdictTimer);
+    clearTimeout(this.urlTimer);
+    clearInterval(this.agoTimer);
     this.unsub();
     for (const c of this.charts) c.chart.destroy();
     if (this.hm) this.hm.destroy();
   }
 }
 
-/** [layer, head] of the lowest finite value of a flat L x H frame. */
-function argmin(flat, H) {
-  let best = 0, v = Infinity;
-  for (let i = 0; i < flat.length; i++) if (flat[i] < v) { v = flat[i]; best = i; }
-  return [Math.floor(best / H), best % H];
+/** [[layer, head], ...] of the k lowest (high: highest) finite values of a
+ * flat L x H frame, worst first. */
+function worstHeads(flat, H, k, high = false) {
+  // one pass keeping the k worst in order (k is small; a sort of every head ran per frame of playback)
+  const top = [];
+  const worse = (i, j) => (high ? flat[i] > flat[j] : flat[i] < flat[j]);
+  for (let i = 0; i < flat.length; i++) {
+    if (!Number.isFinite(flat[i])) continue;
+    if (top.length === k && !worse(i, top[k - 1])) continue;
+    let p = top.length < k ? top.length : k - 1;
+    top[p] = i;
+    while (p > 0 && worse(top[p], top[p - 1])) { [top[p], top[p - 1]] = [top[p - 1], top[p]]; p--; }
+  }
+  return top.map((i) => [Math.floor(i / H), i % H]);
 }
 
 function rankLayer(name) {
@@ -674,31 +860,3 @@ function onScreen(el) {
   return r.bottom > -200 && r.top < innerHeight + 200;
 }
 
-/** An alert in whatever shape the alerts API settles on (Alertmanager-like
- * labels/annotations, or flat fields): state, rule, where, step, summary. */
-function normAlert(x) {
-  // The SSE event wraps the alert's JSON: {type, transition, rule, start_step, step, alert: {...}};
-  // an API row holds it too: {id, rule, state, start_step, last_step, cells, alert: {...}, transitions}.
-  // The outer fields win.
-  if (x && x.alert && typeof x.alert === 'object') {
-    const {alert, ...outer} = x;
-    x = {...alert, ...Object.fromEntries(Object.entries(outer).filter(([, v]) => v !== undefined && v !== null))};
-  }
-  const lb = x.labels || {}, an = x.annotations || {};
-  const state = String(x.state || x.status || (x.endsAt && !/^0001/.test(x.endsAt) ? 'resolved' : 'firing')).toLowerCase();
-  const rule = x.rule || x.name || lb.alertname || lb.rule || 'alert';
-  const cells = Array.isArray(x.cells) ? x.cells : null;
-  const cell = (c) => (c.layer !== undefined ? `L${c.layer}` : '') + (c.head !== undefined ? ` h${c.head}` : '');
-  let where;
-  if (cells && cells.length) where = cells.length === 1 ? cell(cells[0]) || 'run'
-    : `${cells.length} cells: ` + cells.slice(0, 4).map(cell).join(', ') + (cells.length > 4 ? '…' : '');
-  else {
-    const layer = x.layer ?? lb.layer, head = x.head ?? lb.head;
-    where = layer !== undefined ? `L${layer}` + (head !== undefined ? ` h${head}` : '') : (lb.metric || 'run');
-  }
-  const stepRaw = x.start_step ?? x.started_step ?? x.step ?? x.firing_step ?? lb.step ?? an.step ?? null;
-  const step = stepRaw === null || stepRaw === undefined || Number.isNaN(+stepRaw) ? null : +stepRaw;
-  const summary = an.summary || an.description || x.summary || x.message || x.text || '';
-  const key = x.fingerprint || x.id || `${rule}@${step}`;
-  return {state, rule, where, step, summary, key, severity: x.severity || lb.severity || ''};
-}

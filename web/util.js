@@ -152,3 +152,60 @@ export function h(tag, attrs = {}, ...children) {
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   return el;
 }
+
+/** Exponential moving average of a column, TensorBoard's way: weight a on
+ * the past, debiased at the start; null and undefined entries (gaps, steps
+ * without the metric) stay as they are and do not reset the average. */
+export function ema(col, a) {
+  const out = new Array(col.length);
+  let last = 0, n = 0;
+  for (let i = 0; i < col.length; i++) {
+    const v = col[i];
+    if (v === null || v === undefined || !Number.isFinite(v)) { out[i] = v; continue; }
+    last = last * a + (1 - a) * v;
+    n++;
+    out[i] = last / (1 - a ** n);
+  }
+  return out;
+}
+
+/** Saves blob as a file named name (the browser's download). */
+export function downloadBlob(name, blob) {
+  const url = URL.createObjectURL(blob);
+  const a = h('a', {href: url, download: name, hidden: true});
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+/* ---- theme ---------------------------------------------------------------
+ * Light or dark: the system's (prefers-color-scheme) unless the header's
+ * toggle chose one, kept in localStorage. <html data-theme> holds the theme
+ * in force; canvases read their colours from the CSS variables through
+ * themeColors() and redraw on the 'themechange' window event. */
+const THEME_KEY = 'entropyd.theme';
+const darkQuery = window.matchMedia ? window.matchMedia('(prefers-color-scheme: dark)') : null;
+export function themeChoice() {
+  try { return localStorage.getItem(THEME_KEY) || 'auto'; } catch { return 'auto'; }
+}
+export function applyTheme(choice = themeChoice()) {
+  const dark = choice === 'dark' || (choice === 'auto' && darkQuery && darkQuery.matches);
+  const t = dark ? 'dark' : 'light';
+  const changed = document.documentElement.dataset.theme !== t;
+  document.documentElement.dataset.theme = t;
+  document.documentElement.dataset.themeChoice = choice;
+  if (changed) window.dispatchEvent(new Event('themechange'));
+  return t;
+}
+export function setTheme(choice) {
+  try { if (choice === 'auto') localStorage.removeItem(THEME_KEY); else localStorage.setItem(THEME_KEY, choice); } catch { /* private mode */ }
+  return applyTheme(choice);
+}
+if (darkQuery) darkQuery.addEventListener('change', () => applyTheme());
+export function themeColors() {
+  const cs = getComputedStyle(document.documentElement);
+  const v = (k, d) => (cs.getPropertyValue(k) || '').trim() || d;
+  return {bg: v('--card', '#fff'), ink: v('--ink', '#1f2430'), axis: v('--axis', '#3a4150'),
+          grid: v('--grid', '#eceef1'), tick: v('--tick', '#d6d9de'), muted: v('--muted', '#6b7280')};
+}

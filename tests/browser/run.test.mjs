@@ -89,6 +89,7 @@ await run(async (ctx) => {
 
   // 5. zoom: drag across the loss chart -> series refetched for [from, to]
   const over = await page.$('.chart[data-metrics="loss,eval_loss"] .u-over');
+  await over.scrollIntoViewIfNeeded();   // the mouse acts within the viewport only
   const box = await over.boundingBox();
   const before = series.length;
   await page.mouse.move(box.x + box.width * 0.40, box.y + box.height / 2);

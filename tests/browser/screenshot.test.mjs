@@ -2,7 +2,9 @@
 // Runs scripts/demo.sh (real entropyd, two real sigmatrain runs, 200 steps),
 // serves its database, opens the baseline's run page at 1440x900 and checks
 // that its first screen shows the collapse: the heatmap is at the newest
-// step and some head's entropy_norm there is below the alert's 0.01.  The
+// step and some head's entropy_norm there is below the alert's 0.01, and
+// the verdict banner says "Collapsed at step N", N the entropy_collapse
+// alert's start step (the σReparam run's says "Healthy").  The
 // first screen is saved as build/test-artifacts/screenshot-run.png; with
 // UPDATE_SCREENSHOT=1 it also replaces docs/screenshot-run.png (the README's).
 import {spawnSync} from 'node:child_process';
@@ -44,7 +46,24 @@ await run(async (ctx) => {
     return r && {top: r.top, bottom: r.bottom, height: r.height};
   });
   check(box && box.height > 0 && box.top >= 0 && box.bottom <= 900, 'the heatmap is whole on the first screen', JSON.stringify(box));
-  check(page.errors.length === 0, 'no page errors', page.errors.join('; '));
+  // the verdict banner: collapsed, at the step the entropy_collapse alert began
+  const alerts = await d.api(`/api/runs/${base.id}/alerts`);
+  const col = alerts.filter((a) => a.rule === 'entropy_collapse').sort((a, b) => a.start_step - b.start_step)[0];
+  const v = await page.$eval('#verdict', (e) => {
+    const r = e.getBoundingClientRect();
+    return {state: e.dataset.state, text: e.querySelector('#verdict-state').textContent, bottom: r.bottom};
+  });
+  check(col && v.state === 'collapsed' && v.text === `Collapsed at step ${col.start_step}` && v.bottom <= 900,
+    `the first screen's verdict: "${v.text}" (entropy_collapse from step ${col && col.start_step})`);
+  const sig = runs.find((r) => r.name === 'demo-sigmareparam');
+  const ps = await newPage(browser, {width: 1440, height: 900});
+  await ps.goto(`${d.base}/?run=${sig.id}`);
+  await rendered(ps, 30000);
+  await ps.waitForFunction(() => document.querySelector('#verdict').dataset.state !== 'unknown', null, {timeout: 10000});
+  const vs = await ps.$eval('#verdict', (e) => ({state: e.dataset.state, text: e.querySelector('#verdict-state').textContent, bottom: e.getBoundingClientRect().bottom}));
+  check(vs.state === 'healthy' && vs.text === 'Healthy' && vs.bottom <= 900, `the σReparam run's first screen says "${vs.text}"`);
+  await screenshot(ps, 'screenshot-run-sigma', {fullPage: false});
+  check(page.errors.length === 0 && ps.errors.length === 0, 'no page errors', [...page.errors, ...ps.errors].join('; '));
   const file = await screenshot(page, 'screenshot-run', {fullPage: false});
   if (process.env.UPDATE_SCREENSHOT === '1') {
     fs.copyFileSync(file, path.join(repo, 'docs/screenshot-run.png'));
