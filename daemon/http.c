@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "embed.h"
+#include "now.h"
 
 #define HTTP_DELETE_WAIT_MS 10000
 #define HTTP_MAX_POINTS 100000
@@ -672,9 +673,24 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
         query_buf_free(&b);
         return res;
     }
-    prom(&b, "entropyd_db_bytes", "gauge", "Size of the database file.", (double)query_db_bytes(q));
+    int64_t dbb = query_db_bytes(q), walb = query_wal_bytes(q);
+    prom(&b, "entropyd_db_bytes", "gauge", "Size of the database on disk: its file and its WAL.",
+         (double)(dbb < 0 || walb < 0 ? -1 : dbb + walb));
+    prom(&b, "entropyd_wal_bytes", "gauge", "Size of the database's WAL file.", (double)walb);
+    prom(&b, "entropyd_wal_peak_bytes", "gauge", "Largest WAL file seen after a checkpoint since start.",
+         (double)ws.wal_peak_bytes);
+    prom(&b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.", (double)ws.checkpoints);
+    prom(&b, "entropyd_checkpoints_busy_total", "counter", "WAL restarts that readers kept from finishing.",
+         (double)ws.checkpoints_busy);
+    prom(&b, "entropyd_checkpoints_writer_total", "counter",
+         "WAL restarts the writer ran itself because the WAL reached its hard limit (back-pressure).",
+         (double)ws.checkpoints_writer);
+    prom(&b, "entropyd_background_chunks_total", "counter", "Chunks of rollback and delete work committed.",
+         (double)ws.job_chunks);
+    prom(&b, "entropyd_background_chunk_max_seconds", "gauge", "Longest chunk of rollback or delete work.",
+         ws.job_ms_max / 1e3);
     char err[256];
-    int rc = query_prometheus(q, h->cfg.metrics_heads, &b, err, sizeof err);
+    int rc = query_prometheus(q, h->cfg.metrics_heads, now_wall(), h->cfg.metrics_keep_s == 0 ? 3600 : h->cfg.metrics_keep_s, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
         query_buf_free(&b);
@@ -965,7 +981,9 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
     h->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, h,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_conns > 0 ? cfg->max_conns : 512),
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            /* a client that stops reading (an export, a stream) is
+                             * closed after this long without progress */
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : 60),
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
                             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,

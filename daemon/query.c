@@ -1171,55 +1171,151 @@ out:
 
 /* ---- export ---------------------------------------------------------- */
 
+/* An export reads a chunk of frames of one metric per read transaction,
+ * never holding one open while the client reads: a slow client cannot pin
+ * the WAL (writer.h). */
+#define EXPORT_CHUNK_BYTES (256 * 1024)
+
+struct export_metric {
+    int64_t id;
+    int kind;
+    char name[PROTO_MAX_NAME + 1];
+};
+
 struct query_export {
     struct query *q;
-    sqlite3_stmt *s;
+    int64_t run_id;
     int format;
     int64_t L, H;
-    int state;          /* 0: header, 1: next row, 2: values of the row, 3: done */
+    int state;          /* 0: header, 1: next frame, 2: values of the frame, 3: done */
+    struct export_metric *metrics;
+    uint32_t nmetrics, mi; /* the metrics of the run, the one being read */
+    int64_t after;      /* the chunk after this step comes next (INT64_MIN at a metric's start) */
+    /* the chunk: cn frames of n values each, ci the next to emit */
+    int64_t *steps;
+    double *times;
+    float *data;
+    uint32_t cn, ci, ccap;
     char name[PROTO_MAX_NAME + 1];
     int kind;
     int64_t step;
     double time;
-    float *vals;        /* the current frame (copied: the row moves on) */
-    uint32_t n, cap, i; /* values in the frame, capacity, next to emit */
+    const float *vals;  /* the current frame, in the chunk */
+    uint32_t n, i;      /* values in the frame, next to emit */
     char piece[512];    /* the text being handed out */
     size_t plen, poff;
 };
+
+static uint32_t metric_values(const struct query_export *x, int kind) {
+    return kind == 0 ? 1 : kind == 1 ? (uint32_t)x->L : (uint32_t)(x->L * x->H);
+}
 
 struct query_export *query_export_begin(struct query *q, int64_t run_id, int format, int *rc, char *err,
                                         size_t errlen) {
     struct query_export *x = calloc(1, sizeof *x);
     struct runinfo ri;
+    sqlite3_stmt *s = NULL;
     *rc = QUERY_ERR;
     if (!x) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
     x->q = q;
+    x->run_id = run_id;
     x->format = format;
+    x->after = INT64_MIN;
     if (begin(q, err, errlen)) goto fail;
     if ((*rc = run_get(q, run_id, &ri, err, errlen))) goto fail;
     *rc = QUERY_ERR;
     x->L = ri.layers;
     x->H = ri.heads;
-    /* metric by metric, each in step order: the primary keys' order, so
-     * SQLite streams rows without sorting them first */
-    if (sqlite3_prepare_v2(q->db,
-                           "SELECT m.name, m.kind, f.step, s.time, f.data FROM metrics m "
-                           "JOIN frames f ON f.metric_id = m.id "
-                           "LEFT JOIN steps s ON s.run_id = m.run_id AND s.step = f.step "
-                           "WHERE m.run_id = ?1 ORDER BY m.id, f.step",
-                           -1, &x->s, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(q->db, "SELECT id, name, kind FROM metrics WHERE run_id = ?1 ORDER BY id", -1, &s, NULL) !=
+        SQLITE_OK) {
         db_fail(q, err, errlen, "starting the export");
         goto fail;
     }
-    sqlite3_bind_int64(x->s, 1, run_id);
+    sqlite3_bind_int64(s, 1, run_id);
+    int r;
+    uint32_t cap = 0;
+    while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+        if (x->nmetrics == cap) {
+            cap = cap ? cap * 2 : 16;
+            struct export_metric *m = realloc(x->metrics, cap * sizeof *m);
+            if (!m) {
+                snprintf(err, errlen, "out of memory");
+                goto fail;
+            }
+            x->metrics = m;
+        }
+        struct export_metric *m = &x->metrics[x->nmetrics++];
+        m->id = sqlite3_column_int64(s, 0);
+        m->kind = sqlite3_column_int(s, 2);
+        snprintf(m->name, sizeof m->name, "%s", (const char *)sqlite3_column_text(s, 1));
+    }
+    if (r != SQLITE_DONE) {
+        db_fail(q, err, errlen, "starting the export");
+        goto fail;
+    }
+    sqlite3_finalize(s);
+    end(q);
     *rc = QUERY_OK;
     return x;
 fail:
+    sqlite3_finalize(s);
     query_export_end(x);
     return NULL;
+}
+
+/* Reads the next chunk of the current metric's frames, in its own read
+ * transaction. Returns the frames read (0: the metric is done, -2: none
+ * to emit in this chunk but more may follow), -1 on error. */
+static int export_chunk(struct query_export *x) {
+    const struct export_metric *m = &x->metrics[x->mi];
+    uint32_t n = metric_values(x, m->kind);
+    uint32_t want = EXPORT_CHUNK_BYTES / (4 * (n ? n : 1));
+    if (want < 1) want = 1;
+    if (want > x->ccap) {
+        int64_t *st = realloc(x->steps, want * sizeof *st);
+        if (st) x->steps = st;
+        double *tm = realloc(x->times, want * sizeof *tm);
+        if (tm) x->times = tm;
+        float *d = realloc(x->data, (size_t)want * n * sizeof *d);
+        if (d) x->data = d;
+        if (!st || !tm || !d) return -1;
+        x->ccap = want;
+    }
+    sqlite3_stmt *s = NULL;
+    int ret = -1, r;
+    uint32_t rows = 0;
+    char err[256];
+    if (begin(x->q, err, sizeof err)) return -1;
+    if (sqlite3_prepare_v2(x->q->db,
+                           "SELECT f.step, s.time, f.data FROM frames f "
+                           "LEFT JOIN steps s ON s.run_id = ?1 AND s.step = f.step "
+                           "WHERE f.metric_id = ?2 AND f.step > ?3 ORDER BY f.step LIMIT ?4",
+                           -1, &s, NULL) != SQLITE_OK)
+        goto out;
+    sqlite3_bind_int64(s, 1, x->run_id);
+    sqlite3_bind_int64(s, 2, m->id);
+    sqlite3_bind_int64(s, 3, x->after);
+    sqlite3_bind_int64(s, 4, want);
+    x->cn = x->ci = 0;
+    while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t step = sqlite3_column_int64(s, 0);
+        x->after = step;
+        rows++;
+        if ((uint32_t)sqlite3_column_bytes(s, 2) != n * 4) continue; /* shapes are fixed per run */
+        x->steps[x->cn] = step;
+        x->times[x->cn] = sqlite3_column_double(s, 1);
+        memcpy(x->data + (size_t)x->cn * n, sqlite3_column_blob(s, 2), (size_t)n * 4);
+        x->cn++;
+    }
+    /* a chunk of only odd-shaped rows has nothing to emit but is not the end */
+    if (r == SQLITE_DONE) ret = x->cn ? (int)x->cn : rows ? -2 : 0;
+out:
+    sqlite3_finalize(s);
+    end(x->q);
+    return ret;
 }
 
 static void piece_value(struct query_export *x) {
@@ -1265,27 +1361,27 @@ static int next_piece(struct query_export *x) {
                 return 1;
             }
         } else if (x->state == 1) {
-            int rc = sqlite3_step(x->s);
-            if (rc == SQLITE_DONE) {
-                x->state = 3;
-                return 0;
+            if (x->ci == x->cn) {
+                if (x->mi >= x->nmetrics) {
+                    x->state = 3;
+                    return 0;
+                }
+                int r = export_chunk(x);
+                if (r == -1) return -1;
+                if (r == 0) { /* this metric is done */
+                    x->mi++;
+                    x->after = INT64_MIN;
+                }
+                continue;
             }
-            if (rc != SQLITE_ROW) return -1;
-            snprintf(x->name, sizeof x->name, "%s", (const char *)sqlite3_column_text(x->s, 0));
-            x->kind = sqlite3_column_int(x->s, 1);
-            x->step = sqlite3_column_int64(x->s, 2);
-            x->time = sqlite3_column_double(x->s, 3);
-            int bytes = sqlite3_column_bytes(x->s, 4);
-            uint32_t n = (uint32_t)bytes / 4;
-            if (n == 0) continue;
-            if (n > x->cap) {
-                float *v = realloc(x->vals, n * sizeof *v);
-                if (!v) return -1;
-                x->vals = v;
-                x->cap = n;
-            }
-            memcpy(x->vals, sqlite3_column_blob(x->s, 4), (size_t)n * 4);
-            x->n = n;
+            const struct export_metric *m = &x->metrics[x->mi];
+            snprintf(x->name, sizeof x->name, "%s", m->name);
+            x->kind = m->kind;
+            x->n = metric_values(x, m->kind);
+            x->step = x->steps[x->ci];
+            x->time = x->times[x->ci];
+            x->vals = x->data + (size_t)x->ci * x->n;
+            x->ci++;
             x->i = 0;
             x->state = 2;
             if (x->format == QUERY_JSONL) {
@@ -1327,22 +1423,41 @@ ssize_t query_export_read(struct query_export *x, char *buf, size_t max) {
 
 void query_export_end(struct query_export *x) {
     if (!x) return;
-    sqlite3_finalize(x->s);
     end(x->q);
-    free(x->vals);
+    free(x->metrics);
+    free(x->steps);
+    free(x->times);
+    free(x->data);
     free(x);
 }
 
 /* ---- prometheus ------------------------------------------------------ */
 
-int query_prometheus(struct query *q, int heads, struct query_buf *out, char *err, size_t errlen) {
+/* Appends s as a Prometheus label value (backslash, quote, newline escaped). */
+static void buf_label(struct query_buf *b, const char *s) {
+    for (const char *p = s; *p; p++) {
+        if (*p == '\\' || *p == '"') query_buf_add(b, "\\", 1);
+        if (*p == '\n') query_buf_puts(b, "\\n");
+        else query_buf_add(b, p, 1);
+    }
+}
+
+/* The runs /metrics exports: live ones, and the others until keep_s after
+ * their last update (their end). ?1 is the oldest `updated` kept. */
+#define PROM_EXPORTED "(r.status = 'live' OR r.updated >= ?1)"
+
+int query_prometheus(struct query *q, int heads, double now, double keep_s, struct query_buf *out, char *err,
+                     size_t errlen) {
     sqlite3_stmt *s = NULL;
     int ret = QUERY_ERR, rc;
+    double since = now - (keep_s > 0 ? keep_s : 0);
     if (begin(q, err, errlen)) return QUERY_ERR;
-    if (sqlite3_prepare_v2(q->db, "SELECT name, status, last_step FROM runs ORDER BY id", -1, &s, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(q->db, "SELECT name, status, last_step FROM runs r WHERE " PROM_EXPORTED " ORDER BY id", -1,
+                           &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "listing runs");
         goto out;
     }
+    sqlite3_bind_double(s, 1, since);
     query_buf_puts(out, "# HELP entropyd_run_last_step Highest stored step of a run.\n"
                         "# TYPE entropyd_run_last_step gauge\n");
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -1356,17 +1471,19 @@ int query_prometheus(struct query *q, int heads, struct query_buf *out, char *er
     }
     sqlite3_finalize(s);
     s = NULL;
+    /* one row of `latest` per exported metric (migration 4): the cost is
+     * the number of series, not the history behind them */
     if (sqlite3_prepare_v2(q->db,
-                           "SELECT r.name, m.name, m.kind, r.heads, f.data FROM runs r "
+                           "SELECT r.name, m.name, m.kind, r.heads, l.data FROM runs r "
                            "JOIN metrics m ON m.run_id = r.id "
-                           "JOIN frames f ON f.metric_id = m.id "
-                           "  AND f.step = (SELECT max(step) FROM frames WHERE metric_id = m.id) "
-                           "WHERE m.kind <= ?1 ORDER BY m.kind, r.id, m.name",
+                           "JOIN latest l ON l.metric_id = m.id "
+                           "WHERE m.kind <= ?2 AND " PROM_EXPORTED " ORDER BY m.kind, r.id, m.name",
                            -1, &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "reading latest values");
         goto out;
     }
-    sqlite3_bind_int(s, 1, heads ? 2 : 1);
+    sqlite3_bind_double(s, 1, since);
+    sqlite3_bind_int(s, 2, heads ? 2 : 1);
     int kind_seen = -1;
     static const char *const help[3] = {
         "# HELP entropyd_scalar Latest value of each scalar metric of each run (NaN when not finite).\n"
@@ -1407,28 +1524,22 @@ int query_prometheus(struct query *q, int heads, struct query_buf *out, char *er
     }
     sqlite3_finalize(s);
     s = NULL;
-    /* Prometheus' own convention for alerts: one ALERTS series per firing
-     * alert, value 1 (README "Alerts"). */
+    /* One series per firing alert, value 1. Not named ALERTS: that is
+     * Prometheus' own series for its rules, and ours would mix with them. */
     if (sqlite3_prepare_v2(q->db, "SELECT a.rule, r.name, a.severity FROM alerts a JOIN runs r ON r.id = a.run_id "
-                                  "WHERE a.state = 'firing' ORDER BY a.id", -1, &s, NULL) != SQLITE_OK) {
+                                  "WHERE a.state = 'firing' AND " PROM_EXPORTED " ORDER BY a.id", -1, &s, NULL) != SQLITE_OK) {
         ret = db_fail(q, err, errlen, "reading alerts");
         goto out;
     }
-    query_buf_puts(out, "# HELP ALERTS Alerts firing now, one series per run and rule.\n# TYPE ALERTS gauge\n");
+    sqlite3_bind_double(s, 1, since);
+    query_buf_puts(out, "# HELP entropyd_alerts_firing Alerts firing now, one series per run and rule.\n"
+                        "# TYPE entropyd_alerts_firing gauge\n");
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         /* rule names come from the rules file: escape them as label values */
-        query_buf_puts(out, "ALERTS{alertname=\"");
-        for (const char *p = (const char *)sqlite3_column_text(s, 0); *p; p++) {
-            if (*p == '\\' || *p == '"') query_buf_add(out, "\\", 1);
-            if (*p == '\n') query_buf_puts(out, "\\n");
-            else query_buf_add(out, p, 1);
-        }
-        query_buf_printf(out, "\",alertstate=\"firing\",run=\"%s\",severity=\"", sqlite3_column_text(s, 1));
-        for (const char *p = (const char *)sqlite3_column_text(s, 2); *p; p++) {
-            if (*p == '\\' || *p == '"') query_buf_add(out, "\\", 1);
-            if (*p == '\n') query_buf_puts(out, "\\n");
-            else query_buf_add(out, p, 1);
-        }
+        query_buf_puts(out, "entropyd_alerts_firing{alertname=\"");
+        buf_label(out, (const char *)sqlite3_column_text(s, 0));
+        query_buf_printf(out, "\",run=\"%s\",severity=\"", sqlite3_column_text(s, 1));
+        buf_label(out, (const char *)sqlite3_column_text(s, 2));
         query_buf_puts(out, "\"} 1\n");
     }
     if (rc != SQLITE_DONE) {
@@ -1441,6 +1552,8 @@ out:
     end(q);
     return ret;
 }
+
+int64_t query_wal_bytes(struct query *q) { return store_wal_bytes_of(sqlite3_db_filename(q->db, "main")); }
 
 int64_t query_db_bytes(struct query *q) {
     sqlite3_stmt *s;

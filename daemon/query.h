@@ -185,8 +185,12 @@ int query_events(struct query *q, int64_t run_id, int64_t after, int64_t before,
                  struct query_buf *out, char *err, size_t errlen);
 
 /* Export of every stored value of a run, produced piece by piece so that
- * nothing larger than one frame is held. The export keeps its connection's
- * read transaction open (one consistent snapshot) until query_export_end. */
+ * nothing larger than a chunk of frames (256 KiB) is held. Each chunk of a
+ * metric's frames is read in its own short read transaction, so that a
+ * client reading slowly never pins the WAL: the export is therefore not one
+ * snapshot. It lists the metrics the run had when it began, each in step
+ * order; steps committed meanwhile may appear, and a rollback or delete
+ * meanwhile shows from the next chunk on. */
 enum query_format { QUERY_CSV = 0, QUERY_JSONL };
 struct query_export;
 /* Starts an export on q (which stays borrowed until query_export_end).
@@ -200,9 +204,14 @@ ssize_t query_export_read(struct query_export *x, char *buf, size_t max);
 void query_export_end(struct query_export *x);
 
 /* Prometheus text of the latest value of every scalar and layer metric of
- * every run (and of every head metric when heads is set), plus each run's
- * last step. */
-int query_prometheus(struct query *q, int heads, struct query_buf *out, char *err, size_t errlen);
+ * the exported runs (and of every head metric when heads is set), each
+ * run's last step, and entropyd_alerts_firing{alertname, run, severity} 1
+ * per firing alert. Exported are the live runs and the others whose last
+ * update (their end) is at most keep_s seconds before now. Reads one row
+ * of the `latest` table per metric exported: the cost does not grow with
+ * the runs' history. */
+int query_prometheus(struct query *q, int heads, double now, double keep_s, struct query_buf *out, char *err,
+                     size_t errlen);
 
 /* Alerts (README "Alerts"): a JSON array of alert episodes, newest first,
  * each with its transitions. state is NULL, "firing" or "resolved" (else
@@ -213,5 +222,8 @@ int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t lim
 
 /* Bytes of the database file (page_count * page_size), -1 on error. */
 int64_t query_db_bytes(struct query *q);
+
+/* Bytes of its WAL file (0 when there is none), -1 on error. */
+int64_t query_wal_bytes(struct query *q);
 
 #endif
