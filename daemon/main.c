@@ -42,7 +42,7 @@ static int lock_database(const char *db, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s.lock", db);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open lock file %.900s: %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot open lock file %.800s: %s", path, strerror(errno));
         return -1;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
@@ -52,7 +52,7 @@ static int lock_database(const char *db, char *err, size_t errlen)
         owner[strcspn(owner, "\n")] = 0;
         char who[64] = "";
         if (*owner) snprintf(who, sizeof who, " (pid %s)", owner);
-        snprintf(err, errlen, "%.900s is in use by another entropyd%s: stop it first, or give this one its own --data",
+        snprintf(err, errlen, "%.800s is in use by another entropyd%s: stop it first, or give this one its own --data",
                  db, who);
         close(fd);
         return -1;
