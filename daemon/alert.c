@@ -1192,7 +1192,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
         t = stalled_eval(e, r, time, m->step, 1);
         if (t < 0) return -1;
         n += t;
-        if (verdict_update(e, r, 0)) return -1;
+        verdict_update(e, r, 0); /* out of memory: the verdict waits for the next step, the transitions go on */
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
         e->stats.eval_ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
         return n;
@@ -1200,7 +1200,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
     case WRITER_EVENT:
         r->last_seen = time;
         t = stalled_eval(e, r, time, r->last_step, 1);
-        if (t >= 0 && verdict_update(e, r, 0)) return -1;
+        if (t >= 0) verdict_update(e, r, 0);
         return t;
     case WRITER_END:
         /* the verdict is taken before the end resolves what fired: a
@@ -1208,7 +1208,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
         r->live = 0;
         r->stale = 0;
         r->failed = it->msg.status == PROTO_FAILED;
-        if (verdict_update(e, r, 1)) return -1;
+        verdict_update(e, r, 1); /* out of memory: no verdict, but the end still resolves and releases */
         t = resolve_all(e, r, r->last_step, time, ALERT_REASON_RUN_ENDED);
         run_release(e, r);
         return t;
@@ -1216,7 +1216,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
         r->live = 0;
         r->stale = 1;
         t = stalled_eval(e, r, time, r->last_step, 1);
-        if (t >= 0 && verdict_update(e, r, 0)) return -1;
+        if (t >= 0) verdict_update(e, r, 0);
         return t;
     default: /* WRITER_DELETE and anything newer: forget the run */
         t = resolve_all(e, r, r->last_step, time, ALERT_REASON_RUN_DELETED);
@@ -1238,7 +1238,7 @@ int alert_tick(struct alert_engine *e, double now) {
             /* one verdict per tick (the API holds one): the next ticks report the rest */
             if (t > 0 || r->vdirty) {
                 r->vdirty = e->verdict_changed;
-                if (!e->verdict_changed && verdict_update(e, r, 0)) return -1;
+                if (!e->verdict_changed && verdict_update(e, r, 0)) r->vdirty = 1; /* out of memory: next tick */
             }
         }
     return n;
