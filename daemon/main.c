@@ -125,7 +125,14 @@ static void usage(FILE *f) {
             "  --listen-tcp HOST:PORT  also accept trainers over TCP (use loopback unless the\n"
             "                        network is trusted, and set --token); port 0 picks a free one\n"
             "  --token TOKEN         require this token in every hello (or $ENTROPYD_TOKEN)\n"
-            "  --max-conns N         trainer connections at most (default 10000)\n"
+            "  --max-conns N         trainer connections at most (default 10000); when all are\n"
+            "                        taken, one that has not said hello yet makes room\n"
+            "  --max-conns-per-peer N  connections per user (Unix socket) or per address (TCP)\n"
+            "                        at most (default 1024)\n"
+            "  --hello-timeout-s N   close a connection not welcomed within N s (default 10)\n"
+            "  --idle-timeout-s N    close a welcomed connection silent for N s (default 0: never)\n"
+            "  --input-mb N          memory for unfinished input lines of all connections\n"
+            "                        (default 64); a line before the welcome is at most 64 KiB\n"
             "  --queue-mb N          memory for accepted, uncommitted messages (default 256)\n"
             "  --drain-ms N          at shutdown, wait this long to commit and ack (default 5000)\n"
             "  --http HOST:PORT      serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"
@@ -173,6 +180,7 @@ int main(int argc, char **argv) {
     const char *data = "entropyd-data", *db = NULL, *sock = NULL, *tcp = NULL;
     const char *token = getenv("ENTROPYD_TOKEN");
     long max_conns = 10000, queue_mb = 256, drain_ms = 5000;
+    long per_peer = 1024, hello_s = 10, idle_s = 0, input_mb = 64;
     const char *http_listen = "127.0.0.1:8080", *web_root = NULL;
     long http_conns = 512, stream_events = 16384, keepalive_ms = 15000;
     int http_explicit = 0;
@@ -181,7 +189,7 @@ int main(int argc, char **argv) {
     long am_resend_s = 60;
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
-           O_QUIETALERTS, O_AM, O_AMRESEND };
+           O_QUIETALERTS, O_AM, O_AMRESEND, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -194,6 +202,8 @@ int main(int argc, char **argv) {
         {"rules", required_argument, 0, O_RULES},     {"webhook", required_argument, 0, O_WEBHOOK},
         {"on-alert", required_argument, 0, O_ONALERT}, {"quiet-alerts", no_argument, 0, O_QUIETALERTS},
         {"alertmanager", required_argument, 0, O_AM}, {"alertmanager-resend-s", required_argument, 0, O_AMRESEND},
+        {"max-conns-per-peer", required_argument, 0, O_PERPEER}, {"hello-timeout-s", required_argument, 0, O_HELLOTO},
+        {"idle-timeout-s", required_argument, 0, O_IDLETO}, {"input-mb", required_argument, 0, O_INPUTMB},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -204,6 +214,10 @@ int main(int argc, char **argv) {
         case O_TCP: tcp = optarg; break;
         case O_TOKEN: token = optarg; break;
         case O_MAXCONNS: if (parse_int("--max-conns", optarg, 1, 1000000, &max_conns)) return 2; break;
+        case O_PERPEER: if (parse_int("--max-conns-per-peer", optarg, 1, 1000000, &per_peer)) return 2; break;
+        case O_HELLOTO: if (parse_int("--hello-timeout-s", optarg, 1, 3600, &hello_s)) return 2; break;
+        case O_IDLETO: if (parse_int("--idle-timeout-s", optarg, 0, 2000000, &idle_s)) return 2; break;
+        case O_INPUTMB: if (parse_int("--input-mb", optarg, 1, 65536, &input_mb)) return 2; break;
         case O_QUEUE: if (parse_int("--queue-mb", optarg, 1, 65536, &queue_mb)) return 2; break;
         case O_DRAIN: if (parse_int("--drain-ms", optarg, 0, 600000, &drain_ms)) return 2; break;
         case O_HTTP: http_listen = strcmp(optarg, "off") == 0 ? NULL : optarg; http_explicit = 1; break;
@@ -311,7 +325,9 @@ int main(int argc, char **argv) {
         goto out;
     }
     alerter_set_writer(alerter, w);
-    struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns};
+    struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns,
+                                 .max_conns_per_peer = (int)per_peer, .hello_ms = (int)hello_s * 1000,
+                                 .idle_ms = (int)idle_s * 1000, .max_input = (size_t)input_mb << 20};
     g_ingest = ingest_create(&icfg, w, efd, err, sizeof err);
     if (!g_ingest) {
         fprintf(stderr, "entropyd: %s\n", err);
