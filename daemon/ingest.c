@@ -921,7 +921,10 @@ struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *wri
     ing->cfg = *cfg;
     if (ing->cfg.max_conns <= 0) ing->cfg.max_conns = 10000;
     if (!ing->cfg.max_out) ing->cfg.max_out = 4u << 20;
-    if (ing->cfg.max_conns_per_peer <= 0) ing->cfg.max_conns_per_peer = 1024;
+    if (ing->cfg.max_conns_per_peer <= 0) { /* half the slots, or all of them while there are few */
+        int half = ing->cfg.max_conns / 2, few = ing->cfg.max_conns < 1024 ? ing->cfg.max_conns : 1024;
+        ing->cfg.max_conns_per_peer = half > few ? half : few;
+    }
     if (ing->cfg.hello_ms <= 0) ing->cfg.hello_ms = 10000;
     if (ing->cfg.idle_ms < 0) ing->cfg.idle_ms = 0;
     if (!ing->cfg.max_input) ing->cfg.max_input = (size_t)64 << 20;

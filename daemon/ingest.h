@@ -27,7 +27,8 @@ struct ingest_config {
     size_t max_out;            /* per-connection unread error bytes before closing; default 4 MiB */
     /* Against strangers and careless clients (docs/reliability.md, "Security"): */
     int max_conns_per_peer;    /* connections per uid (Unix socket, SO_PEERCRED) or per address
-                                * (TCP); default 1024 */
+                                * (TCP); default half of max_conns, but all of
+                                * the first 1024 */
     int hello_ms;              /* a connection not welcomed this long after accept is closed;
                                 * default 10000 */
     int idle_ms;               /* a welcomed connection that sends nothing this long is closed;
