@@ -707,6 +707,9 @@ static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_
         if (!(q = take_query(h, c, &res))) return res;
         rc = query_run_status(q, id, status, sizeof status, err, sizeof err);
         query_release(h->cfg.pool, q);
+        if (rc == QUERY_OK && strcmp(status, "live") == 0)
+            return send_error(h, c, 409, "run %lld became live (a trainer resumed it) before it was deleted; it was kept",
+                              (long long)id);
         if (rc == QUERY_OK) return send_error(h, c, 500, "run %lld could not be deleted (see the daemon's log)", (long long)id);
     }
     struct query_buf b = {0};

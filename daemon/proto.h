@@ -112,4 +112,8 @@ const char *proto_status_name(int status);
  * needed if it exceeds cap (then out is not terminated). */
 size_t proto_json_string(char *out, size_t cap, const char *s, size_t len);
 
+/* A metric value as stored: float32, a finite double beyond its range
+ * saturated to +-FLT_MAX (a JSON number is finite; Inf is sent as null). */
+float proto_to_f32(double d);
+
 #endif

@@ -93,6 +93,11 @@ int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, 
 /* Deletes a run and all its data. Returns 0, or -1 (errcode -3 if no such run). */
 int store_run_delete(struct store *st, int64_t run_id);
 
+/* 1 when the run is live (a trainer holds it), 0 when not or when there is
+ * no such run, -1 on a database error. Inside the writer's transaction
+ * this is the truth, as only the writer changes a run's status. */
+int store_run_is_live(struct store *st, int64_t run_id);
+
 /* One alert transition (see alert.h), as stored. Strings are borrowed. */
 struct store_alert {
     int64_t run_id;
