@@ -52,7 +52,7 @@ static int lock_database(const char *db, char *err, size_t errlen)
         owner[strcspn(owner, "\n")] = 0;
         char who[64] = "";
         if (*owner) snprintf(who, sizeof who, " (pid %s)", owner);
-        snprintf(err, errlen, "%.900s is in use by another entropyd%s: stop it first, or give this one its own --data",
+        snprintf(err, errlen, "%.800s is in use by another entropyd%s: stop it first, or give this one its own --data",
                  db, who);
         close(fd);
         return -1;
