@@ -731,6 +731,20 @@ static void prom(struct query_buf *b, const char *name, const char *type, const 
     query_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* The counters of ingest's guards (issue 16). */
+static void ingest_guard_metrics(struct query_buf *b, const struct ingest_stats *is) {
+    prom(b, "entropyd_connections_timed_out_total", "counter",
+         "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
+    prom(b, "entropyd_connections_evicted_total", "counter",
+         "Connections without a hello closed to make room for a newcomer.", (double)is->conns_evicted);
+    prom(b, "entropyd_connections_peer_rejected_total", "counter",
+         "Trainer connections refused: their user or address held --max-conns-per-peer.",
+         (double)is->conns_peer_rejected);
+    prom(b, "entropyd_input_bytes", "gauge", "Memory held by unfinished input lines.", (double)is->input_bytes);
+    prom(b, "entropyd_input_refused_total", "counter", "Connections closed because --input-mb was spent.",
+         (double)is->input_refused);
+}
+
 static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {
     (void)id;
     struct query_buf b = {0};
@@ -746,6 +760,7 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
         prom(&b, "entropyd_messages_total", "counter", "Protocol messages accepted.", (double)is.messages);
         prom(&b, "entropyd_ingest_paused_seconds_total", "counter",
              "Time ingest stopped reading because the writer queue was full.", is.paused_ms / 1e3);
+        ingest_guard_metrics(&b, &is);
         query_buf_puts(&b, "# HELP entropyd_errors_total Protocol errors sent to trainers, by code.\n"
                            "# TYPE entropyd_errors_total counter\n");
         for (int e = 1; e < PROTO_E_COUNT; e++)

@@ -150,7 +150,7 @@ class HostileIngest(unittest.TestCase):
             c.wait_ack(1)
 
     def test_no_hello_in_time_closes_the_connection(self):
-        self.d = d = Daemon(args=["--hello-timeout-s", "1"]).start()
+        self.d = d = Daemon(args=["--hello-timeout-s", "1"], http=True).start()
         c = Client(d.sock)
         t0 = time.time()
         m = c.recv(timeout=5)
@@ -158,6 +158,7 @@ class HostileIngest(unittest.TestCase):
         self.assertIn("no hello within", m["message"])
         self.assertTrue(closed_by_peer(c.s))
         self.assertLess(time.time() - t0, 3)
+        self.assertIn("\nentropyd_connections_timed_out_total 1\n", d.get("/metrics")[1])
         # a trainer that says hello is not timed out later
         c = Client(d.sock)
         self.assertEqual(c.hello("in-time")["type"], "welcome")
