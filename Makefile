@@ -32,7 +32,7 @@ endif
 endif
 
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
-           -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -I$(BUILD)/gen $(PKG_CFLAGS)
+           -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -Iclient -Iproto -I$(BUILD)/gen $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -llapacke -lpthread -lm
 # The trainer's elementwise kernels want vectorization for this CPU.
 ifeq ($(SANITIZE),)
@@ -57,21 +57,27 @@ MPI_BIN := $(BUILD)/sigmatrain-mpi
 endif
 
 DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+# proto/: the protocol's one home, compiled into the daemon and the client library
+PROTO_SRC   := $(wildcard proto/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(wildcard trainer/*.c))
 TEST_SRC    := $(wildcard tests/test_*.c)
 BENCH_SRC   := $(wildcard bench/*.c)
 WEB_FILES   := $(shell find web -type f 2>/dev/null | sort)
 
-DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o
+DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(PROTO_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o
 TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
+CLIENT_SRC  := $(wildcard client/*.c) $(PROTO_SRC)
+CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(BUILD)/%.o)
+CLIENT_PIC  := $(CLIENT_SRC:%.c=$(BUILD)/pic/%.o)
+CLIENT_LIB  := $(BUILD)/libentropyd_client.a $(BUILD)/libentropyd_client.so
 TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all programs deps test bench demo clean experiments fuzz fuzz-build stress
+.PHONY: all programs install deps test bench demo clean experiments fuzz fuzz-build stress
 .SECONDARY:
 PROGRAMS := $(BUILD)/entropyd $(BUILD)/sigmatrain $(MPI_BIN)
-all: $(PROGRAMS) $(TESTS) $(BENCHES)
-programs: $(PROGRAMS)
+all: $(PROGRAMS) $(CLIENT_LIB) $(BUILD)/examples/stream_steps $(TESTS) $(BENCHES)
+programs: $(PROGRAMS) $(CLIENT_LIB)
 
 # `make deps` installs everything any goal needs; each goal below installs
 # only what it needs (scripts/deps.sh PROFILE), then builds by a second make.
@@ -114,9 +120,48 @@ $(BUILD)/libdaemon.a: $(DAEMON_OBJ)
 $(BUILD)/libtrainer.a: $(TRAINER_OBJ)
 	@rm -f $@; ar rcs $@ $(if $^,$^,)
 
+# The client library (client/, issue 17): what any program links to stream
+# to entropyd.  Static, shared (position-independent objects of their own)
+# and a pkg-config file; `make install PREFIX=...` puts them, the header and
+# the Python package under PREFIX.  Its only dependencies: libcjson, pthread.
+CLIENT_VERSION := $(VERSION)
+CLIENT_LIBS    := $(shell $(PKG_CONFIG) --libs libcjson 2>/dev/null) -lpthread -lm
+$(BUILD)/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+$(BUILD)/libentropyd_client.a: $(CLIENT_OBJ)
+	@rm -f $@; ar rcs $@ $^
+$(BUILD)/libentropyd_client.so: $(CLIENT_PIC)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libentropyd_client.so.1 -Wl,--no-undefined $^ $(CLIENT_LIBS) -o $@
+# The example, built here against the tree (the tests also build it from an
+# install prefix through pkg-config, as a program outside the repo would).
+$(BUILD)/include/entropyd/telemetry.h: client/telemetry.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+$(BUILD)/examples/stream_steps: examples/stream_steps.c $(BUILD)/libentropyd_client.a $(BUILD)/include/entropyd/telemetry.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(BUILD)/include $< $(BUILD)/libentropyd_client.a $(CLIENT_LIBS) -o $@
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+PYTHON_SITE ?= $(PREFIX)/lib/python3/dist-packages
+install: $(CLIENT_LIB)
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/entropyd $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(BUILD)/libentropyd_client.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BUILD)/libentropyd_client.so $(DESTDIR)$(PREFIX)/lib/libentropyd_client.so.1
+	ln -sf libentropyd_client.so.1 $(DESTDIR)$(PREFIX)/lib/libentropyd_client.so
+	install -m 644 client/telemetry.h $(DESTDIR)$(PREFIX)/include/entropyd/telemetry.h
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(CLIENT_VERSION)|' client/entropyd_client.pc.in \
+		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/entropyd_client.pc
+	install -d $(DESTDIR)$(PYTHON_SITE)/entropyd
+	install -m 644 python/entropyd/*.py $(DESTDIR)$(PYTHON_SITE)/entropyd/
+	printf 'LIBRARY = "%s"\n' '$(PREFIX)/lib/libentropyd_client.so.1' > $(DESTDIR)$(PYTHON_SITE)/entropyd/_installed.py
+	$(if $(wildcard $(BUILD)/entropyd),install -m 755 $(BUILD)/entropyd $(DESTDIR)$(PREFIX)/bin/)
+	$(if $(wildcard $(BUILD)/sigmatrain),install -m 755 $(BUILD)/sigmatrain $(DESTDIR)$(PREFIX)/bin/)
+
 $(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
-$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a
+$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # The MPI variant: dist.c again, by mpicc; linked before libtrainer.a so the
@@ -124,14 +169,14 @@ $(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a
 $(BUILD)/mpi/trainer/dist.o: trainer/dist.c
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(TRAINER_OPT) -DDIST_MPI -c $< -o $@
-$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a
+$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
 	$(MPICC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # Every test and benchmark links both module libraries; the linker keeps only
 # the objects it needs.
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
-$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 test:
@@ -164,8 +209,8 @@ FUZZ_SECONDS ?= 60
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZERS      := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 FUZZ_CFLAGS  := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
-                -Idaemon -Ibuild/gen $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o
+                -Idaemon -Iproto -Ibuild/gen $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) $(PROTO_SRC:%.c=build/fuzz/obj/%.o) build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -MMD -MP -c $< -o $@

@@ -46,7 +46,7 @@ static const char default_rules[] =
     "{\"rules\": [\n"
     "  {\"name\": \"entropy_collapse\", \"metric\": \"entropy_norm\", \"scope\": \"head\",\n"
     "   \"condition\": {\"op\": \"below\", \"value\": 0.01}, \"for\": 20, \"keep_firing_for\": 10,\n"
-    "   \"severity\": \"critical\",\n"
+    "   \"severity\": \"critical\", \"verdict\": \"collapsed\",\n"
     "   \"annotations\": {\"summary\": \"attention entropy collapsed in run {run}\",\n"
     "                   \"description\": \"entropy_norm below 0.01 for 20 steps at {cells} (step {step}, worst {value})\"}},\n"
     "  {\"name\": \"entropy_drop\", \"metric\": \"entropy_norm\", \"scope\": \"head\",\n"
@@ -74,15 +74,24 @@ static const char default_rules[] =
     "                   \"description\": \"loss {value} more than 7 standard deviations above its 200-step mean at step {step}\"}},\n"
     "  {\"name\": \"loss_nonfinite\", \"metric\": \"loss\", \"scope\": \"scalar\",\n"
     "   \"condition\": {\"op\": \"nonfinite\"}, \"for\": 0, \"keep_firing_for\": 0, \"severity\": \"critical\",\n"
+    "   \"verdict\": \"diverged\",\n"
     "   \"annotations\": {\"summary\": \"loss is not finite in run {run}\",\n"
     "                   \"description\": \"the loss became NaN or infinite at step {step}\"}},\n"
     "  {\"name\": \"run_stalled\", \"scope\": \"run\", \"condition\": {\"op\": \"stalled\", \"seconds\": 120},\n"
-    "   \"for\": 0, \"keep_firing_for\": 0, \"severity\": \"warning\",\n"
+    "   \"for\": 0, \"keep_firing_for\": 0, \"severity\": \"warning\", \"verdict\": \"stalled\",\n"
     "   \"annotations\": {\"summary\": \"run {run} sent nothing for 120 s\",\n"
     "                   \"description\": \"the trainer is connected but silent\"}}\n"
     "]}\n";
 
 const char *alert_default_rules_json(void) { return default_rules; }
+
+static const char *const verdict_names[ALERT_V_COUNT] = {"healthy", "collapsing", "collapsed", "diverged", "stalled"};
+
+const char *alert_verdict_name(int v) { return v >= 0 && v < ALERT_V_COUNT ? verdict_names[v] : "healthy"; }
+
+const char *alert_reason_name(int reason) {
+    return reason == ALERT_REASON_RUN_ENDED ? "run_ended" : reason == ALERT_REASON_RUN_DELETED ? "run_deleted" : NULL;
+}
 
 /* ---- parsing ---- */
 
@@ -200,6 +209,30 @@ static int parse_and(cJSON *and, struct alert_rule *r, char *why, size_t whylen)
     return num(and, "value", &r->and_value, 1, -1e300, 1e300, why, whylen);
 }
 
+/* The run verdict a rule stands for while it fires: "verdict": "collapsed",
+ * "diverged", "stalled" or "none". Without one, rules files written before
+ * verdicts existed keep meaning what the default set means: a rule named
+ * entropy_collapse is a collapse, a nonfinite rule on loss a divergence,
+ * a stalled rule a stall; any other rule does not change the verdict. */
+static int parse_verdict(cJSON *v, struct alert_rule *r, char *why, size_t whylen) {
+    r->verdict = ALERT_V_HEALTHY;
+    if (!v) {
+        if (!strcmp(r->name, "entropy_collapse")) r->verdict = ALERT_V_COLLAPSED;
+        else if (r->op == ALERT_OP_NONFINITE && r->metric && !strcmp(r->metric, "loss")) r->verdict = ALERT_V_DIVERGED;
+        else if (r->op == ALERT_OP_STALLED) r->verdict = ALERT_V_STALLED;
+        return 0;
+    }
+    const char *s = cJSON_GetStringValue(v);
+    if (s && !strcmp(s, "collapsed")) r->verdict = ALERT_V_COLLAPSED;
+    else if (s && !strcmp(s, "diverged")) r->verdict = ALERT_V_DIVERGED;
+    else if (s && !strcmp(s, "stalled")) r->verdict = ALERT_V_STALLED;
+    else if (!s || strcmp(s, "none")) {
+        snprintf(why, whylen, "\"verdict\" must be collapsed, diverged, stalled or none");
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
     if (!cJSON_IsObject(o)) {
         snprintf(why, whylen, "a rule must be an object");
@@ -311,9 +344,10 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         parse_kv(cJSON_GetObjectItemCaseSensitive(o, "annotations"), r->annotations, &r->nannotations, why, whylen,
                  "annotations"))
         return -1;
+    if (parse_verdict(cJSON_GetObjectItemCaseSensitive(o, "verdict"), r, why, whylen)) return -1;
     cJSON *it;
     static const char *const known[] = {"name", "metric", "scope", "condition", "for", "keep_firing_for",
-                                        "severity", "labels", "annotations", "description", NULL};
+                                        "severity", "labels", "annotations", "description", "verdict", NULL};
     cJSON_ArrayForEach(it, o) {
         int ok = 0;
         for (int i = 0; known[i]; i++) ok |= !strcmp(it->string, known[i]);
@@ -434,6 +468,7 @@ struct group {
     int ring_n, ring_pos;    /* shared by all cells: they advance together */
     int firing;
     int nfiring;
+    int npending;            /* cells whose condition holds but that do not fire yet */
     double starts_at;
     int64_t start_step;
     struct alert_cell *last_cells;   /* what fired, for RESOLVED and UPDATE detection */
@@ -445,25 +480,50 @@ struct run_state {
     char *name;
     int64_t layers, heads;
     int live;
+    int stale;               /* went stale (connection closed without end) */
+    int failed;              /* ended with status failed */
     double last_seen;
     int64_t last_step;
-    struct group *groups;    /* one per rule; allocated on first use */
-    struct run_state *next;
+    struct group *groups;    /* one per rule; cell state allocated on first use */
+    /* the verdict last reported (alert_verdict_changed), to report changes only */
+    int vstate;
+    int64_t vsince;
+    const struct alert_rule *vrule;
+    uint64_t vcells_hash;
+    int vdirty;              /* a tick changed it while another run's verdict was being reported */
+    struct run_state *hnext; /* hash chain */
 };
 
+/* Runs by id in a chained hash table that doubles as it fills, so that
+ * finding a run costs the same with 10 runs held as with 100,000. Only
+ * runs that may still send are held: one that ends or is deleted is
+ * released (its final verdict reported first), and comes back fresh with
+ * its next hello. */
 struct alert_engine {
     const struct alert_rules *rules;
-    struct run_state *runs;
+    struct run_state **buckets;
+    size_t nbuckets, nruns;
+    struct run_state *released; /* released by the last feed; freed at the next (transitions name it) */
     int ntr, captr;
     struct alert_transition *tr;
     /* cells of transitions: owned per transition, freed at the next feed */
     struct alert_cell **tr_cells;
     struct alert_stats stats;
+    int verdict_changed;
+    struct alert_verdict verdict;
+    struct alert_cell *vcells;
+    int vcap;
 };
 
 struct alert_engine *alert_engine_create(const struct alert_rules *rules) {
     struct alert_engine *e = calloc(1, sizeof *e);
-    if (e) e->rules = rules;
+    if (!e) return NULL;
+    e->rules = rules;
+    e->nbuckets = 64;
+    if (!(e->buckets = calloc(e->nbuckets, sizeof *e->buckets))) {
+        free(e);
+        return NULL;
+    }
     return e;
 }
 
@@ -484,6 +544,12 @@ static void run_free(const struct alert_rules *rules, struct run_state *r) {
 static void clear_transitions(struct alert_engine *e) {
     for (int i = 0; i < e->ntr; i++) free(e->tr_cells[i]);
     e->ntr = 0;
+    e->verdict_changed = 0;
+    while (e->released) {
+        struct run_state *n = e->released->hnext;
+        run_free(e->rules, e->released);
+        e->released = n;
+    }
 }
 
 void alert_engine_destroy(struct alert_engine *e) {
@@ -491,22 +557,51 @@ void alert_engine_destroy(struct alert_engine *e) {
     clear_transitions(e);
     free(e->tr);
     free(e->tr_cells);
-    while (e->runs) {
-        struct run_state *n = e->runs->next;
-        run_free(e->rules, e->runs);
-        e->runs = n;
-    }
+    for (size_t b = 0; b < e->nbuckets; b++)
+        while (e->buckets[b]) {
+            struct run_state *n = e->buckets[b]->hnext;
+            run_free(e->rules, e->buckets[b]);
+            e->buckets[b] = n;
+        }
+    free(e->buckets);
+    free(e->vcells);
     free(e);
 }
 
+static size_t bucket_of(const struct alert_engine *e, int64_t id) {
+    uint64_t h = (uint64_t)id * 0x9E3779B97F4A7C15ULL;
+    return (size_t)(h >> 32) & (e->nbuckets - 1);
+}
+
+/* Doubles the table (best effort: a failed grow keeps the old one). */
+static void runs_grow(struct alert_engine *e) {
+    size_t nb = e->nbuckets * 2;
+    struct run_state **b = calloc(nb, sizeof *b);
+    if (!b) return;
+    struct run_state **old = e->buckets;
+    size_t onb = e->nbuckets;
+    e->buckets = b;
+    e->nbuckets = nb;
+    for (size_t i = 0; i < onb; i++)
+        while (old[i]) {
+            struct run_state *r = old[i];
+            old[i] = r->hnext;
+            size_t k = bucket_of(e, r->id);
+            r->hnext = b[k];
+            b[k] = r;
+        }
+    free(old);
+}
+
 static struct run_state *run_find(struct alert_engine *e, int64_t id, int create) {
-    for (struct run_state *r = e->runs; r; r = r->next)
+    for (struct run_state *r = e->buckets[bucket_of(e, id)]; r; r = r->hnext)
         if (r->id == id) return r;
     if (!create) return NULL;
     struct run_state *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->id = id;
     r->last_step = -1;
+    r->vsince = -1;
     char nm[32];
     snprintf(nm, sizeof nm, "run-%lld", (long long)id);
     r->name = dupstr(nm);
@@ -515,9 +610,50 @@ static struct run_state *run_find(struct alert_engine *e, int64_t id, int create
         run_free(e->rules, r);
         return NULL;
     }
-    r->next = e->runs;
-    e->runs = r;
+    if (e->nruns >= 2 * e->nbuckets) runs_grow(e);
+    size_t k = bucket_of(e, id);
+    r->hnext = e->buckets[k];
+    e->buckets[k] = r;
+    e->nruns++;
     return r;
+}
+
+/* Takes a run out of the table; it is freed at the next feed (the
+ * transitions of this one still point at its name). */
+static void run_release(struct alert_engine *e, struct run_state *r) {
+    for (struct run_state **p = &e->buckets[bucket_of(e, r->id)]; *p; p = &(*p)->hnext)
+        if (*p == r) {
+            *p = r->hnext;
+            e->nruns--;
+            r->hnext = e->released;
+            e->released = r;
+            return;
+        }
+}
+
+/* Bytes a run's state holds. */
+static uint64_t run_bytes(const struct alert_engine *e, const struct run_state *r) {
+    uint64_t b = sizeof *r + (size_t)e->rules->n * sizeof *r->groups;
+    for (int k = 0; k < e->rules->n; k++) {
+        const struct group *g = &r->groups[k];
+        int w = e->rules->rules[k].window > 0 ? e->rules->rules[k].window : 1;
+        b += (uint64_t)g->ncells * (sizeof *g->cells + sizeof *g->last_cells + (uint64_t)w * sizeof(float));
+    }
+    return b;
+}
+
+void alert_engine_usage(const struct alert_engine *e, uint64_t *runs, uint64_t *bytes) {
+    uint64_t b = 0;
+    for (size_t i = 0; i < e->nbuckets; i++)
+        for (const struct run_state *r = e->buckets[i]; r; r = r->hnext) b += run_bytes(e, r);
+    *runs = e->nruns;
+    *bytes = b;
+}
+
+uint64_t alert_released_bytes(const struct alert_engine *e) {
+    uint64_t b = 0;
+    for (const struct run_state *r = e->released; r; r = r->hnext) b += run_bytes(e, r);
+    return b;
 }
 
 static int cells_of(const struct alert_rule *rule, const struct run_state *r) {
@@ -783,7 +919,7 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
         return 0;
     const float *vals = m->values + pm->offset;
     int w = rule->window > 0 ? rule->window : 1;
-    int changed = 0;
+    int changed = 0, npending = 0;
     int windowed = rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_GROWTH || rule->op == ALERT_OP_ZSCORE ||
                    rule->op == ALERT_OP_NEAR_BOUND;
     for (int i = 0; i < n; i++) {
@@ -800,7 +936,9 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
         int was = g->cells[i].firing;
         cell_step(rule, &g->cells[i], cond, step);
         changed |= was != g->cells[i].firing;
+        npending += !g->cells[i].firing && g->cells[i].pending_since >= 0;
     }
+    g->npending = npending;
     g->ring_pos = (g->ring_pos + 1) % w;
     if (g->ring_n < w) g->ring_n++;
     e->stats.evaluations += (uint64_t)n;
@@ -808,8 +946,9 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
     return changed ? group_settle(e, rule, r, g, step, time) : 0;
 }
 
-/* Resolves every firing group of a run (the run ended or was deleted). */
-static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step, double time) {
+/* Resolves every firing group of a run (the run ended or was deleted:
+ * reason says which). */
+static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step, double time, int reason) {
     int n = 0;
     for (int i = 0; i < e->rules->n; i++) {
         struct group *g = &r->groups[i];
@@ -817,8 +956,10 @@ static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step
             g->cells[c].firing = 0;
             g->cells[c].pending_since = g->cells[c].clear_since = g->cells[c].fired_from = -1;
         }
+        g->npending = 0;
         if (g->firing) {
             if (group_settle(e, &e->rules->rules[i], r, g, step, time) < 0) return -1;
+            e->tr[e->ntr - 1].reason = reason;
             n++;
         }
     }
@@ -839,6 +980,7 @@ static int run_rewind(struct alert_engine *e, struct run_state *r, int64_t step,
         struct group *g = &r->groups[i];
         int abandoned = 0;
         g->ring_n = g->ring_pos = 0;
+        g->npending = 0;
         for (int c = 0; c < g->ncells; c++) {
             struct cell_state *cs = &g->cells[c];
             cs->pending_since = -1;
@@ -881,6 +1023,107 @@ static int stalled_eval(struct alert_engine *e, struct run_state *r, double now,
     return n;
 }
 
+/* Appends a cell to the verdict's cell list. -1 out of memory. */
+static int vcell_add(struct alert_engine *e, int *n, int32_t layer, int32_t head, float value) {
+    if (*n == e->vcap) {
+        int cap = e->vcap ? e->vcap * 2 : 16;
+        struct alert_cell *c = realloc(e->vcells, (size_t)cap * sizeof *c);
+        if (!c) return -1;
+        e->vcells = c;
+        e->vcap = cap;
+    }
+    e->vcells[(*n)++] = (struct alert_cell){.layer = layer, .head = head, .value = value};
+    return 0;
+}
+
+/* The run's verdict from its groups and status, into e->verdict (cells in
+ * e->vcells). Precedence: of a collapse and a divergence the one whose
+ * condition began first (a collapse that led to NaN losses is the cause;
+ * ties go to the collapse), then stalled, then healthy. -1 out of memory. */
+static int run_verdict(struct alert_engine *e, const struct run_state *r) {
+    struct alert_verdict best = {.run_id = r->id, .state = ALERT_V_HEALTHY, .since_step = -1};
+    const struct group *bestg = NULL;
+    int pending_best = 0;
+    struct alert_verdict stall = best, div = best;
+    for (int i = 0; i < e->rules->n; i++) {
+        const struct alert_rule *rule = &e->rules->rules[i];
+        const struct group *g = &r->groups[i];
+        if (!rule->verdict || !g->cells) continue;
+        if (rule->verdict == ALERT_V_COLLAPSED) {
+            int64_t since = -1;
+            int pending = 0;
+            if (g->firing) {
+                since = g->start_step;
+            } else if (r->live && g->npending > 0) {
+                pending = 1;
+                for (int c = 0; c < g->ncells; c++)
+                    if (!g->cells[c].firing && g->cells[c].pending_since >= 0 &&
+                        (since < 0 || g->cells[c].pending_since < since))
+                        since = g->cells[c].pending_since;
+            } else {
+                continue;
+            }
+            if (best.state == ALERT_V_HEALTHY || since < best.since_step) {
+                best = (struct alert_verdict){.run_id = r->id, .state = r->live ? ALERT_V_COLLAPSING : ALERT_V_COLLAPSED,
+                                              .since_step = since, .rule = rule};
+                bestg = g;
+                pending_best = pending;
+            }
+        } else if (rule->verdict == ALERT_V_DIVERGED && g->firing) {
+            if (div.state == ALERT_V_HEALTHY || g->start_step < div.since_step)
+                div = (struct alert_verdict){.run_id = r->id, .state = ALERT_V_DIVERGED, .since_step = g->start_step,
+                                             .rule = rule};
+        } else if (rule->verdict == ALERT_V_STALLED && g->firing && stall.state == ALERT_V_HEALTHY) {
+            stall = (struct alert_verdict){.run_id = r->id, .state = ALERT_V_STALLED, .since_step = g->start_step,
+                                           .rule = rule};
+        }
+    }
+    if (r->failed && div.state == ALERT_V_HEALTHY)
+        div = (struct alert_verdict){.run_id = r->id, .state = ALERT_V_DIVERGED, .since_step = r->last_step};
+    if (r->stale && stall.state == ALERT_V_HEALTHY)
+        stall = (struct alert_verdict){.run_id = r->id, .state = ALERT_V_STALLED, .since_step = r->last_step};
+    if (div.state && (best.state == ALERT_V_HEALTHY || div.since_step < best.since_step)) {
+        best = div;
+        bestg = NULL;
+    }
+    if (best.state == ALERT_V_HEALTHY) best = stall;
+    int n = 0;
+    if (bestg) {
+        const struct alert_rule *rule = best.rule;
+        for (int c = 0; c < bestg->ncells; c++) {
+            const struct cell_state *cs = &bestg->cells[c];
+            if (pending_best ? !(cs->pending_since >= 0 && !cs->firing) : !cs->firing) continue;
+            int32_t layer = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c / r->heads) : rule->scope == ALERT_SCOPE_LAYER ? c : -1;
+            int32_t head = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c % r->heads) : -1;
+            if (vcell_add(e, &n, layer, head, cs->last)) return -1;
+        }
+    }
+    best.ncells = n;
+    best.cells = e->vcells;
+    e->verdict = best;
+    return 0;
+}
+
+/* Computes the run's verdict and reports it when it differs from the last
+ * one reported (always when force is set). -1 out of memory. */
+static int verdict_update(struct alert_engine *e, struct run_state *r, int force) {
+    if (run_verdict(e, r)) return -1;
+    const struct alert_verdict *v = &e->verdict;
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < v->ncells; i++)
+        h = (h ^ (uint64_t)(uint32_t)v->cells[i].layer ^ ((uint64_t)(uint32_t)v->cells[i].head << 32)) * 1099511628211ULL;
+    h ^= (uint64_t)v->ncells;
+    if (!force && v->state == r->vstate && v->since_step == r->vsince && v->rule == r->vrule && h == r->vcells_hash)
+        return 0;
+    r->vdirty = 0;
+    r->vstate = v->state;
+    r->vsince = v->since_step;
+    r->vrule = v->rule;
+    r->vcells_hash = h;
+    e->verdict_changed = 1;
+    return 0;
+}
+
 int alert_feed(struct alert_engine *e, const struct writer_item *it) {
     clear_transitions(e);
     struct run_state *r = run_find(e, it->run_id, 1);
@@ -898,8 +1141,9 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
         r->layers = it->msg.layers;
         r->heads = it->msg.heads;
         r->live = 1;
+        r->stale = r->failed = 0;
         r->last_seen = time;
-        return 0;
+        return verdict_update(e, r, 1);
     case WRITER_STEP: {
         const struct proto_msg *m = &it->msg;
         if (r->layers == 0) { /* no hello seen (engine started mid-run): learn the shape from the data */
@@ -913,6 +1157,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
         r->last_step = m->step;
         r->last_seen = time;
         r->live = 1;
+        r->stale = 0;
         e->stats.steps++;
         struct timespec t0, t1; /* CPU time of this thread: the cost, whatever else runs */
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
@@ -926,6 +1171,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
         t = stalled_eval(e, r, time, m->step, 1);
         if (t < 0) return -1;
         n += t;
+        if (verdict_update(e, r, 0)) return -1;
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
         e->stats.eval_ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
         return n;
@@ -933,16 +1179,28 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
     case WRITER_EVENT:
         r->last_seen = time;
         t = stalled_eval(e, r, time, r->last_step, 1);
+        if (t >= 0 && verdict_update(e, r, 0)) return -1;
         return t;
     case WRITER_END:
+        /* the verdict is taken before the end resolves what fired: a
+         * collapse still firing at the end is the run's verdict */
         r->live = 0;
-        return resolve_all(e, r, r->last_step, time);
+        r->stale = 0;
+        r->failed = it->msg.status == PROTO_FAILED;
+        if (verdict_update(e, r, 1)) return -1;
+        t = resolve_all(e, r, r->last_step, time, ALERT_REASON_RUN_ENDED);
+        run_release(e, r);
+        return t;
     case WRITER_STALE:
         r->live = 0;
-        return stalled_eval(e, r, time, r->last_step, 1);
+        r->stale = 1;
+        t = stalled_eval(e, r, time, r->last_step, 1);
+        if (t >= 0 && verdict_update(e, r, 0)) return -1;
+        return t;
     default: /* WRITER_DELETE and anything newer: forget the run */
-        t = resolve_all(e, r, r->last_step, time);
+        t = resolve_all(e, r, r->last_step, time, ALERT_REASON_RUN_DELETED);
         r->live = 0;
+        run_release(e, r);
         return t;
     }
 }
@@ -950,13 +1208,23 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it) {
 int alert_tick(struct alert_engine *e, double now) {
     clear_transitions(e);
     int n = 0;
-    for (struct run_state *r = e->runs; r; r = r->next) {
-        if (!r->live) continue;
-        int t = stalled_eval(e, r, now, r->last_step, 0);
-        if (t < 0) return -1;
-        n += t;
-    }
+    for (size_t b = 0; b < e->nbuckets; b++)
+        for (struct run_state *r = e->buckets[b]; r; r = r->hnext) {
+            if (!r->live) continue;
+            int t = stalled_eval(e, r, now, r->last_step, 0);
+            if (t < 0) return -1;
+            n += t;
+            /* one verdict per tick (the API holds one): the next ticks report the rest */
+            if (t > 0 || r->vdirty) {
+                r->vdirty = e->verdict_changed;
+                if (!e->verdict_changed && verdict_update(e, r, 0)) return -1;
+            }
+        }
     return n;
+}
+
+const struct alert_verdict *alert_verdict_changed(const struct alert_engine *e) {
+    return e->verdict_changed ? &e->verdict : NULL;
 }
 
 const struct alert_transition *alert_transition_at(const struct alert_engine *e, int i) {
@@ -1045,6 +1313,11 @@ char *alert_transition_json(const struct alert_transition *t) {
         cJSON_AddStringToObject(ann, t->rule->annotations[i].key, v ? v : "");
         free(v);
     }
+    /* an end that is not a recovery says so, also to Alertmanager (which
+     * keeps labels and annotations only) */
+    const char *reason = t->state == ALERT_RESOLVED ? alert_reason_name(t->reason) : NULL;
+    if (reason) cJSON_AddStringToObject(ann, "reason", reason);
+    if (reason) cJSON_AddStringToObject(o, "reason", reason);
     iso8601(t->starts_at, buf, sizeof buf);
     cJSON_AddStringToObject(o, "startsAt", buf);
     iso8601(t->state == ALERT_RESOLVED ? t->ends_at : 0, buf, sizeof buf);

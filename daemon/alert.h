@@ -22,6 +22,20 @@
 
 #include "writer.h"
 
+/* A run's verdict (README "Alerts", docs): what the run is, or ended, as.
+ * A rule stands for one of collapsed, diverged or stalled (or none). */
+enum alert_verdict_state {
+    ALERT_V_HEALTHY = 0,
+    ALERT_V_COLLAPSING,   /* a collapse rule pending or firing on a live run */
+    ALERT_V_COLLAPSED,    /* a collapse rule firing when the run stopped (ended or went stale) */
+    ALERT_V_DIVERGED,     /* a divergence rule firing (NaN/Inf loss), or the run ended `failed` */
+    ALERT_V_STALLED,      /* a stalled rule firing, or the run went stale (trainer gone without end) */
+    ALERT_V_COUNT
+};
+
+/* "healthy", "collapsing", ... (ALERT_V_*); "none" is not a verdict. */
+const char *alert_verdict_name(int v);
+
 enum alert_scope { ALERT_SCOPE_HEAD = 0, ALERT_SCOPE_LAYER, ALERT_SCOPE_SCALAR, ALERT_SCOPE_RUN };
 
 enum alert_op {
@@ -57,6 +71,8 @@ struct alert_rule {
     double and_value;
     int64_t for_steps, keep_firing_for;
     char *severity;
+    int verdict;             /* enum alert_verdict_state this rule stands for when firing:
+                              * "verdict" in the rule, or inferred (alert_rules_parse) */
     int nlabels, nannotations;
     struct alert_kv labels[ALERT_MAX_LABELS];
     struct alert_kv annotations[ALERT_MAX_LABELS];
@@ -80,6 +96,15 @@ void alert_rules_free(struct alert_rules *r);
 
 enum alert_state { ALERT_FIRING = 1, ALERT_RESOLVED, ALERT_UPDATE };
 
+/* Why a group resolved. A run that ends (or is deleted) resolves what was
+ * still firing: that is not a recovery, and says so ("reason": "run_ended"
+ * in the JSON, an annotation `reason` for Alertmanager), while `resolved`
+ * stays right for paging. */
+enum alert_reason { ALERT_REASON_CLEARED = 0, ALERT_REASON_RUN_ENDED, ALERT_REASON_RUN_DELETED };
+
+/* "run_ended", "run_deleted", or NULL for a recovery. */
+const char *alert_reason_name(int reason);
+
 /* One cell that holds (or held) the condition: layer/head are -1 where the
  * scope has no such axis. */
 struct alert_cell {
@@ -100,6 +125,20 @@ struct alert_transition {
     int ncells;                   /* cells firing now (FIRING, UPDATE) or last (RESOLVED) */
     const struct alert_cell *cells;
     double value;                 /* the worst value among the cells */
+    int reason;                   /* enum alert_reason: why a RESOLVED resolved */
+};
+
+/* A run's verdict as the engine sees it: the state, the step the condition
+ * behind it began (-1 if none), the rule behind it (NULL if none) and, for
+ * collapsing/collapsed, the cells (heads) that hold it. Owned by the engine
+ * until the next feed or tick. */
+struct alert_verdict {
+    int64_t run_id;
+    int state;                    /* enum alert_verdict_state */
+    int64_t since_step;
+    const struct alert_rule *rule;
+    int ncells;
+    const struct alert_cell *cells;
 };
 
 struct alert_engine;
@@ -118,6 +157,21 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it);
 int alert_tick(struct alert_engine *e, double now);
 
 const struct alert_transition *alert_transition_at(const struct alert_engine *e, int i);
+
+/* The run's verdict when the last alert_feed changed it (a hello, a step
+ * whose evaluation moved a verdict rule, the end, stale), else NULL. The
+ * verdict a run had when it ended or went stale is final: it is computed
+ * before that item resolves the run's alerts, so a collapse firing at the
+ * end is `collapsed`, not healthy. Valid until the next feed or tick. */
+const struct alert_verdict *alert_verdict_changed(const struct alert_engine *e);
+
+/* Runs whose state the engine holds (live ones: a run that ends, goes stale
+ * or is deleted is released), and the bytes of per-cell state they hold. */
+void alert_engine_usage(const struct alert_engine *e, uint64_t *runs, uint64_t *bytes);
+
+/* Bytes of per-cell state the last alert_feed released (a run that ended
+ * or was deleted), 0 if none. */
+uint64_t alert_released_bytes(const struct alert_engine *e);
 
 /* Formats a transition as an Alertmanager alert object (labels,
  * annotations with {run} {rule} {metric} {step} {value} {cells}

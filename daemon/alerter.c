@@ -8,8 +8,13 @@
 #include <string.h>
 
 #include <cJSON.h>
+#include <malloc.h>
 
 #include "stream.h"
+
+/* A run whose alert state was at least this large gives memory back when it
+ * ends (alerter_on_commit). */
+#define ALERTER_RELEASE_BYTES (16u << 20)
 
 struct alerter {
     struct alert_rules *rules;
@@ -97,7 +102,8 @@ static void dispatch(struct alerter *m, const struct alert_transition *t, int in
                              .fingerprint = fp, .transition = transition_name(t->state),
                              .time = t->state == ALERT_RESOLVED ? t->ends_at : t->starts_at,
                              .starts_at = t->starts_at, .ends_at = t->ends_at, .start_step = t->start_step,
-                             .step = t->step, .value = t->value, .cells_json = cells, .payload = json};
+                             .step = t->step, .value = t->value, .cells_json = cells, .payload = json,
+                             .reason = t->state == ALERT_RESOLVED ? alert_reason_name(t->reason) : NULL};
     int failed = 0;
     if (!in_txn) failed = store_begin(m->store);
     if (!failed) failed = store_alert_transition(m->store, &sa, NULL);
@@ -148,6 +154,35 @@ static void dispatch_all(struct alerter *m, int n, double step_time) {
     }
 }
 
+/* Stores a run's new verdict (alert.h) with the run, in a small transaction
+ * of its own like the transitions behind it. */
+static void store_verdict(struct alerter *m, const struct alert_verdict *v) {
+    size_t cap = 4 + (size_t)v->ncells * 24, off = 0;
+    char *heads = malloc(cap);
+    if (!heads) {
+        fprintf(stderr, "entropyd: out of memory storing the verdict of run %lld\n", (long long)v->run_id);
+        return;
+    }
+    off += (size_t)snprintf(heads, cap, "[");
+    for (int i = 0; i < v->ncells; i++)
+        off += (size_t)snprintf(heads + off, cap - off, "%s[%d,%d]", i ? "," : "", v->cells[i].layer, v->cells[i].head);
+    snprintf(heads + off, cap - off, "]");
+    int failed = store_begin(m->store);
+    if (!failed)
+        failed = store_run_verdict(m->store, v->run_id, alert_verdict_name(v->state), v->since_step, heads,
+                                   v->rule ? v->rule->name : NULL);
+    if (!failed) failed = store_commit(m->store);
+    if (failed) {
+        store_rollback(m->store);
+        fprintf(stderr, "entropyd: could not store the verdict of run %lld: %s\n", (long long)v->run_id,
+                store_errmsg(m->store));
+        pthread_mutex_lock(&m->mu);
+        m->stats.store_errors++;
+        pthread_mutex_unlock(&m->mu);
+    }
+    free(heads);
+}
+
 /* Copies the engine's counters for other threads to read. */
 static void publish_stats(struct alerter *m) {
     pthread_mutex_lock(&m->mu);
@@ -156,17 +191,32 @@ static void publish_stats(struct alerter *m) {
 }
 
 void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
+    int released = 0;
     for (const struct writer_item *it = items; it; it = it->next) {
+        released |= it->applied && it->kind == WRITER_DELETE;
         if (!it->applied) continue; /* rejected by the store */
         int n = alert_feed(m->engine, it);
         if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
+        released |= alert_released_bytes(m->engine) >= ALERTER_RELEASE_BYTES;
         dispatch_all(m, n, it->kind == WRITER_STEP && it->msg.has_time ? it->msg.time : NAN);
+        const struct alert_verdict *v = alert_verdict_changed(m->engine);
+        if (v) store_verdict(m, v);
         if (it->kind == WRITER_END) {
             /* episodes opened by an earlier daemon that this one never saw */
             if (store_alerts_close_run(m->store, it->run_id, it->time))
                 fprintf(stderr, "entropyd: closing alerts of run %lld: %s\n", (long long)it->run_id,
                         store_errmsg(m->store));
         }
+    }
+    if (released) {
+        /* A large run that ended released its alert state (alert.c), or a
+         * run was deleted: its pages in the writer's cache and the heap its
+         * messages used go back too, so that memory returns to what it was
+         * before (the cache refills from the OS's file cache as live runs
+         * write). Not after every end: dropping the cache and trimming the
+         * heap cost the next messages ~ms, and small runs leave little. */
+        store_release_memory(m->store);
+        malloc_trim(0);
     }
     publish_stats(m);
 }
@@ -175,6 +225,8 @@ void alerter_on_tick(struct alerter *m, double now) {
     int n = alert_tick(m->engine, now);
     if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
     dispatch_all(m, n, NAN);
+    const struct alert_verdict *v = alert_verdict_changed(m->engine);
+    if (v) store_verdict(m, v);
     publish_stats(m);
 }
 

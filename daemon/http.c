@@ -28,10 +28,12 @@
 #include <unistd.h>
 
 #include "embed.h"
+#include "now.h"
 
 #define HTTP_DELETE_WAIT_MS 10000
 #define HTTP_MAX_POINTS 100000
 #define HTTP_MAX_EVENTS 10000
+#define HTTP_MAX_RUNS_PAGE 1000
 
 /* Commit latency histogram bounds, seconds. */
 static const double hist_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
@@ -160,8 +162,11 @@ static enum MHD_Result param_check(void *cls, enum MHD_ValueKind kind, const cha
     (void)value;
     struct params *p = cls;
     if (strcmp(key, "token") == 0) return MHD_YES;
-    for (const char *const *a = p->allowed; *a; a++)
-        if (strcmp(*a, key) == 0) return MHD_YES;
+    for (const char *const *a = p->allowed; *a; a++) {
+        size_t n = strlen(*a);
+        if (n && (*a)[n - 1] == '*' ? strncmp(*a, key, n - 1) == 0 && key[n - 1] : strcmp(*a, key) == 0)
+            return MHD_YES; /* "meta.*": any key with that prefix */
+    }
     p->unknown = key;
     return MHD_NO;
 }
@@ -445,21 +450,97 @@ static struct query *take_query(struct http *h, struct MHD_Connection *c, enum M
     return q;
 }
 
+/* The meta.KEY=VALUE filters of a runs request. */
+struct meta_filters {
+    struct query_runs_req *req;
+    char paths[QUERY_RUNS_MAX_META][96];
+    int bad;                     /* 1: too many; 2: a key that is not a path */
+};
+
+static enum MHD_Result meta_collect(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    struct meta_filters *m = cls;
+    if (strncmp(key, "meta.", 5) != 0) return MHD_YES;
+    const char *k = key + 5;
+    size_t n = strlen(k);
+    int ok = n > 0 && n < sizeof m->paths[0] - 3 && k[0] != '.' && k[n - 1] != '.' && !strstr(k, "..");
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (k[i] >= 'a' && k[i] <= 'z') || (k[i] >= 'A' && k[i] <= 'Z') || (k[i] >= '0' && k[i] <= '9') ||
+             k[i] == '_' || k[i] == '-' || k[i] == '.';
+    if (!ok) {
+        m->bad = 2;
+        return MHD_NO;
+    }
+    if (m->req->nmeta == QUERY_RUNS_MAX_META) {
+        m->bad = 1;
+        return MHD_NO;
+    }
+    snprintf(m->paths[m->req->nmeta], sizeof m->paths[0], "$.%s", k);
+    m->req->meta_path[m->req->nmeta] = m->paths[m->req->nmeta];
+    m->req->meta_value[m->req->nmeta++] = value ? value : "";
+    return MHD_YES;
+}
+
+/* Reads an optional number of seconds; 1 present, 0 absent, -1 malformed. */
+static int time_param(struct MHD_Connection *c, const char *name, double *out) {
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (!*v || *end || errno || !(d > -1e15 && d < 1e15)) return -1;
+    *out = d;
+    return 1;
+}
+
+/* GET /api/runs: every run as a JSON array (the original answer), or, with
+ * any of limit/cursor, one page {runs, next, sort, order, total}. Filters:
+ * status, verdict, q (name substring), created_from/created_to, meta.KEY. */
 static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t id) {
     (void)id;
     static const char *const statuses[] = {"live", "stale", "finished", "failed", "aborted", NULL};
-    const char *status = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "status");
-    if (status) {
-        int ok = 0;
-        for (const char *const *s = statuses; *s; s++) ok |= strcmp(*s, status) == 0;
-        if (!ok) return send_error(h, c, 400, "status must be live, stale, finished, failed or aborted");
+    static const char *const verdicts[] = {"healthy", "collapsing", "collapsed", "diverged", "stalled", NULL};
+    static const char *const orders[] = {"asc", "desc", NULL};
+    struct query_runs_req req = {0};
+    struct meta_filters mf = {.req = &req};
+    req.status = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "status");
+    if (req.status && choice(req.status, statuses) < 0)
+        return send_error(h, c, 400, "status must be live, stale, finished, failed or aborted");
+    req.verdict = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "verdict");
+    if (req.verdict && choice(req.verdict, verdicts) < 0)
+        return send_error(h, c, 400, "verdict must be healthy, collapsing, collapsed, diverged or stalled");
+    req.search = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q");
+    if (req.search && strlen(req.search) > PROTO_MAX_RUN) return send_error(h, c, 400, "q is longer than a run name");
+    if ((req.has_from = time_param(c, "created_from", &req.created_from)) < 0)
+        return send_error(h, c, 400, "created_from must be Unix seconds");
+    if ((req.has_to = time_param(c, "created_to", &req.created_to)) < 0)
+        return send_error(h, c, 400, "created_to must be Unix seconds");
+    const char *sort = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "sort");
+    if (sort) {
+        req.sort = -1;
+        for (int i = 0; i < QUERY_SORT_COUNT; i++)
+            if (!strcmp(sort, query_runs_sort_name(i))) req.sort = i;
+        if (req.sort < 0)
+            return send_error(h, c, 400, "sort must be id, name, created, updated, last_step, last_loss, "
+                                         "min_entropy_norm or verdict");
     }
+    int o = choice_param(c, "order", orders);
+    if (o == -1) return send_error(h, c, 400, "order must be asc or desc");
+    req.desc = o == 1;
+    req.cursor = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cursor");
+    if (req.cursor && strlen(req.cursor) > PROTO_MAX_RUN + 40) return send_error(h, c, 400, "cursor too long");
+    int lim = int_param(c, "limit", 1, HTTP_MAX_RUNS_PAGE, &req.limit);
+    if (lim < 0) return BAD_INT("limit", 1, HTTP_MAX_RUNS_PAGE);
+    if (!lim && req.cursor) req.limit = 50;
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, meta_collect, &mf);
+    if (mf.bad == 1) return send_error(h, c, 400, "at most %d meta.KEY filters", QUERY_RUNS_MAX_META);
+    if (mf.bad == 2) return send_error(h, c, 400, "a meta filter is meta.KEY or meta.KEY.SUBKEY (letters, digits, _ -)");
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
     struct query_buf b = {0};
     char err[256];
-    int rc = query_runs(q, status, &b, err, sizeof err);
+    int rc = query_runs_page(q, &req, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
         query_buf_free(&b);
@@ -535,15 +616,24 @@ static enum MHD_Result h_frame(struct http *h, struct MHD_Connection *c, int64_t
 }
 
 static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_t id) {
-    int64_t after = 0, limit = 1000;
-    if (int_param(c, "after", 0, INT64_MAX, &after) < 0) return BAD_INT("after", 0, INT64_MAX);
+    static const char *const orders[] = {"asc", "desc", NULL};
+    int64_t after = 0, before = 0, limit = 1000;
+    int has_after, has_before;
+    if ((has_after = int_param(c, "after", 0, INT64_MAX, &after)) < 0) return BAD_INT("after", 0, INT64_MAX);
+    if ((has_before = int_param(c, "before", 1, INT64_MAX, &before)) < 0) return BAD_INT("before", 1, INT64_MAX);
     if (int_param(c, "limit", 1, HTTP_MAX_EVENTS, &limit) < 0) return BAD_INT("limit", 1, HTTP_MAX_EVENTS);
+    int o = choice_param(c, "order", orders);
+    if (o == -1) return send_error(h, c, 400, "order must be asc or desc");
+    /* before= pages towards older events, newest first; so does order=desc */
+    int newest_first = has_before || o == 1;
+    if (has_after && newest_first) return send_error(h, c, 400, "after pages oldest first: not with before or order=desc");
+    if (has_before && o == 0) return send_error(h, c, 400, "before pages newest first: not with order=asc");
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
     struct query_buf b = {0};
     char err[256];
-    int rc = query_events(q, id, after, limit, &b, err, sizeof err);
+    int rc = query_events(q, id, after, before, newest_first, limit, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
         query_buf_free(&b);
@@ -809,9 +899,24 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
         query_buf_free(&b);
         return res;
     }
-    prom(&b, "entropyd_db_bytes", "gauge", "Size of the database file.", (double)query_db_bytes(q));
+    int64_t dbb = query_db_bytes(q), walb = query_wal_bytes(q);
+    prom(&b, "entropyd_db_bytes", "gauge", "Size of the database on disk: its file and its WAL.",
+         (double)(dbb < 0 || walb < 0 ? -1 : dbb + walb));
+    prom(&b, "entropyd_wal_bytes", "gauge", "Size of the database's WAL file.", (double)walb);
+    prom(&b, "entropyd_wal_peak_bytes", "gauge", "Largest WAL file seen after a checkpoint since start.",
+         (double)ws.wal_peak_bytes);
+    prom(&b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.", (double)ws.checkpoints);
+    prom(&b, "entropyd_checkpoints_busy_total", "counter", "WAL restarts that readers kept from finishing.",
+         (double)ws.checkpoints_busy);
+    prom(&b, "entropyd_checkpoints_writer_total", "counter",
+         "WAL restarts the writer ran itself because the WAL reached its hard limit (back-pressure).",
+         (double)ws.checkpoints_writer);
+    prom(&b, "entropyd_background_chunks_total", "counter", "Chunks of rollback and delete work committed.",
+         (double)ws.job_chunks);
+    prom(&b, "entropyd_background_chunk_max_seconds", "gauge", "Longest chunk of rollback or delete work.",
+         ws.job_ms_max / 1e3);
     char err[256];
-    int rc = query_prometheus(q, h->cfg.metrics_heads, &b, err, sizeof err);
+    int rc = query_prometheus(q, h->cfg.metrics_heads, now_wall(), h->cfg.metrics_keep_s == 0 ? 3600 : h->cfg.metrics_keep_s, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
         query_buf_free(&b);
@@ -904,10 +1009,11 @@ struct route {
 };
 
 static const char *const p_none[] = {NULL};
-static const char *const p_runs[] = {"status", NULL};
+static const char *const p_runs[] = {"status", "verdict", "q", "created_from", "created_to", "sort", "order",
+                                     "limit", "cursor", "meta.*", NULL};
 static const char *const p_series[] = {"metric", "layer", "head", "from", "to", "points", "agg", "split", NULL};
 static const char *const p_frame[] = {"metric", "step", NULL};
-static const char *const p_events[] = {"after", "limit", NULL};
+static const char *const p_events[] = {"after", "before", "order", "limit", NULL};
 static const char *const p_export[] = {"format", NULL};
 static const char *const p_stream[] = {"run", "last_event_id", NULL};
 static const char *const p_alerts[] = {"state", "run", "limit", NULL};
@@ -930,20 +1036,42 @@ static const struct route routes[] = {
 };
 
 /* Matches url against a route path. Returns 1 on a match (with the id),
- * 0 on none, -1 when the shape matches but the id is not a run id. */
-static int match(const char *pattern, const char *url, int64_t *id) {
+ * 2 on a match by name ("{id}" given as by-name/NAME: the name, one path
+ * segment, into name), 0 on none, -1 when the shape matches but the id is
+ * not a run id. */
+static int match(const char *pattern, const char *url, int64_t *id, char *name, size_t namecap) {
     const char *brace = strstr(pattern, "{id}");
     if (!brace) return strcmp(pattern, url) == 0;
     size_t pre = (size_t)(brace - pattern);
     if (strncmp(pattern, url, pre) != 0) return 0;
-    const char *seg = url + pre, *end = strchr(seg, '/');
+    const char *seg = url + pre;
+    int by_name = strncmp(seg, "by-name/", 8) == 0;
+    if (by_name) seg += 8;
+    const char *end = strchr(seg, '/');
     size_t n = end ? (size_t)(end - seg) : strlen(seg);
-    if (n == 0 || strcmp(brace + 4, end ? end : "") != 0) return 0;
+    if (n == 0 || strcmp(brace + 4, end ? end : "") != 0) return by_name && n == 0 && !end ? -1 : 0;
+    if (by_name) {
+        if (n >= namecap) return -1;
+        memcpy(name, seg, n);
+        name[n] = 0;
+        return 2;
+    }
     char tmp[32];
     if (n >= sizeof tmp) return -1;
     memcpy(tmp, seg, n);
     tmp[n] = 0;
     return parse_i64(tmp, 1, INT64_MAX, id) ? -1 : 1;
+}
+
+/* The id of the run named name: 0 with the answer in *res when there is
+ * none (404) or the database is unavailable (503). */
+static int64_t id_by_name(struct http *h, struct MHD_Connection *c, const char *name, enum MHD_Result *res) {
+    struct query *q = take_query(h, c, res);
+    if (!q) return 0;
+    int64_t id = query_run_id(q, name);
+    query_release(h->cfg.pool, q);
+    if (!id) *res = send_error(h, c, 404, "no run named \"%s\"", name);
+    return id;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -984,16 +1112,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int path_matched = 0;
     for (const struct route *rt = routes; rt->path; rt++) {
         int64_t id = 0;
-        int m = match(rt->path, url, &id);
+        char name[PROTO_MAX_RUN + 1];
+        int m = match(rt->path, url, &id, name, sizeof name);
         if (m == 0) continue;
         int auth = rt->auth ? authorized(h, c) : 1;
         if (auth != 1) return deny(h, c, auth);
-        if (m < 0) return send_error(h, c, 400, "a run id is a positive integer");
+        if (m < 0) return send_error(h, c, 400, "a run is a positive integer id or by-name/NAME");
         path_matched = 1;
         int ok = strcmp(rt->method, method) == 0 || (strcmp(rt->method, "GET") == 0 && strcmp(method, "HEAD") == 0);
         if (!ok) continue;
         const char *unknown;
         if (params_ok(c, rt->params, &unknown)) return send_error(h, c, 400, "unknown parameter %s", unknown);
+        if (m == 2) {
+            enum MHD_Result res;
+            if (!(id = id_by_name(h, c, name, &res))) return res;
+        }
         return rt->fn(h, c, id);
     }
     if (path_matched) return send_error(h, c, 405, "method %s not allowed on %s", method, url);
@@ -1103,7 +1236,9 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
     h->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, h,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            /* a client that stops reading (an export, a stream) is
+                             * closed after this long without progress */
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : 60),
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
                             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,

@@ -24,6 +24,9 @@ struct http_config {
     const char *web_root;      /* serve static files from this directory; NULL: embedded web/ */
     int max_conns;             /* simultaneous connections (default 512) */
     int metrics_heads;         /* /metrics also exports per-head latest values */
+    double metrics_keep_s;     /* /metrics exports ended runs this long after their end;
+                                  0: the default (3600), < 0: not at all */
+    int timeout_s;             /* a connection without progress this long is closed (default 60) */
     struct query_pool *pool;   /* borrowed, as are the three below */
     struct stream *stream;
     struct writer *writer;

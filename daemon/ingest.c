@@ -34,7 +34,17 @@ struct run {
     int64_t last_seq;        /* highest seq accepted (queued or committed) */
     int ended;
     struct conn *owner;      /* the connection that said hello last, or NULL */
-    struct run *next;
+    struct run *name_next;   /* chain in the table by name */
+    struct run *id_next;     /* chain in the table by id, once welcomed */
+};
+
+/* Runs with a connection, by name and by id: chained hash tables that
+ * double as they fill, so a hello or a reply costs the same with 10 runs
+ * connected as with 100,000. A run without a connection is not held: its
+ * next hello brings its shape and last seq back from the writer. */
+struct run_table {
+    struct run **b;
+    size_t nb, n;
 };
 
 struct conn {
@@ -74,7 +84,7 @@ struct ingest {
     struct conn **conns;     /* by fd */
     int conns_cap;
     uint64_t next_id;
-    struct run *runs;
+    struct run_table by_name, by_id;
     int paused;              /* the writer's queue was full */
     struct peers *peers;     /* open connections per uid / address */
     struct conn *pend_head, *pend_tail; /* not welcomed yet, in accept order */
@@ -182,25 +192,93 @@ static void send_error(struct ingest *ing, struct conn *c, int code, const char 
 
 /* ---- runs ---- */
 
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+static uint64_t id_hash(int64_t id) { return ((uint64_t)id * 0x9E3779B97F4A7C15ULL) >> 17; }
+
+static struct run **chain(struct run_table *t, uint64_t h) { return &t->b[h & (t->nb - 1)]; }
+
+/* Makes room for one more entry (doubling; best effort: a failed grow
+ * keeps the old table, only slower). by_id selects the chain pointer. */
+static int table_reserve(struct run_table *t, int by_id) {
+    if (t->b && t->n < 2 * t->nb) return 0;
+    size_t nb = t->nb ? t->nb * 2 : 256;
+    struct run **b = calloc(nb, sizeof *b);
+    if (!b) return t->b ? 0 : -1;
+    for (size_t i = 0; i < t->nb; i++)
+        for (struct run *r = t->b[i], *next; r; r = next) {
+            next = by_id ? r->id_next : r->name_next;
+            struct run **head = &b[(by_id ? id_hash(r->id) : name_hash(r->name)) & (nb - 1)];
+            if (by_id) r->id_next = *head;
+            else r->name_next = *head;
+            *head = r;
+        }
+    free(t->b);
+    t->b = b;
+    t->nb = nb;
+    return 0;
+}
+
 static struct run *run_by_name(struct ingest *ing, const char *name) {
-    for (struct run *r = ing->runs; r; r = r->next)
+    if (!ing->by_name.b) return NULL;
+    for (struct run *r = *chain(&ing->by_name, name_hash(name)); r; r = r->name_next)
         if (strcmp(r->name, name) == 0) return r;
     return NULL;
 }
 
 static struct run *run_by_id(struct ingest *ing, int64_t id) {
-    for (struct run *r = ing->runs; r; r = r->next)
+    if (!ing->by_id.b || id == 0) return NULL;
+    for (struct run *r = *chain(&ing->by_id, id_hash(id)); r; r = r->id_next)
         if (r->id == id) return r;
     return NULL;
 }
 
-static void run_remove(struct ingest *ing, struct run *run) {
-    for (struct run **p = &ing->runs; *p; p = &(*p)->next)
+/* Adds a new run (id 0) by name. -1 out of memory. */
+static int run_add(struct ingest *ing, struct run *r) {
+    if (table_reserve(&ing->by_name, 0)) return -1;
+    struct run **head = chain(&ing->by_name, name_hash(r->name));
+    r->name_next = *head;
+    *head = r;
+    ing->by_name.n++;
+    return 0;
+}
+
+static void unlink_id(struct ingest *ing, struct run *run) {
+    if (!run->id || !ing->by_id.b) return;
+    for (struct run **p = chain(&ing->by_id, id_hash(run->id)); *p; p = &(*p)->id_next)
         if (*p == run) {
-            *p = run->next;
-            free(run);
+            *p = run->id_next;
+            ing->by_id.n--;
             return;
         }
+}
+
+/* Gives a welcomed run its id. -1 out of memory (the run keeps id 0). */
+static int run_set_id(struct ingest *ing, struct run *run, int64_t id) {
+    unlink_id(ing, run);
+    run->id = 0;
+    if (table_reserve(&ing->by_id, 1)) return -1;
+    run->id = id;
+    struct run **head = chain(&ing->by_id, id_hash(id));
+    run->id_next = *head;
+    *head = run;
+    ing->by_id.n++;
+    return 0;
+}
+
+static void run_remove(struct ingest *ing, struct run *run) {
+    unlink_id(ing, run);
+    for (struct run **p = chain(&ing->by_name, name_hash(run->name)); *p; p = &(*p)->name_next)
+        if (*p == run) {
+            *p = run->name_next;
+            ing->by_name.n--;
+            break;
+        }
+    free(run);
 }
 
 static void submit_control(struct ingest *ing, int kind, struct run *run, struct conn *c) {
@@ -222,11 +300,9 @@ static void conn_detach(struct ingest *ing, struct conn *c) {
     c->run = NULL;
     if (!run || run->owner != c) return;
     run->owner = NULL;
-    if (run->id == 0) {
-        /* never welcomed: the writer's reply will find no owner */
-        return;
-    }
-    if (!run->ended) submit_control(ing, WRITER_STALE, run, NULL);
+    /* never welcomed: the writer's reply will find no owner */
+    if (run->id != 0 && !run->ended) submit_control(ing, WRITER_STALE, run, NULL);
+    run_remove(ing, run); /* nothing more comes for it until its next hello */
 }
 
 /* ---- guards: budgets, timeouts, per-peer limits ----
@@ -612,8 +688,12 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
                 return LINE_DONE;
             }
             snprintf(r->name, sizeof r->name, "%s", msg.run);
-            r->next = ing->runs;
-            ing->runs = r;
+            if (run_add(ing, r)) {
+                free(r);
+                send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
+                proto_msg_free(&msg);
+                return LINE_DONE;
+            }
         }
         r->owner = c;
         c->run = r;
@@ -783,8 +863,14 @@ static void handle_replies(struct ingest *ing) {
             if (r->kind == WRITER_R_WELCOME && c && c->waiting && c->run) {
                 struct run *run = c->run;
                 struct run *dup = run_by_id(ing, r->run_id);
-                if (dup && dup != run) run_remove(ing, dup); /* stale entry of an older hello */
-                run->id = r->run_id;
+                if (dup && dup != run) { /* stale entry of an older hello */
+                    if (dup->owner) dup->owner->run = NULL;
+                    run_remove(ing, dup);
+                }
+                if (run->id != r->run_id && run_set_id(ing, run, r->run_id)) {
+                    send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
+                    c->closing = 1; /* the trainer reconnects and says hello again */
+                }
                 run->layers = r->layers;
                 run->heads = r->heads;
                 run->last_seq = r->seq;
@@ -805,8 +891,10 @@ static void handle_replies(struct ingest *ing) {
                     struct run *run = c->run;
                     c->waiting = 0;
                     c->run = NULL;
-                    if (run && run->owner == c) run->owner = NULL;
-                    if (run && run->id == 0) run_remove(ing, run);
+                    if (run && run->owner == c) {
+                        run->owner = NULL;
+                        run_remove(ing, run);
+                    }
                 }
             }
         }
@@ -1045,11 +1133,13 @@ void ingest_destroy(struct ingest *ing) {
         }
     free(ing->conns);
     peers_destroy(ing->peers);
-    while (ing->runs) {
-        struct run *n = ing->runs->next;
-        free(ing->runs);
-        ing->runs = n;
-    }
+    for (size_t i = 0; i < ing->by_name.nb; i++)
+        for (struct run *r = ing->by_name.b[i], *next; r; r = next) {
+            next = r->name_next;
+            free(r);
+        }
+    free(ing->by_name.b);
+    free(ing->by_id.b);
     if (ing->unix_fd >= 0) close(ing->unix_fd);
     if (ing->tcp_fd >= 0) close(ing->tcp_fd);
     if (ing->unix_path) {

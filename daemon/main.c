@@ -160,6 +160,11 @@ static void usage(FILE *f) {
             "  --web-root DIR        serve the dashboard from DIR instead of the embedded copy\n"
             "  --metrics-heads       /metrics also exports the latest value of every head\n"
             "                        (layers x heads series per metric and run: mind the cardinality)\n"
+            "  --metrics-keep-finished DURATION  /metrics exports a run that ended (finished,\n"
+            "                        failed, aborted or stale) for this long after its end, then\n"
+            "                        drops its series (default 1h; 0: at once). DURATION: N[s|m|h|d]\n"
+            "  --http-timeout-s N    close an HTTP connection that makes no progress for N s,\n"
+            "                        a client that stopped reading included (default 60)\n"
             "  --stream-events N     live events kept for Last-Event-ID resume (default 16384)\n"
             "  --keepalive-ms N      SSE keep-alive comment interval (default 15000)\n"
             "  --rules FILE          alert rules (JSON; default: the built-in set, see docs/alerts.md)\n"
@@ -185,6 +190,25 @@ static int parse_int(const char *flag, const char *s, long lo, long hi, long *ou
     return 0;
 }
 
+/* "90", "90s", "30m", "1h", "2d" -> seconds. */
+static int parse_duration(const char *flag, const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double unit = 1;
+    if (*end == 'm') unit = 60;
+    else if (*end == 'h') unit = 3600;
+    else if (*end == 'd') unit = 86400;
+    else if (*end && *end != 's') end = (char *)s; /* an unknown unit */
+    if (*end) end++;
+    if (errno || end == s || *end || !(v >= 0) || v * unit > 3.2e8) {
+        fprintf(stderr, "entropyd: %s wants a duration like 90s, 30m, 1h or 7d, got \"%s\"\n", flag, s);
+        return -1;
+    }
+    *out = v * unit;
+    return 0;
+}
+
 /* Trainers x connections can exceed the default 1024 descriptors. */
 static void raise_fd_limit(void) {
     struct rlimit rl;
@@ -206,12 +230,14 @@ int main(int argc, char **argv) {
     long http_conns = 512, stream_events = 16384, keepalive_ms = 15000;
     int http_explicit = 0;
     int metrics_heads = 0, alert_log = 1;
+    double metrics_keep_s = 3600;
+    long http_timeout_s = 60;
     const char *rules = NULL, *webhook = NULL, *on_alert = NULL, *alertmanager = NULL;
     long am_resend_s = 60;
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
-           O_QUIETALERTS, O_AM, O_AMRESEND, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB, O_ALLOWHOST,
-           O_HTTPPERIP };
+           O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB,
+           O_ALLOWHOST, O_HTTPPERIP };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -220,6 +246,8 @@ int main(int argc, char **argv) {
         {"version", no_argument, 0, O_VERSION},       {"help", no_argument, 0, O_HELP},
         {"http", required_argument, 0, O_HTTP},       {"http-max-conns", required_argument, 0, O_HTTPCONNS},
         {"web-root", required_argument, 0, O_WEBROOT}, {"metrics-heads", no_argument, 0, O_MHEADS},
+        {"metrics-keep-finished", required_argument, 0, O_MKEEP},
+        {"http-timeout-s", required_argument, 0, O_HTIMEOUT},
         {"stream-events", required_argument, 0, O_SEVENTS}, {"keepalive-ms", required_argument, 0, O_KEEPALIVE},
         {"rules", required_argument, 0, O_RULES},     {"webhook", required_argument, 0, O_WEBHOOK},
         {"on-alert", required_argument, 0, O_ONALERT}, {"quiet-alerts", no_argument, 0, O_QUIETALERTS},
@@ -255,6 +283,8 @@ int main(int argc, char **argv) {
         case O_HTTPCONNS: if (parse_int("--http-max-conns", optarg, 1, 100000, &http_conns)) return 2; break;
         case O_WEBROOT: web_root = optarg; break;
         case O_MHEADS: metrics_heads = 1; break;
+        case O_MKEEP: if (parse_duration("--metrics-keep-finished", optarg, &metrics_keep_s)) return 2; break;
+        case O_HTIMEOUT: if (parse_int("--http-timeout-s", optarg, 1, 86400, &http_timeout_s)) return 2; break;
         case O_SEVENTS: if (parse_int("--stream-events", optarg, 1, 10000000, &stream_events)) return 2; break;
         case O_KEEPALIVE: if (parse_int("--keepalive-ms", optarg, 10, 3600000, &keepalive_ms)) return 2; break;
         case O_RULES: rules = optarg; break;
@@ -366,7 +396,8 @@ int main(int argc, char **argv) {
     }
     if (http_listen) {
         struct http_config hcfg = {.listen = http_listen, .token = token, .web_root = web_root,
-                                   .max_conns = (int)http_conns, .metrics_heads = metrics_heads, .pool = pool,
+                                   .max_conns = (int)http_conns, .metrics_heads = metrics_heads,
+                                   .metrics_keep_s = metrics_keep_s > 0 ? metrics_keep_s : -1, .timeout_s = (int)http_timeout_s, .pool = pool,
                                    .stream = stream, .writer = w, .ingest = g_ingest,
                                    .allow_hosts = allow_hosts, .n_allow_hosts = n_allow_hosts,
                                    .max_conns_per_ip = (int)http_per_ip};

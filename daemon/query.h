@@ -68,6 +68,44 @@ void query_release(struct query_pool *p, struct query *q);
  * `status` (NULL for all). */
 int query_runs(struct query *q, const char *status, struct query_buf *out, char *err, size_t errlen);
 
+/* Sort keys of the runs list (query_runs_page). */
+enum query_runs_sort {
+    QUERY_SORT_ID = 0, QUERY_SORT_NAME, QUERY_SORT_CREATED, QUERY_SORT_UPDATED, QUERY_SORT_LAST_STEP,
+    QUERY_SORT_LAST_LOSS, QUERY_SORT_MIN_ENTROPY, QUERY_SORT_VERDICT, QUERY_SORT_COUNT
+};
+/* The request word of a sort key ("id", "name", "created", "updated",
+ * "last_step", "last_loss", "min_entropy_norm", "verdict"), NULL if none. */
+const char *query_runs_sort_name(int sort);
+
+#define QUERY_RUNS_MAX_META 8
+
+/* A runs list request. Every string is borrowed and bound as a parameter. */
+struct query_runs_req {
+    const char *status;            /* NULL: any */
+    const char *verdict;           /* NULL: any ("healthy" also matches runs without a summary) */
+    const char *search;            /* case-insensitive substring of the name; NULL: any */
+    int has_from, has_to;          /* created time range, Unix seconds, inclusive */
+    double created_from, created_to;
+    int nmeta;                     /* meta filters: json_extract(meta, path) as text == value */
+    const char *meta_path[QUERY_RUNS_MAX_META];   /* "$.reparam", "$.model.layers" */
+    const char *meta_value[QUERY_RUNS_MAX_META];
+    int sort;                      /* enum query_runs_sort */
+    int desc;
+    int64_t limit;                 /* runs per page; 0: every match as a bare array */
+    const char *cursor;            /* "next" of the previous page; NULL: the first page */
+};
+
+/* GET /api/runs: the runs that match req, each a run object (as
+ * query_run's, without metrics) with its verdict and summary, in the order
+ * asked (ties by id). With limit 0 the answer is a JSON array of every
+ * match (the answer /api/runs always gave); else an object {runs, next,
+ * sort, order, total}: at most limit runs, next the cursor of the next page
+ * (null on the last), total the number of matches. Pages are keyset
+ * cursors (no OFFSET): the next page starts past the last (key, id) seen.
+ * QUERY_BAD for a cursor this daemon did not give out for this sort. */
+int query_runs_page(struct query *q, const struct query_runs_req *req, struct query_buf *out, char *err,
+                    size_t errlen);
+
 /* GET /api/runs/{id}: the run object plus its metric names by kind and its
  * first step. QUERY_NOT_FOUND if no such run. */
 int query_run(struct query *q, int64_t id, struct query_buf *out, char *err, size_t errlen);
@@ -137,14 +175,22 @@ int query_series(struct query *q, const struct query_series_req *req, struct que
 int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
                 struct query_buf *out, char *err, size_t errlen);
 
-/* GET /api/runs/{id}/events: events with id > after, oldest first, at most
- * limit. QUERY_NOT_FOUND if no such run. */
-int query_events(struct query *q, int64_t run_id, int64_t after, int64_t limit, struct query_buf *out,
-                 char *err, size_t errlen);
+/* GET /api/runs/{id}/events: at most limit events. Oldest first from
+ * after (id > after), or, with newest_first, newest first from before
+ * (id < before; before 0: from the newest). The answer is {run, events,
+ * more}: more is true when further events lie past the last one listed in
+ * that direction (page on with after= / before= its id). QUERY_NOT_FOUND if
+ * no such run. */
+int query_events(struct query *q, int64_t run_id, int64_t after, int64_t before, int newest_first, int64_t limit,
+                 struct query_buf *out, char *err, size_t errlen);
 
 /* Export of every stored value of a run, produced piece by piece so that
- * nothing larger than one frame is held. The export keeps its connection's
- * read transaction open (one consistent snapshot) until query_export_end. */
+ * nothing larger than a chunk of frames (256 KiB) is held. Each chunk of a
+ * metric's frames is read in its own short read transaction, so that a
+ * client reading slowly never pins the WAL: the export is therefore not one
+ * snapshot. It lists the metrics the run had when it began, each in step
+ * order; steps committed meanwhile may appear, and a rollback or delete
+ * meanwhile shows from the next chunk on. */
 enum query_format { QUERY_CSV = 0, QUERY_JSONL };
 struct query_export;
 /* Starts an export on q (which stays borrowed until query_export_end).
@@ -158,9 +204,14 @@ ssize_t query_export_read(struct query_export *x, char *buf, size_t max);
 void query_export_end(struct query_export *x);
 
 /* Prometheus text of the latest value of every scalar and layer metric of
- * every run (and of every head metric when heads is set), plus each run's
- * last step. */
-int query_prometheus(struct query *q, int heads, struct query_buf *out, char *err, size_t errlen);
+ * the exported runs (and of every head metric when heads is set), each
+ * run's last step, and entropyd_alerts_firing{alertname, run, severity} 1
+ * per firing alert. Exported are the live runs and the others whose last
+ * update (their end) is at most keep_s seconds before now. Reads one row
+ * of the `latest` table per metric exported: the cost does not grow with
+ * the runs' history. */
+int query_prometheus(struct query *q, int heads, double now, double keep_s, struct query_buf *out, char *err,
+                     size_t errlen);
 
 /* Alerts (README "Alerts"): a JSON array of alert episodes, newest first,
  * each with its transitions. state is NULL, "firing" or "resolved" (else
@@ -171,5 +222,8 @@ int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t lim
 
 /* Bytes of the database file (page_count * page_size), -1 on error. */
 int64_t query_db_bytes(struct query *q);
+
+/* Bytes of its WAL file (0 when there is none), -1 on error. */
+int64_t query_wal_bytes(struct query *q);
 
 #endif

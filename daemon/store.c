@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #include "embed.h"
 
@@ -28,38 +30,68 @@ struct run_cache {
     int64_t id, layers, heads;
     int64_t last_seq, last_step;  /* last_step -1 when none */
     double updated;
+    int rewinding;                /* a rewinds row exists: finish it before any new step */
+    /* how far the rewind got (in this cache's life: a reloaded cache starts
+     * over, which is correct as every phase is idempotent, only slower):
+     * phase 0 rollups, 1 frames, 2 steps; the metric index within it */
+    int rewind_phase;
+    uint32_t rewind_metric;
     uint32_t nmetrics, cap;
     struct metric_cache *metrics;
 };
 
 enum {
     S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SELECT_FRAMES,
-    S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS,
+    S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
+    S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
     S_COUNT
 };
 
 static const char *const stmt_sql[S_COUNT] = {
     [S_INSERT_FRAME] = "INSERT OR REPLACE INTO frames(metric_id, step, data) VALUES (?1, ?2, ?3)",
     [S_INSERT_STEP] = "INSERT OR REPLACE INTO steps(run_id, step, seq, time) VALUES (?1, ?2, ?3, ?4)",
-    [S_INSERT_METRIC] = "INSERT INTO metrics(run_id, name, kind) VALUES (?1, ?2, ?3)",
+    /* an id above every live one and every one still being purged: frames
+     * of a deleted metric must never be taken for a new one's */
+    [S_INSERT_METRIC] = "INSERT INTO metrics(id, run_id, name, kind) VALUES (max(coalesce((SELECT max(id) FROM metrics), 0), "
+                        "coalesce((SELECT max(id) FROM purge WHERE kind = 0), 0)) + 1, ?1, ?2, ?3)",
     [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, block, nframes, data) VALUES (?1, ?2, ?3, ?4, ?5)",
     [S_SELECT_FRAMES] = "SELECT data FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
     [S_SELECT_ROLLUPS] = "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 AND block < ?4",
     [S_UPDATE_RUN] = "UPDATE runs SET last_seq = ?2, last_step = ?3, updated = ?4 WHERE id = ?1",
     [S_INSERT_EVENT] = "INSERT INTO events(run_id, seq, time, level, text) VALUES (?1, ?2, ?3, ?4, ?5)",
-    [S_SELECT_RUN] = "SELECT layers, heads, last_seq, last_step, updated FROM runs WHERE id = ?1",
+    [S_SELECT_RUN] = "SELECT layers, heads, last_seq, last_step, updated, "
+                     "(SELECT count(*) FROM rewinds WHERE run_id = ?1) FROM runs WHERE id = ?1",
     [S_SELECT_METRICS] = "SELECT m.id, m.name, m.kind, (SELECT max(step) FROM frames f WHERE f.metric_id = m.id) "
                          "FROM metrics m WHERE m.run_id = ?1",
+    [S_UPSERT_LATEST] = "INSERT INTO latest(metric_id, step, data) VALUES (?1, ?2, ?3) "
+                        "ON CONFLICT(metric_id) DO UPDATE SET step = excluded.step, data = excluded.data",
+    [S_SELECT_REWIND] = "SELECT branch_id, from_step FROM rewinds WHERE run_id = ?1",
+    /* A rewind moves the highest steps first, so that one in progress looks
+     * to readers like a run at an earlier step, not one with holes: the
+     * lowest step of the chunk is the budget-th from the top (NULL: all). */
+    [S_REWIND_LOW] = "SELECT step FROM frames WHERE metric_id = ?1 AND step >= ?2 ORDER BY step DESC LIMIT 1 OFFSET ?3",
+    [S_REWIND_MOVE] = "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) "
+                      "SELECT ?3, metric_id, step, data FROM frames WHERE metric_id = ?1 AND step >= ?2 ORDER BY step",
+    [S_REWIND_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2",
+    [S_REWIND_STEPS] = "DELETE FROM steps WHERE run_id = ?1 AND step >= coalesce((SELECT step FROM steps "
+                       "WHERE run_id = ?1 AND step >= ?2 ORDER BY step DESC LIMIT 1 OFFSET ?3), ?2)",
+    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = ?1 AND level = ?2 "
+                         "AND block >= ?3 LIMIT ?4)",
+    [S_PURGE_NEXT] = "SELECT kind, id FROM purge LIMIT 1",
 };
 
 struct store {
     sqlite3 *db;
     sqlite3_stmt *stmt[S_COUNT];
+    sqlite3_stmt *summary_stmt;   /* store_run_summary_step's, prepared on first use */
     char err[512];
     int errcode;
     int in_txn;
     uint32_t nruns, capruns;
     struct run_cache **runs;
+    int64_t wal_frames;   /* frames in the WAL after the last commit (wal hook) */
+    int64_t page_size;
+    int autockpt;         /* checkpoint at 1000 frames as SQLite would (default on) */
     /* scratch for rollup aggregation, grown on demand */
     unsigned char *agg;
     size_t aggcap;
@@ -134,6 +166,18 @@ static int migrate(struct store *st) {
     return 0;
 }
 
+/* Counts the WAL's frames after each commit, and checkpoints as SQLite's
+ * autocheckpoint does (at 1000 frames) unless the caller took that over
+ * (store_set_autocheckpoint). */
+static int wal_hook(void *ctx, sqlite3 *db, const char *name, int frames) {
+    struct store *st = ctx;
+    st->wal_frames = frames;
+    if (st->autockpt && frames >= 1000) sqlite3_wal_checkpoint(db, name);
+    return SQLITE_OK;
+}
+
+void store_set_autocheckpoint(struct store *st, int on) { st->autockpt = on; }
+
 struct store *store_open(const char *path, char *err, size_t errlen) {
     struct store *st = calloc(1, sizeof *st);
     if (!st) {
@@ -152,10 +196,16 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
         exec(st, "PRAGMA synchronous = NORMAL") ||
         exec(st, "PRAGMA foreign_keys = ON") ||
         exec(st, "PRAGMA cache_size = -65536") ||
+        /* the WAL file is cut back to this size whenever it restarts
+         * (store_checkpoint, writer.h); see schema/storage.md "WAL" */
+        exec(st, "PRAGMA journal_size_limit = " STORE_WAL_LIMIT_STR) ||
         migrate(st)) {
         snprintf(err, errlen, "database %s: %s", path, st->err);
         goto fail;
     }
+    st->autockpt = 1;
+    sqlite3_wal_hook(st->db, wal_hook, st);
+    st->page_size = pragma_int(st, "PRAGMA page_size");
     for (int i = 0; i < S_COUNT; i++) {
         if (sqlite3_prepare_v3(st->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st->stmt[i], NULL) != SQLITE_OK) {
             snprintf(err, errlen, "database %s: preparing statement: %s", path, sqlite3_errmsg(st->db));
@@ -183,6 +233,7 @@ void store_close(struct store *st) {
     free(st->runs);
     free(st->agg);
     for (int i = 0; i < S_COUNT; i++) sqlite3_finalize(st->stmt[i]);
+    sqlite3_finalize(st->summary_stmt);
     sqlite3_close(st->db);
     free(st);
 }
@@ -247,6 +298,7 @@ static struct run_cache *run_get(struct store *st, int64_t id) {
         r->last_seq = sqlite3_column_int64(s, 2);
         r->last_step = sqlite3_column_type(s, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 3);
         r->updated = sqlite3_column_double(s, 4);
+        r->rewinding = sqlite3_column_int(s, 5) > 0;
     }
     sqlite3_reset(s);
     if (rc != SQLITE_ROW) {
@@ -526,37 +578,137 @@ static int rollup_advance(struct store *st, struct metric_cache *m, int64_t step
     return 0;
 }
 
-/* Moves the run's values of every step >= step apart (into a branch) and
- * records an event: the trainer rolled back and repeats these steps. */
-static int rewrite_history(struct store *st, struct run_cache *r, int64_t step, double time) {
-    char sql[1400];
-    long long id = (long long)r->id, from = (long long)step;
-    snprintf(sql, sizeof sql, "INSERT INTO branches(run_id, from_step, to_step, time) VALUES (%lld, %lld, %lld, %.6f)",
-             id, from, (long long)r->last_step, time);
-    if (exec(st, sql)) return -1;
-    long long branch = (long long)sqlite3_last_insert_rowid(st->db);
+/* Refreshes the latest rows of every metric of r from its frames (after a
+ * rewind moved its newest frames away): one seek per metric. */
+static int latest_reload(struct store *st, struct run_cache *r) {
+    char sql[512];
     snprintf(sql, sizeof sql,
-             "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) "
-             "  SELECT %lld, f.metric_id, f.step, f.data FROM frames f "
-             "  WHERE f.metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND f.step >= %lld;"
-             "DELETE FROM frames WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) AND step >= %lld;"
-             "DELETE FROM rollups WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld) "
-             "  AND block >= %lld / (64 << (3 * (level - 1)));"
-             "DELETE FROM steps WHERE run_id = %lld AND step >= %lld;",
-             branch, id, from, id, from, id, from, id, from);
+             "DELETE FROM latest WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld);"
+             "INSERT INTO latest(metric_id, step, data) SELECT f.metric_id, f.step, f.data FROM metrics m "
+             "JOIN frames f ON f.metric_id = m.id AND f.step = (SELECT max(step) FROM frames WHERE metric_id = m.id) "
+             "WHERE m.run_id = %lld;",
+             (long long)r->id, (long long)r->id);
+    return exec(st, sql);
+}
+
+/* Starts a rewind of r to `step`: a branch row (its id above any still
+ * being purged), the rewinds row and the event. */
+static int rewind_start(struct store *st, struct run_cache *r, int64_t step, double time) {
+    char sql[700];
+    long long id = (long long)r->id, from = (long long)step;
+    snprintf(sql, sizeof sql,
+             "INSERT INTO branches(id, run_id, from_step, to_step, time) VALUES (max(coalesce((SELECT max(id) FROM branches), 0), "
+             "coalesce((SELECT max(id) FROM purge WHERE kind = 1), 0)) + 1, %lld, %lld, %lld, %.6f);"
+             "INSERT INTO rewinds(run_id, branch_id, from_step) VALUES (%lld, last_insert_rowid(), %lld);",
+             id, from, (long long)r->last_step, time, id, from);
     if (exec(st, sql)) return -1;
     char text[128];
     snprintf(text, sizeof text, "rollback to step %lld (was at step %lld; the abandoned steps are kept as a branch)",
-             (long long)step, (long long)r->last_step);
+             from, (long long)r->last_step);
     if (store_event(st, r->id, 0, time, PROTO_WARN, text)) return -1;
-    /* reload the metrics' last steps from what remains */
+    r->rewinding = 1;
+    return 0;
+}
+
+/* Runs s (bound by the caller) to completion; returns the rows it changed, -1 on error. */
+static int64_t run_changes(struct store *st, sqlite3_stmt *s, const char *what) {
+    if (step_done(st, s, what)) return -1;
+    return sqlite3_changes64(st->db);
+}
+
+int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, int64_t budget) {
+    struct run_cache *r = run_get(st, run_id);
+    if (!r) return -1;
+    if (budget < 1) budget = 1;
+    if (!r->rewinding) {
+        if (r->last_step < 0 || step > r->last_step) return 0;
+        if (rewind_start(st, r, step, time)) return -1;
+    }
+    sqlite3_stmt *s = st->stmt[S_SELECT_REWIND];
+    sqlite3_bind_int64(s, 1, run_id);
+    int rc = sqlite3_step(s);
+    int64_t branch = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
+    int64_t from = rc == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW) return rc == SQLITE_DONE ? set_err(st, SQLITE_CORRUPT, "rewind of run %lld lost", (long long)run_id)
+                                                   : db_err(st, "reading rewind");
+    int64_t left = budget, n;
+    char sql[256];
+    /* 1. rollups from the block holding `from` on (few rows, but 20 bytes
+     * per value: each counts as 4 frames), so no reader sees a rollup over
+     * frames already moved */
+    for (; r->rewind_phase == 0 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
+        for (int k = 1; k <= STORE_LEVELS && left > 0; k++) {
+            s = st->stmt[S_REWIND_ROLLUPS];
+            sqlite3_bind_int64(s, 1, r->metrics[r->rewind_metric].id);
+            sqlite3_bind_int(s, 2, k);
+            sqlite3_bind_int64(s, 3, from / STORE_LEVEL_SIZE(k));
+            sqlite3_bind_int64(s, 4, (left + 3) / 4);
+            if ((n = run_changes(st, s, "deleting rewound rollups")) < 0) return -1;
+            left -= 4 * n;
+        }
+        if (left <= 0) break; /* this metric may have more */
+    }
+    if (r->rewind_phase == 0 && r->rewind_metric >= r->nmetrics) {
+        r->rewind_phase = 1;
+        r->rewind_metric = 0;
+    }
+    /* 2. frames, the highest steps first, into the branch */
+    for (; r->rewind_phase == 1 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
+        int64_t mid = r->metrics[r->rewind_metric].id, lo = from;
+        s = st->stmt[S_REWIND_LOW];
+        sqlite3_bind_int64(s, 1, mid);
+        sqlite3_bind_int64(s, 2, from);
+        sqlite3_bind_int64(s, 3, left - 1);
+        rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) lo = sqlite3_column_int64(s, 0);
+        sqlite3_reset(s);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE) return db_err(st, "reading frames to rewind");
+        s = st->stmt[S_REWIND_MOVE];
+        sqlite3_bind_int64(s, 1, mid);
+        sqlite3_bind_int64(s, 2, lo);
+        sqlite3_bind_int64(s, 3, branch);
+        if (step_done(st, s, "moving frames to a branch")) return -1;
+        s = st->stmt[S_REWIND_DELETE];
+        sqlite3_bind_int64(s, 1, mid);
+        sqlite3_bind_int64(s, 2, lo);
+        if ((n = run_changes(st, s, "deleting rewound frames")) < 0) return -1;
+        left -= n;
+        if (rc == SQLITE_ROW) break; /* the budget ran out inside this metric */
+    }
+    if (r->rewind_phase == 1 && r->rewind_metric >= r->nmetrics) r->rewind_phase = 2;
+    /* 3. steps (small rows: 8 per frame's worth) */
+    if (r->rewind_phase == 2 && left > 0) {
+        int64_t want = left * 8;
+        s = st->stmt[S_REWIND_STEPS];
+        sqlite3_bind_int64(s, 1, run_id);
+        sqlite3_bind_int64(s, 2, from);
+        sqlite3_bind_int64(s, 3, want - 1);
+        if ((n = run_changes(st, s, "deleting rewound steps")) < 0) return -1;
+        if (n >= want) left = 0;
+    } else if (r->rewind_phase < 2) {
+        left = 0;
+    }
+    if (left <= 0) return 1;
+    /* 4. done: the run continues from `from` */
+    snprintf(sql, sizeof sql, "DELETE FROM rewinds WHERE run_id = %lld", (long long)run_id);
+    if (exec(st, sql)) return -1;
     int64_t last_seq = r->last_seq;
-    run_forget(st, id);
-    r = run_get(st, id);
+    double updated = r->updated;
+    run_forget(st, run_id);
+    r = run_get(st, run_id); /* the metrics' last steps from what remains */
     if (!r) return -1;
     r->last_seq = last_seq;
-    r->last_step = step - 1;
+    r->updated = updated;
+    r->last_step = from - 1;
+    if (run_save(st, r) || latest_reload(st, r)) return -1;
     return 0;
+}
+
+int store_needs_rewind(struct store *st, int64_t run_id, int64_t step) {
+    struct run_cache *r = run_get(st, run_id);
+    if (!r) return -1;
+    return r->rewinding || (r->last_step >= 0 && step <= r->last_step);
 }
 
 int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto_msg *msg, double time,
@@ -564,8 +716,10 @@ int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto
     struct run_cache *r = run_get(st, run_id);
     int conflicts = 0;
     if (!r) return -1;
-    if (r->last_step >= 0 && msg->step <= r->last_step) {
-        if (rewrite_history(st, r, msg->step, time)) return -1;
+    /* a caller that did not rewind in chunks first (store.h) has it done
+     * here, whole, in its transaction */
+    while (r->rewinding || (r->last_step >= 0 && msg->step <= r->last_step)) {
+        if (store_rewind(st, run_id, msg->step, time, INT64_MAX / 16) < 0) return -1;
         r = run_get(st, run_id);
         if (!r) return -1;
     }
@@ -590,6 +744,11 @@ int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto
         sqlite3_bind_int64(s, 2, msg->step);
         sqlite3_bind_blob(s, 3, msg->values + pm->offset, (int)(m->n * sizeof(float)), SQLITE_STATIC);
         if (step_done(st, s, "writing frame")) return -1;
+        s = st->stmt[S_UPSERT_LATEST];
+        sqlite3_bind_int64(s, 1, m->id);
+        sqlite3_bind_int64(s, 2, msg->step);
+        sqlite3_bind_blob(s, 3, msg->values + pm->offset, (int)(m->n * sizeof(float)), SQLITE_STATIC);
+        if (step_done(st, s, "writing latest value")) return -1;
         m->last_step = msg->step;
     }
     r->last_seq = seq;
@@ -639,6 +798,9 @@ int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, 
         r->updated = now;
         if (run_save(st, r)) goto out;
     }
+    /* a run that is not live sends nothing until its next hello: its cache
+     * goes, so that the cache holds live runs only, however many are stored */
+    if (status != PROTO_LIVE) run_forget(st, run_id);
     ret = 0;
 out:
     sqlite3_finalize(s);
@@ -646,17 +808,82 @@ out:
 }
 
 int store_run_delete(struct store *st, int64_t run_id) {
-    char sql[512];
+    char sql[1024];
+    long long id = (long long)run_id;
+    if (store_run_last_seq(st, run_id) < 0) return set_err(st, -3, "no run %lld", id);
+    /* the small rows go now (runs cascades to metrics, events, alerts,
+     * branches, rewinds); the bulk is listed in purge for store_purge */
     snprintf(sql, sizeof sql,
-             "DELETE FROM frames WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld);"
-             "DELETE FROM rollups WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld);"
-             "DELETE FROM steps WHERE run_id = %lld;"
+             "INSERT OR IGNORE INTO purge(kind, id) SELECT 0, id FROM metrics WHERE run_id = %lld;"
+             "INSERT OR IGNORE INTO purge(kind, id) SELECT 1, id FROM branches WHERE run_id = %lld;"
+             "INSERT OR IGNORE INTO purge(kind, id) VALUES (2, %lld);"
+             "DELETE FROM latest WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld);"
              "DELETE FROM runs WHERE id = %lld;",
-             (long long)run_id, (long long)run_id, (long long)run_id, (long long)run_id);
+             id, id, id, id, id);
     if (exec(st, sql)) return -1;
-    if (sqlite3_changes(st->db) == 0) return set_err(st, -3, "no run %lld", (long long)run_id);
     run_forget(st, run_id);
     return 0;
+}
+
+/* Runs one bounded DELETE (sql with the limit already in it) and charges
+ * its rows to *left at `per` rows a unit. Returns 1 if the limit was
+ * reached (more may remain), 0 if the table is done, -1 on error. */
+static int purge_table(struct store *st, const char *sql, int64_t want, int per, int64_t *left) {
+    if (exec(st, sql)) return -1;
+    int64_t n = sqlite3_changes64(st->db);
+    if (n >= want) {
+        *left = 0;
+        return 1;
+    }
+    *left -= (n + per - 1) / per;
+    if (*left < 1) *left = 1; /* the last tables of an entry are checked, then it goes */
+    return 0;
+}
+
+/* Deletes up to *left rows of one purge entry, and the entry itself once
+ * nothing of it is left. */
+static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
+    char sql[320];
+    long long i = (long long)id;
+    int r;
+    if (kind == 0) {
+        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = %lld "
+                 "LIMIT %lld)", i, (long long)*left);
+        if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
+        snprintf(sql, sizeof sql, "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = %lld "
+                 "LIMIT %lld)", i, (long long)*left);
+        if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
+        snprintf(sql, sizeof sql, "DELETE FROM latest WHERE metric_id = %lld", i);
+        if (exec(st, sql)) return -1;
+    } else if (kind == 1) {
+        snprintf(sql, sizeof sql, "DELETE FROM abandoned_frames WHERE rowid IN (SELECT rowid FROM abandoned_frames "
+                 "WHERE branch_id = %lld LIMIT %lld)", i, (long long)*left);
+        if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
+    } else {
+        int64_t want = *left * 8; /* steps rows are small: 8 to a frame's worth */
+        snprintf(sql, sizeof sql, "DELETE FROM steps WHERE run_id = %lld AND step <= coalesce((SELECT step FROM steps "
+                 "WHERE run_id = %lld ORDER BY step LIMIT 1 OFFSET %lld), 9223372036854775807)", i, i,
+                 (long long)want - 1);
+        if ((r = purge_table(st, sql, want, 8, left))) return r < 0 ? -1 : 0;
+    }
+    snprintf(sql, sizeof sql, "DELETE FROM purge WHERE kind = %d AND id = %lld", kind, i);
+    return exec(st, sql);
+}
+
+int store_purge(struct store *st, int64_t budget) {
+    int64_t left = budget < 1 ? 1 : budget;
+    for (;;) {
+        sqlite3_stmt *s = st->stmt[S_PURGE_NEXT];
+        int rc = sqlite3_step(s);
+        int kind = rc == SQLITE_ROW ? sqlite3_column_int(s, 0) : 0;
+        int64_t id = rc == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
+        sqlite3_reset(s);
+        if (rc == SQLITE_DONE) return 0;
+        if (rc != SQLITE_ROW) return db_err(st, "reading purge");
+        if (left <= 0) return 1;
+        if (kind < 0 || kind > 2) return set_err(st, SQLITE_CORRUPT, "purge kind %d", kind);
+        if (purge_one(st, kind, id, &left)) return -1;
+    }
 }
 
 int64_t store_run_last_seq(struct store *st, int64_t run_id) {
@@ -673,6 +900,33 @@ int64_t store_db_bytes(struct store *st) {
     int64_t pages = pragma_int(st, "PRAGMA page_count");
     int64_t size = pragma_int(st, "PRAGMA page_size");
     return pages < 0 || size < 0 ? -1 : pages * size;
+}
+
+const char *store_path(struct store *st) { return sqlite3_db_filename(st->db, "main"); }
+
+int64_t store_wal_bytes(struct store *st) { return store_wal_bytes_of(sqlite3_db_filename(st->db, "main")); }
+
+int64_t store_wal_bytes_of(const char *db) {
+    char path[4096];
+    struct stat sb;
+    if (!db || !*db || snprintf(path, sizeof path, "%s-wal", db) >= (int)sizeof path) return -1;
+    if (stat(path, &sb) != 0) return errno == ENOENT ? 0 : -1;
+    return (int64_t)sb.st_size;
+}
+
+int64_t store_wal_used(struct store *st) { return st->wal_frames * (st->page_size + 24); }
+
+int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_bytes) {
+    int log = 0, done = 0;
+    sqlite3_busy_timeout(st->db, busy_ms);
+    int rc = sqlite3_wal_checkpoint_v2(st->db, NULL, restart ? SQLITE_CHECKPOINT_RESTART : SQLITE_CHECKPOINT_PASSIVE,
+                                       &log, &done);
+    sqlite3_busy_timeout(st->db, 5000);
+    if (wal_bytes) *wal_bytes = store_wal_bytes(st);
+    if (rc == SQLITE_OK && restart) st->wal_frames = 0; /* the next write starts the log over */
+    if (rc == SQLITE_BUSY) return 1;
+    if (rc != SQLITE_OK) return db_err(st, "checkpointing the WAL");
+    return 0;
 }
 
 int store_set_max_pages(struct store *st, int64_t max_pages) {
@@ -714,7 +968,7 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
         id = sqlite3_last_insert_rowid(st->db);
     } else {
         if (sqlite3_prepare_v2(st->db, "UPDATE alerts SET state = ?2, ends_at = ?3, last_step = ?4, value = ?5, "
-                               "cells = ?6, payload = ?7 WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) goto dberr;
+                               "cells = ?6, payload = ?7, reason = ?8 WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) goto dberr;
         sqlite3_bind_int64(s, 1, id);
         sqlite3_bind_text(s, 2, resolved ? "resolved" : "firing", -1, SQLITE_STATIC);
         if (resolved) sqlite3_bind_double(s, 3, a->ends_at);
@@ -724,6 +978,8 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
         else sqlite3_bind_null(s, 5);
         sqlite3_bind_text(s, 6, a->cells_json, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 7, a->payload, -1, SQLITE_STATIC);
+        if (resolved && a->reason) sqlite3_bind_text(s, 8, a->reason, -1, SQLITE_STATIC);
+        else sqlite3_bind_null(s, 8);
         if (sqlite3_step(s) != SQLITE_DONE) goto dberr;
     }
     sqlite3_finalize(s);
@@ -750,7 +1006,8 @@ out:
 
 int store_alerts_close_run(struct store *st, int64_t run_id, double now) {
     char sql[256];
-    snprintf(sql, sizeof sql, "UPDATE alerts SET state = 'resolved', ends_at = %.6f WHERE run_id = %lld AND state = 'firing'",
+    snprintf(sql, sizeof sql, "UPDATE alerts SET state = 'resolved', ends_at = %.6f, reason = 'run_ended' "
+             "WHERE run_id = %lld AND state = 'firing'",
              now, (long long)run_id);
     return exec(st, sql);
 }
@@ -765,3 +1022,70 @@ int store_run_is_live(struct store *st, int64_t run_id) {
     sqlite3_finalize(s);
     return v;
 }
+
+/* ---- run summary and verdict (issue 15; schema/005_runs.sql) ---- */
+
+int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
+                      const char *heads_json, const char *rule) {
+    sqlite3_stmt *s = NULL;
+    int ret = -1;
+    if (sqlite3_prepare_v2(st->db, "INSERT INTO run_summary(run_id, verdict, since_step, heads, rule) "
+                           "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1) "
+                           "ON CONFLICT(run_id) DO UPDATE SET verdict = excluded.verdict, "
+                           "since_step = excluded.since_step, heads = excluded.heads, rule = excluded.rule",
+                           -1, &s, NULL) != SQLITE_OK) {
+        db_err(st, "writing the verdict");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_text(s, 2, verdict, -1, SQLITE_STATIC);
+    if (since_step >= 0) sqlite3_bind_int64(s, 3, since_step);
+    else sqlite3_bind_null(s, 3);
+    sqlite3_bind_text(s, 4, heads_json ? heads_json : "[]", -1, SQLITE_STATIC);
+    if (rule) sqlite3_bind_text(s, 5, rule, -1, SQLITE_STATIC);
+    else sqlite3_bind_null(s, 5);
+    if (sqlite3_step(s) != SQLITE_DONE) {
+        db_err(st, "writing the verdict");
+        goto out;
+    }
+    ret = 0;
+out:
+    sqlite3_finalize(s);
+    return ret;
+}
+
+int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_msg *msg) {
+    double loss = NAN, ent = NAN;
+    int has_loss = 0;
+    for (uint32_t i = 0; i < msg->nmetrics; i++) {
+        const struct proto_metric *pm = &msg->metrics[i];
+        if (pm->kind == PROTO_SCALAR && !strcmp(pm->name, "loss")) {
+            loss = msg->values[pm->offset];
+            has_loss = 1;
+        } else if (pm->kind == PROTO_HEAD && !strcmp(pm->name, "entropy_norm")) {
+            const float *v = msg->values + pm->offset;
+            for (uint32_t k = 0; k < pm->rows * pm->cols; k++)
+                if (isfinite(v[k]) && !(v[k] >= ent)) ent = v[k];
+        }
+    }
+    if (!has_loss && isnan(ent)) return 0;
+    if (!st->summary_stmt &&
+        sqlite3_prepare_v3(st->db, "INSERT INTO run_summary(run_id, last_loss, min_entropy) VALUES (?1, ?2, ?3) "
+                           "ON CONFLICT(run_id) DO UPDATE SET "
+                           "last_loss = CASE WHEN ?4 THEN excluded.last_loss ELSE last_loss END, "
+                           "min_entropy = CASE WHEN excluded.min_entropy IS NULL THEN min_entropy "
+                           "WHEN min_entropy IS NULL OR excluded.min_entropy < min_entropy THEN excluded.min_entropy "
+                           "ELSE min_entropy END",
+                           -1, SQLITE_PREPARE_PERSISTENT, &st->summary_stmt, NULL) != SQLITE_OK)
+        return db_err(st, "preparing the run summary");
+    sqlite3_stmt *s = st->summary_stmt;
+    sqlite3_bind_int64(s, 1, run_id);
+    if (has_loss && isfinite(loss)) sqlite3_bind_double(s, 2, loss);
+    else sqlite3_bind_null(s, 2); /* a NaN loss is stored as NULL: the verdict says diverged */
+    if (isfinite(ent)) sqlite3_bind_double(s, 3, ent);
+    else sqlite3_bind_null(s, 3);
+    sqlite3_bind_int(s, 4, has_loss);
+    return step_done(st, s, "writing the run summary");
+}
+
+void store_release_memory(struct store *st) { sqlite3_db_release_memory(st->db); }

@@ -90,13 +90,39 @@ int store_event(struct store *st, int64_t run_id, int64_t seq, double time, int 
 /* Sets a run's status (enum proto_status); seq > 0 also advances last_seq. */
 int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, double now);
 
-/* Deletes a run and all its data. Returns 0, or -1 (errcode -3 if no such run). */
+/* Deletes a run: the run and its small rows (metrics, events, alerts,
+ * branches) at once, so that it is gone for readers after this
+ * transaction's commit; its bulk (frames, rollups, steps, abandoned frames)
+ * is listed in the `purge` table for store_purge, so that deleting a run of
+ * a million steps is not one long transaction. Returns 0, or -1 (errcode -3
+ * if no such run). */
 int store_run_delete(struct store *st, int64_t run_id);
 
 /* 1 when the run is live (a trainer holds it), 0 when not or when there is
  * no such run, -1 on a database error. Inside the writer's transaction
  * this is the truth, as only the writer changes a run's status. */
 int store_run_is_live(struct store *st, int64_t run_id);
+
+/* Deletes about `budget` rows (a frame's worth each) of the runs deleted
+ * so far, in the caller's transaction. Returns 1 if more is left, 0 if
+ * nothing is, -1 on failure. Purge ids are never reused meanwhile: new
+ * metrics and branches take ids above them. */
+int store_purge(struct store *st, int64_t budget);
+
+/* Rollback of a run (a step <= its last step, schema/protocol.md) in
+ * chunks: store_needs_rewind() says whether storing `step` must wait for a
+ * rewind (1), not (0), or failed (-1). store_rewind() moves about `budget`
+ * rows (a frame's worth each) of the run's steps >= step into a branch in
+ * the caller's transaction, highest steps first, and returns 1 while more
+ * is left, 0 once the run's last step is step - 1 (then store_step takes
+ * the step as new), -1 on failure. A rewind in progress is kept in the
+ * `rewinds` table across transactions and restarts: until it is done,
+ * store_needs_rewind() is 1 for any step of the run, and it completes with
+ * its own from_step (a later call's step may then need a new rewind).
+ * store_step() on a run that needs one does the whole rewind itself, in
+ * its transaction. */
+int store_needs_rewind(struct store *st, int64_t run_id, int64_t step);
+int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, int64_t budget);
 
 /* One alert transition (see alert.h), as stored. Strings are borrowed. */
 struct store_alert {
@@ -108,6 +134,7 @@ struct store_alert {
     double value;                 /* NaN stores NULL */
     const char *cells_json;       /* JSON array */
     const char *payload;          /* Alertmanager alert object (JSON) */
+    const char *reason;           /* resolved: NULL for a recovery, "run_ended", "run_deleted" */
 };
 
 /* Records a transition: "firing" opens an alerts row for (run, rule) unless
@@ -117,8 +144,29 @@ struct store_alert {
  * in the caller's transaction, or its own when there is none. */
 int store_alert_transition(struct store *st, const struct store_alert *a, int64_t *alert_id);
 
-/* Resolves every alert of the run still open (at the run's end). */
+/* Resolves every alert of the run still open (at the run's end), with
+ * reason 'run_ended'. */
 int store_alerts_close_run(struct store *st, int64_t run_id, double now);
+
+/* ---- run summary and verdict (schema/005_runs.sql) ---- */
+
+/* A run's verdict as the alert engine computed it (alert.h): verdict is
+ * "healthy", "collapsing", "collapsed", "diverged" or "stalled";
+ * since_step -1 stores NULL; heads_json a JSON array of [layer, head]
+ * pairs; rule NULL for none. Runs in the caller's transaction. */
+int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
+                      const char *heads_json, const char *rule);
+
+/* Folds one stored step into the run's summary: the scalar `loss` becomes
+ * last_loss (when the step has it) and the minimum of the finite
+ * entropy_norm head values lowers min_entropy. Costs one row write for a
+ * step that has either, nothing otherwise; never reads frames. */
+int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_msg *msg);
+
+/* Gives the connection's unused page cache back to the allocator (after a
+ * large run ended or was deleted, its pages are dead weight). Call outside
+ * a transaction. */
+void store_release_memory(struct store *st);
 
 /* Committed facts of a run for tests and callers outside a transaction:
  * last_seq (or -1 if no such run). */
@@ -126,6 +174,36 @@ int64_t store_run_last_seq(struct store *st, int64_t run_id);
 
 /* Bytes of the database file (page_count * page_size). */
 int64_t store_db_bytes(struct store *st);
+
+/* The WAL: PRAGMA journal_size_limit is STORE_WAL_LIMIT, so the file is cut
+ * back to it when it restarts. */
+#define STORE_WAL_LIMIT (INT64_C(16) << 20)
+#define STORE_WAL_LIMIT_STR "16777216"
+
+/* The database file's path (owned by the store; "" for an in-memory one). */
+const char *store_path(struct store *st);
+
+/* Bytes of the WAL file (0 when there is none, -1 on error). */
+int64_t store_wal_bytes(struct store *st);
+/* The same for the database file at db_path (NULL or "": -1). */
+int64_t store_wal_bytes_of(const char *db_path);
+
+/* SQLite's autocheckpoint (a PASSIVE checkpoint in the committing thread
+ * once the WAL holds 1000 pages) is on by default; the writer turns it off
+ * and checkpoints on its own terms (writer.h). */
+void store_set_autocheckpoint(struct store *st, int on);
+
+/* Bytes of the WAL in use after the last commit (its frames; the file may
+ * be longer, from before a restart). */
+int64_t store_wal_used(struct store *st);
+
+/* Checkpoints the WAL outside a transaction: PASSIVE (copies what no
+ * reader needs, never waits), or with restart set RESTART (copies all,
+ * then waits up to busy_ms for readers of the old WAL so the next writes
+ * start at its beginning). Sets *wal_bytes (if not NULL) to the WAL's size
+ * after it. Returns 0, 1 if readers held it (SQLITE_BUSY: try later), -1
+ * on failure. */
+int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_bytes);
 
 /* For tests of full-disk behaviour: caps the file at max_pages pages
  * (PRAGMA max_page_count); 0 removes the cap (restores the default). */

@@ -26,6 +26,26 @@ struct writer {
     struct writer_reply *rhead, *rtail;
 
     struct writer_stats stats;       /* written by the writer thread only */
+
+    /* Writer thread only. Items held back behind a rollback: the first is
+     * a step that needs a rewind (store_needs_rewind), the rest are later
+     * items of a run that has one deferred, and hellos (one could resume
+     * such a run). They are counted in `bytes` until committed. */
+    struct writer_item *dhead, *dtail;
+    int64_t *blocked;                /* runs with a deferred item */
+    size_t nblocked, capblocked;
+    int purge_pending;               /* store_purge has (or may have) work */
+    int64_t job_budget;              /* rows per chunk, adapted to WRITER_JOB_MS */
+    double job_backoff_until;        /* after a failed chunk (monotonic ms) */
+
+    /* The checkpointer: its own connection and thread; wal_used (bytes of
+     * the WAL in use after the writer's last commit) and wal_checked (the
+     * figure it last acted on) are guarded by mu. */
+    struct store *ck;
+    pthread_t ckthread;
+    int ckstarted;
+    pthread_cond_t ckcv;
+    int64_t wal_used, wal_checked;
 };
 
 static void notify(struct writer *w) {
@@ -127,6 +147,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
             r = 0;
         }
         if (r == 0) rep->values += it->msg.nvalues;
+        if (r == 0) r = store_run_summary_step(st, it->run_id, &it->msg); /* the runs list's summary */
         break;
     case WRITER_EVENT:
         r = store_event(st, it->run_id, it->seq, it->time, it->msg.level, it->msg.text ? it->msg.text : "");
@@ -257,6 +278,145 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
     }
 }
 
+/* ---- deferral behind a rollback, and chunked jobs ----------------------- */
+
+static int run_blocked(const struct writer *w, int64_t run_id) {
+    for (size_t i = 0; i < w->nblocked; i++)
+        if (w->blocked[i] == run_id) return 1;
+    return 0;
+}
+
+/* 1 if it must wait behind a rewind: added to the deferred list. Runs in
+ * the batch's transaction (store_needs_rewind reads its state). */
+static int defer(struct writer *w, struct writer_item *it) {
+    int hold;
+    if (w->dhead && it->kind == WRITER_HELLO) hold = 1;
+    else if (it->kind == WRITER_HELLO || it->run_id <= 0) hold = 0;
+    else if (w->dhead && run_blocked(w, it->run_id)) hold = 1;
+    else hold = it->kind == WRITER_STEP && store_needs_rewind(w->st, it->run_id, it->msg.step) == 1;
+    if (!hold) return 0;
+    if (it->kind != WRITER_HELLO && !run_blocked(w, it->run_id)) {
+        if (w->nblocked == w->capblocked) {
+            size_t cap = w->capblocked ? w->capblocked * 2 : 8;
+            int64_t *b = realloc(w->blocked, cap * sizeof *b);
+            if (!b) return 0; /* then the step is applied at once, its rewind whole */
+            w->blocked = b;
+            w->capblocked = cap;
+        }
+        w->blocked[w->nblocked++] = it->run_id;
+    }
+    it->next = NULL;
+    if (w->dtail) w->dtail->next = it;
+    else w->dhead = it;
+    w->dtail = it;
+    return 1;
+}
+
+/* Puts every deferred item back at the head of the queue, in order: each
+ * is looked at again (another run's rollback is deferred again). */
+static void release_deferred(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    w->dtail->next = w->head;
+    if (!w->head) w->tail = w->dtail;
+    w->head = w->dhead;
+    pthread_mutex_unlock(&w->mu);
+    w->dhead = w->dtail = NULL;
+    w->nblocked = 0;
+}
+
+static int jobs_pending(const struct writer *w) {
+    return (w->dhead || w->purge_pending) && now_mono_ms() >= w->job_backoff_until;
+}
+
+/* After a commit: tells the checkpointer how much of the WAL is in use. */
+static void checkpoint_policy(struct writer *w) {
+    int64_t used = store_wal_used(w->st), wal = -1;
+    pthread_mutex_lock(&w->mu);
+    w->wal_used = used;
+    if (used >= WRITER_WAL_PASSIVE) pthread_cond_signal(&w->ckcv);
+    pthread_mutex_unlock(&w->mu);
+    if (used < WRITER_WAL_HARD) return;
+    /* the checkpointer fell behind (or readers held the log): the writer
+     * checkpoints itself before taking more, which is back-pressure */
+    int r;
+    double t0 = now_mono_ms();
+    /* busy: the checkpointer is copying (checkpoints exclude each other,
+     * without a busy wait) or a reader holds the old log; try again, for at
+     * most 5 s, so that the WAL cannot outgrow the disk's checkpoint pace */
+    while ((r = store_checkpoint(w->st, 1, 250, &wal)) == 1 && now_mono_ms() - t0 < 5000) usleep(10 * 1000);
+    pthread_mutex_lock(&w->mu);
+    w->stats.checkpoints++;
+    w->stats.checkpoints_writer++;
+    if (r == 1) w->stats.checkpoints_busy++;
+    if (r < 0) w->stats.db_errors++;
+    if (wal > (int64_t)w->stats.wal_peak_bytes) w->stats.wal_peak_bytes = (uint64_t)wal;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* The checkpointer thread, on its own connection: a PASSIVE checkpoint
+ * copies the WAL into the database (and syncs it) without ever blocking
+ * the writer; once the WAL holds WRITER_WAL_RESTART, a RESTART (which only
+ * waits, briefly, for readers of the old log, the copying being done) lets
+ * the writer's next commit start the log over (writer.h). */
+static void *checkpointer_main(void *arg) {
+    struct writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop) {
+        if (w->wal_used < WRITER_WAL_PASSIVE || w->wal_used == w->wal_checked) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&w->ckcv, &w->mu, &ts);
+            continue;
+        }
+        int64_t used = w->wal_checked = w->wal_used, wal = -1;
+        pthread_mutex_unlock(&w->mu);
+        int r = store_checkpoint(w->ck, 0, 0, &wal);
+        if (r == 0 && used >= WRITER_WAL_RESTART)
+            r = store_checkpoint(w->ck, 1, used >= 3 * WRITER_WAL_RESTART ? 250 : 20, &wal);
+        if (r < 0) fprintf(stderr, "entropyd: writer: %s\n", store_errmsg(w->ck));
+        pthread_mutex_lock(&w->mu);
+        w->stats.checkpoints++;
+        if (r == 1) w->stats.checkpoints_busy++;
+        if (r < 0) w->stats.db_errors++;
+        if (wal > (int64_t)w->stats.wal_peak_bytes) w->stats.wal_peak_bytes = (uint64_t)wal;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* One chunk of background work in its own transaction: the rewind the
+ * first deferred item waits for, else a purge of deleted runs. */
+static void job_chunk(struct writer *w) {
+    struct store *st = w->st;
+    double t0 = now_mono_ms();
+    int r;
+    if (store_begin(st)) goto fail;
+    if (w->dhead) r = store_rewind(st, w->dhead->run_id, w->dhead->msg.step, w->dhead->time, w->job_budget);
+    else r = store_purge(st, w->job_budget);
+    if (r < 0 || store_commit(st)) goto fail;
+    double ms = now_mono_ms() - t0;
+    if (ms < WRITER_JOB_MS / 2 && w->job_budget < (INT64_C(1) << 20)) w->job_budget *= 2;
+    else if (ms > WRITER_JOB_MS && w->job_budget > 256) w->job_budget /= 2;
+    pthread_mutex_lock(&w->mu);
+    w->stats.job_chunks++;
+    if (ms > w->stats.job_ms_max) w->stats.job_ms_max = ms;
+    pthread_mutex_unlock(&w->mu);
+    if (r == 0) {
+        if (w->dhead) release_deferred(w);
+        else w->purge_pending = 0;
+    }
+    checkpoint_policy(w);
+    return;
+fail:
+    fprintf(stderr, "entropyd: writer: background chunk failed: %s (retrying)\n", store_errmsg(st));
+    store_rollback(st);
+    pthread_mutex_lock(&w->mu);
+    w->stats.db_errors++;
+    pthread_mutex_unlock(&w->mu);
+    w->job_backoff_until = now_mono_ms() + 200;
+}
+
 static void *writer_main(void *arg) {
     struct writer *w = arg;
     struct writer_item *batch = NULL, *btail = NULL;
@@ -266,13 +426,13 @@ static void *writer_main(void *arg) {
     int in_txn = 0, failed = 0;
     for (;;) {
         pthread_mutex_lock(&w->mu);
-        while (!w->head && !w->stop && !in_txn) {
-            if (!w->cfg.on_tick) {
+        while (!w->head && !w->stop && !in_txn && !jobs_pending(w)) {
+            if (!w->cfg.on_tick && !w->dhead && !w->purge_pending) {
                 pthread_cond_wait(&w->cv, &w->mu);
                 continue;
             }
             double t = now_wall();
-            if (t - last_tick >= 1.0) {
+            if (w->cfg.on_tick && t - last_tick >= 1.0) {
                 pthread_mutex_unlock(&w->mu);
                 w->cfg.on_tick(w->cfg.ctx, t);
                 last_tick = t;
@@ -281,12 +441,29 @@ static void *writer_main(void *arg) {
             }
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
+            ts.tv_nsec += 200 * 1000000L; /* also the retry of a failed background chunk */
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
             pthread_cond_timedwait(&w->cv, &w->mu, &ts);
         }
-        if (!w->head && w->stop && !in_txn) {
+        /* at the end, deferred items are still applied (their rewinds done);
+         * a purge is left for the next start */
+        if (!w->head && w->stop && !in_txn && !w->dhead) {
             pthread_mutex_unlock(&w->mu);
             break;
+        }
+        if (!w->head && !in_txn) {
+            pthread_mutex_unlock(&w->mu);
+            if (jobs_pending(w)) job_chunk(w);
+            else if (w->dhead) usleep(50 * 1000); /* stopping while a chunk backs off */
+            double t = now_wall();
+            if (w->cfg.on_tick && t - last_tick >= 1.0) {
+                w->cfg.on_tick(w->cfg.ctx, t);
+                last_tick = t;
+            }
+            continue;
         }
         struct writer_item *take = w->head, *take_tail = w->tail;
         w->head = w->tail = NULL;
@@ -312,6 +489,8 @@ static void *writer_main(void *arg) {
             struct writer_item *it = take;
             take = take->next;
             it->next = NULL;
+            if (!failed && defer(w, it)) continue;
+            if (it->kind == WRITER_DELETE) w->purge_pending = 1;
             if (btail) btail->next = it;
             else batch = it;
             btail = it;
@@ -322,11 +501,16 @@ static void *writer_main(void *arg) {
         int empty = w->head == NULL;
         pthread_mutex_unlock(&w->mu);
         if (in_txn && (empty || failed || nbatch >= WRITER_MAX_BATCH || now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
-            commit_batch(w, batch, &rep, failed);
+            if (batch) commit_batch(w, batch, &rep, failed);
+            else store_rollback(w->st); /* everything taken was deferred */
             batch = btail = NULL;
             nbatch = 0;
             in_txn = 0;
             failed = 0;
+            checkpoint_policy(w);
+            /* between two batches, at most one chunk of background work:
+             * no trainer's ack waits behind more than that */
+            if (jobs_pending(w)) job_chunk(w);
             /* a busy writer still ticks */
             double t = now_wall();
             if (w->cfg.on_tick && t - last_tick >= 1.0) {
@@ -350,8 +534,26 @@ struct writer *writer_create(struct store *st, int notify_fd, const struct write
     w->notify_fd = notify_fd;
     if (cfg) w->cfg = *cfg;
     if (!w->cfg.max_bytes) w->cfg.max_bytes = (size_t)256 << 20;
+    w->purge_pending = 1; /* a purge left by an earlier daemon goes on */
+    w->job_budget = 1024;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
+    pthread_cond_init(&w->ckcv, NULL);
+    store_set_autocheckpoint(st, 0);
+    const char *path = store_path(st);
+    if (path && *path) { /* an in-memory database has no WAL */
+        if (!(w->ck = store_open(path, err, errlen))) {
+            writer_destroy(w);
+            return NULL;
+        }
+        int rc = pthread_create(&w->ckthread, NULL, checkpointer_main, w);
+        if (rc) {
+            snprintf(err, errlen, "cannot start checkpointer thread: %s", strerror(rc));
+            writer_destroy(w);
+            return NULL;
+        }
+        w->ckstarted = 1;
+    }
     int rc = pthread_create(&w->thread, NULL, writer_main, w);
     if (rc) {
         snprintf(err, errlen, "cannot start writer thread: %s", strerror(rc));
@@ -371,11 +573,25 @@ void writer_destroy(struct writer *w) {
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->thread, NULL);
     }
+    if (w->ckstarted) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_signal(&w->ckcv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->ckthread, NULL);
+    }
+    store_close(w->ck);
     while (w->head) {
         struct writer_item *n = w->head->next;
         writer_item_free(w->head);
         w->head = n;
     }
+    while (w->dhead) {
+        struct writer_item *n = w->dhead->next;
+        writer_item_free(w->dhead);
+        w->dhead = n;
+    }
+    free(w->blocked);
     while (w->rhead) {
         struct writer_reply *n = w->rhead->next;
         free(w->rhead->payload);
@@ -383,6 +599,7 @@ void writer_destroy(struct writer *w) {
         w->rhead = n;
     }
     pthread_cond_destroy(&w->cv);
+    pthread_cond_destroy(&w->ckcv);
     pthread_mutex_destroy(&w->mu);
     free(w);
 }

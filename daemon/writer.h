@@ -10,7 +10,29 @@
  * When the database fails for a reason that may pass (disk full, I/O error,
  * busy, out of memory), the writer rolls back, keeps the whole batch, and
  * retries with backoff: nothing is acked meanwhile, the queue fills and the
- * ingest loop stops reading (back-pressure). Nothing accepted is dropped. */
+ * ingest loop stops reading (back-pressure). Nothing accepted is dropped.
+ *
+ * Long work goes in chunks, each its own transaction of about WRITER_JOB_MS,
+ * with at most one chunk between two batches, so that no trainer's ack
+ * waits behind much more than one chunk:
+ * - a rollback (a step <= the run's last step) is a rewind (store.h): the
+ *   step and every later item of its run wait (with any hello) until the
+ *   rewind is done, then go through in order; other runs go on meanwhile;
+ * - a DELETE removes the run at once and purges its rows afterwards.
+ *
+ * WAL policy (SQLite's autocheckpoint is off): a checkpointer thread with
+ * its own connection runs a PASSIVE checkpoint (copy into the database and
+ * sync, never blocking the writer) whenever a commit leaves the WAL holding
+ * WRITER_WAL_PASSIVE bytes or more, and after it a RESTART (waiting at most
+ * 20 ms for readers of the old log, 250 ms past 3x) once it holds
+ * WRITER_WAL_RESTART, so that the writer's next commit starts the log over;
+ * journal_size_limit cuts the file back to STORE_WAL_LIMIT then. Should the
+ * WAL still reach WRITER_WAL_HARD (the checkpointer starved of CPU or disk,
+ * or readers holding the old log), the writer runs the RESTART itself
+ * (waiting up to 250 ms) before its next batch: back-pressure, so the WAL
+ * stays under WRITER_WAL_HARD plus one batch (64 MiB is the documented
+ * bound). Readers keep their transactions short (query.h), so a restart
+ * seldom waits. */
 #ifndef WRITER_H
 #define WRITER_H
 
@@ -21,6 +43,10 @@
 
 #define WRITER_COMMIT_MS 100
 #define WRITER_MAX_BATCH 4096
+#define WRITER_JOB_MS 20
+#define WRITER_WAL_PASSIVE (INT64_C(2) << 20)
+#define WRITER_WAL_RESTART (INT64_C(8) << 20)
+#define WRITER_WAL_HARD (INT64_C(32) << 20)
 
 enum writer_kind {
     WRITER_HELLO,   /* msg is the hello; replies WELCOME (or ERROR) to conn;
@@ -118,6 +144,11 @@ void writer_item_free(struct writer_item *it);
 struct writer_stats {
     uint64_t commits, items, values, retries, db_errors, queue_bytes;
     double commit_ms_total, commit_ms_max;
+    uint64_t checkpoints, checkpoints_busy; /* busy: readers kept a RESTART from finishing */
+    uint64_t checkpoints_writer; /* run by the writer itself at WRITER_WAL_HARD */
+    uint64_t wal_peak_bytes;     /* largest WAL file seen after a checkpoint */
+    uint64_t job_chunks;         /* rewind and purge chunks committed */
+    double job_ms_max;
     int failing;                 /* 1 while the database refuses writes */
 };
 void writer_get_stats(struct writer *w, struct writer_stats *out);

@@ -44,6 +44,9 @@ import time
 import urllib.error
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import collapse_risk  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD", "build")
 ENTROPYD = os.environ.get("ENTROPYD") or os.path.join(ROOT, BUILD, "entropyd")
@@ -64,17 +67,23 @@ COLLAPSE_FLOOR = 0.01  # entropy_collapse's default value (daemon/alert.c), draw
 
 
 def run_name(c):
-    return "%s-%s-%s-lr%g-s%d" % (c["opt"], c["norm"], c["reparam"], c["lr"], c["seed"])
+    name = "%s-%s-%s-lr%g-s%d" % (c["opt"], c["norm"], c["reparam"], c["lr"], c["seed"])
+    if c.get("warmup"):
+        name += "-w%d" % c["warmup"]
+    if c.get("tag"):
+        name = c["tag"] + "-" + name
+    return name
 
 
 class Daemon:
     """entropyd on DIR with a free HTTP port; stopped with SIGTERM."""
 
-    def __init__(self, data):
+    def __init__(self, data, rules=None):
         self.data = data
         os.makedirs(data, exist_ok=True)
         self.log = open(os.path.join(data, "daemon.log"), "wb")
-        self.proc = subprocess.Popen([ENTROPYD, "--data", data, "--http", "127.0.0.1:0", "--quiet-alerts"],
+        self.proc = subprocess.Popen([ENTROPYD, "--data", data, "--http", "127.0.0.1:0", "--quiet-alerts"] +
+                                     (["--rules", rules] if rules else []),
                                      stdout=subprocess.PIPE, stderr=self.log)
         self.port = None
         deadline = time.time() + 20
@@ -108,7 +117,10 @@ class Daemon:
 
 
 def start_run(c, d, logdir):
-    args = [SIGMATRAIN] + MODEL + COMMON + [
+    common = list(COMMON)
+    if c.get("warmup"):
+        common[common.index("--warmup") + 1] = str(c["warmup"])
+    args = [SIGMATRAIN] + c.get("model", MODEL) + common + [
         "--steps", str(c["steps"]), "--norm", c["norm"], "--reparam", c["reparam"],
         "--optimizer", c["opt"], "--lr", repr(c["lr"]), "--seed", str(c["seed"]),
         "--daemon", "unix:" + d.sock, "--run", run_name(c)]
@@ -421,6 +433,122 @@ def write_plot(rows, scratch, png):
     return True
 
 
+def predict_run_all(configs, d, logdir, jobs):
+    """Runs the collapse-risk sweeps' configs; per run the verdicts and the
+    stored series collapse_risk needs."""
+    rows, queue, active = [], list(configs), []
+    while queue or active:
+        while queue and len(active) < jobs:
+            c = queue.pop(0)
+            p, log = start_run(c, d, logdir)
+            active.append((c, p, log, time.time()))
+        time.sleep(0.2)
+        for item in list(active):
+            c, p, log, t0 = item
+            if p.poll() is None:
+                continue
+            active.remove(item)
+            log.close()
+            time.sleep(0.3)
+            name = run_name(c)
+            ev = parse_log(os.path.join(logdir, name + ".log"))
+            runs = [r for r in d.get("/api/runs") if r["name"] == name]
+            row = dict(name=name, exit=p.returncode, eval_loss=ev, collapse_step=None, diverge_step=None,
+                       alerts=[], data={}, seconds=round(time.time() - t0, 1),
+                       config={k: v for k, v in c.items() if k != "model"}, model=c["model"])
+            if runs:
+                run = runs[0]
+                row["alerts"] = [{k: a.get(k) for k in ("rule", "start_step", "last_step", "payload")}
+                                 for a in run_alerts(d, run["id"])]
+                row["data"] = collapse_risk.collect(d, run["id"], run["last_step"])
+                starts = [a["start_step"] for a in row["alerts"]
+                          if a["rule"] == "entropy_collapse" and a["start_step"] is not None]
+                row["collapse_step"] = min(starts) if starts else None
+                row["diverge_step"] = collapse_risk.divergence_step(row["data"]["loss_step"], row["data"]["loss"])
+            row["collapsed"] = row["collapse_step"] is not None
+            finite = ev is not None and math.isfinite(ev)
+            row["healthy"] = not row["collapsed"] and p.returncode == 0 and finite and ev <= VOCAB_LOSS
+            rows.append(row)
+            print("%-42s exit %d  eval %-8s collapse %-5s diverge %-5s risk %-5s %5.1fs" % (
+                name, p.returncode, fmt(ev, 3), fmt(row["collapse_step"], 0) if row["collapsed"] else "-",
+                row["diverge_step"] if row["diverge_step"] is not None else "-",
+                ",".join(str(a["start_step"]) for a in row["alerts"] if a["rule"] == "collapse_risk") or "-",
+                row["seconds"]), flush=True)
+    return rows
+
+
+def predict(args, scratch, out):
+    t0 = time.time()
+    # one daemon, the built-in rules plus every candidate of the tuning grid
+    rules = json.loads(default_rules_json())
+    shipped = [r for r in rules["rules"] if r["name"] == "collapse_risk"]
+    rules["rules"] += [r for _, _, _, r in collapse_risk.candidate_rules()]
+    rules_path = os.path.join(scratch, "rules.json")
+    with open(rules_path, "w") as f:
+        json.dump(rules, f)
+    d = Daemon(os.path.join(scratch, "daemon"), rules_path)
+    logdir = os.path.join(scratch, "logs")
+    os.makedirs(logdir, exist_ok=True)
+    tune_cfg = collapse_risk.configs("tune", args.steps_predict)
+    held_cfg = [] if args.tune_only else collapse_risk.configs("held", args.steps_predict)
+    print("collapse-risk: %d tune runs, then %d held-out runs, %d rules; entropyd at "
+          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), len(rules["rules"]), d.port), flush=True)
+    try:
+        tune_rows = predict_run_all(tune_cfg, d, logdir, args.jobs)
+        held_rows = predict_run_all(held_cfg, d, logdir, args.jobs)
+    finally:
+        d.stop()
+    for r in tune_rows + held_rows:
+        r["fires"] = collapse_risk.fires(r["alerts"])
+    with open(os.path.join(scratch, "rows.json"), "w") as f:
+        json.dump(tune_rows + held_rows, f)
+    top, _ = collapse_risk.tune(tune_rows)
+    print("collapse-risk: best candidates on the tune sweep (false alarms <= 5%):")
+    for name, rule, rec, far, lead in top[:10]:
+        print("  %s recall %.2f  false alarms %.2f  median lead %-6s %s" % (
+            name, rec, far, fmt(lead, 0), json.dumps({k: rule[k] for k in ("metric", "condition", "for")})))
+    if args.tune_only or not top:
+        return
+    report(tune_rows, held_rows, top, shipped, out, scratch, time.time() - t0)
+
+
+def report(tune_rows, held_rows, top, shipped, out, scratch, seconds):
+    """collapse-risk.md/.json/.png from the two sweeps' rows."""
+    name, chosen = top[0][0], dict(top[0][1])
+    same = bool(shipped) and all(shipped[0].get(k) == chosen.get(k) for k in ("metric", "condition", "for"))
+    judged = "collapse_risk" if same else name
+    held_j, tune_j = collapse_risk.judge(held_rows, judged), collapse_risk.judge(tune_rows, judged)
+    held_s, tune_s = collapse_risk.summarize(held_j), collapse_risk.summarize(tune_j)
+    machine = "%d cores (shared), load average %.1f at the end" % (os.cpu_count(), os.getloadavg()[0])
+    chosen["name"] = "collapse_risk"
+    chosen.pop("severity", None)
+    collapse_risk.write_report(os.path.join(out, "collapse-risk.md"), tune_rows, held_rows, top, chosen,
+                               held_j, held_s, tune_s, seconds, machine, shipped=same)
+    with open(os.path.join(out, "collapse-risk.json"), "w") as f:
+        json.dump({"seconds": round(seconds, 1), "chosen": chosen, "shipped_matches": same,
+                   "held_out": held_s, "tune": tune_s, "held_runs": held_j, "tune_runs": tune_j,
+                   "candidates": [dict(name=n, rule=r, recall=rc, false_alarms=fa, median_lead=ld)
+                                  for n, r, rc, fa, ld in top[:50]],
+                   "held_out_of_the_best_10": [
+                       dict(name=n, summary=collapse_risk.summarize(collapse_risk.judge(held_rows, n)))
+                       for n, _, _, _, _ in top[:10]]}, f, indent=1)
+    ok = collapse_risk.write_plot(held_j, os.path.join(scratch, "plot"), os.path.join(out, "collapse-risk.png"))
+    print("collapse-risk: %s; held-out recall %s, false alarms %s, median lead %s (collapse after 200: %s) -> "
+          "%s/collapse-risk.md%s" % (
+              "the built-in collapse_risk" if same else "chosen " + name + " (not the built-in rule)",
+              fmt(held_s["recall"]), fmt(held_s["false_alarms"]), fmt(held_s["median_lead"], 0),
+              fmt(held_s["late_median_lead"], 0), out, ", collapse-risk.png" if ok else ""))
+
+
+def default_rules_json():
+    """The daemon's built-in rules, from daemon/alert.c's C string."""
+    src = open(os.path.join(ROOT, "daemon", "alert.c")).read()
+    body = src[src.index("static const char default_rules[] ="):]
+    body = body[:body.index(";\n")]
+    parts = re.findall(r'"((?:[^"\\]|\\.)*)"', body)
+    return "".join(p.encode().decode("unicode_escape") for p in parts)
+
+
 def main():
     global STEPS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -430,10 +558,28 @@ def main():
                     help="where the results go (default docs/; with --quick demo-data/experiments/out/, "
                          "so a quick run never overwrites the committed results)")
     ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--part", choices=("all", "sweep", "predict"), default="all",
+                    help="sweep: the learning-rate sweep (experiments.md); predict: the collapse-risk "
+                         "study (collapse-risk.md); all: both (default)")
+    ap.add_argument("--tune-only", action="store_true", help="predict: run the tune sweep and print the "
+                    "best candidate rules, nothing else")
+    ap.add_argument("--steps-predict", type=int, default=collapse_risk.STEPS)
     args = ap.parse_args()
     for b in (ENTROPYD, SIGMATRAIN):
         if not os.access(b, os.X_OK):
             sys.exit("experiments: %s not built (make)" % b)
+    if args.part in ("all", "predict"):
+        pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
+        shutil.rmtree(pscratch, ignore_errors=True)
+        os.makedirs(pscratch)
+        pout = args.out or (os.path.join(pscratch, "out") if args.quick or args.tune_only else os.path.join(ROOT, "docs"))
+        os.makedirs(pout, exist_ok=True)
+        try:
+            predict(args, pscratch, pout)
+        except KeyboardInterrupt:
+            sys.exit("experiments: interrupted")
+        if args.part == "predict":
+            return
     scratch = os.path.join(ROOT, "demo-data", "experiments")
     shutil.rmtree(scratch, ignore_errors=True)
     logdir = os.path.join(scratch, "logs")

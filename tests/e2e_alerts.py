@@ -122,14 +122,16 @@ class AlertE2E(unittest.TestCase):
             c.send(step(seq, 40, loss=None))
             m, _ = c.recv_until(lambda m: m["type"] == "alert" and m["rule"] == "loss_nonfinite")
             self.assertEqual(m["transition"], "firing")
-            # ... and is listed as firing, and exported as an ALERTS series
+            # ... and is listed as firing, and exported as an entropyd_alerts_firing series
+            # (not ALERTS: that is Prometheus' own series for its rules)
             st, al = d.get("/api/alerts?state=firing")
             self.assertEqual([(a["rule"], a["run"]) for a in al], [("loss_nonfinite", "collapsing")])
             st, text = d.get("/metrics")
             self.assertEqual(st, 200)
-            self.assertIn('ALERTS{alertname="loss_nonfinite",alertstate="firing",run="collapsing",severity="warning"} 1',
+            self.assertIn('entropyd_alerts_firing{alertname="loss_nonfinite",run="collapsing",severity="warning"} 1',
                           text)
-            self.assertNotIn('ALERTS{alertname="entropy_collapse"', text)
+            self.assertNotIn('entropyd_alerts_firing{alertname="entropy_collapse"', text)
+            self.assertNotIn('\nALERTS', text)
             c.close()
         finally:
             d.cleanup()

@@ -113,6 +113,21 @@ def test_short_demo(tmp):
         assert collapse, "the baseline's entropy_collapse alert did not fire: %s" % ab
         # issue 6's bar: the same config with sigmaReparam fires nothing (no rule of the default set)
         assert not asig, "sigmaReparam fired alerts: %s" % asig
+        # issue 15's bar: after both runs finished, the baseline's verdict is
+        # collapsed from the step its entropy_collapse alert began, in the run
+        # and in the runs list (the list read before, from a fresh daemon);
+        # the sigmaReparam twin is healthy.
+        vb = get(port, "/api/runs/%d" % base["id"])["verdict"]
+        vs = get(port, "/api/runs/by-name/demo-sigmareparam")["verdict"]
+        print("verdicts: baseline %s; sigmareparam %s" % (vb, vs))
+        assert vb["state"] == "collapsed", vb
+        assert vb["since_step"] == collapse[0], (vb, collapse)
+        assert vb["rule"] == "entropy_collapse" and vb["heads"], vb
+        assert base["verdict"] == vb, (base["verdict"], vb)
+        assert vs == {"state": "healthy", "since_step": None, "heads": [], "rule": None}, vs
+        assert sig["verdict"] == vs, sig["verdict"]
+        page = get(port, "/api/runs?limit=10&verdict=collapsed")
+        assert [r["name"] for r in page["runs"]] == ["demo-baseline"], page
         # The baseline's collapse is visible in the stored series too.
         s = get(port, "/api/runs/%d/series?metric=entropy_norm&agg=min&points=%d" % (base["id"], STEPS + 1))
         t = get(port, "/api/runs/%d/series?metric=entropy_norm&agg=min&points=%d" % (sig["id"], STEPS + 1))

@@ -138,6 +138,7 @@ def test_spool_then_upload(tmp):
     r = subprocess.run([SIGMATRAIN] + TINY + ["--steps", str(steps), "--print-every", "100",
                         "--daemon", "unix:" + os.path.join(tmp, "nobody-here.sock"),
                         "--run", "e2e-spool", "--spool", spool,
+                        "--end-grace", "1",  # nobody will come: do not wait the default 30 s
                         # a tiny model logs a step every ~50 us: 300 steps can come and go within one
                         # of the sender's idle naps (<= 16 ms), so give the ring room for all of them;
                         # what this test checks is the spool, not ring overflow (test_telemetry does)

@@ -209,6 +209,116 @@ static void test_end_resolves_and_json_resolved(void **state) {
     alert_rules_free(r);
 }
 
+static struct writer_item *mk_end(int64_t run, int status) {
+    struct writer_item *it = calloc(1, sizeof *it);
+    it->kind = WRITER_END;
+    it->run_id = run;
+    it->time = 3000;
+    it->msg.status = status;
+    return it;
+}
+
+/* The verdict (issue 15): collapsing while the condition holds on a live
+ * run (pending, then firing), collapsed from the step it began once the run
+ * ends with it firing; the end's RESOLVED says run_ended; the engine holds
+ * nothing of an ended run. A rule named entropy_collapse in a rules file
+ * without "verdict" still stands for a collapse. */
+static void test_verdict_collapse_outlives_the_run(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(
+        "{\"rules\":[{\"name\":\"entropy_collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3}]}");
+    assert_int_equal(r->rules[0].verdict, ALERT_V_COLLAPSED);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 3, "run-v");
+    const struct alert_verdict *v = alert_verdict_changed(e);
+    assert_non_null(v); /* a hello reports the run's verdict: healthy */
+    assert_int_equal(v->state, ALERT_V_HEALTHY);
+    int changes = 0;
+    for (int s = 0; s < 20; s++) {
+        float x[L * H];
+        for (int i = 0; i < L * H; i++) x[i] = 0.8f;
+        if (s >= 4) x[0 * H + 2] = x[1 * H + 1] = 0.01f;
+        feed(e, mk_step(3, s, "entropy_norm", PROTO_HEAD, x, L * H));
+        v = alert_verdict_changed(e);
+        if (s < 4) assert_null(v);
+        if (s == 4) { /* pending from step 4 */
+            assert_non_null(v);
+            assert_int_equal(v->state, ALERT_V_COLLAPSING);
+            assert_int_equal(v->since_step, 4);
+            assert_int_equal(v->ncells, 2);
+            assert_int_equal(v->cells[0].layer, 0);
+            assert_int_equal(v->cells[0].head, 2);
+            assert_int_equal(v->cells[1].layer, 1);
+            assert_int_equal(v->cells[1].head, 1);
+            assert_string_equal(v->rule->name, "entropy_collapse");
+        }
+        changes += v != NULL;
+    }
+    assert_int_equal(changes, 1); /* firing at 9 keeps the same state, step and heads: no change */
+    struct writer_item *end = mk_end(3, PROTO_FINISHED);
+    alert_feed(e, end);
+    v = alert_verdict_changed(e);
+    assert_non_null(v);
+    assert_int_equal(v->state, ALERT_V_COLLAPSED);
+    assert_int_equal(v->since_step, 4);
+    assert_int_equal(v->ncells, 2);
+    const struct alert_transition *t = alert_transition_at(e, 0);
+    assert_non_null(t);
+    assert_int_equal(t->state, ALERT_RESOLVED);
+    assert_int_equal(t->reason, ALERT_REASON_RUN_ENDED);
+    char *json = alert_transition_json(t);
+    assert_non_null(strstr(json, "\"reason\":\"run_ended\""));
+    free(json);
+    uint64_t runs, bytes;
+    alert_engine_usage(e, &runs, &bytes);
+    assert_int_equal(runs, 0);
+    assert_int_equal(bytes, 0);
+    writer_item_free(end);
+    alert_engine_destroy(e); /* frees the released run and the end's transitions */
+    alert_rules_free(r);
+}
+
+/* Divergence: a NaN loss, or an end as failed; of a collapse and a
+ * divergence, the one that began first. A recovery is healthy again. */
+static void test_verdict_diverged_and_recovery(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(alert_default_rules_json());
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 4, "nan");
+    float loss = 2.0f;
+    for (int s = 0; s < 5; s++) feed(e, mk_step(4, s, "loss", PROTO_SCALAR, &loss, 1));
+    loss = NAN;
+    feed(e, mk_step(4, 5, "loss", PROTO_SCALAR, &loss, 1));
+    const struct alert_verdict *v = alert_verdict_changed(e);
+    assert_non_null(v);
+    assert_int_equal(v->state, ALERT_V_DIVERGED);
+    assert_int_equal(v->since_step, 5);
+    loss = 2.0f; /* the loss comes back: loss_nonfinite resolves, so does the verdict */
+    feed(e, mk_step(4, 6, "loss", PROTO_SCALAR, &loss, 1));
+    v = alert_verdict_changed(e);
+    assert_non_null(v);
+    assert_int_equal(v->state, ALERT_V_HEALTHY);
+    struct writer_item *end = mk_end(4, PROTO_FAILED);
+    alert_feed(e, end);
+    v = alert_verdict_changed(e);
+    assert_non_null(v);
+    assert_int_equal(v->state, ALERT_V_DIVERGED);
+    writer_item_free(end);
+    /* many runs: each hello costs the same; none is held after its end */
+    for (int64_t id = 100; id < 20100; id++) {
+        hello(e, id, "bulk");
+        end = mk_end(id, PROTO_FINISHED);
+        alert_feed(e, end);
+        writer_item_free(end);
+    }
+    uint64_t runs, bytes;
+    alert_engine_usage(e, &runs, &bytes);
+    assert_int_equal(runs, 0);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
 static void test_drop_growth_zscore_nonfinite(void **state) {
     (void)state;
     struct alert_rules *r = rules(
@@ -507,6 +617,8 @@ int main(void) {
         cmocka_unit_test(test_blip_shorter_than_for_does_not_fire),
         cmocka_unit_test(test_grouping_and_updates),
         cmocka_unit_test(test_end_resolves_and_json_resolved),
+        cmocka_unit_test(test_verdict_collapse_outlives_the_run),
+        cmocka_unit_test(test_verdict_diverged_and_recovery),
         cmocka_unit_test(test_drop_growth_zscore_nonfinite),
         cmocka_unit_test(test_near_bound_and_stalled),
         cmocka_unit_test(test_and_guard),

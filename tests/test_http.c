@@ -719,7 +719,12 @@ static void test_runs(void **state) {
     cJSON_ArrayForEach(it, j) assert_string_equal(cJSON_GetObjectItem(it, "status")->valuestring, "finished");
     cJSON_Delete(j);
     expect_error(&D, "GET", "/api/runs?status=sleeping", 400, "bad_request");
-    expect_error(&D, "GET", "/api/runs?limit=1", 400, "bad_request");
+    expect_error(&D, "GET", "/api/runs?limit=0", 400, "bad_request");
+    expect_error(&D, "GET", "/api/runs?sort=colour", 400, "bad_request");
+    expect_error(&D, "GET", "/api/runs?limit=5&cursor=zzz", 400, "bad_request");
+    expect_error(&D, "GET", "/api/runs?meta.a..b=1", 400, "bad_request");
+    expect_error(&D, "GET", "/api/runs/by-name/", 400, "bad_request");
+    expect_error(&D, "GET", "/api/runs/by-name/nobody", 404, "not_found");
     expect_error(&D, "POST", "/api/runs", 405, "method_not_allowed");
     expect_error(&D, "GET", "/api/nothing", 404, "not_found");
 

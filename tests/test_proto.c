@@ -1,4 +1,4 @@
-/* test_proto.c: unit tests of the protocol v1 line parser (daemon/proto.c).
+/* test_proto.c: unit tests of the protocol v1 line parser (proto/proto.c).
  *
  * Every message type with all its fields, number parsing against strtod,
  * string escapes and UTF-8 validation, every error code the parser returns,

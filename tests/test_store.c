@@ -673,6 +673,71 @@ static void test_history_rewrite(void **state) {
     verify_rollups(f->path, other, NULL);
 }
 
+/* A run's rows as text, metric names instead of ids, for comparing two runs. */
+static char *run_dump(struct tmp_db *f, int64_t run) {
+    return qs(f->path,
+              "SELECT (SELECT group_concat(x, ';') FROM (SELECT m.name || '@' || f.step || '=' || hex(f.data) AS x "
+              "  FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.run_id = %lld ORDER BY m.name, f.step)) "
+              "|| '|' || (SELECT group_concat(x, ';') FROM (SELECT m.name || '@' || a.level || '/' || a.block || '=' "
+              "  || a.nframes || hex(a.data) AS x FROM rollups a JOIN metrics m ON m.id = a.metric_id "
+              "  WHERE m.run_id = %lld ORDER BY m.name, a.level, a.block)) "
+              "|| '|' || (SELECT group_concat(x, ';') FROM (SELECT m.name || '@' || a.step || '=' || hex(a.data) AS x "
+              "  FROM abandoned_frames a JOIN metrics m ON m.id = a.metric_id JOIN branches b ON b.id = a.branch_id "
+              "  WHERE b.run_id = %lld ORDER BY m.name, a.step)) "
+              "|| '|' || (SELECT group_concat(step || ':' || seq, ';') FROM steps WHERE run_id = %lld) "
+              "|| '|' || (SELECT group_concat(x, ';') FROM (SELECT m.name || '@' || l.step || '=' || hex(l.data) AS x "
+              "  FROM latest l JOIN metrics m ON m.id = l.metric_id WHERE m.run_id = %lld ORDER BY m.name)) "
+              "|| '|' || (SELECT last_step || ',' || last_seq FROM runs WHERE id = %lld) "
+              "|| '|' || (SELECT group_concat(from_step || '-' || to_step, ';') FROM branches WHERE run_id = %lld)",
+              (long long)run, (long long)run, (long long)run, (long long)run, (long long)run, (long long)run,
+              (long long)run);
+}
+
+/* A rewind done in many small transactions (store_rewind with a small
+ * budget, as the writer does) ends exactly where the whole one inside
+ * store_step does; meanwhile each chunk moves at most its budget and the
+ * run looks like a run at an earlier step (no frame above a missing one). */
+static void test_rewind_chunked(void **state) {
+    struct tmp_db *f = *state;
+    int64_t whole = open_run(f, "whole", L, H), chunked = open_run(f, "chunked", L, H);
+    int64_t sw = 0, sc = 0;
+    put_range(f, whole, &sw, 0, 2100, 0, 300);
+    put_range(f, chunked, &sc, 0, 2100, 0, 300);
+    int64_t s600[] = {600};
+    put_steps(f, whole, &sw, s600, 1, 1, 1);
+    int chunks = 0, more;
+    OK(store_begin(f->st));
+    assert_int_equal(store_needs_rewind(f->st, chunked, 600), 1);
+    assert_int_equal(store_needs_rewind(f->st, chunked, 2101), 0);
+    store_rollback(f->st);
+    do {
+        int64_t before = qi(f->path, "SELECT count(*) FROM abandoned_frames");
+        OK(store_begin(f->st));
+        more = store_rewind(f->st, chunked, 600, 1e9 + 600, 50);
+        assert_true(more >= 0);
+        if (more) assert_int_equal(store_needs_rewind(f->st, chunked, 5000), 1); /* nothing new until done */
+        OK(store_commit(f->st));
+        assert_true(qi(f->path, "SELECT count(*) FROM abandoned_frames") - before <= 50);
+        /* highest steps first: the steps left of each metric have no gap at the top */
+        assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics m WHERE m.run_id = %lld AND (SELECT max(step) FROM frames "
+                                     "WHERE metric_id = m.id) - (SELECT min(step) FROM frames WHERE metric_id = m.id) + 1 "
+                                     "> (SELECT count(*) FROM frames WHERE metric_id = m.id) AND m.name IN ('loss','ent')",
+                            (long long)chunked), 0);
+        chunks++;
+    } while (more);
+    assert_true(chunks > 20);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rewinds"), 0);
+    put_steps(f, chunked, &sc, s600, 1, 1, 1);
+    char *a = run_dump(f, whole), *b = run_dump(f, chunked);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld", (long long)chunked), 1);
+    verify_rollups(f->path, chunked, NULL);
+}
+
 static void test_kind_conflict(void **state) {
     struct tmp_db *f = *state;
     int64_t run = open_run(f, "kinds", L, H);
@@ -804,6 +869,22 @@ static void test_delete(void **state) {
     OK(store_commit(f->st));
     assert_int_equal(qi(f->path, "SELECT count(*) FROM runs WHERE id = %lld", (long long)a), 0);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics WHERE run_id = %lld", (long long)a), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM latest WHERE metric_id NOT IN (SELECT id FROM metrics)"), 0);
+    /* the bulk goes in bounded chunks, each its own transaction */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)a), 701);
+    int chunks = 0, more;
+    do {
+        int64_t before = qi(f->path, "SELECT (SELECT count(*) FROM frames) + (SELECT count(*) FROM rollups)");
+        OK(store_begin(f->st));
+        more = store_purge(f->st, 100);
+        assert_true(more >= 0);
+        OK(store_commit(f->st));
+        int64_t after = qi(f->path, "SELECT (SELECT count(*) FROM frames) + (SELECT count(*) FROM rollups)");
+        assert_true(before - after <= 100);
+        chunks++;
+    } while (more);
+    assert_true(chunks > 10); /* 701 steps x its metrics: many chunks of 100 */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM purge"), 0);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)a), 0);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld", (long long)a), 0);
     /* no orphans */
@@ -1068,6 +1149,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_step_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rollups_brute_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rewind_chunked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kind_conflict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete, setup, teardown),

@@ -24,6 +24,7 @@
 #include "dist.h"
 #include "model.h"
 #include "monitor.h"
+#include "telemetry.h"
 #include "optim.h"
 #include "rollback.h"
 
@@ -42,7 +43,7 @@ typedef struct {
     int sgemm_peak;           /* --sgemm-peak: measure and exit (for the benchmark) */
     /* telemetry (none without --daemon) */
     const char *daemon, *run_name, *spool_dir, *token;
-    int log_every, probe_examples, queue_slots, spool_max_mb, upload_spool, telemetry_ab;
+    int log_every, probe_examples, queue_slots, spool_max_mb, upload_spool, telemetry_ab, end_grace;
     int dist_check_every, dist_bucket_kb; /* MPI build (dist.h) */
     /* the response to firing alerts (--on-alert) */
     int on_alert;             /* ON_ALERT_* */
@@ -103,7 +104,11 @@ static void usage(FILE *f)
 "  --spool-max-mb N      spool bound in MiB (default 256); beyond it, counted drops\n"
 "  --token T             daemon token (TCP)\n"
 "  --upload-spool        send what --spool DIR holds for --run NAME (with the run's\n"
-"                        --layers/--heads/--seq-len) to --daemon, wait for the acks, exit\n"
+"                        --layers/--heads/--seq-len) to --daemon, wait for the acks, exit;\n"
+"                        without --run: every run in --spool DIR left unacknowledged\n"
+"                        (a run started on a --spool DIR also uploads those in the background)\n"
+"  --end-grace S         at the end, keep reconnecting up to S seconds (default 30) until the\n"
+"                        daemon acknowledged everything; what is left stays in the spool\n"
 "  --on-alert ACTION     warn|checkpoint|rollback|stop on a firing alert from the daemon\n"
 "                        (default warn: print it); checkpoint: save one now (--save PATH,\n"
 "                        else SPOOL/RUN-step{step}.ckpt, . without --spool); stop: save one, end the run\n"
@@ -192,6 +197,7 @@ static int parse_args(int argc, char **argv, options *o)
     o->print_every = 10;
     o->threads = 2;
     o->log_every = 1;
+    o->end_grace = 30;
     o->probe_examples = PROBE_DEFAULT_EXAMPLES;
     o->dist_check_every = 100;
     o->rollback_every = 50;
@@ -257,6 +263,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(name, "--dist-check-every")) rc = parse_int(name, v, 0, 1 << 30, &o->dist_check_every);
         else if (!strcmp(name, "--dist-bucket-kb")) rc = parse_int(name, v, 0, 1 << 20, &o->dist_bucket_kb);
         else if (!strcmp(name, "--spool-max-mb")) rc = parse_int(name, v, 1, 1 << 20, &o->spool_max_mb);
+        else if (!strcmp(name, "--end-grace")) rc = parse_int(name, v, 0, 86400, &o->end_grace);
         else if (!strcmp(name, "--telemetry-ab")) rc = parse_int(name, v, 1, 1 << 20, &o->telemetry_ab);
         else if (!strcmp(name, "--on-alert")) rc = parse_enum(name, v, ON_ALERT_NAMES, 4, &o->on_alert);
         else if (!strcmp(name, "--on-alert-rules")) { o->on_alert_rules = v; rc = 0; }
@@ -284,8 +291,8 @@ static int parse_args(int argc, char **argv, options *o)
                 ON_ALERT_NAMES[o->on_alert]);
         return -1;
     }
-    if (o->upload_spool && (!o->run_name || !o->spool_dir)) {
-        fprintf(stderr, "sigmatrain: --upload-spool needs --run NAME and --spool DIR\n");
+    if (o->upload_spool && !o->spool_dir) {
+        fprintf(stderr, "sigmatrain: --upload-spool needs --spool DIR (and --run NAME for one run)\n");
         return -1;
     }
     r->cfg.max_seq = r->seq_len;
@@ -656,6 +663,12 @@ int main(int argc, char **argv)
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     char err[512];
+    if (o.upload_spool && !o.run_name) {
+        int left = telemetry_upload_all(o.daemon, o.spool_dir, o.token, 60000, stdout, err, sizeof err);
+        if (left < 0) fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
+        else printf("upload: %s\n", left ? "some runs are not fully acknowledged (still spooled)" : "every run acknowledged");
+        return left == 0 ? 0 : 1;
+    }
     if (o.upload_spool) {
         monitor_config uc = {.address = o.daemon, .run = o.run_name, .spool_dir = o.spool_dir,
                              .token = o.token, .log = stdout};
@@ -781,6 +794,7 @@ int main(int argc, char **argv)
         char *meta = run_meta_json(&o, m, o.resume_path);
         monitor_config mc = {.address = o.daemon, .run = o.run_name, .spool_dir = o.spool_dir,
                              .token = o.token, .meta_json = meta, .log_every = o.log_every,
+                             .end_grace_ms = o.end_grace ? o.end_grace * 1000 : -1,
                              .queue_slots = (size_t)o.queue_slots,
                              .spool_max_bytes = (size_t)o.spool_max_mb << 20,
                              .probe = {.examples = o.probe_examples},

@@ -45,6 +45,7 @@ struct monitor {
     int nalerts;
     monitor_rewind rewind;    /* the last rollback (monitor_rolled_back) */
     double last_stamp;        /* time of the last step sent: stamps only increase */
+    int end_grace_ms;
 };
 
 static double mono(void)
@@ -82,6 +83,7 @@ monitor *monitor_create(const monitor_config *cfg, const model *m, char *err, si
     if (!mo) { snprintf(err, errlen, "out of memory"); return NULL; }
     mo->log = cfg->log ? cfg->log : stderr;
     mo->log_every = cfg->log_every > 0 ? cfg->log_every : 1;
+    mo->end_grace_ms = cfg->end_grace_ms;
     mo->tokens_per_step = cfg->tokens_per_step;
     mo->p = probe_create(m, &cfg->probe);
     if (!mo->p) { snprintf(err, errlen, "probe: out of memory"); goto err; }
@@ -229,6 +231,7 @@ static void put_probe(telemetry_step *s, const probe_metrics *r)
     telemetry_step_heads(s, "max_logit", r->max_logit);
     telemetry_step_heads(s, "sigma_qk", r->sigma_qk);
     telemetry_step_heads(s, "entropy_bound", r->entropy_bound);
+    telemetry_step_heads(s, "logit_scale", r->logit_scale);
     telemetry_step_heads(s, "eig_mean", r->eig_mean);
     telemetry_step_heads(s, "eig_var", r->eig_var);
     telemetry_step_layer(s, "rank_ratio", r->rank_ratio);
@@ -391,9 +394,9 @@ int monitor_finish(monitor *mo, const char *status)
              span > 0 ? 100.0 * mo->hook_seconds / span : 0.0);
     summary(mo->log, mo->run, mo->t, extra);
     ab_report(mo);
-    /* the end message: destroy waits for its ack while connected */
-    telemetry_stats_get(mo->t, &st);
-    int rc2 = telemetry_destroy(mo->t, status, st.connected ? 3000 : 0);
+    /* the end message; reconnects for the grace period if the daemon is away */
+    int grace = mo->end_grace_ms < 0 ? 0 : mo->end_grace_ms == 0 ? 30000 : mo->end_grace_ms;
+    int rc2 = telemetry_finish(mo->t, status, grace, mo->log);
     mo->t = NULL;
     if (rc != TELEMETRY_OK || rc2 != TELEMETRY_OK)
         fprintf(mo->log, "telemetry: not everything was acknowledged; the rest stays in the spool "

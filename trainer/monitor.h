@@ -22,7 +22,7 @@
  * probe_ms; layer metrics rank_ratio, cos_sim, sigma_qkv, gamma_qkv,
  * sigma_attproj, gamma_attproj, sigma_fc, gamma_fc, sigma_fcproj,
  * gamma_fcproj; scalars sigma_lmhead, gamma_lmhead; head metrics entropy,
- * entropy_norm, max_logit, sigma_qk, entropy_bound, eig_mean, eig_var.  An
+ * entropy_norm, max_logit, sigma_qk, entropy_bound, logit_scale, eig_mean, eig_var.  An
  * eval at a step that is not logged sends a step with the scalars only. */
 #ifndef MONITOR_H
 #define MONITOR_H
@@ -49,6 +49,8 @@ typedef struct {
                                  step times of both in the summary; needs log_every 1 */
     long ab_max_steps;        /* steps the A/B arrays are sized for */
     int extra_scalars;        /* room for monitor_extra_scalars per step (0: none) */
+    int end_grace_ms;         /* monitor_finish keeps reconnecting this long for the last
+                                 acks (0: 30 s; negative: no wait) */
 } monitor_config;
 
 typedef struct monitor monitor;
@@ -121,10 +123,11 @@ void monitor_rolled_back(monitor *mo, long restored);
 void monitor_event(monitor *mo, const char *level, const char *text);
 
 /* Commits an open step, waits for the daemon's acks (at most 10 s while
- * connected, 0.5 s otherwise), ends the run with status ("finished",
- * "failed", "aborted"; NULL leaves it resumable), prints the summary line
- * "telemetry: run R | sent N | acked N | spooled N | dropped N (...) | ..."
- * and frees.  Returns 0 when everything was acknowledged, 1 otherwise.
+ * connected, 0.5 s otherwise), prints the summary line
+ * "telemetry: run R | sent N | acked N | spooled N | dropped N (...) | ...",
+ * ends the run with status ("finished", "failed", "aborted"; NULL leaves it
+ * resumable) through telemetry_finish (reconnecting for up to end_grace_ms,
+ * a progress line a second while it waits) and frees.  Returns 0 when everything was acknowledged, 1 otherwise.
  * Accepts NULL (returns 0). */
 int monitor_finish(monitor *mo, const char *status);
 

@@ -19,19 +19,33 @@
  *
  * entropy_bound per row.  Theorem 3.1 bounds the entropy of a softmax over
  * T keys from below by a function of any s >= the centred L2 norm of the
- * logit row, non-increasing in s.  For row i (keys 0..i, T_i = i+1):
- * a_ij = x~_i^T P x~_j / sqrt(d), so ||a_i|| <= ||x~_i|| ||P||_2/sqrt(d)
- * ||X~_{0..i}||_2 <= ||x~_i|| sigma ||X~||_2, using the spectral norm of the
- * whole example X (a prefix's norm is no larger) and the row's own norm
- * (tighter than the paper's ||X||_2^2, and valid per row).  The model's q and
- * k have biases: q_i = W_Q x_i + b_Q is x~_i = [x_i; 1] times [W_Q | b_Q], so
- * when a layer's q/k biases are not all zero, P, x~_i and X~ carry that extra
- * column (a second power iteration per head; sigma_qk itself stays the norm
- * of the weights only, as specified).  Power iteration approaches a norm
- * from below, so the bound is valid up to its convergence: persistent vectors
- * (converged by PROBE_WARMUP_ITERS steps on the first call, when they are
- * cold) and PROBE_DEFAULT_ITERS steps per call keep it converged while the
- * weights move slowly; tests/test_probe.c checks entropy >= bound.
+ * logit row, non-increasing in s.  The key bias adds q_i . b_K to every
+ * logit of row i, which the softmax ignores, so only the query bias
+ * enters: a_ij = x~_i^T P~ x_j / sqrt(d) + (row constant) with
+ * x~_i = [x_i; 1] and P~ = [W_Q^h | b_Q^h]^T W_K^h ((C+1) x C), so
+ * ||a_i - mean|| <= ||x~_i|| ||P~||_2 / sqrt(d) ||X_b||_2 = s_i, using the
+ * spectral norm of the whole example X_b (a prefix's is no larger).  (No
+ * query bias: x~_i = x_i and P~ = W_Q^h W_K^h^T, the sigma_qk matrix.)
+ * Every norm in s_i is certified, never an under-estimate (an
+ * under-estimated norm would lift the bound above the truth):
+ *  - ||P~||_2^2 = lambda_max(Lk^T G~q Lk) with the d x d Gram matrices
+ *    G~q = [W_Q|b_Q][W_Q|b_Q]^T = Gq + b_Q b_Q^T, Gk = W_K W_K^T = Lk Lk^T
+ *    (Cholesky): the C x C product is never formed;
+ *  - ||X_b||_2^2 = lambda_max of X_b's Gram matrix, per example;
+ *  - each lambda_max by top_eig_upper (Lanczos for a lower estimate, a
+ *    Cholesky factorization of mu I - G to prove mu is above it, LAPACK
+ *    dsyevr when that fails), rounded up to float; the row norms and the
+ *    product get a 1 + 1e-5 factor for float rounding.
+ * sigma_qk is ||W_Q^h W_K^h^T||_2 / sqrt(d) by the same route (weights
+ * only, no bias), within ~1e-9 relative above the exact value.
+ * logit_scale is the largest s_i of the head, the bound's argument.
+ *
+ * Eigenspectrum.  The d non-zero eigenvalues of W_Q^h W_K^h^T / sqrt(d)
+ * are those of M = W_K^h^T W_Q^h / sqrt(d) (d x d), complex in general:
+ * LAPACK dgeev.  eig_mean is their mean (real: the trace), eig_var the mean
+ * of |lambda - eig_mean|^2, a variance of complex numbers, so >= 0.  Both
+ * over d, not C: the C - d structural zeros come from the head split, not
+ * from training (docs/science.md gives the conversion).
  *
  * Entropy uses a vectorizable Cephes-style log (relative error ~1e-7) with
  * 16 partial sums, and integer max/min on the probabilities' bit patterns
@@ -40,6 +54,7 @@
 #include "probe.h"
 
 #include <cblas.h>
+#include <lapacke.h>
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -52,37 +67,46 @@ const char *const probe_lin_sigma_names[MODEL_LIN_PER_LAYER] = {"sigma_qkv", "si
 const char *const probe_lin_gamma_names[MODEL_LIN_PER_LAYER] = {"gamma_qkv", "gamma_attproj",
                                                                 "gamma_fc", "gamma_fcproj"};
 
+/* Lanczos steps at most per certified eigenvalue (top_eig_upper). */
+#define PROBE_LANCZOS_MAX 24
+
 /* One thread's scratch. */
 typedef struct {
     float *xn;       /* (T) ||x_i|| */
-    float *tmp_t;    /* (T) */
-    float *tmp_c;    /* (C+1) */
-    float *tmp_d;    /* (2d) */
-    float *mm;       /* (d*d) */
+    float *tmp_c;    /* (C) */
     float *scores;   /* (T*T) one example's q.k of a head, for rows whose probabilities underflow */
+    /* double precision, for the certified norms and the eigenspectrum */
+    double *wq, *wk; /* (d*C) a head's W_Q^h^T, W_K^h^T rows */
+    double *gq, *lk, *s, *t1, *mm; /* (d*d) */
+    float *gf;       /* (nx*nx) an example's Gram matrix in float */
+    double *g, *a;   /* (nx*nx) its Gram matrix, the Cholesky test's matrix */
+    double *v1, *v2; /* (max(nx, d)) */
+    double *q;       /* ((PROBE_LANCZOS_MAX + 1) * max(nx, d)) Lanczos basis */
+    double *work;    /* LAPACK workspace (lwork) */
+    int *iwork;      /* (10*nx) */
 } probe_scratch;
 
-#define PROBE_WARMUP_ITERS 50
 
 struct probe {
     probe_config cfg;
     int L, H, C, d, B, T, nlin;
     probe_metrics out;
     float *metric_mem;
-    float *u_qk;     /* (L*H, C) right vectors for sigma_qk */
-    float *u_aug;    /* (L*H, C+1) right vectors of the bias-augmented product */
-    float *xv;       /* (L, C+1) right vector of X~ (shared by the examples of a layer) */
-    float *sig_b;    /* (L*H) the bound's sigma of each head */
+    int nx;          /* min(T, C): the largest Gram matrix of an example's input */
+    int lwork;       /* doubles in probe_scratch.work */
+    double *v_qk;    /* (L*H, d) warm starts of the top eigenvector of S (sigma_qk) */
+    double *v_aug;   /* (L*H, d) and of the b_Q-augmented S~ (the bound's sigma) */
+    double *v_x;     /* (L, nx) and of an example's Gram matrix (shared by the examples) */
+    int *n_x;        /* (L) dimension v_x was last used with */
+    float *sig_b;    /* (L*H) the bound's sigma of each head, rounded up */
     float *rn;       /* (L, B, T) ||x~_i|| of each row of the examples used */
-    float *xs;       /* (L, B) ||X~_b||_2 */
-    int *aug;        /* (L) layer has non-zero q/k biases */
+    float *xs;       /* (L, B) ||X_b||_2, rounded up */
+    int *aug;        /* (L) layer has a non-zero query bias */
     int nscratch;    /* threads the scratch below is sized for */
     probe_scratch *scr;
     /* the current call, for the worker threads */
     model *m;
     int nb;
-    int iters;       /* power steps this call: more on the first (cold vectors) */
-    long calls;
     float *inv_log;  /* (T+1) 1/log(i) for i >= 2 */
     float *sq_ratio; /* (T+1) sqrt(i/(i-1)) */
     float *sq_prod;  /* (T+1) sqrt(i(i-1)) */
@@ -106,6 +130,13 @@ static void random_unit(float *v, int n, uint64_t *rng)
     for (int i = 0; i < n; i++) v[i] *= k;
 }
 
+/* Fills v (n) with the unit vector (1, ..., 1) / sqrt(n): a deterministic
+ * warm start; the certification below does not depend on it. */
+static void flat_unit(double *v, int n)
+{
+    for (int i = 0; i < n; i++) v[i] = 1.0 / sqrt((double)n);
+}
+
 probe *probe_create(const model *m, const probe_config *cfg)
 {
     probe *p = calloc(1, sizeof *p);
@@ -116,12 +147,24 @@ probe *probe_create(const model *m, const probe_config *cfg)
     int d = p->d = C / H, T = p->T = m->T;
     p->B = m->B;
     p->nlin = m->num_linear;
+    int nx = p->nx = T < C ? T : C, nv = nx > d ? nx : d;
     size_t LH = (size_t)L * H;
-    /* 7 head metrics, 2 + 2*4 layer metrics */
-    p->metric_mem = calloc(7 * LH + 10 * (size_t)L, sizeof(float));
-    p->u_qk = malloc(sizeof(float) * LH * C);
-    p->u_aug = malloc(sizeof(float) * LH * (C + 1));
-    p->xv = malloc(sizeof(float) * L * (C + 1));
+    /* LAPACK workspaces: dgeev (no vectors) on d x d, dsyevr on nx x nx */
+    {
+        double q = 0.0, dummy = 0.0, wr = 0.0, wi = 0.0;
+        int lw = 0;
+        if (LAPACKE_dgeev_work(LAPACK_COL_MAJOR, 'N', 'N', d, &dummy, d, &wr, &wi, NULL, 1, NULL, 1, &q, -1) == 0)
+            lw = (int)q;
+        p->lwork = lw > 4 * d ? lw : 4 * d;
+        if (p->lwork < 26 * nv + 4 * PROBE_LANCZOS_MAX * PROBE_LANCZOS_MAX)
+            p->lwork = 26 * nv + 4 * PROBE_LANCZOS_MAX * PROBE_LANCZOS_MAX;
+    }
+    /* 8 head metrics, 2 + 2*4 layer metrics */
+    p->metric_mem = calloc(8 * LH + 10 * (size_t)L, sizeof(float));
+    p->v_qk = malloc(sizeof(double) * LH * d);
+    p->v_aug = malloc(sizeof(double) * LH * d);
+    p->v_x = malloc(sizeof(double) * L * nv);
+    p->n_x = calloc(L, sizeof(int));
     p->sig_b = malloc(sizeof(float) * LH);
     p->rn = malloc(sizeof(float) * L * p->B * T);
     p->xs = malloc(sizeof(float) * L * p->B);
@@ -132,19 +175,34 @@ probe *probe_create(const model *m, const probe_config *cfg)
     for (int t = 0; t < p->nscratch; t++) {
         probe_scratch *sc = &p->scr[t];
         sc->xn = malloc(sizeof(float) * T);
-        sc->tmp_t = malloc(sizeof(float) * T);
-        sc->tmp_c = malloc(sizeof(float) * (C + 1));
-        sc->tmp_d = malloc(sizeof(float) * d * 2);
-        sc->mm = malloc(sizeof(float) * d * d);
+        sc->tmp_c = malloc(sizeof(float) * C);
         sc->scores = malloc(sizeof(float) * T * T);
-        if (!sc->xn || !sc->tmp_t || !sc->tmp_c || !sc->tmp_d || !sc->mm || !sc->scores) goto err;
+        sc->wq = malloc(sizeof(double) * d * C);
+        sc->wk = malloc(sizeof(double) * d * C);
+        sc->gq = malloc(sizeof(double) * d * d);
+        sc->lk = malloc(sizeof(double) * d * d);
+        sc->s = malloc(sizeof(double) * d * d);
+        sc->t1 = malloc(sizeof(double) * d * d);
+        sc->mm = malloc(sizeof(double) * d * d);
+        sc->gf = malloc(sizeof(float) * (size_t)nx * nx);
+        sc->g = malloc(sizeof(double) * (size_t)nv * nv);
+        sc->a = malloc(sizeof(double) * (size_t)nv * nv);
+        sc->v1 = malloc(sizeof(double) * nv);
+        sc->v2 = malloc(sizeof(double) * nv);
+        sc->q = malloc(sizeof(double) * (PROBE_LANCZOS_MAX + 1) * nv);
+        sc->work = malloc(sizeof(double) * p->lwork);
+        sc->iwork = malloc(sizeof(int) * 10 * nv);
+        if (!sc->xn || !sc->tmp_c || !sc->scores || !sc->wq || !sc->wk || !sc->gq || !sc->lk || !sc->s ||
+            !sc->t1 || !sc->mm || !sc->gf || !sc->g || !sc->a || !sc->v1 || !sc->v2 || !sc->q || !sc->work || !sc->iwork)
+            goto err;
     }
     p->inv_log = malloc(sizeof(float) * (T + 1));
     p->sq_ratio = malloc(sizeof(float) * (T + 1));
     p->sq_prod = malloc(sizeof(float) * (T + 1));
     p->lin_off_u = malloc(sizeof(size_t) * (p->nlin + 1));
     p->lin_off_v = malloc(sizeof(size_t) * (p->nlin + 1));
-    if (!p->metric_mem || !p->u_qk || !p->u_aug || !p->xv || !p->sig_b || !p->rn || !p->xs || !p->aug || !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
+    if (!p->metric_mem || !p->v_qk || !p->v_aug || !p->v_x || !p->n_x || !p->sig_b || !p->rn || !p->xs ||
+        !p->aug || !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
         goto err;
     size_t su = 0, sv = 0;
     for (int i = 0; i < p->nlin; i++) {
@@ -160,10 +218,9 @@ probe *probe_create(const model *m, const probe_config *cfg)
     }
     uint64_t rng = 0x5eed5eedULL;
     for (size_t k = 0; k < LH; k++) {
-        random_unit(p->u_qk + k * C, C, &rng);
-        random_unit(p->u_aug + k * (C + 1), C + 1, &rng);
+        flat_unit(p->v_qk + k * d, d);
+        flat_unit(p->v_aug + k * d, d);
     }
-    for (int l = 0; l < L; l++) random_unit(p->xv + (size_t)l * (C + 1), C + 1, &rng);
     if (p->lin_u)
         for (int i = 0; i < p->nlin; i++)
             random_unit(p->lin_u + p->lin_off_u[i], model_linear(m, i)->in, &rng);
@@ -183,6 +240,7 @@ probe *probe_create(const model *m, const probe_config *cfg)
     o->max_logit = f; f += LH;
     o->sigma_qk = f; f += LH;
     o->entropy_bound = f; f += LH;
+    o->logit_scale = f; f += LH;
     o->eig_mean = f; f += LH;
     o->eig_var = f; f += LH;
     o->rank_ratio = f; f += L;
@@ -200,10 +258,12 @@ err:
 void probe_destroy(probe *p)
 {
     if (!p) return;
-    free(p->metric_mem); free(p->u_qk); free(p->u_aug); free(p->xv); free(p->sig_b);
+    free(p->metric_mem); free(p->v_qk); free(p->v_aug); free(p->v_x); free(p->n_x); free(p->sig_b);
     for (int t = 0; p->scr && t < p->nscratch; t++) {
         probe_scratch *sc = &p->scr[t];
-        free(sc->xn); free(sc->tmp_t); free(sc->tmp_c); free(sc->tmp_d); free(sc->mm); free(sc->scores);
+        free(sc->xn); free(sc->tmp_c); free(sc->scores);
+        free(sc->wq); free(sc->wk); free(sc->gq); free(sc->lk); free(sc->s); free(sc->t1); free(sc->mm);
+        free(sc->gf); free(sc->g); free(sc->a); free(sc->v1); free(sc->v2); free(sc->q); free(sc->work); free(sc->iwork);
     }
     free(p->scr); free(p->rn); free(p->xs); free(p->aug); free(p->inv_log); free(p->sq_ratio); free(p->sq_prod);
     free(p->lin_u); free(p->lin_v); free(p->lin_off_u); free(p->lin_off_v);
@@ -318,70 +378,155 @@ static inline float dot(const float *a, const float *b, int n)
 
 /* ---- power iterations ------------------------------------------------------ */
 
-/* ||P||_2 / sqrt(d) for P = Wq~^T Wk~ with Wq~ = [Wq | bq] (d x (C+a)),
- * Wk~ likewise, a = 1 when bq/bk are given (else 0).  Rows of Wq, Wk are C
- * long.  u (C+a) is the persistent right vector; `iters` steps.  Matvecs go
- * through the d-dim factor: O(C d) each, P is never formed. */
-static float qk_power(const float *Wq, const float *bq, const float *Wk, const float *bk, int C,
-                      int d, float *u, float *t, float *w, int iters)
+/* Cholesky factorization in place of the symmetric n x n matrix A
+ * (row-major, lower triangle read and written: A = L L^T).  Returns 0 when
+ * every pivot was positive (A is positive definite up to rounding), -1 at
+ * the first pivot that is not (or not finite).  4 partial sums so the inner
+ * products vectorize without -ffast-math. */
+static int chol(double *A, int n)
 {
-    int a = bq != NULL;
-    float sigma = 0.0f;
-    for (int it = 0; it < iters; it++) {
-        for (int r = 0; r < d; r++) t[r] = dot(Wk + (size_t)r * C, u, C) + (a ? bk[r] * u[C] : 0.0f);
-        memset(w, 0, sizeof(float) * (C + a));
-        for (int r = 0; r < d; r++) {
-            const float *q = Wq + (size_t)r * C;
-            float tr = t[r];
-            for (int c = 0; c < C; c++) w[c] += q[c] * tr;
-            if (a) w[C] += bq[r] * tr;
+    for (int j = 0; j < n; j++) {
+        double *aj = A + (size_t)j * n;
+        for (int i = j; i < n; i++) {
+            double *ai = A + (size_t)i * n;
+            double acc[4] = {0.0, 0.0, 0.0, 0.0};
+            int k = 0;
+            for (; k + 4 <= j; k += 4)
+                for (int u = 0; u < 4; u++) acc[u] += ai[k + u] * aj[k + u];
+            double t = ai[j] - ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+            for (; k < j; k++) t -= ai[k] * aj[k];
+            if (i == j) {
+                if (!(t > 0.0) || !isfinite(t)) return -1;
+                aj[j] = sqrt(t);
+            } else {
+                ai[j] = t / aj[j];
+            }
         }
-        float nw = sqrtf(dot(w, w, C + a));
-        if (!(nw > 0.0f) || !isfinite(nw)) return isfinite(nw) ? 0.0f : NAN;
-        for (int c = 0; c < C + a; c++) w[c] /= nw;             /* v */
-        for (int r = 0; r < d; r++) t[r] = dot(Wq + (size_t)r * C, w, C) + (a ? bq[r] * w[C] : 0.0f);
-        memset(u, 0, sizeof(float) * (C + a));
-        for (int r = 0; r < d; r++) {
-            const float *k = Wk + (size_t)r * C;
-            float tr = t[r];
-            for (int c = 0; c < C; c++) u[c] += k[c] * tr;
-            if (a) u[C] += bk[r] * tr;
-        }
-        float nz = sqrtf(dot(u, u, C + a));                      /* ||P^T v|| <= ||P|| */
-        if (!(nz > 0.0f) || !isfinite(nz)) {
-            /* keep a usable vector for the next call */
-            for (int c = 0; c < C + a; c++) u[c] = w[c];
-            return isfinite(nz) ? 0.0f : NAN;
-        }
-        for (int c = 0; c < C + a; c++) u[c] /= nz;
-        sigma = nz;
     }
-    return sigma / sqrtf((float)d);
+    return 0;
 }
 
-/* ||X~||_2 for X (T x C) with a column of ones appended when a = 1; v (C+a)
- * persistent.  Returns ||X~^T X~ v|| / ||X~ v|| of the last step, which lies
- * between ||X~ v|| and the true norm. */
-static float x_power(const float *X, int T, int C, int a, float *v, float *w, float *z, int iters)
+/* The eigenvector z (k) of the symmetric tridiagonal matrix (diagonal
+ * alpha, off-diagonal beta) for its largest eigenvalue rho, by two steps of
+ * inverse iteration with the shift rho (1 + 1e-10) + tiny: the shifted
+ * matrix is negative definite, so elimination without pivoting is stable.
+ * c (k) scratch.  Only a warm start: accuracy is not critical. */
+static void ritz_vector(const double *alpha, const double *beta, int k, double rho, double *z, double *c)
 {
-    float est = 0.0f;
-    for (int it = 0; it < iters; it++) {
-        for (int i = 0; i < T; i++) w[i] = dot(X + (size_t)i * C, v, C) + (a ? v[C] : 0.0f);
-        memset(z, 0, sizeof(float) * (C + a));
-        float sw = 0.0f;
-        for (int i = 0; i < T; i++) {
-            const float *x = X + (size_t)i * C;
-            float wi = w[i];
-            for (int c = 0; c < C; c++) z[c] += x[c] * wi;
-            sw += wi;
+    double sigma = rho + 1e-10 * fabs(rho) + 1e-300;
+    for (int i = 0; i < k; i++) z[i] = 1.0;
+    for (int it = 0; it < 2; it++) {
+        /* solve (sigma I - T) y = z in place (SPD tridiagonal: -beta off the diagonal) */
+        double den = sigma - alpha[0];
+        c[0] = -beta[0] / den;
+        z[0] /= den;
+        for (int i = 1; i < k; i++) {
+            den = (sigma - alpha[i]) + beta[i - 1] * c[i - 1];
+            c[i] = i < k - 1 ? -beta[i] / den : 0.0;
+            z[i] = (z[i] + beta[i - 1] * z[i - 1]) / den;
         }
-        if (a) z[C] = sw;
-        float nw = sqrtf(dot(w, w, T)), nz = sqrtf(dot(z, z, C + a));
-        if (!(nw > 0.0f) || !(nz > 0.0f) || !isfinite(nz)) return isfinite(nz) ? 0.0f : NAN;
-        for (int c = 0; c < C + a; c++) v[c] = z[c] / nz;
-        est = nz / nw;
+        for (int i = k - 2; i >= 0; i--) z[i] -= c[i] * z[i + 1];
+        double nz = cblas_dnrm2(k, z, 1);
+        if (!(nz > 0.0) || !isfinite(nz)) { for (int i = 0; i < k; i++) z[i] = i == 0; return; }
+        for (int i = 0; i < k; i++) z[i] /= nz;
     }
-    return est;
+}
+
+/* A certified upper bound on the largest eigenvalue of the symmetric
+ * positive semi-definite n x n matrix G (row-major, both triangles), at most
+ * ~1e-9 relative above it when the estimate below has converged, never
+ * below it.  How: Lanczos from the warm start v (n; replaced by the Ritz
+ * vector) gives the top Ritz value rho <= lambda_max, a lower bound;
+ * lambda_max <= mu iff mu I - G is positive semi-definite, which a Cholesky
+ * factorization of mu I - G proves (tried at mu = rho (1 + delta) for
+ * growing delta).  When every try fails (a near-tie, or a start orthogonal
+ * to the top eigenvector), LAPACK's dsyevr gives the value.  The result is
+ * inflated by 1e-9 relative: far above the rounding of forming G in double
+ * from float inputs (~n u ||G||) and the factorization's backward error
+ * (~2 n^2 u ||mu I - G||) at the sizes here (n <= 1024).
+ * Scratch: a (n*n), q (PROBE_LANCZOS_MAX + 1) * n; work/iwork LAPACK
+ * workspaces (lwork >= 26 n + 4 PROBE_LANCZOS_MAX^2, liwork >= 10 n).
+ * NaN when G is not finite. */
+static double top_eig_upper(const double *G, int n, double *v, double *q, double *a, double *work, int lwork,
+                            int *iwork)
+{
+    double tr = 0.0;
+    for (int i = 0; i < n; i++) tr += G[(size_t)i * n + i];
+    if (!isfinite(tr)) return NAN;
+    if (!(tr > 0.0)) return 0.0; /* PSD with zero trace: G = 0 */
+    double vn = cblas_dnrm2(n, v, 1);
+    if (!(vn > 0.0) || !isfinite(vn)) { flat_unit(v, n); vn = 1.0; }
+    for (int i = 0; i < n; i++) q[i] = v[i] / vn;
+    /* Lanczos with full reorthogonalization: basis q_0..q_k (rows of q) */
+    int kmax = n < PROBE_LANCZOS_MAX ? n : PROBE_LANCZOS_MAX, k = 0;
+    double *alpha = work, *beta = work + PROBE_LANCZOS_MAX, *dd = beta + PROBE_LANCZOS_MAX,
+           *ee = dd + PROBE_LANCZOS_MAX, *z = ee + PROBE_LANCZOS_MAX, *lw = z + PROBE_LANCZOS_MAX * PROBE_LANCZOS_MAX;
+    double rho = 0.0, prev = -1.0;
+    int have = 0;
+    while (k < kmax) {
+        double *qk = q + (size_t)k * n, *w = q + (size_t)(k + 1) * n;
+        cblas_dgemv(CblasRowMajor, CblasNoTrans, n, n, 1.0, G, n, qk, 1, 0.0, w, 1);
+        alpha[k] = cblas_ddot(n, w, 1, qk, 1);
+        for (int pass = 0; pass < 2; pass++)
+            for (int j = 0; j <= k; j++) {
+                const double *qj = q + (size_t)j * n;
+                cblas_daxpy(n, -cblas_ddot(n, w, 1, qj, 1), qj, 1, w, 1);
+            }
+        k++;
+        beta[k - 1] = cblas_dnrm2(n, w, 1);
+        /* top eigenvalue of the k x k tridiagonal (alpha, beta) */
+        memcpy(dd, alpha, sizeof(double) * k);
+        memcpy(ee, beta, sizeof(double) * k);
+        int last = !(beta[k - 1] > 1e-14 * tr) || k == kmax; /* invariant subspace, or the end */
+        if (last || (k >= 6 && k % 3 == 0)) {
+            if (LAPACKE_dsterf_work(k, dd, ee) != 0) break;
+            rho = dd[k - 1];
+            have = k;
+            if (last || rho - prev <= 1e-11 * rho) break;
+            prev = rho;
+        }
+        cblas_dscal(n, 1.0 / beta[k - 1], w, 1);
+    }
+    if (have) { /* the Ritz vector, the next call's warm start */
+        ritz_vector(alpha, beta, have, rho, z, lw);
+        memset(v, 0, sizeof(double) * n);
+        for (int j = 0; j < have; j++) cblas_daxpy(n, z[j], q + (size_t)j * n, 1, v, 1);
+    }
+    static const double deltas[] = {1e-9, 1e-7, 1e-5, 1e-3};
+    for (size_t t = 0; rho > 0.0 && t < sizeof deltas / sizeof deltas[0]; t++) {
+        double mu = rho * (1.0 + deltas[t]);
+        for (int i = 0; i < n; i++) {
+            const double *gi = G + (size_t)i * n;
+            double *ai = a + (size_t)i * n;
+            for (int j = 0; j <= i; j++) ai[j] = -gi[j];
+            ai[i] += mu;
+        }
+        if ((n < 64 ? chol(a, n) : LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', n, a, n)) == 0) return mu * (1.0 + 1e-9);
+    }
+    memcpy(a, G, sizeof(double) * (size_t)n * n);
+    int found = 0, isuppz[2];
+    double ev = NAN;
+    if (LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'N', 'I', 'U', n, a, n, 0.0, 0.0, n, n, 0.0, &found, &ev, NULL, 1,
+                            isuppz, work, lwork, iwork, 10 * n) != 0 || found != 1)
+        return NAN;
+    /* dsyevr's absolute error is ~n u ||G||; tr >= ||G|| for a PSD G */
+    return ev + 1e-9 * tr;
+}
+
+/* x rounded up to a float (never below x). */
+static float up_f(double x)
+{
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+/* The Gram matrix G = A A^T (n x n, both triangles) of the row-major n x k
+ * matrix A. */
+static void gram(const double *A, int n, int k, double *G)
+{
+    cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, n, k, 1.0, A, k, 0.0, G, n);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) G[(size_t)i * n + j] = G[(size_t)j * n + i];
 }
 
 /* One power step on a linear layer's W with the probe's own vectors (used
@@ -407,43 +552,125 @@ static int any_nonzero(const float *x, int n)
     return 0;
 }
 
-/* Per-head weight metrics of layer l: sigma_qk, the bound's sigma, eig_mean, eig_var. */
+/* In place: x = (x + x^T) / 2 for the n x n row-major x. */
+static void symmetrize(double *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            double m = 0.5 * (x[(size_t)i * n + j] + x[(size_t)j * n + i]);
+            x[(size_t)i * n + j] = x[(size_t)j * n + i] = m;
+        }
+}
+
+/* Per-head weight metrics of layer l: sigma_qk, the bound's sigma, eig_mean,
+ * eig_var (see the file comment). */
 static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
 {
     int H = p->H, C = p->C, d = p->d;
     const float *W = model_qkv_weight(m, l);
     const float *bias = m->params.qkvb + (size_t)l * 3 * C;
-    float *t = sc->tmp_d, *w = sc->tmp_c;
     double inv_sd = 1.0 / sqrt((double)d);
     for (int h = 0; h < H; h++) {
         size_t k = (size_t)l * H + h;
         const float *Wq = W + (size_t)h * d * C, *Wk = W + (size_t)C * C + (size_t)h * d * C;
-        float s = qk_power(Wq, NULL, Wk, NULL, C, d, p->u_qk + k * C, t, w, p->iters);
-        p->out.sigma_qk[k] = s;
-        p->sig_b[k] = aug ? qk_power(Wq, bias + h * d, Wk, bias + C + h * d, C, d,
-                                     p->u_aug + k * (C + 1), t, w, p->iters)
-                          : s;
-        /* M = Wk_h Wq_h^T (d x d) has the non-zero eigenvalues of W_Q^h W_K^h^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d, d, C, 1.0f, Wk, C, Wq, C, 0.0f,
-                    sc->mm, d);
-        double tr = 0.0, tr2 = 0.0;
-        for (int a = 0; a < d; a++) {
-            tr += sc->mm[a * d + a];
-            for (int b = 0; b < d; b++) tr2 += (double)sc->mm[a * d + b] * sc->mm[b * d + a];
+        for (size_t i = 0; i < (size_t)d * C; i++) { sc->wq[i] = Wq[i]; sc->wk[i] = Wk[i]; }
+        gram(sc->wq, d, C, sc->gq);
+        gram(sc->wk, d, C, sc->lk);
+        /* Gk = Lk Lk^T; a singular Gk gets a jitter eps I, which can only
+         * raise the norm (Gk + eps I >= Gk): still an upper bound */
+        double trk = 0.0;
+        for (int a = 0; a < d; a++) trk += sc->lk[a * d + a];
+        double sig = NAN, sigb = NAN;
+        if (trk == 0.0) {
+            sig = sigb = 0.0;               /* W_K^h = 0: every logit is row-constant */
+        } else if (isfinite(trk)) {
+            memcpy(sc->t1, sc->lk, sizeof(double) * d * d);
+            int ok = chol(sc->lk, d) == 0;
+            for (double eps = 1e-13 * trk / d; !ok && eps < 1e-2 * trk; eps *= 100.0) {
+                memcpy(sc->lk, sc->t1, sizeof(double) * d * d);
+                for (int a = 0; a < d; a++) sc->lk[a * d + a] += eps;
+                ok = chol(sc->lk, d) == 0;
+            }
+            if (ok) {
+                for (int a = 0; a < d; a++)
+                    for (int b = a + 1; b < d; b++) sc->lk[a * d + b] = 0.0;
+                /* S = Lk^T Gq Lk has the squared singular values of W_Q^h W_K^h^T */
+                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d, d, d, 1.0, sc->gq, d, sc->lk, d, 0.0,
+                            sc->t1, d);
+                cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, d, 1.0, sc->lk, d, sc->t1, d, 0.0,
+                            sc->s, d);
+                symmetrize(sc->s, d);
+                double mu = top_eig_upper(sc->s, d, p->v_qk + k * d, sc->q, sc->g, sc->work, p->lwork,
+                                          sc->iwork);
+                sig = sqrt(mu / d);
+                sigb = sig;
+                if (aug) {
+                    /* [W_Q | b_Q]: S~ = S + u u^T with u = Lk^T b_Q */
+                    const float *bq = bias + (size_t)h * d;
+                    for (int a = 0; a < d; a++) {
+                        double u = 0.0;
+                        for (int r = a; r < d; r++) u += sc->lk[r * d + a] * bq[r];
+                        sc->v2[a] = u;
+                    }
+                    for (int a = 0; a < d; a++)
+                        for (int b = 0; b < d; b++) sc->t1[a * d + b] = sc->s[a * d + b] + sc->v2[a] * sc->v2[b];
+                    double mub = top_eig_upper(sc->t1, d, p->v_aug + k * d, sc->q, sc->g, sc->work, p->lwork,
+                                               sc->iwork);
+                    sigb = sqrt(mub / d);
+                }
+            }
         }
-        double mean = tr / C * inv_sd;
+        p->out.sigma_qk[k] = up_f(sig);
+        p->sig_b[k] = up_f(sigb);
+        /* eigenspectrum of M = W_K^h^T W_Q^h / sqrt(d) (d x d): the d
+         * eigenvalues of W_Q^h W_K^h^T / sqrt(d) that can be non-zero.
+         * The row-major buffer read as column-major is M^T: same spectrum. */
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d, d, C, inv_sd, sc->wk, C, sc->wq, C, 0.0, sc->mm, d);
+        double *wr = sc->v1, *wi = sc->v2, mean = NAN, var = NAN;
+        if (LAPACKE_dgeev_work(LAPACK_COL_MAJOR, 'N', 'N', d, sc->mm, d, wr, wi, NULL, 1, NULL, 1, sc->work,
+                               p->lwork) == 0) {
+            double mr = 0.0, mi = 0.0;
+            for (int a = 0; a < d; a++) { mr += wr[a]; mi += wi[a]; }
+            mr /= d; mi /= d;
+            double v = 0.0;
+            for (int a = 0; a < d; a++) v += (wr[a] - mr) * (wr[a] - mr) + (wi[a] - mi) * (wi[a] - mi);
+            mean = mr;  /* the imaginary parts come in conjugate pairs: mi is rounding */
+            var = v / d;
+        }
         p->out.eig_mean[k] = (float)mean;
-        p->out.eig_var[k] = (float)(tr2 / C / d - mean * mean);
+        p->out.eig_var[k] = (float)var;
     }
 }
 
-/* One layer: weight metrics, row norms, rank_ratio, cos_sim, ||X~_b||_2. */
+/* ||X_b||_2^2 for one example's (T x C) attention input, certified: the
+ * Gram matrix in the smaller of the two dimensions, in float (half the cost
+ * of double; X is float anyway), whose rounding error E is bounded by
+ * ||E||_2 <= gamma_k ||X||_F^2 (k the inner dimension, gamma_k = k u / (1 - k u),
+ * u = 2^-24, any summation order) and added; then top_eig_upper.  fro2 is
+ * ||X_b||_F^2 (any over-estimate will do). */
+static double x_norm2(probe *p, int l, const float *Xb, int T, double fro2, probe_scratch *sc)
+{
+    int C = p->C, n = T < C ? T : C, k = T < C ? C : T, nv = p->nx > p->d ? p->nx : p->d;
+    float *gf = sc->gf;
+    if (n == T) cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, T, C, 1.0f, Xb, C, 0.0f, gf, T);
+    else cblas_ssyrk(CblasRowMajor, CblasLower, CblasTrans, C, T, 1.0f, Xb, C, 0.0f, gf, C);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j <= i; j++) sc->g[(size_t)i * n + j] = sc->g[(size_t)j * n + i] = gf[(size_t)i * n + j];
+    double u = FLT_EPSILON / 2, gamma = k * u / (1.0 - k * u);
+    double *v = p->v_x + (size_t)l * nv;
+    if (p->n_x[l] != n) { flat_unit(v, n); p->n_x[l] = n; }
+    return top_eig_upper(sc->g, n, v, sc->q, sc->a, sc->work, p->lwork, sc->iwork) + gamma * fro2 * (1.0 + 1e-6);
+}
+
+/* One layer: weight metrics, row norms, rank_ratio, cos_sim, ||X_b||_2. */
 static void layer_pass(probe *p, int l, probe_scratch *sc)
 {
     model *m = p->m;
     int C = p->C, T = m->cur_T, nb = p->nb;
     const float *bias = m->params.qkvb + (size_t)l * 3 * C;
-    int aug = p->aug[l] = any_nonzero(bias, 2 * C);
+    /* only the query bias enters the bound: q_i . b_K is constant along a
+     * row, which the softmax ignores */
+    int aug = p->aug[l] = any_nonzero(bias, C);
     head_weights(p, m, l, aug, sc);
     const float *X = model_attn_input(m, l);
     double rank_sum = 0.0, cos_sum = 0.0;
@@ -472,9 +699,7 @@ static void layer_pass(probe *p, int l, probe_scratch *sc)
         double res2 = fro2 - T * mu2;
         rank_sum += fro2 > 0 ? sqrt(res2 > 0 ? res2 / fro2 : 0.0) : 0.0;
         cos_sum += T > 1 ? (T * um2 - 1.0) / (T - 1) : 1.0;
-        /* examples in order, one persistent vector per layer: warm starts */
-        p->xs[(size_t)l * p->B + b] = x_power(Xb, T, C, aug, p->xv + (size_t)l * (C + 1), sc->tmp_t,
-                                              mean, p->iters);
+        p->xs[(size_t)l * p->B + b] = up_f(sqrt(x_norm2(p, l, Xb, T, fro2, sc)));
     }
     p->out.rank_ratio[l] = (float)(rank_sum / nb);
     p->out.cos_sim[l] = (float)(cos_sum / nb);
@@ -489,13 +714,15 @@ static void head_pass(probe *p, int l, int h, probe_scratch *sc)
     const float *qkv = model_qkv(m, l), *att = model_attention(m, l);
     float inv_sd = 1.0f / sqrtf((float)d);
     double e_sum = 0.0, en_sum = 0.0, b_sum = 0.0;
-    float ml = 0.0f;
+    float ml = 0.0f, smax = 0.0f;
     for (int b = 0; b < nb; b++) {
         const float *A = att + (size_t)(b * H + h) * T * T;
         const float *qb = qkv + (size_t)b * T * 3 * C + h * d;
         const float *kb = qb + C;
         const float *rn = p->rn + ((size_t)l * p->B + b) * T;
-        float sx = p->sig_b[k] * p->xs[(size_t)l * p->B + b];
+        /* 1 + 1e-5 covers the float rounding of the row norms rn (relative
+         * error <= C u / 2 ~ 4e-6 at C = 128) and of this product */
+        double sx = (double)p->sig_b[k] * p->xs[(size_t)l * p->B + b] * (1.0 + 1e-5);
         int have_scores = 0; /* sc->scores holds this example's Q K^T */
         for (int i = 0; i < T; i++) {
             const float *row = A + (size_t)i * T;
@@ -504,7 +731,9 @@ static void head_pass(probe *p, int l, int h, probe_scratch *sc)
             float e = row_entropy(row, i + 1, nread <= T ? nread : i + 1, &hi, &lo);
             e_sum += e;
             en_sum += e * p->inv_log[i + 1];
-            b_sum += bound_f(p, i + 1, sx * rn[i]);
+            float si = up_f(sx * rn[i]);
+            b_sum += bound_f(p, i + 1, si);
+            if (!(si <= smax)) smax = si;   /* NaN propagates */
             /* logits at the row's extremes (see the file comment), anchored
              * on the diagonal a_ii when its probability is usable, else on
              * the argmax */
@@ -550,6 +779,7 @@ static void head_pass(probe *p, int l, int h, probe_scratch *sc)
     p->out.entropy_norm[k] = T > 1 ? (float)(en_sum / ((double)nb * (T - 1))) : NAN;
     p->out.entropy_bound[k] = (float)(b_sum / ((double)nb * T));
     p->out.max_logit[k] = ml;
+    p->out.logit_scale[k] = smax;
 }
 
 /* model_parallel task: whole layers round-robin over the threads, so one
@@ -572,9 +802,6 @@ const probe_metrics *probe_compute(probe *p, model *m)
     p->m = m;
     p->nb = p->cfg.examples > 0 && p->cfg.examples < B ? p->cfg.examples : B;
     o->examples_used = p->nb;
-    /* Cold random vectors underestimate the norms, which would lift the
-     * bound above the truth: converge them on the first call. */
-    p->iters = p->calls++ == 0 && p->cfg.iters < PROBE_WARMUP_ITERS ? PROBE_WARMUP_ITERS : p->cfg.iters;
     /* The model's worker threads idle between forward/backward jobs: the
      * probe borrows them (a model with one thread runs it here). */
     int par = m->nthreads > 1 && m->nthreads <= p->nscratch;

@@ -1,10 +1,10 @@
 /* probe.h - collapse metrics of a sigmatrain model, read from what its last
  * forward pass holds (attention probabilities, qkv activations, layer inputs,
- * effective weights) plus a few power-iteration steps with persistent
- * vectors.  Formulas: ../shared/science.md §1, §2, §4, §5, §6.
+ * effective weights).  Definitions, normalizations and sources:
+ * docs/science.md.
  *
  * What it is: per layer and head `entropy`, `entropy_norm`, `max_logit`,
- * `sigma_qk`, `entropy_bound`, `eig_mean`, `eig_var`; per layer `rank_ratio`,
+ * `sigma_qk`, `entropy_bound`, `logit_scale`, `eig_mean`, `eig_var`; per layer `rank_ratio`,
  * `cos_sim`; per linear layer sigma(W) and gamma.  What it is not: a
  * telemetry client (telemetry.h moves the numbers) and never a forward pass.
  *
@@ -18,10 +18,13 @@
  * Cost per logged step (nb examples used, d = C/H):
  *   entropy, entropy_norm, max_logit   O(nb H T^2) per layer (one pass over
  *       the probabilities with a vectorized log) + O(nb H T d) dot products;
- *   entropy_bound   O(nb T (C + 1) iters) per layer for ||X||_2, O(1) per row;
- *   sigma_qk        O(C d iters) per head (2 power iterations when q/k biases
- *                   are non-zero, see probe.c);
- *   eig_mean/var    O(C d^2) per head (one d x d sgemm);
+ *   entropy_bound, logit_scale   per example and layer the Gram matrix of
+ *                   X_b (O(T C min(T, C))), power iteration on it and one
+ *                   Cholesky test (O(min(T, C)^3)); O(1) per row;
+ *   sigma_qk        O(C d^2 + d^3) per head (two d x d Gram matrices, one
+ *                   Cholesky, power iteration and a Cholesky test on d x d;
+ *                   twice with a query bias), see probe.c;
+ *   eig_mean/var    O(C d^2 + d^3) per head (one d x d product, LAPACK dgeev);
  *   rank_ratio, cos_sim  O(nb T C) per layer;
  *   sigma(W)        read from σReparam's own estimate; with --reparam none one
  *                   power-iteration step per linear layer (O(size of W)).
@@ -43,9 +46,9 @@
 typedef struct {
     int examples;    /* examples of the batch used (first ones); 0 = all;
                         default (negative) PROBE_DEFAULT_EXAMPLES */
-    int iters;       /* power-iteration steps per probe_compute for sigma_qk
-                        and ||X||_2; <= 0: PROBE_DEFAULT_ITERS (the first
-                        call does at least 50: the vectors start cold) */
+    int iters;       /* unused since the norms behind sigma_qk and the bound
+                        are certified (kept for callers' configs); <= 0:
+                        PROBE_DEFAULT_ITERS */
 } probe_config;
 
 /* Metrics of the last probe_compute.  Head arrays are (L, H) row-major
@@ -55,10 +58,17 @@ typedef struct {
     float *entropy;       /* mean over examples and rows of Ent(A_i), nats */
     float *entropy_norm;  /* mean over examples and rows i >= 1 of Ent(A_i)/log(i+1) */
     float *max_logit;     /* max |a_ij| over examples and unmasked (i, j), scaled logits */
-    float *sigma_qk;      /* ||W_Q^h W_K^h^T||_2 / sqrt(d), power-iteration estimate */
-    float *entropy_bound; /* Theorem 3.1 per row (T_i keys), averaged like entropy */
-    float *eig_mean;      /* mean eigenvalue of W_Q^h W_K^h^T / sqrt(d) (C of them) */
-    float *eig_var;       /* their variance: tr(M M)/(C d) - eig_mean^2 */
+    float *sigma_qk;      /* ||W_Q^h W_K^h^T||_2 / sqrt(d), certified: never below the
+                             exact value, at most ~1e-9 relative above it */
+    float *entropy_bound; /* Theorem 3.1 per row (T_i keys, argument s_i below),
+                             averaged like entropy; never above the exact bound */
+    float *logit_scale;   /* max over examples and rows of s_i = ||[W_Q^h|b_Q^h]^T W_K^h||_2
+                             / sqrt(d) * ||[x_i; 1]|| * ||X_b||_2: a certified upper bound
+                             on the centred L2 norm of every logit row */
+    float *eig_mean;      /* mean of the d eigenvalues of M = W_K^h^T W_Q^h / sqrt(d)
+                             (real: the trace is) */
+    float *eig_var;       /* mean over those d of |lambda - eig_mean|^2 (complex
+                             lambda from LAPACK dgeev): >= 0 */
     float *rank_ratio;    /* ||X - 1 mean(X)||_F / ||X||_F of the attention input */
     float *cos_sim;       /* mean pairwise cosine similarity of its rows */
     float *lin_sigma[MODEL_LIN_PER_LAYER]; /* sigma(W) per layer: qkv, attproj, fc, fcproj */
@@ -86,8 +96,9 @@ void probe_destroy(probe *p);
  * after model_forward and before the optimizer changes the parameters (the
  * biases and, with --reparam none, the weights are read from the parameters;
  * the attention they produced is the forward's).  Advances the persistent
- * power-iteration vectors by cfg.iters steps.  Returns the metrics (owned by
- * p, overwritten by the next call). */
+ * power-iteration warm starts (the certified values do not depend on them).
+ * Returns the metrics (owned by p, overwritten by the next call).  Allocates
+ * nothing. */
 const probe_metrics *probe_compute(probe *p, model *m);
 
 /* Theorem 3.1 (science.md §2): the lowest entropy (nats) of a softmax over

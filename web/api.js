@@ -67,6 +67,14 @@ export function getJSON(path, {prio = 0, signal} = {}) {
 
 export const api = {
   runs: () => getJSON('/api/runs', {prio: 2}),
+  /** One page of the runs list: p holds limit, cursor, sort, order, status,
+   * verdict, q, created_from, created_to, meta.KEY (empty ones left out);
+   * the answer is {runs, next, sort, order, total}. */
+  runsPage: (p, opts) => {
+    const u = new URLSearchParams();
+    for (const [k, v] of Object.entries(p)) if (v !== undefined && v !== null && v !== '') u.set(k, v);
+    return getJSON(`/api/runs?${u}`, {prio: 2, ...opts});
+  },
   run: (id) => getJSON(`/api/runs/${id}`, {prio: 2}),
   /** q: {metric, layer, head, from, to, points, agg, split} (undefined fields
    * left out); with split ('head' | 'layer') the answer lists one series per
@@ -83,6 +91,10 @@ export const api = {
     return getJSON(`/api/runs/${id}/frame?${u}`, opts);
   },
   events: (id) => getJSON(`/api/runs/${id}/events?limit=1000`),
+  /** Events newest first: {run, events, more}; pass before = the id of the
+   * oldest event shown to load older ones (more: there are). */
+  eventsNewest: (id, before, limit = 300, opts) =>
+    getJSON(`/api/runs/${id}/events?order=desc&limit=${limit}${before ? '&before=' + before : ''}`, opts),
   // The alerts API arrives with the alerts issue; until then a 404 means "none".
   alerts: async (id) => {
     try {

@@ -1,76 +1,123 @@
-// runs.js: the runs list — status, last step, latest loss, lowest head
-// entropy, firing alerts and σReparam per run, updated live from the event
-// stream; tick runs to compare them.
+// runs.js: the runs list — one page of runs per request to GET /api/runs
+// (paged with cursors, sorted, filtered and searched by the daemon), each
+// with its verdict, status, σReparam, last step, last loss, lowest
+// entropy_norm and firing alerts from the summary the daemon keeps; steps
+// and status changes of the runs on screen arrive live from the event
+// stream; tick runs to compare them. A page the user left is cancelled.
 import {api, reparamOf} from './api.js';
 import {subscribe} from './live.js';
 import {fmt, fmtAgo, fmtStep, h, urlState} from './util.js';
 
 const REPARAM_TEXT = {sigma: 'σReparam', spectral: 'spectral norm', none: 'none'};
+const PAGE = 100;
+const VERDICT_TITLE = {
+  healthy: 'no collapse, divergence or stall', collapsing: 'entropy collapsing on a live run',
+  collapsed: 'attention entropy collapsed', diverged: 'loss became NaN/Inf, or the run failed',
+  stalled: 'the trainer went silent or vanished without ending the run',
+};
+const SORTS = [['id', 'newest'], ['updated', 'last update'], ['created', 'created'], ['name', 'name'], ['verdict', 'verdict'],
+  ['min_entropy_norm', 'min entropy_norm'], ['last_loss', 'loss'], ['last_step', 'last step']];
 
 export class RunsView {
   constructor(root, state) {
     this.root = root;
-    this.rows = new Map();   // id -> {run, tr, cells, loss, minEnt}
+    this.rows = new Map();   // id -> {run, tr, cells}
     this.selected = new Set();
-    const filter = state.status || '';
-    this.filter = filter;
+    this.q = {status: state.status || '', verdict: state.verdict || '', search: state.q || '',
+      reparam: state.reparam || '', sort: state.sort || 'id', order: state.order || 'desc'};
+    this.cursors = [null];   // cursor of each page visited; the last is the current one
     this.tbody = h('tbody');
     this.empty = h('p', {class: 'muted empty', hidden: true},
       'No runs yet. Start a trainer against this daemon (sigmatrain --daemon unix:DATA/entropyd.sock) and it appears here at once.');
     this.cmpBtn = h('button', {class: 'btn', disabled: true, onclick: () => this.compare()}, 'Compare selected');
-    const statusSel = h('select', {'aria-label': 'status filter', onchange: (e) => {
-      this.filter = e.target.value; urlState.set({status: this.filter}); this.load();
-    }}, ...['', 'live', 'stale', 'finished', 'failed', 'aborted'].map((s) =>
-      h('option', {value: s, selected: s === filter}, s || 'all statuses')));
+    this.count = h('span', {class: 'muted', id: 'runs-count'});
+    this.prevBtn = h('button', {class: 'btn light', id: 'runs-prev', disabled: true, onclick: () => this.page(-1)}, '‹ newer');
+    this.nextBtn = h('button', {class: 'btn light', id: 'runs-next', disabled: true, onclick: () => this.page(1)}, 'older ›');
+    const sel = (id, label, key, opts) => h('select', {id, 'aria-label': label, onchange: (e) => this.setFilter(key, e.target.value)},
+      ...opts.map(([v, t]) => h('option', {value: v, selected: v === this.q[key]}, t)));
+    const search = h('input', {type: 'search', id: 'runs-search', placeholder: 'search names', value: this.q.search,
+      'aria-label': 'search run names', oninput: (e) => {
+        clearTimeout(this.searchTimer);
+        this.searchTimer = setTimeout(() => this.setFilter('search', e.target.value.trim()), 200);
+      }});
     root.append(
       h('section', {class: 'card'},
         h('div', {class: 'card-head'},
-          h('h1', {}, 'Runs'),
-          h('span', {class: 'muted'}, 'updated live from the event stream; stale = the trainer disconnected without ending the run'),
-          h('span', {class: 'spacer'}), statusSel, this.cmpBtn),
+          h('h1', {}, 'Runs'), this.count,
+          h('span', {class: 'spacer'}), search,
+          sel('runs-status', 'status filter', 'status', ['', 'live', 'stale', 'finished', 'failed', 'aborted'].map((s) => [s, s || 'all statuses'])),
+          sel('runs-verdict', 'verdict filter', 'verdict', ['', 'healthy', 'collapsing', 'collapsed', 'diverged', 'stalled'].map((s) => [s, s || 'all verdicts'])),
+          sel('runs-reparam', 'reparametrization filter', 'reparam', [['', 'any σReparam'], ['sigma', 'σReparam'], ['none', 'none'], ['spectral', 'spectral norm']]),
+          sel('runs-sort', 'sort by', 'sort', SORTS.map(([v, t]) => [v, 'by ' + t])),
+          sel('runs-order', 'order', 'order', [['desc', '↓'], ['asc', '↑']]),
+          this.cmpBtn),
         h('table', {class: 'runs', id: 'runs-table'},
           h('thead', {}, h('tr', {},
-            h('th', {class: 'sel'}, ''), h('th', {}, 'run'), h('th', {}, 'status'), h('th', {}, 'σReparam'),
+            h('th', {class: 'sel'}, ''), h('th', {}, 'run'), h('th', {title: 'computed by the daemon from the alert rules; kept after the run ends'}, 'verdict'),
+            h('th', {}, 'status'), h('th', {}, 'σReparam'),
             h('th', {class: 'num'}, 'layers × heads'), h('th', {class: 'num'}, 'last step'),
             h('th', {class: 'num', title: 'latest training loss, nats/token'}, 'loss (nats)'),
-            h('th', {class: 'num', title: 'lowest per-head attention entropy at the latest step, nats'}, 'min head entropy (nats)'),
+            h('th', {class: 'num', title: 'lowest normalized attention entropy of any head at any step'}, 'min entropy_norm'),
             h('th', {class: 'num'}, 'alerts firing'), h('th', {}, 'updated'))),
           this.tbody),
+        h('div', {class: 'pager'}, this.prevBtn, this.nextBtn),
         this.empty));
     this.unsub = subscribe((t, d) => this.onLive(t, d));
     this.tick = setInterval(() => this.refreshAges(), 5000);
     this.load();
   }
 
+  setFilter(key, v) {
+    if (this.q[key] === v) return;
+    this.q[key] = v;
+    urlState.set({status: this.q.status, verdict: this.q.verdict, q: this.q.search, reparam: this.q.reparam,
+      sort: this.q.sort === 'id' ? '' : this.q.sort, order: this.q.order === 'desc' ? '' : this.q.order});
+    this.cursors = [null];
+    this.load();
+  }
+
+  page(dir) {
+    if (dir > 0 && this.next) this.cursors.push(this.next);
+    else if (dir < 0 && this.cursors.length > 1) this.cursors.pop();
+    else return;
+    this.load();
+  }
+
+  /** One request for the page; one that is still loading is cancelled. */
   async load() {
-    let runs;
-    try { runs = await api.runs(); } catch (e) { this.showError(e); return; }
-    if (this.dead) return;
-    if (this.filter) runs = runs.filter((r) => r.status === this.filter);
+    if (this.ctl) this.ctl.abort();
+    const ctl = this.ctl = new AbortController();
+    const p = {limit: PAGE, sort: this.q.sort, order: this.q.order, cursor: this.cursors[this.cursors.length - 1]};
+    if (this.q.status) p.status = this.q.status;
+    if (this.q.verdict) p.verdict = this.q.verdict;
+    if (this.q.search) p.q = this.q.search;
+    if (this.q.reparam) p['meta.reparam'] = this.q.reparam;
+    let page;
+    try { page = await api.runsPage(p, {signal: ctl.signal}); } catch (e) {
+      if (e.name !== 'AbortError' && !this.dead) this.showError(e);
+      return;
+    }
+    if (this.dead || ctl !== this.ctl) return;
+    this.ctl = null;
+    this.next = page.next;
     this.tbody.textContent = '';
     this.rows.clear();
-    runs.sort((a, b) => (b.updated || 0) - (a.updated || 0));
-    for (const r of runs) this.addRow(r);
-    this.empty.hidden = runs.length > 0;
+    const frag = document.createDocumentFragment();
+    for (const r of page.runs) frag.append(this.addRow(r));
+    this.tbody.append(frag);
+    const first = (this.cursors.length - 1) * PAGE;
+    this.count.textContent = page.total ? `${first + 1}–${first + page.runs.length} of ${page.total.toLocaleString('en-US')} runs` : '';
+    this.prevBtn.disabled = this.cursors.length <= 1;
+    this.nextBtn.disabled = !page.next;
+    this.empty.hidden = page.runs.length > 0;
+    if (!page.runs.length && (this.q.status || this.q.verdict || this.q.search || this.q.reparam)) this.empty.textContent = 'No run matches.';
     window.__render.complete = true;
     window.__render.completeAt = performance.now();
-    // the latest loss and entropy per run: one small frame request each
-    await Promise.all(runs.map(async (r) => {
-      const row = this.rows.get(r.id);
-      const [loss, ent] = await Promise.all([
-        api.frame(r.id, 'loss').catch(() => null), api.frame(r.id, 'entropy').catch(() => null)]);
-      if (!row || this.dead) return;
-      if (loss && row.lossStep === undefined) this.setLoss(row, loss.values[0], loss.step);
-      if (ent && row.entStep === undefined) {
-        let m = Infinity;
-        for (const rowv of ent.values) for (const v of (Array.isArray(rowv) ? rowv : [rowv])) if (v !== null && v < m) m = v;
-        this.setEnt(row, m === Infinity ? null : m, ent.step);
-      }
-    }));
   }
 
   addRow(r) {
     const rp = reparamOf(r.meta);
+    const v = r.verdict || {state: 'healthy', since_step: null, heads: []};
     const cells = {
       sel: h('input', {type: 'checkbox', 'aria-label': 'select ' + r.name, checked: this.selected.has(r.id), onchange: (e) => {
         if (e.target.checked) this.selected.add(r.id); else this.selected.delete(r.id);
@@ -79,14 +126,20 @@ export class RunsView {
       }}),
       status: h('span', {class: 'badge st-' + r.status, text: r.status}),
       step: h('td', {class: 'num step', text: fmtStep(r.last_step)}),
-      loss: h('td', {class: 'num loss', text: '—'}),
-      ent: h('td', {class: 'num ent', text: '—'}),
+      loss: h('td', {class: 'num loss', text: r.last_loss === null || r.last_loss === undefined ? '—' : fmt(r.last_loss)}),
+      ent: h('td', {class: 'num ent', text: r.min_entropy_norm === null || r.min_entropy_norm === undefined ? '—' : fmt(r.min_entropy_norm)}),
       alerts: h('td', {class: 'num alerts'}),
       updated: h('td', {class: 'muted updated', text: fmtAgo(r.updated)}),
     };
-    const tr = h('tr', {dataset: {run: r.id, status: r.status}},
+    cells.ent.classList.toggle('bad', r.min_entropy_norm !== null && r.min_entropy_norm < 0.01);
+    const heads = (v.heads || []).map(([l, hd]) => `L${l}H${hd}`);
+    const vtitle = VERDICT_TITLE[v.state] + (v.since_step !== null ? `; from step ${v.since_step}` : '') +
+      (heads.length ? `; heads ${heads.slice(0, 12).join(' ')}${heads.length > 12 ? ' …' : ''}` : '') + (v.rule ? ` (${v.rule})` : '');
+    const tr = h('tr', {dataset: {run: r.id, status: r.status, verdict: v.state}},
       h('td', {class: 'sel'}, cells.sel),
       h('td', {}, h('a', {href: `./?run=${r.id}`, class: 'run-link'}, r.name)),
+      h('td', {class: 'verdict'}, h('span', {class: 'badge v-' + v.state, title: vtitle},
+        v.state + (v.since_step !== null && v.state !== 'healthy' ? ` @${fmtStep(v.since_step)}` : ''))),
       h('td', {}, cells.status),
       h('td', {class: 'reparam', dataset: {reparam: rp || 'unknown'}},
         rp ? h('span', {class: 'badge rp-' + rp}, REPARAM_TEXT[rp]) : h('span', {class: 'muted', title: 'the run’s meta does not say'}, '?')),
@@ -95,14 +148,9 @@ export class RunsView {
     const row = {run: r, tr, cells};
     this.setAlerts(row, r.alerts_firing || 0);
     this.rows.set(r.id, row);
-    this.tbody.append(tr);
+    return tr;
   }
 
-  setLoss(row, v, step) { row.lossStep = step; row.cells.loss.textContent = fmt(v); }
-  setEnt(row, v, step) {
-    row.entStep = step; row.cells.ent.textContent = fmt(v);
-    row.cells.ent.classList.toggle('bad', v !== null && v < 0.3);
-  }
   setAlerts(row, n) {
     row.cells.alerts.textContent = '';
     row.cells.alerts.append(n > 0 ? h('span', {class: 'badge alert'}, String(n)) : h('span', {class: 'muted'}, '0'));
@@ -113,24 +161,22 @@ export class RunsView {
     if (!d || d.run === undefined) return;
     const row = this.rows.get(d.run);
     if (!row) {
-      if (type !== 'alert') this.reloadSoon();
+      // a run not on this page: only a new one changes the first page
+      if (type === 'run' && this.cursors.length === 1) this.reloadSoon();
       return;
     }
     if (type === 'step') {
       row.run.last_step = d.step;
       row.cells.step.textContent = fmtStep(d.step);
       row.cells.step.dataset.step = d.step;
-      if (d.scalars && 'loss' in d.scalars) this.setLoss(row, d.scalars.loss, d.step);
-      if (d.entropy && d.entropy.min) {
-        const m = Math.min(...d.entropy.min.filter((v) => v !== null));
-        this.setEnt(row, Number.isFinite(m) ? m : null, d.step);
-      }
+      if (d.scalars && 'loss' in d.scalars) row.cells.loss.textContent = fmt(d.scalars.loss);
       row.run.updated = d.ct || Date.now() / 1000;
       row.cells.updated.textContent = fmtAgo(row.run.updated);
       if (row.run.status !== 'live') this.setStatus(row, 'live');
     } else if (type === 'run') {
       if (d.status === 'deleted') { row.tr.remove(); this.rows.delete(d.run); return; }
       this.setStatus(row, d.status);
+      this.reloadSoon(); // the verdict is final once a run ends
     } else if (type === 'alert') {
       this.reloadSoon();
     }
@@ -161,5 +207,9 @@ export class RunsView {
       (e.status === 401 ? ' This daemon wants a token: open the page as /?token=TOKEN.' : '');
   }
 
-  destroy() { this.dead = true; this.unsub(); clearInterval(this.tick); clearTimeout(this.reloadTimer); }
+  destroy() {
+    this.dead = true;
+    if (this.ctl) this.ctl.abort(); // the page the user left loads nothing more
+    this.unsub(); clearInterval(this.tick); clearTimeout(this.reloadTimer); clearTimeout(this.searchTimer);
+  }
 }

@@ -7,7 +7,8 @@ const UNITS = {
   loss: 'nats/token', eval_loss: 'nats/token', lr: 'learning rate', grad_norm: 'L2 norm',
   tokens_per_s: 'tokens/s', entropy: 'nats', entropy_bound: 'nats',
   entropy_norm: 'fraction of log Tᵢ (0–1)', sigma_qk: '‖W_Q W_Kᵀ‖₂/√d', max_logit: 'max |logit|',
-  eig_mean: 'eigenvalue mean', eig_var: 'eigenvalue variance', rank_ratio: '‖X−1x̄ᵀ‖_F/‖X‖_F',
+  logit_scale: 'bound on ‖logit row − mean‖₂',
+  eig_mean: 'mean of the d eigenvalues /√d', eig_var: 'mean |λ − mean|² over d', rank_ratio: '‖X−1x̄ᵀ‖_F/‖X‖_F',
   cos_sim: 'mean cosine', step_time: 's', time: 's',
 };
 export function unitOf(metric) {
@@ -22,7 +23,8 @@ export function unitOf(metric) {
 const DESCR = {
   entropy: 'mean attention entropy per head',
   entropy_norm: 'attention entropy / its maximum log Tᵢ',
-  entropy_bound: 'Theorem 3.1 lower bound on entropy',
+  entropy_bound: 'Theorem 3.1 lower bound on entropy (0 = vacuous: see logit_scale)',
+  logit_scale: 'the bound’s argument: certified upper bound on a logit row’s centred norm',
   sigma_qk: 'spectral norm of the head’s QK product',
   max_logit: 'largest |attention logit| of the head',
   eig_mean: 'QK eigenspectrum mean', eig_var: 'QK eigenspectrum variance',

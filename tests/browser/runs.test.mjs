@@ -29,6 +29,28 @@ await run(async (ctx) => {
     'σReparam column from the run meta (sigma / none / unknown)');
   check(by[base.id].step === '299', 'last step of a finished run');
   await page.waitForFunction((id) => document.querySelector(`tr[data-run="${id}"] .loss`).textContent !== '—', sig.id);
+  // the verdict column (issue 15): the daemon's verdict, coloured by it; the
+  // run that ended failed is diverged
+  const verdicts = await page.$$eval('#runs-table tbody tr', (trs) => trs.map((tr) => ({
+    id: +tr.dataset.run, v: tr.dataset.verdict, cls: tr.querySelector('.verdict .badge').className})));
+  const apiV = Object.fromEntries(api.map((r) => [r.id, r.verdict.state]));
+  check(verdicts.every((x) => x.v === apiV[x.id] && x.cls.includes('v-' + x.v)) &&
+    verdicts.find((x) => x.id === bad.id).v === 'diverged',
+    'verdict column: the daemon\'s verdict per run, coloured (the failed run diverged)', JSON.stringify(verdicts));
+  // filters go to the daemon: one request for the page, no frame requests
+  let n0 = await page.evaluate(() => window.__net.requests);
+  await page.selectOption('#runs-verdict', 'diverged');
+  await page.waitForFunction(() => [...document.querySelectorAll('#runs-table tbody tr')].length === 1);
+  let n1 = await page.evaluate(() => window.__net.requests);
+  const only = await page.$eval('#runs-table tbody tr', (tr) => +tr.dataset.run);
+  check(only === bad.id && n1 - n0 === 1 && new URL(page.url()).searchParams.get('verdict') === 'diverged',
+    `verdict filter: only the diverged run, in ${n1 - n0} request (target 1), kept in the URL`);
+  await page.selectOption('#runs-verdict', '');
+  await page.fill('#runs-search', 'SIGMA-post');
+  await page.waitForFunction(() => document.querySelectorAll('#runs-table tbody tr').length === 1);
+  check(await page.$eval('#runs-table tbody tr', (tr) => +tr.dataset.run) === sig.id, 'name search (case-insensitive, by the daemon)');
+  await page.fill('#runs-search', '');
+  await page.waitForFunction(() => document.querySelectorAll('#runs-table tbody tr').length === 3);
 
   // live: a step, then the end of the run, then a new run
   const t0 = Date.now();
@@ -71,6 +93,27 @@ await run(async (ctx) => {
   check(true, 'compare line can be the minimum over heads (agg=min in the URL)');
   await screenshot(page, 'compare');
   check(page.errors.length === 0, 'no errors in the page', page.errors.join('; '));
+
+  // paging: 105 more runs; the first page shows 100, "older" the rest, each one request
+  for (let i = 0; i < 105; i++) await seedRun(d.sock, `bulk-${String(i).padStart(3, '0')}`, {L: 2, H: 2, steps: 1});
+  const pp = await newPage(browser);
+  await pp.goto(d.base + '/?sort=name&order=asc');
+  await rendered(pp);
+  const first = await pp.$$eval('#runs-table tbody tr .run-link', (a) => a.map((x) => x.textContent));
+  n0 = await pp.evaluate(() => window.__net.requests);
+  await pp.click('#runs-next');
+  await pp.waitForFunction(() => document.querySelectorAll('#runs-table tbody tr').length < 100);
+  n1 = await pp.evaluate(() => window.__net.requests);
+  const second = await pp.$$eval('#runs-table tbody tr .run-link', (a) => a.map((x) => x.textContent));
+  const all = [...first, ...second];
+  check(first.length === 100 && all.length === 109 && new Set(all).size === 109 &&
+    all.every((x, i) => i === 0 || all[i - 1] <= x) && n1 - n0 === 1,
+    `paged by name: ${first.length} + ${second.length} runs, sorted, no repeats, ${n1 - n0} request for the page`,
+    /of 109 runs/.test(await pp.textContent('#runs-count')) ? '' : await pp.textContent('#runs-count'));
+  await pp.click('#runs-prev');
+  await pp.waitForFunction(() => document.querySelectorAll('#runs-table tbody tr').length === 100);
+  check(true, '"newer" goes back to the first page');
+  await pp.close();
 
   // a daemon with --token: the page works when opened with ?token=, and says
   // what is missing without it

@@ -1,5 +1,5 @@
 /* fuzz_proto: libFuzzer harness for the protocol v1 line parser
- * (daemon/proto.c, proto_parse). Not a unit test: built and run by
+ * (proto/proto.c, proto_parse). Not a unit test: built and run by
  * `make fuzz` and scripts/run-fuzz.sh (clang -fsanitize=fuzzer,address,undefined).
  *
  * The input is one line. It is copied into a buffer of exactly its size so

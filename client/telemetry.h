@@ -1,7 +1,10 @@
 /* telemetry.h -- protocol v1 client for entropyd (schema/protocol.md).
  *
- * A self-contained module: any C program can report per-step metrics with it.
- * It knows nothing of models or trainers; it moves named floats.
+ * The whole contract of libentropyd_client (client/, `pkg-config
+ * entropyd_client`, installed as <entropyd/telemetry.h>): any C program, and
+ * the Python package python/entropyd through ctypes, reports per-step
+ * metrics with it. It knows nothing of models or trainers; it moves named
+ * floats.
  *
  * Threads. The caller (the "producer", typically the training loop) builds
  * steps and events; a private sender thread formats them as JSON lines,
@@ -29,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Return codes. */
 #define TELEMETRY_OK        0
@@ -68,6 +72,13 @@ typedef struct telemetry_config {
     int max_head_metrics;
     int backoff_min_ms;    /* reconnect backoff; defaults 50 and 2000 */
     int backoff_max_ms;
+    int no_spool_upload;   /* 0 (default): with an address and a spool_dir,
+                              a background thread uploads every other run
+                              found in spool_dir with unacknowledged
+                              messages (see telemetry_upload_all), one at a
+                              time, and reports each in the inbox (type
+                              "client", code "uploaded" or "upload_failed").
+                              Nonzero: only this run. */
 } telemetry_config;
 
 /* Counters, a snapshot. Monotonic except spool_bytes and connected. */
@@ -121,6 +132,29 @@ telemetry *telemetry_create(const telemetry_config *cfg, char *err, size_t errle
  * free t. (With a tcp: address the final join may also wait for a DNS
  * lookup in progress.) */
 int telemetry_destroy(telemetry *t, const char *status, int timeout_ms);
+
+/* The end of a run: enqueues `end` with status (as destroy does; NULL: no
+ * end), then waits at most grace_ms (negative: the default, 30000; 0: no
+ * wait) for the
+ * daemon to acknowledge everything, the sender reconnecting meanwhile (so a
+ * daemon that comes back within the grace period gets the spool). While it
+ * waits and something is unacknowledged it writes a progress line to
+ * progress about once a second (NULL: silent). The background uploads of
+ * other runs (see no_spool_upload) get the same grace period: they stop
+ * when it ends and go on in the next client. Then destroys t. Returns as
+ * telemetry_destroy does; what was not acknowledged stays in the spool, and
+ * the next client started on the same spool directory uploads it. */
+int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress);
+
+/* Uploads every run found in spool_dir (its subdirectories SPOOL_DIR/RUN
+ * that hold unacknowledged messages and a hello.json, which every client
+ * with a spool_dir writes) to address, one run at a time, each waiting at
+ * most timeout_ms for its acks. A run whose spool another live client holds
+ * is skipped. One line per run goes to log (NULL: silent). Returns the
+ * number of runs left with unacknowledged messages (0: everything
+ * uploaded), or -1 with a message in err when spool_dir cannot be read. */
+int telemetry_upload_all(const char *address, const char *spool_dir, const char *token,
+                         int timeout_ms, FILE *log, char *err, size_t errlen);
 
 /* The run name (given or generated); owned by t, valid until destroy. */
 const char *telemetry_run_name(const telemetry *t);

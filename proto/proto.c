@@ -367,15 +367,6 @@ static int parse_vector(struct parser *ps, const char *metric, uint32_t *n) {
     }
 }
 
-static int valid_name(const char *s, size_t n, const char *extra) {
-    if (n == 0) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr(extra, c)))
-            return 0;
-    }
-    return 1;
-}
 
 /* Reads one of "scalars", "layers", "heads": an object of metrics. */
 static int parse_metrics(struct parser *ps, int kind, const char *field) {
@@ -398,7 +389,7 @@ static int parse_metrics(struct parser *ps, int kind, const char *field) {
         struct proto_metric *mt = &m->metrics[m->nmetrics];
         size_t nlen;
         if (parse_string(ps, mt->name, sizeof mt->name, &nlen, "metric name")) return -1;
-        if (!valid_name(mt->name, nlen, "._:-"))
+        if (!proto_valid_name(mt->name, nlen))
             return fail(ps, PROTO_E_BAD_FIELD, "metric name must be 1-64 bytes of [A-Za-z0-9._:-]");
         for (uint32_t i = 0; i < m->nmetrics; i++)
             if (strcmp(m->metrics[i].name, mt->name) == 0)
@@ -546,7 +537,7 @@ static int parse_top(struct parser *ps, unsigned *seen) {
                 return fail(ps, PROTO_E_BAD_FIELD, "run must be a string");
             }
             r = parse_string(ps, m->run, sizeof m->run, &n, "run");
-            if (!r && !valid_name(m->run, n, "._:@+-"))
+            if (!r && !proto_valid_run(m->run, n))
                 return fail(ps, PROTO_E_BAD_FIELD, "run must be 1-128 bytes of [A-Za-z0-9._:@+-]");
             *seen |= F_RUN;
         } else if (key_is(key, kn, "protocol")) {

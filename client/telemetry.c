@@ -17,10 +17,16 @@
  * the newest segment is the one being appended to. An empty newest segment
  * records the next seq when everything else was acknowledged and trimmed.
  * SPOOL_DIR/RUN/lock is flock()ed by the owning process.
+ * SPOOL_DIR/RUN/hello.json is the run's hello without its token: what a
+ * later client (telemetry_upload_all, the background uploader) needs to
+ * upload a run it knows nothing else about. A run that ends with everything
+ * acknowledged leaves only an empty newest segment, so "a segment with
+ * bytes" means "unacknowledged messages, or a client that died".
  *
  * Not here: metric computation (probe.c), printing (the caller polls).
  */
 #include "telemetry.h"
+#include "proto.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -50,18 +56,22 @@
 #define OBUF_CAP (256 * 1024)
 #define IBUF_CAP (1024 * 1024)    /* daemon lines longer than this are skipped */
 #define WBUF_CAP (256 * 1024)
-#define EVENT_TEXT_MAX (64 * 1024)
-#define SEQ_PREFIX_MAX 32         /* {"seq":18446744073709551615, */
+#define EVENT_TEXT_MAX PROTO_MAX_TEXT
+#define SEQ_PREFIX_MAX PROTO_SEQ_PREFIX_MAX
 #define WELCOME_TIMEOUT_MS 10000
 #define CONNECT_TIMEOUT_MS 2000
 #define DRAIN_BATCH 256
-#define LINE_MAX_BYTES (4u << 20) /* protocol v1: a line is at most 4 MiB */
-#define METRICS_MAX 256           /* protocol v1: metrics per kind in one step */
+#define LINE_MAX_BYTES PROTO_MAX_LINE
+#define METRICS_MAX PROTO_MAX_METRICS
+
+/* The public header stands alone (it is installed without proto.h). */
+_Static_assert(TELEMETRY_NAME_MAX == PROTO_MAX_NAME, "metric name limit");
+_Static_assert(TELEMETRY_RUN_MAX == PROTO_MAX_RUN, "run name limit");
 
 enum { MSG_STEP, MSG_EVENT, MSG_END };
 enum { C_DOWN, C_CONNECTING, C_HELLO, C_STREAMING, C_STOPPED };
 
-typedef char name_t[TELEMETRY_NAME_MAX + 1];
+typedef proto_name name_t;
 
 struct telemetry_step {
     telemetry *owner;
@@ -92,6 +102,8 @@ struct telemetry {
     int has_address, is_unix;
     char *unix_path, *host, *port;
     char *hello; size_t hello_len;
+    size_t hello_public_len;  /* the hello's bytes before its token */
+    char *address, *token;    /* copies, for the background uploader */
     char *root;               /* spool root */
     char *dir;                /* root/run */
     int root_is_tmp;
@@ -107,9 +119,17 @@ struct telemetry {
     _Atomic uint64_t done;    /* slots fully processed (spooled or dropped) */
     telemetry_step *open;
 
-    /* Inbox: the sender produces, telemetry_poll consumes. */
+    /* Inbox: the sender (and the uploader, under in_lock) produces,
+     * telemetry_poll consumes. */
     telemetry_msg inbox[INBOX_CAP];
     _Atomic size_t in_head, in_tail;
+    pthread_mutex_t in_lock;
+    int in_lock_init;
+
+    /* Background uploader of the other runs of spool_dir. */
+    pthread_t up_thread;
+    int up_started;
+    atomic_int up_stop, up_done;
 
     /* Sender thread state. */
     pthread_t thread;
@@ -174,188 +194,27 @@ static void sleep_ms(int ms)
 
 /* ---------------------------------------------------------------- numbers */
 
-static const double P10[23] = {
-    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
-    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
-};
-static const uint64_t U10[11] = {
-    1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
-    1000000000, 10000000000ull,
-};
-
-static int utoa(char *p, uint64_t v)
-{
-    char tmp[20];
-    int n = 0;
-    do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
-    for (int i = 0; i < n; i++) p[i] = tmp[n - 1 - i];
-    return n;
-}
-
-/* Writes the ndig decimal digits of m (no trailing zeros required) with the
- * first digit at decimal exponent e10, in plain or exponent notation. */
-static int emit_decimal(char *p, uint64_t m, int ndig, int e10)
-{
-    char d[10];
-    while (ndig > 1 && m % 10 == 0) { m /= 10; ndig--; }
-    for (int i = ndig - 1; i >= 0; i--) { d[i] = (char)('0' + m % 10); m /= 10; }
-    char *s = p;
-    if (e10 >= 0 && e10 < 16) {
-        if (e10 + 1 >= ndig) {
-            memcpy(s, d, (size_t)ndig); s += ndig;
-            for (int i = 0; i < e10 + 1 - ndig; i++) *s++ = '0';
-        } else {
-            memcpy(s, d, (size_t)e10 + 1); s += e10 + 1;
-            *s++ = '.';
-            memcpy(s, d + e10 + 1, (size_t)(ndig - e10 - 1)); s += ndig - e10 - 1;
-        }
-    } else if (e10 < 0 && e10 >= -5) {
-        *s++ = '0'; *s++ = '.';
-        for (int i = 0; i < -e10 - 1; i++) *s++ = '0';
-        memcpy(s, d, (size_t)ndig); s += ndig;
-    } else {
-        *s++ = d[0];
-        if (ndig > 1) { *s++ = '.'; memcpy(s, d + 1, (size_t)ndig - 1); s += ndig - 1; }
-        *s++ = 'e';
-        if (e10 < 0) { *s++ = '-'; e10 = -e10; }
-        s += utoa(s, (uint64_t)e10);
-    }
-    return (int)(s - p);
-}
-
-/* Shortest-ish round-trip float32 formatting without printf: scale by an
- * exact power of ten in double (53 bits are plenty for 9 digits of a 24-bit
- * mantissa; 9 digits always round-trip), then try 8, 7 and 6 digits while
- * they convert back to the same float the way a parser does ((float) of a
- * correctly rounded double). Trailing zeros are then cut, so 0.5 is "0.5". Magnitudes whose scaling
- * needs a power of ten beyond 1e22 (|v| < ~1e-14 or > ~1e31) and subnormals
- * fall back to "%.9g". */
 int telemetry_format_float(char *buf, float v)
 {
-    char *p = buf;
-    if (!isfinite(v)) { memcpy(p, "null", 4); return 4; }
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if (bits >> 31) { *p++ = '-'; bits &= 0x7fffffffu; memcpy(&v, &bits, sizeof v); }
-    if (bits == 0) { *p++ = '0'; return (int)(p - buf); }
-    int be = (int)(bits >> 23);
-    if (be == 0) goto slow;
-    int e2 = be - 127;
-    int e10 = e2 >= 0 ? (e2 * 1233) >> 12 : -((-e2 * 1233 + 4095) >> 12);
-    double d = v;
-    uint64_t m9 = 0;
-    for (int tries = 0; tries < 3; tries++) {
-        int k = 8 - e10;
-        if (k > 22 || k < -22) goto slow;
-        double s = k >= 0 ? d * P10[k] : d / P10[-k];
-        m9 = (uint64_t)(s + 0.5);
-        if (m9 >= U10[9]) e10++;
-        else if (m9 < U10[8]) e10--;
-        else break;
-    }
-    if (m9 >= U10[9] || m9 < U10[8]) goto slow;
-    /* Fewer digits while they still read back (descending: most metric
-     * values need 8 or 9, so this usually stops after one or two tries). */
-    uint32_t best = (uint32_t)m9;
-    int best_nd = 9, best_e = e10;
-    for (int nd = 8; nd >= 6; nd--) {
-        uint32_t div = (uint32_t)U10[9 - nd];
-        uint32_t m = ((uint32_t)m9 + div / 2) / div;
-        int ee = e10;
-        if (m >= U10[nd]) { m /= 10; ee++; }
-        int kk = nd - 1 - ee; /* value = m / 10^kk */
-        if (kk > 22 || kk < -22) break;
-        double back = kk >= 0 ? (double)m / P10[kk] : (double)m * P10[-kk];
-        if ((float)back != v) break;
-        best = m;
-        best_nd = nd;
-        best_e = ee;
-    }
-    return (int)(p - buf) + emit_decimal(p, best, best_nd, best_e);
-slow:
-    return (int)(p - buf) + snprintf(p, 20, "%.9g", (double)v);
-}
-
-/* Unix seconds with microseconds, trailing zeros trimmed. */
-static int format_time(char *p, double t)
-{
-    int n = snprintf(p, 40, "%.6f", t);
-    while (n > 1 && p[n - 1] == '0') n--;
-    if (p[n - 1] == '.') n--;
-    return n;
+    return proto_format_float(buf, v);
 }
 
 /* ---------------------------------------------------------------- names */
 
-static int metric_char(unsigned char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == ':' || c == '-';
-}
-
-static int run_char(unsigned char c)
-{
-    return metric_char(c) || c == '@' || c == '+';
-}
-
 /* Validates and copies a metric name; -1 when invalid. */
 static int copy_name(char *dst, const char *name)
 {
-    size_t i = 0;
-    for (; name[i]; i++) {
-        if (i == TELEMETRY_NAME_MAX || !metric_char((unsigned char)name[i])) return -1;
-        dst[i] = name[i];
-    }
-    if (i == 0) return -1;
-    dst[i] = 0;
+    size_t n = strnlen(name, TELEMETRY_NAME_MAX + 1);
+    if (!proto_valid_name(name, n)) return -1;
+    memcpy(dst, name, n + 1);
     return 0;
 }
 
+/* A run name is also a directory name: not "." or "..". */
 static int valid_run(const char *r)
 {
-    size_t n = strlen(r);
-    if (n < 1 || n > TELEMETRY_RUN_MAX) return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!run_char((unsigned char)r[i])) return 0;
-    return strcmp(r, ".") && strcmp(r, ".."); /* it is also a directory name */
+    return proto_valid_run(r, strnlen(r, TELEMETRY_RUN_MAX + 1)) && strcmp(r, ".") && strcmp(r, "..");
 }
-
-/* JSON string body of s[0..n): escapes, and replaces invalid UTF-8 by '?'.
- * out must hold 6*n bytes. */
-static size_t json_escape(char *out, const unsigned char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    char *o = out;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c == '"' || c == '\\') { *o++ = '\\'; *o++ = (char)c; i++; continue; }
-        if (c < 0x20) {
-            if (c == '\n') { *o++ = '\\'; *o++ = 'n'; }
-            else if (c == '\t') { *o++ = '\\'; *o++ = 't'; }
-            else if (c == '\r') { *o++ = '\\'; *o++ = 'r'; }
-            else { memcpy(o, "\\u00", 4); o += 4; *o++ = hex[c >> 4]; *o++ = hex[c & 15]; }
-            i++;
-            continue;
-        }
-        if (c < 0x80) { *o++ = (char)c; i++; continue; }
-        size_t k = 0;
-        unsigned lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) k = 2;
-        else if (c >= 0xe0 && c <= 0xef) { k = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
-        else if (c >= 0xf0 && c <= 0xf4) { k = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
-        int ok = k > 0 && i + k <= n;
-        for (size_t j = 1; ok && j < k; j++) {
-            unsigned cc = s[i + j];
-            if (j == 1 ? (cc < lo || cc > hi) : (cc < 0x80 || cc > 0xbf)) ok = 0;
-        }
-        if (!ok) { *o++ = '?'; i++; continue; }
-        memcpy(o, s + i, k); o += k; i += k;
-    }
-    return (size_t)(o - out);
-}
-
-/* ---------------------------------------------------------------- producer */
 
 void telemetry_config_init(telemetry_config *cfg)
 {
@@ -446,12 +305,13 @@ int telemetry_step_commit(telemetry *t, telemetry_step *s)
 
 static int valid_level(const char *l)
 {
-    return l && (!strcmp(l, "info") || !strcmp(l, "warn") || !strcmp(l, "error"));
+    return proto_level_parse(l) >= 0;
 }
 
+/* What an end may say (live and stale are the daemon's). */
 static int valid_status(const char *s)
 {
-    return s && (!strcmp(s, "finished") || !strcmp(s, "failed") || !strcmp(s, "aborted"));
+    return proto_status_parse(s) >= PROTO_FINISHED;
 }
 
 /* A non-step message into the ring. text (may be NULL) is taken over. */
@@ -544,7 +404,7 @@ int telemetry_flush(telemetry *t, int timeout_ms)
 
 /* ---------------------------------------------------------------- inbox */
 
-static void inbox_push(telemetry *t, const char *line, size_t len)
+static void inbox_push_locked(telemetry *t, const char *line, size_t len)
 {
     size_t h = atomic_load_explicit(&t->in_head, memory_order_relaxed);
     size_t tl = atomic_load_explicit(&t->in_tail, memory_order_acquire);
@@ -560,6 +420,15 @@ static void inbox_push(telemetry *t, const char *line, size_t len)
     if (cJSON_IsString(ty)) snprintf(m->type, sizeof m->type, "%s", ty->valuestring);
     cJSON_Delete(j);
     atomic_store_explicit(&t->in_head, h + 1, memory_order_release);
+}
+
+/* Two producers (sender, uploader): the lock is theirs only; the consumer
+ * (telemetry_poll) stays lock-free. */
+static void inbox_push(telemetry *t, const char *line, size_t len)
+{
+    pthread_mutex_lock(&t->in_lock);
+    inbox_push_locked(t, line, len);
+    pthread_mutex_unlock(&t->in_lock);
 }
 
 /* A message from the client itself, e.g. when the spool cannot serve the
@@ -784,10 +653,7 @@ static int spool_add(telemetry *t, char *body, size_t blen)
 {
     for (;;) {
         char pre[SEQ_PREFIX_MAX];
-        size_t plen = 7;
-        memcpy(pre, "{\"seq\":", 7);
-        plen += (size_t)utoa(pre + plen, t->next_seq);
-        pre[plen++] = ',';
+        size_t plen = proto_write_seq_prefix(pre, t->next_seq);
         size_t len = plen + blen;
         if (t->spool_total + t->wlen + len > t->spool_max || t->nsegs == 0) {
             ST_ADD(t, st_dropped_spool, 1);
@@ -824,86 +690,24 @@ static int spool_add(telemetry *t, char *body, size_t blen)
 
 static size_t step_body_max(const telemetry *t)
 {
-    size_t name = TELEMETRY_NAME_MAX + 8, num = 25;
-    size_t L = (size_t)t->L, H = (size_t)t->H;
-    return 128 + (size_t)t->max_s * (name + num) + (size_t)t->max_l * (name + L * num) +
-           (size_t)t->max_h * (name + L * (3 + H * num));
+    return proto_step_body_max(t->max_s, t->max_l, t->max_h, t->L, t->H);
 }
 
 /* Formats the slot's JSON body at t->fmt + SEQ_PREFIX_MAX; returns its length. */
 static size_t format_body(telemetry *t, const telemetry_step *s)
 {
-    char *b = t->fmt + SEQ_PREFIX_MAX, *p = b;
-#define PUT(str) (memcpy(p, str, sizeof(str) - 1), p += sizeof(str) - 1)
-    if (s->kind == MSG_EVENT) {
-        PUT("\"type\":\"event\",\"level\":\"");
-        p += strlen(strcpy(p, s->level));
-        PUT("\",\"text\":\"");
-        p += json_escape(p, (const unsigned char *)s->text, strlen(s->text));
-        PUT("\",\"time\":");
-        p += format_time(p, s->time);
-    } else if (s->kind == MSG_END) {
-        PUT("\"type\":\"end\",\"status\":\"");
-        p += strlen(strcpy(p, s->level));
-        *p++ = '"';
-    } else {
-        PUT("\"type\":\"step\",\"step\":");
-        p += utoa(p, (uint64_t)s->step);
-        if (s->time >= 0) { PUT(",\"time\":"); p += format_time(p, s->time); }
-        if (s->n_scalar) {
-            PUT(",\"scalars\":{");
-            for (int i = 0; i < s->n_scalar; i++) {
-                if (i) *p++ = ',';
-                *p++ = '"';
-                p += strlen(strcpy(p, s->scalar_names[i]));
-                *p++ = '"'; *p++ = ':';
-                p += telemetry_format_float(p, s->scalars[i]);
-            }
-            *p++ = '}';
-        }
-        int L = t->L, H = t->H;
-        if (s->n_layer) {
-            PUT(",\"layers\":{");
-            for (int i = 0; i < s->n_layer; i++) {
-                const float *v = s->layers + (size_t)i * (size_t)L;
-                if (i) *p++ = ',';
-                *p++ = '"';
-                p += strlen(strcpy(p, s->layer_names[i]));
-                *p++ = '"'; *p++ = ':'; *p++ = '[';
-                for (int l = 0; l < L; l++) {
-                    if (l) *p++ = ',';
-                    p += telemetry_format_float(p, v[l]);
-                }
-                *p++ = ']';
-            }
-            *p++ = '}';
-        }
-        if (s->n_head) {
-            PUT(",\"heads\":{");
-            for (int i = 0; i < s->n_head; i++) {
-                const float *v = s->heads + (size_t)i * (size_t)L * (size_t)H;
-                if (i) *p++ = ',';
-                *p++ = '"';
-                p += strlen(strcpy(p, s->head_names[i]));
-                *p++ = '"'; *p++ = ':'; *p++ = '[';
-                for (int l = 0; l < L; l++) {
-                    if (l) *p++ = ',';
-                    *p++ = '[';
-                    for (int h = 0; h < H; h++) {
-                        if (h) *p++ = ',';
-                        p += telemetry_format_float(p, v[(size_t)l * (size_t)H + (size_t)h]);
-                    }
-                    *p++ = ']';
-                }
-                *p++ = ']';
-            }
-            *p++ = '}';
-        }
-    }
-    *p++ = '}';
-    *p++ = '\n';
-#undef PUT
-    return (size_t)(p - b);
+    char *b = t->fmt + SEQ_PREFIX_MAX;
+    if (s->kind == MSG_EVENT)
+        return proto_write_event_body(b, proto_level_parse(s->level), s->text, strlen(s->text), s->time);
+    if (s->kind == MSG_END) return proto_write_end_body(b, proto_status_parse(s->level));
+    struct proto_step_view v = {
+        .step = s->step, .time = s->time, .L = t->L, .H = t->H,
+        .n_scalar = s->n_scalar, .n_layer = s->n_layer, .n_head = s->n_head,
+        .scalar_names = (const proto_name *)s->scalar_names, .scalars = s->scalars,
+        .layer_names = (const proto_name *)s->layer_names, .layers = s->layers,
+        .head_names = (const proto_name *)s->head_names, .heads = s->heads,
+    };
+    return proto_write_step_body(b, &v);
 }
 
 /* Sends a warn event about losses once the spool has room for it. */
@@ -912,16 +716,15 @@ static void report_drops(telemetry *t)
     uint64_t q = ST_GET(t, st_dropped_queue), s = ST_GET(t, st_dropped_spool),
              o = ST_GET(t, st_dropped_oversize);
     if (q + s + o == t->reported_drops || t->spool_total + t->wlen + 1024 > t->spool_max) return;
+    char text[256];
+    int tn = snprintf(text, sizeof text,
+                      "telemetry client dropped %llu messages so far (queue full: %llu, spool full: %llu, "
+                      "over 4 MiB: %llu)",
+                      (unsigned long long)(q + s + o), (unsigned long long)q, (unsigned long long)s,
+                      (unsigned long long)o);
     char *b = t->fmt + SEQ_PREFIX_MAX;
-    int n = snprintf(b, 512,
-                     "\"type\":\"event\",\"level\":\"warn\",\"text\":\"telemetry client dropped %llu "
-                     "messages so far (queue full: %llu, spool full: %llu, over 4 MiB: %llu)\",\"time\":",
-                     (unsigned long long)(q + s + o), (unsigned long long)q, (unsigned long long)s,
-                     (unsigned long long)o);
-    n += format_time(b + n, telemetry_now());
-    b[n++] = '}';
-    b[n++] = '\n';
-    if (spool_add(t, b, (size_t)n) == 0) t->reported_drops = q + s + o;
+    size_t n = proto_write_event_body(b, PROTO_WARN, text, (size_t)tn, telemetry_now());
+    if (spool_add(t, b, n) == 0) t->reported_drops = q + s + o;
 }
 
 /* Moves up to DRAIN_BATCH messages from the ring into the spool. */
@@ -1080,10 +883,7 @@ static long spool_renumber(telemetry *t, uint64_t from)
             body++;
             if (old > t->acked) {
                 char pre[SEQ_PREFIX_MAX];
-                size_t plen = 7;
-                memcpy(pre, "{\"seq\":", 7);
-                plen += (size_t)utoa(pre + plen, seq++);
-                pre[plen++] = ',';
+                size_t plen = proto_write_seq_prefix(pre, seq++);
                 size_t blen = (size_t)(nl + 1 - body);
                 if (write(out, pre, plen) != (ssize_t)plen ||
                     write(out, body, blen) != (ssize_t)blen)
@@ -1166,40 +966,33 @@ static void on_welcome(telemetry *t, uint64_t last)
 
 static void handle_line(telemetry *t, const char *line, size_t len)
 {
-    cJSON *j = cJSON_ParseWithLength(line, len);
-    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
-    const char *type = cJSON_IsString(ty) ? ty->valuestring : "";
-    if (!strcmp(type, "welcome")) {
-        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(j, "last_seq");
-        if (t->cstate == C_HELLO && cJSON_IsNumber(ls) && ls->valuedouble >= 0) {
+    struct proto_reply r;
+    proto_parse_reply(line, len, &r);
+    if (r.type == PROTO_R_WELCOME) {
+        if (t->cstate == C_HELLO) {
             inbox_push(t, line, len);
-            on_welcome(t, (uint64_t)ls->valuedouble);
+            on_welcome(t, r.last_seq);
         }
-    } else if (!strcmp(type, "ack")) {
-        const cJSON *sq = cJSON_GetObjectItemCaseSensitive(j, "seq");
-        if (cJSON_IsNumber(sq) && sq->valuedouble > (double)t->acked &&
-            sq->valuedouble < (double)t->next_seq) {
-            t->acked = (uint64_t)sq->valuedouble;
+    } else if (r.type == PROTO_R_ACK) {
+        if (r.seq > t->acked && r.seq < t->next_seq) {
+            t->acked = r.seq;
             ST_SET(t, st_acked, t->acked);
             spool_trim(t);
         }
-    } else {
-        if (!strcmp(type, "error")) ST_ADD(t, st_errors, 1);
+    } else if (strcmp(r.type_name, "ack") && strcmp(r.type_name, "welcome")) {
+        if (r.type == PROTO_R_ERROR) ST_ADD(t, st_errors, 1);
         inbox_push(t, line, len);
-        const cJSON *code = cJSON_GetObjectItemCaseSensitive(j, "code");
-        const char *c = cJSON_IsString(code) ? code->valuestring : "";
-        if (!strcmp(c, "seq_gap")) {
+        if (r.code == PROTO_E_SEQ_GAP) {
             /* A new hello makes the daemon state where to resume. */
             t->backoff = t->backoff_min;
             disconnect(t, 0);
             t->next_attempt = 0;
-        } else if (!strcmp(c, "superseded")) {
+        } else if (r.code == PROTO_E_SUPERSEDED) {
             /* Another client owns the run now; fighting it helps no one. */
             t->cstate = C_STOPPED;
             disconnect(t, 0);
         }
     }
-    cJSON_Delete(j);
 }
 
 static void do_read(telemetry *t)
@@ -1328,6 +1121,269 @@ static void *sender_main(void *arg)
     return NULL;
 }
 
+/* ---------------------------------------------------------------- spool upload */
+
+/* SPOOL_DIR/RUN/hello.json: the hello without token, replaced atomically. */
+static int write_hello_file(telemetry *t)
+{
+    size_t n = strlen(t->dir) + 24;
+    char *tmp = malloc(n), *fin = malloc(n);
+    int rc = -1, fd = -1;
+    if (!tmp || !fin) goto out;
+    snprintf(tmp, n, "%s/hello.json.tmp", t->dir);
+    snprintf(fin, n, "%s/hello.json", t->dir);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) goto out;
+    const char tail[] = "}\n";
+    if (write(fd, t->hello, t->hello_public_len) != (ssize_t)t->hello_public_len ||
+        write(fd, tail, 2) != 2)
+        goto out;
+    if (close(fd)) { fd = -1; goto out; }
+    fd = -1;
+    rc = rename(tmp, fin);
+out:
+    if (fd >= 0) close(fd);
+    if (rc && tmp) unlink(tmp);
+    free(tmp);
+    free(fin);
+    return rc;
+}
+
+/* After the sender stopped: when the daemon acknowledged everything, the
+ * segments go and one empty segment named after next_seq keeps the
+ * numbering, so the directory says "nothing to upload". */
+static void spool_compact(telemetry *t)
+{
+    if (!t->has_address || t->acked + 1 < t->next_seq || !t->nsegs) return;
+    if (t->nsegs == 1 && t->segs[0].first == t->next_seq && t->segs[0].size == 0) return;
+    size_t n = t->nsegs;
+    segment *old = malloc(n * sizeof *old);
+    if (!old) return;
+    memcpy(old, t->segs, n * sizeof *old);
+    t->nsegs = 0;
+    t->spool_total = 0;
+    if (spool_rotate(t) == 0)
+        for (size_t i = 0; i < n; i++)
+            if (old[i].first != t->next_seq) spool_unlink(t, old[i].first);
+    free(old);
+}
+
+/* 1 when DIR holds a segment with bytes in it. */
+static int dir_has_data(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) {
+        if (strncmp(e->d_name, "seg-", 4)) continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && st.st_size > 0) found = 1;
+    }
+    closedir(d);
+    return found;
+}
+
+static char *read_small_file(const char *path, size_t max)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) return NULL;
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max, f) : 0;
+    fclose(f);
+    if (buf) buf[n] = 0;
+    return buf;
+}
+
+enum { UP_NOTHING, UP_DONE, UP_LEFT, UP_BUSY };
+
+/* Uploads ROOT/RUN: a client for that run (its shape and meta from
+ * hello.json), waiting until everything is acknowledged, timeout_ms passed
+ * or *stop is set. Fills msg with what happened. */
+static int upload_run(const char *address, const char *root, const char *run, const char *token,
+                      int timeout_ms, atomic_int *stop, char *msg, size_t msglen)
+{
+    size_t n = strlen(root) + strlen(run) + 16;
+    char *dir = malloc(n), *hp = malloc(n);
+    char *text = NULL, *meta = NULL;
+    cJSON *h = NULL;
+    telemetry *c = NULL;
+    int rc = UP_LEFT;
+    if (!dir || !hp) { snprintf(msg, msglen, "run %s: out of memory", run); goto out; }
+    snprintf(dir, n, "%s/%s", root, run);
+    snprintf(hp, n, "%s/hello.json", dir);
+    if (!dir_has_data(dir)) { rc = UP_NOTHING; goto out; }
+    text = read_small_file(hp, (2u << 20));
+    h = text ? cJSON_Parse(text) : NULL;
+    const cJSON *L = cJSON_GetObjectItemCaseSensitive(h, "layers");
+    const cJSON *H = cJSON_GetObjectItemCaseSensitive(h, "heads");
+    const cJSON *T = cJSON_GetObjectItemCaseSensitive(h, "seq_len");
+    const cJSON *M = cJSON_GetObjectItemCaseSensitive(h, "meta");
+    if (!cJSON_IsNumber(L) || !cJSON_IsNumber(H) || !cJSON_IsNumber(T)) {
+        snprintf(msg, msglen, "run %s: no readable hello.json (spooled by an older client?); "
+                 "upload it with its shape given", run);
+        goto out;
+    }
+    if (cJSON_IsObject(M)) meta = cJSON_PrintUnformatted(M);
+    telemetry_config cfg;
+    telemetry_config_init(&cfg);
+    cfg.address = address;
+    cfg.run = run;
+    cfg.layers = L->valueint;
+    cfg.heads = H->valueint;
+    cfg.seq_len = T->valueint;
+    cfg.meta_json = meta;
+    cfg.token = token;
+    cfg.spool_dir = root;
+    cfg.queue_slots = 16;
+    cfg.max_scalars = cfg.max_layer_metrics = cfg.max_head_metrics = 1;
+    cfg.no_spool_upload = 1;
+    char err[256];
+    c = telemetry_create(&cfg, err, sizeof err);
+    if (!c) {
+        int busy = strstr(err, "in use") != NULL;
+        snprintf(msg, msglen, "run %s: %s", run, err);
+        rc = busy ? UP_BUSY : UP_LEFT;
+        goto out;
+    }
+    uint64_t end = now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+    while (!settled(c) && now_ns() < end && !(stop && atomic_load(stop))) sleep_ms(10);
+    telemetry_stats st;
+    telemetry_stats_get(c, &st);
+    rc = settled(c) ? UP_DONE : UP_LEFT;
+    if (rc == UP_DONE)
+        snprintf(msg, msglen, "run %s: spool uploaded, acknowledged up to seq %llu", run,
+                 (unsigned long long)st.acked);
+    else
+        snprintf(msg, msglen, "run %s: not all uploaded (acknowledged %llu of %llu%s)", run,
+                 (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
+                 st.connects ? "" : ", never connected");
+out:
+    telemetry_destroy(c, NULL, 0);
+    cJSON_Delete(h);
+    free(meta);
+    free(text);
+    free(dir);
+    free(hp);
+    return rc;
+}
+
+/* Calls fn for every subdirectory name of root except skip, in name order. */
+static int for_each_run(const char *root, const char *skip, int (*fn)(void *, const char *),
+                        void *arg)
+{
+    struct dirent **names = NULL;
+    int n = scandir(root, &names, NULL, alphasort);
+    if (n < 0) return -1;
+    int stop = 0;
+    for (int i = 0; i < n; i++) {
+        const char *r = names[i]->d_name;
+        if (!stop && valid_run(r) && strcmp(r, ".") && strcmp(r, "..") &&
+            !(skip && !strcmp(r, skip)) && names[i]->d_type == DT_DIR)
+            stop = fn(arg, r);
+        free(names[i]);
+    }
+    free(names);
+    return 0;
+}
+
+static int uploader_one(void *arg, const char *run)
+{
+    telemetry *t = arg;
+    char msg[400];
+    if (atomic_load(&t->up_stop)) return 1;
+    int rc = upload_run(t->address, t->root, run, t->token, 24 * 3600 * 1000, &t->up_stop, msg,
+                        sizeof msg);
+    if (rc == UP_DONE) inbox_note(t, "uploaded", "%s", msg);
+    else if (rc == UP_LEFT) inbox_note(t, "upload_failed", "%s", msg);
+    return atomic_load(&t->up_stop);
+}
+
+static void *uploader_main(void *arg)
+{
+    telemetry *t = arg;
+    for_each_run(t->root, t->run, uploader_one, t);
+    atomic_store(&t->up_done, 1);
+    return NULL;
+}
+
+typedef struct upload_all_ctx {
+    const char *address, *root, *token;
+    int timeout_ms, left;
+    FILE *log;
+} upload_all_ctx;
+
+static int upload_all_one(void *arg, const char *run)
+{
+    upload_all_ctx *u = arg;
+    char msg[400];
+    int rc = upload_run(u->address, u->root, run, u->token, u->timeout_ms, NULL, msg, sizeof msg);
+    if (rc == UP_LEFT) u->left++;
+    if (u->log && rc != UP_NOTHING) fprintf(u->log, "entropyd upload: %s\n", msg);
+    return 0;
+}
+
+int telemetry_upload_all(const char *address, const char *spool_dir, const char *token,
+                         int timeout_ms, FILE *log, char *err, size_t errlen)
+{
+    if (!address || !spool_dir) {
+        set_err(err, errlen, "uploading needs an address and a spool directory");
+        return -1;
+    }
+    upload_all_ctx u = { address, spool_dir, token, timeout_ms, 0, log };
+    if (for_each_run(spool_dir, NULL, upload_all_one, &u)) {
+        set_err(err, errlen, "spool %s: %s", spool_dir, strerror(errno));
+        return -1;
+    }
+    return u.left;
+}
+
+int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress)
+{
+    if (!t) return TELEMETRY_OK;
+    if (status && !valid_status(status)) return TELEMETRY_EINVAL;
+    if (grace_ms < 0) grace_ms = 30000;
+    uint64_t start = now_ns(), end = start + (uint64_t)grace_ms * 1000000u;
+    if (status && t->thread_started) {
+        while (enqueue_other(t, MSG_END, status, NULL) == TELEMETRY_EFULL && now_ns() < end) {
+            atomic_fetch_sub_explicit(&t->st_dropped_queue, 1, memory_order_relaxed);
+            sleep_ms(1);
+        }
+    }
+    uint64_t next_line = start + 1000000000u;
+    /* the background uploads of other runs get the same grace period */
+    while (t->thread_started && (!settled(t) || (t->up_started && !atomic_load(&t->up_done))) &&
+           now_ns() < end) {
+        sleep_ms(5);
+        uint64_t now = now_ns();
+        if (progress && now >= next_line) {
+            telemetry_stats st;
+            telemetry_stats_get(t, &st);
+            fprintf(progress,
+                    "entropyd client: run %s: %llu of %llu messages acknowledged, %s%s; "
+                    "waiting up to %.0f s more for the daemon\n",
+                    t->run, (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
+                    st.connected ? "connected" : "reconnecting",
+                    settled(t) ? ", uploading other runs of the spool" : "", (double)(end - now) / 1e9);
+            fflush(progress);
+            next_line = now + 1000000000u;
+        }
+    }
+    int rc = settled(t) ? TELEMETRY_OK : TELEMETRY_ETIMEDOUT;
+    if (progress && rc != TELEMETRY_OK) {
+        telemetry_stats st;
+        telemetry_stats_get(t, &st);
+        fprintf(progress,
+                "entropyd client: run %s: %llu of %llu messages acknowledged after the %.0f s grace "
+                "period; the rest stays in the spool (the next client on this spool directory "
+                "uploads it)\n",
+                t->run, (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
+                grace_ms / 1e3);
+    }
+    int rc2 = telemetry_destroy(t, NULL, 0);
+    return rc == TELEMETRY_OK ? rc2 : rc;
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 static int parse_address(telemetry *t, const char *a, char *err, size_t errlen)
@@ -1373,25 +1429,13 @@ static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_
         cJSON_Delete(m);
         if (!meta) return -1;
     }
-    size_t tlen = c->token ? strlen(c->token) : 0;
-    size_t cap = 256 + strlen(t->run) + (meta ? strlen(meta) : 0) + 6 * tlen;
+    size_t cap = 256 + strlen(t->run) + (meta ? strlen(meta) : 0) + 6 * (c->token ? strlen(c->token) : 0);
     t->hello = malloc(cap);
     if (!t->hello) { free(meta); return -1; }
-    int n = snprintf(t->hello, cap,
-                     "{\"type\":\"hello\",\"protocol\":1,\"run\":\"%s\",\"layers\":%d,\"heads\":%d,"
-                     "\"seq_len\":%d",
-                     t->run, t->L, t->H, c->seq_len);
-    if (meta) n += snprintf(t->hello + n, cap - (size_t)n, ",\"meta\":%s", meta);
+    t->hello_len = proto_write_hello(t->hello, cap, t->run, t->L, t->H, c->seq_len, meta, c->token,
+                                     &t->hello_public_len);
     free(meta);
-    if (c->token) {
-        n += snprintf(t->hello + n, cap - (size_t)n, ",\"token\":\"");
-        n += (int)json_escape(t->hello + n, (const unsigned char *)c->token, tlen);
-        t->hello[n++] = '"';
-    }
-    t->hello[n++] = '}';
-    t->hello[n++] = '\n';
-    t->hello_len = (size_t)n;
-    if (t->hello_len > OBUF_CAP) {
+    if (t->hello_len == 0 || t->hello_len > OBUF_CAP) {
         set_err(err, errlen, "hello too long (meta over %d bytes)", OBUF_CAP);
         return -1;
     }
@@ -1438,6 +1482,8 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     telemetry *t = calloc(1, sizeof *t);
     if (!t) { set_err(err, errlen, "out of memory"); return NULL; }
     t->lock_fd = t->wfd = t->fd = t->rd_fd = -1;
+    if (pthread_mutex_init(&t->in_lock, NULL)) { free(t); set_err(err, errlen, "mutex"); return NULL; }
+    t->in_lock_init = 1;
     if (c->layers < 1 || c->layers > 4096 || c->heads < 1 || c->heads > 4096 ||
         (long)c->layers * c->heads > 1048576 || c->seq_len < 1) {
         set_err(err, errlen, "bad shape: layers %d heads %d seq_len %d", c->layers, c->heads,
@@ -1480,7 +1526,10 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     if (c->address) {
         t->has_address = 1;
         if (parse_address(t, c->address, err, errlen)) goto err;
+        t->address = strdup(c->address);
+        if (!t->address) { set_err(err, errlen, "out of memory"); goto err; }
     }
+    if (c->token && !(t->token = strdup(c->token))) { set_err(err, errlen, "out of memory"); goto err; }
     if (build_hello(t, c, err, errlen)) goto err;
 
     if (c->spool_dir) {
@@ -1504,6 +1553,10 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     if (!t->dir) { set_err(err, errlen, "out of memory"); goto err; }
     snprintf(t->dir, dn, "%s/%s", t->root, t->run);
     if (spool_open(t, err, errlen)) goto err;
+    if (!t->root_is_tmp && write_hello_file(t)) {
+        set_err(err, errlen, "spool: writing %s/hello.json: %s", t->dir, strerror(errno));
+        goto err;
+    }
     ST_SET(t, st_next_seq, t->next_seq);
     ST_SET(t, st_spool_bytes, t->spool_total);
     /* Nothing older than the spool's first line can still be unacknowledged. */
@@ -1533,6 +1586,16 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
         goto err;
     }
     t->thread_started = 1;
+    if (t->has_address && !t->root_is_tmp && !c->no_spool_upload) {
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        rc = pthread_create(&t->up_thread, NULL, uploader_main, t);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc) {
+            set_err(err, errlen, "pthread_create: %s", strerror(rc));
+            goto err;
+        }
+        t->up_started = 1;
+    }
     return t;
 err:
     telemetry_destroy(t, NULL, 0);
@@ -1569,8 +1632,15 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
         }
         uint64_t left = now_ns() < end ? (end - now_ns()) / 1000000u : 0;
         rc = telemetry_flush(t, (int)left);
+    }
+    if (t->up_started) {
+        atomic_store_explicit(&t->up_stop, 1, memory_order_release);
+        pthread_join(t->up_thread, NULL);
+    }
+    if (t->thread_started) {
         atomic_store_explicit(&t->stop, 1, memory_order_release);
         pthread_join(t->thread, NULL);
+        if (!t->root_is_tmp && settled(t)) spool_compact(t);
     }
     telemetry_msg m;
     while (t->thread_started && telemetry_poll(t, &m)) telemetry_msg_free(&m);
@@ -1589,6 +1659,9 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
     free(t->ibuf);
     free(t->hello);
     free(t->unix_path);
+    free(t->address);
+    free(t->token);
+    if (t->in_lock_init) pthread_mutex_destroy(&t->in_lock);
     free(t->host);
     free(t->port);
     free(t->root);

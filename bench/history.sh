@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# History-scaling benchmark (issue "Long runs"): a short and a long run of
+# the same shape (12x12 heads, HEAD_METRICS head metrics, 3 layer metrics,
+# 2 scalars), written straight through store.h by bench_history_seed and
+# served by the real entropyd. bench_history prints every read path's
+# p50/p99 on both side by side with the ratio, then a rollback of REWIND
+# steps and a DELETE of the long run with another trainer's ack latency
+# meanwhile, and the WAL's peak. Then the WAL's peak while a trainer
+# streams (bench_ingest) and a client reads an export at 200 KB/s.
+#
+# The long run defaults to 1M steps with ONE head metric (~1 GB, ~2-4 min to
+# generate): 9 head metrics would be ~5 GB and 10+ minutes on this machine.
+# Every read path touches one metric, so the count of head metrics changes
+# the database's size, not what a request reads; HEAD_METRICS=9 runs the
+# issue's full shape. The database is made in a temporary directory and
+# deleted at the end (KEEP=1 keeps it, and prints where).
+#   SHORT=10000 LONG=1000000 HEAD_METRICS=1 REQUESTS=200 REWIND=40000 bench/history.sh
+set -euo pipefail
+BUILD=${BUILD:-build}
+SHORT=${SHORT:-10000}
+LONG=${LONG:-1000000}
+HM=${HEAD_METRICS:-1}
+dir=$(mktemp -d /tmp/entropyd-history.XXXXXX)
+pid=
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  if [ -n "${KEEP:-}" ]; then echo "history: kept $dir"; else rm -rf "$dir"; fi
+}
+trap cleanup EXIT
+t0=$(date +%s)
+"$BUILD/bench/bench_history_seed" --db "$dir/entropyd.db" --run short --steps "$SHORT" --head-metrics "$HM" | sed 's/^/history: /'
+"$BUILD/bench/bench_history_seed" --db "$dir/entropyd.db" --run long --steps "$LONG" --head-metrics "$HM" | sed 's/^/history: /'
+values=$(( (SHORT + LONG) * (HM * 144 + 3 * 12 + 2) ))
+bytes=$(( $(stat -c %s "$dir/entropyd.db") + $(stat -c %s "$dir/entropyd.db-wal" 2>/dev/null || echo 0) ))
+echo "history: database $((bytes / 1048576)) MiB for $values values: $(awk -v b=$bytes -v v=$values 'BEGIN{printf "%.2f", b/v}') bytes/value all-in (seeded in $(( $(date +%s) - t0 )) s)"
+start_daemon() {
+  "$BUILD/entropyd" --data "$dir" --http 127.0.0.1:0 >"$dir/out" 2>"$dir/log" &
+  pid=$!
+  port=
+  for i in $(seq 200); do
+    port=$(awk '/^http port/ {print $3}' "$dir/out" 2>/dev/null || true)
+    [ -n "$port" ] && break
+    sleep 0.05
+  done
+  [ -n "$port" ] || { echo "history: entropyd did not start"; cat "$dir/log"; exit 1; }
+}
+start_daemon
+echo "history: load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+short_id=$(sqlite3 "$dir/entropyd.db" "SELECT id FROM runs WHERE name = 'short'")
+long_id=$(sqlite3 "$dir/entropyd.db" "SELECT id FROM runs WHERE name = 'long'")
+"$BUILD/bench/bench_history" --port "$port" --socket "$dir/entropyd.sock" --db "$dir/entropyd.db" \
+  --short "$short_id" --long "$long_id" --long-name long --long-steps "$LONG" \
+  --requests "${REQUESTS:-200}" --rewind "${REWIND:-40000}"
+# WAL peak with a slow export reader and a streaming trainer
+rm -f "$dir/wal-peak"
+( peak=0; while [ ! -e "$dir/stop" ]; do
+    s=$(stat -c %s "$dir/entropyd.db-wal" 2>/dev/null || echo 0); [ "$s" -gt "$peak" ] && peak=$s
+    echo "$peak" > "$dir/wal-peak"; sleep 0.02; done ) &
+sampler=$!
+curl -s --limit-rate 200k -o /dev/null "http://127.0.0.1:$port/api/runs/$short_id/export?format=csv" &
+reader=$!
+"$BUILD/bench/bench_ingest" --socket "$dir/entropyd.sock" --trainers 2 --seconds "${SECONDS_INGEST:-10}" | sed 's/^/history: /'
+touch "$dir/stop"; wait "$sampler" 2>/dev/null || true
+kill "$reader" 2>/dev/null || true; wait "$reader" 2>/dev/null || true
+peak=$(cat "$dir/wal-peak")
+echo "history: WAL peak with a slow export reader (200 KB/s) and a streaming trainer: $(awk -v b=$peak 'BEGIN{printf "%.1f", b/1048576}') MiB (bar: 64 MiB)"
+echo "history: load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Python client benchmark (issue 17): what entropyd's run.log costs the
+# training thread for a 12x12 step with 9 head metrics (target <= 50 us),
+# beside a stdlib json.dumps client's formatting alone, against a real
+# entropyd; then examples/pytorch_lm.py's median step time without
+# telemetry, logging every step (scalars only: the probe runs never), and
+# probing + logging every step (target: logging within 3% of without).
+#   BENCH_STEPS (default 20000), LM_STEPS (default 80)
+set -euo pipefail
+BUILD=${BUILD:-build}
+PY=python3
+python3 -c 'import numpy' 2>/dev/null || PY=/usr/bin/python3
+export ENTROPYD_CLIENT_LIB=$PWD/$BUILD/libentropyd_client.so
+dir=$(mktemp -d /tmp/python-bench.XXXXXX)
+"$BUILD/entropyd" --data "$dir" --http off >"$dir/log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+for i in $(seq 100); do [ -S "$dir/entropyd.sock" ] && break; sleep 0.05; done
+rc=0
+ENTROPYD_SOCK=$dir/entropyd.sock $PY bench/bench_python_log.py || rc=1
+if $PY -c 'import torch' 2>/dev/null; then
+  LM_STEPS=${LM_STEPS:-80}
+  med() { sed -n 's/.*median step \([0-9.]*\) ms.*/\1/p'; }
+  lm() { $PY examples/pytorch_lm.py --steps "$LM_STEPS" --sigma-reparam --print-every 100000 "$@"; }
+  a=$(lm --no-telemetry | med)
+  b=$(lm --daemon "unix:$dir/entropyd.sock" --run bench-lm-log --log-every 1000000000 | med)
+  c=$(lm --daemon "unix:$dir/entropyd.sock" --run bench-lm-probe --log-every 1 | med)
+  echo "pytorch_lm (2x4 heads, dim 64, T 64, batch 8, σReparam, $LM_STEPS steps each, load $(cut -d' ' -f1 /proc/loadavg)):"
+  echo "  median step: no telemetry $a ms | logging every step $b ms | probe + logging every step $c ms"
+  awk -v a="$a" -v b="$b" -v c="$c" 'BEGIN { printf "  logging: %+.1f%% of the step (target within 3%%); probe + logging: %+.1f%%\n", 100*(b-a)/a, 100*(c-a)/a }'
+fi
+exit $rc

@@ -1,0 +1,383 @@
+"""entropyd: watch any training run's attention metrics with entropyd.
+
+    import entropyd
+    run = entropyd.init("my-run", layers=12, heads=12, seq_len=1024,
+                        config={"lr": 3e-4}, daemon="unix:entropyd-data/entropyd.sock")
+    for step in range(steps):
+        ...
+        run.log(step, scalars={"loss": loss}, heads={"entropy": ent})  # (L, H) array or tensor
+    run.finish("finished")
+
+A thin ctypes binding over libentropyd_client (client/telemetry.h): the C
+library's sender thread formats, spools (a write-ahead log on disk), sends,
+reconnects and resumes exactly once, without the GIL; `log` only copies
+floats into a preallocated queue slot.  Non-finite values (NaN, +-Inf) are
+sent as JSON null, as schema/protocol.md says (stored as NaN), never as a
+`NaN` literal.  Values are numbers, lists, numpy arrays or torch tensors (any
+device; moved to the host here: use entropyd.torch to make that one copy per
+step).  Alert lines the daemon sends back are in `run.alerts()` and go to the
+`on_alert` callback, both on the training thread, from inside `log`.
+
+Not here: computing metrics (entropyd.torch does that for PyTorch models).
+"""
+import atexit
+import ctypes
+import json
+import math
+import os
+import sys
+import time as _time
+import weakref
+
+from . import _lib
+
+try:
+    import numpy as _np
+except ImportError:  # lists and numbers still work
+    _np = None
+
+__all__ = ["init", "Run", "upload_spool", "EntropydError"]
+
+_C, _LIBPATH = _lib.load()
+_LIBC, _STDERR = _lib.declare(_C)
+_begin = _C.telemetry_step_begin
+_scalar = _C.telemetry_step_scalar
+_layer = _C.telemetry_step_layer
+_heads = _C.telemetry_step_heads
+_commit = _C.telemetry_step_commit
+_poll = _C.telemetry_poll
+
+DEFAULT_DAEMON = "unix:entropyd-data/entropyd.sock"  # entropyd's default --data DIR, run from the same place
+NAME_MAX = 64
+
+
+class EntropydError(RuntimeError):
+    pass
+
+
+def _finite_or_none(o):
+    """meta must be JSON that the daemon's parser accepts: no NaN literals."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): _finite_or_none(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite_or_none(v) for v in o]
+    if isinstance(o, (str, int, bool)) or o is None:
+        return o
+    if hasattr(o, "item") and getattr(o, "ndim", 1) == 0:  # numpy / torch scalars
+        return _finite_or_none(o.item())
+    return str(o)
+
+
+def _as_float32(v, n, what):
+    """A C-contiguous float32 array of n values (numpy), kept alive by the caller."""
+    if hasattr(v, "detach"):  # a torch tensor, without importing torch
+        v = v.detach()
+        if v.device.type != "cpu":
+            v = v.cpu()
+        v = v.float().numpy()
+    if _np is not None:
+        a = _np.ascontiguousarray(v, dtype=_np.float32)
+        if a.size != n:
+            raise ValueError("entropyd: %s has %d values, expected %d" % (what, a.size, n))
+        return a, a.__array_interface__["data"][0]
+    flat = []
+    for row in v:
+        if isinstance(row, (list, tuple)):
+            flat.extend(row)
+        else:
+            flat.append(row)
+    if len(flat) != n:
+        raise ValueError("entropyd: %s has %d values, expected %d" % (what, len(flat), n))
+    a = (ctypes.c_float * n)(*[float(x) for x in flat])
+    return a, ctypes.addressof(a)
+
+
+def _stage(n):
+    if _np is not None:
+        a = _np.zeros(n, dtype=_np.float32)
+        return a, a.ctypes.data
+    a = (ctypes.c_float * n)()
+    return a, ctypes.addressof(a)
+
+
+def _put(dst, v, n, what):
+    """Copies v (n numbers: numpy array, torch tensor, list, nested list)
+    into the staging row dst, converting to float32."""
+    if _np is not None:
+        if type(v) is not _np.ndarray:
+            if hasattr(v, "detach"):  # a torch tensor, without importing torch
+                try:
+                    v = v.numpy()  # CPU, no grad: a view, no copy
+                except (RuntimeError, TypeError):
+                    v = v.detach().cpu().float().numpy()
+            else:
+                v = _np.asarray(v, dtype=_np.float32)
+        if v.size != n:
+            raise ValueError("entropyd: %s has %d values, expected %d" % (what, v.size, n))
+        dst[:] = v.reshape(n)
+        return
+    a, _ = _as_float32(v, n, what)
+    ctypes.memmove(dst, a, 4 * n)
+
+
+def _refused(t, s, kind, k):
+    _begin(t, -1, 0.0)  # drops the open step (step < 0: nothing is started)
+    raise ValueError("entropyd: %s %r refused (bad name: 1..64 of [A-Za-z0-9._:-], or more "
+                     "metrics of that kind than max_*)" % (kind, k))
+
+
+class Run:
+    """One run streamed to entropyd.  Create it with entropyd.init.  log,
+    event, alerts and finish are meant for one thread (the training loop)."""
+
+    def __init__(self, name, layers, heads, seq_len, config=None, daemon=None, spool_dir=None,
+                 token=None, on_alert=None, grace=30.0, queue_slots=0, max_scalars=0,
+                 max_layer_metrics=0, max_head_metrics=0, upload_spool=True):
+        self.layers, self.heads = int(layers), int(heads)
+        self._LH = self.layers * self.heads
+        self.on_alert = on_alert
+        self.grace = grace
+        self._alerts = []
+        self._messages = []
+        self._names = {}
+        self._t = None
+        cfg = _lib.Config()
+        _C.telemetry_config_init(ctypes.byref(cfg))
+        addr = daemon if daemon is not None else os.environ.get("ENTROPYD_DAEMON", DEFAULT_DAEMON)
+        self._keep = []  # the bytes the config points to, until create copied them
+        def b(s):
+            if s is None:
+                return None
+            s = s.encode() if isinstance(s, str) else s
+            self._keep.append(s)
+            return s
+        cfg.address = b(addr) if addr else None
+        cfg.run = b(name)
+        cfg.layers, cfg.heads, cfg.seq_len = self.layers, self.heads, int(seq_len)
+        if config is not None:
+            cfg.meta_json = b(json.dumps(_finite_or_none(dict(config)), allow_nan=False))
+        cfg.token = b(token if token is not None else os.environ.get("ENTROPYD_TOKEN"))
+        cfg.spool_dir = b(spool_dir if spool_dir is not None else os.environ.get("ENTROPYD_SPOOL"))
+        cfg.queue_slots = queue_slots
+        cfg.max_scalars, cfg.max_layer_metrics, cfg.max_head_metrics = max_scalars, max_layer_metrics, max_head_metrics
+        cfg.no_spool_upload = 0 if upload_spool else 1
+        err = ctypes.create_string_buffer(512)
+        t = _C.telemetry_create(ctypes.byref(cfg), err, len(err))
+        self._keep = None
+        if not t:
+            raise EntropydError("entropyd.init: " + err.value.decode(errors="replace"))
+        self._t = t
+        self.name = _C.telemetry_run_name(t).decode()
+        self._msg = _lib.Msg()
+        # One staging row per kind: the C library copies the values at once
+        # (telemetry_step_layer/_heads), so one row serves every metric.
+        self._lstage, self._lptr = _stage(self.layers)
+        self._hstage, self._hptr = _stage(self._LH)
+        _live.add(self)
+
+    def _put_layer(self, v, k):
+        _put(self._lstage, v, self.layers, "layer metric %r" % k)
+
+    def _put_head(self, v, k):
+        _put(self._hstage, v, self._LH, "head metric %r" % k)
+
+    # ------------------------------------------------------------ hot path
+
+    def _name(self, name):
+        b = self._names.get(name)
+        if b is None:
+            b = name.encode()
+            if not 1 <= len(b) <= NAME_MAX:
+                raise ValueError("entropyd: metric name %r: 1..64 bytes of [A-Za-z0-9._:-]" % name)
+            self._names[name] = b
+        return b
+
+    def log(self, step, scalars=None, layers=None, heads=None, time=None):
+        """Queues one step: scalars {name: number}, layers {name: L values},
+        heads {name: (L, H) values, row-major [layer][head]}.  Numbers,
+        lists, numpy arrays, torch tensors.  Returns True when queued, False
+        when the queue was full (the step is dropped and counted; the
+        training loop never waits).  Also takes the daemon's alert lines."""
+        t = self._t
+        if t is None:
+            raise EntropydError("entropyd: log after finish")
+        s = _begin(t, int(step), _time.time() if time is None else float(time))
+        if not s:
+            self._drain()
+            return False
+        name = self._name
+        if scalars:
+            for k, v in scalars.items():
+                if _scalar(s, name(k), float(v)):
+                    _refused(t, s, "scalar", k)
+        if layers:
+            put, p = self._put_layer, self._lptr
+            for k, v in layers.items():
+                put(v, k)
+                if _layer(s, name(k), p):
+                    _refused(t, s, "layer metric", k)
+        if heads:
+            put, p = self._put_head, self._hptr
+            for k, v in heads.items():
+                put(v, k)
+                if _heads(s, name(k), p):
+                    _refused(t, s, "head metric", k)
+        _commit(t, s)
+        self._drain()
+        return True
+
+    def log_stacked(self, step, scalars=None, layer_names=(), layer_values=None, head_names=(),
+                    head_values=None, time=None):
+        """log for metrics already stacked on the host: layer_values a float32
+        C-contiguous numpy array (len(layer_names), L), head_values
+        (len(head_names), L, H).  What entropyd.torch uses: one device->host
+        copy per step, one pointer per metric."""
+        t = self._t
+        if t is None:
+            raise EntropydError("entropyd: log after finish")
+        s = _begin(t, int(step), _time.time() if time is None else float(time))
+        if not s:
+            self._drain()
+            return False
+        name = self._name
+        if scalars:
+            for k, v in scalars.items():
+                _scalar(s, name(k), float(v))
+        if layer_names:
+            a, p = _as_float32(layer_values, len(layer_names) * self.layers, "layer_values")
+            stride = 4 * self.layers
+            for i, k in enumerate(layer_names):
+                _layer(s, name(k), p + i * stride)
+        if head_names:
+            a, p = _as_float32(head_values, len(head_names) * self._LH, "head_values")
+            stride = 4 * self._LH
+            for i, k in enumerate(head_names):
+                _heads(s, name(k), p + i * stride)
+        _commit(t, s)
+        self._drain()
+        return True
+
+    def _drain(self):
+        m = self._msg
+        while _poll(self._t, ctypes.byref(m)):
+            line = ctypes.string_at(m.line).decode(errors="replace")
+            _C.telemetry_msg_free(ctypes.byref(m))
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if obj.get("type") == "alert":
+                self._alerts.append(obj)
+                if self.on_alert is not None:
+                    self.on_alert(obj)
+            else:
+                self._messages.append(obj)
+                del self._messages[:-256]
+
+    # ------------------------------------------------------------ the rest
+
+    def event(self, text, level="info"):
+        """An event line (level info|warn|error, text up to 64 KiB)."""
+        if self._t is None:
+            raise EntropydError("entropyd: event after finish")
+        rc = _C.telemetry_event(self._t, level.encode(), str(text).encode())
+        if rc == -2:
+            raise ValueError("entropyd: event level %r: info, warn or error" % level)
+        return rc == 0
+
+    def alerts(self):
+        """The alert lines (dicts, schema/protocol.md) received since the last
+        call, oldest first."""
+        if self._t is not None:
+            self._drain()
+        out, self._alerts = self._alerts, []
+        return out
+
+    def messages(self):
+        """Other lines from the daemon and the client (welcome, error,
+        client notes such as "uploaded"), since the last call."""
+        if self._t is not None:
+            self._drain()
+        out, self._messages = self._messages, []
+        return out
+
+    def stats(self):
+        """The client's counters (enqueued, acked, dropped_queue, ...)."""
+        if self._t is None:
+            return dict(self._final_stats)
+        st = _lib.Stats()
+        _C.telemetry_stats_get(self._t, ctypes.byref(st))
+        return {n: getattr(st, n) for n in _lib.STATS_FIELDS + ["connected"]}
+
+    def flush(self, timeout=10.0):
+        """Waits until the daemon acknowledged everything; True if it did."""
+        ok = _C.telemetry_flush(self._t, int(timeout * 1000)) == 0
+        self._drain()
+        return ok
+
+    def finish(self, status="finished", grace=None, quiet=False):
+        """Ends the run (status finished|failed|aborted; None leaves it
+        resumable) and waits up to grace seconds (default: init's, 30) for the
+        daemon's acks, reconnecting; a progress line a second on stderr while
+        it waits.  Returns True when everything was acknowledged; the rest
+        stays in the spool for the next client on the same spool_dir."""
+        if self._t is None:
+            return True
+        if status is not None and status not in ("finished", "failed", "aborted"):
+            raise ValueError("entropyd: status %r: finished, failed or aborted" % status)
+        self._drain()
+        self._final_stats = self.stats()
+        g = self.grace if grace is None else grace
+        sys.stderr.flush()
+        t, self._t = self._t, None
+        rc = _C.telemetry_finish(t, status.encode() if status else None, int(g * 1000),
+                                 None if quiet else _STDERR)
+        _live.discard(self)
+        return rc == 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.finish("failed" if exc_type else "finished")
+        return False
+
+
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _at_exit():
+    # A run never finished: what is queued goes to the spool, the run stays
+    # resumable (no end), nobody waits long.
+    for r in list(_live):
+        r.finish(None, grace=1.0, quiet=True)
+
+
+def init(name=None, layers=None, heads=None, seq_len=None, config=None, daemon=None, **kw):
+    """Opens a run and starts streaming in the background (never waits for
+    the daemon).  name: the run name (None: generated); layers, heads,
+    seq_len: the model's shape; config: a dict stored as the run's meta;
+    daemon: "unix:PATH" or "tcp:HOST:PORT" (default $ENTROPYD_DAEMON, else
+    unix:entropyd-data/entropyd.sock); also spool_dir (default $ENTROPYD_SPOOL,
+    else a private temporary one), token, on_alert (callable(dict)), grace
+    (seconds finish waits, default 30), queue_slots, max_scalars,
+    max_layer_metrics, max_head_metrics, upload_spool (default True: upload
+    the other unacknowledged runs found in spool_dir, in the background)."""
+    if layers is None or heads is None or seq_len is None:
+        raise TypeError("entropyd.init needs layers, heads and seq_len")
+    return Run(name, layers, heads, seq_len, config=config, daemon=daemon, **kw)
+
+
+def upload_spool(spool_dir, daemon=None, token=None, timeout=60.0, verbose=True):
+    """Uploads every run in spool_dir left unacknowledged.  Returns the number
+    of runs still not fully acknowledged (0: all uploaded)."""
+    addr = daemon if daemon is not None else os.environ.get("ENTROPYD_DAEMON", DEFAULT_DAEMON)
+    err = ctypes.create_string_buffer(512)
+    n = _C.telemetry_upload_all(addr.encode(), spool_dir.encode(), token.encode() if token else None,
+                                int(timeout * 1000), _STDERR if verbose else None, err, len(err))
+    if n < 0:
+        raise EntropydError("entropyd.upload_spool: " + err.value.decode(errors="replace"))
+    return n

@@ -1,0 +1,320 @@
+"""The collapse-risk study of `make experiments` (scripts/experiments.py
+--part predict): can an alert on the signals that precede entropy collapse
+fire before collapse begins?
+
+Two sweeps, both streamed to one entropyd that runs the built-in rules:
+
+  tune      the toy model (2 layers x 4 heads, C=64, T=64), seeds 1-2;
+  held-out  a larger model (4 layers x 4 heads, C=128, T=32), seeds 11-12,
+            never used for tuning.
+
+Both mix runs that stay healthy (small learning rates, sigmaReparam) with
+runs that collapse early (a high constant learning rate) and late (linear
+warmup over 250 steps to a high peak learning rate), for --norm
+pre/post/none and Adam and SGD.
+
+Tuning: every candidate rule of a small grid (families below, each one rule
+the daemon's engine can evaluate: ops growth/drop/below with an optional
+`and` guard) is simulated on the tune sweep's stored per-head series; the
+chosen one is what daemon/alert.c ships as `collapse_risk`.  Judging: on the
+held-out sweep, the daemon's own `collapse_risk` and `entropy_collapse`
+episodes (GET /api/runs/{id}/alerts): recall on runs that collapse, false
+alarms on runs that stay healthy, lead time in steps from the firing of
+collapse_risk (its start_step + for) to the beginning of entropy_collapse
+(its start_step) and to the loss divergence (the first step whose training
+loss is non-finite or 1 nat above its running minimum after step 20).
+
+Outputs: docs/collapse-risk.md, docs/collapse-risk.json, docs/collapse-risk.png.
+Standard library only (plus gnuplot for the plot)."""
+import json
+import math
+import os
+import shutil
+import subprocess
+
+SMALL = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8"]
+BIG = ["--layers", "4", "--heads", "4", "--dim", "128", "--seq-len", "32", "--batch", "8"]
+STEPS = 400
+WARM = 250
+TUNE_SEEDS = (1, 2)
+HELD_SEEDS = (11, 12)
+# (optimizer, norm, reparam, peak lr, warmup steps)
+TUNE_GRID = [
+    ("adam", "pre", "none", 0.003, 0), ("adam", "post", "none", 0.01, 0), ("adam", "none", "none", 0.01, 0),
+    ("adam", "pre", "none", 0.03, 0), ("adam", "post", "none", 0.1, 0),
+    ("adam", "pre", "none", 0.1, WARM), ("adam", "none", "none", 0.03, WARM), ("adam", "post", "none", 0.1, WARM),
+    ("adam", "pre", "sigma", 0.1, 0), ("adam", "post", "sigma", 0.1, WARM),
+    ("sgd", "pre", "none", 0.3, 0), ("sgd", "none", "none", 3.0, WARM),
+]
+HELD_GRID = [
+    ("adam", "pre", "none", 0.003, 0), ("adam", "post", "none", 0.003, 0),
+    ("adam", "pre", "none", 0.1, WARM), ("adam", "post", "none", 0.1, WARM), ("adam", "none", "none", 0.03, WARM),
+    ("adam", "pre", "sigma", 0.1, WARM), ("sgd", "pre", "none", 0.3, 0), ("sgd", "none", "none", 3.0, WARM),
+]
+SIGNALS = ("entropy_norm", "max_logit", "logit_scale", "sigma_qk", "entropy_bound")
+
+
+def configs(which, steps=STEPS):
+    grid, seeds, model = (TUNE_GRID, TUNE_SEEDS, SMALL) if which == "tune" else (HELD_GRID, HELD_SEEDS, BIG)
+    return [dict(opt=o, norm=n, reparam=rp, lr=lr, warmup=w, seed=s, steps=steps, model=model, tag=which)
+            for s in seeds for (o, n, rp, lr, w) in grid]
+
+
+def collect(d, run_id, last_step):
+    """Per-head series of the signals (one value per step), the loss, the
+    run's alert episodes."""
+    pts = max(1, int(last_step or 1)) + 1
+    out = {"signals": {}}
+    for metric in SIGNALS:
+        try:
+            s = d.get("/api/runs/%d/series?metric=%s&split=head&points=%d" % (run_id, metric, pts))
+        except Exception:  # a metric the trainer did not send
+            continue
+        out["step"] = s.get("step", [])
+        out["signals"][metric] = [ser.get("max", []) for ser in s.get("series", [])]
+    loss = d.get("/api/runs/%d/series?metric=loss&points=%d" % (run_id, pts))
+    out["loss_step"], out["loss"] = loss.get("step", []), loss.get("max", [])
+    return out
+
+
+def divergence_step(steps, loss):
+    """First step whose loss is non-finite (null) or 1 nat above its running
+    minimum, after step 20; None when neither happens."""
+    best = None
+    for s, v in zip(steps, loss):
+        if v is None or not math.isfinite(v):
+            if s > 0:
+                return s
+            continue
+        if best is not None and s > 20 and v > best + 1.0:
+            return s
+        best = v if best is None else min(best, v)
+    return None
+
+
+# ---- candidate rules, evaluated by the daemon itself ---------------------------
+# Every candidate is a rule in the daemon's rules file (named cand-NNN), next
+# to the built-in rules: the engine that ships evaluates them on both
+# sweeps, so tuning and judging read the same alert episodes.
+
+def candidates():
+    """The grid searched on the tune sweep."""
+    out = []
+    for metric in ("max_logit", "logit_scale", "sigma_qk"):
+        for w in (10, 20, 50):
+            for rate in ((0.25, 0.5, 1, 2, 4) if metric == "max_logit" else
+                         (0.5, 1, 2, 5, 10, 20) if metric == "logit_scale" else (0.005, 0.01, 0.02, 0.05, 0.1)):
+                for f in (3, 5, 10):
+                    out.append(("growth", dict(metric=metric, window=w, rate=rate, **{"for": f})))
+                    for gv in (0.5, 0.3):
+                        out.append(("growth", dict(metric=metric, window=w, rate=rate, **{"for": f},
+                                                   guard=dict(metric="entropy_norm", op="below", value=gv))))
+    for w in (20, 50):
+        for pct in (50, 60, 70, 80):
+            for f in (3, 5, 10):
+                out.append(("drop", dict(window=w, pct=pct, **{"for": f})))
+    for v in (0.03, 0.05, 0.1, 0.15):
+        for f in (5, 10, 20):
+            out.append(("below", dict(value=v, **{"for": f})))
+            out.append(("below", dict(value=v, **{"for": f}, guard=dict(metric="max_logit", op="above", value=20))))
+    return out
+
+
+def candidate_rules():
+    """[(name, kind, params, rule)] for the rules file."""
+    out = []
+    for i, (kind, p) in enumerate(candidates()):
+        r = rule_text(kind, p)
+        r.update(name="cand-%03d" % i, scope="head", keep_firing_for=0, severity="info")
+        out.append(("cand-%03d" % i, kind, p, r))
+    return out
+
+
+def score(rows, name):
+    """recall, false-alarm rate, median lead (collapse start - firing) of the
+    rule `name` on rows (their daemon episodes, row["fires"])."""
+    hits, leads, fa, nh, nc = 0, [], 0, 0, 0
+    for r in rows:
+        f = r["fires"].get(name)
+        if r["collapsed"]:
+            nc += 1
+            if f is not None and f < r["collapse_step"]:
+                hits += 1
+                leads.append(r["collapse_step"] - f)
+        elif r["healthy"]:
+            nh += 1
+            fa += f is not None
+    return (hits / nc if nc else 0.0, fa / nh if nh else 0.0, median(leads), nc, nh)
+
+
+def median(xs):
+    xs = sorted(xs)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def tune(rows):
+    """Candidates with false alarms <= 5% on rows, best first: highest
+    recall, then the longest median lead."""
+    scored = []
+    for name, kind, p, rule in candidate_rules():
+        rec, far, lead, nc, nh = score(rows, name)
+        scored.append((name, rule, rec, far, lead))
+    ok = [x for x in scored if x[3] <= 0.05]
+    ok.sort(key=lambda x: (-x[2], -(x[4] or 0)))
+    return ok, scored
+
+
+def rule_text(kind, p):
+    """The candidate as the daemon's rule JSON condition."""
+    if kind == "growth":
+        c = {"op": "growth", "value": 1e30, "rate": p["rate"], "window": p["window"]}
+        metric = p["metric"]
+    elif kind == "drop":
+        c = {"op": "drop", "pct": p["pct"], "window": p["window"]}
+        metric = "entropy_norm"
+    else:
+        c = {"op": "below", "value": p["value"]}
+        metric = "entropy_norm"
+    if p.get("guard"):
+        c["and"] = dict(p["guard"])
+    return {"metric": metric, "condition": c, "for": p["for"]}
+
+
+def fires(alerts):
+    """{rule: first firing step} from a run's stored episodes: the FIRING
+    transition's step from the payload when it has one, else start_step."""
+    out = {}
+    for a in alerts:
+        if a.get("start_step") is None:
+            continue
+        step = None
+        try:
+            step = json.loads(a.get("payload") or "{}").get("step")
+        except (ValueError, TypeError, AttributeError):
+            pass
+        step = step if step is not None else a["start_step"]
+        if a["rule"] not in out or step < out[a["rule"]]:
+            out[a["rule"]] = step
+    return out
+
+
+def judge(rows, rule):
+    """Per run: verdicts and rule's lead times."""
+    out = []
+    for r in rows:
+        f = r["fires"].get(rule)
+        out.append(dict(name=r["name"], collapsed=r["collapsed"], healthy=r["healthy"],
+                        collapse_step=r["collapse_step"], diverge_step=r["diverge_step"], fire=f,
+                        lead=(r["collapse_step"] - f) if (r["collapsed"] and f is not None) else None,
+                        lead_div=(r["diverge_step"] - f) if (r["diverge_step"] is not None and f is not None)
+                        else None))
+    return out
+
+
+def summarize(j, late_after=200):
+    col = [x for x in j if x["collapsed"]]
+    hea = [x for x in j if x["healthy"]]
+    hit = [x for x in col if x["fire"] is not None and x["fire"] < x["collapse_step"]]
+    late = [x for x in col if x["collapse_step"] > late_after]
+    late_hit = [x for x in late if x["fire"] is not None and x["fire"] < x["collapse_step"]]
+    return dict(collapsed=len(col), healthy=len(hea), other=len(j) - len(col) - len(hea),
+                recall=len(hit) / len(col) if col else None,
+                false_alarms=sum(x["fire"] is not None for x in hea) / len(hea) if hea else None,
+                median_lead=median([x["lead"] for x in hit]),
+                late=len(late), late_recall=len(late_hit) / len(late) if late else None,
+                late_median_lead=median([x["lead"] for x in late_hit]),
+                median_lead_divergence=median([x["lead_div"] for x in j if x["lead_div"] is not None
+                                               and x["lead_div"] > 0]))
+
+
+def fmt(v, nd=2):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return ("%." + str(nd) + "f") % v
+    return str(v)
+
+
+def write_report(path, tune_rows, held_rows, top, chosen_rule, held_j, held_s, tune_s, seconds, machine,
+                 shipped=None):
+    out = ["# Collapse risk: an alert before entropy collapse begins", "",
+           "Generated by `make experiments` (part `predict`, scripts/collapse_risk.py) in %.1f min on %s." % (
+               seconds / 60, machine), "",
+           "Tune sweep: %s, seeds %s, %d steps. Held-out sweep (never used for tuning): %s, seeds %s, "
+           "%d steps. Both: constant learning rate after an optional linear warmup of %d steps, no "
+           "clipping, probe on every step (4 examples). A run *collapses* when the daemon's "
+           "`entropy_collapse` fires (its start_step = the step collapse begins); it is *healthy* when "
+           "that never fires and the final validation loss is below ln 64; the rest (diverged or stalled "
+           "without collapse) count for neither. Lead = collapse start - the step `collapse_risk` fires "
+           "(its start_step + for); lead to divergence = the first step whose training loss is non-finite "
+           "or 1 nat above its running minimum - that same firing step." % (
+               " ".join(SMALL), TUNE_SEEDS, STEPS, " ".join(BIG), HELD_SEEDS, STEPS, WARM), "",
+           "## The rule", "",
+           "Chosen on the tune sweep alone (highest recall with false alarms <= 5%, then the longest "
+           "median lead):", "", "```json", json.dumps(chosen_rule, indent=1), "```", "",
+           ("The built-in `collapse_risk` of daemon/alert.c is this rule." if shipped else
+            "daemon/alert.c ships no `collapse_risk` that matches it (see below)."), "",
+           "## Held-out sweep (the daemon's own alerts)", "",
+           "| runs that collapse | healthy runs | other | recall | false alarms | median lead (steps) | "
+           "collapse after step 200 | their recall | their median lead | median lead before the loss diverges |",
+           "|---|---|---|---|---|---|---|---|---|---|",
+           "| %d | %d | %d | %s | %s | %s | %d | %s | %s | %s |" % (
+               held_s["collapsed"], held_s["healthy"], held_s["other"], fmt(held_s["recall"]),
+               fmt(held_s["false_alarms"]), fmt(held_s["median_lead"], 0), held_s["late"],
+               fmt(held_s["late_recall"]), fmt(held_s["late_median_lead"], 0),
+               fmt(held_s["median_lead_divergence"], 0)), "",
+           "The same rule on the tune sweep (daemon's alerts): recall %s, false alarms %s, median lead %s." % (
+               fmt(tune_s["recall"]), fmt(tune_s["false_alarms"]), fmt(tune_s["median_lead"], 0)), "",
+           "| held-out run | verdict | collapse begins | loss diverges | collapse_risk fires | lead | lead to divergence |",
+           "|---|---|---|---|---|---|---|"]
+    for x in held_j:
+        v = "collapses" if x["collapsed"] else "healthy" if x["healthy"] else "other"
+        out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            x["name"], v, fmt(x["collapse_step"]), fmt(x["diverge_step"]), fmt(x["fire"]), fmt(x["lead"]),
+            fmt(x["lead_div"])))
+    out += ["", "## Tuning (the daemon's alerts on the tune sweep)", "",
+            "Candidates with false alarms <= 5%% on the tune sweep, best first (of %d tried, each a rule the "
+            "daemon evaluated on both sweeps):" % len(candidates()),
+            "", "| rule | recall | false alarms | median lead |", "|---|---|---|---|"]
+    for name, rule, rec, far, lead in top[:12]:
+        shown = {k: rule[k] for k in ("metric", "condition", "for")}
+        out.append("| `%s` | %.2f | %.2f | %s |" % (json.dumps(shown), rec, far, fmt(lead, 0)))
+    out += ["", "| tune run | verdict | collapse begins | loss diverges |", "|---|---|---|---|"]
+    for r in tune_rows:
+        v = "collapses" if r["collapsed"] else "healthy" if r["healthy"] else "other"
+        out.append("| %s | %s | %s | %s |" % (r["name"], v, fmt(r["collapse_step"]), fmt(r["diverge_step"])))
+    out.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def write_plot(held_j, scratch, png):
+    if not shutil.which("gnuplot"):
+        print("collapse-risk: gnuplot not found; no plot")
+        return False
+    os.makedirs(scratch, exist_ok=True)
+    dat = os.path.join(scratch, "held.dat")
+    with open(dat, "w") as f:
+        for i, x in enumerate([x for x in held_j if x["collapsed"]]):
+            f.write("%d %s %s \"%s\"\n" % (i, x["collapse_step"], x["fire"] if x["fire"] is not None else "NaN",
+                                            x["name"].replace("held-", "")))
+    cairo = subprocess.run(["gnuplot", "-e", "set terminal pngcairo"], capture_output=True).returncode == 0
+    gp = ["set terminal pngcairo size 1100,600 font ',10'" if cairo else "set terminal png size 1100,600",
+          "set output '%s'" % png, "set termoption noenhanced", "set datafile missing 'NaN'",
+          "set title 'Held-out runs that collapse: when collapse_risk fires (blue) and when entropy_collapse begins (red)'",
+          "set ylabel 'step'", "set xtics rotate by 30 right", "set grid", "set key top left",
+          "set offsets 0.5, 0.5, 0, 0",
+          "plot '%s' u 1:2:xtic(4) w p pt 7 ps 1.8 lc rgb '#d62728' t 'entropy_collapse begins', "
+          "'' u 1:3 w p pt 5 ps 1.5 lc rgb '#1f77b4' t 'collapse_risk fires', "
+          "'' u 1:3:(0):($2-$3) w vectors nohead dt 2 lc rgb '#888888' t 'lead'" % dat]
+    script = os.path.join(scratch, "plot.gp")
+    with open(script, "w") as f:
+        f.write("\n".join(gp) + "\n")
+    r = subprocess.run(["gnuplot", script], capture_output=True, text=True)
+    if r.returncode != 0:
+        print("collapse-risk: gnuplot failed:\n" + r.stderr)
+        return False
+    return True

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""End-to-end tests of libentropyd_client (client/) as a program outside
+the repository uses it, and of the two faults issue 17 fixed.
+
+1. `make install PREFIX=tmp`, then examples/stream_steps.c compiled by `cc`
+   with nothing but `pkg-config entropyd_client` from that prefix, run
+   against a real entropyd: its steps are stored, the NaN as NaN.
+2. Grace period: the client finishes while no daemon is up; it keeps
+   reconnecting (progress lines), the daemon starts after its first
+   progress line, and everything is acknowledged before it exits.
+3. Spool upload: sigmatrain runs left unacknowledged in a spool directory
+   are uploaded in the background by the next client started on it, and by
+   `sigmatrain --upload-spool --spool DIR` (no --run: every run).
+
+Env: ENTROPYD, SIGMATRAIN, BUILD, SANITIZE.  python3 standard library only."""
+import glob
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_harness import Daemon, ROOT, floats  # noqa: E402
+
+BUILD = os.environ.get("BUILD", "build")
+BUILD = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
+SIGMATRAIN = os.environ.get("SIGMATRAIN") or os.path.join(BUILD, "sigmatrain")
+SANITIZE = os.environ.get("SANITIZE", "")
+TINY = ["--layers", "2", "--heads", "2", "--dim", "16", "--seq-len", "16", "--batch", "2", "--threads", "1",
+        "--eval-every", "0", "--print-every", "1000"]
+
+
+def wait_for(pred, timeout=30, what="condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def steps_of(d, run):
+    rows = d.query("SELECT s.step FROM steps s JOIN runs r ON r.id = s.run_id WHERE r.name = ? ORDER BY s.step",
+                   (run,))
+    return [r[0] for r in rows]
+
+
+class ClientLibraryTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="entropyd-client-e2e-")
+        cls.prefix = os.path.join(cls.tmp, "prefix")
+        r = subprocess.run(["make", "-s", "--no-print-directory", "install", "PREFIX=" + cls.prefix,
+                            "BUILD=" + BUILD, "SANITIZE=" + SANITIZE], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, "make install failed:\n" + r.stdout + r.stderr
+        # a program outside the repository: copy the example out, build it with pkg-config only
+        src = os.path.join(cls.tmp, "outside", "stream_steps.c")
+        os.makedirs(os.path.dirname(src))
+        shutil.copy(os.path.join(ROOT, "examples", "stream_steps.c"), src)
+        env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(cls.prefix, "lib", "pkgconfig"))
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "entropyd_client"], env=env,
+                               capture_output=True, text=True)
+        assert flags.returncode == 0, "pkg-config: " + flags.stderr
+        assert cls.prefix in flags.stdout, flags.stdout
+        cls.exe = os.path.join(cls.tmp, "outside", "stream_steps")
+        san = ["-fsanitize=" + SANITIZE] if SANITIZE else []
+        cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", src, "-o", cls.exe] + san + flags.stdout.split(),
+                            cwd=os.path.dirname(src), capture_output=True, text=True)
+        assert cc.returncode == 0, "cc: " + cc.stderr
+        cls.env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(cls.prefix, "lib"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_installed_files(self):
+        for f in ("lib/libentropyd_client.a", "lib/libentropyd_client.so", "lib/libentropyd_client.so.1",
+                  "include/entropyd/telemetry.h", "lib/pkgconfig/entropyd_client.pc"):
+            self.assertTrue(os.path.exists(os.path.join(self.prefix, f)), f)
+        # the program is dynamically linked to the installed library
+        ldd = subprocess.run(["ldd", self.exe], env=self.env, capture_output=True, text=True).stdout
+        self.assertIn(os.path.join(self.prefix, "lib", "libentropyd_client.so.1"), ldd)
+
+    def test_example_streams_through_pkg_config(self):
+        d = Daemon().start()
+        try:
+            r = subprocess.run([self.exe, "unix:" + d.sock, "pkgconfig-run", "6"], env=self.env,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("all acknowledged", r.stdout)
+            self.assertEqual(steps_of(d, "pkgconfig-run"), list(range(6)))
+            st = d.query("SELECT status FROM runs WHERE name = 'pkgconfig-run'")
+            self.assertEqual(st, [("finished",)])
+            blob = d.query("SELECT f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
+                           "WHERE m.name = 'entropy' AND f.step = 1")[0][0]
+            v = floats(blob)
+            self.assertEqual(len(v), 4)
+            self.assertTrue(math.isnan(v[3]), v)  # sent as null, stored as NaN
+            self.assertAlmostEqual(v[2], 0.9, places=6)
+        finally:
+            d.cleanup()
+
+    def test_grace_period_reconnects_to_a_daemon_that_comes_back(self):
+        d = Daemon()
+        os.makedirs(d.data, exist_ok=True)
+        p = subprocess.Popen([self.exe, "unix:" + d.sock, "grace-run", "20"], env=self.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = p.stderr.readline()  # the first progress line: the client is waiting
+            self.assertIn("waiting up to", first)
+            self.assertIn("reconnecting", first)
+            d.start()
+            out, err = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 0, first + out + err)
+            self.assertEqual(steps_of(d, "grace-run"), list(range(20)))
+            self.assertEqual(d.query("SELECT status FROM runs WHERE name = 'grace-run'"), [("finished",)])
+        finally:
+            if p.poll() is None:
+                p.kill()
+            d.cleanup()
+
+    def test_spool_runs_are_uploaded(self):
+        if not os.access(SIGMATRAIN, os.X_OK):
+            self.skipTest("no sigmatrain")
+        spool = os.path.join(self.tmp, "spool")
+        nobody = "unix:" + os.path.join(self.tmp, "nobody.sock")
+        for run in ("left-a", "left-b"):  # two runs whose daemon never came
+            r = subprocess.run([SIGMATRAIN] + TINY + ["--steps", "30", "--daemon", nobody, "--run", run,
+                                                      "--spool", spool, "--end-grace", "0",
+                                                      "--telemetry-queue", "4096"],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("not everything was acknowledged", r.stdout + r.stderr)
+            self.assertTrue(os.path.exists(os.path.join(spool, run, "hello.json")))
+        d = Daemon().start()
+        try:
+            # (b) a new run on the same spool directory uploads both in the background
+            r = subprocess.run([SIGMATRAIN] + TINY + ["--steps", "5", "--daemon", "unix:" + d.sock, "--run", "new-c",
+                                                      "--spool", spool], capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            wait_for(lambda: len(steps_of(d, "left-a")) == 30 and len(steps_of(d, "left-b")) == 30, 60,
+                     "the background upload of left-a and left-b")
+            self.assertEqual(steps_of(d, "left-a"), list(range(1, 31)))
+            self.assertEqual(d.query("SELECT status FROM runs WHERE name = 'left-a'"), [("finished",)])
+            # acknowledged spools are compacted: nothing left to upload
+            for run in ("left-a", "left-b", "new-c"):
+                segs = glob.glob(os.path.join(spool, run, "seg-*.log"))
+                self.assertEqual([os.path.getsize(s) for s in segs], [0], run)
+            # the upload-all command
+            r = subprocess.run([SIGMATRAIN] + TINY + ["--steps", "12", "--daemon", nobody, "--run", "left-d",
+                                                      "--spool", spool, "--end-grace", "0",
+                                                      "--telemetry-queue", "4096"],
+                               capture_output=True, text=True, timeout=120)
+            u = subprocess.run([SIGMATRAIN, "--upload-spool", "--daemon", "unix:" + d.sock, "--spool", spool],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(u.returncode, 0, u.stdout + u.stderr)
+            self.assertIn("run left-d: spool uploaded", u.stdout)
+            self.assertIn("every run acknowledged", u.stdout)
+            self.assertEqual(steps_of(d, "left-d"), list(range(1, 13)))
+            self.assertEqual(steps_of(d, "left-a"), list(range(1, 31)))  # nothing uploaded twice
+        finally:
+            d.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,311 @@
+"""End-to-end tests of entropyd on long runs (issue "Long runs"): the real
+daemon, its real SQLite file, runs seeded straight through the store API
+(build/bench/bench_history_seed) so they are long without streaming them.
+
+- /metrics reads the latest values from the `latest` table, not the frames
+  (it answers the same with every frame deleted behind the daemon's back),
+  follows a rollback, and exports an ended run for --metrics-keep-finished
+  only; its alert series is not named ALERTS.
+- A DELETE of a big run answers at once and purges the rest in chunks
+  while another trainer's acks keep arriving; nothing is left behind.
+- A rollback of a big run is done in chunks while another trainer's acks
+  keep arriving; the rolling-back trainer's ack comes after the rewind, and
+  the result is the whole rewind's (every abandoned frame in the branch).
+- The WAL stays under 64 MiB while a trainer streams and an /export client
+  reads slowly (the export holds no read transaction between chunks).
+
+Latency figures belong to `make bench` (bench/history.sh); these tests
+assert ordering and bounds that do not depend on the machine's speed."""
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_harness import ENTROPYD, Client, Daemon, floats, head_value, step_msg  # noqa: E402
+
+BUILD_DIR = os.path.dirname(ENTROPYD)
+SEED = os.path.join(BUILD_DIR, "bench", "bench_history_seed")
+BENCH_INGEST = os.path.join(BUILD_DIR, "bench", "bench_ingest")
+
+
+def seed(d, run, steps, layers=12, heads=12, head_metrics=9, end="finished"):
+    out = subprocess.run([SEED, "--db", d.db, "--run", run, "--steps", str(steps), "--layers", str(layers),
+                          "--heads", str(heads), "--head-metrics", str(head_metrics), "--end", end],
+                         capture_output=True, check=True).stdout.decode()
+    return int(out.split("last seq ")[1].split(",")[0])
+
+
+def metric_value(text, prefix):
+    """The value of the first /metrics line starting with prefix, or None."""
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def http_delete(d, path):
+    req = urllib.request.Request("http://127.0.0.1:%d%s" % (d.http_port, path), method="DELETE")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+class Streamer(threading.Thread):
+    """A second trainer streaming small steps, one at a time, recording
+    when each ack arrived and how long it took."""
+
+    def __init__(self, d, run):
+        super().__init__(daemon=True)
+        self.c = Client(d.sock)
+        w = self.c.hello(run, layers=2, heads=3)
+        assert w["type"] == "welcome", w
+        self.seq = w["last_seq"]
+        self.acks = []  # (monotonic time of the ack, seconds waited)
+        self.stop = threading.Event()
+        self.error = None
+
+    def run(self):
+        try:
+            step = self.seq
+            while not self.stop.is_set():
+                self.seq += 1
+                t = time.monotonic()
+                self.c.send(step_msg(self.seq, step))
+                self.c.wait_ack(self.seq, timeout=30)
+                self.acks.append((time.monotonic(), time.monotonic() - t))
+                step += 1
+                time.sleep(0.002)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+    def finish(self):
+        self.stop.set()
+        self.join(40)
+        self.c.close()
+        if self.error:
+            raise self.error
+
+
+class LongRunsTest(unittest.TestCase):
+    def tearDown(self):
+        d = getattr(self, "d", None)
+        if d is not None:
+            if d.proc is not None and not d.alive():
+                print("daemon died; its log:\n" + d.log()[-4000:])
+            d.cleanup()
+
+    def start(self, args=()):
+        self.d = Daemon(http=True, args=list(args)).start()
+        return self.d
+
+    def test_metrics_reads_latest_and_keeps_ended_runs_for_a_while(self):
+        d = self.start(["--metrics-keep-finished", "2s"])
+        live, ended, gone = Client(d.sock), Client(d.sock), Client(d.sock)
+        for c, name in ((live, "alive"), (ended, "ended"), (gone, "gone")):
+            self.assertEqual(c.hello(name)["type"], "welcome")
+        for seq in range(1, 51):
+            live.send(step_msg(seq, seq - 1))
+        live.wait_ack(50)
+        for seq in range(1, 11):
+            ended.send(step_msg(seq, seq - 1))
+            gone.send(step_msg(seq, seq - 1))
+        ended.send({"type": "end", "seq": 11, "status": "finished"})
+        ended.wait_ack(11)
+        gone.wait_ack(10)
+        gone.close()  # no end: the run goes stale
+        # a rollback: step 20 again with other values; /metrics follows it
+        live.send(step_msg(51, 20, base=5.0))
+        live.wait_ack(51)
+        t_end = time.monotonic()
+        st, text = d.get("/metrics")
+        self.assertEqual(st, 200)
+        self.assertEqual(metric_value(text, 'entropyd_run_last_step{run="alive"'), 20)
+        self.assertAlmostEqual(metric_value(text, 'entropyd_scalar{run="alive",metric="loss"}'), 3.0 - 0.020, places=6)
+        self.assertAlmostEqual(metric_value(text, 'entropyd_scalar{run="ended",metric="loss"}'), 3.0 - 0.009, places=6)
+        self.assertIn('entropyd_layer{run="ended",metric="rank_ratio",layer="1"}', text)
+        self.assertNotIn("\nALERTS", text)
+        self.assertIn("# TYPE entropyd_alerts_firing gauge", text)
+        # the latest table holds the rolled-back step's values ...
+        rid = d.query("SELECT id FROM runs WHERE name = 'alive'")[0][0]
+        blob = d.query("SELECT l.step, l.data FROM latest l JOIN metrics m ON m.id = l.metric_id "
+                       "WHERE m.run_id = ? AND m.name = 'entropy'", (rid,))
+        self.assertEqual(blob[0][0], 20)
+        self.assertAlmostEqual(floats(blob[0][1])[4], head_value(20, 1, 1, 5.0), places=5)
+        # ... and /metrics reads nothing else: with every frame gone it answers the same
+        con = sqlite3.connect(d.db, timeout=10)  # a second writer: the daemon's writer waits its turn
+        con.execute("DELETE FROM frames")
+        con.commit()
+        con.close()
+        self.assertEqual(d.query("SELECT count(*) FROM frames")[0][0], 0)
+        st, text2 = d.get("/metrics")
+        self.assertIn('entropyd_scalar{run="alive",metric="loss"}', text2)
+        self.assertIn('entropyd_scalar{run="ended",metric="loss"}', text2)
+        # the ended and the stale run leave /metrics once 2 s past their end; the live one stays
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            st, text = d.get("/metrics")
+            if 'run="ended"' not in text and 'run="gone"' not in text:
+                break
+            time.sleep(0.1)
+        self.assertNotIn('run="ended"', text)
+        self.assertNotIn('run="gone"', text)
+        self.assertGreater(time.monotonic() - t_end, 1.0)
+        self.assertIn('entropyd_scalar{run="alive",metric="loss"}', text)
+        self.assertIn('entropyd_run_last_step{run="alive",status="live"} 20', text)
+        # still stored and listed: only /metrics forgets them
+        st, runs = d.get("/api/runs")
+        self.assertEqual(sorted(r["name"] for r in runs), ["alive", "ended", "gone"])
+        live.close()
+
+    def test_delete_of_a_big_run_is_chunked_and_others_are_acked_meanwhile(self):
+        d = Daemon(http=True)
+        seed(d, "big", 6000)
+        d.start()
+        self.d = d
+        big = d.query("SELECT id FROM runs WHERE name = 'big'")[0][0]
+        frames = d.query("SELECT count(*) FROM frames")[0][0]
+        self.assertEqual(frames, 6000 * 14)
+        s = Streamer(d, "bystander")
+        s.start()
+        while len(s.acks) < 20:
+            time.sleep(0.01)
+        chunks0 = metric_value(d.get("/metrics")[1], "entropyd_background_chunks_total")
+        t0 = time.monotonic()
+        self.assertEqual(http_delete(d, "/api/runs/%d" % big), 200)
+        t_deleted = time.monotonic()
+        # gone for readers at once ...
+        st, runs = d.get("/api/runs")
+        self.assertEqual([r["name"] for r in runs], ["bystander"])
+        self.assertEqual(d.get("/api/runs/%d" % big)[0], 404)
+        # ... its rows purged in chunks behind it
+        deadline = time.monotonic() + 120
+        while d.query("SELECT count(*) FROM purge")[0][0] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t_purged = time.monotonic()
+        n_acks = len(s.acks)
+        time.sleep(0.1)
+        s.finish()
+        self.assertEqual(d.query("SELECT count(*) FROM purge")[0][0], 0)
+        for table, col, parent in (("frames", "metric_id", "metrics"), ("rollups", "metric_id", "metrics"),
+                                   ("latest", "metric_id", "metrics"), ("steps", "run_id", "runs")):
+            self.assertEqual(d.query("SELECT count(*) FROM %s WHERE %s NOT IN (SELECT id FROM %s)"
+                                     % (table, col, parent))[0][0], 0, table)
+        chunks = metric_value(d.get("/metrics")[1], "entropyd_background_chunks_total") - chunks0
+        self.assertGreaterEqual(chunks, 3)
+        during = [lat for t, lat in s.acks[:n_acks] if t0 <= t <= t_purged]
+        print("delete of 6000 steps x 14 metrics (12x12): DELETE answered in %.0f ms, purged in %.0f ms, %d chunks; "
+              "bystander acks meanwhile: %d, max %.1f ms"
+              % ((t_deleted - t0) * 1e3, (t_purged - t0) * 1e3, chunks, len(during),
+                 max(during) * 1e3 if during else float("nan")))
+        if t_purged - t_deleted > 0.2:  # a purge long enough to see acks in it
+            self.assertGreater(len(during), 0)
+        # the bystander's steps are all there
+        self.assertEqual(d.query("SELECT count(*) FROM steps s JOIN runs r ON r.id = s.run_id "
+                                 "WHERE r.name = 'bystander'")[0][0], s.seq)
+
+    def test_rollback_of_a_big_run_is_chunked_and_others_are_acked_meanwhile(self):
+        d = Daemon(http=True)
+        last_seq = seed(d, "rewound", 6000, end="live")
+        d.start()
+        self.d = d
+        rid = d.query("SELECT id FROM runs WHERE name = 'rewound'")[0][0]
+        s = Streamer(d, "bystander")
+        s.start()
+        while len(s.acks) < 20:
+            time.sleep(0.01)
+        r = Client(d.sock)
+        w = r.hello("rewound", layers=12, heads=12)
+        self.assertEqual(w["type"], "welcome")
+        self.assertEqual(w["last_seq"], last_seq)
+        chunks0 = metric_value(d.get("/metrics")[1], "entropyd_background_chunks_total")
+        above = d.query("SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id "
+                        "WHERE m.run_id = ? AND f.step >= 100", (rid,))[0][0]
+        t0 = time.monotonic()
+        msg = step_msg(last_seq + 1, 100, layers=12, heads=12, base=9.0)
+        r.send(msg)
+        # while the rewind goes on, the rolling-back trainer gets no ack
+        seen_rewinding = False
+        while True:
+            if d.query("SELECT count(*) FROM rewinds")[0][0]:
+                seen_rewinding = True
+            try:
+                m, _ = r.recv_until(lambda m: m["type"] in ("ack", "error"), timeout=0.02)
+                break
+            except (socket.timeout, TimeoutError):
+                self.assertLess(time.monotonic() - t0, 120)
+        t_acked = time.monotonic()
+        self.assertEqual(m, {"type": "ack", "seq": last_seq + 1})
+        # acked only once the rewind is complete and the step stored
+        self.assertEqual(d.query("SELECT count(*) FROM rewinds")[0][0], 0)
+        n_acks = len(s.acks)
+        time.sleep(0.1)
+        s.finish()
+        r.close()
+        chunks = metric_value(d.get("/metrics")[1], "entropyd_background_chunks_total") - chunks0
+        self.assertGreaterEqual(chunks, 3)
+        # the whole rewind's result: every frame from step 100 on moved into one branch
+        br = d.query("SELECT id, from_step, to_step FROM branches WHERE run_id = ?", (rid,))
+        self.assertEqual([b[1:] for b in br], [(100, 5999)])
+        self.assertEqual(d.query("SELECT count(*) FROM abandoned_frames WHERE branch_id = ?", (br[0][0],))[0][0], above)
+        self.assertEqual(d.query("SELECT max(step), count(*) FROM steps WHERE run_id = ?", (rid,))[0], (100, 101))
+        self.assertEqual(d.query("SELECT last_step FROM runs WHERE id = ?", (rid,))[0][0], 100)
+        # the seeded head metrics stopped at 99 (the new step carries entropy only); latest follows both
+        lat = dict(d.query("SELECT m.name, l.step FROM latest l JOIN metrics m ON m.id = l.metric_id "
+                           "WHERE m.run_id = ?", (rid,)))
+        self.assertEqual(lat["entropy"], 100)
+        self.assertEqual(lat["entropy_norm"], 99)
+        self.assertEqual(d.query("SELECT count(*) FROM rollups a JOIN metrics m ON m.id = a.metric_id "
+                                 "WHERE m.run_id = ? AND a.level = 1 AND a.block >= 1", (rid,))[0][0], 0)
+        during = [lat for t, lat in s.acks[:n_acks] if t0 <= t <= t_acked]
+        print("rollback of 5900 steps x 14 metrics (12x12): acked after %.0f ms, %d chunks; "
+              "bystander acks meanwhile: %d, max %.1f ms"
+              % ((t_acked - t0) * 1e3, chunks, len(during), max(during) * 1e3 if during else float("nan")))
+        if seen_rewinding:
+            self.assertGreater(len(during), 0)
+
+    def test_wal_stays_bounded_with_a_slow_export_and_a_streaming_trainer(self):
+        d = Daemon(http=True)
+        seed(d, "exported", 3000)
+        d.start()
+        self.d = d
+        rid = d.query("SELECT id FROM runs WHERE name = 'exported'")[0][0]
+        wal = d.db + "-wal"
+        ingest = subprocess.Popen([BENCH_INGEST, "--socket", d.sock, "--trainers", "2", "--seconds", "12"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # a client reading the export at ~200 KB/s: the whole export takes longer than the ingest
+        sk = socket.create_connection(("127.0.0.1", d.http_port))
+        sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        sk.sendall(b"GET /api/runs/%d/export?format=csv HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % rid)
+        peak, got, t0 = 0, 0, time.monotonic()
+        while ingest.poll() is None:
+            data = sk.recv(4096)
+            self.assertTrue(data, "the export ended early")
+            got += len(data)
+            if os.path.exists(wal):
+                peak = max(peak, os.path.getsize(wal))
+            time.sleep(0.02)
+        out = ingest.stdout.read().decode()
+        sk.close()
+        self.assertEqual(ingest.returncode, 0, out)
+        mb = peak / 2**20
+        print("WAL peak %.1f MiB during %.0f s of ingest with a slow export (%d KB read); %s"
+              % (mb, time.monotonic() - t0, got // 1024, out.strip().splitlines()[0] if out.strip() else ""))
+        self.assertGreater(got, 100000)
+        self.assertLess(peak, 64 * 2**20)
+        st, text = d.get("/metrics")
+        print("checkpoints %d (busy %d, by the writer %d)" % tuple(metric_value(text, "entropyd_checkpoints" + k)
+                                                              for k in ("_total", "_busy_total", "_writer_total")))
+        self.assertGreaterEqual(metric_value(text, "entropyd_db_bytes"),
+                                metric_value(text, "entropyd_wal_bytes") + os.path.getsize(d.db) * 0.5)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
