@@ -445,6 +445,15 @@ static struct conn *eviction_victim(struct ingest *ing, int newcomer_count) {
     return NULL;
 }
 
+/* The oldest connection of the peer named key that has not said hello
+ * (and is not waiting for its welcome), or NULL. */
+static struct conn *peer_victim(struct ingest *ing, const char *key) {
+    for (struct conn *c = ing->pend_head; c; c = c->pnext)
+        if (!c->waiting && !c->closing && c->peer && strncmp(peers_key(c->peer), key, PEERS_KEY_MAX - 1) == 0)
+            return c;
+    return NULL;
+}
+
 /* Closes connections past their deadline and resumes starved ones once
  * memory is free. Called from the loop a few times a second. */
 static void guards_sweep(struct ingest *ing, double now) {
@@ -540,6 +549,13 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
     char key[PEERS_KEY_MAX];
     peer_key(fd, tcp, key, sizeof key);
     struct peer *peer = peers_acquire(ing->peers, key);
+    struct conn *own = peer ? NULL : peer_victim(ing, key);
+    if (own) { /* the peer is at its limit: its own oldest idle stranger makes room */
+        STAT_ADD(ing, conns_evicted, 1);
+        conn_refuse(ing, own, PROTO_E_NO_HELLO,
+                    "too many connections from this peer: closed to make room, as this one had not said hello");
+        peer = peers_acquire(ing->peers, key);
+    }
     if (!peer) {
         pthread_mutex_lock(&ing->stats_mu);
         ing->stats.conns_rejected++;
