@@ -42,7 +42,7 @@ static int lock_database(const char *db, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s.lock", db);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open lock file %.900s: %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot open lock file %.800s: %s", path, strerror(errno));
         return -1;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) < 0) {

@@ -258,6 +258,7 @@ int store_commit(struct store *st) {
 }
 
 int store_savepoint(struct store *st) { return exec(st, "SAVEPOINT item"); }
+int store_in_transaction(struct store *st) { return st->in_txn && !sqlite3_get_autocommit(st->db); }
 int store_release(struct store *st) { return exec(st, "RELEASE item"); }
 
 void store_rollback_to(struct store *st) {

@@ -64,6 +64,12 @@ void store_rollback(struct store *st);
 int store_savepoint(struct store *st);
 int store_release(struct store *st);
 void store_rollback_to(struct store *st);
+/* 1 while the transaction store_begin() opened is still open.  SQLite rolls
+ * a whole transaction back by itself on some errors (out of memory, a full
+ * disk, an I/O error): after that a savepoint would open a transaction of
+ * its own and its release would commit one message alone, ahead of the
+ * batch that is then retried. The writer checks this before each message. */
+int store_in_transaction(struct store *st);
 
 /* Marks every run left `live` (by a daemon that died) as `stale`. Call once
  * at start, outside a transaction. Returns the number of runs changed or -1. */

@@ -116,6 +116,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
     char conflict[PROTO_MAX_NAME + 1];
     int r = 0;
     it->applied = 0;
+    if (!store_in_transaction(st)) return APPLY_RETRY; /* rolled back under us: retry the whole batch */
     if (store_savepoint(st)) return retryable(store_errcode(st)) ? APPLY_RETRY : (store_rollback_to(st), 0);
     switch (it->kind) {
     case WRITER_HELLO: {

@@ -467,7 +467,8 @@ def predict_run_all(configs, d, logdir, jobs):
                 row["diverge_step"] = collapse_risk.divergence_step(row["data"]["loss_step"], row["data"]["loss"])
             row["collapsed"] = row["collapse_step"] is not None
             finite = ev is not None and math.isfinite(ev)
-            row["healthy"] = not row["collapsed"] and p.returncode == 0 and finite and ev <= VOCAB_LOSS
+            row["healthy"] = (not row["collapsed"] and p.returncode == 0 and finite and ev <= VOCAB_LOSS
+                              and row["diverge_step"] is None)
             rows.append(row)
             print("%-42s exit %d  eval %-8s collapse %-5s diverge %-5s risk %-5s %5.1fs" % (
                 name, p.returncode, fmt(ev, 3), fmt(row["collapse_step"], 0) if row["collapsed"] else "-",
@@ -479,29 +480,27 @@ def predict_run_all(configs, d, logdir, jobs):
 
 def predict(args, scratch, out):
     t0 = time.time()
-    # one daemon, the built-in rules plus every candidate of the tuning grid
-    rules = json.loads(default_rules_json())
-    shipped = [r for r in rules["rules"] if r["name"] == "collapse_risk"]
-    rules["rules"] += [r for _, _, _, r in collapse_risk.candidate_rules()]
-    rules_path = os.path.join(scratch, "rules.json")
-    with open(rules_path, "w") as f:
-        json.dump(rules, f)
-    d = Daemon(os.path.join(scratch, "daemon"), rules_path)
+    # one daemon with the built-in rules (collapse_risk among them once it ships)
+    shipped = [r for r in json.loads(default_rules_json())["rules"] if r["name"] == "collapse_risk"]
+    d = Daemon(os.path.join(scratch, "daemon"))
     logdir = os.path.join(scratch, "logs")
     os.makedirs(logdir, exist_ok=True)
     tune_cfg = collapse_risk.configs("tune", args.steps_predict)
     held_cfg = [] if args.tune_only else collapse_risk.configs("held", args.steps_predict)
-    print("collapse-risk: %d tune runs, then %d held-out runs, %d rules; entropyd at "
-          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), len(rules["rules"]), d.port), flush=True)
+    print("collapse-risk: %d tune runs, then %d held-out runs; entropyd at "
+          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), d.port), flush=True)
     try:
         tune_rows = predict_run_all(tune_cfg, d, logdir, args.jobs)
         held_rows = predict_run_all(held_cfg, d, logdir, args.jobs)
     finally:
         d.stop()
+    collapse_risk.simulate(tune_rows + held_rows)
     for r in tune_rows + held_rows:
-        r["fires"] = collapse_risk.fires(r["alerts"])
+        r["fires"]["collapse_risk"] = collapse_risk.fires(r["alerts"]).get("collapse_risk")
     with open(os.path.join(scratch, "rows.json"), "w") as f:
         json.dump(tune_rows + held_rows, f)
+    with open(os.path.join(scratch, "seconds.json"), "w") as f:
+        json.dump({"seconds": round(time.time() - t0, 1)}, f)
     top, _ = collapse_risk.tune(tune_rows)
     print("collapse-risk: best candidates on the tune sweep (false alarms <= 5%):")
     for name, rule, rec, far, lead in top[:10]:
@@ -516,14 +515,23 @@ def report(tune_rows, held_rows, top, shipped, out, scratch, seconds):
     """collapse-risk.md/.json/.png from the two sweeps' rows."""
     name, chosen = top[0][0], dict(top[0][1])
     same = bool(shipped) and all(shipped[0].get(k) == chosen.get(k) for k in ("metric", "condition", "for"))
-    judged = "collapse_risk" if same else name
+    # held-out verdicts from the daemon's own collapse_risk when it is the
+    # chosen rule (and ran), else from the simulation
+    ran = any(r["fires"].get("collapse_risk") is not None for r in tune_rows + held_rows)
+    judged = "collapse_risk" if (same and ran) else name
+    agree = sum(r.get("sim_collapse") == r["collapse_step"] for r in tune_rows + held_rows)
+    print("collapse-risk: the simulation reproduces the daemon's entropy_collapse start on %d of %d runs" % (
+        agree, len(tune_rows + held_rows)))
     held_j, tune_j = collapse_risk.judge(held_rows, judged), collapse_risk.judge(tune_rows, judged)
     held_s, tune_s = collapse_risk.summarize(held_j), collapse_risk.summarize(tune_j)
     machine = "%d cores (shared), load average %.1f at the end" % (os.cpu_count(), os.getloadavg()[0])
     chosen["name"] = "collapse_risk"
     chosen.pop("severity", None)
     collapse_risk.write_report(os.path.join(out, "collapse-risk.md"), tune_rows, held_rows, top, chosen,
-                               held_j, held_s, tune_s, seconds, machine, shipped=same)
+                               held_j, held_s, tune_s, seconds, machine, shipped=same,
+                               judged_by="the daemon's collapse_risk alerts" if judged == "collapse_risk"
+                               else "the simulation of the chosen rule on the stored series",
+                               agree=(agree, len(tune_rows + held_rows)))
     with open(os.path.join(out, "collapse-risk.json"), "w") as f:
         json.dump({"seconds": round(seconds, 1), "chosen": chosen, "shipped_matches": same,
                    "held_out": held_s, "tune": tune_s, "held_runs": held_j, "tune_runs": tune_j,
@@ -564,10 +572,26 @@ def main():
     ap.add_argument("--tune-only", action="store_true", help="predict: run the tune sweep and print the "
                     "best candidate rules, nothing else")
     ap.add_argument("--steps-predict", type=int, default=collapse_risk.STEPS)
+    ap.add_argument("--report-only", action="store_true", help="predict: rewrite the report from the last "
+                    "run's rows (demo-data/experiments-predict/rows.json), e.g. after the rule was shipped")
     args = ap.parse_args()
     for b in (ENTROPYD, SIGMATRAIN):
         if not os.access(b, os.X_OK):
             sys.exit("experiments: %s not built (make)" % b)
+    if args.report_only:
+        pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
+        rows = json.load(open(os.path.join(pscratch, "rows.json")))
+        for r in rows:  # the current definition of healthy (predict_run_all)
+            r["healthy"] = r["healthy"] and r["diverge_step"] is None
+        tune_rows = [r for r in rows if r["name"].startswith("tune-")]
+        held_rows = [r for r in rows if r["name"].startswith("held-")]
+        shipped = [r for r in json.loads(default_rules_json())["rules"] if r["name"] == "collapse_risk"]
+        top, _ = collapse_risk.tune(tune_rows)
+        report(tune_rows, held_rows, top, shipped, args.out or os.path.join(ROOT, "docs"), pscratch,
+               json.load(open(os.path.join(pscratch, "seconds.json")))["seconds"]
+               if os.path.exists(os.path.join(pscratch, "seconds.json"))
+               else sum(r["seconds"] for r in rows) / args.jobs)
+        return
     if args.part in ("all", "predict"):
         pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
         shutil.rmtree(pscratch, ignore_errors=True)

@@ -173,20 +173,20 @@ def np_metrics(q, k, x, wq, wk, bq, bk):
     B, H, T, d = q.shape
     C = x.shape[2]
     out = {n: np.zeros(H) for n in ("entropy", "entropy_norm", "max_logit", "sigma_qk", "entropy_bound",
-                                    "eig_mean", "eig_var")}
+                                    "logit_scale", "eig_mean", "eig_var")}
     for h in range(H):
         Wq, Wk = wq[h * d:(h + 1) * d].astype(np.float64), wk[h * d:(h + 1) * d].astype(np.float64)
         P = Wq.T @ Wk                                                 # (C, C): a_ij = x_i^T P x_j / sqrt(d) + ...
         out["sigma_qk"][h] = np.linalg.norm(P, 2) / math.sqrt(d)
-        ev = np.linalg.eigvals(Wk @ Wq.T)                            # the non-zero eigenvalues of P
-        out["eig_mean"][h] = ev.real.sum() / C / math.sqrt(d)
-        out["eig_var"][h] = np.trace((Wk @ Wq.T) @ (Wk @ Wq.T)) / C / d - out["eig_mean"][h] ** 2
-        Pa = np.concatenate([Wq, bq[h * d:(h + 1) * d, None]], 1).T @ np.concatenate([Wk, bk[h * d:(h + 1) * d, None]], 1)
+        ev = np.linalg.eigvals(Wk @ Wq.T / math.sqrt(d))             # the non-zero eigenvalues of P / sqrt(d)
+        out["eig_mean"][h] = ev.mean().real
+        out["eig_var"][h] = np.mean(np.abs(ev - ev.mean()) ** 2)
+        Pa = np.concatenate([Wq, bq[h * d:(h + 1) * d, None]], 1).T @ Wk   # the key bias is constant along a row
         sig_b = np.linalg.norm(Pa, 2) / math.sqrt(d)
-        es, ens, bs, ml = 0.0, 0.0, 0.0, 0.0
+        es, ens, bs, ml, sc = 0.0, 0.0, 0.0, 0.0, 0.0
         for b in range(B):
             xt = np.concatenate([x[b].astype(np.float64), np.ones((T, 1))], 1)
-            xs = np.linalg.norm(xt, 2)
+            xs = np.linalg.norm(x[b].astype(np.float64), 2)
             for i in range(T):
                 a = np.array([q[b, h, i].astype(np.float64) @ k[b, h, j] / math.sqrt(d) for j in range(i + 1)])
                 ml = max(ml, np.abs(a).max())
@@ -197,6 +197,7 @@ def np_metrics(q, k, x, wq, wk, bq, bk):
                 if i >= 1:
                     ens += e / math.log(i + 1)
                 Ti, s = i + 1, sig_b * xs * np.linalg.norm(xt[i])
+                sc = max(sc, s)
                 if Ti > 1:
                     beta = math.exp(-s * math.sqrt(Ti / (Ti - 1)))
                     den = 1 + (Ti - 1) * beta
@@ -205,6 +206,7 @@ def np_metrics(q, k, x, wq, wk, bq, bk):
         out["entropy_norm"][h] = ens / (B * (T - 1))
         out["entropy_bound"][h] = bs / (B * T)
         out["max_logit"][h] = ml
+        out["logit_scale"][h] = sc
     rr, cs = 0.0, 0.0
     for b in range(B):
         X = x[b].astype(np.float64)
@@ -332,7 +334,7 @@ class TorchTest(unittest.TestCase):
         try:
             env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
             ex = os.path.join(ROOT, "examples", "pytorch_lm.py")
-            steps = os.environ.get("LM_STEPS", "130")
+            steps = os.environ.get("LM_STEPS", "60")
             procs = {}
             for run, extra in (("lm-baseline", []), ("lm-sigma", ["--sigma-reparam"])):
                 procs[run] = subprocess.Popen([sys.executable, ex, "--daemon", "unix:" + d.sock, "--run", run,

@@ -232,8 +232,10 @@ static void put_probe(telemetry_step *s, const probe_metrics *r)
     telemetry_step_heads(s, "sigma_qk", r->sigma_qk);
     telemetry_step_heads(s, "entropy_bound", r->entropy_bound);
     telemetry_step_heads(s, "logit_scale", r->logit_scale);
-    telemetry_step_heads(s, "eig_mean", r->eig_mean);
-    telemetry_step_heads(s, "eig_var", r->eig_var);
+    if (r->eig_fresh) { /* computed on every few probe calls (probe.h) */
+        telemetry_step_heads(s, "eig_mean", r->eig_mean);
+        telemetry_step_heads(s, "eig_var", r->eig_var);
+    }
     telemetry_step_layer(s, "rank_ratio", r->rank_ratio);
     telemetry_step_layer(s, "cos_sim", r->cos_sim);
     for (int k = 0; k < MODEL_LIN_PER_LAYER; k++) {

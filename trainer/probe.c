@@ -107,6 +107,7 @@ struct probe {
     /* the current call, for the worker threads */
     model *m;
     int nb;
+    long calls;      /* probe_compute calls so far */
     float *inv_log;  /* (T+1) 1/log(i) for i >= 2 */
     float *sq_ratio; /* (T+1) sqrt(i/(i-1)) */
     float *sq_prod;  /* (T+1) sqrt(i(i-1)) */
@@ -143,6 +144,7 @@ probe *probe_create(const model *m, const probe_config *cfg)
     if (!p) return NULL;
     p->cfg.examples = cfg && cfg->examples >= 0 ? cfg->examples : PROBE_DEFAULT_EXAMPLES;
     p->cfg.iters = cfg && cfg->iters > 0 ? cfg->iters : PROBE_DEFAULT_ITERS;
+    p->cfg.eig_every = cfg && cfg->eig_every > 0 ? cfg->eig_every : PROBE_DEFAULT_EIG_EVERY;
     int L = p->L = m->cfg.layers, H = p->H = m->cfg.heads, C = p->C = m->cfg.dim;
     int d = p->d = C / H, T = p->T = m->T;
     p->B = m->B;
@@ -482,7 +484,7 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
             if (LAPACKE_dsterf_work(k, dd, ee) != 0) break;
             rho = dd[k - 1];
             have = k;
-            if (last || rho - prev <= 1e-11 * rho) break;
+            if (last || rho - prev <= 1e-8 * rho) break;
             prev = rho;
         }
         cblas_dscal(n, 1.0 / beta[k - 1], w, 1);
@@ -492,7 +494,7 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
         memset(v, 0, sizeof(double) * n);
         for (int j = 0; j < have; j++) cblas_daxpy(n, z[j], q + (size_t)j * n, 1, v, 1);
     }
-    static const double deltas[] = {1e-9, 1e-7, 1e-5, 1e-3};
+    static const double deltas[] = {1e-7, 1e-5, 1e-4, 1e-3};
     for (size_t t = 0; rho > 0.0 && t < sizeof deltas / sizeof deltas[0]; t++) {
         double mu = rho * (1.0 + deltas[t]);
         for (int i = 0; i < n; i++) {
@@ -622,6 +624,7 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
         }
         p->out.sigma_qk[k] = up_f(sig);
         p->sig_b[k] = up_f(sigb);
+        if (!p->out.eig_fresh) continue;
         /* eigenspectrum of M = W_K^h^T W_Q^h / sqrt(d) (d x d): the d
          * eigenvalues of W_Q^h W_K^h^T / sqrt(d) that can be non-zero.
          * The row-major buffer read as column-major is M^T: same spectrum. */
@@ -802,6 +805,7 @@ const probe_metrics *probe_compute(probe *p, model *m)
     p->m = m;
     p->nb = p->cfg.examples > 0 && p->cfg.examples < B ? p->cfg.examples : B;
     o->examples_used = p->nb;
+    o->eig_fresh = p->calls++ % p->cfg.eig_every == 0;
     /* The model's worker threads idle between forward/backward jobs: the
      * probe borrows them (a model with one thread runs it here). */
     int par = m->nthreads > 1 && m->nthreads <= p->nscratch;

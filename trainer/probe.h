@@ -24,7 +24,8 @@
  *   sigma_qk        O(C d^2 + d^3) per head (two d x d Gram matrices, one
  *                   Cholesky, power iteration and a Cholesky test on d x d;
  *                   twice with a query bias), see probe.c;
- *   eig_mean/var    O(C d^2 + d^3) per head (one d x d product, LAPACK dgeev);
+ *   eig_mean/var    O(C d^2 + d^3) per head (one d x d product, LAPACK dgeev),
+ *                   on every eig_every-th call only (default 4);
  *   rank_ratio, cos_sim  O(nb T C) per layer;
  *   sigma(W)        read from σReparam's own estimate; with --reparam none one
  *                   power-iteration step per linear layer (O(size of W)).
@@ -42,6 +43,7 @@
 
 #define PROBE_DEFAULT_EXAMPLES 4
 #define PROBE_DEFAULT_ITERS 2
+#define PROBE_DEFAULT_EIG_EVERY 4
 
 typedef struct {
     int examples;    /* examples of the batch used (first ones); 0 = all;
@@ -49,6 +51,9 @@ typedef struct {
     int iters;       /* unused since the norms behind sigma_qk and the bound
                         are certified (kept for callers' configs); <= 0:
                         PROBE_DEFAULT_ITERS */
+    int eig_every;   /* eig_mean/eig_var on every eig_every-th call (the first
+                        included): one LAPACK dgeev per head is ~1/3 of the
+                        probe's cost; <= 0: PROBE_DEFAULT_EIG_EVERY */
 } probe_config;
 
 /* Metrics of the last probe_compute.  Head arrays are (L, H) row-major
@@ -74,6 +79,8 @@ typedef struct {
     float *lin_sigma[MODEL_LIN_PER_LAYER]; /* sigma(W) per layer: qkv, attproj, fc, fcproj */
     float *lin_gamma[MODEL_LIN_PER_LAYER]; /* gamma per layer (1 with --reparam none) */
     float lm_sigma, lm_gamma;              /* the LM head */
+    int eig_fresh;        /* eig_mean/eig_var were computed by the last call
+                             (else they hold an earlier call's values) */
     int examples_used;    /* nb of the last compute */
     double seconds;       /* wall time of the last probe_compute */
 } probe_metrics;

@@ -13,7 +13,8 @@ Metrics (the definitions of sigmatrain's probe, trainer/probe.h and
 science.md), computed with torch ops on the model's device from the q and
 k of the first `examples` examples of a probed forward (every `every`
 steps): per head `entropy`, `entropy_norm`, `max_logit`, `sigma_qk`,
-`entropy_bound`, `eig_mean`, `eig_var`; per layer `rank_ratio`, `cos_sim`.
+`entropy_bound`, `logit_scale`, `eig_mean`, `eig_var`; per layer
+`rank_ratio`, `cos_sim` (definitions: docs/science.md).
 Unlike the C probe (power iterations with persistent vectors, tuned for a
 3% budget), the norms here are exact (QR + an SVD of d x d matrices), and
 max_logit is the logits' own maximum: the attention is recomputed for a few
@@ -36,7 +37,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
-HEAD_METRICS = ["entropy", "entropy_norm", "max_logit", "sigma_qk", "entropy_bound", "eig_mean", "eig_var"]
+HEAD_METRICS = ["entropy", "entropy_norm", "max_logit", "sigma_qk", "entropy_bound", "logit_scale", "eig_mean",
+                "eig_var"]
 LAYER_METRICS = ["rank_ratio", "cos_sim"]
 
 __all__ = ["watch", "Watch", "attention_metrics", "entropy_bound", "sigma_reparam", "SigmaReparam",
@@ -75,7 +77,7 @@ def attention_metrics(q, k, x=None, mask=None, w_q=None, w_k=None, b_q=None, b_k
     mask: (T, T) or (B, H, T, T) boolean, True where a key may be attended
     (None: causal); w_q, w_k: (H*d, C) the projection weights (rows h*d..:
     head h) and b_q, b_k their biases (for sigma_qk, eig_*, entropy_bound).
-    Returns (heads (7, H) float32 in HEAD_METRICS order, layer (2,) in
+    Returns (heads (8, H) float32 in HEAD_METRICS order, layer (2,) in
     LAYER_METRICS order); what cannot be computed from what was given is NaN.
     Under no_grad; all on q's device."""
     with torch.no_grad():
@@ -101,34 +103,35 @@ def attention_metrics(q, k, x=None, mask=None, w_q=None, w_k=None, b_q=None, b_k
         absl = logits.abs().masked_fill(~mask, 0.0)
         max_logit = absl.amax(dim=(0, 2, 3))
         max_logit = torch.where(torch.isfinite(logits).all(), max_logit, nan.expand(H))
-        sigma_qk = eig_mean = eig_var = bound = nan.expand(H)
+        sigma_qk = eig_mean = eig_var = bound = scale = nan.expand(H)
         rank_ratio = cos_sim = nan
         if w_q is not None and w_k is not None:
             C = w_q.shape[1]
             wq = w_q.detach().float().reshape(H, d, C)
             wk = w_k.detach().float().reshape(H, d, C)
             sigma_qk = (_spectral_pair(wq, wk) / math.sqrt(d)).float()
-            M = wk @ wq.transpose(1, 2)                                     # (H, d, d)
-            tr = torch.diagonal(M, dim1=1, dim2=2).sum(-1).double()
-            tr2 = (M * M.transpose(1, 2)).sum(dim=(1, 2)).double()
-            mean = tr / C / math.sqrt(d)
-            eig_mean = mean.float()
-            eig_var = (tr2 / C / d - mean * mean).float()
+            # eigenvalues of M / sqrt(d), M = W_K^h W_Q^h^T (d x d): complex in general
+            lam = torch.linalg.eigvals((wk @ wq.transpose(1, 2)).double() / math.sqrt(d))    # (H, d)
+            mean = lam.mean(-1)
+            eig_mean = mean.real.float()
+            eig_var = (lam - mean.unsqueeze(-1)).abs().pow(2).mean(-1).float()
             if x is not None:
                 x = x.detach().float()
-                aug = (b_q is not None and bool((b_q != 0).any())) or (b_k is not None and bool((b_k != 0).any()))
+                # the key bias is a constant along a logit row (the softmax ignores
+                # it): only the query bias enters the bound, as [W_Q | b_Q]
+                aug = b_q is not None and bool((b_q != 0).any())
                 if aug:
-                    bq = (b_q if b_q is not None else torch.zeros(H * d, device=dev)).detach().float().reshape(H, d, 1)
-                    bk = (b_k if b_k is not None else torch.zeros(H * d, device=dev)).detach().float().reshape(H, d, 1)
-                    sig_b = _spectral_pair(torch.cat([wq, bq], 2), torch.cat([wk, bk], 2)) / math.sqrt(d)
+                    bq = b_q.detach().float().reshape(H, d, 1)
+                    sig_b = _spectral_pair(torch.cat([wq, bq], 2), wk) / math.sqrt(d)
                     xt = torch.cat([x, torch.ones(B, T, 1, device=dev)], 2)
                 else:
                     sig_b = sigma_qk.double()
                     xt = x
-                xs = torch.linalg.matrix_norm(xt.double(), ord=2)             # (B,) ||X~_b||_2
+                xs = torch.linalg.matrix_norm(x.double(), ord=2)              # (B,) ||X_b||_2
                 rn = xt.double().norm(dim=-1)                                  # (B, T) ||x~_i||
                 s = sig_b.view(1, H, 1) * xs.view(B, 1, 1) * rn.view(B, 1, T)  # (B, H, T)
                 bound = entropy_bound(Ti.double(), s).mean(dim=(0, 2)).float()
+                scale = s.amax(dim=(0, 2)).float()
         if x is not None:
             x = x.detach().float()
             fro2 = (x * x).sum(dim=(1, 2)).double()
@@ -140,7 +143,7 @@ def attention_metrics(q, k, x=None, mask=None, w_q=None, w_k=None, b_q=None, b_k
             unit = torch.where(xn > 0, x / xn.clamp(min=1e-30), torch.zeros_like(x))
             um = unit.mean(1).double()
             cos_sim = ((T * (um * um).sum(-1) - 1) / (T - 1)).mean().float() if T > 1 else torch.tensor(1.0, device=dev)
-        heads = torch.stack([entropy, entropy_norm, max_logit, sigma_qk.to(dev), bound.to(dev),
+        heads = torch.stack([entropy, entropy_norm, max_logit, sigma_qk.to(dev), bound.to(dev), scale.to(dev),
                              eig_mean.to(dev), eig_var.to(dev)]).float()
         layer = torch.stack([torch.as_tensor(rank_ratio, device=dev), torch.as_tensor(cos_sim, device=dev)]).float()
         return heads, layer
@@ -173,7 +176,7 @@ class Watch:
         self.every = max(1, int(every))
         self.examples = int(examples)
         self._layers = {}       # module -> index
-        self._out = {}          # index -> (heads (7,H), layer (2,)) on device
+        self._out = {}          # index -> (heads (8,H), layer (2,)) on device
         self._step = 0          # the step the next forward belongs to
         self.enabled = True
 

@@ -111,6 +111,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int m = match(rt->path, target, &id, name, sizeof name);
         check(m >= -1 && m <= 2, "match returns -1, 0, 1 or 2");
         if (m == 1 && strstr(rt->path, "{id}")) check(id >= 1, "a matched run id is positive");
+        if (m == 2) check(strlen(name) > 0 && strlen(name) < sizeof name && !strchr(name, '/'),
+                          "a matched run name is one non-empty path segment that fits");
     }
     check_static_path(target);
     for (char *kv = q; kv && *kv;) {
