@@ -47,7 +47,7 @@ static int http(const char *method, const char *path, long *bytes) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) goto out;
     char req[1024];
-    int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n", method, path);
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", method, path);
     if (write(fd, req, (size_t)n) != n) goto out;
     char buf[65536];
     long total = 0;

@@ -16,6 +16,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -52,10 +53,17 @@ struct http {
     double hist_sum;
     uint64_t hist_count;
     uint64_t responses[6];      /* by status class: [2]=2xx ... [5]=5xx */
+    uint64_t auth_failures;     /* wrong tokens, all time */
+    uint64_t auth_logged;       /* auth_failures when last logged */
+    double auth_log_ms;         /* monotonic time of that log line */
+    char listen_host[256];      /* the address part of cfg.listen */
+    int listen_any;             /* listening on every address (0.0.0.0, ::) */
 };
 
 struct req {
+    int seen;                   /* the first call (headers) is past */
     int had_body;
+    const char *bad_query;      /* why the query string is refused (static text), or NULL */
 };
 
 /* ---- responses ------------------------------------------------------- */
@@ -100,6 +108,7 @@ static const char *error_code(unsigned status) {
     switch (status) {
     case 400: return "bad_request";
     case 401: return "unauthorized";
+    case 403: return "forbidden";
     case 404: return "not_found";
     case 405: return "method_not_allowed";
     case 409: return "conflict";
@@ -227,12 +236,202 @@ static int same(const char *a, const char *b) {
     return d == 0;
 }
 
+/* 1 when the request carries the token (or none is needed), 0 when it
+ * carries none, -1 when it carries a wrong one. The scheme is
+ * case-insensitive (RFC 7235): "bearer" is "Bearer". */
 static int authorized(struct http *h, struct MHD_Connection *c) {
     if (!h->token) return 1;
+    int presented = 0;
     const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (a && strncmp(a, "Bearer ", 7) == 0 && same(a + 7, h->token)) return 1;
+    if (a && strncasecmp(a, "Bearer ", 7) == 0) {
+        const char *t = a + 7;
+        while (*t == ' ') t++;
+        if (same(t, h->token)) return 1;
+        presented = 1;
+    }
     const char *t = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "token");
-    return t && same(t, h->token);
+    if (t && same(t, h->token)) return 1;
+    return presented || t ? -1 : 0;
+}
+
+/* ---- guards: Host, Origin, wrong tokens, query strings ----------------
+ *
+ * A page on any site can make the user's browser send requests here; DNS
+ * rebinding even makes them same-origin for the browser (attacker.example
+ * resolving to 127.0.0.1). So: a Host that is a name must be "localhost"
+ * or an --allow-host name (an IP address cannot be rebound: the listening
+ * one is accepted, any when listening on every address); a request that
+ * changes state from a browser page must come from the daemon's own origin
+ * (Origin equal to the Host, or Sec-Fetch-Site: same-origin); a request
+ * with neither header is not from a page (curl, scripts). */
+
+#define HTTP_AUTH_DELAY_MS 250      /* each wrong token waits this long */
+#define HTTP_AUTH_LOG_MS 10000      /* wrong tokens are logged once per this */
+#define HTTP_MAX_PARAMS 64
+
+static double mono_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* The client's address as text, for the log. */
+static void client_ip(struct MHD_Connection *c, char *out, size_t cap) {
+    snprintf(out, cap, "?");
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!ci || !ci->client_addr) return;
+    const struct sockaddr *sa = ci->client_addr;
+    if (sa->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)cap);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)cap);
+}
+
+/* A wrong token: counted, logged at most once per HTTP_AUTH_LOG_MS (with
+ * how many since the last line), and made to wait HTTP_AUTH_DELAY_MS, so
+ * guessing costs a connection a quarter second per guess. */
+static void auth_failed(struct http *h, struct MHD_Connection *c) {
+    char ip[INET6_ADDRSTRLEN];
+    client_ip(c, ip, sizeof ip);
+    double now = mono_ms();
+    pthread_mutex_lock(&h->mu);
+    h->auth_failures++;
+    uint64_t n = 0;
+    if (h->auth_log_ms == 0 || now - h->auth_log_ms >= HTTP_AUTH_LOG_MS) {
+        n = h->auth_failures - h->auth_logged;
+        h->auth_logged = h->auth_failures;
+        h->auth_log_ms = now;
+    }
+    pthread_mutex_unlock(&h->mu);
+    if (n) fprintf(stderr, "entropyd: http: %llu request(s) with a wrong token (the last from %s)\n",
+                   (unsigned long long)n, ip);
+    struct timespec d = {0, HTTP_AUTH_DELAY_MS * 1000000L};
+    while (nanosleep(&d, &d) < 0 && errno == EINTR) {}
+}
+
+/* The answer to a request that authorized() refused with rc (0 or -1). */
+static enum MHD_Result deny(struct http *h, struct MHD_Connection *c, int rc) {
+    if (rc < 0) auth_failed(h, c);
+    return send_error(h, c, 401, "a token is required: Authorization: Bearer TOKEN (or ?token=)");
+}
+
+/* The name part of a Host value: "[::1]:8080" gives "::1", "a.b:80"
+ * "a.b". Returns -1 when it does not fit. */
+static int host_name(const char *host, char *out, size_t cap) {
+    const char *end;
+    if (*host == '[') {
+        host++;
+        end = strchr(host, ']');
+        if (!end) return -1;
+    } else {
+        end = strchr(host, ':');
+        if (!end) end = host + strlen(host);
+    }
+    size_t n = (size_t)(end - host);
+    if (n >= cap) return -1;
+    memcpy(out, host, n);
+    out[n] = 0;
+    if (n && out[n - 1] == '.') out[n - 1] = 0; /* "localhost." */
+    return 0;
+}
+
+static int ip_literal(const char *name, unsigned char *bin, int *family) {
+    if (inet_pton(AF_INET, name, bin) == 1) return *family = AF_INET, 1;
+    if (inet_pton(AF_INET6, name, bin) == 1) return *family = AF_INET6, 1;
+    return 0;
+}
+
+/* 1 when the Host header names this daemon (see above). No Host (HTTP/1.0)
+ * is not a browser's request and passes. */
+static int host_allowed(struct http *h, struct MHD_Connection *c) {
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    if (!host) return 1;
+    char name[256];
+    if (host_name(host, name, sizeof name)) return 0;
+    if (strcasecmp(name, "localhost") == 0) return 1;
+    for (int i = 0; i < h->cfg.n_allow_hosts; i++)
+        if (strcasecmp(name, h->cfg.allow_hosts[i]) == 0) return 1;
+    unsigned char a[16], b[16];
+    int fa, fb;
+    if (!ip_literal(name, a, &fa)) return 0;
+    if (h->listen_any) return 1;
+    if (strcasecmp(name, h->listen_host) == 0) return 1;
+    return ip_literal(h->listen_host, b, &fb) && fa == fb && memcmp(a, b, fa == AF_INET ? 4 : 16) == 0;
+}
+
+/* 1 when a state-changing request may go on without the token: it comes
+ * from the daemon's own pages, or not from a browser page at all. */
+static int same_origin(struct MHD_Connection *c) {
+    const char *site = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Sec-Fetch-Site");
+    if (site && strcasecmp(site, "same-origin") != 0 && strcasecmp(site, "none") != 0) return 0;
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!origin) return 1; /* browsers send Origin with every DELETE and POST */
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *rest = strncasecmp(origin, "http://", 7) == 0 ? origin + 7
+                       : strncasecmp(origin, "https://", 8) == 0 ? origin + 8 : NULL;
+    return rest && host && strcasecmp(rest, host) == 0;
+}
+
+static int hexval(int ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+/* Why a raw query string is refused, or NULL: more than HTTP_MAX_PARAMS
+ * parameters, a parameter given twice (which one counts would be a
+ * guess), or a NUL byte (%00), which would cut the value short. */
+static const char *query_problem(const char *q) {
+    char keys[HTTP_MAX_PARAMS][32];
+    int n = 0;
+    while (*q) {
+        const char *end = strchr(q, '&');
+        if (!end) end = q + strlen(q);
+        if (end == q) {
+            q++;
+            continue;
+        }
+        if (n == HTTP_MAX_PARAMS) return "too many query parameters";
+        char *k = keys[n];
+        size_t kl = 0;
+        int in_key = 1;
+        for (const char *p = q; p < end; p++) {
+            int ch = (unsigned char)*p;
+            if (ch == '=' && in_key) {
+                in_key = 0;
+                continue;
+            }
+            if (ch == '%' && p + 2 < end && hexval(p[1]) >= 0 && hexval(p[2]) >= 0) {
+                ch = hexval(p[1]) * 16 + hexval(p[2]);
+                p += 2;
+                if (ch == 0) return "a query parameter holds a NUL byte (%00)";
+            } else if (ch == '+') {
+                ch = ' ';
+            }
+            if (in_key && kl < sizeof keys[0] - 1) k[kl++] = (char)ch;
+        }
+        k[kl] = 0;
+        for (int i = 0; i < n; i++)
+            if (strcmp(keys[i], k) == 0) return "a query parameter is given more than once";
+        n++;
+        q = end;
+    }
+    return NULL;
+}
+
+/* libmicrohttpd's URI callback: called with the raw request target before
+ * the query is parsed; its result becomes the request's state. A refused
+ * query is cut off here (libmicrohttpd keeps the target in its own
+ * writable buffer) so that 9,000 parameters are answered 400 instead of
+ * overflowing the connection's memory pool unanswered. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+    (void)cls;
+    (void)c;
+    struct req *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    const char *q = strchr(uri, '?');
+    if (q && (r->bad_query = query_problem(q + 1))) ((char *)q)[1] = 0;
+    return r;
 }
 
 /* ---- handlers -------------------------------------------------------- */
@@ -539,6 +738,13 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void sse_free(void *cls) { stream_client_close(cls); }
 
+/* For stream_client_watch: 1 once the client's socket (ctx: its fd) has
+ * hung up. */
+static int sse_gone(void *ctx) {
+    struct pollfd p = {.fd = (int)(intptr_t)ctx, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
 static enum MHD_Result h_stream(struct http *h, struct MHD_Connection *c, int64_t id) {
     (void)id;
     int64_t run = 0;
@@ -547,6 +753,8 @@ static enum MHD_Result h_stream(struct http *h, struct MHD_Connection *c, int64_
     if (!last) last = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "last_event_id");
     struct stream_client *sc = stream_client_open(h->cfg.stream, run, last);
     if (!sc) return send_error(h, c, 500, "out of memory");
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) stream_client_watch(sc, sse_gone, (void *)(intptr_t)ci->connect_fd);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 32 * 1024, sse_read, sc, sse_free);
     if (!r) {
         stream_client_close(sc);
@@ -589,6 +797,9 @@ static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_
         if (!(q = take_query(h, c, &res))) return res;
         rc = query_run_status(q, id, status, sizeof status, err, sizeof err);
         query_release(h->cfg.pool, q);
+        if (rc == QUERY_OK && strcmp(status, "live") == 0)
+            return send_error(h, c, 409, "run %lld became live (a trainer resumed it) before it was deleted; it was kept",
+                              (long long)id);
         if (rc == QUERY_OK) return send_error(h, c, 500, "run %lld could not be deleted (see the daemon's log)", (long long)id);
     }
     struct query_buf b = {0};
@@ -610,6 +821,20 @@ static void prom(struct query_buf *b, const char *name, const char *type, const 
     query_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* The counters of ingest's guards (issue 16). */
+static void ingest_guard_metrics(struct query_buf *b, const struct ingest_stats *is) {
+    prom(b, "entropyd_connections_timed_out_total", "counter",
+         "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
+    prom(b, "entropyd_connections_evicted_total", "counter",
+         "Connections without a hello closed to make room for a newcomer.", (double)is->conns_evicted);
+    prom(b, "entropyd_connections_peer_rejected_total", "counter",
+         "Trainer connections refused: their user or address held --max-conns-per-peer.",
+         (double)is->conns_peer_rejected);
+    prom(b, "entropyd_input_bytes", "gauge", "Memory held by unfinished input lines.", (double)is->input_bytes);
+    prom(b, "entropyd_input_refused_total", "counter", "Connections closed because --input-mb was spent.",
+         (double)is->input_refused);
+}
+
 static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {
     (void)id;
     struct query_buf b = {0};
@@ -625,6 +850,7 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
         prom(&b, "entropyd_messages_total", "counter", "Protocol messages accepted.", (double)is.messages);
         prom(&b, "entropyd_ingest_paused_seconds_total", "counter",
              "Time ingest stopped reading because the writer queue was full.", is.paused_ms / 1e3);
+        ingest_guard_metrics(&b, &is);
         query_buf_puts(&b, "# HELP entropyd_errors_total Protocol errors sent to trainers, by code.\n"
                            "# TYPE entropyd_errors_total counter\n");
         for (int e = 1; e < PROTO_E_COUNT; e++)
@@ -855,9 +1081,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)upload_data;
     struct http *h = cls;
     struct req *r = *req_cls;
-    if (!r) {
+    if (!r) { /* on_uri found no memory */
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         *req_cls = r;
+    }
+    if (!r->seen) { /* the first call: headers only */
+        r->seen = 1;
         return MHD_YES;
     }
     if (*upload_data_size) { /* bodies are refused; read and drop, answer at the end */
@@ -869,6 +1098,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int is_api = strncmp(url, "/api/", 5) == 0 || strcmp(url, "/api") == 0 || strcmp(url, "/metrics") == 0 ||
                  strcmp(url, "/healthz") == 0;
     if (r->had_body) return send_error(h, c, 413, "request bodies are not accepted");
+    if (!host_allowed(h, c))
+        return send_error(h, c, 403, "Host %.200s is not this daemon's: use its address or localhost, or start it "
+                          "with --allow-host NAME", MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST));
+    if (r->bad_query) return send_error(h, c, 400, "%s", r->bad_query);
+    if (!is_get && !(h->token && authorized(h, c) == 1) && !same_origin(c))
+        return send_error(h, c, 403, "a %s from another site's page: only the daemon's own pages (or a request with "
+                          "the token) may change data", method);
     if (!is_api) {
         if (!is_get) return send_error(h, c, 405, "method %s not allowed here", method);
         return h_static(h, c, url);
@@ -879,8 +1115,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         char name[PROTO_MAX_RUN + 1];
         int m = match(rt->path, url, &id, name, sizeof name);
         if (m == 0) continue;
-        if (rt->auth && !authorized(h, c))
-            return send_error(h, c, 401, "a token is required: Authorization: Bearer TOKEN (or ?token=)");
+        int auth = rt->auth ? authorized(h, c) : 1;
+        if (auth != 1) return deny(h, c, auth);
         if (m < 0) return send_error(h, c, 400, "a run is a positive integer id or by-name/NAME");
         path_matched = 1;
         int ok = strcmp(rt->method, method) == 0 || (strcmp(rt->method, "GET") == 0 && strcmp(method, "HEAD") == 0);
@@ -894,8 +1130,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return rt->fn(h, c, id);
     }
     if (path_matched) return send_error(h, c, 405, "method %s not allowed on %s", method, url);
-    if (h->token && !authorized(h, c))
-        return send_error(h, c, 401, "a token is required: Authorization: Bearer TOKEN (or ?token=)");
+    int auth = authorized(h, c);
+    if (auth != 1) return deny(h, c, auth);
     return send_error(h, c, 404, "no such endpoint: %s", url);
 }
 
@@ -908,6 +1144,18 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, en
 }
 
 /* ---- lifecycle ------------------------------------------------------- */
+
+/* The address part of "HOST:PORT" ("[::1]:80" gives "::1"). */
+static int listen_host(const char *listen, char *out, size_t cap) {
+    const char *colon = strrchr(listen, ':');
+    if (!colon) return -1;
+    const char *b = listen, *e = colon;
+    if (*b == '[' && e > b + 1 && e[-1] == ']') b++, e--;
+    if ((size_t)(e - b) >= cap) return -1;
+    memcpy(out, b, (size_t)(e - b));
+    out[e - b] = 0;
+    return 0;
+}
 
 static int resolve(const char *listen, struct sockaddr_storage *ss, socklen_t *len, char *err, size_t errlen) {
     char host[256];
@@ -972,6 +1220,13 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
     struct sockaddr_storage ss;
     socklen_t sl;
     if (resolve(cfg->listen ? cfg->listen : "127.0.0.1:8080", &ss, &sl, err, errlen)) goto fail;
+    if (listen_host(cfg->listen ? cfg->listen : "127.0.0.1:8080", h->listen_host, sizeof h->listen_host) == 0) {
+        unsigned char any[16] = {0}, bin[16];
+        int fam;
+        h->listen_any = ip_literal(h->listen_host, bin, &fam) && memcmp(bin, any, fam == AF_INET ? 4 : 16) == 0;
+    }
+    int max_conns = cfg->max_conns > 0 ? cfg->max_conns : 512;
+    int per_ip = cfg->max_conns_per_ip > 0 ? cfg->max_conns_per_ip : max_conns / 4 < 8 ? 8 : max_conns / 4;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     /* the port argument only names the port in libmicrohttpd's messages:
@@ -980,13 +1235,15 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
                                              : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     h->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, h,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_conns > 0 ? cfg->max_conns : 512),
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns,
                             /* a client that stops reading (an export, a stream) is
                              * closed after this long without progress */
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : 60),
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
                             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, h,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip,
                             MHD_OPTION_END);
     if (!h->d) {
         snprintf(err, errlen, "cannot serve HTTP on %s (address in use?)", cfg->listen ? cfg->listen : "127.0.0.1:8080");

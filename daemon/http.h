@@ -31,6 +31,13 @@ struct http_config {
     struct stream *stream;
     struct writer *writer;
     struct ingest *ingest;     /* may be NULL (no ingest counters) */
+    /* Against DNS rebinding and cross-site requests (docs/reliability.md,
+     * "Security"): a request's Host must be an IP address (the listening
+     * one, or any when listening on every address), "localhost", or one of
+     * these names (borrowed). */
+    const char *const *allow_hosts;
+    int n_allow_hosts;
+    int max_conns_per_ip;      /* connections per client address (default max_conns / 4, at least 8) */
 };
 
 struct http;

@@ -2,6 +2,9 @@
  * and schema/protocol.md for what goes over the wire. */
 #include "ingest.h"
 #include "now.h"
+#include "peers.h"
+
+#include <arpa/inet.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +62,13 @@ struct conn {
     int eof;                 /* peer closed its side */
     int want_out;            /* EPOLLOUT armed */
     int reading;             /* EPOLLIN armed */
+    /* budgets and timeouts (see "guards" below) */
+    int welcomed;            /* a hello of this connection was welcomed */
+    int starved;             /* not reading: the global input budget is spent */
+    double accepted_ms, last_ms, starved_ms; /* monotonic */
+    struct peer *peer;       /* its uid or address, counted in ing->peers */
+    struct conn *pprev, *pnext; /* in ing's list of connections not welcomed yet, oldest first */
+    int pending;             /* on that list */
 };
 
 /* Marker values stored in epoll_event.data.u64 for non-connection fds. */
@@ -76,6 +86,11 @@ struct ingest {
     uint64_t next_id;
     struct run_table by_name, by_id;
     int paused;              /* the writer's queue was full */
+    struct peers *peers;     /* open connections per uid / address */
+    struct conn *pend_head, *pend_tail; /* not welcomed yet, in accept order */
+    size_t in_bytes;         /* sum of every connection's in_cap */
+    int starved;             /* connections waiting for input budget */
+    double last_sweep_ms;
     pthread_mutex_t stats_mu;
     struct ingest_stats stats;
 };
@@ -87,7 +102,7 @@ struct ingest {
 
 static void conn_arm(struct ingest *ing, struct conn *c) {
     int want_out = c->out_len > c->out_off || c->ack_pending > c->ack_sent;
-    int reading = !c->waiting && !c->closing && !c->eof;
+    int reading = !c->waiting && !c->closing && !c->eof && !c->starved;
     if (want_out == c->want_out && reading == c->reading) return;
     struct epoll_event ev = {.events = (reading ? EPOLLIN : 0) | (want_out ? EPOLLOUT : 0),
                              .data.u64 = EV_CONN_BASE + (uint64_t)c->fd};
@@ -100,7 +115,8 @@ static void conn_arm(struct ingest *ing, struct conn *c) {
  * let more than max_out bytes pile up unread. */
 static int out_append(struct ingest *ing, struct conn *c, const char *s, size_t n) {
     if (c->out_off && c->out_off == c->out_len) c->out_off = c->out_len = 0;
-    if (c->out_len - c->out_off + n > ing->cfg.max_out) return -1;
+    size_t max_out = c->welcomed ? ing->cfg.max_out : INGEST_HELLO_MAX;
+    if (c->out_len - c->out_off + n > max_out) return -1;
     if (c->out_len + n > c->out_cap) {
         if (c->out_off) {
             memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
@@ -289,10 +305,208 @@ static void conn_detach(struct ingest *ing, struct conn *c) {
     run_remove(ing, run); /* nothing more comes for it until its next hello */
 }
 
+/* ---- guards: budgets, timeouts, per-peer limits ----
+ *
+ * What a connection may cost before it is welcomed is small (INGEST_HELLO_MAX
+ * of input and of output, hello_ms of time); all input buffers together stay
+ * under max_input (a welcomed connection that needs more waits, then is
+ * closed; one not welcomed is refused at once); a peer (uid or address)
+ * holds at most max_conns_per_peer connections; and when every slot is
+ * taken, a newcomer takes the slot of the oldest connection that has not
+ * said hello yet, so idle sockets cannot lock trainers out. */
+
+static void pending_add(struct ingest *ing, struct conn *c) {
+    c->pprev = ing->pend_tail;
+    c->pnext = NULL;
+    if (ing->pend_tail) ing->pend_tail->pnext = c;
+    else ing->pend_head = c;
+    ing->pend_tail = c;
+    c->pending = 1;
+}
+
+static void pending_remove(struct ingest *ing, struct conn *c) {
+    if (!c->pending) return;
+    if (c->pprev) c->pprev->pnext = c->pnext;
+    else ing->pend_head = c->pnext;
+    if (c->pnext) c->pnext->pprev = c->pprev;
+    else ing->pend_tail = c->pprev;
+    c->pprev = c->pnext = NULL;
+    c->pending = 0;
+}
+
+static void input_stat(struct ingest *ing) {
+    pthread_mutex_lock(&ing->stats_mu);
+    ing->stats.input_bytes = ing->in_bytes;
+    pthread_mutex_unlock(&ing->stats_mu);
+}
+
+/* Gives c's input buffer cap bytes (cap >= c->in_len), keeping
+ * ing->in_bytes the sum of every buffer. Returns 0, or -1 (out of memory). */
+static int in_resize(struct ingest *ing, struct conn *c, size_t cap) {
+    char *in = realloc(c->in, cap);
+    if (!in) return -1;
+    ing->in_bytes = ing->in_bytes - c->in_cap + cap;
+    c->in = in;
+    c->in_cap = cap;
+    input_stat(ing);
+    return 0;
+}
+
+static struct conn *conn_by_id(struct ingest *ing, uint64_t id);
+
+/* Closes c now, after an error line (best effort: a peer that does not
+ * read is not waited for). c is gone when this returns. */
+static void conn_refuse(struct ingest *ing, struct conn *c, int code, const char *msg) {
+    uint64_t id = c->id;
+    send_error(ing, c, code, msg, 0);
+    c->closing = 1;
+    conn_flush(ing, c);
+    if ((c = conn_by_id(ing, id))) conn_close(ing, c);
+}
+
+/* The largest input buffer a connection may have: a 4 MiB line once
+ * welcomed, INGEST_HELLO_MAX before. */
+static size_t in_limit(const struct conn *c) {
+    return c->welcomed ? PROTO_MAX_LINE + 2 * READ_CHUNK : INGEST_HELLO_MAX + 1;
+}
+
+/* The total input memory under which c may grow its buffer: welcomed
+ * connections stop at three quarters of max_input, so that trainers
+ * holding long unfinished lines leave room for a newcomer's hello. */
+static size_t in_budget(const struct ingest *ing, const struct conn *c) {
+    return c->welcomed ? ing->cfg.max_input / 4 * 3 : ing->cfg.max_input;
+}
+
+/* Makes room in c's input buffer for the next recv. Returns 0 when there
+ * is room, 1 when c must wait for the global budget (it is starved: not
+ * read until memory is freed), -1 when c was refused or closed. */
+static int in_room(struct ingest *ing, struct conn *c) {
+    size_t limit = in_limit(c);
+    if (c->in_cap - c->in_len >= READ_CHUNK / 4 || c->in_cap >= limit) return 0;
+    size_t cap = c->in_cap ? c->in_cap * 2 : IN_INITIAL;
+    while (cap - c->in_len < READ_CHUNK / 4) cap *= 2;
+    if (cap > limit) cap = limit;
+    if (ing->in_bytes - c->in_cap + cap > in_budget(ing, c)) {
+        if (!c->welcomed) {
+            STAT_ADD(ing, input_refused, 1);
+            conn_refuse(ing, c, PROTO_E_INTERNAL, "the daemon's input memory is spent: try again later");
+            return -1;
+        }
+        if (!c->starved) {
+            c->starved = 1;
+            c->starved_ms = now_mono_ms();
+            ing->starved++;
+            conn_arm(ing, c);
+        }
+        return 1;
+    }
+    if (in_resize(ing, c, cap)) {
+        conn_refuse(ing, c, PROTO_E_INTERNAL, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Gives memory back once a long line is handled: a connection that sent
+ * one 4 MiB line does not keep 4 MiB. */
+static void in_shrink(struct ingest *ing, struct conn *c) {
+    if (c->in_cap > 4 * READ_CHUNK && c->in_len <= READ_CHUNK / 2) in_resize(ing, c, READ_CHUNK);
+}
+
+/* The peer's key: "uid:N" on the Unix socket, "ip:ADDR" over TCP. */
+static void peer_key(int fd, int tcp, char *key, size_t cap) {
+    if (!tcp) {
+        struct ucred cr;
+        socklen_t l = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) == 0) snprintf(key, cap, "uid:%u", (unsigned)cr.uid);
+        else snprintf(key, cap, "uid:?");
+        return;
+    }
+    struct sockaddr_storage ss;
+    socklen_t l = sizeof ss;
+    char addr[INET6_ADDRSTRLEN] = "?";
+    if (getpeername(fd, (struct sockaddr *)&ss, &l) == 0) {
+        if (ss.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr, sizeof addr);
+        else if (ss.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, addr, sizeof addr);
+    }
+    const char *a = strncmp(addr, "::ffff:", 7) == 0 && strchr(addr + 7, '.') ? addr + 7 : addr;
+    snprintf(key, cap, "ip:%s", a);
+}
+
+/* When every slot is taken: the oldest connection that has not said hello
+ * (and is not waiting for its welcome) whose peer holds at least as many
+ * connections as the newcomer's, or NULL. A trainer from a quiet peer can
+ * push out a crowd's idle sockets; the crowd cannot push out the trainer. */
+static struct conn *eviction_victim(struct ingest *ing, int newcomer_count) {
+    for (struct conn *c = ing->pend_head; c; c = c->pnext)
+        if (!c->waiting && !c->closing && (!c->peer || peers_count(c->peer) >= newcomer_count)) return c;
+    return NULL;
+}
+
+/* The oldest connection of the peer named key that has not said hello
+ * (and is not waiting for its welcome), or NULL. */
+static struct conn *peer_victim(struct ingest *ing, const char *key) {
+    for (struct conn *c = ing->pend_head; c; c = c->pnext)
+        if (!c->waiting && !c->closing && c->peer && strncmp(peers_key(c->peer), key, PEERS_KEY_MAX - 1) == 0)
+            return c;
+    return NULL;
+}
+
+/* Closes connections past their deadline and resumes starved ones once
+ * memory is free. Called from the loop a few times a second. */
+static void guards_sweep(struct ingest *ing, double now) {
+    ing->last_sweep_ms = now;
+    char msg[160];
+    while (ing->pend_head) {
+        struct conn *c = ing->pend_head, *timed_out = NULL;
+        for (; c && c->accepted_ms + ing->cfg.hello_ms <= now; c = c->pnext)
+            if (!c->waiting) {
+                timed_out = c;
+                break;
+            }
+        if (!timed_out) break;
+        snprintf(msg, sizeof msg, "no hello within %d ms of connecting", ing->cfg.hello_ms);
+        STAT_ADD(ing, conns_timed_out, 1);
+        conn_refuse(ing, timed_out, PROTO_E_NO_HELLO, msg);
+    }
+    if (!ing->starved && ing->cfg.idle_ms <= 0) return;
+    for (int fd = 0; fd < ing->conns_cap; fd++) {
+        struct conn *c = ing->conns[fd];
+        if (!c) continue;
+        if (c->starved) {
+            size_t want = c->in_cap * 2 > in_limit(c) ? in_limit(c) : c->in_cap * 2;
+            if (ing->in_bytes - c->in_cap + want <= in_budget(ing, c)) {
+                c->starved = 0;
+                ing->starved--;
+                conn_arm(ing, c);
+            } else if (c->starved_ms + ing->cfg.hello_ms <= now) {
+                c->starved = 0;
+                ing->starved--;
+                STAT_ADD(ing, input_refused, 1);
+                conn_refuse(ing, c, PROTO_E_INTERNAL,
+                            "the daemon's input memory stayed spent while this line was unfinished: closed");
+            }
+            continue;
+        }
+        if (ing->cfg.idle_ms > 0 && c->welcomed && !c->waiting && c->last_ms + ing->cfg.idle_ms <= now) {
+            snprintf(msg, sizeof msg, "nothing received for %d ms: closed (--idle-timeout-s)", ing->cfg.idle_ms);
+            STAT_ADD(ing, conns_timed_out, 1);
+            conn_refuse(ing, c, PROTO_E_INTERNAL, msg);
+        }
+    }
+}
+
 /* ---- connections ---- */
 
 static void conn_close(struct ingest *ing, struct conn *c) {
     conn_detach(ing, c);
+    pending_remove(ing, c);
+    peers_release(ing->peers, c->peer);
+    if (c->starved) ing->starved--;
+    ing->in_bytes -= c->in_cap;
+    input_stat(ing);
     epoll_ctl(ing->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     ing->conns[c->fd] = NULL;
@@ -314,6 +528,61 @@ static struct conn *conn_by_id(struct ingest *ing, uint64_t id) {
     return c && c->id == id ? c : NULL;
 }
 
+/* Tells a refused newcomer why (best effort) and closes it. */
+static void refuse_fd(int fd, const char *why) {
+    char line[256];
+    int n = snprintf(line, sizeof line, "{\"type\":\"error\",\"code\":\"internal\",\"message\":\"%s\"}\n", why);
+    ssize_t ignored = send(fd, line, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)ignored;
+    close(fd);
+}
+
+/* Decides whether a new connection may stay: its peer under
+ * max_conns_per_peer, and a slot free under max_conns (or made free by
+ * evicting a connection that has not said hello). Returns the peer's
+ * entry, counted, or NULL after refusing and closing fd. */
+static struct peer *admit(struct ingest *ing, int fd, int tcp) {
+    if (fd >= 1 << 24) {
+        refuse_fd(fd, "too many connections");
+        return NULL;
+    }
+    char key[PEERS_KEY_MAX];
+    peer_key(fd, tcp, key, sizeof key);
+    struct peer *peer = peers_acquire(ing->peers, key);
+    struct conn *own = peer ? NULL : peer_victim(ing, key);
+    if (own) { /* the peer is at its limit: its own oldest idle stranger makes room */
+        STAT_ADD(ing, conns_evicted, 1);
+        conn_refuse(ing, own, PROTO_E_NO_HELLO,
+                    "too many connections from this peer: closed to make room, as this one had not said hello");
+        peer = peers_acquire(ing->peers, key);
+    }
+    if (!peer) {
+        pthread_mutex_lock(&ing->stats_mu);
+        ing->stats.conns_rejected++;
+        ing->stats.conns_peer_rejected++;
+        pthread_mutex_unlock(&ing->stats_mu);
+        refuse_fd(fd, "too many connections from this peer (--max-conns-per-peer)");
+        return NULL;
+    }
+    pthread_mutex_lock(&ing->stats_mu);
+    int full = (int)ing->stats.conns_open >= ing->cfg.max_conns;
+    pthread_mutex_unlock(&ing->stats_mu);
+    if (full) {
+        struct conn *victim = eviction_victim(ing, peers_count(peer));
+        if (victim) {
+            STAT_ADD(ing, conns_evicted, 1);
+            conn_refuse(ing, victim, PROTO_E_NO_HELLO,
+                        "too many connections: closed to make room, as this one had not said hello");
+        } else {
+            STAT_ADD(ing, conns_rejected, 1);
+            peers_release(ing->peers, peer);
+            refuse_fd(fd, "too many connections");
+            return NULL;
+        }
+    }
+    return peer;
+}
+
 static void accept_all(struct ingest *ing, int lfd) {
     for (;;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -323,22 +592,14 @@ static void accept_all(struct ingest *ing, int lfd) {
                 fprintf(stderr, "entropyd: accept: %s\n", strerror(errno));
             return;
         }
-        pthread_mutex_lock(&ing->stats_mu);
-        int full = (int)ing->stats.conns_open >= ing->cfg.max_conns;
-        if (full) ing->stats.conns_rejected++;
-        pthread_mutex_unlock(&ing->stats_mu);
-        if (full || fd >= 1 << 24) {
-            static const char msg[] = "{\"type\":\"error\",\"code\":\"internal\",\"message\":\"too many connections\"}\n";
-            ssize_t ignored = send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-            (void)ignored;
-            close(fd);
-            continue;
-        }
+        struct peer *peer = admit(ing, fd, lfd == ing->tcp_fd);
+        if (!peer) continue; /* refused and closed */
         if (fd >= ing->conns_cap) {
             int cap = ing->conns_cap ? ing->conns_cap : 1024;
             while (cap <= fd) cap *= 2;
             struct conn **cs = realloc(ing->conns, (size_t)cap * sizeof *cs);
             if (!cs) {
+                peers_release(ing->peers, peer);
                 close(fd);
                 continue;
             }
@@ -348,9 +609,12 @@ static void accept_all(struct ingest *ing, int lfd) {
         }
         struct conn *c = calloc(1, sizeof *c);
         if (!c) {
+            peers_release(ing->peers, peer);
             close(fd);
             continue;
         }
+        c->peer = peer;
+        c->accepted_ms = c->last_ms = now_mono_ms();
         if (lfd == ing->tcp_fd) {
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -360,11 +624,13 @@ static void accept_all(struct ingest *ing, int lfd) {
         c->reading = 1;
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_CONN_BASE + (uint64_t)fd};
         if (epoll_ctl(ing->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            peers_release(ing->peers, peer);
             close(fd);
             free(c);
             continue;
         }
         ing->conns[fd] = c;
+        pending_add(ing, c);
         pthread_mutex_lock(&ing->stats_mu);
         ing->stats.conns_total++;
         ing->stats.conns_open++;
@@ -518,8 +784,9 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
 }
 
 /* Handles the complete lines in the input buffer, stopping at a hello (the
- * rest waits for the welcome) or when the writer is full. */
-static void process_input(struct ingest *ing, struct conn *c) {
+ * rest waits for the welcome) or when the writer is full. Returns 0, or -1
+ * when c was closed (a stranger's overlong line). */
+static int process_input(struct ingest *ing, struct conn *c) {
     size_t off = 0;
     uint64_t lines = 0;
     while (!c->waiting && !c->closing && !ing->paused) {
@@ -541,6 +808,13 @@ static void process_input(struct ingest *ing, struct conn *c) {
         memmove(c->in, c->in + off, c->in_len - off);
         c->in_len -= off;
     }
+    /* a stranger's unfinished line may not grow past INGEST_HELLO_MAX */
+    if (!c->welcomed && !c->waiting && !c->closing && c->in_len > INGEST_HELLO_MAX &&
+        !memchr(c->in, '\n', c->in_len)) {
+        if (lines) STAT_ADD(ing, lines, lines);
+        conn_refuse(ing, c, PROTO_E_LINE_TOO_LONG, "a line before the welcome is longer than 64 KiB");
+        return -1;
+    }
     /* a partial line longer than the limit can never become valid */
     if (c->in_len > PROTO_MAX_LINE && !c->skipping) {
         send_error(ing, c, PROTO_E_LINE_TOO_LONG, "line longer than 4 MiB; skipped to its newline", 0);
@@ -550,24 +824,11 @@ static void process_input(struct ingest *ing, struct conn *c) {
         c->in_len = 0;
     }
     if (lines) STAT_ADD(ing, lines, lines);
+    return 0;
 }
 
 static void conn_read(struct ingest *ing, struct conn *c) {
-    if (c->in_cap - c->in_len < READ_CHUNK / 4) {
-        size_t cap = c->in_cap ? c->in_cap * 2 : IN_INITIAL;
-        while (cap - c->in_len < READ_CHUNK / 4) cap *= 2;
-        if (cap > PROTO_MAX_LINE + 2 * READ_CHUNK) cap = PROTO_MAX_LINE + 2 * READ_CHUNK;
-        if (cap > c->in_cap) {
-            char *in = realloc(c->in, cap);
-            if (!in) {
-                send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
-                c->closing = 1;
-                return;
-            }
-            c->in = in;
-            c->in_cap = cap;
-        }
-    }
+    if (in_room(ing, c)) return; /* starved (waits for memory), or refused */
     size_t room = c->in_cap - c->in_len;
     if (room > READ_CHUNK) room = READ_CHUNK;
     ssize_t n = recv(c->fd, c->in + c->in_len, room, 0);
@@ -580,13 +841,14 @@ static void conn_read(struct ingest *ing, struct conn *c) {
         /* the peer has finished sending; what it sent is still handled and
          * acked before the connection closes (conn_done) */
         c->eof = 1;
-        process_input(ing, c);
-        conn_flush(ing, c);
+        if (process_input(ing, c) == 0) conn_flush(ing, c);
         return;
     }
     c->in_len += (size_t)n;
+    c->last_ms = now_mono_ms();
     STAT_ADD(ing, bytes, (uint64_t)n);
-    process_input(ing, c);
+    if (process_input(ing, c)) return;
+    in_shrink(ing, c);
     conn_flush(ing, c);
 }
 
@@ -630,6 +892,8 @@ static void handle_replies(struct ingest *ing) {
                 run->last_seq = r->seq;
                 run->ended = 0;
                 c->waiting = 0;
+                c->welcomed = 1;
+                pending_remove(ing, c);
                 c->ack_pending = c->ack_sent = r->seq;
                 char line[128];
                 int n = snprintf(line, sizeof line, "{\"type\":\"welcome\",\"run_id\":%lld,\"last_seq\":%lld}\n",
@@ -651,8 +915,8 @@ static void handle_replies(struct ingest *ing) {
             }
         }
         if (c) {
-            process_input(ing, c); /* lines held back behind the hello */
-            conn_flush(ing, c);
+            /* lines held back behind the hello */
+            if (process_input(ing, c) == 0) conn_flush(ing, c);
         }
         free(r->payload);
         free(r);
@@ -686,7 +950,17 @@ static int listen_unix(struct ingest *ing, const char *path, char *err, size_t e
         snprintf(err, errlen, "socket: %s", strerror(errno));
         return -1;
     }
-    unlink(path);
+    /* only a socket is removed: --socket pointing at the database (or any
+     * other file) must not destroy it */
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            snprintf(err, errlen, "--socket %s: the path exists and is not a socket; not removing it", path);
+            close(fd);
+            return -1;
+        }
+        unlink(path);
+    }
     mode_t old = umask(0177); /* mode 0600 from birth: no window for others */
     int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
     umask(old);
@@ -751,10 +1025,21 @@ struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *wri
     ing->cfg = *cfg;
     if (ing->cfg.max_conns <= 0) ing->cfg.max_conns = 10000;
     if (!ing->cfg.max_out) ing->cfg.max_out = 4u << 20;
+    if (ing->cfg.max_conns_per_peer <= 0) { /* half the slots, or all of them while there are few */
+        int half = ing->cfg.max_conns / 2, few = ing->cfg.max_conns < 1024 ? ing->cfg.max_conns : 1024;
+        ing->cfg.max_conns_per_peer = half > few ? half : few;
+    }
+    if (ing->cfg.hello_ms <= 0) ing->cfg.hello_ms = 10000;
+    if (ing->cfg.idle_ms < 0) ing->cfg.idle_ms = 0;
+    if (!ing->cfg.max_input) ing->cfg.max_input = (size_t)64 << 20;
     ing->writer = writer;
     ing->notify_fd = notify_fd;
     ing->unix_fd = ing->tcp_fd = ing->stop_fd = ing->ep = ing->ctl_ep = -1;
     pthread_mutex_init(&ing->stats_mu, NULL);
+    if (!(ing->peers = peers_create(ing->cfg.max_conns_per_peer))) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     ing->ep = epoll_create1(EPOLL_CLOEXEC);
     ing->ctl_ep = epoll_create1(EPOLL_CLOEXEC);
     ing->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -791,8 +1076,7 @@ static void resume_all(struct ingest *ing) {
     for (int fd = 0; fd < ing->conns_cap && !ing->paused; fd++) {
         struct conn *c = ing->conns[fd];
         if (!c || !c->in_len) continue;
-        process_input(ing, c);
-        if (ing->conns[fd] == c) conn_flush(ing, c);
+        if (process_input(ing, c) == 0 && ing->conns[fd] == c) conn_flush(ing, c);
     }
 }
 
@@ -802,7 +1086,7 @@ int ingest_run(struct ingest *ing, int drain_ms) {
     double pause_start = 0;
     while (!stopping) {
         int ep = ing->paused ? ing->ctl_ep : ing->ep;
-        int n = epoll_wait(ep, evs, 256, ing->paused ? 20 : 1000);
+        int n = epoll_wait(ep, evs, 256, ing->paused ? 20 : 250);
         if (n < 0) {
             if (errno == EINTR) continue;
             fprintf(stderr, "entropyd: epoll_wait: %s\n", strerror(errno));
@@ -832,6 +1116,8 @@ int ingest_run(struct ingest *ing, int drain_ms) {
         }
         if (ing->paused && pause_start == 0) pause_start = now_mono_ms();
         if (!ing->paused) pause_start = 0;
+        double now = now_mono_ms();
+        if (now - ing->last_sweep_ms >= 200) guards_sweep(ing, now);
     }
     /* Shutdown: stop accepting, let the writer commit what was accepted,
      * pass on its acks, then close. */
@@ -862,6 +1148,7 @@ void ingest_destroy(struct ingest *ing) {
             conn_close(ing, ing->conns[fd]); /* its run turns stale */
         }
     free(ing->conns);
+    peers_destroy(ing->peers);
     for (size_t i = 0; i < ing->by_name.nb; i++)
         for (struct run *r = ing->by_name.b[i], *next; r; r = next) {
             next = r->name_next;

@@ -25,7 +25,23 @@ struct ingest_config {
     const char *token;         /* required in hello when not NULL */
     int max_conns;             /* default 10000 */
     size_t max_out;            /* per-connection unread error bytes before closing; default 4 MiB */
+    /* Against strangers and careless clients (docs/reliability.md, "Security"): */
+    int max_conns_per_peer;    /* connections per uid (Unix socket, SO_PEERCRED) or per address
+                                * (TCP); default half of max_conns, but all of
+                                * the first 1024 */
+    int hello_ms;              /* a connection not welcomed this long after accept is closed;
+                                * default 10000 */
+    int idle_ms;               /* a welcomed connection that sends nothing this long is closed;
+                                * 0 (default): never */
+    size_t max_input;          /* input buffered across all connections (partial lines); over
+                                * it, welcomed connections wait and others are refused;
+                                * default 64 MiB */
 };
+
+/* Before its hello is welcomed a connection may buffer at most this much
+ * of a line, and have this much unread output: a stranger costs 64 KiB,
+ * not a 4 MiB line. A hello (meta included) must fit in it. */
+#define INGEST_HELLO_MAX (64u * 1024)
 
 struct ingest;
 
@@ -56,6 +72,11 @@ struct ingest_stats {
     uint64_t lines, bytes, messages;
     uint64_t errors[PROTO_E_COUNT];   /* by enum proto_err */
     uint64_t paused_ms;               /* time spent not reading because the writer was full */
+    uint64_t conns_timed_out;         /* closed: no hello in time, or idle */
+    uint64_t conns_evicted;           /* closed before their hello to make room for a newcomer */
+    uint64_t conns_peer_rejected;     /* refused: their peer held --max-conns-per-peer */
+    uint64_t input_bytes;             /* memory held by input buffers now */
+    uint64_t input_refused;           /* connections closed because the input budget was spent */
 };
 
 /* Copies the counters. Safe from any thread (values may be a moment old). */

@@ -77,6 +77,19 @@ static void make_database_private(const char *db)
     }
 }
 
+/* 1 when "HOST:PORT" names a loopback address (127.0.0.0/8, ::1,
+ * localhost): nobody else on the network can reach it. */
+static int loopback_address(const char *spec) {
+    const char *colon = strrchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    char host[256];
+    if (n >= sizeof host) return 0;
+    memcpy(host, spec, n);
+    host[n] = 0;
+    if (strcmp(host, "localhost") == 0 || strcmp(host, "[::1]") == 0 || strcmp(host, "::1") == 0) return 1;
+    return strncmp(host, "127.", 4) == 0;
+}
+
 static void on_signal(int sig) {
     (void)sig;
     if (g_ingest) ingest_stop(g_ingest);
@@ -125,13 +138,25 @@ static void usage(FILE *f) {
             "  --listen-tcp HOST:PORT  also accept trainers over TCP (use loopback unless the\n"
             "                        network is trusted, and set --token); port 0 picks a free one\n"
             "  --token TOKEN         require this token in every hello (or $ENTROPYD_TOKEN)\n"
-            "  --max-conns N         trainer connections at most (default 10000)\n"
+            "  --max-conns N         trainer connections at most (default 10000); when all are\n"
+            "                        taken, one that has not said hello yet makes room\n"
+            "  --max-conns-per-peer N  connections per user (Unix socket) or per address (TCP)\n"
+            "                        at most (default half of --max-conns, or all while it is\n"
+            "                        under 2048)\n"
+            "  --hello-timeout-s N   close a connection not welcomed within N s (default 10)\n"
+            "  --idle-timeout-s N    close a welcomed connection silent for N s (default 0: never)\n"
+            "  --input-mb N          memory for unfinished input lines of all connections\n"
+            "                        (default 64); a line before the welcome is at most 64 KiB\n"
             "  --queue-mb N          memory for accepted, uncommitted messages (default 256)\n"
             "  --drain-ms N          at shutdown, wait this long to commit and ack (default 5000)\n"
             "  --http HOST:PORT      serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"
             "                        port 0 picks a free one (printed as \"http port N\"); 'off' for none.\n"
             "                        With --token, /api and /metrics need Authorization: Bearer TOKEN\n"
             "  --http-max-conns N    HTTP connections at most, stream clients included (default 512)\n"
+            "  --http-max-conns-per-ip N  HTTP connections per client address (default a quarter\n"
+            "                        of --http-max-conns)\n"
+            "  --allow-host NAME     also accept requests whose Host is NAME (repeatable); by default\n"
+            "                        only IP addresses and localhost (against DNS rebinding)\n"
             "  --web-root DIR        serve the dashboard from DIR instead of the embedded copy\n"
             "  --metrics-heads       /metrics also exports the latest value of every head\n"
             "                        (layers x heads series per metric and run: mind the cardinality)\n"
@@ -197,6 +222,10 @@ int main(int argc, char **argv) {
     const char *data = "entropyd-data", *db = NULL, *sock = NULL, *tcp = NULL;
     const char *token = getenv("ENTROPYD_TOKEN");
     long max_conns = 10000, queue_mb = 256, drain_ms = 5000;
+    long per_peer = 0, hello_s = 10, idle_s = 0, input_mb = 64, http_per_ip = 0;
+    enum { MAX_ALLOW_HOSTS = 64 };
+    const char *allow_hosts[MAX_ALLOW_HOSTS];
+    int n_allow_hosts = 0;
     const char *http_listen = "127.0.0.1:8080", *web_root = NULL;
     long http_conns = 512, stream_events = 16384, keepalive_ms = 15000;
     int http_explicit = 0;
@@ -207,7 +236,8 @@ int main(int argc, char **argv) {
     long am_resend_s = 60;
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
-           O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT };
+           O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB,
+           O_ALLOWHOST, O_HTTPPERIP };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -222,6 +252,9 @@ int main(int argc, char **argv) {
         {"rules", required_argument, 0, O_RULES},     {"webhook", required_argument, 0, O_WEBHOOK},
         {"on-alert", required_argument, 0, O_ONALERT}, {"quiet-alerts", no_argument, 0, O_QUIETALERTS},
         {"alertmanager", required_argument, 0, O_AM}, {"alertmanager-resend-s", required_argument, 0, O_AMRESEND},
+        {"max-conns-per-peer", required_argument, 0, O_PERPEER}, {"hello-timeout-s", required_argument, 0, O_HELLOTO},
+        {"idle-timeout-s", required_argument, 0, O_IDLETO}, {"input-mb", required_argument, 0, O_INPUTMB},
+        {"allow-host", required_argument, 0, O_ALLOWHOST}, {"http-max-conns-per-ip", required_argument, 0, O_HTTPPERIP},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -232,6 +265,18 @@ int main(int argc, char **argv) {
         case O_TCP: tcp = optarg; break;
         case O_TOKEN: token = optarg; break;
         case O_MAXCONNS: if (parse_int("--max-conns", optarg, 1, 1000000, &max_conns)) return 2; break;
+        case O_PERPEER: if (parse_int("--max-conns-per-peer", optarg, 1, 1000000, &per_peer)) return 2; break;
+        case O_HELLOTO: if (parse_int("--hello-timeout-s", optarg, 1, 3600, &hello_s)) return 2; break;
+        case O_IDLETO: if (parse_int("--idle-timeout-s", optarg, 0, 2000000, &idle_s)) return 2; break;
+        case O_INPUTMB: if (parse_int("--input-mb", optarg, 1, 65536, &input_mb)) return 2; break;
+        case O_HTTPPERIP: if (parse_int("--http-max-conns-per-ip", optarg, 1, 100000, &http_per_ip)) return 2; break;
+        case O_ALLOWHOST:
+            if (n_allow_hosts == MAX_ALLOW_HOSTS || !*optarg) {
+                fprintf(stderr, "entropyd: --allow-host wants a name, at most %d times\n", MAX_ALLOW_HOSTS);
+                return 2;
+            }
+            allow_hosts[n_allow_hosts++] = optarg;
+            break;
         case O_QUEUE: if (parse_int("--queue-mb", optarg, 1, 65536, &queue_mb)) return 2; break;
         case O_DRAIN: if (parse_int("--drain-ms", optarg, 0, 600000, &drain_ms)) return 2; break;
         case O_HTTP: http_listen = strcmp(optarg, "off") == 0 ? NULL : optarg; http_explicit = 1; break;
@@ -341,7 +386,9 @@ int main(int argc, char **argv) {
         goto out;
     }
     alerter_set_writer(alerter, w);
-    struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns};
+    struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns,
+                                 .max_conns_per_peer = (int)per_peer, .hello_ms = (int)hello_s * 1000,
+                                 .idle_ms = (int)idle_s * 1000, .max_input = (size_t)input_mb << 20};
     g_ingest = ingest_create(&icfg, w, efd, err, sizeof err);
     if (!g_ingest) {
         fprintf(stderr, "entropyd: %s\n", err);
@@ -351,7 +398,9 @@ int main(int argc, char **argv) {
         struct http_config hcfg = {.listen = http_listen, .token = token, .web_root = web_root,
                                    .max_conns = (int)http_conns, .metrics_heads = metrics_heads,
                                    .metrics_keep_s = metrics_keep_s > 0 ? metrics_keep_s : -1, .timeout_s = (int)http_timeout_s, .pool = pool,
-                                   .stream = stream, .writer = w, .ingest = g_ingest};
+                                   .stream = stream, .writer = w, .ingest = g_ingest,
+                                   .allow_hosts = allow_hosts, .n_allow_hosts = n_allow_hosts,
+                                   .max_conns_per_ip = (int)http_per_ip};
         http = http_create(&hcfg, err, sizeof err);
         /* A taken address is an error, the default one too: running on
          * without HTTP would leave the user's browser (and its token) talking
@@ -363,6 +412,14 @@ int main(int argc, char **argv) {
             goto out;
         }
         atomic_store(&hooks.http, http);
+    }
+    if (!token) {
+        if (tcp && !loopback_address(tcp))
+            fprintf(stderr, "entropyd: warning: trainers are accepted on %s, not a loopback address, and no --token "
+                            "is set: anyone who can reach it can write runs\n", tcp);
+        if (http_listen && !loopback_address(http_listen))
+            fprintf(stderr, "entropyd: warning: HTTP is served on %s, not a loopback address, and no --token is "
+                            "set: anyone who can reach it can read and delete runs\n", http_listen);
     }
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);

@@ -1020,6 +1020,17 @@ int store_alerts_close_run(struct store *st, int64_t run_id, double now) {
     return exec(st, sql);
 }
 
+int store_run_is_live(struct store *st, int64_t run_id) {
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(st->db, "SELECT status = 'live' FROM runs WHERE id = ?1", -1, &s, NULL) != SQLITE_OK)
+        return -1;
+    sqlite3_bind_int64(s, 1, run_id);
+    int rc = sqlite3_step(s);
+    int v = rc == SQLITE_ROW ? sqlite3_column_int(s, 0) != 0 : rc == SQLITE_DONE ? 0 : -1;
+    sqlite3_finalize(s);
+    return v;
+}
+
 /* ---- run summary and verdict (issue 15; schema/005_runs.sql) ---- */
 
 int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,

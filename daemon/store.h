@@ -104,6 +104,11 @@ int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, 
  * if no such run). */
 int store_run_delete(struct store *st, int64_t run_id);
 
+/* 1 when the run is live (a trainer holds it), 0 when not or when there is
+ * no such run, -1 on a database error. Inside the writer's transaction
+ * this is the truth, as only the writer changes a run's status. */
+int store_run_is_live(struct store *st, int64_t run_id);
+
 /* Deletes about `budget` rows (a frame's worth each) of the runs deleted
  * so far, in the caller's transaction. Returns 1 if more is left, 0 if
  * nothing is, -1 on failure. Purge ids are never reused meanwhile: new

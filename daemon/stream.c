@@ -40,6 +40,8 @@ struct stream_client {
     char *pend;               /* text not yet handed out */
     size_t plen, poff;
     struct timespec deadline; /* when to send the next keep-alive */
+    int (*gone)(void *);      /* see stream_client_watch; NULL: not asked */
+    void *gone_ctx;
 };
 
 struct stream *stream_create(const struct stream_config *cfg, char *err, size_t errlen) {
@@ -332,11 +334,33 @@ ssize_t stream_client_read(struct stream_client *c, char *buf, size_t max) {
             memcpy(buf, ka, w);
             return (ssize_t)w;
         }
-        pthread_cond_timedwait(&s->cv, &s->mu, &c->deadline);
+        if (c->gone) {
+            /* wake at least every STREAM_WATCH_MS to ask whether the client is still there */
+            struct timespec wake = now;
+            wake.tv_nsec += STREAM_WATCH_MS * 1000000L;
+            if (wake.tv_nsec >= 1000000000L) {
+                wake.tv_sec++;
+                wake.tv_nsec -= 1000000000L;
+            }
+            if (wake.tv_sec > c->deadline.tv_sec || (wake.tv_sec == c->deadline.tv_sec && wake.tv_nsec > c->deadline.tv_nsec))
+                wake = c->deadline;
+            pthread_cond_timedwait(&s->cv, &s->mu, &wake);
+            if (c->next > s->last && c->gone(c->gone_ctx)) {
+                pthread_mutex_unlock(&s->mu);
+                return -1;
+            }
+        } else {
+            pthread_cond_timedwait(&s->cv, &s->mu, &c->deadline);
+        }
     }
     pthread_mutex_unlock(&s->mu);
     deadline_from_now(c);
     return (ssize_t)w;
+}
+
+void stream_client_watch(struct stream_client *c, int (*gone)(void *ctx), void *ctx) {
+    c->gone = gone;
+    c->gone_ctx = ctx;
 }
 
 void stream_client_close(struct stream_client *c) {

@@ -57,6 +57,15 @@ int stream_publish(struct stream *s, const char *kind, int64_t run_id, const cha
  * (hello: live, end: its status, stale, delete: deleted). Writer thread. */
 void stream_on_commit(struct stream *s, const struct writer_item *items);
 
+/* Lets stream_client_read notice a client that went away while it waits
+ * for events: gone(ctx) is asked about every STREAM_WATCH_MS while it
+ * waits, and when it returns nonzero the read returns -1 (the end), so a
+ * closed client frees its connection within a second, not at the next
+ * event or keep-alive. ctx is borrowed. */
+#define STREAM_WATCH_MS 250
+void stream_client_watch(struct stream_client *c, int (*gone)(void *ctx), void *ctx);
+
+
 /* Opens a client that sees the events of run_filter (0: all runs) after
  * last_event_id (NULL or "": from now on). NULL when out of memory. */
 struct stream_client *stream_client_open(struct stream *s, int64_t run_filter, const char *last_event_id);

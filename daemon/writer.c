@@ -162,6 +162,13 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
         r = store_run_status(st, it->run_id, PROTO_STALE, 0, it->time);
         break;
     case WRITER_DELETE:
+        /* h_delete saw the run not live, but a trainer's hello may have
+         * been committed since: the check that counts is this one, in the
+         * transaction that deletes */
+        if (store_run_is_live(st, it->run_id) == 1) {
+            store_rollback_to(st);
+            return APPLY_OK; /* not applied: h_delete answers 409 */
+        }
         r = store_run_delete(st, it->run_id);
         if (r && store_errcode(st) == -3) r = 0; /* already gone: nothing to undo */
         break;

@@ -4,6 +4,7 @@
 #include "proto.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -229,6 +230,15 @@ static int parse_number(struct parser *ps, double *out, int *is_int) {
     return 0;
 }
 
+float proto_to_f32(double d) {
+    /* a JSON number is always finite (the protocol sends null for NaN and
+     * Inf): one beyond float32's range saturates rather than becoming Inf,
+     * which would read as a diverged value */
+    if (d > FLT_MAX) return FLT_MAX;
+    if (d < -FLT_MAX) return -FLT_MAX;
+    return (float)d;
+}
+
 static int skip_value(struct parser *ps, int depth);
 
 static int skip_container(struct parser *ps, char close, int depth) {
@@ -334,7 +344,7 @@ static int push_value(struct parser *ps) {
     double d;
     int isint;
     if (parse_number(ps, &d, &isint)) return -1;
-    m->values[m->nvalues++] = (float)d; /* out-of-range doubles become +-Inf, as sent */
+    m->values[m->nvalues++] = proto_to_f32(d);
     return 0;
 }
 

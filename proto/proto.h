@@ -220,4 +220,8 @@ struct proto_reply {
  * lacks a required field. Never reads outside [line, line+len). */
 int proto_parse_reply(const char *line, size_t len, struct proto_reply *r);
 
+/* A metric value as stored: float32, a finite double beyond its range
+ * saturated to +-FLT_MAX (a JSON number is finite; Inf is sent as null). */
+float proto_to_f32(double d);
+
 #endif

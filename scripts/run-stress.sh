@@ -7,7 +7,11 @@
 #      failing once, SQLITE_IOERR/FULL/BUSY while a trainer streams;
 #   3. build/tests/test_telemetry_frozen with FROZEN_STEPS=5000: a trainer's
 #      step time with its daemon running / frozen (SIGSTOP) / resumed;
-#   4. the fuzzers, FUZZ_SECONDS each (default 60).
+#   4. the fuzzers, FUZZ_SECONDS each (default 60);
+#   5. tests/stress_attacks.py: the hostile loads of issue 16 (floods of
+#      unfinished lines, idle sockets, DNS rebinding and cross-site DELETE,
+#      stream churn, idle HTTP sockets), ATTACK_SECONDS each (default 20),
+#      while a real trainer streams: one table row per attack.
 # Logs in build/stress/. Exit status 0 only if every part passed and no
 # data was lost. STRESS_TABLE=1 prints the last run's table again.
 # About 8 minutes on the 2-core build machine.
@@ -36,6 +40,8 @@ step reliability env STRESS=1 RELIABILITY_JSON="$out/reliability.json" python3 -
 step faults "$BUILD/tests/test_faults"
 step frozen env FROZEN_STEPS=5000 "$BUILD/tests/test_telemetry_frozen"
 step fuzz env FUZZ_SECONDS="${FUZZ_SECONDS:-60}" scripts/run-fuzz.sh
+rm -f "$out/attacks.json"
+step attacks env ATTACKS_JSON="$out/attacks.json" ATTACK_SECONDS="${ATTACK_SECONDS:-20}" python3 -W ignore tests/stress_attacks.py
 fi
 
 python3 - "$out" "$rc" <<'EOF'
@@ -79,11 +85,28 @@ rows = [
     ("data lost", "%s (load: %s sent, %s stored; kill -9: every acked step present once)"
      % ("?" if lost is None else lost, r.get("load_sent", "?"), r.get("load_stored", "?"))),
 ]
+try:
+    attacks = json.load(open(os.path.join(out, "attacks.json")))
+except (OSError, ValueError):
+    attacks = []
+attack_lost = sum(a.get("lost", 0) for a in attacks)
+if lost is not None:
+    lost += attack_lost
+rows.append(("attacks held", "%d of %d (bounds: RSS <= 256 MiB, trainer welcomed < 1 s, /healthz median < 100 ms, "
+             "no acked step lost)" % (sum(1 for a in attacks if a.get("held")), len(attacks)) if attacks else "?"))
 print()
 print("| %-16s | %s |" % ("stress", "result"))
 print("|%s|%s|" % ("-" * 18, "-" * 60))
 for k, v in rows:
     print("| %-16s | %s |" % (k, v))
+if attacks:
+    print()
+    print("| %-36s | %-4s | %-8s | %-10s | %-20s | %-4s | %s |" % ("attack", "held", "RSS peak", "welcome", "/healthz", "lost", "answer"))
+    print("|%s|%s|%s|%s|%s|%s|%s|" % ("-" * 38, "-" * 6, "-" * 10, "-" * 12, "-" * 22, "-" * 6, "-" * 40))
+    for a in attacks:
+        print("| %-36s | %-4s | %4.0f MiB | max %.2f s | med %s max %s ms | %-4s | %s |"
+              % (a["attack"], "yes" if a.get("held") else "NO", a["rss_peak_mib"], a["welcome_max_s"] or -1,
+                 a["healthz_median_ms"], a["healthz_max_ms"], a["lost"], a["result"]))
 print()
 print("stress: %s" % ("PASS" if rc == 0 and lost == 0 else "FAIL"))
 sys.exit(0 if rc == 0 and lost == 0 else 1)

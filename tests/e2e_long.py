@@ -283,7 +283,7 @@ class LongRunsTest(unittest.TestCase):
         # a client reading the export at ~200 KB/s: the whole export takes longer than the ingest
         sk = socket.create_connection(("127.0.0.1", d.http_port))
         sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-        sk.sendall(b"GET /api/runs/%d/export?format=csv HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % rid)
+        sk.sendall(b"GET /api/runs/%d/export?format=csv HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" % rid)
         peak, got, t0 = 0, 0, time.monotonic()
         while ingest.poll() is None:
             data = sk.recv(4096)

@@ -67,7 +67,7 @@ def http_get(port, target, headers="", timeout=10):
     the target). Returns (status, body) or (None, b"") if closed unanswered."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     try:
-        s.sendall(("GET %s HTTP/1.0\r\nHost: x\r\n%s\r\n" % (target, headers)).encode())
+        s.sendall(("GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n" % (target, headers)).encode())
         data = b""
         while True:
             try:
@@ -337,7 +337,7 @@ class LoadTest(unittest.TestCase):
                 s.setblocking(False)
                 c = LoadConn("sse", s, i)
                 target = "/api/stream" if i < n_all else "/api/stream?run=%d" % (i % LOAD_TRAINERS + 1)
-                c.out = ("GET %s HTTP/1.0\r\nHost: x\r\n\r\n" % target).encode()  # 1.0: no chunk framing inside the events
+                c.out = ("GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" % target).encode()  # 1.0: no chunk framing inside the events
                 sses.append(c)
                 sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
 

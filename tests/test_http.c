@@ -949,7 +949,7 @@ static void sse_open(struct sse *s, const struct daemon *d, const char *path, co
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     assert_int_equal(connect(s->fd, (struct sockaddr *)&a, sizeof a), 0);
     char rq[1024];
-    int n = snprintf(rq, sizeof rq, "GET %s HTTP/1.0\r\nHost: x\r\n%s%s%s%s%s\r\n", path, last_id ? "Last-Event-ID: " : "",
+    int n = snprintf(rq, sizeof rq, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s%s%s%s%s\r\n", path, last_id ? "Last-Event-ID: " : "",
                      last_id ? last_id : "", last_id ? "\r\n" : "", auth ? auth : "", auth ? "\r\n" : "");
     assert_int_equal(write(s->fd, rq, (size_t)n), n);
 }

@@ -8,6 +8,7 @@
  * checks that none of it over-reads or leaks). Not covered here: the error
  * codes raised by ingest (no_hello, seq_gap, ...), and PROTO_E_INTERNAL,
  * which needs an allocation failure. */
+#include <float.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -319,7 +320,7 @@ static void check_literal(const char *lit) {
     int rc = parse(line, &m);
     if (rc != PROTO_OK) fail_msg("literal %s: %s (%s)", lit, proto_err_name(rc), errbuf);
     assert_int_equal(m.nvalues, 1);
-    assert_float_bits(m.values[0], (float)strtod(lit, NULL), lit);
+    assert_float_bits(m.values[0], proto_to_f32(strtod(lit, NULL)), lit);
     proto_msg_free(&m);
 
     double d = strtod(lit, NULL);
@@ -353,9 +354,15 @@ static void test_number_fixed_literals(void **state) {
     struct proto_msg m;
     assert_int_equal(parse("{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":-0,\"b\":1e39,\"c\":-1e39,\"d\":1e-45}}", &m), PROTO_OK);
     assert_true(m.values[0] == 0 && signbit(m.values[0]));
-    assert_true(isinf(m.values[1]) && m.values[1] > 0);
-    assert_true(isinf(m.values[2]) && m.values[2] < 0);
+    /* finite numbers beyond float32 saturate: finite, never Inf */
+    assert_true(m.values[1] == FLT_MAX);
+    assert_true(m.values[2] == -FLT_MAX);
     assert_true(m.values[3] == nextafterf(0, 1)); /* the smallest subnormal, not 0 */
+    proto_msg_free(&m);
+    assert_int_equal(parse("{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":3.5e38,\"b\":-3.5e38,\"c\":1E400}}", &m),
+                     PROTO_OK);
+    for (int i = 0; i < 3; i++) assert_true(isfinite(m.values[i]));
+    assert_true(m.values[0] == FLT_MAX && m.values[1] == -FLT_MAX && m.values[2] == FLT_MAX);
     proto_msg_free(&m);
 }
 

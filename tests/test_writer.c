@@ -658,8 +658,32 @@ static void test_destroy_commits_everything(void **state) {
     writer_destroy(NULL);
 }
 
+/* A DELETE decided while the run was stale, reaching the writer after a
+ * trainer's hello made it live again: the writer keeps the run. */
+static void test_delete_rechecks_liveness(void **state) {
+    (void)state;
+    E.w = start_writer(0);
+    submit(hello(5, "resumed", L, H));
+    int64_t run = welcome(5)->run_id;
+    submit(step(5, run, 1));
+    struct writer_item *del = item(WRITER_DELETE, 0, run, 0);
+    submit(del);
+    writer_destroy(E.w);
+    E.w = NULL;
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld", (long long)run), 1);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 1);
+    /* once it is no longer live, the same DELETE goes through */
+    E.w = start_writer(0);
+    submit(end(5, run, 2, PROTO_FINISHED));
+    submit(item(WRITER_DELETE, 0, run, 0));
+    writer_destroy(E.w);
+    E.w = NULL;
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld", (long long)run), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_delete_rechecks_liveness, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hello_steps_event_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hook_order_and_coalescing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_replies, setup, teardown),

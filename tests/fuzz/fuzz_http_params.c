@@ -100,7 +100,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(target, data, size);
     target[size] = 0; /* MHD hands over NUL-terminated strings */
     char *q = strchr(target, '?');
-    if (q) *q++ = 0;
+    if (q) {
+        *q++ = 0;
+        (void)query_problem(q); /* the raw query checks of issue 16: any input, no over-read */
+    }
     MHD_http_unescape(target);
     for (const struct route *rt = routes; rt->path; rt++) {
         int64_t id = 0;

@@ -1,0 +1,197 @@
+"""Strangers against entropyd's HTTP side (issue 16): DNS rebinding (a Host
+that is not the daemon's), cross-site DELETE, event-stream clients that go
+away, one client address taking every slot, wrong tokens, and query strings
+that are ambiguous (repeated parameters, %00, 9,000 parameters).
+
+Requests are written by hand on a raw socket, as curl or a hostile page's
+browser would send them. python3 stdlib only."""
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_harness import Client, Daemon, step_msg  # noqa: E402
+
+
+def raw(port, method, target, headers=None, host=None, src="127.0.0.1", timeout=10):
+    """One request; returns (status or None when closed unanswered, body text)."""
+    s = socket.socket()
+    s.bind((src, 0))
+    s.settimeout(timeout)
+    s.connect(("127.0.0.1", port))
+    hdrs = {"Host": host if host is not None else "127.0.0.1:%d" % port, "Connection": "close"}
+    hdrs.update(headers or {})
+    req = "%s %s HTTP/1.1\r\n%s\r\n" % (method, target, "".join("%s: %s\r\n" % kv for kv in hdrs.items() if kv[1] is not None))
+    data = b""
+    try:
+        s.sendall(req.encode())
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            data += b
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    finally:
+        s.close()
+    if not data.startswith(b"HTTP/"):
+        return None, data.decode(errors="replace")
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode(errors="replace")
+
+
+def make_runs(d, names, token=None):
+    ids = []
+    for n in names:
+        c = Client(d.sock)
+        w = c.hello(n, token=token)
+        c.send(step_msg(1, 1))
+        c.wait_ack(1)
+        c.send({"type": "end", "seq": 2, "status": "finished"})
+        c.wait_ack(2)
+        c.close()
+        ids.append(w["run_id"])
+    return ids
+
+
+class HttpGuard(unittest.TestCase):
+    def tearDown(self):
+        if getattr(self, "d", None):
+            self.d.cleanup()
+
+    def start(self, *args):
+        self.d = Daemon(http=True, args=list(args)).start()
+        return self.d.http_port
+
+    def test_dns_rebinding_host_is_refused(self):
+        port = self.start()
+        (rid,) = make_runs(self.d, ["rebound"])
+        st, body = raw(port, "GET", "/api/runs", host="attacker.example:%d" % port)
+        self.assertEqual(st, 403, body)
+        self.assertIn("--allow-host", body)
+        st, _ = raw(port, "DELETE", "/api/runs/%d" % rid, host="attacker.example",
+                    headers={"Origin": "http://attacker.example"})
+        self.assertEqual(st, 403)
+        st, _ = raw(port, "GET", "/", host="attacker.example")  # the dashboard too
+        self.assertEqual(st, 403)
+        self.assertEqual(self.d.get("/api/runs")[1][0]["id"], rid, "the run must still be there")
+        # the daemon's own names pass
+        for host in ("127.0.0.1:%d" % port, "localhost:%d" % port, "LOCALHOST", "localhost.", "127.0.0.1"):
+            self.assertEqual(raw(port, "GET", "/healthz", host=host)[0], 200, host)
+
+    def test_allow_host_names_more_hosts(self):
+        port = self.start("--allow-host", "trainbox.lan", "--allow-host", "other")
+        self.assertEqual(raw(port, "GET", "/api/runs", host="trainbox.lan:%d" % port)[0], 200)
+        self.assertEqual(raw(port, "GET", "/api/runs", host="Other")[0], 200)
+        self.assertEqual(raw(port, "GET", "/api/runs", host="trainbox.lan.evil")[0], 403)
+
+    def test_cross_site_delete_is_refused_same_origin_and_curl_are_not(self):
+        port = self.start()
+        a, b, c = make_runs(self.d, ["x1", "x2", "x3"])
+        me = "127.0.0.1:%d" % port
+        for hdrs in ({"Origin": "http://attacker.example"}, {"Origin": "null"},
+                     {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site", "Origin": "http://" + me}):
+            st, body = raw(port, "DELETE", "/api/runs/%d" % a, headers=hdrs)
+            self.assertEqual(st, 403, "%r -> %s %s" % (hdrs, st, body))
+        self.assertEqual(len(self.d.get("/api/runs")[1]), 3)
+        # the dashboard's own DELETE (fetch from its origin)
+        st, body = raw(port, "DELETE", "/api/runs/%d" % a,
+                       headers={"Origin": "http://" + me, "Sec-Fetch-Site": "same-origin"})
+        self.assertEqual((st, json.loads(body)), (200, {"deleted": a}))
+        # curl: no Origin at all
+        self.assertEqual(raw(port, "DELETE", "/api/runs/%d" % b)[0], 200)
+        self.assertEqual([r["id"] for r in self.d.get("/api/runs")[1]], [c])
+
+    def test_cross_site_delete_with_the_token_is_allowed(self):
+        port = self.start("--token", "t0k")
+        (a,) = make_runs(self.d, ["tok"], token="t0k")
+        st, _ = raw(port, "DELETE", "/api/runs/%d" % a, headers={"Origin": "http://elsewhere"})
+        self.assertEqual(st, 403)
+        st, _ = raw(port, "DELETE", "/api/runs/%d" % a,
+                    headers={"Origin": "http://elsewhere", "Authorization": "Bearer t0k"})
+        self.assertEqual(st, 200)
+
+    def test_bearer_is_case_insensitive_and_wrong_tokens_are_slowed_and_logged(self):
+        port = self.start("--token", "s3cret")
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            self.assertEqual(raw(port, "GET", "/api/runs", headers={"Authorization": scheme + " s3cret"})[0], 200)
+        t0 = time.time()
+        self.assertEqual(raw(port, "GET", "/api/runs", headers={"Authorization": "Bearer nope"})[0], 401)
+        self.assertGreaterEqual(time.time() - t0, 0.2, "a wrong token waits")
+        # no token at all is not a guess: answered at once
+        t0 = time.time()
+        self.assertEqual(raw(port, "GET", "/api/runs")[0], 401)
+        self.assertLess(time.time() - t0, 0.2)
+        threads = [threading.Thread(target=raw, args=(port, "GET", "/api/runs?token=guess%d" % i)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        lines = [ln for ln in self.d.log().splitlines() if "wrong token" in ln]
+        self.assertTrue(1 <= len(lines) <= 2, "wrong tokens are logged, rate-limited: %r" % lines)
+
+    def test_ambiguous_query_strings_are_answered_400(self):
+        port = self.start()
+        (rid,) = make_runs(self.d, ["q"])
+        for target in ("/api/runs?status=live&status=finished",
+                       "/api/runs?status=live&st%61tus=finished",
+                       "/api/runs/%d/series?metric=loss%%00x" % rid,
+                       "/api/runs?status=" + "&status=".join(["live"] * 9000)):
+            st, body = raw(port, "GET", target)
+            self.assertEqual(st, 400, "%s... -> %s %s" % (target[:60], st, body[:200]))
+        self.assertEqual(raw(port, "GET", "/api/runs?status=finished")[0], 200)
+        self.assertTrue(self.d.alive())
+
+    def test_a_stream_client_that_goes_away_frees_its_slot_within_a_second(self):
+        port = self.start("--http-max-conns", "16", "--http-max-conns-per-ip", "16")
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(("GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port).encode())
+            s.settimeout(5)
+            self.assertIn(b"200", s.recv(4096))
+            t0 = time.time()
+            s.close()
+            while True:
+                st, body = raw(port, "GET", "/metrics")
+                if st == 200 and "\nentropyd_stream_clients 0\n" in body:
+                    break
+                self.assertLess(time.time() - t0, 1.5, "the closed stream client still holds its slot")
+                time.sleep(0.05)
+        # open and close streams 20 times a second (each holding its slot
+        # for a quarter second at most): plain requests keep being answered
+        fails = 0
+        for _ in range(60):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(("GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port).encode())
+            s.close()
+            if raw(port, "GET", "/healthz")[0] != 200:
+                fails += 1
+            time.sleep(0.05)
+        self.assertEqual(fails, 0)
+
+    def test_one_address_cannot_take_every_slot(self):
+        port = self.start()  # default --http-max-conns 512: 128 per address
+        held = []
+        try:
+            for _ in range(512):
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.connect(("127.0.0.1", port))
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+                held.append(s)
+            t0 = time.time()
+            st, _ = raw(port, "GET", "/healthz")
+            took = time.time() - t0
+            print("/healthz with 512 idle sockets from another address: %s in %.1f ms" % (st, took * 1e3))
+            self.assertEqual(st, 200)
+        finally:
+            for s in held:
+                s.close()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
