@@ -46,6 +46,7 @@ export class RunView {
     this.alerts = [];
     this.liveAlerts = new Map();
     this.pending = 0;
+    this.eventsGen = 0;
     this.headerDone = false;
     this.unsub = subscribe((t, d) => this.onLive(t, d));
     this.init();
@@ -677,22 +678,55 @@ export class RunView {
     this.frameAt(step);
   }
 
+  /** The events table, newest first, 300 a page ("Older events" loads the
+   * next); then, in the background, every older page once, so that each
+   * rollback in the run's history is marked on the charts. */
   async loadEvents() {
     let r;
-    try { r = await api.events(this.id); } catch (e) { this.eventsEl.textContent = 'could not load events: ' + e.message; return; }
+    try { r = await api.eventsNewest(this.id, null, 300); } catch (e) { this.eventsEl.textContent = 'could not load events: ' + e.message; return; }
     if (this.dead) return;
     const ev = (r && r.events) || [];
-    // a trainer that rolled back rewrote history from that step: mark it
-    this.rollbacks = ev.map((e) => /rollback to step (\d+)/.exec(e.text || '')).filter(Boolean)
-      .map((m) => ({step: +m[1], color: '#e68a00', label: 'rollback', prio: 4}));
-    if (this.rollbacks.length) for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+    this.rollbacks = [];
     this.eventsEl.textContent = '';
-    if (!ev.length) { this.eventsEl.append(h('p', {class: 'muted'}, 'No events.')); return; }
-    const tb = h('tbody');
-    for (const e of ev.slice(-300).reverse())
-      tb.append(h('tr', {}, h('td', {class: 'muted nowrap'}, new Date(e.time * 1000).toISOString().slice(5, 19).replace('T', ' ')),
+    if (!ev.length) { this.eventsEl.append(h('p', {class: 'muted'}, 'No events.')); window.__rollbacks = []; return; }
+    this.eventsBody = h('tbody');
+    this.eventsEl.append(h('table', {class: 'mini'}, this.eventsBody));
+    this.olderBtn = h('button', {class: 'btn light', id: 'events-older', onclick: () => this.olderEvents()}, 'Older events');
+    this.eventsEl.append(this.olderBtn);
+    this.showEvents(r);
+    this.markRollbacks(ev);
+    this.allRollbacks(r, ++this.eventsGen);
+  }
+
+  showEvents(r) {
+    for (const e of r.events)
+      this.eventsBody.append(h('tr', {}, h('td', {class: 'muted nowrap'}, new Date(e.time * 1000).toISOString().slice(5, 19).replace('T', ' ')),
         h('td', {}, h('span', {class: 'badge lv-' + e.level}, e.level)), h('td', {}, e.text)));
-    this.eventsEl.append(h('table', {class: 'mini'}, tb));
+    this.oldestEvent = r.events.length ? r.events[r.events.length - 1].id : this.oldestEvent;
+    this.olderBtn.hidden = !r.more;
+  }
+
+  async olderEvents() {
+    const r = await api.eventsNewest(this.id, this.oldestEvent, 300).catch(() => null);
+    if (r && !this.dead) this.showEvents(r);
+  }
+
+  /** A trainer that rolled back rewrote history from that step: mark it. */
+  markRollbacks(ev) {
+    const found = ev.map((e) => /rollback to step (\d+)/.exec(e.text || '')).filter(Boolean)
+      .map((m) => ({step: +m[1], color: '#e68a00', label: 'rollback', prio: 4}));
+    if (!found.length) return;
+    this.rollbacks.push(...found);
+    for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+  }
+
+  async allRollbacks(r, gen) {
+    const current = () => !this.dead && gen === this.eventsGen;  // a newer loadEvents took over
+    for (let pages = 0; r && r.more && r.events.length && pages < 1000 && current(); pages++) {
+      r = await api.eventsNewest(this.id, r.events[r.events.length - 1].id, 1000).catch(() => null);
+      if (r && current()) this.markRollbacks(r.events || []);
+    }
+    if (current()) window.__rollbacks = this.rollbacks.map((m) => m.step);
   }
 
   /* ---- range, live ------------------------------------------------------ */
