@@ -101,6 +101,19 @@ echo "demo: entropyd pid $daemon_pid, data $DATA"
 "$SIGMATRAIN" "${MODEL[@]}" "${TRAIN[@]}" --reparam none  --daemon "unix:$SOCK" --run demo-baseline \
   >"$DATA/baseline.log" 2>&1 &
 base_pid=$!
+# The baseline's hello first, so that on the fresh data directory it is run 1
+# and its twin run 2, as the docs' examples say (both start within a second).
+python3 - "$URL" <<'PY' 2>/dev/null
+import json, sys, time, urllib.request
+deadline = time.time() + 15
+while time.time() < deadline:
+    try:
+        if any(r["name"] == "demo-baseline" for r in json.load(urllib.request.urlopen(sys.argv[1] + "api/runs", timeout=2))):
+            break
+    except OSError:
+        pass
+    time.sleep(0.05)
+PY
 "$SIGMATRAIN" "${MODEL[@]}" "${TRAIN[@]}" --reparam sigma --daemon "unix:$SOCK" --run demo-sigmareparam \
   >"$DATA/sigmareparam.log" 2>&1 &
 sigma_pid=$!

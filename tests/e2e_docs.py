@@ -72,6 +72,17 @@ class Docs(unittest.TestCase):
         for s in shots:
             self.assertTrue(os.path.isfile(os.path.join(ROOT, s)), s)
 
+    def test_demo_runs_have_the_ids_the_docs_use(self):
+        """The examples say run 1 is demo-baseline and run 2 its twin: the demo
+        starts the twin only after the baseline's hello."""
+        import sqlite3
+        con = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.demo, "entropyd.db"), uri=True)
+        try:
+            ids = dict(con.execute("SELECT name, id FROM runs").fetchall())
+        finally:
+            con.close()
+        self.assertEqual(ids, {"demo-baseline": 1, "demo-sigmareparam": 2})
+
     def test_links_stay_in_the_repository(self):
         bad = []
         for doc in DOCS:
