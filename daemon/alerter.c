@@ -167,7 +167,7 @@ static void store_verdict(struct alerter *m, const struct alert_verdict *v) {
     for (int i = 0; i < v->ncells; i++)
         off += (size_t)snprintf(heads + off, cap - off, "%s[%d,%d]", i ? "," : "", v->cells[i].layer, v->cells[i].head);
     snprintf(heads + off, cap - off, "]");
-    int failed = store_begin(m->store);
+    int failed = store_begin_nowait(m->store); /* a busy database must not stall the writer's batches */
     if (!failed)
         failed = store_run_verdict(m->store, v->run_id, alert_verdict_name(v->state), v->since_step, heads,
                                    v->rule ? v->rule->name : NULL);

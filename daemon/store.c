@@ -244,6 +244,13 @@ int store_begin(struct store *st) {
     return 0;
 }
 
+int store_begin_nowait(struct store *st) {
+    sqlite3_busy_timeout(st->db, 0);
+    int rc = store_begin(st);
+    sqlite3_busy_timeout(st->db, 5000);
+    return rc;
+}
+
 static int step_done(struct store *st, sqlite3_stmt *s, const char *what) {
     int rc = sqlite3_step(s);
     sqlite3_reset(s);

@@ -54,6 +54,10 @@ int store_errcode(const struct store *st);
 int store_schema_version(void);
 
 int store_begin(struct store *st);
+/* store_begin() that does not wait for a busy database (fails at once with
+ * SQLITE_BUSY): for small side transactions on the writer's thread, which
+ * must not hold the writer's own batches back by the busy timeout. */
+int store_begin_nowait(struct store *st);
 /* Commits. On failure the transaction is still open: call store_rollback(). */
 int store_commit(struct store *st);
 void store_rollback(struct store *st);

@@ -81,10 +81,14 @@ exec pkg-config "$@"
             f.write("#!/bin/sh\nexit 1\n")          # nothing is installed
         os.chmod(os.path.join(shim, "dpkg-query"), 0o755)
         env = dict(os.environ, PATH=shim + ":" + os.environ["PATH"])
+        # the unprivileged user may not read the checkout (a clone in a 0700 temp dir): a copy here
+        deps = os.path.join(self.dir, "deps.sh")
+        shutil.copy(os.path.join(ROOT, "scripts", "deps.sh"), deps)
+        os.chmod(deps, 0o755)
         asked = {}
         for profile in ("demo", "experiments", "test"):
             r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                "bash", os.path.join(ROOT, "scripts", "deps.sh"), profile],
+                                "bash", deps, profile],
                                cwd=self.dir, env=env, capture_output=True, text=True, timeout=60)
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
             line = [x for x in r.stderr.splitlines() if "apt-get install" in x]
