@@ -136,12 +136,12 @@ static void numgrad(double *g, double *x, size_t n, lossfn f, void *ctx)
 
 /* ------------------------------------------------------- layer checks */
 
-typedef struct { int N, C, OC; double *x, *w, *b, *R; } mm_ctx;
+typedef struct { int N, C, OC; double *x, *w, *b, *R, alpha; } mm_ctx;
 static double mm_loss(void *p)
 {
     mm_ctx *c = p;
     double *out = malloc(sizeof(double) * c->N * c->OC), L = 0;
-    ref_matmul(out, c->x, c->w, c->b, 1.0, c->N, c->C, c->OC);
+    ref_matmul(out, c->x, c->w, c->b, c->alpha, c->N, c->C, c->OC);
     for (int i = 0; i < c->N * c->OC; i++) L += out[i] * c->R[i];
     free(out);
     return L;
@@ -153,20 +153,26 @@ static void test_matmul(void **state)
     int N = 6, C = 5, OC = 7;
     float *x = frand(N * C, 1), *w = frand(OC * C, 1), *b = frand(OC, 1), *R = frand(N * OC, 1);
     float *out = calloc(N * OC, 4), *ref = calloc(N * OC, 4);
-    matmul_forward(out, x, w, b, NULL, N, C, OC);
+    matmul_forward(out, x, w, 1.0f, b, NULL, N, C, OC);
     model_matmul_reference(ref, x, w, b, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(out[i] - ref[i]) < 1e-4f);
+    /* alpha scales the product only: out = 0.5 x w^T + b */
+    float *half = calloc(N * OC, 4), *nob = calloc(N * OC, 4);
+    matmul_forward(half, x, w, 0.5f, b, NULL, N, C, OC);
+    model_matmul_reference(nob, x, w, NULL, N, C, OC);
+    for (int i = 0; i < N * OC; i++) assert_true(fabsf(half[i] - 0.5f * nob[i] - b[i % OC]) < 1e-4f);
+    free(half); free(nob);
     /* fused residual: out = x w^T + b + res */
     float *res = frand(N * OC, 1), *out2 = calloc(N * OC, 4);
-    matmul_forward(out2, x, w, b, res, N, C, OC);
+    matmul_forward(out2, x, w, 1.0f, b, res, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(out2[i] - ref[i] - res[i]) < 1e-4f);
-    matmul_forward(out2, x, w, NULL, res, N, C, OC);
+    matmul_forward(out2, x, w, 1.0f, NULL, res, N, C, OC);
     model_matmul_reference(ref, x, w, NULL, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(out2[i] - ref[i] - res[i]) < 1e-4f);
     free(res); free(out2);
     float *dx = calloc(N * C, 4), *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
-    matmul_backward(dx, dw, db, R, x, w, N, C, OC, 1.0f);
-    mm_ctx c = {N, C, OC, to_d(x, N * C), to_d(w, OC * C), to_d(b, OC), to_d(R, N * OC)};
+    matmul_backward(dx, dw, db, R, x, w, 0.7f, N, C, OC, 1.0f);
+    mm_ctx c = {N, C, OC, to_d(x, N * C), to_d(w, OC * C), to_d(b, OC), to_d(R, N * OC), 0.7};
     double *g = malloc(sizeof(double) * OC * C);
     printf("matmul:\n");
     numgrad(g, c.x, N * C, mm_loss, &c); assert_true(relerr("dinp", dx, g, N * C) < TOL);
@@ -442,6 +448,10 @@ static const char *const TENSOR_NAMES[MODEL_NUM_PARAMS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b",
     "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lmw", "gamma"};
 
+/* When >= 0, check_model sets this linear's gamma to 0 (W_hat = 0: its dW
+ * is zero, its dgamma is not, and the <dX, X> / alpha route cannot be used). */
+static int zero_gamma_linear = -1;
+
 static void check_model(int reparam, int norm, int gamma_init, int threads)
 {
     model_config cfg = {.vocab = 11, .max_seq = 6, .layers = 2, .heads = 2, .dim = 8,
@@ -457,6 +467,7 @@ static void check_model(int reparam, int norm, int gamma_init, int threads)
         m->params_memory[i] = m->params_memory[i] * 10.0f + (float)(0.1 * rnd());
     for (int i = 0; i < m->num_linear; i++)
         if (reparam == MODEL_REPARAM_SIGMA) *m->lin[i].gamma = (float)(0.5 + fabs(rnd()));
+    if (zero_gamma_linear >= 0) *m->lin[zero_gamma_linear].gamma = 0.0f;
     int in[15], tg[15];
     for (int i = 0; i < B * T; i++) { in[i] = (int)(model_random_u32(&rng) % 11); tg[i] = (int)(model_random_u32(&rng) % 11); }
     float loss = model_forward(m, in, tg, B, T, 1);
@@ -521,7 +532,18 @@ static void test_model_threads(void **s)
     att_block = 32;
 }
 
-/* With gamma-init sigma the model starts with W_hat == W. */
+/* gamma = 0 on one linear (its FC), with one and two threads. */
+static void test_model_zero_gamma(void **s)
+{
+    (void)s;
+    zero_gamma_linear = MODEL_LIN_FC;
+    check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 1);
+    check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 2);
+    zero_gamma_linear = -1;
+}
+
+/* With gamma-init sigma the model starts with W_hat == W: gamma / sigma is
+ * 1 for every linear, and the QKV weight a probe reads is W. */
 static void test_model_init_identity(void **s)
 {
     (void)s;
@@ -535,9 +557,13 @@ static void test_model_init_identity(void **s)
     model_forward(m, in, tg, 2, 8, 1);
     double worst = 0;
     for (int i = 0; i < m->num_linear; i++) {
-        const sreparam_linear *l = &m->lin[i];
-        for (int k = 0; k < l->out * l->in; k++) {
-            double d = fabs(l->weff[k] - l->w[k]) / (fabs(l->w[k]) + 1e-3);
+        double d = fabs(sreparam_scale(&m->lin[i]) - 1.0);
+        if (d > worst) worst = d;
+    }
+    for (int l = 0; l < cfg.layers; l++) {
+        const float *weff = model_qkv_weight(m, l), *w = m->lin[model_linear_index(m, l, MODEL_LIN_QKV)].w;
+        for (int k = 0; k < 3 * 16 * 16; k++) {
+            double d = fabs(weff[k] - w[k]) / (fabs(w[k]) + 1e-3);
             if (d > worst) worst = d;
         }
     }
@@ -560,6 +586,7 @@ int main(void)
         cmocka_unit_test(test_model_reparam_sigma),
         cmocka_unit_test(test_model_reparam_spectral),
         cmocka_unit_test(test_model_threads),
+        cmocka_unit_test(test_model_zero_gamma),
         cmocka_unit_test(test_model_init_identity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -34,15 +34,15 @@ uint32_t model_random_u32(uint64_t *state)
     return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
 }
 
-float model_random_f32(uint64_t *state)
+static float random_f32(uint64_t *state)
 {
     return (float)(model_random_u32(state) >> 8) / 16777216.0f;
 }
 
 float model_random_normal(uint64_t *state)
 {
-    float u1 = 1.0f - model_random_f32(state); /* (0, 1] so the log is finite */
-    float u2 = model_random_f32(state);
+    float u1 = 1.0f - random_f32(state); /* (0, 1] so the log is finite */
+    float u2 = random_f32(state);
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
 }
 
@@ -206,10 +206,11 @@ void model_matmul_reference(float *out, const float *inp, const float *w,
         }
 }
 
-/* out (N, OC) = inp (N, C) @ w^T + bias (may be NULL) + residual (may be
- * NULL, same shape as out: the residual add is fused into the bias pass). */
+/* out (N, OC) = alpha inp (N, C) @ w^T + bias (may be NULL) + residual (may
+ * be NULL, same shape as out: the residual add is fused into the bias pass).
+ * alpha is σReparam's gamma / sigma (1 without it): W_hat is never formed. */
 KERNEL void matmul_forward(float *restrict out, const float *restrict inp,
-                           const float *restrict w, const float *restrict bias,
+                           const float *restrict w, float alpha, const float *restrict bias,
                            const float *restrict residual, int N, int C, int OC)
 {
     float beta = 0.0f;
@@ -223,19 +224,35 @@ KERNEL void matmul_forward(float *restrict out, const float *restrict inp,
         }
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, alpha, inp, C, w, C,
                 beta, out, OC);
 }
 
-/* OVERWRITES dinp (if not NULL); dw = dw_beta * dw + dout^T inp; adds into dbias. */
+/* <x, y> over n floats in double (n up to BT x 4C). */
+static double dot_double(const float *restrict x, const float *restrict y, long n)
+{
+    double acc[8] = {0};
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k] * y[i + k];
+    double s = 0.0;
+    for (int k = 0; k < 8; k++) s += acc[k];
+    for (; i < n; i++) s += (double)x[i] * y[i];
+    return s;
+}
+
+/* Backward of matmul_forward with the same alpha: dinp (if not NULL) is
+ * OVERWRITTEN with alpha dout @ w; dw = dw_beta dw + alpha dout^T inp; adds
+ * into dbias (may be NULL). */
 KERNEL void matmul_backward(float *restrict dinp, float *restrict dw, float *restrict dbias,
                             const float *restrict dout, const float *restrict inp,
-                            const float *restrict w, int N, int C, int OC, float dw_beta)
+                            const float *restrict w, float alpha, int N, int C, int OC,
+                            float dw_beta)
 {
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, alpha, dout, OC,
                     w, C, 0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, alpha, dout, OC, inp, C,
                 dw_beta, dw, C);
     if (dbias)
         for (int n = 0; n < N; n++) {
@@ -427,7 +444,8 @@ KERNEL void crossentropy_backward(float *probs, const int *targets, int N, int V
 
 /* ------------------------------------------------------------ the model */
 
-size_t model_param_sizes(const model_config *cfg, size_t s[MODEL_NUM_PARAMS])
+/* Fills s[MODEL_NUM_PARAMS] (in floats) and returns their sum. */
+static size_t param_sizes(const model_config *cfg, size_t s[MODEL_NUM_PARAMS])
 {
     size_t V = cfg->vocab, T = cfg->max_seq, L = cfg->layers, C = cfg->dim;
     s[MODEL_WTE] = V * C;
@@ -496,11 +514,8 @@ static size_t carve_acts(model_acts *a, float *mem, const model_config *c, size_
     return n;
 }
 
-static void *worker_main(void *arg);
-
-/* Jobs of the worker threads (see run_shard). */
-enum { JOB_FORWARD = 1, JOB_BACKWARD, JOB_REDUCE, JOB_REPARAM_FWD, JOB_TASK,
-       JOB_ZERO };
+/* Jobs of the pool's threads (see run_shard). */
+enum { JOB_FORWARD = 1, JOB_BACKWARD, JOB_REDUCE, JOB_REPARAM_FWD, JOB_ZERO };
 
 static double now_seconds(void)
 {
@@ -509,9 +524,70 @@ static double now_seconds(void)
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* See backward_shard; >= 11C, so it also holds a power step's work vector
+ * (at most 4C floats) while no backward runs. */
 static size_t scratch_size(const model_config *c, size_t B, size_t T)
 {
-    return 11 * B * T * (size_t)c->dim + T * T; /* see backward_shard */
+    return 11 * B * T * (size_t)c->dim + T * T;
+}
+
+/* Points each linear at its weight, gradient, gain and u, v vectors. */
+static void setup_linears(model *m)
+{
+    const model_config *cfg = &m->cfg;
+    int C = cfg->dim;
+    float *pi = m->pi_memory;
+    for (int i = 0; i < m->num_linear; i++) {
+        sreparam_linear *l = &m->lin[i];
+        int layer = i / MODEL_LIN_PER_LAYER, k = i % MODEL_LIN_PER_LAYER;
+        float *w;
+        if (i == m->num_linear - 1) {
+            l->out = cfg->vocab; l->in = C;
+            w = m->params.lmw;
+        } else if (k == MODEL_LIN_QKV) {
+            l->out = 3 * C; l->in = C;
+            w = m->params.qkvw + (size_t)layer * 3 * C * C;
+        } else if (k == MODEL_LIN_ATTPROJ) {
+            l->out = C; l->in = C;
+            w = m->params.attprojw + (size_t)layer * C * C;
+        } else if (k == MODEL_LIN_FC) {
+            l->out = 4 * C; l->in = C;
+            w = m->params.fcw + (size_t)layer * 4 * C * C;
+        } else {
+            l->out = C; l->in = 4 * C;
+            w = m->params.fcprojw + (size_t)layer * 4 * C * C;
+        }
+        l->w = w;
+        l->dw = m->grads_memory + (w - m->params_memory);
+        l->gamma = m->params.gamma + i;
+        l->dgamma = m->grads.gamma + i;
+        l->u = pi; pi += l->in;
+        l->v = pi; pi += l->out;
+        l->sigma = 1.0f;
+        if (cfg->reparam == MODEL_REPARAM_NONE) l->weff = w;
+        else if (k == MODEL_LIN_QKV && i != m->num_linear - 1)
+            l->weff = m->qkv_eff + (size_t)layer * 3 * C * C;
+    }
+}
+
+/* Spreads the linears' σReparam work over the threads: largest first onto
+ * the least loaded. */
+static void assign_owners(model *m)
+{
+    double load[256] = {0};
+    int nt = m->nthreads < 256 ? m->nthreads : 256;
+    for (int i = 0; i < m->num_linear; i++) m->lin_owner[i] = -1;
+    for (int done = 0; done < m->num_linear; done++) {
+        int best = -1;
+        for (int i = 0; i < m->num_linear; i++)
+            if (m->lin_owner[i] < 0 && (best < 0 || (long)m->lin[i].out * m->lin[i].in >
+                                                     (long)m->lin[best].out * m->lin[best].in))
+                best = i;
+        int tmin = 0;
+        for (int t = 1; t < nt; t++) if (load[t] < load[tmin]) tmin = t;
+        m->lin_owner[best] = tmin;
+        load[tmin] += (double)m->lin[best].out * m->lin[best].in;
+    }
 }
 
 model *model_create(const model_config *cfg, int B, int T, int threads)
@@ -524,7 +600,7 @@ model *model_create(const model_config *cfg, int B, int T, int threads)
     m->cfg = *cfg;
     m->B = B;
     m->T = T;
-    m->num_params = model_param_sizes(cfg, m->param_sizes);
+    m->num_params = param_sizes(cfg, m->param_sizes);
     m->params_memory = calloc(m->num_params, sizeof(float));
     m->grads_memory = calloc(m->num_params, sizeof(float));
     size_t na = carve_acts(&m->acts, NULL, cfg, B, T);
@@ -532,25 +608,22 @@ model *model_create(const model_config *cfg, int B, int T, int threads)
     int L = cfg->layers, C = cfg->dim;
     m->num_linear = MODEL_LIN_PER_LAYER * L + 1;
     m->lin = calloc(m->num_linear, sizeof *m->lin);
+    m->lin_owner = calloc(m->num_linear, sizeof(int));
     /* u (in) + v (out) per linear: per layer C+3C, C+C, C+4C, 4C+C; head C+V */
     m->pi_size = (size_t)L * (4 + 2 + 5 + 5) * C + C + cfg->vocab;
     m->pi_memory = calloc(m->pi_size, sizeof(float));
     if (!m->params_memory || !m->grads_memory || !m->acts_memory || !m->lin ||
-        !m->pi_memory)
+        !m->lin_owner || !m->pi_memory)
         goto err;
     carve_params(&m->params, m->params_memory, m->param_sizes);
     carve_params(&m->grads, m->grads_memory, m->param_sizes);
     carve_acts(&m->acts, m->acts_memory, cfg, B, T);
-
-    size_t nw = m->param_sizes[MODEL_QKVW] + m->param_sizes[MODEL_ATTPROJW] +
-                m->param_sizes[MODEL_FCW] + m->param_sizes[MODEL_FCPROJW] +
-                m->param_sizes[MODEL_LMW];
     if (cfg->reparam != MODEL_REPARAM_NONE) {
-        m->eff_memory = calloc(nw, sizeof(float));
-        m->deff_memory = calloc(nw, sizeof(float));
-        m->deff_size = nw;
-        if (!m->eff_memory || !m->deff_memory) goto err;
+        m->qkv_eff = calloc(m->param_sizes[MODEL_QKVW], sizeof(float));
+        m->qkv_fresh = calloc((size_t)L, sizeof(int));
+        if (!m->qkv_eff || !m->qkv_fresh) goto err;
     }
+    setup_linears(m);
     if (threads < 1) threads = 1;
     if (threads > B) threads = B;
     m->shards = calloc(threads, sizeof *m->shards);
@@ -559,82 +632,16 @@ model *model_create(const model_config *cfg, int B, int T, int threads)
     for (int t = 0; t < threads; t++) {
         model_shard *sh = &m->shards[t];
         int nb = B * (t + 1) / threads - B * t / threads;
-        sh->m = m;
-        sh->id = t;
         sh->scratch = calloc(scratch_size(cfg, nb, T), sizeof(float));
         sh->grads_memory = t ? calloc(m->num_params, sizeof(float)) : m->grads_memory;
-        sh->deff = t && m->deff_memory ? calloc(nw, sizeof(float)) : m->deff_memory;
-        if (!sh->scratch || !sh->grads_memory || (m->deff_memory && !sh->deff)) goto err;
+        sh->gw = calloc(m->num_linear, sizeof(double));
+        if (!sh->scratch || !sh->grads_memory || !sh->gw) goto err;
         carve_params(&sh->grads, sh->grads_memory, m->param_sizes);
     }
-    /* Spread the linears over the threads, largest first onto the least loaded. */
-    m->lin_owner = calloc(m->num_linear, sizeof(int));
-    if (!m->lin_owner) goto err;
-    {
-        double load[256] = {0};
-        int nt = threads < 256 ? threads : 256;
-        for (int i = 0; i < m->num_linear; i++) m->lin_owner[i] = -1;
-        for (int done = 0; done < m->num_linear; done++) {
-            int best = -1;
-            for (int i = 0; i < m->num_linear; i++)
-                if (m->lin_owner[i] < 0 && (best < 0 || (long)m->lin[i].out * m->lin[i].in >
-                                                         (long)m->lin[best].out * m->lin[best].in))
-                    best = i;
-            int tmin = 0;
-            for (int t = 1; t < nt; t++) if (load[t] < load[tmin]) tmin = t;
-            m->lin_owner[best] = tmin;
-            load[tmin] += (double)m->lin[best].out * m->lin[best].in;
-        }
-    }
-    m->one = 1.0f;
-    if (pthread_mutex_init(&m->mu, NULL) != 0) goto err;
-    if (pthread_cond_init(&m->go, NULL) != 0) { pthread_mutex_destroy(&m->mu); goto err; }
-    if (pthread_cond_init(&m->done, NULL) != 0) {
-        pthread_cond_destroy(&m->go); pthread_mutex_destroy(&m->mu); goto err;
-    }
-    m->sync_ok = 1;
+    assign_owners(m);
     openblas_set_num_threads(1);
-    for (int t = 1; t < threads; t++) {
-        if (pthread_create(&m->shards[t].thread, NULL, worker_main, &m->shards[t]) != 0) goto err;
-        m->shards[t].started = 1;
-    }
-    float *pi = m->pi_memory, *eff = m->eff_memory, *deff = m->deff_memory;
-    for (int i = 0; i < m->num_linear; i++) {
-        sreparam_linear *l = &m->lin[i];
-        int layer = i / MODEL_LIN_PER_LAYER, k = i % MODEL_LIN_PER_LAYER;
-        float *w, *dw;
-        if (i == m->num_linear - 1) {
-            l->out = cfg->vocab; l->in = C;
-            w = m->params.lmw; dw = m->grads.lmw;
-        } else if (k == MODEL_LIN_QKV) {
-            l->out = 3 * C; l->in = C;
-            w = m->params.qkvw + (size_t)layer * 3 * C * C; dw = m->grads.qkvw + (w - m->params.qkvw);
-        } else if (k == MODEL_LIN_ATTPROJ) {
-            l->out = C; l->in = C;
-            w = m->params.attprojw + (size_t)layer * C * C; dw = m->grads.attprojw + (w - m->params.attprojw);
-        } else if (k == MODEL_LIN_FC) {
-            l->out = 4 * C; l->in = C;
-            w = m->params.fcw + (size_t)layer * 4 * C * C; dw = m->grads.fcw + (w - m->params.fcw);
-        } else {
-            l->out = C; l->in = 4 * C;
-            w = m->params.fcprojw + (size_t)layer * 4 * C * C; dw = m->grads.fcprojw + (w - m->params.fcprojw);
-        }
-        l->w = w;
-        l->dw = dw;
-        l->gamma = m->params.gamma + i;
-        l->dgamma = m->grads.gamma + i;
-        l->u = pi; pi += l->in;
-        l->v = pi; pi += l->out;
-        l->sigma = 1.0f;
-        if (cfg->reparam == MODEL_REPARAM_NONE) {
-            l->weff = w;
-            l->dweff = dw;
-        } else {
-            size_t n = (size_t)l->out * l->in;
-            l->weff = eff; eff += n;
-            l->dweff = deff; deff += n;
-        }
-    }
+    m->pool = pool_create(threads);
+    if (!m->pool) goto err;
     return m;
 err:
     model_destroy(m);
@@ -644,32 +651,22 @@ err:
 void model_destroy(model *m)
 {
     if (!m) return;
+    pool_destroy(m->pool);
+    for (int t = 0; m->shards && t < m->nthreads; t++) {
+        model_shard *sh = &m->shards[t];
+        free(sh->scratch);
+        free(sh->gw);
+        if (t) free(sh->grads_memory);
+    }
+    free(m->shards);
     free(m->params_memory);
     free(m->grads_memory);
     free(m->acts_memory);
-    if (m->sync_ok) {
-        pthread_mutex_lock(&m->mu);
-        m->quit = 1;
-        pthread_cond_broadcast(&m->go);
-        pthread_mutex_unlock(&m->mu);
-    }
-    for (int t = 0; m->shards && t < m->nthreads; t++) {
-        model_shard *sh = &m->shards[t];
-        if (sh->started) pthread_join(sh->thread, NULL);
-        free(sh->scratch);
-        if (t) { free(sh->grads_memory); free(sh->deff); }
-    }
-    free(m->shards);
-    if (m->sync_ok) {
-        pthread_cond_destroy(&m->go);
-        pthread_cond_destroy(&m->done);
-        pthread_mutex_destroy(&m->mu);
-    }
     free(m->lin);
     free(m->lin_owner);
     free(m->pi_memory);
-    free(m->eff_memory);
-    free(m->deff_memory);
+    free(m->qkv_eff);
+    free(m->qkv_fresh);
     free(m);
 }
 
@@ -687,6 +684,7 @@ void model_init(model *m, uint64_t *rng)
     model_params *p = &m->params;
     const size_t *s = m->param_sizes;
     float std_res = 0.02f / sqrtf(2.0f * c->layers);
+    float *work = m->shards[0].scratch; /* idle outside a backward */
     memset(m->params_memory, 0, m->num_params * sizeof(float));
     struct { float *t; size_t n; float std; } w[] = {
         {p->wte, s[MODEL_WTE], 0.02f},       {p->wpe, s[MODEL_WPE], 0.02f},
@@ -706,7 +704,7 @@ void model_init(model *m, uint64_t *rng)
             double top = sreparam_top_singular(l->w, l->out, l->in, l->u, l->v);
             if (top <= 0.0) { /* LAPACK failure: fall back to a long power iteration */
                 random_unit(l->u, l->in, rng);
-                for (int k = 0; k < 200; k++) sreparam_power_step(l);
+                for (int k = 0; k < 200; k++) sreparam_power_step(l, work);
                 top = l->sigma;
             }
             l->sigma = (float)top;
@@ -714,7 +712,7 @@ void model_init(model *m, uint64_t *rng)
         } else {
             random_unit(l->u, l->in, rng);
             int steps = c->reparam == MODEL_REPARAM_SPECTRAL ? 15 : 1;
-            for (int k = 0; k < steps; k++) sreparam_power_step(l);
+            for (int k = 0; k < steps; k++) sreparam_power_step(l, work);
             if (c->reparam == MODEL_REPARAM_SIGMA) random_unit(l->u, l->in, rng);
             /* gamma one: u is a fresh random unit vector (paper pseudocode); v from
              * one step only so that an eval before training has a defined sigma. */
@@ -731,9 +729,7 @@ void model_zero_grad(model *m)
 
 void model_parallel(model *m, model_task fn, void *ctx)
 {
-    m->task = fn;
-    m->task_ctx = ctx;
-    run_all(m, JOB_TASK);
+    pool_run(m->pool, fn, ctx);
 }
 
 /* Per-layer activation pointers (offsets between layers use the capacity
@@ -770,6 +766,12 @@ static float *block_input(model *m, int l, int b0)
     return m->cfg.norm == MODEL_NORM_POST ? p.ln2 : p.residual3;
 }
 
+/* The matmul alpha of a linear: gamma / sigma, or 1 without σReparam. */
+static float scale_of(const model *m, const sreparam_linear *l)
+{
+    return m->cfg.reparam == MODEL_REPARAM_NONE ? 1.0f : sreparam_scale(l);
+}
+
 /* Forward of examples [b0, b0 + B); returns the sum of their token losses. */
 static double forward_shard(model *m, int b0, int B)
 {
@@ -787,9 +789,9 @@ static double forward_shard(model *m, int b0, int B)
             layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p->ln1w + l * C, p->ln1b + l * C, BT, C);
             ain = a.ln1;
         }
-        matmul_forward(a.qkv, ain, lin[MODEL_LIN_QKV].weff, p->qkvb + l * 3 * C, NULL, BT, C, 3 * C);
+        matmul_forward(a.qkv, ain, lin[MODEL_LIN_QKV].w, scale_of(m, &lin[MODEL_LIN_QKV]), p->qkvb + l * 3 * C, NULL, BT, C, 3 * C);
         attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-        matmul_forward(a.residual2, a.atty, lin[MODEL_LIN_ATTPROJ].weff, p->attprojb + l * C, x, BT, C, C);
+        matmul_forward(a.residual2, a.atty, lin[MODEL_LIN_ATTPROJ].w, scale_of(m, &lin[MODEL_LIN_ATTPROJ]), p->attprojb + l * C, x, BT, C, C);
         if (c->norm == MODEL_NORM_PRE) {
             layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + l * C, p->ln2b + l * C, BT, C);
             min = a.ln2; skip = a.residual2;
@@ -799,9 +801,9 @@ static double forward_shard(model *m, int b0, int B)
         } else {
             min = skip = a.residual2;
         }
-        matmul_forward(a.fch, min, lin[MODEL_LIN_FC].weff, NULL, NULL, BT, C, 4 * C);
+        matmul_forward(a.fch, min, lin[MODEL_LIN_FC].w, scale_of(m, &lin[MODEL_LIN_FC]), NULL, NULL, BT, C, 4 * C);
         gelu_forward(a.fch_gelu, a.fch, p->fcb + l * 4 * C, BT, 4 * C); /* bias fused */
-        matmul_forward(a.residual3, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, p->fcprojb + l * C, skip, BT, 4 * C, C);
+        matmul_forward(a.residual3, a.fch_gelu, lin[MODEL_LIN_FCPROJ].w, scale_of(m, &lin[MODEL_LIN_FCPROJ]), p->fcprojb + l * C, skip, BT, 4 * C, C);
         x = a.residual3;
         if (c->norm == MODEL_NORM_POST) {
             layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual3, p->ln2w + l * C, p->ln2b + l * C, BT, C);
@@ -814,7 +816,7 @@ static double forward_shard(model *m, int b0, int B)
         x = lnf;
     }
     float *probs = m->acts.probs + r * V;
-    matmul_forward(probs, x, m->lin[m->num_linear - 1].weff, NULL, NULL, BT, C, V);
+    matmul_forward(probs, x, m->lin[m->num_linear - 1].w, scale_of(m, &m->lin[m->num_linear - 1]), NULL, NULL, BT, C, V);
     return softmax_crossentropy_forward(probs, m->acts.losses + r, m->targets ? m->targets + r : NULL, BT, V);
 }
 
@@ -823,43 +825,124 @@ KERNEL void add_into(float *restrict dst, const float *restrict src, long n)
     for (long i = 0; i < n; i++) dst[i] += src[i];
 }
 
-/* With σReparam the shards never write the gradients of the linear weights
- * (they write dL/dW_hat; sreparam_backward fills dW once, after the
- * reduction), so those ranges are neither cleared nor reduced: σReparam then
- * moves no more memory than the plain model. */
-static int skip_in_grads(const model *m, int t)
+static int is_weight(int t)
 {
-    /* gamma's gradient only ever comes from sreparam_backward, which runs
-     * concurrently with the reduction: it must not be touched here */
-    return t == MODEL_GAMMA ||
-           (m->cfg.reparam != MODEL_REPARAM_NONE &&
-            (t == MODEL_QKVW || t == MODEL_ATTPROJW || t == MODEL_FCW || t == MODEL_FCPROJW ||
-             t == MODEL_LMW));
+    return t == MODEL_QKVW || t == MODEL_ATTPROJW || t == MODEL_FCW || t == MODEL_FCPROJW ||
+           t == MODEL_LMW;
+}
+
+/* Tensors a private shard buffer need not clear before a backward: the
+ * weights (their one matmul per pass writes them with beta 0) and gamma
+ * (its gradient only ever comes from the reduction). */
+static int skip_clear(int t) { return t == MODEL_GAMMA || is_weight(t); }
+
+/* Tensors the reduction does not add up by flat ranges: gamma, and with
+ * σReparam the weights, which reduce_linear adds up by linear together
+ * with the rank-one term of the gradient through sigma. */
+static int skip_range_reduce(const model *m, int t)
+{
+    return t == MODEL_GAMMA || (m->cfg.reparam != MODEL_REPARAM_NONE && is_weight(t));
+}
+
+/* σReparam's <G, W> for linear i from this shard's examples.  G = dout^T X
+ * and dX = alpha dout W, so <G, W> = <dout W, X> = <dX, X> / alpha: a pass
+ * over two activations instead of over the (larger, uncached) G and W, and
+ * G is never formed (the dW matmul applies alpha itself).  With gamma = 0
+ * dX is zero, and dout W is formed again in dinp for the product. */
+static void grad_dot(model *m, model_shard *sh, int i, float *dinp, const float *dout,
+                     const float *inp, int N)
+{
+    if (m->cfg.reparam == MODEL_REPARAM_NONE) return;
+    double t0 = now_seconds();
+    const sreparam_linear *l = &m->lin[i];
+    float a = sreparam_scale(l);
+    if (a == 0.0f) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, l->in, l->out, 1.0f, dout,
+                    l->out, l->w, l->in, 0.0f, dinp, l->in);
+        sh->gw[i] = dot_double(dinp, inp, (long)N * l->in);
+        memset(dinp, 0, sizeof(float) * (size_t)N * l->in);
+    } else {
+        sh->gw[i] = dot_double(dinp, inp, (long)N * l->in) / a;
+    }
+    sh->reparam_seconds += now_seconds() - t0;
+}
+
+/* Backward of linear i: matmul_backward into this shard's dW (shard 0 adds
+ * into the model's gradient, the others overwrite their private copy),
+ * then its share of <G, W>. */
+static void linear_backward(model *m, model_shard *sh, int i, float *dinp, float *dbias,
+                            const float *dout, const float *inp, int N)
+{
+    const sreparam_linear *l = &m->lin[i];
+    float *dw = sh->grads_memory + (l->dw - m->grads_memory);
+    matmul_backward(dinp, dw, dbias, dout, inp, l->w, scale_of(m, l), N, l->in, l->out,
+                    sh == &m->shards[0] ? 1.0f : 0.0f);
+    grad_dot(m, sh, i, dinp, dout, inp, N);
+}
+
+/* Backward of one block (layer l) of examples [b0, b0 + B): dx holds
+ * d(block output) on entry and d(block input) on return; dtmp, da, datty,
+ * dqkv, dfch_gelu, datt are scratch (see backward_shard).  Returns the
+ * buffer that now holds d(block input) (dx or dtmp: post-norm swaps). */
+static float *block_backward(model *m, model_shard *sh, int l, int b0, int B, float *dx,
+                             float *dtmp, float *s)
+{
+    const model_config *c = &m->cfg;
+    int C = c->dim, NH = c->heads, T = m->cur_T, BT = B * T;
+    long BTC = (long)BT * C;
+    model_params *p = &m->params, *g = &sh->grads;
+    float *da = s + 2 * BTC, *datty = s + 3 * BTC, *dqkv = s + 4 * BTC, *dfch_gelu = s + 7 * BTC;
+    float *datt = s + 11 * BTC, *tmp;
+    layer_acts a = layer_at(m, l, b0);
+    int li = l * MODEL_LIN_PER_LAYER;
+    float *xin = block_input(m, l, b0);
+    float *min = c->norm == MODEL_NORM_PRE ? a.ln2 : c->norm == MODEL_NORM_POST ? a.ln1 : a.residual2;
+    float *ain = c->norm == MODEL_NORM_PRE ? a.ln1 : xin;
+    if (c->norm == MODEL_NORM_POST) { /* out = LN2(r3) */
+        memset(dtmp, 0, sizeof(float) * BTC);
+        layernorm_backward(dtmp, g->ln2w + l * C, g->ln2b + l * C, dx, a.residual3, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
+        tmp = dx; dx = dtmp; dtmp = tmp;
+    }
+    /* dx = d(residual3); MLP branch */
+    linear_backward(m, sh, li + MODEL_LIN_FCPROJ, dfch_gelu, g->fcprojb + l * C, dx, a.fch_gelu, BT);
+    gelu_backward(dfch_gelu, a.fch, (long)BT * 4 * C); /* now d(fc pre-activation) */
+    linear_backward(m, sh, li + MODEL_LIN_FC, da, g->fcb + l * 4 * C, dfch_gelu, min, BT);
+    if (c->norm == MODEL_NORM_PRE) {
+        layernorm_backward(dx, g->ln2w + l * C, g->ln2b + l * C, da, a.residual2, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
+    } else if (c->norm == MODEL_NORM_POST) { /* n = LN1(r2) feeds both skip and MLP */
+        add_into(dx, da, BTC);
+        memset(dtmp, 0, sizeof(float) * BTC);
+        layernorm_backward(dtmp, g->ln1w + l * C, g->ln1b + l * C, dx, a.residual2, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
+        tmp = dx; dx = dtmp; dtmp = tmp;
+    } else {
+        add_into(dx, da, BTC);
+    }
+    /* dx = d(residual2); attention branch */
+    linear_backward(m, sh, li + MODEL_LIN_ATTPROJ, datty, g->attprojb + l * C, dx, a.atty, BT);
+    attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
+    linear_backward(m, sh, li + MODEL_LIN_QKV, da, g->qkvb + l * 3 * C, dqkv, ain, BT);
+    if (c->norm == MODEL_NORM_PRE)
+        layernorm_backward(dx, g->ln1w + l * C, g->ln1b + l * C, da, xin, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
+    else
+        add_into(dx, da, BTC);
+    return dx;
 }
 
 /* Backward of examples [b0, b0 + B) into shard sh's gradient buffers. */
 static void backward_shard(model *m, model_shard *sh, int b0, int B)
 {
     const model_config *c = &m->cfg;
-    int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, T = m->cur_T, BT = B * T;
+    int L = c->layers, C = c->dim, V = c->vocab, T = m->cur_T, BT = B * T;
     long BTC = (long)BT * C;
     size_t r = (size_t)b0 * T;
     model_params *p = &m->params, *g = &sh->grads;
-    float dwb = c->reparam == MODEL_REPARAM_NONE ? 1.0f : 0.0f; /* see dweff in model_create */
-    float *s = sh->scratch;
-    float *dx = s, *dtmp = s + BTC, *da = s + 2 * BTC, *datty = s + 3 * BTC;
-    float *dqkv = s + 4 * BTC, *dfch_gelu = s + 7 * BTC;
-    float *datt = s + 11 * BTC;
-    float *tmp;
-    /* this shard's copy of a linear's dL/dW_hat */
-#define DWEFF(i) (c->reparam == MODEL_REPARAM_NONE                                   \
-                      ? sh->grads_memory + (m->lin[i].dweff - m->grads_memory)          \
-                      : sh->deff + (m->lin[i].dweff - m->deff_memory))
-
+    /* scratch: dx, dtmp, da, datty (BT, C) each, dqkv (BT, 3C), dfch_gelu
+     * (BT, 4C), datt (T, T) */
+    float *s = sh->scratch, *dx = s, *dtmp = s + BTC;
     if (sh != &m->shards[0]) { /* private buffer: clear what this pass adds into */
         size_t off = 0;
         for (int t = 0; t < MODEL_NUM_PARAMS; t++) {
-            if (!skip_in_grads(m, t)) memset(sh->grads_memory + off, 0, sizeof(float) * m->param_sizes[t]);
+            if (!skip_clear(t)) memset(sh->grads_memory + off, 0, sizeof(float) * m->param_sizes[t]);
             off += m->param_sizes[t];
         }
     }
@@ -867,54 +950,21 @@ static void backward_shard(model *m, model_shard *sh, int b0, int B)
     crossentropy_backward(probs, m->targets + r, BT, V, 1.0f / ((float)m->cur_B * T));
     float *xlast = block_input(m, L, b0);
     int hi = m->num_linear - 1;
-    const sreparam_linear *head = &m->lin[hi];
     if (c->norm != MODEL_NORM_NONE) {
-        matmul_backward(dtmp, DWEFF(hi), NULL, probs, m->acts.lnf + r * C, head->weff, BT, C, V, dwb);
+        linear_backward(m, sh, hi, dtmp, NULL, probs, m->acts.lnf + r * C, BT);
         memset(dx, 0, sizeof(float) * BTC);
         layernorm_backward(dx, g->lnfw, g->lnfb, dtmp, xlast, p->lnfw, m->acts.lnf_mean + r, m->acts.lnf_rstd + r, BT, C);
     } else {
-        matmul_backward(dx, DWEFF(hi), NULL, probs, xlast, head->weff, BT, C, V, dwb);
+        linear_backward(m, sh, hi, dx, NULL, probs, xlast, BT);
     }
     for (int l = L - 1; l >= 0; l--) {
-        layer_acts a = layer_at(m, l, b0);
-        int li = l * MODEL_LIN_PER_LAYER;
-        const sreparam_linear *lin = m->lin + li;
-        float *xin = block_input(m, l, b0);
-        float *min = c->norm == MODEL_NORM_PRE ? a.ln2 : c->norm == MODEL_NORM_POST ? a.ln1 : a.residual2;
-        float *ain = c->norm == MODEL_NORM_PRE ? a.ln1 : xin;
-        if (c->norm == MODEL_NORM_POST) { /* out = LN2(r3) */
-            memset(dtmp, 0, sizeof(float) * BTC);
-            layernorm_backward(dtmp, g->ln2w + l * C, g->ln2b + l * C, dx, a.residual3, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
-            tmp = dx; dx = dtmp; dtmp = tmp;
-        }
-        /* dx = d(residual3); MLP branch */
-        matmul_backward(dfch_gelu, DWEFF(li + MODEL_LIN_FCPROJ), g->fcprojb + l * C, dx, a.fch_gelu, lin[MODEL_LIN_FCPROJ].weff, BT, 4 * C, C, dwb);
-        gelu_backward(dfch_gelu, a.fch, (long)BT * 4 * C); /* now d(fc pre-activation) */
-        matmul_backward(da, DWEFF(li + MODEL_LIN_FC), g->fcb + l * 4 * C, dfch_gelu, min, lin[MODEL_LIN_FC].weff, BT, C, 4 * C, dwb);
-        if (c->norm == MODEL_NORM_PRE) {
-            layernorm_backward(dx, g->ln2w + l * C, g->ln2b + l * C, da, a.residual2, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
-        } else if (c->norm == MODEL_NORM_POST) { /* n = LN1(r2) feeds both skip and MLP */
-            add_into(dx, da, BTC);
-            memset(dtmp, 0, sizeof(float) * BTC);
-            layernorm_backward(dtmp, g->ln1w + l * C, g->ln1b + l * C, dx, a.residual2, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
-            tmp = dx; dx = dtmp; dtmp = tmp;
-        } else {
-            add_into(dx, da, BTC);
-        }
-        /* dx = d(residual2); attention branch */
-        matmul_backward(datty, DWEFF(li + MODEL_LIN_ATTPROJ), g->attprojb + l * C, dx, a.atty, lin[MODEL_LIN_ATTPROJ].weff, BT, C, C, dwb);
-        attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
-        matmul_backward(da, DWEFF(li + MODEL_LIN_QKV), g->qkvb + l * 3 * C, dqkv, ain, lin[MODEL_LIN_QKV].weff, BT, C, 3 * C, dwb);
-        if (c->norm == MODEL_NORM_PRE)
-            layernorm_backward(dx, g->ln1w + l * C, g->ln1b + l * C, da, xin, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
-        else
-            add_into(dx, da, BTC);
+        float *out = block_backward(m, sh, l, b0, B, dx, dtmp, s);
+        if (out != dx) { dtmp = dx; dx = out; }
     }
     encoder_backward(g->wte, g->wpe, dx, m->inputs + r, B, T, C);
-#undef DWEFF
 }
 
-/* ---- worker threads: data parallel over the examples of a batch ---------
+/* ---- the pool's jobs: data parallel over the examples of a batch --------
  * Each shard runs the whole forward/backward of its examples with
  * single-threaded OpenBLAS calls; see model.h for why. */
 
@@ -926,16 +976,60 @@ static void shard_range(const model *m, int t, int *b0, int *nb)
     *nb = B * (t + 1) / n - *b0;
 }
 
-/* Splits [0, n) evenly over the threads. */
-static void split_range(const model *m, int t, size_t n, size_t *lo, size_t *hi)
+/* Linear i's weight gradient, with σReparam: adds the other shards' dW into
+ * the model's and applies the rank-one term -c v u^T of the gradient
+ * through sigma in the same pass, row by row (sreparam_grad_sigma has the
+ * formula; the shards' matmuls already applied gamma / sigma to G). */
+static void reduce_linear(model *m, int i, model_shard *self)
 {
-    *lo = n * (size_t)t / (size_t)m->nthreads;
-    *hi = n * (size_t)(t + 1) / (size_t)m->nthreads;
+    sreparam_linear *l = &m->lin[i];
+    size_t off = (size_t)(l->dw - m->grads_memory);
+    double gw = 0.0;
+    int others = 0;
+    for (int k = 0; k < m->nthreads; k++)
+        if (!m->shards[k].idle) { gw += m->shards[k].gw[i]; others += k > 0; }
+    double t0 = now_seconds();
+    float c = sreparam_grad_sigma(l, gw, m->cfg.reparam == MODEL_REPARAM_SIGMA);
+    for (int o = 0; o < l->out; o++) {
+        float *restrict d = l->dw + (long)o * l->in;
+        const float *restrict u = l->u;
+        float cv = c * l->v[o];
+        int first = 1;
+        for (int k = 1; k < m->nthreads; k++) {
+            if (m->shards[k].idle) continue;
+            const float *restrict src = m->shards[k].grads_memory + off + (long)o * l->in;
+            if (first) for (int j = 0; j < l->in; j++) d[j] += src[j] - cv * u[j];
+            else for (int j = 0; j < l->in; j++) d[j] += src[j];
+            first = 0;
+        }
+        if (first) for (int j = 0; j < l->in; j++) d[j] -= cv * u[j];
+    }
+    /* alone, the pass is σReparam's own; with other shards to add it is the
+     * reduction the plain model makes too, plus an FMA per element */
+    if (!others) self->reparam_seconds += now_seconds() - t0;
 }
 
-
-static void run_shard(model *m, int t)
+/* Gradients of shards 1.. into shard 0, in a fixed order. */
+static void reduce_job(model *m, int t)
 {
+    size_t off = 0, lo, hi;
+    for (int p = 0; p < MODEL_NUM_PARAMS; p++) {
+        size_t n = m->param_sizes[p];
+        if (!skip_range_reduce(m, p)) {
+            pool_split(t, m->nthreads, n, &lo, &hi);
+            for (int k = 1; k < m->nthreads; k++)
+                if (!m->shards[k].idle)
+                    add_into(m->grads_memory + off + lo, m->shards[k].grads_memory + off + lo, (long)(hi - lo));
+        }
+        off += n;
+    }
+    for (int i = 0; m->cfg.reparam != MODEL_REPARAM_NONE && i < m->num_linear; i++)
+        if (m->lin_owner[i] == t) reduce_linear(m, i, &m->shards[t]);
+}
+
+static void run_shard(void *ctx, int t, int nthreads)
+{
+    model *m = ctx;
     int b0, nb;
     shard_range(m, t, &b0, &nb);
     model_shard *sh = &m->shards[t];
@@ -945,77 +1039,25 @@ static void run_shard(model *m, int t)
         sh->loss_sum = nb ? forward_shard(m, b0, nb) : 0.0;
         break;
     case JOB_BACKWARD:
+        sh->reparam_seconds = 0.0;
         if (nb) backward_shard(m, sh, b0, nb);
         else sh->idle = 1;
         break;
-    case JOB_REDUCE: { /* grads (and dW_hat) of shards 1.. into shard 0, fixed order */
-        size_t off = 0;
-        for (int p = 0; p < MODEL_NUM_PARAMS; p++) {
-            size_t n = m->param_sizes[p];
-            if (!skip_in_grads(m, p)) {
-                split_range(m, t, n, &lo, &hi);
-                for (int k = 1; k < m->nthreads; k++)
-                    if (!m->shards[k].idle)
-                        add_into(m->grads_memory + off + lo, m->shards[k].grads_memory + off + lo, (long)(hi - lo));
-            }
-            off += n;
-        }
-        /* dW_hat by linear, on the thread that owns it, which can then map it
-         * to dW and dgamma at once (no second dispatch): σReparam's backward. */
-        sh->reparam_seconds = 0.0;
-        for (int i = 0; m->deff_memory && i < m->num_linear; i++) {
-            if (m->lin_owner[i] != t) continue;
-            sreparam_linear *l = &m->lin[i];
-            long n = (long)l->out * l->in;
-            size_t o = (size_t)(l->dweff - m->deff_memory);
-            for (int k = 1; k < m->nthreads; k++)
-                if (!m->shards[k].idle) add_into(l->dweff, m->shards[k].deff + o, n);
-            double t0 = now_seconds();
-            sreparam_backward(l, m->cfg.reparam == MODEL_REPARAM_SIGMA);
-            sh->reparam_seconds += now_seconds() - t0;
-        }
+    case JOB_REDUCE:
+        reduce_job(m, t);
         break;
-    }
     case JOB_REPARAM_FWD: /* this thread's linears (balanced by size at create) */
         for (int i = 0; i < m->num_linear; i++) {
             if (m->lin_owner[i] != t) continue;
             sreparam_linear *l = &m->lin[i];
-            if (m->train) sreparam_power_step(l);
+            if (m->train) sreparam_power_step(l, sh->scratch);
             else l->sigma = sreparam_sigma(l);
-            sreparam_forward(l);
         }
         break;
-    case JOB_TASK:
-        m->task(m->task_ctx, t, m->nthreads);
-        break;
     case JOB_ZERO:
-        split_range(m, t, m->num_params, &lo, &hi);
+        pool_split(t, nthreads, m->num_params, &lo, &hi);
         memset(m->grads_memory + lo, 0, (hi - lo) * sizeof(float));
         break;
-    }
-}
-
-#define SPIN 4000 /* pause instructions, ~0.1-0.5 ms */
-
-static void *worker_main(void *arg)
-{
-    model_shard *sh = arg;
-    model *m = sh->m;
-    unsigned seen = 0;
-    for (;;) {
-        /* Jobs come in bursts (σReparam, forward, backward, reduce): spin a
-         * little before sleeping so a new job starts without a futex wake-up. */
-        for (int i = 0; i < SPIN && __atomic_load_n(&m->gen, __ATOMIC_ACQUIRE) == seen; i++)
-            __builtin_ia32_pause();
-        pthread_mutex_lock(&m->mu);
-        while (m->gen == seen && !m->quit) pthread_cond_wait(&m->go, &m->mu);
-        if (m->quit) { pthread_mutex_unlock(&m->mu); return NULL; }
-        seen = m->gen;
-        pthread_mutex_unlock(&m->mu);
-        run_shard(m, sh->id);
-        pthread_mutex_lock(&m->mu);
-        if (--m->pending == 0) pthread_cond_signal(&m->done);
-        pthread_mutex_unlock(&m->mu);
     }
 }
 
@@ -1025,21 +1067,7 @@ static void run_all(model *m, int job)
     m->job = job;
     if (job == JOB_FORWARD || job == JOB_BACKWARD)
         for (int t = 0; t < m->nthreads; t++) m->shards[t].idle = 0;
-    if (m->nthreads > 1) {
-        pthread_mutex_lock(&m->mu);
-        m->pending = m->nthreads - 1;
-        m->gen++;
-        pthread_cond_broadcast(&m->go);
-        pthread_mutex_unlock(&m->mu);
-    }
-    run_shard(m, 0);
-    if (m->nthreads > 1) {
-        for (int i = 0; i < SPIN && __atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) > 0; i++)
-            __builtin_ia32_pause();
-        pthread_mutex_lock(&m->mu);
-        while (m->pending > 0) pthread_cond_wait(&m->done, &m->mu);
-        pthread_mutex_unlock(&m->mu);
-    }
+    pool_run(m->pool, run_shard, m);
 }
 
 float model_forward(model *m, const int *inputs, const int *targets, int B, int T, int train)
@@ -1051,6 +1079,7 @@ float model_forward(model *m, const int *inputs, const int *targets, int B, int 
         double t0 = now_seconds();
         m->train = train;
         run_all(m, JOB_REPARAM_FWD);
+        memset(m->qkv_fresh, 0, sizeof(int) * (size_t)c->layers);
         m->reparam_seconds += now_seconds() - t0;
     }
     run_all(m, JOB_FORWARD);
@@ -1060,18 +1089,23 @@ float model_forward(model *m, const int *inputs, const int *targets, int B, int 
     return m->mean_loss;
 }
 
+/* The slowest shard's σReparam time of the last job. */
+static double worst_reparam(const model *m)
+{
+    double worst = 0.0;
+    for (int t = 0; t < m->nthreads; t++)
+        if (m->shards[t].reparam_seconds > worst) worst = m->shards[t].reparam_seconds;
+    return worst;
+}
+
 void model_backward(model *m)
 {
     run_all(m, JOB_BACKWARD);
-    /* The reduction moves the same amount of memory with and without
-     * σReparam (see skip_in_grads), so only sreparam_backward inside it is
-     * counted as σReparam's cost (the slowest thread's share). */
+    m->reparam_seconds += worst_reparam(m);
     if (m->nthreads > 1 || m->cfg.reparam != MODEL_REPARAM_NONE) {
+        for (int t = 0; t < m->nthreads; t++) m->shards[t].reparam_seconds = 0.0;
         run_all(m, JOB_REDUCE);
-        double worst = 0.0;
-        for (int t = 0; t < m->nthreads; t++)
-            if (m->shards[t].reparam_seconds > worst) worst = m->shards[t].reparam_seconds;
-        m->reparam_seconds += worst;
+        m->reparam_seconds += worst_reparam(m);
     }
 }
 
@@ -1083,9 +1117,14 @@ float *model_attn_input(model *m, int layer)
     return m->cfg.norm == MODEL_NORM_PRE ? layer_of(m, layer).ln1 : block_input(m, layer, 0);
 }
 
-const float *model_qkv_weight(const model *m, int layer)
+const float *model_qkv_weight(model *m, int layer)
 {
-    return m->lin[layer * MODEL_LIN_PER_LAYER + MODEL_LIN_QKV].weff;
+    sreparam_linear *l = &m->lin[layer * MODEL_LIN_PER_LAYER + MODEL_LIN_QKV];
+    if (m->cfg.reparam != MODEL_REPARAM_NONE && !m->qkv_fresh[layer]) {
+        sreparam_forward(l);
+        m->qkv_fresh[layer] = 1;
+    }
+    return l->weff;
 }
 
 int model_linear_index(const model *m, int layer, int which)

@@ -33,15 +33,16 @@
  *       index 4L.  With --reparam none, sigma is 1 and gamma points to 1.
  *   - the qkv activations (B, T, 3C) (q | k | v per token): model_qkv(m, l).
  * Pointers stay valid until model_destroy(); contents change with each forward.
- * The effective weights are only refreshed by a forward pass.
+ * model_qkv_weight() forms W_hat on its first call after a forward (from the
+ * forward's sigma); calls for different layers may run concurrently.
  * ------------------------------------------------------------------------------ */
 #ifndef MODEL_H
 #define MODEL_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pool.h"
 #include "sreparam.h"
 
 typedef enum { MODEL_NORM_PRE = 0, MODEL_NORM_POST = 1, MODEL_NORM_NONE = 2 } model_norm;
@@ -114,20 +115,18 @@ typedef struct {
 } model_acts;
 
 typedef struct model model;
-typedef void (*model_task)(void *ctx, int thread, int nthreads); /* see model_parallel */
+typedef pool_task model_task; /* see model_parallel */
 
 /* One worker's share of a batch: its own gradient buffers and scratch. */
 typedef struct {
-    model *m;
-    int id;
-    pthread_t thread;
-    int started;
     float *grads_memory;  /* shard 0: the model's grads; others: private (num_params) */
     model_params grads;   /* carved from grads_memory */
-    float *deff;          /* private dL/dW_hat (reparam modes; shard 0: the model's) */
-    float *scratch;       /* one layer's backward scratch for this shard's examples */
+    float *scratch;       /* one layer's backward scratch for this shard's examples;
+                           * also the power steps' work vector (>= 4C floats) */
+    double *gw;           /* (num_linear) last backward: <dX, X> of each linear, which
+                           * is alpha <G, W> (see model.c: the gradient through sigma) */
     double loss_sum;      /* last forward: sum of this shard's token losses */
-    double reparam_seconds; /* last reduction: time in sreparam_backward */
+    double reparam_seconds; /* last job: time in σReparam work */
     int idle;             /* last job had no examples for this shard */
 } model_shard;
 
@@ -141,39 +140,33 @@ struct model {
     model_params params, grads;
     float *acts_memory;
     model_acts acts;
-    /* σReparam state: one entry per linear layer (4L + 1). */
+    /* σReparam state: one entry per linear layer (4L + 1).  W_hat is never
+     * formed for the matmuls (they scale by gamma / sigma); only the QKV
+     * weights are materialized, on demand, for probes. */
     int num_linear;
     sreparam_linear *lin;
     float *pi_memory;     /* u and v vectors of every linear, in linear order (u then v) */
     size_t pi_size;
-    float *eff_memory;    /* effective weights (reparam modes), NULL with none */
-    float *deff_memory;   /* their gradients */
-    float one;            /* gamma target for --reparam none, always 1 */
-    size_t deff_size;
+    float *qkv_eff;       /* (L, 3C, C) W_hat of the QKV linears (reparam modes), else NULL */
+    int *qkv_fresh;       /* (L) qkv_eff of the layer matches the last forward */
     /* Data parallelism: nthreads shards of the batch's examples, shard 0 on
      * the calling thread.  Each shard calls OpenBLAS single-threaded: on these
      * small matrices OpenBLAS's own threads lose (measured 8.4k tokens/s with 2
      * OpenBLAS threads vs 13.1k with 1 on the benchmark config). */
     int nthreads;
     model_shard *shards;
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    unsigned gen;
-    int pending, job, quit, sync_ok, train;
+    pool *pool;
+    int job, train;       /* the job the pool is running (see run_shard) */
     int *lin_owner;       /* (num_linear) thread doing each linear's σReparam work */
-    model_task task;      /* model_parallel's job */
-    void *task_ctx;
-    /* wall time spent on σReparam bookkeeping (power steps, W_hat, the
-     * gradient through sigma, reducing dW_hat): for the overhead figure */
+    /* wall time spent on σReparam work (power steps, the <dX, X> products
+     * of the gradient through sigma; the rank-one term rides on the gradient
+     * reduction, which the plain model does too): for the overhead figure */
     double reparam_seconds;
     /* last forward's sizes and inputs */
     int cur_B, cur_T;
     const int *inputs, *targets;
     float mean_loss;
 };
-
-/* Fills sizes[MODEL_NUM_PARAMS] (in floats) and returns their sum. */
-size_t model_param_sizes(const model_config *cfg, size_t sizes[MODEL_NUM_PARAMS]);
 
 /* Validates a configuration; returns 0 or -1 with a message in err. */
 int model_config_check(const model_config *cfg, char *err, size_t errlen);
@@ -206,8 +199,9 @@ float model_forward(model *m, const int *inputs, const int *targets, int B, int 
 void model_zero_grad(model *m);
 
 /* Runs fn(ctx, thread, nthreads) once on each of the model's threads
- * (thread 0 is the caller) and returns when all are done.  For work on the
- * flat parameter buffers, e.g. the optimizer update. */
+ * (thread 0 is the caller; pool_run) and returns when all are done.  For
+ * work on the flat parameter buffers, e.g. the optimizer update, and for
+ * probes. */
 void model_parallel(model *m, model_task fn, void *ctx);
 
 /* Backward pass of the last forward (which must have had targets); ADDS into
@@ -218,7 +212,7 @@ void model_backward(model *m);
 float *model_attention(model *m, int layer);
 float *model_attn_input(model *m, int layer);
 float *model_qkv(model *m, int layer);
-const float *model_qkv_weight(const model *m, int layer);
+const float *model_qkv_weight(model *m, int layer);
 int model_linear_index(const model *m, int layer, int which);
 const sreparam_linear *model_linear(const model *m, int index);
 
@@ -229,7 +223,6 @@ void model_matmul_reference(float *out, const float *inp, const float *w,
 
 /* Random helpers shared by the trainer (xorshift*, as in llm.c). */
 uint32_t model_random_u32(uint64_t *state);
-float model_random_f32(uint64_t *state);   /* uniform [0, 1) */
-float model_random_normal(uint64_t *state);
+float model_random_normal(uint64_t *state); /* standard normal (Box-Muller) */
 
 #endif

@@ -14,20 +14,39 @@ static double dot_f(const float *a, const float *b, long n)
     return s;
 }
 
-void sreparam_power_step(sreparam_linear *l)
+/* Dot product with 16 partial sums, so that it vectorizes without
+ * -ffast-math (a single float accumulator may not be reordered). */
+static float dot16(const float *restrict x, const float *restrict y, int n)
 {
-    /* v <- W u */
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, l->out, l->in, 1.0f, l->w, l->in,
-                l->u, 1, 0.0f, l->v, 1);
-    float nv = cblas_snrm2(l->out, l->v, 1);
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[i + k] * y[i + k];
+    float s = 0.0f;
+    for (int k = 0; k < 16; k++) s += acc[k];
+    for (; i < n; i++) s += x[i] * y[i];
+    return s;
+}
+
+void sreparam_power_step(sreparam_linear *l, float *work)
+{
+    int out = l->out, in = l->in;
+    float *restrict wt = work; /* W^T (W u), before v's normalization */
+    for (int i = 0; i < in; i++) wt[i] = 0.0f;
+    for (int o = 0; o < out; o++) { /* the row stays in L1 between its two uses */
+        const float *restrict row = l->w + (long)o * in;
+        float vo = dot16(row, l->u, in);
+        l->v[o] = vo;
+        for (int i = 0; i < in; i++) wt[i] += vo * row[i];
+    }
+    float nv = cblas_snrm2(out, l->v, 1);
     if (!(nv > 0.0f)) { l->sigma = 0.0f; return; }
-    cblas_sscal(l->out, 1.0f / nv, l->v, 1);
-    /* u <- W^T v; sigma = v^T W u' = ||W^T v|| with u' the normalized W^T v. */
-    cblas_sgemv(CblasRowMajor, CblasTrans, l->out, l->in, 1.0f, l->w, l->in,
-                l->v, 1, 0.0f, l->u, 1);
-    float nu = cblas_snrm2(l->in, l->u, 1);
+    cblas_sscal(out, 1.0f / nv, l->v, 1);
+    /* W^T v = wt / ||W u||;  u <- W^T v normalized;  sigma = ||W^T v||. */
+    float nu = cblas_snrm2(in, wt, 1) / nv;
     if (!(nu > 0.0f)) { l->sigma = 0.0f; return; }
-    cblas_sscal(l->in, 1.0f / nu, l->u, 1);
+    float k = 1.0f / (nu * nv);
+    for (int i = 0; i < in; i++) l->u[i] = wt[i] * k;
     l->sigma = nu;
 }
 
@@ -39,29 +58,37 @@ float sreparam_sigma(const sreparam_linear *l)
     return (float)s;
 }
 
+float sreparam_scale(const sreparam_linear *l)
+{
+    return *l->gamma / l->sigma;
+}
+
 void sreparam_forward(sreparam_linear *l)
 {
     long n = (long)l->out * l->in;
-    float scale = *l->gamma / l->sigma;
+    float scale = sreparam_scale(l);
     const float *w = l->w;
     float *we = l->weff;
     for (long i = 0; i < n; i++) we[i] = scale * w[i];
 }
 
-void sreparam_backward(sreparam_linear *l, int learn_gamma)
+float sreparam_grad_sigma(sreparam_linear *l, double gw, int learn_gamma)
+{
+    float sigma = l->sigma;
+    if (learn_gamma) *l->dgamma += (float)(gw / sigma);
+    return (float)(*l->gamma * gw / ((double)sigma * sigma));
+}
+
+void sreparam_backward(sreparam_linear *l, const float *g, int learn_gamma)
 {
     long n = (long)l->out * l->in;
-    float sigma = l->sigma, gamma = *l->gamma;
-    double gw = dot_f(l->dweff, l->w, n);
-    if (learn_gamma) *l->dgamma += (float)(gw / sigma);
-    float a = gamma / sigma;
-    float c = (float)(gamma * gw / ((double)sigma * sigma));
+    float a = sreparam_scale(l);
+    float c = sreparam_grad_sigma(l, dot_f(g, l->w, n), learn_gamma);
     for (int o = 0; o < l->out; o++) {
         float cv = c * l->v[o];
         float *dw = l->dw + (long)o * l->in;
-        const float *g = l->dweff + (long)o * l->in;
-        const float *u = l->u;
-        for (int i = 0; i < l->in; i++) dw[i] += a * g[i] - cv * u[i];
+        const float *go = g + (long)o * l->in;
+        for (int i = 0; i < l->in; i++) dw[i] += a * go[i] - cv * l->u[i];
     }
 }
 

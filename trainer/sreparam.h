@@ -7,6 +7,12 @@
  * sreparam_linear.  It is not a general SVD library; sreparam_top_singular()
  * (LAPACK, double precision) exists for initialization and for tests.
  *
+ * W_hat is a scalar times W, so a model need not materialize it: it runs its
+ * matmuls on W with sreparam_scale() as the GEMM's alpha, and maps the
+ * gradient with sreparam_grad_sigma() (see model.c).  sreparam_forward() and
+ * sreparam_backward() are the plain, materializing forms: for probes that
+ * want W_hat itself, and as the reference the fused form is tested against.
+ *
  * Weights are row-major (out x in), as in y = W x + b. */
 #ifndef SREPARAM_H
 #define SREPARAM_H
@@ -19,8 +25,7 @@ typedef struct {
     float *dw;       /* (out, in) its gradient (added into); not owned */
     float *gamma;    /* scalar learnable gain; not owned */
     float *dgamma;   /* its gradient (added into); not owned */
-    float *weff;     /* (out, in) effective weight W_hat, written by sreparam_forward; not owned */
-    float *dweff;    /* (out, in) dL/dW_hat, filled by the model's backward; not owned */
+    float *weff;     /* (out, in) W_hat, written by sreparam_forward; not owned; may be NULL */
     float *u;        /* (in)  right singular vector estimate, unit norm; not owned */
     float *v;        /* (out) left singular vector estimate, unit norm; not owned */
     float sigma;     /* current estimate of sigma(W) = v^T W u */
@@ -28,20 +33,32 @@ typedef struct {
 
 /* One power-iteration step on the current W: v <- normalize(W u),
  * u <- normalize(W^T v), then sigma = v^T W u (which equals ||W^T v||).
- * A zero W leaves u, v unchanged and sets sigma to 0. */
-void sreparam_power_step(sreparam_linear *l);
+ * Reads W once: W^T (W u) is accumulated row by row while W u is formed,
+ * and the normalization of v is a scalar applied afterwards.  work holds
+ * `in` floats of scratch.  A zero W sets v and sigma to 0, keeps u. */
+void sreparam_power_step(sreparam_linear *l, float *work);
 
 /* sigma = v^T W u with the stored vectors and no update (eval mode). */
 float sreparam_sigma(const sreparam_linear *l);
 
-/* weff = (gamma / sigma) * w, using l->sigma. */
+/* gamma / sigma: W_hat = sreparam_scale(l) * W. */
+float sreparam_scale(const sreparam_linear *l);
+
+/* weff = sreparam_scale(l) * w. */
 void sreparam_forward(sreparam_linear *l);
 
-/* Maps G = dweff to the trained parameters, with u and v held constant:
- *   dgamma += <G, W> / sigma                     (only if learn_gamma)
- *   dw     += (gamma / sigma) G - (gamma / sigma^2) <G, W> v u^T
- * Adds into dw and dgamma; reads dweff, w, u, v, gamma, sigma. */
-void sreparam_backward(sreparam_linear *l, int learn_gamma);
+/* The gradient through sigma, given gw = <G, W> for G = dL/dW_hat, with u
+ * and v held constant:
+ *   dgamma += gw / sigma                         (only if learn_gamma)
+ * and returns c = gamma gw / sigma^2, the coefficient of the rank-one term of
+ *   dW = (gamma / sigma) G - c v u^T,
+ * which the caller applies (the model fuses it with its gradient reduction). */
+float sreparam_grad_sigma(sreparam_linear *l, double gw, int learn_gamma);
+
+/* Reference form of the whole backward for a materialized G (out, in):
+ * dgamma as above and dw += (gamma / sigma) G - c v u^T.  Adds into dw and
+ * dgamma; reads g, w, u, v, gamma, sigma. */
+void sreparam_backward(sreparam_linear *l, const float *g, int learn_gamma);
 
 /* Largest singular value of w (out x in) by LAPACK SVD in double precision.
  * If u (in) / v (out) are not NULL they receive the top right / left singular
