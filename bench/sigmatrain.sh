@@ -8,8 +8,12 @@
 #
 # The sigma arm uses --gamma-init one: a step costs the same with either init,
 # and the SVD of --gamma-init sigma takes longer than the steps at C = 768.
-# Env: SIGMATRAIN (binary), CONFIGS (names to run, default all), REPS
-# (default 1, best kept), STEPS_SCALE (multiplies every config's steps).
+# PyTorch runs on the C = 128 model when /usr/bin/python3 has torch.
+# Env: SIGMATRAIN (binary), CONFIGS (names to run, default all), ARMS
+# (default "none sigma spectral"), REPS (default 1, best kept), STEPS_SCALE
+# (multiplies every config's steps), BASELINE (a second sigmatrain binary,
+# e.g. an older build: its runs are interleaved with SIGMATRAIN's and printed
+# as rows marked "base").
 set -u
 BIN=${SIGMATRAIN:-build/sigmatrain}
 REPS=${REPS:-1}
@@ -22,7 +26,10 @@ CFG[C128]="--layers 4 --heads 4 --dim 128 --seq-len 128 --batch 16";  STEPS[C128
 CFG[C384]="--layers 6 --heads 6 --dim 384 --seq-len 256 --batch 8";   STEPS[C384]=6
 CFG[C768]="--layers 8 --heads 12 --dim 768 --seq-len 256 --batch 4";  STEPS[C768]=4
 CFG[deep]="--layers 24 --heads 4 --dim 128 --seq-len 128 --batch 16"; STEPS[deep]=8
-ARMS="none sigma spectral"
+ARMS=${ARMS:-"none sigma spectral"}
+BINS="new"
+[ -n "${BASELINE:-}" ] && BINS="base new"
+declare -A BINARY=([new]="$BIN" [base]="${BASELINE:-}")
 
 # Shared 2-core machine: print the load so that a reader can judge the noise.
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -35,16 +42,16 @@ for name in $CONFIGS; do
   [ -n "${CFG[$name]:-}" ] || { echo "unknown config $name"; exit 1; }
   steps=$((STEPS[$name] * SCALE))
   for rep in $(seq "$REPS"); do
-    for arm in $ARMS; do # interleaved
-      line=$("$BIN" ${CFG[$name]} --optimizer adamw --threads 2 --steps "$steps" --eval-every 0 \
+    for arm in $ARMS; do for tag in $BINS; do # interleaved
+      line=$("${BINARY[$tag]}" ${CFG[$name]} --optimizer adamw --threads 2 --steps "$steps" --eval-every 0 \
              --eval-batches 1 --print-every "$steps" --reparam "$arm" --gamma-init one | grep '^summary:')
       [ -n "$line" ] || { echo "sigmatrain $name --reparam $arm failed"; exit 1; }
       t=$(echo "$line" | sed -E 's/.*\| ([0-9]+) tok\/s.*/\1/')
       g=$(echo "$line" | sed -E 's/.* ([0-9.]+) GFLOP\/s.*/\1/')
       r=$(echo "$line" | sed -E 's/.*sreparam ([0-9.]+)% of step time.*/\1/')
-      k="$name/$arm"
+      k="$name/$arm/$tag"
       if [ -z "${tps[$k]:-}" ] || [ "$t" -gt "${tps[$k]}" ]; then tps[$k]=$t; gf[$k]=$g; rp[$k]=$r; fi
-    done
+    done; done
   done
 done
 
@@ -53,17 +60,80 @@ done
 peak2=$("$BIN" --sgemm-peak --threads 2 | awk '{print $2}')
 peak=$(awk -v a="$peak" -v b="$peak2" 'BEGIN{print (a > b ? a : b)}')
 echo "openblas sgemm peak after the runs: $peak2 GFLOP/s; shares below use $peak"
-printf '%-6s %-9s %-44s %9s %8s %8s %10s %10s\n' config arm flags tok/s GFLOP/s "% peak" "σR in-step" "σR e2e"
+printf '%-6s %-9s %-5s %-44s %9s %8s %8s %10s %10s\n' config arm build flags tok/s GFLOP/s "% peak" "σR in-step" "σR e2e"
 for name in $CONFIGS; do
-  for arm in $ARMS; do
-    k="$name/$arm"
+  for arm in $ARMS; do for tag in $BINS; do
+    k="$name/$arm/$tag"
     e2e="-"
-    [ "$arm" != none ] && e2e=$(awk -v a="${tps[$name/none]}" -v b="${tps[$k]}" 'BEGIN{printf "%.1f%%", 100*(1-b/a)}')
+    [ "$arm" != none ] && [ -n "${tps[$name/none/$tag]:-}" ] &&
+      e2e=$(awk -v a="${tps[$name/none/$tag]}" -v b="${tps[$k]}" 'BEGIN{printf "%.1f%%", 100*(1-b/a)}')
     inst="-"
     [ "$arm" != none ] && inst="${rp[$k]}%"
-    printf '%-6s %-9s %-44s %9s %8s %7s%% %10s %10s\n' "$name" "$arm" "${CFG[$name]}" "${tps[$k]}" "${gf[$k]}" \
+    printf '%-6s %-9s %-5s %-44s %9s %8s %7s%% %10s %10s\n' "$name" "$arm" "$tag" "${CFG[$name]}" "${tps[$k]}" "${gf[$k]}" \
       "$(awk -v g="${gf[$k]}" -v p="$peak" 'BEGIN{printf "%.0f", 100*g/p}')" "$inst" "$e2e"
-  done
+  done; done
 done
-echo "(σR in-step: power steps and the gradient through sigma timed inside the step; σR e2e: 1 - tok/s(arm) / tok/s(none), noisy on a shared machine; ${REPS} run(s) per arm, best kept)"
+echo "  (σR in-step: power steps and the gradient through sigma timed inside the step; σR e2e: 1 - tok/s(arm) / tok/s(none), noisy on a shared machine; ${REPS} run(s) per arm, best kept)"
+# PyTorch on the C = 128 model (issue 4's anchor), when /usr/bin/python3 has
+# torch (the deps never install it).
+core=$(echo "$peak_line" | awk '{print $6}')
+if [ -n "${tps[C128/none/new]:-}" ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  py=$(mktemp --suffix=.py)
+  trap 'rm -f "$py"' EXIT
+  cat > "$py" <<'PY'
+import sys, time, math
+import torch, torch.nn as nn, torch.nn.functional as F
+L, H, C, T, B, V = 4, 4, 128, 128, 16, 64
+steps = int(sys.argv[1])
+torch.set_num_threads(2)
+torch.manual_seed(0)
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.ln1 = nn.LayerNorm(C); s.qkv = nn.Linear(C, 3 * C); s.proj = nn.Linear(C, C)
+        s.ln2 = nn.LayerNorm(C); s.fc = nn.Linear(C, 4 * C); s.fcproj = nn.Linear(4 * C, C)
+        s.register_buffer("mask", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+    def forward(s, x):
+        b, t, _ = x.shape
+        q, k, v = s.qkv(s.ln1(x)).split(C, dim=2)
+        q, k, v = (z.view(b, t, H, C // H).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
+        att = att.masked_fill(s.mask[:, :, :t, :t] == 0, float("-inf")).softmax(-1)
+        x = x + s.proj((att @ v).transpose(1, 2).contiguous().view(b, t, C))
+        return x + s.fcproj(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.wte = nn.Embedding(V, C); s.wpe = nn.Embedding(T, C)
+        s.blocks = nn.ModuleList([Block() for _ in range(L)])
+        s.lnf = nn.LayerNorm(C); s.head = nn.Linear(C, V, bias=False)
+    def forward(s, idx, tgt):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
+        for blk in s.blocks: x = blk(x)
+        return F.cross_entropy(s.head(s.lnf(x)).reshape(-1, V), tgt.reshape(-1))
+m = GPT()
+opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+data = torch.randint(0, V, (B, T + 1))
+def step():
+    loss = m(data[:, :-1], data[:, 1:]); opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+for _ in range(3): step()
+t0 = time.time()
+for _ in range(steps): step()
+print("%.0f %s" % (steps * B * T / (time.time() - t0), torch.__version__))
+PY
+  # As shipped (Debian's torch calls OpenBLAS, which misdetects this CPU),
+  # and with the same OPENBLAS_CORETYPE sigmatrain selects for itself.
+  best=0
+  for ct in "" "$core"; do
+    out=$(env ${ct:+OPENBLAS_CORETYPE=$ct} OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2 /usr/bin/python3 "$py" 20)
+    t=${out%% *}
+    [[ $t =~ ^[0-9]+$ ]] || { echo "  pytorch run failed"; continue; }
+    echo "  pytorch ${out#* } (OMP_WAIT_POLICY=PASSIVE, 2 threads${ct:+, OPENBLAS_CORETYPE=$ct}): $t tokens/s"
+    [ "$t" -gt "$best" ] && best=$t
+  done
+  echo "pytorch best: $best tokens/s"
+  [ "$best" -gt 0 ] && echo "ratio sigmatrain/pytorch: none $(awk -v a="${tps[C128/none/new]}" -v b="$best" 'BEGIN{printf "%.2f", a/b}')x, sigma $(awk -v a="${tps[C128/sigma/new]}" -v b="$best" 'BEGIN{printf "%.2f", a/b}')x (target >= 1.5x)"
+elif [ -n "${tps[C128/none/new]:-}" ]; then
+  echo "pytorch: not installed for /usr/bin/python3 (apt-get install python3-torch); ratio skipped"
+fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -532,6 +532,19 @@ static void test_model_threads(void **s)
     att_block = 32;
 }
 
+/* <G, W> by activations only, then by weights only (gamma != 0). */
+static void test_model_gw_routes(void **s)
+{
+    (void)s;
+    for (int r = 0; r < 2; r++) {
+        gw_weights_below = r ? 0.0 : 1e30;
+        check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 1);
+        check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_POST, 0, 2);
+        check_model(MODEL_REPARAM_SPECTRAL, MODEL_NORM_PRE, 0, 3);
+    }
+    gw_weights_below = 1.5;
+}
+
 /* gamma = 0 on one linear (its FC), with one and two threads. */
 static void test_model_zero_gamma(void **s)
 {
@@ -586,6 +599,7 @@ int main(void)
         cmocka_unit_test(test_model_reparam_sigma),
         cmocka_unit_test(test_model_reparam_spectral),
         cmocka_unit_test(test_model_threads),
+        cmocka_unit_test(test_model_gw_routes),
         cmocka_unit_test(test_model_zero_gamma),
         cmocka_unit_test(test_model_init_identity),
     };

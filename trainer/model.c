@@ -609,11 +609,12 @@ model *model_create(const model_config *cfg, int B, int T, int threads)
     m->num_linear = MODEL_LIN_PER_LAYER * L + 1;
     m->lin = calloc(m->num_linear, sizeof *m->lin);
     m->lin_owner = calloc(m->num_linear, sizeof(int));
+    m->gw_route = calloc(m->num_linear, sizeof(int));
     /* u (in) + v (out) per linear: per layer C+3C, C+C, C+4C, 4C+C; head C+V */
     m->pi_size = (size_t)L * (4 + 2 + 5 + 5) * C + C + cfg->vocab;
     m->pi_memory = calloc(m->pi_size, sizeof(float));
     if (!m->params_memory || !m->grads_memory || !m->acts_memory || !m->lin ||
-        !m->lin_owner || !m->pi_memory)
+        !m->lin_owner || !m->gw_route || !m->pi_memory)
         goto err;
     carve_params(&m->params, m->params_memory, m->param_sizes);
     carve_params(&m->grads, m->grads_memory, m->param_sizes);
@@ -664,6 +665,7 @@ void model_destroy(model *m)
     free(m->acts_memory);
     free(m->lin);
     free(m->lin_owner);
+    free(m->gw_route);
     free(m->pi_memory);
     free(m->qkv_eff);
     free(m->qkv_fresh);
@@ -725,6 +727,7 @@ static void run_all(model *m, int job);
 void model_zero_grad(model *m)
 {
     run_all(m, JOB_ZERO);
+    m->grads_clear = 1;
 }
 
 void model_parallel(model *m, model_task fn, void *ctx)
@@ -844,15 +847,33 @@ static int skip_range_reduce(const model *m, int t)
     return t == MODEL_GAMMA || (m->cfg.reparam != MODEL_REPARAM_NONE && is_weight(t));
 }
 
-/* σReparam's <G, W> for linear i from this shard's examples.  G = dout^T X
- * and dX = alpha dout W, so <G, W> = <dout W, X> = <dX, X> / alpha: a pass
- * over two activations instead of over the (larger, uncached) G and W, and
- * G is never formed (the dW matmul applies alpha itself).  With gamma = 0
- * dX is zero, and dout W is formed again in dinp for the product. */
+/* σReparam's <G, W> for linear i, G = dL/dW_hat, which is never formed
+ * (the dW matmuls apply alpha = gamma / sigma themselves).  Two routes:
+ *  - by activations (grad_dot): G = dout^T X and dX = alpha dout W, so
+ *    <G, W> = <dout W, X> = <dX, X> / alpha, a pass over two activations of
+ *    each shard while the shards run in parallel;
+ *  - by weights (reduce_linear): the reduced dW is alpha G when the
+ *    gradient was cleared before the backward, so <G, W> = <dW, W> / alpha,
+ *    read in the pass that reduces dW, and a second pass for the rank-one
+ *    term.
+ * The first moves 2 (tokens per shard) x in floats, the second about
+ * 3 out x in / threads: weights win when 1.5 out < tokens of the batch
+ * (narrow models, the LM head), activations at large widths. */
+static double gw_weights_below = 1.5; /* a variable so that tests can force either route */
+
+static int gw_by_weights(const model *m, int i)
+{
+    const sreparam_linear *l = &m->lin[i];
+    return m->grads_clear && sreparam_scale(l) != 0.0f &&
+           gw_weights_below * l->out < (double)m->cur_B * m->cur_T;
+}
+
+/* The activation route for linear i from this shard's examples.  With
+ * gamma = 0 dX is zero, and dout W is formed again in dinp for the product. */
 static void grad_dot(model *m, model_shard *sh, int i, float *dinp, const float *dout,
                      const float *inp, int N)
 {
-    if (m->cfg.reparam == MODEL_REPARAM_NONE) return;
+    if (m->cfg.reparam == MODEL_REPARAM_NONE || m->gw_route[i]) return;
     double t0 = now_seconds();
     const sreparam_linear *l = &m->lin[i];
     float a = sreparam_scale(l);
@@ -976,26 +997,44 @@ static void shard_range(const model *m, int t, int *b0, int *nb)
     *nb = B * (t + 1) / n - *b0;
 }
 
-/* Linear i's weight gradient, with σReparam: adds the other shards' dW into
- * the model's and applies the rank-one term -c v u^T of the gradient
- * through sigma in the same pass, row by row (sreparam_grad_sigma has the
- * formula; the shards' matmuls already applied gamma / sigma to G). */
-static void reduce_linear(model *m, int i, model_shard *self)
+/* The weight route's first pass: adds the other shards' dW into the
+ * model's and returns <dW, W> / alpha = <G, W>. */
+static double reduce_dot(model *m, int i)
 {
     sreparam_linear *l = &m->lin[i];
     size_t off = (size_t)(l->dw - m->grads_memory);
     double gw = 0.0;
+    for (int o = 0; o < l->out; o++) {
+        float *restrict d = l->dw + (long)o * l->in;
+        for (int k = 1; k < m->nthreads; k++)
+            if (!m->shards[k].idle)
+                add_into(d, m->shards[k].grads_memory + off + (long)o * l->in, l->in);
+        gw += dot_double(d, l->w + (long)o * l->in, l->in);
+    }
+    return gw / sreparam_scale(l);
+}
+
+/* Linear i's weight gradient, with σReparam: adds the other shards' dW into
+ * the model's and applies the rank-one term -c v u^T of the gradient
+ * through sigma (sreparam_grad_sigma has the formula; the shards' matmuls
+ * already applied gamma / sigma to G).  By activations the two share one
+ * pass, row by row; by weights the reduction is reduce_dot's. */
+static void reduce_linear(model *m, int i, model_shard *self)
+{
+    sreparam_linear *l = &m->lin[i];
+    size_t off = (size_t)(l->dw - m->grads_memory);
+    double gw = 0.0, t0 = now_seconds();
     int others = 0;
     for (int k = 0; k < m->nthreads; k++)
         if (!m->shards[k].idle) { gw += m->shards[k].gw[i]; others += k > 0; }
-    double t0 = now_seconds();
+    if (m->gw_route[i]) { gw = reduce_dot(m, i); others = 0; }
     float c = sreparam_grad_sigma(l, gw, m->cfg.reparam == MODEL_REPARAM_SIGMA);
     for (int o = 0; o < l->out; o++) {
         float *restrict d = l->dw + (long)o * l->in;
         const float *restrict u = l->u;
         float cv = c * l->v[o];
         int first = 1;
-        for (int k = 1; k < m->nthreads; k++) {
+        for (int k = 1; others && k < m->nthreads; k++) { /* none left by weights */
             if (m->shards[k].idle) continue;
             const float *restrict src = m->shards[k].grads_memory + off + (long)o * l->in;
             if (first) for (int j = 0; j < l->in; j++) d[j] += src[j] - cv * u[j];
@@ -1004,8 +1043,9 @@ static void reduce_linear(model *m, int i, model_shard *self)
         }
         if (first) for (int j = 0; j < l->in; j++) d[j] -= cv * u[j];
     }
-    /* alone, the pass is σReparam's own; with other shards to add it is the
-     * reduction the plain model makes too, plus an FMA per element */
+    /* Counted as σReparam's: the weight route's two passes (the first one
+     * reduces too: an overstatement), and the rank-one pass when alone; not
+     * the fused pass, which is the plain model's reduction plus an FMA. */
     if (!others) self->reparam_seconds += now_seconds() - t0;
 }
 
@@ -1100,6 +1140,9 @@ static double worst_reparam(const model *m)
 
 void model_backward(model *m)
 {
+    for (int i = 0; m->cfg.reparam != MODEL_REPARAM_NONE && i < m->num_linear; i++)
+        m->gw_route[i] = gw_by_weights(m, i);
+    m->grads_clear = 0;
     run_all(m, JOB_BACKWARD);
     m->reparam_seconds += worst_reparam(m);
     if (m->nthreads > 1 || m->cfg.reparam != MODEL_REPARAM_NONE) {

@@ -158,6 +158,9 @@ struct model {
     pool *pool;
     int job, train;       /* the job the pool is running (see run_shard) */
     int *lin_owner;       /* (num_linear) thread doing each linear's σReparam work */
+    int *gw_route;        /* (num_linear) last backward: <G, W> by weights (1) or by
+                           * activations (0), see model.c gw_by_weights */
+    int grads_clear;      /* model_zero_grad ran and no backward since */
     /* wall time spent on σReparam work (power steps, the <dX, X> products
      * of the gradient through sigma; the rank-one term rides on the gradient
      * reduction, which the plain model does too): for the overhead figure */
