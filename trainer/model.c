@@ -61,12 +61,22 @@ static float truncated_normal(uint64_t *rng, float std)
 /* exp(x) for x in float range, relative error ~2e-7: Cephes expf (Cody-Waite
  * range reduction, degree-6 polynomial) with a round-to-nearest trick instead
  * of floorf, so that GCC vectorizes the loops that call it (libm's expf is a
- * call per element). */
+ * call per element).  No branch may remain for that (GELU's and softmax's
+ * loops were scalar while one did): the exponent is taken from the bits of
+ * the rounding sum itself, not by a float -> int conversion (undefined for a
+ * NaN, so it needed one), in unsigned arithmetic, so a NaN's garbage
+ * exponent is defined behaviour; the NaN itself is carried by p. */
 static inline float fast_expf(float x)
 {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    float r = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    /* clamp to [-87, 88] by bit masks: GCC does not if-convert the two
+     * float selects (trapping math), and a NaN compares false and stays */
+    union { float f; uint32_t u; } xb = {x}, lo = {-87.0f}, hi = {88.0f};
+    uint32_t ml = -(uint32_t)(x < -87.0f), mh = -(uint32_t)(x > 88.0f);
+    xb.u = (xb.u & ~ml) | (lo.u & ml);
+    xb.u = (xb.u & ~mh) | (hi.u & mh);
+    x = xb.f;
+    union { float f; uint32_t u; } t = {x * 1.44269504088896341f + 12582912.0f}, e;
+    float r = t.f - 12582912.0f; /* round(x / ln 2), in [-126, 127] */
     float f = x - r * 0.693359375f - r * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * f + 1.3981999507e-3f;
@@ -75,10 +85,8 @@ static inline float fast_expf(float x)
     p = p * f + 1.6666665459e-1f;
     p = p * f + 5.0000001201e-1f;
     p = p * f * f + f + 1.0f;
-    /* NaN must stay NaN (p carries it) without an undefined NaN -> int cast */
-    float re = r == r ? r : 0.0f;
-    union { int32_t i; float f; } e;
-    e.i = ((int32_t)re + 127) << 23;
+    /* 12582912 = 1.5 x 2^23 = 0x4B400000: its low mantissa bits hold r */
+    e.u = (t.u - 0x4B400000u + 127u) << 23;
     return p * e.f;
 }
 
