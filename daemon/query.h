@@ -158,6 +158,18 @@ int query_series(struct query *q, const struct query_series_req *req, struct str
 int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
                 struct strbuf *out, char *err, size_t errlen);
 
+/* Calls fn(ctx, step, vals, n) for every stored frame of metric_id with
+ * lo <= step <= hi, in step order; vals holds the frame's n values
+ * (float32, NaN where the trainer sent null), borrowed for the call. Runs
+ * in the caller's read transaction if one is open (query_db_begin is not
+ * public: a reader wanting one snapshot across calls holds q between them
+ * inside a transaction of its own), else each statement in its own. fn
+ * returns 0 to go on; any other value stops the walk and is returned.
+ * QUERY_ERR with a message if the database fails. */
+typedef int (*query_frame_fn)(void *ctx, int64_t step, const float *vals, uint32_t n);
+int query_frames(struct query *q, int64_t metric_id, uint32_t n, int64_t lo, int64_t hi, query_frame_fn fn, void *ctx,
+                 char *err, size_t errlen);
+
 /* GET /api/runs/{id}/events: at most limit events. Oldest first from
  * after (id > after), or, with newest_first, newest first from before
  * (id < before; before 0: from the newest). The answer is {run, events,
