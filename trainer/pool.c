@@ -97,8 +97,6 @@ void pool_destroy(pool *p)
     free(p);
 }
 
-int pool_size(const pool *p) { return p->n; }
-
 void pool_run(pool *p, pool_task fn, void *ctx)
 {
     if (p->n > 1) {

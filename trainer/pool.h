@@ -26,9 +26,6 @@ pool *pool_create(int threads);
  * be called from inside a task. */
 void pool_destroy(pool *p);
 
-/* Threads of the pool, the caller included. */
-int pool_size(const pool *p);
-
 /* Runs fn(ctx, t, n) on every thread t of the pool (t = 0 on the caller)
  * and returns when all have returned.  Not reentrant: a task must not call
  * pool_run on the same pool. */
