@@ -226,14 +226,15 @@ int main(void) {
     if (scanf("%d %d %f", &out, &in, &gamma) != 3) return 1;
     long n = (long)out * in;
     float *w = malloc(4 * n), *g = malloc(4 * n), *dw = calloc(n, 4), *weff = malloc(4 * n);
-    float *u = malloc(4 * in), *v = calloc(out, 4), dgamma = 0;
+    float *u = malloc(4 * in), *v = calloc(out, 4), *work = malloc(4 * in), dgamma = 0;
     for (long i = 0; i < n; i++) if (scanf("%f", &w[i]) != 1) return 1;
     for (int i = 0; i < in; i++) if (scanf("%f", &u[i]) != 1) return 1;
     for (long i = 0; i < n; i++) if (scanf("%f", &g[i]) != 1) return 1;
-    sreparam_linear l = {out, in, w, dw, &gamma, &dgamma, weff, g, u, v, 0};
-    sreparam_power_step(&l);
+    sreparam_linear l = {.out = out, .in = in, .w = w, .dw = dw, .gamma = &gamma,
+                         .dgamma = &dgamma, .weff = weff, .u = u, .v = v};
+    sreparam_power_step(&l, work);
     sreparam_forward(&l);
-    sreparam_backward(&l, 1);
+    sreparam_backward(&l, g, 1);
     printf("%.9g\n", l.sigma);
     for (long i = 0; i < n; i++) printf("%.9g ", weff[i]);
     printf("\n");
