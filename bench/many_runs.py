@@ -163,8 +163,10 @@ def big_run(d, name, L=1024, H=1024, steps=3):
 def main():
     print("many_runs: load average before: %s on %d cores" % (" ".join(open("/proc/loadavg").read().split()[:3]),
                                                               os.cpu_count()))
-    few_d = Daemon(http=True).start()
-    many_d = Daemon(http=True).start()
+    # the 1024 x 1024-head run is over the default --max-cells-per-run
+    big = ["--max-cells-per-run", "1048576"]
+    few_d = Daemon(http=True, args=big).start()
+    many_d = Daemon(http=True, args=big).start()
     try:
         seed(few_d, ["few-%02d" % i for i in range(FEW)])
         seed(many_d, ["few-%02d" % i for i in range(FEW)])
