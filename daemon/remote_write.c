@@ -552,12 +552,14 @@ static void cursor_load(struct remote_write *rw) {
                 line + 4, rw->url);
         ok = 0;
     }
+    int fresh = !ok;
     long long id, step, ts, branch;
     while (ok && fgets(line, sizeof line, f) && sscanf(line, "%lld %lld %lld %lld", &id, &step, &ts, &branch) == 4) {
         struct rw_cursor *c = cursor_get(rw, id);
         if (c) *c = (struct rw_cursor){.run_id = id, .step = step, .ts = ts, .branch = branch};
     }
     fclose(f);
+    if (fresh) cursor_save(rw); /* the old receiver's progress is not this one's */
 }
 
 /* ---- the thread ----------------------------------------------------- */
