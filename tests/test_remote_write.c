@@ -83,7 +83,8 @@ static void rd_label(const unsigned char *p, const unsigned char *end, char *tex
     assert_true(strcmp(prev, name) < 0); /* sorted, no repeats */
     snprintf(prev, 64, "%s", name);
     size_t len = strlen(text);
-    snprintf(text + len, cap - len, "%s%s=%s", len ? "," : "", name, value);
+    int w = snprintf(text + len, cap - len, "%s%s=%s", len ? "," : "", name, value);
+    assert_true(w > 0 && (size_t)w < cap - len);
 }
 
 /* Decodes a WriteRequest into got[]; returns 1 when it holds a bad ts. */
