@@ -56,6 +56,13 @@ struct rw_batch {
     unsigned char *present; /* [nmetrics][k]: the metric has a frame at that step */
 };
 
+/* A stored run as a pass sees it: what tells whether it has news. */
+struct rw_run {
+    int64_t id;
+    int64_t last_step; /* INT64_MIN before any step */
+    int64_t branch;    /* its newest rollback, 0 if none */
+};
+
 enum { RW_SENT = 0, RW_REJECTED = 1, RW_STOP = 2 };
 
 struct remote_write {
@@ -76,8 +83,8 @@ struct remote_write {
     char *z;                 /* its snappy form */
     size_t zcap;
     struct query *q;         /* the thread's connection during a pass */
-    int64_t *ids;            /* the runs of the pass, in order */
-    size_t nids;
+    struct rw_run *runs;     /* the runs of the pass, in id order */
+    size_t nruns;
     double pending_at;       /* when pending was last counted (monotonic ms) */
     double log_at;           /* when a rejection was last logged */
     _Atomic uint64_t sent, rejected, requests, failures, bytes, pending;
@@ -569,39 +576,46 @@ static void cursor_load(struct remote_write *rw) {
 
 /* ---- the thread ----------------------------------------------------- */
 
-/* The stored runs' ids, in order (malloc'd; *n of them), dropping the
- * cursors of runs deleted meanwhile. NULL with *n 0 when there are none or
- * on failure. */
-static int64_t *list_runs(struct remote_write *rw, struct query *q, size_t *n, char *err, size_t errlen) {
+/* The stored runs, in id order (malloc'd; *n of them), dropping the
+ * cursors of runs deleted meanwhile. NULL with *n 0 when there are none
+ * or on failure. One query, however many runs are stored. */
+static struct rw_run *list_runs(struct remote_write *rw, struct query *q, size_t *n, char *err, size_t errlen) {
     *n = 0;
-    sqlite3_stmt *s = prep(q, "SELECT id FROM runs ORDER BY id", err, errlen);
-    int64_t *ids = NULL;
+    sqlite3_stmt *s = prep(q, "SELECT id, coalesce(last_step, -9223372036854775807 - 1), "
+                              "coalesce((SELECT max(id) FROM branches b WHERE b.run_id = r.id), 0) "
+                              "FROM runs r ORDER BY id", err, errlen);
+    struct rw_run *runs = NULL;
     size_t cap = 0;
     while (s && sqlite3_step(s) == SQLITE_ROW) {
         if (*n == cap) {
             cap = cap ? 2 * cap : 64;
-            int64_t *m = realloc(ids, cap * sizeof *m);
+            struct rw_run *m = realloc(runs, cap * sizeof *m);
             if (!m) break;
-            ids = m;
+            runs = m;
         }
-        ids[(*n)++] = sqlite3_column_int64(s, 0);
+        runs[(*n)++] = (struct rw_run){sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1),
+                                       sqlite3_column_int64(s, 2)};
     }
     sqlite3_finalize(s);
     size_t keep = 0;
     for (size_t i = 0, j = 0; i < rw->ncur; i++) {
-        while (j < *n && ids[j] < rw->cur[i].run_id) j++;
-        if (j < *n && ids[j] == rw->cur[i].run_id) rw->cur[keep++] = rw->cur[i];
+        while (j < *n && runs[j].id < rw->cur[i].run_id) j++;
+        if (j < *n && runs[j].id == rw->cur[i].run_id) rw->cur[keep++] = rw->cur[i];
     }
     if (s) rw->ncur = keep;
-    return ids;
+    return runs;
+}
+
+/* 1 when the run has steps past its cursor or a rollback not seen yet. */
+static int has_news(const struct rw_run *r, const struct rw_cursor *c) {
+    return r->last_step != c->step || r->branch != c->branch;
 }
 
 /* Counts the samples committed and not yet delivered over the pass's
- * runs, at most once a second (a count of the steps past each cursor). */
+ * runs, at most once a second (a count of the steps past each cursor of a
+ * run with news). */
 static void count_pending(struct remote_write *rw) {
     struct query *q = rw->q;
-    const int64_t *ids = rw->ids;
-    size_t n = rw->nids;
     if (!q || now_mono_ms() - rw->pending_at < 1000) return;
     rw->pending_at = now_mono_ms();
     char err[256];
@@ -610,10 +624,11 @@ static void count_pending(struct remote_write *rw) {
                               "ELSE r.layers * r.heads END) FROM metrics WHERE run_id = ?1), 0)) "
                               "FROM runs r WHERE id = ?1", err, sizeof err);
     uint64_t total = 0;
-    for (size_t i = 0; s && i < n; i++) {
-        struct rw_cursor *c = cursor_get(rw, ids[i]);
+    for (size_t i = 0; s && i < rw->nruns; i++) {
+        struct rw_cursor *c = cursor_get(rw, rw->runs[i].id);
         if (!c) break;
-        sqlite3_bind_int64(s, 1, ids[i]);
+        if (!has_news(&rw->runs[i], c)) continue;
+        sqlite3_bind_int64(s, 1, c->run_id);
         sqlite3_bind_int64(s, 2, c->step);
         if (sqlite3_step(s) == SQLITE_ROW) total += (uint64_t)sqlite3_column_int64(s, 0);
         sqlite3_reset(s);
@@ -622,18 +637,19 @@ static void count_pending(struct remote_write *rw) {
     if (s) atomic_store(&rw->pending, total);
 }
 
-/* One pass over the runs: at most one batch of each sent. Returns the
- * batches delivered, or -1 on a failure (logged). */
+/* One pass over the runs: at most one batch of each run with news sent.
+ * Returns the batches delivered, or -1 on a failure (logged). */
 static int pass(struct remote_write *rw) {
     char err[512];
     struct query *q = query_acquire(rw->pool, err, sizeof err);
     if (!q) goto fail;
     size_t n;
-    int64_t *ids = list_runs(rw, q, &n, err, sizeof err);
-    rw->q = q, rw->ids = ids, rw->nids = n;
+    struct rw_run *runs = list_runs(rw, q, &n, err, sizeof err);
+    rw->q = q, rw->runs = runs, rw->nruns = n;
     int done = 0;
     for (size_t i = 0; i < n && done >= 0 && !atomic_load(&rw->stop); i++) {
-        struct rw_cursor *c = cursor_get(rw, ids[i]);
+        struct rw_cursor *c = cursor_get(rw, runs[i].id);
+        if (c && !has_news(&runs[i], c)) continue;
         struct rw_batch bt;
         int r = c ? read_batch(q, c, &bt, err, sizeof err) : -1;
         if (r <= 0) {
@@ -644,7 +660,7 @@ static int pass(struct remote_write *rw) {
         r = send_batch(rw, &bt);
         batch_free(&bt);
         if (r == RW_SENT) {
-            c = cursor_get(rw, ids[i]); /* the same entry: only list_runs moves them */
+            c = cursor_get(rw, runs[i].id); /* the same entry: only list_runs moves them */
             c->step = last_step, c->ts = last_ts;
             cursor_save(rw);
             done++;
@@ -654,8 +670,8 @@ static int pass(struct remote_write *rw) {
         }
     }
     count_pending(rw);
-    rw->q = NULL, rw->ids = NULL, rw->nids = 0;
-    free(ids);
+    rw->q = NULL, rw->runs = NULL, rw->nruns = 0;
+    free(runs);
     query_release(rw->pool, q);
     if (done >= 0) return done;
 fail:
@@ -758,29 +774,29 @@ void remote_write_on_commit(struct remote_write *rw, const struct writer_item *i
     }
 }
 
-static void prom(struct strbuf *b, const char *name, const char *type, const char *help, double v) {
-    strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
-}
-
 void remote_write_metrics(void *ctx, struct strbuf *b) {
     struct remote_write *rw = ctx;
     if (!rw) return;
-    prom(b, "entropyd_remote_write_samples_total", "counter", "Samples the remote-write receiver took.",
-         (double)atomic_load(&rw->sent));
-    prom(b, "entropyd_remote_write_samples_rejected_total", "counter",
-         "Samples the receiver refused for good (out of order, too old): skipped.", (double)atomic_load(&rw->rejected));
-    prom(b, "entropyd_remote_write_pending_samples", "gauge", "Samples committed and not yet delivered.",
-         (double)atomic_load(&rw->pending));
-    prom(b, "entropyd_remote_write_requests_total", "counter", "Remote-write requests sent.",
-         (double)atomic_load(&rw->requests));
-    prom(b, "entropyd_remote_write_requests_failed_total", "counter",
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } m[] = {
+        {"samples_total", "counter", "Samples the remote-write receiver took.", (double)atomic_load(&rw->sent)},
+        {"samples_rejected_total", "counter", "Samples the receiver refused for good (out of order, too old): skipped.",
+         (double)atomic_load(&rw->rejected)},
+        {"pending_samples", "gauge", "Samples committed and not yet delivered.", (double)atomic_load(&rw->pending)},
+        {"requests_total", "counter", "Remote-write requests sent.", (double)atomic_load(&rw->requests)},
+        {"requests_failed_total", "counter",
          "Remote-write requests that failed (receiver down, 5xx, 429, timeout) and were retried.",
-         (double)atomic_load(&rw->failures));
-    prom(b, "entropyd_remote_write_sent_bytes_total", "counter", "Compressed bytes the receiver took.",
-         (double)atomic_load(&rw->bytes));
-    prom(b, "entropyd_remote_write_failing", "gauge", "1 while the receiver fails.", atomic_load(&rw->failing));
-    prom(b, "entropyd_remote_write_last_success_timestamp_seconds", "gauge",
-         "Unix time of the last request the receiver took (0: none yet).", atomic_load(&rw->last_ok));
+         (double)atomic_load(&rw->failures)},
+        {"sent_bytes_total", "counter", "Compressed bytes the receiver took.", (double)atomic_load(&rw->bytes)},
+        {"failing", "gauge", "1 while the receiver fails.", atomic_load(&rw->failing)},
+        {"last_success_timestamp_seconds", "gauge", "Unix time of the last request the receiver took (0: none yet).",
+         atomic_load(&rw->last_ok)},
+    };
+    for (size_t i = 0; i < sizeof m / sizeof *m; i++)
+        strbuf_printf(b, "# HELP entropyd_remote_write_%s %s\n# TYPE entropyd_remote_write_%s %s\n"
+                         "entropyd_remote_write_%s %.17g\n", m[i].name, m[i].help, m[i].name, m[i].type, m[i].name, m[i].v);
 }
 
 void remote_write_destroy(struct remote_write *rw) {
