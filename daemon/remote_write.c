@@ -207,8 +207,11 @@ static int abort_on_stop(void *ctx, curl_off_t a, curl_off_t b, curl_off_t c, cu
     return atomic_load(&rw->stop);
 }
 
-/* POSTs rw->pb once (unused only in the unit test, which fakes it). Returns RW_SENT (2xx), RW_REJECTED (4xx but 408 and
- * 429: the receiver refuses these samples for good) or -1 (try again),
+/* POSTs rw->pb once (unused only in the unit test, which fakes it).
+ * Returns RW_SENT (2xx), RW_REJECTED (400: the receiver refuses these
+ * samples for good; Prometheus, Mimir and VictoriaMetrics say so for out of
+ * order or too old) or -1: try again, for anything else, other 4xx
+ * included (401, 403, 404: a configuration to fix, not samples to drop),
  * with the receiver's answer or curl's error in msg. */
 static __attribute__((unused)) int post_once(struct remote_write *rw, char *msg, size_t msglen) {
     size_t need = snappy_max_compressed_length(rw->pb.len);
@@ -241,7 +244,7 @@ static __attribute__((unused)) int post_once(struct remote_write *rw, char *msg,
         snprintf(msg, msglen, "HTTP %ld: %.200s", code, body.p ? body.p : "");
         msg[strcspn(msg, "\n")] = 0;
         if (code >= 200 && code < 300) ret = RW_SENT, atomic_fetch_add(&rw->bytes, zlen);
-        else if (code >= 400 && code < 500 && code != 408 && code != 429) ret = RW_REJECTED;
+        else if (code == 400) ret = RW_REJECTED;
     }
     strbuf_free(&body);
     return ret;

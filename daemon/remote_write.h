@@ -15,8 +15,9 @@
  *
  * A receiver that is down, times out, or answers 5xx or 429 gets the same
  * batch again with exponential backoff (REMOTE_WRITE_BACKOFF_MIN_MS ..
- * REMOTE_WRITE_BACKOFF_MAX_MS). A 4xx answer (out of order, too old) means
- * the receiver will never take the batch as it is: it is split in halves
+ * REMOTE_WRITE_BACKOFF_MAX_MS), as does any other 4xx but 400 (401, 404:
+ * a configuration to fix). A 400 (out of order, too old) means the
+ * receiver will never take the batch as it is: it is split in halves
  * by steps until each rejected step is alone, and those are counted as
  * rejected and skipped. */
 #ifndef REMOTE_WRITE_H

@@ -36,6 +36,7 @@ static size_t ngot, nposts;
 static int64_t bad_ts[8];
 static int nbad;
 static int count_only;              /* decode, count, keep nothing */
+static int fail_first;              /* answer this many requests like a receiver that is down */
 static size_t req_samples, max_req_samples;
 
 static uint64_t rd_varint(const unsigned char **p, const unsigned char *end) {
@@ -122,6 +123,11 @@ static int rd_request(const unsigned char *p, const unsigned char *end, size_t *
  * Prometheus, the whole request) when any sample is at a bad ts. */
 static int fake_post(struct remote_write *rw, char *msg, size_t msglen) {
     nposts++;
+    if (fail_first > 0) {
+        fail_first--;
+        snprintf(msg, msglen, "HTTP 404: not found");
+        return -1;
+    }
     size_t need = snappy_max_compressed_length(rw->pb.len), zlen = need, ulen = 0;
     char *z = malloc(need);
     assert_non_null(z);
@@ -150,7 +156,7 @@ static struct remote_write *fake_rw(void) {
     rw->url = strdup("http://test/api/v1/write");
     rw->log_at = -1e18;
     ngot = nposts = max_req_samples = 0;
-    nbad = count_only = 0;
+    nbad = count_only = fail_first = 0;
     return rw;
 }
 
@@ -262,6 +268,28 @@ static void test_refusals_split(void **state) {
     free_rw(rw);
 }
 
+/* A receiver that fails (down, 5xx, 404) gets the same request again,
+ * with backoff, until it takes it: nothing skipped, nothing twice. */
+static void test_failures_retried(void **state) {
+    (void)state;
+    struct remote_write *rw = fake_rw();
+    struct rw_cursor c = {.run_id = 1};
+    struct rw_batch bt;
+    fill_batch(&bt, &c, 4);
+    fail_first = 3;
+    double t0 = now_mono_ms();
+    assert_int_equal(send_batch(rw, &bt), RW_SENT);
+    double waited = now_mono_ms() - t0;
+    assert_int_equal(atomic_load(&rw->failures), 3);
+    assert_int_equal(nposts, 4);
+    assert_int_equal(atomic_load(&rw->rejected), 0);
+    assert_int_equal(ngot, 4 * 10 - 6);
+    assert_true(waited >= 100 + 200 + 400 - 5); /* 100 ms, doubling */
+    assert_int_equal(atomic_load(&rw->failing), 0);
+    batch_free(&bt);
+    free_rw(rw);
+}
+
 /* One step holding more values than a request may: sent in requests of
  * at most REMOTE_WRITE_MAX_SAMPLES samples, split by series, all of them. */
 static void test_requests_bounded(void **state) {
@@ -321,6 +349,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encoding),
         cmocka_unit_test(test_refusals_split),
+        cmocka_unit_test(test_failures_retried),
         cmocka_unit_test(test_requests_bounded),
         cmocka_unit_test(test_cursor_file),
     };
