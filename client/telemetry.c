@@ -28,7 +28,7 @@
 #include "telemetry.h"
 #include "proto.h"
 
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -361,7 +361,7 @@ void telemetry_msg_free(telemetry_msg *m)
     m->line = NULL;
 }
 
-void telemetry_stats_get(const telemetry *tc, telemetry_stats *o)
+void telemetry_get_stats(const telemetry *tc, telemetry_stats *o)
 {
     telemetry *t = (telemetry *)tc; /* atomics are read-only here */
     memset(o, 0, sizeof *o);
@@ -1249,7 +1249,7 @@ static int upload_run(const char *address, const char *root, const char *run, co
     uint64_t end = now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
     while (!settled(c) && now_ns() < end && !(stop && atomic_load(stop))) sleep_ms(10);
     telemetry_stats st;
-    telemetry_stats_get(c, &st);
+    telemetry_get_stats(c, &st);
     rc = settled(c) ? UP_DONE : UP_LEFT;
     if (rc == UP_DONE)
         snprintf(msg, msglen, "run %s: spool uploaded, acknowledged up to seq %llu", run,
@@ -1358,7 +1358,7 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
         uint64_t now = now_ns();
         if (progress && now >= next_line) {
             telemetry_stats st;
-            telemetry_stats_get(t, &st);
+            telemetry_get_stats(t, &st);
             fprintf(progress,
                     "entropyd client: run %s: %llu of %llu messages acknowledged, %s%s; "
                     "waiting up to %.0f s more for the daemon\n",
@@ -1372,7 +1372,7 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
     int rc = settled(t) ? TELEMETRY_OK : TELEMETRY_ETIMEDOUT;
     if (progress && rc != TELEMETRY_OK) {
         telemetry_stats st;
-        telemetry_stats_get(t, &st);
+        telemetry_get_stats(t, &st);
         fprintf(progress,
                 "entropyd client: run %s: %llu of %llu messages acknowledged after the %.0f s grace "
                 "period; the rest stays in the spool (the next client on this spool directory "

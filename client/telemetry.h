@@ -198,7 +198,7 @@ int telemetry_poll(telemetry *t, telemetry_msg *out);
 void telemetry_msg_free(telemetry_msg *m);
 
 /* Fills *out with a snapshot of the counters. Any thread. */
-void telemetry_stats_get(const telemetry *t, telemetry_stats *out);
+void telemetry_get_stats(const telemetry *t, telemetry_stats *out);
 
 /* Waits at most timeout_ms until every enqueued message is acknowledged
  * (with no address: spooled). Returns TELEMETRY_OK or TELEMETRY_ETIMEDOUT.

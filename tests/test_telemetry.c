@@ -12,7 +12,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -78,7 +78,7 @@ static int count_segments(const char *dir)
 static telemetry_stats stats(telemetry *t)
 {
     telemetry_stats s;
-    telemetry_stats_get(t, &s);
+    telemetry_get_stats(t, &s);
     return s;
 }
 

@@ -68,7 +68,7 @@ static void run_phase(telemetry *t, int64_t *step, long n, long work_us, struct 
     static const char *hnames[NHEAD] = {"entropy", "entropy_norm", "max_attn", "max_logit",
                                         "sigma_qk", "entropy_bound", "rank", "sink"};
     telemetry_stats s0, s1;
-    telemetry_stats_get(t, &s0);
+    telemetry_get_stats(t, &s0);
     double sum = 0;
     for (long i = 0; i < n; i++) {
         double t0 = now_us();
@@ -94,7 +94,7 @@ static void run_phase(telemetry *t, int64_t *step, long n, long work_us, struct 
         sum += all[i];
         (*step)++;
     }
-    telemetry_stats_get(t, &s1);
+    telemetry_get_stats(t, &s1);
     qsort(tel, (size_t)n, sizeof *tel, cmp_double);
     qsort(all, (size_t)n, sizeof *all, cmp_double);
     ph->mean_step = sum / n;
@@ -138,12 +138,12 @@ static void test_frozen_daemon_does_not_slow_the_trainer(void **state) {
     assert_int_equal(kill(pid, SIGSTOP), 0);
     run_phase(t, &step, steps, work, &ph[1]);
     telemetry_stats st;
-    telemetry_stats_get(t, &st);
+    telemetry_get_stats(t, &st);
     uint64_t acked_frozen = st.acked, spool_frozen = st.spool_bytes;
     assert_int_equal(kill(pid, SIGCONT), 0);
     run_phase(t, &step, steps, work, &ph[2]);
     int fl = telemetry_flush(t, 60000);
-    telemetry_stats_get(t, &st);
+    telemetry_get_stats(t, &st);
     printf("%-18s %12s %12s %12s %12s %8s\n", "daemon", "step mean", "step p99", "telem p50", "telem p99", "dropped");
     for (int i = 0; i < 3; i++)
         printf("%-18s %9.0f µs %9.0f µs %9.1f µs %9.1f µs %8llu\n", ph[i].name, ph[i].mean_step, ph[i].p99_step,

@@ -308,7 +308,7 @@ class Run:
         if self._t is None:
             return dict(self._final_stats)
         st = _lib.Stats()
-        _C.telemetry_stats_get(self._t, ctypes.byref(st))
+        _C.telemetry_get_stats(self._t, ctypes.byref(st))
         return {n: getattr(st, n) for n in _lib.STATS_FIELDS + ["connected"]}
 
     def flush(self, timeout=10.0):

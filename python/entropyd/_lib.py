@@ -84,7 +84,7 @@ def declare(lib):
         "telemetry_event": (I, [P, S, S]),
         "telemetry_poll": (I, [P, ctypes.POINTER(Msg)]),
         "telemetry_msg_free": (None, [ctypes.POINTER(Msg)]),
-        "telemetry_stats_get": (None, [P, ctypes.POINTER(Stats)]),
+        "telemetry_get_stats": (None, [P, ctypes.POINTER(Stats)]),
         "telemetry_flush": (I, [P, I]),
         "telemetry_upload_all": (I, [S, S, S, I, P, ctypes.c_char_p, ctypes.c_size_t]),
         "telemetry_now": (D, []),
