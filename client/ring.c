@@ -98,6 +98,42 @@ int telemetry_step_commit(telemetry *t, telemetry_step *s)
     return TELEMETRY_OK;
 }
 
+/* Copies n names into the slot's table; -1 when one is bad. */
+static int copy_names(name_t *dst, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!names[i] || copy_name(dst[i], names[i])) return -1;
+    return 0;
+}
+
+int telemetry_step_log(telemetry *t, int64_t step, double time,
+                       int n_scalar, const char *const *scalar_names, const double *scalars,
+                       int n_layer, const char *const *layer_names, const float *layers,
+                       int n_head, const char *const *head_names, const float *heads)
+{
+    if (!t || step < 0 || n_scalar < 0 || n_layer < 0 || n_head < 0 || n_scalar > t->max_s ||
+        n_layer > t->max_l || n_head > t->max_h || (n_scalar && (!scalar_names || !scalars)) ||
+        (n_layer && (!layer_names || !layers)) || (n_head && (!head_names || !heads)))
+        return TELEMETRY_EINVAL;
+    telemetry_step *s = telemetry_step_begin(t, step, time);
+    if (!s) return TELEMETRY_EFULL;
+    if (copy_names(s->scalar_names, scalar_names, n_scalar) ||
+        copy_names(s->layer_names, layer_names, n_layer) ||
+        copy_names(s->head_names, head_names, n_head)) {
+        t->open = NULL; /* the slot was never published: dropped unseen */
+        return TELEMETRY_EINVAL;
+    }
+    for (int i = 0; i < n_scalar; i++) s->scalars[i] = (float)scalars[i];
+    size_t L = (size_t)t->L, LH = L * (size_t)t->H;
+    if (n_layer) memcpy(s->layers, layers, (size_t)n_layer * L * sizeof(float));
+    if (n_head) memcpy(s->heads, heads, (size_t)n_head * LH * sizeof(float));
+    s->n_scalar = n_scalar;
+    s->n_layer = n_layer;
+    s->n_head = n_head;
+    publish(t);
+    return TELEMETRY_OK;
+}
+
 static int valid_level(const char *l)
 {
     return proto_level_parse(l) >= 0;

@@ -411,6 +411,55 @@ static void test_format_float(void **state)
     }
 }
 
+/* telemetry_step_log: a whole step in one call sends what the per-metric
+ * calls send (NaN as null, no time when negative); a bad name, too many
+ * metrics or a negative step enqueue nothing. */
+static void test_step_log_one_call(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    telemetry_config c;
+    base_config(&c, &e, "one-call", 2, 3);
+    c.max_head_metrics = 2;
+    telemetry *t = create_ok(&c);
+    const char *sn[] = {"loss", "lr"}, *ln[] = {"rank_ratio"}, *hn[] = {"entropy", "max_logit"};
+    double sv[] = {2.5, 1e-3};
+    float lv[2] = {0.25f, 0.5f}, hv[12];
+    for (int k = 0; k < 12; k++) hv[k] = (float)k + 0.5f;
+    hv[7] = NAN;
+    assert_int_equal(telemetry_step_log(t, 7, 1764500000.5, 2, sn, sv, 1, ln, lv, 2, hn, hv), TELEMETRY_OK);
+    const char *bad[] = {"ok", "bad name"};
+    assert_int_equal(telemetry_step_log(t, 8, 0, 2, bad, sv, 0, NULL, NULL, 0, NULL, NULL), TELEMETRY_EINVAL);
+    const char *three[] = {"a", "b", "c"};
+    float h3[18] = {0};
+    assert_int_equal(telemetry_step_log(t, 8, 0, 0, NULL, NULL, 0, NULL, NULL, 3, three, h3), TELEMETRY_EINVAL);
+    assert_int_equal(telemetry_step_log(t, -1, 0, 0, NULL, NULL, 0, NULL, NULL, 0, NULL, NULL), TELEMETRY_EINVAL);
+    assert_int_equal(telemetry_step_log(t, 9, -1, 0, NULL, NULL, 0, NULL, NULL, 0, NULL, NULL), TELEMETRY_OK);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    assert_int_equal(stats(t).enqueued, 2);
+    cJSON *j = fake_find(f, 1);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, 7);
+    assert_true(cJSON_GetObjectItem(j, "time")->valuedouble == 1764500000.5);
+    cJSON *sc = cJSON_GetObjectItem(j, "scalars");
+    assert_true(cJSON_GetObjectItem(sc, "loss")->valuedouble == 2.5);
+    assert_true((float)cJSON_GetObjectItem(sc, "lr")->valuedouble == 1e-3f);
+    cJSON *rr = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "layers"), "rank_ratio");
+    assert_true(cJSON_GetArrayItem(rr, 1)->valuedouble == 0.5);
+    cJSON *ml = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "heads"), "max_logit");
+    assert_true(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 1), 2)->valuedouble == 11.5);
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 0), 1))); /* hv[7]: NaN */
+    cJSON_Delete(j);
+    j = fake_find(f, 2);
+    assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, 9);
+    assert_null(cJSON_GetObjectItem(j, "time"));
+    cJSON_Delete(j);
+    assert_int_equal(telemetry_destroy(t, NULL, 0), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
+}
+
 static void test_hello_and_every_line(void **state)
 {
     env e;
@@ -1089,6 +1138,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_format_float),
+        cmocka_unit_test(test_step_log_one_call),
         cmocka_unit_test(test_hello_and_every_line),
         cmocka_unit_test(test_nan_becomes_null),
         cmocka_unit_test(test_resend_from_last_seq),

@@ -81,6 +81,7 @@ def declare(lib):
         "telemetry_step_layer": (I, [P, S, P]),
         "telemetry_step_heads": (I, [P, S, P]),
         "telemetry_step_commit": (I, [P, P]),
+        "telemetry_step_log": (I, [P, ctypes.c_int64, D, I, P, P, I, P, P, I, P, P]),
         "telemetry_event": (I, [P, S, S]),
         "telemetry_poll": (I, [P, ctypes.POINTER(Msg)]),
         "telemetry_msg_free": (None, [ctypes.POINTER(Msg)]),
