@@ -6,7 +6,16 @@ measured in the same run:
     the line (before any socket write, on the training thread, under the GIL);
   - the C library's own enqueue (bench/bench_telemetry's number is separate).
 The daemon is a real entropyd when ENTROPYD_SOCK is set (else spool only:
-the training-thread cost is the same, the sender thread works the same)."""
+the training-thread cost is the same, the sender thread works the same).
+
+Then the second bar (training step time with logging every step within 3%
+of without), as an interleaved A/B in one process: a PyTorch training loop
+(nn.TransformerEncoder, one intra-op thread) alternates blocks of AB_BLOCK
+steps with and without a run.log of the same 12x12x9 step after each
+optimizer step, AB_REPS times, the order flipping each repetition; each
+repetition gives the ratio of the two blocks' median step times, and the
+figure is the median of those ratios (machine load drifts between blocks,
+not within a pair).  Needs torch (Debian's python3-torch)."""
 import json
 import os
 import sys
@@ -105,7 +114,73 @@ def main():
     target = res[0][1][2]
     print("  target: run.log <= 50 us of training-thread CPU per step: %s (%.1f us; wall p50 %.1f us at this load)"
           % ("met" if target <= 50 else "NOT met", target, res[0][1][0]))
-    return 0 if target <= 50 else 1
+    ab = training_ab(sock, layers, heads)
+    return 0 if target <= 50 and ab in (None, True) else 1
+
+
+def training_ab(sock, layers, heads):
+    """The interleaved A/B of a training loop with and without logging (see
+    the module's docstring).  Returns True/False (bar met), None without torch."""
+    try:
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+    except ImportError:
+        print("training A/B: no torch here, skipped (run with /usr/bin/python3)")
+        return None
+    block, reps = int(os.environ.get("AB_BLOCK", 20)), int(os.environ.get("AB_REPS", 40))
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    D, T, B, V = 64, 64, 8, 256  # examples/pytorch_lm.py's model
+    layer = nn.TransformerEncoderLayer(D, 4, 4 * D, dropout=0.0, batch_first=True)
+    model = nn.Sequential(nn.Embedding(V, D), nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+                          nn.Linear(D, V))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randint(0, V, (B, T))
+    y = torch.randint(0, V, (B, T))
+    run = entropyd.init("bench-python-ab-%d" % os.getpid(), layers=L, heads=H, seq_len=T,
+                        daemon=("unix:" + sock) if sock else "", spool_dir=tempfile.mkdtemp(prefix="bench-ab-"),
+                        queue_slots=4096)
+    step = [0]
+
+    def train_block(logging):
+        times = []
+        for _ in range(block):
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if logging:
+                run.log(step[0], scalars={"loss": loss, "lr": 1e-3, "grad_norm": 0.5}, layers=layers, heads=heads)
+            times.append(time.perf_counter() - t0)
+            step[0] += 1
+        times.sort()
+        return times[len(times) // 2]
+
+    train_block(False)  # warm up
+    train_block(True)
+    ratios, on, off = [], [], []
+    for r in range(reps):
+        order = (True, False) if r % 2 == 0 else (False, True)
+        med = {m: train_block(m) for m in order}
+        on.append(med[True])
+        off.append(med[False])
+        ratios.append(med[True] / med[False])
+    st = run.stats()
+    run.finish("finished", grace=30, quiet=True)
+    ratios.sort()
+    on.sort()
+    off.sort()
+    r = ratios[len(ratios) // 2]
+    print("training A/B (nn.TransformerEncoder 2 layers x dim 64, T %d, batch %d, 1 thread; %d reps x 2 blocks of %d steps, "
+          "interleaved; load %s):" % (T, B, reps, block, open("/proc/loadavg").read().split()[0]))
+    print("  median step: without logging %.2f ms | logging every step (12x12x9) %.2f ms" % (
+        1e3 * off[len(off) // 2], 1e3 * on[len(on) // 2]))
+    print("  median of per-rep ratios %.4f (%+.2f%%; quartiles %+.2f%% .. %+.2f%%); target within 3%%: %s; "
+          "dropped %d" % (r, 100 * (r - 1), 100 * (ratios[len(ratios) // 4] - 1), 100 * (ratios[3 * len(ratios) // 4] - 1),
+                          "met" if r <= 1.03 else "NOT met", st["dropped_queue"]))
+    return r <= 1.03
 
 
 if __name__ == "__main__":
