@@ -16,6 +16,7 @@
  * once acknowledged, usually before the kernel writes them back.
  */
 #include "telemetry_int.h"
+#include "net.h"
 
 #include <cJSON.h>
 #include <signal.h>
@@ -171,15 +172,12 @@ static int parse_address(telemetry *t, const char *a, char *err, size_t errlen)
         return t->unix_path ? 0 : -1;
     }
     if (!strncmp(a, "tcp:", 4)) {
-        const char *hp = a + 4, *colon = strrchr(hp, ':');
-        if (!colon || colon == hp || !colon[1]) goto bad;
-        char *end;
-        long port = strtol(colon + 1, &end, 10);
-        if (*end || port < 1 || port > 65535) goto bad;
-        const char *h = hp, *he = colon;
-        if (*h == '[' && he[-1] == ']') { h++; he--; }
-        t->host = strndup(h, (size_t)(he - h));
-        t->port = strdup(colon + 1);
+        char host[256], port[12];
+        int pn;
+        if (net_split_hostport(a + 4, host, sizeof host, &pn) != 0 || pn < 1) goto bad;
+        snprintf(port, sizeof port, "%d", pn);
+        t->host = strdup(host);
+        t->port = strdup(port);
         return t->host && t->port ? 0 : -1;
     }
 bad:

@@ -1093,6 +1093,14 @@ static void test_api_errors(void **state)
     base_config(&c, &e, "ok", 2, 2);
     c.address = "http://x";
     assert_null(telemetry_create(&c, err, sizeof err));
+    /* tcp: addresses go through proto/net.h's parser; port 0 is not one to connect to */
+    const char *bad_tcp[] = {"tcp:localhost", "tcp::80", "tcp:h:0", "tcp:h:65536", "tcp:h:8x"};
+    for (size_t i = 0; i < sizeof bad_tcp / sizeof bad_tcp[0]; i++) {
+        c.address = bad_tcp[i];
+        err[0] = 0;
+        assert_null(telemetry_create(&c, err, sizeof err));
+        assert_non_null(strstr(err, "expected unix:PATH or tcp:HOST:PORT"));
+    }
     base_config(&c, &e, "ok", 0, 2);
     assert_null(telemetry_create(&c, err, sizeof err));
     base_config(&c, &e, "ok", 2, 2);
