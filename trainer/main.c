@@ -304,7 +304,8 @@ static int parse_args(int argc, char **argv, options *o, char given[NFLAGS])
         given[fl - FLAGS] = 1;
         if (fl->kind == F_HELP) { usage(stdout); return 1; }
         if (fl->kind == F_VERSION) { printf("sigmatrain %s\n", PROJECT_VERSION); return 1; }
-        if (fl->kind == F_BOOL) { *(int *)((char *)o + fl->off) = 1; continue; }
+        if (fl->kind == F_BOOL && !eq) { *(int *)((char *)o + fl->off) = 1; continue; }
+        if (fl->kind == F_BOOL) { fprintf(stderr, "sigmatrain: %s takes no value\n", fl->name); return -1; }
         const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
         if (!v) { fprintf(stderr, "sigmatrain: %s needs a value (see --help)\n", fl->name); return -1; }
         if (set_flag(fl, v, o) != 0) return -1;
