@@ -717,7 +717,8 @@ static void test_rewind_chunked(void **state) {
         assert_true(more >= 0);
         if (more) assert_int_equal(store_needs_rewind(f->st, chunked, 5000), 1); /* nothing new until done */
         OK(store_commit(f->st));
-        assert_true(qi(f->path, "SELECT count(*) FROM abandoned_frames") - before <= 50);
+        /* the budget, overrun by at most one sealed block (moved whole) */
+        assert_true(qi(f->path, "SELECT count(*) FROM abandoned_frames") - before <= 50 + FBLOCK_STEPS - 1);
         /* highest steps first: the steps left of each metric have no gap at the top */
         assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics m WHERE m.run_id = %lld AND (SELECT max(step) FROM frames "
                                      "WHERE metric_id = m.id) - (SELECT min(step) FROM frames WHERE metric_id = m.id) + 1 "
