@@ -14,9 +14,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define FBLOCK_STEPS 64   /* block b holds steps [b*64, b*64+63]: level 1 of the rollups */
-#define FBLOCK_CHUNK 32   /* cells per independently coded chunk */
+#define FBLOCK_CHUNK 8    /* cells per independently coded chunk (a reader of one cell decodes 8) */
 
 /* A codec's reusable state (zstd's contexts): one per thread at a time,
  * e.g. one per store or per read connection. fblock_codec_create returns
@@ -37,9 +38,23 @@ int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, u
 int fblock_decode(struct fblock_codec *c, const unsigned char *blob, size_t len, uint32_t nframes, uint32_t n, uint32_t c0, uint32_t c1,
                   float *vals);
 
+/* Reading a few cells without the whole blob (sqlite3_blob_read):
+ * fblock_head_size gives the bytes of the header from the blob's first two
+ * bytes (-1: not a block of n values); fblock_span the byte range [*off,
+ * *off + *len) of the blob holding the chunks of cells [c0, c1), from the
+ * header; fblock_decode_span decodes those cells from that range (head:
+ * the header; 0, or -1 when they do not decode). */
+ssize_t fblock_head_size(const unsigned char *first, uint32_t n);
+void fblock_span(const unsigned char *head, uint32_t n, uint32_t c0, uint32_t c1, size_t *off, size_t *len);
+int fblock_decode_span(struct fblock_codec *c, const unsigned char *head, const unsigned char *span, size_t spanlen,
+                       uint32_t nframes, uint32_t n, uint32_t c0, uint32_t c1, float *vals);
+
 /* The steps of a block from its mask (bit i: step block*64 + i present):
- * the number present, and the step of frame number f (0-based) or -1. */
+ * the number present; fblock_steps writes them, in order, into steps
+ * (room for FBLOCK_STEPS); fblock_step gives the step of frame number f
+ * (0-based) or -1. */
 uint32_t fblock_count(uint64_t mask);
+uint32_t fblock_steps(int64_t block, uint64_t mask, int64_t *steps);
 int64_t fblock_step(int64_t block, uint64_t mask, uint32_t f);
 
 #endif

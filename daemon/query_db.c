@@ -18,7 +18,9 @@ static const char *const q_sql[Q_COUNT] = {
                   "AND block BETWEEN ?3 AND ?4 ORDER BY block",
     [Q_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
     [Q_FRAME_AT] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
-    [Q_BLOCKS] = "SELECT block, mask, data FROM blocks WHERE metric_id = ?1 AND block BETWEEN ?2 AND ?3 ORDER BY block",
+    /* length(data) comes from the record header, without reading the blob */
+    [Q_BLOCKS] = "SELECT block, mask, id, length(data) FROM blocks WHERE metric_id = ?1 AND block BETWEEN ?2 AND ?3 "
+                 "ORDER BY block",
     [Q_BLOCK_AT] = "SELECT block, mask, data FROM blocks WHERE metric_id = ?1 AND block <= ?2 ORDER BY block DESC LIMIT 2",
     [Q_BLOCK_FIRST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block LIMIT 1",
     [Q_BLOCK_LAST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block DESC LIMIT 1",

@@ -21,7 +21,7 @@ enum {
     Q_ROLLUPS,      /* block, nframes, data of a level's block range */
     Q_FRAMES,       /* step, data of a step range */
     Q_FRAME_AT,     /* the last raw frame <= step */
-    Q_BLOCKS,       /* block, mask, data of a metric's blocks in a block range */
+    Q_BLOCKS,       /* block, mask, id, bytes of a metric's blocks in a block range */
     Q_BLOCK_AT,     /* the last two blocks <= a block */
     Q_BLOCK_FIRST,  /* block, mask of a metric's first block */
     Q_BLOCK_LAST,   /* block, mask of its last block */

@@ -50,13 +50,54 @@ static int raw_next(sqlite3_stmt *s, uint32_t n, int64_t *step, float *vals) {
     return rc == SQLITE_DONE ? 0 : -1;
 }
 
+/* Reading the cells [c0, c1) of blocks, a block at a time, through one
+ * blob handle: only the header and the chunks of those cells are read (a
+ * block of a 12x12 metric spans two pages; one cell is a twentieth of it). */
+struct block_reader {
+    struct query *q;
+    sqlite3_blob *blob;
+    unsigned char *head, *span;
+    size_t headcap, spancap;
+};
+
+static int reader_grow(unsigned char **buf, size_t *cap, size_t want) {
+    if (want <= *cap) return 0;
+    unsigned char *b = realloc(*buf, want);
+    if (!b) return -1;
+    *buf = b;
+    *cap = want;
+    return 0;
+}
+
+/* Decodes cells [c0, c1) of the nf frames of block row `id` (bytes long)
+ * into vals. 0, or -1 (database, memory, a block that does not decode). */
+static int reader_decode(struct block_reader *br, int64_t id, size_t bytes, uint32_t nf, uint32_t n, uint32_t c0,
+                         uint32_t c1, float *vals) {
+    int rc = br->blob ? sqlite3_blob_reopen(br->blob, id)
+                      : sqlite3_blob_open(br->q->db, "main", "blocks", "data", id, 0, &br->blob);
+    if (rc != SQLITE_OK || bytes < 2 || reader_grow(&br->head, &br->headcap, 2) ||
+        sqlite3_blob_read(br->blob, br->head, 2, 0) != SQLITE_OK)
+        return -1;
+    ssize_t hs = fblock_head_size(br->head, n);
+    size_t off, len;
+    if (hs < 0 || (size_t)hs > bytes || reader_grow(&br->head, &br->headcap, (size_t)hs) ||
+        sqlite3_blob_read(br->blob, br->head + 2, (int)hs - 2, 2) != SQLITE_OK)
+        return -1;
+    fblock_span(br->head, n, c0, c1, &off, &len);
+    if (off + len > bytes || reader_grow(&br->span, &br->spancap, len ? len : 1) ||
+        (len && sqlite3_blob_read(br->blob, br->span, (int)len, (int)off) != SQLITE_OK))
+        return -1;
+    return fblock_decode_span(br->q->codec, br->head, br->span, len, nf, n, c0, c1, vals);
+}
+
 int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint32_t c1, int64_t lo, int64_t hi,
                query_frame_fn fn, void *ctx, int *failed) {
     /* row 0 holds the next raw frame, rows 1.. the frames of a block */
     float *vals = malloc((size_t)(n ? n : 1) * (FBLOCK_STEPS + 1) * sizeof *vals);
+    struct block_reader br = {.q = q};
     sqlite3_stmt *raw = q->stmt[Q_FRAMES], *blk = q->stmt[Q_BLOCKS];
     int ret = 0, rc = SQLITE_DONE;
-    int64_t rstep = INT64_MAX;
+    int64_t rstep = INT64_MAX, steps[FBLOCK_STEPS];
     *failed = 0;
     if (!vals) goto fail;
     sqlite3_bind_int64(raw, 1, metric_id);
@@ -67,21 +108,18 @@ int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint
     sqlite3_bind_int64(blk, 3, hi < 0 ? -1 : hi / FBLOCK_STEPS);
     if (raw_next(raw, n, &rstep, vals) < 0) goto fail;
     while (!ret && (rc = sqlite3_step(blk)) == SQLITE_ROW) {
-        int64_t block = sqlite3_column_int64(blk, 0);
-        uint64_t mask = (uint64_t)sqlite3_column_int64(blk, 1);
-        uint32_t nf = fblock_count(mask);
-        if (fblock_decode(q->codec, sqlite3_column_blob(blk, 2), (size_t)sqlite3_column_bytes(blk, 2), nf, n, c0, c1,
+        uint32_t nf = fblock_steps(sqlite3_column_int64(blk, 0), (uint64_t)sqlite3_column_int64(blk, 1), steps);
+        if (reader_decode(&br, sqlite3_column_int64(blk, 2), (size_t)sqlite3_column_int64(blk, 3), nf, n, c0, c1,
                           vals + n))
             goto fail;
         for (uint32_t f = 0; f < nf && !ret; f++) {
-            int64_t step = fblock_step(block, mask, f);
             /* raw frames are after the blocks but in an upgraded database
              * (migration 6): merge them in by step all the same */
-            while (!ret && rstep < step) {
+            while (!ret && rstep < steps[f]) {
                 if ((ret = fn(ctx, rstep, vals, n))) break;
                 if (raw_next(raw, n, &rstep, vals) < 0) goto fail;
             }
-            if (!ret && step >= lo && step <= hi) ret = fn(ctx, step, vals + (size_t)(f + 1) * n, n);
+            if (!ret && steps[f] >= lo && steps[f] <= hi) ret = fn(ctx, steps[f], vals + (size_t)(f + 1) * n, n);
         }
     }
     if (!ret && rc != SQLITE_DONE) goto fail;
@@ -96,6 +134,9 @@ fail:
 out:
     sqlite3_reset(raw);
     sqlite3_reset(blk);
+    sqlite3_blob_close(br.blob);
+    free(br.head);
+    free(br.span);
     free(vals);
     return ret;
 }

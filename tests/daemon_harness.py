@@ -47,13 +47,14 @@ def decode_block(blob, nframes, n):
         _zstd.ZSTD_decompress.restype = ctypes.c_size_t
         _zstd.ZSTD_decompress.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
     import ctypes
-    nchunks = (n + 31) // 32
     assert blob[0] == 1, "unknown block format %d" % blob[0]
-    sizes = struct.unpack("<%dI" % nchunks, blob[1:1 + 4 * nchunks])
-    at = 1 + 4 * nchunks
+    chunk = blob[1]
+    nchunks = (n + chunk - 1) // chunk
+    sizes = struct.unpack("<%dI" % nchunks, blob[2:2 + 4 * nchunks])
+    at = 2 + 4 * nchunks
     words = [[0] * n for _ in range(nframes)]
     for k in range(nchunks):
-        cells = min(32, n - 32 * k)
+        cells = min(chunk, n - chunk * k)
         m = cells * nframes
         dst = ctypes.create_string_buffer(4 * m)
         got = _zstd.ZSTD_decompress(dst, 4 * m, bytes(blob[at:at + sizes[k]]), sizes[k])
@@ -65,7 +66,7 @@ def decode_block(blob, nframes, n):
                 i = c * nframes + f
                 z = p[i] | p[m + i] << 8 | p[2 * m + i] << 16 | p[3 * m + i] << 24
                 prev = (prev + ((z >> 1) ^ (-(z & 1) & 0xFFFFFFFF))) & 0xFFFFFFFF
-                words[f][32 * k + c] = prev
+                words[f][chunk * k + c] = prev
         at += sizes[k]
     return [struct.pack("<%dI" % n, *w) for w in words]
 
