@@ -94,8 +94,8 @@ int main(int argc, char **argv) {
                              .layers = L, .heads = H, .steps = steps, .max_metrics = 16,
                              .max_values = (uint32_t)(nhead * L * H + 3 * L + 3), .t0 = t0, .dt = 0.05,
                              .end_status = PROTO_FINISHED};
-    int64_t id;
-    int rc = seed_run(st, &spec, dash_step, &g, "bench_dashboard_seed", &id) ? 1 : 0;
+    int64_t id, values;
+    int rc = seed_run(st, &spec, dash_step, &g, "bench_dashboard_seed", &id, &values) ? 1 : 0;
     if (!rc)
         printf("seeded run %lld: %ld steps, %ld x %ld heads, %ld head metrics, %.1f s\n", (long long)id, steps, L, H,
                nhead, seed_now() - t0);

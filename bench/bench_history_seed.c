@@ -207,16 +207,17 @@ int main(int argc, char **argv) {
                              .max_values = replay ? rec.values : (uint32_t)(nhead * L * H + 3 * L + 2),
                              .t0 = t0 - steps * 0.1, .dt = 0.1,
                              .end_status = strcmp(end, "live") ? PROTO_FINISHED : PROTO_STALE};
-    int64_t id;
+    int64_t id, values;
     int rc = seed_run(st, &spec, replay ? rec_step : synth_step, replay ? (void *)&rec : (void *)&syn,
-                      "bench_history_seed", &id) ? 1 : 0;
+                      "bench_history_seed", &id, &values) ? 1 : 0;
     if (!rc && replay)
-        printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, replaying the %ld steps of %u metrics (%u values a step) "
-               "of %s, %.1f s\n", (long long)id, run, steps, rec.L, rec.H, rec.steps, rec.nmetrics, rec.values, replay,
-               seed_now() - t0);
+        printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, replaying the %ld steps of %u metrics of %s, "
+               "values %lld, last seq %lld, %.1f s\n", (long long)id, run, steps, rec.L, rec.H, rec.steps, rec.nmetrics,
+               replay, (long long)values, (long long)store_run_last_seq(st, id), seed_now() - t0);
     else if (!rc)
-        printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, %ld head metrics, %.1f s\n", (long long)id, run, steps,
-               L, H, nhead, seed_now() - t0);
+        printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, %ld head metrics, values %lld, last seq %lld, %.1f s\n",
+               (long long)id, run, steps, L, H, nhead, (long long)values, (long long)store_run_last_seq(st, id),
+               seed_now() - t0);
     store_close(st);
     rec_free(&rec);
     return rc;

@@ -46,10 +46,11 @@ struct seed_spec {
     int end_status;                   /* enum proto_status the run ends with */
 };
 
-/* Stores the run of spec, each step from fn. Returns 0 and the run's id,
- * or -1 with the reason on stderr (prefixed by who). */
+/* Stores the run of spec, each step from fn. Returns 0, the run's id and
+ * the number of values stored, or -1 with the reason on stderr (prefixed
+ * by who). */
 static inline int seed_run(struct store *st, const struct seed_spec *spec, seed_step_fn fn, void *ctx, const char *who,
-                           int64_t *run_id) {
+                           int64_t *run_id, int64_t *values) {
     struct proto_msg m;
     struct store_run_info ri;
     char conflict[80];
@@ -69,6 +70,7 @@ static inline int seed_run(struct store *st, const struct seed_spec *spec, seed_
         store_commit(st))
         goto dberr;
     int64_t seq = ri.last_seq;
+    *values = 0;
     for (long s = 0; s < spec->steps; s++) {
         if (s % 1000 == 0 && store_begin(st)) goto dberr;
         m.nmetrics = 0;
@@ -76,6 +78,7 @@ static inline int seed_run(struct store *st, const struct seed_spec *spec, seed_
         m.step = s;
         m.time = spec->t0 + s * spec->dt;
         fn(ctx, &m, s, spec->steps);
+        *values += m.nvalues;
         m.seq = ++seq;
         if (store_step(st, ri.id, seq, &m, m.time, conflict, sizeof conflict) < 0) goto dberr;
         if ((s % 1000 == 999 || s == spec->steps - 1) && store_commit(st)) goto dberr;

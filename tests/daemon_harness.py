@@ -71,10 +71,12 @@ def decode_block(blob, nframes, n):
     return [struct.pack("<%dI" % n, *w) for w in words]
 
 
-def shadow_frames(con):
+def shadow_frames(con, with_data=True):
     """Shadows the database's `frames` on connection con with a TEMP table of the
     same name holding every frame, raw or sealed in `blocks` (schema/storage.md,
-    "Blocks"), so that a test reads frames as rows wherever the daemon keeps them."""
+    "Blocks"), so that a test reads frames as rows wherever the daemon keeps them.
+    Without with_data the sealed frames' data is NULL (counting steps needs no
+    decoding)."""
     con.execute("CREATE TEMP TABLE frames(id INTEGER PRIMARY KEY, metric_id INTEGER, step INTEGER, data BLOB)")
     con.execute("INSERT INTO temp.frames SELECT id, metric_id, step, data FROM main.frames")
     if not con.execute("SELECT 1 FROM main.sqlite_master WHERE name = 'blocks'").fetchall():
@@ -85,7 +87,8 @@ def shadow_frames(con):
     for mid, block, mask, data, n in rows:
         mask &= (1 << 64) - 1
         steps = [block * 64 + i for i in range(64) if mask >> i & 1]
-        for step, frame in zip(steps, decode_block(data, len(steps), n)):
+        frames = decode_block(data, len(steps), n) if with_data else [None] * len(steps)
+        for step, frame in zip(steps, frames):
             con.execute("INSERT INTO temp.frames(metric_id, step, data) VALUES (?, ?, ?)", (mid, step, frame))
 
 
@@ -198,7 +201,7 @@ class Daemon:
         con = sqlite3.connect(self.db, timeout=10)
         try:
             if "frames" in sql:
-                shadow_frames(con)
+                shadow_frames(con, with_data="data" in sql)
             return con.execute(sql, args).fetchall()
         finally:
             con.close()
