@@ -22,6 +22,7 @@
 #include "ingest.h"
 #include "alerter.h"
 #include "query.h"
+#include "remote_write.h"
 #include "store.h"
 #include "stream.h"
 #include "writer.h"
@@ -96,6 +97,7 @@ static void on_signal(int sig) {
 struct hooks {
     struct stream *stream;
     struct alerter *alerter;
+    struct remote_write *remote_write;
     _Atomic(struct http *) http;
 };
 
@@ -103,6 +105,7 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
     struct hooks *hk = ctx;
     if (hk->stream) stream_on_commit(hk->stream, items);
     if (hk->alerter) alerter_on_commit(hk->alerter, items);
+    remote_write_on_commit(hk->remote_write, items);
     struct http *h = atomic_load(&hk->http);
     if (h) http_on_commit(h, items, commit_ms);
 }
@@ -169,6 +172,8 @@ static void usage(FILE *f) {
             "  --alertmanager URL    also send alerts to Alertmanager's API (URL/api/v2/alerts),\n"
             "                        firing ones re-sent every --alertmanager-resend-s (default 60)\n"
             "  --quiet-alerts        do not log alerts on stderr\n"
+            "  --remote-write URL    also push every committed step to a Prometheus remote-write\n"
+            "                        receiver (docs/remote-write.md)\n"
             "  --version, --help\n"
             "\n"
             "SIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
@@ -228,12 +233,12 @@ int main(int argc, char **argv) {
     int metrics_heads = 0, alert_log = 1;
     double metrics_keep_s = 3600;
     long http_timeout_s = 60;
-    const char *rules = NULL, *webhook = NULL, *on_alert = NULL, *alertmanager = NULL;
+    const char *rules = NULL, *webhook = NULL, *on_alert = NULL, *alertmanager = NULL, *remote_write = NULL;
     long am_resend_s = 60;
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
            O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB,
-           O_ALLOWHOST, O_HTTPPERIP };
+           O_ALLOWHOST, O_HTTPPERIP, O_REMOTEWRITE };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -251,6 +256,7 @@ int main(int argc, char **argv) {
         {"max-conns-per-peer", required_argument, 0, O_PERPEER}, {"hello-timeout-s", required_argument, 0, O_HELLOTO},
         {"idle-timeout-s", required_argument, 0, O_IDLETO}, {"input-mb", required_argument, 0, O_INPUTMB},
         {"allow-host", required_argument, 0, O_ALLOWHOST}, {"http-max-conns-per-ip", required_argument, 0, O_HTTPPERIP},
+        {"remote-write", required_argument, 0, O_REMOTEWRITE},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -288,6 +294,7 @@ int main(int argc, char **argv) {
         case O_ONALERT: on_alert = optarg; break;
         case O_QUIETALERTS: alert_log = 0; break;
         case O_AM: alertmanager = optarg; break;
+        case O_REMOTEWRITE: remote_write = optarg; break;
         case O_AMRESEND: if (parse_int("--alertmanager-resend-s", optarg, 1, 86400, &am_resend_s)) return 2; break;
         case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", PROJECT_VERSION, PROTO_VERSION, store_schema_version()); return 0;
         case 'h': case O_HELP: usage(stdout); return 0;
@@ -374,6 +381,13 @@ int main(int argc, char **argv) {
         goto out;
     }
     hooks.alerter = alerter;
+    if (remote_write) {
+        struct remote_write_config rcfg = {.url = remote_write, .db_path = db};
+        if (!(hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) {
+            fprintf(stderr, "entropyd: %s\n", err);
+            goto out;
+        }
+    }
     struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
                                  .ctx = &hooks};
     w = writer_create(st, efd, &wcfg, err, sizeof err);
@@ -396,7 +410,9 @@ int main(int argc, char **argv) {
                                    .metrics_keep_s = metrics_keep_s > 0 ? metrics_keep_s : -1, .timeout_s = (int)http_timeout_s, .pool = pool,
                                    .stream = stream, .writer = w, .ingest = g_ingest,
                                    .allow_hosts = allow_hosts, .n_allow_hosts = n_allow_hosts,
-                                   .max_conns_per_ip = (int)http_per_ip};
+                                   .max_conns_per_ip = (int)http_per_ip,
+                                   .metrics_more = hooks.remote_write ? remote_write_metrics : NULL,
+                                   .metrics_ctx = hooks.remote_write};
         http = http_create(&hcfg, err, sizeof err);
         /* A taken address is an error, the default one too: running on
          * without HTTP would leave the user's browser (and its token) talking
@@ -440,6 +456,7 @@ out:
     ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
     g_ingest = NULL;
     writer_destroy(w);        /* commits everything queued */
+    remote_write_destroy(hooks.remote_write); /* after the writer: its commit hook wakes it */
     alerter_destroy(alerter, 3000); /* gives pending webhooks a moment */
     stream_destroy(stream);
     query_pool_close(pool);
