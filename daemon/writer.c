@@ -423,7 +423,7 @@ static void job_chunk(struct writer *w) {
     if (r < 0 || store_commit(st)) goto fail;
     double ms = now_mono_ms() - t0;
     if (ms < WRITER_JOB_MS / 2 && w->job_budget < (INT64_C(1) << 20)) w->job_budget *= 2;
-    else if (ms > WRITER_JOB_MS && w->job_budget > 256) w->job_budget /= 2;
+    else if (ms > WRITER_JOB_MS && w->job_budget > 64) w->job_budget /= 2; /* a sealed block (64 frames) moves whole */
     pthread_mutex_lock(&w->mu);
     w->stats.job_chunks++;
     if (ms > w->stats.job_ms_max) w->stats.job_ms_max = ms;
