@@ -3,6 +3,7 @@
 #include "now.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -430,7 +431,13 @@ static void job_chunk(struct writer *w) {
     pthread_mutex_unlock(&w->mu);
     if (r == 0) {
         if (w->dhead) release_deferred(w);
-        else w->purge_pending = 0;
+        else {
+            /* the purge read the deleted run's pages back into the cache:
+             * give them, and the heap they were freed into, back */
+            w->purge_pending = 0;
+            store_release_memory(st);
+            malloc_trim(0);
+        }
     }
     checkpoint_policy(w);
     return;
