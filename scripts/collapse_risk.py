@@ -36,9 +36,11 @@ SMALL = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--b
 BIG = ["--layers", "4", "--heads", "4", "--dim", "128", "--seq-len", "32", "--batch", "4"]
 STEPS = 400
 WARM = 250
+LATE_WARM = 600  # late collapses: a slow warmup, so the collapse-prone lr is reached after step 200
+LATE_STEPS = 650
 TUNE_SEEDS = (1,)
-HELD_SEEDS = (11,)
-# (optimizer, norm, reparam, peak lr, warmup steps)
+HELD_SEEDS = (11, 12, 13, 14, 15)
+# (optimizer, norm, reparam, peak lr, warmup steps[, steps])
 TUNE_GRID = [
     ("adam", "pre", "none", 0.003, 0), ("adam", "post", "none", 0.01, 0), ("adam", "none", "none", 0.01, 0),
     ("adam", "pre", "none", 0.03, 0), ("adam", "post", "none", 0.1, 0),
@@ -50,14 +52,24 @@ HELD_GRID = [
     ("adam", "pre", "none", 0.003, 0), ("adam", "post", "none", 0.003, 0),
     ("adam", "pre", "none", 0.1, WARM), ("adam", "post", "none", 0.1, WARM), ("adam", "none", "none", 0.03, WARM),
     ("adam", "pre", "sigma", 0.1, WARM), ("sgd", "pre", "none", 0.3, 0), ("sgd", "none", "none", 3.0, WARM),
+    ("adam", "pre", "none", 0.1, LATE_WARM, LATE_STEPS), ("adam", "none", "none", 0.03, LATE_WARM, LATE_STEPS),
 ]
 SIGNALS = ("entropy_norm", "max_logit", "logit_scale", "sigma_qk", "entropy_bound")
 
 
-def configs(which, steps=STEPS):
-    grid, seeds, model = (TUNE_GRID, TUNE_SEEDS, SMALL) if which == "tune" else (HELD_GRID, HELD_SEEDS, BIG)
-    return [dict(opt=o, norm=n, reparam=rp, lr=lr, warmup=w, seed=s, steps=steps, model=model, tag=which)
-            for s in seeds for (o, n, rp, lr, w) in grid]
+def configs(which, steps=STEPS, seeds=None):
+    """The sweep's runs (dicts for experiments.start_run); steps replaces
+    STEPS for every config without steps of its own (LATE_STEPS scales with
+    it)."""
+    grid, dseeds, model = (TUNE_GRID, TUNE_SEEDS, SMALL) if which == "tune" else (HELD_GRID, HELD_SEEDS, BIG)
+    out = []
+    for s in seeds or dseeds:
+        for g in grid:
+            o, n, rp, lr, w = g[:5]
+            n_steps = g[5] * steps // STEPS if len(g) > 5 else steps
+            out.append(dict(opt=o, norm=n, reparam=rp, lr=lr, warmup=w * steps // STEPS, seed=s,
+                            steps=n_steps, model=model, tag=which))
+    return out
 
 
 def collect(d, run_id, last_step):

@@ -68,6 +68,9 @@ const char *const probe_lin_gamma_names[MODEL_LIN_PER_LAYER] = {"gamma_qkv", "ga
                                                                 "gamma_fc", "gamma_fcproj"};
 
 /* Lanczos steps at most per certified eigenvalue (top_eig_upper). */
+#ifndef PROBE_DIRECT_MAX
+#define PROBE_DIRECT_MAX 16
+#endif
 #define PROBE_LANCZOS_MAX 24
 
 /* One thread's scratch. */
@@ -322,46 +325,78 @@ static inline float log_bits(uint32_t bits)
 }
 
 
+/* 8 floats / ints in one vector register (GCC/Clang vector extensions):
+ * GCC 12 leaves the lane loop below scalar (its SLP pass gives up on the
+ * int/float mix), so the entropy pass is written in vectors.  Casts between
+ * vector types of one size reinterpret the bits. */
+typedef float probe_v8f __attribute__((vector_size(32)));
+typedef int32_t probe_v8i __attribute__((vector_size(32)));
+
+/* log_bits on 8 lanes (the same operations, so the same results). */
+static inline probe_v8f log_bits_v(probe_v8i bits)
+{
+    probe_v8i e = (bits >> 23) - 126;               /* bits >= 0: non-negative floats */
+    probe_v8i mb = (bits & 0x007fffff) | 0x3f000000;
+    probe_v8f mf = (probe_v8f)mb;
+    probe_v8f lt = __builtin_convertvector(-(probe_v8i)(mf < 0.70710678f), probe_v8f);
+    probe_v8f x = mf - 1.0f + lt * mf;
+    probe_v8f fe = __builtin_convertvector(e, probe_v8f) - lt;
+    probe_v8f z = x * x;
+    probe_v8f y = ((((((((7.0376836292E-2f * x - 1.1514610310E-1f) * x + 1.1676998740E-1f) * x
+                        - 1.2420140846E-1f) * x + 1.4249322787E-1f) * x - 1.6668057665E-1f) * x
+                     + 2.0000714765E-1f) * x - 2.4999993993E-1f) * x + 3.3333331174E-1f) * x * z;
+    y += -2.12194440e-4f * fe;
+    y += -0.5f * z;
+    return x + y + 0.693359375f * fe;
+}
+
 /* Entropy -sum a log a of a[0..n) (zeros contribute 0), and the bit
  * patterns of its largest and smallest entries.  Reads a[0..nread) with
  * nread >= n: entries past n must be 0 (the causal mask's upper triangle),
  * so whole 16-lane blocks can be read instead of a scalar tail; they are
- * kept out of the minimum. */
+ * kept out of the minimum.  Probabilities are non-negative, so their bit
+ * patterns order like the floats as signed integers too. */
 __attribute__((noinline)) static float row_entropy(const float *a, int n, int nread, uint32_t *hi_out, uint32_t *lo_out)
 {
-    float acc[LANES] = {0};
-    uint32_t hi[LANES], lo[LANES];
-    for (int k = 0; k < LANES; k++) { hi[k] = 0; lo[k] = UINT32_MAX; }
+    const probe_v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    probe_v8f acc0 = {0}, acc1 = {0};
+    probe_v8i hi = {0}, lo = hi + INT32_MAX;
     int j = 0;
     for (; j + LANES <= nread; j += LANES) {
-        for (int k = 0; k < LANES; k++) {
-            float x = a[j + k];
-            uint32_t b;
-            memcpy(&b, &x, sizeof b);
-            uint32_t valid = 0u - (uint32_t)(j + k < n);   /* all ones or 0, no branch */
-            uint32_t bm = (b & valid) | ~valid;
-            hi[k] = b > hi[k] ? b : hi[k];
-            lo[k] = bm < lo[k] ? bm : lo[k];
-            acc[k] += x * log_bits(b);
-        }
-    }
-    for (; j < n; j++) {
-        float x = a[j];
-        uint32_t b;
-        memcpy(&b, &x, sizeof b);
-        hi[0] = b > hi[0] ? b : hi[0];
-        lo[0] = b < lo[0] ? b : lo[0];
-        acc[0] += x * log_bits(b);
+        probe_v8i b0, b1;
+        memcpy(&b0, a + j, sizeof b0);
+        memcpy(&b1, a + j + 8, sizeof b1);
+        /* all ones where the entry is inside the row, else 0 */
+        probe_v8i v0 = lane + j < n, v1 = lane + (j + 8) < n;
+        probe_v8i m0 = (b0 & v0) | (INT32_MAX & ~v0), m1 = (b1 & v1) | (INT32_MAX & ~v1);
+        probe_v8i g0 = b0 > hi;
+        hi = (b0 & g0) | (hi & ~g0);
+        probe_v8i g1 = b1 > hi;
+        hi = (b1 & g1) | (hi & ~g1);
+        probe_v8i l0 = m0 < lo;
+        lo = (m0 & l0) | (lo & ~l0);
+        probe_v8i l1 = m1 < lo;
+        lo = (m1 & l1) | (lo & ~l1);
+        acc0 += (probe_v8f)b0 * log_bits_v(b0);
+        acc1 += (probe_v8f)b1 * log_bits_v(b1);
     }
     float s = 0.0f;
-    uint32_t h = 0, l = UINT32_MAX;
-    for (int k = 0; k < LANES; k++) {
-        s += acc[k];
+    int32_t h = 0, l = INT32_MAX;
+    for (int k = 0; k < 8; k++) {
+        s += acc0[k] + acc1[k];
         h = hi[k] > h ? hi[k] : h;
         l = lo[k] < l ? lo[k] : l;
     }
-    *hi_out = h;
-    *lo_out = l;
+    for (; j < n; j++) {
+        float x = a[j];
+        int32_t b;
+        memcpy(&b, &x, sizeof b);
+        h = b > h ? b : h;
+        l = b < l ? b : l;
+        s += x * log_bits((uint32_t)b);
+    }
+    *hi_out = (uint32_t)h;
+    *lo_out = (uint32_t)l;
     return -s;
 }
 
@@ -434,6 +469,22 @@ static void ritz_vector(const double *alpha, const double *beta, int k, double r
     }
 }
 
+/* The largest eigenvalue of the symmetric n x n matrix G (row-major, both
+ * triangles; tr its trace, > 0) by LAPACK dsyevr, plus 1e-9 tr: dsyevr's
+ * absolute error is ~n u ||G|| and tr >= ||G|| for a PSD G, so the result
+ * is never below lambda_max at the sizes here (n <= 1024).  a (n*n) scratch;
+ * work/iwork as for top_eig_upper.  NaN when LAPACK fails. */
+static double top_eig_direct(const double *G, int n, double tr, double *a, double *work, int lwork, int *iwork)
+{
+    memcpy(a, G, sizeof(double) * (size_t)n * n);
+    int found = 0, isuppz[2];
+    double ev = NAN;
+    if (LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'N', 'I', 'U', n, a, n, 0.0, 0.0, n, n, 0.0, &found, &ev, NULL, 1,
+                            isuppz, work, lwork, iwork, 10 * n) != 0 || found != 1)
+        return NAN;
+    return ev + 1e-9 * tr;
+}
+
 /* A certified upper bound on the largest eigenvalue of the symmetric
  * positive semi-definite n x n matrix G (row-major, both triangles), at most
  * ~1e-9 relative above it when the estimate below has converged, never
@@ -456,6 +507,7 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
     for (int i = 0; i < n; i++) tr += G[(size_t)i * n + i];
     if (!isfinite(tr)) return NAN;
     if (!(tr > 0.0)) return 0.0; /* PSD with zero trace: G = 0 */
+    if (n <= PROBE_DIRECT_MAX) return top_eig_direct(G, n, tr, a, work, lwork, iwork);
     double vn = cblas_dnrm2(n, v, 1);
     if (!(vn > 0.0) || !isfinite(vn)) { flat_unit(v, n); vn = 1.0; }
     for (int i = 0; i < n; i++) q[i] = v[i] / vn;
@@ -463,7 +515,7 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
     int kmax = n < PROBE_LANCZOS_MAX ? n : PROBE_LANCZOS_MAX, k = 0;
     double *alpha = work, *beta = work + PROBE_LANCZOS_MAX, *dd = beta + PROBE_LANCZOS_MAX,
            *ee = dd + PROBE_LANCZOS_MAX, *z = ee + PROBE_LANCZOS_MAX, *lw = z + PROBE_LANCZOS_MAX * PROBE_LANCZOS_MAX;
-    double rho = 0.0, prev = -1.0;
+    double rho = 0.0;
     int have = 0;
     while (k < kmax) {
         double *qk = q + (size_t)k * n, *w = q + (size_t)(k + 1) * n;
@@ -476,16 +528,23 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
             }
         k++;
         beta[k - 1] = cblas_dnrm2(n, w, 1);
-        /* top eigenvalue of the k x k tridiagonal (alpha, beta) */
+        /* top eigenvalue of the k x k tridiagonal (alpha, beta), every step:
+         * O(k^2), nothing beside the O(n^2) matrix-vector product */
         memcpy(dd, alpha, sizeof(double) * k);
         memcpy(ee, beta, sizeof(double) * k);
         int last = !(beta[k - 1] > 1e-14 * tr) || k == kmax; /* invariant subspace, or the end */
-        if (last || (k >= 6 && k % 3 == 0)) {
-            if (LAPACKE_dsterf_work(k, dd, ee) != 0) break;
-            rho = dd[k - 1];
-            have = k;
-            if (last || rho - prev <= 1e-8 * rho) break;
-            prev = rho;
+        if (LAPACKE_dsterf_work(k, dd, ee) != 0) break;
+        rho = dd[k - 1];
+        have = k;
+        if (last) break;
+        /* The Ritz value's error is about r^2 / gap (r = beta_k |z_k|, the
+         * residual of the Ritz pair; gap to the next Ritz value): stop when
+         * it is far below the Cholesky test's first margin.  A wrong stop
+         * costs only tightness: the test then proves a larger mu. */
+        if (k >= 2) {
+            ritz_vector(alpha, beta, k, rho, z, lw);
+            double r = beta[k - 1] * fabs(z[k - 1]), gap = rho - dd[k - 2];
+            if (r * r <= 1e-9 * rho * gap) break;
         }
         cblas_dscal(n, 1.0 / beta[k - 1], w, 1);
     }
@@ -505,14 +564,7 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
         }
         if ((n < 64 ? chol(a, n) : LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', n, a, n)) == 0) return mu * (1.0 + 1e-9);
     }
-    memcpy(a, G, sizeof(double) * (size_t)n * n);
-    int found = 0, isuppz[2];
-    double ev = NAN;
-    if (LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'N', 'I', 'U', n, a, n, 0.0, 0.0, n, n, 0.0, &found, &ev, NULL, 1,
-                            isuppz, work, lwork, iwork, 10 * n) != 0 || found != 1)
-        return NAN;
-    /* dsyevr's absolute error is ~n u ||G||; tr >= ||G|| for a PSD G */
-    return ev + 1e-9 * tr;
+    return top_eig_direct(G, n, tr, a, work, lwork, iwork);
 }
 
 /* x rounded up to a float (never below x). */
