@@ -25,7 +25,7 @@
  *                   Cholesky, power iteration and a Cholesky test on d x d;
  *                   twice with a query bias), see probe.c;
  *   eig_mean/var    O(C d^2 + d^3) per head (one d x d product, LAPACK dgeev),
- *                   on every eig_every-th call only (default 4);
+ *                   on every eig_every-th call only (default 8);
  *   rank_ratio, cos_sim  O(nb T C) per layer;
  *   sigma(W)        read from σReparam's own estimate; with --reparam none one
  *                   power-iteration step per linear layer (O(size of W)).
@@ -43,7 +43,7 @@
 
 #define PROBE_DEFAULT_EXAMPLES 4
 #define PROBE_DEFAULT_ITERS 2
-#define PROBE_DEFAULT_EIG_EVERY 4
+#define PROBE_DEFAULT_EIG_EVERY 8
 
 typedef struct {
     int examples;    /* examples of the batch used (first ones); 0 = all;
