@@ -329,6 +329,7 @@ static inline float log_bits(uint32_t bits)
  * GCC 12 leaves the lane loop below scalar (its SLP pass gives up on the
  * int/float mix), so the entropy pass is written in vectors.  Casts between
  * vector types of one size reinterpret the bits. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* static functions only: no ABI to keep (builds without AVX) */
 typedef float probe_v8f __attribute__((vector_size(32)));
 typedef int32_t probe_v8i __attribute__((vector_size(32)));
 
