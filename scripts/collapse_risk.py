@@ -29,8 +29,8 @@ Standard library only (plus gnuplot for the plot)."""
 import json
 import math
 import os
-import shutil
-import subprocess
+
+import plot
 
 SMALL = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--batch", "8"]
 BIG = ["--layers", "4", "--heads", "4", "--dim", "128", "--seq-len", "32", "--batch", "4"]
@@ -381,8 +381,7 @@ def write_report(path, tune_rows, held_rows, top, chosen_rule, held_j, held_s, t
 
 
 def write_plot(held_j, scratch, png):
-    if not shutil.which("gnuplot"):
-        print("collapse-risk: gnuplot not found; no plot")
+    if not plot.available("collapse-risk"):
         return False
     os.makedirs(scratch, exist_ok=True)
     dat = os.path.join(scratch, "held.dat")
@@ -390,20 +389,11 @@ def write_plot(held_j, scratch, png):
         for i, x in enumerate([x for x in held_j if x["collapsed"]]):
             f.write("%d %s %s \"%s\"\n" % (i, x["collapse_step"], x["fire"] if x["fire"] is not None else "NaN",
                                             x["name"].replace("held-", "")))
-    cairo = subprocess.run(["gnuplot", "-e", "set terminal pngcairo"], capture_output=True).returncode == 0
-    gp = ["set terminal pngcairo size 1100,600 font ',10'" if cairo else "set terminal png size 1100,600",
-          "set output '%s'" % png, "set termoption noenhanced", "set datafile missing 'NaN'",
+    gp = [plot.terminal(1100, 600), "set output '%s'" % png, "set termoption noenhanced", "set datafile missing 'NaN'",
           "set title 'Held-out runs that collapse: when collapse_risk fires (blue) and when entropy_collapse begins (red)'",
           "set ylabel 'step'", "set xtics rotate by 30 right", "set grid", "set key top left",
           "set offsets 0.5, 0.5, 0, 0",
           "plot '%s' u 1:2:xtic(4) w p pt 7 ps 1.8 lc rgb '#d62728' t 'entropy_collapse begins', "
           "'' u 1:3 w p pt 5 ps 1.5 lc rgb '#1f77b4' t 'collapse_risk fires', "
           "'' u 1:3:(0):($2-$3) w vectors nohead dt 2 lc rgb '#888888' t 'lead'" % dat]
-    script = os.path.join(scratch, "plot.gp")
-    with open(script, "w") as f:
-        f.write("\n".join(gp) + "\n")
-    r = subprocess.run(["gnuplot", script], capture_output=True, text=True)
-    if r.returncode != 0:
-        print("collapse-risk: gnuplot failed:\n" + r.stderr)
-        return False
-    return True
+    return plot.render(gp, scratch, "collapse-risk")

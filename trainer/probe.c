@@ -301,30 +301,6 @@ static inline float bound_f(const probe *p, int T, float s)
     return logf(den) + s * p->sq_prod[T] * beta / den;
 }
 
-/* log(x) from the bits of a positive normal float (Cephes logf; relative
- * error ~1e-7).  Zero and denormals come out finite, near -87: harmless,
- * they are multiplied by themselves (so 0 log 0 = 0 without a select). */
-static inline float log_bits(uint32_t bits)
-{
-    int e = (int)(bits >> 23) - 126;
-    uint32_t mb = (bits & 0x007fffffu) | 0x3f000000u;
-    float mf;
-    memcpy(&mf, &mb, sizeof mf);                 /* in [0.5, 1) */
-    /* branch-free (GCC does not if-convert float selects under
-     * -ftrapping-math): below sqrt(1/2) take 2m and one less exponent */
-    float lt = (float)(mf < 0.70710678f);
-    float x = mf - 1.0f + lt * mf;
-    float fe = (float)e - lt;
-    float z = x * x;
-    float y = ((((((((7.0376836292E-2f * x - 1.1514610310E-1f) * x + 1.1676998740E-1f) * x
-                    - 1.2420140846E-1f) * x + 1.4249322787E-1f) * x - 1.6668057665E-1f) * x
-                 + 2.0000714765E-1f) * x - 2.4999993993E-1f) * x + 3.3333331174E-1f) * x * z;
-    y += -2.12194440e-4f * fe;
-    y += -0.5f * z;
-    return x + y + 0.693359375f * fe;
-}
-
-
 /* 8 floats / ints in one vector register (GCC/Clang vector extensions):
  * GCC 12 leaves the lane loop below scalar (its SLP pass gives up on the
  * int/float mix), so the entropy pass is written in vectors.  Casts between
@@ -333,7 +309,11 @@ static inline float log_bits(uint32_t bits)
 typedef float probe_v8f __attribute__((vector_size(32)));
 typedef int32_t probe_v8i __attribute__((vector_size(32)));
 
-/* log_bits on 8 lanes (the same operations, so the same results). */
+/* log(x) on 8 lanes from the bits of positive normal floats (Cephes logf;
+ * relative error ~1e-7).  Zero and denormals come out finite, near -87:
+ * harmless, they are multiplied by themselves (so 0 log 0 = 0 without a
+ * select).  Below sqrt(1/2) the mantissa is doubled and the exponent
+ * lowered, branch-free. */
 static inline probe_v8f log_bits_v(probe_v8i bits)
 {
     probe_v8i e = (bits >> 23) - 126;               /* bits >= 0: non-negative floats */
@@ -351,50 +331,46 @@ static inline probe_v8f log_bits_v(probe_v8i bits)
     return x + y + 0.693359375f * fe;
 }
 
+/* One 16-lane block of row_entropy: entries j + k < n count. */
+static inline void entropy_block(const float *a, int j, int n, probe_v8f *acc, probe_v8i *hi, probe_v8i *lo)
+{
+    const probe_v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int half = 0; half < 2; half++) {
+        probe_v8i b;
+        memcpy(&b, a + j + 8 * half, sizeof b);
+        probe_v8i v = lane + (j + 8 * half) < n;       /* all ones inside the row, else 0 */
+        probe_v8i m = (b & v) | (INT32_MAX & ~v);      /* outside: never the minimum */
+        probe_v8i g = b > *hi, l = m < *lo;
+        *hi = (b & g) | (*hi & ~g);
+        *lo = (m & l) | (*lo & ~l);
+        acc[half] += (probe_v8f)b * log_bits_v(b);
+    }
+}
+
 /* Entropy -sum a log a of a[0..n) (zeros contribute 0), and the bit
  * patterns of its largest and smallest entries.  Reads a[0..nread) with
  * nread >= n: entries past n must be 0 (the causal mask's upper triangle),
  * so whole 16-lane blocks can be read instead of a scalar tail; they are
- * kept out of the minimum.  Probabilities are non-negative, so their bit
- * patterns order like the floats as signed integers too. */
+ * kept out of the minimum.  A last partial block (nread not a multiple of
+ * 16) is copied into a zero-padded block.  Probabilities are non-negative,
+ * so their bit patterns order like the floats as signed integers too. */
 __attribute__((noinline)) static float row_entropy(const float *a, int n, int nread, uint32_t *hi_out, uint32_t *lo_out)
 {
-    const probe_v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
-    probe_v8f acc0 = {0}, acc1 = {0};
+    probe_v8f acc[2] = {{0}, {0}};
     probe_v8i hi = {0}, lo = hi + INT32_MAX;
     int j = 0;
-    for (; j + LANES <= nread; j += LANES) {
-        probe_v8i b0, b1;
-        memcpy(&b0, a + j, sizeof b0);
-        memcpy(&b1, a + j + 8, sizeof b1);
-        /* all ones where the entry is inside the row, else 0 */
-        probe_v8i v0 = lane + j < n, v1 = lane + (j + 8) < n;
-        probe_v8i m0 = (b0 & v0) | (INT32_MAX & ~v0), m1 = (b1 & v1) | (INT32_MAX & ~v1);
-        probe_v8i g0 = b0 > hi;
-        hi = (b0 & g0) | (hi & ~g0);
-        probe_v8i g1 = b1 > hi;
-        hi = (b1 & g1) | (hi & ~g1);
-        probe_v8i l0 = m0 < lo;
-        lo = (m0 & l0) | (lo & ~l0);
-        probe_v8i l1 = m1 < lo;
-        lo = (m1 & l1) | (lo & ~l1);
-        acc0 += (probe_v8f)b0 * log_bits_v(b0);
-        acc1 += (probe_v8f)b1 * log_bits_v(b1);
+    for (; j + LANES <= nread; j += LANES) entropy_block(a, j, n, acc, &hi, &lo);
+    if (j < n) {
+        float tail[LANES] = {0};
+        memcpy(tail, a + j, sizeof(float) * (n - j));
+        entropy_block(tail, 0, n - j, acc, &hi, &lo);
     }
     float s = 0.0f;
     int32_t h = 0, l = INT32_MAX;
     for (int k = 0; k < 8; k++) {
-        s += acc0[k] + acc1[k];
+        s += acc[0][k] + acc[1][k];
         h = hi[k] > h ? hi[k] : h;
         l = lo[k] < l ? lo[k] : l;
-    }
-    for (; j < n; j++) {
-        float x = a[j];
-        int32_t b;
-        memcpy(&b, &x, sizeof b);
-        h = b > h ? b : h;
-        l = b < l ? b : l;
-        s += x * log_bits((uint32_t)b);
     }
     *hi_out = (uint32_t)h;
     *lo_out = (uint32_t)l;
