@@ -475,20 +475,29 @@ def predict(args, scratch, out):
     os.makedirs(logdir, exist_ok=True)
     tune_cfg = collapse_risk.configs("tune", args.steps_predict)
     held_cfg = [] if args.tune_only else collapse_risk.configs("held", args.steps_predict)
-    print("collapse-risk: %d tune runs, then %d held-out runs; entropyd at "
-          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), d.port), flush=True)
+    done, before = {}, 0.0  # --resume: the runs of the last sweep, kept
+    if args.resume and os.path.exists(os.path.join(scratch, "rows.json")):
+        done = {r["name"]: r for r in json.load(open(os.path.join(scratch, "rows.json")))}
+        if os.path.exists(os.path.join(scratch, "seconds.json")):
+            before = json.load(open(os.path.join(scratch, "seconds.json")))["seconds"]
+    todo = [c for c in tune_cfg + held_cfg if run_name(c) not in done]
+    print("collapse-risk: %d tune runs, then %d held-out runs (%d to run, %d kept); entropyd at "
+          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), len(todo), len(tune_cfg + held_cfg) - len(todo),
+                                    d.port), flush=True)
     try:
-        tune_rows = predict_run_all(tune_cfg, d, logdir, args.jobs)
-        held_rows = predict_run_all(held_cfg, d, logdir, args.jobs)
+        new = {r["name"]: r for r in predict_run_all(todo, d, logdir, args.jobs)}
     finally:
         d.stop()
+    done.update(new)
+    tune_rows = [done[run_name(c)] for c in tune_cfg if run_name(c) in done]
+    held_rows = [done[run_name(c)] for c in held_cfg if run_name(c) in done]
     collapse_risk.simulate(tune_rows + held_rows)
     for r in tune_rows + held_rows:
         r["fires"]["collapse_risk"] = collapse_risk.fires(r["alerts"]).get("collapse_risk")
     with open(os.path.join(scratch, "rows.json"), "w") as f:
         json.dump(tune_rows + held_rows, f)
     with open(os.path.join(scratch, "seconds.json"), "w") as f:
-        json.dump({"seconds": round(time.time() - t0, 1)}, f)
+        json.dump({"seconds": round(before + time.time() - t0, 1)}, f)
     top, _ = collapse_risk.tune(tune_rows)
     print("collapse-risk: best candidates on the tune sweep (false alarms <= 5%):")
     for name, rule, rec, far, lead in top[:10]:
@@ -496,7 +505,7 @@ def predict(args, scratch, out):
             name, rec, far, fmt(lead, 0), json.dumps({k: rule[k] for k in ("metric", "condition", "for")})))
     if args.tune_only or not top:
         return
-    report(tune_rows, held_rows, top, shipped, out, scratch, time.time() - t0)
+    report(tune_rows, held_rows, top, shipped, out, scratch, before + time.time() - t0)
 
 
 def report(tune_rows, held_rows, top, shipped, out, scratch, seconds):
@@ -560,6 +569,8 @@ def main():
     ap.add_argument("--tune-only", action="store_true", help="predict: run the tune sweep and print the "
                     "best candidate rules, nothing else")
     ap.add_argument("--steps-predict", type=int, default=collapse_risk.STEPS)
+    ap.add_argument("--resume", action="store_true", help="predict: keep the last run's runs (its rows.json "
+                    "and daemon data) and run only the configs it lacks")
     ap.add_argument("--report-only", action="store_true", help="predict: rewrite the report from the last "
                     "run's rows (demo-data/experiments-predict/rows.json), e.g. after the rule was shipped")
     args = ap.parse_args()
@@ -582,8 +593,9 @@ def main():
         return
     if args.part in ("all", "predict"):
         pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
-        shutil.rmtree(pscratch, ignore_errors=True)
-        os.makedirs(pscratch)
+        if not args.resume:
+            shutil.rmtree(pscratch, ignore_errors=True)
+        os.makedirs(pscratch, exist_ok=True)
         pout = args.out or (os.path.join(pscratch, "out") if args.quick or args.tune_only else os.path.join(ROOT, "docs"))
         os.makedirs(pout, exist_ok=True)
         try:

@@ -47,10 +47,11 @@
  * over d, not C: the C - d structural zeros come from the head split, not
  * from training (docs/science.md gives the conversion).
  *
- * Entropy uses a vectorizable Cephes-style log (relative error ~1e-7) with
- * 16 partial sums, and integer max/min on the probabilities' bit patterns
- * (non-negative floats order like their bits), so GCC vectorizes the pass
- * without -ffast-math. */
+ * Entropy uses a Cephes-style log on the floats' bits (relative error
+ * ~1e-7) with 16 partial sums, and integer max/min on the probabilities'
+ * bit patterns (non-negative floats order like their bits), written in GCC
+ * vector extensions: GCC 12 left the same loop in plain C scalar, which made
+ * the entropy pass ~3x slower (no -ffast-math either way). */
 #include "probe.h"
 
 #include <cblas.h>
@@ -464,9 +465,12 @@ static double top_eig_direct(const double *G, int n, double tr, double *a, doubl
 
 /* A certified upper bound on the largest eigenvalue of the symmetric
  * positive semi-definite n x n matrix G (row-major, both triangles), at most
- * ~1e-9 relative above it when the estimate below has converged, never
- * below it.  How: Lanczos from the warm start v (n; replaced by the Ritz
- * vector) gives the top Ritz value rho <= lambda_max, a lower bound;
+ * ~1e-7 relative above it when the estimate below has converged, never
+ * below it.  n <= PROBE_DIRECT_MAX: top_eig_direct (measured faster at
+ * d = 12, slower at d = 32).  Else: Lanczos from the warm start v (n;
+ * replaced by the Ritz vector) gives the top Ritz value rho <= lambda_max,
+ * a lower bound (stopped by its residual, so a fresh, well-separated top
+ * eigenvalue takes a few steps);
  * lambda_max <= mu iff mu I - G is positive semi-definite, which a Cholesky
  * factorization of mu I - G proves (tried at mu = rho (1 + delta) for
  * growing delta).  When every try fails (a near-tie, or a start orthogonal
