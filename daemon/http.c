@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "embed.h"
+#include "net.h"
 #include "now.h"
 
 #define HTTP_DELETE_WAIT_MS 10000
@@ -80,9 +81,9 @@ static enum MHD_Result respond(struct http *h, struct MHD_Connection *c, unsigne
 
 /* Answers with the buffer's text (taken over and freed). */
 static enum MHD_Result send_buf(struct http *h, struct MHD_Connection *c, unsigned status, const char *ctype,
-                                struct query_buf *b) {
+                                struct strbuf *b) {
     if (b->failed) {
-        query_buf_free(b);
+        strbuf_free(b);
         static const char oom[] = "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
         struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
         if (r) MHD_add_response_header(r, "Content-Type", "application/json");
@@ -91,7 +92,7 @@ static enum MHD_Result send_buf(struct http *h, struct MHD_Connection *c, unsign
     struct MHD_Response *r = MHD_create_response_from_buffer(b->len, b->p ? b->p : (void *)"",
                                                              b->p ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!r) {
-        query_buf_free(b);
+        strbuf_free(b);
         return MHD_NO;
     }
     memset(b, 0, sizeof *b);
@@ -100,7 +101,7 @@ static enum MHD_Result send_buf(struct http *h, struct MHD_Connection *c, unsign
     return respond(h, c, status, r);
 }
 
-static enum MHD_Result send_json(struct http *h, struct MHD_Connection *c, unsigned status, struct query_buf *b) {
+static enum MHD_Result send_json(struct http *h, struct MHD_Connection *c, unsigned status, struct strbuf *b) {
     return send_buf(h, c, status, "application/json", b);
 }
 
@@ -126,14 +127,14 @@ static enum MHD_Result send_error(struct http *h, struct MHD_Connection *c, unsi
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    struct query_buf b = {0};
-    query_buf_printf(&b, "{\"error\":{\"code\":\"%s\",\"message\":", error_code(status));
-    query_buf_json_str(&b, msg);
-    query_buf_puts(&b, "}}");
+    struct strbuf b = {0};
+    strbuf_printf(&b, "{\"error\":{\"code\":\"%s\",\"message\":", error_code(status));
+    strbuf_json_str(&b, msg);
+    strbuf_puts(&b, "}}");
     if (status == 401) {
         struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_FREE);
         if (!r) {
-            query_buf_free(&b);
+            strbuf_free(&b);
             return MHD_NO;
         }
         MHD_add_response_header(r, "Content-Type", "application/json");
@@ -229,13 +230,6 @@ static int choice_param(struct MHD_Connection *c, const char *name, const char *
 
 /* ---- auth ------------------------------------------------------------ */
 
-static int same(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char d = la != lb;
-    for (size_t i = 0; i < la; i++) d |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
-    return d == 0;
-}
-
 /* 1 when the request carries the token (or none is needed), 0 when it
  * carries none, -1 when it carries a wrong one. The scheme is
  * case-insensitive (RFC 7235): "bearer" is "Bearer". */
@@ -246,11 +240,11 @@ static int authorized(struct http *h, struct MHD_Connection *c) {
     if (a && strncasecmp(a, "Bearer ", 7) == 0) {
         const char *t = a + 7;
         while (*t == ' ') t++;
-        if (same(t, h->token)) return 1;
+        if (net_equal_ct(t, h->token)) return 1;
         presented = 1;
     }
     const char *t = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "token");
-    if (t && same(t, h->token)) return 1;
+    if (t && net_equal_ct(t, h->token)) return 1;
     return presented || t ? -1 : 0;
 }
 
@@ -538,12 +532,12 @@ static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t 
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
-    struct query_buf b = {0};
+    struct strbuf b = {0};
     char err[256];
     int rc = query_runs_page(q, &req, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
-        query_buf_free(&b);
+        strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
     return send_json(h, c, 200, &b);
@@ -553,12 +547,12 @@ static enum MHD_Result h_run(struct http *h, struct MHD_Connection *c, int64_t i
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
-    struct query_buf b = {0};
+    struct strbuf b = {0};
     char err[256];
     int rc = query_run(q, id, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
-        query_buf_free(&b);
+        strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
     return send_json(h, c, 200, &b);
@@ -584,12 +578,12 @@ static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
-    struct query_buf b = {0};
+    struct strbuf b = {0};
     char err[256];
     int rc = query_series(q, &r, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
-        query_buf_free(&b);
+        strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
     return send_json(h, c, 200, &b);
@@ -604,12 +598,12 @@ static enum MHD_Result h_frame(struct http *h, struct MHD_Connection *c, int64_t
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
-    struct query_buf b = {0};
+    struct strbuf b = {0};
     char err[256];
     int rc = query_frame(q, id, metric, has, step, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
-        query_buf_free(&b);
+        strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
     return send_json(h, c, 200, &b);
@@ -631,12 +625,12 @@ static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
-    struct query_buf b = {0};
+    struct strbuf b = {0};
     char err[256];
     int rc = query_events(q, id, after, before, newest_first, limit, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
-        query_buf_free(&b);
+        strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
     return send_json(h, c, 200, &b);
@@ -651,12 +645,12 @@ static enum MHD_Result alerts_answer(struct http *h, struct MHD_Connection *c, i
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) return res;
-    struct query_buf b = {0};
+    struct strbuf b = {0};
     char err[256];
     int rc = query_alerts(q, state, run_id, limit, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
-        query_buf_free(&b);
+        strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
     return send_json(h, c, 200, &b);
@@ -802,8 +796,8 @@ static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_
                               (long long)id);
         if (rc == QUERY_OK) return send_error(h, c, 500, "run %lld could not be deleted (see the daemon's log)", (long long)id);
     }
-    struct query_buf b = {0};
-    query_buf_printf(&b, done ? "{\"deleted\":%lld}" : "{\"deleting\":%lld}", (long long)id);
+    struct strbuf b = {0};
+    strbuf_printf(&b, done ? "{\"deleted\":%lld}" : "{\"deleting\":%lld}", (long long)id);
     return send_json(h, c, done ? 200 : 202, &b);
 }
 
@@ -811,18 +805,18 @@ static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64
     (void)id;
     struct writer_stats ws;
     writer_get_stats(h->cfg.writer, &ws);
-    struct query_buf b = {0};
-    query_buf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s}", ws.failing ? "failing" : "ok",
+    struct strbuf b = {0};
+    strbuf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s}", ws.failing ? "failing" : "ok",
                      ws.failing ? "true" : "false");
     return send_json(h, c, ws.failing ? 503 : 200, &b);
 }
 
-static void prom(struct query_buf *b, const char *name, const char *type, const char *help, double v) {
-    query_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+static void prom(struct strbuf *b, const char *name, const char *type, const char *help, double v) {
+    strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
 /* The counters of ingest's guards (issue 16). */
-static void ingest_guard_metrics(struct query_buf *b, const struct ingest_stats *is) {
+static void ingest_guard_metrics(struct strbuf *b, const struct ingest_stats *is) {
     prom(b, "entropyd_connections_timed_out_total", "counter",
          "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
     prom(b, "entropyd_connections_evicted_total", "counter",
@@ -837,7 +831,7 @@ static void ingest_guard_metrics(struct query_buf *b, const struct ingest_stats 
 
 static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {
     (void)id;
-    struct query_buf b = {0};
+    struct strbuf b = {0};
     if (h->cfg.ingest) {
         struct ingest_stats is;
         ingest_get_stats(h->cfg.ingest, &is);
@@ -851,10 +845,10 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
         prom(&b, "entropyd_ingest_paused_seconds_total", "counter",
              "Time ingest stopped reading because the writer queue was full.", is.paused_ms / 1e3);
         ingest_guard_metrics(&b, &is);
-        query_buf_puts(&b, "# HELP entropyd_errors_total Protocol errors sent to trainers, by code.\n"
+        strbuf_puts(&b, "# HELP entropyd_errors_total Protocol errors sent to trainers, by code.\n"
                            "# TYPE entropyd_errors_total counter\n");
         for (int e = 1; e < PROTO_E_COUNT; e++)
-            query_buf_printf(&b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e),
+            strbuf_printf(&b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e),
                              (unsigned long long)is.errors[e]);
     }
     struct writer_stats ws;
@@ -872,15 +866,15 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
     memcpy(hist, h->hist, sizeof hist);
     memcpy(resp, h->responses, sizeof resp);
     pthread_mutex_unlock(&h->mu);
-    query_buf_puts(&b, "# HELP entropyd_commit_seconds Time to commit one writer transaction.\n"
+    strbuf_puts(&b, "# HELP entropyd_commit_seconds Time to commit one writer transaction.\n"
                        "# TYPE entropyd_commit_seconds histogram\n");
     uint64_t acc = 0;
     for (size_t i = 0; i < HIST_N; i++) {
         acc += hist[i];
-        query_buf_printf(&b, "entropyd_commit_seconds_bucket{le=\"%g\"} %llu\n", hist_le[i], (unsigned long long)acc);
+        strbuf_printf(&b, "entropyd_commit_seconds_bucket{le=\"%g\"} %llu\n", hist_le[i], (unsigned long long)acc);
     }
-    query_buf_printf(&b, "entropyd_commit_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cnt);
-    query_buf_printf(&b, "entropyd_commit_seconds_sum %.9g\nentropyd_commit_seconds_count %llu\n", sum,
+    strbuf_printf(&b, "entropyd_commit_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cnt);
+    strbuf_printf(&b, "entropyd_commit_seconds_sum %.9g\nentropyd_commit_seconds_count %llu\n", sum,
                      (unsigned long long)cnt);
     struct stream_stats ss;
     stream_get_stats(h->cfg.stream, &ss);
@@ -888,15 +882,15 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
     prom(&b, "entropyd_stream_events_total", "counter", "Events published to the stream.", (double)ss.published);
     prom(&b, "entropyd_stream_resets_total", "counter", "Stream clients that resumed from before the ring.",
          (double)ss.resets);
-    query_buf_puts(&b, "# HELP entropyd_http_responses_total HTTP responses by status class.\n"
+    strbuf_puts(&b, "# HELP entropyd_http_responses_total HTTP responses by status class.\n"
                        "# TYPE entropyd_http_responses_total counter\n");
     for (int k = 2; k <= 5; k++)
-        query_buf_printf(&b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
+        strbuf_printf(&b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
 
     enum MHD_Result res;
     struct query *q = take_query(h, c, &res);
     if (!q) {
-        query_buf_free(&b);
+        strbuf_free(&b);
         return res;
     }
     int64_t dbb = query_db_bytes(q), walb = query_wal_bytes(q);
@@ -919,7 +913,7 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
     int rc = query_prometheus(q, h->cfg.metrics_heads, now_wall(), h->cfg.metrics_keep_s == 0 ? 3600 : h->cfg.metrics_keep_s, &b, err, sizeof err);
     query_release(h->cfg.pool, q);
     if (rc) {
-        query_buf_free(&b);
+        strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
     return send_buf(h, c, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
@@ -1145,40 +1139,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, en
 
 /* ---- lifecycle ------------------------------------------------------- */
 
-/* The address part of "HOST:PORT" ("[::1]:80" gives "::1"). */
-static int listen_host(const char *listen, char *out, size_t cap) {
-    const char *colon = strrchr(listen, ':');
-    if (!colon) return -1;
-    const char *b = listen, *e = colon;
-    if (*b == '[' && e > b + 1 && e[-1] == ']') b++, e--;
-    if ((size_t)(e - b) >= cap) return -1;
-    memcpy(out, b, (size_t)(e - b));
-    out[e - b] = 0;
-    return 0;
-}
-
 static int resolve(const char *listen, struct sockaddr_storage *ss, socklen_t *len, char *err, size_t errlen) {
-    char host[256];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host || !colon[1]) {
-        snprintf(err, errlen, "--http wants HOST:PORT, got \"%s\"", listen);
+    char h[256], port_text[8];
+    int port;
+    if (net_split_hostport(listen, h, sizeof h, &port)) {
+        snprintf(err, errlen, "--http wants HOST:PORT (port 0..65535), got \"%s\"", listen);
         return -1;
     }
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = 0;
-    char *h = host;
-    size_t hl = strlen(h);
-    if (h[0] == '[' && hl > 2 && h[hl - 1] == ']') {
-        h[hl - 1] = 0;
-        h++;
-    }
-    int64_t port;
-    if (parse_i64(colon + 1, 0, 65535, &port)) {
-        snprintf(err, errlen, "--http: bad port \"%s\"", colon + 1);
-        return -1;
-    }
+    snprintf(port_text, sizeof port_text, "%d", port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai;
-    int rc = getaddrinfo(h, colon + 1, &hints, &ai);
+    int rc = getaddrinfo(h, port_text, &hints, &ai);
     if (rc) {
         snprintf(err, errlen, "--http: cannot resolve \"%s\": %s", h, gai_strerror(rc));
         return -1;
@@ -1220,7 +1190,9 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
     struct sockaddr_storage ss;
     socklen_t sl;
     if (resolve(cfg->listen ? cfg->listen : "127.0.0.1:8080", &ss, &sl, err, errlen)) goto fail;
-    if (listen_host(cfg->listen ? cfg->listen : "127.0.0.1:8080", h->listen_host, sizeof h->listen_host) == 0) {
+    int listen_port;
+    if (net_split_hostport(cfg->listen ? cfg->listen : "127.0.0.1:8080", h->listen_host, sizeof h->listen_host,
+                           &listen_port) == 0) {
         unsigned char any[16] = {0}, bin[16];
         int fam;
         h->listen_any = ip_literal(h->listen_host, bin, &fam) && memcmp(bin, any, fam == AF_INET ? 4 : 16) == 0;

@@ -1,6 +1,7 @@
 /* ingest.c: the trainer-facing event loop. See ingest.h for the contract
  * and schema/protocol.md for what goes over the wire. */
 #include "ingest.h"
+#include "net.h"
 #include "now.h"
 #include "peers.h"
 
@@ -657,16 +658,6 @@ static int check_shapes(const struct proto_msg *m, const struct run *run, char *
     return 0;
 }
 
-/* Compares a hello's token with the daemon's in time that depends on the
- * lengths only (strcmp stops at the first wrong byte, which a client on the
- * network could time), as http.c does for HTTP. */
-static int token_equal(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char d = la != lb;
-    for (size_t i = 0; i < la; i++) d |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
-    return d == 0;
-}
-
 enum { LINE_DONE, LINE_BLOCKED };
 
 /* Handles one complete line. Returns LINE_BLOCKED when the line could not
@@ -680,7 +671,7 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
         proto_msg_free(&msg);
         return LINE_DONE;
     }
-    if (ing->cfg.token && msg.type == PROTO_HELLO && (!msg.token || !token_equal(msg.token, ing->cfg.token))) {
+    if (ing->cfg.token && msg.type == PROTO_HELLO && (!msg.token || !net_equal_ct(msg.token, ing->cfg.token))) {
         send_error(ing, c, PROTO_E_UNAUTHORIZED, msg.token ? "wrong token" : "this daemon requires a token in hello", 0);
         proto_msg_free(&msg);
         return LINE_DONE;
@@ -974,20 +965,15 @@ static int listen_unix(struct ingest *ing, const char *path, char *err, size_t e
 }
 
 static int listen_tcp(struct ingest *ing, const char *spec, char *err, size_t errlen) {
-    char host[256];
-    const char *colon = strrchr(spec, ':');
-    if (!colon || colon == spec || (size_t)(colon - spec) >= sizeof host || !colon[1]) {
+    char host[256], port_text[8];
+    int port;
+    if (net_split_hostport(spec, host, sizeof host, &port)) {
         snprintf(err, errlen, "--listen-tcp wants HOST:PORT, got \"%s\"", spec);
         return -1;
     }
-    memcpy(host, spec, (size_t)(colon - spec));
-    host[colon - spec] = 0;
-    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-        memmove(host, host + 1, strlen(host));
-        host[strlen(host) - 1] = 0;
-    }
+    snprintf(port_text, sizeof port_text, "%d", port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
-    int gai = getaddrinfo(host, colon + 1, &hints, &res);
+    int gai = getaddrinfo(host, port_text, &hints, &res);
     if (gai) {
         snprintf(err, errlen, "--listen-tcp %s: %s", spec, gai_strerror(gai));
         return -1;

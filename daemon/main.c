@@ -25,6 +25,7 @@
 #include "store.h"
 #include "stream.h"
 #include "writer.h"
+#include "net.h"
 #include "now.h"
 
 
@@ -80,14 +81,9 @@ static void make_database_private(const char *db)
 /* 1 when "HOST:PORT" names a loopback address (127.0.0.0/8, ::1,
  * localhost): nobody else on the network can reach it. */
 static int loopback_address(const char *spec) {
-    const char *colon = strrchr(spec, ':');
-    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
     char host[256];
-    if (n >= sizeof host) return 0;
-    memcpy(host, spec, n);
-    host[n] = 0;
-    if (strcmp(host, "localhost") == 0 || strcmp(host, "[::1]") == 0 || strcmp(host, "::1") == 0) return 1;
-    return strncmp(host, "127.", 4) == 0;
+    int port;
+    return net_split_hostport(spec, host, sizeof host, &port) == 0 && net_host_is_loopback(host);
 }
 
 static void on_signal(int sig) {

@@ -8,7 +8,7 @@
  * committed state (the rollups agree with the frames).
  *
  * Queries write their answer as JSON (or Prometheus text) into a growable
- * query_buf. Nothing here builds SQL from request text: every value is a
+ * struct strbuf (strbuf.h). Nothing here builds SQL from request text: every value is a
  * bound parameter.
  *
  * Return codes: QUERY_OK, or one of the negative codes below with a one-line
@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "strbuf.h"
+
 enum query_rc {
     QUERY_OK = 0,
     QUERY_ERR = -1,       /* the database failed (or out of memory) */
@@ -28,25 +30,6 @@ enum query_rc {
     QUERY_BAD = -3,       /* the request does not fit the data (layer out of range...) */
 };
 
-/* A growable byte buffer. `failed` is set (and further appends ignored)
- * when memory ran out; p is NUL-terminated while not failed. The owner
- * frees p with free(). */
-struct query_buf {
-    char *p;
-    size_t len, cap;
-    int failed;
-};
-void query_buf_add(struct query_buf *b, const char *s, size_t n);
-void query_buf_puts(struct query_buf *b, const char *s);
-void query_buf_printf(struct query_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Appends a float32 as a JSON number with 9 significant digits (reads
- * back to the same float), or null when not finite. */
-void query_buf_f32(struct query_buf *b, float x);
-/* Appends a double with 12 significant digits, or null when not finite. */
-void query_buf_f64(struct query_buf *b, double x);
-/* Appends s as a JSON string literal (with quotes). */
-void query_buf_json_str(struct query_buf *b, const char *s);
-void query_buf_free(struct query_buf *b);
 
 struct query_pool;
 struct query;
@@ -66,7 +49,7 @@ void query_release(struct query_pool *p, struct query *q);
 
 /* GET /api/runs: a JSON array of run objects, optionally only those with
  * `status` (NULL for all). */
-int query_runs(struct query *q, const char *status, struct query_buf *out, char *err, size_t errlen);
+int query_runs(struct query *q, const char *status, struct strbuf *out, char *err, size_t errlen);
 
 /* Sort keys of the runs list (query_runs_page). */
 enum query_runs_sort {
@@ -103,12 +86,12 @@ struct query_runs_req {
  * (null on the last), total the number of matches. Pages are keyset
  * cursors (no OFFSET): the next page starts past the last (key, id) seen.
  * QUERY_BAD for a cursor this daemon did not give out for this sort. */
-int query_runs_page(struct query *q, const struct query_runs_req *req, struct query_buf *out, char *err,
+int query_runs_page(struct query *q, const struct query_runs_req *req, struct strbuf *out, char *err,
                     size_t errlen);
 
 /* GET /api/runs/{id}: the run object plus its metric names by kind and its
  * first step. QUERY_NOT_FOUND if no such run. */
-int query_run(struct query *q, int64_t id, struct query_buf *out, char *err, size_t errlen);
+int query_run(struct query *q, int64_t id, struct strbuf *out, char *err, size_t errlen);
 
 /* A run's status ("live", ...) into status (cap bytes). QUERY_NOT_FOUND if
  * no such run. */
@@ -167,13 +150,25 @@ struct query_series_req {
  * scalar, QUERY_SPLIT_HEAD of a layer metric or with a head, QUERY_SPLIT_LAYER
  * with a layer or head; and for more than QUERY_MAX_SERIES_BUCKETS series x
  * buckets. */
-int query_series(struct query *q, const struct query_series_req *req, struct query_buf *out, char *err,
+int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err,
                  size_t errlen);
 
 /* GET /api/runs/{id}/frame: the metric's values at the last step <= step
  * (has_step 0: the latest). QUERY_NOT_FOUND when no run, metric or frame. */
 int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
-                struct query_buf *out, char *err, size_t errlen);
+                struct strbuf *out, char *err, size_t errlen);
+
+/* Calls fn(ctx, step, vals, n) for every stored frame of metric_id with
+ * lo <= step <= hi, in step order; vals holds the frame's n values
+ * (float32, NaN where the trainer sent null), borrowed for the call. Runs
+ * in the caller's read transaction if one is open (query_db_begin is not
+ * public: a reader wanting one snapshot across calls holds q between them
+ * inside a transaction of its own), else each statement in its own. fn
+ * returns 0 to go on; any other value stops the walk and is returned.
+ * QUERY_ERR with a message if the database fails. */
+typedef int (*query_frame_fn)(void *ctx, int64_t step, const float *vals, uint32_t n);
+int query_frames(struct query *q, int64_t metric_id, uint32_t n, int64_t lo, int64_t hi, query_frame_fn fn, void *ctx,
+                 char *err, size_t errlen);
 
 /* GET /api/runs/{id}/events: at most limit events. Oldest first from
  * after (id > after), or, with newest_first, newest first from before
@@ -182,7 +177,7 @@ int query_frame(struct query *q, int64_t run_id, const char *metric, int has_ste
  * that direction (page on with after= / before= its id). QUERY_NOT_FOUND if
  * no such run. */
 int query_events(struct query *q, int64_t run_id, int64_t after, int64_t before, int newest_first, int64_t limit,
-                 struct query_buf *out, char *err, size_t errlen);
+                 struct strbuf *out, char *err, size_t errlen);
 
 /* Export of every stored value of a run, produced piece by piece so that
  * nothing larger than a chunk of frames (256 KiB) is held. Each chunk of a
@@ -210,14 +205,14 @@ void query_export_end(struct query_export *x);
  * update (their end) is at most keep_s seconds before now. Reads one row
  * of the `latest` table per metric exported: the cost does not grow with
  * the runs' history. */
-int query_prometheus(struct query *q, int heads, double now, double keep_s, struct query_buf *out, char *err,
+int query_prometheus(struct query *q, int heads, double now, double keep_s, struct strbuf *out, char *err,
                      size_t errlen);
 
 /* Alerts (README "Alerts"): a JSON array of alert episodes, newest first,
  * each with its transitions. state is NULL, "firing" or "resolved" (else
  * QUERY_BAD); run_id 0 means every run (else QUERY_NOT_FOUND when no such
  * run); at most limit episodes. */
-int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t limit, struct query_buf *out, char *err,
+int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t limit, struct strbuf *out, char *err,
                  size_t errlen);
 
 /* Bytes of the database file (page_count * page_size), -1 on error. */

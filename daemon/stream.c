@@ -124,41 +124,41 @@ int stream_publish(struct stream *s, const char *kind, int64_t run_id, const cha
 
 /* printf is slow for floats, and this runs in the writer thread for every
  * step: query.h's formatter prints the same digits several times faster. */
-#define put_f32 query_buf_f32
+#define put_f32 strbuf_f32
 
 static void step_event(struct stream *s, const struct writer_item *it, double ct) {
     const struct proto_msg *m = &it->msg;
-    struct query_buf b = {0};
-    query_buf_printf(&b, "{\"run\":%lld,\"step\":%lld,\"time\":%.17g,\"ct\":%.17g,\"scalars\":{", (long long)it->run_id,
+    struct strbuf b = {0};
+    strbuf_printf(&b, "{\"run\":%lld,\"step\":%lld,\"time\":%.17g,\"ct\":%.17g,\"scalars\":{", (long long)it->run_id,
                      (long long)m->step, it->time, ct);
     int first = 1;
     for (uint32_t i = 0; i < m->nmetrics; i++) {
         const struct proto_metric *pm = &m->metrics[i];
         if (pm->kind != PROTO_SCALAR) continue;
-        query_buf_printf(&b, "%s\"%s\":", first ? "" : ",", pm->name);
+        strbuf_printf(&b, "%s\"%s\":", first ? "" : ",", pm->name);
         put_f32(&b, m->values[pm->offset]);
         first = 0;
     }
-    query_buf_puts(&b, "},\"layers\":{");
+    strbuf_puts(&b, "},\"layers\":{");
     first = 1;
     const struct proto_metric *ent = NULL;
     for (uint32_t i = 0; i < m->nmetrics; i++) {
         const struct proto_metric *pm = &m->metrics[i];
         if (pm->kind == PROTO_HEAD && strcmp(pm->name, "entropy") == 0) ent = pm;
         if (pm->kind != PROTO_LAYER) continue;
-        query_buf_printf(&b, "%s\"%s\":[", first ? "" : ",", pm->name);
+        strbuf_printf(&b, "%s\"%s\":[", first ? "" : ",", pm->name);
         for (uint32_t l = 0; l < pm->rows; l++) {
-            if (l) query_buf_add(&b, ",", 1);
+            if (l) strbuf_add(&b, ",", 1);
             put_f32(&b, m->values[pm->offset + l]);
         }
-        query_buf_add(&b, "]", 1);
+        strbuf_add(&b, "]", 1);
         first = 0;
     }
-    query_buf_add(&b, "}", 1);
+    strbuf_add(&b, "}", 1);
     if (ent) {
         /* per layer, over the heads' finite values */
         for (int pass = 0; pass < 2; pass++) {
-            query_buf_puts(&b, pass == 0 ? ",\"entropy\":{\"min\":[" : "],\"mean\":[");
+            strbuf_puts(&b, pass == 0 ? ",\"entropy\":{\"min\":[" : "],\"mean\":[");
             for (uint32_t l = 0; l < ent->rows; l++) {
                 float mn = NAN;
                 double sum = 0;
@@ -170,17 +170,17 @@ static void step_event(struct stream *s, const struct writer_item *it, double ct
                     sum += x;
                     c++;
                 }
-                if (l) query_buf_add(&b, ",", 1);
-                if (!c) query_buf_add(&b, "null", 4);
+                if (l) strbuf_add(&b, ",", 1);
+                if (!c) strbuf_add(&b, "null", 4);
                 else if (pass == 0) put_f32(&b, mn);
-                else query_buf_f64(&b, sum / c);
+                else strbuf_f64(&b, sum / c);
             }
         }
-        query_buf_puts(&b, "]}");
+        strbuf_puts(&b, "]}");
     }
-    query_buf_add(&b, "}", 1);
+    strbuf_add(&b, "}", 1);
     if (!b.failed) stream_publish(s, "step", it->run_id, b.p, b.len);
-    query_buf_free(&b);
+    strbuf_free(&b);
 }
 
 static void run_event(struct stream *s, int64_t run_id, const char *name, const char *status) {

@@ -1,0 +1,376 @@
+/* query_series.c: downsampled history (query_series in query.h), exact
+ * per bucket from the rollups and raw frames (schema/storage.md, "Query
+ * recipe"). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "query_db.h"
+#include "store.h"
+
+/* One bucket's pool of values (of one series). */
+struct bucket {
+    float mn, mx;
+    double sum;
+    uint64_t count, nonfinite;
+};
+
+/* One series of the answer: where its cells are, and how many it pools. */
+struct group {
+    int64_t layer, head; /* -1: not a single layer / head */
+    uint32_t ncells;
+};
+
+/* A series query being answered. Each selected cell of a frame (a value
+ * index, cells[c]) feeds one group (group[c]); the buckets form a table of
+ * nb rows (time) by ngroups columns, so one pass over a frame or a rollup
+ * row fills every series, and a split answer reads what one series does. */
+struct series {
+    struct query *q;
+    int64_t metric_id;
+    uint32_t n;            /* values per frame */
+    uint32_t *cells;       /* selected value indices */
+    uint32_t *group;       /* the group of each selected cell */
+    uint32_t ncells;
+    struct group *groups;
+    uint32_t ngroups;
+    int64_t a, w;          /* bucket i covers [a + i*w, a + (i+1)*w), clipped to the range */
+    int64_t last;          /* the metric's last stored step */
+    int64_t nb;
+    struct bucket *b;      /* b[i * ngroups + g]: bucket i of group g */
+    uint64_t *frames;      /* frames in bucket i (the same for every group) */
+};
+
+static void series_free(struct series *sr) {
+    free(sr->cells);
+    free(sr->group);
+    free(sr->groups);
+    free(sr->b);
+    free(sr->frames);
+}
+
+static void bucket_merge(struct bucket *b, float mn, float mx, double sum, uint64_t c) {
+    if (!c) return;
+    if (!b->count || mn < b->mn) b->mn = mn;
+    if (!b->count || mx > b->mx) b->mx = mx;
+    b->sum += sum;
+    b->count += c;
+}
+
+static int add_raw(struct series *sr, int64_t lo, int64_t hi) {
+    sqlite3_stmt *s = sr->q->stmt[Q_FRAMES];
+    int rc;
+    sqlite3_bind_int64(s, 1, sr->metric_id);
+    sqlite3_bind_int64(s, 2, lo);
+    sqlite3_bind_int64(s, 3, hi);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t step = sqlite3_column_int64(s, 0);
+        const unsigned char *d = sqlite3_column_blob(s, 1);
+        if ((size_t)sqlite3_column_bytes(s, 1) != (size_t)sr->n * 4) continue;
+        int64_t i = (step - sr->a) / sr->w;
+        struct bucket *row = &sr->b[i * sr->ngroups];
+        sr->frames[i]++;
+        for (uint32_t c = 0; c < sr->ncells; c++) {
+            struct bucket *b = &row[sr->group[c]];
+            float x;
+            memcpy(&x, d + 4 * (size_t)sr->cells[c], 4);
+            if (isfinite(x)) bucket_merge(b, x, x, x, 1);
+            else b->nonfinite++;
+        }
+    }
+    sqlite3_reset(s);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
+    sqlite3_stmt *s = sr->q->stmt[Q_ROLLUPS];
+    int64_t size = STORE_LEVEL_SIZE(level);
+    int rc;
+    sqlite3_bind_int64(s, 1, sr->metric_id);
+    sqlite3_bind_int(s, 2, level);
+    sqlite3_bind_int64(s, 3, b0);
+    sqlite3_bind_int64(s, 4, b1);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t block = sqlite3_column_int64(s, 0);
+        int64_t nframes = sqlite3_column_int64(s, 1);
+        const unsigned char *d = sqlite3_column_blob(s, 2);
+        if ((size_t)sqlite3_column_bytes(s, 2) != (size_t)sr->n * STORE_ROLLUP_BYTES) continue;
+        int64_t i = (block * size - sr->a) / sr->w;
+        struct bucket *row = &sr->b[i * sr->ngroups];
+        sr->frames[i] += (uint64_t)nframes;
+        for (uint32_t c = 0; c < sr->ncells; c++) {
+            struct bucket *b = &row[sr->group[c]];
+            const unsigned char *e = d + (size_t)sr->cells[c] * STORE_ROLLUP_BYTES;
+            float mn, mx;
+            double sum;
+            uint32_t cnt;
+            memcpy(&mn, e, 4);
+            memcpy(&mx, e + 4, 4);
+            memcpy(&sum, e + 8, 8);
+            memcpy(&cnt, e + 16, 4);
+            bucket_merge(b, mn, mx, sum, cnt);
+            b->nonfinite += (uint64_t)nframes - cnt;
+        }
+    }
+    sqlite3_reset(s);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* Adds the steps [lo, hi] using level k's complete blocks where they fit,
+ * lower levels for the unaligned edges and the tail the level does not
+ * cover yet, and raw frames at the bottom. Every block used lies inside one
+ * bucket because bucket edges are multiples of the top level's size. */
+static int cover(struct series *sr, int64_t lo, int64_t hi, int k) {
+    if (lo > hi) return 0;
+    if (k == 0) return add_raw(sr, lo, hi);
+    int64_t size = STORE_LEVEL_SIZE(k);
+    int64_t complete = sr->last / size * size; /* level k has every block below this */
+    int64_t top = hi < complete - 1 ? hi : complete - 1;
+    int64_t b0 = (lo + size - 1) / size, b1 = (top + 1) / size - 1;
+    if (top < lo || b0 > b1) return cover(sr, lo, hi, k - 1);
+    if (cover(sr, lo, b0 * size - 1, k - 1)) return -1;
+    if (add_rollups(sr, k, b0, b1)) return -1;
+    return cover(sr, (b1 + 1) * size, hi, k - 1);
+}
+
+/* QUERY_BAD (with a message) when the request's layer, head and split do
+ * not fit a metric of this kind with L x H cells. */
+static int series_check(const struct query_series_req *req, int kind, int64_t L, int64_t H, char *err,
+                        size_t errlen) {
+    const char *m = req->metric;
+    if (req->agg < QUERY_AGG_MEAN || req->agg > QUERY_AGG_MAX || req->split < QUERY_SPLIT_NONE ||
+        req->split > QUERY_SPLIT_LAYER)
+        snprintf(err, errlen, "bad agg or split");
+    else if (kind == 0 && (req->layer >= 0 || req->head >= 0))
+        snprintf(err, errlen, "%s is a scalar: it has no layer or head", m);
+    else if (kind == 1 && req->head >= 0)
+        snprintf(err, errlen, "%s is a layer metric: it has no head", m);
+    else if (req->layer >= L || req->head >= H)
+        snprintf(err, errlen, "%s has %lld layers x %lld heads; layer or head out of range", m, (long long)L,
+                 (long long)H);
+    else if (req->split == QUERY_SPLIT_HEAD && kind != 2)
+        snprintf(err, errlen, "split=head needs a head metric; %s is a %s metric", m, query_kind_name(kind));
+    else if (req->split == QUERY_SPLIT_HEAD && req->head >= 0)
+        snprintf(err, errlen, "split=head gives one series per head: leave out head");
+    else if (req->split == QUERY_SPLIT_LAYER && kind == 0)
+        snprintf(err, errlen, "split=layer needs a head or layer metric; %s is a scalar", m);
+    else if (req->split == QUERY_SPLIT_LAYER && (req->layer >= 0 || req->head >= 0))
+        snprintf(err, errlen, "split=layer gives one series per layer: leave out layer and head");
+    else
+        return QUERY_OK;
+    return QUERY_BAD;
+}
+
+/* Selects the request's cells (every layer / head where left out) of a
+ * frame of L x H values and assigns each to its series (enum query_split). */
+static int series_select(struct series *sr, const struct query_series_req *req, int64_t L, int64_t H, char *err,
+                         size_t errlen) {
+    int64_t l0 = req->layer >= 0 ? req->layer : 0, l1 = req->layer >= 0 ? req->layer + 1 : L;
+    int64_t h0 = req->head >= 0 ? req->head : 0, h1 = req->head >= 0 ? req->head + 1 : H;
+    sr->n = (uint32_t)(L * H);
+    sr->ncells = (uint32_t)((l1 - l0) * (h1 - h0));
+    sr->ngroups = req->split == QUERY_SPLIT_HEAD    ? sr->ncells
+                  : req->split == QUERY_SPLIT_LAYER ? (uint32_t)(l1 - l0)
+                                                    : 1;
+    sr->cells = malloc(sr->ncells * sizeof *sr->cells);
+    sr->group = malloc(sr->ncells * sizeof *sr->group);
+    sr->groups = calloc(sr->ngroups, sizeof *sr->groups);
+    if (!sr->cells || !sr->group || !sr->groups) {
+        snprintf(err, errlen, "out of memory");
+        return QUERY_ERR;
+    }
+    uint32_t c = 0;
+    for (int64_t l = l0; l < l1; l++)
+        for (int64_t h = h0; h < h1; h++, c++) {
+            uint32_t g = req->split == QUERY_SPLIT_HEAD ? c : req->split == QUERY_SPLIT_LAYER ? (uint32_t)(l - l0) : 0;
+            struct group *gr = &sr->groups[g];
+            sr->cells[c] = (uint32_t)(l * H + h);
+            sr->group[c] = g;
+            if (!gr->ncells++) {
+                gr->layer = req->split ? l : req->layer;
+                gr->head = req->split == QUERY_SPLIT_HEAD ? h : req->split ? -1 : req->head;
+            }
+        }
+    return QUERY_OK;
+}
+
+/* Chooses the buckets over [lo, hi] (sr->a, w, nb) for at most `points` of
+ * them; returns the rollup level their edges align to. */
+static int series_plan(struct series *sr, int64_t lo, int64_t hi, int64_t points) {
+    /* the largest level no wider than a bucket needs to be */
+    uint64_t span = (uint64_t)(hi - lo) + 1;
+    uint64_t w0 = (span + (uint64_t)points - 1) / (uint64_t)points;
+    int k = 0;
+    while (k < STORE_LEVELS && (uint64_t)STORE_LEVEL_SIZE(k + 1) <= w0) k++;
+    /* Buckets of 32..63 steps would read up to 64 raw frames per bucket;
+     * 64-step buckets from level 1 cost at most half the resolution
+     * (never fewer than points/2 buckets) and bound raw reads to the
+     * edges. */
+    if (k == 0 && 2 * w0 >= (uint64_t)STORE_LEVEL_SIZE(1)) k = 1;
+    int64_t size = k ? STORE_LEVEL_SIZE(k) : 1;
+    sr->a = lo / size * size;
+    uint64_t reach = (uint64_t)(hi - sr->a) + 1;
+    uint64_t w = (reach + (uint64_t)points - 1) / (uint64_t)points;
+    w = (w + (uint64_t)size - 1) / (uint64_t)size * (uint64_t)size;
+    sr->w = (int64_t)w;
+    sr->nb = (int64_t)((reach + w - 1) / w);
+    return k;
+}
+
+enum stat { STAT_MIN, STAT_MAX, STAT_MEAN, STAT_COUNT, STAT_NONFINITE };
+
+/* Appends "name":[...], statistic `what` of group g in each listed bucket
+ * (one holding a frame). */
+static void emit_stat(struct strbuf *out, const char *name, const struct series *sr, uint32_t g, int what) {
+    strbuf_printf(out, "\"%s\":[", name);
+    int first = 1;
+    for (int64_t i = 0; i < sr->nb; i++) {
+        if (!sr->frames[i]) continue;
+        const struct bucket *b = &sr->b[i * sr->ngroups + g];
+        if (!first) strbuf_add(out, ",", 1);
+        first = 0;
+        if (what == STAT_COUNT) strbuf_i64(out, (int64_t)b->count);
+        else if (what == STAT_NONFINITE) strbuf_i64(out, (int64_t)b->nonfinite);
+        else if (!b->count) strbuf_add(out, "null", 4);
+        else if (what == STAT_MIN) strbuf_f32(out, b->mn);
+        else if (what == STAT_MAX) strbuf_f32(out, b->mx);
+        else strbuf_f64(out, b->sum / (double)b->count);
+    }
+    strbuf_add(out, "]", 1);
+}
+
+/* Appends ,"min":[..],"max":..,"mean":..,"count":..,"nonfinite":.. of group
+ * g, and ,"value":[..] (the agg statistic) when it pools several cells. */
+static void emit_group(struct strbuf *out, const struct series *sr, uint32_t g, int agg) {
+    static const char *const names[] = {[STAT_MIN] = "min", [STAT_MAX] = "max", [STAT_MEAN] = "mean",
+                                        [STAT_COUNT] = "count", [STAT_NONFINITE] = "nonfinite"};
+    static const int agg_stat[] = {[QUERY_AGG_MEAN] = STAT_MEAN, [QUERY_AGG_MIN] = STAT_MIN,
+                                   [QUERY_AGG_MAX] = STAT_MAX};
+    for (int what = STAT_MIN; what <= STAT_NONFINITE; what++) {
+        strbuf_add(out, ",", 1);
+        emit_stat(out, names[what], sr, g, what);
+    }
+    if (sr->groups[g].ncells > 1) {
+        strbuf_add(out, ",", 1);
+        emit_stat(out, "value", sr, g, agg_stat[agg]);
+    }
+}
+
+/* Appends "name":[...], the first (last = 0) or last step of each listed
+ * bucket, clipped to [lo, hi]. */
+static void emit_edges(struct strbuf *out, const char *name, const struct series *sr, int last, int64_t lo,
+                       int64_t hi) {
+    strbuf_printf(out, "\"%s\":[", name);
+    int first = 1;
+    for (int64_t i = 0; i < sr->nb; i++) {
+        if (!sr->frames[i]) continue;
+        int64_t st = last ? sr->a + (i + 1) * sr->w - 1 : sr->a + i * sr->w;
+        if (st < lo) st = lo;
+        if (st > hi) st = hi;
+        if (!first) strbuf_add(out, ",", 1);
+        strbuf_i64(out, st);
+        first = 0;
+    }
+    strbuf_add(out, "]", 1);
+}
+
+/* The answer (query.h): the shared fields, then the one series' arrays, or
+ * with a split the list of series. */
+static void series_emit(struct strbuf *out, const struct series *sr, const struct query_series_req *req, int kind,
+                        int64_t from, int64_t to, int64_t lo, int64_t hi) {
+    static const char *const aggs[] = {"mean", "min", "max"};
+    static const char *const splits[] = {"none", "head", "layer"};
+    int pooled = 0;
+    for (uint32_t g = 0; g < sr->ngroups; g++) pooled |= sr->groups[g].ncells > 1;
+    strbuf_printf(out, "{\"run\":%lld,\"metric\":", (long long)req->run_id);
+    strbuf_json_str(out, req->metric);
+    strbuf_printf(out, ",\"kind\":\"%s\"", query_kind_name(kind));
+    if (req->layer >= 0) strbuf_printf(out, ",\"layer\":%lld", (long long)req->layer);
+    else strbuf_puts(out, ",\"layer\":null");
+    if (req->head >= 0) strbuf_printf(out, ",\"head\":%lld", (long long)req->head);
+    else strbuf_puts(out, ",\"head\":null");
+    if (req->split) strbuf_printf(out, ",\"split\":\"%s\"", splits[req->split]);
+    if (pooled) strbuf_printf(out, ",\"agg\":\"%s\"", aggs[req->agg]);
+    else strbuf_puts(out, ",\"agg\":null");
+    strbuf_printf(out, ",\"from\":%lld,\"to\":%lld,\"width\":%lld,", (long long)from, (long long)to,
+                     (long long)sr->w);
+    emit_edges(out, "step", sr, 0, lo, hi);
+    strbuf_add(out, ",", 1);
+    emit_edges(out, "end", sr, 1, lo, hi);
+    if (!req->split) {
+        emit_group(out, sr, 0, req->agg);
+    } else {
+        strbuf_puts(out, ",\"series\":[");
+        for (uint32_t g = 0; g < sr->ngroups; g++) {
+            const struct group *gr = &sr->groups[g];
+            strbuf_printf(out, "%s{\"layer\":%lld,\"head\":", g ? "," : "", (long long)gr->layer);
+            if (gr->head >= 0) strbuf_i64(out, gr->head);
+            else strbuf_puts(out, "null");
+            emit_group(out, sr, g, req->agg);
+            strbuf_add(out, "}", 1);
+        }
+        strbuf_add(out, "]", 1);
+    }
+    strbuf_add(out, "}", 1);
+}
+
+int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err,
+                 size_t errlen) {
+    struct series sr = {.q = q};
+    struct query_runinfo ri;
+    int kind, ret;
+    int64_t first = 0;
+    if (query_db_begin(q, err, errlen)) return QUERY_ERR;
+    if ((ret = query_run_get(q, req->run_id, &ri, err, errlen)) ||
+        (ret = query_metric_get(q, req->run_id, req->metric, &sr.metric_id, &kind, err, errlen)))
+        goto out;
+    int64_t L = kind == 0 ? 1 : ri.layers, H = kind == 2 ? ri.heads : 1;
+    if ((ret = series_check(req, kind, L, H, err, errlen)) || (ret = series_select(&sr, req, L, H, err, errlen)))
+        goto out;
+
+    ret = QUERY_ERR;
+    sqlite3_stmt *s = q->stmt[Q_STEP_RANGE];
+    sqlite3_bind_int64(s, 1, sr.metric_id);
+    int rc = sqlite3_step(s);
+    int empty = rc != SQLITE_ROW || sqlite3_column_type(s, 0) == SQLITE_NULL;
+    if (!empty) {
+        first = sqlite3_column_int64(s, 0);
+        sr.last = sqlite3_column_int64(s, 1);
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW) {
+        ret = query_db_fail(q, err, errlen, "reading the step range");
+        goto out;
+    }
+    int64_t from = req->has_from ? req->from : first, to = req->has_to ? req->to : sr.last;
+    int64_t lo = from > first ? from : first, hi = to < sr.last ? to : sr.last;
+    sr.w = 1;
+    int k = !empty && lo <= hi ? series_plan(&sr, lo, hi, req->points) : 0;
+    /* the bound holds for an empty range too: each series is still listed */
+    if ((uint64_t)(sr.nb ? sr.nb : 1) * sr.ngroups > QUERY_MAX_SERIES_BUCKETS) {
+        snprintf(err, errlen, "%u series x %lld buckets is more than %d: ask for fewer points%s", sr.ngroups,
+                 (long long)(sr.nb ? sr.nb : 1), QUERY_MAX_SERIES_BUCKETS,
+                 req->split == QUERY_SPLIT_HEAD && req->layer < 0 ? " or one layer" : "");
+        ret = QUERY_BAD;
+        goto out;
+    }
+    if (sr.nb > 0) {
+        sr.b = calloc((size_t)sr.nb * sr.ngroups, sizeof *sr.b);
+        sr.frames = calloc((size_t)sr.nb, sizeof *sr.frames);
+        if (!sr.b || !sr.frames) {
+            snprintf(err, errlen, "out of memory");
+            goto out;
+        }
+        if (cover(&sr, lo, hi, k)) {
+            ret = query_db_fail(q, err, errlen, "reading the series");
+            goto out;
+        }
+    }
+    series_emit(out, &sr, req, kind, from, to, lo, hi);
+    ret = QUERY_OK;
+out:
+    series_free(&sr);
+    query_db_end(q);
+    return ret;
+}
