@@ -18,7 +18,7 @@ endif
 # reads these flags only after the packages exist (a fresh machine has no
 # pkg-config and no libraries when this make starts).  Every other goal that
 # compiles needs them now, and says so if they are missing.
-PKGS       := libmicrohttpd libcjson sqlite3 openblas libcurl
+PKGS       := libmicrohttpd libcjson sqlite3 openblas libcurl libzstd
 PKG_CONFIG ?= pkg-config
 DEPS       ?= scripts/deps.sh
 NO_BUILD_GOALS := deps demo test bench experiments stress clean
@@ -33,7 +33,8 @@ endif
 
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
            -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -Iclient -Iproto -I$(BUILD)/gen $(PKG_CFLAGS)
-LDLIBS  += $(PKG_LIBS) -llapacke -lpthread -lm
+# libsnappy (remote write) ships no pkg-config file
+LDLIBS  += $(PKG_LIBS) -lsnappy -llapacke -lpthread -lm
 # The trainer's elementwise kernels want vectorization for this CPU; without
 # errno, sqrtf needs no branch and Adam's update loop vectorizes.
 ifeq ($(SANITIZE),)

@@ -14,28 +14,53 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "seed.h"
 #include "store.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static const char *const HEAD_NAMES[] = {"entropy", "entropy_norm", "entropy_bound", "sigma_qk",
                                          "max_logit", "eig_mean", "eig_var"};
 static const char *const LAYER_NAMES[] = {"rank_ratio", "sigma_qkv", "gamma_qkv"};
 
-static void add_metric(struct proto_msg *m, const char *name, int kind, uint32_t rows, uint32_t cols) {
-    struct proto_metric *pm = &m->metrics[m->nmetrics++];
-    snprintf(pm->name, sizeof pm->name, "%s", name);
-    pm->kind = kind;
-    pm->rows = rows;
-    pm->cols = cols;
-    pm->offset = m->nvalues;
-    m->nvalues += rows * cols;
+struct dash_gen {
+    long L, H, nhead;
+};
+
+/* A step that looks like sigmatrain's (the file's comment). */
+static void dash_step(void *ctx, struct proto_msg *m, long s, long steps) {
+    const struct dash_gen *g = ctx;
+    const double logT = log(256.0);
+    long L = g->L, H = g->H;
+    float *v = m->values;
+    /* entropy_norm per head: slow decay, a per-head level, a little noise */
+    for (long k = 0; k < g->nhead; k++) {
+        float *o = v + seed_add_metric(m, HEAD_NAMES[k], PROTO_HEAD, (uint32_t)L, (uint32_t)H);
+        for (long l = 0; l < L; l++)
+            for (long h = 0; h < H; h++) {
+                double base = 0.5 + 0.4 * pow(cos(0.7 * l + 1.3 * h), 2);
+                double n = base * (1 - 0.2 * s / (double)steps) + 0.02 * sin(s / 50.0 + h);
+                if (l == 0 && s > steps / 2) n *= exp(-(s - steps / 2) / (steps / 10.0));
+                double x;
+                switch (k) {
+                case 0: x = n * logT * 0.9; break;
+                case 1: x = n; break;
+                case 2: x = n * logT * 0.5; break;
+                case 3: x = 1 + 5.0 * s / steps + 0.3 * l; break;
+                case 4: x = 3 + 20.0 * s / steps + h; break;
+                case 5: x = 0.1 * sin(h + l); break;
+                default: x = 0.05 + 0.01 * h; break;
+                }
+                o[l * H + h] = (float)x;
+            }
+    }
+    for (int k = 0; k < 3; k++) {
+        float *o = v + seed_add_metric(m, LAYER_NAMES[k], PROTO_LAYER, (uint32_t)L, 1);
+        for (long l = 0; l < L; l++)
+            o[l] = (float)(k == 0 ? 0.9 - 0.02 * l - 0.3 * s / steps : k == 1 ? 1 + 0.1 * l + s / 1e5 : 1 - 0.05 * l);
+    }
+    v[seed_add_metric(m, "loss", PROTO_SCALAR, 1, 1)] = (float)(4 * exp(-s / (steps / 5.0)) + 1.5 + 0.05 * sin((double)s));
+    v[seed_add_metric(m, "lr", PROTO_SCALAR, 1, 1)] = (float)(1e-3 * (s < 1000 ? s / 1000.0 : 1.0));
+    if (s % 100 == 0) v[seed_add_metric(m, "eval_loss", PROTO_SCALAR, 1, 1)] = (float)(4 * exp(-s / (steps / 5.0)) + 1.7);
 }
 
 int main(int argc, char **argv) {
@@ -63,87 +88,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_dashboard_seed: %s\n", err);
         return 1;
     }
-    int rc = 1;
-    struct proto_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = PROTO_STEP;
-    m.has_seq = 1;
-    m.has_time = 1;
-    m.metrics = calloc(16, sizeof *m.metrics);
-    size_t cap = (size_t)(nhead * L * H + 3 * L + 3);
-    m.values = calloc(cap, sizeof *m.values);
-    if (!m.metrics || !m.values) goto out;
-
-    struct store_run_info ri;
-    double t0 = now_s();
-    if (store_begin(st) ||
-        store_run_open(st, run, L, H, 256, "{\"reparam\":\"none\",\"norm\":\"post\",\"seed\":1,\"bench\":true}", t0, &ri) ||
-        store_commit(st)) {
-        fprintf(stderr, "bench_dashboard_seed: %s\n", store_errmsg(st));
-        goto out;
-    }
-    int64_t seq = ri.last_seq;
-    const double logT = log(256.0);
-    char conflict[80];
-    for (long s = 0; s < steps; s++) {
-        if (s % 1000 == 0 && store_begin(st)) goto dberr;
-        m.nmetrics = 0;
-        m.nvalues = 0;
-        m.step = s;
-        m.time = t0 + s * 0.05;
-        float *v = m.values;
-        /* entropy_norm per head: slow decay, a per-head level, a little noise */
-        for (long k = 0; k < nhead; k++) {
-            add_metric(&m, HEAD_NAMES[k], PROTO_HEAD, (uint32_t)L, (uint32_t)H);
-            float *o = v + m.metrics[m.nmetrics - 1].offset;
-            for (long l = 0; l < L; l++)
-                for (long h = 0; h < H; h++) {
-                    double base = 0.5 + 0.4 * pow(cos(0.7 * l + 1.3 * h), 2);
-                    double n = base * (1 - 0.2 * s / (double)steps) + 0.02 * sin(s / 50.0 + h);
-                    if (l == 0 && s > steps / 2) n *= exp(-(s - steps / 2) / (steps / 10.0));
-                    double x;
-                    switch (k) {
-                    case 0: x = n * logT * 0.9; break;
-                    case 1: x = n; break;
-                    case 2: x = n * logT * 0.5; break;
-                    case 3: x = 1 + 5.0 * s / steps + 0.3 * l; break;
-                    case 4: x = 3 + 20.0 * s / steps + h; break;
-                    case 5: x = 0.1 * sin(h + l); break;
-                    default: x = 0.05 + 0.01 * h; break;
-                    }
-                    o[l * H + h] = (float)x;
-                }
-        }
-        for (int k = 0; k < 3; k++) {
-            add_metric(&m, LAYER_NAMES[k], PROTO_LAYER, (uint32_t)L, 1);
-            float *o = v + m.metrics[m.nmetrics - 1].offset;
-            for (long l = 0; l < L; l++)
-                o[l] = (float)(k == 0 ? 0.9 - 0.02 * l - 0.3 * s / steps : k == 1 ? 1 + 0.1 * l + s / 1e5 : 1 - 0.05 * l);
-        }
-        add_metric(&m, "loss", PROTO_SCALAR, 1, 1);
-        v[m.metrics[m.nmetrics - 1].offset] = (float)(4 * exp(-s / (steps / 5.0)) + 1.5 + 0.05 * sin((double)s));
-        add_metric(&m, "lr", PROTO_SCALAR, 1, 1);
-        v[m.metrics[m.nmetrics - 1].offset] = (float)(1e-3 * (s < 1000 ? s / 1000.0 : 1.0));
-        if (s % 100 == 0) {
-            add_metric(&m, "eval_loss", PROTO_SCALAR, 1, 1);
-            v[m.metrics[m.nmetrics - 1].offset] = (float)(4 * exp(-s / (steps / 5.0)) + 1.7);
-        }
-        m.seq = ++seq;
-        if (store_step(st, ri.id, seq, &m, m.time, conflict, sizeof conflict) < 0) goto dberr;
-        if ((s % 1000 == 999 || s == steps - 1) && store_commit(st)) goto dberr;
-    }
-    if (store_begin(st) || store_run_status(st, ri.id, PROTO_FINISHED, ++seq, now_s()) || store_commit(st)) goto dberr;
-    printf("seeded run %lld: %ld steps, %ld x %ld heads, %ld head metrics, %.1f s\n", (long long)ri.id, steps, L, H,
-           nhead, now_s() - t0);
-    rc = 0;
-    goto out;
-dberr:
-    fprintf(stderr, "bench_dashboard_seed: %s\n", store_errmsg(st));
-out:
-    free(m.metrics);
-    free(m.values);
-    m.metrics = NULL;
-    m.values = NULL;
+    struct dash_gen g = {L, H, nhead};
+    double t0 = seed_now();
+    struct seed_spec spec = {.run = run, .meta = "{\"reparam\":\"none\",\"norm\":\"post\",\"seed\":1,\"bench\":true}",
+                             .layers = L, .heads = H, .steps = steps, .max_metrics = 16,
+                             .max_values = (uint32_t)(nhead * L * H + 3 * L + 3), .t0 = t0, .dt = 0.05,
+                             .end_status = PROTO_FINISHED};
+    int64_t id, values;
+    int rc = seed_run(st, &spec, dash_step, &g, "bench_dashboard_seed", &id, &values) ? 1 : 0;
+    if (!rc)
+        printf("seeded run %lld: %ld steps, %ld x %ld heads, %ld head metrics, %.1f s\n", (long long)id, steps, L, H,
+               nhead, seed_now() - t0);
     store_close(st);
     return rc;
 }

@@ -1,46 +1,171 @@
-/* bench_history_seed.c: writes one synthetic run of a given length straight
- * into an entropyd database through the store API (daemon/store.h), for the
+/* bench_history_seed.c: writes one run of a given length straight into an
+ * entropyd database through the store API (bench/seed.h), for the
  * history-scaling benchmark (bench/history.sh) and the long-run tests
- * (tests/e2e_long.py): the same rows, rollups and latest values the daemon
- * writes, much faster than streaming them over the socket. Not a test of
- * the store: it only fills it.
+ * (tests/e2e_long.py). Not a test of the store: it only fills it.
  *
- * The run has head metrics (up to 9, sigmatrain's names), 3 layer metrics
- * and 2 scalars every step; values drift slowly with a little noise, like a
- * real probe stream.
+ * Synthetic by default: head metrics (up to 9, sigmatrain's names), 3
+ * layer metrics and 2 scalars every step, drifting slowly with no noise (so
+ * they compress better than real ones). With --replay SRC the steps are
+ * those of a real run recorded in another entropyd database (the one with
+ * the most steps, or --replay-run NAME), every metric it has, replayed
+ * over and over (step s is the recording's step s mod its length) up to
+ * --steps: the real values' statistics at any length, for honest
+ * bytes-per-value figures.
  *
  * usage: bench_history_seed --db PATH [--run NAME] [--steps N] [--layers 12]
- *        [--heads 12] [--head-metrics 9] [--end finished|live] */
+ *        [--heads 12] [--head-metrics 9] [--end finished|live]
+ *        [--replay SRC_DB [--replay-run NAME]] */
 #include <math.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "query.h"
+#include "seed.h"
 #include "store.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static const char *const HEAD_NAMES[] = {"entropy_norm", "entropy", "entropy_bound", "sigma_qk", "max_logit",
                                          "eig_mean", "eig_var", "attn_sink", "grad_norm"};
 static const char *const LAYER_NAMES[] = {"rank_ratio", "sigma_qkv", "gamma_qkv"};
 
-static void add_metric(struct proto_msg *m, const char *name, int kind, uint32_t rows, uint32_t cols) {
-    struct proto_metric *pm = &m->metrics[m->nmetrics++];
-    snprintf(pm->name, sizeof pm->name, "%s", name);
-    pm->kind = kind;
-    pm->rows = rows;
-    pm->cols = cols;
-    pm->offset = m->nvalues;
-    m->nvalues += rows * cols;
+/* ---- synthetic steps ---- */
+
+struct synth {
+    long L, H, nhead;
+};
+
+static void synth_step(void *ctx, struct proto_msg *m, long s, long steps) {
+    const struct synth *g = ctx;
+    long L = g->L, H = g->H;
+    float *v = m->values;
+    for (long k = 0; k < g->nhead; k++) {
+        float *o = v + seed_add_metric(m, HEAD_NAMES[k], PROTO_HEAD, (uint32_t)L, (uint32_t)H);
+        for (long l = 0; l < L; l++)
+            for (long h = 0; h < H; h++) {
+                double base = 0.5 + 0.4 * pow(cos(0.7 * l + 1.3 * h + k), 2);
+                o[l * H + h] = (float)(base * (1 - 0.2 * s / (double)steps) + 0.02 * sin(s / 50.0 + h + k));
+            }
+    }
+    for (int k = 0; k < 3; k++) {
+        float *o = v + seed_add_metric(m, LAYER_NAMES[k], PROTO_LAYER, (uint32_t)L, 1);
+        for (long l = 0; l < L; l++) o[l] = (float)(0.9 - 0.02 * l - 0.3 * s / steps + 0.1 * k);
+    }
+    v[seed_add_metric(m, "loss", PROTO_SCALAR, 1, 1)] = (float)(4 * exp(-s / (steps / 5.0)) + 1.5 + 0.05 * sin((double)s));
+    v[seed_add_metric(m, "lr", PROTO_SCALAR, 1, 1)] = (float)(1e-3 * (s < 1000 ? s / 1000.0 : 1.0));
+}
+
+/* ---- a recorded real run, replayed ---- */
+
+struct rec_metric {
+    char name[PROTO_MAX_NAME + 1];
+    int kind;
+    uint32_t n;
+    float *vals;          /* steps x n */
+    unsigned char *has;   /* steps: 1 where the recording has a frame */
+};
+
+struct recording {
+    long L, H, steps;
+    uint32_t nmetrics, values; /* values: of every metric, per step */
+    struct rec_metric m[64];
+};
+
+static int rec_frame(void *ctx, int64_t step, const float *vals, uint32_t n) {
+    struct rec_metric *m = ctx;
+    memcpy(m->vals + (size_t)step * n, vals, (size_t)n * 4);
+    m->has[step] = 1;
+    return 0;
+}
+
+/* Loads the run `name` (NULL: the one with the most steps) of the
+ * database at path, steps 0 .. its last. Returns 0, -1 with a message. */
+static int rec_load(struct recording *r, const char *path, const char *name) {
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    struct query_pool *pool = NULL;
+    struct query *q = NULL;
+    char err[512];
+    int rc = -1;
+    int64_t run = 0;
+    memset(r, 0, sizeof *r);
+    /* a recording made by an older entropyd is brought up to this schema */
+    struct store *up = store_open(path, err, sizeof err);
+    if (!up) {
+        fprintf(stderr, "bench_history_seed: %s\n", err);
+        return -1;
+    }
+    store_close(up);
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(db, name ? "SELECT id, layers, heads, last_step FROM runs WHERE name = ?1"
+                                    : "SELECT id, layers, heads, last_step FROM runs ORDER BY last_step DESC LIMIT 1",
+                           -1, &s, NULL) != SQLITE_OK)
+        goto dberr;
+    if (name) sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
+    if (sqlite3_step(s) != SQLITE_ROW || sqlite3_column_type(s, 3) == SQLITE_NULL) {
+        fprintf(stderr, "bench_history_seed: %s has no such run with steps\n", path);
+        goto out;
+    }
+    run = sqlite3_column_int64(s, 0);
+    r->L = sqlite3_column_int64(s, 1);
+    r->H = sqlite3_column_int64(s, 2);
+    r->steps = (long)sqlite3_column_int64(s, 3) + 1;
+    sqlite3_finalize(s);
+    if (sqlite3_prepare_v2(db, "SELECT id, name, kind FROM metrics WHERE run_id = ?1 ORDER BY id", -1, &s, NULL) != SQLITE_OK)
+        goto dberr;
+    sqlite3_bind_int64(s, 1, run);
+    if (!(pool = query_pool_open(path, 1, err, sizeof err)) || !(q = query_acquire(pool, err, sizeof err))) {
+        fprintf(stderr, "bench_history_seed: %s\n", err);
+        goto out;
+    }
+    while (sqlite3_step(s) == SQLITE_ROW && r->nmetrics < 64) {
+        struct rec_metric *m = &r->m[r->nmetrics++];
+        snprintf(m->name, sizeof m->name, "%s", (const char *)sqlite3_column_text(s, 1));
+        m->kind = sqlite3_column_int(s, 2);
+        m->n = m->kind == PROTO_SCALAR ? 1 : m->kind == PROTO_LAYER ? (uint32_t)r->L : (uint32_t)(r->L * r->H);
+        m->vals = calloc((size_t)r->steps * m->n, sizeof *m->vals);
+        m->has = calloc((size_t)r->steps, 1);
+        r->values += m->n;
+        if (!m->vals || !m->has ||
+            query_frames(q, sqlite3_column_int64(s, 0), m->n, 0, r->steps - 1, rec_frame, m, err, sizeof err)) {
+            fprintf(stderr, "bench_history_seed: reading the recording: %s\n", m->vals && m->has ? err : "out of memory");
+            goto out;
+        }
+    }
+    rc = 0;
+    goto out;
+dberr:
+    fprintf(stderr, "bench_history_seed: %s: %s\n", path, db ? sqlite3_errmsg(db) : "out of memory");
+out:
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    query_release(pool, q);
+    query_pool_close(pool);
+    return rc;
+}
+
+static void rec_free(struct recording *r) {
+    for (uint32_t i = 0; i < r->nmetrics; i++) {
+        free(r->m[i].vals);
+        free(r->m[i].has);
+    }
+}
+
+static void rec_step(void *ctx, struct proto_msg *m, long s, long steps) {
+    const struct recording *r = ctx;
+    long at = s % r->steps;
+    (void)steps;
+    for (uint32_t i = 0; i < r->nmetrics; i++) {
+        const struct rec_metric *rm = &r->m[i];
+        if (!rm->has[at]) continue;
+        uint32_t rows = rm->kind == PROTO_SCALAR ? 1 : (uint32_t)r->L, cols = rm->kind == PROTO_HEAD ? (uint32_t)r->H : 1;
+        uint32_t off = seed_add_metric(m, rm->name, rm->kind, rows, cols);
+        memcpy(m->values + off, rm->vals + (size_t)at * rm->n, (size_t)rm->n * 4);
+    }
 }
 
 int main(int argc, char **argv) {
-    const char *db = NULL, *run = "bench-history", *end = "finished";
+    const char *db = NULL, *run = "bench-history", *end = "finished", *replay = NULL, *replay_run = NULL;
     long L = 12, H = 12, steps = 10000, nhead = 9;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--db")) db = argv[i + 1];
@@ -50,6 +175,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--head-metrics")) nhead = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--run")) run = argv[i + 1];
         else if (!strcmp(argv[i], "--end")) end = argv[i + 1];
+        else if (!strcmp(argv[i], "--replay")) replay = argv[i + 1];
+        else if (!strcmp(argv[i], "--replay-run")) replay_run = argv[i + 1];
         else {
             fprintf(stderr, "bench_history_seed: unknown option %s\n", argv[i]);
             return 2;
@@ -58,77 +185,40 @@ int main(int argc, char **argv) {
     if (!db || L < 1 || H < 1 || steps < 1 || nhead < 1 || nhead > 9 ||
         (strcmp(end, "finished") && strcmp(end, "live"))) {
         fprintf(stderr, "usage: bench_history_seed --db PATH [--run NAME] [--steps N] [--layers L] [--heads H] "
-                        "[--head-metrics 1..9] [--end finished|live]\n");
+                        "[--head-metrics 1..9] [--end finished|live] [--replay SRC_DB [--replay-run NAME]]\n");
         return 2;
+    }
+    static struct recording rec;
+    struct synth syn = {L, H, nhead};
+    if (replay && rec_load(&rec, replay, replay_run)) {
+        rec_free(&rec);
+        return 1;
     }
     char err[512];
     struct store *st = store_open(db, err, sizeof err);
     if (!st) {
         fprintf(stderr, "bench_history_seed: %s\n", err);
+        rec_free(&rec);
         return 1;
     }
-    int rc = 1;
-    struct proto_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = PROTO_STEP;
-    m.has_seq = 1;
-    m.has_time = 1;
-    m.metrics = calloc(16, sizeof *m.metrics);
-    m.values = calloc((size_t)(nhead * L * H + 3 * L + 2), sizeof *m.values);
-    if (!m.metrics || !m.values) goto out;
-
-    struct store_run_info ri;
-    double t0 = now_s(), tbase = t0 - steps * 0.1;
-    if (store_begin(st) || store_run_open(st, run, L, H, 256, "{\"bench\":true}", t0, &ri) || store_commit(st)) {
-        fprintf(stderr, "bench_history_seed: %s\n", store_errmsg(st));
-        goto out;
-    }
-    int64_t seq = ri.last_seq;
-    char conflict[80];
-    for (long s = 0; s < steps; s++) {
-        if (s % 1000 == 0 && store_begin(st)) goto dberr;
-        m.nmetrics = 0;
-        m.nvalues = 0;
-        m.step = s;
-        m.time = tbase + s * 0.1;
-        float *v = m.values;
-        for (long k = 0; k < nhead; k++) {
-            add_metric(&m, HEAD_NAMES[k], PROTO_HEAD, (uint32_t)L, (uint32_t)H);
-            float *o = v + m.metrics[m.nmetrics - 1].offset;
-            for (long l = 0; l < L; l++)
-                for (long h = 0; h < H; h++) {
-                    double base = 0.5 + 0.4 * pow(cos(0.7 * l + 1.3 * h + k), 2);
-                    o[l * H + h] = (float)(base * (1 - 0.2 * s / (double)steps) + 0.02 * sin(s / 50.0 + h + k));
-                }
-        }
-        for (int k = 0; k < 3; k++) {
-            add_metric(&m, LAYER_NAMES[k], PROTO_LAYER, (uint32_t)L, 1);
-            float *o = v + m.metrics[m.nmetrics - 1].offset;
-            for (long l = 0; l < L; l++) o[l] = (float)(0.9 - 0.02 * l - 0.3 * s / steps + 0.1 * k);
-        }
-        add_metric(&m, "loss", PROTO_SCALAR, 1, 1);
-        v[m.metrics[m.nmetrics - 1].offset] = (float)(4 * exp(-s / (steps / 5.0)) + 1.5 + 0.05 * sin((double)s));
-        add_metric(&m, "lr", PROTO_SCALAR, 1, 1);
-        v[m.metrics[m.nmetrics - 1].offset] = (float)(1e-3 * (s < 1000 ? s / 1000.0 : 1.0));
-        m.seq = ++seq;
-        if (store_step(st, ri.id, seq, &m, m.time, conflict, sizeof conflict) < 0) goto dberr;
-        if ((s % 1000 == 999 || s == steps - 1) && store_commit(st)) goto dberr;
-    }
-    if (store_begin(st) ||
-        store_run_status(st, ri.id, strcmp(end, "live") ? PROTO_FINISHED : PROTO_STALE, ++seq, now_s()) ||
-        store_commit(st) || store_checkpoint(st, 1, 1000, NULL) < 0)
-        goto dberr;
-    printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, %ld head metrics, last seq %lld, %.1f s\n",
-           (long long)ri.id, run, steps, L, H, nhead, (long long)seq, now_s() - t0);
-    rc = 0;
-    goto out;
-dberr:
-    fprintf(stderr, "bench_history_seed: %s\n", store_errmsg(st));
-out:
-    free(m.metrics);
-    free(m.values);
-    m.metrics = NULL;
-    m.values = NULL;
+    double t0 = seed_now();
+    struct seed_spec spec = {.run = run, .meta = "{\"bench\":true}", .layers = replay ? rec.L : L,
+                             .heads = replay ? rec.H : H, .steps = steps, .max_metrics = replay ? 64 : 16,
+                             .max_values = replay ? rec.values : (uint32_t)(nhead * L * H + 3 * L + 2),
+                             .t0 = t0 - steps * 0.1, .dt = 0.1,
+                             .end_status = strcmp(end, "live") ? PROTO_FINISHED : PROTO_STALE};
+    int64_t id, values;
+    int rc = seed_run(st, &spec, replay ? rec_step : synth_step, replay ? (void *)&rec : (void *)&syn,
+                      "bench_history_seed", &id, &values) ? 1 : 0;
+    if (!rc && replay)
+        printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, replaying the %ld steps of %u metrics of %s, "
+               "values %lld, last seq %lld, %.1f s\n", (long long)id, run, steps, rec.L, rec.H, rec.steps, rec.nmetrics,
+               replay, (long long)values, (long long)store_run_last_seq(st, id), seed_now() - t0);
+    else if (!rc)
+        printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, %ld head metrics, values %lld, last seq %lld, %.1f s\n",
+               (long long)id, run, steps, L, H, nhead, (long long)values, (long long)store_run_last_seq(st, id),
+               seed_now() - t0);
     store_close(st);
+    rec_free(&rec);
     return rc;
 }

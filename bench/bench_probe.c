@@ -1,12 +1,22 @@
 /* bench_probe.c -- cost of probe_compute against a training step, in one
- * process, on the benchmark config (L=4 H=4 C=128 T=128 B=16, σReparam).
+ * process (L=4, T=128, B=16, σReparam by default; heads and width chosen on
+ * the command line, so the d x d work of the certified norms can be measured
+ * at d = 12 and d = 32).
  *
- * Interleaves training steps (forward + backward + AdamW, --threads 2 as
- * the trainer) with probe_compute calls and reports the median of each, for
- * the probe on 4 examples (the default) and on the whole batch.  CPU time
- * of the calling thread is reported too: on a shared machine wall time
- * includes waiting for a core.
- * Usage: bench_probe [reps=30] [threads=2] [reparam: sigma|none]. */
+ * Interleaves training steps (forward + backward + AdamW) with
+ * probe_compute calls, so the weights move between calls as in training
+ * (the probe's warm starts see real drift), and reports the median of each.
+ * CPU time of the calling thread is reported beside wall time: on a shared
+ * machine wall time includes waiting for a core (run with threads=1 for a
+ * CPU figure that covers the whole probe).
+ *
+ * A/B: when an older probe is linked in under the names probe_base_create,
+ * probe_base_compute and probe_base_destroy (bench/probe.sh does it from a
+ * git revision), both probes run on the same forward of every step, in
+ * alternating order, and their figures are printed side by side.
+ *
+ * Usage: bench_probe [reps=30] [threads=2] [reparam: sigma|none] [heads=4]
+ *                    [dim=128] [examples=4]. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +25,11 @@
 #include "model.h"
 #include "optim.h"
 #include "probe.h"
+
+/* The older probe of an A/B run; absent (NULL) in the plain build. */
+probe *probe_base_create(const model *m, const probe_config *cfg) __attribute__((weak));
+const probe_metrics *probe_base_compute(probe *p, model *m) __attribute__((weak));
+void probe_base_destroy(probe *p) __attribute__((weak));
 
 static double now(clockid_t c)
 {
@@ -35,53 +50,69 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* One probe call's wall and thread-CPU seconds into wall[r], cpu[r]. */
+static void timed(const probe_metrics *(*fn)(probe *, model *), probe *p, model *m, double *wall, double *cpu)
+{
+    double t0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_THREAD_CPUTIME_ID);
+    fn(p, m);
+    *wall = now(CLOCK_MONOTONIC) - t0;
+    *cpu = now(CLOCK_THREAD_CPUTIME_ID) - c0;
+}
+
 int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 30, threads = argc > 2 ? atoi(argv[2]) : 2;
     int reparam = argc > 3 && !strcmp(argv[3], "none") ? MODEL_REPARAM_NONE : MODEL_REPARAM_SIGMA;
+    int heads = argc > 4 ? atoi(argv[4]) : 4, dim = argc > 5 ? atoi(argv[5]) : 128;
+    int examples = argc > 6 ? atoi(argv[6]) : 4;
     if (reps < 3) reps = 3;
+    if (heads < 1 || dim < heads || dim % heads) { fprintf(stderr, "bench_probe: dim must be a multiple of heads\n"); return 2; }
+    int ab = probe_base_create && probe_base_compute && probe_base_destroy;
     enum { B = 16, T = 128 };
-    model_config cfg = {.vocab = 64, .max_seq = T, .layers = 4, .heads = 4, .dim = 128,
+    model_config cfg = {.vocab = 64, .max_seq = T, .layers = 4, .heads = heads, .dim = dim,
                         .norm = MODEL_NORM_PRE, .reparam = reparam, .gamma_init = MODEL_GAMMA_SIGMA};
+    probe_config pc = {.examples = examples};
     model *m = model_create(&cfg, B, T, threads);
     optim *o = m ? optim_create(OPTIM_ADAMW, m->num_params, 0.9f, 0.95f, 1e-8f, 0.0f) : NULL;
-    probe *p4 = m ? probe_create(m, &(probe_config){.examples = 4}) : NULL;
-    probe *pall = m ? probe_create(m, &(probe_config){.examples = 0}) : NULL;
+    probe *pn = m ? probe_create(m, &pc) : NULL;
+    probe *pb = m && ab ? probe_base_create(m, &pc) : NULL;
     int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
     double *st = malloc(sizeof(double) * reps * 5);
-    if (!m || !o || !p4 || !pall || !in || !tg || !st) { fprintf(stderr, "bench_probe: out of memory\n"); return 1; }
+    if (!m || !o || !pn || (ab && !pb) || !in || !tg || !st) { fprintf(stderr, "bench_probe: out of memory\n"); return 1; }
     uint64_t rng = 1;
     model_init(m, &rng);
     optim_group g = {.offset = 0, .n = m->num_params, .decay = 0, .frozen = 0};
-    double *step = st, *w4 = st + reps, *c4 = st + 2 * reps, *wall = st + 3 * reps, *call = st + 4 * reps;
+    double *step = st, *wn = st + reps, *cn = st + 2 * reps, *wb = st + 3 * reps, *cb = st + 4 * reps;
     for (int r = -3; r < reps; r++) {
         for (int i = 0; i < B * T; i++) { in[i] = (int)(model_random_u32(&rng) % 64); tg[i] = (in[i] + 1) % 64; }
         double t0 = now(CLOCK_MONOTONIC);
         model_forward(m, in, tg, B, T, 1);
-        double t1 = now(CLOCK_MONOTONIC), c1 = now(CLOCK_THREAD_CPUTIME_ID);
-        probe_compute(p4, m);
-        double t2 = now(CLOCK_MONOTONIC), c2 = now(CLOCK_THREAD_CPUTIME_ID);
-        probe_compute(pall, m);
-        double t3 = now(CLOCK_MONOTONIC), c3 = now(CLOCK_THREAD_CPUTIME_ID);
+        double t1 = now(CLOCK_MONOTONIC), w = 0, c = 0, w2 = 0, c2 = 0;
+        /* alternate the order, so neither probe always runs on a warm cache */
+        if (ab && r % 2) timed(probe_base_compute, pb, m, &w2, &c2);
+        timed(probe_compute, pn, m, &w, &c);
+        if (ab && !(r % 2)) timed(probe_base_compute, pb, m, &w2, &c2);
+        double t2 = now(CLOCK_MONOTONIC);
         model_zero_grad(m);
         model_backward(m);
         optim_clip(m->grads_memory, m->num_params, 1.0f);
         optim_step(o, m->params_memory, m->grads_memory, &g, 1, 1e-3f);
-        double t4 = now(CLOCK_MONOTONIC);
+        double t3 = now(CLOCK_MONOTONIC);
         if (r < 0) continue; /* warm-up */
-        step[r] = (t1 - t0) + (t4 - t3);
-        w4[r] = t2 - t1; c4[r] = c2 - c1;
-        wall[r] = t3 - t2; call[r] = c3 - c2;
+        step[r] = (t1 - t0) + (t3 - t2);
+        wn[r] = w; cn[r] = c; wb[r] = w2; cb[r] = c2;
     }
-    double ms = median(step, reps) * 1e3, p4w = median(w4, reps) * 1e3, p4c = median(c4, reps) * 1e3;
-    double paw = median(wall, reps) * 1e3, pac = median(call, reps) * 1e3;
-    printf("bench_probe: L=4 H=4 C=128 T=128 B=16 reparam=%s threads=%d, median of %d\n",
-           reparam ? "sigma" : "none", threads, reps);
+    double ms = median(step, reps) * 1e3, nw = median(wn, reps) * 1e3, nc = median(cn, reps) * 1e3;
+    double bw = median(wb, reps) * 1e3, bc = median(cb, reps) * 1e3;
+    printf("bench_probe: L=4 H=%d C=%d (d=%d) T=%d B=%d reparam=%s threads=%d examples=%d, median of %d\n", heads,
+           dim, dim / heads, T, B, reparam ? "sigma" : "none", threads, examples, reps);
     printf("  training step (forward+backward+AdamW): %.2f ms\n", ms);
-    printf("  probe, 4 examples : %.3f ms wall, %.3f ms cpu = %.2f%% of a step\n", p4w, p4c, 100 * p4w / ms);
-    printf("  probe, 16 examples: %.3f ms wall, %.3f ms cpu = %.2f%% of a step\n", paw, pac, 100 * paw / ms);
-    probe_destroy(p4);
-    probe_destroy(pall);
+    printf("  probe       : %.3f ms wall, %.3f ms cpu = %.2f%% of a step\n", nw, nc, 100 * nw / ms);
+    if (ab)
+        printf("  probe (base): %.3f ms wall, %.3f ms cpu = %.2f%% of a step; cpu now/base %.3f\n", bw, bc,
+               100 * bw / ms, nc / bc);
+    probe_destroy(pn);
+    if (ab) probe_base_destroy(pb);
     optim_destroy(o);
     model_destroy(m);
     free(in); free(tg); free(st);

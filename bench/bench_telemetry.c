@@ -190,7 +190,7 @@ static void run_paced(const char *label, const char *address, const char *spool,
     double mean = (double)sum / n;
     int settled = telemetry_flush(t, 5000) == TELEMETRY_OK;
     telemetry_stats st;
-    telemetry_stats_get(t, &st);
+    telemetry_get_stats(t, &st);
     printf("  %-35s p50 %5llu ns  mean %6.0f  p99 %6llu  max %8llu ns  = %.4f%% (p50) of a 50 ms step;"
            " producer: %ld faults, %ld voluntary / %ld involuntary switches;"
            " dropped %d, spooled %llu, sent %llu, acked %llu%s\n",
@@ -225,7 +225,7 @@ static void run_burst(const char *spool, int n)
     telemetry_flush(t, 60000);
     uint64_t e = ns_now();
     telemetry_stats st;
-    telemetry_stats_get(t, &st);
+    telemetry_get_stats(t, &st);
     double per = (double)(e - a) / n;
     printf("  sender (format + spool write):     %.1f us/step (%.0f steps/s), %.0f bytes/line,"
            " %.0f ns/float; burst enqueue %.0f ns/step\n",

@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
 # History-scaling benchmark (issue "Long runs"): a short and a long run of
-# the same shape (12x12 heads, HEAD_METRICS head metrics, 3 layer metrics,
-# 2 scalars), written straight through store.h by bench_history_seed and
-# served by the real entropyd. bench_history prints every read path's
+# the same shape, written straight through store.h by bench_history_seed
+# and served by the real entropyd. bench_history prints every read path's
 # p50/p99 on both side by side with the ratio, then a rollback of REWIND
 # steps and a DELETE of the long run with another trainer's ack latency
 # meanwhile, and the WAL's peak. Then the WAL's peak while a trainer
 # streams (bench_ingest) and a client reads an export at 200 KB/s.
 #
-# The long run defaults to 1M steps with ONE head metric (~1 GB, ~2-4 min to
-# generate): 9 head metrics would be ~5 GB and 10+ minutes on this machine.
-# Every read path touches one metric, so the count of head metrics changes
-# the database's size, not what a request reads; HEAD_METRICS=9 runs the
-# issue's full shape. The database is made in a temporary directory and
-# deleted at the end (KEEP=1 keeps it, and prints where).
-#   SHORT=10000 LONG=1000000 HEAD_METRICS=1 REQUESTS=200 REWIND=40000 bench/history.sh
+# The runs replay a real sigmatrain stream (12x12 heads, every metric it
+# logs: 8 head metrics, 10 layer metrics, 7 scalars), recorded first by
+# running sigmatrain for REAL_STEPS steps (REPLAY=DB replays a recording
+# made before: any entropyd database, its longest run), so bytes/value is
+# that of real values. SYNTHETIC=1 seeds the synthetic shape instead
+# (HEAD_METRICS head metrics, 3 layer metrics, 2 scalars; smooth values that
+# compress better than real ones). The database is made in a temporary
+# directory and deleted at the end (KEEP=1 keeps it, and prints where).
+#   SHORT=10000 LONG=1000000 REAL_STEPS=400 REQUESTS=200 REWIND=40000 bench/history.sh
 set -euo pipefail
 BUILD=${BUILD:-build}
 SHORT=${SHORT:-10000}
 LONG=${LONG:-1000000}
-HM=${HEAD_METRICS:-1}
+HM=${HEAD_METRICS:-9}
 dir=$(mktemp -d /tmp/entropyd-history.XXXXXX)
 pid=
 cleanup() {
@@ -28,11 +29,28 @@ cleanup() {
 }
 trap cleanup EXIT
 t0=$(date +%s)
-"$BUILD/bench/bench_history_seed" --db "$dir/entropyd.db" --run short --steps "$SHORT" --head-metrics "$HM" | sed 's/^/history: /'
-"$BUILD/bench/bench_history_seed" --db "$dir/entropyd.db" --run long --steps "$LONG" --head-metrics "$HM" | sed 's/^/history: /'
-values=$(( (SHORT + LONG) * (HM * 144 + 3 * 12 + 2) ))
+seedargs=(--head-metrics "$HM")
+if [ -z "${SYNTHETIC:-}" ]; then
+  src=${REPLAY:-}
+  if [ -z "$src" ]; then
+    mkdir "$dir/real"
+    "$BUILD/entropyd" --data "$dir/real" --http off >"$dir/real/out" 2>&1 &
+    rpid=$!
+    for i in $(seq 100); do [ -S "$dir/real/entropyd.sock" ] && break; sleep 0.05; done
+    "$BUILD/sigmatrain" --layers 12 --heads 12 --dim 96 --seq-len 32 --batch 4 --threads 1 --probe-examples 1 \
+      --eval-every 0 --print-every 100000 --steps "${REAL_STEPS:-400}" --daemon "unix:$dir/real/entropyd.sock" \
+      --run real >"$dir/real/train.log" 2>&1
+    kill "$rpid"; wait "$rpid" 2>/dev/null || true
+    src="$dir/real/entropyd.db"
+    echo "history: recorded ${REAL_STEPS:-400} real sigmatrain steps (12x12) in $(( $(date +%s) - t0 )) s"
+  fi
+  seedargs=(--replay "$src")
+fi
+"$BUILD/bench/bench_history_seed" --db "$dir/entropyd.db" --run short --steps "$SHORT" "${seedargs[@]}" | tee "$dir/seed" | sed 's/^/history: /'
+"$BUILD/bench/bench_history_seed" --db "$dir/entropyd.db" --run long --steps "$LONG" "${seedargs[@]}" | tee -a "$dir/seed" | sed 's/^/history: /'
+values=$(awk '{for (i = 1; i < NF; i++) if ($i == "values") v += $(i + 1)} END {print v}' "$dir/seed")
 bytes=$(( $(stat -c %s "$dir/entropyd.db") + $(stat -c %s "$dir/entropyd.db-wal" 2>/dev/null || echo 0) ))
-echo "history: database $((bytes / 1048576)) MiB for $values values: $(awk -v b=$bytes -v v=$values 'BEGIN{printf "%.2f", b/v}') bytes/value all-in (seeded in $(( $(date +%s) - t0 )) s)"
+echo "history: database $((bytes / 1048576)) MiB for $values values: $(awk -v b=$bytes -v v=$values 'BEGIN{printf "%.2f", b/v}') bytes/value all-in (frames, blocks, rollups, indexes, WAL after checkpoint; seeded in $(( $(date +%s) - t0 )) s; bar 2.5)"
 start_daemon() {
   "$BUILD/entropyd" --data "$dir" --http 127.0.0.1:0 >"$dir/out" 2>"$dir/log" &
   pid=$!

@@ -186,6 +186,20 @@ float *telemetry_step_heads_buf(telemetry_step *s, const char *name);
  * TELEMETRY_EINVAL when s is not the step begin returned last. No syscall. */
 int telemetry_step_commit(telemetry *t, telemetry_step *s);
 
+/* A whole step in one call: begin, the metrics, commit (for bindings, where
+ * each foreign call costs more than the copying: one call a step). Kind by
+ * kind, n names and their values: scalars n doubles; layer metrics n rows
+ * of L floats; head metrics n rows of L*H floats (row-major
+ * [metric][layer][head]), each block contiguous. n may be 0 (names and
+ * values then unused). Returns TELEMETRY_OK; TELEMETRY_EFULL when the ring
+ * is full (the step is dropped and counted, as begin does); TELEMETRY_EINVAL
+ * for step < 0, a NULL array with n > 0, a bad name, or more metrics of a
+ * kind than max_* (nothing is enqueued). No syscall. */
+int telemetry_step_log(telemetry *t, int64_t step, double time,
+                       int n_scalar, const char *const *scalar_names, const double *scalars,
+                       int n_layer, const char *const *layer_names, const float *layers,
+                       int n_head, const char *const *head_names, const float *heads);
+
 /* Enqueues an event: level "info", "warn" or "error", text (copied, UTF-8,
  * at most 64 KiB; invalid bytes become '?'). Allocates, so it is meant for
  * rare messages, not for every step. Returns TELEMETRY_OK, TELEMETRY_EINVAL,
@@ -198,7 +212,7 @@ int telemetry_poll(telemetry *t, telemetry_msg *out);
 void telemetry_msg_free(telemetry_msg *m);
 
 /* Fills *out with a snapshot of the counters. Any thread. */
-void telemetry_stats_get(const telemetry *t, telemetry_stats *out);
+void telemetry_get_stats(const telemetry *t, telemetry_stats *out);
 
 /* Waits at most timeout_ms until every enqueued message is acknowledged
  * (with no address: spooled). Returns TELEMETRY_OK or TELEMETRY_ETIMEDOUT.

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include "ingest.h"
 #include "alerter.h"
 #include "query.h"
+#include "remote_write.h"
 #include "store.h"
 #include "stream.h"
 #include "writer.h"
@@ -96,6 +98,7 @@ static void on_signal(int sig) {
 struct hooks {
     struct stream *stream;
     struct alerter *alerter;
+    struct remote_write *remote_write;
     _Atomic(struct http *) http;
 };
 
@@ -103,6 +106,7 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
     struct hooks *hk = ctx;
     if (hk->stream) stream_on_commit(hk->stream, items);
     if (hk->alerter) alerter_on_commit(hk->alerter, items);
+    remote_write_on_commit(hk->remote_write, items);
     struct http *h = atomic_load(&hk->http);
     if (h) http_on_commit(h, items, commit_ms);
 }
@@ -110,14 +114,6 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
 static void on_tick(void *ctx, double now) {
     struct hooks *hk = ctx;
     if (hk->alerter) alerter_on_tick(hk->alerter, now);
-}
-
-static int64_t resolve_run(void *ctx, const char *name) {
-    char err[256];
-    struct query *q = query_acquire(ctx, err, sizeof err);
-    int64_t id = q ? query_run_id(q, name) : 0;
-    query_release(ctx, q);
-    return id;
 }
 
 static void usage(FILE *f) {
@@ -141,6 +137,9 @@ static void usage(FILE *f) {
             "                        under 2048)\n"
             "  --hello-timeout-s N   close a connection not welcomed within N s (default 10)\n"
             "  --idle-timeout-s N    close a welcomed connection silent for N s (default 0: never)\n"
+            "  --max-cells-per-run N  layers x heads of a run at most (default 65536); a hello\n"
+            "                        over it is refused (bad_field), so one trainer cannot\n"
+            "                        exhaust the daemon's memory\n"
             "  --input-mb N          memory for unfinished input lines of all connections\n"
             "                        (default 64); a line before the welcome is at most 64 KiB\n"
             "  --queue-mb N          memory for accepted, uncommitted messages (default 256)\n"
@@ -169,6 +168,8 @@ static void usage(FILE *f) {
             "  --alertmanager URL    also send alerts to Alertmanager's API (URL/api/v2/alerts),\n"
             "                        firing ones re-sent every --alertmanager-resend-s (default 60)\n"
             "  --quiet-alerts        do not log alerts on stderr\n"
+            "  --remote-write URL    also push every committed step to a Prometheus remote-write\n"
+            "                        receiver (docs/remote-write.md)\n"
             "  --version, --help\n"
             "\n"
             "SIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
@@ -215,10 +216,16 @@ static void raise_fd_limit(void) {
 }
 
 int main(int argc, char **argv) {
+    /* Buffers over 256 KiB (a wide run's parsed values, its alert state)
+     * are mapped and unmapped on their own: by default glibc raises this
+     * threshold to the largest block freed, after which such buffers come
+     * from the heap and stay there once freed (measured: +11 MB of RSS
+     * kept after a 1024 x 1024-head run was deleted; bench/many_runs.sh). */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
     const char *data = "entropyd-data", *db = NULL, *sock = NULL, *tcp = NULL;
     const char *token = getenv("ENTROPYD_TOKEN");
     long max_conns = 10000, queue_mb = 256, drain_ms = 5000;
-    long per_peer = 0, hello_s = 10, idle_s = 0, input_mb = 64, http_per_ip = 0;
+    long per_peer = 0, hello_s = 10, idle_s = 0, input_mb = 64, http_per_ip = 0, max_cells = INGEST_MAX_CELLS;
     enum { MAX_ALLOW_HOSTS = 64 };
     const char *allow_hosts[MAX_ALLOW_HOSTS];
     int n_allow_hosts = 0;
@@ -228,12 +235,12 @@ int main(int argc, char **argv) {
     int metrics_heads = 0, alert_log = 1;
     double metrics_keep_s = 3600;
     long http_timeout_s = 60;
-    const char *rules = NULL, *webhook = NULL, *on_alert = NULL, *alertmanager = NULL;
+    const char *rules = NULL, *webhook = NULL, *on_alert = NULL, *alertmanager = NULL, *remote_write = NULL;
     long am_resend_s = 60;
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
            O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB,
-           O_ALLOWHOST, O_HTTPPERIP };
+           O_ALLOWHOST, O_HTTPPERIP, O_REMOTEWRITE, O_MAXCELLS };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -251,6 +258,8 @@ int main(int argc, char **argv) {
         {"max-conns-per-peer", required_argument, 0, O_PERPEER}, {"hello-timeout-s", required_argument, 0, O_HELLOTO},
         {"idle-timeout-s", required_argument, 0, O_IDLETO}, {"input-mb", required_argument, 0, O_INPUTMB},
         {"allow-host", required_argument, 0, O_ALLOWHOST}, {"http-max-conns-per-ip", required_argument, 0, O_HTTPPERIP},
+        {"remote-write", required_argument, 0, O_REMOTEWRITE},
+        {"max-cells-per-run", required_argument, 0, O_MAXCELLS},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -264,6 +273,9 @@ int main(int argc, char **argv) {
         case O_PERPEER: if (parse_int("--max-conns-per-peer", optarg, 1, 1000000, &per_peer)) return 2; break;
         case O_HELLOTO: if (parse_int("--hello-timeout-s", optarg, 1, 3600, &hello_s)) return 2; break;
         case O_IDLETO: if (parse_int("--idle-timeout-s", optarg, 0, 2000000, &idle_s)) return 2; break;
+        case O_MAXCELLS:
+            if (parse_int("--max-cells-per-run", optarg, 1, PROTO_MAX_CELLS, &max_cells)) return 2;
+            break;
         case O_INPUTMB: if (parse_int("--input-mb", optarg, 1, 65536, &input_mb)) return 2; break;
         case O_HTTPPERIP: if (parse_int("--http-max-conns-per-ip", optarg, 1, 100000, &http_per_ip)) return 2; break;
         case O_ALLOWHOST:
@@ -288,6 +300,7 @@ int main(int argc, char **argv) {
         case O_ONALERT: on_alert = optarg; break;
         case O_QUIETALERTS: alert_log = 0; break;
         case O_AM: alertmanager = optarg; break;
+        case O_REMOTEWRITE: remote_write = optarg; break;
         case O_AMRESEND: if (parse_int("--alertmanager-resend-s", optarg, 1, 86400, &am_resend_s)) return 2; break;
         case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", PROJECT_VERSION, PROTO_VERSION, store_schema_version()); return 0;
         case 'h': case O_HELP: usage(stdout); return 0;
@@ -353,8 +366,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "entropyd: %s\n", err);
             goto out;
         }
-        struct stream_config scfg = {.max_events = (size_t)stream_events, .keepalive_ms = (int)keepalive_ms,
-                                     .resolve = resolve_run, .ctx = pool};
+        struct stream_config scfg = {.max_events = (size_t)stream_events, .keepalive_ms = (int)keepalive_ms};
         stream = stream_create(&scfg, err, sizeof err);
         if (!stream) {
             fprintf(stderr, "entropyd: %s\n", err);
@@ -374,6 +386,13 @@ int main(int argc, char **argv) {
         goto out;
     }
     hooks.alerter = alerter;
+    if (remote_write) {
+        struct remote_write_config rcfg = {.url = remote_write, .db_path = db};
+        if (!(hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) {
+            fprintf(stderr, "entropyd: %s\n", err);
+            goto out;
+        }
+    }
     struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
                                  .ctx = &hooks};
     w = writer_create(st, efd, &wcfg, err, sizeof err);
@@ -384,7 +403,8 @@ int main(int argc, char **argv) {
     alerter_set_writer(alerter, w);
     struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns,
                                  .max_conns_per_peer = (int)per_peer, .hello_ms = (int)hello_s * 1000,
-                                 .idle_ms = (int)idle_s * 1000, .max_input = (size_t)input_mb << 20};
+                                 .idle_ms = (int)idle_s * 1000, .max_input = (size_t)input_mb << 20,
+                                 .max_cells_per_run = max_cells};
     g_ingest = ingest_create(&icfg, w, efd, err, sizeof err);
     if (!g_ingest) {
         fprintf(stderr, "entropyd: %s\n", err);
@@ -396,7 +416,9 @@ int main(int argc, char **argv) {
                                    .metrics_keep_s = metrics_keep_s > 0 ? metrics_keep_s : -1, .timeout_s = (int)http_timeout_s, .pool = pool,
                                    .stream = stream, .writer = w, .ingest = g_ingest,
                                    .allow_hosts = allow_hosts, .n_allow_hosts = n_allow_hosts,
-                                   .max_conns_per_ip = (int)http_per_ip};
+                                   .max_conns_per_ip = (int)http_per_ip,
+                                   .metrics_more = hooks.remote_write ? remote_write_metrics : NULL,
+                                   .metrics_ctx = hooks.remote_write};
         http = http_create(&hcfg, err, sizeof err);
         /* A taken address is an error, the default one too: running on
          * without HTTP would leave the user's browser (and its token) talking
@@ -440,6 +462,7 @@ out:
     ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
     g_ingest = NULL;
     writer_destroy(w);        /* commits everything queued */
+    remote_write_destroy(hooks.remote_write); /* after the writer: its commit hook wakes it */
     alerter_destroy(alerter, 3000); /* gives pending webhooks a moment */
     stream_destroy(stream);
     query_pool_close(pool);

@@ -163,7 +163,7 @@ int query_frame(struct query *q, int64_t run_id, const char *metric, int has_ste
  * (float32, NaN where the trainer sent null), borrowed for the call. Runs
  * in the caller's read transaction if one is open (query_db_begin is not
  * public: a reader wanting one snapshot across calls holds q between them
- * inside a transaction of its own), else each statement in its own. fn
+ * inside a transaction of its own), else in one of its own. fn
  * returns 0 to go on; any other value stops the walk and is returned.
  * QUERY_ERR with a message if the database fails. */
 typedef int (*query_frame_fn)(void *ctx, int64_t step, const float *vals, uint32_t n);

@@ -18,6 +18,12 @@ static const char *const q_sql[Q_COUNT] = {
                   "AND block BETWEEN ?3 AND ?4 ORDER BY block",
     [Q_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
     [Q_FRAME_AT] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
+    /* length(data) comes from the record header, without reading the blob */
+    [Q_BLOCKS] = "SELECT block, mask, id, length(data) FROM blocks WHERE metric_id = ?1 AND block BETWEEN ?2 AND ?3 "
+                 "ORDER BY block",
+    [Q_BLOCK_AT] = "SELECT block, mask, data FROM blocks WHERE metric_id = ?1 AND block <= ?2 ORDER BY block DESC LIMIT 2",
+    [Q_BLOCK_FIRST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block LIMIT 1",
+    [Q_BLOCK_LAST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block DESC LIMIT 1",
 };
 
 
@@ -32,6 +38,7 @@ static void conn_close(struct query *q) {
     if (!q) return;
     for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(q->stmt[i]);
     sqlite3_close(q->db);
+    fblock_codec_destroy(q->codec);
     free(q);
 }
 
@@ -43,6 +50,10 @@ static struct query *conn_open(const char *path, char *err, size_t errlen) {
     }
     if (sqlite3_open_v2(path, &q->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
         snprintf(err, errlen, "cannot open database %s: %s", path, q->db ? sqlite3_errmsg(q->db) : "out of memory");
+        goto fail;
+    }
+    if (!(q->codec = fblock_codec_create())) {
+        snprintf(err, errlen, "out of memory");
         goto fail;
     }
     sqlite3_busy_timeout(q->db, 5000);

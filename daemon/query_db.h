@@ -10,16 +10,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fblock.h"
 #include "query.h"
 
 /* The statements every connection prepares once (persistent). */
 enum {
     Q_RUN,          /* layers, heads, status of a run */
     Q_METRIC,       /* id, kind of a run's metric */
-    Q_STEP_RANGE,   /* min, max step of a metric's frames */
+    Q_STEP_RANGE,   /* min, max step of a metric's raw frames */
     Q_ROLLUPS,      /* block, nframes, data of a level's block range */
     Q_FRAMES,       /* step, data of a step range */
-    Q_FRAME_AT,     /* the last frame <= step */
+    Q_FRAME_AT,     /* the last raw frame <= step */
+    Q_BLOCKS,       /* block, mask, id, bytes of a metric's blocks in a block range */
+    Q_BLOCK_AT,     /* the last two blocks <= a block */
+    Q_BLOCK_FIRST,  /* block, mask of a metric's first block */
+    Q_BLOCK_LAST,   /* block, mask of its last block */
     Q_COUNT
 };
 
@@ -28,6 +33,7 @@ enum {
 struct query {
     sqlite3 *db;
     sqlite3_stmt *stmt[Q_COUNT];
+    struct fblock_codec *codec;  /* decodes blocks (fblock.h) */
     struct query *next;
 };
 
@@ -52,5 +58,20 @@ int query_run_get(struct query *q, int64_t id, struct query_runinfo *ri, char *e
 /* A run's metric id and kind by name; QUERY_NOT_FOUND with a message if none. */
 int query_metric_get(struct query *q, int64_t run_id, const char *name, int64_t *id, int *kind, char *err,
                      size_t errlen);
+
+/* ---- a metric's frames, raw or in sealed blocks (query_frames.c) ---- */
+
+/* Calls fn(ctx, step, vals, n) for every frame of metric_id (n values
+ * each) with lo <= step <= hi, in step order, wherever it is stored; only
+ * cells [c0, c1) of vals are valid (the others are not decoded). In the
+ * caller's read transaction. Returns 0, fn's first nonzero return, or
+ * QUERY_ERR with *failed set (the database failed, a block did not
+ * decode, or out of memory). */
+int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint32_t c1, int64_t lo, int64_t hi,
+               query_frame_fn fn, void *ctx, int *failed);
+
+/* The first and last stored step of a metric: 1, or 0 when it has no
+ * frame, -1 on a database error. */
+int query_step_range(struct query *q, int64_t metric_id, int64_t *first, int64_t *last);
 
 #endif

@@ -104,9 +104,30 @@ fail:
     return NULL;
 }
 
+/* One frame into the chunk (a query_walk callback); stops it when full. */
+struct chunk_fill {
+    struct query_export *x;
+    sqlite3_stmt *time;   /* the step's time */
+    uint32_t want;
+};
+
+static int chunk_add(void *ctx, int64_t step, const float *v, uint32_t n) {
+    struct chunk_fill *cf = ctx;
+    struct query_export *x = cf->x;
+    sqlite3_bind_int64(cf->time, 2, step);
+    int rc = sqlite3_step(cf->time);
+    x->times[x->cn] = rc == SQLITE_ROW ? sqlite3_column_double(cf->time, 0) : 0; /* as a LEFT JOIN read it */
+    sqlite3_reset(cf->time);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return QUERY_ERR;
+    x->steps[x->cn] = step;
+    memcpy(x->data + (size_t)x->cn * n, v, (size_t)n * 4);
+    x->after = step;
+    return ++x->cn == cf->want;
+}
+
 /* Reads the next chunk of the current metric's frames, in its own read
- * transaction. Returns the frames read (0: the metric is done, -2: none
- * to emit in this chunk but more may follow), -1 on error. */
+ * transaction. Returns the frames read (0: the metric is done), -1 on
+ * error. */
 static int export_chunk(struct query_export *x) {
     const struct export_metric *m = &x->metrics[x->mi];
     uint32_t n = metric_values(x, m->kind);
@@ -122,36 +143,20 @@ static int export_chunk(struct query_export *x) {
         if (!st || !tm || !d) return -1;
         x->ccap = want;
     }
-    sqlite3_stmt *s = NULL;
-    int ret = -1, r;
-    uint32_t rows = 0;
+    struct chunk_fill cf = {.x = x, .want = want};
+    int ret = -1, failed;
     char err[256];
     if (query_db_begin(x->q, err, sizeof err)) return -1;
-    if (sqlite3_prepare_v2(x->q->db,
-                           "SELECT f.step, s.time, f.data FROM frames f "
-                           "LEFT JOIN steps s ON s.run_id = ?1 AND s.step = f.step "
-                           "WHERE f.metric_id = ?2 AND f.step > ?3 ORDER BY f.step LIMIT ?4",
-                           -1, &s, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(x->q->db, "SELECT time FROM steps WHERE run_id = ?1 AND step = ?2", -1, &cf.time, NULL) !=
+        SQLITE_OK)
         goto out;
-    sqlite3_bind_int64(s, 1, x->run_id);
-    sqlite3_bind_int64(s, 2, m->id);
-    sqlite3_bind_int64(s, 3, x->after);
-    sqlite3_bind_int64(s, 4, want);
+    sqlite3_bind_int64(cf.time, 1, x->run_id);
     x->cn = x->ci = 0;
-    while ((r = sqlite3_step(s)) == SQLITE_ROW) {
-        int64_t step = sqlite3_column_int64(s, 0);
-        x->after = step;
-        rows++;
-        if ((uint32_t)sqlite3_column_bytes(s, 2) != n * 4) continue; /* shapes are fixed per run */
-        x->steps[x->cn] = step;
-        x->times[x->cn] = sqlite3_column_double(s, 1);
-        memcpy(x->data + (size_t)x->cn * n, sqlite3_column_blob(s, 2), (size_t)n * 4);
-        x->cn++;
-    }
-    /* a chunk of only odd-shaped rows has nothing to emit but is not the end */
-    if (r == SQLITE_DONE) ret = x->cn ? (int)x->cn : rows ? -2 : 0;
+    int r = query_walk(x->q, m->id, n, 0, n, x->after == INT64_MIN ? 0 : x->after + 1, INT64_MAX, chunk_add, &cf,
+                       &failed);
+    if (!failed && r >= 0) ret = (int)x->cn;
 out:
-    sqlite3_finalize(s);
+    sqlite3_finalize(cf.time);
     query_db_end(x->q);
     return ret;
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fblock.h"
 #include "query_db.h"
 
 /* Values of one frame as JSON: a number for a scalar, [L] for a layer
@@ -34,58 +35,232 @@ static void emit_values(struct strbuf *out, const unsigned char *d, int kind, in
     strbuf_add(out, "]", 1);
 }
 
+/* The next raw frame of the walk's statement into *step / vals (copied:
+ * a blob need not be aligned); 0 at the end (*step = INT64_MAX), -1 on
+ * error. Rows of another shape are skipped. */
+static int raw_next(sqlite3_stmt *s, uint32_t n, int64_t *step, float *vals) {
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if ((size_t)sqlite3_column_bytes(s, 1) != (size_t)n * 4) continue;
+        *step = sqlite3_column_int64(s, 0);
+        memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
+        return 1;
+    }
+    *step = INT64_MAX;
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* Reading the cells [c0, c1) of blocks, a block at a time, through one
+ * blob handle: only the header and the chunks of those cells are read (a
+ * block of a 12x12 metric spans two pages; one cell is a twentieth of it). */
+struct block_reader {
+    struct query *q;
+    sqlite3_blob *blob;
+    unsigned char *head, *span;
+    size_t headcap, spancap;
+};
+
+static int reader_grow(unsigned char **buf, size_t *cap, size_t want) {
+    if (want <= *cap) return 0;
+    unsigned char *b = realloc(*buf, want);
+    if (!b) return -1;
+    *buf = b;
+    *cap = want;
+    return 0;
+}
+
+/* Decodes cells [c0, c1) of the nf frames of block row `id` (bytes long)
+ * into vals. 0, or -1 (database, memory, a block that does not decode). */
+static int reader_decode(struct block_reader *br, int64_t id, size_t bytes, uint32_t nf, uint32_t n, uint32_t c0,
+                         uint32_t c1, float *vals) {
+    int rc = br->blob ? sqlite3_blob_reopen(br->blob, id)
+                      : sqlite3_blob_open(br->q->db, "main", "blocks", "data", id, 0, &br->blob);
+    if (rc != SQLITE_OK || bytes < 2 || reader_grow(&br->head, &br->headcap, 2) ||
+        sqlite3_blob_read(br->blob, br->head, 2, 0) != SQLITE_OK)
+        return -1;
+    ssize_t hs = fblock_head_size(br->head, n);
+    size_t off, len;
+    if (hs < 0 || (size_t)hs > bytes || reader_grow(&br->head, &br->headcap, (size_t)hs) ||
+        sqlite3_blob_read(br->blob, br->head + 2, (int)hs - 2, 2) != SQLITE_OK)
+        return -1;
+    fblock_span(br->head, n, c0, c1, &off, &len);
+    if (off + len > bytes || reader_grow(&br->span, &br->spancap, len ? len : 1) ||
+        (len && sqlite3_blob_read(br->blob, br->span, (int)len, (int)off) != SQLITE_OK))
+        return -1;
+    return fblock_decode_span(br->q->codec, br->head, br->span, len, nf, n, c0, c1, vals);
+}
+
+int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint32_t c1, int64_t lo, int64_t hi,
+               query_frame_fn fn, void *ctx, int *failed) {
+    /* row 0 holds the next raw frame, rows 1.. the frames of a block */
+    float *vals = malloc((size_t)(n ? n : 1) * (FBLOCK_STEPS + 1) * sizeof *vals);
+    struct block_reader br = {.q = q};
+    sqlite3_stmt *raw = q->stmt[Q_FRAMES], *blk = q->stmt[Q_BLOCKS];
+    int ret = 0, rc = SQLITE_DONE;
+    int64_t rstep = INT64_MAX, steps[FBLOCK_STEPS];
+    *failed = 0;
+    if (!vals) goto fail;
+    sqlite3_bind_int64(raw, 1, metric_id);
+    sqlite3_bind_int64(raw, 2, lo);
+    sqlite3_bind_int64(raw, 3, hi);
+    sqlite3_bind_int64(blk, 1, metric_id);
+    sqlite3_bind_int64(blk, 2, lo > 0 ? lo / FBLOCK_STEPS : 0);
+    sqlite3_bind_int64(blk, 3, hi < 0 ? -1 : hi / FBLOCK_STEPS);
+    if (raw_next(raw, n, &rstep, vals) < 0) goto fail;
+    while (!ret && (rc = sqlite3_step(blk)) == SQLITE_ROW) {
+        uint32_t nf = fblock_steps(sqlite3_column_int64(blk, 0), (uint64_t)sqlite3_column_int64(blk, 1), steps);
+        if (reader_decode(&br, sqlite3_column_int64(blk, 2), (size_t)sqlite3_column_int64(blk, 3), nf, n, c0, c1,
+                          vals + n))
+            goto fail;
+        for (uint32_t f = 0; f < nf && !ret; f++) {
+            /* raw frames are after the blocks but in an upgraded database
+             * (migration 6): merge them in by step all the same */
+            while (!ret && rstep < steps[f]) {
+                if ((ret = fn(ctx, rstep, vals, n))) break;
+                if (raw_next(raw, n, &rstep, vals) < 0) goto fail;
+            }
+            if (!ret && steps[f] >= lo && steps[f] <= hi) ret = fn(ctx, steps[f], vals + (size_t)(f + 1) * n, n);
+        }
+    }
+    if (!ret && rc != SQLITE_DONE) goto fail;
+    while (!ret && rstep != INT64_MAX) {
+        if ((ret = fn(ctx, rstep, vals, n))) break;
+        if (raw_next(raw, n, &rstep, vals) < 0) goto fail;
+    }
+    goto out;
+fail:
+    *failed = 1;
+    ret = QUERY_ERR;
+out:
+    sqlite3_reset(raw);
+    sqlite3_reset(blk);
+    sqlite3_blob_close(br.blob);
+    free(br.head);
+    free(br.span);
+    free(vals);
+    return ret;
+}
+
+/* The first (last = 0) or last step of a metric's blocks: 1, 0 for none, -1. */
+static int block_edge(struct query *q, int64_t metric_id, int last, int64_t *step) {
+    sqlite3_stmt *s = q->stmt[last ? Q_BLOCK_LAST : Q_BLOCK_FIRST];
+    sqlite3_bind_int64(s, 1, metric_id);
+    int rc = sqlite3_step(s), ret = rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -1;
+    if (rc == SQLITE_ROW) {
+        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 1);
+        uint32_t nf = fblock_count(mask);
+        *step = nf ? fblock_step(sqlite3_column_int64(s, 0), mask, last ? nf - 1 : 0) : -1;
+        if (!nf) ret = -1;
+    }
+    sqlite3_reset(s);
+    return ret;
+}
+
+int query_step_range(struct query *q, int64_t metric_id, int64_t *first, int64_t *last) {
+    sqlite3_stmt *s = q->stmt[Q_STEP_RANGE];
+    sqlite3_bind_int64(s, 1, metric_id);
+    int rc = sqlite3_step(s), have = 0;
+    if (rc == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {
+        *first = sqlite3_column_int64(s, 0);
+        *last = sqlite3_column_int64(s, 1);
+        have = 1;
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW) return -1;
+    int64_t bf = 0, bl = 0;
+    int r1 = block_edge(q, metric_id, 0, &bf), r2 = block_edge(q, metric_id, 1, &bl);
+    if (r1 < 0 || r2 < 0) return -1;
+    if (r1 && (!have || bf < *first)) *first = bf;
+    if (r2 && (!have || bl > *last)) *last = bl;
+    return have || r1;
+}
+
+/* The last frame of a metric at or before `step`, raw or in a block, into
+ * vals (n values): its step, -1 when there is none, -2 on failure. */
+static int64_t frame_at(struct query *q, int64_t metric_id, uint32_t n, int64_t step, float *vals) {
+    int64_t found = -1;
+    sqlite3_stmt *s = q->stmt[Q_FRAME_AT];
+    sqlite3_bind_int64(s, 1, metric_id);
+    sqlite3_bind_int64(s, 2, step);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW && (size_t)sqlite3_column_bytes(s, 1) == (size_t)n * 4) {
+        found = sqlite3_column_int64(s, 0);
+        memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return -2;
+    /* the block holding `step` may start after it: then the one before */
+    s = q->stmt[Q_BLOCK_AT];
+    sqlite3_bind_int64(s, 1, metric_id);
+    sqlite3_bind_int64(s, 2, step < 0 ? -1 : step / FBLOCK_STEPS);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t block = sqlite3_column_int64(s, 0);
+        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 1);
+        uint32_t nf = fblock_count(mask), f = nf;
+        while (f > 0 && fblock_step(block, mask, f - 1) > step) f--;
+        if (!f) continue;
+        int64_t at = fblock_step(block, mask, f - 1);
+        if (at > found) {
+            float *all = malloc((size_t)nf * n * sizeof *all);
+            int bad = !all || fblock_decode(q->codec, sqlite3_column_blob(s, 2), (size_t)sqlite3_column_bytes(s, 2), nf,
+                                            n, 0, n, all);
+            if (!bad) memcpy(vals, all + (size_t)(f - 1) * n, (size_t)n * 4);
+            free(all);
+            if (bad) {
+                rc = SQLITE_CORRUPT;
+                break;
+            }
+            found = at;
+        }
+        break;
+    }
+    sqlite3_reset(s);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? found : -2;
+}
+
 int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
                 struct strbuf *out, char *err, size_t errlen) {
     struct query_runinfo ri;
     int64_t mid;
     int kind, ret;
+    float *vals = NULL;
     if (query_db_begin(q, err, errlen)) return QUERY_ERR;
     if ((ret = query_run_get(q, run_id, &ri, err, errlen)) || (ret = query_metric_get(q, run_id, metric, &mid, &kind, err, errlen)))
         goto out;
     int64_t L = kind == 0 ? 1 : ri.layers, H = kind == 2 ? ri.heads : 1;
-    sqlite3_stmt *s = q->stmt[Q_FRAME_AT];
-    sqlite3_bind_int64(s, 1, mid);
-    sqlite3_bind_int64(s, 2, has_step ? step : INT64_MAX);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW && (size_t)sqlite3_column_bytes(s, 1) == (size_t)(L * H) * 4) {
+    if (!(vals = malloc((size_t)(L * H) * sizeof *vals))) {
+        snprintf(err, errlen, "out of memory");
+        ret = QUERY_ERR;
+        goto out;
+    }
+    int64_t at = frame_at(q, mid, (uint32_t)(L * H), has_step ? step : INT64_MAX, vals);
+    if (at >= 0) {
         strbuf_printf(out, "{\"run\":%lld,\"metric\":", (long long)run_id);
         strbuf_json_str(out, metric);
         strbuf_printf(out, ",\"kind\":\"%s\",\"step\":%lld,\"layers\":%lld,\"heads\":%lld,\"values\":", query_kind_name(kind),
-                         (long long)sqlite3_column_int64(s, 0), (long long)L, (long long)H);
-        emit_values(out, sqlite3_column_blob(s, 1), kind, L, H);
+                      (long long)at, (long long)L, (long long)H);
+        emit_values(out, (const unsigned char *)vals, kind, L, H);
         strbuf_add(out, "}", 1);
         ret = QUERY_OK;
-    } else if (rc == SQLITE_ROW || rc == SQLITE_DONE) {
+    } else if (at == -1) {
         snprintf(err, errlen, "%s has no frame at or before that step", metric);
         ret = QUERY_NOT_FOUND;
     } else {
         ret = query_db_fail(q, err, errlen, "reading the frame");
     }
-    sqlite3_reset(s);
 out:
+    free(vals);
     query_db_end(q);
     return ret;
 }
 
 int query_frames(struct query *q, int64_t metric_id, uint32_t n, int64_t lo, int64_t hi, query_frame_fn fn, void *ctx,
                  char *err, size_t errlen) {
-    float *vals = malloc((size_t)(n ? n : 1) * sizeof *vals);
-    if (!vals) {
-        snprintf(err, errlen, "out of memory");
-        return QUERY_ERR;
-    }
-    sqlite3_stmt *s = q->stmt[Q_FRAMES];
-    sqlite3_bind_int64(s, 1, metric_id);
-    sqlite3_bind_int64(s, 2, lo);
-    sqlite3_bind_int64(s, 3, hi);
-    int rc, ret = QUERY_OK;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if ((size_t)sqlite3_column_bytes(s, 1) != (size_t)n * 4) continue; /* not this metric's shape: skip */
-        memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
-        if ((ret = fn(ctx, sqlite3_column_int64(s, 0), vals, n)) != 0) break;
-    }
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) ret = query_db_fail(q, err, errlen, "reading frames");
-    sqlite3_reset(s);
-    free(vals);
+    /* blocks and raw rows are two statements: one snapshot for both */
+    int own = sqlite3_get_autocommit(q->db), failed;
+    if (own && query_db_begin(q, err, errlen)) return QUERY_ERR;
+    int ret = query_walk(q, metric_id, n, 0, n, lo, hi, fn, ctx, &failed);
+    if (failed) query_db_fail(q, err, errlen, "reading frames");
+    if (own) query_db_end(q);
     return ret;
 }

@@ -58,29 +58,29 @@ static void bucket_merge(struct bucket *b, float mn, float mx, double sum, uint6
     b->count += c;
 }
 
-static int add_raw(struct series *sr, int64_t lo, int64_t hi) {
-    sqlite3_stmt *s = sr->q->stmt[Q_FRAMES];
-    int rc;
-    sqlite3_bind_int64(s, 1, sr->metric_id);
-    sqlite3_bind_int64(s, 2, lo);
-    sqlite3_bind_int64(s, 3, hi);
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        int64_t step = sqlite3_column_int64(s, 0);
-        const unsigned char *d = sqlite3_column_blob(s, 1);
-        if ((size_t)sqlite3_column_bytes(s, 1) != (size_t)sr->n * 4) continue;
-        int64_t i = (step - sr->a) / sr->w;
-        struct bucket *row = &sr->b[i * sr->ngroups];
-        sr->frames[i]++;
-        for (uint32_t c = 0; c < sr->ncells; c++) {
-            struct bucket *b = &row[sr->group[c]];
-            float x;
-            memcpy(&x, d + 4 * (size_t)sr->cells[c], 4);
-            if (isfinite(x)) bucket_merge(b, x, x, x, 1);
-            else b->nonfinite++;
-        }
+/* One frame into its bucket (a query_walk callback). */
+static int add_frame(void *ctx, int64_t step, const float *v, uint32_t n) {
+    struct series *sr = ctx;
+    (void)n;
+    int64_t i = (step - sr->a) / sr->w;
+    struct bucket *row = &sr->b[i * sr->ngroups];
+    sr->frames[i]++;
+    for (uint32_t c = 0; c < sr->ncells; c++) {
+        struct bucket *b = &row[sr->group[c]];
+        float x = v[sr->cells[c]];
+        if (isfinite(x)) bucket_merge(b, x, x, x, 1);
+        else b->nonfinite++;
     }
-    sqlite3_reset(s);
-    return rc == SQLITE_DONE ? 0 : -1;
+    return 0;
+}
+
+/* The frames of [lo, hi], raw or in blocks (only the selected cells are
+ * decoded: they are [cells[0], cells[ncells-1]] in layer-major order). */
+static int add_raw(struct series *sr, int64_t lo, int64_t hi) {
+    int failed;
+    query_walk(sr->q, sr->metric_id, sr->n, sr->cells[0], sr->cells[sr->ncells - 1] + 1, lo, hi, add_frame, sr,
+               &failed);
+    return failed ? -1 : 0;
 }
 
 static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
@@ -330,16 +330,8 @@ int query_series(struct query *q, const struct query_series_req *req, struct str
         goto out;
 
     ret = QUERY_ERR;
-    sqlite3_stmt *s = q->stmt[Q_STEP_RANGE];
-    sqlite3_bind_int64(s, 1, sr.metric_id);
-    int rc = sqlite3_step(s);
-    int empty = rc != SQLITE_ROW || sqlite3_column_type(s, 0) == SQLITE_NULL;
-    if (!empty) {
-        first = sqlite3_column_int64(s, 0);
-        sr.last = sqlite3_column_int64(s, 1);
-    }
-    sqlite3_reset(s);
-    if (rc != SQLITE_ROW) {
+    int have = query_step_range(q, sr.metric_id, &first, &sr.last), empty = have != 1;
+    if (have < 0) {
         ret = query_db_fail(q, err, errlen, "reading the step range");
         goto out;
     }

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "embed.h"
+#include "fblock.h"
 
 /* A metric of a cached run: its row id, kind, value count and last stored
  * step (-1 when none), which decides when a rollup block is complete. */
@@ -33,7 +34,8 @@ struct run_cache {
     int rewinding;                /* a rewinds row exists: finish it before any new step */
     /* how far the rewind got (in this cache's life: a reloaded cache starts
      * over, which is correct as every phase is idempotent, only slower):
-     * phase 0 rollups, 1 frames, 2 steps; the metric index within it */
+     * phase 0 rollups, 1 raw frames, 2 blocks, 3 steps; the metric index
+     * within it */
     int rewind_phase;
     uint32_t rewind_metric;
     uint32_t nmetrics, cap;
@@ -41,8 +43,8 @@ struct run_cache {
 };
 
 enum {
-    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SELECT_FRAMES,
-    S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
+    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SEAL_FRAMES, S_SEAL_DELETE, S_INSERT_BLOCK,
+    S_REWIND_BLOCK, S_DELETE_BLOCK, S_INSERT_ABANDONED, S_LAST_FRAME, S_LAST_BLOCK, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
     S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
     S_COUNT
 };
@@ -55,13 +57,26 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_INSERT_METRIC] = "INSERT INTO metrics(id, run_id, name, kind) VALUES (max(coalesce((SELECT max(id) FROM metrics), 0), "
                         "coalesce((SELECT max(id) FROM purge WHERE kind = 0), 0)) + 1, ?1, ?2, ?3)",
     [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, block, nframes, data) VALUES (?1, ?2, ?3, ?4, ?5)",
-    [S_SELECT_FRAMES] = "SELECT data FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
+    [S_SEAL_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3 ORDER BY step",
+    [S_SEAL_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
+    /* a plain INSERT: a block is sealed once (a rewind into it unseals it
+     * first), and a second row must fail loudly, never replace the first */
+    [S_INSERT_BLOCK] = "INSERT INTO blocks(metric_id, block, mask, data) VALUES (?1, ?2, ?3, ?4)",
+    [S_REWIND_BLOCK] = "SELECT id, block, mask, data FROM blocks WHERE metric_id = ?1 AND block >= ?2 "
+                       "ORDER BY block DESC LIMIT 1",
+    [S_DELETE_BLOCK] = "DELETE FROM blocks WHERE id = ?1",
+    [S_INSERT_ABANDONED] = "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) VALUES (?1, ?2, ?3, ?4)",
+    [S_LAST_FRAME] = "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step DESC LIMIT 1",
+    [S_LAST_BLOCK] = "SELECT block, mask, data FROM blocks WHERE metric_id = ?1 ORDER BY block DESC LIMIT 1",
     [S_SELECT_ROLLUPS] = "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 AND block < ?4",
     [S_UPDATE_RUN] = "UPDATE runs SET last_seq = ?2, last_step = ?3, updated = ?4 WHERE id = ?1",
     [S_INSERT_EVENT] = "INSERT INTO events(run_id, seq, time, level, text) VALUES (?1, ?2, ?3, ?4, ?5)",
     [S_SELECT_RUN] = "SELECT layers, heads, last_seq, last_step, updated, "
                      "(SELECT count(*) FROM rewinds WHERE run_id = ?1) FROM runs WHERE id = ?1",
-    [S_SELECT_METRICS] = "SELECT m.id, m.name, m.kind, (SELECT max(step) FROM frames f WHERE f.metric_id = m.id) "
+    /* the last step, or a step of the last block (which is all that
+     * sealing needs, store.c rollup_advance), -1 for none */
+    [S_SELECT_METRICS] = "SELECT m.id, m.name, m.kind, max(coalesce((SELECT max(step) FROM frames f WHERE f.metric_id = m.id), -1), "
+                         "coalesce((SELECT max(block) FROM blocks b WHERE b.metric_id = m.id) * 64, -1)) "
                          "FROM metrics m WHERE m.run_id = ?1",
     [S_UPSERT_LATEST] = "INSERT INTO latest(metric_id, step, data) VALUES (?1, ?2, ?3) "
                         "ON CONFLICT(metric_id) DO UPDATE SET step = excluded.step, data = excluded.data",
@@ -95,6 +110,10 @@ struct store {
     /* scratch for rollup aggregation, grown on demand */
     unsigned char *agg;
     size_t aggcap;
+    /* the codec of blocks, and the frames of one block (FBLOCK_STEPS x n) */
+    struct fblock_codec *codec;
+    float *blockvals;
+    size_t blockcap;
 };
 
 static int set_err(struct store *st, int code, const char *fmt, ...) {
@@ -203,6 +222,10 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "database %s: %s", path, st->err);
         goto fail;
     }
+    if (!(st->codec = fblock_codec_create())) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     st->autockpt = 1;
     sqlite3_wal_hook(st->db, wal_hook, st);
     st->page_size = pragma_int(st, "PRAGMA page_size");
@@ -232,6 +255,8 @@ void store_close(struct store *st) {
     drop_caches(st);
     free(st->runs);
     free(st->agg);
+    free(st->blockvals);
+    fblock_codec_destroy(st->codec);
     for (int i = 0; i < S_COUNT; i++) sqlite3_finalize(st->stmt[i]);
     sqlite3_finalize(st->summary_stmt);
     sqlite3_close(st->db);
@@ -330,7 +355,7 @@ static struct run_cache *run_get(struct store *st, int64_t id) {
         snprintf(m->name, sizeof m->name, "%s", (const char *)sqlite3_column_text(s, 1));
         m->kind = sqlite3_column_int(s, 2);
         m->n = m->kind == PROTO_SCALAR ? 1 : m->kind == PROTO_LAYER ? (uint32_t)r->layers : (uint32_t)(r->layers * r->heads);
-        m->last_step = sqlite3_column_type(s, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 3);
+        m->last_step = sqlite3_column_int64(s, 3);
     }
     sqlite3_reset(s);
     if (rc != SQLITE_DONE) {
@@ -507,96 +532,192 @@ static void agg_merge(unsigned char *e, float mn2, float mx2, double sum2, uint3
     memcpy(e + 16, &c, 4);
 }
 
-/* Computes and stores rollup block `block` of level `level` for metric m
- * from the level below (raw frames for level 1). An empty block gets no row. */
-static int rollup_block(struct store *st, struct metric_cache *m, int level, int64_t block) {
-    size_t bytes = (size_t)m->n * STORE_ROLLUP_BYTES;
+/* Grows the scratch buffers for metrics of n values. */
+static int scratch_grow(struct store *st, uint32_t n) {
+    size_t bytes = (size_t)n * STORE_ROLLUP_BYTES;
     if (bytes > st->aggcap) {
         unsigned char *a = realloc(st->agg, bytes);
         if (!a) return set_err(st, SQLITE_NOMEM, "out of memory");
         st->agg = a;
         st->aggcap = bytes;
     }
-    agg_reset(st->agg, m->n);
-    int64_t nframes = 0;
-    int rc;
-    sqlite3_stmt *s;
-    if (level == 1) {
-        int64_t size = STORE_LEVEL_SIZE(1);
-        s = st->stmt[S_SELECT_FRAMES];
-        sqlite3_bind_int64(s, 1, m->id);
-        sqlite3_bind_int64(s, 2, block * size);
-        sqlite3_bind_int64(s, 3, (block + 1) * size);
-        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-            const float *v = sqlite3_column_blob(s, 0);
-            int nb = sqlite3_column_bytes(s, 0);
-            if ((uint32_t)nb != m->n * 4) continue; /* cannot happen: shapes are fixed per run */
-            nframes++;
-            for (uint32_t i = 0; i < m->n; i++) {
-                float x;
-                memcpy(&x, (const unsigned char *)v + 4 * (size_t)i, 4);
-                if (isfinite(x)) agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, x, x, x, 1);
-            }
-        }
-    } else {
-        s = st->stmt[S_SELECT_ROLLUPS];
-        sqlite3_bind_int64(s, 1, m->id);
-        sqlite3_bind_int(s, 2, level - 1);
-        sqlite3_bind_int64(s, 3, block * 8);
-        sqlite3_bind_int64(s, 4, block * 8 + 8);
-        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-            const unsigned char *d = sqlite3_column_blob(s, 1);
-            if ((size_t)sqlite3_column_bytes(s, 1) != bytes) continue;
-            nframes += sqlite3_column_int64(s, 0);
-            for (uint32_t i = 0; i < m->n; i++) {
-                const unsigned char *e = d + (size_t)i * STORE_ROLLUP_BYTES;
-                float mn, mx;
-                double sum;
-                uint32_t c;
-                memcpy(&mn, e, 4);
-                memcpy(&mx, e + 4, 4);
-                memcpy(&sum, e + 8, 8);
-                memcpy(&c, e + 16, 4);
-                agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, mn, mx, sum, c);
-            }
-        }
+    size_t vals = (size_t)n * FBLOCK_STEPS;
+    if (vals > st->blockcap) {
+        float *v = realloc(st->blockvals, vals * sizeof *v);
+        if (!v) return set_err(st, SQLITE_NOMEM, "out of memory");
+        st->blockvals = v;
+        st->blockcap = vals;
     }
-    sqlite3_reset(s);
-    if (rc != SQLITE_DONE) return db_err(st, "reading rollup source");
-    if (nframes == 0) return 0;
-    s = st->stmt[S_INSERT_ROLLUP];
+    return 0;
+}
+
+/* Writes st->agg as rollup block `block` of level `level` of metric m. */
+static int rollup_write(struct store *st, struct metric_cache *m, int level, int64_t block, int64_t nframes) {
+    sqlite3_stmt *s = st->stmt[S_INSERT_ROLLUP];
     sqlite3_bind_int64(s, 1, m->id);
     sqlite3_bind_int(s, 2, level);
     sqlite3_bind_int64(s, 3, block);
     sqlite3_bind_int64(s, 4, nframes);
-    sqlite3_bind_blob(s, 5, st->agg, (int)bytes, SQLITE_STATIC);
+    sqlite3_bind_blob(s, 5, st->agg, (int)((size_t)m->n * STORE_ROLLUP_BYTES), SQLITE_STATIC);
     return step_done(st, s, "writing rollup");
 }
 
+/* Computes and stores rollup block `block` of level `level` (>= 2) for
+ * metric m from the level below. An empty block gets no row. */
+static int rollup_block(struct store *st, struct metric_cache *m, int level, int64_t block) {
+    size_t bytes = (size_t)m->n * STORE_ROLLUP_BYTES;
+    if (scratch_grow(st, m->n)) return -1;
+    agg_reset(st->agg, m->n);
+    int64_t nframes = 0;
+    int rc;
+    sqlite3_stmt *s = st->stmt[S_SELECT_ROLLUPS];
+    sqlite3_bind_int64(s, 1, m->id);
+    sqlite3_bind_int(s, 2, level - 1);
+    sqlite3_bind_int64(s, 3, block * 8);
+    sqlite3_bind_int64(s, 4, block * 8 + 8);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        const unsigned char *d = sqlite3_column_blob(s, 1);
+        if ((size_t)sqlite3_column_bytes(s, 1) != bytes) continue;
+        nframes += sqlite3_column_int64(s, 0);
+        for (uint32_t i = 0; i < m->n; i++) {
+            const unsigned char *e = d + (size_t)i * STORE_ROLLUP_BYTES;
+            float mn, mx;
+            double sum;
+            uint32_t c;
+            memcpy(&mn, e, 4);
+            memcpy(&mx, e + 4, 4);
+            memcpy(&sum, e + 8, 8);
+            memcpy(&c, e + 16, 4);
+            agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, mn, mx, sum, c);
+        }
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE) return db_err(st, "reading rollup source");
+    return nframes ? rollup_write(st, m, level, block, nframes) : 0;
+}
+
+/* Seals block `block` of metric m (its steps are complete): its raw frames
+ * become its level-1 rollup and one coded row of `blocks` (fblock.h), and
+ * leave `frames`. A block without raw frames is left as it is (one sealed
+ * before a rewind that ended at its last step). */
+static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
+    int64_t lo = block * FBLOCK_STEPS;
+    uint64_t mask = 0;
+    uint32_t nf = 0;
+    int rc;
+    if (scratch_grow(st, m->n)) return -1;
+    sqlite3_stmt *s = st->stmt[S_SEAL_FRAMES];
+    sqlite3_bind_int64(s, 1, m->id);
+    sqlite3_bind_int64(s, 2, lo);
+    sqlite3_bind_int64(s, 3, lo + FBLOCK_STEPS);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t step = sqlite3_column_int64(s, 0);
+        if ((uint32_t)sqlite3_column_bytes(s, 1) != m->n * 4) continue; /* cannot happen: shapes are fixed per run */
+        memcpy(st->blockvals + (size_t)nf * m->n, sqlite3_column_blob(s, 1), (size_t)m->n * 4);
+        mask |= UINT64_C(1) << (step - lo);
+        nf++;
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE) return db_err(st, "reading a block's frames");
+    if (!nf) return 0;
+    agg_reset(st->agg, m->n);
+    for (uint32_t f = 0; f < nf; f++) {
+        const float *v = st->blockvals + (size_t)f * m->n;
+        for (uint32_t i = 0; i < m->n; i++)
+            if (isfinite(v[i])) agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, v[i], v[i], v[i], 1);
+    }
+    if (rollup_write(st, m, 1, block, nf)) return -1;
+    unsigned char *blob;
+    size_t len;
+    if (fblock_encode(st->codec, st->blockvals, nf, m->n, &blob, &len))
+        return set_err(st, SQLITE_NOMEM, "coding a block: out of memory");
+    s = st->stmt[S_INSERT_BLOCK];
+    sqlite3_bind_int64(s, 1, m->id);
+    sqlite3_bind_int64(s, 2, block);
+    sqlite3_bind_int64(s, 3, (int64_t)mask);
+    sqlite3_bind_blob(s, 4, blob, (int)len, free);
+    if (step_done(st, s, "writing a block")) return -1;
+    s = st->stmt[S_SEAL_DELETE];
+    sqlite3_bind_int64(s, 1, m->id);
+    sqlite3_bind_int64(s, 2, lo);
+    sqlite3_bind_int64(s, 3, lo + FBLOCK_STEPS);
+    return step_done(st, s, "deleting a sealed block's frames");
+}
+
 /* A new frame at `step` completes every block that held the metric's
- * previous last step and ends at or before `step`. */
+ * previous last step and ends at or before `step`: level 1 is the block of
+ * frames itself (sealed), higher levels roll up the level below. */
 static int rollup_advance(struct store *st, struct metric_cache *m, int64_t step) {
     if (m->last_step < 0) return 0;
     for (int k = 1; k <= STORE_LEVELS; k++) {
         int64_t size = STORE_LEVEL_SIZE(k);
         int64_t pb = m->last_step / size;
         if (step / size <= pb) break; /* higher levels cannot complete either */
-        if (rollup_block(st, m, k, pb)) return -1;
+        if (k == 1 ? block_seal(st, m, pb) : rollup_block(st, m, k, pb)) return -1;
     }
     return 0;
 }
 
-/* Refreshes the latest rows of every metric of r from its frames (after a
- * rewind moved its newest frames away): one seek per metric. */
+/* The last frame of metric m, raw or in its last block: its step (-1 when
+ * it has none) and values in st->blockvals. */
+static int last_frame(struct store *st, struct metric_cache *m, int64_t *step) {
+    *step = -1;
+    if (scratch_grow(st, m->n)) return -1;
+    sqlite3_stmt *s = st->stmt[S_LAST_FRAME];
+    sqlite3_bind_int64(s, 1, m->id);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW && (uint32_t)sqlite3_column_bytes(s, 1) == m->n * 4) {
+        *step = sqlite3_column_int64(s, 0);
+        memcpy(st->blockvals, sqlite3_column_blob(s, 1), (size_t)m->n * 4);
+    }
+    sqlite3_reset(s);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return db_err(st, "reading the last frame");
+    s = st->stmt[S_LAST_BLOCK];
+    sqlite3_bind_int64(s, 1, m->id);
+    rc = sqlite3_step(s);
+    int ret = 0;
+    if (rc == SQLITE_ROW) {
+        int64_t block = sqlite3_column_int64(s, 0);
+        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 1);
+        uint32_t nf = fblock_count(mask);
+        int64_t last = fblock_step(block, mask, nf - 1);
+        if (last > *step) {
+            if (fblock_decode(st->codec, sqlite3_column_blob(s, 2), (size_t)sqlite3_column_bytes(s, 2), nf, m->n, 0,
+                              m->n, st->blockvals))
+                ret = set_err(st, SQLITE_CORRUPT, "block %lld of metric %lld does not decode", (long long)block,
+                              (long long)m->id);
+            else {
+                memmove(st->blockvals, st->blockvals + (size_t)(nf - 1) * m->n, (size_t)m->n * 4);
+                *step = last;
+            }
+        }
+    } else if (rc != SQLITE_DONE) {
+        ret = db_err(st, "reading the last block");
+    }
+    sqlite3_reset(s);
+    return ret;
+}
+
+/* Refreshes the latest rows of every metric of r from its frames and
+ * blocks (after a rewind moved its newest frames away): a seek or two per
+ * metric. */
 static int latest_reload(struct store *st, struct run_cache *r) {
-    char sql[512];
-    snprintf(sql, sizeof sql,
-             "DELETE FROM latest WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld);"
-             "INSERT INTO latest(metric_id, step, data) SELECT f.metric_id, f.step, f.data FROM metrics m "
-             "JOIN frames f ON f.metric_id = m.id AND f.step = (SELECT max(step) FROM frames WHERE metric_id = m.id) "
-             "WHERE m.run_id = %lld;",
-             (long long)r->id, (long long)r->id);
-    return exec(st, sql);
+    char sql[160];
+    snprintf(sql, sizeof sql, "DELETE FROM latest WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld)",
+             (long long)r->id);
+    if (exec(st, sql)) return -1;
+    for (uint32_t i = 0; i < r->nmetrics; i++) {
+        struct metric_cache *m = &r->metrics[i];
+        int64_t step;
+        if (last_frame(st, m, &step)) return -1;
+        if (step < 0) continue;
+        sqlite3_stmt *s = st->stmt[S_UPSERT_LATEST];
+        sqlite3_bind_int64(s, 1, m->id);
+        sqlite3_bind_int64(s, 2, step);
+        sqlite3_bind_blob(s, 3, st->blockvals, (int)(m->n * sizeof(float)), SQLITE_STATIC);
+        if (step_done(st, s, "writing latest value")) return -1;
+    }
+    return 0;
 }
 
 /* Starts a rewind of r to `step`: a branch row (its id above any still
@@ -622,6 +743,57 @@ static int rewind_start(struct store *st, struct run_cache *r, int64_t step, dou
 static int64_t run_changes(struct store *st, sqlite3_stmt *s, const char *what) {
     if (step_done(st, s, what)) return -1;
     return sqlite3_changes64(st->db);
+}
+
+/* Puts one frame (n values) into a branch's abandoned frames, or back
+ * into `frames` when branch is 0. */
+static int frame_put(struct store *st, int64_t branch, int64_t metric_id, int64_t step, const float *v, uint32_t n) {
+    sqlite3_stmt *s = st->stmt[branch ? S_INSERT_ABANDONED : S_INSERT_FRAME];
+    int i = 1;
+    if (branch) sqlite3_bind_int64(s, i++, branch);
+    sqlite3_bind_int64(s, i++, metric_id);
+    sqlite3_bind_int64(s, i++, step);
+    sqlite3_bind_blob(s, i, v, (int)(n * sizeof(float)), SQLITE_STATIC);
+    return step_done(st, s, "moving a frame out of its block");
+}
+
+/* Moves metric m's sealed blocks holding steps >= from into the branch,
+ * the highest first, a block at a time, charging its frames to *left: the
+ * frames at or after `from` go to the branch, those before it (in the
+ * block holding `from`) back to `frames`, where the block is open again.
+ * Returns 1 when the budget ran out (more may be left), 0 when no such
+ * block is left, -1 on failure. */
+static int rewind_blocks(struct store *st, struct metric_cache *m, int64_t from, int64_t branch, int64_t *left) {
+    if (scratch_grow(st, m->n)) return -1;
+    while (*left > 0) {
+        sqlite3_stmt *s = st->stmt[S_REWIND_BLOCK];
+        sqlite3_bind_int64(s, 1, m->id);
+        sqlite3_bind_int64(s, 2, from / FBLOCK_STEPS);
+        int rc = sqlite3_step(s);
+        if (rc != SQLITE_ROW) {
+            sqlite3_reset(s);
+            return rc == SQLITE_DONE ? 0 : db_err(st, "reading blocks to rewind");
+        }
+        int64_t id = sqlite3_column_int64(s, 0), block = sqlite3_column_int64(s, 1);
+        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 2);
+        uint32_t nf = fblock_count(mask);
+        int bad = fblock_decode(st->codec, sqlite3_column_blob(s, 3), (size_t)sqlite3_column_bytes(s, 3), nf, m->n, 0,
+                                m->n, st->blockvals);
+        sqlite3_reset(s);
+        if (bad)
+            return set_err(st, SQLITE_CORRUPT, "block %lld of metric %lld does not decode", (long long)block,
+                           (long long)m->id);
+        for (uint32_t f = 0; f < nf; f++) {
+            int64_t step = fblock_step(block, mask, f);
+            if (frame_put(st, step >= from ? branch : 0, m->id, step, st->blockvals + (size_t)f * m->n, m->n))
+                return -1;
+        }
+        s = st->stmt[S_DELETE_BLOCK];
+        sqlite3_bind_int64(s, 1, id);
+        if (step_done(st, s, "deleting a rewound block")) return -1;
+        *left -= nf;
+    }
+    return 1;
 }
 
 int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, int64_t budget) {
@@ -684,9 +856,19 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
         left -= n;
         if (rc == SQLITE_ROW) break; /* the budget ran out inside this metric */
     }
-    if (r->rewind_phase == 1 && r->rewind_metric >= r->nmetrics) r->rewind_phase = 2;
-    /* 3. steps (small rows: 8 per frame's worth) */
-    if (r->rewind_phase == 2 && left > 0) {
+    if (r->rewind_phase == 1 && r->rewind_metric >= r->nmetrics) {
+        r->rewind_phase = 2;
+        r->rewind_metric = 0;
+    }
+    /* 3. sealed blocks, the highest first, into the branch */
+    for (; r->rewind_phase == 2 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
+        int more = rewind_blocks(st, &r->metrics[r->rewind_metric], from, branch, &left);
+        if (more < 0) return -1;
+        if (more) break; /* the budget ran out inside this metric */
+    }
+    if (r->rewind_phase == 2 && r->rewind_metric >= r->nmetrics) r->rewind_phase = 3;
+    /* 4. steps (small rows: 8 per frame's worth) */
+    if (r->rewind_phase == 3 && left > 0) {
         int64_t want = left * 8;
         s = st->stmt[S_REWIND_STEPS];
         sqlite3_bind_int64(s, 1, run_id);
@@ -694,11 +876,11 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
         sqlite3_bind_int64(s, 3, want - 1);
         if ((n = run_changes(st, s, "deleting rewound steps")) < 0) return -1;
         if (n >= want) left = 0;
-    } else if (r->rewind_phase < 2) {
+    } else if (r->rewind_phase < 3) {
         left = 0;
     }
     if (left <= 0) return 1;
-    /* 4. done: the run continues from `from` */
+    /* 5. done: the run continues from `from` */
     snprintf(sql, sizeof sql, "DELETE FROM rewinds WHERE run_id = %lld", (long long)run_id);
     if (exec(st, sql)) return -1;
     int64_t last_seq = r->last_seq;
@@ -868,6 +1050,18 @@ static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
         snprintf(sql, sizeof sql, "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = %lld "
                  "LIMIT %lld)", i, (long long)*left);
         if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
+        /* a block is about as much work as the 64 frames it codes */
+        int64_t blocks = (*left + FBLOCK_STEPS - 1) / FBLOCK_STEPS;
+        snprintf(sql, sizeof sql, "DELETE FROM blocks WHERE id IN (SELECT id FROM blocks WHERE metric_id = %lld "
+                 "LIMIT %lld)", i, (long long)blocks);
+        if (exec(st, sql)) return -1;
+        int64_t nb = sqlite3_changes64(st->db);
+        if (nb >= blocks) {
+            *left = 0;
+            return 0;
+        }
+        *left -= nb * FBLOCK_STEPS;
+        if (*left < 1) *left = 1;
         snprintf(sql, sizeof sql, "DELETE FROM latest WHERE metric_id = %lld", i);
         if (exec(st, sql)) return -1;
     } else if (kind == 1) {

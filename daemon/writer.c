@@ -3,6 +3,7 @@
 #include "now.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -423,14 +424,20 @@ static void job_chunk(struct writer *w) {
     if (r < 0 || store_commit(st)) goto fail;
     double ms = now_mono_ms() - t0;
     if (ms < WRITER_JOB_MS / 2 && w->job_budget < (INT64_C(1) << 20)) w->job_budget *= 2;
-    else if (ms > WRITER_JOB_MS && w->job_budget > 256) w->job_budget /= 2;
+    else if (ms > WRITER_JOB_MS && w->job_budget > 64) w->job_budget /= 2; /* a sealed block (64 frames) moves whole */
     pthread_mutex_lock(&w->mu);
     w->stats.job_chunks++;
     if (ms > w->stats.job_ms_max) w->stats.job_ms_max = ms;
     pthread_mutex_unlock(&w->mu);
     if (r == 0) {
         if (w->dhead) release_deferred(w);
-        else w->purge_pending = 0;
+        else {
+            /* the purge read the deleted run's pages back into the cache:
+             * give them, and the heap they were freed into, back */
+            w->purge_pending = 0;
+            store_release_memory(st);
+            malloc_trim(0);
+        }
     }
     checkpoint_policy(w);
     return;

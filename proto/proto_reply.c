@@ -6,7 +6,7 @@
  * Not here: acting on them (the client's sender thread does). */
 #include "proto.h"
 
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

@@ -46,6 +46,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collapse_risk  # noqa: E402
+import plot  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD", "build")
@@ -238,8 +239,11 @@ def alert_counts(d):
     return out
 
 
-def run_all(configs, d, logdir, jobs):
-    rows, queue, active = [], list(configs), []
+def launch(configs, d, logdir, jobs):
+    """Runs every config's trainer against daemon d, `jobs` at a time, and
+    yields (config, exit code, log path, seconds) as each one ends, after
+    the daemon had a moment to commit its last steps."""
+    queue, active = list(configs), []
     while queue or active:
         while queue and len(active) < jobs:
             c = queue.pop(0)
@@ -253,13 +257,19 @@ def run_all(configs, d, logdir, jobs):
             active.remove(item)
             log.close()
             time.sleep(0.3)  # let the writer commit the trainer's last steps and end
-            row = measure(c, d, p.returncode, os.path.join(logdir, run_name(c) + ".log"))
-            row["seconds"] = round(time.time() - t0, 1)
-            rows.append(row)
-            print("%-34s exit %d  eval %-8s min entropy_norm %-7s floor20 %-7s collapse %-5s %5.1fs" % (
-                row["name"], p.returncode, fmt(row["eval_loss"], 3), fmt(row["min_entropy_norm"], 3),
-                fmt(row["floor_20"], 3),
-                row["collapse_step"] if row["collapse_step"] is not None else "-", row["seconds"]), flush=True)
+            yield c, p.returncode, os.path.join(logdir, run_name(c) + ".log"), round(time.time() - t0, 1)
+
+
+def run_all(configs, d, logdir, jobs):
+    rows = []
+    for c, rc, logpath, seconds in launch(configs, d, logdir, jobs):
+        row = measure(c, d, rc, logpath)
+        row["seconds"] = seconds
+        rows.append(row)
+        print("%-34s exit %d  eval %-8s min entropy_norm %-7s floor20 %-7s collapse %-5s %5.1fs" % (
+            row["name"], rc, fmt(row["eval_loss"], 3), fmt(row["min_entropy_norm"], 3),
+            fmt(row["floor_20"], 3),
+            row["collapse_step"] if row["collapse_step"] is not None else "-", row["seconds"]), flush=True)
     return rows
 
 
@@ -375,8 +385,7 @@ def write_plot(rows, scratch, png):
     learning rate, one column per --norm; baseline against sigmaReparam,
     means over seeds, diverged runs drawn at the 5.0 cap with an open mark;
     entropy on a log axis, so collapse (0.000x) and the alert floor show."""
-    if not shutil.which("gnuplot"):
-        print("experiments: gnuplot not found (make deps installs gnuplot-nox); no plot")
+    if not plot.available("experiments"):
         return False
     os.makedirs(scratch, exist_ok=True)
     cap = 5.0
@@ -396,9 +405,7 @@ def write_plot(rows, scratch, png):
                         div = sum(r["diverged"] for r in rs)
                         f.write("%g %g %s %d %d\n" % (lr, loss, "NaN" if ent is None else "%g" % ent,
                                                       div, len(rs)))
-    cairo = subprocess.run(["gnuplot", "-e", "set terminal pngcairo"], capture_output=True).returncode == 0
-    gp = ["set terminal pngcairo size 1500,1500 font ',10'" if cairo else "set terminal png size 1500,1500",
-          "set output '%s'" % png,
+    gp = [plot.terminal(1500, 1500), "set output '%s'" % png,
           "set multiplot layout 4,3 title 'σReparam vs baseline, %d steps, 2x4 heads, C=64, T=64 (mean over seeds; open marks: diverged)'" % STEPS,
           "set termoption noenhanced",
           "set logscale x", "set grid", "set key top left", "set datafile missing 'NaN'"]
@@ -423,58 +430,39 @@ def write_plot(rows, scratch, png):
                           "'%s' u 1:($4>0?$%d:1/0) w p pt 4 ps 2.5 lc rgb '#1f77b4' notitle"
                           % (b, col, b, col, s, col, s, col) + floor_line)
     gp.append("unset multiplot")
-    script = os.path.join(scratch, "plot.gp")
-    with open(script, "w") as f:
-        f.write("\n".join(gp) + "\n")
-    r = subprocess.run(["gnuplot", script], capture_output=True, text=True)
-    if r.returncode != 0:
-        print("experiments: gnuplot failed:\n" + r.stderr)
-        return False
-    return True
+    return plot.render(gp, scratch, "experiments")
 
 
 def predict_run_all(configs, d, logdir, jobs):
     """Runs the collapse-risk sweeps' configs; per run the verdicts and the
     stored series collapse_risk needs."""
-    rows, queue, active = [], list(configs), []
-    while queue or active:
-        while queue and len(active) < jobs:
-            c = queue.pop(0)
-            p, log = start_run(c, d, logdir)
-            active.append((c, p, log, time.time()))
-        time.sleep(0.2)
-        for item in list(active):
-            c, p, log, t0 = item
-            if p.poll() is None:
-                continue
-            active.remove(item)
-            log.close()
-            time.sleep(0.3)
-            name = run_name(c)
-            ev = parse_log(os.path.join(logdir, name + ".log"))
-            runs = [r for r in d.get("/api/runs") if r["name"] == name]
-            row = dict(name=name, exit=p.returncode, eval_loss=ev, collapse_step=None, diverge_step=None,
-                       alerts=[], data={}, seconds=round(time.time() - t0, 1),
-                       config={k: v for k, v in c.items() if k != "model"}, model=c["model"])
-            if runs:
-                run = runs[0]
-                row["alerts"] = [{k: a.get(k) for k in ("rule", "start_step", "last_step", "payload")}
-                                 for a in run_alerts(d, run["id"])]
-                row["data"] = collapse_risk.collect(d, run["id"], run["last_step"])
-                starts = [a["start_step"] for a in row["alerts"]
-                          if a["rule"] == "entropy_collapse" and a["start_step"] is not None]
-                row["collapse_step"] = min(starts) if starts else None
-                row["diverge_step"] = collapse_risk.divergence_step(row["data"]["loss_step"], row["data"]["loss"])
-            row["collapsed"] = row["collapse_step"] is not None
-            finite = ev is not None and math.isfinite(ev)
-            row["healthy"] = (not row["collapsed"] and p.returncode == 0 and finite and ev <= VOCAB_LOSS
-                              and row["diverge_step"] is None)
-            rows.append(row)
-            print("%-42s exit %d  eval %-8s collapse %-5s diverge %-5s risk %-5s %5.1fs" % (
-                name, p.returncode, fmt(ev, 3), fmt(row["collapse_step"], 0) if row["collapsed"] else "-",
-                row["diverge_step"] if row["diverge_step"] is not None else "-",
-                ",".join(str(a["start_step"]) for a in row["alerts"] if a["rule"] == "collapse_risk") or "-",
-                row["seconds"]), flush=True)
+    rows = []
+    for c, rc, logpath, seconds in launch(configs, d, logdir, jobs):
+        name = run_name(c)
+        ev = parse_log(logpath)
+        runs = [r for r in d.get("/api/runs") if r["name"] == name]
+        row = dict(name=name, exit=rc, eval_loss=ev, collapse_step=None, diverge_step=None,
+                   alerts=[], data={}, seconds=seconds,
+                   config={k: v for k, v in c.items() if k != "model"}, model=c["model"])
+        if runs:
+            run = runs[0]
+            row["alerts"] = [{k: a.get(k) for k in ("rule", "start_step", "last_step", "payload")}
+                             for a in run_alerts(d, run["id"])]
+            row["data"] = collapse_risk.collect(d, run["id"], run["last_step"])
+            starts = [a["start_step"] for a in row["alerts"]
+                      if a["rule"] == "entropy_collapse" and a["start_step"] is not None]
+            row["collapse_step"] = min(starts) if starts else None
+            row["diverge_step"] = collapse_risk.divergence_step(row["data"]["loss_step"], row["data"]["loss"])
+        row["collapsed"] = row["collapse_step"] is not None
+        finite = ev is not None and math.isfinite(ev)
+        row["healthy"] = (not row["collapsed"] and rc == 0 and finite and ev <= VOCAB_LOSS
+                          and row["diverge_step"] is None)
+        rows.append(row)
+        print("%-42s exit %d  eval %-8s collapse %-5s diverge %-5s risk %-5s %5.1fs" % (
+            name, rc, fmt(ev, 3), fmt(row["collapse_step"], 0) if row["collapsed"] else "-",
+            row["diverge_step"] if row["diverge_step"] is not None else "-",
+            ",".join(str(a["start_step"]) for a in row["alerts"] if a["rule"] == "collapse_risk") or "-",
+            row["seconds"]), flush=True)
     return rows
 
 
@@ -487,20 +475,29 @@ def predict(args, scratch, out):
     os.makedirs(logdir, exist_ok=True)
     tune_cfg = collapse_risk.configs("tune", args.steps_predict)
     held_cfg = [] if args.tune_only else collapse_risk.configs("held", args.steps_predict)
-    print("collapse-risk: %d tune runs, then %d held-out runs; entropyd at "
-          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), d.port), flush=True)
+    done, before = {}, 0.0  # --resume: the runs of the last sweep, kept
+    if args.resume and os.path.exists(os.path.join(scratch, "rows.json")):
+        done = {r["name"]: r for r in json.load(open(os.path.join(scratch, "rows.json")))}
+        if os.path.exists(os.path.join(scratch, "seconds.json")):
+            before = json.load(open(os.path.join(scratch, "seconds.json")))["seconds"]
+    todo = [c for c in tune_cfg + held_cfg if run_name(c) not in done]
+    print("collapse-risk: %d tune runs, then %d held-out runs (%d to run, %d kept); entropyd at "
+          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), len(todo), len(tune_cfg + held_cfg) - len(todo),
+                                    d.port), flush=True)
     try:
-        tune_rows = predict_run_all(tune_cfg, d, logdir, args.jobs)
-        held_rows = predict_run_all(held_cfg, d, logdir, args.jobs)
+        new = {r["name"]: r for r in predict_run_all(todo, d, logdir, args.jobs)}
     finally:
         d.stop()
+    done.update(new)
+    tune_rows = [done[run_name(c)] for c in tune_cfg if run_name(c) in done]
+    held_rows = [done[run_name(c)] for c in held_cfg if run_name(c) in done]
     collapse_risk.simulate(tune_rows + held_rows)
     for r in tune_rows + held_rows:
         r["fires"]["collapse_risk"] = collapse_risk.fires(r["alerts"]).get("collapse_risk")
     with open(os.path.join(scratch, "rows.json"), "w") as f:
         json.dump(tune_rows + held_rows, f)
     with open(os.path.join(scratch, "seconds.json"), "w") as f:
-        json.dump({"seconds": round(time.time() - t0, 1)}, f)
+        json.dump({"seconds": round(before + time.time() - t0, 1)}, f)
     top, _ = collapse_risk.tune(tune_rows)
     print("collapse-risk: best candidates on the tune sweep (false alarms <= 5%):")
     for name, rule, rec, far, lead in top[:10]:
@@ -508,7 +505,7 @@ def predict(args, scratch, out):
             name, rec, far, fmt(lead, 0), json.dumps({k: rule[k] for k in ("metric", "condition", "for")})))
     if args.tune_only or not top:
         return
-    report(tune_rows, held_rows, top, shipped, out, scratch, time.time() - t0)
+    report(tune_rows, held_rows, top, shipped, out, scratch, before + time.time() - t0)
 
 
 def report(tune_rows, held_rows, top, shipped, out, scratch, seconds):
@@ -572,6 +569,8 @@ def main():
     ap.add_argument("--tune-only", action="store_true", help="predict: run the tune sweep and print the "
                     "best candidate rules, nothing else")
     ap.add_argument("--steps-predict", type=int, default=collapse_risk.STEPS)
+    ap.add_argument("--resume", action="store_true", help="predict: keep the last run's runs (its rows.json "
+                    "and daemon data) and run only the configs it lacks")
     ap.add_argument("--report-only", action="store_true", help="predict: rewrite the report from the last "
                     "run's rows (demo-data/experiments-predict/rows.json), e.g. after the rule was shipped")
     args = ap.parse_args()
@@ -594,8 +593,9 @@ def main():
         return
     if args.part in ("all", "predict"):
         pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
-        shutil.rmtree(pscratch, ignore_errors=True)
-        os.makedirs(pscratch)
+        if not args.resume:
+            shutil.rmtree(pscratch, ignore_errors=True)
+        os.makedirs(pscratch, exist_ok=True)
         pout = args.out or (os.path.join(pscratch, "out") if args.quick or args.tune_only else os.path.join(ROOT, "docs"))
         os.makedirs(pout, exist_ok=True)
         try:

@@ -34,6 +34,64 @@ COLLAPSE_ONLY_RULES = {"rules": [
 ]}
 
 
+_zstd = None
+
+
+def decode_block(blob, nframes, n):
+    """The nframes frames of n float32 values of a sealed block (daemon/fblock.h),
+    each as the little-endian bytes a raw frame row holds."""
+    global _zstd
+    if _zstd is None:
+        import ctypes
+        _zstd = ctypes.CDLL("libzstd.so.1")
+        _zstd.ZSTD_decompress.restype = ctypes.c_size_t
+        _zstd.ZSTD_decompress.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    import ctypes
+    assert blob[0] == 1, "unknown block format %d" % blob[0]
+    chunk = blob[1]
+    nchunks = (n + chunk - 1) // chunk
+    sizes = struct.unpack("<%dI" % nchunks, blob[2:2 + 4 * nchunks])
+    at = 2 + 4 * nchunks
+    words = [[0] * n for _ in range(nframes)]
+    for k in range(nchunks):
+        cells = min(chunk, n - chunk * k)
+        m = cells * nframes
+        dst = ctypes.create_string_buffer(4 * m)
+        got = _zstd.ZSTD_decompress(dst, 4 * m, bytes(blob[at:at + sizes[k]]), sizes[k])
+        assert got == 4 * m, "block chunk does not decode"
+        p = dst.raw
+        for c in range(cells):
+            prev = 0
+            for f in range(nframes):
+                i = c * nframes + f
+                z = p[i] | p[m + i] << 8 | p[2 * m + i] << 16 | p[3 * m + i] << 24
+                prev = (prev + ((z >> 1) ^ (-(z & 1) & 0xFFFFFFFF))) & 0xFFFFFFFF
+                words[f][chunk * k + c] = prev
+        at += sizes[k]
+    return [struct.pack("<%dI" % n, *w) for w in words]
+
+
+def shadow_frames(con, with_data=True):
+    """Shadows the database's `frames` on connection con with a TEMP table of the
+    same name holding every frame, raw or sealed in `blocks` (schema/storage.md,
+    "Blocks"), so that a test reads frames as rows wherever the daemon keeps them.
+    Without with_data the sealed frames' data is NULL (counting steps needs no
+    decoding)."""
+    con.execute("CREATE TEMP TABLE frames(id INTEGER PRIMARY KEY, metric_id INTEGER, step INTEGER, data BLOB)")
+    con.execute("INSERT INTO temp.frames SELECT id, metric_id, step, data FROM main.frames")
+    if not con.execute("SELECT 1 FROM main.sqlite_master WHERE name = 'blocks'").fetchall():
+        return
+    rows = con.execute("SELECT b.metric_id, b.block, b.mask, b.data, CASE m.kind WHEN 0 THEN 1 WHEN 1 THEN r.layers "
+                       "ELSE r.layers * r.heads END FROM main.blocks b JOIN main.metrics m ON m.id = b.metric_id "
+                       "JOIN main.runs r ON r.id = m.run_id").fetchall()
+    for mid, block, mask, data, n in rows:
+        mask &= (1 << 64) - 1
+        steps = [block * 64 + i for i in range(64) if mask >> i & 1]
+        frames = decode_block(data, len(steps), n) if with_data else [None] * len(steps)
+        for step, frame in zip(steps, frames):
+            con.execute("INSERT INTO temp.frames(metric_id, step, data) VALUES (?, ?, ?)", (mid, step, frame))
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -142,6 +200,8 @@ class Daemon:
     def query(self, sql, args=()):
         con = sqlite3.connect(self.db, timeout=10)
         try:
+            if "frames" in sql:
+                shadow_frames(con, with_data="data" in sql)
             return con.execute(sql, args).fetchall()
         finally:
             con.close()

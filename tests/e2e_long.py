@@ -142,6 +142,7 @@ class LongRunsTest(unittest.TestCase):
         # ... and /metrics reads nothing else: with every frame gone it answers the same
         con = sqlite3.connect(d.db, timeout=10)  # a second writer: the daemon's writer waits its turn
         con.execute("DELETE FROM frames")
+        con.execute("DELETE FROM blocks")
         con.commit()
         con.close()
         self.assertEqual(d.query("SELECT count(*) FROM frames")[0][0], 0)

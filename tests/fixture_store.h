@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "fixture.h"
+#include "fixture_frames.h"
 #include "proto.h"
 #include "store.h"
 
@@ -57,10 +58,11 @@ static inline void tmp_db_close(struct tmp_db *d) {
 /* ------------------------------------------------------------ reading the database */
 
 /* A read-only connection to the database at path, for the caller to close
- * (sqlite3_close). */
+ * (sqlite3_close); its `frames` holds every frame (shadow_frames). */
 static inline sqlite3 *ro_open(const char *path) {
     sqlite3 *db;
     assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    shadow_frames(db);
     return db;
 }
 

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "fixture.h"
+#include "fixture_frames.h"
 #include "ingest.h"
 #include "alerter.h"
 #include "store.h"
@@ -486,6 +487,7 @@ static int session(const char *sock, const char *run, int64_t n, int ms, double 
 static void check_session(const char *db, const char *run, int64_t n) {
     sqlite3 *h;
     assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    shadow_frames(h);
     sqlite3_busy_timeout(h, 5000);
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_prepare_v2(h, "SELECT id, last_seq FROM runs WHERE name = ?", -1, &s, NULL), SQLITE_OK);
@@ -542,6 +544,7 @@ static void check_integrity(const char *db) {
     sqlite3 *h;
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    shadow_frames(h);
     sqlite3_busy_timeout(h, 5000);
     assert_int_equal(sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &s, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_step(s), SQLITE_ROW);
@@ -693,6 +696,7 @@ static void test_sqlite_errors(void **state) {
     sqlite3 *h;
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_open_v2(D.db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    shadow_frames(h);
     assert_int_equal(sqlite3_prepare_v2(h,
                                         "SELECT count(*), count(DISTINCT seq), min(seq), max(seq), sum(step = seq * 10) "
                                         "FROM steps WHERE run_id = (SELECT id FROM runs WHERE name = 'stream')",

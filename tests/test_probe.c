@@ -527,6 +527,52 @@ static void test_sigma_qk_and_eig(void **state)
     model_destroy(m);
 }
 
+/* entropy and entropy_norm against -sum a log a in double over the stored
+ * probabilities, on heads from near-uniform to peaked (T = 24: rows of
+ * 1-16 entries are one 16-lane block, longer ones a block and a
+ * zero-padded partial block). */
+static void test_entropy_brute_force(void **state)
+{
+    (void)state;
+    float scales[] = {1.0f, 8.0f, 40.0f};
+    for (int si = 0; si < 3; si++) {
+        model *m = make_model(MODEL_REPARAM_NONE, 41 + si);
+        shape_qkv(m, scales[si], 0.2f, 7);
+        forward(m, 5);
+        probe *p = probe_create(m, &(probe_config){.examples = 2});
+        assert_non_null(p);
+        const probe_metrics *r = probe_compute(p, m);
+        double worst = 0;
+        for (int l = 0; l < TL; l++) {
+            const float *att = model_attention(m, l);
+            for (int h = 0; h < TH; h++) {
+                double e = 0, en = 0;
+                for (int b = 0; b < 2; b++)
+                    for (int i = 0; i < TT; i++) {
+                        const float *row = att + (((size_t)b * TH + h) * TT + i) * TT;
+                        double ei = 0;
+                        for (int j = 0; j <= i; j++)
+                            if (row[j] > 0) ei -= (double)row[j] * log((double)row[j]);
+                        e += ei;
+                        if (i >= 1) en += ei / log(i + 1.0);
+                    }
+                e /= 2.0 * TT;
+                en /= 2.0 * (TT - 1);
+                int k = l * TH + h;
+                double err = fmax(fabs(r->entropy[k] - e), fabs(r->entropy_norm[k] - en));
+                worst = fmax(worst, err);
+                if (!(err <= 2e-5 * fmax(e, 1e-2)))
+                    fail_msg("scale %g layer %d head %d: entropy %.7f (brute force %.7f), entropy_norm %.7f (%.7f)",
+                             scales[si], l, h, r->entropy[k], e, r->entropy_norm[k], en);
+            }
+        }
+        printf("scale %g: entropy[0] %.5f, largest difference from brute force %.1e\n", scales[si], r->entropy[0],
+               worst);
+        probe_destroy(p);
+        model_destroy(m);
+    }
+}
+
 static void test_max_logit(void **state)
 {
     (void)state;
@@ -656,6 +702,7 @@ int main(void)
         cmocka_unit_test(test_sigma_qk_and_eig),
         cmocka_unit_test(test_bound_exact_rotating),
         cmocka_unit_test(test_bound_property),
+        cmocka_unit_test(test_entropy_brute_force),
         cmocka_unit_test(test_max_logit),
         cmocka_unit_test(test_rank_and_cos),
         cmocka_unit_test(test_linear_sigma),

@@ -4,15 +4,16 @@
  * 0) that speaks enough of protocol v1: answers hello with welcome (a chosen
  * last_seq), stores data lines by seq like entropyd (duplicates and gaps are
  * counted and answered with errors, never stored), acks, and can refuse,
- * close mid-stream, forget uncommitted lines, stall, or inject lines. Every
- * line it receives must be valid JSON: each test checks bad_json == 0.
+ * close mid-stream, forget uncommitted lines, stall, or inject lines. It
+ * reads every line with the daemon's parser (proto_parse) and answers with
+ * the daemon's writers; each test checks bad_json == 0 (nothing refused).
  */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -33,6 +34,7 @@
 #include <unistd.h>
 
 #include "fixture.h"
+#include "proto.h"
 #include "telemetry.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -78,7 +80,7 @@ static int count_segments(const char *dir)
 static telemetry_stats stats(telemetry *t)
 {
     telemetry_stats s;
-    telemetry_stats_get(t, &s);
+    telemetry_get_stats(t, &s);
     return s;
 }
 
@@ -140,37 +142,43 @@ static void fake_send(int fd, const char *fmt, ...)
     if (send(fd, buf, (size_t)n, MSG_NOSIGNAL) < 0) { /* the client went away */ }
 }
 
-/* Handles one line; returns 1 to close the connection. */
+static void fake_reply(int fd, const char *line, size_t n)
+{
+    if (send(fd, line, n, MSG_NOSIGNAL) < 0) { /* the client went away */ }
+}
+
+/* Handles one line; returns 1 to close the connection. The line is read by
+ * the daemon's own parser (proto_parse): what it refuses counts as bad_json
+ * and is answered with its error, as entropyd would. */
 static int fake_line(fake *f, int fd, int conn, int *data_lines, int *welcomed, const char *line,
                      size_t n)
 {
     pthread_mutex_lock(&f->mu);
     fake_record(f, line, n);
-    cJSON *j = cJSON_ParseWithLength(line, n);
-    int close_it = 0;
-    if (!j) {
+    struct proto_msg msg;
+    memset(&msg, 0, sizeof msg);
+    char err[256], out[1024];
+    int close_it = 0, rc = proto_parse(line, n, &msg, err, sizeof err);
+    if (rc != PROTO_OK) {
         f->bad_json++;
+        fake_reply(fd, out, proto_write_error(out, sizeof out, rc, err, msg.has_seq, msg.seq));
         goto out;
     }
-    const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(j, "type"));
-    if (type && !strcmp(type, "hello")) {
+    if (msg.type == PROTO_HELLO) {
         f->hellos++;
-        fake_send(fd, "{\"type\":\"welcome\",\"run_id\":1,\"last_seq\":%lld}", f->last);
+        fake_reply(fd, out, proto_write_welcome(out, sizeof out, 1, (uint64_t)f->last));
         for (int i = 0; i < f->n_inject; i++) fake_send(fd, "%s", f->inject[i]);
         *welcomed = 1;
         goto out;
     }
-    cJSON *sq = cJSON_GetObjectItem(j, "seq");
-    if (!cJSON_IsNumber(sq)) { f->bad_json++; goto out; }
-    long long seq = (long long)sq->valuedouble;
+    long long seq = msg.seq;
     if (conn < 16 && f->first_data_seq[conn] == 0) f->first_data_seq[conn] = seq;
     if (seq <= f->last) {
         f->duplicates++;
-        fake_send(fd, "{\"type\":\"error\",\"code\":\"duplicate\",\"message\":\"dup\",\"seq\":%lld}", seq);
+        fake_reply(fd, out, proto_write_error(out, sizeof out, PROTO_E_DUPLICATE, "dup", 1, seq));
     } else if (seq > f->last + 1) {
         f->gaps++;
-        fake_send(fd, "{\"type\":\"error\",\"code\":\"seq_gap\",\"message\":\"expected %lld\",\"seq\":%lld}",
-                  f->last + 1, seq);
+        fake_reply(fd, out, proto_write_error(out, sizeof out, PROTO_E_SEQ_GAP, "gap", 1, seq));
     } else {
         f->last = seq;
         fake_store(f, seq);
@@ -186,7 +194,7 @@ static int fake_line(fake *f, int fd, int conn, int *data_lines, int *welcomed, 
         close_it = !f->keep_open;
     }
 out:
-    cJSON_Delete(j);
+    proto_msg_free(&msg);
     pthread_mutex_unlock(&f->mu);
     return close_it;
 }
@@ -218,7 +226,8 @@ static void fake_serve(fake *f, int fd, int conn)
         pthread_mutex_lock(&f->mu);
         if (f->ack && welcomed && f->last != acked) {
             acked = f->last;
-            fake_send(fd, "{\"type\":\"ack\",\"seq\":%lld}", acked);
+            char out[64];
+            fake_reply(fd, out, proto_write_ack(out, sizeof out, (uint64_t)acked));
         }
         pthread_mutex_unlock(&f->mu);
     }
@@ -400,6 +409,55 @@ static void test_format_float(void **state)
         assert_true(b[0] == '-' || (b[0] >= '0' && b[0] <= '9'));
         assert_false(n >= 2 && b[0] == '0' && b[1] >= '0' && b[1] <= '9'); /* no leading zeros */
     }
+}
+
+/* telemetry_step_log: a whole step in one call sends what the per-metric
+ * calls send (NaN as null, no time when negative); a bad name, too many
+ * metrics or a negative step enqueue nothing. */
+static void test_step_log_one_call(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    telemetry_config c;
+    base_config(&c, &e, "one-call", 2, 3);
+    c.max_head_metrics = 2;
+    telemetry *t = create_ok(&c);
+    const char *sn[] = {"loss", "lr"}, *ln[] = {"rank_ratio"}, *hn[] = {"entropy", "max_logit"};
+    double sv[] = {2.5, 1e-3};
+    float lv[2] = {0.25f, 0.5f}, hv[12];
+    for (int k = 0; k < 12; k++) hv[k] = (float)k + 0.5f;
+    hv[7] = NAN;
+    assert_int_equal(telemetry_step_log(t, 7, 1764500000.5, 2, sn, sv, 1, ln, lv, 2, hn, hv), TELEMETRY_OK);
+    const char *bad[] = {"ok", "bad name"};
+    assert_int_equal(telemetry_step_log(t, 8, 0, 2, bad, sv, 0, NULL, NULL, 0, NULL, NULL), TELEMETRY_EINVAL);
+    const char *three[] = {"a", "b", "c"};
+    float h3[18] = {0};
+    assert_int_equal(telemetry_step_log(t, 8, 0, 0, NULL, NULL, 0, NULL, NULL, 3, three, h3), TELEMETRY_EINVAL);
+    assert_int_equal(telemetry_step_log(t, -1, 0, 0, NULL, NULL, 0, NULL, NULL, 0, NULL, NULL), TELEMETRY_EINVAL);
+    assert_int_equal(telemetry_step_log(t, 9, -1, 0, NULL, NULL, 0, NULL, NULL, 0, NULL, NULL), TELEMETRY_OK);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    assert_int_equal(stats(t).enqueued, 2);
+    cJSON *j = fake_find(f, 1);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, 7);
+    assert_true(cJSON_GetObjectItem(j, "time")->valuedouble == 1764500000.5);
+    cJSON *sc = cJSON_GetObjectItem(j, "scalars");
+    assert_true(cJSON_GetObjectItem(sc, "loss")->valuedouble == 2.5);
+    assert_true((float)cJSON_GetObjectItem(sc, "lr")->valuedouble == 1e-3f);
+    cJSON *rr = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "layers"), "rank_ratio");
+    assert_true(cJSON_GetArrayItem(rr, 1)->valuedouble == 0.5);
+    cJSON *ml = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "heads"), "max_logit");
+    assert_true(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 1), 2)->valuedouble == 11.5);
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(ml, 0), 1))); /* hv[7]: NaN */
+    cJSON_Delete(j);
+    j = fake_find(f, 2);
+    assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, 9);
+    assert_null(cJSON_GetObjectItem(j, "time"));
+    cJSON_Delete(j);
+    assert_int_equal(telemetry_destroy(t, NULL, 0), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
 }
 
 static void test_hello_and_every_line(void **state)
@@ -943,10 +1001,57 @@ static void test_oversize_step_dropped(void **state)
     env_free(&e);
 }
 
+/* Keeps the sender busy for at least min_ms and n steps, each put after
+ * the previous one was spooled: the sender's loop, which also makes the
+ * connection attempts, demonstrably ran through many backoff periods (the
+ * config's backoff is 1 ms). Returns the number of steps put. */
+static int sender_cycles(telemetry *t, int64_t first, int n, double min_ms)
+{
+    double end = now_mono_ms() + min_ms;
+    int i = 0;
+    for (; i < n || now_mono_ms() < end; i++) {
+        uint64_t before = stats(t).spooled;
+        put_step(t, first + i, 1, 1);
+        WAIT_FOR(stats(t).spooled > before, 5000);
+    }
+    return i;
+}
+
+/* A client told `code` right after its welcome, then kept busy through many
+ * backoff periods: how many connections the fake saw. */
+static int connections_after_error(const char *code, const char *run)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    char line[160];
+    snprintf(line, sizeof line, "{\"type\":\"error\",\"code\":\"%s\",\"message\":\"x\"}", code);
+    pthread_mutex_lock(&f->mu);
+    f->inject[0] = line;
+    f->n_inject = 1;
+    pthread_mutex_unlock(&f->mu);
+    telemetry_config c;
+    base_config(&c, &e, run, 1, 1);
+    c.backoff_min_ms = c.backoff_max_ms = 1;
+    telemetry *t = create_ok(&c);
+    WAIT_FOR(stats(t).errors >= 1, 5000);
+    sender_cycles(t, 0, 20, 100);
+    int conns = fake_get(f, &f->connections);
+    telemetry_destroy(t, NULL, 0);
+    fake_stop(f);
+    env_free(&e);
+    return conns;
+}
+
 /* Another client took the run over: this one stops reconnecting (fighting
- * would only bounce the run between them) and keeps spooling. */
+ * would only bounce the run between them) and keeps spooling. The control:
+ * after seq_gap, the same procedure does see the client come back, so the
+ * window is long enough to catch a reconnect. */
 static void test_superseded_stops_reconnecting(void **state)
 {
+    assert_true(connections_after_error("seq_gap", "gap-control") >= 2);
+    assert_int_equal(connections_after_error("superseded", "super-probe"), 1);
+
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -958,8 +1063,7 @@ static void test_superseded_stops_reconnecting(void **state)
     base_config(&c, &e, "super-run", 1, 1);
     telemetry *t = create_ok(&c);
     WAIT_FOR(stats(t).errors == 1, 5000);
-    for (int i = 0; i < 3; i++) put_step(t, i, 1, 1);
-    msleep(300); /* many backoff periods */
+    sender_cycles(t, 0, 3, 0);
     assert_int_equal(fake_get(f, &f->connections), 1);
     telemetry_stats s = stats(t);
     assert_int_equal(s.connected, 0);
@@ -989,6 +1093,14 @@ static void test_api_errors(void **state)
     base_config(&c, &e, "ok", 2, 2);
     c.address = "http://x";
     assert_null(telemetry_create(&c, err, sizeof err));
+    /* tcp: addresses go through proto/net.h's parser; port 0 is not one to connect to */
+    const char *bad_tcp[] = {"tcp:localhost", "tcp::80", "tcp:h:0", "tcp:h:65536", "tcp:h:8x"};
+    for (size_t i = 0; i < sizeof bad_tcp / sizeof bad_tcp[0]; i++) {
+        c.address = bad_tcp[i];
+        err[0] = 0;
+        assert_null(telemetry_create(&c, err, sizeof err));
+        assert_non_null(strstr(err, "expected unix:PATH or tcp:HOST:PORT"));
+    }
     base_config(&c, &e, "ok", 0, 2);
     assert_null(telemetry_create(&c, err, sizeof err));
     base_config(&c, &e, "ok", 2, 2);
@@ -1034,6 +1146,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_format_float),
+        cmocka_unit_test(test_step_log_one_call),
         cmocka_unit_test(test_hello_and_every_line),
         cmocka_unit_test(test_nan_becomes_null),
         cmocka_unit_test(test_resend_from_last_seq),

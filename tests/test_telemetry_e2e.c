@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "fixture.h"
+#include "fixture_frames.h"
 #include "telemetry.h"
 
 enum { L = 4, H = 3 };
@@ -130,6 +131,7 @@ static void check_db(env *e, const char *run, int n, const char *status)
 {
     sqlite3 *db;
     assert_int_equal(sqlite3_open_v2(e->db, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    shadow_frames(db);
     sqlite3_busy_timeout(db, 5000);
     const char *rid = "(SELECT id FROM runs WHERE name = ?1)";
     char sql[512];

@@ -4,7 +4,18 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+const char *const ckpt_reparam_names[3] = {"none", "sigma", "spectral"};
+const char *const ckpt_norm_names[3] = {"pre", "post", "none"};
+const char *const ckpt_gamma_names[2] = {"sigma", "one"};
+const char *const ckpt_optim_names[4] = {"sgd", "momentum", "adam", "adamw"};
+const char *const ckpt_schedule_names[2] = {"constant", "cosine"};
 
 typedef struct {
     FILE *f;
@@ -144,4 +155,88 @@ int ckpt_load(const char *path, ckpt_meta *meta, model *m, optim *o, char *err, 
 out:
     if (r.f) fclose(r.f);
     return rc;
+}
+
+void ckpt_path(char *out, size_t n, const char *pattern, long step)
+{
+    const char *p = strstr(pattern, "{step}");
+    if (!p) snprintf(out, n, "%s", pattern);
+    else snprintf(out, n, "%.*s%ld%s", (int)(p - pattern), pattern, step, p + 6);
+}
+
+/* A float as the short decimal it was given as (0.001, not 0.0010000000474974513). */
+static double tidy(float x)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", x);
+    return strtod(b, NULL);
+}
+
+static void add_optimizer(cJSON *op, const ckpt_meta *r)
+{
+    cJSON_AddStringToObject(op, "name", ckpt_optim_names[r->optimizer]);
+    cJSON_AddNumberToObject(op, "lr", tidy(r->lr));
+    cJSON_AddNumberToObject(op, "beta1", tidy(r->beta1));
+    cJSON_AddNumberToObject(op, "beta2", tidy(r->beta2));
+    cJSON_AddNumberToObject(op, "eps", tidy(r->eps));
+    cJSON_AddNumberToObject(op, "weight_decay", tidy(r->weight_decay));
+    cJSON_AddNumberToObject(op, "clip", tidy(r->clip));
+    cJSON_AddNumberToObject(op, "warmup", r->warmup);
+    cJSON_AddStringToObject(op, "schedule", ckpt_schedule_names[r->schedule]);
+    cJSON_AddNumberToObject(op, "batch", r->batch);
+    cJSON_AddNumberToObject(op, "steps", r->steps);
+}
+
+/* host and start_time: where and when */
+static void add_where_when(cJSON *j)
+{
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+    cJSON_AddStringToObject(j, "host", host);
+    time_t now = time(NULL);
+    struct tm tm;
+    char when[32];
+    gmtime_r(&now, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    cJSON_AddStringToObject(j, "start_time", when);
+}
+
+char *ckpt_meta_json(const ckpt_meta *r, const ckpt_run_facts *f)
+{
+    cJSON *j = cJSON_CreateObject(), *mo = cJSON_AddObjectToObject(j, "model"),
+          *op = cJSON_AddObjectToObject(j, "optimizer"), *da = cJSON_AddObjectToObject(j, "data"),
+          *pr = cJSON_AddObjectToObject(j, "probe");
+    char *text = NULL;
+    if (!mo || !op || !da || !pr) goto out;
+    cJSON_AddStringToObject(j, "trainer", "sigmatrain");
+    cJSON_AddStringToObject(j, "version", f->trainer_version);
+    cJSON_AddNumberToObject(mo, "layers", r->cfg.layers);
+    cJSON_AddNumberToObject(mo, "heads", r->cfg.heads);
+    cJSON_AddNumberToObject(mo, "dim", r->cfg.dim);
+    cJSON_AddNumberToObject(mo, "seq_len", r->seq_len);
+    cJSON_AddNumberToObject(mo, "vocab", r->cfg.vocab);
+    cJSON_AddNumberToObject(mo, "params", (double)f->params);
+    cJSON_AddStringToObject(j, "reparam", ckpt_reparam_names[r->cfg.reparam]);
+    cJSON_AddStringToObject(j, "gamma_init", ckpt_gamma_names[r->cfg.gamma_init]);
+    cJSON_AddStringToObject(j, "norm", ckpt_norm_names[r->cfg.norm]);
+    add_optimizer(op, r);
+    cJSON_AddNumberToObject(j, "seed", (double)r->seed);
+    cJSON_AddStringToObject(da, "kind", r->data_kind ? "file" : "synthetic");
+    if (f->data_path) cJSON_AddStringToObject(da, "path", f->data_path);
+    cJSON_AddNumberToObject(da, "tokens", (double)r->data_tokens);
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)r->data_hash);
+    cJSON_AddStringToObject(da, "hash", hash);
+    cJSON_AddNumberToObject(pr, "log_every", f->log_every);
+    cJSON_AddNumberToObject(pr, "examples", f->probe_examples);
+    cJSON_AddNumberToObject(j, "threads", f->threads);
+    add_where_when(j);
+    if (f->resumed_from) {
+        cJSON_AddStringToObject(j, "resumed_from", f->resumed_from);
+        cJSON_AddNumberToObject(j, "resumed_at_step", (double)r->step);
+    }
+    text = cJSON_PrintUnformatted(j);
+out:
+    cJSON_Delete(j);
+    return text;
 }

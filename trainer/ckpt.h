@@ -49,4 +49,32 @@ int ckpt_read_meta(const char *path, ckpt_meta *meta, char *err, size_t errlen);
  * Fails (-1, err) on a bad magic/version, a size mismatch or truncation. */
 int ckpt_load(const char *path, ckpt_meta *meta, model *m, optim *o, char *err, size_t errlen);
 
+/* The names of the run's enumerated settings, indexed by their values
+ * (model.h's MODEL_REPARAM_*, MODEL_NORM_*, MODEL_GAMMA_*, optim.h's OPTIM_*
+ * and OPTIM_SCHEDULE_*): what the command line takes and the meta shows. */
+extern const char *const ckpt_reparam_names[3];
+extern const char *const ckpt_norm_names[3];
+extern const char *const ckpt_gamma_names[2];
+extern const char *const ckpt_optim_names[4];
+extern const char *const ckpt_schedule_names[2];
+
+/* Writes into out (n bytes, truncated to fit) the checkpoint path for step:
+ * pattern with its first "{step}" replaced by the step number. */
+void ckpt_path(char *out, size_t n, const char *pattern, long step);
+
+/* What a run's description needs beyond its ckpt_meta. */
+typedef struct {
+    const char *trainer_version; /* e.g. "0.5.0 (built ...)" */
+    const char *data_path;       /* --data FILE, or NULL */
+    const char *resumed_from;    /* the checkpoint resumed, or NULL */
+    size_t params;               /* the model's parameter count */
+    int threads, log_every, probe_examples;
+} ckpt_run_facts;
+
+/* The run described as a JSON object (the hello's meta, schema/protocol.md):
+ * model, optimizer, data, seed, reparam, the facts, host and start time.
+ * Returns text from malloc() (the caller frees it), or NULL when out of
+ * memory. */
+char *ckpt_meta_json(const ckpt_meta *r, const ckpt_run_facts *f);
+
 #endif

@@ -7,9 +7,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "now.h"
 #include "telemetry.h"
 
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 
 #define MONITOR_ALERTS_MAX 16
 
@@ -48,12 +49,7 @@ struct monitor {
     int end_grace_ms;
 };
 
-static double mono(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+static double mono(void) { return now_mono_ms() / 1e3; }
 
 static telemetry *open_client(const monitor_config *cfg, int layers, int heads, int seq_len,
                               const char *meta, char *err, size_t errlen)
@@ -256,6 +252,7 @@ static void commit_open(monitor *mo)
 
 void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm, int eval_follows)
 {
+    if (!mo) return;
     double t0 = mono();
     if (mo->ab_block > 0) {
         /* the interval since the previous step holds this whole step; the
@@ -359,7 +356,7 @@ static void ab_report(monitor *mo)
 static void summary(FILE *log, const char *run, telemetry *t, const char *extra)
 {
     telemetry_stats st;
-    telemetry_stats_get(t, &st);
+    telemetry_get_stats(t, &st);
     uint64_t dropped = st.dropped_queue + st.dropped_spool + st.dropped_oversize;
     fprintf(log,
             "telemetry: run %s | enqueued %llu | sent %llu | acked %llu of %llu | spooled %llu | "
@@ -374,7 +371,7 @@ static void summary(FILE *log, const char *run, telemetry *t, const char *extra)
             (unsigned long long)st.connect_failures, (unsigned long long)st.errors, extra);
 }
 
-int monitor_finish(monitor *mo, const char *status)
+int monitor_destroy(monitor *mo, const char *status)
 {
     if (!mo) return 0;
     commit_open(mo);
@@ -384,7 +381,7 @@ int monitor_finish(monitor *mo, const char *status)
         telemetry_event(mo->t, "info", text);
     }
     telemetry_stats st;
-    telemetry_stats_get(mo->t, &st);
+    telemetry_get_stats(mo->t, &st);
     int wait = st.connected ? 10000 : 500;
     int rc = telemetry_flush(mo->t, wait);
     poll_lines(mo);

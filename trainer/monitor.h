@@ -15,7 +15,7 @@
  *                             probe metrics); polls the daemon's lines;
  *   monitor_eval(mo, step, v) after an eval at that step, if one follows.
  * None of these makes a system call or allocates (except printing a line
- * the daemon sent, which is rare).  monitor_finish ends the run.
+ * the daemon sent, which is rare).  monitor_destroy ends the run.
  *
  * Steps carry: scalars loss, lr, grad_norm, tokens_per_s (over the steps
  * since the previous logged step, evals excluded), eval_loss (on eval steps),
@@ -49,7 +49,7 @@ typedef struct {
                                  step times of both in the summary; needs log_every 1 */
     long ab_max_steps;        /* steps the A/B arrays are sized for */
     int extra_scalars;        /* room for monitor_extra_scalars per step (0: none) */
-    int end_grace_ms;         /* monitor_finish keeps reconnecting this long for the last
+    int end_grace_ms;         /* monitor_destroy keeps reconnecting this long for the last
                                  acks (0: 30 s; negative: no wait) */
 } monitor_config;
 
@@ -61,14 +61,15 @@ typedef struct monitor monitor;
  * memory.  Strings are copied. */
 monitor *monitor_create(const monitor_config *cfg, const model *m, char *err, size_t errlen);
 
-/* The run name (given or generated), valid until monitor_finish. */
+/* The run name (given or generated), valid until monitor_destroy. */
 const char *monitor_run_name(const monitor *mo);
 
 int monitor_wants(const monitor *mo, long step);
 void monitor_probe(monitor *mo, model *m);
 
 /* Enqueues step `step` if it is logged or eval_follows (then the step stays
- * open until monitor_eval adds eval_loss).  Polls the daemon's lines. */
+ * open until monitor_eval adds eval_loss).  Polls the daemon's lines.
+ * Both accept NULL mo (no --daemon): nothing happens. */
 void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm, int eval_follows);
 void monitor_eval(monitor *mo, long step, float eval_loss);
 
@@ -129,7 +130,7 @@ void monitor_event(monitor *mo, const char *level, const char *text);
  * resumable) through telemetry_finish (reconnecting for up to end_grace_ms,
  * a progress line a second while it waits) and frees.  Returns 0 when everything was acknowledged, 1 otherwise.
  * Accepts NULL (returns 0). */
-int monitor_finish(monitor *mo, const char *status);
+int monitor_destroy(monitor *mo, const char *status);
 
 /* Uploader: connects as run `cfg->run` with the spool `cfg->spool_dir`
  * (shape layers x heads, seq_len: as the run was created), sends nothing

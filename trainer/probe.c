@@ -47,10 +47,11 @@
  * over d, not C: the C - d structural zeros come from the head split, not
  * from training (docs/science.md gives the conversion).
  *
- * Entropy uses a vectorizable Cephes-style log (relative error ~1e-7) with
- * 16 partial sums, and integer max/min on the probabilities' bit patterns
- * (non-negative floats order like their bits), so GCC vectorizes the pass
- * without -ffast-math. */
+ * Entropy uses a Cephes-style log on the floats' bits (relative error
+ * ~1e-7) with 16 partial sums, and integer max/min on the probabilities'
+ * bit patterns (non-negative floats order like their bits), written in GCC
+ * vector extensions: GCC 12 left the same loop in plain C scalar, which made
+ * the entropy pass ~3x slower (no -ffast-math either way). */
 #include "probe.h"
 
 #include <cblas.h>
@@ -68,6 +69,9 @@ const char *const probe_lin_gamma_names[MODEL_LIN_PER_LAYER] = {"gamma_qkv", "ga
                                                                 "gamma_fc", "gamma_fcproj"};
 
 /* Lanczos steps at most per certified eigenvalue (top_eig_upper). */
+#ifndef PROBE_DIRECT_MAX
+#define PROBE_DIRECT_MAX 16
+#endif
 #define PROBE_LANCZOS_MAX 24
 
 /* One thread's scratch. */
@@ -298,70 +302,79 @@ static inline float bound_f(const probe *p, int T, float s)
     return logf(den) + s * p->sq_prod[T] * beta / den;
 }
 
-/* log(x) from the bits of a positive normal float (Cephes logf; relative
- * error ~1e-7).  Zero and denormals come out finite, near -87: harmless,
- * they are multiplied by themselves (so 0 log 0 = 0 without a select). */
-static inline float log_bits(uint32_t bits)
+/* 8 floats / ints in one vector register (GCC/Clang vector extensions):
+ * GCC 12 leaves the lane loop below scalar (its SLP pass gives up on the
+ * int/float mix), so the entropy pass is written in vectors.  Casts between
+ * vector types of one size reinterpret the bits. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* static functions only: no ABI to keep (builds without AVX) */
+typedef float probe_v8f __attribute__((vector_size(32)));
+typedef int32_t probe_v8i __attribute__((vector_size(32)));
+
+/* log(x) on 8 lanes from the bits of positive normal floats (Cephes logf;
+ * relative error ~1e-7).  Zero and denormals come out finite, near -87:
+ * harmless, they are multiplied by themselves (so 0 log 0 = 0 without a
+ * select).  Below sqrt(1/2) the mantissa is doubled and the exponent
+ * lowered, branch-free. */
+static inline probe_v8f log_bits_v(probe_v8i bits)
 {
-    int e = (int)(bits >> 23) - 126;
-    uint32_t mb = (bits & 0x007fffffu) | 0x3f000000u;
-    float mf;
-    memcpy(&mf, &mb, sizeof mf);                 /* in [0.5, 1) */
-    /* branch-free (GCC does not if-convert float selects under
-     * -ftrapping-math): below sqrt(1/2) take 2m and one less exponent */
-    float lt = (float)(mf < 0.70710678f);
-    float x = mf - 1.0f + lt * mf;
-    float fe = (float)e - lt;
-    float z = x * x;
-    float y = ((((((((7.0376836292E-2f * x - 1.1514610310E-1f) * x + 1.1676998740E-1f) * x
-                    - 1.2420140846E-1f) * x + 1.4249322787E-1f) * x - 1.6668057665E-1f) * x
-                 + 2.0000714765E-1f) * x - 2.4999993993E-1f) * x + 3.3333331174E-1f) * x * z;
+    probe_v8i e = (bits >> 23) - 126;               /* bits >= 0: non-negative floats */
+    probe_v8i mb = (bits & 0x007fffff) | 0x3f000000;
+    probe_v8f mf = (probe_v8f)mb;
+    probe_v8f lt = __builtin_convertvector(-(probe_v8i)(mf < 0.70710678f), probe_v8f);
+    probe_v8f x = mf - 1.0f + lt * mf;
+    probe_v8f fe = __builtin_convertvector(e, probe_v8f) - lt;
+    probe_v8f z = x * x;
+    probe_v8f y = ((((((((7.0376836292E-2f * x - 1.1514610310E-1f) * x + 1.1676998740E-1f) * x
+                        - 1.2420140846E-1f) * x + 1.4249322787E-1f) * x - 1.6668057665E-1f) * x
+                     + 2.0000714765E-1f) * x - 2.4999993993E-1f) * x + 3.3333331174E-1f) * x * z;
     y += -2.12194440e-4f * fe;
     y += -0.5f * z;
     return x + y + 0.693359375f * fe;
 }
 
+/* One 16-lane block of row_entropy: entries j + k < n count. */
+static inline void entropy_block(const float *a, int j, int n, probe_v8f *acc, probe_v8i *hi, probe_v8i *lo)
+{
+    const probe_v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int half = 0; half < 2; half++) {
+        probe_v8i b;
+        memcpy(&b, a + j + 8 * half, sizeof b);
+        probe_v8i v = lane + (j + 8 * half) < n;       /* all ones inside the row, else 0 */
+        probe_v8i m = (b & v) | (INT32_MAX & ~v);      /* outside: never the minimum */
+        probe_v8i g = b > *hi, l = m < *lo;
+        *hi = (b & g) | (*hi & ~g);
+        *lo = (m & l) | (*lo & ~l);
+        acc[half] += (probe_v8f)b * log_bits_v(b);
+    }
+}
 
 /* Entropy -sum a log a of a[0..n) (zeros contribute 0), and the bit
  * patterns of its largest and smallest entries.  Reads a[0..nread) with
  * nread >= n: entries past n must be 0 (the causal mask's upper triangle),
  * so whole 16-lane blocks can be read instead of a scalar tail; they are
- * kept out of the minimum. */
+ * kept out of the minimum.  A last partial block (nread not a multiple of
+ * 16) is copied into a zero-padded block.  Probabilities are non-negative,
+ * so their bit patterns order like the floats as signed integers too. */
 __attribute__((noinline)) static float row_entropy(const float *a, int n, int nread, uint32_t *hi_out, uint32_t *lo_out)
 {
-    float acc[LANES] = {0};
-    uint32_t hi[LANES], lo[LANES];
-    for (int k = 0; k < LANES; k++) { hi[k] = 0; lo[k] = UINT32_MAX; }
+    probe_v8f acc[2] = {{0}, {0}};
+    probe_v8i hi = {0}, lo = hi + INT32_MAX;
     int j = 0;
-    for (; j + LANES <= nread; j += LANES) {
-        for (int k = 0; k < LANES; k++) {
-            float x = a[j + k];
-            uint32_t b;
-            memcpy(&b, &x, sizeof b);
-            uint32_t valid = 0u - (uint32_t)(j + k < n);   /* all ones or 0, no branch */
-            uint32_t bm = (b & valid) | ~valid;
-            hi[k] = b > hi[k] ? b : hi[k];
-            lo[k] = bm < lo[k] ? bm : lo[k];
-            acc[k] += x * log_bits(b);
-        }
-    }
-    for (; j < n; j++) {
-        float x = a[j];
-        uint32_t b;
-        memcpy(&b, &x, sizeof b);
-        hi[0] = b > hi[0] ? b : hi[0];
-        lo[0] = b < lo[0] ? b : lo[0];
-        acc[0] += x * log_bits(b);
+    for (; j + LANES <= nread; j += LANES) entropy_block(a, j, n, acc, &hi, &lo);
+    if (j < n) {
+        float tail[LANES] = {0};
+        memcpy(tail, a + j, sizeof(float) * (n - j));
+        entropy_block(tail, 0, n - j, acc, &hi, &lo);
     }
     float s = 0.0f;
-    uint32_t h = 0, l = UINT32_MAX;
-    for (int k = 0; k < LANES; k++) {
-        s += acc[k];
+    int32_t h = 0, l = INT32_MAX;
+    for (int k = 0; k < 8; k++) {
+        s += acc[0][k] + acc[1][k];
         h = hi[k] > h ? hi[k] : h;
         l = lo[k] < l ? lo[k] : l;
     }
-    *hi_out = h;
-    *lo_out = l;
+    *hi_out = (uint32_t)h;
+    *lo_out = (uint32_t)l;
     return -s;
 }
 
@@ -434,11 +447,30 @@ static void ritz_vector(const double *alpha, const double *beta, int k, double r
     }
 }
 
+/* The largest eigenvalue of the symmetric n x n matrix G (row-major, both
+ * triangles; tr its trace, > 0) by LAPACK dsyevr, plus 1e-9 tr: dsyevr's
+ * absolute error is ~n u ||G|| and tr >= ||G|| for a PSD G, so the result
+ * is never below lambda_max at the sizes here (n <= 1024).  a (n*n) scratch;
+ * work/iwork as for top_eig_upper.  NaN when LAPACK fails. */
+static double top_eig_direct(const double *G, int n, double tr, double *a, double *work, int lwork, int *iwork)
+{
+    memcpy(a, G, sizeof(double) * (size_t)n * n);
+    int found = 0, isuppz[2];
+    double ev = NAN;
+    if (LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'N', 'I', 'U', n, a, n, 0.0, 0.0, n, n, 0.0, &found, &ev, NULL, 1,
+                            isuppz, work, lwork, iwork, 10 * n) != 0 || found != 1)
+        return NAN;
+    return ev + 1e-9 * tr;
+}
+
 /* A certified upper bound on the largest eigenvalue of the symmetric
  * positive semi-definite n x n matrix G (row-major, both triangles), at most
- * ~1e-9 relative above it when the estimate below has converged, never
- * below it.  How: Lanczos from the warm start v (n; replaced by the Ritz
- * vector) gives the top Ritz value rho <= lambda_max, a lower bound;
+ * ~1e-7 relative above it when the estimate below has converged, never
+ * below it.  n <= PROBE_DIRECT_MAX: top_eig_direct (measured faster at
+ * d = 12, slower at d = 32).  Else: Lanczos from the warm start v (n;
+ * replaced by the Ritz vector) gives the top Ritz value rho <= lambda_max,
+ * a lower bound (stopped by its residual, so a fresh, well-separated top
+ * eigenvalue takes a few steps);
  * lambda_max <= mu iff mu I - G is positive semi-definite, which a Cholesky
  * factorization of mu I - G proves (tried at mu = rho (1 + delta) for
  * growing delta).  When every try fails (a near-tie, or a start orthogonal
@@ -456,6 +488,7 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
     for (int i = 0; i < n; i++) tr += G[(size_t)i * n + i];
     if (!isfinite(tr)) return NAN;
     if (!(tr > 0.0)) return 0.0; /* PSD with zero trace: G = 0 */
+    if (n <= PROBE_DIRECT_MAX) return top_eig_direct(G, n, tr, a, work, lwork, iwork);
     double vn = cblas_dnrm2(n, v, 1);
     if (!(vn > 0.0) || !isfinite(vn)) { flat_unit(v, n); vn = 1.0; }
     for (int i = 0; i < n; i++) q[i] = v[i] / vn;
@@ -463,7 +496,7 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
     int kmax = n < PROBE_LANCZOS_MAX ? n : PROBE_LANCZOS_MAX, k = 0;
     double *alpha = work, *beta = work + PROBE_LANCZOS_MAX, *dd = beta + PROBE_LANCZOS_MAX,
            *ee = dd + PROBE_LANCZOS_MAX, *z = ee + PROBE_LANCZOS_MAX, *lw = z + PROBE_LANCZOS_MAX * PROBE_LANCZOS_MAX;
-    double rho = 0.0, prev = -1.0;
+    double rho = 0.0;
     int have = 0;
     while (k < kmax) {
         double *qk = q + (size_t)k * n, *w = q + (size_t)(k + 1) * n;
@@ -476,16 +509,23 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
             }
         k++;
         beta[k - 1] = cblas_dnrm2(n, w, 1);
-        /* top eigenvalue of the k x k tridiagonal (alpha, beta) */
+        /* top eigenvalue of the k x k tridiagonal (alpha, beta), every step:
+         * O(k^2), nothing beside the O(n^2) matrix-vector product */
         memcpy(dd, alpha, sizeof(double) * k);
         memcpy(ee, beta, sizeof(double) * k);
         int last = !(beta[k - 1] > 1e-14 * tr) || k == kmax; /* invariant subspace, or the end */
-        if (last || (k >= 6 && k % 3 == 0)) {
-            if (LAPACKE_dsterf_work(k, dd, ee) != 0) break;
-            rho = dd[k - 1];
-            have = k;
-            if (last || rho - prev <= 1e-8 * rho) break;
-            prev = rho;
+        if (LAPACKE_dsterf_work(k, dd, ee) != 0) break;
+        rho = dd[k - 1];
+        have = k;
+        if (last) break;
+        /* The Ritz value's error is about r^2 / gap (r = beta_k |z_k|, the
+         * residual of the Ritz pair; gap to the next Ritz value): stop when
+         * it is far below the Cholesky test's first margin.  A wrong stop
+         * costs only tightness: the test then proves a larger mu. */
+        if (k >= 2) {
+            ritz_vector(alpha, beta, k, rho, z, lw);
+            double r = beta[k - 1] * fabs(z[k - 1]), gap = rho - dd[k - 2];
+            if (r * r <= 1e-9 * rho * gap) break;
         }
         cblas_dscal(n, 1.0 / beta[k - 1], w, 1);
     }
@@ -505,14 +545,7 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
         }
         if ((n < 64 ? chol(a, n) : LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', n, a, n)) == 0) return mu * (1.0 + 1e-9);
     }
-    memcpy(a, G, sizeof(double) * (size_t)n * n);
-    int found = 0, isuppz[2];
-    double ev = NAN;
-    if (LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'N', 'I', 'U', n, a, n, 0.0, 0.0, n, n, 0.0, &found, &ev, NULL, 1,
-                            isuppz, work, lwork, iwork, 10 * n) != 0 || found != 1)
-        return NAN;
-    /* dsyevr's absolute error is ~n u ||G||; tr >= ||G|| for a PSD G */
-    return ev + 1e-9 * tr;
+    return top_eig_direct(G, n, tr, a, work, lwork, iwork);
 }
 
 /* x rounded up to a float (never below x). */

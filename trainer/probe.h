@@ -17,15 +17,15 @@
  *
  * Cost per logged step (nb examples used, d = C/H):
  *   entropy, entropy_norm, max_logit   O(nb H T^2) per layer (one pass over
- *       the probabilities with a vectorized log) + O(nb H T d) dot products;
+ *       the probabilities with an 8-lane log) + O(nb H T d) dot products;
  *   entropy_bound, logit_scale   per example and layer the Gram matrix of
- *                   X_b (O(T C min(T, C))), power iteration on it and one
+ *                   X_b (O(T C min(T, C))), Lanczos on it and one
  *                   Cholesky test (O(min(T, C)^3)); O(1) per row;
  *   sigma_qk        O(C d^2 + d^3) per head (two d x d Gram matrices, one
- *                   Cholesky, power iteration and a Cholesky test on d x d;
- *                   twice with a query bias), see probe.c;
+ *                   Cholesky, Lanczos and a Cholesky test on d x d, or
+ *                   dsyevr for d <= 16; twice with a query bias), see probe.c;
  *   eig_mean/var    O(C d^2 + d^3) per head (one d x d product, LAPACK dgeev),
- *                   on every eig_every-th call only (default 4);
+ *                   on every eig_every-th call only (default 8);
  *   rank_ratio, cos_sim  O(nb T C) per layer;
  *   sigma(W)        read from σReparam's own estimate; with --reparam none one
  *                   power-iteration step per linear layer (O(size of W)).
@@ -43,7 +43,7 @@
 
 #define PROBE_DEFAULT_EXAMPLES 4
 #define PROBE_DEFAULT_ITERS 2
-#define PROBE_DEFAULT_EIG_EVERY 4
+#define PROBE_DEFAULT_EIG_EVERY 8
 
 typedef struct {
     int examples;    /* examples of the batch used (first ones); 0 = all;
@@ -52,8 +52,9 @@ typedef struct {
                         are certified (kept for callers' configs); <= 0:
                         PROBE_DEFAULT_ITERS */
     int eig_every;   /* eig_mean/eig_var on every eig_every-th call (the first
-                        included): one LAPACK dgeev per head is ~1/3 of the
-                        probe's cost; <= 0: PROBE_DEFAULT_EIG_EVERY */
+                        included): a dgeev per head costs about as much as
+                        all the rest of the probe at d = 32; <= 0:
+                        PROBE_DEFAULT_EIG_EVERY */
 } probe_config;
 
 /* Metrics of the last probe_compute.  Head arrays are (L, H) row-major
@@ -64,7 +65,7 @@ typedef struct {
     float *entropy_norm;  /* mean over examples and rows i >= 1 of Ent(A_i)/log(i+1) */
     float *max_logit;     /* max |a_ij| over examples and unmasked (i, j), scaled logits */
     float *sigma_qk;      /* ||W_Q^h W_K^h^T||_2 / sqrt(d), certified: never below the
-                             exact value, at most ~1e-9 relative above it */
+                             exact value, at most ~1e-7 relative above it */
     float *entropy_bound; /* Theorem 3.1 per row (T_i keys, argument s_i below),
                              averaged like entropy; never above the exact bound */
     float *logit_scale;   /* max over examples and rows of s_i = ||[W_Q^h|b_Q^h]^T W_K^h||_2

@@ -25,6 +25,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import sys
 import time as _time
 import weakref
@@ -40,12 +41,9 @@ __all__ = ["init", "Run", "upload_spool", "EntropydError"]
 
 _C, _LIBPATH = _lib.load()
 _LIBC, _STDERR = _lib.declare(_C)
-_begin = _C.telemetry_step_begin
-_scalar = _C.telemetry_step_scalar
-_layer = _C.telemetry_step_layer
-_heads = _C.telemetry_step_heads
-_commit = _C.telemetry_step_commit
+_log = _C.telemetry_step_log
 _poll = _C.telemetry_poll
+_NAME_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 
 DEFAULT_DAEMON = "unix:entropyd-data/entropyd.sock"  # entropyd's default --data DIR, run from the same place
 NAME_MAX = 64
@@ -94,11 +92,15 @@ def _as_float32(v, n, what):
     return a, ctypes.addressof(a)
 
 
-def _stage(n):
+def _rows(n, shape):
+    """A staging block of n rows of the given shape (float32), and its address."""
+    width = 1
+    for d in shape:
+        width *= d
     if _np is not None:
-        a = _np.zeros(n, dtype=_np.float32)
+        a = _np.zeros((n,) + shape, dtype=_np.float32)
         return a, a.ctypes.data
-    a = (ctypes.c_float * n)()
+    a = (ctypes.c_float * (n * width))()
     return a, ctypes.addressof(a)
 
 
@@ -122,10 +124,22 @@ def _put(dst, v, n, what):
     ctypes.memmove(dst, a, 4 * n)
 
 
-def _refused(t, s, kind, k):
-    _begin(t, -1, 0.0)  # drops the open step (step < 0: nothing is started)
-    raise ValueError("entropyd: %s %r refused (bad name: 1..64 of [A-Za-z0-9._:-], or more "
-                     "metrics of that kind than max_*)" % (kind, k))
+def _put_rows(stage, row_addr, d, width, shape, what):
+    """Copies the values of dict d (each width numbers) into consecutive rows
+    of stage; returns how many.  numpy arrays of the right shape take the
+    fast path (one assignment each); anything else goes through _put."""
+    np_ = _np
+    i = 0
+    for k, v in d.items():
+        if np_ is not None and type(v) is np_.ndarray and v.shape == shape:
+            stage[i] = v
+        elif np_ is not None:
+            _put(stage[i].reshape(width), v, width, "%s %r" % (what, k))
+        else:
+            a, _ = _as_float32(v, width, "%s %r" % (what, k))
+            ctypes.memmove(row_addr + 4 * width * i, a, 4 * width)
+        i += 1
+    return i
 
 
 class Run:
@@ -171,17 +185,16 @@ class Run:
         self._t = t
         self.name = _C.telemetry_run_name(t).decode()
         self._msg = _lib.Msg()
-        # One staging row per kind: the C library copies the values at once
-        # (telemetry_step_layer/_heads), so one row serves every metric.
-        self._lstage, self._lptr = _stage(self.layers)
-        self._hstage, self._hptr = _stage(self._LH)
+        # Staging: a step's values are copied into these blocks, then one
+        # call (telemetry_step_log) copies them into the ring slot.
+        self._max = (max_scalars or 64, max_layer_metrics or 32, max_head_metrics or 16)
+        self._sval = (ctypes.c_double * self._max[0])()
+        self._sptr = ctypes.addressof(self._sval)
+        self._lshape, self._hshape = (self.layers,), (self.layers, self.heads)
+        self._lstage, self._lptr = _rows(self._max[1], self._lshape)
+        self._hstage, self._hptr = _rows(self._max[2], self._hshape)
+        self._namesets = {}
         _live.add(self)
-
-    def _put_layer(self, v, k):
-        _put(self._lstage, v, self.layers, "layer metric %r" % k)
-
-    def _put_head(self, v, k):
-        _put(self._hstage, v, self._LH, "head metric %r" % k)
 
     # ------------------------------------------------------------ hot path
 
@@ -194,70 +207,101 @@ class Run:
             self._names[name] = b
         return b
 
+    def _names_of(self, keys):
+        """The C array of the names in keys (a tuple), kept per key set:
+        a training loop logs the same names every step."""
+        e = self._namesets.get(keys)
+        if e is None:
+            arr = (ctypes.c_char_p * len(keys))(*[self._name(k) for k in keys])
+            e = (arr, ctypes.addressof(arr))
+            if len(self._namesets) < 256:
+                self._namesets[keys] = e
+        return e
+
+    def _start(self, time, scalars):
+        """What log and log_stacked begin with: the run is open, the step's
+        time, the scalars staged.  Returns (time, n_scalars, names)."""
+        if self._t is None:
+            raise EntropydError("entropyd: log after finish")
+        time = _time.time() if time is None else float(time)
+        if not scalars:
+            return time, 0, None
+        keys = tuple(scalars)
+        if len(keys) > self._max[0]:
+            self._too_many("scalar", keys, self._max[0])
+        sv = self._sval
+        i = 0
+        for v in scalars.values():
+            sv[i] = float(v)
+            i += 1
+        return time, i, self._names_of(keys)
+
+    def _too_many(self, kind, keys, n):
+        raise ValueError("entropyd: %d %ss (%s), at most %d (max_* at init)" % (len(keys), kind, ", ".join(keys), n))
+
+    def _send(self, step, time, ns, sn, nl, ln, lp, nh, hn, hp):
+        """What log and log_stacked end with: one call enqueues the step;
+        the daemon's lines are taken.  True when queued, False when the
+        queue was full (dropped and counted); ValueError when refused."""
+        step = int(step)
+        rc = _log(self._t, step, time, ns, sn[1] if ns else None, self._sptr, nl, ln[1] if nl else None, lp,
+                  nh, hn[1] if nh else None, hp)
+        self._drain()
+        if rc == -2:
+            bad = [k for e in (sn, ln, hn) if e for k in e[0] if not _NAME_RE.match(k.decode())]
+            raise ValueError("entropyd: step %d refused: %s" % (
+                step, "bad metric name %r (1..64 of [A-Za-z0-9._:-])" % bad[0].decode() if bad
+                else "negative step" if step < 0 else "bad arguments"))
+        return rc == 0
+
     def log(self, step, scalars=None, layers=None, heads=None, time=None):
         """Queues one step: scalars {name: number}, layers {name: L values},
         heads {name: (L, H) values, row-major [layer][head]}.  Numbers,
         lists, numpy arrays, torch tensors.  Returns True when queued, False
         when the queue was full (the step is dropped and counted; the
-        training loop never waits).  Also takes the daemon's alert lines."""
-        t = self._t
-        if t is None:
-            raise EntropydError("entropyd: log after finish")
-        s = _begin(t, int(step), _time.time() if time is None else float(time))
-        if not s:
-            self._drain()
-            return False
-        name = self._name
-        if scalars:
-            for k, v in scalars.items():
-                if _scalar(s, name(k), float(v)):
-                    _refused(t, s, "scalar", k)
+        training loop never waits).  ValueError for a wrong number of
+        values, a bad name, too many metrics of a kind or a negative step
+        (nothing is queued).  Also takes the daemon's alert lines."""
+        time, ns, sn = self._start(time, scalars)
+        nl = nh = 0
+        ln = hn = None
         if layers:
-            put, p = self._put_layer, self._lptr
-            for k, v in layers.items():
-                put(v, k)
-                if _layer(s, name(k), p):
-                    _refused(t, s, "layer metric", k)
+            keys = tuple(layers)
+            if len(keys) > self._max[1]:
+                self._too_many("layer metric", keys, self._max[1])
+            nl = _put_rows(self._lstage, self._lptr, layers, self.layers, self._lshape, "layer metric")
+            ln = self._names_of(keys)
         if heads:
-            put, p = self._put_head, self._hptr
-            for k, v in heads.items():
-                put(v, k)
-                if _heads(s, name(k), p):
-                    _refused(t, s, "head metric", k)
-        _commit(t, s)
-        self._drain()
-        return True
+            keys = tuple(heads)
+            if len(keys) > self._max[2]:
+                self._too_many("head metric", keys, self._max[2])
+            nh = _put_rows(self._hstage, self._hptr, heads, self._LH, self._hshape, "head metric")
+            hn = self._names_of(keys)
+        return self._send(step, time, ns, sn, nl, ln, self._lptr, nh, hn, self._hptr)
 
     def log_stacked(self, step, scalars=None, layer_names=(), layer_values=None, head_names=(),
                     head_values=None, time=None):
         """log for metrics already stacked on the host: layer_values a float32
         C-contiguous numpy array (len(layer_names), L), head_values
         (len(head_names), L, H).  What entropyd.torch uses: one device->host
-        copy per step, one pointer per metric."""
-        t = self._t
-        if t is None:
-            raise EntropydError("entropyd: log after finish")
-        s = _begin(t, int(step), _time.time() if time is None else float(time))
-        if not s:
-            self._drain()
-            return False
-        name = self._name
-        if scalars:
-            for k, v in scalars.items():
-                _scalar(s, name(k), float(v))
+        copy per step, no staging copy here."""
+        time, ns, sn = self._start(time, scalars)
+        nl = nh = 0
+        ln = hn = la = ha = None
+        lp = hp = None
         if layer_names:
-            a, p = _as_float32(layer_values, len(layer_names) * self.layers, "layer_values")
-            stride = 4 * self.layers
-            for i, k in enumerate(layer_names):
-                _layer(s, name(k), p + i * stride)
+            keys = tuple(layer_names)
+            if len(keys) > self._max[1]:
+                self._too_many("layer metric", keys, self._max[1])
+            la, lp = _as_float32(layer_values, len(keys) * self.layers, "layer_values")
+            nl, ln = len(keys), self._names_of(keys)
         if head_names:
-            a, p = _as_float32(head_values, len(head_names) * self._LH, "head_values")
-            stride = 4 * self._LH
-            for i, k in enumerate(head_names):
-                _heads(s, name(k), p + i * stride)
-        _commit(t, s)
-        self._drain()
-        return True
+            keys = tuple(head_names)
+            if len(keys) > self._max[2]:
+                self._too_many("head metric", keys, self._max[2])
+            ha, hp = _as_float32(head_values, len(keys) * self._LH, "head_values")
+            nh, hn = len(keys), self._names_of(keys)
+        return self._send(step, time, ns, sn, nl, ln, lp, nh, hn, hp)
 
     def _drain(self):
         m = self._msg
@@ -308,7 +352,7 @@ class Run:
         if self._t is None:
             return dict(self._final_stats)
         st = _lib.Stats()
-        _C.telemetry_stats_get(self._t, ctypes.byref(st))
+        _C.telemetry_get_stats(self._t, ctypes.byref(st))
         return {n: getattr(st, n) for n in _lib.STATS_FIELDS + ["connected"]}
 
     def flush(self, timeout=10.0):

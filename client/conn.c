@@ -1,0 +1,279 @@
+/* conn.c -- the sender thread: drains the ring into the spool, connects
+ * (unix or tcp, non-blocking, exponential backoff), sends the hello,
+ * streams the spool from the welcome's last_seq + 1 and reads the daemon's
+ * lines (acks trim the spool; errors and alerts go to the inbox). */
+#include "telemetry_int.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void disconnect(telemetry *t, int failed_connect)
+{
+    if (t->fd >= 0) close(t->fd);
+    t->fd = -1;
+    t->olen = t->ooff = t->ilen = 0;
+    t->iskip = 0;
+    if (t->rd_fd >= 0) close(t->rd_fd);
+    t->rd_fd = -1;
+    if (failed_connect) ST_ADD(t, st_connect_failures, 1);
+    atomic_store_explicit(&t->st_connected, 0, memory_order_relaxed);
+    if (t->cstate != C_STOPPED) t->cstate = C_DOWN;
+    t->next_attempt = tm_now_ns() + (uint64_t)t->backoff * 1000000u;
+    t->backoff = t->backoff * 2 > t->backoff_max ? t->backoff_max : t->backoff * 2;
+}
+
+static void connected(telemetry *t)
+{
+    t->cstate = C_HELLO;
+    t->deadline = tm_now_ns() + (uint64_t)WELCOME_TIMEOUT_MS * 1000000u;
+    memcpy(t->obuf, t->hello, t->hello_len);
+    t->olen = t->hello_len;
+    t->ooff = 0;
+    t->hello_nl = 1;
+}
+
+static void start_connect(telemetry *t)
+{
+    int fd = -1, rc;
+    if (t->is_unix) {
+        struct sockaddr_un sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sun_family = AF_UNIX;
+        memcpy(sa.sun_path, t->unix_path, strlen(t->unix_path));
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) goto fail;
+        rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    } else {
+        /* getaddrinfo may block on DNS; it runs in the sender thread only. */
+        struct addrinfo hints, *ai = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_socktype = SOCK_STREAM;
+        if (getaddrinfo(t->host, t->port, &hints, &ai) || !ai) goto fail;
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) { freeaddrinfo(ai); goto fail; }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        freeaddrinfo(ai);
+    }
+    t->fd = fd;
+    if (rc == 0) { connected(t); return; }
+    if (errno == EINPROGRESS) {
+        t->cstate = C_CONNECTING;
+        t->deadline = tm_now_ns() + (uint64_t)CONNECT_TIMEOUT_MS * 1000000u;
+        return;
+    }
+    disconnect(t, 1);
+    return;
+fail:
+    if (fd >= 0) close(fd);
+    disconnect(t, 1);
+}
+
+static void on_welcome(telemetry *t, uint64_t last)
+{
+    if (last >= t->next_seq) {
+        uint64_t was = t->next_seq - 1;
+        long n = tm_spool_renumber(t, last + 1);
+        if (n >= 0) {
+            tm_inbox_note(t, "seq_reset",
+                       "daemon has seq %llu, spool was at %llu; %ld unsent messages renumbered from %llu",
+                       (unsigned long long)last, (unsigned long long)was, n,
+                       (unsigned long long)last + 1);
+        } else {
+            /* Cannot rewrite: continue after the daemon, losing the spool. */
+            for (size_t i = 0; i < t->nsegs; i++) tm_spool_unlink(t, t->segs[i].first);
+            t->nsegs = 0;
+            t->spool_total = 0;
+            t->next_seq = last + 1;
+            ST_SET(t, st_next_seq, t->next_seq);
+            tm_spool_rotate(t);
+            tm_inbox_note(t, "spool_error", "renumbering the spool failed (%s); unsent messages dropped",
+                       strerror(errno));
+        }
+    } else if (t->nsegs && last + 1 < t->segs[0].first) {
+        /* Messages the daemon never committed are gone from the spool (the
+         * daemon lost data it had acknowledged): it would answer seq_gap to
+         * everything. Stop; the spool keeps the rest. */
+        tm_inbox_note(t, "seq_lost", "daemon expects seq %llu but the spool starts at %llu; stopped",
+                   (unsigned long long)last + 1, (unsigned long long)t->segs[0].first);
+        t->cstate = C_STOPPED;
+        disconnect(t, 0);
+        return;
+    }
+    if (last > t->acked) t->acked = last;
+    ST_SET(t, st_acked, t->acked);
+    tm_spool_trim(t);
+    tm_spool_seek(t, last + 1);
+    t->cstate = C_STREAMING;
+    t->backoff = t->backoff_min;
+    ST_ADD(t, st_connects, 1);
+    atomic_store_explicit(&t->st_connected, 1, memory_order_relaxed);
+}
+
+static void handle_line(telemetry *t, const char *line, size_t len)
+{
+    struct proto_reply r;
+    proto_parse_reply(line, len, &r);
+    if (r.type == PROTO_R_WELCOME) {
+        if (t->cstate == C_HELLO) {
+            tm_inbox_push(t, line, len);
+            on_welcome(t, r.last_seq);
+        }
+    } else if (r.type == PROTO_R_ACK) {
+        if (r.seq > t->acked && r.seq < t->next_seq) {
+            t->acked = r.seq;
+            ST_SET(t, st_acked, t->acked);
+            tm_spool_trim(t);
+        }
+    } else if (strcmp(r.type_name, "ack") && strcmp(r.type_name, "welcome")) {
+        if (r.type == PROTO_R_ERROR) ST_ADD(t, st_errors, 1);
+        tm_inbox_push(t, line, len);
+        if (r.code == PROTO_E_SEQ_GAP) {
+            /* A new hello makes the daemon state where to resume. */
+            t->backoff = t->backoff_min;
+            disconnect(t, 0);
+            t->next_attempt = 0;
+        } else if (r.code == PROTO_E_SUPERSEDED) {
+            /* Another client owns the run now; fighting it helps no one. */
+            t->cstate = C_STOPPED;
+            disconnect(t, 0);
+        }
+    }
+}
+
+static void do_read(telemetry *t)
+{
+    for (;;) {
+        ssize_t r = recv(t->fd, t->ibuf + t->ilen, IBUF_CAP - t->ilen, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (r <= 0) { disconnect(t, 0); return; }
+        t->ilen += (size_t)r;
+        size_t start = 0;
+        for (size_t i = t->ilen - (size_t)r; i < t->ilen; i++) {
+            if (t->ibuf[i] != '\n') continue;
+            size_t n = i - start;
+            if (n && t->ibuf[i - 1] == '\r') n--;
+            if (!t->iskip && n) handle_line(t, t->ibuf + start, n);
+            t->iskip = 0;
+            start = i + 1;
+            if (t->fd < 0) return; /* the line closed the connection */
+        }
+        memmove(t->ibuf, t->ibuf + start, t->ilen - start);
+        t->ilen -= start;
+        if (t->ilen == IBUF_CAP) { t->iskip = 1; t->ilen = 0; }
+    }
+}
+
+static void count_sent(telemetry *t, const char *p, size_t n)
+{
+    uint64_t nl = 0;
+    const char *e = p + n;
+    while ((p = memchr(p, '\n', (size_t)(e - p)))) { nl++; p++; }
+    if (nl && t->hello_nl) { nl--; t->hello_nl = 0; }
+    if (nl) ST_ADD(t, st_sent, nl);
+}
+
+static void do_write(telemetry *t)
+{
+    while (t->ooff < t->olen) {
+        ssize_t w = send(t->fd, t->obuf + t->ooff, t->olen - t->ooff, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (w <= 0) { disconnect(t, 0); return; }
+        count_sent(t, t->obuf + t->ooff, (size_t)w);
+        t->ooff += (size_t)w;
+    }
+    t->olen = t->ooff = 0;
+}
+
+/* Refills the output buffer from the spool reader. */
+static void fill_obuf(telemetry *t)
+{
+    if (t->ooff == t->olen) t->olen = t->ooff = 0;
+    while (t->olen < OBUF_CAP) {
+        size_t i = 0;
+        while (i < t->nsegs && t->segs[i].first < t->rd_first) i++;
+        if (i == t->nsegs) return;
+        if (t->segs[i].first != t->rd_first) { /* ours was trimmed: go on */
+            if (t->rd_fd >= 0) close(t->rd_fd);
+            t->rd_fd = -1;
+            t->rd_first = t->segs[i].first;
+            t->rd_off = 0;
+        }
+        segment *s = &t->segs[i];
+        if (t->rd_off >= s->size) {
+            if (i + 1 == t->nsegs) return;
+            if (t->rd_fd >= 0) close(t->rd_fd);
+            t->rd_fd = -1;
+            t->rd_first = t->segs[i + 1].first;
+            t->rd_off = 0;
+            continue;
+        }
+        if (t->rd_fd < 0) {
+            char *p = tm_seg_path(t, t->rd_first);
+            t->rd_fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+            free(p);
+            if (t->rd_fd < 0) { t->rd_off = s->size; continue; } /* lost: skip */
+        }
+        uint64_t want = s->size - t->rd_off, room = OBUF_CAP - t->olen;
+        ssize_t r = pread(t->rd_fd, t->obuf + t->olen, want < room ? want : room, (off_t)t->rd_off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { t->rd_off = s->size; continue; }
+        t->olen += (size_t)r;
+        t->rd_off += (uint64_t)r;
+    }
+}
+
+void *tm_sender_main(void *arg)
+{
+    telemetry *t = arg;
+    int idle = 1;
+    while (!atomic_load_explicit(&t->stop, memory_order_acquire)) {
+        /* The producer never wakes us (that would be a syscall on its hot
+         * path): poll the ring, more slowly the longer it stays empty, so an
+         * idle client wakes ~60 times a second and a busy one sees new
+         * messages within a millisecond or two. */
+        int busy = tm_ring_drain(t);
+        int timeout = busy ? 0 : idle;
+        idle = busy ? 1 : (idle * 2 > TICK_MAX_MS ? TICK_MAX_MS : idle * 2);
+        uint64_t now = tm_now_ns();
+        if (t->has_address) {
+            if (t->cstate == C_DOWN && now >= t->next_attempt) start_connect(t);
+            if ((t->cstate == C_HELLO || t->cstate == C_CONNECTING) && now > t->deadline)
+                disconnect(t, t->cstate == C_CONNECTING);
+            if (t->cstate == C_STREAMING) fill_obuf(t);
+        }
+        if (t->fd < 0) {
+            if (timeout) tm_sleep_ms(timeout);
+            continue;
+        }
+        struct pollfd pf = { t->fd, POLLIN, 0 };
+        if (t->cstate == C_CONNECTING || t->olen > t->ooff) pf.events |= POLLOUT;
+        int pr = poll(&pf, 1, timeout);
+        if (pr <= 0) continue;
+        if (t->cstate == C_CONNECTING) {
+            int e = 0;
+            socklen_t el = sizeof e;
+            if (getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &e, &el) || e) disconnect(t, 1);
+            else if (pf.revents & (POLLOUT | POLLERR | POLLHUP)) connected(t);
+            continue;
+        }
+        if (pf.revents & (POLLIN | POLLHUP | POLLERR)) do_read(t);
+        if (t->fd >= 0 && (pf.revents & POLLOUT)) do_write(t);
+    }
+    /* Whatever is still in the ring goes to the spool for a later client. */
+    while (tm_ring_drain(t)) {}
+    return NULL;
+}

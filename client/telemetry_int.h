@@ -1,0 +1,194 @@
+/* telemetry_int.h -- the client library's inside: the struct every part
+ * of it shares and the functions they call in one another.  Not installed;
+ * the contract for programs is telemetry.h.
+ *
+ * The parts (one job a file):
+ *   telemetry.c  configuration, create / destroy / finish, counters, flush
+ *   ring.c       the producer's ring of preallocated slots (telemetry_step_*,
+ *                telemetry_event) and the sender's end of it (tm_ring_drain)
+ *   spool.c      the on-disk write-ahead log: segments, recovery, trimming,
+ *                renumbering, hello.json
+ *   conn.c       the sender thread: the connection's state machine, the
+ *                daemon's lines, streaming the spool
+ *   inbox.c      lines for telemetry_poll (from the daemon and the client)
+ *   upload.c     uploading other runs' spools (telemetry_upload_all and the
+ *                background uploader)
+ * The protocol's lines themselves are written and parsed by proto/. */
+#ifndef TELEMETRY_INT_H
+#define TELEMETRY_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "now.h"
+#include "proto.h"
+#include "telemetry.h"
+
+#define TICK_MAX_MS 16            /* sender idle poll: bounds enqueue->spool latency */
+#define INBOX_CAP 64
+#define OBUF_CAP (256 * 1024)
+#define IBUF_CAP (1024 * 1024)    /* daemon lines longer than this are skipped */
+#define WBUF_CAP (256 * 1024)
+#define EVENT_TEXT_MAX PROTO_MAX_TEXT
+#define SEQ_PREFIX_MAX PROTO_SEQ_PREFIX_MAX
+#define WELCOME_TIMEOUT_MS 10000
+#define CONNECT_TIMEOUT_MS 2000
+#define DRAIN_BATCH 256
+#define LINE_MAX_BYTES PROTO_MAX_LINE
+#define METRICS_MAX PROTO_MAX_METRICS
+
+/* The public header stands alone (it is installed without proto.h). */
+_Static_assert(TELEMETRY_NAME_MAX == PROTO_MAX_NAME, "metric name limit");
+_Static_assert(TELEMETRY_RUN_MAX == PROTO_MAX_RUN, "run name limit");
+
+enum { MSG_STEP, MSG_EVENT, MSG_END };
+enum { C_DOWN, C_CONNECTING, C_HELLO, C_STREAMING, C_STOPPED };
+
+typedef proto_name name_t;
+
+struct telemetry_step {
+    telemetry *owner;
+    int kind;                 /* MSG_* */
+    int64_t step;
+    double time;              /* < 0: omitted */
+    int n_scalar, n_layer, n_head;
+    name_t *scalar_names;     /* (max_scalars) */
+    float *scalars;           /* (max_scalars) */
+    name_t *layer_names;      /* (max_layer_metrics) */
+    float *layers;            /* (max_layer_metrics, L) */
+    name_t *head_names;       /* (max_head_metrics) */
+    float *heads;             /* (max_head_metrics, L, H) */
+    char level[16];           /* event level or end status */
+    char *text;               /* event text, malloc()ed, freed by the sender */
+};
+
+typedef struct segment {
+    uint64_t first;           /* seq of its first line */
+    uint64_t size;            /* bytes of complete lines */
+} segment;
+
+struct telemetry {
+    /* Configuration, immutable after create. */
+    char run[TELEMETRY_RUN_MAX + 1];
+    int L, H;
+    int max_s, max_l, max_h;
+    int has_address, is_unix;
+    char *unix_path, *host, *port;
+    char *hello; size_t hello_len;
+    size_t hello_public_len;  /* the hello's bytes before its token */
+    char *address, *token;    /* copies, for the background uploader */
+    char *root;               /* spool root */
+    char *dir;                /* root/run */
+    int root_is_tmp;
+    int lock_fd;
+    uint64_t spool_max, seg_bytes;
+    int backoff_min, backoff_max;
+
+    /* Ring: the producer owns head and the open slot, the sender owns tail. */
+    size_t cap;
+    telemetry_step *slots;
+    char *slot_mem;
+    _Atomic size_t head, tail;
+    _Atomic uint64_t done;    /* slots fully processed (spooled or dropped) */
+    telemetry_step *open;
+
+    /* Inbox: the sender (and the uploader, under in_lock) produces,
+     * telemetry_poll consumes. */
+    telemetry_msg inbox[INBOX_CAP];
+    _Atomic size_t in_head, in_tail;
+    pthread_mutex_t in_lock;
+    int in_lock_init;
+
+    /* Background uploader of the other runs of spool_dir. */
+    pthread_t up_thread;
+    int up_started;
+    atomic_int up_stop, up_done;
+
+    /* Sender thread state. */
+    pthread_t thread;
+    int thread_started;
+    atomic_int stop;
+    segment *segs; size_t nsegs, segcap;
+    uint64_t spool_total;
+    int wfd;                  /* append fd of the newest segment */
+    uint64_t next_seq, acked;
+    char *fmt; size_t fmtcap; /* body of one line, after SEQ_PREFIX_MAX bytes */
+    char *wbuf; size_t wlen;  /* lines waiting for one write() */
+    unsigned wbuf_n;
+    uint64_t reported_drops;
+    int fd, cstate;
+    uint64_t next_attempt, deadline;  /* monotonic ns */
+    int backoff;
+    int stream_was_up;
+    char *obuf; size_t olen, ooff;
+    int hello_nl;             /* the hello's newline is still in obuf */
+    char *ibuf; size_t ilen; int iskip;
+    uint64_t rd_first, rd_off; int rd_fd;
+
+    /* Counters (see telemetry_stats). */
+    _Atomic uint64_t st_enqueued, st_dropped_queue, st_dropped_spool, st_dropped_oversize, st_spooled,
+        st_sent, st_acked, st_next_seq, st_spool_bytes, st_connects,
+        st_connect_failures, st_errors, st_inbox_dropped;
+    atomic_int st_connected;
+};
+
+#define ST_ADD(t, f, n) atomic_fetch_add_explicit(&(t)->f, (uint64_t)(n), memory_order_relaxed)
+#define ST_SET(t, f, v) atomic_store_explicit(&(t)->f, (v), memory_order_relaxed)
+#define ST_GET(t, f) atomic_load_explicit(&(t)->f, memory_order_relaxed)
+
+/* Monotonic nanoseconds (deadlines, backoff). */
+static inline uint64_t tm_now_ns(void) { return (uint64_t)(now_mono_ms() * 1e6); }
+
+/* Library-internal: hidden from libentropyd_client.so's exported symbols. */
+#pragma GCC visibility push(hidden)
+
+/* telemetry.c */
+void tm_set_err(char *err, size_t errlen, const char *fmt, ...);
+void tm_sleep_ms(int ms);
+/* A run name is also a directory name: not "." or "..". */
+int tm_valid_run(const char *r);
+/* Everything enqueued has been processed by the sender and, with an
+ * address, acknowledged. */
+int tm_settled(telemetry *t);
+
+/* ring.c */
+/* What an end may say (live and stale are the daemon's). */
+int tm_valid_status(const char *s);
+/* A non-step message (MSG_EVENT, MSG_END) into the ring; text (may be NULL)
+ * is taken over.  TELEMETRY_OK or TELEMETRY_EFULL (counted). */
+int tm_ring_put(telemetry *t, int kind, const char *level, char *text);
+/* Allocates and touches the slots (t->cap 0: a default size).  0 / -1. */
+int tm_ring_alloc(telemetry *t);
+/* The sender: moves up to DRAIN_BATCH messages from the ring into the
+ * spool; returns how many. */
+int tm_ring_drain(telemetry *t);
+
+/* inbox.c: producers are the sender and the uploader (under in_lock) */
+void tm_inbox_push(telemetry *t, const char *line, size_t len);
+/* A note from the client itself, type "client" with a code. */
+void tm_inbox_note(telemetry *t, const char *code, const char *fmt, ...);
+
+/* spool.c: every function but tm_spool_open and tm_spool_write_hello runs
+ * on the sender thread (or after it stopped) */
+char *tm_seg_path(const telemetry *t, uint64_t first); /* malloc()ed or NULL */
+int tm_spool_open(telemetry *t, char *err, size_t errlen);
+int tm_spool_write_hello(telemetry *t);
+int tm_spool_rotate(telemetry *t);
+void tm_spool_unlink(telemetry *t, uint64_t first);
+void tm_spool_trim(telemetry *t);
+int tm_spool_add(telemetry *t, char *body, size_t blen);
+void tm_spool_flush(telemetry *t);
+void tm_spool_seek(telemetry *t, uint64_t seq);
+long tm_spool_renumber(telemetry *t, uint64_t from);
+void tm_spool_compact(telemetry *t);
+void tm_spool_remove(telemetry *t);
+
+/* conn.c, upload.c: the threads' bodies (arg: the telemetry) */
+void *tm_sender_main(void *arg);
+void *tm_uploader_main(void *arg);
+
+#pragma GCC visibility pop
+
+#endif

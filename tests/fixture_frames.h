@@ -1,0 +1,54 @@
+/* fixture_frames.h: reading a database's frames in tests wherever the
+ * store keeps them (raw rows or sealed blocks). Header-only; include it
+ * after <cmocka.h>, whose assertions it uses. */
+#ifndef FIXTURE_FRAMES_H
+#define FIXTURE_FRAMES_H
+
+#include <sqlite3.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "fblock.h"
+
+/* Shadows the database's `frames` with a TEMP table of the same name
+ * holding every frame, raw or sealed in `blocks` (decoded: schema/storage.md,
+ * "Blocks"), so that a test reads frames as plain rows wherever the store
+ * keeps them. The blocks must decode. */
+static inline void shadow_frames(sqlite3 *db) {
+    sqlite3_stmt *s, *ins;
+    int rc = sqlite3_exec(db, "CREATE TEMP TABLE frames(id INTEGER PRIMARY KEY, metric_id INTEGER, step INTEGER, data BLOB);"
+                              "INSERT INTO temp.frames SELECT id, metric_id, step, data FROM main.frames;", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) fail_msg("shadowing frames: %s", sqlite3_errmsg(db));
+    if (sqlite3_prepare_v2(db, "SELECT b.metric_id, b.block, b.mask, b.data, r.layers * (CASE m.kind WHEN 0 THEN 0 ELSE 1 END) "
+                               "* (CASE m.kind WHEN 2 THEN r.heads ELSE 1 END) FROM main.blocks b "
+                               "JOIN main.metrics m ON m.id = b.metric_id JOIN main.runs r ON r.id = m.run_id",
+                           -1, &s, NULL) != SQLITE_OK)
+        return; /* a database before migration 6, or an orphan's blocks only */
+    assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO temp.frames(metric_id, step, data) VALUES (?1, ?2, ?3)", -1, &ins, NULL),
+                     SQLITE_OK);
+    struct fblock_codec *c = fblock_codec_create();
+    assert_non_null(c);
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        int64_t block = sqlite3_column_int64(s, 1);
+        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 2);
+        uint32_t n = (uint32_t)sqlite3_column_int64(s, 4), nf = fblock_count(mask);
+        if (!n) n = 1;
+        float *v = malloc((size_t)nf * n * sizeof *v);
+        assert_non_null(v);
+        if (fblock_decode(c, sqlite3_column_blob(s, 3), (size_t)sqlite3_column_bytes(s, 3), nf, n, 0, n, v))
+            fail_msg("block %lld of metric %lld does not decode", (long long)block, (long long)sqlite3_column_int64(s, 0));
+        for (uint32_t f = 0; f < nf; f++) {
+            sqlite3_bind_int64(ins, 1, sqlite3_column_int64(s, 0));
+            sqlite3_bind_int64(ins, 2, fblock_step(block, mask, f));
+            sqlite3_bind_blob(ins, 3, v + (size_t)f * n, (int)(n * sizeof *v), SQLITE_TRANSIENT);
+            assert_int_equal(sqlite3_step(ins), SQLITE_DONE);
+            sqlite3_reset(ins);
+        }
+        free(v);
+    }
+    sqlite3_finalize(s);
+    sqlite3_finalize(ins);
+    fblock_codec_destroy(c);
+}
+
+#endif

@@ -1,0 +1,130 @@
+/* test_fblock.c: the codec of sealed blocks (daemon/fblock.h). Every bit
+ * of every value comes back (NaN payloads, -0, infinities, denormals,
+ * random bits), for shapes around the chunk size and any number of frames;
+ * a partial decode writes exactly the cells asked for; a blob that is not
+ * a block of that shape is refused, never read past its end. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fblock.h"
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t next_u32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+/* nf frames of n values: a slow drift per cell, some random bits and the
+ * special values. */
+static void fill(float *v, uint32_t nf, uint32_t n) {
+    static const uint32_t special[] = {0x7fc00000u, 0x7fa12345u, 0xffc00001u, 0x80000000u, 0x7f800000u,
+                                       0xff800000u, 0x00000001u, 0x00000000u};
+    for (uint32_t f = 0; f < nf; f++)
+        for (uint32_t c = 0; c < n; c++) {
+            uint32_t u;
+            float x = 0.5f + 0.01f * (float)c + 0.001f * (float)f;
+            memcpy(&u, &x, 4);
+            if (c % 7 == 3) u = next_u32();
+            if (c % 11 == 5) u = special[(f + c) % 8];
+            memcpy(&v[(size_t)f * n + c], &u, 4);
+        }
+}
+
+static void test_roundtrip(void **state) {
+    (void)state;
+    struct fblock_codec *c = fblock_codec_create();
+    assert_non_null(c);
+    static const uint32_t shapes[] = {1, 7, 8, 9, 12, 144, 1000};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (uint32_t nf = 1; nf <= FBLOCK_STEPS; nf += nf < 4 ? 1 : 15) {
+            uint32_t n = shapes[si];
+            float *v = malloc((size_t)nf * n * 4), *w = malloc((size_t)nf * n * 4);
+            assert_non_null(v);
+            assert_non_null(w);
+            fill(v, nf, n);
+            unsigned char *blob;
+            size_t len;
+            assert_int_equal(fblock_encode(c, v, nf, n, &blob, &len), 0);
+            memset(w, 0xAB, (size_t)nf * n * 4);
+            assert_int_equal(fblock_decode(c, blob, len, nf, n, 0, n, w), 0);
+            assert_memory_equal(v, w, (size_t)nf * n * 4);
+            /* a cell range: those cells exactly, nothing else touched */
+            uint32_t c0 = n / 3, c1 = c0 + 1 + n / 4 > n ? n : c0 + 1 + n / 4;
+            memset(w, 0xAB, (size_t)nf * n * 4);
+            assert_int_equal(fblock_decode(c, blob, len, nf, n, c0, c1, w), 0);
+            for (uint32_t f = 0; f < nf; f++)
+                for (uint32_t k = 0; k < n; k++) {
+                    uint32_t got, want = 0xABABABABu;
+                    memcpy(&got, &w[(size_t)f * n + k], 4);
+                    if (k >= c0 && k < c1) memcpy(&want, &v[(size_t)f * n + k], 4);
+                    if (got != want) fail_msg("n %u frames %u cells [%u,%u): cell %u of frame %u is %08x, not %08x", n, nf, c0, c1, k, f, got, want);
+                }
+            /* the same through the span a blob reader would read */
+            ssize_t hs = fblock_head_size(blob, n);
+            assert_true(hs > 0 && (size_t)hs <= len);
+            size_t off, span;
+            fblock_span(blob, n, c0, c1, &off, &span);
+            assert_true(off + span <= len);
+            memset(w, 0xAB, (size_t)nf * n * 4);
+            assert_int_equal(fblock_decode_span(c, blob, blob + off, span, nf, n, c0, c1, w), 0);
+            assert_memory_equal(&w[c0], &v[c0], (c1 - c0) * 4);
+            /* not a block of this shape, or cut short: refused */
+            assert_int_equal(fblock_decode(c, blob, len - 1, nf, n, 0, n, w), -1);
+            assert_int_equal(fblock_decode(c, blob, 1, nf, n, 0, n, w), -1);
+            if (nf < FBLOCK_STEPS) assert_int_equal(fblock_decode(c, blob, len, nf + 1, n, 0, n, w), -1);
+            assert_int_equal(fblock_decode(c, blob, len, nf, n + 8, 0, n, w), -1);
+            blob[0] ^= 0xff;
+            assert_int_equal(fblock_decode(c, blob, len, nf, n, 0, n, w), -1);
+            free(blob);
+            free(v);
+            free(w);
+        }
+    fblock_codec_destroy(c);
+}
+
+/* Slowly moving values compress: the point of the codec. */
+static void test_compresses(void **state) {
+    (void)state;
+    struct fblock_codec *c = fblock_codec_create();
+    uint32_t n = 144, nf = FBLOCK_STEPS;
+    float *v = malloc((size_t)nf * n * 4);
+    for (uint32_t f = 0; f < nf; f++)
+        for (uint32_t k = 0; k < n; k++) v[(size_t)f * n + k] = 0.3f + 0.002f * (float)k + 1e-4f * (float)f;
+    unsigned char *blob;
+    size_t len;
+    assert_int_equal(fblock_encode(c, v, nf, n, &blob, &len), 0);
+    assert_true(len < (size_t)nf * n * 4 / 3);
+    free(blob);
+    free(v);
+    fblock_codec_destroy(c);
+}
+
+static void test_steps(void **state) {
+    (void)state;
+    int64_t steps[FBLOCK_STEPS];
+    uint64_t mask = (UINT64_C(1) << 0) | (UINT64_C(1) << 5) | (UINT64_C(1) << 63);
+    assert_int_equal(fblock_count(mask), 3);
+    assert_int_equal(fblock_steps(10, mask, steps), 3);
+    assert_int_equal(steps[0], 640);
+    assert_int_equal(steps[1], 645);
+    assert_int_equal(steps[2], 703);
+    assert_int_equal(fblock_step(10, mask, 2), 703);
+    assert_int_equal(fblock_step(10, mask, 3), -1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_compresses),
+        cmocka_unit_test(test_steps),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
