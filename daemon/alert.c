@@ -534,6 +534,8 @@ struct alert_engine {
     struct alert_verdict verdict;
     struct alert_cell *vcells;
     int vcap;
+    alert_resume_fn *resume;    /* may be NULL */
+    void *resume_ctx;
 };
 
 struct alert_engine *alert_engine_create(const struct alert_rules *rules) {
@@ -546,6 +548,11 @@ struct alert_engine *alert_engine_create(const struct alert_rules *rules) {
         return NULL;
     }
     return e;
+}
+
+void alert_engine_set_resume(struct alert_engine *e, alert_resume_fn *fn, void *ctx) {
+    e->resume = fn;
+    e->resume_ctx = ctx;
 }
 
 static void group_free(struct group *g) {
@@ -793,8 +800,11 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
         } else if (v > worst) worst = v;
     }
     *t = (struct alert_transition){.state = state, .rule = rule, .run_id = r->id, .run_name = r->name,
-                                   .fingerprint = h, .starts_at = g->starts_at,
-                                   .ends_at = state == ALERT_RESOLVED ? time : 0, .start_step = g->start_step,
+                                   .fingerprint = h, .starts_at = g->starts_at, .at = time,
+                                   /* a wall clock stepped back must not end an alert before it began
+                                    * (Alertmanager refuses endsAt < startsAt) */
+                                   .ends_at = state == ALERT_RESOLVED ? fmax(time, g->starts_at) : 0,
+                                   .start_step = g->start_step,
                                    .step = step, .ncells = g->nlast, .cells = cells, .value = worst};
     e->stats.transitions++;
     return t;
@@ -838,7 +848,9 @@ static int group_settle(struct alert_engine *e, const struct alert_rule *rule, s
         g->firing = 1;
         g->starts_at = time;
         g->start_step = earliest >= 0 ? earliest : step;
+        int resumed = e->resume && e->resume(e->resume_ctx, r->id, rule->name, &g->starts_at, &g->start_step) == 1;
         t = tr_add(e, ALERT_FIRING, rule, r, g, step, time);
+        if (t) t->resumed = resumed;
     } else if (g->firing && n == 0) {
         g->firing = 0;
         t = tr_add(e, ALERT_RESOLVED, rule, r, g, step, time);
@@ -1145,11 +1157,14 @@ static int verdict_update(struct alert_engine *e, struct run_state *r, int force
     return 0;
 }
 
-int alert_feed(struct alert_engine *e, const struct writer_item *it) {
+int alert_feed(struct alert_engine *e, const struct writer_item *it, double now) {
     clear_transitions(e);
     struct run_state *r = run_find(e, it->run_id, 1);
     if (!r) return -1;
-    double time = it->time;
+    /* the daemon's clock, never the trainer's `time` (data only): a skewed
+     * trainer clock would make stalled fire and resolve at every step, and
+     * give Alertmanager a startsAt it rejects */
+    double time = now;
     int n = 0, t;
     switch (it->kind) {
     case WRITER_HELLO:
@@ -1261,10 +1276,12 @@ static void iso8601(double t, char *buf, size_t n) {
         snprintf(buf, n, "0001-01-01T00:00:00Z"); /* Alertmanager's "no end" */
         return;
     }
-    time_t s = (time_t)t;
+    /* rounded, not truncated: a time stored as %.3f and read back prints the same */
+    long long all_ms = llround(t * 1000);
+    time_t s = (time_t)(all_ms / 1000);
     struct tm tm;
     gmtime_r(&s, &tm);
-    int ms = (int)((t - (double)s) * 1000);
+    int ms = (int)(all_ms % 1000);
     snprintf(buf, n, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
              tm.tm_min, tm.tm_sec, ms);
 }

@@ -120,12 +120,15 @@ struct alert_transition {
     int64_t run_id;
     const char *run_name;
     uint64_t fingerprint;         /* of {alertname, run, rule labels} */
-    double starts_at, ends_at;    /* Unix seconds; ends_at 0 while firing */
+    double starts_at, ends_at;    /* Unix seconds, the daemon's clock; ends_at 0 while firing */
+    double at;                    /* when this transition happened (the daemon's clock) */
     int64_t start_step, step;     /* step the episode began; step of this transition */
     int ncells;                   /* cells firing now (FIRING, UPDATE) or last (RESOLVED) */
     const struct alert_cell *cells;
     double value;                 /* the worst value among the cells */
     int reason;                   /* enum alert_reason: why a RESOLVED resolved */
+    int resumed;                  /* FIRING only: the episode an earlier daemon opened goes on
+                                   * (alert_resume_fn): starts_at and start_step are its own */
 };
 
 /* A run's verdict as the engine sees it: the state, the step the condition
@@ -147,11 +150,21 @@ struct alert_engine;
 struct alert_engine *alert_engine_create(const struct alert_rules *rules);
 void alert_engine_destroy(struct alert_engine *e);
 
+/* Asked when a group fires for the first time in this engine: 1 when an
+ * episode of (run, rule) opened by an earlier daemon is still open (the
+ * daemon was stopped or killed while it fired), with its start in
+ * *starts_at and *start_step; else 0 and both untouched. The FIRING then
+ * carries `resumed` and the episode's own start, which its RESOLVED keeps. */
+typedef int alert_resume_fn(void *ctx, int64_t run_id, const char *rule, double *starts_at, int64_t *start_step);
+void alert_engine_set_resume(struct alert_engine *e, alert_resume_fn *fn, void *ctx);
+
 /* Feeds one committed item (hello, step, event, end, stale, delete) of a
- * run. Returns the number of transitions it caused, readable with
- * alert_transition_at() until the next feed or tick; -1 out of memory
- * (the engine stays usable). */
-int alert_feed(struct alert_engine *e, const struct writer_item *it);
+ * run, received at `now` on the daemon's clock (Unix seconds, the clock
+ * alert_tick is given): staleness, startsAt and endsAt are on that clock,
+ * and the item's own `time` (the trainer's) is never read. Returns the
+ * number of transitions it caused, readable with alert_transition_at()
+ * until the next feed or tick; -1 out of memory (the engine stays usable). */
+int alert_feed(struct alert_engine *e, const struct writer_item *it, double now);
 
 /* Advances the clock (Unix seconds) for stalled rules. Same returns. */
 int alert_tick(struct alert_engine *e, double now);

@@ -829,9 +829,48 @@ static void ingest_guard_metrics(struct strbuf *b, const struct ingest_stats *is
          (double)is->input_refused);
 }
 
+/* The alert engine's and the notifier's counters (alerter.h, notify.h). */
+static void alerter_metrics(struct strbuf *b, struct alerter *m) {
+    struct alerter_stats as;
+    alerter_get_stats(m, &as);
+    prom(b, "entropyd_alert_steps_total", "counter", "Steps the alert rules evaluated.", (double)as.engine.steps);
+    prom(b, "entropyd_alert_evaluation_seconds_total", "counter", "CPU time spent evaluating alert rules.",
+         as.engine.eval_ms / 1e3);
+    prom(b, "entropyd_alert_transitions_total", "counter", "Alert transitions (firing, resolved, update).",
+         (double)as.engine.transitions);
+    prom(b, "entropyd_alert_groups_firing", "gauge", "Alert groups (run x rule) firing now.", (double)as.firing);
+    prom(b, "entropyd_alert_resumed_total", "counter",
+         "Firings that went on with an episode an earlier daemon opened (not paged again).", (double)as.resumed);
+    prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
+         (double)as.store_errors);
+    const struct notify_stats *ns = &as.notify;
+    prom(b, "entropyd_notifications_queued_total", "counter", "Notifications queued (firing and resolved).",
+         (double)ns->queued);
+    prom(b, "entropyd_notifications_dropped_total", "counter", "Notifications dropped: queue full or shutdown.",
+         (double)ns->dropped);
+    prom(b, "entropyd_notification_retries_total", "counter", "Webhook and Alertmanager attempts retried.",
+         (double)ns->retries);
+    strbuf_puts(b, "# HELP entropyd_notifications_sent_total Notifications delivered, by sink.\n"
+                   "# TYPE entropyd_notifications_sent_total counter\n");
+    strbuf_printf(b, "entropyd_notifications_sent_total{sink=\"webhook\"} %llu\n"
+                     "entropyd_notifications_sent_total{sink=\"alertmanager\"} %llu\n"
+                     "entropyd_notifications_sent_total{sink=\"exec\"} %llu\n",
+                  (unsigned long long)ns->sent, (unsigned long long)ns->am_sent,
+                  (unsigned long long)(ns->exec_runs - ns->exec_failed));
+    /* webhook: given up after its retries; alertmanager: every failed POST, re-sends of the firing set included */
+    strbuf_puts(b, "# HELP entropyd_notifications_failed_total Notifications not delivered, by sink.\n"
+                   "# TYPE entropyd_notifications_failed_total counter\n");
+    strbuf_printf(b, "entropyd_notifications_failed_total{sink=\"webhook\"} %llu\n"
+                     "entropyd_notifications_failed_total{sink=\"alertmanager\"} %llu\n"
+                     "entropyd_notifications_failed_total{sink=\"exec\"} %llu\n",
+                  (unsigned long long)ns->failed, (unsigned long long)ns->am_failed,
+                  (unsigned long long)ns->exec_failed);
+}
+
 static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {
     (void)id;
     struct strbuf b = {0};
+    if (h->cfg.alerter) alerter_metrics(&b, h->cfg.alerter);
     if (h->cfg.ingest) {
         struct ingest_stats is;
         ingest_get_stats(h->cfg.ingest, &is);

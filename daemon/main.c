@@ -347,12 +347,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "entropyd: eventfd: %s\n", strerror(errno));
         goto out;
     }
+    /* HTTP's readers, and the alerter's one look at the alerts an earlier
+     * daemon left firing */
+    pool = query_pool_open(db, http_listen ? 16 : 1, err, sizeof err);
+    if (!pool) {
+        fprintf(stderr, "entropyd: %s\n", err);
+        goto out;
+    }
     if (http_listen) {
-        pool = query_pool_open(db, 16, err, sizeof err);
-        if (!pool) {
-            fprintf(stderr, "entropyd: %s\n", err);
-            goto out;
-        }
         struct stream_config scfg = {.max_events = (size_t)stream_events, .keepalive_ms = (int)keepalive_ms,
                                      .resolve = resolve_run, .ctx = pool};
         stream = stream_create(&scfg, err, sizeof err);
@@ -364,7 +366,7 @@ int main(int argc, char **argv) {
     }
     char external[300] = "";
     if (http_listen) snprintf(external, sizeof external, "http://%s", http_listen);
-    struct alerter_config mcfg = {.rules_path = rules, .store = st, .stream = stream,
+    struct alerter_config mcfg = {.rules_path = rules, .store = st, .stream = stream, .pool = pool,
                                   .notify = {.webhook_url = webhook, .exec_cmd = on_alert, .log = alert_log,
                                              .external_url = external, .alertmanager_url = alertmanager,
                                              .am_resend_s = (int)am_resend_s}};
@@ -394,7 +396,7 @@ int main(int argc, char **argv) {
         struct http_config hcfg = {.listen = http_listen, .token = token, .web_root = web_root,
                                    .max_conns = (int)http_conns, .metrics_heads = metrics_heads,
                                    .metrics_keep_s = metrics_keep_s > 0 ? metrics_keep_s : -1, .timeout_s = (int)http_timeout_s, .pool = pool,
-                                   .stream = stream, .writer = w, .ingest = g_ingest,
+                                   .stream = stream, .writer = w, .ingest = g_ingest, .alerter = alerter,
                                    .allow_hosts = allow_hosts, .n_allow_hosts = n_allow_hosts,
                                    .max_conns_per_ip = (int)http_per_ip};
         http = http_create(&hcfg, err, sizeof err);
@@ -408,6 +410,14 @@ int main(int argc, char **argv) {
             goto out;
         }
         atomic_store(&hooks.http, http);
+        /* the port bound, not the one asked for (0 picks any) */
+        char host[256];
+        int port;
+        if (net_split_hostport(http_listen, host, sizeof host, &port) == 0) {
+            snprintf(external, sizeof external, strchr(host, ':') ? "http://[%s]:%d" : "http://%s:%d", host,
+                     http_port(http));
+            alerter_set_external_url(alerter, external);
+        }
     }
     if (!token) {
         if (tcp && !loopback_address(tcp))
