@@ -7,6 +7,7 @@
 #   experiments  demo + gnuplot (the sweep's plot)
 #   test         everything the suite uses: cmocka, clang (fuzzing), MPI,
 #                the sqlite3 shell, curl and jq (tests/e2e_docs runs the docs' examples),
+#                Alertmanager (tests/e2e_alertmanager: the shipped routing, a real receiver),
 #                chromium + Node.js + playwright-core, numpy and PyTorch
 #                (the Python client's tests, examples/pytorch_lm.py)
 #   bench        test's packages (benchmarks drive the same programs)
@@ -20,7 +21,7 @@ browser=(chromium)
 # Node.js may come from elsewhere with npm inside it: ask for the commands.
 command -v node >/dev/null || browser+=(nodejs)
 command -v npm >/dev/null || browser+=(npm)
-suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 curl jq libopenmpi-dev openmpi-bin python3-numpy python3-torch
+suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 curl jq prometheus-alertmanager libopenmpi-dev openmpi-bin python3-numpy python3-torch
        "${browser[@]}")
 case $profile in
   demo)        pkgs=("${build[@]}") ;;
