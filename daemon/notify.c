@@ -35,6 +35,8 @@ struct notify {
     char *webhook, *exec_cmd;
     char external[512];      /* the daemon's URL (guarded by mu: set once HTTP listens) */
     int am_failing;          /* the last POST of the firing set failed (logged once per streak) */
+    double log_window;       /* log lines: start (mono s) of the current window, notifier thread only */
+    uint64_t log_n, log_suppressed;
     char *am;                /* Alertmanager's .../api/v2/alerts, or NULL */
     struct am_alert *firing; /* notifier thread only */
     double am_next;          /* next re-send (mono) */
@@ -303,10 +305,31 @@ static void am_deliver(struct notify *n, struct note *nt) {
     free(body);
 }
 
+/* The log sink, at most NOTIFY_LOG_BURST lines per NOTIFY_LOG_WINDOW_S: a
+ * loss flapping between NaN and a number fires and resolves at every step
+ * (20,000 lines in a run before); the lines held back are counted in one
+ * line when the next window opens, and every transition is in /api/alerts. */
+#define NOTIFY_LOG_BURST 20
+#define NOTIFY_LOG_WINDOW_S 10.0
+static void log_note(struct notify *n, const struct note *nt) {
+    double now = now_mono_ms() / 1e3;
+    if (now - n->log_window >= NOTIFY_LOG_WINDOW_S) {
+        if (n->log_suppressed)
+            fprintf(stderr, "entropyd: %llu more alert notification(s) in %.0f s not logged (GET /api/alerts has them)\n",
+                    (unsigned long long)n->log_suppressed, NOTIFY_LOG_WINDOW_S);
+        n->log_window = now;
+        n->log_n = n->log_suppressed = 0;
+    }
+    if (n->log_n++ >= NOTIFY_LOG_BURST) {
+        n->log_suppressed++;
+        return;
+    }
+    fprintf(stderr, "entropyd: alert %s%s: %s run=%s\n", nt->status,
+            nt->resumed ? " (goes on from before the restart: not sent again)" : "", nt->alertname, nt->run);
+}
+
 static void deliver(struct notify *n, struct note *nt) {
-    if (n->cfg.log)
-        fprintf(stderr, "entropyd: alert %s%s: %s run=%s\n", nt->status,
-                nt->resumed ? " (goes on from before the restart: not sent again)" : "", nt->alertname, nt->run);
+    if (n->cfg.log) log_note(n, nt);
     /* Alertmanager deduplicates by labels and wants the firing set re-sent;
      * a webhook or a hook would page twice */
     if (n->am) am_deliver(n, nt);

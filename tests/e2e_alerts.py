@@ -263,6 +263,29 @@ class AlertClocksAndDelivery(unittest.TestCase):
             d.cleanup()
             hook.close()
 
+    def test_flapping_loss_does_not_flood_the_log(self):
+        d = Daemon(http=True).start()  # the default rules: loss_nonfinite fires and resolves at once
+        try:
+            c = Client(d.sock)
+            rid = c.hello("flap", layers=2, heads=3)["run_id"]
+            for s in range(100):
+                c.send(step(s + 1, s, loss=None if s % 2 == 0 else 2.0))
+            c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= 100)
+            wait_for(lambda: len(d.get("/api/runs/%d/alerts" % rid)[1]) == 50, what="50 episodes stored")
+            wait_for(lambda: metric(d.get("/metrics")[1], "entropyd_notifications_queued_total") == 100,
+                     what="100 notifications")
+            # a scalar rule's cells have no layer or head (they said -1: "L-1 h-1" on the page)
+            al = d.get("/api/runs/%d/alerts" % rid)[1]
+            self.assertEqual(al[0]["cells"], [{"value": None}])
+            self.assertEqual(al[0]["alert"]["cells"], [{"value": None}])
+            time.sleep(0.5)  # the notifier thread has logged what it logs
+            lines = [l for l in d.log().splitlines() if "alert firing: loss_nonfinite" in l or "alert resolved: loss_nonfinite" in l]
+            self.assertGreater(len(lines), 0)
+            self.assertLessEqual(len(lines), 20, "100 transitions in a second: at most 20 lines per 10 s")
+            c.close()
+        finally:
+            d.cleanup()
+
     def test_refused_webhook_is_logged_and_counted(self):
         hook = Receiver(refuse=1000, refuse_status=400)  # a 4xx is not retried
         d = self.start(hook)
