@@ -1,7 +1,6 @@
-/* alert.h: alert rules and the engine that evaluates them.
+/* alert.h: the engine that evaluates alert rules (alert_rules.h).
  *
- * Rules come from a JSON file (--rules FILE) or the built-in default set
- * (alert_default_rules_json). The engine is fed every committed item, in
+ * The engine is fed every committed item, in
  * commit order (alert_feed), plus a clock tick (alert_tick) for the one
  * time-based rule kind (stalled). It keeps per-run, per-rule, per-cell
  * state in memory and returns transitions: an alert group (run x rule)
@@ -12,7 +11,7 @@
  * firing group produce UPDATE transitions, which are stored and streamed but
  * not notified.
  *
- * Pure: no I/O except reading the rules file, no threads. Not thread-safe:
+ * Pure: no I/O, no threads. Not thread-safe:
  * one engine is driven by one thread (the writer's commit hook). */
 #ifndef ALERT_H
 #define ALERT_H
@@ -20,79 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "alert_rules.h"
 #include "writer.h"
-
-/* A run's verdict (README "Alerts", docs): what the run is, or ended, as.
- * A rule stands for one of collapsed, diverged or stalled (or none). */
-enum alert_verdict_state {
-    ALERT_V_HEALTHY = 0,
-    ALERT_V_COLLAPSING,   /* a collapse rule pending or firing on a live run */
-    ALERT_V_COLLAPSED,    /* a collapse rule firing when the run stopped (ended or went stale) */
-    ALERT_V_DIVERGED,     /* a divergence rule firing (NaN/Inf loss), or the run ended `failed` */
-    ALERT_V_STALLED,      /* a stalled rule firing, or the run went stale (trainer gone without end) */
-    ALERT_V_COUNT
-};
-
-/* "healthy", "collapsing", ... (ALERT_V_*); "none" is not a verdict. */
-const char *alert_verdict_name(int v);
-
-enum alert_scope { ALERT_SCOPE_HEAD = 0, ALERT_SCOPE_LAYER, ALERT_SCOPE_SCALAR, ALERT_SCOPE_RUN };
-
-enum alert_op {
-    ALERT_OP_BELOW = 0,   /* v < value */
-    ALERT_OP_ABOVE,       /* v > value */
-    ALERT_OP_DROP,        /* v < (1 - pct/100) * max of the last `window` values */
-    ALERT_OP_GROWTH,      /* v > value, or (v - v[window steps ago]) / window > rate */
-    ALERT_OP_ZSCORE,      /* v > mean + k * std of the previous `window` values */
-    ALERT_OP_NONFINITE,   /* v is NaN or infinite (null on the wire) */
-    ALERT_OP_NEAR_BOUND,  /* v - bound_metric < epsilon while rising_metric grew over `window` */
-    ALERT_OP_STALLED,     /* a live run sent nothing for `seconds` (scope run) */
-};
-
-#define ALERT_MAX_LABELS 16
-
-struct alert_kv {
-    char *key, *value;
-};
-
-struct alert_rule {
-    char *name;
-    char *metric;            /* NULL for stalled */
-    int scope;               /* enum alert_scope */
-    int op;                  /* enum alert_op */
-    double value, pct, rate, k, epsilon, seconds;
-    int window;              /* steps, >= 1 where used */
-    char *bound_metric, *rising_metric;
-    /* optional guard (condition "and"): the cell's and_metric (same scope)
-     * must also be below (and_op ALERT_OP_BELOW) or above and_value;
-     * and_metric is NULL when the rule has none */
-    char *and_metric;
-    int and_op;
-    double and_value;
-    int64_t for_steps, keep_firing_for;
-    char *severity;
-    int verdict;             /* enum alert_verdict_state this rule stands for when firing:
-                              * "verdict" in the rule, or inferred (alert_rules_parse) */
-    int nlabels, nannotations;
-    struct alert_kv labels[ALERT_MAX_LABELS];
-    struct alert_kv annotations[ALERT_MAX_LABELS];
-};
-
-struct alert_rules {
-    int n;
-    struct alert_rule *rules;
-};
-
-/* The built-in default rules, as the JSON a rules file would hold. */
-const char *alert_default_rules_json(void);
-
-/* Parses rules from JSON text. On error returns NULL and writes a message
- * naming the line (and the rule) into err. The caller frees the result with
- * alert_rules_free(). */
-struct alert_rules *alert_rules_parse(const char *json, size_t len, char *err, size_t errlen);
-/* Reads and parses a file; NULL path gives the default rules. */
-struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen);
-void alert_rules_free(struct alert_rules *r);
 
 enum alert_state { ALERT_FIRING = 1, ALERT_RESOLVED, ALERT_UPDATE };
 
