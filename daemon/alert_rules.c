@@ -155,47 +155,9 @@ static int parse_verdict(cJSON *v, struct alert_rule *r, char *why, size_t whyle
     return 0;
 }
 
-static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
-    if (!cJSON_IsObject(o)) {
-        snprintf(why, whylen, "a rule must be an object");
-        return -1;
-    }
-    cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
-    if (!cJSON_IsString(name) || !*name->valuestring || strlen(name->valuestring) > 128) {
-        snprintf(why, whylen, "\"name\" must be a string of 1-128 bytes");
-        return -1;
-    }
-    if (copy_str(&r->name, name->valuestring, why, whylen)) return -1;
-    cJSON *scope = cJSON_GetObjectItemCaseSensitive(o, "scope");
-    r->scope = -1;
-    for (int i = 0; scope && cJSON_IsString(scope) && i < 4; i++)
-        if (!strcmp(scope->valuestring, scope_names[i])) r->scope = i;
-    if (r->scope < 0) {
-        snprintf(why, whylen, "\"scope\" must be head, layer, scalar or run");
-        return -1;
-    }
-    cJSON *cond = cJSON_GetObjectItemCaseSensitive(o, "condition");
-    cJSON *op = cond ? cJSON_GetObjectItemCaseSensitive(cond, "op") : NULL;
-    r->op = -1;
-    for (int i = 0; op && cJSON_IsString(op) && i < 8; i++)
-        if (!strcmp(op->valuestring, op_names[i])) r->op = i;
-    if (!cJSON_IsObject(cond) || r->op < 0) {
-        snprintf(why, whylen, "\"condition\" must be an object whose \"op\" is one of below, above, drop, growth, "
-                              "zscore, nonfinite, near_bound, stalled");
-        return -1;
-    }
-    if ((r->op == ALERT_OP_STALLED) != (r->scope == ALERT_SCOPE_RUN)) {
-        snprintf(why, whylen, "op stalled goes with scope run, and only it");
-        return -1;
-    }
-    cJSON *metric = cJSON_GetObjectItemCaseSensitive(o, "metric");
-    if (r->op != ALERT_OP_STALLED) {
-        if (!cJSON_IsString(metric) || !*metric->valuestring) {
-            snprintf(why, whylen, "\"metric\" must be a metric name");
-            return -1;
-        }
-        if (copy_str(&r->metric, metric->valuestring, why, whylen)) return -1;
-    }
+/* The operands of the rule's condition op (r->op set), its window and its
+ * "and" guard. */
+static int parse_condition(cJSON *cond, struct alert_rule *r, char *why, size_t whylen) {
     double w = 1;
     switch (r->op) {
     case ALERT_OP_BELOW: case ALERT_OP_ABOVE:
@@ -241,21 +203,67 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         return -1;
     }
     r->window = (int)w;
-    double f = 0, k = 0;
-    cJSON *fo = cJSON_GetObjectItemCaseSensitive(o, "for");
-    cJSON *ko = cJSON_GetObjectItemCaseSensitive(o, "keep_firing_for");
-    if (fo && (!cJSON_IsNumber(fo) || fo->valuedouble < 0 || fo->valuedouble > 1e12 || fo->valuedouble != floor(fo->valuedouble))) {
-        snprintf(why, whylen, "\"for\" must be a whole number of steps >= 0");
+    return 0;
+}
+
+/* A whole number of steps >= 0 at o[key] into *out (0 when absent). */
+static int steps_field(cJSON *o, const char *key, int64_t *out, char *why, size_t whylen) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    *out = 0;
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e12 || v->valuedouble != floor(v->valuedouble)) {
+        snprintf(why, whylen, "\"%s\" must be a whole number of steps >= 0", key);
         return -1;
     }
-    if (ko && (!cJSON_IsNumber(ko) || ko->valuedouble < 0 || ko->valuedouble > 1e12 || ko->valuedouble != floor(ko->valuedouble))) {
-        snprintf(why, whylen, "\"keep_firing_for\" must be a whole number of steps >= 0");
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
+static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
+    if (!cJSON_IsObject(o)) {
+        snprintf(why, whylen, "a rule must be an object");
         return -1;
     }
-    if (fo) f = fo->valuedouble;
-    if (ko) k = ko->valuedouble;
-    r->for_steps = (int64_t)f;
-    r->keep_firing_for = (int64_t)k;
+    cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
+    if (!cJSON_IsString(name) || !*name->valuestring || strlen(name->valuestring) > 128) {
+        snprintf(why, whylen, "\"name\" must be a string of 1-128 bytes");
+        return -1;
+    }
+    if (copy_str(&r->name, name->valuestring, why, whylen)) return -1;
+    cJSON *scope = cJSON_GetObjectItemCaseSensitive(o, "scope");
+    r->scope = -1;
+    for (int i = 0; scope && cJSON_IsString(scope) && i < 4; i++)
+        if (!strcmp(scope->valuestring, scope_names[i])) r->scope = i;
+    if (r->scope < 0) {
+        snprintf(why, whylen, "\"scope\" must be head, layer, scalar or run");
+        return -1;
+    }
+    cJSON *cond = cJSON_GetObjectItemCaseSensitive(o, "condition");
+    cJSON *op = cond ? cJSON_GetObjectItemCaseSensitive(cond, "op") : NULL;
+    r->op = -1;
+    for (int i = 0; op && cJSON_IsString(op) && i < 8; i++)
+        if (!strcmp(op->valuestring, op_names[i])) r->op = i;
+    if (!cJSON_IsObject(cond) || r->op < 0) {
+        snprintf(why, whylen, "\"condition\" must be an object whose \"op\" is one of below, above, drop, growth, "
+                              "zscore, nonfinite, near_bound, stalled");
+        return -1;
+    }
+    if ((r->op == ALERT_OP_STALLED) != (r->scope == ALERT_SCOPE_RUN)) {
+        snprintf(why, whylen, "op stalled goes with scope run, and only it");
+        return -1;
+    }
+    cJSON *metric = cJSON_GetObjectItemCaseSensitive(o, "metric");
+    if (r->op != ALERT_OP_STALLED) {
+        if (!cJSON_IsString(metric) || !*metric->valuestring) {
+            snprintf(why, whylen, "\"metric\" must be a metric name");
+            return -1;
+        }
+        if (copy_str(&r->metric, metric->valuestring, why, whylen)) return -1;
+    }
+    if (parse_condition(cond, r, why, whylen)) return -1;
+    if (steps_field(o, "for", &r->for_steps, why, whylen) ||
+        steps_field(o, "keep_firing_for", &r->keep_firing_for, why, whylen))
+        return -1;
     cJSON *sev = cJSON_GetObjectItemCaseSensitive(o, "severity");
     if (sev && !cJSON_IsString(sev)) {
         snprintf(why, whylen, "\"severity\" must be a string");
