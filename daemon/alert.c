@@ -19,12 +19,12 @@ struct cell_state {
     int64_t pending_since;   /* -1 when the condition is not holding */
     int64_t clear_since;     /* -1 unless firing and clear */
     int64_t fired_from;      /* while firing: the step its condition began to hold; else -1 */
-    int firing;
-    float last;
     /* running summaries of the cell's window, kept in O(1) per step */
-    float mx;                /* max of the finite values in the ring (-inf if none) */
     double sum, sumsq;       /* of the finite values in the ring */
-    int nfinite;
+    float last;
+    float mx;                /* max of the finite values in the ring (-inf if none) */
+    int32_t nfinite;
+    int32_t firing;          /* no padding: 56 bytes (it was 64) */
 };
 
 /* The state of one rule in one run. ring holds, per cell, the last `window`
@@ -41,7 +41,7 @@ struct group {
     double starts_at;
     int64_t start_step;
     struct alert_cell *last_cells;   /* what fired, for RESOLVED and UPDATE detection */
-    int nlast;
+    int nlast, last_cap;             /* last_cells grows with the cells firing: most never do */
 };
 
 struct run_state {
@@ -213,7 +213,8 @@ static uint64_t run_bytes(const struct alert_engine *e, const struct run_state *
     for (int k = 0; k < e->rules->n; k++) {
         const struct group *g = &r->groups[k];
         int w = e->rules->rules[k].window > 0 ? e->rules->rules[k].window : 1;
-        b += (uint64_t)g->ncells * (sizeof *g->cells + sizeof *g->last_cells + (uint64_t)w * sizeof(float));
+        b += (uint64_t)g->ncells * (sizeof *g->cells + (uint64_t)w * sizeof(float)) +
+             (uint64_t)g->last_cap * sizeof *g->last_cells;
     }
     return b;
 }
@@ -246,10 +247,9 @@ static int group_init(struct group *g, const struct alert_rule *rule, int n) {
     group_free(g);
     memset(g, 0, sizeof *g);
     g->cells = calloc((size_t)n, sizeof *g->cells);
-    g->last_cells = calloc((size_t)n, sizeof *g->last_cells);
     int w = rule->window > 0 ? rule->window : 1;
     g->ring = calloc((size_t)n * (size_t)w, sizeof *g->ring);
-    if (!g->cells || !g->last_cells || !g->ring) {
+    if (!g->cells || !g->ring) {
         group_free(g);
         memset(g, 0, sizeof *g);
         return -1;
@@ -325,7 +325,7 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
     struct alert_transition *t = &e->tr[e->ntr];
     struct alert_cell *cells = malloc((size_t)(g->nlast ? g->nlast : 1) * sizeof *cells);
     if (!cells) return NULL;
-    memcpy(cells, g->last_cells, (size_t)g->nlast * sizeof *cells);
+    if (g->nlast) memcpy(cells, g->last_cells, (size_t)g->nlast * sizeof *cells);
     e->tr_cells[e->ntr++] = cells;
     /* FNV-1a over the identifying labels, each followed by a 0 byte */
     uint64_t h = 1469598103934665603ULL;
@@ -378,6 +378,14 @@ static int group_settle(struct alert_engine *e, const struct alert_rule *rule, s
             earliest = g->cells[i].pending_since;
     }
     if (n != g->nlast) changed = 1;
+    if (n > g->last_cap) {
+        int cap = g->last_cap ? g->last_cap : 4;
+        while (cap < n) cap = cap > g->ncells / 2 ? g->ncells : cap * 2;
+        struct alert_cell *lc = realloc(g->last_cells, (size_t)cap * sizeof *lc);
+        if (!lc) return -1; /* out of memory: the group's cells stay as they were */
+        g->last_cells = lc;
+        g->last_cap = cap;
+    }
     if (n > 0) {
         /* remember the firing cells (with their latest values) */
         int j = 0;

@@ -229,6 +229,7 @@ static void store_verdict(struct alerter *m, const struct alert_verdict *v) {
 static void publish_stats(struct alerter *m) {
     pthread_mutex_lock(&m->mu);
     alert_get_stats(m->engine, &m->stats.engine);
+    alert_engine_usage(m->engine, &m->stats.state_runs, &m->stats.state_bytes);
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -55,6 +55,7 @@ struct alerter_stats {
     uint64_t firing;            /* groups firing now */
     uint64_t resumed;           /* firings that resumed an earlier daemon's episode (not paged again) */
     uint64_t store_errors;
+    uint64_t state_runs, state_bytes; /* the engine's per-run state (alert_engine_usage) */
 };
 /* Safe from any thread (/metrics). */
 void alerter_get_stats(struct alerter *m, struct alerter_stats *out);

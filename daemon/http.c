@@ -858,6 +858,9 @@ static void alerter_metrics(struct strbuf *b, struct alerter *m) {
     prom(b, "entropyd_alert_groups_firing", "gauge", "Alert groups (run x rule) firing now.", (double)as.firing);
     prom(b, "entropyd_alert_resumed_total", "counter",
          "Firings that went on with an episode an earlier daemon opened (not paged again).", (double)as.resumed);
+    prom(b, "entropyd_alert_state_runs", "gauge", "Runs whose alert state is held (live ones).", (double)as.state_runs);
+    prom(b, "entropyd_alert_state_bytes", "gauge",
+         "Memory of the alert rules' per-cell state (docs/alerts.md: bytes per head and rule).", (double)as.state_bytes);
     prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
          (double)as.store_errors);
     const struct notify_stats *ns = &as.notify;

@@ -692,6 +692,34 @@ static void test_resume_earlier_episode(void **state) {
     alert_rules_free(r);
 }
 
+/* The memory bound of docs/alerts.md: per head and head rule the engine
+ * holds 56 bytes of cell state and 4 bytes per window step, plus 12 bytes
+ * per cell that fires; the built-in rules, with every metric they read,
+ * hold 844 bytes a head (944 before: padding and a firing list per cell). */
+static void test_state_bytes_per_head(void **state) {
+    (void)state;
+    char err[256];
+    struct alert_rules *r = alert_rules_load(NULL, err, sizeof err);
+    assert_non_null(r);
+    struct alert_engine *e = alert_engine_create(r);
+    uint64_t runs, base, bytes;
+    hello(e, 7, "sized");
+    alert_engine_usage(e, &runs, &base);
+    float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+    struct writer_item *it = mk_step(7, 1, "entropy_norm", PROTO_HEAD, v, L * H);
+    static const char *const more[] = {"max_logit", "entropy", "entropy_bound", "sigma_qk"};
+    for (int i = 0; i < 4; i++) add_metric(it, more[i], v);
+    alert_feed(e, it, 1.0);
+    writer_item_free(it);
+    alert_engine_usage(e, &runs, &bytes);
+    assert_int_equal(runs, 1);
+    printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
+           (unsigned long long)((bytes - base - 60) / (L * H)));
+    assert_int_equal(bytes - base, (uint64_t)L * H * 844 + 60); /* + run_stalled's one cell: 56 + 4 */
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_below_for_and_keep_firing_for),
@@ -709,6 +737,7 @@ int main(void) {
         cmocka_unit_test(test_rollback_abandons_per_cell),
         cmocka_unit_test(test_daemon_clock_not_trainer_clock),
         cmocka_unit_test(test_resume_earlier_episode),
+        cmocka_unit_test(test_state_bytes_per_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
