@@ -33,7 +33,8 @@ endif
 
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
            -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -Iclient -Iproto -I$(BUILD)/gen $(PKG_CFLAGS)
-LDLIBS  += $(PKG_LIBS) -llapacke -lpthread -lm
+# libsnappy (remote write) ships no pkg-config file
+LDLIBS  += $(PKG_LIBS) -lsnappy -llapacke -lpthread -lm
 # The trainer's elementwise kernels want vectorization for this CPU.
 ifeq ($(SANITIZE),)
 TRAINER_OPT ?= -O3 -march=native

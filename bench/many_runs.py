@@ -141,6 +141,16 @@ def measure_both(few_d, many_d):
     return m["few"], m["many"]
 
 
+def rss_anon_kb(d):
+    """The daemon's anonymous resident memory (its heap, caches and maps;
+    VmRSS adds file pages of the database mapped by readers)."""
+    with open("/proc/%d/status" % d.proc.pid) as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return 0
+
+
 def big_run(d, name, L=1024, H=1024, steps=3):
     c = Client(d.sock, timeout=120)
     w = c.hello(name, layers=L, heads=H)
@@ -157,14 +167,16 @@ def big_run(d, name, L=1024, H=1024, steps=3):
     req = urllib.request.Request("http://127.0.0.1:%d/api/runs/%d" % (d.http_port, w["run_id"]), method="DELETE")
     urllib.request.urlopen(req, timeout=120).read()
     time.sleep(0.5)
-    return peak, d.rss_kb()
+    return peak, d.rss_kb(), rss_anon_kb(d)
 
 
 def main():
     print("many_runs: load average before: %s on %d cores" % (" ".join(open("/proc/loadavg").read().split()[:3]),
                                                               os.cpu_count()))
-    few_d = Daemon(http=True).start()
-    many_d = Daemon(http=True).start()
+    # the 1024 x 1024-head run is over the default --max-cells-per-run
+    big = ["--max-cells-per-run", "1048576"]
+    few_d = Daemon(http=True, args=big).start()
+    many_d = Daemon(http=True, args=big).start()
     try:
         seed(few_d, ["few-%02d" % i for i in range(FEW)])
         seed(many_d, ["few-%02d" % i for i in range(FEW)])
@@ -196,11 +208,13 @@ def main():
         print("many_runs: daemon RSS per idle stored run: %.0f bytes (%d -> %d KiB over %d runs seeded)"
               % (per, rss_few_seeded, rss_many_seeded, MANY - FEW))
         d = few_d
-        before = d.rss_kb()
+        before, anon_before = d.rss_kb(), rss_anon_kb(d)
         for i in range(2):
-            peak, after = big_run(d, "big-%d" % i)
+            peak, after, anon = big_run(d, "big-%d" % i)
             print("many_runs: 1024x1024-head run %d: RSS before %d KiB, peak %d KiB, after end + delete %d KiB "
-                  "(%+.1f%% of before; target within 10%%)" % (i, before, peak, after, 100.0 * (after - before) / before))
+                  "(%+.1f%% of before; target within 10%%); anonymous %d -> %d KiB (%+.1f%%)"
+                  % (i, before, peak, after, 100.0 * (after - before) / before, anon_before, anon,
+                     100.0 * (anon - anon_before) / anon_before))
         print("many_runs: load average after: %s" % " ".join(open("/proc/loadavg").read().split()[:3]))
     finally:
         for d in (few_d, many_d):

@@ -968,6 +968,7 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
          (double)ws.job_chunks);
     prom(&b, "entropyd_background_chunk_max_seconds", "gauge", "Longest chunk of rollback or delete work.",
          ws.job_ms_max / 1e3);
+    if (h->cfg.metrics_more) h->cfg.metrics_more(h->cfg.metrics_ctx, &b);
     char err[256];
     int rc = query_prometheus(q, h->cfg.metrics_heads, now_wall(), h->cfg.metrics_keep_s == 0 ? 3600 : h->cfg.metrics_keep_s, &b, err, sizeof err);
     query_release(h->cfg.pool, q);

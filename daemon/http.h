@@ -40,6 +40,10 @@ struct http_config {
     const char *const *allow_hosts;
     int n_allow_hosts;
     int max_conns_per_ip;      /* connections per client address (default max_conns / 4, at least 8) */
+    /* /metrics also appends what this writes (e.g. remote_write_metrics);
+     * may be NULL. Called from request threads with metrics_ctx. */
+    void (*metrics_more)(void *ctx, struct strbuf *b);
+    void *metrics_ctx;
 };
 
 struct http;

@@ -152,8 +152,8 @@ static int conn_done(const struct conn *c) {
 static void conn_flush(struct ingest *ing, struct conn *c) {
     if (c->ack_pending > c->ack_sent) {
         char line[96];
-        int n = snprintf(line, sizeof line, "{\"type\":\"ack\",\"seq\":%lld}\n", (long long)c->ack_pending);
-        if (out_append(ing, c, line, (size_t)n) == 0) c->ack_sent = c->ack_pending;
+        size_t n = proto_write_ack(line, sizeof line, (uint64_t)c->ack_pending);
+        if (out_append(ing, c, line, n) == 0) c->ack_sent = c->ack_pending;
     }
     while (c->out_off < c->out_len) {
         ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
@@ -173,14 +173,16 @@ static void conn_flush(struct ingest *ing, struct conn *c) {
     conn_arm(ing, c);
 }
 
-/* Queues an error line. Closing codes, and a client that does not read its
- * errors, end the connection once the output is flushed. */
+/* An error message on the wire is cut to this many bytes. */
+#define ERROR_TEXT_MAX 700
+
+/* Queues an error line (seq > 0: the line names it). Closing codes, and a
+ * client that does not read its errors, end the connection once the output
+ * is flushed. */
 static void send_error(struct ingest *ing, struct conn *c, int code, const char *msg, int64_t seq) {
-    char line[1024];
-    size_t n = (size_t)snprintf(line, sizeof line, "{\"type\":\"error\",\"code\":\"%s\",\"message\":", proto_err_name(code));
-    n += proto_json_string(line + n, sizeof line - n - 64, msg, strnlen(msg, 700));
-    if (seq > 0) n += (size_t)snprintf(line + n, sizeof line - n, ",\"seq\":%lld", (long long)seq);
-    n += (size_t)snprintf(line + n, sizeof line - n, "}\n");
+    char text[ERROR_TEXT_MAX + 1], line[128 + 6 * sizeof text];
+    snprintf(text, sizeof text, "%s", msg);
+    size_t n = proto_write_error(line, sizeof line, code, text, seq > 0, seq);
     STAT_ADD(ing, errors[code], 1);
     if (out_append(ing, c, line, n)) {
         STAT_ADD(ing, errors[PROTO_E_TOO_MANY_ERRORS], 1);
@@ -531,9 +533,9 @@ static struct conn *conn_by_id(struct ingest *ing, uint64_t id) {
 
 /* Tells a refused newcomer why (best effort) and closes it. */
 static void refuse_fd(int fd, const char *why) {
-    char line[256];
-    int n = snprintf(line, sizeof line, "{\"type\":\"error\",\"code\":\"internal\",\"message\":\"%s\"}\n", why);
-    ssize_t ignored = send(fd, line, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    char line[1024];
+    size_t n = proto_write_error(line, sizeof line, PROTO_E_INTERNAL, why, 0, 0);
+    ssize_t ignored = send(fd, line, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)ignored;
     close(fd);
 }
@@ -660,118 +662,130 @@ static int check_shapes(const struct proto_msg *m, const struct run *run, char *
 
 enum { LINE_DONE, LINE_BLOCKED };
 
-/* Handles one complete line. Returns LINE_BLOCKED when the line could not
- * be queued (writer full): the caller keeps it and retries later. */
-static int handle_line(struct ingest *ing, struct conn *c, const char *line, size_t len) {
-    struct proto_msg msg = {0};
-    char err[512];
-    int code = proto_parse(line, len, &msg, err, sizeof err);
-    if (code != PROTO_OK) {
-        send_error(ing, c, code, err, msg.has_seq ? msg.seq : 0);
-        proto_msg_free(&msg);
-        return LINE_DONE;
+/* Takes a hello for c: checks its token and size, takes the run over from
+ * a connection that had it, and queues the hello for the writer (the
+ * welcome comes back in handle_replies). Returns PROTO_OK, the hello then
+ * moved into the writer's item (*msg zeroed), or an error code with err
+ * filled (msg untouched). */
+static int hello_take(struct ingest *ing, struct conn *c, struct proto_msg *msg, char *err, size_t errlen) {
+    if (ing->cfg.token && (!msg->token || !net_equal_ct(msg->token, ing->cfg.token))) {
+        snprintf(err, errlen, "%s", msg->token ? "wrong token" : "this daemon requires a token in hello");
+        return PROTO_E_UNAUTHORIZED;
     }
-    if (ing->cfg.token && msg.type == PROTO_HELLO && (!msg.token || !net_equal_ct(msg.token, ing->cfg.token))) {
-        send_error(ing, c, PROTO_E_UNAUTHORIZED, msg.token ? "wrong token" : "this daemon requires a token in hello", 0);
-        proto_msg_free(&msg);
-        return LINE_DONE;
-    }
-    struct run *run = c->run;
-    if (msg.type == PROTO_HELLO) {
-        struct run *r = run_by_name(ing, msg.run);
-        if (r && r->owner && r->owner != c) {
-            struct conn *old = r->owner;
-            send_error(ing, old, PROTO_E_SUPERSEDED, "another connection said hello for this run", 0);
-            old->run = NULL; /* the run stays live: the new connection has it */
-            r->owner = NULL;
-            conn_flush(ing, old);
-        }
-        if (c->run && c->run != r) conn_detach(ing, c);
-        if (!r) {
-            r = calloc(1, sizeof *r);
-            if (!r) {
-                send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
-                proto_msg_free(&msg);
-                return LINE_DONE;
-            }
-            snprintf(r->name, sizeof r->name, "%s", msg.run);
-            if (run_add(ing, r)) {
-                free(r);
-                send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
-                proto_msg_free(&msg);
-                return LINE_DONE;
-            }
-        }
-        r->owner = c;
-        c->run = r;
-        c->waiting = 1;
-        struct writer_item *it = calloc(1, sizeof *it);
-        if (!it) {
-            send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
-            c->waiting = 0;
-            proto_msg_free(&msg);
-            return LINE_DONE;
-        }
-        it->kind = WRITER_HELLO;
-        it->conn = c->id;
-        it->msg = msg;
-        it->time = now_wall();
-        writer_submit(ing->writer, it);
-        STAT_ADD(ing, messages, 1);
-        return LINE_DONE;
-    }
-    if (!run) {
-        send_error(ing, c, PROTO_E_NO_HELLO, "send hello first", msg.seq);
-        proto_msg_free(&msg);
-        return LINE_DONE;
-    }
-    if (run->ended) {
-        send_error(ing, c, PROTO_E_RUN_ENDED, "the run has ended; send hello to reopen it", msg.seq);
-        proto_msg_free(&msg);
-        return LINE_DONE;
-    }
-    if (msg.seq <= run->last_seq) {
-        snprintf(err, sizeof err, "seq %lld is already stored (last is %lld); ignored", (long long)msg.seq,
-                 (long long)run->last_seq);
-        send_error(ing, c, PROTO_E_DUPLICATE, err, msg.seq);
-        proto_msg_free(&msg);
-        return LINE_DONE;
-    }
-    if (msg.seq > run->last_seq + 1) {
-        snprintf(err, sizeof err, "expected seq %lld, got %lld: resend from %lld", (long long)run->last_seq + 1,
-                 (long long)msg.seq, (long long)run->last_seq + 1);
-        send_error(ing, c, PROTO_E_SEQ_GAP, err, msg.seq);
-        proto_msg_free(&msg);
-        return LINE_DONE;
-    }
-    if (msg.type == PROTO_STEP && check_shapes(&msg, run, err, sizeof err)) {
-        send_error(ing, c, PROTO_E_BAD_SHAPE, err, msg.seq);
-        proto_msg_free(&msg);
-        return LINE_DONE;
+    if (msg->layers * msg->heads > ing->cfg.max_cells_per_run) {
+        snprintf(err, errlen, "layers x heads = %lld cells, over this daemon's --max-cells-per-run %lld",
+                 (long long)(msg->layers * msg->heads), (long long)ing->cfg.max_cells_per_run);
+        return PROTO_E_BAD_FIELD;
     }
     struct writer_item *it = calloc(1, sizeof *it);
-    if (!it) {
-        send_error(ing, c, PROTO_E_INTERNAL, "out of memory", msg.seq);
-        proto_msg_free(&msg);
-        return LINE_DONE;
+    struct run *r = run_by_name(ing, msg->run);
+    if (!it || (!r && !(r = calloc(1, sizeof *r)))) {
+        free(it);
+        snprintf(err, errlen, "out of memory");
+        return PROTO_E_INTERNAL;
+    }
+    if (!r->name[0]) { /* new: not in the table yet */
+        snprintf(r->name, sizeof r->name, "%s", msg->run);
+        if (run_add(ing, r)) {
+            free(r);
+            free(it);
+            snprintf(err, errlen, "out of memory");
+            return PROTO_E_INTERNAL;
+        }
+    }
+    if (r->owner && r->owner != c) {
+        struct conn *old = r->owner;
+        send_error(ing, old, PROTO_E_SUPERSEDED, "another connection said hello for this run", 0);
+        old->run = NULL; /* the run stays live: the new connection has it */
+        r->owner = NULL;
+        conn_flush(ing, old);
+    }
+    if (c->run && c->run != r) conn_detach(ing, c);
+    r->owner = c;
+    c->run = r;
+    c->waiting = 1;
+    it->kind = WRITER_HELLO;
+    it->conn = c->id;
+    it->msg = *msg;
+    *msg = (struct proto_msg){0};
+    it->time = now_wall();
+    writer_submit(ing->writer, it); /* hellos are always taken */
+    return PROTO_OK;
+}
+
+/* Whether a step, event or end may go on for c's run: it said hello, the
+ * run has not ended, the seq is the next one, the shapes are the run's.
+ * Returns PROTO_OK or an error code with err filled. */
+static int line_check(const struct run *run, const struct proto_msg *msg, char *err, size_t errlen) {
+    if (!run) {
+        snprintf(err, errlen, "send hello first");
+        return PROTO_E_NO_HELLO;
+    }
+    if (run->ended) {
+        snprintf(err, errlen, "the run has ended; send hello to reopen it");
+        return PROTO_E_RUN_ENDED;
+    }
+    if (msg->seq <= run->last_seq) {
+        snprintf(err, errlen, "seq %lld is already stored (last is %lld); ignored", (long long)msg->seq,
+                 (long long)run->last_seq);
+        return PROTO_E_DUPLICATE;
+    }
+    if (msg->seq > run->last_seq + 1) {
+        snprintf(err, errlen, "expected seq %lld, got %lld: resend from %lld", (long long)run->last_seq + 1,
+                 (long long)msg->seq, (long long)run->last_seq + 1);
+        return PROTO_E_SEQ_GAP;
+    }
+    if (msg->type == PROTO_STEP && check_shapes(msg, run, err, errlen)) return PROTO_E_BAD_SHAPE;
+    return PROTO_OK;
+}
+
+/* Handles one complete line: a hello is taken (hello_take), anything else
+ * checked (line_check) and queued for the writer; what fails is answered
+ * with an error line. Returns LINE_BLOCKED when the line could not be
+ * queued (writer full): the caller keeps it and retries later. */
+static int handle_line(struct ingest *ing, struct conn *c, const char *line, size_t len) {
+    struct proto_msg msg = {0};
+    struct writer_item *it = NULL;
+    char err[512];
+    int ret = LINE_DONE;
+    int code = proto_parse(line, len, &msg, err, sizeof err);
+    int64_t seq = msg.has_seq ? msg.seq : 0;
+    if (code != PROTO_OK) goto refuse;
+    if (msg.type == PROTO_HELLO) {
+        if ((code = hello_take(ing, c, &msg, err, sizeof err)) != PROTO_OK) goto refuse;
+        STAT_ADD(ing, messages, 1);
+        goto out;
+    }
+    struct run *run = c->run;
+    if ((code = line_check(run, &msg, err, sizeof err)) != PROTO_OK) goto refuse;
+    if (!(it = calloc(1, sizeof *it))) {
+        code = PROTO_E_INTERNAL;
+        snprintf(err, sizeof err, "out of memory");
+        goto refuse;
     }
     it->kind = msg.type == PROTO_STEP ? WRITER_STEP : msg.type == PROTO_EVENT ? WRITER_EVENT : WRITER_END;
     it->conn = c->id;
     it->run_id = run->id;
     it->seq = msg.seq;
     it->msg = msg;
-    int kind = it->kind;
-    /* from a successful submit on, the item belongs to the writer thread */
+    /* from a successful submit on, the item (and the message) belongs to
+     * the writer thread */
     if (writer_submit(ing->writer, it)) {
         it->msg = (struct proto_msg){0};
         writer_item_free(it);
-        proto_msg_free(&msg);
-        return LINE_BLOCKED;
+        ret = LINE_BLOCKED;
+        goto out;
     }
     run->last_seq = msg.seq;
-    if (kind == WRITER_END) run->ended = 1;
+    if (msg.type == PROTO_END) run->ended = 1;
+    msg = (struct proto_msg){0};
     STAT_ADD(ing, messages, 1);
-    return LINE_DONE;
+    goto out;
+refuse:
+    send_error(ing, c, code, err, seq);
+out:
+    proto_msg_free(&msg);
+    return ret;
 }
 
 /* Handles the complete lines in the input buffer, stopping at a hello (the
@@ -887,11 +901,10 @@ static void handle_replies(struct ingest *ing) {
                 pending_remove(ing, c);
                 c->ack_pending = c->ack_sent = r->seq;
                 char line[128];
-                int n = snprintf(line, sizeof line, "{\"type\":\"welcome\",\"run_id\":%lld,\"last_seq\":%lld}\n",
-                                 (long long)r->run_id, (long long)r->seq);
+                size_t n = proto_write_welcome(line, sizeof line, r->run_id, (uint64_t)r->seq);
                 /* a welcome that cannot be queued (out of memory) would leave
                  * the trainer waiting for it: close, so that it reconnects */
-                if (out_append(ing, c, line, (size_t)n)) c->closing = 1;
+                if (out_append(ing, c, line, n)) c->closing = 1;
             } else if (r->kind == WRITER_R_ERROR && c) {
                 send_error(ing, c, r->code, r->message, r->seq);
                 if (c->waiting) { /* the hello failed */
@@ -1018,6 +1031,7 @@ struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *wri
     if (ing->cfg.hello_ms <= 0) ing->cfg.hello_ms = 10000;
     if (ing->cfg.idle_ms < 0) ing->cfg.idle_ms = 0;
     if (!ing->cfg.max_input) ing->cfg.max_input = (size_t)64 << 20;
+    if (ing->cfg.max_cells_per_run <= 0) ing->cfg.max_cells_per_run = INGEST_MAX_CELLS;
     ing->writer = writer;
     ing->notify_fd = notify_fd;
     ing->unix_fd = ing->tcp_fd = ing->stop_fd = ing->ep = ing->ctl_ep = -1;

@@ -36,7 +36,15 @@ struct ingest_config {
     size_t max_input;          /* input buffered across all connections (partial lines); over
                                 * it, welcomed connections wait and others are refused;
                                 * default 64 MiB */
+    int64_t max_cells_per_run; /* layers * heads of a run at most; a hello over it is answered
+                                * bad_field and the run is not opened (what a run costs the
+                                * daemon grows with its cells: alert state, frames, caches);
+                                * 0: INGEST_MAX_CELLS */
 };
+
+/* The default of max_cells_per_run: 65,536 cells (e.g. 128 layers x 512
+ * heads), four times the largest published models' layers x heads. */
+#define INGEST_MAX_CELLS 65536
 
 /* Before its hello is welcomed a connection may buffer at most this much
  * of a line, and have this much unread output: a stranger costs 64 KiB,

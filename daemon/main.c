@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include "ingest.h"
 #include "alerter.h"
 #include "query.h"
+#include "remote_write.h"
 #include "store.h"
 #include "stream.h"
 #include "writer.h"
@@ -96,6 +98,7 @@ static void on_signal(int sig) {
 struct hooks {
     struct stream *stream;
     struct alerter *alerter;
+    struct remote_write *remote_write;
     _Atomic(struct http *) http;
 };
 
@@ -103,6 +106,7 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
     struct hooks *hk = ctx;
     if (hk->stream) stream_on_commit(hk->stream, items);
     if (hk->alerter) alerter_on_commit(hk->alerter, items);
+    remote_write_on_commit(hk->remote_write, items);
     struct http *h = atomic_load(&hk->http);
     if (h) http_on_commit(h, items, commit_ms);
 }
@@ -110,14 +114,6 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
 static void on_tick(void *ctx, double now) {
     struct hooks *hk = ctx;
     if (hk->alerter) alerter_on_tick(hk->alerter, now);
-}
-
-static int64_t resolve_run(void *ctx, const char *name) {
-    char err[256];
-    struct query *q = query_acquire(ctx, err, sizeof err);
-    int64_t id = q ? query_run_id(q, name) : 0;
-    query_release(ctx, q);
-    return id;
 }
 
 static void usage(FILE *f) {
@@ -141,6 +137,9 @@ static void usage(FILE *f) {
             "                        under 2048)\n"
             "  --hello-timeout-s N   close a connection not welcomed within N s (default 10)\n"
             "  --idle-timeout-s N    close a welcomed connection silent for N s (default 0: never)\n"
+            "  --max-cells-per-run N  layers x heads of a run at most (default 65536); a hello\n"
+            "                        over it is refused (bad_field), so one trainer cannot\n"
+            "                        exhaust the daemon's memory\n"
             "  --input-mb N          memory for unfinished input lines of all connections\n"
             "                        (default 64); a line before the welcome is at most 64 KiB\n"
             "  --queue-mb N          memory for accepted, uncommitted messages (default 256)\n"
@@ -169,6 +168,8 @@ static void usage(FILE *f) {
             "  --alertmanager URL    also send alerts to Alertmanager's API (URL/api/v2/alerts),\n"
             "                        firing ones re-sent every --alertmanager-resend-s (default 60)\n"
             "  --quiet-alerts        do not log alerts on stderr\n"
+            "  --remote-write URL    also push every committed step to a Prometheus remote-write\n"
+            "                        receiver (docs/remote-write.md)\n"
             "  --version, --help\n"
             "\n"
             "SIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
@@ -219,14 +220,14 @@ enum { MAX_ALLOW_HOSTS = 64 }; /* --allow-host names at most */
 /* Every flag's value (usage() says what each does). */
 struct options {
     const char *data, *db, *sock, *tcp, *token;
-    long max_conns, queue_mb, drain_ms, per_peer, hello_s, idle_s, input_mb, http_per_ip;
+    long max_conns, queue_mb, drain_ms, per_peer, hello_s, idle_s, input_mb, http_per_ip, max_cells;
     const char *allow_hosts[MAX_ALLOW_HOSTS];
     int n_allow_hosts;
     const char *http_listen, *web_root;
     long http_conns, stream_events, keepalive_ms, http_timeout_s, am_resend_s;
     int http_explicit, metrics_heads, alert_log;
     double metrics_keep_s;
-    const char *rules, *webhook, *on_alert, *alertmanager;
+    const char *rules, *webhook, *on_alert, *alertmanager, *remote_write;
     char dbpath[4096], sockpath[4096];
 };
 
@@ -234,14 +235,14 @@ struct options {
  * (0 after --help or --version, 2 for a bad flag). */
 static int options_parse(struct options *o, int argc, char **argv) {
     *o = (struct options){.data = "entropyd-data", .token = getenv("ENTROPYD_TOKEN"), .max_conns = 10000,
-                          .queue_mb = 256, .drain_ms = 5000, .hello_s = 10, .input_mb = 64,
+                          .queue_mb = 256, .drain_ms = 5000, .hello_s = 10, .input_mb = 64, .max_cells = INGEST_MAX_CELLS,
                           .http_listen = "127.0.0.1:8080", .http_conns = 512, .stream_events = 16384,
                           .keepalive_ms = 15000, .http_timeout_s = 60, .am_resend_s = 60, .alert_log = 1,
                           .metrics_keep_s = 3600};
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
            O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB,
-           O_ALLOWHOST, O_HTTPPERIP };
+           O_ALLOWHOST, O_HTTPPERIP, O_REMOTEWRITE, O_MAXCELLS };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -259,6 +260,8 @@ static int options_parse(struct options *o, int argc, char **argv) {
         {"max-conns-per-peer", required_argument, 0, O_PERPEER}, {"hello-timeout-s", required_argument, 0, O_HELLOTO},
         {"idle-timeout-s", required_argument, 0, O_IDLETO}, {"input-mb", required_argument, 0, O_INPUTMB},
         {"allow-host", required_argument, 0, O_ALLOWHOST}, {"http-max-conns-per-ip", required_argument, 0, O_HTTPPERIP},
+        {"remote-write", required_argument, 0, O_REMOTEWRITE},
+        {"max-cells-per-run", required_argument, 0, O_MAXCELLS},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -272,6 +275,9 @@ static int options_parse(struct options *o, int argc, char **argv) {
         case O_PERPEER: if (parse_int("--max-conns-per-peer", optarg, 1, 1000000, &o->per_peer)) return 2; break;
         case O_HELLOTO: if (parse_int("--hello-timeout-s", optarg, 1, 3600, &o->hello_s)) return 2; break;
         case O_IDLETO: if (parse_int("--idle-timeout-s", optarg, 0, 2000000, &o->idle_s)) return 2; break;
+        case O_MAXCELLS:
+            if (parse_int("--max-cells-per-run", optarg, 1, PROTO_MAX_CELLS, &o->max_cells)) return 2;
+            break;
         case O_INPUTMB: if (parse_int("--input-mb", optarg, 1, 65536, &o->input_mb)) return 2; break;
         case O_HTTPPERIP: if (parse_int("--http-max-conns-per-ip", optarg, 1, 100000, &o->http_per_ip)) return 2; break;
         case O_ALLOWHOST:
@@ -296,6 +302,7 @@ static int options_parse(struct options *o, int argc, char **argv) {
         case O_ONALERT: o->on_alert = optarg; break;
         case O_QUIETALERTS: o->alert_log = 0; break;
         case O_AM: o->alertmanager = optarg; break;
+        case O_REMOTEWRITE: o->remote_write = optarg; break;
         case O_AMRESEND: if (parse_int("--alertmanager-resend-s", optarg, 1, 86400, &o->am_resend_s)) return 2; break;
         case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", PROJECT_VERSION, PROTO_VERSION, store_schema_version()); return 0;
         case 'h': case O_HELP: usage(stdout); return 0;
@@ -372,8 +379,7 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
         goto fail;
     }
     if (o->http_listen) {
-        struct stream_config scfg = {.max_events = (size_t)o->stream_events, .keepalive_ms = (int)o->keepalive_ms,
-                                     .resolve = resolve_run, .ctx = d->pool};
+        struct stream_config scfg = {.max_events = (size_t)o->stream_events, .keepalive_ms = (int)o->keepalive_ms};
         if (!(d->stream = stream_create(&scfg, err, sizeof err))) goto fail;
         d->hooks.stream = d->stream;
         snprintf(d->external, sizeof d->external, "http://%s", o->http_listen); /* the port bound comes later */
@@ -384,6 +390,10 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
                                              .am_resend_s = (int)o->am_resend_s}};
     if (!(d->alerter = alerter_create(&mcfg, err, sizeof err))) goto fail;
     d->hooks.alerter = d->alerter;
+    if (o->remote_write) {
+        struct remote_write_config rcfg = {.url = o->remote_write, .db_path = o->db};
+        if (!(d->hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) goto fail;
+    }
     struct writer_config wcfg = {.max_bytes = (size_t)o->queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
                                  .ctx = &d->hooks};
     if (!(d->w = writer_create(d->st, d->efd, &wcfg, err, sizeof err))) goto fail;
@@ -391,7 +401,7 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
     struct ingest_config icfg = {.socket_path = o->sock, .tcp = o->tcp, .token = o->token,
                                  .max_conns = (int)o->max_conns, .max_conns_per_peer = (int)o->per_peer,
                                  .hello_ms = (int)o->hello_s * 1000, .idle_ms = (int)o->idle_s * 1000,
-                                 .max_input = (size_t)o->input_mb << 20};
+                                 .max_input = (size_t)o->input_mb << 20, .max_cells_per_run = o->max_cells};
     if (!(g_ingest = ingest_create(&icfg, d->w, d->efd, err, sizeof err))) goto fail;
     return 0;
 fail:
@@ -412,7 +422,9 @@ static int daemon_start_http(struct daemon *d, const struct options *o) {
                                .timeout_s = (int)o->http_timeout_s, .pool = d->pool, .stream = d->stream,
                                .writer = d->w, .ingest = g_ingest, .alerter = d->alerter,
                                .allow_hosts = o->allow_hosts, .n_allow_hosts = o->n_allow_hosts,
-                               .max_conns_per_ip = (int)o->http_per_ip};
+                               .max_conns_per_ip = (int)o->http_per_ip,
+                               .metrics_more = d->hooks.remote_write ? remote_write_metrics : NULL,
+                               .metrics_ctx = d->hooks.remote_write};
     if (!(d->http = http_create(&hcfg, err, sizeof err))) {
         fprintf(stderr, "entropyd: %s%s\n", err,
                 o->http_explicit ? "" : " (the default --http 127.0.0.1:8080: choose another with --http HOST:PORT, "
@@ -440,6 +452,7 @@ static void daemon_close(struct daemon *d) {
     ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
     g_ingest = NULL;
     writer_destroy(d->w);        /* commits everything queued */
+    remote_write_destroy(d->hooks.remote_write); /* after the writer: its commit hook wakes it */
     alerter_destroy(d->alerter, 3000); /* gives pending webhooks a moment */
     stream_destroy(d->stream);
     query_pool_close(d->pool);
@@ -471,6 +484,12 @@ static void print_listening(const struct daemon *d, const struct options *o) {
 }
 
 int main(int argc, char **argv) {
+    /* Buffers over 256 KiB (a wide run's parsed values, its alert state)
+     * are mapped and unmapped on their own: by default glibc raises this
+     * threshold to the largest block freed, after which such buffers come
+     * from the heap and stay there once freed (measured: +11 MB of RSS
+     * kept after a 1024 x 1024-head run was deleted; bench/many_runs.sh). */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
     static struct options o; /* large (paths): not on the stack */
     int rc = options_parse(&o, argc, argv);
     if (rc >= 0) return rc;

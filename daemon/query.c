@@ -15,6 +15,12 @@
 
 /* ---- runs ------------------------------------------------------------ */
 
+/* o.key = column col of s: a number, or null when the column is NULL. */
+static void add_number_or_null(cJSON *o, const char *key, sqlite3_stmt *s, int col) {
+    if (sqlite3_column_type(s, col) == SQLITE_NULL) cJSON_AddNullToObject(o, key);
+    else cJSON_AddNumberToObject(o, key, sqlite3_column_double(s, col));
+}
+
 static cJSON *run_json(sqlite3_stmt *s) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
@@ -23,8 +29,7 @@ static cJSON *run_json(sqlite3_stmt *s) {
     cJSON_AddStringToObject(o, "status", (const char *)sqlite3_column_text(s, 2));
     cJSON_AddNumberToObject(o, "created", sqlite3_column_double(s, 3));
     cJSON_AddNumberToObject(o, "updated", sqlite3_column_double(s, 4));
-    if (sqlite3_column_type(s, 5) == SQLITE_NULL) cJSON_AddNullToObject(o, "last_step");
-    else cJSON_AddNumberToObject(o, "last_step", (double)sqlite3_column_int64(s, 5));
+    add_number_or_null(o, "last_step", s, 5);
     cJSON_AddNumberToObject(o, "last_seq", (double)sqlite3_column_int64(s, 6));
     cJSON_AddNumberToObject(o, "layers", (double)sqlite3_column_int64(s, 7));
     cJSON_AddNumberToObject(o, "heads", (double)sqlite3_column_int64(s, 8));
@@ -36,16 +41,13 @@ static cJSON *run_json(sqlite3_stmt *s) {
     cJSON *v = cJSON_AddObjectToObject(o, "verdict");
     const char *state = (const char *)sqlite3_column_text(s, 12);
     cJSON_AddStringToObject(v, "state", state ? state : "healthy");
-    if (sqlite3_column_type(s, 13) == SQLITE_NULL) cJSON_AddNullToObject(v, "since_step");
-    else cJSON_AddNumberToObject(v, "since_step", (double)sqlite3_column_int64(s, 13));
+    add_number_or_null(v, "since_step", s, 13);
     const char *heads = (const char *)sqlite3_column_text(s, 14);
     cJSON_AddRawToObject(v, "heads", heads ? heads : "[]"); /* JSON the daemon wrote */
     if (sqlite3_column_type(s, 15) == SQLITE_NULL) cJSON_AddNullToObject(v, "rule");
     else cJSON_AddStringToObject(v, "rule", (const char *)sqlite3_column_text(s, 15));
-    if (sqlite3_column_type(s, 16) == SQLITE_NULL) cJSON_AddNullToObject(o, "last_loss");
-    else cJSON_AddNumberToObject(o, "last_loss", sqlite3_column_double(s, 16));
-    if (sqlite3_column_type(s, 17) == SQLITE_NULL) cJSON_AddNullToObject(o, "min_entropy_norm");
-    else cJSON_AddNumberToObject(o, "min_entropy_norm", sqlite3_column_double(s, 17));
+    add_number_or_null(o, "last_loss", s, 16);
+    add_number_or_null(o, "min_entropy_norm", s, 17);
     return o;
 }
 
@@ -300,8 +302,7 @@ int query_run(struct query *q, int64_t id, struct strbuf *out, char *err, size_t
         ret = query_db_fail(q, err, errlen, "reading the first step");
         goto out;
     }
-    if (sqlite3_column_type(s, 0) == SQLITE_NULL) cJSON_AddNullToObject(o, "first_step");
-    else cJSON_AddNumberToObject(o, "first_step", (double)sqlite3_column_int64(s, 0));
+    add_number_or_null(o, "first_step", s, 0);
     ret = emit_json(o, out, err, errlen);
     o = NULL;
 out:
@@ -368,8 +369,7 @@ int query_events(struct query *q, int64_t run_id, int64_t after, int64_t before,
         }
         cJSON_AddItemToArray(arr, e);
         cJSON_AddNumberToObject(e, "id", (double)sqlite3_column_int64(s, 0));
-        if (sqlite3_column_type(s, 1) == SQLITE_NULL) cJSON_AddNullToObject(e, "seq");
-        else cJSON_AddNumberToObject(e, "seq", (double)sqlite3_column_int64(s, 1));
+        add_number_or_null(e, "seq", s, 1);
         cJSON_AddNumberToObject(e, "time", sqlite3_column_double(s, 2));
         cJSON_AddStringToObject(e, "level", (const char *)sqlite3_column_text(s, 3));
         cJSON_AddStringToObject(e, "text", (const char *)sqlite3_column_text(s, 4));

@@ -197,12 +197,11 @@ void stream_on_commit(struct stream *s, const struct writer_item *items) {
         if (!it->applied) continue; /* rejected by the store: nothing to announce */
         switch (it->kind) {
         case WRITER_STEP: step_event(s, it, ct); break;
-        case WRITER_HELLO: {
-            /* run names are limited by the protocol to JSON-safe characters */
-            int64_t id = s->cfg.resolve ? s->cfg.resolve(s->cfg.ctx, it->msg.run) : 0;
-            if (id > 0) run_event(s, id, it->msg.run, "live");
+        case WRITER_HELLO:
+            /* the writer set the run's id (the hello carries its name);
+             * run names are limited by the protocol to JSON-safe characters */
+            if (it->run_id > 0) run_event(s, it->run_id, it->msg.run, "live");
             break;
-        }
         case WRITER_END: run_event(s, it->run_id, NULL, proto_status_name(it->msg.status)); break;
         case WRITER_STALE: run_event(s, it->run_id, NULL, "stale"); break;
         case WRITER_DELETE: run_event(s, it->run_id, NULL, "deleted"); break;

@@ -23,16 +23,10 @@
 
 #include "writer.h"
 
-/* Resolves a run name to its id (0 if unknown); used for hello items,
- * which carry the name only. Called in the writer thread. */
-typedef int64_t stream_resolve_fn(void *ctx, const char *run_name);
-
 struct stream_config {
     size_t max_events;     /* ring capacity in events (default 16384) */
     size_t max_bytes;      /* ring capacity in bytes (default 32 MiB) */
     int keepalive_ms;      /* comment sent to an idle client this often (default 15000) */
-    stream_resolve_fn *resolve;
-    void *ctx;
 };
 
 struct stream;

@@ -98,22 +98,35 @@ http_port=$(sed -n 's/^http port //p' "$DATA/daemon.out" | head -1)
 URL="http://127.0.0.1:$http_port/"
 
 echo "demo: entropyd pid $daemon_pid, data $DATA"
+
+# wait_runs WHAT [SECONDS]: polls /api/runs (at most SECONDS, default 15)
+# until WHAT holds -- baseline: demo-baseline has said hello; both: both runs
+# have; ended: both have ended -- then prints the ids of the runs WHAT names
+# (nothing if it never held).
+wait_runs() {
+  python3 - "$URL" "$1" "${2:-15}" <<'PY' 2>/dev/null
+import json, sys, time, urllib.request
+url, what, wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
+want = ("demo-baseline",) if what == "baseline" else ("demo-baseline", "demo-sigmareparam")
+deadline = time.time() + wait
+while time.time() < deadline:
+    try:
+        runs = {r["name"]: r for r in json.load(urllib.request.urlopen(url + "api/runs", timeout=2))}
+        if all(n in runs and (what != "ended" or runs[n]["status"] != "live") for n in want):
+            print(" ".join(str(runs[n]["id"]) for n in want))
+            break
+    except OSError:
+        pass
+    time.sleep(0.1)
+PY
+}
+
 "$SIGMATRAIN" "${MODEL[@]}" "${TRAIN[@]}" --reparam none  --daemon "unix:$SOCK" --run demo-baseline \
   >"$DATA/baseline.log" 2>&1 &
 base_pid=$!
 # The baseline's hello first, so that on the fresh data directory it is run 1
 # and its twin run 2, as the docs' examples say (both start within a second).
-python3 - "$URL" <<'PY' 2>/dev/null
-import json, sys, time, urllib.request
-deadline = time.time() + 15
-while time.time() < deadline:
-    try:
-        if any(r["name"] == "demo-baseline" for r in json.load(urllib.request.urlopen(sys.argv[1] + "api/runs", timeout=2))):
-            break
-    except OSError:
-        pass
-    time.sleep(0.05)
-PY
+wait_runs baseline >/dev/null
 "$SIGMATRAIN" "${MODEL[@]}" "${TRAIN[@]}" --reparam sigma --daemon "unix:$SOCK" --run demo-sigmareparam \
   >"$DATA/sigmareparam.log" 2>&1 &
 sigma_pid=$!
@@ -126,20 +139,7 @@ demo: two runs, same data and seed, $STEPS steps each:
   dashboard: $URL
 EOF
 # Direct links once both runs have said hello (their ids come from the API).
-ids=$(python3 - "$URL" <<'PY' 2>/dev/null
-import json, sys, time, urllib.request
-deadline = time.time() + 15
-while time.time() < deadline:
-    try:
-        runs = {r["name"]: r["id"] for r in json.load(urllib.request.urlopen(sys.argv[1] + "api/runs", timeout=2))}
-        if "demo-baseline" in runs and "demo-sigmareparam" in runs:
-            print(runs["demo-baseline"], runs["demo-sigmareparam"])
-            break
-    except OSError:
-        pass
-    time.sleep(0.2)
-PY
-)
+ids=$(wait_runs both)
 if [ -n "$ids" ]; then
   set -- $ids
   echo "    baseline:   ${URL}?run=$1"
@@ -164,22 +164,12 @@ echo "demo: both runs finished"
 summary demo-baseline "$DATA/baseline.log" "$base_rc"
 summary demo-sigmareparam "$DATA/sigmareparam.log" "$sigma_rc"
 # The alerts, from the HTTP API once the daemon has committed both runs' ends.
+wait_runs ended 10 >/dev/null
 python3 - "$URL" <<'PY'
-import json, sys, time, urllib.request
+import json, sys, urllib.request
 url = sys.argv[1]
-def get(path):
-    return json.load(urllib.request.urlopen(url + path, timeout=5))
-deadline = time.time() + 10
-while time.time() < deadline:
-    try:
-        runs = {r["name"]: r for r in get("api/runs")}
-        if all(runs.get(n, {}).get("status") not in (None, "live") for n in ("demo-baseline", "demo-sigmareparam")):
-            break
-    except OSError:
-        pass
-    time.sleep(0.1)
 try:
-    alerts = get("api/alerts?limit=1000")
+    alerts = json.load(urllib.request.urlopen(url + "api/alerts?limit=1000", timeout=5))
 except OSError as e:
     sys.exit("demo: could not read the alerts: %s" % e)
 print("demo: alerts raised (rule, first step):")

@@ -9,20 +9,21 @@
 #                the sqlite3 shell, curl and jq (tests/e2e_docs runs the docs' examples),
 #                Alertmanager (tests/e2e_alertmanager: the shipped routing, a real receiver),
 #                chromium + Node.js + playwright-core, numpy and PyTorch
-#                (the Python client's tests, examples/pytorch_lm.py)
+#                (the Python client's tests, examples/pytorch_lm.py), prometheus
+#                (tests/e2e_remote_write pushes to a real one)
 #   bench        test's packages (benchmarks drive the same programs)
 #   all          every package of every profile (`make deps`)
 set -euo pipefail
 profile=${1:-all}
 build=(build-essential pkg-config python3
        libmicrohttpd-dev libsqlite3-dev libopenblas-dev liblapacke-dev
-       libcjson-dev libcurl4-openssl-dev)
+       libcjson-dev libcurl4-openssl-dev libsnappy-dev)
 browser=(chromium)
 # Node.js may come from elsewhere with npm inside it: ask for the commands.
 command -v node >/dev/null || browser+=(nodejs)
 command -v npm >/dev/null || browser+=(npm)
-suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 curl jq prometheus-alertmanager libopenmpi-dev openmpi-bin python3-numpy python3-torch
-       "${browser[@]}")
+suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 curl jq libopenmpi-dev openmpi-bin python3-numpy python3-torch
+       prometheus prometheus-alertmanager "${browser[@]}")
 case $profile in
   demo)        pkgs=("${build[@]}") ;;
   experiments) pkgs=("${build[@]}" gnuplot-nox) ;;

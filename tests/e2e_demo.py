@@ -166,7 +166,15 @@ def test_busy_port_and_ctrl_c(tmp):
         assert url != "http://127.0.0.1:%d/" % port
         with urllib.request.urlopen(url + "healthz", timeout=10) as r:
             assert json.loads(r.read().decode())["status"] == "ok"
-        time.sleep(2)  # the trainers are running and streaming
+        # Ctrl-C once both trainers stream (each run live with a step stored)
+        deadline = time.time() + 60
+        while True:
+            with urllib.request.urlopen(url + "api/runs", timeout=10) as r:
+                runs = json.loads(r.read().decode())
+            if len(runs) == 2 and all(r["status"] == "live" and r["last_step"] is not None for r in runs):
+                break
+            assert time.time() < deadline, "the trainers did not stream: %s" % runs
+            time.sleep(0.1)
         assert len(session_pids(p.pid)) >= 4, session_pids(p.pid)  # bash, entropyd, 2 trainers
         os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         rest, _ = p.communicate(timeout=30)

@@ -310,6 +310,27 @@ class IngestTest(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn(b"newer than this entropyd", r.stderr)
 
+    def test_a_hello_over_the_cell_cap_is_refused(self):
+        self.d.cleanup()
+        self.d = d = Daemon(args=["--max-cells-per-run", "64"]).start()
+        c = self.client()
+        m = c.hello("too-wide", layers=4, heads=17)
+        self.assertEqual((m["type"], m["code"]), ("error", "bad_field"))
+        self.assertIn("68 cells", m["message"])
+        self.assertIn("--max-cells-per-run 64", m["message"])
+        self.assertEqual(d.query("SELECT count(*) FROM runs WHERE name='too-wide'")[0][0], 0)
+        # the connection stays, and a run within the cap is taken on it
+        self.assertEqual(c.hello("just-fits", layers=4, heads=16)["type"], "welcome")
+        c.send(step_msg(1, 1, layers=4, heads=16))
+        c.wait_ack(1)
+
+    def test_the_default_cell_cap(self):
+        c = self.client()
+        m = c.hello("one-too-many", layers=256, heads=257)
+        self.assertEqual((m["type"], m["code"]), ("error", "bad_field"))
+        self.assertIn("--max-cells-per-run 65536", m["message"])
+        self.assertEqual(c.hello("at-the-cap", layers=256, heads=256)["type"], "welcome")
+
     def test_help_and_bad_flags(self):
         exe = os.environ.get("ENTROPYD", "build/entropyd")
         r = subprocess.run([exe, "--help"], capture_output=True, timeout=10)
@@ -318,6 +339,9 @@ class IngestTest(unittest.TestCase):
         r = subprocess.run([exe, "--max-conns", "zero"], capture_output=True, timeout=10)
         self.assertEqual(r.returncode, 2)
         self.assertIn(b"--max-conns", r.stderr)
+        r = subprocess.run([exe, "--max-cells-per-run", "0"], capture_output=True, timeout=10)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(b"--max-cells-per-run", r.stderr)
 
 
 class Trainer(threading.Thread):
@@ -421,8 +445,14 @@ class FullDiskTest(unittest.TestCase):
                     break
             self.assertTrue(stuck, "the disk never filled")
             self.assertTrue(d.alive(), "daemon died on a full disk")
-            time.sleep(1.0)
-            self.assertTrue(d.alive())
+            # while the disk stays full the daemon still answers (a seq it
+            # has taken is refused at once, without the disk) and acks
+            # nothing it could not commit
+            c.send(step_msg(1, 1, layers=12, heads=12))
+            m, seen = c.recv_until(lambda m: m["type"] == "error", timeout=20)
+            self.assertEqual(m["code"], "duplicate")
+            acked = max([last_ack] + [x["seq"] for x in seen if x["type"] == "ack"])
+            self.assertLess(acked, seq, "every step acked although the disk was full")
             os.unlink(filler)  # space returns
             m, _ = c.recv_until(lambda m: m["type"] == "ack" and m["seq"] == seq, timeout=30)
             for i in range(seq + 1, seq + 11):

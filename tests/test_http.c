@@ -300,7 +300,9 @@ static int setup(void **state) {
     (void)state;
     signal(SIGPIPE, SIG_IGN);
     curl_global_init(CURL_GLOBAL_ALL);
-    if (start_daemon(&D, NULL)) return -1;
+    /* test_series_split's widest run (1024 x 512 heads) is over the default cap */
+    static const char *const wide[] = {"--max-cells-per-run", "1048576", NULL};
+    if (start_daemon(&D, wide)) return -1;
     if (tr_connect(&T1, &D)) return -1;
     tr_hello(&T1, "r1", L1, H1, NULL);
     R1 = T1.run_id;

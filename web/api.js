@@ -65,16 +65,37 @@ export function getJSON(path, {prio = 0, signal} = {}) {
   });
 }
 
+/** The query string of a runs page request (runsPage's p; empty fields
+ * left out, the others in p's order). */
+export function runsQuery(p) {
+  const u = new URLSearchParams();
+  for (const [k, v] of Object.entries(p)) if (v !== undefined && v !== null && v !== '') u.set(k, v);
+  return u.toString();
+}
+
+/** The first runs page index.html started fetching before the modules
+ * loaded, if it asked for query (else null, and that fetch is cancelled);
+ * taken once; cancelled when signal aborts. Counted as a request like any
+ * other. Resolves to the page, or null if it failed. */
+export function takePrefetchedRuns(query, signal) {
+  const pre = window.__prefetch;
+  if (!pre || pre.runs === undefined) return null;
+  window.__prefetch = null;
+  if (pre.runs !== query) {
+    if (pre.ctl) pre.ctl.abort();
+    return null;
+  }
+  netStats.requests++;
+  if (pre.ctl) signal.addEventListener('abort', () => pre.ctl.abort());
+  return pre.page;
+}
+
 export const api = {
   runs: () => getJSON('/api/runs', {prio: 2}),
   /** One page of the runs list: p holds limit, cursor, sort, order, status,
    * verdict, q, created_from, created_to, meta.KEY (empty ones left out);
    * the answer is {runs, next, sort, order, total}. */
-  runsPage: (p, opts) => {
-    const u = new URLSearchParams();
-    for (const [k, v] of Object.entries(p)) if (v !== undefined && v !== null && v !== '') u.set(k, v);
-    return getJSON(`/api/runs?${u}`, {prio: 2, ...opts});
-  },
+  runsPage: (p, opts) => getJSON(`/api/runs?${runsQuery(p)}`, {prio: 2, ...opts}),
   run: (id) => getJSON(`/api/runs/${id}`, {prio: 2}),
   /** q: {metric, layer, head, from, to, points, agg, split} (undefined fields
    * left out); with split ('head' | 'layer') the answer lists one series per

@@ -4,7 +4,7 @@
 // one-step spike stays visible at any zoom), alert markers on the step axis,
 // a legend with live values and a unit on the y axis. Drag to zoom (the
 // owner refetches at finer resolution), double-click to zoom out.
-// uPlot comes from vendor/uplot/uPlot.iife.min.js, loaded by index.html
+// uPlot comes from vendor/uplot/uPlot.iife.min.js, which app.js loads before this module
 const uPlot = window.uPlot;
 import {downloadBlob, ema, fmt, fmtStep, h, rafThrottle, themeColors} from './util.js';
 

@@ -4,7 +4,7 @@
 // entropy_norm and firing alerts from the summary the daemon keeps; steps
 // and status changes of the runs on screen arrive live from the event
 // stream; tick runs to compare them. A page the user left is cancelled.
-import {api, reparamOf} from './api.js';
+import {api, reparamOf, runsQuery, takePrefetchedRuns} from './api.js';
 import {subscribe} from './live.js';
 import {fmt, fmtAgo, fmtStep, h, urlState} from './util.js';
 
@@ -92,8 +92,9 @@ export class RunsView {
     if (this.q.verdict) p.verdict = this.q.verdict;
     if (this.q.search) p.q = this.q.search;
     if (this.q.reparam) p['meta.reparam'] = this.q.reparam;
-    let page;
-    try { page = await api.runsPage(p, {signal: ctl.signal}); } catch (e) {
+    // the first page may be on its way already (index.html); null if it failed
+    let page = await takePrefetchedRuns(runsQuery(p), ctl.signal);
+    try { if (!page) page = await api.runsPage(p, {signal: ctl.signal}); } catch (e) {
       if (e.name !== 'AbortError' && !this.dead) this.showError(e);
       return;
     }

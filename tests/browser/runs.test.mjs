@@ -17,6 +17,13 @@ await run(async (ctx) => {
 
   await page.goto(d.base + '/');
   await rendered(page);
+  // the list's first screen waits for neither the charts' modules nor uPlot,
+  // and takes its runs from the one request index.html started
+  const loaded = await page.evaluate(() => ({files: performance.getEntriesByType('resource').map((e) => new URL(e.name).pathname),
+    requests: window.__net.requests}));
+  const chartFiles = loaded.files.filter((f) => /(run|compare|charts|heatmap|uPlot\.iife\.min)\.js$/.test(f));
+  check(chartFiles.length === 0 && loaded.files.filter((f) => f === '/api/runs').length === 1 && loaded.requests === 1,
+    'the runs list loads no chart code and asks for its page once', JSON.stringify(loaded));
   const rows = await page.$$eval('#runs-table tbody tr', (trs) => trs.map((tr) => ({
     id: +tr.dataset.run, status: tr.dataset.status, name: tr.querySelector('.run-link').textContent,
     reparam: tr.querySelector('.reparam').dataset.reparam, step: tr.querySelector('.step').textContent})));
