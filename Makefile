@@ -66,7 +66,8 @@ TEST_SRC    := $(wildcard tests/test_*.c)
 BENCH_SRC   := $(wildcard bench/*.c)
 WEB_FILES   := $(shell find web -type f 2>/dev/null | sort)
 
-DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(PROTO_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o
+DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(PROTO_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o \
+              $(BUILD)/gen/default_rules.o
 TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
 CLIENT_SRC  := $(wildcard client/*.c) $(PROTO_SRC)
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(BUILD)/%.o)
@@ -114,6 +115,9 @@ $(BUILD)/gen/migrations.c: $(BUILD)/tools/embed $(sort $(wildcard schema/*.sql))
 $(BUILD)/gen/webassets.c: $(BUILD)/tools/embed $(WEB_FILES)
 	@mkdir -p $(dir $@)
 	$(BUILD)/tools/embed webassets web $(WEB_FILES) > $@
+$(BUILD)/gen/default_rules.c: $(BUILD)/tools/embed schema/default_rules.json
+	@mkdir -p $(dir $@)
+	$(BUILD)/tools/embed default_rules schema schema/default_rules.json > $@
 $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 	$(CC) $(CFLAGS) -Wno-overlength-strings -c $< -o $@
 
@@ -212,7 +216,8 @@ FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZERS      := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 FUZZ_CFLAGS  := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
                 -Idaemon -Iproto -Ibuild/gen $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) $(PROTO_SRC:%.c=build/fuzz/obj/%.o) build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o
+FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) $(PROTO_SRC:%.c=build/fuzz/obj/%.o) build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o \
+                build/fuzz/obj/gen/default_rules.o
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-string-concatenation -MMD -MP -c $< -o $@

@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
     snprintf(hello.msg.run, sizeof hello.msg.run, "bench");
     hello.msg.layers = L;
     hello.msg.heads = H;
-    alert_feed(e, &hello);
+    alert_feed(e, &hello, hello.time);
     struct writer_item it = {.kind = WRITER_STEP, .run_id = 1};
     struct proto_msg *m = &it.msg;
     m->nmetrics = 8 + 2;
@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
         }
         m->step = s;
         it.time = 1000 + s * 0.1;
-        int n = alert_feed(e, &it);
+        int n = alert_feed(e, &it, it.time);
         if (n > 0) transitions += n;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);

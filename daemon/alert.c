@@ -1,4 +1,6 @@
-/* alert.c: alert rules (parsing) and the evaluation engine. See alert.h. */
+/* alert.c: the alert engine: per-run, per-rule, per-cell state fed by
+ * committed items, and the transitions it yields (alert.h). The rules it
+ * evaluates are parsed by alert_rules.c. */
 #include "alert.h"
 
 #include <cJSON.h>
@@ -8,475 +10,21 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- default rules ----
- * Thresholds are tuned on sigmatrain runs (README, "Alerts").
- * entropy_collapse ("below V for F steps") fires on a head iff some F
- * consecutive entropy_norm values of it are all below V, i.e. iff V is above
- * the run's F-step floor (the lowest F-step running maximum of any head).
- * Measured 20-step floors (docs/experiments.md; 2 layers x 4 heads, C=64,
- * T=64, synthetic corpus): the 15 baseline runs that collapsed and diverged
- * or stalled (Adam lr >= 0.03 pre/no LN, 0.1 post-LN, 3 seeds): 0.000-0.0053.
- * Healthy runs: >= 0.097 after 300 steps, but healthy heads keep sharpening
- * as the model learns copy/recall (near-one-hot attention is the right
- * answer there): the demo's sigmaReparam run (post-LN Adam 0.1, the best
- * model) has a floor of 0.063 at 1000 steps and 0.037 at 3000 (per-step
- * minimum 0.016, eval loss still falling).  0.01 is below every value that
- * healthy head took and ~2x above the worst collapsed floor; 0.05 (the first
- * default) and 0.08 (which split the 300-step runs; it fired on the healthy
- * run at step 841) would flag healthy runs as they train longer.  Missed at
- * 0.01: milder failures whose heads stay in the healthy range (post-LN Adam
- * 3e-2: floor 0.056, loss stalled at 3.7; pre-LN SGD lr 1: 0.069);
- * logit_growth fires on those.
- * entropy_drop: 90%, not 60%: healthy heads sharpen from uniform fast
- * (60% fired on 14 of the 68 runs that did not fail in the 300-step sweep,
- * 9 of them sigmaReparam, and on the demo's sigmaReparam run at step 50);
- * 90% fired on 20 runs, all failures (the 16 that collapsed, 3 that
- * diverged, one whose loss stalled: pre-LN SGD lr 1), 0-141 steps before
- * entropy_collapse began, on no healthy run, and on none of 4 runs of
- * 2000-3000 steps whose heads sharpen slowly to 0.002-0.02 (README, "Alerts").
- * low_entropy_sigma_rising (called bound_saturation until the bound was
- * made exact): entropy within 0.05 nats of the Theorem 3.1 bound while
- * sigma_qk rises.  With every norm exact the bound is below 1e-6 nats on
- * almost every head after the first steps, so what the rule detects is
- * entropy near zero while sigma_qk rises; its name says so.  At
- * initialisation and while a small sigma_qk keeps a head near uniform, the
- * bound is close to log T and so is the entropy: "within epsilon of the
- * bound" holds trivially. Without its guard
- * (entropy_norm below 0.9) the rule fired on low-lr sigmaReparam runs at
- * steps 76-96 with every head at entropy_norm 1.000; with it, on 11 runs of
- * 300 steps (README, "Alerts") it fired on the two that collapsed only
- * (pending from steps 21 and 103, the latter 62 steps before
- * entropy_collapse began at 165).
- * collapse_risk: fires before collapse begins.  Chosen by make experiments
- * (scripts/collapse_risk.py, docs/collapse-risk.md) from 112 candidate
- * rules (growth of max_logit, logit_scale or sigma_qk, drops and floors of
- * entropy_norm, with and without guards) simulated on a tune sweep of 12
- * toy runs (5 collapse, 3 of them after step 195 via warmup to a high peak
- * lr; 6 healthy, 2 of them sigmaReparam at lr 0.1): the best with no false
- * alarm, recall 5/5, median lead 111 steps before entropy_collapse began.
- * Entropy drops (50-80% of a 20-50 step maximum) led by more on the
- * collapsing runs but fired on healthy sigmaReparam and SGD runs, whose
- * heads sharpen from uniform.  Judged on a held-out sweep of a larger model
- * in docs/collapse-risk.md. */
-static const char default_rules[] =
-    "{\"rules\": [\n"
-    "  {\"name\": \"entropy_collapse\", \"metric\": \"entropy_norm\", \"scope\": \"head\",\n"
-    "   \"condition\": {\"op\": \"below\", \"value\": 0.01}, \"for\": 20, \"keep_firing_for\": 10,\n"
-    "   \"severity\": \"critical\", \"verdict\": \"collapsed\",\n"
-    "   \"annotations\": {\"summary\": \"attention entropy collapsed in run {run}\",\n"
-    "                   \"description\": \"entropy_norm below 0.01 for 20 steps at {cells} (step {step}, worst {value})\"}},\n"
-    "  {\"name\": \"entropy_drop\", \"metric\": \"entropy_norm\", \"scope\": \"head\",\n"
-    "   \"condition\": {\"op\": \"drop\", \"pct\": 90, \"window\": 50}, \"for\": 5, \"keep_firing_for\": 20,\n"
-    "   \"severity\": \"warning\",\n"
-    "   \"annotations\": {\"summary\": \"attention entropy falling fast in run {run}\",\n"
-    "                   \"description\": \"entropy_norm fell by more than 90% of its 50-step maximum at {cells}\"}},\n"
-    "  {\"name\": \"collapse_risk\", \"metric\": \"max_logit\", \"scope\": \"head\",\n"
-    "   \"condition\": {\"op\": \"growth\", \"rate\": 2, \"window\": 20}, \"for\": 5, \"keep_firing_for\": 10,\n"
-    "   \"severity\": \"warning\",\n"
-    "   \"annotations\": {\"summary\": \"attention entropy collapse likely soon in run {run}\",\n"
-    "                   \"description\": \"max_logit grew faster than 2 per step over 20 steps at {cells}: in the tuning sweep collapse followed a median 111 steps later\"}},\n"
-    "  {\"name\": \"low_entropy_sigma_rising\", \"metric\": \"entropy\", \"scope\": \"head\",\n"
-    "   \"condition\": {\"op\": \"near_bound\", \"bound_metric\": \"entropy_bound\", \"rising_metric\": \"sigma_qk\",\n"
-    "                 \"epsilon\": 0.05, \"window\": 20,\n"
-    "                 \"and\": {\"metric\": \"entropy_norm\", \"op\": \"below\", \"value\": 0.9}},\n"
-    "   \"for\": 10, \"keep_firing_for\": 10,\n"
-    "   \"severity\": \"warning\",\n"
-    "   \"annotations\": {\"summary\": \"attention entropy near zero while sigma_qk rises in run {run}\",\n"
-    "                   \"description\": \"entropy within 0.05 nats of its Theorem 3.1 lower bound (near 0 once the logits grow) while sigma_qk rises, the head no longer near uniform, at {cells}\"}},\n"
-    "  {\"name\": \"logit_growth\", \"metric\": \"max_logit\", \"scope\": \"head\",\n"
-    "   \"condition\": {\"op\": \"growth\", \"value\": 1000, \"rate\": 5, \"window\": 50}, \"for\": 5, \"keep_firing_for\": 10,\n"
-    "   \"severity\": \"warning\",\n"
-    "   \"annotations\": {\"summary\": \"attention logits growing in run {run}\",\n"
-    "                   \"description\": \"max_logit above 1000 or growing faster than 5 per step at {cells}\"}},\n"
-    "  {\"name\": \"loss_spike\", \"metric\": \"loss\", \"scope\": \"scalar\",\n"
-    "   \"condition\": {\"op\": \"zscore\", \"k\": 7, \"window\": 200}, \"for\": 0, \"keep_firing_for\": 20,\n"
-    "   \"severity\": \"warning\",\n"
-    "   \"annotations\": {\"summary\": \"loss spike in run {run}\",\n"
-    "                   \"description\": \"loss {value} more than 7 standard deviations above its 200-step mean at step {step}\"}},\n"
-    "  {\"name\": \"loss_nonfinite\", \"metric\": \"loss\", \"scope\": \"scalar\",\n"
-    "   \"condition\": {\"op\": \"nonfinite\"}, \"for\": 0, \"keep_firing_for\": 0, \"severity\": \"critical\",\n"
-    "   \"verdict\": \"diverged\",\n"
-    "   \"annotations\": {\"summary\": \"loss is not finite in run {run}\",\n"
-    "                   \"description\": \"the loss became NaN or infinite at step {step}\"}},\n"
-    "  {\"name\": \"run_stalled\", \"scope\": \"run\", \"condition\": {\"op\": \"stalled\", \"seconds\": 120},\n"
-    "   \"for\": 0, \"keep_firing_for\": 0, \"severity\": \"warning\", \"verdict\": \"stalled\",\n"
-    "   \"annotations\": {\"summary\": \"run {run} sent nothing for 120 s\",\n"
-    "                   \"description\": \"the trainer is connected but silent\"}}\n"
-    "]}\n";
-
-const char *alert_default_rules_json(void) { return default_rules; }
-
-static const char *const verdict_names[ALERT_V_COUNT] = {"healthy", "collapsing", "collapsed", "diverged", "stalled"};
-
-const char *alert_verdict_name(int v) { return v >= 0 && v < ALERT_V_COUNT ? verdict_names[v] : "healthy"; }
-
 const char *alert_reason_name(int reason) {
     return reason == ALERT_REASON_RUN_ENDED ? "run_ended" : reason == ALERT_REASON_RUN_DELETED ? "run_deleted" : NULL;
 }
 
-/* ---- parsing ---- */
-
-static int line_of(const char *text, size_t len, const char *at) {
-    int line = 1;
-    for (const char *p = text; p < at && p < text + len; p++)
-        if (*p == '\n') line++;
-    return line;
-}
-
-/* Best-effort line of a rule: where its name appears in the text. */
-static int rule_line(const char *text, size_t len, const char *name, int idx) {
-    if (name) {
-        char pat[300];
-        snprintf(pat, sizeof pat, "\"%.280s\"", name);
-        const char *p = memmem(text, len, pat, strlen(pat));
-        if (p) return line_of(text, len, p);
-    }
-    /* fall back to the idx-th '{' after "rules" */
-    const char *p = memmem(text, len, "\"rules\"", 7);
-    int seen = -1;
-    for (; p && p < text + len; p++)
-        if (*p == '{' && ++seen == idx) return line_of(text, len, p);
-    return 0;
-}
-
-static char *dupstr(const char *s) {
-    if (!s) return NULL;
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
-/* *dst = a copy of src; on out of memory says so in why and returns -1. */
-static int copy_str(char **dst, const char *src, char *why, size_t whylen) {
-    if ((*dst = dupstr(src))) return 0;
-    snprintf(why, whylen, "out of memory");
-    return -1;
-}
-
-static void rule_free(struct alert_rule *r) {
-    free(r->name);
-    free(r->metric);
-    free(r->bound_metric);
-    free(r->rising_metric);
-    free(r->and_metric);
-    free(r->severity);
-    for (int i = 0; i < r->nlabels; i++) { free(r->labels[i].key); free(r->labels[i].value); }
-    for (int i = 0; i < r->nannotations; i++) { free(r->annotations[i].key); free(r->annotations[i].value); }
-}
-
-void alert_rules_free(struct alert_rules *r) {
-    if (!r) return;
-    for (int i = 0; i < r->n; i++) rule_free(&r->rules[i]);
-    free(r->rules);
-    free(r);
-}
-
-static const char *const scope_names[] = {"head", "layer", "scalar", "run"};
-static const char *const op_names[] = {"below", "above", "drop", "growth", "zscore", "nonfinite", "near_bound", "stalled"};
-
-static int parse_kv(cJSON *obj, struct alert_kv *kv, int *n, char *why, size_t whylen, const char *what) {
-    if (!obj) return 0;
-    if (!cJSON_IsObject(obj)) {
-        snprintf(why, whylen, "%s must be an object of strings", what);
-        return -1;
-    }
-    cJSON *it;
-    cJSON_ArrayForEach(it, obj) {
-        if (!cJSON_IsString(it)) {
-            snprintf(why, whylen, "%s.%s must be a string", what, it->string);
-            return -1;
-        }
-        if (*n >= ALERT_MAX_LABELS) {
-            snprintf(why, whylen, "more than %d %s", ALERT_MAX_LABELS, what);
-            return -1;
-        }
-        struct alert_kv *e = &kv[(*n)++]; /* counted first: rule_free frees what was copied */
-        if (copy_str(&e->key, it->string, why, whylen) || copy_str(&e->value, it->valuestring, why, whylen))
-            return -1;
-    }
-    return 0;
-}
-
-/* Reads a number field of the condition; required when need is set. */
-static int num(cJSON *cond, const char *key, double *out, int need, double lo, double hi, char *why, size_t whylen) {
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(cond, key);
-    if (!v) {
-        if (!need) return 0;
-        snprintf(why, whylen, "condition needs \"%s\"", key);
-        return -1;
-    }
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) {
-        snprintf(why, whylen, "condition \"%s\" must be a number in [%g, %g]", key, lo, hi);
-        return -1;
-    }
-    *out = v->valuedouble;
-    return 0;
-}
-
-/* The condition's optional guard: "and": {"metric": M, "op": "below"|"above",
- * "value": V} -- another metric of the same cell that must hold as well. */
-static int parse_and(cJSON *and, struct alert_rule *r, char *why, size_t whylen) {
-    cJSON *m = cJSON_GetObjectItemCaseSensitive(and, "metric");
-    cJSON *op = cJSON_GetObjectItemCaseSensitive(and, "op");
-    if (r->op == ALERT_OP_STALLED || !cJSON_IsObject(and) || !cJSON_IsString(m) || !*m->valuestring ||
-        !cJSON_IsString(op) || (strcmp(op->valuestring, "below") && strcmp(op->valuestring, "above"))) {
-        snprintf(why, whylen, "condition \"and\" must be {\"metric\": NAME, \"op\": \"below\" or \"above\", "
-                              "\"value\": NUMBER} (not with stalled)");
-        return -1;
-    }
-    if (copy_str(&r->and_metric, m->valuestring, why, whylen)) return -1;
-    r->and_op = strcmp(op->valuestring, "below") ? ALERT_OP_ABOVE : ALERT_OP_BELOW;
-    return num(and, "value", &r->and_value, 1, -1e300, 1e300, why, whylen);
-}
-
-/* The run verdict a rule stands for while it fires: "verdict": "collapsed",
- * "diverged", "stalled" or "none". Without one, rules files written before
- * verdicts existed keep meaning what the default set means: a rule named
- * entropy_collapse is a collapse, a nonfinite rule on loss a divergence,
- * a stalled rule a stall; any other rule does not change the verdict. */
-static int parse_verdict(cJSON *v, struct alert_rule *r, char *why, size_t whylen) {
-    r->verdict = ALERT_V_HEALTHY;
-    if (!v) {
-        if (!strcmp(r->name, "entropy_collapse")) r->verdict = ALERT_V_COLLAPSED;
-        else if (r->op == ALERT_OP_NONFINITE && r->metric && !strcmp(r->metric, "loss")) r->verdict = ALERT_V_DIVERGED;
-        else if (r->op == ALERT_OP_STALLED) r->verdict = ALERT_V_STALLED;
-        return 0;
-    }
-    const char *s = cJSON_GetStringValue(v);
-    if (s && !strcmp(s, "collapsed")) r->verdict = ALERT_V_COLLAPSED;
-    else if (s && !strcmp(s, "diverged")) r->verdict = ALERT_V_DIVERGED;
-    else if (s && !strcmp(s, "stalled")) r->verdict = ALERT_V_STALLED;
-    else if (!s || strcmp(s, "none")) {
-        snprintf(why, whylen, "\"verdict\" must be collapsed, diverged, stalled or none");
-        return -1;
-    }
-    return 0;
-}
-
-static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
-    if (!cJSON_IsObject(o)) {
-        snprintf(why, whylen, "a rule must be an object");
-        return -1;
-    }
-    cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
-    if (!cJSON_IsString(name) || !*name->valuestring || strlen(name->valuestring) > 128) {
-        snprintf(why, whylen, "\"name\" must be a string of 1-128 bytes");
-        return -1;
-    }
-    if (copy_str(&r->name, name->valuestring, why, whylen)) return -1;
-    cJSON *scope = cJSON_GetObjectItemCaseSensitive(o, "scope");
-    r->scope = -1;
-    for (int i = 0; scope && cJSON_IsString(scope) && i < 4; i++)
-        if (!strcmp(scope->valuestring, scope_names[i])) r->scope = i;
-    if (r->scope < 0) {
-        snprintf(why, whylen, "\"scope\" must be head, layer, scalar or run");
-        return -1;
-    }
-    cJSON *cond = cJSON_GetObjectItemCaseSensitive(o, "condition");
-    cJSON *op = cond ? cJSON_GetObjectItemCaseSensitive(cond, "op") : NULL;
-    r->op = -1;
-    for (int i = 0; op && cJSON_IsString(op) && i < 8; i++)
-        if (!strcmp(op->valuestring, op_names[i])) r->op = i;
-    if (!cJSON_IsObject(cond) || r->op < 0) {
-        snprintf(why, whylen, "\"condition\" must be an object whose \"op\" is one of below, above, drop, growth, "
-                              "zscore, nonfinite, near_bound, stalled");
-        return -1;
-    }
-    if ((r->op == ALERT_OP_STALLED) != (r->scope == ALERT_SCOPE_RUN)) {
-        snprintf(why, whylen, "op stalled goes with scope run, and only it");
-        return -1;
-    }
-    cJSON *metric = cJSON_GetObjectItemCaseSensitive(o, "metric");
-    if (r->op != ALERT_OP_STALLED) {
-        if (!cJSON_IsString(metric) || !*metric->valuestring) {
-            snprintf(why, whylen, "\"metric\" must be a metric name");
-            return -1;
-        }
-        if (copy_str(&r->metric, metric->valuestring, why, whylen)) return -1;
-    }
-    double w = 1;
-    switch (r->op) {
-    case ALERT_OP_BELOW: case ALERT_OP_ABOVE:
-        if (num(cond, "value", &r->value, 1, -1e300, 1e300, why, whylen)) return -1;
-        break;
-    case ALERT_OP_DROP:
-        if (num(cond, "pct", &r->pct, 1, 0, 100, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen)) return -1;
-        break;
-    case ALERT_OP_GROWTH:
-        r->value = INFINITY;
-        r->rate = INFINITY;
-        if (num(cond, "value", &r->value, 0, -1e300, 1e300, why, whylen) ||
-            num(cond, "rate", &r->rate, 0, -1e300, 1e300, why, whylen) ||
-            num(cond, "window", &w, 1, 1, 100000, why, whylen)) return -1;
-        break;
-    case ALERT_OP_ZSCORE:
-        if (num(cond, "k", &r->k, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 2, 100000, why, whylen)) return -1;
-        break;
-    case ALERT_OP_NONFINITE:
-        break;
-    case ALERT_OP_NEAR_BOUND: {
-        cJSON *b = cJSON_GetObjectItemCaseSensitive(cond, "bound_metric");
-        cJSON *ri = cJSON_GetObjectItemCaseSensitive(cond, "rising_metric");
-        if (!cJSON_IsString(b) || !cJSON_IsString(ri)) {
-            snprintf(why, whylen, "near_bound needs \"bound_metric\" and \"rising_metric\" names");
-            return -1;
-        }
-        if (copy_str(&r->bound_metric, b->valuestring, why, whylen) ||
-            copy_str(&r->rising_metric, ri->valuestring, why, whylen))
-            return -1;
-        if (num(cond, "epsilon", &r->epsilon, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen))
-            return -1;
-        break;
-    }
-    case ALERT_OP_STALLED:
-        if (num(cond, "seconds", &r->seconds, 1, 0.001, 1e9, why, whylen)) return -1;
-        break;
-    }
-    cJSON *and = cJSON_GetObjectItemCaseSensitive(cond, "and");
-    if (and && parse_and(and, r, why, whylen)) return -1;
-    if (w != floor(w)) {
-        snprintf(why, whylen, "\"window\" must be a whole number of steps");
-        return -1;
-    }
-    r->window = (int)w;
-    double f = 0, k = 0;
-    cJSON *fo = cJSON_GetObjectItemCaseSensitive(o, "for");
-    cJSON *ko = cJSON_GetObjectItemCaseSensitive(o, "keep_firing_for");
-    if (fo && (!cJSON_IsNumber(fo) || fo->valuedouble < 0 || fo->valuedouble > 1e12 || fo->valuedouble != floor(fo->valuedouble))) {
-        snprintf(why, whylen, "\"for\" must be a whole number of steps >= 0");
-        return -1;
-    }
-    if (ko && (!cJSON_IsNumber(ko) || ko->valuedouble < 0 || ko->valuedouble > 1e12 || ko->valuedouble != floor(ko->valuedouble))) {
-        snprintf(why, whylen, "\"keep_firing_for\" must be a whole number of steps >= 0");
-        return -1;
-    }
-    if (fo) f = fo->valuedouble;
-    if (ko) k = ko->valuedouble;
-    r->for_steps = (int64_t)f;
-    r->keep_firing_for = (int64_t)k;
-    cJSON *sev = cJSON_GetObjectItemCaseSensitive(o, "severity");
-    if (sev && !cJSON_IsString(sev)) {
-        snprintf(why, whylen, "\"severity\" must be a string");
-        return -1;
-    }
-    if (copy_str(&r->severity, sev ? sev->valuestring : "warning", why, whylen)) return -1;
-    if (parse_kv(cJSON_GetObjectItemCaseSensitive(o, "labels"), r->labels, &r->nlabels, why, whylen, "labels") ||
-        parse_kv(cJSON_GetObjectItemCaseSensitive(o, "annotations"), r->annotations, &r->nannotations, why, whylen,
-                 "annotations"))
-        return -1;
-    if (parse_verdict(cJSON_GetObjectItemCaseSensitive(o, "verdict"), r, why, whylen)) return -1;
-    cJSON *it;
-    static const char *const known[] = {"name", "metric", "scope", "condition", "for", "keep_firing_for",
-                                        "severity", "labels", "annotations", "description", "verdict", NULL};
-    cJSON_ArrayForEach(it, o) {
-        int ok = 0;
-        for (int i = 0; known[i]; i++) ok |= !strcmp(it->string, known[i]);
-        if (!ok) {
-            snprintf(why, whylen, "unknown field \"%s\"", it->string);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-struct alert_rules *alert_rules_parse(const char *json, size_t len, char *err, size_t errlen) {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-    struct alert_rules *rs = NULL;
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        snprintf(err, errlen, "line %d: not valid JSON", at ? line_of(json, len, at) : 0);
-        return NULL;
-    }
-    cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "rules");
-    if (!cJSON_IsArray(arr)) {
-        snprintf(err, errlen, "line 1: the file must be an object with a \"rules\" array");
-        goto out;
-    }
-    rs = calloc(1, sizeof *rs);
-    int n = cJSON_GetArraySize(arr);
-    if (!rs || !(rs->rules = calloc((size_t)(n ? n : 1), sizeof *rs->rules))) {
-        snprintf(err, errlen, "out of memory");
-        free(rs);
-        rs = NULL;
-        goto out;
-    }
-    cJSON *o;
-    int i = 0;
-    cJSON_ArrayForEach(o, arr) {
-        char why[400];
-        rs->n = i + 1;
-        if (parse_rule(o, &rs->rules[i], why, sizeof why)) {
-            cJSON *nm = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "name") : NULL;
-            const char *name = cJSON_IsString(nm) ? nm->valuestring : NULL;
-            snprintf(err, errlen, "line %d: rule %d%s%s%s: %s", rule_line(json, len, name, i), i + 1,
-                     name ? " (" : "", name ? name : "", name ? ")" : "", why);
-            alert_rules_free(rs);
-            rs = NULL;
-            goto out;
-        }
-        for (int j = 0; j < i; j++)
-            if (!strcmp(rs->rules[j].name, rs->rules[i].name)) {
-                snprintf(err, errlen, "line %d: rule %d: the name \"%s\" is used twice",
-                         rule_line(json, len, NULL, i), i + 1, rs->rules[i].name);
-                alert_rules_free(rs);
-                rs = NULL;
-                goto out;
-            }
-        i++;
-    }
-out:
-    cJSON_Delete(root);
-    return rs;
-}
-
-struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen) {
-    if (!path) return alert_rules_parse(default_rules, sizeof default_rules - 1, err, errlen);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "cannot read rules file %s", path);
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > (16u << 20)) {
-                snprintf(err, errlen, "rules file %s is larger than 16 MiB", path);
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); snprintf(err, errlen, "out of memory"); return NULL; }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (n == 0) break;
-    }
-    fclose(f);
-    char inner[512];
-    struct alert_rules *r = alert_rules_parse(buf, len, inner, sizeof inner);
-    if (!r) snprintf(err, errlen, "rules file %s: %s", path, inner);
-    free(buf);
-    return r;
-}
-
-/* ---- engine ---- */
 
 struct cell_state {
     int64_t pending_since;   /* -1 when the condition is not holding */
     int64_t clear_since;     /* -1 unless firing and clear */
     int64_t fired_from;      /* while firing: the step its condition began to hold; else -1 */
-    int firing;
-    float last;
     /* running summaries of the cell's window, kept in O(1) per step */
-    float mx;                /* max of the finite values in the ring (-inf if none) */
     double sum, sumsq;       /* of the finite values in the ring */
-    int nfinite;
+    float last;
+    float mx;                /* max of the finite values in the ring (-inf if none) */
+    int32_t nfinite;
+    int32_t firing;          /* no padding: 56 bytes (it was 64) */
 };
 
 /* The state of one rule in one run. ring holds, per cell, the last `window`
@@ -493,7 +41,7 @@ struct group {
     double starts_at;
     int64_t start_step;
     struct alert_cell *last_cells;   /* what fired, for RESOLVED and UPDATE detection */
-    int nlast;
+    int nlast, last_cap;             /* last_cells grows with the cells firing: most never do */
 };
 
 struct run_state {
@@ -534,6 +82,8 @@ struct alert_engine {
     struct alert_verdict verdict;
     struct alert_cell *vcells;
     int vcap;
+    alert_resume_fn *resume;    /* may be NULL */
+    void *resume_ctx;
 };
 
 struct alert_engine *alert_engine_create(const struct alert_rules *rules) {
@@ -546,6 +96,11 @@ struct alert_engine *alert_engine_create(const struct alert_rules *rules) {
         return NULL;
     }
     return e;
+}
+
+void alert_engine_set_resume(struct alert_engine *e, alert_resume_fn *fn, void *ctx) {
+    e->resume = fn;
+    e->resume_ctx = ctx;
 }
 
 static void group_free(struct group *g) {
@@ -625,7 +180,7 @@ static struct run_state *run_find(struct alert_engine *e, int64_t id, int create
     r->vsince = -1;
     char nm[32];
     snprintf(nm, sizeof nm, "run-%lld", (long long)id);
-    r->name = dupstr(nm);
+    r->name = strdup(nm);
     r->groups = calloc((size_t)(e->rules->n ? e->rules->n : 1), sizeof *r->groups);
     if (!r->name || !r->groups) {
         run_free(e->rules, r);
@@ -658,7 +213,8 @@ static uint64_t run_bytes(const struct alert_engine *e, const struct run_state *
     for (int k = 0; k < e->rules->n; k++) {
         const struct group *g = &r->groups[k];
         int w = e->rules->rules[k].window > 0 ? e->rules->rules[k].window : 1;
-        b += (uint64_t)g->ncells * (sizeof *g->cells + sizeof *g->last_cells + (uint64_t)w * sizeof(float));
+        b += (uint64_t)g->ncells * (sizeof *g->cells + (uint64_t)w * sizeof(float)) +
+             (uint64_t)g->last_cap * sizeof *g->last_cells;
     }
     return b;
 }
@@ -691,10 +247,9 @@ static int group_init(struct group *g, const struct alert_rule *rule, int n) {
     group_free(g);
     memset(g, 0, sizeof *g);
     g->cells = calloc((size_t)n, sizeof *g->cells);
-    g->last_cells = calloc((size_t)n, sizeof *g->last_cells);
     int w = rule->window > 0 ? rule->window : 1;
     g->ring = calloc((size_t)n * (size_t)w, sizeof *g->ring);
-    if (!g->cells || !g->last_cells || !g->ring) {
+    if (!g->cells || !g->ring) {
         group_free(g);
         memset(g, 0, sizeof *g);
         return -1;
@@ -770,7 +325,7 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
     struct alert_transition *t = &e->tr[e->ntr];
     struct alert_cell *cells = malloc((size_t)(g->nlast ? g->nlast : 1) * sizeof *cells);
     if (!cells) return NULL;
-    memcpy(cells, g->last_cells, (size_t)g->nlast * sizeof *cells);
+    if (g->nlast) memcpy(cells, g->last_cells, (size_t)g->nlast * sizeof *cells);
     e->tr_cells[e->ntr++] = cells;
     /* FNV-1a over the identifying labels, each followed by a 0 byte */
     uint64_t h = 1469598103934665603ULL;
@@ -793,8 +348,11 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
         } else if (v > worst) worst = v;
     }
     *t = (struct alert_transition){.state = state, .rule = rule, .run_id = r->id, .run_name = r->name,
-                                   .fingerprint = h, .starts_at = g->starts_at,
-                                   .ends_at = state == ALERT_RESOLVED ? time : 0, .start_step = g->start_step,
+                                   .fingerprint = h, .starts_at = g->starts_at, .at = time,
+                                   /* a wall clock stepped back must not end an alert before it began
+                                    * (Alertmanager refuses endsAt < startsAt) */
+                                   .ends_at = state == ALERT_RESOLVED ? fmax(time, g->starts_at) : 0,
+                                   .start_step = g->start_step,
                                    .step = step, .ncells = g->nlast, .cells = cells, .value = worst};
     e->stats.transitions++;
     return t;
@@ -820,6 +378,14 @@ static int group_settle(struct alert_engine *e, const struct alert_rule *rule, s
             earliest = g->cells[i].pending_since;
     }
     if (n != g->nlast) changed = 1;
+    if (n > g->last_cap) {
+        int cap = g->last_cap ? g->last_cap : 4;
+        while (cap < n) cap = cap > g->ncells / 2 ? g->ncells : cap * 2;
+        struct alert_cell *lc = realloc(g->last_cells, (size_t)cap * sizeof *lc);
+        if (!lc) return -1; /* out of memory: the group's cells stay as they were */
+        g->last_cells = lc;
+        g->last_cap = cap;
+    }
     if (n > 0) {
         /* remember the firing cells (with their latest values) */
         int j = 0;
@@ -838,7 +404,9 @@ static int group_settle(struct alert_engine *e, const struct alert_rule *rule, s
         g->firing = 1;
         g->starts_at = time;
         g->start_step = earliest >= 0 ? earliest : step;
+        int resumed = e->resume && e->resume(e->resume_ctx, r->id, rule->name, &g->starts_at, &g->start_step) == 1;
         t = tr_add(e, ALERT_FIRING, rule, r, g, step, time);
+        if (t) t->resumed = resumed;
     } else if (g->firing && n == 0) {
         g->firing = 0;
         t = tr_add(e, ALERT_RESOLVED, rule, r, g, step, time);
@@ -1145,16 +713,19 @@ static int verdict_update(struct alert_engine *e, struct run_state *r, int force
     return 0;
 }
 
-int alert_feed(struct alert_engine *e, const struct writer_item *it) {
+int alert_feed(struct alert_engine *e, const struct writer_item *it, double now) {
     clear_transitions(e);
     struct run_state *r = run_find(e, it->run_id, 1);
     if (!r) return -1;
-    double time = it->time;
+    /* the daemon's clock, never the trainer's `time` (data only): a skewed
+     * trainer clock would make stalled fire and resolve at every step, and
+     * give Alertmanager a startsAt it rejects */
+    double time = now;
     int n = 0, t;
     switch (it->kind) {
     case WRITER_HELLO:
         if (it->msg.run[0]) {
-            char *name = dupstr(it->msg.run);
+            char *name = strdup(it->msg.run);
             if (!name) return -1; /* keeps the old name */
             free(r->name);
             r->name = name;
@@ -1261,10 +832,12 @@ static void iso8601(double t, char *buf, size_t n) {
         snprintf(buf, n, "0001-01-01T00:00:00Z"); /* Alertmanager's "no end" */
         return;
     }
-    time_t s = (time_t)t;
+    /* rounded, not truncated: a time stored as %.3f and read back prints the same */
+    long long all_ms = llround(t * 1000);
+    time_t s = (time_t)(all_ms / 1000);
     struct tm tm;
     gmtime_r(&s, &tm);
-    int ms = (int)((t - (double)s) * 1000);
+    int ms = (int)(all_ms % 1000);
     snprintf(buf, n, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
              tm.tm_min, tm.tm_sec, ms);
 }

@@ -1,7 +1,6 @@
-/* alert.h: alert rules and the engine that evaluates them.
+/* alert.h: the engine that evaluates alert rules (alert_rules.h).
  *
- * Rules come from a JSON file (--rules FILE) or the built-in default set
- * (alert_default_rules_json). The engine is fed every committed item, in
+ * The engine is fed every committed item, in
  * commit order (alert_feed), plus a clock tick (alert_tick) for the one
  * time-based rule kind (stalled). It keeps per-run, per-rule, per-cell
  * state in memory and returns transitions: an alert group (run x rule)
@@ -12,7 +11,7 @@
  * firing group produce UPDATE transitions, which are stored and streamed but
  * not notified.
  *
- * Pure: no I/O except reading the rules file, no threads. Not thread-safe:
+ * Pure: no I/O, no threads. Not thread-safe:
  * one engine is driven by one thread (the writer's commit hook). */
 #ifndef ALERT_H
 #define ALERT_H
@@ -20,79 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "alert_rules.h"
 #include "writer.h"
-
-/* A run's verdict (README "Alerts", docs): what the run is, or ended, as.
- * A rule stands for one of collapsed, diverged or stalled (or none). */
-enum alert_verdict_state {
-    ALERT_V_HEALTHY = 0,
-    ALERT_V_COLLAPSING,   /* a collapse rule pending or firing on a live run */
-    ALERT_V_COLLAPSED,    /* a collapse rule firing when the run stopped (ended or went stale) */
-    ALERT_V_DIVERGED,     /* a divergence rule firing (NaN/Inf loss), or the run ended `failed` */
-    ALERT_V_STALLED,      /* a stalled rule firing, or the run went stale (trainer gone without end) */
-    ALERT_V_COUNT
-};
-
-/* "healthy", "collapsing", ... (ALERT_V_*); "none" is not a verdict. */
-const char *alert_verdict_name(int v);
-
-enum alert_scope { ALERT_SCOPE_HEAD = 0, ALERT_SCOPE_LAYER, ALERT_SCOPE_SCALAR, ALERT_SCOPE_RUN };
-
-enum alert_op {
-    ALERT_OP_BELOW = 0,   /* v < value */
-    ALERT_OP_ABOVE,       /* v > value */
-    ALERT_OP_DROP,        /* v < (1 - pct/100) * max of the last `window` values */
-    ALERT_OP_GROWTH,      /* v > value, or (v - v[window steps ago]) / window > rate */
-    ALERT_OP_ZSCORE,      /* v > mean + k * std of the previous `window` values */
-    ALERT_OP_NONFINITE,   /* v is NaN or infinite (null on the wire) */
-    ALERT_OP_NEAR_BOUND,  /* v - bound_metric < epsilon while rising_metric grew over `window` */
-    ALERT_OP_STALLED,     /* a live run sent nothing for `seconds` (scope run) */
-};
-
-#define ALERT_MAX_LABELS 16
-
-struct alert_kv {
-    char *key, *value;
-};
-
-struct alert_rule {
-    char *name;
-    char *metric;            /* NULL for stalled */
-    int scope;               /* enum alert_scope */
-    int op;                  /* enum alert_op */
-    double value, pct, rate, k, epsilon, seconds;
-    int window;              /* steps, >= 1 where used */
-    char *bound_metric, *rising_metric;
-    /* optional guard (condition "and"): the cell's and_metric (same scope)
-     * must also be below (and_op ALERT_OP_BELOW) or above and_value;
-     * and_metric is NULL when the rule has none */
-    char *and_metric;
-    int and_op;
-    double and_value;
-    int64_t for_steps, keep_firing_for;
-    char *severity;
-    int verdict;             /* enum alert_verdict_state this rule stands for when firing:
-                              * "verdict" in the rule, or inferred (alert_rules_parse) */
-    int nlabels, nannotations;
-    struct alert_kv labels[ALERT_MAX_LABELS];
-    struct alert_kv annotations[ALERT_MAX_LABELS];
-};
-
-struct alert_rules {
-    int n;
-    struct alert_rule *rules;
-};
-
-/* The built-in default rules, as the JSON a rules file would hold. */
-const char *alert_default_rules_json(void);
-
-/* Parses rules from JSON text. On error returns NULL and writes a message
- * naming the line (and the rule) into err. The caller frees the result with
- * alert_rules_free(). */
-struct alert_rules *alert_rules_parse(const char *json, size_t len, char *err, size_t errlen);
-/* Reads and parses a file; NULL path gives the default rules. */
-struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen);
-void alert_rules_free(struct alert_rules *r);
 
 enum alert_state { ALERT_FIRING = 1, ALERT_RESOLVED, ALERT_UPDATE };
 
@@ -120,12 +48,15 @@ struct alert_transition {
     int64_t run_id;
     const char *run_name;
     uint64_t fingerprint;         /* of {alertname, run, rule labels} */
-    double starts_at, ends_at;    /* Unix seconds; ends_at 0 while firing */
+    double starts_at, ends_at;    /* Unix seconds, the daemon's clock; ends_at 0 while firing */
+    double at;                    /* when this transition happened (the daemon's clock) */
     int64_t start_step, step;     /* step the episode began; step of this transition */
     int ncells;                   /* cells firing now (FIRING, UPDATE) or last (RESOLVED) */
     const struct alert_cell *cells;
     double value;                 /* the worst value among the cells */
     int reason;                   /* enum alert_reason: why a RESOLVED resolved */
+    int resumed;                  /* FIRING only: the episode an earlier daemon opened goes on
+                                   * (alert_resume_fn): starts_at and start_step are its own */
 };
 
 /* A run's verdict as the engine sees it: the state, the step the condition
@@ -147,11 +78,21 @@ struct alert_engine;
 struct alert_engine *alert_engine_create(const struct alert_rules *rules);
 void alert_engine_destroy(struct alert_engine *e);
 
+/* Asked when a group fires for the first time in this engine: 1 when an
+ * episode of (run, rule) opened by an earlier daemon is still open (the
+ * daemon was stopped or killed while it fired), with its start in
+ * *starts_at and *start_step; else 0 and both untouched. The FIRING then
+ * carries `resumed` and the episode's own start, which its RESOLVED keeps. */
+typedef int alert_resume_fn(void *ctx, int64_t run_id, const char *rule, double *starts_at, int64_t *start_step);
+void alert_engine_set_resume(struct alert_engine *e, alert_resume_fn *fn, void *ctx);
+
 /* Feeds one committed item (hello, step, event, end, stale, delete) of a
- * run. Returns the number of transitions it caused, readable with
- * alert_transition_at() until the next feed or tick; -1 out of memory
- * (the engine stays usable). */
-int alert_feed(struct alert_engine *e, const struct writer_item *it);
+ * run, received at `now` on the daemon's clock (Unix seconds, the clock
+ * alert_tick is given): staleness, startsAt and endsAt are on that clock,
+ * and the item's own `time` (the trainer's) is never read. Returns the
+ * number of transitions it caused, readable with alert_transition_at()
+ * until the next feed or tick; -1 out of memory (the engine stays usable). */
+int alert_feed(struct alert_engine *e, const struct writer_item *it, double now);
 
 /* Advances the clock (Unix seconds) for stalled rules. Same returns. */
 int alert_tick(struct alert_engine *e, double now);

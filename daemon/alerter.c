@@ -10,6 +10,9 @@
 #include <cJSON.h>
 #include <malloc.h>
 
+#include "now.h"
+#include "query.h"
+#include "strbuf.h"
 #include "stream.h"
 
 /* A run whose alert state was at least this large gives memory back when it
@@ -23,9 +26,41 @@ struct alerter {
     struct store *store;
     struct stream *stream;
     struct writer *writer;
+    struct query_pool *pool;    /* may be NULL: no episode of an earlier daemon is resumed */
     pthread_mutex_t mu;         /* guards stats */
     struct alerter_stats stats;
 };
+
+/* alert_resume_fn: the newest episode of (run, rule) still firing in the
+ * database, which an earlier daemon opened (this one resolves its own
+ * before they can fire again). Read through a pool connection: it is rare
+ * (a group's first firing in this process) and needs no write lock. */
+static int resume_episode(void *ctx, int64_t run_id, const char *rule, double *starts_at, int64_t *start_step) {
+    struct alerter *m = ctx;
+    char err[256];
+    struct query *q = query_acquire(m->pool, err, sizeof err);
+    if (!q) return 0;
+    struct strbuf b = {0};
+    int rc = query_alerts(q, "firing", run_id, 256, &b, err, sizeof err);
+    query_release(m->pool, q);
+    int found = 0;
+    cJSON *arr = rc == QUERY_OK ? cJSON_ParseWithLength(b.p, b.len) : NULL;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, arr) { /* newest first */
+        const char *r = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "rule"));
+        const cJSON *sa = cJSON_GetObjectItemCaseSensitive(a, "starts_at");
+        const cJSON *ss = cJSON_GetObjectItemCaseSensitive(a, "start_step");
+        if (r && !strcmp(r, rule) && cJSON_IsNumber(sa) && cJSON_IsNumber(ss)) {
+            *starts_at = sa->valuedouble;
+            *start_step = (int64_t)ss->valuedouble;
+            found = 1;
+            break;
+        }
+    }
+    cJSON_Delete(arr);
+    strbuf_free(&b);
+    return found;
+}
 
 struct alerter *alerter_create(const struct alerter_config *cfg, char *err, size_t errlen) {
     struct alerter *m = calloc(1, sizeof *m);
@@ -43,6 +78,8 @@ struct alerter *alerter_create(const struct alerter_config *cfg, char *err, size
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    m->pool = cfg->pool;
+    if (m->pool) alert_engine_set_resume(m->engine, resume_episode, m);
     m->notify = notify_create(&cfg->notify, err, errlen);
     if (!m->notify) goto fail;
     return m;
@@ -62,8 +99,6 @@ void alerter_destroy(struct alerter *m, int wait_ms) {
     free(m);
 }
 
-const struct alert_rules *alerter_rules(const struct alerter *m) { return m->rules; }
-
 static char *cells_json(const struct alert_transition *t) {
     size_t cap = 16 + (size_t)t->ncells * 64, off = 0;
     char *s = malloc(cap);
@@ -74,8 +109,11 @@ static char *cells_json(const struct alert_transition *t) {
         char v[32];
         if (isfinite(c->value)) snprintf(v, sizeof v, "%.6g", c->value);
         else snprintf(v, sizeof v, "null");
-        off += (size_t)snprintf(s + off, cap - off, "%s{\"layer\":%d,\"head\":%d,\"value\":%s}", i ? "," : "",
-                                c->layer, c->head, v);
+        /* an axis the rule's scope lacks (-1) is left out, as in the alert object */
+        off += (size_t)snprintf(s + off, cap - off, "%s{", i ? "," : "");
+        if (c->layer >= 0) off += (size_t)snprintf(s + off, cap - off, "\"layer\":%d,", c->layer);
+        if (c->head >= 0) off += (size_t)snprintf(s + off, cap - off, "\"head\":%d,", c->head);
+        off += (size_t)snprintf(s + off, cap - off, "\"value\":%s}", v);
     }
     snprintf(s + off, cap - off, "]");
     return s;
@@ -100,7 +138,7 @@ static void dispatch(struct alerter *m, const struct alert_transition *t, int in
     }
     struct store_alert sa = {.run_id = t->run_id, .rule = t->rule->name, .severity = t->rule->severity,
                              .fingerprint = fp, .transition = transition_name(t->state),
-                             .time = t->state == ALERT_RESOLVED ? t->ends_at : t->starts_at,
+                             .time = t->at,
                              .starts_at = t->starts_at, .ends_at = t->ends_at, .start_step = t->start_step,
                              .step = t->step, .value = t->value, .cells_json = cells, .payload = json,
                              .reason = t->state == ALERT_RESOLVED ? alert_reason_name(t->reason) : NULL};
@@ -136,10 +174,14 @@ static void dispatch(struct alerter *m, const struct alert_transition *t, int in
     } else {
         fprintf(stderr, "entropyd: out of memory formatting an alert\n");
     }
-    if (t->state != ALERT_UPDATE && notify_post(m->notify, sa.transition, t->rule->name, t->run_name, json))
+    if (t->state != ALERT_UPDATE &&
+        notify_post(m->notify, sa.transition, t->rule->name, t->run_name, json, t->resumed))
         fprintf(stderr, "entropyd: out of memory queueing a notification\n");
     pthread_mutex_lock(&m->mu);
-    if (t->state == ALERT_FIRING) m->stats.firing++;
+    if (t->state == ALERT_FIRING) {
+        m->stats.firing++;
+        m->stats.resumed += (uint64_t)t->resumed;
+    }
     else if (t->state == ALERT_RESOLVED && m->stats.firing > 0) m->stats.firing--;
     pthread_mutex_unlock(&m->mu);
 out:
@@ -187,6 +229,7 @@ static void store_verdict(struct alerter *m, const struct alert_verdict *v) {
 static void publish_stats(struct alerter *m) {
     pthread_mutex_lock(&m->mu);
     alert_get_stats(m->engine, &m->stats.engine);
+    alert_engine_usage(m->engine, &m->stats.state_runs, &m->stats.state_bytes);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -195,7 +238,7 @@ void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
     for (const struct writer_item *it = items; it; it = it->next) {
         released |= it->applied && it->kind == WRITER_DELETE;
         if (!it->applied) continue; /* rejected by the store */
-        int n = alert_feed(m->engine, it);
+        int n = alert_feed(m->engine, it, now_wall());
         if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
         released |= alert_released_bytes(m->engine) >= ALERTER_RELEASE_BYTES;
         dispatch_all(m, n, it->kind == WRITER_STEP && it->msg.has_time ? it->msg.time : NAN);
@@ -236,3 +279,5 @@ void alerter_get_stats(struct alerter *m, struct alerter_stats *out) {
     pthread_mutex_unlock(&m->mu);
     notify_get_stats(m->notify, &out->notify);
 }
+
+void alerter_set_external_url(struct alerter *m, const char *url) { notify_set_external_url(m->notify, url); }

@@ -22,12 +22,15 @@
 #include "writer.h"
 
 struct stream;
+struct query_pool;
 
 struct alerter_config {
     const char *rules_path;     /* NULL: the default rules */
     struct notify_config notify;
     struct store *store;        /* the writer's store: used only from the writer thread */
     struct stream *stream;      /* may be NULL */
+    struct query_pool *pool;    /* borrowed, may be NULL: reads the episodes an earlier daemon left
+                                 * firing, which a new FIRING resumes (no second page) */
 };
 
 struct alerter;
@@ -50,12 +53,15 @@ struct alerter_stats {
     struct alert_stats engine;
     struct notify_stats notify;
     uint64_t firing;            /* groups firing now */
+    uint64_t resumed;           /* firings that resumed an earlier daemon's episode (not paged again) */
     uint64_t store_errors;
+    uint64_t state_runs, state_bytes; /* the engine's per-run state (alert_engine_usage) */
 };
-/* Safe from any thread. */
+/* Safe from any thread (/metrics). */
 void alerter_get_stats(struct alerter *m, struct alerter_stats *out);
 
-/* The rules in force (for documentation endpoints and tests). */
-const struct alert_rules *alerter_rules(const struct alerter *m);
+/* The daemon's URL for generatorURL and externalURL, once HTTP listens
+ * (its real port when --http asked for port 0). Copied. */
+void alerter_set_external_url(struct alerter *m, const char *url);
 
 #endif

@@ -1,5 +1,6 @@
 /* embed.h: files compiled into the daemon at build time (scripts/embed.c).
- * `migrations` holds the schema .sql files sorted by name; `webassets` holds web/.
+ * `migrations` holds the schema .sql files sorted by name; `webassets` holds web/;
+ * `default_rules` the built-in alert rules (schema/default_rules.json).
  * Each table ends with an entry whose path is NULL. Data is NUL-terminated
  * (not counted in size) so SQL can be passed to sqlite3_exec directly. */
 #ifndef EMBED_H
@@ -14,5 +15,6 @@ struct embed_file {
 
 extern const struct embed_file migrations[];
 extern const struct embed_file webassets[];
+extern const struct embed_file default_rules[];
 
 #endif

@@ -444,6 +444,28 @@ static struct query *take_query(struct http *h, struct MHD_Connection *c, enum M
     return q;
 }
 
+/* One read of the JSON API: writes its answer into b and returns QUERY_OK,
+ * or a QUERY_* code with a message in err. */
+typedef int read_fn(struct query *q, const void *arg, struct strbuf *b, char *err, size_t errlen);
+
+/* The tail of every read handler: borrows a pool connection, runs fn,
+ * gives the connection back, and answers 200 with what fn wrote, or fn's
+ * error (404, 400, 500; 503 when no connection could be had). */
+static enum MHD_Result answer_read(struct http *h, struct MHD_Connection *c, read_fn *fn, const void *arg) {
+    enum MHD_Result res;
+    struct query *q = take_query(h, c, &res);
+    if (!q) return res;
+    struct strbuf b = {0};
+    char err[256];
+    int rc = fn(q, arg, &b, err, sizeof err);
+    query_release(h->cfg.pool, q);
+    if (rc) {
+        strbuf_free(&b);
+        return send_query_error(h, c, rc, err);
+    }
+    return send_json(h, c, 200, &b);
+}
+
 /* The meta.KEY=VALUE filters of a runs request. */
 struct meta_filters {
     struct query_runs_req *req;
@@ -485,6 +507,10 @@ static int time_param(struct MHD_Connection *c, const char *name, double *out) {
     if (!*v || *end || errno || !(d > -1e15 && d < 1e15)) return -1;
     *out = d;
     return 1;
+}
+
+static int read_runs(struct query *q, const void *req, struct strbuf *b, char *err, size_t errlen) {
+    return query_runs_page(q, req, b, err, errlen);
 }
 
 /* GET /api/runs: every run as a JSON array (the original answer), or, with
@@ -529,33 +555,32 @@ static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t 
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, meta_collect, &mf);
     if (mf.bad == 1) return send_error(h, c, 400, "at most %d meta.KEY filters", QUERY_RUNS_MAX_META);
     if (mf.bad == 2) return send_error(h, c, 400, "a meta filter is meta.KEY or meta.KEY.SUBKEY (letters, digits, _ -)");
-    enum MHD_Result res;
-    struct query *q = take_query(h, c, &res);
-    if (!q) return res;
-    struct strbuf b = {0};
-    char err[256];
-    int rc = query_runs_page(q, &req, &b, err, sizeof err);
-    query_release(h->cfg.pool, q);
-    if (rc) {
-        strbuf_free(&b);
-        return send_query_error(h, c, rc, err);
-    }
-    return send_json(h, c, 200, &b);
+    return answer_read(h, c, read_runs, &req);
+}
+
+static int read_run(struct query *q, const void *id, struct strbuf *b, char *err, size_t errlen) {
+    return query_run(q, *(const int64_t *)id, b, err, errlen);
 }
 
 static enum MHD_Result h_run(struct http *h, struct MHD_Connection *c, int64_t id) {
-    enum MHD_Result res;
-    struct query *q = take_query(h, c, &res);
-    if (!q) return res;
-    struct strbuf b = {0};
-    char err[256];
-    int rc = query_run(q, id, &b, err, sizeof err);
-    query_release(h->cfg.pool, q);
-    if (rc) {
-        strbuf_free(&b);
-        return send_query_error(h, c, rc, err);
+    return answer_read(h, c, read_run, &id);
+}
+
+/* A series; `from` past the metric's last step with no `to` is a request
+ * that does not fit the data (400, as from > to is), not an empty answer. */
+static int read_series(struct query *q, const void *arg, struct strbuf *b, char *err, size_t errlen) {
+    const struct query_series_req *r = arg;
+    int rc = query_series(q, r, b, err, errlen);
+    if (rc || !r->has_from || r->has_to) return rc;
+    /* the answer's "to" is the last step when none was asked for; names in
+     * it are JSON strings, where a quote is escaped: this is the field */
+    const char *to = b->p ? strstr(b->p, ",\"to\":") : NULL;
+    long long last;
+    if (to && sscanf(to + 6, "%lld", &last) == 1 && r->from > last) {
+        snprintf(err, errlen, "from %lld is past the last step of %s (%lld)", (long long)r->from, r->metric, last);
+        return QUERY_BAD;
     }
-    return send_json(h, c, 200, &b);
+    return rc;
 }
 
 static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_t id) {
@@ -575,18 +600,19 @@ static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_
     if (p >= 0) r.agg = p;
     if ((p = choice_param(c, "split", split_names)) == -1) return send_error(h, c, 400, "split must be head or layer");
     if (p >= 0) r.split = p;
-    enum MHD_Result res;
-    struct query *q = take_query(h, c, &res);
-    if (!q) return res;
-    struct strbuf b = {0};
-    char err[256];
-    int rc = query_series(q, &r, &b, err, sizeof err);
-    query_release(h->cfg.pool, q);
-    if (rc) {
-        strbuf_free(&b);
-        return send_query_error(h, c, rc, err);
-    }
-    return send_json(h, c, 200, &b);
+    return answer_read(h, c, read_series, &r);
+}
+
+struct frame_req {
+    int64_t run_id;
+    const char *metric;
+    int has_step;
+    int64_t step;
+};
+
+static int read_frame(struct query *q, const void *arg, struct strbuf *b, char *err, size_t errlen) {
+    const struct frame_req *r = arg;
+    return query_frame(q, r->run_id, r->metric, r->has_step, r->step, b, err, errlen);
 }
 
 static enum MHD_Result h_frame(struct http *h, struct MHD_Connection *c, int64_t id) {
@@ -595,18 +621,19 @@ static enum MHD_Result h_frame(struct http *h, struct MHD_Connection *c, int64_t
     int64_t step = 0;
     int has = int_param(c, "step", 0, INT64_MAX, &step);
     if (has < 0) return BAD_INT("step", 0, INT64_MAX);
-    enum MHD_Result res;
-    struct query *q = take_query(h, c, &res);
-    if (!q) return res;
-    struct strbuf b = {0};
-    char err[256];
-    int rc = query_frame(q, id, metric, has, step, &b, err, sizeof err);
-    query_release(h->cfg.pool, q);
-    if (rc) {
-        strbuf_free(&b);
-        return send_query_error(h, c, rc, err);
-    }
-    return send_json(h, c, 200, &b);
+    struct frame_req fr = {id, metric, has, step};
+    return answer_read(h, c, read_frame, &fr);
+}
+
+struct events_req {
+    int64_t run_id, after, before;
+    int newest_first;
+    int64_t limit;
+};
+
+static int read_events(struct query *q, const void *arg, struct strbuf *b, char *err, size_t errlen) {
+    const struct events_req *r = arg;
+    return query_events(q, r->run_id, r->after, r->before, r->newest_first, r->limit, b, err, errlen);
 }
 
 static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_t id) {
@@ -622,18 +649,18 @@ static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_
     int newest_first = has_before || o == 1;
     if (has_after && newest_first) return send_error(h, c, 400, "after pages oldest first: not with before or order=desc");
     if (has_before && o == 0) return send_error(h, c, 400, "before pages newest first: not with order=asc");
-    enum MHD_Result res;
-    struct query *q = take_query(h, c, &res);
-    if (!q) return res;
-    struct strbuf b = {0};
-    char err[256];
-    int rc = query_events(q, id, after, before, newest_first, limit, &b, err, sizeof err);
-    query_release(h->cfg.pool, q);
-    if (rc) {
-        strbuf_free(&b);
-        return send_query_error(h, c, rc, err);
-    }
-    return send_json(h, c, 200, &b);
+    struct events_req er = {id, after, before, newest_first, limit};
+    return answer_read(h, c, read_events, &er);
+}
+
+struct alerts_req {
+    const char *state;
+    int64_t run_id, limit;
+};
+
+static int read_alerts(struct query *q, const void *arg, struct strbuf *b, char *err, size_t errlen) {
+    const struct alerts_req *r = arg;
+    return query_alerts(q, r->state, r->run_id, r->limit, b, err, errlen);
 }
 
 /* GET /api/alerts?state=&run=&limit= and GET /api/runs/{id}/alerts?state=&limit= */
@@ -642,18 +669,8 @@ static enum MHD_Result alerts_answer(struct http *h, struct MHD_Connection *c, i
     if (int_param(c, "limit", 1, 100000, &limit) < 0) return BAD_INT("limit", 1, 100000);
     const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
     if (state && !*state) state = NULL;
-    enum MHD_Result res;
-    struct query *q = take_query(h, c, &res);
-    if (!q) return res;
-    struct strbuf b = {0};
-    char err[256];
-    int rc = query_alerts(q, state, run_id, limit, &b, err, sizeof err);
-    query_release(h->cfg.pool, q);
-    if (rc) {
-        strbuf_free(&b);
-        return send_query_error(h, c, rc, err);
-    }
-    return send_json(h, c, 200, &b);
+    struct alerts_req ar = {state, run_id, limit};
+    return answer_read(h, c, read_alerts, &ar);
 }
 
 static enum MHD_Result h_alerts(struct http *h, struct MHD_Connection *c, int64_t id) {
@@ -829,9 +846,51 @@ static void ingest_guard_metrics(struct strbuf *b, const struct ingest_stats *is
          (double)is->input_refused);
 }
 
+/* The alert engine's and the notifier's counters (alerter.h, notify.h). */
+static void alerter_metrics(struct strbuf *b, struct alerter *m) {
+    struct alerter_stats as;
+    alerter_get_stats(m, &as);
+    prom(b, "entropyd_alert_steps_total", "counter", "Steps the alert rules evaluated.", (double)as.engine.steps);
+    prom(b, "entropyd_alert_evaluation_seconds_total", "counter", "CPU time spent evaluating alert rules.",
+         as.engine.eval_ms / 1e3);
+    prom(b, "entropyd_alert_transitions_total", "counter", "Alert transitions (firing, resolved, update).",
+         (double)as.engine.transitions);
+    prom(b, "entropyd_alert_groups_firing", "gauge", "Alert groups (run x rule) firing now.", (double)as.firing);
+    prom(b, "entropyd_alert_resumed_total", "counter",
+         "Firings that went on with an episode an earlier daemon opened (not paged again).", (double)as.resumed);
+    prom(b, "entropyd_alert_state_runs", "gauge", "Runs whose alert state is held (live ones).", (double)as.state_runs);
+    prom(b, "entropyd_alert_state_bytes", "gauge",
+         "Memory of the alert rules' per-cell state (docs/alerts.md: bytes per head and rule).", (double)as.state_bytes);
+    prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
+         (double)as.store_errors);
+    const struct notify_stats *ns = &as.notify;
+    prom(b, "entropyd_notifications_queued_total", "counter", "Notifications queued (firing and resolved).",
+         (double)ns->queued);
+    prom(b, "entropyd_notifications_dropped_total", "counter", "Notifications dropped: queue full or shutdown.",
+         (double)ns->dropped);
+    prom(b, "entropyd_notification_retries_total", "counter", "Webhook and Alertmanager attempts retried.",
+         (double)ns->retries);
+    strbuf_puts(b, "# HELP entropyd_notifications_sent_total Notifications delivered, by sink.\n"
+                   "# TYPE entropyd_notifications_sent_total counter\n");
+    strbuf_printf(b, "entropyd_notifications_sent_total{sink=\"webhook\"} %llu\n"
+                     "entropyd_notifications_sent_total{sink=\"alertmanager\"} %llu\n"
+                     "entropyd_notifications_sent_total{sink=\"exec\"} %llu\n",
+                  (unsigned long long)ns->sent, (unsigned long long)ns->am_sent,
+                  (unsigned long long)(ns->exec_runs - ns->exec_failed));
+    /* webhook: given up after its retries; alertmanager: every failed POST, re-sends of the firing set included */
+    strbuf_puts(b, "# HELP entropyd_notifications_failed_total Notifications not delivered, by sink.\n"
+                   "# TYPE entropyd_notifications_failed_total counter\n");
+    strbuf_printf(b, "entropyd_notifications_failed_total{sink=\"webhook\"} %llu\n"
+                     "entropyd_notifications_failed_total{sink=\"alertmanager\"} %llu\n"
+                     "entropyd_notifications_failed_total{sink=\"exec\"} %llu\n",
+                  (unsigned long long)ns->failed, (unsigned long long)ns->am_failed,
+                  (unsigned long long)ns->exec_failed);
+}
+
 static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {
     (void)id;
     struct strbuf b = {0};
+    if (h->cfg.alerter) alerter_metrics(&b, h->cfg.alerter);
     if (h->cfg.ingest) {
         struct ingest_stats is;
         ingest_get_stats(h->cfg.ingest, &is);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "alerter.h"
 #include "ingest.h"
 #include "query.h"
 #include "stream.h"
@@ -31,6 +32,7 @@ struct http_config {
     struct stream *stream;
     struct writer *writer;
     struct ingest *ingest;     /* may be NULL (no ingest counters) */
+    struct alerter *alerter;   /* may be NULL (no alert and notification counters) */
     /* Against DNS rebinding and cross-site requests (docs/reliability.md,
      * "Security"): a request's Host must be an IP address (the listening
      * one, or any when listening on every address), "localhost", or one of

@@ -215,28 +215,30 @@ static void raise_fd_limit(void) {
     }
 }
 
-int main(int argc, char **argv) {
-    /* Buffers over 256 KiB (a wide run's parsed values, its alert state)
-     * are mapped and unmapped on their own: by default glibc raises this
-     * threshold to the largest block freed, after which such buffers come
-     * from the heap and stay there once freed (measured: +11 MB of RSS
-     * kept after a 1024 x 1024-head run was deleted; bench/many_runs.sh). */
-    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
-    const char *data = "entropyd-data", *db = NULL, *sock = NULL, *tcp = NULL;
-    const char *token = getenv("ENTROPYD_TOKEN");
-    long max_conns = 10000, queue_mb = 256, drain_ms = 5000;
-    long per_peer = 0, hello_s = 10, idle_s = 0, input_mb = 64, http_per_ip = 0, max_cells = INGEST_MAX_CELLS;
-    enum { MAX_ALLOW_HOSTS = 64 };
+enum { MAX_ALLOW_HOSTS = 64 }; /* --allow-host names at most */
+
+/* Every flag's value (usage() says what each does). */
+struct options {
+    const char *data, *db, *sock, *tcp, *token;
+    long max_conns, queue_mb, drain_ms, per_peer, hello_s, idle_s, input_mb, http_per_ip, max_cells;
     const char *allow_hosts[MAX_ALLOW_HOSTS];
-    int n_allow_hosts = 0;
-    const char *http_listen = "127.0.0.1:8080", *web_root = NULL;
-    long http_conns = 512, stream_events = 16384, keepalive_ms = 15000;
-    int http_explicit = 0;
-    int metrics_heads = 0, alert_log = 1;
-    double metrics_keep_s = 3600;
-    long http_timeout_s = 60;
-    const char *rules = NULL, *webhook = NULL, *on_alert = NULL, *alertmanager = NULL, *remote_write = NULL;
-    long am_resend_s = 60;
+    int n_allow_hosts;
+    const char *http_listen, *web_root;
+    long http_conns, stream_events, keepalive_ms, http_timeout_s, am_resend_s;
+    int http_explicit, metrics_heads, alert_log;
+    double metrics_keep_s;
+    const char *rules, *webhook, *on_alert, *alertmanager, *remote_write;
+    char dbpath[4096], sockpath[4096];
+};
+
+/* Fills o from the command line. Returns -1 to go on, or the exit status
+ * (0 after --help or --version, 2 for a bad flag). */
+static int options_parse(struct options *o, int argc, char **argv) {
+    *o = (struct options){.data = "entropyd-data", .token = getenv("ENTROPYD_TOKEN"), .max_conns = 10000,
+                          .queue_mb = 256, .drain_ms = 5000, .hello_s = 10, .input_mb = 64, .max_cells = INGEST_MAX_CELLS,
+                          .http_listen = "127.0.0.1:8080", .http_conns = 512, .stream_events = 16384,
+                          .keepalive_ms = 15000, .http_timeout_s = 60, .am_resend_s = 60, .alert_log = 1,
+                          .metrics_keep_s = 3600};
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
            O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB,
@@ -261,47 +263,47 @@ int main(int argc, char **argv) {
         {"remote-write", required_argument, 0, O_REMOTEWRITE},
         {"max-cells-per-run", required_argument, 0, O_MAXCELLS},
         {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case O_DATA: data = optarg; break;
-        case O_DB: db = optarg; break;
-        case O_SOCKET: sock = optarg; break;
-        case O_TCP: tcp = optarg; break;
-        case O_TOKEN: token = optarg; break;
-        case O_MAXCONNS: if (parse_int("--max-conns", optarg, 1, 1000000, &max_conns)) return 2; break;
-        case O_PERPEER: if (parse_int("--max-conns-per-peer", optarg, 1, 1000000, &per_peer)) return 2; break;
-        case O_HELLOTO: if (parse_int("--hello-timeout-s", optarg, 1, 3600, &hello_s)) return 2; break;
-        case O_IDLETO: if (parse_int("--idle-timeout-s", optarg, 0, 2000000, &idle_s)) return 2; break;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_DATA: o->data = optarg; break;
+        case O_DB: o->db = optarg; break;
+        case O_SOCKET: o->sock = optarg; break;
+        case O_TCP: o->tcp = optarg; break;
+        case O_TOKEN: o->token = optarg; break;
+        case O_MAXCONNS: if (parse_int("--max-conns", optarg, 1, 1000000, &o->max_conns)) return 2; break;
+        case O_PERPEER: if (parse_int("--max-conns-per-peer", optarg, 1, 1000000, &o->per_peer)) return 2; break;
+        case O_HELLOTO: if (parse_int("--hello-timeout-s", optarg, 1, 3600, &o->hello_s)) return 2; break;
+        case O_IDLETO: if (parse_int("--idle-timeout-s", optarg, 0, 2000000, &o->idle_s)) return 2; break;
         case O_MAXCELLS:
-            if (parse_int("--max-cells-per-run", optarg, 1, PROTO_MAX_CELLS, &max_cells)) return 2;
+            if (parse_int("--max-cells-per-run", optarg, 1, PROTO_MAX_CELLS, &o->max_cells)) return 2;
             break;
-        case O_INPUTMB: if (parse_int("--input-mb", optarg, 1, 65536, &input_mb)) return 2; break;
-        case O_HTTPPERIP: if (parse_int("--http-max-conns-per-ip", optarg, 1, 100000, &http_per_ip)) return 2; break;
+        case O_INPUTMB: if (parse_int("--input-mb", optarg, 1, 65536, &o->input_mb)) return 2; break;
+        case O_HTTPPERIP: if (parse_int("--http-max-conns-per-ip", optarg, 1, 100000, &o->http_per_ip)) return 2; break;
         case O_ALLOWHOST:
-            if (n_allow_hosts == MAX_ALLOW_HOSTS || !*optarg) {
+            if (o->n_allow_hosts == MAX_ALLOW_HOSTS || !*optarg) {
                 fprintf(stderr, "entropyd: --allow-host wants a name, at most %d times\n", MAX_ALLOW_HOSTS);
                 return 2;
             }
-            allow_hosts[n_allow_hosts++] = optarg;
+            o->allow_hosts[o->n_allow_hosts++] = optarg;
             break;
-        case O_QUEUE: if (parse_int("--queue-mb", optarg, 1, 65536, &queue_mb)) return 2; break;
-        case O_DRAIN: if (parse_int("--drain-ms", optarg, 0, 600000, &drain_ms)) return 2; break;
-        case O_HTTP: http_listen = strcmp(optarg, "off") == 0 ? NULL : optarg; http_explicit = 1; break;
-        case O_HTTPCONNS: if (parse_int("--http-max-conns", optarg, 1, 100000, &http_conns)) return 2; break;
-        case O_WEBROOT: web_root = optarg; break;
-        case O_MHEADS: metrics_heads = 1; break;
-        case O_MKEEP: if (parse_duration("--metrics-keep-finished", optarg, &metrics_keep_s)) return 2; break;
-        case O_HTIMEOUT: if (parse_int("--http-timeout-s", optarg, 1, 86400, &http_timeout_s)) return 2; break;
-        case O_SEVENTS: if (parse_int("--stream-events", optarg, 1, 10000000, &stream_events)) return 2; break;
-        case O_KEEPALIVE: if (parse_int("--keepalive-ms", optarg, 10, 3600000, &keepalive_ms)) return 2; break;
-        case O_RULES: rules = optarg; break;
-        case O_WEBHOOK: webhook = optarg; break;
-        case O_ONALERT: on_alert = optarg; break;
-        case O_QUIETALERTS: alert_log = 0; break;
-        case O_AM: alertmanager = optarg; break;
-        case O_REMOTEWRITE: remote_write = optarg; break;
-        case O_AMRESEND: if (parse_int("--alertmanager-resend-s", optarg, 1, 86400, &am_resend_s)) return 2; break;
+        case O_QUEUE: if (parse_int("--queue-mb", optarg, 1, 65536, &o->queue_mb)) return 2; break;
+        case O_DRAIN: if (parse_int("--drain-ms", optarg, 0, 600000, &o->drain_ms)) return 2; break;
+        case O_HTTP: o->http_listen = strcmp(optarg, "off") == 0 ? NULL : optarg; o->http_explicit = 1; break;
+        case O_HTTPCONNS: if (parse_int("--http-max-conns", optarg, 1, 100000, &o->http_conns)) return 2; break;
+        case O_WEBROOT: o->web_root = optarg; break;
+        case O_MHEADS: o->metrics_heads = 1; break;
+        case O_MKEEP: if (parse_duration("--metrics-keep-finished", optarg, &o->metrics_keep_s)) return 2; break;
+        case O_HTIMEOUT: if (parse_int("--http-timeout-s", optarg, 1, 86400, &o->http_timeout_s)) return 2; break;
+        case O_SEVENTS: if (parse_int("--stream-events", optarg, 1, 10000000, &o->stream_events)) return 2; break;
+        case O_KEEPALIVE: if (parse_int("--keepalive-ms", optarg, 10, 3600000, &o->keepalive_ms)) return 2; break;
+        case O_RULES: o->rules = optarg; break;
+        case O_WEBHOOK: o->webhook = optarg; break;
+        case O_ONALERT: o->on_alert = optarg; break;
+        case O_QUIETALERTS: o->alert_log = 0; break;
+        case O_AM: o->alertmanager = optarg; break;
+        case O_REMOTEWRITE: o->remote_write = optarg; break;
+        case O_AMRESEND: if (parse_int("--alertmanager-resend-s", optarg, 1, 86400, &o->am_resend_s)) return 2; break;
         case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", PROJECT_VERSION, PROTO_VERSION, store_schema_version()); return 0;
         case 'h': case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -312,162 +314,203 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (token && !*token) token = NULL;
+    if (o->token && !*o->token) o->token = NULL;
+    return -1;
+}
 
-    char dbpath[4096], sockpath[4096], err[1024];
-    if (mkdir(data, 0700) < 0 && errno != EEXIST) {
-        fprintf(stderr, "entropyd: cannot create data directory %s: %s\n", data, strerror(errno));
+/* Creates the data directory and fills in the default database and socket
+ * paths. Returns -1 to go on, or the exit status. */
+static int options_paths(struct options *o) {
+    if (mkdir(o->data, 0700) < 0 && errno != EEXIST) {
+        fprintf(stderr, "entropyd: cannot create data directory %s: %s\n", o->data, strerror(errno));
         return 1;
     }
-    snprintf(dbpath, sizeof dbpath, "%s/entropyd.db", data);
-    snprintf(sockpath, sizeof sockpath, "%s/entropyd.sock", data);
-    if (!db) db = dbpath;
-    if (!sock) sock = sockpath;
-    if (strcmp(sock, "off") == 0) sock = NULL;
-    if (!sock && !tcp) {
+    snprintf(o->dbpath, sizeof o->dbpath, "%s/entropyd.db", o->data);
+    snprintf(o->sockpath, sizeof o->sockpath, "%s/entropyd.sock", o->data);
+    if (!o->db) o->db = o->dbpath;
+    if (!o->sock) o->sock = o->sockpath;
+    if (strcmp(o->sock, "off") == 0) o->sock = NULL;
+    if (!o->sock && !o->tcp) {
         fprintf(stderr, "entropyd: no listener: give --socket or --listen-tcp\n");
         return 2;
     }
+    return -1;
+}
+
+/* The running daemon's parts, in the order they start; daemon_close stops
+ * them in reverse and accepts a half-started daemon. */
+struct daemon {
+    int lock_fd, efd;
+    struct store *st;
+    struct query_pool *pool;
+    struct stream *stream;
+    struct alerter *alerter;
+    struct writer *w;
+    struct http *http;
+    struct hooks hooks;
+    char external[300];
+};
+
+/* The database, before anything else touches it: its lock, then the store
+ * (migrated), its files made private, the runs an earlier daemon left live
+ * marked stale; the pool of read connections. 0, or -1 (logged). */
+static int daemon_open_storage(struct daemon *d, const struct options *o) {
+    char err[1024];
+    if ((d->lock_fd = lock_database(o->db, err, sizeof err)) < 0) goto fail;
+    if (!(d->st = store_open(o->db, err, sizeof err))) goto fail;
+    make_database_private(o->db);
+    int stale = store_mark_live_stale(d->st, now_wall());
+    if (stale > 0) fprintf(stderr, "entropyd: %d run(s) left live by an earlier daemon are now stale\n", stale);
+    /* HTTP's readers, and the alerter's one look at the alerts an earlier
+     * daemon left firing */
+    if (!(d->pool = query_pool_open(o->db, o->http_listen ? 16 : 1, err, sizeof err))) goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "entropyd: %s\n", err);
+    return -1;
+}
+
+/* The live stream (with HTTP), the alerter, the writer and the trainers'
+ * listeners, wired through the writer's hooks. 0, or -1 (logged). */
+static int daemon_start_ingest(struct daemon *d, const struct options *o) {
+    char err[1024];
+    if ((d->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+        snprintf(err, sizeof err, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    if (o->http_listen) {
+        struct stream_config scfg = {.max_events = (size_t)o->stream_events, .keepalive_ms = (int)o->keepalive_ms};
+        if (!(d->stream = stream_create(&scfg, err, sizeof err))) goto fail;
+        d->hooks.stream = d->stream;
+        snprintf(d->external, sizeof d->external, "http://%s", o->http_listen); /* the port bound comes later */
+    }
+    struct alerter_config mcfg = {.rules_path = o->rules, .store = d->st, .stream = d->stream, .pool = d->pool,
+                                  .notify = {.webhook_url = o->webhook, .exec_cmd = o->on_alert, .log = o->alert_log,
+                                             .external_url = d->external, .alertmanager_url = o->alertmanager,
+                                             .am_resend_s = (int)o->am_resend_s}};
+    if (!(d->alerter = alerter_create(&mcfg, err, sizeof err))) goto fail;
+    d->hooks.alerter = d->alerter;
+    if (o->remote_write) {
+        struct remote_write_config rcfg = {.url = o->remote_write, .db_path = o->db};
+        if (!(d->hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) goto fail;
+    }
+    struct writer_config wcfg = {.max_bytes = (size_t)o->queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
+                                 .ctx = &d->hooks};
+    if (!(d->w = writer_create(d->st, d->efd, &wcfg, err, sizeof err))) goto fail;
+    alerter_set_writer(d->alerter, d->w);
+    struct ingest_config icfg = {.socket_path = o->sock, .tcp = o->tcp, .token = o->token,
+                                 .max_conns = (int)o->max_conns, .max_conns_per_peer = (int)o->per_peer,
+                                 .hello_ms = (int)o->hello_s * 1000, .idle_ms = (int)o->idle_s * 1000,
+                                 .max_input = (size_t)o->input_mb << 20, .max_cells_per_run = o->max_cells};
+    if (!(g_ingest = ingest_create(&icfg, d->w, d->efd, err, sizeof err))) goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "entropyd: %s\n", err);
+    return -1;
+}
+
+/* The HTTP API and dashboard, when asked for. A taken address is an
+ * error, the default one too: running on without HTTP would leave the
+ * user's browser (and its token) talking to whatever holds the port; port
+ * 0 asks for any free port. 0, or -1 (logged). */
+static int daemon_start_http(struct daemon *d, const struct options *o) {
+    if (!o->http_listen) return 0;
+    char err[1024];
+    struct http_config hcfg = {.listen = o->http_listen, .token = o->token, .web_root = o->web_root,
+                               .max_conns = (int)o->http_conns, .metrics_heads = o->metrics_heads,
+                               .metrics_keep_s = o->metrics_keep_s > 0 ? o->metrics_keep_s : -1,
+                               .timeout_s = (int)o->http_timeout_s, .pool = d->pool, .stream = d->stream,
+                               .writer = d->w, .ingest = g_ingest, .alerter = d->alerter,
+                               .allow_hosts = o->allow_hosts, .n_allow_hosts = o->n_allow_hosts,
+                               .max_conns_per_ip = (int)o->http_per_ip,
+                               .metrics_more = d->hooks.remote_write ? remote_write_metrics : NULL,
+                               .metrics_ctx = d->hooks.remote_write};
+    if (!(d->http = http_create(&hcfg, err, sizeof err))) {
+        fprintf(stderr, "entropyd: %s%s\n", err,
+                o->http_explicit ? "" : " (the default --http 127.0.0.1:8080: choose another with --http HOST:PORT, "
+                                        "any free port with --http 127.0.0.1:0, or none with --http off)");
+        return -1;
+    }
+    atomic_store(&d->hooks.http, d->http);
+    /* alerts link to the port bound, not the one asked for (0 picks any) */
+    char host[256];
+    int port;
+    if (net_split_hostport(o->http_listen, host, sizeof host, &port) == 0) {
+        snprintf(d->external, sizeof d->external, strchr(host, ':') ? "http://[%s]:%d" : "http://%s:%d", host,
+                 http_port(d->http));
+        alerter_set_external_url(d->alerter, d->external);
+    }
+    return 0;
+}
+
+/* Stops what daemon_* started, in reverse; accepts a half-started daemon. */
+static void daemon_close(struct daemon *d) {
+    /* HTTP first: open streams end, no request reaches a closing writer */
+    if (d->stream) stream_shutdown(d->stream);
+    atomic_store(&d->hooks.http, NULL);
+    http_destroy(d->http);
+    ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
+    g_ingest = NULL;
+    writer_destroy(d->w);        /* commits everything queued */
+    remote_write_destroy(d->hooks.remote_write); /* after the writer: its commit hook wakes it */
+    alerter_destroy(d->alerter, 3000); /* gives pending webhooks a moment */
+    stream_destroy(d->stream);
+    query_pool_close(d->pool);
+    store_close(d->st);
+    if (d->efd >= 0) close(d->efd);
+    if (d->lock_fd >= 0) close(d->lock_fd);
+}
+
+/* Listening where anyone on the network can reach it, with no token. */
+static void warn_if_open(const struct options *o) {
+    if (o->token) return;
+    if (o->tcp && !loopback_address(o->tcp))
+        fprintf(stderr, "entropyd: warning: trainers are accepted on %s, not a loopback address, and no --token "
+                        "is set: anyone who can reach it can write runs\n", o->tcp);
+    if (o->http_listen && !loopback_address(o->http_listen))
+        fprintf(stderr, "entropyd: warning: HTTP is served on %s, not a loopback address, and no --token is "
+                        "set: anyone who can reach it can read and delete runs\n", o->http_listen);
+}
+
+/* The first lines on stdout, which scripts and tests read for the ports. */
+static void print_listening(const struct daemon *d, const struct options *o) {
+    printf("entropyd %s: db %s", PROJECT_VERSION, o->db);
+    if (o->sock) printf(", socket %s", o->sock);
+    if (o->tcp) printf(", tcp port %d", ingest_tcp_port(g_ingest));
+    if (d->http) printf(", http %s", o->http_listen);
+    printf("\n");
+    if (d->http) printf("http port %d\n", http_port(d->http));
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    /* Buffers over 256 KiB (a wide run's parsed values, its alert state)
+     * are mapped and unmapped on their own: by default glibc raises this
+     * threshold to the largest block freed, after which such buffers come
+     * from the heap and stay there once freed (measured: +11 MB of RSS
+     * kept after a 1024 x 1024-head run was deleted; bench/many_runs.sh). */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+    static struct options o; /* large (paths): not on the stack */
+    int rc = options_parse(&o, argc, argv);
+    if (rc >= 0) return rc;
+    if ((rc = options_paths(&o)) >= 0) return rc;
 
     raise_fd_limit();
     signal(SIGPIPE, SIG_IGN);
     umask(077); /* every file the daemon creates (database, WAL, socket) is its owner's alone */
 
-    int rc = 1;
-    struct store *st = NULL;
-    struct writer *w = NULL;
-    struct query_pool *pool = NULL;
-    struct stream *stream = NULL;
-    struct http *http = NULL;
-    struct alerter *alerter = NULL;
-    struct hooks hooks = {0};
-    int efd = -1;
-    int lock_fd = lock_database(db, err, sizeof err);
-    if (lock_fd < 0) {
-        fprintf(stderr, "entropyd: %s\n", err);
-        goto out;
+    struct daemon d = {.lock_fd = -1, .efd = -1};
+    rc = 1;
+    if (daemon_open_storage(&d, &o) == 0 && daemon_start_ingest(&d, &o) == 0 && daemon_start_http(&d, &o) == 0) {
+        warn_if_open(&o);
+        struct sigaction sa = {.sa_handler = on_signal};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+        print_listening(&d, &o);
+        rc = ingest_run(g_ingest, (int)o.drain_ms) == 0 ? 0 : 1;
+        fprintf(stderr, "entropyd: stopping\n");
     }
-    st = store_open(db, err, sizeof err);
-    if (!st) {
-        fprintf(stderr, "entropyd: %s\n", err);
-        goto out;
-    }
-    make_database_private(db);
-    int stale = store_mark_live_stale(st, now_wall());
-    if (stale > 0) fprintf(stderr, "entropyd: %d run(s) left live by an earlier daemon are now stale\n", stale);
-    efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (efd < 0) {
-        fprintf(stderr, "entropyd: eventfd: %s\n", strerror(errno));
-        goto out;
-    }
-    if (http_listen) {
-        pool = query_pool_open(db, 16, err, sizeof err);
-        if (!pool) {
-            fprintf(stderr, "entropyd: %s\n", err);
-            goto out;
-        }
-        struct stream_config scfg = {.max_events = (size_t)stream_events, .keepalive_ms = (int)keepalive_ms};
-        stream = stream_create(&scfg, err, sizeof err);
-        if (!stream) {
-            fprintf(stderr, "entropyd: %s\n", err);
-            goto out;
-        }
-        hooks.stream = stream;
-    }
-    char external[300] = "";
-    if (http_listen) snprintf(external, sizeof external, "http://%s", http_listen);
-    struct alerter_config mcfg = {.rules_path = rules, .store = st, .stream = stream,
-                                  .notify = {.webhook_url = webhook, .exec_cmd = on_alert, .log = alert_log,
-                                             .external_url = external, .alertmanager_url = alertmanager,
-                                             .am_resend_s = (int)am_resend_s}};
-    alerter = alerter_create(&mcfg, err, sizeof err);
-    if (!alerter) {
-        fprintf(stderr, "entropyd: %s\n", err);
-        goto out;
-    }
-    hooks.alerter = alerter;
-    if (remote_write) {
-        struct remote_write_config rcfg = {.url = remote_write, .db_path = db};
-        if (!(hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) {
-            fprintf(stderr, "entropyd: %s\n", err);
-            goto out;
-        }
-    }
-    struct writer_config wcfg = {.max_bytes = (size_t)queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
-                                 .ctx = &hooks};
-    w = writer_create(st, efd, &wcfg, err, sizeof err);
-    if (!w) {
-        fprintf(stderr, "entropyd: %s\n", err);
-        goto out;
-    }
-    alerter_set_writer(alerter, w);
-    struct ingest_config icfg = {.socket_path = sock, .tcp = tcp, .token = token, .max_conns = (int)max_conns,
-                                 .max_conns_per_peer = (int)per_peer, .hello_ms = (int)hello_s * 1000,
-                                 .idle_ms = (int)idle_s * 1000, .max_input = (size_t)input_mb << 20,
-                                 .max_cells_per_run = max_cells};
-    g_ingest = ingest_create(&icfg, w, efd, err, sizeof err);
-    if (!g_ingest) {
-        fprintf(stderr, "entropyd: %s\n", err);
-        goto out;
-    }
-    if (http_listen) {
-        struct http_config hcfg = {.listen = http_listen, .token = token, .web_root = web_root,
-                                   .max_conns = (int)http_conns, .metrics_heads = metrics_heads,
-                                   .metrics_keep_s = metrics_keep_s > 0 ? metrics_keep_s : -1, .timeout_s = (int)http_timeout_s, .pool = pool,
-                                   .stream = stream, .writer = w, .ingest = g_ingest,
-                                   .allow_hosts = allow_hosts, .n_allow_hosts = n_allow_hosts,
-                                   .max_conns_per_ip = (int)http_per_ip,
-                                   .metrics_more = hooks.remote_write ? remote_write_metrics : NULL,
-                                   .metrics_ctx = hooks.remote_write};
-        http = http_create(&hcfg, err, sizeof err);
-        /* A taken address is an error, the default one too: running on
-         * without HTTP would leave the user's browser (and its token) talking
-         * to whatever holds the port.  Port 0 asks for any free port. */
-        if (!http) {
-            fprintf(stderr, "entropyd: %s%s\n", err,
-                    http_explicit ? "" : " (the default --http 127.0.0.1:8080: choose another with --http HOST:PORT, "
-                                         "any free port with --http 127.0.0.1:0, or none with --http off)");
-            goto out;
-        }
-        atomic_store(&hooks.http, http);
-    }
-    if (!token) {
-        if (tcp && !loopback_address(tcp))
-            fprintf(stderr, "entropyd: warning: trainers are accepted on %s, not a loopback address, and no --token "
-                            "is set: anyone who can reach it can write runs\n", tcp);
-        if (http_listen && !loopback_address(http_listen))
-            fprintf(stderr, "entropyd: warning: HTTP is served on %s, not a loopback address, and no --token is "
-                            "set: anyone who can reach it can read and delete runs\n", http_listen);
-    }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-
-    printf("entropyd %s: db %s", PROJECT_VERSION, db);
-    if (sock) printf(", socket %s", sock);
-    if (tcp) printf(", tcp port %d", ingest_tcp_port(g_ingest));
-    if (http) printf(", http %s", http_listen);
-    printf("\n");
-    if (http) printf("http port %d\n", http_port(http));
-    fflush(stdout);
-
-    rc = ingest_run(g_ingest, (int)drain_ms) == 0 ? 0 : 1;
-    fprintf(stderr, "entropyd: stopping\n");
-out:
-    /* HTTP first: open streams end, no request reaches a closing writer */
-    if (stream) stream_shutdown(stream);
-    atomic_store(&hooks.http, NULL);
-    http_destroy(http);
-    ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
-    g_ingest = NULL;
-    writer_destroy(w);        /* commits everything queued */
-    remote_write_destroy(hooks.remote_write); /* after the writer: its commit hook wakes it */
-    alerter_destroy(alerter, 3000); /* gives pending webhooks a moment */
-    stream_destroy(stream);
-    query_pool_close(pool);
-    store_close(st);
-    if (efd >= 0) close(efd);
-    if (lock_fd >= 0) close(lock_fd);
+    daemon_close(&d);
     return rc;
 }

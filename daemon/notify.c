@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 struct note {
+    int resumed;             /* a firing an earlier daemon already paged: Alertmanager only */
     char *status, *alertname, *run;
     char *body;              /* the webhook payload */
     char *alert;             /* the alert object (for Alertmanager) */
@@ -31,7 +32,11 @@ struct am_alert {
 
 struct notify {
     struct notify_config cfg;
-    char *webhook, *exec_cmd, *external;
+    char *webhook, *exec_cmd;
+    char external[512];      /* the daemon's URL (guarded by mu: set once HTTP listens) */
+    int am_failing;          /* the last POST of the firing set failed (logged once per streak) */
+    double log_window;       /* log lines: start (mono s) of the current window, notifier thread only */
+    uint64_t log_n, log_suppressed;
     char *am;                /* Alertmanager's .../api/v2/alerts, or NULL */
     struct am_alert *firing; /* notifier thread only */
     double am_next;          /* next re-send (mono) */
@@ -186,17 +191,45 @@ static double wall(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+void notify_set_external_url(struct notify *n, const char *url) {
+    pthread_mutex_lock(&n->mu);
+    snprintf(n->external, sizeof n->external, "%s", url ? url : "");
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* The daemon's URL (externalURL) into buf, "" when unknown. */
+static void external_url(struct notify *n, char *buf, size_t len) {
+    pthread_mutex_lock(&n->mu);
+    snprintf(buf, len, "%s", n->external);
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* Sets the alert object's generatorURL to the dashboard's page of its run
+ * (EXTERNAL/?run=ID), when the daemon's URL is known. */
+static void add_generator_url(struct notify *n, cJSON *alert) {
+    char ext[512], url[600];
+    external_url(n, ext, sizeof ext);
+    if (!ext[0]) return;
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(alert, "run_id");
+    if (cJSON_IsNumber(id)) snprintf(url, sizeof url, "%s/?run=%lld", ext, (long long)id->valuedouble);
+    else snprintf(url, sizeof url, "%s", ext);
+    cJSON_DeleteItemFromObjectCaseSensitive(alert, "generatorURL");
+    cJSON_AddStringToObject(alert, "generatorURL", url);
+}
+
 /* One Alertmanager API alert from our alert object; *fp gets its fingerprint. */
 static cJSON *am_object(struct notify *n, const char *alert_json, char *fp, size_t fplen) {
     cJSON *a = cJSON_Parse(alert_json);
     if (!a) return NULL;
+    add_generator_url(n, a);
     cJSON *o = cJSON_CreateObject();
     static const char *const keys[] = {"labels", "annotations", "startsAt"};
     for (int i = 0; i < 3; i++) {
         cJSON *v = cJSON_GetObjectItemCaseSensitive(a, keys[i]);
         if (v) cJSON_AddItemToObject(o, keys[i], cJSON_Duplicate(v, 1));
     }
-    if (n->external && n->external[0]) cJSON_AddStringToObject(o, "generatorURL", n->external);
+    const char *gen = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "generatorURL"));
+    if (gen && *gen) cJSON_AddStringToObject(o, "generatorURL", gen); /* unknown without HTTP */
     const char *f = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "fingerprint"));
     snprintf(fp, fplen, "%s", f ? f : "");
     cJSON *ends = cJSON_GetObjectItemCaseSensitive(a, "endsAt");
@@ -222,13 +255,22 @@ static void am_resend(struct notify *n) {
     }
     char *body = cJSON_PrintUnformatted(arr);
     cJSON_Delete(arr);
-    long code;
+    long code = 0;
     int r = body ? post_once(n, n->am, body, &code) : 1;
     free(body);
     pthread_mutex_lock(&n->mu);
     if (r == 0) n->stats.am_sent++;
     else n->stats.am_failed++;
     pthread_mutex_unlock(&n->mu);
+    /* a refused firing set is a page that never came: logged when the
+     * failures begin and when they end, counted on /metrics between */
+    if (r != 0 && !n->am_failing)
+        fprintf(stderr, "entropyd: alertmanager %s refused the firing alerts (HTTP status %ld); retried every %d s, "
+                        "failures counted in entropyd_notifications_failed_total{sink=\"alertmanager\"}\n",
+                n->am, code, n->cfg.am_resend_s);
+    else if (r == 0 && n->am_failing)
+        fprintf(stderr, "entropyd: alertmanager %s takes the firing alerts again\n", n->am);
+    n->am_failing = r != 0;
 }
 
 /* Firing: joins the firing set, which is sent at once; resolved: leaves
@@ -263,11 +305,36 @@ static void am_deliver(struct notify *n, struct note *nt) {
     free(body);
 }
 
+/* The log sink, at most NOTIFY_LOG_BURST lines per NOTIFY_LOG_WINDOW_S: a
+ * loss flapping between NaN and a number fires and resolves at every step
+ * (20,000 lines in a run before); the lines held back are counted in one
+ * line when the next window opens, and every transition is in /api/alerts. */
+#define NOTIFY_LOG_BURST 20
+#define NOTIFY_LOG_WINDOW_S 10.0
+static void log_note(struct notify *n, const struct note *nt) {
+    double now = now_mono_ms() / 1e3;
+    if (now - n->log_window >= NOTIFY_LOG_WINDOW_S) {
+        if (n->log_suppressed)
+            fprintf(stderr, "entropyd: %llu more alert notification(s) in %.0f s not logged (GET /api/alerts has them)\n",
+                    (unsigned long long)n->log_suppressed, NOTIFY_LOG_WINDOW_S);
+        n->log_window = now;
+        n->log_n = n->log_suppressed = 0;
+    }
+    if (n->log_n++ >= NOTIFY_LOG_BURST) {
+        n->log_suppressed++;
+        return;
+    }
+    fprintf(stderr, "entropyd: alert %s%s: %s run=%s\n", nt->status,
+            nt->resumed ? " (goes on from before the restart: not sent again)" : "", nt->alertname, nt->run);
+}
+
 static void deliver(struct notify *n, struct note *nt) {
-    if (n->cfg.log)
-        fprintf(stderr, "entropyd: alert %s: %s run=%s\n", nt->status, nt->alertname, nt->run);
-    if (n->exec_cmd) run_exec(n, nt);
+    if (n->cfg.log) log_note(n, nt);
+    /* Alertmanager deduplicates by labels and wants the firing set re-sent;
+     * a webhook or a hook would page twice */
     if (n->am) am_deliver(n, nt);
+    if (nt->resumed) return;
+    if (n->exec_cmd) run_exec(n, nt);
     if (n->webhook) post_retry(n, n->webhook, nt->body, 0, nt);
 }
 
@@ -326,7 +393,7 @@ struct notify *notify_create(const struct notify_config *cfg, char *err, size_t 
     if (n->cfg.backoff_ms <= 0) n->cfg.backoff_ms = 500;
     n->webhook = dupstr(cfg->webhook_url);
     n->exec_cmd = dupstr(cfg->exec_cmd);
-    n->external = dupstr(cfg->external_url ? cfg->external_url : "");
+    snprintf(n->external, sizeof n->external, "%s", cfg->external_url ? cfg->external_url : "");
     if (n->cfg.am_resend_s <= 0) n->cfg.am_resend_s = 60;
     if (cfg->alertmanager_url) {
         size_t k = strlen(cfg->alertmanager_url);
@@ -381,7 +448,6 @@ void notify_destroy(struct notify *n, int wait_ms) {
     }
     free(n->webhook);
     free(n->exec_cmd);
-    free(n->external);
     free(n->am);
     free(n);
 }
@@ -405,7 +471,10 @@ static char *payload(struct notify *n, const char *status, const char *alertname
     cJSON *ann = cJSON_GetObjectItemCaseSensitive(alert, "annotations");
     cJSON_AddItemToObject(o, "commonLabels", labels ? cJSON_Duplicate(labels, 1) : cJSON_CreateObject());
     cJSON_AddItemToObject(o, "commonAnnotations", ann ? cJSON_Duplicate(ann, 1) : cJSON_CreateObject());
-    cJSON_AddStringToObject(o, "externalURL", n->external);
+    char ext[512];
+    external_url(n, ext, sizeof ext);
+    cJSON_AddStringToObject(o, "externalURL", ext);
+    add_generator_url(n, alert);
     cJSON *arr = cJSON_AddArrayToObject(o, "alerts");
     cJSON_AddItemToArray(arr, alert);
     char *s = cJSON_PrintUnformatted(o);
@@ -413,9 +482,11 @@ static char *payload(struct notify *n, const char *status, const char *alertname
     return s;
 }
 
-int notify_post(struct notify *n, const char *status, const char *alertname, const char *run, const char *alert_json) {
+int notify_post(struct notify *n, const char *status, const char *alertname, const char *run, const char *alert_json,
+                int resumed) {
     struct note *nt = calloc(1, sizeof *nt);
     if (!nt) return -1;
+    nt->resumed = resumed;
     nt->status = dupstr(status);
     nt->alertname = dupstr(alertname);
     nt->run = dupstr(run);

@@ -49,10 +49,17 @@ void notify_destroy(struct notify *n, int wait_ms);
 
 /* Queues one notification. status is "firing" or "resolved"; alert_json is
  * one Alertmanager alert object (alert_transition_json); group labels are
- * alertname and run. Copies what it needs. Never blocks. Returns 0, or -1
- * out of memory. */
+ * alertname and run. resumed: a firing an earlier daemon already sent (the
+ * episode goes on after a restart): it rejoins Alertmanager's firing set
+ * and is logged, but the webhook and the hook are not called again.
+ * Copies what it needs. Never blocks. Returns 0, or -1 out of memory. */
 int notify_post(struct notify *n, const char *status, const char *alertname, const char *run,
-                const char *alert_json);
+                const char *alert_json, int resumed);
+
+/* The daemon's URL, for externalURL and each alert's generatorURL
+ * (URL/?run=ID). Set once HTTP listens: with --http HOST:0 only then is the
+ * port known. Copied; safe from any thread. */
+void notify_set_external_url(struct notify *n, const char *url);
 
 struct notify_stats {
     uint64_t queued, sent, failed, retries, dropped, exec_runs, exec_failed;

@@ -7,6 +7,7 @@
 #   experiments  demo + gnuplot (the sweep's plot)
 #   test         everything the suite uses: cmocka, clang (fuzzing), MPI,
 #                the sqlite3 shell, curl and jq (tests/e2e_docs runs the docs' examples),
+#                Alertmanager (tests/e2e_alertmanager: the shipped routing, a real receiver),
 #                chromium + Node.js + playwright-core, numpy and PyTorch
 #                (the Python client's tests, examples/pytorch_lm.py), prometheus
 #                (tests/e2e_remote_write pushes to a real one)
@@ -22,7 +23,7 @@ browser=(chromium)
 command -v node >/dev/null || browser+=(nodejs)
 command -v npm >/dev/null || browser+=(npm)
 suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 curl jq libopenmpi-dev openmpi-bin python3-numpy python3-torch
-       prometheus "${browser[@]}")
+       prometheus prometheus-alertmanager "${browser[@]}")
 case $profile in
   demo)        pkgs=("${build[@]}") ;;
   experiments) pkgs=("${build[@]}" gnuplot-nox) ;;

@@ -92,6 +92,18 @@ def shadow_frames(con, with_data=True):
             con.execute("INSERT INTO temp.frames(metric_id, step, data) VALUES (?, ?, ?)", (mid, step, frame))
 
 
+def wait_for(pred, timeout=20, what="condition"):
+    """Polls pred() every 50 ms until it returns something true, and returns
+    that; AssertionError naming `what` after timeout seconds."""
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -4,17 +4,26 @@ array of {labels, annotations, startsAt, endsAt, generatorURL}, endsAt in
 the future (now + 4 re-send periods) while firing; the firing alert is
 re-sent every --alertmanager-resend-s; the resolved one arrives once with
 its real endsAt (after a 503 and a retry) and the re-sending stops; the
-webhook still gets its own payload.  python3 stdlib only."""
+webhook still gets its own payload.  Against a real Alertmanager (issue
+16; skipped where prometheus-alertmanager is not installed): the shipped
+docs/distributed/alertmanager.yml routes the daemon's health to infra and a
+critical collapse to the pager (amtool); a trainer whose clock is an hour
+ahead still gets its alert taken (startsAt is the daemon's), and a daemon
+restart during the episode keeps Alertmanager's startsAt.  python3 stdlib
+only."""
 import datetime
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Client, Daemon, Receiver  # noqa: E402
+from daemon_harness import Client, Daemon, Receiver, free_port, wait_for  # noqa: E402
 
 
 def now_iso():
@@ -111,6 +120,88 @@ class AlertmanagerE2E(unittest.TestCase):
             d.start()
         self.assertIn("--alertmanager wants an http", d.log())
         d.cleanup()
+
+AM = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "distributed")
+
+
+class RealAlertmanager(unittest.TestCase):
+    @unittest.skipUnless(shutil.which("amtool"), "amtool not installed")
+    def test_shipped_routing(self):
+        def receiver(*labels):
+            return subprocess.run(["amtool", "config", "routes", "test", "--config.file",
+                                   os.path.join(DOCS, "alertmanager.yml")] + list(labels),
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        self.assertEqual(receiver("alertname=EntropydDatabaseFailing", "severity=critical"), "infra")
+        self.assertEqual(receiver("alertname=entropy_collapse", "severity=critical", "run=r"), "ml-oncall-page")
+        self.assertEqual(receiver("alertname=entropy_drop", "severity=warning", "run=r"), "ml-oncall")
+
+    @unittest.skipUnless(AM, "prometheus-alertmanager not installed")
+    def test_skewed_clock_taken_and_restart_keeps_start(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        hook = Receiver()
+        self.addCleanup(hook.close)
+        with open(os.path.join(tmp.name, "am.yml"), "w") as f:
+            f.write("route:\n  receiver: r\n  group_wait: 0s\n  group_interval: 1s\n"
+                    "receivers:\n  - name: r\n    webhook_configs:\n      - url: %s\n" % hook.url("/am"))
+        port = free_port()
+        am = subprocess.Popen([AM, "--config.file", os.path.join(tmp.name, "am.yml"), "--storage.path",
+                               os.path.join(tmp.name, "am-data"), "--web.listen-address", "127.0.0.1:%d" % port,
+                               "--cluster.listen-address=", "--log.level=warn"],
+                              stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp.name, "am.log"), "wb"))
+        self.addCleanup(am.wait)
+        self.addCleanup(am.kill)
+        base = "http://127.0.0.1:%d" % port
+
+        def am_alerts():
+            try:
+                with urllib.request.urlopen(base + "/api/v2/alerts", timeout=5) as r:
+                    return json.loads(r.read())
+            except OSError:
+                return None
+        wait_for(lambda: am_alerts() is not None, what="Alertmanager up")
+        rules = os.path.join(tmp.name, "rules.json")
+        with open(rules, "w") as f:
+            json.dump(RULES, f)
+        data = os.path.join(tmp.name, "entropyd")
+        os.mkdir(data)
+        d = Daemon(data=data, args=["--rules", rules, "--alertmanager", base, "--alertmanager-resend-s", "1"],
+                   http=True).start()
+        try:
+            c = Client(d.sock)
+            w = c.hello("ahead", layers=2, heads=2)
+            seq = 0
+            for s in range(6):  # a trainer clock one hour ahead: Alertmanager refused its startsAt
+                seq += 1
+                m = step(seq, s, low=s >= 2)
+                m["time"] = time.time() + 3600
+                c.send(m)
+                c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
+            got = wait_for(lambda: [a for a in am_alerts() or [] if a["labels"].get("run") == "ahead"], what="alert in Alertmanager")
+            self.assertEqual(got[0]["status"]["state"], "active")
+            self.assertEqual(got[0]["generatorURL"], "http://127.0.0.1:%d/?run=%d" % (d.http_port, w["run_id"]))
+            starts = got[0]["startsAt"]
+            self.assertLess(starts, now_iso())
+            # restart during the episode: Alertmanager keeps the first startsAt
+            c.close()
+            self.assertEqual(d.stop(), 0)
+            d.start()
+            c = Client(d.sock)
+            seq = c.hello("ahead", layers=2, heads=2)["last_seq"]
+            for s in range(6, 10):
+                seq += 1
+                c.send(step(seq, s, low=True))
+                c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
+            wait_for(lambda: "entropyd_alert_resumed_total 1" in d.get("/metrics")[1], what="the episode resumed")
+            time.sleep(1.5)  # a re-send has reached Alertmanager
+            got = [a for a in am_alerts() if a["labels"].get("run") == "ahead"]
+            self.assertEqual([a["startsAt"] for a in got], [starts])
+            st, text = d.get("/metrics")
+            self.assertIn('entropyd_notifications_failed_total{sink="alertmanager"} 0', text)
+            c.close()
+        finally:
+            d.cleanup()
 
 
 if __name__ == "__main__":

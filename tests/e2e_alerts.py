@@ -11,7 +11,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Client, Daemon, Receiver  # noqa: E402
+from daemon_harness import Client, Daemon, Receiver, wait_for  # noqa: E402
 
 
 RULES = {"rules": [
@@ -152,6 +152,156 @@ class AlertE2E(unittest.TestCase):
         finally:
             d.cleanup()
             tmp.cleanup()
+
+
+CLOCK_RULES = {"rules": [
+    {"name": "entropy_collapse", "metric": "entropy_norm", "scope": "head",
+     "condition": {"op": "below", "value": 0.1}, "for": 3, "keep_firing_for": 0, "severity": "critical"},
+    {"name": "run_stalled", "scope": "run", "condition": {"op": "stalled", "seconds": 2}},
+]}
+
+
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError("no %s in /metrics" % name)
+
+
+class AlertClocksAndDelivery(unittest.TestCase):
+    """Issue 16: alert times on the daemon's clock, whatever the trainer's
+    says; the real port in generatorURL/externalURL with --http HOST:0; a
+    restart during an episode goes on with it (no second page, the old
+    startsAt); transitions[].time is the transition's; delivery counters."""
+
+    def start(self, hook):
+        """A daemon with CLOCK_RULES and the webhook, on a data directory of its own."""
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        rules = os.path.join(tmp.name, "rules.json")
+        with open(rules, "w") as f:
+            json.dump(CLOCK_RULES, f)
+        return Daemon(data=tmp.name, args=["--rules", rules, "--webhook", hook.url("/hook")], http=True).start()
+
+    def test_skewed_trainer_clock_restart_and_urls(self):
+        hook = Receiver()
+        d = self.start(hook)
+        try:
+            c = Client(d.sock)
+            rid = c.hello("skewed", layers=2, heads=3)["run_id"]
+            lines, seq = [], 0
+
+            def send(s, low, skew):
+                nonlocal seq
+                seq += 1
+                m = step(seq, s, low)
+                m["time"] = time.time() + skew
+                c.send(m)
+                _, seen = c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
+                lines.extend(x for x in seen if x["type"] == "alert")
+
+            # a trainer 5 minutes behind, streaming 20 steps/s for 3 s (past
+            # the 2 s stall rule): on the trainer's clock every tick saw a
+            # 300 s silence and every step ended it
+            t0 = time.time()
+            for s in range(60):
+                send(s, [], -300)
+                time.sleep(0.05)
+            self.assertEqual([m for m in lines if m["rule"] == "run_stalled"], [], "stalled flapped")
+            # a collapse: its startsAt is the daemon's now, not the trainer's (-300 s) or 1 h ahead
+            for s in range(60, 64):
+                send(s, [(0, 1)], 3600)
+            fire = wait_for(lambda: [p.json() for p in hook.delivered() if p.json()["status"] == "firing"],
+                            what="the firing webhook")[0]
+            t1 = time.time()
+            st, al = d.get("/api/runs/%d/alerts" % rid)
+            self.assertEqual(len(al), 1)
+            ep = al[0]
+            self.assertGreaterEqual(ep["starts_at"], t0 - 1)
+            self.assertLessEqual(ep["starts_at"], t1 + 1)
+            self.assertEqual([t["transition"] for t in ep["transitions"]], ["firing"])
+            # with --http 127.0.0.1:0: the real port, and a link to the run's page
+            base = "http://127.0.0.1:%d" % d.http_port
+            self.assertEqual(fire["externalURL"], base)
+            self.assertEqual(fire["alerts"][0]["generatorURL"], "%s/?run=%d" % (base, rid))
+            starts = fire["alerts"][0]["startsAt"]
+
+            # the daemon restarts while the collapse goes on
+            c.close()
+            self.assertEqual(d.stop(), 0)
+            time.sleep(1.1)  # the restarted episode would begin a second later
+            d.start()
+            c = Client(d.sock)
+            w = c.hello("skewed", layers=2, heads=3)
+            self.assertEqual(w["run_id"], rid)
+            seq = w["last_seq"]
+            lines.clear()
+            for s in range(64, 68):
+                send(s, [(0, 1)], 0)
+            self.assertIn("firing", [m["transition"] for m in lines], "the trainer hears the alert again")
+            wait_for(lambda: metric(d.get("/metrics")[1], "entropyd_alert_resumed_total") == 1, what="resumed")
+            t_rec = time.time()
+            send(68, [], 0)  # recovers: resolved
+            wait_for(lambda: [p for p in hook.delivered() if p.json()["status"] == "resolved"], what="resolved")
+            posts = [p.json() for p in hook.delivered()]
+            self.assertEqual([p["status"] for p in posts], ["firing", "resolved"], "no second page after the restart")
+            self.assertEqual(posts[1]["alerts"][0]["startsAt"], starts, "the episode keeps its start")
+            st, al = d.get("/api/runs/%d/alerts" % rid)
+            self.assertEqual([(a["state"], a["starts_at"]) for a in al], [("resolved", ep["starts_at"])])
+            tr = al[0]["transitions"]
+            self.assertEqual([t["transition"] for t in tr], ["firing", "firing", "resolved"])
+            # each transition at its own time: the resumed firing after the
+            # restart, the resolution at the recovery, not the episode's start
+            self.assertGreater(tr[1]["time"], ep["starts_at"] + 1)
+            self.assertGreaterEqual(tr[2]["time"], t_rec - 1)
+            text = d.get("/metrics")[1]
+            self.assertEqual(metric(text, 'entropyd_notifications_sent_total{sink="webhook"}'), 1)  # since the restart
+            self.assertEqual(metric(text, 'entropyd_notifications_failed_total{sink="webhook"}'), 0)
+            self.assertGreaterEqual(metric(text, "entropyd_alert_transitions_total"), 2)
+            c.close()
+        finally:
+            d.cleanup()
+            hook.close()
+
+    def test_flapping_loss_does_not_flood_the_log(self):
+        d = Daemon(http=True).start()  # the default rules: loss_nonfinite fires and resolves at once
+        try:
+            c = Client(d.sock)
+            rid = c.hello("flap", layers=2, heads=3)["run_id"]
+            for s in range(100):
+                c.send(step(s + 1, s, loss=None if s % 2 == 0 else 2.0))
+            c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= 100)
+            wait_for(lambda: len(d.get("/api/runs/%d/alerts" % rid)[1]) == 50, what="50 episodes stored")
+            wait_for(lambda: metric(d.get("/metrics")[1], "entropyd_notifications_queued_total") == 100,
+                     what="100 notifications")
+            # a scalar rule's cells have no layer or head (they said -1: "L-1 h-1" on the page)
+            al = d.get("/api/runs/%d/alerts" % rid)[1]
+            self.assertEqual(al[0]["cells"], [{"value": None}])
+            self.assertEqual(al[0]["alert"]["cells"], [{"value": None}])
+            time.sleep(0.5)  # the notifier thread has logged what it logs
+            lines = [l for l in d.log().splitlines() if "alert firing: loss_nonfinite" in l or "alert resolved: loss_nonfinite" in l]
+            self.assertGreater(len(lines), 0)
+            self.assertLessEqual(len(lines), 20, "100 transitions in a second: at most 20 lines per 10 s")
+            c.close()
+        finally:
+            d.cleanup()
+
+    def test_refused_webhook_is_logged_and_counted(self):
+        hook = Receiver(refuse=1000, refuse_status=400)  # a 4xx is not retried
+        d = self.start(hook)
+        try:
+            c = Client(d.sock)
+            c.hello("refused", layers=2, heads=3)
+            for s in range(4):
+                c.send(step(s + 1, s, [(1, 1)]))
+            c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= 4)
+            wait_for(lambda: metric(d.get("/metrics")[1], 'entropyd_notifications_failed_total{sink="webhook"}') == 1,
+                     what="the failure counted")
+            self.assertIn("gave up on entropy_collapse firing", d.log())
+            c.close()
+        finally:
+            d.cleanup()
+            hook.close()
 
 
 if __name__ == "__main__":

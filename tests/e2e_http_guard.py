@@ -146,6 +146,16 @@ class HttpGuard(unittest.TestCase):
         self.assertEqual(raw(port, "GET", "/api/runs?status=finished")[0], 200)
         self.assertTrue(self.d.alive())
 
+    def test_from_past_the_last_step_is_400(self):
+        port = self.start()
+        (rid,) = make_runs(self.d, ["past"])  # one step: step 1
+        st, body = raw(port, "GET", "/api/runs/%d/series?metric=loss&from=5" % rid)
+        self.assertEqual(st, 400, body)
+        self.assertIn("past the last step of loss (1)", body)
+        self.assertEqual(raw(port, "GET", "/api/runs/%d/series?metric=loss&from=1" % rid)[0], 200)
+        # an explicit range past the data is a question with an empty answer
+        self.assertEqual(raw(port, "GET", "/api/runs/%d/series?metric=loss&from=5&to=9" % rid)[0], 200)
+
     def test_a_stream_client_that_goes_away_frees_its_slot_within_a_second(self):
         port = self.start("--http-max-conns", "16", "--http-max-conns-per-ip", "16")
         for _ in range(3):

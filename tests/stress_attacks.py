@@ -6,11 +6,14 @@ records the daemon's RSS peak, the slowest trainer welcome, the slowest
 /healthz, the statuses the attack got, and acked steps missing from the
 database. Writes ATTACKS_JSON (a list of rows) and exits 1 if a bound broke:
 RSS <= 256 MiB, a trainer welcomed within 1 s, /healthz within 100 ms
-(median of its samples; the slowest is reported), no acked step lost,
+(99th percentile of a probe every 50 ms, from a process of its own; the
+slowest is reported beside the slowest of the same probe for QUIET_SECONDS
+before the attack, which measures the machine's load), no acked step lost,
 rebinding and cross-site DELETE answered 4xx.
 
 Not run by make test (no e2e_ prefix). python3 stdlib only."""
 import json
+import multiprocessing
 import os
 import socket
 import sys
@@ -23,82 +26,119 @@ from e2e_http_guard import raw  # noqa: E402
 
 SECONDS = float(os.environ.get("ATTACK_SECONDS", "20"))
 RSS_BOUND_MIB = 256
+HEALTH_BOUND_MS = 100
+QUIET_SECONDS = float(os.environ.get("QUIET_SECONDS", "3"))
+# spawn, not fork: a child forked from this threaded process could inherit a held lock
+MP = multiprocessing.get_context("spawn")
 
 
-class Watch:
-    """Samples the daemon's RSS and /healthz latency; runs a trainer that
-    reconnects every second, streams, and counts acked steps."""
+def probe_health(port, stop, out):
+    """GET /healthz every 50 ms until stop; appends latencies (s) to out,
+    None for a failed answer."""
+    while not stop.is_set():
+        t0 = time.time()
+        try:
+            st, _ = raw(port, "GET", "/healthz", timeout=5)
+        except OSError:
+            st = None
+        out.append(time.time() - t0 if st == 200 else None)
+        time.sleep(0.05)
 
-    def __init__(self, d, token=None):
-        self.d, self.token = d, token
-        self.stop = threading.Event()
-        self.rss_peak = 0
-        self.health = []
-        self.health_fail = 0
-        self.welcome = []
-        self.welcome_fail = 0
-        self.acked = 0
-        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._rss, self._health, self._trainer)]
 
-    def start(self):
-        for t in self.threads:
-            t.start()
-        return self
+def watch_main(http_port, sock, token, pid, stop, results):
+    """The watcher process: samples the daemon's RSS and /healthz latency,
+    and runs a trainer that reconnects every second, streams, and counts
+    acked steps. It has a process of its own so that the attack's threads
+    (in other processes) cannot hold its interpreter lock: measured in the
+    attacker's process, /healthz took 560 ms at worst under the TCP flood
+    where a separate prober saw 250 ms, and the trainer acked a third of
+    its steps."""
+    rss = [0]
+    health = []
+    welcome, fails, acked = [], [0], [0]
 
-    def _rss(self):
-        while not self.stop.is_set():
+    def sample_rss():
+        while not stop.is_set():
             try:
-                self.rss_peak = max(self.rss_peak, self.d.rss_kb())
+                with open("/proc/%d/status" % pid) as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            rss[0] = max(rss[0], int(line.split()[1]))
             except OSError:
                 pass
             time.sleep(0.05)
 
-    def _health(self):
-        while not self.stop.is_set():
-            t0 = time.time()
-            st, _ = raw(self.d.http_port, "GET", "/healthz", timeout=5)
-            if st == 200:
-                self.health.append(time.time() - t0)
-            else:
-                self.health_fail += 1
-            time.sleep(0.1)
-
-    def _trainer(self):
+    def trainer():
         seq = 0
-        while not self.stop.is_set():
+        while not stop.is_set():
             t0 = time.time()
             try:
-                c = Client(self.d.sock, timeout=5)
-                w = c.hello("watched", token=self.token)
+                c = Client(sock, timeout=5)
+                w = c.hello("watched", token=token)
                 if w["type"] != "welcome":
                     raise RuntimeError(w)
-                self.welcome.append(time.time() - t0)
+                welcome.append(time.time() - t0)
                 seq = w["last_seq"]
                 end = time.time() + 1
-                while time.time() < end and not self.stop.is_set():
+                while time.time() < end and not stop.is_set():
                     seq += 1
                     c.send(step_msg(seq, seq))
                     c.wait_ack(seq, timeout=5)
-                    self.acked = seq
+                    acked[0] = seq
                     time.sleep(0.02)
                 c.close()
             except (OSError, RuntimeError, EOFError, TimeoutError, ValueError):
-                self.welcome_fail += 1
+                fails[0] += 1
                 time.sleep(0.1)
+
+    ts = [threading.Thread(target=f, daemon=True) for f in (sample_rss, trainer)]
+    ts.append(threading.Thread(target=probe_health, args=(http_port, stop, health), daemon=True))
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    results.put({"rss_peak_kb": rss[0], "health": health, "welcome": welcome, "welcome_fail": fails[0],
+                 "acked": acked[0]})
+
+
+def quantile(xs, q):
+    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else None
+
+
+def ms(x):
+    return None if x is None else round(x * 1e3, 1)
+
+
+def health_figures(lat, prefix):
+    ok = sorted(x for x in lat if x is not None)
+    return {prefix + "median_ms": ms(quantile(ok, 0.5)), prefix + "p99_ms": ms(quantile(ok, 0.99)),
+            prefix + "max_ms": ms(ok[-1] if ok else None), prefix + "fail": len(lat) - len(ok)}
+
+
+class Watch:
+    """The watcher process of watch_main, started and read back."""
+
+    def __init__(self, d, token=None):
+        self.d = d
+        self.stop = MP.Event()
+        self.results = MP.Queue()
+        self.proc = MP.Process(target=watch_main, args=(d.http_port, d.sock, token, d.proc.pid, self.stop,
+                                                        self.results))
+
+    def start(self):
+        self.proc.start()
+        return self
 
     def finish(self):
         self.stop.set()
-        for t in self.threads:
-            t.join(15)
+        r = self.results.get(timeout=30)
+        self.proc.join(15)
         stored = self.d.query("SELECT count(*) FROM steps s JOIN runs r ON r.id = s.run_id WHERE r.name = 'watched'")[0][0]
-        self.health.sort()
-        return {"rss_peak_mib": round(self.rss_peak / 1024, 1),
-                "welcome_max_s": round(max(self.welcome), 3) if self.welcome else None,
-                "welcome_fail": self.welcome_fail,
-                "healthz_median_ms": round(self.health[len(self.health) // 2] * 1e3, 1) if self.health else None,
-                "healthz_max_ms": round(self.health[-1] * 1e3, 1) if self.health else None,
-                "healthz_fail": self.health_fail,
-                "acked": self.acked, "lost": max(0, self.acked - stored)}
+        row = {"rss_peak_mib": round(r["rss_peak_kb"] / 1024, 1),
+               "welcome_max_s": round(max(r["welcome"]), 3) if r["welcome"] else None,
+               "welcome_fail": r["welcome_fail"], "acked": r["acked"], "lost": max(0, r["acked"] - stored)}
+        row.update(health_figures(r["health"], "healthz_"))
+        return row
 
 
 def until(deadline):
@@ -126,14 +166,24 @@ def flood_loop(addr, deadline, stop):
             s.close()
 
 
-def attack_floods(d, n, addr):
+def flood_proc(addr, n, deadline):
     stop = threading.Event()
-    deadline = time.time() + SECONDS
     ts = [threading.Thread(target=flood_loop, args=(addr, deadline, stop), daemon=True) for _ in range(n)]
     for t in ts:
         t.start()
     for t in ts:
-        t.join(SECONDS + 30)
+        t.join()
+
+
+def attack_floods(d, n, addr):
+    """n flooding connections, from 4 processes (one Python process cannot
+    keep 300 sockets busy)."""
+    deadline = time.time() + SECONDS
+    ps = [MP.Process(target=flood_proc, args=(addr, n // 4 + (i < n % 4), deadline)) for i in range(4)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(SECONDS + 30)
     return "every flood connection closed at 64 KiB"
 
 
@@ -221,17 +271,28 @@ def run(name, args, attack, token=None):
     d = Daemon(http=True, args=args).start()
     try:
         w = Watch(d, token).start()
-        time.sleep(1)
+        # the same probe without an attack, for QUIET_SECONDS: on a shared
+        # machine the slowest /healthz follows the load, attack or not
+        stop, quiet = threading.Event(), []
+        t = threading.Thread(target=probe_health, args=(d.http_port, stop, quiet))
+        t.start()
+        time.sleep(QUIET_SECONDS)
+        stop.set()
+        t.join()
         base = d.rss_kb()
+        load0 = os.getloadavg()[0]
         res = attack(d)
         ok_attack = True
         if isinstance(res, tuple):
             res, ok_attack = res
         row = w.finish()
-        row.update(attack=name, result=res, rss_base_mib=round(base / 1024, 1), alive=d.alive())
+        row.update(health_figures(quiet, "quiet_healthz_"))
+        row.update(attack=name, result=res, rss_base_mib=round(base / 1024, 1), alive=d.alive(), seconds=SECONDS,
+                   load=round(max(load0, os.getloadavg()[0]), 1))
         row["held"] = (ok_attack and row["alive"] and row["rss_peak_mib"] <= RSS_BOUND_MIB and row["lost"] == 0
                        and row["welcome_max_s"] is not None and row["welcome_max_s"] < 1.0
-                       and row["healthz_median_ms"] is not None and row["healthz_median_ms"] < 100)
+                       and row["healthz_fail"] == 0
+                       and row["healthz_p99_ms"] is not None and row["healthz_p99_ms"] < HEALTH_BOUND_MS)
         print(json.dumps(row), flush=True)
         return row
     finally:

@@ -44,7 +44,7 @@ static void add_metric(struct writer_item *it, const char *name, const float *va
 }
 
 static int feed(struct alert_engine *e, struct writer_item *it) {
-    int n = alert_feed(e, it);
+    int n = alert_feed(e, it, it->time);
     writer_item_free(it);
     return n;
 }
@@ -196,7 +196,7 @@ static void test_end_resolves_and_json_resolved(void **state) {
     end->kind = WRITER_END;
     end->run_id = 7;
     end->time = 2000;
-    int n = alert_feed(e, end);
+    int n = alert_feed(e, end, end->time);
     assert_int_equal(n, 1);
     const struct alert_transition *t = alert_transition_at(e, 0);
     assert_int_equal(t->state, ALERT_RESOLVED);
@@ -257,7 +257,7 @@ static void test_verdict_collapse_outlives_the_run(void **state) {
     }
     assert_int_equal(changes, 1); /* firing at 9 keeps the same state, step and heads: no change */
     struct writer_item *end = mk_end(3, PROTO_FINISHED);
-    alert_feed(e, end);
+    alert_feed(e, end, end->time);
     v = alert_verdict_changed(e);
     assert_non_null(v);
     assert_int_equal(v->state, ALERT_V_COLLAPSED);
@@ -283,7 +283,9 @@ static void test_verdict_collapse_outlives_the_run(void **state) {
  * divergence, the one that began first. A recovery is healthy again. */
 static void test_verdict_diverged_and_recovery(void **state) {
     (void)state;
-    struct alert_rules *r = rules(alert_default_rules_json());
+    char err[256];
+    struct alert_rules *r = alert_rules_load(NULL, err, sizeof err); /* the built-in rules */
+    assert_non_null(r);
     struct alert_engine *e = alert_engine_create(r);
     hello(e, 4, "nan");
     float loss = 2.0f;
@@ -300,7 +302,7 @@ static void test_verdict_diverged_and_recovery(void **state) {
     assert_non_null(v);
     assert_int_equal(v->state, ALERT_V_HEALTHY);
     struct writer_item *end = mk_end(4, PROTO_FAILED);
-    alert_feed(e, end);
+    alert_feed(e, end, end->time);
     v = alert_verdict_changed(e);
     assert_non_null(v);
     assert_int_equal(v->state, ALERT_V_DIVERGED);
@@ -309,7 +311,7 @@ static void test_verdict_diverged_and_recovery(void **state) {
     for (int64_t id = 100; id < 20100; id++) {
         hello(e, id, "bulk");
         end = mk_end(id, PROTO_FINISHED);
-        alert_feed(e, end);
+        alert_feed(e, end, end->time);
         writer_item_free(end);
     }
     uint64_t runs, bytes;
@@ -345,7 +347,7 @@ static void test_drop_growth_zscore_nonfinite(void **state) {
         struct writer_item *it = mk_step(1, s, "loss", PROTO_SCALAR, &loss, 1);
         add_metric(it, "ent", ent);
         add_metric(it, "logit", logit);
-        int n = alert_feed(e, it);
+        int n = alert_feed(e, it, it->time);
         for (int i = 0; i < n; i++) {
             const struct alert_transition *t = alert_transition_at(e, i);
             if (t->state != ALERT_FIRING) continue;
@@ -382,7 +384,7 @@ static void test_near_bound_and_stalled(void **state) {
         struct writer_item *it = mk_step(1, s, "entropy", PROTO_HEAD, ent, L * H);
         add_metric(it, "entropy_bound", bound);
         add_metric(it, "sigma_qk", sig);
-        int n = alert_feed(e, it);
+        int n = alert_feed(e, it, it->time);
         for (int i = 0; i < n; i++)
             if (alert_transition_at(e, i)->state == ALERT_FIRING && fired < 0) fired = s;
         writer_item_free(it);
@@ -397,7 +399,7 @@ static void test_near_bound_and_stalled(void **state) {
     float v[L * H] = {1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f};
     struct writer_item *it = mk_step(1, 30, "entropy", PROTO_HEAD, v, L * H);
     it->time = 1081;
-    int n = alert_feed(e, it);
+    int n = alert_feed(e, it, it->time);
     int resolved = 0;
     for (int i = 0; i < n; i++)
         if (alert_transition_at(e, i)->state == ALERT_RESOLVED && !strcmp(alert_transition_at(e, i)->rule->name, "stall"))
@@ -436,7 +438,7 @@ static void test_and_guard(void **state) {
         add_metric(it, "entropy_bound", bound);
         add_metric(it, "sigma_qk", sig);
         if (s != 21) add_metric(it, "entropy_norm", norm); /* step 21: no guard metric, no evaluation */
-        int n = alert_feed(e, it);
+        int n = alert_feed(e, it, it->time);
         for (int i = 0; i < n; i++) {
             const struct alert_transition *t = alert_transition_at(e, i);
             if (t->state == ALERT_FIRING && fired < 0) {
@@ -474,7 +476,7 @@ static void test_and_guard(void **state) {
         struct writer_item *it = mk_step(1, s, "entropy", PROTO_HEAD, ent, L * H);
         add_metric(it, "entropy_bound", bound);
         add_metric(it, "sigma_qk", sig);
-        if (alert_feed(e, it) > 0 && alert_transition_at(e, 0)->state == ALERT_FIRING) fired = s;
+        if (alert_feed(e, it, it->time) > 0 && alert_transition_at(e, 0)->state == ALERT_FIRING) fired = s;
         writer_item_free(it);
     }
     assert_int_equal(fired, 6);
@@ -611,6 +613,113 @@ static void test_rollback_abandons_per_cell(void **state) {
     alert_rules_free(r);
 }
 
+/* Times are the daemon's (alert_feed's now), never the step's `time`: a
+ * trainer clock hours off gives neither a startsAt in the past or future,
+ * nor a stall that fires between two steps sent 50 ms apart. */
+static void test_daemon_clock_not_trainer_clock(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(
+        "{\"rules\":[{\"name\":\"collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":2,\"keep_firing_for\":0},"
+        "{\"name\":\"stall\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":30}}]}");
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "skewed");
+    double now = 5000;
+    int fired = 0, stalled = 0;
+    for (int s = 0; s < 40; s++, now += 0.05) {
+        float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+        if (s >= 20) v[4] = 0.01f;
+        struct writer_item *it = mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H);
+        it->time = now - 300; /* the trainer's clock: 5 minutes behind */
+        int n = alert_feed(e, it, now);
+        for (int i = 0; i < n; i++) {
+            const struct alert_transition *t = alert_transition_at(e, i);
+            if (t->state == ALERT_FIRING && !strcmp(t->rule->name, "collapse")) {
+                fired++;
+                assert_true(fabs(t->starts_at - now) < 1e-9);
+                assert_true(fabs(t->at - now) < 1e-9);
+            }
+        }
+        writer_item_free(it);
+        for (int i = 0, n2 = alert_tick(e, now + 0.01); i < n2; i++)
+            stalled += !strcmp(alert_transition_at(e, i)->rule->name, "stall");
+    }
+    assert_int_equal(fired, 1);
+    assert_int_equal(stalled, 0);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static int resume_calls;
+static int resume_open(void *ctx, int64_t run_id, const char *rule, double *starts_at, int64_t *start_step) {
+    (void)ctx;
+    resume_calls++;
+    if (run_id != 1 || strcmp(rule, "collapse")) return 0;
+    *starts_at = 123.5;
+    *start_step = 3;
+    return 1;
+}
+
+/* An episode an earlier daemon left open goes on: the FIRING says resumed
+ * and carries the old start, which the RESOLVED keeps; the transition's own
+ * time (at) is now. */
+static void test_resume_earlier_episode(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    alert_engine_set_resume(e, resume_open, NULL);
+    hello(e, 1, "run-a");
+    int fired = 0, resolved = 0;
+    for (int s = 10; s < 40; s++) {
+        float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+        if (s < 20) v[0] = 0.01f;
+        struct writer_item *it = mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H);
+        int n = alert_feed(e, it, 2000.0 + s);
+        for (int i = 0; i < n; i++) {
+            const struct alert_transition *t = alert_transition_at(e, i);
+            assert_true(fabs(t->starts_at - 123.5) < 1e-9);
+            assert_int_equal(t->start_step, 3);
+            assert_true(fabs(t->at - (2000.0 + s)) < 1e-9);
+            if (t->state == ALERT_FIRING) fired++, assert_int_equal(t->resumed, 1);
+            if (t->state == ALERT_RESOLVED) resolved++, assert_true(fabs(t->ends_at - (2000.0 + s)) < 1e-9);
+        }
+        writer_item_free(it);
+    }
+    assert_int_equal(fired, 1);
+    assert_int_equal(resolved, 1);
+    assert_int_equal(resume_calls, 1);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+/* The memory bound of docs/alerts.md: per head and head rule the engine
+ * holds 56 bytes of cell state and 4 bytes per window step, plus 12 bytes
+ * per cell that fires; the built-in rules, with every metric they read,
+ * hold 844 bytes a head (944 before: padding and a firing list per cell). */
+static void test_state_bytes_per_head(void **state) {
+    (void)state;
+    char err[256];
+    struct alert_rules *r = alert_rules_load(NULL, err, sizeof err);
+    assert_non_null(r);
+    struct alert_engine *e = alert_engine_create(r);
+    uint64_t runs, base, bytes;
+    hello(e, 7, "sized");
+    alert_engine_usage(e, &runs, &base);
+    float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
+    struct writer_item *it = mk_step(7, 1, "entropy_norm", PROTO_HEAD, v, L * H);
+    static const char *const more[] = {"max_logit", "entropy", "entropy_bound", "sigma_qk"};
+    for (int i = 0; i < 4; i++) add_metric(it, more[i], v);
+    alert_feed(e, it, 1.0);
+    writer_item_free(it);
+    alert_engine_usage(e, &runs, &bytes);
+    assert_int_equal(runs, 1);
+    printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
+           (unsigned long long)((bytes - base - 60) / (L * H)));
+    assert_int_equal(bytes - base, (uint64_t)L * H * 844 + 60); /* + run_stalled's one cell: 56 + 4 */
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_below_for_and_keep_firing_for),
@@ -626,6 +735,9 @@ int main(void) {
         cmocka_unit_test(test_rollback_restarts_windows),
         cmocka_unit_test(test_rollback_after_start_keeps_firing),
         cmocka_unit_test(test_rollback_abandons_per_cell),
+        cmocka_unit_test(test_daemon_clock_not_trainer_clock),
+        cmocka_unit_test(test_resume_earlier_episode),
+        cmocka_unit_test(test_state_bytes_per_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,7 +62,7 @@ static void feed_step(struct alert_engine *e, const struct alert_rules *rs, int6
     m->metrics = metrics;
     m->nvalues = nv;
     m->values = values;
-    int t = alert_feed(e, &it);
+    int t = alert_feed(e, &it, it.time);
     for (int i = 0; i < t; i++) free(alert_transition_json(alert_transition_at(e, i)));
 }
 
@@ -84,14 +84,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             hello.msg.layers = FL;
             hello.msg.heads = FH;
             hello.msg.seq_len = 8;
-            alert_feed(e, &hello);
+            alert_feed(e, &hello, hello.time);
             for (int64_t s = 0; s < 40; s++) feed_step(e, rs, s, data, size);
             int t = alert_tick(e, 1764500000.0 + 1e6); /* stalled rules fire */
             for (int i = 0; i < t; i++) free(alert_transition_json(alert_transition_at(e, i)));
             struct writer_item end = {.kind = WRITER_END, .run_id = 1, .seq = 41, .time = 1764500100.0};
             end.msg.type = PROTO_END;
             end.msg.status = PROTO_FINISHED;
-            t = alert_feed(e, &end);
+            t = alert_feed(e, &end, end.time);
             for (int i = 0; i < t; i++) free(alert_transition_json(alert_transition_at(e, i)));
             alert_engine_destroy(e);
         }
