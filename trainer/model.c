@@ -16,6 +16,7 @@
  * order.  The rest of a step (σReparam, clearing, the optimizer through
  * model_parallel) is split over the same threads by ranges. */
 #include "model.h"
+#include "now.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -525,12 +526,7 @@ static size_t carve_acts(model_acts *a, float *mem, const model_config *c, size_
 /* Jobs of the pool's threads (see run_shard). */
 enum { JOB_FORWARD = 1, JOB_BACKWARD, JOB_REDUCE, JOB_REPARAM_FWD, JOB_ZERO };
 
-static double now_seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+static double now_seconds(void) { return now_mono_ms() / 1e3; }
 
 /* See backward_shard; >= 11C, so it also holds a power step's work vector
  * (at most 4C floats) while no backward runs. */

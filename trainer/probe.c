@@ -53,6 +53,7 @@
  * vector extensions: GCC 12 left the same loop in plain C scalar, which made
  * the entropy pass ~3x slower (no -ffast-math either way). */
 #include "probe.h"
+#include "now.h"
 
 #include <cblas.h>
 #include <lapacke.h>
@@ -120,12 +121,7 @@ struct probe {
     size_t *lin_off_u, *lin_off_v;
 };
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+static double now_s(void) { return now_mono_ms() / 1e3; }
 
 static void random_unit(float *v, int n, uint64_t *rng)
 {

@@ -1,4 +1,5 @@
-/* now.h: the daemon's two clocks, defined once. Wall time (Unix seconds) is
+/* now.h: the two clocks of both programs (daemon, trainer, client library),
+ * defined once. Wall time (Unix seconds) is
  * what gets stored and shown; monotonic milliseconds measure durations and
  * deadlines, immune to the wall clock being stepped. */
 #ifndef NOW_H
