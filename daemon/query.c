@@ -250,11 +250,6 @@ out:
     return ret;
 }
 
-int query_runs(struct query *q, const char *status, struct strbuf *out, char *err, size_t errlen) {
-    struct query_runs_req req = {.status = status};
-    return query_runs_page(q, &req, out, err, errlen);
-}
-
 int query_run(struct query *q, int64_t id, struct strbuf *out, char *err, size_t errlen) {
     sqlite3_stmt *s = NULL;
     cJSON *o = NULL;

@@ -47,10 +47,6 @@ struct query *query_acquire(struct query_pool *p, char *err, size_t errlen);
 /* Gives a connection back (accepts NULL). */
 void query_release(struct query_pool *p, struct query *q);
 
-/* GET /api/runs: a JSON array of run objects, optionally only those with
- * `status` (NULL for all). */
-int query_runs(struct query *q, const char *status, struct strbuf *out, char *err, size_t errlen);
-
 /* Sort keys of the runs list (query_runs_page). */
 enum query_runs_sort {
     QUERY_SORT_ID = 0, QUERY_SORT_NAME, QUERY_SORT_CREATED, QUERY_SORT_UPDATED, QUERY_SORT_LAST_STEP,

@@ -1113,7 +1113,7 @@ int64_t store_db_bytes(struct store *st) {
 
 const char *store_path(struct store *st) { return sqlite3_db_filename(st->db, "main"); }
 
-int64_t store_wal_bytes(struct store *st) { return store_wal_bytes_of(sqlite3_db_filename(st->db, "main")); }
+static int64_t store_wal_bytes(struct store *st) { return store_wal_bytes_of(sqlite3_db_filename(st->db, "main")); }
 
 int64_t store_wal_bytes_of(const char *db) {
     char path[4096];

@@ -39,7 +39,8 @@ struct store_run_info {
 };
 
 /* Opens (creating if needed) the database at path and brings its schema up
- * to date. page_size applies to new databases only. Returns NULL with a
+ * to date. A new database gets 16 KiB pages (an existing one keeps its
+ * own). Returns NULL with a
  * message in err on failure, including a database newer than this daemon.
  * The caller owns the result and frees it with store_close(). */
 struct store *store_open(const char *path, char *err, size_t errlen);
@@ -193,9 +194,8 @@ int64_t store_db_bytes(struct store *st);
 /* The database file's path (owned by the store; "" for an in-memory one). */
 const char *store_path(struct store *st);
 
-/* Bytes of the WAL file (0 when there is none, -1 on error). */
-int64_t store_wal_bytes(struct store *st);
-/* The same for the database file at db_path (NULL or "": -1). */
+/* Bytes of the WAL file of the database at db_path (0 when there is none;
+ * NULL or "": -1). */
 int64_t store_wal_bytes_of(const char *db_path);
 
 /* SQLite's autocheckpoint (a PASSIVE checkpoint in the committing thread
