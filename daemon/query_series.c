@@ -105,10 +105,7 @@ static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
             float mn, mx;
             double sum;
             uint32_t cnt;
-            memcpy(&mn, e, 4);
-            memcpy(&mx, e + 4, 4);
-            memcpy(&sum, e + 8, 8);
-            memcpy(&cnt, e + 16, 4);
+            store_rollup_decode(e, &mn, &mx, &sum, &cnt);
             bucket_merge(b, mn, mx, sum, cnt);
             b->nonfinite += (uint64_t)nframes - cnt;
         }

@@ -518,10 +518,7 @@ static void agg_merge(unsigned char *e, float mn2, float mx2, double sum2, uint3
     double sum;
     uint32_t c;
     if (c2 == 0) return;
-    memcpy(&mn, e, 4);
-    memcpy(&mx, e + 4, 4);
-    memcpy(&sum, e + 8, 8);
-    memcpy(&c, e + 16, 4);
+    store_rollup_decode(e, &mn, &mx, &sum, &c);
     if (c == 0 || mn2 < mn) mn = mn2;
     if (c == 0 || mx2 > mx) mx = mx2;
     sum += sum2;
@@ -584,10 +581,7 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
             float mn, mx;
             double sum;
             uint32_t c;
-            memcpy(&mn, e, 4);
-            memcpy(&mx, e + 4, 4);
-            memcpy(&sum, e + 8, 8);
-            memcpy(&c, e + 16, 4);
+            store_rollup_decode(e, &mn, &mx, &sum, &c);
             agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, mn, mx, sum, c);
         }
     }

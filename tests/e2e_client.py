@@ -20,11 +20,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon, ROOT, floats  # noqa: E402
+from daemon_harness import Daemon, ROOT, floats, wait_for  # noqa: E402
 
 BUILD = os.environ.get("BUILD", "build")
 BUILD = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
@@ -32,16 +31,6 @@ SIGMATRAIN = os.environ.get("SIGMATRAIN") or os.path.join(BUILD, "sigmatrain")
 SANITIZE = os.environ.get("SANITIZE", "")
 TINY = ["--layers", "2", "--heads", "2", "--dim", "16", "--seq-len", "16", "--batch", "2", "--threads", "1",
         "--eval-every", "0", "--print-every", "1000"]
-
-
-def wait_for(pred, timeout=30, what="condition"):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for " + what)
 
 
 def steps_of(d, run):
