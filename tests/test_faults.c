@@ -20,8 +20,10 @@
  *
  * 2. SQLite failing: a VFS shim, registered as the default before the store
  *    opens, makes writes fail with SQLITE_IOERR_WRITE, then SQLITE_FULL, and
- *    takes the WAL write lock away (SQLITE_BUSY, long enough to outlast the
- *    store's 5 s busy timeout) while a trainer streams steps. Each phase
+ *    takes the WAL write lock away (SQLITE_BUSY for 11 s: more than twice the
+ *    store's 5 s busy timeout, so a writer whose first BEGIN comes late in
+ *    the phase -- a loaded machine, an alert stored on its thread -- still
+ *    times out inside it) while a trainer streams steps. Each phase
  *    must show up as writer retries; afterwards every step sent is acked
  *    and stored once, and PRAGMA integrity_check is "ok".
  *
@@ -666,7 +668,7 @@ static void test_sqlite_errors(void **state) {
         int ms;
     } phases[] = {{"SQLITE_IOERR_WRITE", SQLITE_IOERR_WRITE, 0, 600},
                   {"SQLITE_FULL", SQLITE_FULL, 0, 600},
-                  {"SQLITE_BUSY", 0, 1, (int)env_long("FAULTS_BUSY_MS", 6000)}};
+                  {"SQLITE_BUSY", 0, 1, (int)env_long("FAULTS_BUSY_MS", 11000)}};
     for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
         struct writer_stats before, after;
         writer_get_stats(D.w, &before);
