@@ -21,14 +21,23 @@ static void add_number_or_null(cJSON *o, const char *key, sqlite3_stmt *s, int c
     else cJSON_AddNumberToObject(o, key, sqlite3_column_double(s, col));
 }
 
+/* o.key = a Unix time with every bit of the stored double (%.17g): cJSON
+ * prints 15 digits when they read back within an ulp, and a client that
+ * sends a run's `created` back as a created_from bound must match it. */
+static void add_time(cJSON *o, const char *key, double t) {
+    char num[40];
+    snprintf(num, sizeof num, "%.17g", isfinite(t) ? t : 0.0);
+    cJSON_AddRawToObject(o, key, num);
+}
+
 static cJSON *run_json(sqlite3_stmt *s) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     cJSON_AddNumberToObject(o, "id", (double)sqlite3_column_int64(s, 0));
     cJSON_AddStringToObject(o, "name", (const char *)sqlite3_column_text(s, 1));
     cJSON_AddStringToObject(o, "status", (const char *)sqlite3_column_text(s, 2));
-    cJSON_AddNumberToObject(o, "created", sqlite3_column_double(s, 3));
-    cJSON_AddNumberToObject(o, "updated", sqlite3_column_double(s, 4));
+    add_time(o, "created", sqlite3_column_double(s, 3));
+    add_time(o, "updated", sqlite3_column_double(s, 4));
     add_number_or_null(o, "last_step", s, 5);
     cJSON_AddNumberToObject(o, "last_seq", (double)sqlite3_column_int64(s, 6));
     cJSON_AddNumberToObject(o, "layers", (double)sqlite3_column_int64(s, 7));
