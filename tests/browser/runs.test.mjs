@@ -53,8 +53,14 @@ await run(async (ctx) => {
   check(only === bad.id && n1 - n0 === 1 && new URL(page.url()).searchParams.get('verdict') === 'diverged',
     `verdict filter: only the diverged run, in ${n1 - n0} request (target 1), kept in the URL`);
   await page.selectOption('#runs-verdict', '');
+  // the unfiltered list first: until it arrives the table still shows the
+  // one diverged run, which a wait for "one row" would take for the search's
+  await page.waitForFunction(() => document.querySelectorAll('#runs-table tbody tr').length === 3);
   await page.fill('#runs-search', 'SIGMA-post');
-  await page.waitForFunction(() => document.querySelectorAll('#runs-table tbody tr').length === 1);
+  await page.waitForFunction((id) => {
+    const trs = document.querySelectorAll('#runs-table tbody tr');
+    return trs.length === 1 && +trs[0].dataset.run === id;
+  }, sig.id, {timeout: 10000}).catch(() => {});
   check(await page.$eval('#runs-table tbody tr', (tr) => +tr.dataset.run) === sig.id, 'name search (case-insensitive, by the daemon)');
   await page.fill('#runs-search', '');
   await page.waitForFunction(() => document.querySelectorAll('#runs-table tbody tr').length === 3);
