@@ -160,17 +160,6 @@ static struct remote_write *fake_rw(void) {
     return rw;
 }
 
-static void free_rw(struct remote_write *rw) {
-    pthread_mutex_destroy(&rw->mu);
-    pthread_cond_destroy(&rw->cv);
-    strbuf_free(&rw->pb);
-    free(rw->z);
-    free(rw->cur);
-    free(rw->url);
-    free(rw->cursor_path);
-    free(rw);
-}
-
 /* A run of 2 layers x 3 heads: loss, a layer metric, a head metric, at
  * nsteps steps (10, 20, ...), every value distinct, one NaN; the head
  * metric has no frame at the second step. */
@@ -236,7 +225,7 @@ static void test_encoding(void **state) {
     assert_int_equal(g->bits, bits_of(20.0));
     assert_int_equal(atomic_load(&rw->sent), ngot);
     batch_free(&bt);
-    free_rw(rw);
+    remote_write_destroy(rw); /* never started: frees what fake_rw made */
 }
 
 /* Refused requests split by steps: every good step arrives once, the bad
@@ -265,7 +254,7 @@ static void test_refusals_split(void **state) {
             if (got[i].ts == got[j].ts && strcmp(got[i].labels, got[j].labels) == 0) fail_msg("sample twice");
     assert_true(nposts <= 1 + 2 * 2 * 6 + 2);
     batch_free(&bt);
-    free_rw(rw);
+    remote_write_destroy(rw); /* never started: frees what fake_rw made */
 }
 
 /* A receiver that fails (down, 5xx, 404) gets the same request again,
@@ -287,7 +276,7 @@ static void test_failures_retried(void **state) {
     assert_true(waited >= 100 + 200 + 400 - 5); /* 100 ms, doubling */
     assert_int_equal(atomic_load(&rw->failing), 0);
     batch_free(&bt);
-    free_rw(rw);
+    remote_write_destroy(rw); /* never started: frees what fake_rw made */
 }
 
 /* One step holding more values than a request may: sent in requests of
@@ -309,7 +298,7 @@ static void test_requests_bounded(void **state) {
     assert_int_equal(nposts, (bt.cells + 1 + REMOTE_WRITE_MAX_SAMPLES - 1) / REMOTE_WRITE_MAX_SAMPLES);
     assert_int_equal(max_req_samples, REMOTE_WRITE_MAX_SAMPLES);
     batch_free(&bt);
-    free_rw(rw);
+    remote_write_destroy(rw); /* never started: frees what fake_rw made */
 }
 
 static void test_cursor_file(void **state) {
@@ -342,7 +331,7 @@ static void test_cursor_file(void **state) {
     assert_int_equal(rw->ncur, 0);
     unlink(path);
     rmdir(dir);
-    free_rw(rw);
+    remote_write_destroy(rw); /* never started: frees what fake_rw made */
 }
 
 int main(void) {
