@@ -621,7 +621,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
             if (isfinite(v[i])) agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, v[i], v[i], v[i], 1);
     }
     if (rollup_write(st, m, 1, block, nf)) return -1;
-    unsigned char *blob;
+    const unsigned char *blob;
     size_t len;
     if (fblock_encode(st->codec, st->blockvals, nf, m->n, &blob, &len))
         return set_err(st, SQLITE_NOMEM, "coding a block: out of memory");
@@ -629,7 +629,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     sqlite3_bind_int64(s, 1, m->id);
     sqlite3_bind_int64(s, 2, block);
     sqlite3_bind_int64(s, 3, (int64_t)mask);
-    sqlite3_bind_blob(s, 4, blob, (int)len, free);
+    sqlite3_bind_blob(s, 4, blob, (int)len, SQLITE_STATIC); /* the codec's until its next encode */
     if (step_done(st, s, "writing a block")) return -1;
     s = st->stmt[S_SEAL_DELETE];
     sqlite3_bind_int64(s, 1, m->id);
