@@ -17,15 +17,15 @@
 
 #define FORMAT_BYTE_PLANES 1   /* written before format 2; still read */
 #define FORMAT_BIT_PLANES 2    /* written now */
-#define ZSTD_LEVEL 3
+#define ZSTD_LEVEL -1  /* zstd's fast mode: 15% of the writer's instructions less than level 3 for 1% more bytes */
 #define MAX_CHUNK 255   /* cells per chunk a blob can say (one byte) */
 #define CHUNK_WORDS (MAX_CHUNK * FBLOCK_STEPS)
 
 struct fblock_codec {
     ZSTD_CCtx *cctx;
     ZSTD_DCtx *dctx;
-    uint32_t words[CHUNK_WORDS];          /* a chunk's coded words */
-    unsigned char planes[CHUNK_WORDS * 4]; /* the same, as planes */
+    unsigned char bytes[CHUNK_WORDS * 4];  /* a chunk's coded words as byte planes */
+    unsigned char planes[CHUNK_WORDS * 4]; /* the same as bit planes, or zstd's output */
     unsigned char *out;                   /* fblock_encode's blob, grown on demand */
     size_t outcap;
 };
@@ -64,39 +64,43 @@ static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* The coded words of cells [c0, c0 + cells) of nframes frames of n values,
- * cell by cell: the zigzag of each value's bits minus the same cell's in
- * the frame before. */
-static void words_forward(uint32_t *w, const float *vals, uint32_t nframes, uint32_t n, uint32_t c0, uint32_t cells) {
+/* The byte planes of the coded words of cells [c0, c0 + cells) of
+ * nframes frames of n values, cell by cell: the zigzag of each value's
+ * bits minus the same cell's in the frame before; byte k of word i at
+ * bp[k*m + i] (format 1's planes). */
+static void chunk_forward(unsigned char *bp, const float *vals, uint32_t nframes, uint32_t n, uint32_t c0,
+                          uint32_t cells) {
+    size_t m = (size_t)cells * nframes;
     for (uint32_t c = 0; c < cells; c++) {
         uint32_t prev = 0;
         for (uint32_t f = 0; f < nframes; f++) {
             uint32_t u = bits_of(vals[(size_t)f * n + c0 + c]);
             int32_t d = (int32_t)(u - prev);
-            w[(size_t)c * nframes + f] = ((uint32_t)d << 1) ^ (uint32_t)(d >> 31);
+            uint32_t z = ((uint32_t)d << 1) ^ (uint32_t)(d >> 31);
+            size_t i = (size_t)c * nframes + f;
             prev = u;
+            bp[i] = (unsigned char)z;
+            bp[m + i] = (unsigned char)(z >> 8);
+            bp[2 * m + i] = (unsigned char)(z >> 16);
+            bp[3 * m + i] = (unsigned char)(z >> 24);
         }
     }
 }
 
-/* The inverse of words_forward, for cells [lo, hi) of the chunk only. */
-static void words_backward(float *vals, const uint32_t *w, uint32_t nframes, uint32_t n, uint32_t c0, uint32_t lo,
-                           uint32_t hi) {
+/* The inverse of chunk_forward, for cells [lo, hi) of the chunk only. */
+static void chunk_backward(float *vals, const unsigned char *bp, uint32_t nframes, uint32_t n, uint32_t c0,
+                           uint32_t cells, uint32_t lo, uint32_t hi) {
+    size_t m = (size_t)cells * nframes;
     for (uint32_t c = lo; c < hi; c++) {
         uint32_t prev = 0;
         for (uint32_t f = 0; f < nframes; f++) {
-            uint32_t z = w[(size_t)c * nframes + f];
+            size_t i = (size_t)c * nframes + f;
+            uint32_t z = (uint32_t)bp[i] | (uint32_t)bp[m + i] << 8 | (uint32_t)bp[2 * m + i] << 16 |
+                         (uint32_t)bp[3 * m + i] << 24;
             prev += (z >> 1) ^ (0u - (z & 1));
             memcpy(&vals[(size_t)f * n + c0 + c], &prev, 4);
         }
     }
-}
-
-/* Format 1: byte k of word i at planes[k*m + i]. */
-static void byte_planes_backward(uint32_t *w, const unsigned char *planes, size_t m) {
-    for (size_t i = 0; i < m; i++)
-        w[i] = (uint32_t)planes[i] | (uint32_t)planes[m + i] << 8 | (uint32_t)planes[2 * m + i] << 16 |
-               (uint32_t)planes[3 * m + i] << 24;
 }
 
 /* Transposes the 8x8 bit matrix whose row j is byte j of x (bit r of
@@ -112,39 +116,47 @@ static uint64_t transpose8(uint64_t x) {
     return x;
 }
 
-/* Format 2: of m words, the first 8*pb (pb = m / 8) as 32 bit planes of
- * pb bytes (bit b of word i is bit i%8 of planes[b*pb + i/8]), then the
- * m % 8 others as they are (u32, little-endian): 4m bytes. Words
- * 8g..8g+7 give byte g of all 32 planes: per byte k of theirs, one
- * transpose. */
-static void bit_planes_forward(unsigned char *planes, const uint32_t *w, size_t m) {
-    size_t pb = m / 8;
-    for (size_t g = 0; g < pb; g++)
-        for (int k = 0; k < 4; k++) {
-            uint64_t x = 0;
-            for (int j = 0; j < 8; j++) x |= (uint64_t)(w[8 * g + j] >> (8 * k) & 0xff) << (8 * j);
-            x = transpose8(x);
-            for (int r = 0; r < 8; r++) planes[(size_t)(8 * k + r) * pb + g] = (unsigned char)(x >> (8 * r));
-        }
-    for (size_t i = 8 * pb; i < m; i++) put_u32(planes + 4 * i, w[i]);
+static uint64_t load_u64(const unsigned char *p) {
+    uint64_t x;
+    memcpy(&x, p, 8); /* little-endian hosts only, as the rest of the store */
+    return x;
 }
 
-static void bit_planes_backward(uint32_t *w, const unsigned char *planes, size_t m) {
+/* Format 2 from format 1's byte planes bp of m words: the first 8*pb
+ * words (pb = m / 8) as 32 bit planes of pb bytes (bit b of word i is bit
+ * i%8 of planes[b*pb + i/8]), then the m % 8 others as they are (u32,
+ * little-endian): 4m bytes. Bytes 8g..8g+7 of byte plane k, transposed,
+ * are byte g of bit planes 8k..8k+7. */
+static void bit_planes_forward(unsigned char *planes, const unsigned char *bp, size_t m) {
     size_t pb = m / 8;
-    for (size_t g = 0; g < pb; g++) {
-        uint64_t x[4];
-        for (int k = 0; k < 4; k++) {
-            x[k] = 0;
-            for (int r = 0; r < 8; r++) x[k] |= (uint64_t)planes[(size_t)(8 * k + r) * pb + g] << (8 * r);
-            x[k] = transpose8(x[k]);
+    for (int k = 0; k < 4; k++) {
+        const unsigned char *src = bp + (size_t)k * m;
+        unsigned char *dst = planes + (size_t)8 * k * pb;
+        for (size_t g = 0; g < pb; g++) {
+            uint64_t x = transpose8(load_u64(src + 8 * g));
+            for (int r = 0; r < 8; r++) dst[(size_t)r * pb + g] = (unsigned char)(x >> (8 * r));
         }
-        for (int j = 0; j < 8; j++)
-            w[8 * g + j] = (uint32_t)(x[0] >> (8 * j) & 0xff) | (uint32_t)(x[1] >> (8 * j) & 0xff) << 8 |
-                           (uint32_t)(x[2] >> (8 * j) & 0xff) << 16 | (uint32_t)(x[3] >> (8 * j) & 0xff) << 24;
     }
-    for (size_t i = 8 * pb; i < m; i++) w[i] = get_u32(planes + 4 * i);
+    for (size_t i = 8 * pb; i < m; i++)
+        for (int k = 0; k < 4; k++) planes[4 * i + (size_t)k] = bp[(size_t)k * m + i];
 }
 
+/* The inverse of bit_planes_forward. */
+static void bit_planes_backward(unsigned char *bp, const unsigned char *planes, size_t m) {
+    size_t pb = m / 8;
+    for (int k = 0; k < 4; k++) {
+        const unsigned char *src = planes + (size_t)8 * k * pb;
+        unsigned char *dst = bp + (size_t)k * m;
+        for (size_t g = 0; g < pb; g++) {
+            uint64_t x = 0;
+            for (int r = 0; r < 8; r++) x |= (uint64_t)src[(size_t)r * pb + g] << (8 * r);
+            x = transpose8(x);
+            memcpy(dst + 8 * g, &x, 8);
+        }
+    }
+    for (size_t i = 8 * pb; i < m; i++)
+        for (int k = 0; k < 4; k++) bp[(size_t)k * m + i] = planes[4 * i + (size_t)k];
+}
 
 int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, const unsigned char **blob,
                   size_t *len) {
@@ -165,8 +177,8 @@ int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, u
     for (uint32_t k = 0; k < nchunks; k++) {
         uint32_t c0 = k * FBLOCK_CHUNK, cells = n - c0 < FBLOCK_CHUNK ? n - c0 : FBLOCK_CHUNK;
         size_t m = (size_t)cells * nframes;
-        words_forward(c->words, vals, nframes, n, c0, cells);
-        bit_planes_forward(c->planes, c->words, m);
+        chunk_forward(c->bytes, vals, nframes, n, c0, cells);
+        bit_planes_forward(c->planes, c->bytes, m);
         size_t z = ZSTD_compress2(c->cctx, b + at, cap - at, c->planes, m * 4);
         if (ZSTD_isError(z)) return -1;
         put_u32(b + 2 + 4 * (size_t)k, (uint32_t)z);
@@ -209,10 +221,13 @@ int fblock_decode_span(struct fblock_codec *c, const unsigned char *head, const 
         if (raw > sizeof c->planes) return -1; /* more frames or cells than a block holds */
         size_t got = ZSTD_decompressDCtx(c->dctx, c->planes, sizeof c->planes, span + at, z);
         if (ZSTD_isError(got) || got != raw) return -1;
-        if (head[0] == FORMAT_BIT_PLANES) bit_planes_backward(c->words, c->planes, m);
-        else byte_planes_backward(c->words, c->planes, m);
+        const unsigned char *bp = c->planes;
+        if (head[0] == FORMAT_BIT_PLANES) {
+            bit_planes_backward(c->bytes, c->planes, m);
+            bp = c->bytes;
+        }
         uint32_t lo = c0 > k0 ? c0 - k0 : 0, hi = c1 < k0 + cells ? c1 - k0 : cells;
-        words_backward(vals, c->words, nframes, n, k0, lo, hi);
+        chunk_backward(vals, bp, nframes, n, k0, cells, lo, hi);
         at += z;
     }
     return at == spanlen ? 0 : -1;

@@ -15,6 +15,12 @@
 #include "embed.h"
 #include "fblock.h"
 
+/* Debian's SQLite is built with SQLITE_SECURE_DELETE: every deleted row
+ * zeroed and every freed page written to the WAL. Sealing a block deletes
+ * its 64 raw frames, and that was the largest part of its cost; the data
+ * is the user's own, kept in the same file, so it is not worth it. */
+#define SECURE_DELETE "OFF"
+
 /* A metric of a cached run: its row id, kind, value count and last stored
  * step (-1 when none), which decides when a rollup block is complete. */
 struct metric_cache {
@@ -214,6 +220,7 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
         exec(st, "PRAGMA journal_mode = WAL") ||
         exec(st, "PRAGMA synchronous = NORMAL") ||
         exec(st, "PRAGMA foreign_keys = ON") ||
+        exec(st, "PRAGMA secure_delete = " SECURE_DELETE) ||
         exec(st, "PRAGMA cache_size = -65536") ||
         /* the WAL file is cut back to this size whenever it restarts
          * (store_checkpoint, writer.h); see schema/storage.md "WAL" */
@@ -739,15 +746,24 @@ static int64_t run_changes(struct store *st, sqlite3_stmt *s, const char *what) 
     return sqlite3_changes64(st->db);
 }
 
+/* Writes frame (metric_id, step) of n values into `frames`. */
+static int frame_insert(struct store *st, int64_t metric_id, int64_t step, const float *v, uint32_t n, const char *what) {
+    sqlite3_stmt *s = st->stmt[S_INSERT_FRAME];
+    sqlite3_bind_int64(s, 1, metric_id);
+    sqlite3_bind_int64(s, 2, step);
+    sqlite3_bind_blob(s, 3, v, (int)(n * sizeof(float)), SQLITE_STATIC);
+    return step_done(st, s, what);
+}
+
 /* Puts one frame (n values) into a branch's abandoned frames, or back
  * into `frames` when branch is 0. */
 static int frame_put(struct store *st, int64_t branch, int64_t metric_id, int64_t step, const float *v, uint32_t n) {
-    sqlite3_stmt *s = st->stmt[branch ? S_INSERT_ABANDONED : S_INSERT_FRAME];
-    int i = 1;
-    if (branch) sqlite3_bind_int64(s, i++, branch);
-    sqlite3_bind_int64(s, i++, metric_id);
-    sqlite3_bind_int64(s, i++, step);
-    sqlite3_bind_blob(s, i, v, (int)(n * sizeof(float)), SQLITE_STATIC);
+    if (!branch) return frame_insert(st, metric_id, step, v, n, "moving a frame out of its block");
+    sqlite3_stmt *s = st->stmt[S_INSERT_ABANDONED];
+    sqlite3_bind_int64(s, 1, branch);
+    sqlite3_bind_int64(s, 2, metric_id);
+    sqlite3_bind_int64(s, 3, step);
+    sqlite3_bind_blob(s, 4, v, (int)(n * sizeof(float)), SQLITE_STATIC);
     return step_done(st, s, "moving a frame out of its block");
 }
 
@@ -923,11 +939,7 @@ int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto
             continue;
         }
         if (rollup_advance(st, m, msg->step)) return -1;
-        s = st->stmt[S_INSERT_FRAME];
-        sqlite3_bind_int64(s, 1, m->id);
-        sqlite3_bind_int64(s, 2, msg->step);
-        sqlite3_bind_blob(s, 3, msg->values + pm->offset, (int)(m->n * sizeof(float)), SQLITE_STATIC);
-        if (step_done(st, s, "writing frame")) return -1;
+        if (frame_insert(st, m->id, msg->step, msg->values + pm->offset, m->n, "writing frame")) return -1;
         s = st->stmt[S_UPSERT_LATEST];
         sqlite3_bind_int64(s, 1, m->id);
         sqlite3_bind_int64(s, 2, msg->step);
