@@ -52,6 +52,7 @@ enum {
     S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SEAL_FRAMES, S_SEAL_DELETE, S_INSERT_BLOCK,
     S_REWIND_BLOCK, S_DELETE_BLOCK, S_INSERT_ABANDONED, S_LAST_FRAME, S_LAST_BLOCK, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
     S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
+    S_SAVEPOINT, S_RELEASE,
     S_COUNT
 };
 
@@ -99,6 +100,9 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = ?1 AND level = ?2 "
                          "AND block >= ?3 LIMIT ?4)",
     [S_PURGE_NEXT] = "SELECT kind, id FROM purge LIMIT 1",
+    /* one per message (writer.c): prepared, not parsed each time */
+    [S_SAVEPOINT] = "SAVEPOINT item",
+    [S_RELEASE] = "RELEASE item",
 };
 
 struct store {
@@ -296,9 +300,9 @@ int store_commit(struct store *st) {
     return 0;
 }
 
-int store_savepoint(struct store *st) { return exec(st, "SAVEPOINT item"); }
+int store_savepoint(struct store *st) { return step_done(st, st->stmt[S_SAVEPOINT], "opening a savepoint"); }
 int store_in_transaction(struct store *st) { return st->in_txn && !sqlite3_get_autocommit(st->db); }
-int store_release(struct store *st) { return exec(st, "RELEASE item"); }
+int store_release(struct store *st) { return step_done(st, st->stmt[S_RELEASE], "releasing a savepoint"); }
 
 void store_rollback_to(struct store *st) {
     sqlite3_exec(st->db, "ROLLBACK TO item; RELEASE item", NULL, NULL, NULL);
