@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "query.h"
 #include "seed.h"
@@ -210,15 +211,23 @@ int main(int argc, char **argv) {
     int64_t id, values;
     int rc = seed_run(st, &spec, replay ? rec_step : synth_step, replay ? (void *)&rec : (void *)&syn,
                       "bench_history_seed", &id, &values) ? 1 : 0;
-    if (!rc && replay)
+    if (!rc && replay) {
         printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, replaying the %ld steps of %u metrics of %s, "
                "values %lld, last seq %lld, %.1f s\n", (long long)id, run, steps, rec.L, rec.H, rec.steps, rec.nmetrics,
                replay, (long long)values, (long long)store_run_last_seq(st, id), seed_now() - t0);
+    }
     else if (!rc)
         printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, %ld head metrics, values %lld, last seq %lld, %.1f s\n",
                (long long)id, run, steps, L, H, nhead, (long long)values, (long long)store_run_last_seq(st, id),
                seed_now() - t0);
     store_close(st);
+    if (!rc && replay) {
+        /* closed: the WAL is checkpointed into the file (and gone) */
+        struct stat sb;
+        int64_t bytes = (stat(db, &sb) == 0 ? (int64_t)sb.st_size : 0) + store_wal_bytes_of(db);
+        printf("database %.1f MB for %lld values: %.2f bytes/value all-in (frames, blocks, rollups, indexes, WAL "
+               "after checkpoint; bar 2.5)\n", (double)bytes / 1e6, (long long)values, (double)bytes / (double)values);
+    }
     rec_free(&rec);
     return rc;
 }
