@@ -6,7 +6,8 @@
 # recorded by sigmatrain (REAL_STEPS steps, 12x12; REPLAY=DB replays a
 # recording made before: any entropyd database, its longest run) replayed
 # to REPLAY_STEPS steps by bench_history_seed, all-in (frames, blocks,
-# rollups, indexes, WAL after checkpoint). The narrow-row SQLite ceiling is
+# rollups, indexes, WAL after checkpoint), exact and with --lossy-bf16
+# (sealed blocks rounded to bfloat16). The narrow-row SQLite ceiling is
 # measured in the same run. REAL=0 skips the real stream.
 #   TRAINERS=4 SECONDS_RUN=10 REAL_STEPS=400 REPLAY_STEPS=20000 bench/ingest.sh
 set -euo pipefail
@@ -47,5 +48,8 @@ if [ "${REAL:-1}" != 0 ]; then
   fi
   "$BUILD/bench/bench_history_seed" --db "$dir/replay.db" --run replay --steps "${REPLAY_STEPS:-20000}" \
     --replay "$src" | sed 's/^/ingest: real sigmatrain stream: /'
+  rm -f "$dir/replay.db"
+  "$BUILD/bench/bench_history_seed" --db "$dir/replay.db" --run replay --steps "${REPLAY_STEPS:-20000}" \
+    --replay "$src" --lossy-bf16 1 | grep bytes/value | sed 's/^/ingest: real sigmatrain stream, --lossy-bf16: /'
 fi
 echo "ingest: load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

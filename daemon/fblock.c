@@ -244,6 +244,19 @@ int fblock_decode(struct fblock_codec *c, const unsigned char *blob, size_t len,
     return fblock_decode_span(c, blob, blob + off, span, nframes, n, c0, c1, vals);
 }
 
+void fblock_round_bf16(float *vals, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = bits_of(vals[i]), r;
+        if ((u & 0x7f800000u) == 0x7f800000u) /* NaN (quiet, payload kept as far as it fits) or infinity */
+            r = (u & 0x007fffffu) ? (u | 0x00400000u) & 0xffff0000u : u;
+        else {
+            r = (u + 0x7fffu + (u >> 16 & 1)) & 0xffff0000u;
+            if ((r & 0x7f800000u) == 0x7f800000u) r = (u & 0x80000000u) | 0x7f7f0000u;
+        }
+        memcpy(&vals[i], &r, 4);
+    }
+}
+
 uint32_t fblock_steps(int64_t block, uint64_t mask, int64_t *steps) {
     uint32_t nf = 0;
     for (; mask; mask &= mask - 1) steps[nf++] = block * FBLOCK_STEPS + __builtin_ctzll(mask);

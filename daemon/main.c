@@ -132,7 +132,7 @@ struct options {
     flag_list allow_hosts;
     const char *http_listen, *web_root;
     long http_conns, stream_events, keepalive_ms, http_timeout_s, am_resend_s;
-    int http_explicit, metrics_heads, quiet_alerts;
+    int http_explicit, metrics_heads, quiet_alerts, lossy_bf16;
     double metrics_keep_s;
     const char *rules, *webhook, *on_alert, *alertmanager, *remote_write;
     char dbpath[4096], sockpath[4096];
@@ -169,6 +169,10 @@ static const flag FLAGS[] = {
          "(default 64); a line before the welcome is at most 64 KiB"),
     LONG("--queue-mb", O(queue_mb), 1, 65536, "N", "memory for accepted, uncommitted messages (default 256)"),
     LONG("--drain-ms", O(drain_ms), 0, 600000, "N", "at shutdown, wait this long to commit and ack (default 5000)"),
+    BOOL("--lossy-bf16", O(lossy_bf16),
+         "store each complete block of 64 steps rounded to bfloat16\n"
+         "(~1 byte per value instead of ~2.5; the last steps, the latest\n"
+         "values and the rollups stay exact): see docs/storage.md"),
     FLAG_SECTION_ROW("HTTP API and dashboard:"),
     STR("--http", O(http_listen), "HOST:PORT",
         "serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"
@@ -280,6 +284,7 @@ static int daemon_open_storage(struct daemon *d, const struct options *o) {
     char err[1024];
     if ((d->lock_fd = lock_database(o->db, err, sizeof err)) < 0) goto fail;
     if (!(d->st = store_open(o->db, err, sizeof err))) goto fail;
+    store_set_lossy_bf16(d->st, o->lossy_bf16);
     make_database_private(o->db);
     int stale = store_mark_live_stale(d->st, now_wall());
     if (stale > 0) fprintf(stderr, "entropyd: %d run(s) left live by an earlier daemon are now stale\n", stale);

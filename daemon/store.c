@@ -124,6 +124,7 @@ struct store {
     struct fblock_codec *codec;
     float *blockvals;
     size_t blockcap;
+    int bf16;             /* store_set_lossy_bf16 */
 };
 
 static int set_err(struct store *st, int code, const char *fmt, ...) {
@@ -632,6 +633,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
             if (isfinite(v[i])) agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, v[i], v[i], v[i], 1);
     }
     if (rollup_write(st, m, 1, block, nf)) return -1;
+    if (st->bf16) fblock_round_bf16(st->blockvals, (size_t)nf * m->n);
     const unsigned char *blob;
     size_t len;
     if (fblock_encode(st->codec, st->blockvals, nf, m->n, &blob, &len))
@@ -1306,5 +1308,7 @@ int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_
     sqlite3_bind_int(s, 4, has_loss);
     return step_done(st, s, "writing the run summary");
 }
+
+void store_set_lossy_bf16(struct store *st, int bf16) { st->bf16 = bf16 != 0; }
 
 void store_release_memory(struct store *st) { sqlite3_db_release_memory(st->db); }

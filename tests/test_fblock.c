@@ -215,6 +215,40 @@ static void test_format(void **state) {
     fblock_codec_destroy(c);
 }
 
+/* bfloat16 rounding: to nearest, ties to even, on the bits; the special
+ * values stay what they are; it is what makes a lossy block small. */
+static void test_bf16(void **state) {
+    (void)state;
+    static const uint32_t in[] = {0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0xbf808001u,
+                                  0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                                  0x00000001u, 0x80000000u};
+    static const uint32_t want[] = {0x3f800000u, 0x3f800000u, 0x3f820000u, 0x3f800000u, 0x3f810000u, 0xbf810000u,
+                                    0x7f7f0000u, 0xff7f0000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7fc00000u,
+                                    0x00000000u, 0x80000000u};
+    float v[sizeof in / sizeof *in];
+    memcpy(v, in, sizeof v);
+    fblock_round_bf16(v, sizeof in / sizeof *in);
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++) {
+        uint32_t got;
+        memcpy(&got, &v[i], 4);
+        if (got != want[i]) fail_msg("bf16 of %08x: %08x, not %08x", in[i], got, want[i]);
+    }
+    /* a noisy block: rounded, it codes to under half its exact size */
+    struct fblock_codec *c = fblock_codec_create();
+    uint32_t n = 144, nf = FBLOCK_STEPS;
+    float *x = malloc((size_t)nf * n * 4);
+    assert_non_null(x);
+    for (uint32_t i = 0; i < nf * n; i++) x[i] = 0.5f + (float)(next_u32() % 1000000) * 1e-6f;
+    const unsigned char *blob;
+    size_t exact, lossy;
+    assert_int_equal(fblock_encode(c, x, nf, n, &blob, &exact), 0);
+    fblock_round_bf16(x, (size_t)nf * n);
+    assert_int_equal(fblock_encode(c, x, nf, n, &blob, &lossy), 0);
+    assert_true(lossy * 2 < exact);
+    free(x);
+    fblock_codec_destroy(c);
+}
+
 static void test_steps(void **state) {
     (void)state;
     int64_t steps[FBLOCK_STEPS];
@@ -233,6 +267,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_compresses),
         cmocka_unit_test(test_format),
+        cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -532,6 +532,54 @@ static void test_step_frames(void **state) {
     proto_msg_free(&m);
 }
 
+/* --lossy-bf16: a sealed block reads back rounded to bfloat16, the open
+ * block, the latest values and the rollups exact. */
+static void test_lossy_bf16(void **state) {
+    struct tmp_db *f = *state;
+    store_set_lossy_bf16(f->st, 1);
+    int64_t run = open_run(f, "lossy", L, H);
+    float v[70][L * H];
+    for (int s = 0; s < 70; s++) {
+        for (int k = 0; k < L * H; k++) v[s][k] = 1.0f + 0.001234567f * (float)(s * 7 + k);
+        struct proto_msg m;
+        msg_step(&m, s);
+        msg_add(&m, "ent", PROTO_HEAD, L, H, v[s]);
+        OK(store_begin(f->st));
+        assert_int_equal(store_step(f->st, run, s + 1, &m, 1764500000 + s, NULL, 0), 0);
+        OK(store_commit(f->st));
+        proto_msg_free(&m);
+    }
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM blocks"), 1);
+    sqlite3 *db = ro_open(f->path);
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT step, data FROM frames ORDER BY step", -1, &s, NULL), SQLITE_OK);
+    int rows = 0;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        int step = sqlite3_column_int(s, 0);
+        float want[L * H], got[L * H];
+        memcpy(want, v[step], sizeof want);
+        if (step < FBLOCK_STEPS) fblock_round_bf16(want, L * H);
+        assert_int_equal(sqlite3_column_bytes(s, 1), (int)sizeof got);
+        memcpy(got, sqlite3_column_blob(s, 1), sizeof got);
+        assert_memory_equal(got, want, sizeof got);
+        if (step < FBLOCK_STEPS) assert_memory_not_equal(got, v[step], sizeof got); /* it did round */
+        rows++;
+    }
+    assert_int_equal(rows, 70);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    /* the rollup is of the exact values (the frames it would be checked against are rounded) */
+    float mx;
+    char *hex = qs(f->path, "SELECT hex(substr(data, 5, 4)) FROM rollups WHERE level = 1 AND block = 0");
+    unsigned bits;
+    assert_int_equal(sscanf(hex, "%08x", &bits), 1);
+    free(hex);
+    bits = __builtin_bswap32(bits); /* hex() reads the little-endian bytes in order */
+    memcpy(&mx, &bits, 4);
+    assert_true(mx == v[63][0]); /* max of cell 0 over block 0: the exact value of step 63 */
+    store_set_lossy_bf16(f->st, 0);
+}
+
 static void test_rollups_brute_force(void **state) {
     struct tmp_db *f = *state;
     int64_t run = open_run(f, "roll", L, H);
@@ -1242,6 +1290,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_open_resume_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_step_frames, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lossy_bf16, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rollups_brute_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rewind_chunked, setup, teardown),
