@@ -158,6 +158,10 @@ static void usage(FILE *f) {
             "  --metrics-keep-finished DURATION  /metrics exports a run that ended (finished,\n"
             "                        failed, aborted or stale) for this long after its end, then\n"
             "                        drops its series (default 1h; 0: at once). DURATION: N[s|m|h|d]\n"
+            "  --retain-raw N|DURATION  keep a run's raw frames for its last N steps, or for\n"
+            "                        the steps of the last DURATION (N[s|m|h|d]); older ones are\n"
+            "                        deleted, their exact rollups kept forever (default: keep all;\n"
+            "                        docs/long-runs.md)\n"
             "  --http-timeout-s N    close an HTTP connection that makes no progress for N s,\n"
             "                        a client that stopped reading included (default 60)\n"
             "  --stream-events N     live events kept for Last-Event-ID resume (default 16384)\n"
@@ -206,6 +210,21 @@ static int parse_duration(const char *flag, const char *s, double *out) {
     return 0;
 }
 
+/* --retain-raw: a number of steps (at least a block of 64, so the newest
+ * sealed block is never the one deleted), or a duration with its unit. */
+static int parse_retain(const char *s, long *steps, double *seconds) {
+    size_t n = strlen(s);
+    *steps = 0;
+    *seconds = 0;
+    if (n && strchr("smhd", s[n - 1])) {
+        if (parse_duration("--retain-raw", s, seconds)) return -1;
+        if (*seconds > 0) return 0;
+        fprintf(stderr, "entropyd: --retain-raw wants a duration above 0, got \"%s\"\n", s);
+        return -1;
+    }
+    return parse_int("--retain-raw", s, 64, 1000000000000L, steps);
+}
+
 /* Trainers x connections can exceed the default 1024 descriptors. */
 static void raise_fd_limit(void) {
     struct rlimit rl;
@@ -227,6 +246,8 @@ struct options {
     long http_conns, stream_events, keepalive_ms, http_timeout_s, am_resend_s;
     int http_explicit, metrics_heads, alert_log;
     double metrics_keep_s;
+    long retain_steps;  /* --retain-raw N */
+    double retain_s;    /* --retain-raw DURATION */
     const char *rules, *webhook, *on_alert, *alertmanager, *remote_write;
     char dbpath[4096], sockpath[4096];
 };
@@ -242,7 +263,7 @@ static int options_parse(struct options *o, int argc, char **argv) {
     enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
            O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
            O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB,
-           O_ALLOWHOST, O_HTTPPERIP, O_REMOTEWRITE, O_MAXCELLS };
+           O_ALLOWHOST, O_HTTPPERIP, O_REMOTEWRITE, O_MAXCELLS, O_RETAINRAW };
     static const struct option opts[] = {
         {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
         {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
@@ -262,6 +283,7 @@ static int options_parse(struct options *o, int argc, char **argv) {
         {"allow-host", required_argument, 0, O_ALLOWHOST}, {"http-max-conns-per-ip", required_argument, 0, O_HTTPPERIP},
         {"remote-write", required_argument, 0, O_REMOTEWRITE},
         {"max-cells-per-run", required_argument, 0, O_MAXCELLS},
+        {"retain-raw", required_argument, 0, O_RETAINRAW},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -294,6 +316,7 @@ static int options_parse(struct options *o, int argc, char **argv) {
         case O_WEBROOT: o->web_root = optarg; break;
         case O_MHEADS: o->metrics_heads = 1; break;
         case O_MKEEP: if (parse_duration("--metrics-keep-finished", optarg, &o->metrics_keep_s)) return 2; break;
+        case O_RETAINRAW: if (parse_retain(optarg, &o->retain_steps, &o->retain_s)) return 2; break;
         case O_HTIMEOUT: if (parse_int("--http-timeout-s", optarg, 1, 86400, &o->http_timeout_s)) return 2; break;
         case O_SEVENTS: if (parse_int("--stream-events", optarg, 1, 10000000, &o->stream_events)) return 2; break;
         case O_KEEPALIVE: if (parse_int("--keepalive-ms", optarg, 10, 3600000, &o->keepalive_ms)) return 2; break;
@@ -395,6 +418,7 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
         if (!(d->hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) goto fail;
     }
     struct writer_config wcfg = {.max_bytes = (size_t)o->queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
+                                 .retain_steps = o->retain_steps, .retain_s = o->retain_s,
                                  .ctx = &d->hooks};
     if (!(d->w = writer_create(d->st, d->efd, &wcfg, err, sizeof err))) goto fail;
     alerter_set_writer(d->alerter, d->w);

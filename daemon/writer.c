@@ -38,6 +38,8 @@ struct writer {
     int purge_pending;               /* store_purge has (or may have) work */
     int64_t job_budget;              /* rows per chunk, adapted to WRITER_JOB_MS */
     double job_backoff_until;        /* after a failed chunk (monotonic ms) */
+    int64_t retain_cursor;           /* store_retain_raw's place in its pass */
+    double retain_next;              /* when the next retention pass may start (monotonic ms) */
 
     /* The checkpointer: its own connection and thread; wal_used (bytes of
      * the WAL in use after the writer's last commit) and wal_checked (the
@@ -337,8 +339,15 @@ static void release_deferred(struct writer *w) {
  * rollback goes at the pace the disk checkpoints instead of making the
  * writer wait at WRITER_WAL_HARD (trainers' acks would wait with it).
  * Called with mu held or from the writer thread. */
+/* Raw retention is on (writer_config), and its pass is under way or due. */
+static int retain_on(const struct writer *w) { return w->cfg.retain_steps > 0 || w->cfg.retain_s > 0; }
+
+static int retain_due(const struct writer *w) {
+    return retain_on(w) && (w->retain_cursor > 0 || now_mono_ms() >= w->retain_next);
+}
+
 static int jobs_pending(const struct writer *w) {
-    if (!w->dhead && !w->purge_pending) return 0;
+    if (!w->dhead && !w->purge_pending && !retain_due(w)) return 0;
     if (w->ckstarted && w->wal_used >= WRITER_WAL_RESTART && !w->wal_reset_ok) return 0;
     return now_mono_ms() >= w->job_backoff_until;
 }
@@ -413,15 +422,27 @@ static void *checkpointer_main(void *arg) {
 }
 
 /* One chunk of background work in its own transaction: the rewind the
- * first deferred item waits for, else a purge of deleted runs. */
+ * first deferred item waits for, else a purge of deleted runs, else raw
+ * retention. */
 static void job_chunk(struct writer *w) {
     struct store *st = w->st;
     double t0 = now_mono_ms();
-    int r;
+    int r, retain = 0;
+    int64_t cursor = w->retain_cursor;
     if (store_begin(st)) goto fail;
     if (w->dhead) r = store_rewind(st, w->dhead->run_id, w->dhead->msg.step, w->dhead->time, w->job_budget);
-    else r = store_purge(st, w->job_budget);
+    else if (w->purge_pending) r = store_purge(st, w->job_budget);
+    else {
+        retain = 1;
+        r = store_retain_raw(st, w->cfg.retain_steps, w->cfg.retain_s, now_wall(), &cursor, w->job_budget);
+    }
     if (r < 0 || store_commit(st)) goto fail;
+    if (retain) {
+        /* only once committed: a failed chunk is redone; a pass that
+         * reached the last metric waits for the next */
+        w->retain_cursor = cursor;
+        if (!r) w->retain_next = now_mono_ms() + WRITER_RETAIN_PASS_MS;
+    }
     double ms = now_mono_ms() - t0;
     if (ms < WRITER_JOB_MS / 2 && w->job_budget < (INT64_C(1) << 20)) w->job_budget *= 2;
     else if (ms > WRITER_JOB_MS && w->job_budget > 64) w->job_budget /= 2; /* a sealed block (64 frames) moves whole */
@@ -429,7 +450,7 @@ static void job_chunk(struct writer *w) {
     w->stats.job_chunks++;
     if (ms > w->stats.job_ms_max) w->stats.job_ms_max = ms;
     pthread_mutex_unlock(&w->mu);
-    if (r == 0) {
+    if (r == 0 && !retain) {
         if (w->dhead) release_deferred(w);
         else {
             /* the purge read the deleted run's pages back into the cache:
@@ -460,7 +481,7 @@ static void *writer_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&w->mu);
         while (!w->head && !w->stop && !in_txn && !jobs_pending(w)) {
-            if (!w->cfg.on_tick && !w->dhead && !w->purge_pending) {
+            if (!w->cfg.on_tick && !w->dhead && !w->purge_pending && !retain_on(w)) {
                 pthread_cond_wait(&w->cv, &w->mu);
                 continue;
             }

@@ -18,7 +18,8 @@
  * - a rollback (a step <= the run's last step) is a rewind (store.h): the
  *   step and every later item of its run wait (with any hello) until the
  *   rewind is done, then go through in order; other runs go on meanwhile;
- * - a DELETE removes the run at once and purges its rows afterwards.
+ * - a DELETE removes the run at once and purges its rows afterwards;
+ * - with a raw retention (writer_config), raw frames past it are deleted.
  *
  * WAL policy (SQLite's autocheckpoint is off): a checkpointer thread with
  * its own connection runs a PASSIVE checkpoint (copy into the database and
@@ -47,6 +48,7 @@
 #define WRITER_WAL_PASSIVE (INT64_C(2) << 20)
 #define WRITER_WAL_RESTART (INT64_C(8) << 20)
 #define WRITER_WAL_HARD (INT64_C(32) << 20)
+#define WRITER_RETAIN_PASS_MS 10000
 
 enum writer_kind {
     WRITER_HELLO,   /* msg is the hello; replies WELCOME (or ERROR) to conn;
@@ -104,6 +106,13 @@ typedef void writer_tick_fn(void *ctx, double now);
 
 struct writer_config {
     size_t max_bytes;            /* queue bound (default 256 MiB) */
+    /* --retain-raw: raw frames (sealed blocks) of a run are kept for its
+     * last retain_steps steps, or (retain_steps 0) for the steps of the
+     * last retain_s seconds; older ones are deleted by a background job
+     * that passes over every metric every WRITER_RETAIN_PASS_MS, rollups
+     * kept (store_retain_raw). Both 0: every frame is kept. */
+    int64_t retain_steps;
+    double retain_s;
     writer_commit_fn *on_commit; /* may be NULL */
     writer_tick_fn *on_tick;     /* may be NULL */
     void *ctx;
@@ -147,7 +156,7 @@ struct writer_stats {
     uint64_t checkpoints, checkpoints_busy; /* busy: readers kept a RESTART from finishing */
     uint64_t checkpoints_writer; /* run by the writer itself at WRITER_WAL_HARD */
     uint64_t wal_peak_bytes;     /* largest WAL file seen after a checkpoint */
-    uint64_t job_chunks;         /* rewind and purge chunks committed */
+    uint64_t job_chunks;         /* rewind, purge and retention chunks committed */
     double job_ms_max;
     int failing;                 /* 1 while the database refuses writes */
 };
