@@ -90,8 +90,9 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_REWIND_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2",
     [S_REWIND_STEPS] = "DELETE FROM steps WHERE run_id = ?1 AND step >= coalesce((SELECT step FROM steps "
                        "WHERE run_id = ?1 AND step >= ?2 ORDER BY step DESC LIMIT 1 OFFSET ?3), ?2)",
-    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = ?1 AND level = ?2 "
-                         "AND block >= ?3 LIMIT ?4)",
+    /* rollups have no rowid (migration 7): the key within one metric and level */
+    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE metric_id = ?1 AND level = ?2 AND block IN (SELECT block FROM rollups "
+                         "WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 LIMIT ?4)",
     [S_PURGE_NEXT] = "SELECT kind, id FROM purge LIMIT 1",
 };
 
@@ -1038,8 +1039,8 @@ static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
     long long i = (long long)id;
     int r;
     if (kind == 0) {
-        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = %lld "
-                 "LIMIT %lld)", i, (long long)*left);
+        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE metric_id = %lld AND (level, block) IN (SELECT level, block "
+                 "FROM rollups WHERE metric_id = %lld LIMIT %lld)", i, i, (long long)*left);
         if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
         snprintf(sql, sizeof sql, "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = %lld "
                  "LIMIT %lld)", i, (long long)*left);
