@@ -1123,8 +1123,8 @@ int64_t store_wal_used(struct store *st) { return st->wal_frames * (st->page_siz
 int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_bytes) {
     int log = 0, done = 0;
     sqlite3_busy_timeout(st->db, busy_ms);
-    int rc = sqlite3_wal_checkpoint_v2(st->db, NULL, restart ? SQLITE_CHECKPOINT_RESTART : SQLITE_CHECKPOINT_PASSIVE,
-                                       &log, &done);
+    int mode = restart > 1 ? SQLITE_CHECKPOINT_TRUNCATE : restart ? SQLITE_CHECKPOINT_RESTART : SQLITE_CHECKPOINT_PASSIVE;
+    int rc = sqlite3_wal_checkpoint_v2(st->db, NULL, mode, &log, &done);
     sqlite3_busy_timeout(st->db, 5000);
     if (wal_bytes) *wal_bytes = store_wal_bytes(st);
     if (rc == SQLITE_OK && restart) st->wal_frames = 0; /* the next write starts the log over */

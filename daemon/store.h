@@ -232,7 +232,9 @@ int64_t store_wal_used(struct store *st);
 /* Checkpoints the WAL outside a transaction: PASSIVE (copies what no
  * reader needs, never waits), or with restart set RESTART (copies all,
  * then waits up to busy_ms for readers of the old WAL so the next writes
- * start at its beginning). Sets *wal_bytes (if not NULL) to the WAL's size
+ * start at its beginning); restart 2 is a TRUNCATE (a RESTART that also
+ * cuts the file to nothing: at start, after a migration wrote a big log
+ * that no later commit would cut back while the daemon is idle). Sets *wal_bytes (if not NULL) to the WAL's size
  * after it. Returns 0, 1 if readers held it (SQLITE_BUSY: try later), -1
  * on failure. */
 int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_bytes);

@@ -13,8 +13,9 @@
  * ingest loop stops reading (back-pressure). Nothing accepted is dropped.
  *
  * Long work goes in chunks, each its own transaction of about WRITER_JOB_MS,
- * with at most one chunk between two batches, so that no trainer's ack
- * waits behind much more than one chunk:
+ * with at most one chunk between two batches; a chunk is done in pieces of
+ * about WRITER_JOB_PIECE_MS and ends early, after a piece, once a trainer's
+ * item waits, so that no ack waits behind much more than one piece:
  * - a rollback (a step <= the run's last step) is a rewind (store.h): the
  *   step and every later item of its run wait (with any hello) until the
  *   rewind is done, then go through in order; other runs go on meanwhile;
@@ -45,6 +46,8 @@
 #define WRITER_COMMIT_MS 100
 #define WRITER_MAX_BATCH 4096
 #define WRITER_JOB_MS 10
+#define WRITER_JOB_PIECE_MS 2  /* a chunk's pieces: a waiting item ends the chunk after one */
+#define WRITER_JOB_BUDGET_MAX (INT64_C(1) << 16) /* rows (a frame's worth each) a chunk may take on */
 #define WRITER_WAL_PASSIVE (INT64_C(2) << 20)
 #define WRITER_WAL_RESTART (INT64_C(8) << 20)
 #define WRITER_WAL_HARD (INT64_C(32) << 20)
