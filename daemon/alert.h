@@ -59,16 +59,23 @@ struct alert_transition {
                                    * (alert_resume_fn): starts_at and start_step are its own */
 };
 
+/* The most cells a verdict lists: the first ALERT_VERDICT_MAX_CELLS in
+ * layer-major order. A collapse of a third of a 1024 x 1024-head run's cells
+ * would otherwise be a 4 MB list, rebuilt at every step and stored with the
+ * run (and served by every /api/runs page that lists it). */
+#define ALERT_VERDICT_MAX_CELLS 256
+
 /* A run's verdict as the engine sees it: the state, the step the condition
  * behind it began (-1 if none), the rule behind it (NULL if none) and, for
- * collapsing/collapsed, the cells (heads) that hold it. Owned by the engine
- * until the next feed or tick. */
+ * collapsing/collapsed, the cells (heads) that hold it: ncells of them
+ * listed (at most ALERT_VERDICT_MAX_CELLS), ncells_total in all. Owned by
+ * the engine until the next feed or tick. */
 struct alert_verdict {
     int64_t run_id;
     int state;                    /* enum alert_verdict_state */
     int64_t since_step;
     const struct alert_rule *rule;
-    int ncells;
+    int ncells, ncells_total;
     const struct alert_cell *cells;
 };
 
