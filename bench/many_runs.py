@@ -3,7 +3,9 @@
 Two daemons side by side: one with 10 runs stored, one with 10,000 (seeded
 over the protocol: hello, one step, end). Every figure alternates between
 them, so that other load on the machine weighs on both alike:
-  - hello latency: hello -> welcome of 200 new runs each, median and p90;
+  - hello latency: hello -> welcome of 400 new runs each, median and p90,
+    and the daemon's CPU time per hello (+ its end), which other load on
+    the machine does not inflate as it does a latency;
   - ingest rate: a run streaming 1,000 steps of 12 x 12 heads (3 head
     metrics + loss), head-values committed and acked per second, best of 3;
   - /api/runs first page (limit=100, the runs page's request), median of 100;
@@ -109,15 +111,25 @@ def nruns(d):
     return len(json.loads(urllib.request.urlopen("http://127.0.0.1:%d/api/runs" % d.http_port).read()))
 
 
+def cpu_s(d):
+    """The daemon's user + system CPU time so far (seconds)."""
+    f = open("/proc/%d/stat" % d.proc.pid).read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure_both(few_d, many_d):
     """Every figure alternates between the two daemons, so that whatever
     else loads the machine weighs on both alike."""
     ds = {"few": few_d, "many": many_d}
     m = {k: {"runs": nruns(d), "hello": [], "page": [], "ingest": [], "render": []} for k, d in ds.items()}
     conns = {k: Client(d.sock, timeout=60) for k, d in ds.items()}
-    for i in range(200):
+    cpu0 = {k: cpu_s(d) for k, d in ds.items()}
+    hellos = 400
+    for i in range(hellos):
         for k in ("few", "many") if i % 2 else ("many", "few"):
             m[k]["hello"].append(hello_once(conns[k], "hello-%04d" % i))
+    for k, d in ds.items():
+        m[k]["hello_cpu_ms"] = (cpu_s(d) - cpu0[k]) * 1e3 / hellos
     for c in conns.values():
         c.close()
     for i in range(100):
@@ -195,6 +207,7 @@ def main():
         med = statistics.median
         row("hello latency median (ms)", med(few["hello"]), med(many["hello"]), target="(target <= 1.5)")
         row("hello latency p90 (ms)", pct(few["hello"], 0.9), pct(many["hello"], 0.9))
+        row("daemon CPU per hello + end (ms)", few["hello_cpu_ms"], many["hello_cpu_ms"])
         row("ingest, best of 3 (head-values/s)", max(few["ingest"]), max(many["ingest"]), fmt="%.3g")
         row("/api/runs first page median (ms)", med(few["page"]), med(many["page"]), target="(target <= 1.5)")
         row("/api/runs first page p90 (ms)", pct(few["page"], 0.9), pct(many["page"], 0.9))

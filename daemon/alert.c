@@ -33,14 +33,18 @@ struct cell_sums {
     int64_t nfinite;
 };
 
-/* The state of one rule in one run. ring holds, per cell, the last `window`
- * values of the watched series (the metric itself; the rising metric for
- * near_bound), for the ops that read a window; mx (drop) and sums (zscore)
- * summarise it. */
+/* The state of one rule in one run. ring holds, for the ops that read a
+ * window, the last `window` values of the watched series of every cell (the
+ * metric itself; the rising metric for near_bound), step-major: row r is
+ * one step of all ncells cells, so that a step writes one contiguous row
+ * (cell-major, each cell's write touched a cache line of its own), and rows
+ * are added as steps arrive, up to `window` (a run that sent 3 steps holds
+ * 3). mx (drop) and sums (zscore) summarise each cell's window. */
 struct group {
     int ncells;
     struct cell_state *cells;
-    float *ring;             /* NULL for ops without a window */
+    float *ring;             /* ring_rows x ncells; NULL for ops without a window (or before a step) */
+    int ring_rows;           /* rows allocated: grows to the window */
     float *mx;               /* drop: the max of the finite values in the ring (-inf if none); else NULL */
     struct cell_sums *sums;  /* zscore; else NULL */
     int ring_n, ring_pos;    /* shared by all cells: they advance together */
@@ -126,7 +130,7 @@ static int op_windowed(int op) {
 /* Bytes of per-cell state a rule keeps (alert_rules.h's bound). */
 static uint64_t cell_bytes(const struct alert_rule *rule) {
     uint64_t b = sizeof(struct cell_state);
-    if (op_windowed(rule->op)) b += (uint64_t)(rule->window > 0 ? rule->window : 1) * sizeof(float);
+    if (op_windowed(rule->op)) b += (uint64_t)(rule->window > 0 ? rule->window : 1) * sizeof(float);  /* at most */
     if (rule->op == ALERT_OP_DROP) b += sizeof(float);
     if (rule->op == ALERT_OP_ZSCORE) b += sizeof(struct cell_sums);
     return b;
@@ -234,7 +238,10 @@ static uint64_t run_bytes(const struct alert_engine *e, const struct run_state *
     uint64_t b = sizeof *r + (size_t)e->rules->n * sizeof *r->groups;
     for (int k = 0; k < e->rules->n; k++) {
         const struct group *g = &r->groups[k];
-        b += (uint64_t)g->ncells * cell_bytes(&e->rules->rules[k]) + (uint64_t)g->last_cap * sizeof *g->last_cells;
+        const struct alert_rule *rule = &e->rules->rules[k];
+        uint64_t window = op_windowed(rule->op) ? (uint64_t)(rule->window > 0 ? rule->window : 1) : 0;
+        b += (uint64_t)g->ncells * (cell_bytes(rule) - window * sizeof(float) + (uint64_t)g->ring_rows * sizeof(float)) +
+             (uint64_t)g->last_cap * sizeof *g->last_cells;
     }
     return b;
 }
@@ -266,9 +273,7 @@ static int group_init(struct group *g, const struct alert_rule *rule, int n) {
     if (g->cells && g->ncells == n) return 0;
     group_free(g);
     memset(g, 0, sizeof *g);
-    size_t w = (size_t)(rule->window > 0 ? rule->window : 1);
     int failed = !(g->cells = calloc((size_t)n, sizeof *g->cells));
-    if (op_windowed(rule->op)) failed |= !(g->ring = calloc((size_t)n * w, sizeof *g->ring));
     if (rule->op == ALERT_OP_DROP) failed |= !(g->mx = malloc((size_t)n * sizeof *g->mx));
     if (rule->op == ALERT_OP_ZSCORE) failed |= !(g->sums = calloc((size_t)n, sizeof *g->sums));
     if (failed) {
@@ -283,19 +288,34 @@ static int group_init(struct group *g, const struct alert_rule *rule, int n) {
     return 0;
 }
 
-/* The max of the finite values among count (-inf if none). */
-static float ring_max(const float *ring, int count) {
+/* Makes room in the ring for the row at ring_pos (rows double up to the
+ * window, w). -1 out of memory (the ring stays as it was). */
+static int ring_reserve(struct group *g, int w) {
+    if (g->ring_pos < g->ring_rows) return 0;
+    int rows = g->ring_rows ? g->ring_rows * 2 : 1;
+    if (rows > w) rows = w;
+    float *r = realloc(g->ring, (size_t)rows * (size_t)g->ncells * sizeof *r);
+    if (!r) return -1;
+    g->ring = r;
+    g->ring_rows = rows;
+    return 0;
+}
+
+/* The max of the finite values of cell i's first count steps (-inf if none). */
+static float ring_max(const struct group *g, int i, int count) {
     float mx = -INFINITY;
-    for (int i = 0; i < count; i++)
-        if (isfinite(ring[i]) && ring[i] > mx) mx = ring[i];
+    for (int k = 0; k < count; k++) {
+        float x = g->ring[(size_t)k * (size_t)g->ncells + (size_t)i];
+        if (isfinite(x) && x > mx) mx = x;
+    }
     return mx;
 }
 
-/* The sums of the finite values among count. */
-static void ring_sums(struct cell_sums *c, const float *ring, int count) {
+/* The sums of the finite values of cell i's first count steps. */
+static void ring_sums(struct cell_sums *c, const struct group *g, int i, int count) {
     *c = (struct cell_sums){0};
-    for (int i = 0; i < count; i++) {
-        float x = ring[i];
+    for (int k = 0; k < count; k++) {
+        float x = g->ring[(size_t)k * (size_t)g->ncells + (size_t)i];
         if (!isfinite(x)) continue;
         c->sum += x;
         c->sumsq += (double)x * x;
@@ -308,19 +328,19 @@ static void ring_sums(struct cell_sums *c, const float *ring, int count) {
  * max), the sums for zscore (rescanned once per lap of the ring to shed
  * rounding drift); growth and near_bound read the ring itself. */
 static void ring_push(int op, struct group *g, int i, int w, float x) {
-    float *ring = g->ring + (size_t)i * (size_t)w;
     int pos = g->ring_pos, full = g->ring_n >= w;
-    float out = full ? ring[pos] : NAN;
-    ring[pos] = x;
+    float *slot = &g->ring[(size_t)pos * (size_t)g->ncells + (size_t)i];
+    float out = full ? *slot : NAN;
+    *slot = x;
     int count = full ? w : g->ring_n + 1;
     if (op == ALERT_OP_DROP) {
         float *mx = &g->mx[i];
-        if (isfinite(out) && out >= *mx && !(isfinite(x) && x >= out)) *mx = ring_max(ring, count);
+        if (isfinite(out) && out >= *mx && !(isfinite(x) && x >= out)) *mx = ring_max(g, i, count);
         else if (isfinite(x) && x > *mx) *mx = x;
     } else if (op == ALERT_OP_ZSCORE) {
         struct cell_sums *c = &g->sums[i];
         if (pos == w - 1) {
-            ring_sums(c, ring, count);
+            ring_sums(c, g, i, count);
             return;
         }
         if (isfinite(out)) {
@@ -461,7 +481,8 @@ static int scope_kind(int scope) {
 static int eval_cell(const struct alert_rule *rule, const struct group *g, int i, float v, float bound, float rising) {
     int full = g->ring_n >= rule->window;
     int w = rule->window;
-    const float *ring = g->ring ? g->ring + (size_t)i * (size_t)w : NULL;
+    /* the oldest value of the window, once full */
+    float oldest = full && g->ring ? g->ring[(size_t)g->ring_pos * (size_t)g->ncells + (size_t)i] : NAN;
     switch (rule->op) {
     case ALERT_OP_BELOW: return v < rule->value;
     case ALERT_OP_ABOVE: return v > rule->value;
@@ -473,7 +494,6 @@ static int eval_cell(const struct alert_rule *rule, const struct group *g, int i
         if (!isfinite(v)) return 0;
         if (v > rule->value) return 1;
         if (!full) return 0;
-        float oldest = ring[g->ring_pos];
         return isfinite(oldest) && (v - oldest) / w > rule->rate;
     }
     case ALERT_OP_ZSCORE: {
@@ -485,7 +505,6 @@ static int eval_cell(const struct alert_rule *rule, const struct group *g, int i
     }
     case ALERT_OP_NEAR_BOUND: {
         if (!isfinite(v) || !isfinite(bound) || !isfinite(rising) || !full) return 0;
-        float oldest = ring[g->ring_pos];
         return v - bound < rule->epsilon && isfinite(oldest) && rising > oldest;
     }
     }
@@ -537,7 +556,8 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
     const float *vals = m->values + pm->offset;
     int w = rule->window > 0 ? rule->window : 1;
     int changed = 0, npending = 0;
-    int windowed = g->ring != NULL;
+    int windowed = op_windowed(rule->op);
+    if (windowed && ring_reserve(g, w)) return 0; /* out of memory: this step is not evaluated */
     for (int i = 0; i < n; i++) {
         float v = vals[i];
         float b = pb ? m->values[pb->offset + i] : 0, ri = pr ? m->values[pr->offset + i] : 0;

@@ -693,8 +693,8 @@ static void test_resume_earlier_episode(void **state) {
 }
 
 /* The memory bound of docs/alerts.md: per head and head rule the engine
- * holds 32 bytes of cell state, 4 bytes per window step for the rules that
- * read a window (and 4 for drop's max, 24 for zscore's sums), plus 12
+ * holds 32 bytes of cell state, 4 bytes per window step (per step seen, up
+ * to the window) for the rules that read a window (and 4 for drop's max, 24 for zscore's sums), plus 12
  * bytes per cell that fires; the built-in rules, with every metric they
  * read, hold 724 bytes a head (844 before: every rule kept every summary
  * and a window). */
@@ -708,18 +708,23 @@ static void test_state_bytes_per_head(void **state) {
     hello(e, 7, "sized");
     alert_engine_usage(e, &runs, &base);
     float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
-    struct writer_item *it = mk_step(7, 1, "entropy_norm", PROTO_HEAD, v, L * H);
     static const char *const more[] = {"max_logit", "entropy", "entropy_bound", "sigma_qk"};
-    for (int i = 0; i < 4; i++) add_metric(it, more[i], v);
-    alert_feed(e, it, 1.0);
-    writer_item_free(it);
-    alert_engine_usage(e, &runs, &bytes);
-    assert_int_equal(runs, 1);
+    for (int s = 1; s <= 60; s++) {
+        struct writer_item *it = mk_step(7, s, "entropy_norm", PROTO_HEAD, v, L * H);
+        for (int i = 0; i < 4; i++) add_metric(it, more[i], v);
+        alert_feed(e, it, 1.0);
+        writer_item_free(it);
+        alert_engine_usage(e, &runs, &bytes);
+        assert_int_equal(runs, 1);
+        /* per head: 32 a rule, drop's max 4, and a window row of 4 per step
+         * so far in each of the four windowed rules */
+        if (s == 1) assert_int_equal(bytes - base, (uint64_t)L * H * (5 * 32 + 4 + 4 * 4) + 32);
+    }
     printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
            (unsigned long long)((bytes - base - 32) / (L * H)));
-    /* per head: 32 a rule, plus 4 a window slot for the windowed ones and drop's max:
-     * entropy_collapse 32, entropy_drop 32 + 200 + 4, collapse_risk and
-     * low_entropy_sigma_rising 32 + 80, logit_growth 32 + 200 (it was 844) */
+    /* with the windows full: entropy_collapse 32, entropy_drop 32 + 4 + 200,
+     * collapse_risk and low_entropy_sigma_rising 32 + 80, logit_growth
+     * 32 + 200 (it was 844) */
     assert_int_equal(bytes - base, (uint64_t)L * H * 724 + 32); /* + run_stalled's one cell */
     alert_engine_destroy(e);
     alert_rules_free(r);
