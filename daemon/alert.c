@@ -93,7 +93,7 @@ struct alert_engine {
     struct alert_stats stats;
     int verdict_changed;
     struct alert_verdict verdict;
-    struct alert_cell vcells[ALERT_VERDICT_MAX_CELLS]; /* the verdict's listed cells */
+    struct alert_cell vcells[ALERT_MAX_CELLS_LISTED]; /* the verdict's listed cells */
     alert_resume_fn *resume;    /* may be NULL */
     void *resume_ctx;
 };
@@ -369,9 +369,10 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
         e->captr = cap;
     }
     struct alert_transition *t = &e->tr[e->ntr];
-    struct alert_cell *cells = malloc((size_t)(g->nlast ? g->nlast : 1) * sizeof *cells);
+    int listed = g->nlast < ALERT_MAX_CELLS_LISTED ? g->nlast : ALERT_MAX_CELLS_LISTED;
+    struct alert_cell *cells = malloc((size_t)(listed ? listed : 1) * sizeof *cells);
     if (!cells) return NULL;
-    if (g->nlast) memcpy(cells, g->last_cells, (size_t)g->nlast * sizeof *cells);
+    if (listed) memcpy(cells, g->last_cells, (size_t)listed * sizeof *cells);
     e->tr_cells[e->ntr++] = cells;
     /* FNV-1a over the identifying labels, each followed by a 0 byte */
     uint64_t h = 1469598103934665603ULL;
@@ -387,7 +388,7 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
     }
     double worst = NAN;
     for (int i = 0; i < g->nlast; i++) {
-        double v = cells[i].value;
+        double v = g->last_cells[i].value;
         if (isnan(worst)) worst = v;
         else if (rule->op == ALERT_OP_BELOW || rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_NEAR_BOUND) {
             if (v < worst) worst = v;
@@ -399,7 +400,8 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
                                     * (Alertmanager refuses endsAt < startsAt) */
                                    .ends_at = state == ALERT_RESOLVED ? fmax(time, g->starts_at) : 0,
                                    .start_step = g->start_step,
-                                   .step = step, .ncells = g->nlast, .cells = cells, .value = worst};
+                                   .step = step, .ncells_total = g->nlast, .ncells = listed, .cells = cells,
+                                   .value = worst};
     e->stats.transitions++;
     return t;
 }
@@ -715,7 +717,7 @@ static void run_verdict(struct alert_engine *e, const struct run_state *r) {
             const struct cell_state *cs = &bestg->cells[c];
             if (pending_best ? !(cs->pending_since >= 0 && !cs->firing) : !cs->firing) continue;
             total++;
-            if (n == ALERT_VERDICT_MAX_CELLS) continue;
+            if (n == ALERT_MAX_CELLS_LISTED) continue;
             int32_t layer = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c / r->heads) : rule->scope == ALERT_SCOPE_LAYER ? c : -1;
             int32_t head = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c % r->heads) : -1;
             e->vcells[n++] = (struct alert_cell){.layer = layer, .head = head, .value = cs->last};
@@ -881,7 +883,7 @@ static void cells_text(const struct alert_transition *t, char *buf, size_t n) {
     buf[0] = 0;
     for (int i = 0; i < t->ncells && off + 32 < n; i++) {
         if (i == 12) {
-            snprintf(buf + off, n - off, " and %d more", t->ncells - 12);
+            snprintf(buf + off, n - off, " and %d more", t->ncells_total - 12);
             return;
         }
         const struct alert_cell *c = &t->cells[i];
@@ -958,6 +960,7 @@ char *alert_transition_json(const struct alert_transition *t) {
     cJSON_AddNumberToObject(o, "start_step", (double)t->start_step);
     if (isfinite(t->value)) cJSON_AddNumberToObject(o, "value", t->value);
     else cJSON_AddNullToObject(o, "value");
+    cJSON_AddNumberToObject(o, "ncells", t->ncells_total);
     cJSON *cells = cJSON_AddArrayToObject(o, "cells");
     for (int i = 0; i < t->ncells; i++) {
         cJSON *c = cJSON_CreateObject();

@@ -730,15 +730,17 @@ static void test_state_bytes_per_head(void **state) {
     alert_rules_free(r);
 }
 
-/* A verdict lists at most ALERT_VERDICT_MAX_CELLS heads (the first, in
- * layer-major order) and counts them all: a collapse of 300 of 32 x 32
- * heads lists 256 and says 300, and a 301st head joining is a change. */
+/* A verdict and a transition list at most ALERT_MAX_CELLS_LISTED heads
+ * (the first, in layer-major order) and count them all: a collapse of 300
+ * of 32 x 32 heads lists 256 and says 300, and a 301st head joining is a
+ * change; the FIRING lists 256 of 300 and says 300. */
 static void test_verdict_cells_capped(void **state) {
     (void)state;
     enum { VL = 32, VH = 32, N = VL * VH };
     struct alert_rules *r = rules(
         "{\"rules\":[{\"name\":\"entropy_collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
-        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3}]}");
+        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3,"
+        "\"annotations\":{\"description\":\"at {cells}\"}}]}");
     struct alert_engine *e = alert_engine_create(r);
     struct writer_item *it = calloc(1, sizeof *it);
     it->kind = WRITER_HELLO;
@@ -764,11 +766,35 @@ static void test_verdict_cells_capped(void **state) {
         }
         assert_non_null(v);
         assert_int_equal(v->state, ALERT_V_COLLAPSING);
-        assert_int_equal(v->ncells, ALERT_VERDICT_MAX_CELLS);
+        assert_int_equal(v->ncells, ALERT_MAX_CELLS_LISTED);
         assert_int_equal(v->ncells_total, s == 2 ? 301 : 300);
         assert_int_equal(v->cells[255].layer, 255 / VH);
         assert_int_equal(v->cells[255].head, 255 % VH);
     }
+    /* firing (held for 5 steps) lists 256 cells and counts them all */
+    int fired = 0;
+    for (int s = 3; s < 8 && !fired; s++) {
+        it = calloc(1, sizeof *it);
+        it->kind = WRITER_STEP;
+        it->run_id = 9;
+        it->msg.step = s;
+        msg_add(&it->msg, "entropy_norm", PROTO_HEAD, VL, VH, x);
+        int n = alert_feed(e, it, 1000.0 + s);
+        writer_item_free(it);
+        for (int i = 0; i < n; i++) {
+            const struct alert_transition *t = alert_transition_at(e, i);
+            if (t->state != ALERT_FIRING) continue;
+            fired = 1;
+            assert_int_equal(t->ncells, ALERT_MAX_CELLS_LISTED);
+            assert_int_equal(t->ncells_total, 300); /* the 301st began 2 steps later */
+            char *json = alert_transition_json(t);
+            assert_non_null(strstr(json, "\"ncells\":300"));
+            assert_non_null(strstr(json, "and 288 more"));
+            assert_true(strlen(json) < 16384); /* not 301 cells' worth (nor 350k's) */
+            free(json);
+        }
+    }
+    assert_true(fired);
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
