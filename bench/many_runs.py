@@ -28,7 +28,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from daemon_harness import Client, Daemon  # noqa: E402
+from daemon_harness import Client, Daemon, wait_for  # noqa: E402
 
 MANY = int(os.environ.get("MANY_RUNS", "10000"))
 FEW = 10
@@ -180,9 +180,8 @@ def big_run(d, name, L=1024, H=1024, steps=int(os.environ.get("BIG_STEPS", "3"))
     for s in range(steps):
         c.send_raw(('{"type":"step","seq":%d,"step":%d,"heads":{"entropy_norm":%s}}\n'
                     % (w["last_seq"] + 1 + s, s, vals)).encode())
-        if s % 3 == 2:  # a few 2 MB lines in flight at most, as a trainer's steps would be
+        if s % 3 == 2 or s == steps - 1:  # a few 2 MB lines in flight at most, as a trainer's would be
             c.wait_ack(w["last_seq"] + 1 + s, timeout=300)
-    c.wait_ack(w["last_seq"] + steps, timeout=300)
     peak = d.rss_kb()
     state = alert_state_bytes(d)
     c.send({"type": "end", "seq": w["last_seq"] + steps + 1, "status": "finished"})
@@ -190,6 +189,10 @@ def big_run(d, name, L=1024, H=1024, steps=int(os.environ.get("BIG_STEPS", "3"))
     c.close()
     req = urllib.request.Request("http://127.0.0.1:%d/api/runs/%d" % (d.http_port, w["run_id"]), method="DELETE")
     urllib.request.urlopen(req, timeout=120).read()
+    # the DELETE removes the run at once and purges its rows in chunks
+    # afterwards (writer.h), reading them back into the writer's cache,
+    # which it releases when the purge is done: measure after that
+    wait_for(lambda: d.query("SELECT count(*) FROM purge")[0][0] == 0, timeout=300, what="the purge")
     time.sleep(0.5)
     return peak, state, d.rss_kb(), rss_anon_kb(d)
 

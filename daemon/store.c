@@ -50,7 +50,7 @@ enum {
      * at every hello was a third of the daemon's CPU per hello, and its
      * mallocs grew slower as the heap filled with 10,000 runs (issue 15) */
     S_BEGIN, S_COMMIT, S_SAVEPOINT, S_RELEASE, S_RUN_BY_NAME, S_RUN_RESUME, S_RUN_ID_NEXT, S_RUN_CREATE,
-    S_RUN_STATUS, S_RUN_VERDICT,
+    S_RUN_STATUS, S_RUN_VERDICT, S_ALERTS_CLOSE_RUN,
     S_COUNT
 };
 
@@ -113,6 +113,8 @@ static const char *const stmt_sql[S_COUNT] = {
                       "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1) "
                       "ON CONFLICT(run_id) DO UPDATE SET verdict = excluded.verdict, "
                       "since_step = excluded.since_step, heads = excluded.heads, rule = excluded.rule",
+    [S_ALERTS_CLOSE_RUN] = "UPDATE alerts SET state = 'resolved', ends_at = ?2, reason = 'run_ended' "
+                           "WHERE run_id = ?1 AND state = 'firing'",
 };
 
 struct store {
@@ -1195,11 +1197,10 @@ out:
 }
 
 int store_alerts_close_run(struct store *st, int64_t run_id, double now) {
-    char sql[256];
-    snprintf(sql, sizeof sql, "UPDATE alerts SET state = 'resolved', ends_at = %.6f, reason = 'run_ended' "
-             "WHERE run_id = %lld AND state = 'firing'",
-             now, (long long)run_id);
-    return exec(st, sql);
+    sqlite3_stmt *s = st->stmt[S_ALERTS_CLOSE_RUN];
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_double(s, 2, now);
+    return step_done(st, s, "closing the run's alerts");
 }
 
 int store_run_is_live(struct store *st, int64_t run_id) {
