@@ -240,7 +240,7 @@ def main():
         for i in range(2):
             peak, state, after, anon = big_run(d, "big-%d" % i)
             print("many_runs: 1024x1024-head run %d (%s steps of entropy_norm): RSS before %d KiB, peak %d KiB "
-                  "(alert state %.0f MiB), after end + delete %d KiB (%+.1f%% of before; target within 10%%); "
+                  "(alert state %.0f MiB), after end + delete %d KiB (%+.1f%% of before; target at most +10%%); "
                   "anonymous %d -> %d KiB (%+.1f%%)"
                   % (i, os.environ.get("BIG_STEPS", "3"), before, peak, state / 2**20, after,
                      100.0 * (after - before) / before, anon_before, anon, 100.0 * (anon - anon_before) / anon_before))
