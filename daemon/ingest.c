@@ -415,15 +415,33 @@ static size_t in_budget(const struct ingest *ing, const struct conn *c) {
     return c->welcomed ? ing->cfg.max_input / 4 * 3 : ing->cfg.max_input;
 }
 
+/* The oldest connection other than c that has not said hello (and is not
+ * waiting for its welcome) and holds input memory, or NULL. */
+static struct conn *input_victim(struct ingest *ing, const struct conn *c) {
+    for (struct conn *v = ing->pend_head; v; v = v->pnext)
+        if (v != c && v->in_cap && !v->waiting && !v->closing) return v;
+    return NULL;
+}
+
 /* Makes room in c's input buffer for the next recv. Returns 0 when there
  * is room, 1 when c must wait for the global budget (it is starved: not
- * read until memory is freed), -1 when c was refused (held, or closed). */
+ * read until memory is freed), -1 when c was refused (held, or closed).
+ * A stranger over the budget first takes memory from older strangers
+ * (their unfinished lines are closed, oldest first): a trainer's hello
+ * fits in one read, so strangers that hold the budget cannot keep a
+ * trainer out; only then is c itself refused. */
 static int in_room(struct ingest *ing, struct conn *c) {
     size_t limit = in_limit(c);
     if (c->in_cap - c->in_len >= READ_CHUNK / 4 || c->in_cap >= limit) return 0;
     size_t cap = c->in_cap ? c->in_cap * 2 : IN_INITIAL;
     while (cap - c->in_len < READ_CHUNK / 4) cap *= 2;
     if (cap > limit) cap = limit;
+    struct conn *v;
+    while (!c->welcomed && ing->in_bytes - c->in_cap + cap > in_budget(ing, c) && (v = input_victim(ing, c))) {
+        STAT_ADD(ing, conns_evicted, 1);
+        conn_refuse(ing, v, PROTO_E_INTERNAL,
+                    "the daemon's input memory is spent: this unfinished line was closed to make room");
+    }
     if (ing->in_bytes - c->in_cap + cap > in_budget(ing, c)) {
         if (!c->welcomed) {
             STAT_ADD(ing, input_refused, 1);
@@ -625,8 +643,14 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
     return peer;
 }
 
-static void accept_all(struct ingest *ing, int lfd) {
-    for (;;) {
+/* Connections accepted per wakeup at most: a listener that attackers
+ * refill as fast as it is drained must not keep the loop from the other
+ * listener and every open connection (epoll is level-triggered: the rest
+ * are accepted on the next round). */
+#define ACCEPT_BATCH 64
+
+static void accept_ready(struct ingest *ing, int lfd) {
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR) continue;
@@ -1135,8 +1159,8 @@ int ingest_run(struct ingest *ing, int drain_ms) {
             uint64_t tag = evs[i].data.u64;
             if (tag == EV_STOP) stopping = 1;
             else if (tag == EV_NOTIFY) handle_replies(ing);
-            else if (tag == EV_UNIX) accept_all(ing, ing->unix_fd);
-            else if (tag == EV_TCP) accept_all(ing, ing->tcp_fd);
+            else if (tag == EV_UNIX) accept_ready(ing, ing->unix_fd);
+            else if (tag == EV_TCP) accept_ready(ing, ing->tcp_fd);
             else {
                 int fd = (int)(tag - EV_CONN_BASE);
                 struct conn *c = fd < ing->conns_cap ? ing->conns[fd] : NULL;
