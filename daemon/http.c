@@ -866,6 +866,8 @@ static void alerter_metrics(struct strbuf *b, struct alerter *m) {
          (double)ns->dropped);
     strbuf_prom(b, "entropyd_notification_retries_total", "counter", "Webhook and Alertmanager attempts retried.",
          (double)ns->retries);
+    strbuf_prom(b, "entropyd_alertmanager_firing", "gauge",
+         "Alerts in the firing set re-sent to Alertmanager (0: nothing is re-sent).", (double)ns->am_firing);
     strbuf_prom_head(b, "entropyd_notifications_sent_total", "counter", "Notifications delivered, by sink.");
     strbuf_printf(b, "entropyd_notifications_sent_total{sink=\"webhook\"} %llu\n"
                      "entropyd_notifications_sent_total{sink=\"alertmanager\"} %llu\n"
