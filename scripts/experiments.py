@@ -645,9 +645,9 @@ def main():
         json.dump({"command": cmd, "seconds": round(seconds, 1), "steps": args.steps,
                    "model": MODEL, "common": COMMON, "rows": rows}, f, indent=1)
     pjson = os.path.join(args.out, "collapse-risk.json")
-    predict = json.load(open(pjson)) if os.path.exists(pjson) else None
+    risk = json.load(open(pjson)) if os.path.exists(pjson) else None
     write_markdown(rows, os.path.join(args.out, "experiments.md"), cmd, time.time() - t_start, machine, counts,
-                   predict)
+                   risk)
     ok = write_plot(rows, os.path.join(scratch, "plot"), os.path.join(args.out, "experiments.png"))
     print("experiments: %d runs in %.1f min -> %s/experiments.md%s" % (
         len(rows), seconds / 60, args.out, ", experiments.png" if ok else ""))
