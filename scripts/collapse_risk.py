@@ -175,7 +175,8 @@ def base_series(kind, p, sig, h):
 
 
 def fire_step(steps, sig, kind, p):
-    """Step at which the simulated rule fires on this run (None: never)."""
+    """Step at which the simulated rule fires on this run (None: never): as
+    in the engine, once its condition has held since `for` steps earlier."""
     need = p["for"]
     best = None
     heads = len(sig["entropy_norm"])
@@ -184,7 +185,7 @@ def fire_step(steps, sig, kind, p):
         run = 0
         for t, ok in enumerate(c):
             run = run + 1 if ok else 0
-            if ok and run >= max(1, need):
+            if ok and run >= need + 1:
                 if best is None or steps[t] < best:
                     best = steps[t]
                 break
@@ -230,7 +231,7 @@ def simulate(rows):
                 continue
             r["fires"][name] = fire_step(steps, sig, kind, p)
         f = fire_step(steps, sig, "below", {"value": 0.01, "for": 20})
-        r["sim_collapse"] = None if f is None else steps[steps.index(f) - 19]
+        r["sim_collapse"] = None if f is None else steps[steps.index(f) - 20]
 
 
 def candidate_rules():
@@ -307,18 +308,18 @@ def rule_text(kind, p):
 
 
 def fires(alerts):
-    """{rule: first firing step} from a run's stored episodes: the FIRING
-    transition's step from the payload when it has one, else start_step."""
+    """{rule: first firing step} from a run's stored episodes: the step of
+    the episode's FIRING transition (GET /api/runs/{id}/alerts lists them),
+    else its start_step.  (Until the third session the transitions were not
+    kept and every lead was counted from start_step, the step the condition
+    began to hold: `for` steps longer than the alert's real lead.)"""
     out = {}
     for a in alerts:
         if a.get("start_step") is None:
             continue
-        step = None
-        try:
-            step = json.loads(a.get("payload") or "{}").get("step")
-        except (ValueError, TypeError, AttributeError):
-            pass
-        step = step if step is not None else a["start_step"]
+        steps = [t.get("step") for t in a.get("transitions") or []
+                 if t.get("transition") == "firing" and t.get("step") is not None]
+        step = min(steps) if steps else a["start_step"]
         if a["rule"] not in out or step < out[a["rule"]]:
             out[a["rule"]] = step
     return out

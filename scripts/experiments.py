@@ -440,7 +440,7 @@ def predict_run_all(configs, d, logdir, jobs):
                    config={k: v for k, v in c.items() if k != "model"}, model=c["model"])
         if runs:
             run = runs[0]
-            row["alerts"] = [{k: a.get(k) for k in ("rule", "start_step", "last_step", "payload")}
+            row["alerts"] = [{k: a.get(k) for k in ("rule", "start_step", "last_step", "transitions")}
                              for a in run_alerts(d, run["id"])]
             row["data"] = collapse_risk.collect(d, run["id"], run["last_step"])
             starts = [a["start_step"] for a in row["alerts"]
