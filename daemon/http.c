@@ -870,6 +870,8 @@ static void alerter_metrics(struct strbuf *b, struct alerter *m) {
          (double)ns->dropped);
     prom(b, "entropyd_notification_retries_total", "counter", "Webhook and Alertmanager attempts retried.",
          (double)ns->retries);
+    prom(b, "entropyd_alertmanager_firing", "gauge",
+         "Alerts in the firing set re-sent to Alertmanager (0: nothing is re-sent).", (double)ns->am_firing);
     strbuf_puts(b, "# HELP entropyd_notifications_sent_total Notifications delivered, by sink.\n"
                    "# TYPE entropyd_notifications_sent_total counter\n");
     strbuf_printf(b, "entropyd_notifications_sent_total{sink=\"webhook\"} %llu\n"
