@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "embed.h"
+#include "http_slots.h"
 #include "net.h"
 #include "now.h"
 
@@ -43,6 +44,7 @@ static const double hist_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 struct http {
     struct http_config cfg;
     struct MHD_Daemon *d;
+    struct http_slots *slots;   /* who holds the connection slots (http_slots.h) */
     int port;
     char *token;
     char *web_root;             /* realpath of cfg.web_root, or NULL */
@@ -935,6 +937,9 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
     strbuf_prom(&b, "entropyd_stream_events_total", "counter", "Events published to the stream.", (double)ss.published);
     strbuf_prom(&b, "entropyd_stream_resets_total", "counter", "Stream clients that resumed from before the ring.",
          (double)ss.resets);
+    strbuf_prom(&b, "entropyd_http_connections_evicted_total", "counter",
+                "Idle HTTP connections closed to make room for a newcomer (every slot was taken).",
+                (double)http_slots_evicted(h->slots));
     strbuf_prom_head(&b, "entropyd_http_responses_total", "counter", "HTTP responses by status class.");
     for (int k = 2; k <= 5; k++)
         strbuf_printf(&b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
@@ -1134,6 +1139,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (!r->seen) { /* the first call: headers only */
         r->seen = 1;
+        http_slots_busy(h->slots, c); /* a request in progress: its slot is not pushed out */
         return MHD_YES;
     }
     if (*upload_data_size) { /* bodies are refused; read and drop, answer at the end */
@@ -1183,9 +1189,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
+    struct http *h = cls;
     (void)toe;
+    http_slots_idle(h->slots, c);
     free(*req_cls);
     *req_cls = NULL;
 }
@@ -1252,15 +1258,22 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
     }
     int max_conns = cfg->max_conns > 0 ? cfg->max_conns : 512;
     int per_ip = cfg->max_conns_per_ip > 0 ? cfg->max_conns_per_ip : max_conns / 4 < 8 ? 8 : max_conns / 4;
+    if (!(h->slots = http_slots_create((unsigned)max_conns))) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     /* the port argument only names the port in libmicrohttpd's messages:
      * the address given with MHD_OPTION_SOCK_ADDR is what is bound */
     uint16_t port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                              : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    h->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, h,
+    h->d = MHD_start_daemon(flags, port, http_slots_admit, h->slots, on_request, h,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns,
+                            /* max_conns are held; the spare ones admit newcomers
+                             * while the idle connections they pushed out close */
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns + HTTP_SLOTS_SPARE,
+                            MHD_OPTION_NOTIFY_CONNECTION, http_slots_notify, h->slots,
                             /* a client that stops reading (an export, a stream) is
                              * closed after this long without progress */
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : 60),
@@ -1305,6 +1318,7 @@ void http_on_commit(struct http *h, const struct writer_item *items, double comm
 void http_destroy(struct http *h) {
     if (!h) return;
     if (h->d) MHD_stop_daemon(h->d);
+    http_slots_destroy(h->slots);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     free(h->token);

@@ -23,7 +23,10 @@ struct http_config {
     const char *listen;        /* "HOST:PORT"; port 0 picks a free one */
     const char *token;         /* when not NULL: /api and /metrics need it */
     const char *web_root;      /* serve static files from this directory; NULL: embedded web/ */
-    int max_conns;             /* simultaneous connections (default 512) */
+    int max_conns;             /* simultaneous connections (default 512); when all are
+                                * taken, a newcomer pushes out the one idle longest, and
+                                * is refused only if each is serving a request
+                                * (http_slots.h) */
     int metrics_heads;         /* /metrics also exports per-head latest values */
     double metrics_keep_s;     /* /metrics exports ended runs this long after their end;
                                   0: the default (3600), < 0: not at all */

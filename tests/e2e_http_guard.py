@@ -252,6 +252,38 @@ class HttpGuard(unittest.TestCase):
             for s in held:
                 s.close()
 
+    def test_idle_sockets_from_many_loopback_addresses_cannot_take_every_slot(self):
+        # every address of 127.0.0.0/8 is loopback: the per-address limit
+        # alone let 520 idle sockets from nine of them close /healthz
+        # unanswered; a newcomer now pushes out the socket idle longest,
+        # and a request being answered (a stream) is never pushed out
+        port = self.start()  # default --http-max-conns 512
+        stream = socket.create_connection(("127.0.0.1", port))
+        stream.sendall(("GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port).encode())
+        stream.settimeout(5)
+        self.assertIn(b" 200 ", stream.recv(4096))
+        held = []
+        try:
+            for i in range(520):
+                s = socket.socket()
+                s.bind(("127.0.0.%d" % (2 + i // 64), 0))
+                s.connect(("127.0.0.1", port))
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+                held.append(s)
+            for _ in range(5):
+                t0 = time.time()
+                st, _ = raw(port, "GET", "/healthz")
+                self.assertEqual(st, 200)
+            print("/healthz with 520 idle sockets from 9 addresses: %s in %.1f ms" % (st, (time.time() - t0) * 1e3))
+            st, body = raw(port, "GET", "/metrics")
+            evicted = int(body.split("\nentropyd_http_connections_evicted_total ")[1].split("\n")[0])
+            self.assertGreaterEqual(evicted, 5)
+            self.assertIn("\nentropyd_stream_clients 1\n", body)  # the stream kept its slot
+        finally:
+            stream.close()
+            for s in held:
+                s.close()
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

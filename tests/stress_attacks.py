@@ -311,20 +311,50 @@ def attack_sse_churn(d):
 
 
 def attack_http_idle(d):
-    port, held = d.http_port, []
-    for _ in range(512):
-        s = socket.socket()
-        s.bind(("127.0.0.2", 0))
-        try:
-            s.connect(("127.0.0.1", port))
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-            held.append(s)
-        except OSError:
-            s.close()
-    time.sleep(SECONDS)
+    """576 sockets that never finish their headers, 64 from each of nine
+    loopback addresses (the per-address limit is 128), refilled as the
+    daemon closes them."""
+    port, held, deadline = d.http_port, [], time.time() + SECONDS
+    while until(deadline):
+        held = [s for s in held if not closed(s)]
+        for i in range(len(held), 576):
+            held.append(idle_http(port, "127.0.0.%d" % (2 + i // 64)))
+        held = [s for s in held if s]
+        time.sleep(0.2)
     for s in held:
         s.close()
-    return "512 idle sockets from one address"
+    return "576 idle sockets from 9 addresses, refilled as closed; %s pushed out" % evicted(d)
+
+
+def idle_http(port, src):
+    s = socket.socket()
+    s.bind((src, 0))
+    try:
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        s.setblocking(False)
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def closed(s):
+    try:
+        if s.recv(4096) == b"":
+            s.close()
+            return True
+    except BlockingIOError:
+        pass
+    except OSError:
+        s.close()
+        return True
+    return False
+
+
+def evicted(d):
+    body = d.get("/metrics")[1]
+    return int(body.split("\nentropyd_http_connections_evicted_total ")[1].split("\n")[0])
 
 
 def checks(row, ok_attack):
@@ -394,7 +424,7 @@ ATTACKS = [
     ("idle sockets, --max-conns 20", ["--max-conns", "20"], attack_idle, None),
     ("DNS rebinding + cross-site DELETE", [], attack_rebinding, None),
     ("/api/stream opened and closed 90/s", [], attack_sse_churn, None),
-    ("512 idle HTTP sockets", [], attack_http_idle, None),
+    ("576 idle HTTP sockets from 9 addresses", [], attack_http_idle, None),
 ]
 
 

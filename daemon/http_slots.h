@@ -1,0 +1,55 @@
+/* http_slots.h: who holds the HTTP server's connection slots, and room for
+ * a newcomer when they are all taken.
+ *
+ * libmicrohttpd refuses a connection once --http-max-conns are open, and
+ * its per-address limit does not stop one local user: every address of
+ * 127.0.0.0/8 is loopback, so 512 idle sockets from nine of them took
+ * every slot and /healthz was closed unanswered for as long as they
+ * stayed (issue 16). This module keeps the open connections in order of
+ * idleness; when a newcomer finds every slot taken, the connection idle
+ * longest (no request in progress: it never sent its headers, or waits
+ * between keep-alive requests) is shut down to make room, as ingest does
+ * with strangers. A request being answered (a stream included) is never
+ * pushed out; when every slot has one, the newcomer is refused.
+ *
+ * Threads: the connection and accept-policy callbacks run on the server's
+ * listening thread, which alone closes sockets (libmicrohttpd closes a
+ * connection's socket there, after the closed notification), so a socket
+ * shut down here is still the connection's; the request callbacks run on
+ * connection threads. One mutex guards the list. */
+#ifndef HTTP_SLOTS_H
+#define HTTP_SLOTS_H
+
+#include <microhttpd.h>
+#include <stdint.h>
+
+struct http_slots;
+
+/* max: the slots that may be held (libmicrohttpd's own limit must leave
+ * HTTP_SLOTS_SPARE over it for newcomers admitted while their victims
+ * close). Returns NULL when out of memory. */
+struct http_slots *http_slots_create(unsigned max);
+
+/* Frees. Accepts NULL. Call after the server stopped. */
+void http_slots_destroy(struct http_slots *s);
+
+/* Newcomers admitted beyond max while the connections they pushed out close. */
+#define HTTP_SLOTS_SPARE 16u
+
+/* For MHD_OPTION_NOTIFY_CONNECTION (cls = the slots): a connection
+ * started or closed. */
+void http_slots_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                       enum MHD_ConnectionNotificationCode code);
+
+/* For MHD_start_daemon's accept policy (cls = the slots): MHD_YES with a
+ * slot free or made free, MHD_NO when every slot serves a request. */
+enum MHD_Result http_slots_admit(void *cls, const struct sockaddr *addr, socklen_t addrlen);
+
+/* A request of c is being handled (its headers are in) / is done. */
+void http_slots_busy(struct http_slots *s, struct MHD_Connection *c);
+void http_slots_idle(struct http_slots *s, struct MHD_Connection *c);
+
+/* Connections pushed out to make room, since start. */
+uint64_t http_slots_evicted(struct http_slots *s);
+
+#endif
