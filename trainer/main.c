@@ -321,17 +321,6 @@ typedef enum { STEP_OK, STEP_SKIPPED, STEP_DIVERGED, STEP_DIST_FAILED } step_sta
 
 static double now_s(void) { return now_mono_ms() / 1e3; }
 
-/* Useful matmul FLOPs of one training step (forward + backward = 3x
- * forward); causal attention counts only the T(T+1)/2 visible pairs, so the
- * figure does not flatter the blocked kernel, which computes a bit more. */
-static double step_flops(const model_config *c, int B, int T)
-{
-    double C = c->dim, L = c->layers, BT = (double)B * T;
-    double lin = BT * 2.0 * (L * 12.0 * C * C + c->vocab * C);
-    double att = L * B * 2.0 * 2.0 * (T * (T + 1.0) / 2.0) * C; /* QK^T and AV */
-    return 3.0 * (lin + att);
-}
-
 /* The training data (--data FILE or the synthetic corpus), checked against
  * the checkpoint's when resuming.  Returns 0 or -1 (printed). */
 static int open_data(trainer *tr)
@@ -396,7 +385,7 @@ static int build_model(trainer *tr)
     }
     build_groups(tr->m, tr->groups);
     tr->upd = (update_task){.opt = tr->opt, .m = tr->m, .groups = tr->groups};
-    tr->flops = step_flops(&r->cfg, tr->B, tr->T);
+    tr->flops = model_step_flops(&r->cfg, tr->B, tr->T);
     return 0;
 }
 
