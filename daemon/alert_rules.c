@@ -381,16 +381,15 @@ out:
  * (pending from steps 21 and 103, the latter 62 steps before
  * entropy_collapse began at 165).
  * collapse_risk: fires before collapse begins.  Chosen by make experiments
- * (scripts/collapse_risk.py, docs/collapse-risk.md) from 112 candidate
- * rules (growth of max_logit, logit_scale or sigma_qk, drops and floors of
- * entropy_norm, with and without guards) simulated on a tune sweep of 12
- * toy runs (5 collapse, 3 of them after step 195 via warmup to a high peak
- * lr; 6 healthy, 2 of them sigmaReparam at lr 0.1): the best with no false
- * alarm, recall 5/5, median lead 111 steps before entropy_collapse began.
- * Entropy drops (50-80% of a 20-50 step maximum) led by more on the
- * collapsing runs but fired on healthy sigmaReparam and SGD runs, whose
- * heads sharpen from uniform.  Judged on a held-out sweep of a larger model
- * in docs/collapse-risk.md. */
+ * (scripts/collapse_risk.py, docs/experiments.md) from 534 candidate rules
+ * (growth of max_logit, logit_scale or sigma_qk, alone or ANDed with a
+ * level of a second metric; drops and floors of entropy_norm) simulated on
+ * a tune sweep of two small model sizes and two seeds: among those with at
+ * most 5% false alarms and a recall within one run of the best, the longest
+ * median lead on collapses after step 200.  max_logit alone swings fast on
+ * healthy heads early on; the sigma_qk > 2 guard silences those.  A
+ * sigma_qk growth rate alone (an absolute rate) did not carry over to the
+ * held-out model's width.  Judged on a held-out sweep of a larger model. */
 struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen) {
     if (!path) return alert_rules_parse((const char *)default_rules[0].data, (size_t)default_rules[0].size, err, errlen);
     FILE *f = fopen(path, "rb");

@@ -134,6 +134,9 @@ struct options {
     long http_conns, stream_events, keepalive_ms, http_timeout_s, am_resend_s;
     int http_explicit, metrics_heads, quiet_alerts, lossy_bf16;
     double metrics_keep_s;
+    const char *retain_raw;  /* --retain-raw, parsed into retain_steps or retain_s */
+    long retain_steps;
+    double retain_s;
     const char *rules, *webhook, *on_alert, *alertmanager, *remote_write;
     char dbpath[4096], sockpath[4096];
 };
@@ -167,6 +170,10 @@ static const flag FLAGS[] = {
     LONG("--input-mb", O(input_mb), 1, 65536, "N",
          "memory for unfinished input lines of all connections\n"
          "(default 64); a line before the welcome is at most 64 KiB"),
+    STR("--retain-raw", O(retain_raw), "KEEP",
+        "keep a run's raw frames for its last KEEP steps (>= 64), or\n"
+        "those of the last KEEP of time (N[s|m|h|d]); older ones are deleted,\n"
+        "their exact rollups kept forever (default: keep all; docs/long-runs.md)"),
     LONG("--queue-mb", O(queue_mb), 1, 65536, "N", "memory for accepted, uncommitted messages (default 256)"),
     LONG("--drain-ms", O(drain_ms), 0, 600000, "N", "at shutdown, wait this long to commit and ack (default 5000)"),
     BOOL("--lossy-bf16", O(lossy_bf16),
@@ -222,6 +229,30 @@ static void usage(FILE *f) {
     fprintf(f, "\nSIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
 }
 
+/* --retain-raw: a number of steps (at least a block of 64, so the newest
+ * sealed block is never the one deleted), or a duration with its unit
+ * (s, m, h, d). 0, or -1 with a message. */
+static int parse_retain(const char *s, long *steps, double *seconds) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    static const char units[] = "smhd";
+    static const double secs[] = {1, 60, 3600, 86400};
+    const char *u = *end ? strchr(units, *end) : NULL;
+    if (!errno && end != s && u && !end[1] && v > 0 && v * secs[u - units] <= 3.2e9) {
+        *seconds = v * secs[u - units];
+        return 0;
+    }
+    long n = strtol(s, &end, 10);
+    if (!errno && end != s && !*end && n >= 64) {
+        *steps = n;
+        return 0;
+    }
+    fprintf(stderr, "entropyd: --retain-raw wants a number of steps (64 or more) or a duration like 12h or 7d, "
+                    "got \"%s\"\n", s);
+    return -1;
+}
+
 /* Fills o from the command line. Returns -1 to go on, or the exit status
  * (0 after --help or --version, 2 for a bad flag). */
 static int options_parse(struct options *o, int argc, char **argv) {
@@ -241,6 +272,7 @@ static int options_parse(struct options *o, int argc, char **argv) {
     o->http_explicit = given[flags_find(&TABLE, "--http") - FLAGS];
     if (strcmp(o->http_listen, "off") == 0) o->http_listen = NULL;
     if (o->token && !*o->token) o->token = NULL;
+    if (o->retain_raw && parse_retain(o->retain_raw, &o->retain_steps, &o->retain_s)) return 2;
     return -1;
 }
 
@@ -322,7 +354,7 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
         if (!(d->hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) goto fail;
     }
     struct writer_config wcfg = {.max_bytes = (size_t)o->queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
-                                 .ctx = &d->hooks};
+                                 .retain_steps = o->retain_steps, .retain_s = o->retain_s, .ctx = &d->hooks};
     if (!(d->w = writer_create(d->st, d->efd, &wcfg, err, sizeof err))) goto fail;
     alerter_set_writer(d->alerter, d->w);
     struct ingest_config icfg = {.socket_path = o->sock, .tcp = o->tcp, .token = o->token,

@@ -334,8 +334,10 @@ static double actual_logit_norm(model *m, int l, int h, int nb)
 }
 
 /* Stored sigma_qk, entropy_bound, logit_scale against the exact values for
- * every head.  Returns the largest stored - exact bound. */
-static double check_exact(model *m, const probe_metrics *r, const char *what)
+ * every head, and eig_var >= 0 when the call computed it.  Returns the
+ * largest stored - exact bound; *sig_rel (when not NULL) is raised to the
+ * largest relative sigma_qk error seen. */
+static double check_exact(model *m, const probe_metrics *r, const char *what, double *sig_rel)
 {
     double worst = -1e9;
     for (int l = 0; l < TL; l++)
@@ -346,6 +348,9 @@ static double check_exact(model *m, const probe_metrics *r, const char *what)
             double act = actual_logit_norm(m, l, h, r->examples_used);
             if (!(r->sigma_qk[k] >= sig * (1 - 1e-7) && r->sigma_qk[k] <= sig * (1 + 1e-6)))
                 fail_msg("%s layer %d head %d: sigma_qk %.9g, exact %.9g", what, l, h, r->sigma_qk[k], sig);
+            if (sig_rel && fabs(r->sigma_qk[k] - sig) / sig > *sig_rel) *sig_rel = fabs(r->sigma_qk[k] - sig) / sig;
+            if (r->eig_fresh && !(r->eig_var[k] >= 0))
+                fail_msg("%s layer %d head %d: eig_var %.9g below 0", what, l, h, r->eig_var[k]);
             if (!(r->entropy_bound[k] <= eb + 1e-5))
                 fail_msg("%s layer %d head %d: stored bound %.7f above the exact %.7f", what, l, h,
                          r->entropy_bound[k], eb);
@@ -396,27 +401,30 @@ static void test_bound_exact_rotating(void **state)
         shape_qkv(m, 0.5f, bias ? 0.1f : 0.0f, 71);
         optim *o = optim_create(OPTIM_ADAMW, m->num_params, 0.9f, 0.95f, 1e-8f, 0.0f);
         optim_group g = {.offset = 0, .n = m->num_params, .decay = 0, .frozen = 0};
-        probe *p = probe_create(m, NULL);
+        probe *p = probe_create(m, &(probe_config){.examples = -1, .eig_every = 1});
         assert_non_null(p);
         static int in[TB * TT], tg[TB * TT];
         uint64_t rng = 72;
-        double worst = -1e9;
-        int informative = 0;
+        double worst = -1e9, sig_rel = 0;
+        int informative = 0, eig_calls = 0;
         for (int step = 0; step < 8; step++) {
             random_tokens(in, tg, TB * TT, &rng);
             model_forward(m, in, tg, TB, TT, 1);
             const probe_metrics *r = probe_compute(p, m);
-            double w = check_exact(m, r, bias ? "rotating, q/k bias" : "rotating");
+            double w = check_exact(m, r, bias ? "rotating, q/k bias" : "rotating", &sig_rel);
             if (w > worst) worst = w;
+            eig_calls += r->eig_fresh;
             for (int k = 0; k < TL * TH; k++) informative += r->entropy_bound[k] > 0.01f;
             model_zero_grad(m);
             model_backward(m);
             optim_step(o, m->params_memory, m->grads_memory, &g, 1, 0.03f);
             reflect_heads(m, &rng);
         }
-        printf("bias %d: largest stored - exact bound over 8 steps x %d heads: %.2e; %d with a bound above 0.01\n",
-               bias, TL * TH, worst, informative);
+        printf("bias %d: over 8 steps x %d heads: largest stored - exact bound %.2e (%d with a bound above 0.01), "
+               "largest sigma_qk relative error %.1e, eig_var >= 0 on all %d calls\n",
+               bias, TL * TH, worst, informative, sig_rel, eig_calls);
         assert_true(informative >= 8 * TL * TH / 5);
+        assert_int_equal(eig_calls, 8);
         probe_destroy(p);
         optim_destroy(o);
         model_destroy(m);
@@ -439,7 +447,7 @@ static void test_bound_property(void **state)
         for (int call = 0; call < 3; call++) {
             forward(m, 93 + trial * 7 + call);
             const probe_metrics *r = probe_compute(p, m);
-            check_exact(m, r, "property");
+            check_exact(m, r, "property", NULL);
             for (int k = 0; k < TL * TH; k++) informative += r->entropy_bound[k] > 0.01f;
             cases += TL * TH;
             reflect_heads(m, &rng);

@@ -334,7 +334,8 @@ static void test_migrations(void **state) {
     for (size_t i = 0; i < 6; i++)
         assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = %Q", tables[i]), 1);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'frames_metric_step'"), 1);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollups_metric_level_block'"), 1);
+    /* rollups are keyed by (metric_id, level, block) itself (migration 7) */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollups' AND sql LIKE '%%WITHOUT ROWID%%'"), 1);
     assert_true(store_db_bytes(f->st) > 0);
     assert_int_equal(store_db_bytes(f->st) % 16384, 0);
 
@@ -1062,6 +1063,54 @@ static void test_delete(void **state) {
     store_rollback(f->st);
 }
 
+/* Runs store_retain_raw passes of `budget` until one completes; returns
+ * the chunks it took. */
+static int retain_all(struct tmp_db *f, int64_t keep_steps, double keep_s, int64_t budget) {
+    int64_t cursor = 0;
+    int chunks = 0, more;
+    do {
+        OK(store_begin(f->st));
+        more = store_retain_raw(f->st, keep_steps, keep_s, 1e9 + 10000, &cursor, budget);
+        assert_true(more >= 0);
+        OK(store_commit(f->st));
+        chunks++;
+    } while (more);
+    assert_int_equal(cursor, 0);
+    return chunks;
+}
+
+static void test_retain_raw(void **state) {
+    struct tmp_db *f = *state;
+    int64_t a = open_run(f, "long", L, H), b = open_run(f, "short", L, H), sa = 0, sb = 0;
+    put_range(f, a, &sa, 0, 700, 0, 100); /* step s at time 1e9 + s */
+    put_range(f, b, &sb, 0, 300, 0, 100);
+    int64_t rollups = qi(f->path, "SELECT count(*) FROM rollups"), steps = qi(f->path, "SELECT count(*) FROM steps");
+    /* the last 200 steps: run a keeps 501.. (blocks from 7 on), run b 101.. (from 1) */
+    assert_true(retain_all(f, 200, 0, 64) > 3); /* in chunks */
+    assert_int_equal(count_rows(f, a, "blocks", "block < 7"), 0);
+    assert_true(count_rows(f, a, "blocks", "block = 7") > 0);
+    assert_int_equal(count_rows(f, b, "blocks", "block < 1"), 0);
+    assert_true(count_rows(f, b, "blocks", "block = 1") > 0);
+    /* rollups, steps and the open blocks' raw frames all stay */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups"), rollups);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps"), steps);
+    assert_true(count_rows(f, a, "frames", "step >= 640") > 0);
+    /* by time: now (1e9 + 10000) - 9350 s keeps the steps at 1e9 + 650 on:
+     * run a from block 10 (its open one), run b none but its open block */
+    retain_all(f, 0, 9350, 1 << 20);
+    assert_int_equal(count_rows(f, a, "blocks", "1"), 0);
+    assert_int_equal(count_rows(f, b, "blocks", "1"), 0);
+    assert_int_equal(count_rows(f, a, "frames", "step < 640"), 0);
+    assert_true(count_rows(f, a, "frames", "step >= 640") > 0);
+    assert_true(count_rows(f, b, "frames", "step >= 256") > 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups"), rollups);
+    /* the runs go on: new blocks seal over what was cut */
+    put_range(f, a, &sa, 701, 800, 0, 100);
+    assert_true(count_rows(f, a, "blocks", "block = 10") > 0);
+    assert_int_equal(qi(f->path, "SELECT count(DISTINCT block) FROM rollups WHERE level = 1 AND metric_id IN "
+                                 "(SELECT id FROM metrics WHERE run_id = %lld)", (long long)a), 12);
+}
+
 static void test_savepoint(void **state) {
     struct tmp_db *f = *state;
     int64_t run = open_run(f, "sp", L, H);
@@ -1298,6 +1347,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_kind_conflict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retain_raw, setup, teardown),
         cmocka_unit_test_setup_teardown(test_savepoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rollback_retry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
