@@ -322,6 +322,14 @@ static void check_literal(const char *lit) {
     assert_int_equal(m.nvalues, 1);
     assert_float_bits(m.values[0], proto_to_f32(strtod(lit, NULL)), lit);
     proto_msg_free(&m);
+    /* and inside a vector (a layer metric: the fast path of head and layer values) */
+    snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":1,\"step\":0,\"layers\":{\"x\":[%s,%s]}}", lit, lit);
+    rc = parse(line, &m);
+    if (rc != PROTO_OK) fail_msg("vector of literal %s: %s (%s)", lit, proto_err_name(rc), errbuf);
+    assert_int_equal(m.nvalues, 2);
+    assert_float_bits(m.values[0], proto_to_f32(strtod(lit, NULL)), lit);
+    assert_float_bits(m.values[1], proto_to_f32(strtod(lit, NULL)), lit);
+    proto_msg_free(&m);
 
     double d = strtod(lit, NULL);
     if (d >= 0 && d < 1e11) { /* the time field's range */
@@ -421,6 +429,8 @@ static void test_number_syntax_errors(void **state) {
         snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"x\":%s}}", bad[i]);
         CHECK(line, PROTO_E_BAD_JSON);
         snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":1,\"step\":0,\"unknown\":%s}", bad[i]);
+        CHECK(line, PROTO_E_BAD_JSON);
+        snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":1,\"step\":0,\"layers\":{\"x\":[1,%s]}}", bad[i]);
         CHECK(line, PROTO_E_BAD_JSON);
     }
 }
