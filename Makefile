@@ -32,7 +32,7 @@ endif
 endif
 
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
-           -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -Iclient -Iproto -I$(BUILD)/gen $(PKG_CFLAGS)
+           -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -Iclient -Iproto -Icli -I$(BUILD)/gen $(PKG_CFLAGS)
 # libsnappy (remote write) ships no pkg-config file
 LDLIBS  += $(PKG_LIBS) -lsnappy -llapacke -lpthread -lm
 # The trainer's elementwise kernels want vectorization for this CPU; without
@@ -62,6 +62,8 @@ DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 # proto/: the protocol's one home, compiled into the daemon and the client library
 PROTO_SRC   := $(wildcard proto/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(wildcard trainer/*.c))
+# cli/: what both programs' mains share (the flag table), not in the library
+CLI_SRC     := $(wildcard cli/*.c)
 TEST_SRC    := $(wildcard tests/test_*.c)
 BENCH_SRC   := $(wildcard bench/*.c)
 WEB_FILES   := $(shell find web -type f 2>/dev/null | sort)
@@ -69,6 +71,7 @@ WEB_FILES   := $(shell find web -type f 2>/dev/null | sort)
 DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(PROTO_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o \
               $(BUILD)/gen/default_rules.o
 TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ     := $(CLI_SRC:%.c=$(BUILD)/%.o)
 CLIENT_SRC  := $(wildcard client/*.c) $(PROTO_SRC)
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(BUILD)/%.o)
 CLIENT_PIC  := $(CLIENT_SRC:%.c=$(BUILD)/pic/%.o)
@@ -165,9 +168,9 @@ install: $(CLIENT_LIB)
 	$(if $(wildcard $(BUILD)/entropyd),install -m 755 $(BUILD)/entropyd $(DESTDIR)$(PREFIX)/bin/)
 	$(if $(wildcard $(BUILD)/sigmatrain),install -m 755 $(BUILD)/sigmatrain $(DESTDIR)$(PREFIX)/bin/)
 
-$(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a
+$(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a $(CLI_OBJ)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
-$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
+$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(CLI_OBJ)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # The MPI variant: dist.c again, by mpicc; linked before libtrainer.a so the
@@ -175,12 +178,12 @@ $(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libe
 $(BUILD)/mpi/trainer/dist.o: trainer/dist.c
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(TRAINER_OPT) -DDIST_MPI -c $< -o $@
-$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
+$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(CLI_OBJ)
 	$(MPICC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # Every test and benchmark links both module libraries; the linker keeps only
 # the objects it needs.
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(CLI_OBJ)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@

@@ -12,6 +12,7 @@
  *
  *   bench_history --port P --socket PATH --db PATH --short ID --long ID
  *                 --long-name NAME --long-steps N [--requests 200] [--rewind 40000]
+ *                 [--reads-only 1]   (the read paths only: the runs are left as they are)
  *
  * Figures on a shared machine: the load average is printed by the script. */
 #include <errno.h>
@@ -265,7 +266,7 @@ static struct lat measure(int e, long long id, long long steps, int n) {
 int main(int argc, char **argv) {
     long long short_id = 0, long_id = 0, long_steps = 0, rewind = 40000;
     const char *long_name = NULL;
-    int requests = 200;
+    int requests = 200, reads_only = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--port")) port = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--socket")) sock_path = argv[i + 1];
@@ -276,6 +277,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--long-steps")) long_steps = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--requests")) requests = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--rewind")) rewind = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reads-only")) reads_only = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_history: unknown option %s\n", argv[i]);
             return 2;
@@ -306,6 +308,10 @@ int main(int argc, char **argv) {
         if (*flag) bad++;
         printf("history: %-32s %9.2f %9.2f %9.2f %9.2f %7.2f %7.2f%s%s\n", e_name[e], a.p50, a.p99, b.p50, b.p99, r50,
                r99, flag, a.errors || b.errors ? "  (errors)" : "");
+    }
+    if (reads_only) {
+        printf("history: %d read path(s) over the bar (ratio > 1.5, or series p99 > 10 ms)\n", bad);
+        return 0;
     }
 
     /* rollback of `rewind` steps of the long run while the bystander streams */

@@ -14,12 +14,14 @@
  *
  * usage: bench_history_seed --db PATH [--run NAME] [--steps N] [--layers 12]
  *        [--heads 12] [--head-metrics 9] [--end finished|live]
- *        [--replay SRC_DB [--replay-run NAME]] */
+ *        [--replay SRC_DB [--replay-run NAME]] [--lossy-bf16 1]
+ * (--lossy-bf16 1: sealed blocks rounded to bfloat16, as entropyd --lossy-bf16) */
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "query.h"
 #include "seed.h"
@@ -166,7 +168,7 @@ static void rec_step(void *ctx, struct proto_msg *m, long s, long steps) {
 
 int main(int argc, char **argv) {
     const char *db = NULL, *run = "bench-history", *end = "finished", *replay = NULL, *replay_run = NULL;
-    long L = 12, H = 12, steps = 10000, nhead = 9;
+    long L = 12, H = 12, steps = 10000, nhead = 9, lossy = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--db")) db = argv[i + 1];
         else if (!strcmp(argv[i], "--layers")) L = atol(argv[i + 1]);
@@ -177,6 +179,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--end")) end = argv[i + 1];
         else if (!strcmp(argv[i], "--replay")) replay = argv[i + 1];
         else if (!strcmp(argv[i], "--replay-run")) replay_run = argv[i + 1];
+        else if (!strcmp(argv[i], "--lossy-bf16")) lossy = atol(argv[i + 1]);
         else {
             fprintf(stderr, "bench_history_seed: unknown option %s\n", argv[i]);
             return 2;
@@ -185,7 +188,8 @@ int main(int argc, char **argv) {
     if (!db || L < 1 || H < 1 || steps < 1 || nhead < 1 || nhead > 9 ||
         (strcmp(end, "finished") && strcmp(end, "live"))) {
         fprintf(stderr, "usage: bench_history_seed --db PATH [--run NAME] [--steps N] [--layers L] [--heads H] "
-                        "[--head-metrics 1..9] [--end finished|live] [--replay SRC_DB [--replay-run NAME]]\n");
+                        "[--head-metrics 1..9] [--end finished|live] [--replay SRC_DB [--replay-run NAME]] "
+                        "[--lossy-bf16 1]\n");
         return 2;
     }
     static struct recording rec;
@@ -201,6 +205,7 @@ int main(int argc, char **argv) {
         rec_free(&rec);
         return 1;
     }
+    store_set_lossy_bf16(st, lossy != 0);
     double t0 = seed_now();
     struct seed_spec spec = {.run = run, .meta = "{\"bench\":true}", .layers = replay ? rec.L : L,
                              .heads = replay ? rec.H : H, .steps = steps, .max_metrics = replay ? 64 : 16,
@@ -210,15 +215,23 @@ int main(int argc, char **argv) {
     int64_t id, values;
     int rc = seed_run(st, &spec, replay ? rec_step : synth_step, replay ? (void *)&rec : (void *)&syn,
                       "bench_history_seed", &id, &values) ? 1 : 0;
-    if (!rc && replay)
+    if (!rc && replay) {
         printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, replaying the %ld steps of %u metrics of %s, "
                "values %lld, last seq %lld, %.1f s\n", (long long)id, run, steps, rec.L, rec.H, rec.steps, rec.nmetrics,
                replay, (long long)values, (long long)store_run_last_seq(st, id), seed_now() - t0);
+    }
     else if (!rc)
         printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, %ld head metrics, values %lld, last seq %lld, %.1f s\n",
                (long long)id, run, steps, L, H, nhead, (long long)values, (long long)store_run_last_seq(st, id),
                seed_now() - t0);
     store_close(st);
+    if (!rc && replay) {
+        /* closed: the WAL is checkpointed into the file (and gone) */
+        struct stat sb;
+        int64_t bytes = (stat(db, &sb) == 0 ? (int64_t)sb.st_size : 0) + store_wal_bytes_of(db);
+        printf("database %.1f MB for %lld values: %.2f bytes/value all-in (frames, blocks, rollups, indexes, WAL "
+               "after checkpoint; bar 2.5)\n", (double)bytes / 1e6, (long long)values, (double)bytes / (double)values);
+    }
     rec_free(&rec);
     return rc;
 }

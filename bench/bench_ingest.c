@@ -5,7 +5,9 @@
  * step, value) rows in 10,000-row transactions (a plain rowid table with no
  * index: the most favourable narrow layout, so the ratio is conservative).
  *
- *   bench_ingest --socket PATH [--trainers 4] [--seconds 10] [--narrow-db PATH]
+ *   bench_ingest --socket PATH [--trainers 4] [--seconds 10] [--narrow-db PATH] [--narrow-seconds 4]
+ *
+ * (--narrow-seconds 0 skips the ceiling: for A/B runs of two daemons.)
  *
  * Each trainer pre-formats its step lines once; per step it only patches the
  * seq and step numbers (space-padded: JSON allows blanks before a value), so
@@ -214,13 +216,16 @@ static double narrow_ceiling(const char *path, double secs) {
 int main(int argc, char **argv) {
     int k = 4;
     const char *narrow = "/tmp/entropyd-narrow-bench.db";
+    double narrow_secs = 4.0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--socket") && i + 1 < argc) sock_path = argv[++i];
         else if (!strcmp(argv[i], "--trainers") && i + 1 < argc) k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--narrow-db") && i + 1 < argc) narrow = argv[++i];
+        else if (!strcmp(argv[i], "--narrow-seconds") && i + 1 < argc) narrow_secs = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_ingest --socket PATH [--trainers K] [--seconds S] [--narrow-db PATH]\n");
+            fprintf(stderr, "usage: bench_ingest --socket PATH [--trainers K] [--seconds S] [--narrow-db PATH] "
+                            "[--narrow-seconds S]\n");
             return 2;
         }
     }
@@ -251,8 +256,11 @@ int main(int argc, char **argv) {
     printf("ingest: %d trainers, %dx%d heads, %d head metrics: %lld steps acked in %.2f s\n", k, L, H, NHEAD, steps, dt);
     printf("ingest: %.0f head-values/s committed and acked (%.0f steps/s)\n", rate, steps / dt);
     printf("ingest: total head values %.0f\n", values);
-    double ceil = narrow_ceiling(narrow, 4.0);
-    printf("ingest: ratio to narrow-row ceiling: %.1fx (target >= 8x, >= 5,000,000 values/s)\n", rate / ceil);
+    printf("ingest: %.2fM head-values/s beside the target of 5.00M (%.0f%%)\n", rate / 1e6, rate / 5e6 * 100);
+    if (narrow_secs > 0) {
+        double ceil = narrow_ceiling(narrow, narrow_secs);
+        printf("ingest: ratio to narrow-row ceiling: %.1fx (target >= 8x)\n", rate / ceil);
+    }
     free(ts);
     return 0;
 }

@@ -17,7 +17,17 @@ repetition gives the ratio of the two blocks' median step times, and the
 figure is the median of those ratios (machine load drifts between blocks,
 not within a pair).  Printed for wall time (the bar) and for the process's
 CPU time (all its threads, the client's sender included), which a loaded
-machine disturbs less.  Needs torch (Debian's python3-torch)."""
+machine disturbs less.  Needs torch (Debian's python3-torch).
+
+The A/B is meant to run twice (bench/python_client.sh does):
+  - OPENBLAS_NUM_THREADS=1: the training loop on one core, as a GPU run
+    leaves its CPU mostly idle; the sender thread and the daemon have the
+    other core.  This is the configuration of the bar.
+  - OpenBLAS's default: torch's one intra-op thread, but OpenBLAS runs its
+    GEMMs on every core, so the training loop already fills both cores of
+    a 2-core machine and every microsecond of the sender's and the daemon's
+    work (the daemon runs on the same machine here) lengthens the step.
+AB_ONLY=1 skips the run.log figures and runs the A/B alone."""
 import json
 import os
 import sys
@@ -68,6 +78,12 @@ def measure(fn, n):
 
 
 def main():
+    if os.environ.get("AB_ONLY"):
+        rng = np.random.default_rng(0)
+        ab = training_ab(os.environ.get("ENTROPYD_SOCK"),
+                         {k: rng.random(L, dtype=np.float32) for k in LAYERS},
+                         {k: rng.random((L, H), dtype=np.float32) for k in HEADS})
+        return 0 if ab in (None, True) else 1
     rng = np.random.default_rng(0)
     heads = {k: rng.random((L, H), dtype=np.float32) for k in HEADS}
     layers = {k: rng.random(L, dtype=np.float32) for k in LAYERS}
@@ -183,8 +199,13 @@ def training_ab(sock, layers, heads):
     def mid(a):
         return sorted(a)[len(a) // 2]
 
-    print("training A/B (nn.TransformerEncoder 2 layers x dim 64, T %d, batch %d, 1 thread; %d reps x 2 blocks of %d "
-          "steps, interleaved, order flipped each rep; load %s):" % (T, B, reps, block, open("/proc/loadavg").read().split()[0]))
+    blas = os.environ.get("OPENBLAS_NUM_THREADS")
+    cores = ("training on one core (torch 1 thread, OPENBLAS_NUM_THREADS=1): the bar's configuration" if blas == "1" else
+             "training on every core (torch 1 thread, OpenBLAS's GEMMs on %d): the daemon and the sender compete with it"
+             % os.cpu_count())
+    print("training A/B, %s\n  (nn.TransformerEncoder 2 layers x dim 64, T %d, batch %d; %d reps x 2 blocks of %d "
+          "steps, interleaved, order flipped each rep; load %s):" % (cores, T, B, reps, block,
+                                                                   open("/proc/loadavg").read().split()[0]))
     for k, what in (("wall", "wall time"), ("cpu", "process CPU (all threads)")):
         rs = sorted(ratios[k])
         print("  %-26s median step without logging %.2f ms | logging every step (12x12x9) %.2f ms | median of per-rep "
@@ -195,9 +216,10 @@ def training_ab(sock, layers, heads):
     print("  wall time, lower quartile of all steps (contention only adds time): without %.2f ms | with %.2f ms | "
           "ratio %.4f (%+.2f%%)" % (1e3 * q[False], 1e3 * q[True], q[True] / q[False], 100 * (q[True] / q[False] - 1)))
     r = sorted(ratios["wall"])[len(ratios["wall"]) // 2]
-    print("  target: wall step time within 3%% of without: %s (%+.2f%%); dropped %d" % (
-        "met" if r <= 1.03 else "NOT met", 100 * (r - 1), st["dropped_queue"]))
-    return r <= 1.03
+    print("  target: wall step time within 3%% of without: %s (%+.2f%%); dropped %d%s" % (
+        "met" if r <= 1.03 else "NOT met", 100 * (r - 1), st["dropped_queue"],
+        "" if blas == "1" else " (reported; the bar is the one-core run)"))
+    return r <= 1.03 or blas != "1"
 
 
 if __name__ == "__main__":

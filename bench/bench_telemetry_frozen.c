@@ -22,8 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../tests/fixture.h"
-#include "telemetry.h"
+#include "../tests/fixture_telemetry.h"
 
 #define L 12
 #define H 12
@@ -96,24 +95,14 @@ int main(void)
         return 0;
     }
     long steps = env_long("STEPS", 1500), work = env_long("WORK_US", 1000);
-    char dir[] = "/tmp/bench_frozen.XXXXXX", sock[128], spool[128], log[128], addr[160], err[2400];
-    if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
-    snprintf(sock, sizeof sock, "%s/entropyd.sock", dir);
-    snprintf(spool, sizeof spool, "%s/spool", dir);
-    snprintf(log, sizeof log, "%s/daemon.log", dir);
-    pid_t pid = entropyd_start(dir, sock, log, err, sizeof err);
-    if (pid < 0) { fprintf(stderr, "%s\n", err); return 1; }
-    snprintf(addr, sizeof addr, "unix:%s", sock);
-    telemetry_config cfg;
-    telemetry_config_init(&cfg);
-    cfg.address = addr;
-    cfg.run = "frozen";
-    cfg.layers = L;
-    cfg.heads = H;
-    cfg.seq_len = 128;
-    cfg.spool_dir = spool;
-    telemetry *t = telemetry_create(&cfg, err, sizeof err);
-    if (!t) { fprintf(stderr, "telemetry_create: %s\n", err); kill(pid, SIGKILL); return 1; }
+    char err[2400];
+    struct daemon_client dc;
+    if (daemon_client_start(&dc, "/tmp/bench_frozen.XXXXXX", "frozen", L, H, err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    telemetry *t = dc.t;
+    pid_t pid = dc.pid;
     int64_t step = 0;
     struct phase ph[3] = {{.name = "running"}, {.name = "frozen (SIGSTOP)"}, {.name = "running again"}}, warm;
     int rc = run_phase(t, &step, 200, work, &warm); /* connect, fault in */
@@ -126,7 +115,7 @@ int main(void)
     telemetry_destroy(t, "finished", 10000);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
-    rmtree(dir);
+    rmtree(dc.dir);
     if (rc) { fprintf(stderr, "out of memory\n"); return 1; }
     printf("%-18s %12s %12s %12s %12s %8s\n", "daemon", "step mean", "step p99", "telem p50", "telem p99", "dropped");
     for (int i = 0; i < 3; i++)

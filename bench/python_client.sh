@@ -22,6 +22,8 @@ trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 for i in $(seq 100); do [ -S "$dir/entropyd.sock" ] && break; sleep 0.05; done
 rc=0
 ENTROPYD_SOCK=$dir/entropyd.sock $PY bench/bench_python_log.py || rc=1
+# the bar's A/B again with the training loop on one core (see bench_python_log.py)
+AB_ONLY=1 OPENBLAS_NUM_THREADS=1 ENTROPYD_SOCK=$dir/entropyd.sock $PY bench/bench_python_log.py || rc=1
 if $PY -c 'import torch' 2>/dev/null; then
   LM_STEPS=${LM_STEPS:-80}
   med() { sed -n 's/.*median step \([0-9.]*\) ms.*/\1/p'; }

@@ -15,25 +15,38 @@ const char *alert_reason_name(int reason) {
 }
 
 
+/* What every rule keeps per cell: 32 bytes. What a rule's op reads of the
+ * cell's window is kept beside it, only for the ops that read it (the
+ * per-cell bound is in alert_rules.h). */
 struct cell_state {
     int64_t pending_since;   /* -1 when the condition is not holding */
     int64_t clear_since;     /* -1 unless firing and clear */
     int64_t fired_from;      /* while firing: the step its condition began to hold; else -1 */
-    /* running summaries of the cell's window, kept in O(1) per step */
-    double sum, sumsq;       /* of the finite values in the ring */
     float last;
-    float mx;                /* max of the finite values in the ring (-inf if none) */
-    int32_t nfinite;
-    int32_t firing;          /* no padding: 56 bytes (it was 64) */
+    int32_t firing;
 };
 
-/* The state of one rule in one run. ring holds, per cell, the last `window`
- * values of the watched series (the metric itself; the rising metric for
- * near_bound). */
+/* zscore's running sums of the finite values in a cell's window, kept in
+ * O(1) per step. */
+struct cell_sums {
+    double sum, sumsq;
+    int64_t nfinite;
+};
+
+/* The state of one rule in one run. ring holds, for the ops that read a
+ * window, the last `window` values of the watched series of every cell (the
+ * metric itself; the rising metric for near_bound), step-major: row r is
+ * one step of all ncells cells, so that a step writes one contiguous row
+ * (cell-major, each cell's write touched a cache line of its own), and rows
+ * are added as steps arrive, up to `window` (a run that sent 3 steps holds
+ * 3). mx (drop) and sums (zscore) summarise each cell's window. */
 struct group {
     int ncells;
     struct cell_state *cells;
-    float *ring;
+    float *ring;             /* ring_rows x ncells; NULL for ops without a window (or before a step) */
+    int ring_rows;           /* rows allocated: grows to the window */
+    float *mx;               /* drop: the max of the finite values in the ring (-inf if none); else NULL */
+    struct cell_sums *sums;  /* zscore; else NULL */
     int ring_n, ring_pos;    /* shared by all cells: they advance together */
     int firing;
     int nfiring;
@@ -80,8 +93,7 @@ struct alert_engine {
     struct alert_stats stats;
     int verdict_changed;
     struct alert_verdict verdict;
-    struct alert_cell *vcells;
-    int vcap;
+    struct alert_cell vcells[ALERT_MAX_CELLS_LISTED]; /* the verdict's listed cells */
     alert_resume_fn *resume;    /* may be NULL */
     void *resume_ctx;
 };
@@ -106,7 +118,22 @@ void alert_engine_set_resume(struct alert_engine *e, alert_resume_fn *fn, void *
 static void group_free(struct group *g) {
     free(g->cells);
     free(g->ring);
+    free(g->mx);
+    free(g->sums);
     free(g->last_cells);
+}
+
+static int op_windowed(int op) {
+    return op == ALERT_OP_DROP || op == ALERT_OP_GROWTH || op == ALERT_OP_ZSCORE || op == ALERT_OP_NEAR_BOUND;
+}
+
+/* Bytes of per-cell state a rule keeps (alert_rules.h's bound). */
+static uint64_t cell_bytes(const struct alert_rule *rule) {
+    uint64_t b = sizeof(struct cell_state);
+    if (op_windowed(rule->op)) b += (uint64_t)(rule->window > 0 ? rule->window : 1) * sizeof(float);  /* at most */
+    if (rule->op == ALERT_OP_DROP) b += sizeof(float);
+    if (rule->op == ALERT_OP_ZSCORE) b += sizeof(struct cell_sums);
+    return b;
 }
 
 static void run_free(const struct alert_rules *rules, struct run_state *r) {
@@ -140,7 +167,6 @@ void alert_engine_destroy(struct alert_engine *e) {
             e->buckets[b] = n;
         }
     free(e->buckets);
-    free(e->vcells);
     free(e);
 }
 
@@ -212,8 +238,9 @@ static uint64_t run_bytes(const struct alert_engine *e, const struct run_state *
     uint64_t b = sizeof *r + (size_t)e->rules->n * sizeof *r->groups;
     for (int k = 0; k < e->rules->n; k++) {
         const struct group *g = &r->groups[k];
-        int w = e->rules->rules[k].window > 0 ? e->rules->rules[k].window : 1;
-        b += (uint64_t)g->ncells * (sizeof *g->cells + (uint64_t)w * sizeof(float)) +
+        const struct alert_rule *rule = &e->rules->rules[k];
+        uint64_t window = op_windowed(rule->op) ? (uint64_t)(rule->window > 0 ? rule->window : 1) : 0;
+        b += (uint64_t)g->ncells * (cell_bytes(rule) - window * sizeof(float) + (uint64_t)g->ring_rows * sizeof(float)) +
              (uint64_t)g->last_cap * sizeof *g->last_cells;
     }
     return b;
@@ -246,55 +273,74 @@ static int group_init(struct group *g, const struct alert_rule *rule, int n) {
     if (g->cells && g->ncells == n) return 0;
     group_free(g);
     memset(g, 0, sizeof *g);
-    g->cells = calloc((size_t)n, sizeof *g->cells);
-    int w = rule->window > 0 ? rule->window : 1;
-    g->ring = calloc((size_t)n * (size_t)w, sizeof *g->ring);
-    if (!g->cells || !g->ring) {
+    int failed = !(g->cells = calloc((size_t)n, sizeof *g->cells));
+    if (rule->op == ALERT_OP_DROP) failed |= !(g->mx = malloc((size_t)n * sizeof *g->mx));
+    if (rule->op == ALERT_OP_ZSCORE) failed |= !(g->sums = calloc((size_t)n, sizeof *g->sums));
+    if (failed) {
         group_free(g);
         memset(g, 0, sizeof *g);
         return -1;
     }
     g->ncells = n;
-    for (int i = 0; i < n; i++) {
-        g->cells[i].pending_since = g->cells[i].clear_since = g->cells[i].fired_from = -1;
-        g->cells[i].mx = -INFINITY;
-    }
+    for (int i = 0; i < n; i++) g->cells[i].pending_since = g->cells[i].clear_since = g->cells[i].fired_from = -1;
+    if (g->mx)
+        for (int i = 0; i < n; i++) g->mx[i] = -INFINITY;
     return 0;
 }
 
-/* Recomputes a cell's window summaries from its ring (count values). */
-static void ring_rescan(struct cell_state *c, const float *ring, int count) {
-    c->mx = -INFINITY;
-    c->sum = c->sumsq = 0;
-    c->nfinite = 0;
-    for (int i = 0; i < count; i++) {
-        float x = ring[i];
+/* Makes room in the ring for the row at ring_pos (rows double up to the
+ * window, w). -1 out of memory (the ring stays as it was). */
+static int ring_reserve(struct group *g, int w) {
+    if (g->ring_pos < g->ring_rows) return 0;
+    int rows = g->ring_rows ? g->ring_rows * 2 : 1;
+    if (rows > w) rows = w;
+    float *r = realloc(g->ring, (size_t)rows * (size_t)g->ncells * sizeof *r);
+    if (!r) return -1;
+    g->ring = r;
+    g->ring_rows = rows;
+    return 0;
+}
+
+/* The max of the finite values of cell i's first count steps (-inf if none). */
+static float ring_max(const struct group *g, int i, int count) {
+    float mx = -INFINITY;
+    for (int k = 0; k < count; k++) {
+        float x = g->ring[(size_t)k * (size_t)g->ncells + (size_t)i];
+        if (isfinite(x) && x > mx) mx = x;
+    }
+    return mx;
+}
+
+/* The sums of the finite values of cell i's first count steps. */
+static void ring_sums(struct cell_sums *c, const struct group *g, int i, int count) {
+    *c = (struct cell_sums){0};
+    for (int k = 0; k < count; k++) {
+        float x = g->ring[(size_t)k * (size_t)g->ncells + (size_t)i];
         if (!isfinite(x)) continue;
-        if (x > c->mx) c->mx = x;
         c->sum += x;
         c->sumsq += (double)x * x;
         c->nfinite++;
     }
 }
 
-/* Puts x into the cell's window at pos, keeping only the summary the rule's
- * op reads: the max for drop (rescanned only when the value leaving was the
+/* Puts x into cell i's window, keeping only the summary the rule's op
+ * reads: the max for drop (rescanned only when the value leaving was the
  * max), the sums for zscore (rescanned once per lap of the ring to shed
  * rounding drift); growth and near_bound read the ring itself. */
-static void ring_push(int op, struct cell_state *c, float *ring, int w, int ring_n, int pos, float x) {
-    int full = ring_n >= w;
-    float out = full ? ring[pos] : NAN;
-    ring[pos] = x;
-    int count = full ? w : ring_n + 1;
+static void ring_push(int op, struct group *g, int i, int w, float x) {
+    int pos = g->ring_pos, full = g->ring_n >= w;
+    float *slot = &g->ring[(size_t)pos * (size_t)g->ncells + (size_t)i];
+    float out = full ? *slot : NAN;
+    *slot = x;
+    int count = full ? w : g->ring_n + 1;
     if (op == ALERT_OP_DROP) {
-        if (isfinite(out) && out >= c->mx && !(isfinite(x) && x >= out)) {
-            ring_rescan(c, ring, count);
-        } else if (isfinite(x) && x > c->mx) {
-            c->mx = x;
-        }
+        float *mx = &g->mx[i];
+        if (isfinite(out) && out >= *mx && !(isfinite(x) && x >= out)) *mx = ring_max(g, i, count);
+        else if (isfinite(x) && x > *mx) *mx = x;
     } else if (op == ALERT_OP_ZSCORE) {
+        struct cell_sums *c = &g->sums[i];
         if (pos == w - 1) {
-            ring_rescan(c, ring, count);
+            ring_sums(c, g, i, count);
             return;
         }
         if (isfinite(out)) {
@@ -323,9 +369,10 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
         e->captr = cap;
     }
     struct alert_transition *t = &e->tr[e->ntr];
-    struct alert_cell *cells = malloc((size_t)(g->nlast ? g->nlast : 1) * sizeof *cells);
+    int listed = g->nlast < ALERT_MAX_CELLS_LISTED ? g->nlast : ALERT_MAX_CELLS_LISTED;
+    struct alert_cell *cells = malloc((size_t)(listed ? listed : 1) * sizeof *cells);
     if (!cells) return NULL;
-    if (g->nlast) memcpy(cells, g->last_cells, (size_t)g->nlast * sizeof *cells);
+    if (listed) memcpy(cells, g->last_cells, (size_t)listed * sizeof *cells);
     e->tr_cells[e->ntr++] = cells;
     /* FNV-1a over the identifying labels, each followed by a 0 byte */
     uint64_t h = 1469598103934665603ULL;
@@ -341,7 +388,7 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
     }
     double worst = NAN;
     for (int i = 0; i < g->nlast; i++) {
-        double v = cells[i].value;
+        double v = g->last_cells[i].value;
         if (isnan(worst)) worst = v;
         else if (rule->op == ALERT_OP_BELOW || rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_NEAR_BOUND) {
             if (v < worst) worst = v;
@@ -353,7 +400,8 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
                                     * (Alertmanager refuses endsAt < startsAt) */
                                    .ends_at = state == ALERT_RESOLVED ? fmax(time, g->starts_at) : 0,
                                    .start_step = g->start_step,
-                                   .step = step, .ncells = g->nlast, .cells = cells, .value = worst};
+                                   .step = step, .ncells_total = g->nlast, .ncells = listed, .cells = cells,
+                                   .value = worst};
     e->stats.transitions++;
     return t;
 }
@@ -429,35 +477,36 @@ static int scope_kind(int scope) {
     return scope == ALERT_SCOPE_HEAD ? PROTO_HEAD : scope == ALERT_SCOPE_LAYER ? PROTO_LAYER : PROTO_SCALAR;
 }
 
-/* One cell's condition at this step. ring is the cell's window (oldest at
- * ring_pos once full); x is the value pushed into it afterwards. */
-static int eval_cell(const struct alert_rule *rule, const struct group *g, const struct cell_state *c,
-                     const float *ring, float v, float bound, float rising) {
+/* Cell i's condition at this step, from its value v (and for near_bound
+ * the bound and rising metrics) and its window (oldest at ring_pos once
+ * full), before this step's value is pushed into it. */
+static int eval_cell(const struct alert_rule *rule, const struct group *g, int i, float v, float bound, float rising) {
     int full = g->ring_n >= rule->window;
     int w = rule->window;
+    /* the oldest value of the window, once full */
+    float oldest = full && g->ring ? g->ring[(size_t)g->ring_pos * (size_t)g->ncells + (size_t)i] : NAN;
     switch (rule->op) {
     case ALERT_OP_BELOW: return v < rule->value;
     case ALERT_OP_ABOVE: return v > rule->value;
     case ALERT_OP_NONFINITE: return !isfinite(v);
     case ALERT_OP_DROP:
         if (!isfinite(v) || g->ring_n == 0) return 0;
-        return c->mx > 0 && v < (1 - rule->pct / 100.0) * c->mx;
+        return g->mx[i] > 0 && v < (1 - rule->pct / 100.0) * g->mx[i];
     case ALERT_OP_GROWTH: {
         if (!isfinite(v)) return 0;
         if (v > rule->value) return 1;
         if (!full) return 0;
-        float oldest = ring[g->ring_pos];
         return isfinite(oldest) && (v - oldest) / w > rule->rate;
     }
     case ALERT_OP_ZSCORE: {
+        const struct cell_sums *c = &g->sums[i];
         if (!isfinite(v) || !full || c->nfinite < 2) return 0;
-        double mean = c->sum / c->nfinite, var = c->sumsq / c->nfinite - mean * mean;
+        double mean = c->sum / (double)c->nfinite, var = c->sumsq / (double)c->nfinite - mean * mean;
         double sd = var > 0 ? sqrt(var) : 0;
         return v > mean + rule->k * sd && v > mean;
     }
     case ALERT_OP_NEAR_BOUND: {
         if (!isfinite(v) || !isfinite(bound) || !isfinite(rising) || !full) return 0;
-        float oldest = ring[g->ring_pos];
         return v - bound < rule->epsilon && isfinite(oldest) && rising > oldest;
     }
     }
@@ -509,18 +558,17 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
     const float *vals = m->values + pm->offset;
     int w = rule->window > 0 ? rule->window : 1;
     int changed = 0, npending = 0;
-    int windowed = rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_GROWTH || rule->op == ALERT_OP_ZSCORE ||
-                   rule->op == ALERT_OP_NEAR_BOUND;
+    int windowed = op_windowed(rule->op);
+    if (windowed && ring_reserve(g, w)) return 0; /* out of memory: this step is not evaluated */
     for (int i = 0; i < n; i++) {
         float v = vals[i];
         float b = pb ? m->values[pb->offset + i] : 0, ri = pr ? m->values[pr->offset + i] : 0;
-        float *ring = g->ring + (size_t)i * (size_t)w;
-        int cond = eval_cell(rule, g, &g->cells[i], ring, v, b, ri);
+        int cond = eval_cell(rule, g, i, v, b, ri);
         if (cond && pa) {
             float a = m->values[pa->offset + i];
             cond = rule->and_op == ALERT_OP_BELOW ? a < rule->and_value : a > rule->and_value;
         }
-        if (windowed) ring_push(rule->op, &g->cells[i], ring, w, g->ring_n, g->ring_pos, pr ? ri : v);
+        if (windowed) ring_push(rule->op, g, i, w, pr ? ri : v);
         g->cells[i].last = v;
         int was = g->cells[i].firing;
         cell_step(rule, &g->cells[i], cond, step);
@@ -574,9 +622,8 @@ static int run_rewind(struct alert_engine *e, struct run_state *r, int64_t step,
             struct cell_state *cs = &g->cells[c];
             cs->pending_since = -1;
             cs->clear_since = -1;
-            cs->mx = -INFINITY;
-            cs->sum = cs->sumsq = 0;
-            cs->nfinite = 0;
+            if (g->mx) g->mx[c] = -INFINITY;
+            if (g->sums) g->sums[c] = (struct cell_sums){0};
             if (cs->firing && cs->fired_from >= step) {
                 cs->firing = 0;
                 cs->fired_from = -1;
@@ -612,24 +659,11 @@ static int stalled_eval(struct alert_engine *e, struct run_state *r, double now,
     return n;
 }
 
-/* Appends a cell to the verdict's cell list. -1 out of memory. */
-static int vcell_add(struct alert_engine *e, int *n, int32_t layer, int32_t head, float value) {
-    if (*n == e->vcap) {
-        int cap = e->vcap ? e->vcap * 2 : 16;
-        struct alert_cell *c = realloc(e->vcells, (size_t)cap * sizeof *c);
-        if (!c) return -1;
-        e->vcells = c;
-        e->vcap = cap;
-    }
-    e->vcells[(*n)++] = (struct alert_cell){.layer = layer, .head = head, .value = value};
-    return 0;
-}
-
 /* The run's verdict from its groups and status, into e->verdict (cells in
  * e->vcells). Precedence: of a collapse and a divergence the one whose
  * condition began first (a collapse that led to NaN losses is the cause;
- * ties go to the collapse), then stalled, then healthy. -1 out of memory. */
-static int run_verdict(struct alert_engine *e, const struct run_state *r) {
+ * ties go to the collapse), then stalled, then healthy. */
+static void run_verdict(struct alert_engine *e, const struct run_state *r) {
     struct alert_verdict best = {.run_id = r->id, .state = ALERT_V_HEALTHY, .since_step = -1};
     const struct group *bestg = NULL;
     int pending_best = 0;
@@ -676,41 +710,42 @@ static int run_verdict(struct alert_engine *e, const struct run_state *r) {
         bestg = NULL;
     }
     if (best.state == ALERT_V_HEALTHY) best = stall;
-    int n = 0;
+    int n = 0, total = 0;
     if (bestg) {
         const struct alert_rule *rule = best.rule;
         for (int c = 0; c < bestg->ncells; c++) {
             const struct cell_state *cs = &bestg->cells[c];
             if (pending_best ? !(cs->pending_since >= 0 && !cs->firing) : !cs->firing) continue;
+            total++;
+            if (n == ALERT_MAX_CELLS_LISTED) continue;
             int32_t layer = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c / r->heads) : rule->scope == ALERT_SCOPE_LAYER ? c : -1;
             int32_t head = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c % r->heads) : -1;
-            if (vcell_add(e, &n, layer, head, cs->last)) return -1;
+            e->vcells[n++] = (struct alert_cell){.layer = layer, .head = head, .value = cs->last};
         }
     }
     best.ncells = n;
+    best.ncells_total = total;
     best.cells = e->vcells;
     e->verdict = best;
-    return 0;
 }
 
 /* Computes the run's verdict and reports it when it differs from the last
- * one reported (always when force is set). -1 out of memory. */
-static int verdict_update(struct alert_engine *e, struct run_state *r, int force) {
-    if (run_verdict(e, r)) return -1;
+ * one reported (always when force is set). */
+static void verdict_update(struct alert_engine *e, struct run_state *r, int force) {
+    run_verdict(e, r);
     const struct alert_verdict *v = &e->verdict;
     uint64_t h = 1469598103934665603ULL;
     for (int i = 0; i < v->ncells; i++)
         h = (h ^ (uint64_t)(uint32_t)v->cells[i].layer ^ ((uint64_t)(uint32_t)v->cells[i].head << 32)) * 1099511628211ULL;
-    h ^= (uint64_t)v->ncells;
+    h ^= (uint64_t)v->ncells_total;
     if (!force && v->state == r->vstate && v->since_step == r->vsince && v->rule == r->vrule && h == r->vcells_hash)
-        return 0;
+        return;
     r->vdirty = 0;
     r->vstate = v->state;
     r->vsince = v->since_step;
     r->vrule = v->rule;
     r->vcells_hash = h;
     e->verdict_changed = 1;
-    return 0;
 }
 
 int alert_feed(struct alert_engine *e, const struct writer_item *it, double now) {
@@ -735,7 +770,8 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it, double now)
         r->live = 1;
         r->stale = r->failed = 0;
         r->last_seen = time;
-        return verdict_update(e, r, 1);
+        verdict_update(e, r, 1);
+        return 0;
     case WRITER_STEP: {
         const struct proto_msg *m = &it->msg;
         if (r->layers == 0) { /* no hello seen (engine started mid-run): learn the shape from the data */
@@ -763,7 +799,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it, double now)
         t = stalled_eval(e, r, time, m->step, 1);
         if (t < 0) return -1;
         n += t;
-        verdict_update(e, r, 0); /* out of memory: the verdict waits for the next step, the transitions go on */
+        verdict_update(e, r, 0);
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
         e->stats.eval_ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
         return n;
@@ -779,7 +815,7 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it, double now)
         r->live = 0;
         r->stale = 0;
         r->failed = it->msg.status == PROTO_FAILED;
-        verdict_update(e, r, 1); /* out of memory: no verdict, but the end still resolves and releases */
+        verdict_update(e, r, 1);
         t = resolve_all(e, r, r->last_step, time, ALERT_REASON_RUN_ENDED);
         run_release(e, r);
         return t;
@@ -809,7 +845,7 @@ int alert_tick(struct alert_engine *e, double now) {
             /* one verdict per tick (the API holds one): the next ticks report the rest */
             if (t > 0 || r->vdirty) {
                 r->vdirty = e->verdict_changed;
-                if (!e->verdict_changed && verdict_update(e, r, 0)) r->vdirty = 1; /* out of memory: next tick */
+                if (!e->verdict_changed) verdict_update(e, r, 0);
             }
         }
     return n;
@@ -847,7 +883,7 @@ static void cells_text(const struct alert_transition *t, char *buf, size_t n) {
     buf[0] = 0;
     for (int i = 0; i < t->ncells && off + 32 < n; i++) {
         if (i == 12) {
-            snprintf(buf + off, n - off, " and %d more", t->ncells - 12);
+            snprintf(buf + off, n - off, " and %d more", t->ncells_total - 12);
             return;
         }
         const struct alert_cell *c = &t->cells[i];
@@ -924,6 +960,7 @@ char *alert_transition_json(const struct alert_transition *t) {
     cJSON_AddNumberToObject(o, "start_step", (double)t->start_step);
     if (isfinite(t->value)) cJSON_AddNumberToObject(o, "value", t->value);
     else cJSON_AddNullToObject(o, "value");
+    cJSON_AddNumberToObject(o, "ncells", t->ncells_total);
     cJSON *cells = cJSON_AddArrayToObject(o, "cells");
     for (int i = 0; i < t->ncells; i++) {
         cJSON *c = cJSON_CreateObject();

@@ -40,6 +40,15 @@ struct alert_cell {
     float value;
 };
 
+/* The most cells a transition or a verdict lists: the first
+ * ALERT_MAX_CELLS_LISTED in layer-major order, with the count of them all
+ * beside. A collapse of a third of a 1024 x 1024-head run's cells would
+ * otherwise be a 15 MB alert: stored twice, streamed, and sent to the
+ * trainer as one line over its connection's output budget (the daemon
+ * closed it), and a 4 MB verdict rebuilt at every step and served by every
+ * /api/runs page that lists the run. */
+#define ALERT_MAX_CELLS_LISTED 256
+
 /* A transition of an alert group. Owned by the engine until the next
  * alert_feed/alert_tick call; copy what must outlive it. */
 struct alert_transition {
@@ -51,9 +60,10 @@ struct alert_transition {
     double starts_at, ends_at;    /* Unix seconds, the daemon's clock; ends_at 0 while firing */
     double at;                    /* when this transition happened (the daemon's clock) */
     int64_t start_step, step;     /* step the episode began; step of this transition */
-    int ncells;                   /* cells firing now (FIRING, UPDATE) or last (RESOLVED) */
+    int ncells_total;             /* cells firing now (FIRING, UPDATE) or last (RESOLVED) */
+    int ncells;                   /* of them listed in cells: at most ALERT_MAX_CELLS_LISTED */
     const struct alert_cell *cells;
-    double value;                 /* the worst value among the cells */
+    double value;                 /* the worst value among all ncells_total cells */
     int reason;                   /* enum alert_reason: why a RESOLVED resolved */
     int resumed;                  /* FIRING only: the episode an earlier daemon opened goes on
                                    * (alert_resume_fn): starts_at and start_step are its own */
@@ -61,14 +71,15 @@ struct alert_transition {
 
 /* A run's verdict as the engine sees it: the state, the step the condition
  * behind it began (-1 if none), the rule behind it (NULL if none) and, for
- * collapsing/collapsed, the cells (heads) that hold it. Owned by the engine
- * until the next feed or tick. */
+ * collapsing/collapsed, the cells (heads) that hold it: ncells of them
+ * listed (at most ALERT_MAX_CELLS_LISTED), ncells_total in all. Owned by
+ * the engine until the next feed or tick. */
 struct alert_verdict {
     int64_t run_id;
     int state;                    /* enum alert_verdict_state */
     int64_t since_step;
     const struct alert_rule *rule;
-    int ncells;
+    int ncells, ncells_total;
     const struct alert_cell *cells;
 };
 
@@ -117,7 +128,7 @@ uint64_t alert_released_bytes(const struct alert_engine *e);
 /* Formats a transition as an Alertmanager alert object (labels,
  * annotations with {run} {rule} {metric} {step} {value} {cells}
  * substituted, startsAt, endsAt, fingerprint, status) plus entropyd's
- * fields (run_id, step, start_step, cells). Returns malloc'd text the
+ * fields (run_id, step, start_step, cells: the listed ones, ncells: all). Returns malloc'd text the
  * caller frees, or NULL. */
 char *alert_transition_json(const struct alert_transition *t);
 

@@ -1,27 +1,33 @@
 /* fblock.c: the codec of a block of frames (fblock.h). The layout of a
- * blob: byte 0 is the format (FORMAT_ZIGZAG_ZSTD), byte 1 the cells per
- * chunk (FBLOCK_CHUNK when written); then, per chunk, its compressed size
- * (u32, little-endian); then the chunks. A chunk of m = cells x nframes values is, before zstd, four
- * planes of m bytes (byte 0 of every coded value, then byte 1 ...), cell
- * by cell and step by step within a plane; a value is coded as the zigzag
- * of the difference of its bits from the same cell's previous frame (0
- * before the first). Slowly moving values differ in the low mantissa
- * bytes only, so the high planes are mostly zeros. */
+ * blob: byte 0 is the format (FORMAT_BIT_PLANES when written), byte 1 the
+ * cells per chunk (FBLOCK_CHUNK when written); then, per chunk, its
+ * compressed size (u32, little-endian); then the chunks. A chunk holds m =
+ * cells x nframes words, cell by cell and step by step within a cell; a
+ * value is coded as the zigzag of the difference of its bits from the same
+ * cell's previous frame (0 before the first). Before zstd the words are cut
+ * into planes: format 2 32 bit planes (bit b of every word, then bit b+1;
+ * the last m % 8 words as they are), format 1 four byte planes. Slowly moving values differ in their low
+ * mantissa bits only, so the high planes are nearly all zeros, and the
+ * sign, exponent and high mantissa bits each get a plane of their own. */
 #include "fblock.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
 
-#define FORMAT_ZIGZAG_ZSTD 1
-#define ZSTD_LEVEL 3
+#define FORMAT_BYTE_PLANES 1   /* written before format 2; still read */
+#define FORMAT_BIT_PLANES 2    /* written now */
+#define ZSTD_LEVEL -1  /* zstd's fast mode: 15% of the writer's instructions less than level 3 for 1% more bytes */
 #define MAX_CHUNK 255   /* cells per chunk a blob can say (one byte) */
-#define CHUNK_BYTES (MAX_CHUNK * FBLOCK_STEPS * 4)
+#define CHUNK_WORDS (MAX_CHUNK * FBLOCK_STEPS)
 
 struct fblock_codec {
     ZSTD_CCtx *cctx;
     ZSTD_DCtx *dctx;
-    unsigned char planes[CHUNK_BYTES];
+    unsigned char bytes[CHUNK_WORDS * 4];  /* a chunk's coded words as byte planes */
+    unsigned char planes[CHUNK_WORDS * 4]; /* the same as bit planes, or zstd's output */
+    unsigned char *out;                   /* fblock_encode's blob, grown on demand */
+    size_t outcap;
 };
 
 struct fblock_codec *fblock_codec_create(void) {
@@ -29,7 +35,7 @@ struct fblock_codec *fblock_codec_create(void) {
     if (!c) return NULL;
     c->cctx = ZSTD_createCCtx();
     c->dctx = ZSTD_createDCtx();
-    if (!c->cctx || !c->dctx) {
+    if (!c->cctx || !c->dctx || ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_compressionLevel, ZSTD_LEVEL))) {
         fblock_codec_destroy(c);
         return NULL;
     }
@@ -40,6 +46,7 @@ void fblock_codec_destroy(struct fblock_codec *c) {
     if (!c) return;
     ZSTD_freeCCtx(c->cctx);
     ZSTD_freeDCtx(c->dctx);
+    free(c->out);
     free(c);
 }
 
@@ -57,8 +64,11 @@ static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* The planes of cells [c0, c0 + cells) of nframes frames of n values. */
-static void chunk_forward(unsigned char *planes, const float *vals, uint32_t nframes, uint32_t n, uint32_t c0,
+/* The byte planes of the coded words of cells [c0, c0 + cells) of
+ * nframes frames of n values, cell by cell: the zigzag of each value's
+ * bits minus the same cell's in the frame before; byte k of word i at
+ * bp[k*m + i] (format 1's planes). */
+static void chunk_forward(unsigned char *bp, const float *vals, uint32_t nframes, uint32_t n, uint32_t c0,
                           uint32_t cells) {
     size_t m = (size_t)cells * nframes;
     for (uint32_t c = 0; c < cells; c++) {
@@ -69,53 +79,108 @@ static void chunk_forward(unsigned char *planes, const float *vals, uint32_t nfr
             uint32_t z = ((uint32_t)d << 1) ^ (uint32_t)(d >> 31);
             size_t i = (size_t)c * nframes + f;
             prev = u;
-            planes[i] = (unsigned char)z;
-            planes[m + i] = (unsigned char)(z >> 8);
-            planes[2 * m + i] = (unsigned char)(z >> 16);
-            planes[3 * m + i] = (unsigned char)(z >> 24);
+            bp[i] = (unsigned char)z;
+            bp[m + i] = (unsigned char)(z >> 8);
+            bp[2 * m + i] = (unsigned char)(z >> 16);
+            bp[3 * m + i] = (unsigned char)(z >> 24);
         }
     }
 }
 
 /* The inverse of chunk_forward, for cells [lo, hi) of the chunk only. */
-static void chunk_backward(float *vals, const unsigned char *planes, uint32_t nframes, uint32_t n, uint32_t c0,
+static void chunk_backward(float *vals, const unsigned char *bp, uint32_t nframes, uint32_t n, uint32_t c0,
                            uint32_t cells, uint32_t lo, uint32_t hi) {
     size_t m = (size_t)cells * nframes;
     for (uint32_t c = lo; c < hi; c++) {
         uint32_t prev = 0;
         for (uint32_t f = 0; f < nframes; f++) {
             size_t i = (size_t)c * nframes + f;
-            uint32_t z = (uint32_t)planes[i] | (uint32_t)planes[m + i] << 8 | (uint32_t)planes[2 * m + i] << 16 |
-                         (uint32_t)planes[3 * m + i] << 24;
-            uint32_t d = (z >> 1) ^ (0u - (z & 1));
-            prev += d;
+            uint32_t z = (uint32_t)bp[i] | (uint32_t)bp[m + i] << 8 | (uint32_t)bp[2 * m + i] << 16 |
+                         (uint32_t)bp[3 * m + i] << 24;
+            prev += (z >> 1) ^ (0u - (z & 1));
             memcpy(&vals[(size_t)f * n + c0 + c], &prev, 4);
         }
     }
 }
 
-int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, unsigned char **blob,
+/* Transposes the 8x8 bit matrix whose row j is byte j of x (bit r of
+ * row j becomes bit j of row r); its own inverse. */
+static uint64_t transpose8(uint64_t x) {
+    uint64_t t;
+    t = (x ^ (x >> 7)) & UINT64_C(0x00AA00AA00AA00AA);
+    x ^= t ^ (t << 7);
+    t = (x ^ (x >> 14)) & UINT64_C(0x0000CCCC0000CCCC);
+    x ^= t ^ (t << 14);
+    t = (x ^ (x >> 28)) & UINT64_C(0x00000000F0F0F0F0);
+    x ^= t ^ (t << 28);
+    return x;
+}
+
+static uint64_t load_u64(const unsigned char *p) {
+    uint64_t x;
+    memcpy(&x, p, 8); /* little-endian hosts only, as the rest of the store */
+    return x;
+}
+
+/* Format 2 from format 1's byte planes bp of m words: the first 8*pb
+ * words (pb = m / 8) as 32 bit planes of pb bytes (bit b of word i is bit
+ * i%8 of planes[b*pb + i/8]), then the m % 8 others as they are (u32,
+ * little-endian): 4m bytes. Bytes 8g..8g+7 of byte plane k, transposed,
+ * are byte g of bit planes 8k..8k+7. */
+static void bit_planes_forward(unsigned char *planes, const unsigned char *bp, size_t m) {
+    size_t pb = m / 8;
+    for (int k = 0; k < 4; k++) {
+        const unsigned char *src = bp + (size_t)k * m;
+        unsigned char *dst = planes + (size_t)8 * k * pb;
+        for (size_t g = 0; g < pb; g++) {
+            uint64_t x = transpose8(load_u64(src + 8 * g));
+            for (int r = 0; r < 8; r++) dst[(size_t)r * pb + g] = (unsigned char)(x >> (8 * r));
+        }
+    }
+    for (size_t i = 8 * pb; i < m; i++)
+        for (int k = 0; k < 4; k++) planes[4 * i + (size_t)k] = bp[(size_t)k * m + i];
+}
+
+/* The inverse of bit_planes_forward. */
+static void bit_planes_backward(unsigned char *bp, const unsigned char *planes, size_t m) {
+    size_t pb = m / 8;
+    for (int k = 0; k < 4; k++) {
+        const unsigned char *src = planes + (size_t)8 * k * pb;
+        unsigned char *dst = bp + (size_t)k * m;
+        for (size_t g = 0; g < pb; g++) {
+            uint64_t x = 0;
+            for (int r = 0; r < 8; r++) x |= (uint64_t)src[(size_t)r * pb + g] << (8 * r);
+            x = transpose8(x);
+            memcpy(dst + 8 * g, &x, 8);
+        }
+    }
+    for (size_t i = 8 * pb; i < m; i++)
+        for (int k = 0; k < 4; k++) bp[(size_t)k * m + i] = planes[4 * i + (size_t)k];
+}
+
+int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, const unsigned char **blob,
                   size_t *len) {
+    if (nframes < 1 || nframes > FBLOCK_STEPS || n < 1) return -1;
     uint32_t nchunks = (n + FBLOCK_CHUNK - 1) / FBLOCK_CHUNK;
     size_t head = 2 + 4 * (size_t)nchunks;
-    size_t cap = head + (size_t)nchunks * ZSTD_compressBound(FBLOCK_CHUNK * FBLOCK_STEPS * 4);
-    unsigned char *b = malloc(cap);
-    if (!b || nframes < 1 || nframes > FBLOCK_STEPS) {
-        free(b);
-        return -1;
+    size_t cap = head + (size_t)nchunks * ZSTD_compressBound((size_t)FBLOCK_CHUNK * FBLOCK_STEPS * 4);
+    if (cap > c->outcap) {
+        unsigned char *o = realloc(c->out, cap);
+        if (!o) return -1;
+        c->out = o;
+        c->outcap = cap;
     }
-    b[0] = FORMAT_ZIGZAG_ZSTD;
+    unsigned char *b = c->out;
+    b[0] = FORMAT_BIT_PLANES;
     b[1] = FBLOCK_CHUNK;
     size_t at = head;
     for (uint32_t k = 0; k < nchunks; k++) {
         uint32_t c0 = k * FBLOCK_CHUNK, cells = n - c0 < FBLOCK_CHUNK ? n - c0 : FBLOCK_CHUNK;
-        size_t raw = (size_t)cells * nframes * 4;
-        chunk_forward(c->planes, vals, nframes, n, c0, cells);
-        size_t z = ZSTD_compressCCtx(c->cctx, b + at, cap - at, c->planes, raw, ZSTD_LEVEL);
-        if (ZSTD_isError(z)) {
-            free(b);
-            return -1;
-        }
+        size_t m = (size_t)cells * nframes;
+        chunk_forward(c->bytes, vals, nframes, n, c0, cells);
+        bit_planes_forward(c->planes, c->bytes, m);
+        size_t z = ZSTD_compress2(c->cctx, b + at, cap - at, c->planes, m * 4);
+        if (ZSTD_isError(z)) return -1;
         put_u32(b + 2 + 4 * (size_t)k, (uint32_t)z);
         at += z;
     }
@@ -125,7 +190,7 @@ int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, u
 }
 
 ssize_t fblock_head_size(const unsigned char *first, uint32_t n) {
-    if (first[0] != FORMAT_ZIGZAG_ZSTD || !first[1] || !n) return -1;
+    if ((first[0] != FORMAT_BYTE_PLANES && first[0] != FORMAT_BIT_PLANES) || !first[1] || !n) return -1;
     return (ssize_t)(2 + 4 * (size_t)((n + first[1] - 1) / first[1]));
 }
 
@@ -152,11 +217,17 @@ int fblock_decode_span(struct fblock_codec *c, const unsigned char *head, const 
         size_t z = get_u32(head + 2 + 4 * (size_t)k);
         uint32_t k0 = k * chunk, cells = n - k0 < chunk ? n - k0 : chunk;
         if (z > spanlen - at) return -1;
-        size_t raw = (size_t)cells * nframes * 4;
+        size_t m = (size_t)cells * nframes, raw = m * 4;
+        if (raw > sizeof c->planes) return -1; /* more frames or cells than a block holds */
         size_t got = ZSTD_decompressDCtx(c->dctx, c->planes, sizeof c->planes, span + at, z);
         if (ZSTD_isError(got) || got != raw) return -1;
+        const unsigned char *bp = c->planes;
+        if (head[0] == FORMAT_BIT_PLANES) {
+            bit_planes_backward(c->bytes, c->planes, m);
+            bp = c->bytes;
+        }
         uint32_t lo = c0 > k0 ? c0 - k0 : 0, hi = c1 < k0 + cells ? c1 - k0 : cells;
-        chunk_backward(vals, c->planes, nframes, n, k0, cells, lo, hi);
+        chunk_backward(vals, bp, nframes, n, k0, cells, lo, hi);
         at += z;
     }
     return at == spanlen ? 0 : -1;
@@ -171,6 +242,19 @@ int fblock_decode(struct fblock_codec *c, const unsigned char *blob, size_t len,
     if (off + total != len) return -1; /* the chunks' sizes must add up to the blob */
     fblock_span(blob, n, c0, c1, &off, &span);
     return fblock_decode_span(c, blob, blob + off, span, nframes, n, c0, c1, vals);
+}
+
+void fblock_round_bf16(float *vals, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = bits_of(vals[i]), r;
+        if ((u & 0x7f800000u) == 0x7f800000u) /* NaN (quiet, payload kept as far as it fits) or infinity */
+            r = (u & 0x007fffffu) ? (u | 0x00400000u) & 0xffff0000u : u;
+        else {
+            r = (u + 0x7fffu + (u >> 16 & 1)) & 0xffff0000u;
+            if ((r & 0x7f800000u) == 0x7f800000u) r = (u & 0x80000000u) | 0x7f7f0000u;
+        }
+        memcpy(&vals[i], &r, 4);
+    }
 }
 
 uint32_t fblock_steps(int64_t block, uint64_t mask, int64_t *steps) {

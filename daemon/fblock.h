@@ -7,8 +7,9 @@
  * values each. The values are cut into chunks of FBLOCK_CHUNK cells; each
  * chunk is coded alone (so a reader of a few cells decodes only their
  * chunks): per cell, the difference of each value's bits from the previous
- * step's (zigzag-coded), bytes split into four planes, then zstd. Decoding
- * gives back the very bits that were encoded (NaN payloads included). */
+ * step's (zigzag-coded), those words split into 32 bit planes, then zstd
+ * (format 2; format 1, byte planes, is still read). Decoding gives back
+ * the very bits that were encoded (NaN payloads included). */
 #ifndef FBLOCK_H
 #define FBLOCK_H
 
@@ -17,7 +18,7 @@
 #include <sys/types.h>
 
 #define FBLOCK_STEPS 64   /* block b holds steps [b*64, b*64+63]: level 1 of the rollups */
-#define FBLOCK_CHUNK 8    /* cells per independently coded chunk (a reader of one cell decodes 8) */
+#define FBLOCK_CHUNK 16   /* cells per independently coded chunk (a reader of one cell decodes 16) */
 
 /* A codec's reusable state (zstd's contexts): one per thread at a time,
  * e.g. one per store or per read connection. fblock_codec_create returns
@@ -26,10 +27,12 @@ struct fblock_codec;
 struct fblock_codec *fblock_codec_create(void);
 void fblock_codec_destroy(struct fblock_codec *c);
 
-/* Encodes nframes (1..FBLOCK_STEPS) frames of n values (vals: frame-major,
- * nframes x n) into a blob obtained from malloc() that the caller frees.
- * Returns its size in *len and 0, or -1 (out of memory). */
-int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, unsigned char **blob, size_t *len);
+/* Encodes nframes (1..FBLOCK_STEPS) frames of n (>= 1) values (vals:
+ * frame-major, nframes x n) into a blob owned by the codec, valid until
+ * its next fblock_encode or its destroy. Returns its size in *len and 0,
+ * or -1 (out of memory, or a shape out of range). */
+int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, const unsigned char **blob,
+                  size_t *len);
 
 /* Decodes cells [c0, c1) of every frame of a blob of nframes frames of n
  * values into vals (frame-major, nframes x n; the other cells are left as
@@ -48,6 +51,13 @@ ssize_t fblock_head_size(const unsigned char *first, uint32_t n);
 void fblock_span(const unsigned char *head, uint32_t n, uint32_t c0, uint32_t c1, size_t *off, size_t *len);
 int fblock_decode_span(struct fblock_codec *c, const unsigned char *head, const unsigned char *span, size_t spanlen,
                        uint32_t nframes, uint32_t n, uint32_t c0, uint32_t c1, float *vals);
+
+/* The lossy precision (entropyd --lossy-bf16): rounds each of n values in
+ * place to bfloat16 (float32's sign, exponent and top 7 mantissa bits;
+ * to nearest, ties to even), so that the low 16 bit planes of a block are
+ * zeros. NaN stays NaN, an infinity stays itself, and a finite value never
+ * rounds to an infinity (it stops at bfloat16's largest finite value). */
+void fblock_round_bf16(float *vals, size_t n);
 
 /* The steps of a block from its mask (bit i: step block*64 + i present):
  * the number present; fblock_steps writes them, in order, into steps

@@ -828,21 +828,17 @@ static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64
     return send_json(h, c, ws.failing ? 503 : 200, &b);
 }
 
-static void prom(struct strbuf *b, const char *name, const char *type, const char *help, double v) {
-    strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
-}
-
 /* The counters of ingest's guards (issue 16). */
 static void ingest_guard_metrics(struct strbuf *b, const struct ingest_stats *is) {
-    prom(b, "entropyd_connections_timed_out_total", "counter",
+    strbuf_prom(b, "entropyd_connections_timed_out_total", "counter",
          "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
-    prom(b, "entropyd_connections_evicted_total", "counter",
+    strbuf_prom(b, "entropyd_connections_evicted_total", "counter",
          "Connections without a hello closed to make room for a newcomer.", (double)is->conns_evicted);
-    prom(b, "entropyd_connections_peer_rejected_total", "counter",
+    strbuf_prom(b, "entropyd_connections_peer_rejected_total", "counter",
          "Trainer connections refused: their user or address held --max-conns-per-peer.",
          (double)is->conns_peer_rejected);
-    prom(b, "entropyd_input_bytes", "gauge", "Memory held by unfinished input lines.", (double)is->input_bytes);
-    prom(b, "entropyd_input_refused_total", "counter", "Connections closed because --input-mb was spent.",
+    strbuf_prom(b, "entropyd_input_bytes", "gauge", "Memory held by unfinished input lines.", (double)is->input_bytes);
+    strbuf_prom(b, "entropyd_input_refused_total", "counter", "Connections closed because --input-mb was spent.",
          (double)is->input_refused);
 }
 
@@ -850,36 +846,36 @@ static void ingest_guard_metrics(struct strbuf *b, const struct ingest_stats *is
 static void alerter_metrics(struct strbuf *b, struct alerter *m) {
     struct alerter_stats as;
     alerter_get_stats(m, &as);
-    prom(b, "entropyd_alert_steps_total", "counter", "Steps the alert rules evaluated.", (double)as.engine.steps);
-    prom(b, "entropyd_alert_evaluation_seconds_total", "counter", "CPU time spent evaluating alert rules.",
+    strbuf_prom(b, "entropyd_alert_steps_total", "counter", "Steps the alert rules evaluated.", (double)as.engine.steps);
+    strbuf_prom(b, "entropyd_alert_evaluation_seconds_total", "counter", "CPU time spent evaluating alert rules.",
          as.engine.eval_ms / 1e3);
-    prom(b, "entropyd_alert_transitions_total", "counter", "Alert transitions (firing, resolved, update).",
+    strbuf_prom(b, "entropyd_alert_transitions_total", "counter", "Alert transitions (firing, resolved, update).",
          (double)as.engine.transitions);
-    prom(b, "entropyd_alert_groups_firing", "gauge", "Alert groups (run x rule) firing now.", (double)as.firing);
-    prom(b, "entropyd_alert_resumed_total", "counter",
+    strbuf_prom(b, "entropyd_alert_groups_firing", "gauge", "Alert groups (run x rule) firing now.", (double)as.firing);
+    strbuf_prom(b, "entropyd_alert_resumed_total", "counter",
          "Firings that went on with an episode an earlier daemon opened (not paged again).", (double)as.resumed);
-    prom(b, "entropyd_alert_state_runs", "gauge", "Runs whose alert state is held (live ones).", (double)as.state_runs);
-    prom(b, "entropyd_alert_state_bytes", "gauge",
+    strbuf_prom(b, "entropyd_alert_state_runs", "gauge", "Runs whose alert state is held (live ones).", (double)as.state_runs);
+    strbuf_prom(b, "entropyd_alert_state_bytes", "gauge",
          "Memory of the alert rules' per-cell state (docs/alerts.md: bytes per head and rule).", (double)as.state_bytes);
-    prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
+    strbuf_prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
          (double)as.store_errors);
     const struct notify_stats *ns = &as.notify;
-    prom(b, "entropyd_notifications_queued_total", "counter", "Notifications queued (firing and resolved).",
+    strbuf_prom(b, "entropyd_notifications_queued_total", "counter", "Notifications queued (firing and resolved).",
          (double)ns->queued);
-    prom(b, "entropyd_notifications_dropped_total", "counter", "Notifications dropped: queue full or shutdown.",
+    strbuf_prom(b, "entropyd_notifications_dropped_total", "counter", "Notifications dropped: queue full or shutdown.",
          (double)ns->dropped);
-    prom(b, "entropyd_notification_retries_total", "counter", "Webhook and Alertmanager attempts retried.",
+    strbuf_prom(b, "entropyd_notification_retries_total", "counter", "Webhook and Alertmanager attempts retried.",
          (double)ns->retries);
-    strbuf_puts(b, "# HELP entropyd_notifications_sent_total Notifications delivered, by sink.\n"
-                   "# TYPE entropyd_notifications_sent_total counter\n");
+    strbuf_prom(b, "entropyd_alertmanager_firing", "gauge",
+         "Alerts in the firing set re-sent to Alertmanager (0: nothing is re-sent).", (double)ns->am_firing);
+    strbuf_prom_head(b, "entropyd_notifications_sent_total", "counter", "Notifications delivered, by sink.");
     strbuf_printf(b, "entropyd_notifications_sent_total{sink=\"webhook\"} %llu\n"
                      "entropyd_notifications_sent_total{sink=\"alertmanager\"} %llu\n"
                      "entropyd_notifications_sent_total{sink=\"exec\"} %llu\n",
                   (unsigned long long)ns->sent, (unsigned long long)ns->am_sent,
                   (unsigned long long)(ns->exec_runs - ns->exec_failed));
     /* webhook: given up after its retries; alertmanager: every failed POST, re-sends of the firing set included */
-    strbuf_puts(b, "# HELP entropyd_notifications_failed_total Notifications not delivered, by sink.\n"
-                   "# TYPE entropyd_notifications_failed_total counter\n");
+    strbuf_prom_head(b, "entropyd_notifications_failed_total", "counter", "Notifications not delivered, by sink.");
     strbuf_printf(b, "entropyd_notifications_failed_total{sink=\"webhook\"} %llu\n"
                      "entropyd_notifications_failed_total{sink=\"alertmanager\"} %llu\n"
                      "entropyd_notifications_failed_total{sink=\"exec\"} %llu\n",
@@ -894,39 +890,37 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
     if (h->cfg.ingest) {
         struct ingest_stats is;
         ingest_get_stats(h->cfg.ingest, &is);
-        prom(&b, "entropyd_connections_total", "counter", "Trainer connections accepted.", (double)is.conns_total);
-        prom(&b, "entropyd_connections_open", "gauge", "Trainer connections open.", (double)is.conns_open);
-        prom(&b, "entropyd_connections_rejected_total", "counter", "Trainer connections refused (limit).",
+        strbuf_prom(&b, "entropyd_connections_total", "counter", "Trainer connections accepted.", (double)is.conns_total);
+        strbuf_prom(&b, "entropyd_connections_open", "gauge", "Trainer connections open.", (double)is.conns_open);
+        strbuf_prom(&b, "entropyd_connections_rejected_total", "counter", "Trainer connections refused (limit).",
              (double)is.conns_rejected);
-        prom(&b, "entropyd_lines_total", "counter", "Protocol lines received.", (double)is.lines);
-        prom(&b, "entropyd_received_bytes_total", "counter", "Bytes received from trainers.", (double)is.bytes);
-        prom(&b, "entropyd_messages_total", "counter", "Protocol messages accepted.", (double)is.messages);
-        prom(&b, "entropyd_ingest_paused_seconds_total", "counter",
+        strbuf_prom(&b, "entropyd_lines_total", "counter", "Protocol lines received.", (double)is.lines);
+        strbuf_prom(&b, "entropyd_received_bytes_total", "counter", "Bytes received from trainers.", (double)is.bytes);
+        strbuf_prom(&b, "entropyd_messages_total", "counter", "Protocol messages accepted.", (double)is.messages);
+        strbuf_prom(&b, "entropyd_ingest_paused_seconds_total", "counter",
              "Time ingest stopped reading because the writer queue was full.", is.paused_ms / 1e3);
         ingest_guard_metrics(&b, &is);
-        strbuf_puts(&b, "# HELP entropyd_errors_total Protocol errors sent to trainers, by code.\n"
-                           "# TYPE entropyd_errors_total counter\n");
+        strbuf_prom_head(&b, "entropyd_errors_total", "counter", "Protocol errors sent to trainers, by code.");
         for (int e = 1; e < PROTO_E_COUNT; e++)
             strbuf_printf(&b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e),
                              (unsigned long long)is.errors[e]);
     }
     struct writer_stats ws;
     writer_get_stats(h->cfg.writer, &ws);
-    prom(&b, "entropyd_commits_total", "counter", "Database transactions committed.", (double)ws.commits);
-    prom(&b, "entropyd_items_total", "counter", "Messages committed.", (double)ws.items);
-    prom(&b, "entropyd_values_total", "counter", "Metric values ingested (committed).", (double)ws.values);
-    prom(&b, "entropyd_commit_retries_total", "counter", "Batches retried after a database failure.", (double)ws.retries);
-    prom(&b, "entropyd_db_errors_total", "counter", "Database errors met by the writer.", (double)ws.db_errors);
-    prom(&b, "entropyd_queue_bytes", "gauge", "Memory held by accepted, uncommitted messages.", (double)ws.queue_bytes);
-    prom(&b, "entropyd_db_failing", "gauge", "1 while the database refuses writes.", ws.failing);
+    strbuf_prom(&b, "entropyd_commits_total", "counter", "Database transactions committed.", (double)ws.commits);
+    strbuf_prom(&b, "entropyd_items_total", "counter", "Messages committed.", (double)ws.items);
+    strbuf_prom(&b, "entropyd_values_total", "counter", "Metric values ingested (committed).", (double)ws.values);
+    strbuf_prom(&b, "entropyd_commit_retries_total", "counter", "Batches retried after a database failure.", (double)ws.retries);
+    strbuf_prom(&b, "entropyd_db_errors_total", "counter", "Database errors met by the writer.", (double)ws.db_errors);
+    strbuf_prom(&b, "entropyd_queue_bytes", "gauge", "Memory held by accepted, uncommitted messages.", (double)ws.queue_bytes);
+    strbuf_prom(&b, "entropyd_db_failing", "gauge", "1 while the database refuses writes.", ws.failing);
     pthread_mutex_lock(&h->mu);
     uint64_t hist[HIST_N + 1], cnt = h->hist_count, resp[6];
     double sum = h->hist_sum;
     memcpy(hist, h->hist, sizeof hist);
     memcpy(resp, h->responses, sizeof resp);
     pthread_mutex_unlock(&h->mu);
-    strbuf_puts(&b, "# HELP entropyd_commit_seconds Time to commit one writer transaction.\n"
-                       "# TYPE entropyd_commit_seconds histogram\n");
+    strbuf_prom_head(&b, "entropyd_commit_seconds", "histogram", "Time to commit one writer transaction.");
     uint64_t acc = 0;
     for (size_t i = 0; i < HIST_N; i++) {
         acc += hist[i];
@@ -937,12 +931,11 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
                      (unsigned long long)cnt);
     struct stream_stats ss;
     stream_get_stats(h->cfg.stream, &ss);
-    prom(&b, "entropyd_stream_clients", "gauge", "Open /api/stream connections.", (double)ss.clients);
-    prom(&b, "entropyd_stream_events_total", "counter", "Events published to the stream.", (double)ss.published);
-    prom(&b, "entropyd_stream_resets_total", "counter", "Stream clients that resumed from before the ring.",
+    strbuf_prom(&b, "entropyd_stream_clients", "gauge", "Open /api/stream connections.", (double)ss.clients);
+    strbuf_prom(&b, "entropyd_stream_events_total", "counter", "Events published to the stream.", (double)ss.published);
+    strbuf_prom(&b, "entropyd_stream_resets_total", "counter", "Stream clients that resumed from before the ring.",
          (double)ss.resets);
-    strbuf_puts(&b, "# HELP entropyd_http_responses_total HTTP responses by status class.\n"
-                       "# TYPE entropyd_http_responses_total counter\n");
+    strbuf_prom_head(&b, "entropyd_http_responses_total", "counter", "HTTP responses by status class.");
     for (int k = 2; k <= 5; k++)
         strbuf_printf(&b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
 
@@ -953,20 +946,20 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
         return res;
     }
     int64_t dbb = query_db_bytes(q), walb = query_wal_bytes(q);
-    prom(&b, "entropyd_db_bytes", "gauge", "Size of the database on disk: its file and its WAL.",
+    strbuf_prom(&b, "entropyd_db_bytes", "gauge", "Size of the database on disk: its file and its WAL.",
          (double)(dbb < 0 || walb < 0 ? -1 : dbb + walb));
-    prom(&b, "entropyd_wal_bytes", "gauge", "Size of the database's WAL file.", (double)walb);
-    prom(&b, "entropyd_wal_peak_bytes", "gauge", "Largest WAL file seen after a checkpoint since start.",
+    strbuf_prom(&b, "entropyd_wal_bytes", "gauge", "Size of the database's WAL file.", (double)walb);
+    strbuf_prom(&b, "entropyd_wal_peak_bytes", "gauge", "Largest WAL file seen after a checkpoint since start.",
          (double)ws.wal_peak_bytes);
-    prom(&b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.", (double)ws.checkpoints);
-    prom(&b, "entropyd_checkpoints_busy_total", "counter", "WAL restarts that readers kept from finishing.",
+    strbuf_prom(&b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.", (double)ws.checkpoints);
+    strbuf_prom(&b, "entropyd_checkpoints_busy_total", "counter", "WAL restarts that readers kept from finishing.",
          (double)ws.checkpoints_busy);
-    prom(&b, "entropyd_checkpoints_writer_total", "counter",
+    strbuf_prom(&b, "entropyd_checkpoints_writer_total", "counter",
          "WAL restarts the writer ran itself because the WAL reached its hard limit (back-pressure).",
          (double)ws.checkpoints_writer);
-    prom(&b, "entropyd_background_chunks_total", "counter", "Chunks of rollback and delete work committed.",
+    strbuf_prom(&b, "entropyd_background_chunks_total", "counter", "Chunks of rollback and delete work committed.",
          (double)ws.job_chunks);
-    prom(&b, "entropyd_background_chunk_max_seconds", "gauge", "Longest chunk of rollback or delete work.",
+    strbuf_prom(&b, "entropyd_background_chunk_max_seconds", "gauge", "Longest chunk of rollback or delete work.",
          ws.job_ms_max / 1e3);
     if (h->cfg.metrics_more) h->cfg.metrics_more(h->cfg.metrics_ctx, &b);
     char err[256];

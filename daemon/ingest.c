@@ -63,6 +63,8 @@ struct conn {
     int eof;                 /* peer closed its side */
     int want_out;            /* EPOLLOUT armed */
     int reading;             /* EPOLLIN armed */
+    int held;                /* refused before its welcome: not read, closed at its deadline
+                              * (see conn_hold) */
     /* budgets and timeouts (see "guards" below) */
     int welcomed;            /* a hello of this connection was welcomed */
     int starved;             /* not reading: the global input budget is spent */
@@ -103,9 +105,10 @@ struct ingest {
 
 static void conn_arm(struct ingest *ing, struct conn *c) {
     int want_out = c->out_len > c->out_off || c->ack_pending > c->ack_sent;
-    int reading = !c->waiting && !c->closing && !c->eof && !c->starved;
+    int reading = !c->waiting && !c->closing && !c->eof && !c->starved && !c->held;
     if (want_out == c->want_out && reading == c->reading) return;
-    struct epoll_event ev = {.events = (reading ? EPOLLIN : 0) | (want_out ? EPOLLOUT : 0),
+    /* a held connection is not read, but its peer's going away is seen */
+    struct epoll_event ev = {.events = (reading ? EPOLLIN : 0) | (want_out ? EPOLLOUT : 0) | (c->held ? EPOLLRDHUP : 0),
                              .data.u64 = EV_CONN_BASE + (uint64_t)c->fd};
     epoll_ctl(ing->ep, EPOLL_CTL_MOD, c->fd, &ev);
     c->want_out = want_out;
@@ -367,6 +370,38 @@ static void conn_refuse(struct ingest *ing, struct conn *c, int code, const char
     if ((c = conn_by_id(ing, id))) conn_close(ing, c);
 }
 
+/* Refuses a stranger that pushes past its budget (an overlong line, or
+ * input while the global budget is spent) without closing it: it is told
+ * why, is no longer read, gives its input buffer back and shrinks its
+ * kernel receive buffer, and is closed at its hello deadline or sooner
+ * when its slot is wanted (conn_drop). Closing at once handed a flooding
+ * client a loop as fast as it could reconnect: 60 TCP floods reconnected
+ * without pause, and their CPU delayed /healthz and trainers' welcomes
+ * past their bounds on a loaded 2-core machine (issue 16). Held, their
+ * sends block and cost neither side anything but a slot. c may be closed
+ * when this returns (its peer was gone). */
+static void conn_hold(struct ingest *ing, struct conn *c, int code, const char *msg) {
+    send_error(ing, c, code, msg, 0);
+    c->held = 1;
+    c->skipping = 0;
+    ing->in_bytes -= c->in_cap;
+    free(c->in);
+    c->in = NULL;
+    c->in_len = c->in_cap = 0;
+    input_stat(ing);
+    int tiny = 1; /* the kernel's minimum: what is queued stays, nothing more is */
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &tiny, sizeof tiny);
+    conn_flush(ing, c);
+}
+
+/* Closes a connection that has not been welcomed, to end its wait or to
+ * make room: a held one at once (it was told why already), any other
+ * after an error line. */
+static void conn_drop(struct ingest *ing, struct conn *c, int code, const char *msg) {
+    if (c->held) conn_close(ing, c);
+    else conn_refuse(ing, c, code, msg);
+}
+
 /* The largest input buffer a connection may have: a 4 MiB line once
  * welcomed, INGEST_HELLO_MAX before. */
 static size_t in_limit(const struct conn *c) {
@@ -380,19 +415,37 @@ static size_t in_budget(const struct ingest *ing, const struct conn *c) {
     return c->welcomed ? ing->cfg.max_input / 4 * 3 : ing->cfg.max_input;
 }
 
+/* The oldest connection other than c that has not said hello (and is not
+ * waiting for its welcome) and holds input memory, or NULL. */
+static struct conn *input_victim(struct ingest *ing, const struct conn *c) {
+    for (struct conn *v = ing->pend_head; v; v = v->pnext)
+        if (v != c && v->in_cap && !v->waiting && !v->closing) return v;
+    return NULL;
+}
+
 /* Makes room in c's input buffer for the next recv. Returns 0 when there
  * is room, 1 when c must wait for the global budget (it is starved: not
- * read until memory is freed), -1 when c was refused or closed. */
+ * read until memory is freed), -1 when c was refused (held, or closed).
+ * A stranger over the budget first takes memory from older strangers
+ * (their unfinished lines are closed, oldest first): a trainer's hello
+ * fits in one read, so strangers that hold the budget cannot keep a
+ * trainer out; only then is c itself refused. */
 static int in_room(struct ingest *ing, struct conn *c) {
     size_t limit = in_limit(c);
     if (c->in_cap - c->in_len >= READ_CHUNK / 4 || c->in_cap >= limit) return 0;
     size_t cap = c->in_cap ? c->in_cap * 2 : IN_INITIAL;
     while (cap - c->in_len < READ_CHUNK / 4) cap *= 2;
     if (cap > limit) cap = limit;
+    struct conn *v;
+    while (!c->welcomed && ing->in_bytes - c->in_cap + cap > in_budget(ing, c) && (v = input_victim(ing, c))) {
+        STAT_ADD(ing, conns_evicted, 1);
+        conn_refuse(ing, v, PROTO_E_INTERNAL,
+                    "the daemon's input memory is spent: this unfinished line was closed to make room");
+    }
     if (ing->in_bytes - c->in_cap + cap > in_budget(ing, c)) {
         if (!c->welcomed) {
             STAT_ADD(ing, input_refused, 1);
-            conn_refuse(ing, c, PROTO_E_INTERNAL, "the daemon's input memory is spent: try again later");
+            conn_hold(ing, c, PROTO_E_INTERNAL, "the daemon's input memory is spent: try again later");
             return -1;
         }
         if (!c->starved) {
@@ -440,11 +493,15 @@ static void peer_key(int fd, int tcp, char *key, size_t cap) {
 
 /* When every slot is taken: the oldest connection that has not said hello
  * (and is not waiting for its welcome) whose peer holds at least as many
- * connections as the newcomer's, or NULL. A trainer from a quiet peer can
- * push out a crowd's idle sockets; the crowd cannot push out the trainer. */
+ * connections as the newcomer's, or NULL; a held one (already refused)
+ * before any other. A trainer from a quiet peer can push out a crowd's
+ * idle sockets; the crowd cannot push out the trainer. */
 static struct conn *eviction_victim(struct ingest *ing, int newcomer_count) {
-    for (struct conn *c = ing->pend_head; c; c = c->pnext)
-        if (!c->waiting && !c->closing && (!c->peer || peers_count(c->peer) >= newcomer_count)) return c;
+    for (int held = 1; held >= 0; held--)
+        for (struct conn *c = ing->pend_head; c; c = c->pnext)
+            if (c->held == held && !c->waiting && !c->closing &&
+                (!c->peer || peers_count(c->peer) >= newcomer_count))
+                return c;
     return NULL;
 }
 
@@ -472,7 +529,7 @@ static void guards_sweep(struct ingest *ing, double now) {
         if (!timed_out) break;
         snprintf(msg, sizeof msg, "no hello within %d ms of connecting", ing->cfg.hello_ms);
         STAT_ADD(ing, conns_timed_out, 1);
-        conn_refuse(ing, timed_out, PROTO_E_NO_HELLO, msg);
+        conn_drop(ing, timed_out, PROTO_E_NO_HELLO, msg);
     }
     if (!ing->starved && ing->cfg.idle_ms <= 0) return;
     for (int fd = 0; fd < ing->conns_cap; fd++) {
@@ -555,7 +612,7 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
     struct conn *own = peer ? NULL : peer_victim(ing, key);
     if (own) { /* the peer is at its limit: its own oldest idle stranger makes room */
         STAT_ADD(ing, conns_evicted, 1);
-        conn_refuse(ing, own, PROTO_E_NO_HELLO,
+        conn_drop(ing, own, PROTO_E_NO_HELLO,
                     "too many connections from this peer: closed to make room, as this one had not said hello");
         peer = peers_acquire(ing->peers, key);
     }
@@ -574,7 +631,7 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
         struct conn *victim = eviction_victim(ing, peers_count(peer));
         if (victim) {
             STAT_ADD(ing, conns_evicted, 1);
-            conn_refuse(ing, victim, PROTO_E_NO_HELLO,
+            conn_drop(ing, victim, PROTO_E_NO_HELLO,
                         "too many connections: closed to make room, as this one had not said hello");
         } else {
             STAT_ADD(ing, conns_rejected, 1);
@@ -586,8 +643,14 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
     return peer;
 }
 
-static void accept_all(struct ingest *ing, int lfd) {
-    for (;;) {
+/* Connections accepted per wakeup at most: a listener that attackers
+ * refill as fast as it is drained must not keep the loop from the other
+ * listener and every open connection (epoll is level-triggered: the rest
+ * are accepted on the next round). */
+#define ACCEPT_BATCH 64
+
+static void accept_ready(struct ingest *ing, int lfd) {
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR) continue;
@@ -790,7 +853,7 @@ out:
 
 /* Handles the complete lines in the input buffer, stopping at a hello (the
  * rest waits for the welcome) or when the writer is full. Returns 0, or -1
- * when c was closed (a stranger's overlong line). */
+ * when c was refused (a stranger's overlong line: held, or closed). */
 static int process_input(struct ingest *ing, struct conn *c) {
     size_t off = 0;
     uint64_t lines = 0;
@@ -817,7 +880,7 @@ static int process_input(struct ingest *ing, struct conn *c) {
     if (!c->welcomed && !c->waiting && !c->closing && c->in_len > INGEST_HELLO_MAX &&
         !memchr(c->in, '\n', c->in_len)) {
         if (lines) STAT_ADD(ing, lines, lines);
-        conn_refuse(ing, c, PROTO_E_LINE_TOO_LONG, "a line before the welcome is longer than 64 KiB");
+        conn_hold(ing, c, PROTO_E_LINE_TOO_LONG, "a line before the welcome is longer than 64 KiB");
         return -1;
     }
     /* a partial line longer than the limit can never become valid */
@@ -833,7 +896,7 @@ static int process_input(struct ingest *ing, struct conn *c) {
 }
 
 static void conn_read(struct ingest *ing, struct conn *c) {
-    if (in_room(ing, c)) return; /* starved (waits for memory), or refused */
+    if (c->held || in_room(ing, c)) return; /* starved (waits for memory), or refused */
     size_t room = c->in_cap - c->in_len;
     if (room > READ_CHUNK) room = READ_CHUNK;
     ssize_t n = recv(c->fd, c->in + c->in_len, room, 0);
@@ -1096,13 +1159,14 @@ int ingest_run(struct ingest *ing, int drain_ms) {
             uint64_t tag = evs[i].data.u64;
             if (tag == EV_STOP) stopping = 1;
             else if (tag == EV_NOTIFY) handle_replies(ing);
-            else if (tag == EV_UNIX) accept_all(ing, ing->unix_fd);
-            else if (tag == EV_TCP) accept_all(ing, ing->tcp_fd);
+            else if (tag == EV_UNIX) accept_ready(ing, ing->unix_fd);
+            else if (tag == EV_TCP) accept_ready(ing, ing->tcp_fd);
             else {
                 int fd = (int)(tag - EV_CONN_BASE);
                 struct conn *c = fd < ing->conns_cap ? ing->conns[fd] : NULL;
                 if (!c) continue;
-                if (evs[i].events & (EPOLLERR | EPOLLHUP) && !(evs[i].events & EPOLLIN)) {
+                if ((evs[i].events & (EPOLLERR | EPOLLHUP) && !(evs[i].events & EPOLLIN)) ||
+                    (c->held && evs[i].events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP))) {
                     conn_close(ing, c);
                     continue;
                 }

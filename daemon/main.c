@@ -4,7 +4,6 @@
  * Nothing below main() exits the process. */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,6 +21,7 @@
 #include "http.h"
 #include "ingest.h"
 #include "alerter.h"
+#include "flags.h"
 #include "query.h"
 #include "remote_write.h"
 #include "store.h"
@@ -116,96 +116,6 @@ static void on_tick(void *ctx, double now) {
     if (hk->alerter) alerter_on_tick(hk->alerter, now);
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: entropyd [options]\n"
-            "\n"
-            "Stores attention-collapse telemetry from trainers (protocol v1, schema/protocol.md)\n"
-            "in SQLite.\n"
-            "\n"
-            "  --data DIR            data directory (default ./entropyd-data); created if missing\n"
-            "  --db PATH             database file (default DIR/entropyd.db)\n"
-            "  --socket PATH         Unix socket for trainers (default DIR/entropyd.sock, mode 0600);\n"
-            "                        'off' for none\n"
-            "  --listen-tcp HOST:PORT  also accept trainers over TCP (use loopback unless the\n"
-            "                        network is trusted, and set --token); port 0 picks a free one\n"
-            "  --token TOKEN         require this token in every hello (or $ENTROPYD_TOKEN)\n"
-            "  --max-conns N         trainer connections at most (default 10000); when all are\n"
-            "                        taken, one that has not said hello yet makes room\n"
-            "  --max-conns-per-peer N  connections per user (Unix socket) or per address (TCP)\n"
-            "                        at most (default half of --max-conns, or all while it is\n"
-            "                        under 2048)\n"
-            "  --hello-timeout-s N   close a connection not welcomed within N s (default 10)\n"
-            "  --idle-timeout-s N    close a welcomed connection silent for N s (default 0: never)\n"
-            "  --max-cells-per-run N  layers x heads of a run at most (default 65536); a hello\n"
-            "                        over it is refused (bad_field), so one trainer cannot\n"
-            "                        exhaust the daemon's memory\n"
-            "  --input-mb N          memory for unfinished input lines of all connections\n"
-            "                        (default 64); a line before the welcome is at most 64 KiB\n"
-            "  --queue-mb N          memory for accepted, uncommitted messages (default 256)\n"
-            "  --drain-ms N          at shutdown, wait this long to commit and ack (default 5000)\n"
-            "  --http HOST:PORT      serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"
-            "                        port 0 picks a free one (printed as \"http port N\"); 'off' for none.\n"
-            "                        With --token, /api and /metrics need Authorization: Bearer TOKEN\n"
-            "  --http-max-conns N    HTTP connections at most, stream clients included (default 512)\n"
-            "  --http-max-conns-per-ip N  HTTP connections per client address (default a quarter\n"
-            "                        of --http-max-conns)\n"
-            "  --allow-host NAME     also accept requests whose Host is NAME (repeatable); by default\n"
-            "                        only IP addresses and localhost (against DNS rebinding)\n"
-            "  --web-root DIR        serve the dashboard from DIR instead of the embedded copy\n"
-            "  --metrics-heads       /metrics also exports the latest value of every head\n"
-            "                        (layers x heads series per metric and run: mind the cardinality)\n"
-            "  --metrics-keep-finished DURATION  /metrics exports a run that ended (finished,\n"
-            "                        failed, aborted or stale) for this long after its end, then\n"
-            "                        drops its series (default 1h; 0: at once). DURATION: N[s|m|h|d]\n"
-            "  --http-timeout-s N    close an HTTP connection that makes no progress for N s,\n"
-            "                        a client that stopped reading included (default 60)\n"
-            "  --stream-events N     live events kept for Last-Event-ID resume (default 16384)\n"
-            "  --keepalive-ms N      SSE keep-alive comment interval (default 15000)\n"
-            "  --rules FILE          alert rules (JSON; default: the built-in set, see docs/alerts.md)\n"
-            "  --webhook URL         POST Alertmanager-style webhook JSON on firing and resolved\n"
-            "  --on-alert CMD        run /bin/sh -c CMD with the alert JSON on stdin\n"
-            "  --alertmanager URL    also send alerts to Alertmanager's API (URL/api/v2/alerts),\n"
-            "                        firing ones re-sent every --alertmanager-resend-s (default 60)\n"
-            "  --quiet-alerts        do not log alerts on stderr\n"
-            "  --remote-write URL    also push every committed step to a Prometheus remote-write\n"
-            "                        receiver (docs/remote-write.md)\n"
-            "  --version, --help\n"
-            "\n"
-            "SIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
-}
-
-static int parse_int(const char *flag, const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, "entropyd: %s wants an integer in %ld..%ld, got \"%s\"\n", flag, lo, hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* "90", "90s", "30m", "1h", "2d" -> seconds. */
-static int parse_duration(const char *flag, const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    double unit = 1;
-    if (*end == 'm') unit = 60;
-    else if (*end == 'h') unit = 3600;
-    else if (*end == 'd') unit = 86400;
-    else if (*end && *end != 's') end = (char *)s; /* an unknown unit */
-    if (*end) end++;
-    if (errno || end == s || *end || !(v >= 0) || v * unit > 3.2e8) {
-        fprintf(stderr, "entropyd: %s wants a duration like 90s, 30m, 1h or 7d, got \"%s\"\n", flag, s);
-        return -1;
-    }
-    *out = v * unit;
-    return 0;
-}
-
 /* Trainers x connections can exceed the default 1024 descriptors. */
 static void raise_fd_limit(void) {
     struct rlimit rl;
@@ -215,21 +125,133 @@ static void raise_fd_limit(void) {
     }
 }
 
-enum { MAX_ALLOW_HOSTS = 64 }; /* --allow-host names at most */
-
-/* Every flag's value (usage() says what each does). */
+/* Every flag's value (FLAGS says what each does). */
 struct options {
     const char *data, *db, *sock, *tcp, *token;
     long max_conns, queue_mb, drain_ms, per_peer, hello_s, idle_s, input_mb, http_per_ip, max_cells;
-    const char *allow_hosts[MAX_ALLOW_HOSTS];
-    int n_allow_hosts;
+    flag_list allow_hosts;
     const char *http_listen, *web_root;
     long http_conns, stream_events, keepalive_ms, http_timeout_s, am_resend_s;
-    int http_explicit, metrics_heads, alert_log;
+    int http_explicit, metrics_heads, quiet_alerts, lossy_bf16;
     double metrics_keep_s;
+    const char *retain_raw;  /* --retain-raw, parsed into retain_steps or retain_s */
+    long retain_steps;
+    double retain_s;
     const char *rules, *webhook, *on_alert, *alertmanager, *remote_write;
     char dbpath[4096], sockpath[4096];
 };
+
+#define O(f) offsetof(struct options, f)
+#define LONG FLAG_LONG_ROW
+#define STR FLAG_STR_ROW
+#define BOOL FLAG_BOOL_ROW
+
+static const flag FLAGS[] = {
+    FLAG_SECTION_ROW("storage and trainers:"),
+    STR("--data", O(data), "DIR", "data directory (default ./entropyd-data); created if missing"),
+    STR("--db", O(db), "PATH", "database file (default DIR/entropyd.db)"),
+    STR("--socket", O(sock), "PATH", "Unix socket for trainers (default DIR/entropyd.sock, mode 0600);\n'off' for none"),
+    STR("--listen-tcp", O(tcp), "HOST:PORT",
+        "also accept trainers over TCP (use loopback unless the\n"
+        "network is trusted, and set --token); port 0 picks a free one"),
+    STR("--token", O(token), "TOKEN", "require this token in every hello (or $ENTROPYD_TOKEN)"),
+    LONG("--max-conns", O(max_conns), 1, 1000000, "N",
+         "trainer connections at most (default 10000); when all are\n"
+         "taken, one that has not said hello yet makes room"),
+    LONG("--max-conns-per-peer", O(per_peer), 1, 1000000, "N",
+         "connections per user (Unix socket) or per address (TCP)\n"
+         "at most (default half of --max-conns, or all while it is under 2048)"),
+    LONG("--hello-timeout-s", O(hello_s), 1, 3600, "N", "close a connection not welcomed within N s (default 10)"),
+    LONG("--idle-timeout-s", O(idle_s), 0, 2000000, "N", "close a welcomed connection silent for N s (default 0: never)"),
+    LONG("--max-cells-per-run", O(max_cells), 1, PROTO_MAX_CELLS, "N",
+         "layers x heads of a run at most (default 65536); a hello\n"
+         "over it is refused (bad_field), so one trainer cannot\n"
+         "exhaust the daemon's memory"),
+    LONG("--input-mb", O(input_mb), 1, 65536, "N",
+         "memory for unfinished input lines of all connections\n"
+         "(default 64); a line before the welcome is at most 64 KiB"),
+    STR("--retain-raw", O(retain_raw), "KEEP",
+        "keep a run's raw frames for its last KEEP steps (>= 64), or\n"
+        "those of the last KEEP of time (N[s|m|h|d]); older ones are deleted,\n"
+        "their exact rollups kept forever (default: keep all; docs/long-runs.md)"),
+    LONG("--queue-mb", O(queue_mb), 1, 65536, "N", "memory for accepted, uncommitted messages (default 256)"),
+    LONG("--drain-ms", O(drain_ms), 0, 600000, "N", "at shutdown, wait this long to commit and ack (default 5000)"),
+    BOOL("--lossy-bf16", O(lossy_bf16),
+         "store each complete block of 64 steps rounded to bfloat16\n"
+         "(~1 byte per value instead of ~2.5; the last steps, the latest\n"
+         "values and the rollups stay exact): see docs/storage.md"),
+    FLAG_SECTION_ROW("HTTP API and dashboard:"),
+    STR("--http", O(http_listen), "HOST:PORT",
+        "serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"
+        "port 0 picks a free one (printed as \"http port N\"); 'off' for none.\n"
+        "With --token, /api and /metrics need Authorization: Bearer TOKEN"),
+    LONG("--http-max-conns", O(http_conns), 1, 100000, "N", "HTTP connections at most, stream clients included (default 512)"),
+    LONG("--http-max-conns-per-ip", O(http_per_ip), 1, 100000, "N",
+         "HTTP connections per client address (default a quarter\nof --http-max-conns)"),
+    FLAG_LIST_ROW("--allow-host", O(allow_hosts), "NAME",
+                  "also accept requests whose Host is NAME (repeatable); by default\n"
+                  "only IP addresses and localhost (against DNS rebinding)"),
+    STR("--web-root", O(web_root), "DIR", "serve the dashboard from DIR instead of the embedded copy"),
+    BOOL("--metrics-heads", O(metrics_heads),
+         "/metrics also exports the latest value of every head\n"
+         "(layers x heads series per metric and run: mind the cardinality)"),
+    FLAG_DURATION_ROW("--metrics-keep-finished", O(metrics_keep_s), "DURATION",
+                      "/metrics exports a run that ended (finished,\n"
+                      "failed, aborted or stale) for this long after its end, then\n"
+                      "drops its series (default 1h; 0: at once). DURATION: N[s|m|h|d]"),
+    LONG("--http-timeout-s", O(http_timeout_s), 1, 86400, "N",
+         "close an HTTP connection that makes no progress for N s,\n"
+         "a client that stopped reading included (default 60)"),
+    LONG("--stream-events", O(stream_events), 1, 10000000, "N", "live events kept for Last-Event-ID resume (default 16384)"),
+    LONG("--keepalive-ms", O(keepalive_ms), 10, 3600000, "N", "SSE keep-alive comment interval (default 15000)"),
+    FLAG_SECTION_ROW("alerts and export:"),
+    STR("--rules", O(rules), "FILE", "alert rules (JSON; default: the built-in set, see docs/alerts.md)"),
+    STR("--webhook", O(webhook), "URL", "POST Alertmanager-style webhook JSON on firing and resolved"),
+    STR("--on-alert", O(on_alert), "CMD", "run /bin/sh -c CMD with the alert JSON on stdin"),
+    STR("--alertmanager", O(alertmanager), "URL",
+        "also send alerts to Alertmanager's API (URL/api/v2/alerts),\n"
+        "firing ones re-sent every --alertmanager-resend-s"),
+    LONG("--alertmanager-resend-s", O(am_resend_s), 1, 86400, "N", "(default 60)"),
+    BOOL("--quiet-alerts", O(quiet_alerts), "do not log alerts on stderr"),
+    STR("--remote-write", O(remote_write), "URL",
+        "also push every committed step to a Prometheus remote-write\n"
+        "receiver (docs/remote-write.md)"),
+    FLAG_VERSION_ROW("print the version and exit"),
+    FLAG_HELP_ROW("this text (also -h)"),
+};
+static const flag_table TABLE = {"entropyd", FLAGS, FLAG_COUNT(FLAGS)};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: entropyd [flags]\n"
+               "Stores attention-collapse telemetry from trainers (protocol v1, schema/protocol.md)\n"
+               "in SQLite.\n");
+    flags_usage(&TABLE, f);
+    fprintf(f, "\nSIGTERM or SIGINT: stop accepting, commit, send the last acks, exit 0.\n");
+}
+
+/* --retain-raw: a number of steps (at least a block of 64, so the newest
+ * sealed block is never the one deleted), or a duration with its unit
+ * (s, m, h, d). 0, or -1 with a message. */
+static int parse_retain(const char *s, long *steps, double *seconds) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    static const char units[] = "smhd";
+    static const double secs[] = {1, 60, 3600, 86400};
+    const char *u = *end ? strchr(units, *end) : NULL;
+    if (!errno && end != s && u && !end[1] && v > 0 && v * secs[u - units] <= 3.2e9) {
+        *seconds = v * secs[u - units];
+        return 0;
+    }
+    long n = strtol(s, &end, 10);
+    if (!errno && end != s && !*end && n >= 64) {
+        *steps = n;
+        return 0;
+    }
+    fprintf(stderr, "entropyd: --retain-raw wants a number of steps (64 or more) or a duration like 12h or 7d, "
+                    "got \"%s\"\n", s);
+    return -1;
+}
 
 /* Fills o from the command line. Returns -1 to go on, or the exit status
  * (0 after --help or --version, 2 for a bad flag). */
@@ -237,84 +259,20 @@ static int options_parse(struct options *o, int argc, char **argv) {
     *o = (struct options){.data = "entropyd-data", .token = getenv("ENTROPYD_TOKEN"), .max_conns = 10000,
                           .queue_mb = 256, .drain_ms = 5000, .hello_s = 10, .input_mb = 64, .max_cells = INGEST_MAX_CELLS,
                           .http_listen = "127.0.0.1:8080", .http_conns = 512, .stream_events = 16384,
-                          .keepalive_ms = 15000, .http_timeout_s = 60, .am_resend_s = 60, .alert_log = 1,
-                          .metrics_keep_s = 3600};
-    enum { O_DATA = 1, O_DB, O_SOCKET, O_TCP, O_TOKEN, O_MAXCONNS, O_QUEUE, O_DRAIN, O_VERSION, O_HELP,
-           O_HTTP, O_HTTPCONNS, O_WEBROOT, O_MHEADS, O_SEVENTS, O_KEEPALIVE, O_RULES, O_WEBHOOK, O_ONALERT,
-           O_QUIETALERTS, O_AM, O_AMRESEND, O_MKEEP, O_HTIMEOUT, O_PERPEER, O_HELLOTO, O_IDLETO, O_INPUTMB,
-           O_ALLOWHOST, O_HTTPPERIP, O_REMOTEWRITE, O_MAXCELLS };
-    static const struct option opts[] = {
-        {"data", required_argument, 0, O_DATA},       {"db", required_argument, 0, O_DB},
-        {"socket", required_argument, 0, O_SOCKET},   {"listen-tcp", required_argument, 0, O_TCP},
-        {"token", required_argument, 0, O_TOKEN},     {"max-conns", required_argument, 0, O_MAXCONNS},
-        {"queue-mb", required_argument, 0, O_QUEUE},  {"drain-ms", required_argument, 0, O_DRAIN},
-        {"version", no_argument, 0, O_VERSION},       {"help", no_argument, 0, O_HELP},
-        {"http", required_argument, 0, O_HTTP},       {"http-max-conns", required_argument, 0, O_HTTPCONNS},
-        {"web-root", required_argument, 0, O_WEBROOT}, {"metrics-heads", no_argument, 0, O_MHEADS},
-        {"metrics-keep-finished", required_argument, 0, O_MKEEP},
-        {"http-timeout-s", required_argument, 0, O_HTIMEOUT},
-        {"stream-events", required_argument, 0, O_SEVENTS}, {"keepalive-ms", required_argument, 0, O_KEEPALIVE},
-        {"rules", required_argument, 0, O_RULES},     {"webhook", required_argument, 0, O_WEBHOOK},
-        {"on-alert", required_argument, 0, O_ONALERT}, {"quiet-alerts", no_argument, 0, O_QUIETALERTS},
-        {"alertmanager", required_argument, 0, O_AM}, {"alertmanager-resend-s", required_argument, 0, O_AMRESEND},
-        {"max-conns-per-peer", required_argument, 0, O_PERPEER}, {"hello-timeout-s", required_argument, 0, O_HELLOTO},
-        {"idle-timeout-s", required_argument, 0, O_IDLETO}, {"input-mb", required_argument, 0, O_INPUTMB},
-        {"allow-host", required_argument, 0, O_ALLOWHOST}, {"http-max-conns-per-ip", required_argument, 0, O_HTTPPERIP},
-        {"remote-write", required_argument, 0, O_REMOTEWRITE},
-        {"max-cells-per-run", required_argument, 0, O_MAXCELLS},
-        {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case O_DATA: o->data = optarg; break;
-        case O_DB: o->db = optarg; break;
-        case O_SOCKET: o->sock = optarg; break;
-        case O_TCP: o->tcp = optarg; break;
-        case O_TOKEN: o->token = optarg; break;
-        case O_MAXCONNS: if (parse_int("--max-conns", optarg, 1, 1000000, &o->max_conns)) return 2; break;
-        case O_PERPEER: if (parse_int("--max-conns-per-peer", optarg, 1, 1000000, &o->per_peer)) return 2; break;
-        case O_HELLOTO: if (parse_int("--hello-timeout-s", optarg, 1, 3600, &o->hello_s)) return 2; break;
-        case O_IDLETO: if (parse_int("--idle-timeout-s", optarg, 0, 2000000, &o->idle_s)) return 2; break;
-        case O_MAXCELLS:
-            if (parse_int("--max-cells-per-run", optarg, 1, PROTO_MAX_CELLS, &o->max_cells)) return 2;
-            break;
-        case O_INPUTMB: if (parse_int("--input-mb", optarg, 1, 65536, &o->input_mb)) return 2; break;
-        case O_HTTPPERIP: if (parse_int("--http-max-conns-per-ip", optarg, 1, 100000, &o->http_per_ip)) return 2; break;
-        case O_ALLOWHOST:
-            if (o->n_allow_hosts == MAX_ALLOW_HOSTS || !*optarg) {
-                fprintf(stderr, "entropyd: --allow-host wants a name, at most %d times\n", MAX_ALLOW_HOSTS);
-                return 2;
-            }
-            o->allow_hosts[o->n_allow_hosts++] = optarg;
-            break;
-        case O_QUEUE: if (parse_int("--queue-mb", optarg, 1, 65536, &o->queue_mb)) return 2; break;
-        case O_DRAIN: if (parse_int("--drain-ms", optarg, 0, 600000, &o->drain_ms)) return 2; break;
-        case O_HTTP: o->http_listen = strcmp(optarg, "off") == 0 ? NULL : optarg; o->http_explicit = 1; break;
-        case O_HTTPCONNS: if (parse_int("--http-max-conns", optarg, 1, 100000, &o->http_conns)) return 2; break;
-        case O_WEBROOT: o->web_root = optarg; break;
-        case O_MHEADS: o->metrics_heads = 1; break;
-        case O_MKEEP: if (parse_duration("--metrics-keep-finished", optarg, &o->metrics_keep_s)) return 2; break;
-        case O_HTIMEOUT: if (parse_int("--http-timeout-s", optarg, 1, 86400, &o->http_timeout_s)) return 2; break;
-        case O_SEVENTS: if (parse_int("--stream-events", optarg, 1, 10000000, &o->stream_events)) return 2; break;
-        case O_KEEPALIVE: if (parse_int("--keepalive-ms", optarg, 10, 3600000, &o->keepalive_ms)) return 2; break;
-        case O_RULES: o->rules = optarg; break;
-        case O_WEBHOOK: o->webhook = optarg; break;
-        case O_ONALERT: o->on_alert = optarg; break;
-        case O_QUIETALERTS: o->alert_log = 0; break;
-        case O_AM: o->alertmanager = optarg; break;
-        case O_REMOTEWRITE: o->remote_write = optarg; break;
-        case O_AMRESEND: if (parse_int("--alertmanager-resend-s", optarg, 1, 86400, &o->am_resend_s)) return 2; break;
-        case O_VERSION: printf("entropyd %s (protocol %d, schema %d)\n", PROJECT_VERSION, PROTO_VERSION, store_schema_version()); return 0;
-        case 'h': case O_HELP: usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
+                          .keepalive_ms = 15000, .http_timeout_s = 60, .am_resend_s = 60, .metrics_keep_s = 3600};
+    char given[FLAG_COUNT(FLAGS)];
+    switch (flags_parse(&TABLE, argc, argv, o, given)) {
+    case FLAGS_HELP: usage(stdout); return 0;
+    case FLAGS_VERSION:
+        printf("entropyd %s (protocol %d, schema %d)\n", PROJECT_VERSION, PROTO_VERSION, store_schema_version());
+        return 0;
+    case FLAGS_BAD: return 2;
+    default: break;
     }
-    if (optind < argc) {
-        fprintf(stderr, "entropyd: unexpected argument \"%s\"\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    o->http_explicit = given[flags_find(&TABLE, "--http") - FLAGS];
+    if (strcmp(o->http_listen, "off") == 0) o->http_listen = NULL;
     if (o->token && !*o->token) o->token = NULL;
+    if (o->retain_raw && parse_retain(o->retain_raw, &o->retain_steps, &o->retain_s)) return 2;
     return -1;
 }
 
@@ -358,6 +316,7 @@ static int daemon_open_storage(struct daemon *d, const struct options *o) {
     char err[1024];
     if ((d->lock_fd = lock_database(o->db, err, sizeof err)) < 0) goto fail;
     if (!(d->st = store_open(o->db, err, sizeof err))) goto fail;
+    store_set_lossy_bf16(d->st, o->lossy_bf16);
     make_database_private(o->db);
     int stale = store_mark_live_stale(d->st, now_wall());
     if (stale > 0) fprintf(stderr, "entropyd: %d run(s) left live by an earlier daemon are now stale\n", stale);
@@ -385,7 +344,7 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
         snprintf(d->external, sizeof d->external, "http://%s", o->http_listen); /* the port bound comes later */
     }
     struct alerter_config mcfg = {.rules_path = o->rules, .store = d->st, .stream = d->stream, .pool = d->pool,
-                                  .notify = {.webhook_url = o->webhook, .exec_cmd = o->on_alert, .log = o->alert_log,
+                                  .notify = {.webhook_url = o->webhook, .exec_cmd = o->on_alert, .log = !o->quiet_alerts,
                                              .external_url = d->external, .alertmanager_url = o->alertmanager,
                                              .am_resend_s = (int)o->am_resend_s}};
     if (!(d->alerter = alerter_create(&mcfg, err, sizeof err))) goto fail;
@@ -395,7 +354,7 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
         if (!(d->hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) goto fail;
     }
     struct writer_config wcfg = {.max_bytes = (size_t)o->queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
-                                 .ctx = &d->hooks};
+                                 .retain_steps = o->retain_steps, .retain_s = o->retain_s, .ctx = &d->hooks};
     if (!(d->w = writer_create(d->st, d->efd, &wcfg, err, sizeof err))) goto fail;
     alerter_set_writer(d->alerter, d->w);
     struct ingest_config icfg = {.socket_path = o->sock, .tcp = o->tcp, .token = o->token,
@@ -421,7 +380,7 @@ static int daemon_start_http(struct daemon *d, const struct options *o) {
                                .metrics_keep_s = o->metrics_keep_s > 0 ? o->metrics_keep_s : -1,
                                .timeout_s = (int)o->http_timeout_s, .pool = d->pool, .stream = d->stream,
                                .writer = d->w, .ingest = g_ingest, .alerter = d->alerter,
-                               .allow_hosts = o->allow_hosts, .n_allow_hosts = o->n_allow_hosts,
+                               .allow_hosts = o->allow_hosts.v, .n_allow_hosts = o->allow_hosts.n,
                                .max_conns_per_ip = (int)o->http_per_ip,
                                .metrics_more = d->hooks.remote_write ? remote_write_metrics : NULL,
                                .metrics_ctx = d->hooks.remote_write};

@@ -273,6 +273,14 @@ static void am_resend(struct notify *n) {
     n->am_failing = r != 0;
 }
 
+/* The firing set's size on /metrics: the set is the notifier thread's
+ * own, its count is read by others. */
+static void am_count(struct notify *n, int d) {
+    pthread_mutex_lock(&n->mu);
+    n->stats.am_firing += (uint64_t)(int64_t)d;
+    pthread_mutex_unlock(&n->mu);
+}
+
 /* Firing: joins the firing set, which is sent at once; resolved: leaves
  * it and is sent with its endsAt (retried). */
 static void am_deliver(struct notify *n, struct note *nt) {
@@ -286,6 +294,7 @@ static void am_deliver(struct notify *n, struct note *nt) {
         *pp = x->next;
         cJSON_Delete(x->obj);
         free(x);
+        am_count(n, -1);
     }
     if (!strcmp(nt->status, "firing")) {
         struct am_alert *x = calloc(1, sizeof *x);
@@ -294,6 +303,7 @@ static void am_deliver(struct notify *n, struct note *nt) {
         x->obj = o;
         x->next = n->firing;
         n->firing = x;
+        am_count(n, +1);
         am_resend(n);
         return;
     }

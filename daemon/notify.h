@@ -64,6 +64,8 @@ void notify_set_external_url(struct notify *n, const char *url);
 struct notify_stats {
     uint64_t queued, sent, failed, retries, dropped, exec_runs, exec_failed;
     uint64_t am_sent, am_failed;   /* Alertmanager POSTs (re-sends included) */
+    uint64_t am_firing;            /* alerts in the firing set Alertmanager is re-sent; while
+                                      it is 0 the re-send timer is off */
 };
 void notify_get_stats(struct notify *n, struct notify_stats *out);
 

@@ -24,6 +24,7 @@ static const char *const q_sql[Q_COUNT] = {
     [Q_BLOCK_AT] = "SELECT block, mask, data FROM blocks WHERE metric_id = ?1 AND block <= ?2 ORDER BY block DESC LIMIT 2",
     [Q_BLOCK_FIRST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block LIMIT 1",
     [Q_BLOCK_LAST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block DESC LIMIT 1",
+    [Q_ROLLUP_FIRST] = "SELECT min(block) FROM rollups WHERE metric_id = ?1 AND level = 1",
 };
 
 

@@ -25,6 +25,7 @@ enum {
     Q_BLOCK_AT,     /* the last two blocks <= a block */
     Q_BLOCK_FIRST,  /* block, mask of a metric's first block */
     Q_BLOCK_LAST,   /* block, mask of its last block */
+    Q_ROLLUP_FIRST, /* a metric's first level-1 rollup block */
     Q_COUNT
 };
 
@@ -73,5 +74,13 @@ int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint
 /* The first and last stored step of a metric: 1, or 0 when it has no
  * frame, -1 on a database error. */
 int query_step_range(struct query *q, int64_t metric_id, int64_t *first, int64_t *last);
+
+/* Where a metric's raw frames begin when the steps before were dropped by
+ * raw retention (--retain-raw) and only their rollups are left: sets
+ * *rolled to the first step of its first level-1 rollup (a multiple of
+ * 64) and returns 1 when that block lies wholly before `first` (the first
+ * raw step, query_step_range), 0 when every rolled-up step has its raw
+ * frame, -1 on a database error. */
+int query_raw_horizon(struct query *q, int64_t metric_id, int64_t first, int64_t *rolled);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "fblock.h"
 #include "query_db.h"
+#include "store.h"
 
 /* Values of one frame as JSON: a number for a scalar, [L] for a layer
  * metric, [[H] x L] for a head metric. */
@@ -173,6 +174,19 @@ int query_step_range(struct query *q, int64_t metric_id, int64_t *first, int64_t
     if (r1 && (!have || bf < *first)) *first = bf;
     if (r2 && (!have || bl > *last)) *last = bl;
     return have || r1;
+}
+
+int query_raw_horizon(struct query *q, int64_t metric_id, int64_t first, int64_t *rolled) {
+    sqlite3_stmt *s = q->stmt[Q_ROLLUP_FIRST];
+    sqlite3_bind_int64(s, 1, metric_id);
+    int rc = sqlite3_step(s), ret = rc == SQLITE_ROW ? 0 : -1;
+    if (rc == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {
+        int64_t b = sqlite3_column_int64(s, 0);
+        *rolled = b * STORE_LEVEL_SIZE(1);
+        ret = b < first / STORE_LEVEL_SIZE(1);
+    }
+    sqlite3_reset(s);
+    return ret;
 }
 
 /* The last frame of a metric at or before `step`, raw or in a block, into

@@ -40,6 +40,8 @@ struct series {
     int64_t nb;
     struct bucket *b;      /* b[i * ngroups + g]: bucket i of group g */
     uint64_t *frames;      /* frames in bucket i (the same for every group) */
+    int64_t resolution;    /* 1, or 64 when steps before raw_from (rollups only) are in the range */
+    int64_t raw_from;      /* the first step with raw frames, -1 for none */
 };
 
 static void series_free(struct series *sr) {
@@ -193,18 +195,21 @@ static int series_select(struct series *sr, const struct query_series_req *req, 
 }
 
 /* Chooses the buckets over [lo, hi] (sr->a, w, nb) for at most `points` of
- * them; returns the rollup level their edges align to. */
-static int series_plan(struct series *sr, int64_t lo, int64_t hi, int64_t points) {
+ * them, their edges aligned to rollup level min_k or above; returns the
+ * level they align to. */
+static int series_plan(struct series *sr, int64_t lo, int64_t hi, int64_t points, int min_k) {
     /* the largest level no wider than a bucket needs to be */
     uint64_t span = (uint64_t)(hi - lo) + 1;
     uint64_t w0 = (span + (uint64_t)points - 1) / (uint64_t)points;
     int k = 0;
     while (k < STORE_LEVELS && (uint64_t)STORE_LEVEL_SIZE(k + 1) <= w0) k++;
-    /* Buckets of 32..63 steps would read up to 64 raw frames per bucket;
-     * 64-step buckets from level 1 cost at most half the resolution
-     * (never fewer than points/2 buckets) and bound raw reads to the
-     * edges. */
-    if (k == 0 && 2 * w0 >= (uint64_t)STORE_LEVEL_SIZE(1)) k = 1;
+    /* A bucket at least half a level-(k+1) block wide takes that block
+     * whole: at most half the resolution (never fewer than points/2
+     * buckets), and it reads one row a bucket instead of up to 8 of level
+     * k (or up to 64 raw frames), so no window reads more than ~4 rows a
+     * point. */
+    if (k < STORE_LEVELS && 2 * w0 >= (uint64_t)STORE_LEVEL_SIZE(k + 1)) k++;
+    if (k < min_k) k = min_k;
     int64_t size = k ? STORE_LEVEL_SIZE(k) : 1;
     sr->a = lo / size * size;
     uint64_t reach = (uint64_t)(hi - sr->a) + 1;
@@ -290,8 +295,11 @@ static void series_emit(struct strbuf *out, const struct series *sr, const struc
     if (req->split) strbuf_printf(out, ",\"split\":\"%s\"", splits[req->split]);
     if (pooled) strbuf_printf(out, ",\"agg\":\"%s\"", aggs[req->agg]);
     else strbuf_puts(out, ",\"agg\":null");
-    strbuf_printf(out, ",\"from\":%lld,\"to\":%lld,\"width\":%lld,", (long long)from, (long long)to,
-                     (long long)sr->w);
+    strbuf_printf(out, ",\"from\":%lld,\"to\":%lld,\"width\":%lld,\"resolution\":%lld,\"raw_from\":", (long long)from,
+                  (long long)to, (long long)sr->w, (long long)sr->resolution);
+    if (sr->raw_from >= 0) strbuf_i64(out, sr->raw_from);
+    else strbuf_puts(out, "null");
+    strbuf_add(out, ",", 1);
     emit_edges(out, "step", sr, 0, lo, hi);
     strbuf_add(out, ",", 1);
     emit_edges(out, "end", sr, 1, lo, hi);
@@ -332,10 +340,23 @@ int query_series(struct query *q, const struct query_series_req *req, struct str
         ret = query_db_fail(q, err, errlen, "reading the step range");
         goto out;
     }
+    /* steps before the raw horizon (--retain-raw) have rollups only:
+     * there the buckets are whole level-1 blocks */
+    int64_t raw_from = first, rolled = 0;
+    int cut = empty ? 0 : query_raw_horizon(q, sr.metric_id, first, &rolled);
+    if (cut < 0) {
+        ret = query_db_fail(q, err, errlen, "reading the rollups");
+        goto out;
+    }
+    if (cut) first = rolled;
     int64_t from = req->has_from ? req->from : first, to = req->has_to ? req->to : sr.last;
     int64_t lo = from > first ? from : first, hi = to < sr.last ? to : sr.last;
+    int coarse = cut && lo < raw_from;
+    if (coarse) lo = lo / STORE_LEVEL_SIZE(1) * STORE_LEVEL_SIZE(1);
     sr.w = 1;
-    int k = !empty && lo <= hi ? series_plan(&sr, lo, hi, req->points) : 0;
+    int k = !empty && lo <= hi ? series_plan(&sr, lo, hi, req->points, coarse) : 0;
+    sr.resolution = coarse ? STORE_LEVEL_SIZE(1) : 1;
+    sr.raw_from = empty ? -1 : raw_from;
     /* the bound holds for an empty range too: each series is still listed */
     if ((uint64_t)(sr.nb ? sr.nb : 1) * sr.ngroups > QUERY_MAX_SERIES_BUCKETS) {
         snprintf(err, errlen, "%u series x %lld buckets is more than %d: ask for fewer points%s", sr.ngroups,

@@ -784,22 +784,21 @@ void remote_write_metrics(void *ctx, struct strbuf *b) {
         const char *name, *type, *help;
         double v;
     } m[] = {
-        {"samples_total", "counter", "Samples the remote-write receiver took.", (double)atomic_load(&rw->sent)},
-        {"samples_rejected_total", "counter", "Samples the receiver refused for good (out of order, too old): skipped.",
+        {"entropyd_remote_write_samples_total", "counter", "Samples the remote-write receiver took.", (double)atomic_load(&rw->sent)},
+        {"entropyd_remote_write_samples_rejected_total", "counter", "Samples the receiver refused for good (out of order, too old): skipped.",
          (double)atomic_load(&rw->rejected)},
-        {"pending_samples", "gauge", "Samples committed and not yet delivered.", (double)atomic_load(&rw->pending)},
-        {"requests_total", "counter", "Remote-write requests sent.", (double)atomic_load(&rw->requests)},
-        {"requests_failed_total", "counter",
+        {"entropyd_remote_write_pending_samples", "gauge", "Samples committed and not yet delivered.", (double)atomic_load(&rw->pending)},
+        {"entropyd_remote_write_requests_total", "counter", "Remote-write requests sent.", (double)atomic_load(&rw->requests)},
+        {"entropyd_remote_write_requests_failed_total", "counter",
          "Remote-write requests that failed (receiver down, 5xx, 429, timeout) and were retried.",
          (double)atomic_load(&rw->failures)},
-        {"sent_bytes_total", "counter", "Compressed bytes the receiver took.", (double)atomic_load(&rw->bytes)},
-        {"failing", "gauge", "1 while the receiver fails.", atomic_load(&rw->failing)},
-        {"last_success_timestamp_seconds", "gauge", "Unix time of the last request the receiver took (0: none yet).",
+        {"entropyd_remote_write_sent_bytes_total", "counter", "Compressed bytes the receiver took.", (double)atomic_load(&rw->bytes)},
+        {"entropyd_remote_write_failing", "gauge", "1 while the receiver fails.", atomic_load(&rw->failing)},
+        {"entropyd_remote_write_last_success_timestamp_seconds", "gauge", "Unix time of the last request the receiver took (0: none yet).",
          atomic_load(&rw->last_ok)},
     };
     for (size_t i = 0; i < sizeof m / sizeof *m; i++)
-        strbuf_printf(b, "# HELP entropyd_remote_write_%s %s\n# TYPE entropyd_remote_write_%s %s\n"
-                         "entropyd_remote_write_%s %.17g\n", m[i].name, m[i].help, m[i].name, m[i].type, m[i].name, m[i].v);
+        strbuf_prom(b, m[i].name, m[i].type, m[i].help, m[i].v);
 }
 
 void remote_write_destroy(struct remote_write *rw) {

@@ -15,6 +15,12 @@
 #include "embed.h"
 #include "fblock.h"
 
+/* Debian's SQLite is built with SQLITE_SECURE_DELETE: every deleted row
+ * zeroed and every freed page written to the WAL. Sealing a block deletes
+ * its 64 raw frames, and that was the largest part of its cost; the data
+ * is the user's own, kept in the same file, so it is not worth it. */
+#define SECURE_DELETE "OFF"
+
 /* A metric of a cached run: its row id, kind, value count and last stored
  * step (-1 when none), which decides when a rollup block is complete. */
 struct metric_cache {
@@ -46,6 +52,11 @@ enum {
     S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SEAL_FRAMES, S_SEAL_DELETE, S_INSERT_BLOCK,
     S_REWIND_BLOCK, S_DELETE_BLOCK, S_INSERT_ABANDONED, S_LAST_FRAME, S_LAST_BLOCK, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
     S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
+    /* the hello path and transaction control, prepared once: preparing them
+     * at every hello was a third of the daemon's CPU per hello, and its
+     * mallocs grew slower as the heap filled with 10,000 runs (issue 15) */
+    S_BEGIN, S_COMMIT, S_SAVEPOINT, S_RELEASE, S_RUN_BY_NAME, S_RUN_RESUME, S_RUN_ID_NEXT, S_RUN_CREATE,
+    S_RUN_STATUS, S_RUN_VERDICT, S_ALERTS_CLOSE_RUN,
     S_COUNT
 };
 
@@ -90,9 +101,27 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_REWIND_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2",
     [S_REWIND_STEPS] = "DELETE FROM steps WHERE run_id = ?1 AND step >= coalesce((SELECT step FROM steps "
                        "WHERE run_id = ?1 AND step >= ?2 ORDER BY step DESC LIMIT 1 OFFSET ?3), ?2)",
-    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = ?1 AND level = ?2 "
-                         "AND block >= ?3 LIMIT ?4)",
+    /* rollups have no rowid (migration 7): the key within one metric and level */
+    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE metric_id = ?1 AND level = ?2 AND block IN (SELECT block FROM rollups "
+                         "WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 LIMIT ?4)",
     [S_PURGE_NEXT] = "SELECT kind, id FROM purge LIMIT 1",
+    [S_BEGIN] = "BEGIN IMMEDIATE",
+    [S_COMMIT] = "COMMIT",
+    [S_SAVEPOINT] = "SAVEPOINT item",
+    [S_RELEASE] = "RELEASE item",
+    [S_RUN_BY_NAME] = "SELECT id, layers, heads, last_seq FROM runs WHERE name = ?1",
+    [S_RUN_RESUME] = "UPDATE runs SET status = 'live', updated = ?2, seq_len = ?3, meta = coalesce(?4, meta) WHERE id = ?1",
+    /* ids come from id_seq (migration 3) so a deleted run's id is never reused */
+    [S_RUN_ID_NEXT] = "UPDATE id_seq SET last = max(last, (SELECT coalesce(max(id), 0) FROM runs)) + 1 WHERE name = 'runs'",
+    [S_RUN_CREATE] = "INSERT INTO runs(id, name, status, created, updated, seq_len, meta, layers, heads) "
+                     "VALUES ((SELECT last FROM id_seq WHERE name = 'runs'), ?1, 'live', ?2, ?2, ?3, coalesce(?4, '{}'), ?5, ?6)",
+    [S_RUN_STATUS] = "UPDATE runs SET status = ?2, updated = ?3 WHERE id = ?1",
+    [S_RUN_VERDICT] = "INSERT INTO run_summary(run_id, verdict, since_step, heads, rule) "
+                      "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1) "
+                      "ON CONFLICT(run_id) DO UPDATE SET verdict = excluded.verdict, "
+                      "since_step = excluded.since_step, heads = excluded.heads, rule = excluded.rule",
+    [S_ALERTS_CLOSE_RUN] = "UPDATE alerts SET state = 'resolved', ends_at = ?2, reason = 'run_ended' "
+                           "WHERE run_id = ?1 AND state = 'firing'",
 };
 
 struct store {
@@ -114,6 +143,7 @@ struct store {
     struct fblock_codec *codec;
     float *blockvals;
     size_t blockcap;
+    int bf16;             /* store_set_lossy_bf16 */
 };
 
 static int set_err(struct store *st, int code, const char *fmt, ...) {
@@ -214,6 +244,7 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
         exec(st, "PRAGMA journal_mode = WAL") ||
         exec(st, "PRAGMA synchronous = NORMAL") ||
         exec(st, "PRAGMA foreign_keys = ON") ||
+        exec(st, "PRAGMA secure_delete = " SECURE_DELETE) ||
         exec(st, "PRAGMA cache_size = -65536") ||
         /* the WAL file is cut back to this size whenever it restarts
          * (store_checkpoint, writer.h); see schema/storage.md "WAL" */
@@ -263,8 +294,10 @@ void store_close(struct store *st) {
     free(st);
 }
 
+static int step_done(struct store *st, sqlite3_stmt *s, const char *what);
+
 int store_begin(struct store *st) {
-    if (exec(st, "BEGIN IMMEDIATE")) return -1;
+    if (step_done(st, st->stmt[S_BEGIN], "BEGIN")) return -1;
     st->in_txn = 1;
     return 0;
 }
@@ -284,14 +317,14 @@ static int step_done(struct store *st, sqlite3_stmt *s, const char *what) {
 }
 
 int store_commit(struct store *st) {
-    if (exec(st, "COMMIT")) return -1;
+    if (step_done(st, st->stmt[S_COMMIT], "COMMIT")) return -1;
     st->in_txn = 0;
     return 0;
 }
 
-int store_savepoint(struct store *st) { return exec(st, "SAVEPOINT item"); }
+int store_savepoint(struct store *st) { return step_done(st, st->stmt[S_SAVEPOINT], "opening a savepoint"); }
 int store_in_transaction(struct store *st) { return st->in_txn && !sqlite3_get_autocommit(st->db); }
-int store_release(struct store *st) { return exec(st, "RELEASE item"); }
+int store_release(struct store *st) { return step_done(st, st->stmt[S_RELEASE], "releasing a savepoint"); }
 
 void store_rollback_to(struct store *st) {
     sqlite3_exec(st->db, "ROLLBACK TO item; RELEASE item", NULL, NULL, NULL);
@@ -400,13 +433,8 @@ int store_mark_live_stale(struct store *st, double now) {
 
 int store_run_open(struct store *st, const char *name, int64_t layers, int64_t heads, int64_t seq_len,
                    const char *meta, double now, struct store_run_info *out) {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
     memset(out, 0, sizeof *out);
-    if (sqlite3_prepare_v2(st->db, "SELECT id, layers, heads, last_seq FROM runs WHERE name = ?1", -1, &s, NULL) != SQLITE_OK) {
-        db_err(st, "looking up run");
-        goto out;
-    }
+    sqlite3_stmt *s = st->stmt[S_RUN_BY_NAME];
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
@@ -415,32 +443,18 @@ int store_run_open(struct store *st, const char *name, int64_t layers, int64_t h
         out->heads = sqlite3_column_int64(s, 2);
         out->last_seq = sqlite3_column_int64(s, 3);
         out->seq_len = seq_len;
-        sqlite3_finalize(s);
-        s = NULL;
-        if (out->layers != layers || out->heads != heads) {
-            set_err(st, -2, "run %s has %lld layers x %lld heads, not %lld x %lld", name,
-                    (long long)out->layers, (long long)out->heads, (long long)layers, (long long)heads);
-            goto out;
-        }
-        if (sqlite3_prepare_v2(st->db, "UPDATE runs SET status = 'live', updated = ?2, seq_len = ?3, "
-                               "meta = coalesce(?4, meta) WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) {
-            db_err(st, "resuming run");
-            goto out;
-        }
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s); /* name is the caller's */
+    if (rc == SQLITE_ROW) {
+        if (out->layers != layers || out->heads != heads)
+            return set_err(st, -2, "run %s has %lld layers x %lld heads, not %lld x %lld", name,
+                           (long long)out->layers, (long long)out->heads, (long long)layers, (long long)heads);
+        s = st->stmt[S_RUN_RESUME];
         sqlite3_bind_int64(s, 1, out->id);
     } else if (rc == SQLITE_DONE) {
-        sqlite3_finalize(s);
-        s = NULL;
-        /* ids come from id_seq (migration 3) so a deleted run's id is never reused */
-        if (exec(st, "UPDATE id_seq SET last = max(last, (SELECT coalesce(max(id), 0) FROM runs)) + 1 "
-                     "WHERE name = 'runs'"))
-            goto out;
-        if (sqlite3_prepare_v2(st->db, "INSERT INTO runs(id, name, status, created, updated, seq_len, meta, layers, heads) "
-                               "VALUES ((SELECT last FROM id_seq WHERE name = 'runs'), ?1, 'live', ?2, ?2, ?3, "
-                               "coalesce(?4, '{}'), ?5, ?6)", -1, &s, NULL) != SQLITE_OK) {
-            db_err(st, "creating run");
-            goto out;
-        }
+        if (step_done(st, st->stmt[S_RUN_ID_NEXT], "creating run")) return -1;
+        s = st->stmt[S_RUN_CREATE];
         sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 5, layers);
         sqlite3_bind_int64(s, 6, heads);
@@ -449,22 +463,17 @@ int store_run_open(struct store *st, const char *name, int64_t layers, int64_t h
         out->heads = heads;
         out->seq_len = seq_len;
     } else {
-        db_err(st, "looking up run");
-        goto out;
+        return db_err(st, "looking up run");
     }
     sqlite3_bind_double(s, 2, now);
     sqlite3_bind_int64(s, 3, seq_len);
     if (meta) sqlite3_bind_text(s, 4, meta, -1, SQLITE_STATIC);
     else sqlite3_bind_null(s, 4);
-    if (sqlite3_step(s) != SQLITE_DONE) {
-        db_err(st, "writing run");
-        goto out;
-    }
+    int failed = step_done(st, s, "writing run");
+    sqlite3_clear_bindings(s); /* name and meta are the caller's */
+    if (failed) return -1;
     if (out->created) out->id = sqlite3_last_insert_rowid(st->db);
-    ret = 0;
-out:
-    sqlite3_finalize(s);
-    return ret;
+    return 0;
 }
 
 static struct metric_cache *metric_get(struct store *st, struct run_cache *r, const struct proto_metric *pm,
@@ -621,7 +630,8 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
             if (isfinite(v[i])) agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, v[i], v[i], v[i], 1);
     }
     if (rollup_write(st, m, 1, block, nf)) return -1;
-    unsigned char *blob;
+    if (st->bf16) fblock_round_bf16(st->blockvals, (size_t)nf * m->n);
+    const unsigned char *blob;
     size_t len;
     if (fblock_encode(st->codec, st->blockvals, nf, m->n, &blob, &len))
         return set_err(st, SQLITE_NOMEM, "coding a block: out of memory");
@@ -629,7 +639,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     sqlite3_bind_int64(s, 1, m->id);
     sqlite3_bind_int64(s, 2, block);
     sqlite3_bind_int64(s, 3, (int64_t)mask);
-    sqlite3_bind_blob(s, 4, blob, (int)len, free);
+    sqlite3_bind_blob(s, 4, blob, (int)len, SQLITE_STATIC); /* the codec's until its next encode */
     if (step_done(st, s, "writing a block")) return -1;
     s = st->stmt[S_SEAL_DELETE];
     sqlite3_bind_int64(s, 1, m->id);
@@ -739,15 +749,24 @@ static int64_t run_changes(struct store *st, sqlite3_stmt *s, const char *what) 
     return sqlite3_changes64(st->db);
 }
 
+/* Writes frame (metric_id, step) of n values into `frames`. */
+static int frame_insert(struct store *st, int64_t metric_id, int64_t step, const float *v, uint32_t n, const char *what) {
+    sqlite3_stmt *s = st->stmt[S_INSERT_FRAME];
+    sqlite3_bind_int64(s, 1, metric_id);
+    sqlite3_bind_int64(s, 2, step);
+    sqlite3_bind_blob(s, 3, v, (int)(n * sizeof(float)), SQLITE_STATIC);
+    return step_done(st, s, what);
+}
+
 /* Puts one frame (n values) into a branch's abandoned frames, or back
  * into `frames` when branch is 0. */
 static int frame_put(struct store *st, int64_t branch, int64_t metric_id, int64_t step, const float *v, uint32_t n) {
-    sqlite3_stmt *s = st->stmt[branch ? S_INSERT_ABANDONED : S_INSERT_FRAME];
-    int i = 1;
-    if (branch) sqlite3_bind_int64(s, i++, branch);
-    sqlite3_bind_int64(s, i++, metric_id);
-    sqlite3_bind_int64(s, i++, step);
-    sqlite3_bind_blob(s, i, v, (int)(n * sizeof(float)), SQLITE_STATIC);
+    if (!branch) return frame_insert(st, metric_id, step, v, n, "moving a frame out of its block");
+    sqlite3_stmt *s = st->stmt[S_INSERT_ABANDONED];
+    sqlite3_bind_int64(s, 1, branch);
+    sqlite3_bind_int64(s, 2, metric_id);
+    sqlite3_bind_int64(s, 3, step);
+    sqlite3_bind_blob(s, 4, v, (int)(n * sizeof(float)), SQLITE_STATIC);
     return step_done(st, s, "moving a frame out of its block");
 }
 
@@ -923,11 +942,7 @@ int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto
             continue;
         }
         if (rollup_advance(st, m, msg->step)) return -1;
-        s = st->stmt[S_INSERT_FRAME];
-        sqlite3_bind_int64(s, 1, m->id);
-        sqlite3_bind_int64(s, 2, msg->step);
-        sqlite3_bind_blob(s, 3, msg->values + pm->offset, (int)(m->n * sizeof(float)), SQLITE_STATIC);
-        if (step_done(st, s, "writing frame")) return -1;
+        if (frame_insert(st, m->id, msg->step, msg->values + pm->offset, m->n, "writing frame")) return -1;
         s = st->stmt[S_UPSERT_LATEST];
         sqlite3_bind_int64(s, 1, m->id);
         sqlite3_bind_int64(s, 2, msg->step);
@@ -962,33 +977,22 @@ int store_event(struct store *st, int64_t run_id, int64_t seq, double time, int 
 }
 
 int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, double now) {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    if (sqlite3_prepare_v2(st->db, "UPDATE runs SET status = ?2, updated = ?3 WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) {
-        db_err(st, "setting run status");
-        goto out;
-    }
+    sqlite3_stmt *s = st->stmt[S_RUN_STATUS];
     sqlite3_bind_int64(s, 1, run_id);
-    sqlite3_bind_text(s, 2, proto_status_name(status), -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, proto_status_name(status), -1, SQLITE_STATIC); /* a static string */
     sqlite3_bind_double(s, 3, now);
-    if (sqlite3_step(s) != SQLITE_DONE) {
-        db_err(st, "setting run status");
-        goto out;
-    }
+    if (step_done(st, s, "setting run status")) return -1;
     if (seq > 0) {
         struct run_cache *r = run_get(st, run_id);
-        if (!r) goto out;
+        if (!r) return -1;
         r->last_seq = seq;
         r->updated = now;
-        if (run_save(st, r)) goto out;
+        if (run_save(st, r)) return -1;
     }
     /* a run that is not live sends nothing until its next hello: its cache
      * goes, so that the cache holds live runs only, however many are stored */
     if (status != PROTO_LIVE) run_forget(st, run_id);
-    ret = 0;
-out:
-    sqlite3_finalize(s);
-    return ret;
+    return 0;
 }
 
 int store_run_delete(struct store *st, int64_t run_id) {
@@ -1038,8 +1042,8 @@ static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
     long long i = (long long)id;
     int r;
     if (kind == 0) {
-        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE id IN (SELECT id FROM rollups WHERE metric_id = %lld "
-                 "LIMIT %lld)", i, (long long)*left);
+        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE metric_id = %lld AND (level, block) IN (SELECT level, block "
+                 "FROM rollups WHERE metric_id = %lld LIMIT %lld)", i, i, (long long)*left);
         if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
         snprintf(sql, sizeof sql, "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = %lld "
                  "LIMIT %lld)", i, (long long)*left);
@@ -1122,8 +1126,8 @@ int64_t store_wal_used(struct store *st) { return st->wal_frames * (st->page_siz
 int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_bytes) {
     int log = 0, done = 0;
     sqlite3_busy_timeout(st->db, busy_ms);
-    int rc = sqlite3_wal_checkpoint_v2(st->db, NULL, restart ? SQLITE_CHECKPOINT_RESTART : SQLITE_CHECKPOINT_PASSIVE,
-                                       &log, &done);
+    int mode = restart > 1 ? SQLITE_CHECKPOINT_TRUNCATE : restart ? SQLITE_CHECKPOINT_RESTART : SQLITE_CHECKPOINT_PASSIVE;
+    int rc = sqlite3_wal_checkpoint_v2(st->db, NULL, mode, &log, &done);
     sqlite3_busy_timeout(st->db, 5000);
     if (wal_bytes) *wal_bytes = store_wal_bytes(st);
     if (rc == SQLITE_OK && restart) st->wal_frames = 0; /* the next write starts the log over */
@@ -1208,11 +1212,10 @@ out:
 }
 
 int store_alerts_close_run(struct store *st, int64_t run_id, double now) {
-    char sql[256];
-    snprintf(sql, sizeof sql, "UPDATE alerts SET state = 'resolved', ends_at = %.6f, reason = 'run_ended' "
-             "WHERE run_id = %lld AND state = 'firing'",
-             now, (long long)run_id);
-    return exec(st, sql);
+    sqlite3_stmt *s = st->stmt[S_ALERTS_CLOSE_RUN];
+    sqlite3_bind_int64(s, 1, run_id);
+    sqlite3_bind_double(s, 2, now);
+    return step_done(st, s, "closing the run's alerts");
 }
 
 int store_run_is_live(struct store *st, int64_t run_id) {
@@ -1230,16 +1233,7 @@ int store_run_is_live(struct store *st, int64_t run_id) {
 
 int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
                       const char *heads_json, const char *rule) {
-    sqlite3_stmt *s = NULL;
-    int ret = -1;
-    if (sqlite3_prepare_v2(st->db, "INSERT INTO run_summary(run_id, verdict, since_step, heads, rule) "
-                           "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1) "
-                           "ON CONFLICT(run_id) DO UPDATE SET verdict = excluded.verdict, "
-                           "since_step = excluded.since_step, heads = excluded.heads, rule = excluded.rule",
-                           -1, &s, NULL) != SQLITE_OK) {
-        db_err(st, "writing the verdict");
-        goto out;
-    }
+    sqlite3_stmt *s = st->stmt[S_RUN_VERDICT];
     sqlite3_bind_int64(s, 1, run_id);
     sqlite3_bind_text(s, 2, verdict, -1, SQLITE_STATIC);
     if (since_step >= 0) sqlite3_bind_int64(s, 3, since_step);
@@ -1247,14 +1241,9 @@ int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int
     sqlite3_bind_text(s, 4, heads_json ? heads_json : "[]", -1, SQLITE_STATIC);
     if (rule) sqlite3_bind_text(s, 5, rule, -1, SQLITE_STATIC);
     else sqlite3_bind_null(s, 5);
-    if (sqlite3_step(s) != SQLITE_DONE) {
-        db_err(st, "writing the verdict");
-        goto out;
-    }
-    ret = 0;
-out:
-    sqlite3_finalize(s);
-    return ret;
+    int failed = step_done(st, s, "writing the verdict");
+    sqlite3_clear_bindings(s); /* the strings are the caller's */
+    return failed ? -1 : 0;
 }
 
 int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_msg *msg) {
@@ -1291,4 +1280,128 @@ int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_
     return step_done(st, s, "writing the run summary");
 }
 
+void store_set_lossy_bf16(struct store *st, int bf16) { st->bf16 = bf16 != 0; }
+
 void store_release_memory(struct store *st) { sqlite3_db_release_memory(st->db); }
+
+/* ---- raw retention (--retain-raw) --------------------------------------
+ * A block of its own (the history engineer's, apart from the append path
+ * above): the writer's retention job calls store_retain_raw between
+ * batches. It deletes sealed blocks only, never rollups, steps or the open
+ * block, so every query keeps its exact summaries (schema/storage.md). */
+
+/* Runs the one-row statement s (bound by the caller): 1 with the row's
+ * first two columns (NULL reads as -1), 0 for no row, -1 on error. */
+static int retain_row(struct store *st, sqlite3_stmt *s, int64_t *a, double *b) {
+    int rc = sqlite3_step(s), ret = rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -1;
+    if (rc == SQLITE_ROW) {
+        *a = sqlite3_column_type(s, 0) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 0);
+        *b = sqlite3_column_type(s, 1) == SQLITE_NULL ? -1 : sqlite3_column_double(s, 1);
+    }
+    sqlite3_reset(s);
+    if (ret < 0) db_err(st, "reading for retention");
+    return ret;
+}
+
+/* The first step of run_id whose time is at or after `since` (steps'
+ * times grow with their steps): a binary search over the run's steps,
+ * about 20 seeks for a million of them. */
+static int retain_step_since(struct store *st, sqlite3_stmt *next, int64_t run_id, int64_t last, double since,
+                             int64_t *out) {
+    int64_t lo = 0, hi = last + 1, step;
+    double t;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        sqlite3_bind_int64(next, 1, run_id);
+        sqlite3_bind_int64(next, 2, mid);
+        int r = retain_row(st, next, &step, &t);
+        if (r < 0) return -1;
+        if (!r || t >= since) hi = mid;
+        else lo = step + 1;
+    }
+    *out = lo;
+    return 0;
+}
+
+/* The first step of run_id whose raw frames are kept, or -1 to keep them
+ * all (no steps yet, or a rewind in progress: it moves blocks itself). */
+static int retain_cutoff(struct store *st, sqlite3_stmt *run, sqlite3_stmt *next, int64_t run_id, int64_t keep_steps,
+                         double keep_s, double now, int64_t *cut) {
+    int64_t last;
+    double rewinding;
+    *cut = -1;
+    sqlite3_bind_int64(run, 1, run_id);
+    int r = retain_row(st, run, &last, &rewinding);
+    if (r <= 0 || last < 0 || rewinding > 0) return r < 0 ? -1 : 0;
+    if (keep_steps > 0) *cut = last - keep_steps + 1;
+    else if (retain_step_since(st, next, run_id, last, now - keep_s, cut)) return -1;
+    return 0;
+}
+
+/* Deletes up to `limit` rows of metric_id below `below` with del (bound
+ * here: ?1 metric, ?2 below, ?3 limit). Returns the rows deleted, -1. */
+static int64_t retain_delete(struct store *st, sqlite3_stmt *del, int64_t metric_id, int64_t below, int64_t limit) {
+    sqlite3_bind_int64(del, 1, metric_id);
+    sqlite3_bind_int64(del, 2, below);
+    sqlite3_bind_int64(del, 3, limit);
+    return run_changes(st, del, "deleting raw frames past retention");
+}
+
+int store_retain_raw(struct store *st, int64_t keep_steps, double keep_s, double now, int64_t *cursor, int64_t budget) {
+    static const char *const sql[] = {
+        "SELECT id, run_id FROM metrics WHERE id > ?1 ORDER BY id LIMIT 1",
+        "SELECT last_step, (SELECT count(*) FROM rewinds WHERE run_id = ?1) FROM runs WHERE id = ?1",
+        "SELECT step, time FROM steps WHERE run_id = ?1 AND step >= ?2 ORDER BY step LIMIT 1",
+        "DELETE FROM blocks WHERE id IN (SELECT id FROM blocks WHERE metric_id = ?1 AND block < ?2 LIMIT ?3)",
+        "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = ?1 AND step < ?2 LIMIT ?3)",
+    };
+    enum { R_METRIC, R_RUN, R_NEXT, R_BLOCKS, R_FRAMES, R_COUNT };
+    sqlite3_stmt *s[R_COUNT] = {0};
+    int ret = -1;
+    int64_t left = budget < FBLOCK_STEPS ? FBLOCK_STEPS : budget, run_seen = 0, cut = -1;
+    if (keep_steps <= 0 && !(keep_s > 0)) return 0;
+    for (int i = 0; i < R_COUNT; i++)
+        if (sqlite3_prepare_v2(st->db, sql[i], -1, &s[i], NULL) != SQLITE_OK) {
+            db_err(st, "preparing retention");
+            goto out;
+        }
+    for (;;) {
+        int64_t mid, run_id;
+        double rid;
+        sqlite3_bind_int64(s[R_METRIC], 1, *cursor);
+        int r = retain_row(st, s[R_METRIC], &mid, &rid);
+        if (r < 0) goto out;
+        if (!r) { /* the pass is complete */
+            *cursor = 0;
+            ret = 0;
+            break;
+        }
+        if (left <= 0) {
+            ret = 1;
+            break;
+        }
+        run_id = (int64_t)rid;
+        if (run_id != run_seen &&
+            retain_cutoff(st, s[R_RUN], s[R_NEXT], run_id, keep_steps, keep_s, now, &cut))
+            goto out;
+        run_seen = run_id;
+        left -= 4; /* looking costs a few seeks */
+        if (cut >= FBLOCK_STEPS) {
+            /* whole blocks before the cut: a block is about as much work as
+             * the 64 frames it codes */
+            int64_t want = (left + FBLOCK_STEPS - 1) / FBLOCK_STEPS, n;
+            if ((n = retain_delete(st, s[R_BLOCKS], mid, cut / FBLOCK_STEPS, want)) < 0) goto out;
+            left -= n * FBLOCK_STEPS;
+            if (n >= want) continue; /* this metric may have more */
+            /* raw frames of a database from before blocks (migration 6) */
+            want = left > 1 ? left : 1;
+            if ((n = retain_delete(st, s[R_FRAMES], mid, cut / FBLOCK_STEPS * FBLOCK_STEPS, want)) < 0) goto out;
+            left -= n;
+            if (n >= want) continue;
+        }
+        *cursor = mid;
+    }
+out:
+    for (int i = 0; i < R_COUNT; i++) sqlite3_finalize(s[i]);
+    return ret;
+}

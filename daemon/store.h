@@ -144,6 +144,19 @@ int store_purge(struct store *st, int64_t budget);
 int store_needs_rewind(struct store *st, int64_t run_id, int64_t step);
 int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, int64_t budget);
 
+/* Raw retention (--retain-raw): deletes about `budget` frames' worth of
+ * the sealed blocks (and raw frames of a database from before blocks) of
+ * the metrics with id > *cursor whose steps all lie before their run's raw
+ * window: the last keep_steps steps when keep_steps > 0, else the steps
+ * whose time is at or after now - keep_s. Rollups (every level), steps
+ * rows and each metric's open block stay, so series stay exact at the
+ * rollups' resolution. A run being rewound is skipped. Advances *cursor
+ * past every metric done; returns 1 when the budget ran out (call again),
+ * 0 once the pass passed the last metric (*cursor is 0 again), -1 on
+ * failure. In the caller's transaction. */
+int store_retain_raw(struct store *st, int64_t keep_steps, double keep_s, double now, int64_t *cursor,
+                     int64_t budget);
+
 /* One alert transition (see alert.h), as stored. Strings are borrowed. */
 struct store_alert {
     int64_t run_id;
@@ -183,6 +196,13 @@ int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int
  * step that has either, nothing otherwise; never reads frames. */
 int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_msg *msg);
 
+/* The lossy precision (off by default): with bf16 set, a block of frames
+ * is rounded to bfloat16 (fblock_round_bf16) when it is sealed, about 1
+ * byte per value at rest instead of ~2.5. The frames of a metric's open
+ * block (its last < 64 steps), its latest values and every rollup (min,
+ * max, sum, count: computed before the rounding) stay exact. */
+void store_set_lossy_bf16(struct store *st, int bf16);
+
 /* Gives the connection's unused page cache back to the allocator (after a
  * large run ended or was deleted, its pages are dead weight). Call outside
  * a transaction. */
@@ -219,7 +239,9 @@ int64_t store_wal_used(struct store *st);
 /* Checkpoints the WAL outside a transaction: PASSIVE (copies what no
  * reader needs, never waits), or with restart set RESTART (copies all,
  * then waits up to busy_ms for readers of the old WAL so the next writes
- * start at its beginning). Sets *wal_bytes (if not NULL) to the WAL's size
+ * start at its beginning); restart 2 is a TRUNCATE (a RESTART that also
+ * cuts the file to nothing: at start, after a migration wrote a big log
+ * that no later commit would cut back while the daemon is idle). Sets *wal_bytes (if not NULL) to the WAL's size
  * after it. Returns 0, 1 if readers held it (SQLITE_BUSY: try later), -1
  * on failure. */
 int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_bytes);

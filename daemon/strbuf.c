@@ -74,6 +74,15 @@ void strbuf_free(struct strbuf *b) {
 
 /* Appends a decimal integer (printf is slow enough to matter in series
  * answers of 100,000 buckets). */
+void strbuf_prom_head(struct strbuf *b, const char *name, const char *type, const char *help) {
+    strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void strbuf_prom(struct strbuf *b, const char *name, const char *type, const char *help, double v) {
+    strbuf_prom_head(b, name, type, help);
+    strbuf_printf(b, "%s %.17g\n", name, v);
+}
+
 void strbuf_i64(struct strbuf *b, int64_t v) {
     char tmp[24], *p = tmp + sizeof tmp;
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;

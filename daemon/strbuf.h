@@ -32,6 +32,12 @@ void strbuf_json_str(struct strbuf *b, const char *s);
 /* Appends a decimal integer (faster than printf, which matters in answers
  * of 100,000 buckets). */
 void strbuf_i64(struct strbuf *b, int64_t v);
+/* Appends a Prometheus metric family's "# HELP name help" and
+ * "# TYPE name type" lines; its samples follow. */
+void strbuf_prom_head(struct strbuf *b, const char *name, const char *type, const char *help);
+/* Appends a metric family of one sample without labels: its HELP and TYPE
+ * lines and "name value" (17 significant digits: reads back exactly). */
+void strbuf_prom(struct strbuf *b, const char *name, const char *type, const char *help, double v);
 /* Frees p and leaves an empty buffer. */
 void strbuf_free(struct strbuf *b);
 

@@ -38,6 +38,8 @@ struct writer {
     int purge_pending;               /* store_purge has (or may have) work */
     int64_t job_budget;              /* rows per chunk, adapted to WRITER_JOB_MS */
     double job_backoff_until;        /* after a failed chunk (monotonic ms) */
+    int64_t retain_cursor;           /* store_retain_raw's place in its pass */
+    double retain_next;              /* when the next retention pass may start (monotonic ms) */
 
     /* The checkpointer: its own connection and thread; wal_used (bytes of
      * the WAL in use after the writer's last commit) and wal_checked (the
@@ -337,8 +339,15 @@ static void release_deferred(struct writer *w) {
  * rollback goes at the pace the disk checkpoints instead of making the
  * writer wait at WRITER_WAL_HARD (trainers' acks would wait with it).
  * Called with mu held or from the writer thread. */
+/* Raw retention is on (writer_config), and its pass is under way or due. */
+static int retain_on(const struct writer *w) { return w->cfg.retain_steps > 0 || w->cfg.retain_s > 0; }
+
+static int retain_due(const struct writer *w) {
+    return retain_on(w) && (w->retain_cursor > 0 || now_mono_ms() >= w->retain_next);
+}
+
 static int jobs_pending(const struct writer *w) {
-    if (!w->dhead && !w->purge_pending) return 0;
+    if (!w->dhead && !w->purge_pending && !retain_due(w)) return 0;
     if (w->ckstarted && w->wal_used >= WRITER_WAL_RESTART && !w->wal_reset_ok) return 0;
     return now_mono_ms() >= w->job_backoff_until;
 }
@@ -412,24 +421,70 @@ static void *checkpointer_main(void *arg) {
     return NULL;
 }
 
-/* One chunk of background work in its own transaction: the rewind the
- * first deferred item waits for, else a purge of deleted runs. */
-static void job_chunk(struct writer *w) {
+/* 1 when items wait in the queue: a chunk stops between two pieces. */
+static int queue_waiting(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    int r = w->head != NULL;
+    pthread_mutex_unlock(&w->mu);
+    return r;
+}
+
+/* One piece of background work of w->job_budget rows, in the open
+ * transaction: the rewind the first deferred item waits for, else a purge
+ * of deleted runs, else raw retention (*retain set, its place in *cursor).
+ * Returns 1 while more is left, 0 once done, -1 on failure. */
+static int job_piece(struct writer *w, int *retain, int64_t *cursor) {
     struct store *st = w->st;
     double t0 = now_mono_ms();
     int r;
-    if (store_begin(st)) goto fail;
+    *retain = 0;
     if (w->dhead) r = store_rewind(st, w->dhead->run_id, w->dhead->msg.step, w->dhead->time, w->job_budget);
-    else r = store_purge(st, w->job_budget);
-    if (r < 0 || store_commit(st)) goto fail;
+    else if (w->purge_pending) r = store_purge(st, w->job_budget);
+    else {
+        *retain = 1;
+        r = store_retain_raw(st, w->cfg.retain_steps, w->cfg.retain_s, now_wall(), cursor, w->job_budget);
+    }
     double ms = now_mono_ms() - t0;
-    if (ms < WRITER_JOB_MS / 2 && w->job_budget < (INT64_C(1) << 20)) w->job_budget *= 2;
-    else if (ms > WRITER_JOB_MS && w->job_budget > 64) w->job_budget /= 2; /* a sealed block (64 frames) moves whole */
+    /* Only a piece that used its whole budget (r == 1) says the budget is
+     * small: one that ran out of work early (the end of a table, a pass
+     * with little to do) was quick for want of rows, and doubling on it
+     * let the budget climb to a million rows, whose next piece (a run's
+     * blocks) then held the writer for 1.2 s. */
+    if (r == 1 && ms < WRITER_JOB_PIECE_MS / 2 && w->job_budget < WRITER_JOB_BUDGET_MAX) w->job_budget *= 2;
+    else if (ms > WRITER_JOB_PIECE_MS) {
+        /* back to a budget that would have taken WRITER_JOB_PIECE_MS, at
+         * once (a sealed block, 64 frames, moves whole: no less than that) */
+        int64_t b = (int64_t)((double)w->job_budget * WRITER_JOB_PIECE_MS / ms);
+        w->job_budget = b > 64 ? b : 64;
+    }
+    return r;
+}
+
+/* One chunk of background work in its own transaction: pieces of about
+ * WRITER_JOB_PIECE_MS until WRITER_JOB_MS have passed, the work is done,
+ * or a trainer's item waits (so that no ack waits behind more than one
+ * piece). */
+static void job_chunk(struct writer *w) {
+    struct store *st = w->st;
+    double t0 = now_mono_ms();
+    int r, retain = 0;
+    int64_t cursor = w->retain_cursor;
+    if (store_begin(st)) goto fail;
+    do r = job_piece(w, &retain, &cursor);
+    while (r == 1 && now_mono_ms() - t0 < WRITER_JOB_MS && !queue_waiting(w));
+    if (r < 0 || store_commit(st)) goto fail;
+    if (retain) {
+        /* only once committed: a failed chunk is redone; a pass that
+         * reached the last metric waits for the next */
+        w->retain_cursor = cursor;
+        if (!r) w->retain_next = now_mono_ms() + WRITER_RETAIN_PASS_MS;
+    }
+    double ms = now_mono_ms() - t0;
     pthread_mutex_lock(&w->mu);
     w->stats.job_chunks++;
     if (ms > w->stats.job_ms_max) w->stats.job_ms_max = ms;
     pthread_mutex_unlock(&w->mu);
-    if (r == 0) {
+    if (r == 0 && !retain) {
         if (w->dhead) release_deferred(w);
         else {
             /* the purge read the deleted run's pages back into the cache:
@@ -460,7 +515,7 @@ static void *writer_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&w->mu);
         while (!w->head && !w->stop && !in_txn && !jobs_pending(w)) {
-            if (!w->cfg.on_tick && !w->dhead && !w->purge_pending) {
+            if (!w->cfg.on_tick && !w->dhead && !w->purge_pending && !retain_on(w)) {
                 pthread_cond_wait(&w->cv, &w->mu);
                 continue;
             }
@@ -576,6 +631,10 @@ struct writer *writer_create(struct store *st, int notify_fd, const struct write
     pthread_cond_init(&w->ckcv, NULL);
     store_set_autocheckpoint(st, 0);
     const char *path = store_path(st);
+    /* a migration (or a daemon killed mid-delete) may have left a big WAL
+     * that an idle daemon would keep: cut it before taking work */
+    if (path && *path && store_wal_bytes_of(path) > WRITER_WAL_RESTART && store_checkpoint(st, 2, 1000, NULL) < 0)
+        fprintf(stderr, "entropyd: writer: %s\n", store_errmsg(st));
     if (path && *path) { /* an in-memory database has no WAL */
         if (!(w->ck = store_open(path, err, errlen))) {
             writer_destroy(w);

@@ -13,12 +13,14 @@
  * ingest loop stops reading (back-pressure). Nothing accepted is dropped.
  *
  * Long work goes in chunks, each its own transaction of about WRITER_JOB_MS,
- * with at most one chunk between two batches, so that no trainer's ack
- * waits behind much more than one chunk:
+ * with at most one chunk between two batches; a chunk is done in pieces of
+ * about WRITER_JOB_PIECE_MS and ends early, after a piece, once a trainer's
+ * item waits, so that no ack waits behind much more than one piece:
  * - a rollback (a step <= the run's last step) is a rewind (store.h): the
  *   step and every later item of its run wait (with any hello) until the
  *   rewind is done, then go through in order; other runs go on meanwhile;
- * - a DELETE removes the run at once and purges its rows afterwards.
+ * - a DELETE removes the run at once and purges its rows afterwards;
+ * - with a raw retention (writer_config), raw frames past it are deleted.
  *
  * WAL policy (SQLite's autocheckpoint is off): a checkpointer thread with
  * its own connection runs a PASSIVE checkpoint (copy into the database and
@@ -44,9 +46,12 @@
 #define WRITER_COMMIT_MS 100
 #define WRITER_MAX_BATCH 4096
 #define WRITER_JOB_MS 10
+#define WRITER_JOB_PIECE_MS 2  /* a chunk's pieces: a waiting item ends the chunk after one */
+#define WRITER_JOB_BUDGET_MAX (INT64_C(1) << 16) /* rows (a frame's worth each) a chunk may take on */
 #define WRITER_WAL_PASSIVE (INT64_C(2) << 20)
 #define WRITER_WAL_RESTART (INT64_C(8) << 20)
 #define WRITER_WAL_HARD (INT64_C(32) << 20)
+#define WRITER_RETAIN_PASS_MS 10000
 
 enum writer_kind {
     WRITER_HELLO,   /* msg is the hello; replies WELCOME (or ERROR) to conn;
@@ -104,6 +109,13 @@ typedef void writer_tick_fn(void *ctx, double now);
 
 struct writer_config {
     size_t max_bytes;            /* queue bound (default 256 MiB) */
+    /* --retain-raw: raw frames (sealed blocks) of a run are kept for its
+     * last retain_steps steps, or (retain_steps 0) for the steps of the
+     * last retain_s seconds; older ones are deleted by a background job
+     * that passes over every metric every WRITER_RETAIN_PASS_MS, rollups
+     * kept (store_retain_raw). Both 0: every frame is kept. */
+    int64_t retain_steps;
+    double retain_s;
     writer_commit_fn *on_commit; /* may be NULL */
     writer_tick_fn *on_tick;     /* may be NULL */
     void *ctx;
@@ -147,7 +159,7 @@ struct writer_stats {
     uint64_t checkpoints, checkpoints_busy; /* busy: readers kept a RESTART from finishing */
     uint64_t checkpoints_writer; /* run by the writer itself at WRITER_WAL_HARD */
     uint64_t wal_peak_bytes;     /* largest WAL file seen after a checkpoint */
-    uint64_t job_chunks;         /* rewind and purge chunks committed */
+    uint64_t job_chunks;         /* rewind, purge and retention chunks committed */
     double job_ms_max;
     int failing;                 /* 1 while the database refuses writes */
 };

@@ -37,6 +37,25 @@ COLLAPSE_ONLY_RULES = {"rules": [
 _zstd = None
 
 
+def _words_of_planes(raw, fmt, m):
+    """The m coded words of a chunk from its planes (schema/storage.md,
+    "Blocks"): format 1 four byte planes, format 2 32 bit planes of m // 8
+    bytes then the last m % 8 words as they are."""
+    if fmt == 1:
+        return [raw[i] | raw[m + i] << 8 | raw[2 * m + i] << 16 | raw[3 * m + i] << 24 for i in range(m)]
+    pb = m // 8
+    words = [0] * m
+    for b in range(32):
+        bit = 1 << b
+        for i, ch in enumerate(reversed(bin(int.from_bytes(raw[b * pb:(b + 1) * pb], "little"))[2:])):
+            if ch == "1":
+                words[i] |= bit
+    tail = raw[32 * pb:]
+    for j in range(m - 8 * pb):
+        words[8 * pb + j] = struct.unpack_from("<I", tail, 4 * j)[0]
+    return words
+
+
 def decode_block(blob, nframes, n):
     """The nframes frames of n float32 values of a sealed block (daemon/fblock.h),
     each as the little-endian bytes a raw frame row holds."""
@@ -47,7 +66,8 @@ def decode_block(blob, nframes, n):
         _zstd.ZSTD_decompress.restype = ctypes.c_size_t
         _zstd.ZSTD_decompress.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
     import ctypes
-    assert blob[0] == 1, "unknown block format %d" % blob[0]
+    fmt = blob[0]
+    assert fmt in (1, 2), "unknown block format %d" % fmt
     chunk = blob[1]
     nchunks = (n + chunk - 1) // chunk
     sizes = struct.unpack("<%dI" % nchunks, blob[2:2 + 4 * nchunks])
@@ -59,13 +79,12 @@ def decode_block(blob, nframes, n):
         dst = ctypes.create_string_buffer(4 * m)
         got = _zstd.ZSTD_decompress(dst, 4 * m, bytes(blob[at:at + sizes[k]]), sizes[k])
         assert got == 4 * m, "block chunk does not decode"
-        p = dst.raw
+        z = _words_of_planes(dst.raw, fmt, m)
         for c in range(cells):
             prev = 0
             for f in range(nframes):
-                i = c * nframes + f
-                z = p[i] | p[m + i] << 8 | p[2 * m + i] << 16 | p[3 * m + i] << 24
-                prev = (prev + ((z >> 1) ^ (-(z & 1) & 0xFFFFFFFF))) & 0xFFFFFFFF
+                d = z[c * nframes + f]
+                prev = (prev + ((d >> 1) ^ (-(d & 1) & 0xFFFFFFFF))) & 0xFFFFFFFF
                 words[f][chunk * k + c] = prev
         at += sizes[k]
     return [struct.pack("<%dI" % n, *w) for w in words]

@@ -26,6 +26,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon_harness import Client, Daemon, Receiver, free_port, wait_for  # noqa: E402
 
 
+def metric(d, name):
+    """The value of the /metrics sample named name (with its labels, if
+    any) of daemon d."""
+    for line in d.get("/metrics")[1].splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError("no %s on /metrics" % name)
+
+
 def now_iso():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
@@ -59,7 +68,7 @@ class AlertmanagerE2E(unittest.TestCase):
         with open(rules, "w") as f:
             json.dump(RULES, f)
         d = Daemon(args=["--rules", rules, "--alertmanager", am.url("/"), "--alertmanager-resend-s", "1",
-                         "--quiet-alerts"]).start()
+                         "--quiet-alerts"], http=True).start()
         try:
             c = Client(d.sock)
             c.hello("am-run", layers=2, heads=2)
@@ -74,13 +83,15 @@ class AlertmanagerE2E(unittest.TestCase):
                 time.sleep(0.05)
             posts = am.delivered()
             self.assertGreaterEqual(len(posts), 3, "firing alert sent and re-sent: %s" % posts)
+            self.assertEqual(metric(d, "entropyd_alertmanager_firing"), 1)
             t0, path, body, ctype = posts[0].time, posts[0].path, posts[0].json(), posts[0].content_type
             self.assertEqual(path, "/api/v2/alerts")
             self.assertEqual(ctype, "application/json")
             self.assertIsInstance(body, list)
             self.assertEqual(len(body), 1)
             a = body[0]
-            self.assertEqual(sorted(a), ["annotations", "endsAt", "labels", "startsAt"])
+            self.assertEqual(sorted(a), ["annotations", "endsAt", "generatorURL", "labels", "startsAt"])
+            self.assertRegex(a["generatorURL"], r"^http://127\.0\.0\.1:%d/\?run=\d+$" % d.http_port)
             self.assertEqual(a["labels"], {"alertname": "entropy_collapse", "run": "am-run",
                                            "severity": "critical", "metric": "entropy_norm"})
             self.assertEqual(a["annotations"], {"summary": "collapse in am-run"})
@@ -106,8 +117,10 @@ class AlertmanagerE2E(unittest.TestCase):
             self.assertEqual(r["labels"], a["labels"])
             self.assertEqual(r["startsAt"], a["startsAt"])
             n = len(am.delivered())
-            time.sleep(2.5)
-            self.assertEqual(len(am.delivered()), n, "no re-send after the alert resolved")
+            # the resolved alert left the firing set: with the set empty the
+            # notifier's re-send timer is off, so nothing more is sent
+            self.assertEqual(metric(d, "entropyd_alertmanager_firing"), 0, "no re-send after the alert resolved")
+            self.assertEqual(len(am.delivered()), n)
         finally:
             d.stop()
             d.cleanup()
@@ -194,7 +207,9 @@ class RealAlertmanager(unittest.TestCase):
                 c.send(step(seq, s, low=True))
                 c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= seq)
             wait_for(lambda: "entropyd_alert_resumed_total 1" in d.get("/metrics")[1], what="the episode resumed")
-            time.sleep(1.5)  # a re-send has reached Alertmanager
+            sent = 'entropyd_notifications_sent_total{sink="alertmanager"}'
+            n0 = metric(d, sent)
+            wait_for(lambda: metric(d, sent) > n0, what="a re-send has reached Alertmanager")
             got = [a for a in am_alerts() if a["labels"].get("run") == "ahead"]
             self.assertEqual([a["startsAt"] for a in got], [starts])
             st, text = d.get("/metrics")

@@ -1,7 +1,9 @@
 """Strangers against entropyd's HTTP side (issue 16): DNS rebinding (a Host
 that is not the daemon's), cross-site DELETE, event-stream clients that go
 away, one client address taking every slot, wrong tokens, and query strings
-that are ambiguous (repeated parameters, %00, 9,000 parameters).
+that are ambiguous (repeated parameters, %00, 9,000 parameters); a DELETE
+racing a trainer that resumes the run; the warning for a daemon open beyond
+loopback without a token.
 
 Requests are written by hand on a raw socket, as curl or a hostile page's
 browser would send them. python3 stdlib only."""
@@ -66,6 +68,54 @@ class HttpGuard(unittest.TestCase):
     def start(self, *args):
         self.d = Daemon(http=True, args=list(args)).start()
         return self.d.http_port
+
+    def test_a_delete_racing_a_resuming_trainer_never_loses_its_steps(self):
+        # h_delete checks the run is not live; a trainer's hello may commit
+        # before the writer deletes: before issue 16 the run then vanished
+        # under the trainer (5 times in 40). Here DELETE and hello start
+        # together; whichever wins, every acked step must be stored.
+        port = self.start()
+        names = ["race-%d" % i for i in range(40)]
+        ids = make_runs(self.d, names)
+        outcomes = {}
+        for name, rid in zip(names, ids):
+            go, got = threading.Barrier(2), {}
+
+            def delete():
+                go.wait()
+                got["delete"] = raw(port, "DELETE", "/api/runs/%d" % rid)[0]
+
+            t = threading.Thread(target=delete)
+            t.start()
+            c = Client(self.d.sock)
+            go.wait()
+            w = c.hello(name)
+            self.assertEqual(w["type"], "welcome", w)
+            seq = w["last_seq"] + 1
+            c.send(step_msg(seq, 100))
+            c.wait_ack(seq)
+            t.join()  # connected till the DELETE is answered: the run stays live (once closed it is stale, fair game)
+            stored = self.d.query("SELECT count(*) FROM steps s JOIN runs r ON r.id = s.run_id "
+                                  "WHERE r.name = ? AND s.step = 100", (name,))[0][0]
+            self.assertEqual(stored, 1, "%s (run %d): DELETE answered %s, welcome %s, the acked step is gone; runs: %s" % (
+                name, rid, got["delete"], w, self.d.query("SELECT id, name, status FROM runs WHERE name = ?", (name,))))
+            c.close()
+            key = (got["delete"], w["run_id"] == rid)
+            outcomes[key] = outcomes.get(key, 0) + 1
+        print("DELETE racing a resume, 40 rounds: (status, same run id) -> rounds: %s" % outcomes)
+        # a 200 deleted the old run before the hello (which then opened a new one); a resumed run is kept (409)
+        self.assertTrue(all((st, same) in ((200, False), (409, True)) for st, same in outcomes), outcomes)
+
+    def test_listening_beyond_loopback_without_a_token_is_warned_about(self):
+        self.d = Daemon(http=True, args=["--listen-tcp", "0.0.0.0:0"]).start()
+        deadline = time.time() + 5
+        while "not a loopback address" not in self.d.log() and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertIn("trainers are accepted on 0.0.0.0:0, not a loopback address, and no --token", self.d.log())
+        self.d.cleanup()
+        self.d = Daemon(http=True, args=["--listen-tcp", "0.0.0.0:0", "--token", "t"]).start()
+        self.assertEqual(raw(self.d.http_port, "GET", "/healthz")[0], 200)  # started and serving
+        self.assertNotIn("not a loopback address", self.d.log())
 
     def test_dns_rebinding_host_is_refused(self):
         port = self.start()

@@ -13,12 +13,16 @@ daemon, its real SQLite file, runs seeded straight through the store API
   the result is the whole rewind's (every abandoned frame in the branch).
 - The WAL stays under 64 MiB while a trainer streams and an /export client
   reads slowly (the export holds no read transaction between chunks).
+- --retain-raw (steps or a duration) deletes the raw frames before the
+  window and keeps the rollups: the series over old steps stays exact at
+  64-step resolution and says so, the window's steps stay raw.
 
 Latency figures belong to `make bench` (bench/history.sh); these tests
 assert ordering and bounds that do not depend on the machine's speed."""
 import os
 import socket
 import sqlite3
+import struct
 import subprocess
 import sys
 import threading
@@ -27,7 +31,7 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import ENTROPYD, Client, Daemon, floats, head_value, step_msg  # noqa: E402
+from daemon_harness import ENTROPYD, Client, Daemon, floats, head_value, step_msg, wait_for  # noqa: E402
 
 BUILD_DIR = os.path.dirname(ENTROPYD)
 SEED = os.path.join(BUILD_DIR, "bench", "bench_history_seed")
@@ -307,6 +311,56 @@ class LongRunsTest(unittest.TestCase):
         self.assertGreaterEqual(metric_value(text, "entropyd_db_bytes"),
                                 metric_value(text, "entropyd_wal_bytes") + os.path.getsize(d.db) * 0.5)
 
+
+    def stream(self, d, name, steps, time_of=None):
+        c = Client(d.sock)
+        self.assertEqual(c.hello(name)["type"], "welcome")
+        for s in range(steps):
+            c.send(step_msg(s + 1, s, extra={"time": time_of(s)} if time_of else None))
+        c.wait_ack(steps, timeout=60)
+        return c, d.query("SELECT id FROM runs WHERE name = ?", (name,))[0][0]
+
+    def blocks_below(self, d, rid, block):
+        return d.query("SELECT count(*) FROM blocks b JOIN metrics m ON m.id = b.metric_id "
+                       "WHERE m.run_id = ? AND b.block < ?", (rid, block))[0][0]
+
+    def test_retain_raw_steps_keeps_rollups_and_says_the_resolution(self):
+        d = self.start(["--retain-raw", "200"])
+        c, rid = self.stream(d, "kept", 1000)
+        # steps 800..999 are the window: blocks 0..11 (steps < 768) go, 12 on stay
+        wait_for(lambda: self.blocks_below(d, rid, 12) == 0, timeout=60, what="raw frames past the window deleted")
+        self.assertGreater(self.blocks_below(d, rid, 15), 0)
+        self.assertEqual(d.query("SELECT count(*) FROM rollups r JOIN metrics m ON m.id = r.metric_id "
+                                 "WHERE m.run_id = ? AND m.name = 'loss' AND r.level = 1", (rid,))[0][0], 15)
+        st, sr = d.get("/api/runs/%d/series?metric=loss&points=1000" % rid)
+        self.assertEqual(st, 200, sr)
+        self.assertEqual((sr["resolution"], sr["raw_from"], sr["width"]), (64, 768, 64))
+        self.assertEqual(sr["step"][:2], [0, 64])
+        self.assertEqual(sr["count"][0], 64)
+        # exact: the rollups' mean of steps 0..63, as stored (float32 values)
+        mean0 = sum(struct.unpack("<f", struct.pack("<f", 3.0 - s * 0.001))[0] for s in range(64)) / 64
+        self.assertAlmostEqual(sr["mean"][0], mean0, places=9)
+        # inside the window the steps are raw, one a point
+        st, sr = d.get("/api/runs/%d/series?metric=entropy&layer=1&head=2&from=800&to=999&points=1000" % rid)
+        self.assertEqual((sr["resolution"], sr["width"], len(sr["step"])), (1, 1, 200))
+        self.assertAlmostEqual(sr["mean"][0], head_value(800, 1, 2), places=5)
+        # a frame before the window is gone; the newest is there
+        self.assertEqual(d.get("/api/runs/%d/frame?metric=entropy&step=100" % rid)[0], 404)
+        self.assertEqual(d.get("/api/runs/%d/frame?metric=entropy" % rid)[1]["step"], 999)
+        c.close()
+
+    def test_retain_raw_duration_uses_the_steps_times(self):
+        d = self.start(["--retain-raw", "300s"])
+        now = time.time()
+        # steps 0..699 are hours old, 700..999 from the last second
+        c, rid = self.stream(d, "timed", 1000,
+                             time_of=lambda s: now - 10000 + s if s < 700 else now - 1 + (s - 700) * 0.001)
+        wait_for(lambda: self.blocks_below(d, rid, 10) == 0, timeout=60, what="old raw frames deleted")
+        self.assertGreater(self.blocks_below(d, rid, 11), 0)  # block 10 holds step 700
+        st, sr = d.get("/api/runs/%d/series?metric=loss&points=100" % rid)
+        self.assertEqual((sr["resolution"], sr["raw_from"]), (64, 640))
+        self.assertEqual(sum(sr["count"]), 1000)
+        c.close()
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

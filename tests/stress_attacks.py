@@ -2,14 +2,16 @@
 for ATTACK_SECONDS (default 20) against the release build with default flags
 (--max-conns 20 for the idle lock-out), while a real trainer streams steps
 over the Unix socket and reconnects every second. For each attack it
-records the daemon's RSS peak, the slowest trainer welcome, the slowest
-/healthz, the statuses the attack got, and acked steps missing from the
-database. Writes ATTACKS_JSON (a list of rows) and exits 1 if a bound broke:
-RSS <= 256 MiB, a trainer welcomed within 1 s, /healthz within 100 ms
-(99th percentile of a probe every 50 ms, from a process of its own; the
-slowest is reported beside the slowest of the same probe for QUIET_SECONDS
-before the attack, which measures the machine's load), no acked step lost,
-rebinding and cross-site DELETE answered 4xx.
+records the daemon's RSS peak, the slowest trainer welcome, /healthz
+latency (a probe every 50 ms from a process of its own, beside the same
+probe for QUIET_SECONDS before the attack, which measures the machine's
+load), the statuses the attack got, and acked steps missing from the
+database. Each row carries its checks, figure beside bound: RSS <= 256 MiB,
+every trainer welcomed within 1 s, /healthz p99 < 100 ms with none failed,
+no acked step lost, the daemon alive, rebinding and cross-site DELETE
+answered 4xx. Writes ATTACKS_JSON (a list of rows) and exits 1 if a bound
+broke. ATTACKS=WORD runs the attacks whose name holds WORD; the attackers
+that spin run in sessions of their own (see stranger()).
 
 Not run by make test (no e2e_ prefix). python3 stdlib only."""
 import json
@@ -45,17 +47,23 @@ def probe_health(port, stop, out):
         time.sleep(0.05)
 
 
-def watch_main(http_port, sock, token, pid, stop, results):
-    """The watcher process: samples the daemon's RSS and /healthz latency,
-    and runs a trainer that reconnects every second, streams, and counts
-    acked steps. It has a process of its own so that the attack's threads
-    (in other processes) cannot hold its interpreter lock: measured in the
-    attacker's process, /healthz took 560 ms at worst under the TCP flood
-    where a separate prober saw 250 ms, and the trainer acked a third of
-    its steps."""
-    rss = [0]
+def probe_main(http_port, stop, results):
+    """The /healthz prober's process: one thread, so that no other thread
+    of ours holds the interpreter lock when an answer arrives (in the
+    attacker's process /healthz took 560 ms at worst under the TCP flood
+    where a separate prober saw 250 ms; beside the trainer's thread, the
+    lock still added its waits to the slowest answers)."""
     health = []
-    welcome, fails, acked = [], [0], [0]
+    probe_health(http_port, stop, health)
+    results.put({"health": health})
+
+
+def watch_main(sock, token, pid, stop, results):
+    """The watcher's process: samples the daemon's RSS, and runs a trainer
+    that reconnects every second, streams, and counts acked steps (in the
+    attacker's process, the trainer acked a third of its steps)."""
+    rss = [0]
+    welcome, fails, acked, why = [], [0], [0], []
 
     def sample_rss():
         while not stop.is_set():
@@ -87,18 +95,19 @@ def watch_main(http_port, sock, token, pid, stop, results):
                     acked[0] = seq
                     time.sleep(0.02)
                 c.close()
-            except (OSError, RuntimeError, EOFError, TimeoutError, ValueError):
+            except (OSError, RuntimeError, EOFError, TimeoutError, ValueError) as e:
                 fails[0] += 1
+                if len(why) < 3:
+                    why.append(repr(e)[:200])
                 time.sleep(0.1)
 
     ts = [threading.Thread(target=f, daemon=True) for f in (sample_rss, trainer)]
-    ts.append(threading.Thread(target=probe_health, args=(http_port, stop, health), daemon=True))
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    results.put({"rss_peak_kb": rss[0], "health": health, "welcome": welcome, "welcome_fail": fails[0],
-                 "acked": acked[0]})
+    results.put({"rss_peak_kb": rss[0], "welcome": welcome, "welcome_fail": fails[0], "acked": acked[0],
+                 "welcome_fail_why": why})
 
 
 def quantile(xs, q):
@@ -116,29 +125,45 @@ def health_figures(lat, prefix):
 
 
 class Watch:
-    """The watcher process of watch_main, started and read back."""
+    """The processes of watch_main and probe_main, started and read back."""
 
     def __init__(self, d, token=None):
         self.d = d
         self.stop = MP.Event()
         self.results = MP.Queue()
-        self.proc = MP.Process(target=watch_main, args=(d.http_port, d.sock, token, d.proc.pid, self.stop,
-                                                        self.results))
+        self.procs = [MP.Process(target=watch_main, args=(d.sock, token, d.proc.pid, self.stop, self.results)),
+                      MP.Process(target=probe_main, args=(d.http_port, self.stop, self.results))]
 
     def start(self):
-        self.proc.start()
+        for p in self.procs:
+            p.start()
         return self
 
     def finish(self):
         self.stop.set()
-        r = self.results.get(timeout=30)
-        self.proc.join(15)
+        r = {}
+        for _ in self.procs:
+            r.update(self.results.get(timeout=30))
+        for p in self.procs:
+            p.join(15)
         stored = self.d.query("SELECT count(*) FROM steps s JOIN runs r ON r.id = s.run_id WHERE r.name = 'watched'")[0][0]
         row = {"rss_peak_mib": round(r["rss_peak_kb"] / 1024, 1),
                "welcome_max_s": round(max(r["welcome"]), 3) if r["welcome"] else None,
-               "welcome_fail": r["welcome_fail"], "acked": r["acked"], "lost": max(0, r["acked"] - stored)}
+               "welcome_fail": r["welcome_fail"], "welcome_fail_why": r["welcome_fail_why"], "acked": r["acked"], "lost": max(0, r["acked"] - stored)}
         row.update(health_figures(r["health"], "healthz_"))
         return row
+
+
+def stranger():
+    """Puts an attacker process in a session of its own, as a stranger's
+    processes are (another user's shell, notebook or job): Linux shares the
+    CPU between sessions (autogroup) and services (cgroups), so attackers
+    in the daemon's own session would measure the share this test gives
+    itself, not the daemon. Measured at load 11-13 under the TCP churn:
+    /healthz p99 311 ms in the daemon's session, 48 ms in their own.
+    ATTACK_SAME_SESSION=1 keeps them in ours."""
+    if not os.environ.get("ATTACK_SAME_SESSION"):
+        os.setsid()
 
 
 def until(deadline):
@@ -167,6 +192,7 @@ def flood_loop(addr, deadline, stop):
 
 
 def flood_proc(addr, n, deadline):
+    stranger()
     stop = threading.Event()
     ts = [threading.Thread(target=flood_loop, args=(addr, deadline, stop), daemon=True) for _ in range(n)]
     for t in ts:
@@ -184,7 +210,41 @@ def attack_floods(d, n, addr):
         p.start()
     for p in ps:
         p.join(SECONDS + 30)
-    return "every flood connection closed at 64 KiB"
+    return "each flood refused at 64 KiB and held till its hello deadline"
+
+
+def churn_proc(addr, n, deadline):
+    """n threads: connect, send a 64 KiB unfinished line, close, at once
+    again: an attacker that does not wait for the daemon's answer."""
+    stranger()
+    line = b"{" + b" " * (64 << 10)
+
+    def loop():
+        while until(deadline):
+            s = socket.socket()
+            try:
+                s.connect(addr)
+                s.sendall(line)
+            except OSError:
+                pass
+            finally:
+                s.close()
+    ts = [threading.Thread(target=loop, daemon=True) for _ in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def attack_churn(d, addr):
+    deadline = time.time() + SECONDS
+    ps = [MP.Process(target=churn_proc, args=(addr, 8, deadline)) for _ in range(4)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(SECONDS + 30)
+    total = int(d.get("/metrics", {"Authorization": "Bearer t"})[1].split("\nentropyd_connections_total ")[1].split("\n")[0])
+    return "%d connections accepted (%.0f/s)" % (total, total / SECONDS)
 
 
 def attack_idle(d):
@@ -267,8 +327,27 @@ def attack_http_idle(d):
     return "512 idle sockets from one address"
 
 
+def checks(row, ok_attack):
+    """Each bound of the bar beside the figure it judges:
+    {bound: [figure, bar, held]}."""
+    rss, wel, p99 = row["rss_peak_mib"], row["welcome_max_s"], row["healthz_p99_ms"]
+    c = {
+        "rss": ["%.0f MiB" % rss, "<= %d MiB" % RSS_BOUND_MIB, rss <= RSS_BOUND_MIB],
+        "welcome": ["none" if wel is None else "%.3f s" % wel, "< 1 s, no failed connect",
+                    wel is not None and wel < 1.0 and row["welcome_fail"] == 0],
+        "healthz": ["none" if p99 is None else "%.1f ms" % p99, "p99 < %d ms, none failed" % HEALTH_BOUND_MS,
+                    p99 is not None and p99 < HEALTH_BOUND_MS and row["healthz_fail"] == 0],
+        "lost": ["%d of %d" % (row["lost"], row["acked"]), "0", row["lost"] == 0 and row["acked"] > 0],
+        "alive": ["yes" if row["alive"] else "NO", "alive", row["alive"]],
+    }
+    if ok_attack is not None:
+        c["answer"] = [row["result"], "4xx, run kept", ok_attack]
+    return c
+
+
 def run(name, args, attack, token=None):
     d = Daemon(http=True, args=args).start()
+    w = None
     try:
         w = Watch(d, token).start()
         # the same probe without an attack, for QUIET_SECONDS: on a shared
@@ -282,39 +361,52 @@ def run(name, args, attack, token=None):
         base = d.rss_kb()
         load0 = os.getloadavg()[0]
         res = attack(d)
-        ok_attack = True
+        ok_attack = None
         if isinstance(res, tuple):
             res, ok_attack = res
-        row = w.finish()
+        row, w = w.finish(), None
         row.update(health_figures(quiet, "quiet_healthz_"))
         row.update(attack=name, result=res, rss_base_mib=round(base / 1024, 1), alive=d.alive(), seconds=SECONDS,
                    load=round(max(load0, os.getloadavg()[0]), 1))
-        row["held"] = (ok_attack and row["alive"] and row["rss_peak_mib"] <= RSS_BOUND_MIB and row["lost"] == 0
-                       and row["welcome_max_s"] is not None and row["welcome_max_s"] < 1.0
-                       and row["healthz_fail"] == 0
-                       and row["healthz_p99_ms"] is not None and row["healthz_p99_ms"] < HEALTH_BOUND_MS)
+        row["checks"] = checks(row, ok_attack)
+        row["held"] = all(ok for _, _, ok in row["checks"].values())
         print(json.dumps(row), flush=True)
         return row
     finally:
+        if w:  # the attack failed: stop the watchers, or they would outlive us
+            w.stop.set()
+            for p in w.procs:
+                p.join(15)
         d.cleanup()
 
 
+def tcp_port(d):
+    return int(d.stdout_lines[0].split("tcp port ")[1].split(",")[0])
+
+
+# name, daemon flags, attack, token of the watched trainer
+ATTACKS = [
+    ("60 TCP floods of { + 4 MiB, --token", ["--listen-tcp", "127.0.0.1:0", "--token", "t"],
+     lambda d: attack_floods(d, 60, ("127.0.0.1", tcp_port(d))), "t"),
+    ("TCP churn: connect, 64 KiB, close, 32 loops, --token", ["--listen-tcp", "127.0.0.1:0", "--token", "t"],
+     lambda d: attack_churn(d, ("127.0.0.1", tcp_port(d))), "t"),
+    ("300 Unix floods of { + 4 MiB", [], lambda d: attack_floods(d, 300, d.sock), None),
+    ("idle sockets, --max-conns 20", ["--max-conns", "20"], attack_idle, None),
+    ("DNS rebinding + cross-site DELETE", [], attack_rebinding, None),
+    ("/api/stream opened and closed 90/s", [], attack_sse_churn, None),
+    ("512 idle HTTP sockets", [], attack_http_idle, None),
+]
+
+
 def main():
-    rows = [
-        run("60 TCP floods of { + 4 MiB, --token", ["--listen-tcp", "127.0.0.1:0", "--token", "t"],
-            lambda d: attack_floods(d, 60, ("127.0.0.1", int(d.stdout_lines[0].split("tcp port ")[1].split(",")[0]))),
-            token="t"),
-        run("300 Unix floods of { + 4 MiB", [], lambda d: attack_floods(d, 300, d.sock)),
-        run("idle sockets, --max-conns 20", ["--max-conns", "20"], attack_idle),
-        run("DNS rebinding + cross-site DELETE", [], attack_rebinding),
-        run("/api/stream opened and closed 90/s", [], attack_sse_churn),
-        run("512 idle HTTP sockets", [], attack_http_idle),
-    ]
+    """ATTACKS=WORD runs only the attacks whose name holds WORD."""
+    only = os.environ.get("ATTACKS", "")
+    rows = [run(name, args, attack, token) for name, args, attack, token in ATTACKS if only in name]
     out = os.environ.get("ATTACKS_JSON")
     if out:
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0 if all(r["held"] for r in rows) else 1
+    return 0 if rows and all(r["held"] for r in rows) else 1
 
 
 if __name__ == "__main__":

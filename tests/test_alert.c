@@ -693,9 +693,11 @@ static void test_resume_earlier_episode(void **state) {
 }
 
 /* The memory bound of docs/alerts.md: per head and head rule the engine
- * holds 56 bytes of cell state and 4 bytes per window step, plus 12 bytes
- * per cell that fires; the built-in rules, with every metric they read,
- * hold 844 bytes a head (944 before: padding and a firing list per cell). */
+ * holds 32 bytes of cell state, 4 bytes per window step (per step seen, up
+ * to the window) for the rules that read a window (and 4 for drop's max, 24 for zscore's sums), plus 12
+ * bytes per cell that fires; the built-in rules, with every metric they
+ * read, hold 724 bytes a head (844 before: every rule kept every summary
+ * and a window). */
 static void test_state_bytes_per_head(void **state) {
     (void)state;
     char err[256];
@@ -706,16 +708,93 @@ static void test_state_bytes_per_head(void **state) {
     hello(e, 7, "sized");
     alert_engine_usage(e, &runs, &base);
     float v[L * H] = {0.8f, 0.8f, 0.8f, 0.8f, 0.8f, 0.8f};
-    struct writer_item *it = mk_step(7, 1, "entropy_norm", PROTO_HEAD, v, L * H);
     static const char *const more[] = {"max_logit", "entropy", "entropy_bound", "sigma_qk"};
-    for (int i = 0; i < 4; i++) add_metric(it, more[i], v);
-    alert_feed(e, it, 1.0);
-    writer_item_free(it);
-    alert_engine_usage(e, &runs, &bytes);
-    assert_int_equal(runs, 1);
+    for (int s = 1; s <= 60; s++) {
+        struct writer_item *it = mk_step(7, s, "entropy_norm", PROTO_HEAD, v, L * H);
+        for (int i = 0; i < 4; i++) add_metric(it, more[i], v);
+        alert_feed(e, it, 1.0);
+        writer_item_free(it);
+        alert_engine_usage(e, &runs, &bytes);
+        assert_int_equal(runs, 1);
+        /* per head: 32 a rule, drop's max 4, and a window row of 4 per step
+         * so far in each of the four windowed rules */
+        if (s == 1) assert_int_equal(bytes - base, (uint64_t)L * H * (5 * 32 + 4 + 4 * 4) + 32);
+    }
     printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
-           (unsigned long long)((bytes - base - 60) / (L * H)));
-    assert_int_equal(bytes - base, (uint64_t)L * H * 844 + 60); /* + run_stalled's one cell: 56 + 4 */
+           (unsigned long long)((bytes - base - 32) / (L * H)));
+    /* with the windows full: entropy_collapse 32, entropy_drop 32 + 4 + 200,
+     * collapse_risk and low_entropy_sigma_rising 32 + 80, logit_growth
+     * 32 + 200 (it was 844) */
+    assert_int_equal(bytes - base, (uint64_t)L * H * 724 + 32); /* + run_stalled's one cell */
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+/* A verdict and a transition list at most ALERT_MAX_CELLS_LISTED heads
+ * (the first, in layer-major order) and count them all: a collapse of 300
+ * of 32 x 32 heads lists 256 and says 300, and a 301st head joining is a
+ * change; the FIRING lists 256 of 300 and says 300. */
+static void test_verdict_cells_capped(void **state) {
+    (void)state;
+    enum { VL = 32, VH = 32, N = VL * VH };
+    struct alert_rules *r = rules(
+        "{\"rules\":[{\"name\":\"entropy_collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3,"
+        "\"annotations\":{\"description\":\"at {cells}\"}}]}");
+    struct alert_engine *e = alert_engine_create(r);
+    struct writer_item *it = calloc(1, sizeof *it);
+    it->kind = WRITER_HELLO;
+    it->run_id = 9;
+    snprintf(it->msg.run, sizeof it->msg.run, "wide");
+    it->msg.layers = VL;
+    it->msg.heads = VH;
+    feed(e, it);
+    static float x[N];
+    for (int s = 0; s < 3; s++) {
+        for (int i = 0; i < N; i++) x[i] = i < 300 + (s == 2) ? 0.01f : 0.8f;
+        it = calloc(1, sizeof *it);
+        it->kind = WRITER_STEP;
+        it->run_id = 9;
+        it->msg.step = s;
+        msg_add(&it->msg, "entropy_norm", PROTO_HEAD, VL, VH, x);
+        alert_feed(e, it, 1000.0 + s);
+        writer_item_free(it);
+        const struct alert_verdict *v = alert_verdict_changed(e);
+        if (s == 1) {
+            assert_null(v); /* the same 300 heads pending: no change */
+            continue;
+        }
+        assert_non_null(v);
+        assert_int_equal(v->state, ALERT_V_COLLAPSING);
+        assert_int_equal(v->ncells, ALERT_MAX_CELLS_LISTED);
+        assert_int_equal(v->ncells_total, s == 2 ? 301 : 300);
+        assert_int_equal(v->cells[255].layer, 255 / VH);
+        assert_int_equal(v->cells[255].head, 255 % VH);
+    }
+    /* firing (held for 5 steps) lists 256 cells and counts them all */
+    int fired = 0;
+    for (int s = 3; s < 8 && !fired; s++) {
+        it = calloc(1, sizeof *it);
+        it->kind = WRITER_STEP;
+        it->run_id = 9;
+        it->msg.step = s;
+        msg_add(&it->msg, "entropy_norm", PROTO_HEAD, VL, VH, x);
+        int n = alert_feed(e, it, 1000.0 + s);
+        writer_item_free(it);
+        for (int i = 0; i < n; i++) {
+            const struct alert_transition *t = alert_transition_at(e, i);
+            if (t->state != ALERT_FIRING) continue;
+            fired = 1;
+            assert_int_equal(t->ncells, ALERT_MAX_CELLS_LISTED);
+            assert_int_equal(t->ncells_total, 300); /* the 301st began 2 steps later */
+            char *json = alert_transition_json(t);
+            assert_non_null(strstr(json, "\"ncells\":300"));
+            assert_non_null(strstr(json, "and 288 more"));
+            assert_true(strlen(json) < 16384); /* not 301 cells' worth (nor 350k's) */
+            free(json);
+        }
+    }
+    assert_true(fired);
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
@@ -738,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_daemon_clock_not_trainer_clock),
         cmocka_unit_test(test_resume_earlier_episode),
         cmocka_unit_test(test_state_bytes_per_head),
+        cmocka_unit_test(test_verdict_cells_capped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zstd.h>
+
 #include "fblock.h"
 
 static uint64_t rng = 88172645463325252ull;
@@ -46,13 +48,16 @@ static void test_roundtrip(void **state) {
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
         for (uint32_t nf = 1; nf <= FBLOCK_STEPS; nf += nf < 4 ? 1 : 15) {
             uint32_t n = shapes[si];
-            float *v = malloc((size_t)nf * n * 4), *w = malloc((size_t)nf * n * 4);
+            float *v = malloc((size_t)nf * n * 4), *w = malloc((size_t)nf * (n + 8) * 4); /* room for the n + 8 check */
             assert_non_null(v);
             assert_non_null(w);
             fill(v, nf, n);
-            unsigned char *blob;
+            const unsigned char *coded;
             size_t len;
-            assert_int_equal(fblock_encode(c, v, nf, n, &blob, &len), 0);
+            assert_int_equal(fblock_encode(c, v, nf, n, &coded, &len), 0);
+            unsigned char *blob = malloc(len); /* a copy this test may spoil */
+            assert_non_null(blob);
+            memcpy(blob, coded, len);
             memset(w, 0xAB, (size_t)nf * n * 4);
             assert_int_equal(fblock_decode(c, blob, len, nf, n, 0, n, w), 0);
             assert_memory_equal(v, w, (size_t)nf * n * 4);
@@ -98,12 +103,149 @@ static void test_compresses(void **state) {
     float *v = malloc((size_t)nf * n * 4);
     for (uint32_t f = 0; f < nf; f++)
         for (uint32_t k = 0; k < n; k++) v[(size_t)f * n + k] = 0.3f + 0.002f * (float)k + 1e-4f * (float)f;
-    unsigned char *blob;
+    const unsigned char *blob;
     size_t len;
     assert_int_equal(fblock_encode(c, v, nf, n, &blob, &len), 0);
     assert_true(len < (size_t)nf * n * 4 / 3);
-    free(blob);
     free(v);
+    fblock_codec_destroy(c);
+}
+
+/* The format as schema/storage.md states it, written the naive way (bit
+ * by bit, byte by byte): a chunk's zigzag words, then its planes. */
+static void naive_planes(unsigned char *out, const float *v, uint32_t nf, uint32_t n, uint32_t c0, uint32_t cells,
+                         int format, size_t *bytes) {
+    size_t m = (size_t)cells * nf, pb = m / 8;
+    uint32_t *w = calloc(m, 4);
+    assert_non_null(w);
+    for (uint32_t c = 0; c < cells; c++)
+        for (uint32_t f = 0; f < nf; f++) {
+            uint32_t u, p = 0;
+            memcpy(&u, &v[(size_t)f * n + c0 + c], 4);
+            if (f) memcpy(&p, &v[(size_t)(f - 1) * n + c0 + c], 4);
+            int32_t d = (int32_t)(u - p);
+            w[(size_t)c * nf + f] = ((uint32_t)d << 1) ^ (uint32_t)(d >> 31);
+        }
+    if (format == 1) {
+        for (size_t i = 0; i < m; i++)
+            for (int k = 0; k < 4; k++) out[k * m + i] = (unsigned char)(w[i] >> (8 * k));
+        *bytes = m * 4;
+    } else {
+        memset(out, 0, m * 4);
+        for (size_t i = 0; i < 8 * pb; i++)
+            for (int b = 0; b < 32; b++)
+                if (w[i] >> b & 1) out[(size_t)b * pb + i / 8] |= (unsigned char)(1u << (i % 8));
+        for (size_t i = 8 * pb; i < m; i++)
+            for (int k = 0; k < 4; k++) out[4 * i + (size_t)k] = (unsigned char)(w[i] >> (8 * k));
+        *bytes = m * 4;
+    }
+    free(w);
+}
+
+/* A blob of the given format and chunk built from naive_planes. */
+static unsigned char *naive_blob(const float *v, uint32_t nf, uint32_t n, uint32_t chunk, int format, size_t *len) {
+    uint32_t nchunks = (n + chunk - 1) / chunk;
+    size_t cap = 2 + 4 * (size_t)nchunks + (size_t)nchunks * ZSTD_compressBound((size_t)chunk * nf * 4 + 32);
+    unsigned char *b = malloc(cap), *planes = malloc((size_t)chunk * nf * 4 + 32);
+    assert_non_null(b);
+    assert_non_null(planes);
+    b[0] = (unsigned char)format;
+    b[1] = (unsigned char)chunk;
+    size_t at = 2 + 4 * (size_t)nchunks;
+    for (uint32_t k = 0; k < nchunks; k++) {
+        uint32_t c0 = k * chunk, cells = n - c0 < chunk ? n - c0 : chunk;
+        size_t raw;
+        naive_planes(planes, v, nf, n, c0, cells, format, &raw);
+        size_t z = ZSTD_compress(b + at, cap - at, planes, raw, 1);
+        assert_false(ZSTD_isError(z));
+        for (int i = 0; i < 4; i++) b[2 + 4 * k + (uint32_t)i] = (unsigned char)(z >> (8 * i));
+        at += z;
+    }
+    free(planes);
+    *len = at;
+    return b;
+}
+
+/* The codec writes format 2 as documented (its chunks decompress to the
+ * naive planes), and reads both formats written the naive way, with any
+ * chunk size a blob states. */
+static void test_format(void **state) {
+    (void)state;
+    struct fblock_codec *c = fblock_codec_create();
+    assert_non_null(c);
+    static const uint32_t shapes[] = {1, 5, 16, 17, 144};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (uint32_t nf = 1; nf <= FBLOCK_STEPS; nf += 21) {
+            uint32_t n = shapes[si];
+            float *v = malloc((size_t)nf * n * 4), *w = malloc((size_t)nf * n * 4);
+            unsigned char *planes = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32), *raw = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32);
+            assert_non_null(v);
+            assert_non_null(w);
+            fill(v, nf, n);
+            const unsigned char *blob;
+            size_t len;
+            assert_int_equal(fblock_encode(c, v, nf, n, &blob, &len), 0);
+            assert_int_equal(blob[0], 2);
+            assert_int_equal(blob[1], FBLOCK_CHUNK);
+            size_t at = 2 + 4 * (size_t)((n + FBLOCK_CHUNK - 1) / FBLOCK_CHUNK);
+            for (uint32_t k = 0; k * FBLOCK_CHUNK < n; k++) {
+                uint32_t c0 = k * FBLOCK_CHUNK, cells = n - c0 < FBLOCK_CHUNK ? n - c0 : FBLOCK_CHUNK;
+                size_t z = (size_t)blob[2 + 4 * k] | (size_t)blob[3 + 4 * k] << 8 | (size_t)blob[4 + 4 * k] << 16, want;
+                naive_planes(planes, v, nf, n, c0, cells, 2, &want);
+                size_t got = ZSTD_decompress(raw, (size_t)FBLOCK_CHUNK * nf * 4 + 32, blob + at, z);
+                assert_int_equal(got, want);
+                assert_memory_equal(raw, planes, want);
+                at += z;
+            }
+            assert_int_equal(at, len);
+            for (int format = 1; format <= 2; format++)
+                for (uint32_t chunk = 3; chunk <= 24; chunk += 21) {
+                    size_t blen;
+                    unsigned char *b = naive_blob(v, nf, n, chunk, format, &blen);
+                    memset(w, 0xAB, (size_t)nf * n * 4);
+                    assert_int_equal(fblock_decode(c, b, blen, nf, n, 0, n, w), 0);
+                    assert_memory_equal(v, w, (size_t)nf * n * 4);
+                    free(b);
+                }
+            free(planes);
+            free(raw);
+            free(v);
+            free(w);
+        }
+    fblock_codec_destroy(c);
+}
+
+/* bfloat16 rounding: to nearest, ties to even, on the bits; the special
+ * values stay what they are; it is what makes a lossy block small. */
+static void test_bf16(void **state) {
+    (void)state;
+    static const uint32_t in[] = {0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0xbf808001u,
+                                  0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                                  0x00000001u, 0x80000000u};
+    static const uint32_t want[] = {0x3f800000u, 0x3f800000u, 0x3f820000u, 0x3f800000u, 0x3f810000u, 0xbf810000u,
+                                    0x7f7f0000u, 0xff7f0000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7fc00000u,
+                                    0x00000000u, 0x80000000u};
+    float v[sizeof in / sizeof *in];
+    memcpy(v, in, sizeof v);
+    fblock_round_bf16(v, sizeof in / sizeof *in);
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++) {
+        uint32_t got;
+        memcpy(&got, &v[i], 4);
+        if (got != want[i]) fail_msg("bf16 of %08x: %08x, not %08x", in[i], got, want[i]);
+    }
+    /* a noisy block: rounded, it codes to under half its exact size */
+    struct fblock_codec *c = fblock_codec_create();
+    uint32_t n = 144, nf = FBLOCK_STEPS;
+    float *x = malloc((size_t)nf * n * 4);
+    assert_non_null(x);
+    for (uint32_t i = 0; i < nf * n; i++) x[i] = 0.5f + (float)(next_u32() % 1000000) * 1e-6f;
+    const unsigned char *blob;
+    size_t exact, lossy;
+    assert_int_equal(fblock_encode(c, x, nf, n, &blob, &exact), 0);
+    fblock_round_bf16(x, (size_t)nf * n);
+    assert_int_equal(fblock_encode(c, x, nf, n, &blob, &lossy), 0);
+    assert_true(lossy * 2 < exact);
+    free(x);
     fblock_codec_destroy(c);
 }
 
@@ -124,6 +266,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_compresses),
+        cmocka_unit_test(test_format),
+        cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

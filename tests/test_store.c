@@ -334,7 +334,8 @@ static void test_migrations(void **state) {
     for (size_t i = 0; i < 6; i++)
         assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = %Q", tables[i]), 1);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'frames_metric_step'"), 1);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollups_metric_level_block'"), 1);
+    /* rollups are keyed by (metric_id, level, block) itself (migration 7) */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollups' AND sql LIKE '%%WITHOUT ROWID%%'"), 1);
     assert_true(store_db_bytes(f->st) > 0);
     assert_int_equal(store_db_bytes(f->st) % 16384, 0);
 
@@ -530,6 +531,54 @@ static void test_step_frames(void **state) {
     assert_int_equal(store_errcode(f->st), -3);
     store_rollback(f->st);
     proto_msg_free(&m);
+}
+
+/* --lossy-bf16: a sealed block reads back rounded to bfloat16, the open
+ * block, the latest values and the rollups exact. */
+static void test_lossy_bf16(void **state) {
+    struct tmp_db *f = *state;
+    store_set_lossy_bf16(f->st, 1);
+    int64_t run = open_run(f, "lossy", L, H);
+    float v[70][L * H];
+    for (int s = 0; s < 70; s++) {
+        for (int k = 0; k < L * H; k++) v[s][k] = 1.0f + 0.001234567f * (float)(s * 7 + k);
+        struct proto_msg m;
+        msg_step(&m, s);
+        msg_add(&m, "ent", PROTO_HEAD, L, H, v[s]);
+        OK(store_begin(f->st));
+        assert_int_equal(store_step(f->st, run, s + 1, &m, 1764500000 + s, NULL, 0), 0);
+        OK(store_commit(f->st));
+        proto_msg_free(&m);
+    }
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM blocks"), 1);
+    sqlite3 *db = ro_open(f->path);
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT step, data FROM frames ORDER BY step", -1, &s, NULL), SQLITE_OK);
+    int rows = 0;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        int step = sqlite3_column_int(s, 0);
+        float want[L * H], got[L * H];
+        memcpy(want, v[step], sizeof want);
+        if (step < FBLOCK_STEPS) fblock_round_bf16(want, L * H);
+        assert_int_equal(sqlite3_column_bytes(s, 1), (int)sizeof got);
+        memcpy(got, sqlite3_column_blob(s, 1), sizeof got);
+        assert_memory_equal(got, want, sizeof got);
+        if (step < FBLOCK_STEPS) assert_memory_not_equal(got, v[step], sizeof got); /* it did round */
+        rows++;
+    }
+    assert_int_equal(rows, 70);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    /* the rollup is of the exact values (the frames it would be checked against are rounded) */
+    float mx;
+    char *hex = qs(f->path, "SELECT hex(substr(data, 5, 4)) FROM rollups WHERE level = 1 AND block = 0");
+    unsigned bits;
+    assert_int_equal(sscanf(hex, "%08x", &bits), 1);
+    free(hex);
+    bits = __builtin_bswap32(bits); /* hex() reads the little-endian bytes in order */
+    memcpy(&mx, &bits, 4);
+    assert_true(mx == v[63][0]); /* max of cell 0 over block 0: the exact value of step 63 */
+    store_set_lossy_bf16(f->st, 0);
 }
 
 static void test_rollups_brute_force(void **state) {
@@ -1014,6 +1063,54 @@ static void test_delete(void **state) {
     store_rollback(f->st);
 }
 
+/* Runs store_retain_raw passes of `budget` until one completes; returns
+ * the chunks it took. */
+static int retain_all(struct tmp_db *f, int64_t keep_steps, double keep_s, int64_t budget) {
+    int64_t cursor = 0;
+    int chunks = 0, more;
+    do {
+        OK(store_begin(f->st));
+        more = store_retain_raw(f->st, keep_steps, keep_s, 1e9 + 10000, &cursor, budget);
+        assert_true(more >= 0);
+        OK(store_commit(f->st));
+        chunks++;
+    } while (more);
+    assert_int_equal(cursor, 0);
+    return chunks;
+}
+
+static void test_retain_raw(void **state) {
+    struct tmp_db *f = *state;
+    int64_t a = open_run(f, "long", L, H), b = open_run(f, "short", L, H), sa = 0, sb = 0;
+    put_range(f, a, &sa, 0, 700, 0, 100); /* step s at time 1e9 + s */
+    put_range(f, b, &sb, 0, 300, 0, 100);
+    int64_t rollups = qi(f->path, "SELECT count(*) FROM rollups"), steps = qi(f->path, "SELECT count(*) FROM steps");
+    /* the last 200 steps: run a keeps 501.. (blocks from 7 on), run b 101.. (from 1) */
+    assert_true(retain_all(f, 200, 0, 64) > 3); /* in chunks */
+    assert_int_equal(count_rows(f, a, "blocks", "block < 7"), 0);
+    assert_true(count_rows(f, a, "blocks", "block = 7") > 0);
+    assert_int_equal(count_rows(f, b, "blocks", "block < 1"), 0);
+    assert_true(count_rows(f, b, "blocks", "block = 1") > 0);
+    /* rollups, steps and the open blocks' raw frames all stay */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups"), rollups);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM steps"), steps);
+    assert_true(count_rows(f, a, "frames", "step >= 640") > 0);
+    /* by time: now (1e9 + 10000) - 9350 s keeps the steps at 1e9 + 650 on:
+     * run a from block 10 (its open one), run b none but its open block */
+    retain_all(f, 0, 9350, 1 << 20);
+    assert_int_equal(count_rows(f, a, "blocks", "1"), 0);
+    assert_int_equal(count_rows(f, b, "blocks", "1"), 0);
+    assert_int_equal(count_rows(f, a, "frames", "step < 640"), 0);
+    assert_true(count_rows(f, a, "frames", "step >= 640") > 0);
+    assert_true(count_rows(f, b, "frames", "step >= 256") > 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups"), rollups);
+    /* the runs go on: new blocks seal over what was cut */
+    put_range(f, a, &sa, 701, 800, 0, 100);
+    assert_true(count_rows(f, a, "blocks", "block = 10") > 0);
+    assert_int_equal(qi(f->path, "SELECT count(DISTINCT block) FROM rollups WHERE level = 1 AND metric_id IN "
+                                 "(SELECT id FROM metrics WHERE run_id = %lld)", (long long)a), 12);
+}
+
 static void test_savepoint(void **state) {
     struct tmp_db *f = *state;
     int64_t run = open_run(f, "sp", L, H);
@@ -1242,6 +1339,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_open_resume_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_step_frames, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lossy_bf16, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rollups_brute_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rewind_chunked, setup, teardown),
@@ -1249,6 +1347,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_kind_conflict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retain_raw, setup, teardown),
         cmocka_unit_test_setup_teardown(test_savepoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rollback_retry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),

@@ -29,8 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fixture.h"
-#include "telemetry.h"
+#include "fixture_telemetry.h"
 
 #define L 12
 #define H 12
@@ -72,26 +71,12 @@ static uint64_t run_phase(telemetry *t, int64_t *step, long n, long work_us) {
 static void test_frozen_daemon_loses_nothing(void **state) {
     if (access(entropyd_path(), X_OK) != 0) skip();
     long steps = env_long("FROZEN_STEPS", 1500), work = env_long("FROZEN_WORK_US", 1000);
-    char dir[] = "/tmp/test_frozen.XXXXXX", sock[128], spool[128], db[128], log[128];
-    assert_non_null(mkdtemp(dir));
-    snprintf(sock, sizeof sock, "%s/entropyd.sock", dir);
-    snprintf(spool, sizeof spool, "%s/spool", dir);
-    snprintf(db, sizeof db, "%s/entropyd.db", dir);
-    snprintf(log, sizeof log, "%s/daemon.log", dir);
-    char addr[160], err[2400];
-    pid_t pid = entropyd_start(dir, sock, log, err, sizeof err);
-    if (pid < 0) fail_msg("%s", err);
-    snprintf(addr, sizeof addr, "unix:%s", sock);
-    telemetry_config cfg;
-    telemetry_config_init(&cfg);
-    cfg.address = addr;
-    cfg.run = "frozen";
-    cfg.layers = L;
-    cfg.heads = H;
-    cfg.seq_len = 128;
-    cfg.spool_dir = spool;
-    telemetry *t = telemetry_create(&cfg, err, sizeof err);
-    if (!t) fail_msg("telemetry_create: %s", err);
+    char err[2400];
+    struct daemon_client dc;
+    if (daemon_client_start(&dc, "/tmp/test_frozen.XXXXXX", "frozen", L, H, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    telemetry *t = dc.t;
+    pid_t pid = dc.pid;
     int64_t step = 0;
     assert_int_equal(run_phase(t, &step, 200, work), 0); /* connect, fault in */
     assert_int_equal(run_phase(t, &step, steps, work), 0);
@@ -114,7 +99,7 @@ static void test_frozen_daemon_loses_nothing(void **state) {
     waitpid(pid, &status, 0);
     sqlite3 *h;
     sqlite3_stmt *s;
-    assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_open_v2(dc.db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_prepare_v2(h, "SELECT count(*), count(DISTINCT step), min(step), max(step) FROM steps", -1,
                                         &s, NULL),
                      SQLITE_OK);
@@ -125,7 +110,7 @@ static void test_frozen_daemon_loses_nothing(void **state) {
     assert_int_equal(sqlite3_column_int64(s, 3), step - 1);
     sqlite3_finalize(s);
     sqlite3_close(h);
-    assert_int_equal(rmtree(dir), 0);
+    assert_int_equal(rmtree(dc.dir), 0);
 }
 
 int main(void) {

@@ -23,4 +23,13 @@ const char *blas_core_name(void);
  * OpenBLAS single-threaded. */
 double blas_sgemm_peak(int threads, double *multi, double *concurrent);
 
+/* One quick round of `threads` concurrent single-threaded 1024^3 sgemm
+ * calls (3 each, ~0.1 s idle): returns their wall GFLOP/s and sets *cpu to
+ * GFLOP per CPU-second of each thread, times threads (what the threads
+ * reach while they hold a core: a figure the load of a shared machine
+ * moves much less).  0 (both) when out of memory or threads is not in
+ * 1..256.  For benchmarks that interleave the ceiling with their runs.
+ * Leaves OpenBLAS single-threaded. */
+double blas_sgemm_concurrent(int threads, double *cpu);
+
 #endif

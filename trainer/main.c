@@ -25,6 +25,7 @@
 #include "ckpt.h"
 #include "data.h"
 #include "dist.h"
+#include "flags.h"
 #include "model.h"
 #include "monitor.h"
 #include "now.h"
@@ -55,33 +56,20 @@ typedef struct {
 } options;
 
 /* ---- THE FLAG TABLE --------------------------------------------------------
- * One row a flag drives parsing, --help and the --resume check: a flag
- * marked DEFINES names part of the run's definition, which a checkpoint
- * carries (given with --resume it is ignored, with a warning). */
-typedef enum { F_SECTION, F_INT, F_SEED, F_FLOAT, F_ENUM, F_STR, F_BOOL, F_HELP, F_VERSION } flag_kind;
+ * One row a flag (cli/flags.h) drives parsing, --help and the --resume
+ * check: a flag marked DEFINES names part of the run's definition, which a
+ * checkpoint carries (given with --resume it is ignored, with a warning). */
 enum { DEFINES = 1 };
-
-typedef struct {
-    const char *name;         /* "--layers"; F_SECTION: the section's title */
-    flag_kind kind;
-    size_t off;               /* offsetof(options, field) */
-    long lo, hi;              /* F_INT, F_SEED bounds; F_FLOAT: lo only */
-    const char *const *names; /* F_ENUM: the values' names, indexed by value */
-    int nnames;
-    int flags;                /* DEFINES */
-    const char *arg, *help;   /* for --help: "N", and the text ("\n" continues it) */
-} flag;
 
 #define O(f) offsetof(options, f)
 #define R(f) (offsetof(options, run) + offsetof(ckpt_meta, f))
 #define C(f) (offsetof(options, run) + offsetof(ckpt_meta, cfg) + offsetof(model_config, f))
-#define INT(n, off, lo, hi, fl, arg, help) {n, F_INT, off, lo, hi, NULL, 0, fl, arg, help}
-#define ENUM(n, off, names, fl, arg, help) \
-    {n, F_ENUM, off, 0, 0, names, (int)(sizeof names / sizeof names[0]), fl, arg, help}
-#define FLT(n, off, fl, help) {n, F_FLOAT, off, 0, 0, NULL, 0, fl, "X", help}
-#define STR(n, off, arg, help) {n, F_STR, off, 0, 0, NULL, 0, 0, arg, help}
-#define BOOL(n, off, help) {n, F_BOOL, off, 0, 0, NULL, 0, 0, NULL, help}
-#define SECTION(title) {title, F_SECTION, 0, 0, 0, NULL, 0, 0, NULL, NULL}
+#define INT FLAG_INT_ROW
+#define ENUM FLAG_ENUM_ROW
+#define FLT FLAG_FLOAT_ROW
+#define STR FLAG_STR_ROW
+#define BOOL FLAG_BOOL_ROW
+#define SECTION FLAG_SECTION_ROW
 #define BIG (1L << 30)
 
 static const flag FLAGS[] = {
@@ -105,7 +93,7 @@ static const flag FLAGS[] = {
     FLT("--clip", R(clip), DEFINES, "global gradient-norm clip, 0 = off (default 1.0)"),
     INT("--batch", R(batch), 1, 1 << 20, DEFINES, "N", "sequences per step (default 16)"),
     INT("--steps", R(steps), 0, BIG, 0, "N", "total steps (default 1000; with --resume: the new total)"),
-    {"--seed", F_SEED, R(seed), 0, 2147483647, NULL, 0, DEFINES, "N", "init and synthetic data seed (default 1)"},
+    {"--seed", FLAG_U64, R(seed), 0, 2147483647, NULL, 0, DEFINES, "N", "init and synthetic data seed (default 1)"},
     INT("--threads", O(threads), 1, 256, 0, "N",
         "worker threads: the batch is split into N shards, each\n"
         "computed by its own thread on single-threaded OpenBLAS (default 2)"),
@@ -163,30 +151,17 @@ static const flag FLAGS[] = {
         "compare a hash of parameters, power-iteration vectors and\n"
         "optimizer moments across ranks every K steps, 0 = never (default 100)"),
     INT("--dist-bucket-kb", O(dist_bucket_kb), 0, 1 << 20, 0, "N", "gradient all-reduce bucket size, 0 = one call (default 0)"),
-    {"--version", F_VERSION, 0, 0, 0, NULL, 0, 0, NULL, "print the version and exit"},
-    {"--help", F_HELP, 0, 0, 0, NULL, 0, 0, NULL, "this text (also -h)"},
+    FLAG_VERSION_ROW("print the version and exit"),
+    FLAG_HELP_ROW("this text (also -h)"),
 };
-#define NFLAGS ((int)(sizeof FLAGS / sizeof FLAGS[0]))
+#define NFLAGS FLAG_COUNT(FLAGS)
+static const flag_table TABLE = {"sigmatrain", FLAGS, NFLAGS};
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sigmatrain [flags]\n"
                "Trains a GPT-style transformer (fp32, OpenBLAS) with or without sigmaReparam.\n");
-    for (int i = 0; i < NFLAGS; i++) {
-        const flag *fl = &FLAGS[i];
-        if (fl->kind == F_SECTION) { fprintf(f, "%s\n", fl->name); continue; }
-        char head[64];
-        snprintf(head, sizeof head, "%s%s%s", fl->name, fl->arg ? " " : "", fl->arg ? fl->arg : "");
-        fprintf(f, "  %-21s ", head);
-        for (const char *p = fl->help; *p;) { /* continuation lines under the text */
-            const char *e = strchr(p, '\n');
-            int n = e ? (int)(e - p) : (int)strlen(p);
-            fprintf(f, "%.*s\n", n, p);
-            if (!e) break;
-            p = e + 1;
-            fprintf(f, "  %-21s ", "");
-        }
-    }
+    flags_usage(&TABLE, f);
 }
 
 static void set_defaults(options *o)
@@ -221,48 +196,6 @@ static void set_defaults(options *o)
     o->rollback_lr_scale = 1.0f;
 }
 
-/* Stores v, the value of flag fl, into o.  Returns 0, or -1 (printed). */
-static int set_flag(const flag *fl, const char *v, options *o)
-{
-    char *dst = (char *)o + fl->off, *end;
-    errno = 0;
-    if (fl->kind == F_INT || fl->kind == F_SEED) {
-        long x = strtol(v, &end, 10);
-        if (errno || *end || end == v || x < fl->lo || x > fl->hi) {
-            fprintf(stderr, "sigmatrain: %s: expected an integer in [%ld, %ld], got '%s'\n", fl->name,
-                    fl->lo, fl->hi, v);
-            return -1;
-        }
-        if (fl->kind == F_INT) *(int *)dst = (int)x;
-        else *(uint64_t *)dst = (uint64_t)x;
-    } else if (fl->kind == F_FLOAT) {
-        float x = strtof(v, &end);
-        if (errno || *end || end == v || !isfinite(x) || x < fl->lo) {
-            fprintf(stderr, "sigmatrain: %s: expected a number >= %ld, got '%s'\n", fl->name, fl->lo, v);
-            return -1;
-        }
-        *(float *)dst = x;
-    } else if (fl->kind == F_ENUM) {
-        for (int i = 0; i < fl->nnames; i++)
-            if (strcmp(v, fl->names[i]) == 0) { *(int *)dst = i; return 0; }
-        fprintf(stderr, "sigmatrain: %s: unknown value '%s' (one of:", fl->name, v);
-        for (int i = 0; i < fl->nnames; i++) fprintf(stderr, " %s", fl->names[i]);
-        fprintf(stderr, ")\n");
-        return -1;
-    } else {
-        *(const char **)dst = v;
-    }
-    return 0;
-}
-
-static const flag *find_flag(const char *name, size_t n)
-{
-    for (int i = 0; i < NFLAGS; i++)
-        if (FLAGS[i].kind != F_SECTION && strlen(FLAGS[i].name) == n && strncmp(FLAGS[i].name, name, n) == 0)
-            return &FLAGS[i];
-    return NULL;
-}
-
 /* Combinations of flags that make no sense.  Returns 0 or -1 (printed). */
 static int check_args(options *o)
 {
@@ -292,25 +225,12 @@ static int check_args(options *o)
 static int parse_args(int argc, char **argv, options *o, char given[NFLAGS])
 {
     set_defaults(o);
-    memset(given, 0, NFLAGS);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *eq = strchr(a, '=');
-        const flag *fl = strcmp(a, "-h") == 0 ? find_flag("--help", 6)
-                         : strncmp(a, "--", 2) == 0 ? find_flag(a, eq ? (size_t)(eq - a) : strlen(a)) : NULL;
-        if (!fl) {
-            fprintf(stderr, "sigmatrain: unknown %s '%s' (see --help)\n", strncmp(a, "--", 2) ? "argument" : "flag", a);
-            return -1;
-        }
-        given[fl - FLAGS] = 1;
-        if (fl->kind == F_HELP) { usage(stdout); return 1; }
-        if (fl->kind == F_VERSION) { printf("sigmatrain %s\n", PROJECT_VERSION); return 1; }
-        if (fl->kind == F_BOOL && !eq) { *(int *)((char *)o + fl->off) = 1; continue; }
-        if (fl->kind == F_BOOL) { fprintf(stderr, "sigmatrain: %s takes no value\n", fl->name); return -1; }
-        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
-        if (!v) { fprintf(stderr, "sigmatrain: %s needs a value (see --help)\n", fl->name); return -1; }
-        if (set_flag(fl, v, o) != 0) return -1;
+    switch (flags_parse(&TABLE, argc, argv, o, given)) {
+    case FLAGS_HELP: usage(stdout); return 1;
+    case FLAGS_VERSION: printf("sigmatrain %s\n", PROJECT_VERSION); return 1;
+    case FLAGS_BAD: return -1;
+    default: return check_args(o);
     }
-    return check_args(o);
 }
 
 /* --resume: the run's definition comes from the checkpoint's header; flags
@@ -319,14 +239,14 @@ static int parse_args(int argc, char **argv, options *o, char given[NFLAGS])
 static int resume_definition(options *o, const char given[NFLAGS])
 {
     char err[512];
-    int steps = o->run.steps, steps_given = given[find_flag("--steps", 7) - FLAGS];
+    int steps = o->run.steps, steps_given = given[flags_find(&TABLE, "--steps") - FLAGS];
     if (ckpt_read_meta(o->resume_path, &o->run, err, sizeof err) != 0) {
         fprintf(stderr, "sigmatrain: resume: %s\n", err);
         return -1;
     }
     if (steps_given) o->run.steps = steps;
     for (int i = 0; i < NFLAGS; i++)
-        if (given[i] && (FLAGS[i].flags & DEFINES))
+        if (given[i] && (FLAGS[i].marks & DEFINES))
             fprintf(stderr, "sigmatrain: warning: %s is ignored with --resume (the checkpoint defines the run)\n",
                     FLAGS[i].name);
     if ((o->run.data_kind == 1) != (o->data_path != NULL)) {

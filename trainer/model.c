@@ -453,6 +453,14 @@ KERNEL void crossentropy_backward(float *probs, const int *targets, int N, int V
 
 /* ------------------------------------------------------------ the model */
 
+double model_step_flops(const model_config *c, int B, int T)
+{
+    double C = c->dim, L = c->layers, BT = (double)B * T;
+    double lin = BT * 2.0 * (L * 12.0 * C * C + c->vocab * C);
+    double att = L * B * 2.0 * 2.0 * (T * (T + 1.0) / 2.0) * C; /* QK^T and AV */
+    return 3.0 * (lin + att);
+}
+
 /* Fills s[MODEL_NUM_PARAMS] (in floats) and returns their sum. */
 static size_t param_sizes(const model_config *cfg, size_t s[MODEL_NUM_PARAMS])
 {

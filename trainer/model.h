@@ -219,6 +219,12 @@ const float *model_qkv_weight(model *m, int layer);
 int model_linear_index(const model *m, int layer, int which);
 const sreparam_linear *model_linear(const model *m, int index);
 
+/* Useful matmul FLOPs of one training step of B x T tokens (forward +
+ * backward = 3x forward): 2 x the linears' weights per token, plus the
+ * causal half (T(T+1)/2 pairs) of attention's QK^T and AV, so a figure does
+ * not flatter the blocked kernel, which computes a bit more. */
+double model_step_flops(const model_config *cfg, int B, int T);
+
 /* The naive triple-loop reference of the matmul forward used by the model:
  * out (N, OC) = inp (N, C) @ w^T (OC, C) + bias (OC, may be NULL).  For tests. */
 void model_matmul_reference(float *out, const float *inp, const float *w,

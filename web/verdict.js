@@ -54,8 +54,10 @@ export function normAlert(x) {
   const cells = Array.isArray(x.cells) ? x.cells : null;
   const cell = (c) => (c.layer !== undefined ? `L${c.layer}` : '') + (c.head !== undefined ? ` h${c.head}` : '');
   let where;
-  if (cells && cells.length) where = cells.length === 1 ? cell(cells[0]) || 'run'
-    : `${cells.length} cells: ` + cells.slice(0, 4).map(cell).join(', ') + (cells.length > 4 ? '…' : '');
+  // the daemon lists at most 256 cells; ncells counts them all
+  const ncells = Number.isFinite(x.ncells) ? x.ncells : cells ? cells.length : 0;
+  if (cells && cells.length) where = ncells === 1 ? cell(cells[0]) || 'run'
+    : `${ncells} cells: ` + cells.slice(0, 4).map(cell).join(', ') + (ncells > 4 ? '…' : '');
   else {
     const layer = x.layer ?? lb.layer, head = x.head ?? lb.head;
     where = layer !== undefined ? `L${layer}` + (head !== undefined ? ` h${head}` : '') : (lb.metric || 'run');
