@@ -457,7 +457,7 @@ TRIED = [
     "afterwards it also fired on a healthy post-LN run). The tune sweep got that second model size "
     "and a second seed; the held-out sweep moved to seeds 21-23.",
     "Ranking by recall first, then median lead, once late collapses were in the tune sweep: it picked "
-    "an `entropy_norm` drop (80% of its 20-step maximum, for 5) with a late lead of 36 steps. The "
+    "an `entropy_norm` drop (80% of its 20-step maximum, for 5) with a median lead of 36 steps. The "
     "ranking is now by the lead on collapses after step 200 among the rules within one run of the "
     "best recall.",
     "Drops of `entropy_norm` (50-80% of a 20- or 50-step maximum) and floors (`entropy_norm` below "
@@ -465,8 +465,8 @@ TRIED = [
     "uniform; the floors were safe but led by 18-79 steps.",
     "Growth of `logit_scale` (the bound's argument, which carries the input norms): it grows on every "
     "run early on, healthy or not (over 100 steps at 2 per step it fired on 5 of the 7 healthy runs "
-    "of the small model, both sigmaReparam runs among them); ANDed with `sigma_qk` above 2 it was "
-    "safe but missed 4 of the 27 tune collapses.",
+    "of the small model, both sigmaReparam runs among them); ANDed with `sigma_qk` above 2 it kept "
+    "the one false alarm below and missed 4 of the 27 tune collapses.",
     "Guards on `entropy_norm` (growth AND `entropy_norm` below 0.3-0.7): safe, but the guard delays "
     "the alarm until the head has already sharpened; no-LN heads sit at `entropy_norm` 0.5-0.6 until "
     "just before they collapse. The guard that works is the other way round: a level of a second "
@@ -510,8 +510,9 @@ def summary_markdown(p):
            "| >= 50 |" % (h["late"], fmt(h["late_median_lead"], 0), fmt(h["late_recall"])),
            "| runs whose loss diverges / of them, before collapse_risk fired (or without it) | %d / %d | |" % (
                h["diverged"], h["diverged_first"]),
-           "| median lead before the loss diverges, where it fired first | %s steps | |" % fmt(
-               h["median_lead_divergence"], 0), "",
+           "| median lead before the loss diverges, where it fired first | %s | |" % (
+               "%s steps" % fmt(h["median_lead_divergence"], 0) if h["median_lead_divergence"] is not None
+               else "none: it fired first on no such run"), "",
            "Runs that count for neither (diverged or stalled without collapse): %d. The study took %.1f min." % (
                h["other"], p["seconds"] / 60), "",
            "### What was tried and did not work", ""]

@@ -696,8 +696,8 @@ static void test_resume_earlier_episode(void **state) {
  * holds 32 bytes of cell state, 4 bytes per window step (per step seen, up
  * to the window) for the rules that read a window (and 4 for drop's max, 24 for zscore's sums), plus 12
  * bytes per cell that fires; the built-in rules, with every metric they
- * read, hold 684 bytes a head (844 before: every rule kept every summary
- * and a window). */
+ * read, hold 684 bytes a head (724 while collapse_risk read a 20-step
+ * window, 844 when every rule kept every summary and a window). */
 static void test_state_bytes_per_head(void **state) {
     (void)state;
     char err[256];
@@ -736,6 +736,7 @@ static void test_state_bytes_per_head(void **state) {
     printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
            (unsigned long long)((bytes - base - 32) / (L * H)));
     assert_int_equal(bytes - base, (uint64_t)L * H * per_head + 32); /* + run_stalled's one cell */
+    assert_int_equal(per_head, 684); /* the figure docs/alerts.md gives */
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
