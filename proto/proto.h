@@ -143,12 +143,6 @@ int proto_status_parse(const char *s);
  * Returns the length. */
 #define PROTO_FLOAT_MAX 24
 int proto_format_float(char *buf, float v);
-/* Unix seconds with microseconds, trailing zeros cut; buf holds 40 bytes. */
-int proto_format_time(char *buf, double t);
-/* The body of a JSON string (no quotes) of s[0..n): escapes as JSON
- * requires and replaces invalid UTF-8 by '?'. out must hold 6 * n bytes.
- * Returns the bytes written (not terminated). */
-size_t proto_json_escape(char *out, const char *s, size_t n);
 
 /* ---- writers, trainer -> daemon (proto_write.c)
  *

@@ -154,7 +154,8 @@ slow:
     return (int)(p - buf) + snprintf(p, 20, "%.9g", (double)v);
 }
 
-int proto_format_time(char *p, double t)
+/* Unix seconds with microseconds, trailing zeros cut; p holds 40 bytes. */
+static int format_time(char *p, double t)
 {
     int n = snprintf(p, 40, "%.6f", t);
     while (n > 1 && p[n - 1] == '0') n--;
@@ -165,8 +166,8 @@ int proto_format_time(char *p, double t)
 /* ---------------------------------------------------------------- strings */
 
 /* JSON string body of s[0..n): escapes, and replaces invalid UTF-8 by '?'.
- * out must hold 6*n bytes. */
-size_t proto_json_escape(char *out, const char *str, size_t n)
+ * out must hold 6*n bytes.  Returns the bytes written (not terminated). */
+static size_t json_escape(char *out, const char *str, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *s = (const unsigned char *)str;
@@ -229,7 +230,7 @@ size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int
     if (public_len) *public_len = (size_t)n;
     if (token) {
         n += snprintf(out + n, cap - (size_t)n, ",\"token\":\"");
-        n += (int)proto_json_escape(out + n, token, tlen);
+        n += (int)json_escape(out + n, token, tlen);
         out[n++] = '"';
     }
     out[n++] = '}';
@@ -250,7 +251,7 @@ size_t proto_write_step_body(char *out, const struct proto_step_view *s)
     char *p = out;
     PUT("\"type\":\"step\",\"step\":");
     p += utoa(p, (uint64_t)s->step);
-    if (s->time >= 0) { PUT(",\"time\":"); p += proto_format_time(p, s->time); }
+    if (s->time >= 0) { PUT(",\"time\":"); p += format_time(p, s->time); }
     if (s->n_scalar) {
         PUT(",\"scalars\":{");
         for (int i = 0; i < s->n_scalar; i++) {
@@ -311,9 +312,9 @@ size_t proto_write_event_body(char *out, int level, const char *text, size_t tle
     PUT("\"type\":\"event\",\"level\":\"");
     p += strlen(strcpy(p, proto_level_name(level)));
     PUT("\",\"text\":\"");
-    p += proto_json_escape(p, text, tlen);
+    p += json_escape(p, text, tlen);
     *p++ = '"';
-    if (time >= 0) { PUT(",\"time\":"); p += proto_format_time(p, time); }
+    if (time >= 0) { PUT(",\"time\":"); p += format_time(p, time); }
     *p++ = '}';
     *p++ = '\n';
     return (size_t)(p - out);
@@ -349,7 +350,7 @@ size_t proto_write_error(char *out, size_t cap, int code, const char *message, i
     PUT("{\"type\":\"error\",\"code\":\"");
     p += strlen(strcpy(p, proto_err_name(code)));
     PUT("\",\"message\":\"");
-    p += proto_json_escape(p, message, mlen);
+    p += json_escape(p, message, mlen);
     *p++ = '"';
     if (has_seq) p += snprintf(p, 32, ",\"seq\":%lld", (long long)seq);
     *p++ = '}';
