@@ -764,6 +764,10 @@ static void test_bad_field(void **state) {
     CHECK(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":{},\"seq_len\":1}", PROTO_E_BAD_FIELD);
     CHECK(STEP_PRE "\"layers\":3}", PROTO_E_BAD_FIELD);
     CHECK(STEP_PRE "\"heads\":3}", PROTO_E_BAD_FIELD);
+}
+
+static void test_bad_field_names(void **state) {
+    (void)state;
     /* run names */
     static const char *const bad_runs[] = {"", "a b", "a/b", "a\\\\b", "a\\\"b", "caf\xc3\xa9", "a\\u0009", "a,b", "a#b", "[x]"};
     for (size_t i = 0; i < sizeof bad_runs / sizeof *bad_runs; i++) {
@@ -817,6 +821,11 @@ static void test_bad_field(void **state) {
     CHECK(line, PROTO_E_BAD_FIELD);
     free(line);
     free(name);
+}
+
+static void test_bad_field_metrics(void **state) {
+    (void)state;
+    struct proto_msg m;
     /* duplicates, within a kind and across kinds */
     CHECK(STEP_PRE "\"scalars\":{\"a\":1,\"a\":2}}", PROTO_E_BAD_FIELD);
     CHECK(STEP_PRE "\"scalars\":{\"a\":1},\"layers\":{\"a\":[2]}}", PROTO_E_BAD_FIELD);
@@ -872,6 +881,12 @@ static void test_bad_field(void **state) {
     CHECK(STEP_PRE "\"heads\":{\"a\":[[[1]]]}}", PROTO_E_BAD_FIELD);
     CHECK(STEP_PRE "\"heads\":{\"a\":{\"b\":[1]}}}", PROTO_E_BAD_FIELD);
     CHECK(STEP_PRE "\"heads\":{\"a\":null}}", PROTO_E_BAD_FIELD);
+}
+
+static void test_bad_field_events(void **state) {
+    (void)state;
+    struct proto_msg m;
+    char *line;
     /* event and end fields */
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"debug\",\"text\":\"t\"}", PROTO_E_BAD_FIELD);
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"INFO\",\"text\":\"t\"}", PROTO_E_BAD_FIELD);
@@ -1253,6 +1268,9 @@ int main(void) {
         cmocka_unit_test(test_bad_type),
         cmocka_unit_test(test_missing_field),
         cmocka_unit_test(test_bad_field),
+        cmocka_unit_test(test_bad_field_names),
+        cmocka_unit_test(test_bad_field_metrics),
+        cmocka_unit_test(test_bad_field_events),
         cmocka_unit_test(test_bad_shape_and_protocol),
         cmocka_unit_test(test_seq_reported_on_error),
         cmocka_unit_test(test_err_buffer),
