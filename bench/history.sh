@@ -33,15 +33,7 @@ seedargs=(--head-metrics "$HM")
 if [ -z "${SYNTHETIC:-}" ]; then
   src=${REPLAY:-}
   if [ -z "$src" ]; then
-    mkdir "$dir/real"
-    "$BUILD/entropyd" --data "$dir/real" --http off >"$dir/real/out" 2>&1 &
-    rpid=$!
-    for i in $(seq 100); do [ -S "$dir/real/entropyd.sock" ] && break; sleep 0.05; done
-    "$BUILD/sigmatrain" --layers 12 --heads 12 --dim 96 --seq-len 32 --batch 4 --threads 1 --probe-examples 1 \
-      --eval-every 0 --print-every 100000 --steps "${REAL_STEPS:-400}" --daemon "unix:$dir/real/entropyd.sock" \
-      --run real >"$dir/real/train.log" 2>&1
-    kill "$rpid"; wait "$rpid" 2>/dev/null || true
-    src="$dir/real/entropyd.db"
+    src=$(BUILD=$BUILD scripts/record-real-stream.sh "$dir/real" "${REAL_STEPS:-400}")
     echo "history: recorded ${REAL_STEPS:-400} real sigmatrain steps (12x12) in $(( $(date +%s) - t0 )) s"
   fi
   seedargs=(--replay "$src")

@@ -35,16 +35,7 @@ awk -v b="$bytes" -v v="$values" 'BEGIN { printf "ingest: synthetic data (unifor
 if [ "${REAL:-1}" != 0 ]; then
   src=${REPLAY:-}
   if [ -z "$src" ]; then
-    mkdir "$dir/real"
-    "$BUILD/entropyd" --data "$dir/real" --http off >"$dir/real/out" 2>&1 &
-    pid=$!
-    for i in $(seq 100); do [ -S "$dir/real/entropyd.sock" ] && break; sleep 0.05; done
-    "$BUILD/sigmatrain" --layers 12 --heads 12 --dim 96 --seq-len 32 --batch 4 --threads 1 --probe-examples 1 \
-      --eval-every 0 --print-every 100000 --steps "${REAL_STEPS:-400}" --daemon "unix:$dir/real/entropyd.sock" \
-      --run real >"$dir/real/train.log" 2>&1
-    kill "$pid"; wait "$pid" 2>/dev/null || true
-    pid=
-    src="$dir/real/entropyd.db"
+    src=$(BUILD=$BUILD scripts/record-real-stream.sh "$dir/real" "${REAL_STEPS:-400}")
   fi
   "$BUILD/bench/bench_history_seed" --db "$dir/replay.db" --run replay --steps "${REPLAY_STEPS:-20000}" \
     --replay "$src" | sed 's/^/ingest: real sigmatrain stream: /'
