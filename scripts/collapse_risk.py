@@ -40,6 +40,12 @@ SMALL = ["--layers", "2", "--heads", "4", "--dim", "64", "--seq-len", "64", "--b
 # to the held-out model; tuning on two sizes prefers rules that do.
 MEDIUM = ["--layers", "3", "--heads", "4", "--dim", "96", "--seq-len", "48", "--batch", "6"]
 BIG = ["--layers", "4", "--heads", "4", "--dim", "128", "--seq-len", "32", "--batch", "4"]
+# A fourth size in the tune sweep (fourth session): the held-out sweep's
+# depth and context at a width between the medium model's and its own, run
+# with the held-out grid (no-LN runs whose loss blows up before entropy
+# collapses, late collapses) on tune seeds; the held-out model stays the
+# widest.
+LARGE = ["--layers", "4", "--heads", "4", "--dim", "112", "--seq-len", "32", "--batch", "4"]
 STEPS = 400  # the tune sweep's run length (--steps-predict scales every run and warmup)
 LATE_WARM = 600   # late collapses: a slow warmup, so the collapse-prone lr is reached after step 200
 VERY_LATE_WARM = 1000
@@ -79,8 +85,13 @@ HELD_GRID = [
     ("adam", "pre", "none", 0.1, LATE_WARM, 340), ("adam", "none", "none", 0.03, LATE_WARM, 340),
     ("adam", "pre", "none", 0.1, VERY_LATE_WARM, 420), ("adam", "none", "none", 0.03, VERY_LATE_WARM, 420),
 ]
-HELD_SEEDS = (21, 22, 23)
+HELD_SEEDS = (31, 32, 33)
+# Seeds 21-23 judged the third session's rule and were looked at while the
+# fourth session's model was designed: shown for reference only.
+REF_SEEDS = (21, 22, 23)
+TUNE_LARGE_SEEDS = (1, 2)
 SIGNALS = ("entropy_norm", "max_logit", "logit_scale", "sigma_qk", "entropy_bound")
+SCALARS = ("loss", "grad_norm")
 
 
 def configs(which, steps=STEPS):
@@ -88,9 +99,14 @@ def configs(which, steps=STEPS):
     and warmup are scaled by steps / STEPS."""
     if which == "tune":
         runs = [(s, g) for s in TUNE_SEEDS for g in TUNE_GRID] + [(s, g) for s in TUNE_LATE_SEEDS for g in TUNE_LATE]
-        sized = [(SMALL, "tune"), (MEDIUM, "tune-m")]
-    else:
-        runs, sized = [(s, g) for s in HELD_SEEDS for g in HELD_GRID], [(BIG, "held")]
+        out = sized_runs(runs, [(SMALL, "tune"), (MEDIUM, "tune-m")], steps)
+        return out + sized_runs([(s, g) for s in TUNE_LARGE_SEEDS for g in HELD_GRID], [(LARGE, "tune-l")], steps)
+    seeds = HELD_SEEDS if which == "held" else REF_SEEDS
+    return sized_runs([(s, g) for s in seeds for g in HELD_GRID], [(BIG, "held")], steps)
+
+
+def sized_runs(runs, sized, steps):
+    """Config dicts of (seed, grid entry) runs on each (model, tag)."""
     return [dict(opt=o, norm=n, reparam=rp, lr=lr, warmup=w * steps // STEPS, seed=s, steps=n_steps * steps // STEPS,
                  model=model, tag=tag) for model, tag in sized for s, (o, n, rp, lr, w, n_steps) in runs]
 
@@ -107,8 +123,11 @@ def collect(d, run_id, last_step):
             continue
         out["step"] = s.get("step", [])
         out["signals"][metric] = [ser.get("max", []) for ser in s.get("series", [])]
-    loss = d.get("/api/runs/%d/series?metric=loss&points=%d" % (run_id, pts))
-    out["loss_step"], out["loss"] = loss.get("step", []), loss.get("max", [])
+    out["scalars"] = {}
+    for metric in SCALARS:
+        s = d.get("/api/runs/%d/series?metric=%s&points=%d" % (run_id, metric, pts))
+        out["scalar_step"], out["scalars"][metric] = s.get("step", []), s.get("max", [])
+    out["loss_step"], out["loss"] = out["scalar_step"], out["scalars"]["loss"]
     return out
 
 
@@ -230,10 +249,91 @@ def candidates():
     return out
 
 
+def scalar_candidates():
+    """The second arm of the models searched (fourth session): a rule on one
+    of the run's scalars, which may move before any head does (without
+    LayerNorm the loss blows up 11-82 steps before entropy collapses):
+    zscore (the value k standard deviations above its window's mean, the
+    engine's op of loss_spike) and growth (a rate per step over a window)."""
+    out = []
+    for metric in SCALARS:
+        for w in (20, 50, 100):
+            for k in (3, 4, 5, 7, 10):
+                for f in (0, 2, 5):
+                    out.append(("zscore", dict(metric=metric, window=w, k=k, **{"for": f})))
+    rates = {"loss": (0.005, 0.01, 0.02, 0.05), "grad_norm": (0.01, 0.05, 0.2, 1)}
+    for metric in SCALARS:
+        for w in (10, 20, 50):
+            for rate in rates[metric]:
+                for f in (0, 5):
+                    out.append(("sgrowth", dict(metric=metric, window=w, rate=rate, **{"for": f})))
+    return out
+
+
+_WINDOW = {}  # (id of a scalar series, window) -> [(mean, deviation) or None] per step
+
+
+def window_stats(v, w):
+    """Per step t, the mean and population deviation of the finite values
+    among v[t-w:t] (None before w values were seen or with fewer than 2
+    finite ones), by running sums."""
+    key = (id(v), w)
+    if key in _WINDOW:
+        return _WINDOW[key]
+    out, s1, s2, n = [], 0.0, 0.0, 0
+    fin = [x is not None and math.isfinite(x) for x in v]
+    for t in range(len(v)):
+        if t >= w and n >= 2:
+            mean = s1 / n
+            var = s2 / n - mean * mean
+            out.append((mean, math.sqrt(var) if var > 0 else 0.0))
+        else:
+            out.append(None)
+        if fin[t]:
+            s1, s2, n = s1 + v[t], s2 + v[t] * v[t], n + 1
+        if t >= w and fin[t - w]:
+            s1, s2, n = s1 - v[t - w], s2 - v[t - w] * v[t - w], n - 1
+    _WINDOW[key] = out
+    return out
+
+
+def scalar_cond(kind, p, v):
+    """Booleans per step of a scalar candidate on the series v, as the
+    engine evaluates it: the window is the w values before this one, full
+    once w values were seen; zscore's mean and (population) deviation are
+    over the window's finite values."""
+    w, out = p["window"], []
+    stats = window_stats(v, w) if kind == "zscore" else None
+    for t, x in enumerate(v):
+        ok = False
+        if x is not None and math.isfinite(x) and t >= w:
+            if kind == "zscore":
+                ms = stats[t]
+                ok = ms is not None and x > ms[0] + p["k"] * ms[1] and x > ms[0]
+            else:
+                old = v[t - w]
+                ok = old is not None and math.isfinite(old) and (x - old) / w > p["rate"]
+        out.append(ok)
+    return out
+
+
+def held_for(steps, cond, need):
+    """The step at which cond has held for `need` steps after the first
+    (the engine's `for`), else None."""
+    run = 0
+    for t, ok in enumerate(cond):
+        run = run + 1 if ok else 0
+        if ok and run >= need + 1:
+            return steps[t]
+    return None
+
+
 def simulate(rows):
-    """r["fires"][cand-NNN] = the simulated firing step of every candidate;
-    r["sim_collapse"] = the simulated entropy_collapse start (below 0.01 for
-    20 steps), to check the simulation against the daemon."""
+    """r["fires"][cand-NNN] = the simulated firing step of every head
+    candidate, r["fires"][scal-NNN] of every scalar candidate, and
+    r["fires"]["sim:collapse_risk"] of the rule the daemon ran (to check the
+    simulation against the daemon's own alerts); r["sim_collapse"] = the
+    simulated entropy_collapse start (below 0.01 for 20 steps)."""
     for r in rows:
         sig, steps = r["data"].get("signals"), r["data"].get("step")
         r["fires"] = {}  # again on --resume and --report-only: the grid may have changed
@@ -243,8 +343,23 @@ def simulate(rows):
             if "metric" in p and p["metric"] not in sig:
                 continue
             r["fires"][name] = fire_step(steps, sig, kind, p)
+        sc, ss = r["data"].get("scalars") or {}, r["data"].get("scalar_step") or []
+        for name, kind, p, _ in scalar_rules():
+            if p["metric"] in sc:
+                r["fires"][name] = held_for(ss, scalar_cond(kind, p, sc[p["metric"]]), p["for"])
         f = fire_step(steps, sig, "below", {"value": 0.01, "for": 20})
         r["sim_collapse"] = None if f is None else steps[steps.index(f) - 20]
+
+
+def scalar_rules():
+    """[(name, kind, params, rule)] of the scalar candidates."""
+    out = []
+    for i, (kind, p) in enumerate(scalar_candidates()):
+        c = {"op": "zscore", "k": p["k"]} if kind == "zscore" else {"op": "growth", "rate": p["rate"]}
+        c["window"] = p["window"]
+        out.append(("scal-%03d" % i, kind, p, {"name": "scal-%03d" % i, "metric": p["metric"], "scope": "scalar",
+                                                "condition": c, "for": p["for"]}))
+    return out
 
 
 def candidate_rules():
@@ -257,13 +372,21 @@ def candidate_rules():
     return out
 
 
-def score(rows, name, late_after=200):
+def model_fire(r, names):
+    """The step at which a model (an OR of rules) fires on run r: its
+    earliest rule's; None when none fires."""
+    fs = [r["fires"].get(n) for n in names]
+    fs = [f for f in fs if f is not None]
+    return min(fs) if fs else None
+
+
+def score(rows, names, late_after=200):
     """recall, false-alarm rate, median lead (collapse start - firing), the
     median lead on collapses that begin after step late_after, and the
-    number of collapsing runs, of the rule `name` on rows (row["fires"])."""
+    number of collapsing runs, of the model (rule names, ORed) on rows."""
     hits, leads, late, fa, nh, nc = 0, [], [], 0, 0, 0
     for r in rows:
-        f = r["fires"].get(name)
+        f = model_fire(r, names)
         if r["collapsed"]:
             nc += 1
             if f is not None and f < r["collapse_step"]:
@@ -285,19 +408,75 @@ def median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
+def models():
+    """[(names, rules)]: every head candidate and every scalar candidate
+    alone, then every OR of one of each (fourth session), simplest first."""
+    heads = [(n, rule) for n, _, _, rule in candidate_rules()]
+    scal = [(n, rule) for n, _, _, rule in scalar_rules()]
+    out = [((n,), [rule]) for n, rule in heads + scal]
+    return out + [((hn, sn), [hr, sr]) for hn, hr in heads for sn, sr in scal]
+
+
+HEAD_RATES = {"max_logit": (0.5, 1, 2, 5, 10), "sigma_qk": (0.02, 0.05, 0.1, 0.2, 0.5),
+              "logit_scale": (2, 5, 10, 20, 50)}
+SCALAR_RATES = {"loss": (0.005, 0.01, 0.02, 0.05), "grad_norm": (0.01, 0.05, 0.2, 1)}
+FORS = {"head": (5, 10), "scalar": (0, 2, 5)}
+KS = (3, 4, 5, 7, 10)
+
+
+def looser(kind, p):
+    """The grid's next more sensitive versions of a candidate: the next
+    lower rate (growth) or k (zscore), the next shorter `for`."""
+    out, scope = [], "scalar" if kind in ("sgrowth", "zscore") else "head"
+    if kind in ("growth", "sgrowth"):
+        r = (SCALAR_RATES if kind == "sgrowth" else HEAD_RATES)[p["metric"]]
+        i = r.index(p["rate"])
+        if i > 0:
+            out.append(dict(p, rate=r[i - 1]))
+    if kind == "zscore" and KS.index(p["k"]) > 0:
+        out.append(dict(p, k=KS[KS.index(p["k"]) - 1]))
+    fs = FORS[scope]
+    if kind in ("growth", "sgrowth", "zscore") and fs.index(p["for"]) > 0:
+        out.append(dict(p, **{"for": fs[fs.index(p["for"]) - 1]}))
+    return out
+
+
+def neighbours():
+    """{rule name: the names of its looser() versions}."""
+    every = [(n, k, p) for n, k, p, _ in candidate_rules() + scalar_rules()]
+    by = {json.dumps([k, p], sort_keys=True): n for n, k, p in every}
+    return {n: [by[json.dumps([k, q], sort_keys=True)] for q in looser(k, p)
+                if json.dumps([k, q], sort_keys=True) in by] for n, k, p in every}
+
+
 def tune(rows):
-    """Candidates with false alarms <= 5% on rows and a recall at most one
-    collapsing run below the best such, best first: the longest median lead
-    on collapses after step 200, then the longest median lead, then the
-    highest recall.  (Until the third session: highest recall, then median
-    lead; with late collapses in the tune sweep that chose an entropy_norm
-    drop whose late lead was 30 steps, while a rule that missed only a
-    collapse at step 26 led the late ones by over 200.)"""
-    scored = []
-    for name, kind, p, rule in candidate_rules():
-        rec, far, lead, late, nc = score(rows, name)
-        scored.append((name, rule, rec, far, lead, late, nc))
-    ok = [x for x in scored if x[3] <= 0.05]
+    """Models with no false alarm on rows, whose looser neighbours (each
+    rule in turn replaced by a looser() version) raise none either, and a
+    recall at most one collapsing run below the best such, best first: the
+    longest median lead on collapses after step 200, then the longest
+    median lead, then the highest recall; among equals the simplest (a
+    single rule before an OR).  (Fourth session: the held-out sweep has
+    fewer than 20 healthy runs, so one false alarm there is already above
+    5%, and the best models at up to 5% on the tune sweep were one grid
+    step from 2-5 false alarms in 34.  Until the third session: highest
+    recall, then median lead; with late collapses in the tune sweep that
+    chose an entropy_norm drop whose late lead was 30 steps.)  Entries:
+    (name, rules, recall, false alarms, median lead, late median lead)."""
+    scored, far_of = [], {}
+    for names, rules in models():
+        rec, far, lead, late, nc = score(rows, names)
+        scored.append(("+".join(names), rules, rec, far, lead, late, nc))
+        far_of[names] = far
+    nb = neighbours()
+
+    def margin(name):
+        names = tuple(name.split("+"))
+        for i, n in enumerate(names):
+            for m in nb[n]:
+                if far_of.get(names[:i] + (m,) + names[i + 1:], 1.0) > 0:
+                    return False
+        return True
+    ok = [x for x in scored if x[3] == 0 and margin(x[0])]
     best = max((x[2] for x in ok), default=0.0)
     ok = [x for x in ok if x[2] >= best - 1.0 / max(1, x[6]) - 1e-9]
     ok.sort(key=lambda x: (-(x[5] or 0), -(x[4] or 0), -x[2]))
@@ -338,16 +517,91 @@ def fires(alerts):
     return out
 
 
-def judge(rows, rule):
-    """Per run: verdicts and rule's lead times."""
+def judge(rows, names):
+    """Per run: verdicts and the lead times of the model (rule names, ORed)."""
     out = []
     for r in rows:
-        f = r["fires"].get(rule)
+        f = model_fire(r, names)
         out.append(dict(name=r["name"], collapsed=r["collapsed"], healthy=r["healthy"],
                         collapse_step=r["collapse_step"], diverge_step=r["diverge_step"], fire=f,
                         lead=(r["collapse_step"] - f) if (r["collapsed"] and f is not None) else None,
                         lead_div=(r["diverge_step"] - f) if (r["diverge_step"] is not None and f is not None)
                         else None))
+    return out
+
+
+def show(rules):
+    """A model's rules, short: their metric, scope, condition and for, ORed."""
+    return " OR ".join(json.dumps({k: x[k] for k in ("metric", "scope", "condition", "for") if k in x})
+                       for x in rules)
+
+
+def ship_names(rules):
+    """The model's rules under the names they ship as: collapse_risk, then
+    collapse_risk_<metric> for a second (scalar) rule."""
+    out = []
+    for i, x in enumerate(rules):
+        x = {k: v for k, v in x.items() if k not in ("name", "severity", "keep_firing_for")}
+        out.append(dict(x, name="collapse_risk" if i == 0 else "collapse_risk_" + x["metric"]))
+    return out
+
+
+def same_rules(have, model):
+    """True when the collapse_risk* rules of have are the model's, rule for
+    rule (name, metric, scope, condition, for)."""
+    mine = {x["name"]: x for x in have if x["name"].startswith("collapse_risk")}
+    keys = ("metric", "condition", "for")
+    return len(mine) == len(model) and all(
+        x["name"] in mine and all(mine[x["name"]].get(k) == x.get(k) for k in keys)
+        and mine[x["name"]].get("scope", "head") == x.get("scope", "head") for x in model)
+
+
+def rule_candidate(rule):
+    """(kind, params) of a rules-file rule the simulation can evaluate
+    (head growth with its guard, entropy_norm below, scalar zscore and
+    growth), else None."""
+    c, scope = rule.get("condition", {}), rule.get("scope", "head")
+    p = {"for": rule.get("for", 0)}
+    if scope == "head" and c.get("op") == "growth":
+        p.update(metric=rule["metric"], window=c["window"], rate=c["rate"], value=c.get("value", float("inf")))
+        if c.get("and"):
+            p["guard"] = c["and"]
+        return "growth", p
+    if scope == "head" and c.get("op") == "below" and rule.get("metric") == "entropy_norm" and not c.get("and"):
+        return "below", dict(p, value=c["value"])
+    if scope == "scalar" and c.get("op") == "zscore":
+        return "zscore", dict(p, metric=rule["metric"], window=c["window"], k=c["k"])
+    if scope == "scalar" and c.get("op") == "growth" and "value" not in c and not c.get("and"):
+        return "sgrowth", dict(p, metric=rule["metric"], window=c["window"], rate=c["rate"])
+    return None
+
+
+def check_simulation(rows, ran):
+    """[(rule, runs where the simulated first firing step is the daemon's,
+    runs)] for every rule the daemon ran that the simulation can evaluate."""
+    out = []
+    for rule in ran:
+        kc = rule_candidate(rule)
+        if kc is None:
+            continue
+        kind, p = kc
+        agree = n = 0
+        for r in rows:
+            sig, steps = r["data"].get("signals"), r["data"].get("step")
+            if not sig or "entropy_norm" not in sig:
+                continue
+            if kind in ("zscore", "sgrowth"):
+                v = (r["data"].get("scalars") or {}).get(p["metric"])
+                if v is None:
+                    continue
+                sim = held_for(r["data"]["scalar_step"], scalar_cond(kind, p, v), p["for"])
+            elif p.get("metric", "entropy_norm") in sig:
+                sim = fire_step(steps, sig, kind, p)
+            else:
+                continue
+            n += 1
+            agree += sim == fires(r["alerts"]).get(rule["name"])
+        out.append((rule["name"], agree, n))
     return out
 
 
@@ -378,63 +632,69 @@ def fmt(v, nd=2):
     return str(v)
 
 
-def write_report(path, tune_rows, held_rows, top, chosen_rule, held_j, held_s, tune_s, seconds, machine,
-                 shipped=None, judged_by="", agree=(0, 0)):
+def summary_row(label, x):
+    """One sweep's line of the report's summary table."""
+    return "| %s | %d | %d | %d | %s | %s | %s | %d | %s | %s | %d | %d | %s |" % (
+        label, x["collapsed"], x["healthy"], x["other"], fmt(x["recall"]), fmt(x["false_alarms"]),
+        fmt(x["median_lead"], 0), x["late"], fmt(x["late_recall"]), fmt(x["late_median_lead"], 0), x["diverged"],
+        x["diverged_first"], fmt(x["median_lead_divergence"], 0))
+
+
+def write_report(path, rows, j, summ, top, chosen, ctx):
+    """docs/collapse-risk.md: the sweeps, the model, its figures on each
+    sweep, the per-run tables and the best of the tuning grid."""
+    checks = ", ".join("%s on %d of %d runs" % c for c in ctx["checks"])
     out = ["# Collapse risk: an alert before entropy collapse begins", "",
            "Generated by `make experiments` (part `predict`, scripts/collapse_risk.py) in %.1f min on %s." % (
-               seconds / 60, machine), "",
-           "Tune sweep: %s; seeds %s for the 400-step configs (some with a linear warmup of 250 steps), "
-           "seeds %s for the late ones (warmup of %d steps, %d steps in all). Held-out sweep (never used "
-           "for tuning): %s, seeds %s, 300-step configs (some with a warmup of 200 steps) and late ones "
-           "(warmups of %d and %d steps, stopped at 340 and 420 steps). Configs: %s. Both sweeps: "
-           "constant learning rate after the warmup, no clipping, probe on every step (4 examples). "
-           "A run *collapses* when the daemon's "
+               ctx["seconds"] / 60, ctx["machine"]), "",
+           "Tune sweep: %s (`tune-`), %s (`tune-m-`), seeds %s, 400-step configs (some with a linear warmup of "
+           "250 steps) and late ones (warmup of %d steps, %d steps in all), seeds %s; and %s (`tune-l-`) on the "
+           "held-out grid, seeds %s. Held-out sweep (never used for tuning): %s, seeds %s, 300-step configs "
+           "(some with a warmup of 200 steps) and late ones (warmups of %d and %d steps, stopped at 340 and "
+           "420 steps). Reference sweep: the same grid on seeds %s, the held-out seeds of the third session, "
+           "looked at while this model was designed, so not unseen. Both sweeps: constant learning rate after "
+           "the warmup, no clipping, probe on every step (4 examples). A run *collapses* when the daemon's "
            "`entropy_collapse` fires (its start_step = the step collapse begins); it is *healthy* when "
            "that never fires, the loss never diverges (below) and the final validation loss is below "
            "ln 64; the rest (diverged or stalled without collapse) count for neither. Lead = collapse "
-           "start - the step `collapse_risk` fires "
-           "(its start_step + for); lead to divergence = the first step whose training loss is non-finite "
-           "or 1 nat above its running minimum - that same firing step." % (
-               " ".join(SMALL), TUNE_SEEDS, TUNE_LATE_SEEDS, LATE_WARM, LATE_WARM, " ".join(BIG), HELD_SEEDS,
-               LATE_WARM, VERY_LATE_WARM, "see the tables"), "",
-           "## The rule", "",
-           "Chosen on the tune sweep alone (highest recall with false alarms <= 5%, then the longest "
-           "median lead):", "", "```json", json.dumps(chosen_rule, indent=1), "```", "",
-           ("The built-in `collapse_risk` of daemon/alert.c is this rule." if shipped else
-            "daemon/alert.c ships no `collapse_risk` that matches it (see below)."), "",
-           "## Held-out sweep", "", "![collapse_risk against entropy_collapse on the held-out runs that collapse]"
+           "start - the step the model fires (its first rule's FIRING transition, start_step + for); lead to "
+           "divergence = the first step whose training loss is non-finite or 1 nat above its running minimum "
+           "- that same firing step." % (
+               " ".join(SMALL), " ".join(MEDIUM), TUNE_SEEDS, LATE_WARM, LATE_WARM, TUNE_LATE_SEEDS,
+               " ".join(LARGE), TUNE_LARGE_SEEDS, " ".join(BIG), HELD_SEEDS, LATE_WARM, VERY_LATE_WARM,
+               REF_SEEDS), "",
+           "## The model", "",
+           "Chosen on the tune sweep alone (tune(): no false alarm, a recall within one run of the best, then "
+           "the longest median lead on collapses after step 200); it fires when any of its rules fires:", "",
+           "```json", json.dumps(chosen, indent=1), "```", "",
+           ("The built-in `collapse_risk*` rules (schema/default_rules.json) are these." if ctx["shipped"] else
+            "schema/default_rules.json does not ship these rules (see below)."), "",
+           "## Figures", "", "![the model against entropy_collapse on the held-out runs that collapse]"
            "(collapse-risk.png)", "",
-           "Judged by %s. The simulation reproduces the daemon's `entropy_collapse` start step on %d of "
-           "%d runs." % (judged_by, agree[0], agree[1]), "",
-           "| runs that collapse | healthy runs | other | recall | false alarms | median lead (steps) | "
+           "Judged by %s. The simulation reproduces the daemon's first firing of %s." % (ctx["judged_by"], checks), "",
+           "| sweep | runs that collapse | healthy runs | other | recall | false alarms | median lead (steps) | "
            "collapse after step 200 | their recall | their median lead | runs whose loss diverges | "
-           "of them, diverged before collapse_risk fired (or without it) | median lead where it fired first |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|",
-           "| %d | %d | %d | %s | %s | %s | %d | %s | %s | %d | %d | %s |" % (
-               held_s["collapsed"], held_s["healthy"], held_s["other"], fmt(held_s["recall"]),
-               fmt(held_s["false_alarms"]), fmt(held_s["median_lead"], 0), held_s["late"],
-               fmt(held_s["late_recall"]), fmt(held_s["late_median_lead"], 0), held_s["diverged"],
-               held_s["diverged_first"], fmt(held_s["median_lead_divergence"], 0)), "",
-           "The same rule on the tune sweep: recall %s, false alarms %s, median lead %s." % (
-               fmt(tune_s["recall"]), fmt(tune_s["false_alarms"]), fmt(tune_s["median_lead"], 0)), "",
-           "| held-out run | verdict | collapse begins | loss diverges | collapse_risk fires | lead | lead to divergence |",
-           "|---|---|---|---|---|---|---|"]
-    for x in held_j:
-        v = "collapses" if x["collapsed"] else "healthy" if x["healthy"] else "other"
-        out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
-            x["name"], v, fmt(x["collapse_step"]), fmt(x["diverge_step"]), fmt(x["fire"]), fmt(x["lead"]),
-            fmt(x["lead_div"])))
-    out += ["", "## Tuning (simulated on the tune sweep's stored series)", "",
-            "Candidates with false alarms <= 5%% on the tune sweep, best first (of %d tried):" % len(candidates()),
-            "", "| rule | recall | false alarms | median lead | median lead, collapse after step 200 |",
+           "of them, diverged before the model fired (or without it) | median lead to divergence where it fired "
+           "first |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+           summary_row("held-out (seeds %s)" % ", ".join(map(str, HELD_SEEDS)), summ["held"]),
+           summary_row("reference (seeds %s, seen)" % ", ".join(map(str, REF_SEEDS)), summ["ref"]),
+           summary_row("tune", summ["tune"]), ""]
+    for key, title in (("held", "held-out run"), ("ref", "reference run"), ("tune", "tune run")):
+        out += ["| %s | verdict | collapse begins | loss diverges | model fires | lead | lead to divergence |" % title,
+                "|---|---|---|---|---|---|---|"]
+        for x in j[key]:
+            v = "collapses" if x["collapsed"] else "healthy" if x["healthy"] else "other"
+            out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                x["name"], v, fmt(x["collapse_step"]), fmt(x["diverge_step"]), fmt(x["fire"]), fmt(x["lead"]),
+                fmt(x["lead_div"])))
+        out.append("")
+    out += ["## Tuning (simulated on the tune sweep's stored series)", "",
+            "Models kept by tune() on the tune sweep, best first (of %d tried: %d head rules, %d scalar rules, "
+            "every OR of one of each):" % (len(models()), len(candidates()), len(scalar_candidates())),
+            "", "| model | recall | false alarms | median lead | median lead, collapse after step 200 |",
             "|---|---|---|---|---|"]
-    for name, rule, rec, far, lead, late in top[:12]:
-        shown = {k: rule[k] for k in ("metric", "condition", "for")}
-        out.append("| `%s` | %.2f | %.2f | %s | %s |" % (json.dumps(shown), rec, far, fmt(lead, 0), fmt(late, 0)))
-    out += ["", "| tune run | verdict | collapse begins | loss diverges |", "|---|---|---|---|"]
-    for r in tune_rows:
-        v = "collapses" if r["collapsed"] else "healthy" if r["healthy"] else "other"
-        out.append("| %s | %s | %s | %s |" % (r["name"], v, fmt(r["collapse_step"]), fmt(r["diverge_step"])))
+    for name, rules, rec, far, lead, late in top[:12]:
+        out.append("| `%s` | %.2f | %.2f | %s | %s |" % (show(rules), rec, far, fmt(lead, 0), fmt(late, 0)))
     out.append("")
     with open(path, "w") as f:
         f.write("\n".join(out))
@@ -484,43 +744,54 @@ TRIED = [
 ]
 
 
+def figure_rows(h):
+    """The bar's lines of one sweep's summary (docs/experiments.md)."""
+    def count(rate, n):
+        return "%s of %d (%s)" % (round(rate * n) if rate is not None else "-", n, fmt(rate))
+    return ["| recall (runs that collapse and where the model fired first) | %s |" % count(h["recall"], h["collapsed"]),
+            "| false alarms (healthy runs where it fired) | %s |" % count(h["false_alarms"], h["healthy"]),
+            "| median lead before entropy_collapse begins, all collapses | %s steps |" % fmt(h["median_lead"], 0),
+            "| median lead before entropy_collapse begins, the %d collapses after step 200 | %s steps (recall %s) |" % (
+                h["late"], fmt(h["late_median_lead"], 0), fmt(h["late_recall"])),
+            "| runs whose loss diverges / of them, before the model fired (or without it) | %d / %d |" % (
+                h["diverged"], h["diverged_first"]),
+            "| median lead before the loss diverges, where it fired first | %s |" % (
+                "%s steps" % fmt(h["median_lead_divergence"], 0) if h["median_lead_divergence"] is not None
+                else "none: it fired first on no such run")]
+
+
 def summary_markdown(p):
     """The collapse-risk section of docs/experiments.md from collapse-risk.json."""
-    h, t, c = p["held_out"], p["tune"], p["chosen"]
-    cond = {k: c[k] for k in ("metric", "condition", "for") if k in c}
+    h, ref, t = p["held_out"], p.get("reference"), p["tune"]
     out = ["## Collapse risk: an alert before entropy collapse begins", "",
-           "The rule `collapse_risk` (built in, schema/default_rules.json%s): `%s`. Chosen on the tune sweep "
-           "alone (%s), judged on a held-out sweep it never saw (a 4-layer C = 128 model, other seeds, "
-           "pre/post/no LayerNorm, Adam and SGD, slow warmups so that collapse begins late). Per-run "
-           "tables and the tuning grid: [collapse-risk.md](collapse-risk.md)." % (
-               "" if p.get("shipped_matches") else "; NOT the rule the tune sweep chose this time",
-               json.dumps(cond), "recall %s, false alarms %s, median lead %s, %s after step 200" % (
-                   fmt(t["recall"]), fmt(t["false_alarms"]), fmt(t["median_lead"], 0),
-                   fmt(t["late_median_lead"], 0))), "",
-           "![collapse_risk against entropy_collapse on the held-out runs that collapse](collapse-risk.png)", "",
-           "| held-out figure | value | bar |", "|---|---|---|",
-           "| recall (runs that collapse and where collapse_risk fired first) | %s of %d (%s) | >= 0.90 |" % (
-               round(h["recall"] * h["collapsed"]) if h["recall"] is not None else "-", h["collapsed"],
-               fmt(h["recall"])),
-           "| false alarms (healthy runs where it fired) | %s of %d (%s) | <= 0.05 |" % (
-               round(h["false_alarms"] * h["healthy"]) if h["false_alarms"] is not None else "-", h["healthy"],
-               fmt(h["false_alarms"])),
-           "| median lead before entropy_collapse begins, all collapses | %s steps | |" % fmt(h["median_lead"], 0),
-           "| median lead before entropy_collapse begins, the %d collapses after step 200 | %s steps (recall %s) "
-           "| >= 50 |" % (h["late"], fmt(h["late_median_lead"], 0), fmt(h["late_recall"])),
-           "| runs whose loss diverges / of them, before collapse_risk fired (or without it) | %d / %d | |" % (
-               h["diverged"], h["diverged_first"]),
-           "| median lead before the loss diverges, where it fired first | %s | |" % (
-               "%s steps" % fmt(h["median_lead_divergence"], 0) if h["median_lead_divergence"] is not None
-               else "none: it fired first on no such run"), "",
-           "Runs that count for neither (diverged or stalled without collapse): %d. The study took %.1f min." % (
-               h["other"], p["seconds"] / 60), "",
-           "### What was tried and did not work", ""]
+           "The model (built in, schema/default_rules.json%s; it fires when either rule fires): %s. Chosen on "
+           "the tune sweep alone (recall %s, false alarms %s, median lead %s, %s after step 200), judged once on "
+           "a held-out sweep it never saw (a 4-layer C = 128 model, new seeds %s, pre/post/no LayerNorm, Adam "
+           "and SGD, slow warmups so that collapse begins late). Per-run tables and the tuning grid: "
+           "[collapse-risk.md](collapse-risk.md)." % (
+               "" if p.get("shipped_matches") else "; NOT the rules the tune sweep chose this time",
+               " OR ".join("`%s`" % x["name"] + " `%s`" % json.dumps(
+                   {k: x[k] for k in ("metric", "scope", "condition", "for") if k in x}) for x in p["chosen"]),
+               fmt(t["recall"]), fmt(t["false_alarms"]), fmt(t["median_lead"], 0), fmt(t["late_median_lead"], 0),
+               ", ".join(map(str, HELD_SEEDS))), "",
+           "![the model against entropy_collapse on the held-out runs that collapse](collapse-risk.png)", "",
+           "| held-out figure (seeds %s) | value | bar |" % ", ".join(map(str, HELD_SEEDS)), "|---|---|---|"]
+    bars = [">= 0.90", "<= 0.05", "", ">= 50", "", ""]
+    out += [line + " %s |" % bar for line, bar in zip(figure_rows(h), bars)]
+    out += ["", "Runs that count for neither (diverged or stalled without collapse): %d. The study took %.1f min." % (
+        h["other"], p["seconds"] / 60), ""]
+    if ref and ref.get("collapsed"):
+        out += ["For reference, the same model on the held-out seeds of the third session (%s: seen while this "
+                "model was designed, so not a held-out figure):" % ", ".join(map(str, REF_SEEDS)), "",
+                "| reference figure | value |", "|---|---|"] + figure_rows(ref) + [""]
+    out += ["### What was tried and did not work", ""]
     out += ["- " + x for x in TRIED] + [""]
     return out
 
 
 def write_plot(held_j, scratch, png):
+    """collapse-risk.png: on each held-out run that collapses, when the model
+    fires and when entropy_collapse begins."""
     if not plot.available("collapse-risk"):
         return False
     os.makedirs(scratch, exist_ok=True)
@@ -530,10 +801,10 @@ def write_plot(held_j, scratch, png):
             f.write("%d %s %s \"%s\"\n" % (i, x["collapse_step"], x["fire"] if x["fire"] is not None else "NaN",
                                             x["name"].replace("held-", "")))
     gp = [plot.terminal(1100, 600), "set output '%s'" % png, "set termoption noenhanced", "set datafile missing 'NaN'",
-          "set title 'Held-out runs that collapse: when collapse_risk fires (blue) and when entropy_collapse begins (red)'",
+          "set title 'Held-out runs that collapse: when the collapse-risk model fires (blue) and when entropy_collapse begins (red)'",
           "set ylabel 'step'", "set xtics rotate by 30 right", "set grid", "set key top left",
           "set offsets 0.5, 0.5, 0, 0",
           "plot '%s' u 1:2:xtic(4) w p pt 7 ps 1.8 lc rgb '#d62728' t 'entropy_collapse begins', "
-          "'' u 1:3 w p pt 5 ps 1.5 lc rgb '#1f77b4' t 'collapse_risk fires', "
+          "'' u 1:3 w p pt 5 ps 1.5 lc rgb '#1f77b4' t 'the model fires', "
           "'' u 1:3:(0):($2-$3) w vectors nohead dt 2 lc rgb '#888888' t 'lead'" % dat]
     return plot.render(gp, scratch, "collapse-risk")

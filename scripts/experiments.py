@@ -427,9 +427,10 @@ def write_plot(rows, scratch, png):
     return plot.render(gp, scratch, "experiments")
 
 
-def predict_run_all(configs, d, logdir, jobs):
+def predict_run_all(configs, d, logdir, jobs, sink):
     """Runs the collapse-risk sweeps' configs; per run the verdicts and the
-    stored series collapse_risk needs."""
+    stored series collapse_risk needs, each also appended to the JSON-lines
+    file sink as it ends (what --resume keeps after an interruption)."""
     rows = []
     for c, rc, logpath, seconds in launch(configs, d, logdir, jobs):
         name = run_name(c)
@@ -452,6 +453,8 @@ def predict_run_all(configs, d, logdir, jobs):
         row["healthy"] = (not row["collapsed"] and rc == 0 and finite and ev <= VOCAB_LOSS
                           and row["diverge_step"] is None)
         rows.append(row)
+        with open(sink, "a") as f:
+            f.write(json.dumps(row) + "\n")
         print("%-42s exit %d  eval %-8s collapse %-5s diverge %-5s risk %-5s %5.1fs" % (
             name, rc, fmt(ev, 3), fmt(row["collapse_step"], 0) if row["collapsed"] else "-",
             row["diverge_step"] if row["diverge_step"] is not None else "-",
@@ -462,82 +465,110 @@ def predict_run_all(configs, d, logdir, jobs):
 
 def predict(args, scratch, out):
     t0 = time.time()
-    # one daemon with the built-in rules (collapse_risk among them once it ships)
-    shipped = [r for r in json.loads(default_rules_json())["rules"] if r["name"] == "collapse_risk"]
+    # one daemon with the built-in rules (collapse_risk among them); what it
+    # ran is kept beside the rows, to check the simulation against it
     d = Daemon(os.path.join(scratch, "daemon"))
+    if not (args.resume and os.path.exists(os.path.join(scratch, "rules.json"))):
+        with open(os.path.join(scratch, "rules.json"), "w") as f:
+            f.write(default_rules_json())
     logdir = os.path.join(scratch, "logs")
     os.makedirs(logdir, exist_ok=True)
-    tune_cfg = collapse_risk.configs("tune", args.steps_predict)
-    held_cfg = [] if args.tune_only else collapse_risk.configs("held", args.steps_predict)
-    done, before = {}, 0.0  # --resume: the runs of the last sweep, kept
-    if args.resume and os.path.exists(os.path.join(scratch, "rows.json")):
-        done = {r["name"]: r for r in json.load(open(os.path.join(scratch, "rows.json")))}
-        if os.path.exists(os.path.join(scratch, "seconds.json")):
-            before = json.load(open(os.path.join(scratch, "seconds.json")))["seconds"]
-    todo = [c for c in tune_cfg + held_cfg if run_name(c) not in done]
-    print("collapse-risk: %d tune runs, then %d held-out runs (%d to run, %d kept); entropyd at "
-          "http://127.0.0.1:%d/" % (len(tune_cfg), len(held_cfg), len(todo), len(tune_cfg + held_cfg) - len(todo),
-                                    d.port), flush=True)
+    cfg = {"tune": collapse_risk.configs("tune", args.steps_predict),
+           "held": [] if args.tune_only else collapse_risk.configs("held", args.steps_predict),
+           "ref": [] if args.tune_only or args.no_reference else collapse_risk.configs("ref", args.steps_predict)}
+    done, before = (recorded_rows(scratch), recorded_seconds(scratch)) if args.resume else ({}, 0.0)
+    every = cfg["tune"] + cfg["held"] + cfg["ref"]
+    todo = [c for c in every if run_name(c) not in done]
+    print("collapse-risk: %d tune runs, then %d held-out runs and %d reference runs (%d to run, %d kept); "
+          "entropyd at http://127.0.0.1:%d/" % (len(cfg["tune"]), len(cfg["held"]), len(cfg["ref"]), len(todo),
+                                                len(every) - len(todo), d.port), flush=True)
     try:
-        new = {r["name"]: r for r in predict_run_all(todo, d, logdir, args.jobs)}
+        new = {r["name"]: r for r in predict_run_all(todo, d, logdir, args.jobs, os.path.join(scratch, "rows.jsonl"))}
     finally:
         d.stop()
     done.update(new)
-    tune_rows = [done[run_name(c)] for c in tune_cfg if run_name(c) in done]
-    held_rows = [done[run_name(c)] for c in held_cfg if run_name(c) in done]
-    collapse_risk.simulate(tune_rows + held_rows)
-    for r in tune_rows + held_rows:
-        r["fires"]["collapse_risk"] = collapse_risk.fires(r["alerts"]).get("collapse_risk")
+    rows = {k: [done[run_name(c)] for c in v if run_name(c) in done] for k, v in cfg.items()}
     with open(os.path.join(scratch, "rows.json"), "w") as f:
-        json.dump(tune_rows + held_rows, f)
+        json.dump(rows["tune"] + rows["held"] + rows["ref"], f)
     with open(os.path.join(scratch, "seconds.json"), "w") as f:
         json.dump({"seconds": round(before + time.time() - t0, 1)}, f)
-    top, _ = collapse_risk.tune(tune_rows)
-    print("collapse-risk: best candidates on the tune sweep (false alarms <= 5%):")
-    for name, rule, rec, far, lead, late in top[:10]:
+    collapse_risk.simulate(rows["tune"])
+    top, _ = collapse_risk.tune(rows["tune"])
+    print("collapse-risk: best models on the tune sweep (false alarms <= 5%):")
+    for name, rules, rec, far, lead, late in top[:10]:
         print("  %s recall %.2f  false alarms %.2f  median lead %-6s late %-6s %s" % (
-            name, rec, far, fmt(lead, 0), fmt(late, 0),
-            json.dumps({k: rule[k] for k in ("metric", "condition", "for")})))
+            name, rec, far, fmt(lead, 0), fmt(late, 0), collapse_risk.show(rules)))
     if args.tune_only or not top:
         return
-    report(tune_rows, held_rows, top, shipped, out, scratch, before + time.time() - t0)
+    report(rows, top, out, scratch, before + time.time() - t0)
 
 
-def report(tune_rows, held_rows, top, shipped, out, scratch, seconds):
-    """collapse-risk.md/.json/.png from the two sweeps' rows."""
-    name, chosen = top[0][0], dict(top[0][1])
-    same = bool(shipped) and all(shipped[0].get(k) == chosen.get(k) for k in ("metric", "condition", "for"))
-    # held-out verdicts from the daemon's own collapse_risk when it is the
-    # chosen rule (and ran), else from the simulation
-    ran = any(r["fires"].get("collapse_risk") is not None for r in tune_rows + held_rows)
-    judged = "collapse_risk" if (same and ran) else name
-    agree = sum(r.get("sim_collapse") == r["collapse_step"] for r in tune_rows + held_rows)
-    print("collapse-risk: the simulation reproduces the daemon's entropy_collapse start on %d of %d runs" % (
-        agree, len(tune_rows + held_rows)))
-    held_j, tune_j = collapse_risk.judge(held_rows, judged), collapse_risk.judge(tune_rows, judged)
-    held_s, tune_s = collapse_risk.summarize(held_j), collapse_risk.summarize(tune_j)
+def split_rows(done, steps=collapse_risk.STEPS):
+    """{"tune", "held", "ref"}: the recorded rows of each sweep."""
+    return {k: [done[run_name(c)] for c in collapse_risk.configs(k, steps) if run_name(c) in done]
+            for k in ("tune", "held", "ref")}
+
+
+def recorded_rows(scratch):
+    """{name: row} of the runs the last sweeps recorded (rows.json, and the
+    rows.jsonl each run appends to as it ends)."""
+    done = {}
+    if os.path.exists(os.path.join(scratch, "rows.json")):
+        done = {r["name"]: r for r in json.load(open(os.path.join(scratch, "rows.json")))}
+    if os.path.exists(os.path.join(scratch, "rows.jsonl")):
+        for line in open(os.path.join(scratch, "rows.jsonl")):
+            if line.strip():
+                r = json.loads(line)
+                done[r["name"]] = r
+    return done
+
+
+def recorded_seconds(scratch):
+    path = os.path.join(scratch, "seconds.json")
+    return json.load(open(path))["seconds"] if os.path.exists(path) else 0.0
+
+
+def report(rows, top, out, scratch, seconds):
+    """collapse-risk.md/.json/.png from the sweeps' rows ({"tune", "held",
+    "ref"}: tune, fresh held-out, the earlier held-out seeds): the model
+    chosen on the tune sweep (top[0]) judged on each."""
+    every = rows["tune"] + rows["held"] + rows["ref"]
+    collapse_risk.simulate(every)
+    name, chosen = top[0][0], collapse_risk.ship_names([dict(x) for x in top[0][1]])
+    shipped = [r for r in json.loads(default_rules_json())["rules"] if r["name"].startswith("collapse_risk")]
+    path = os.path.join(scratch, "rules.json")
+    ran = json.loads(open(path).read() if os.path.exists(path) else default_rules_json())["rules"]
+    same = collapse_risk.same_rules(shipped, chosen)
+    # verdicts from the daemon's own alerts when it ran the chosen model,
+    # else from the simulation (checked against the rules the daemon ran)
+    for r in every:
+        got = collapse_risk.fires(r["alerts"])
+        r["fires"]["daemon"] = min([got[x["name"]] for x in chosen if x["name"] in got], default=None)
+    judged = ("daemon",) if collapse_risk.same_rules(ran, chosen) else tuple(name.split("+"))
+    checks = collapse_risk.check_simulation(every, ran)
+    for rule, agree, n in checks:
+        print("collapse-risk: the simulation reproduces the daemon's first %s firing on %d of %d runs" % (
+            rule, agree, n))
+    j = {k: collapse_risk.judge(v, judged) for k, v in rows.items()}
+    summ = {k: collapse_risk.summarize(v) for k, v in j.items()}
     machine = "%d cores (shared), load average %.1f at the end" % (os.cpu_count(), os.getloadavg()[0])
-    chosen["name"] = "collapse_risk"
-    chosen.pop("severity", None)
-    collapse_risk.write_report(os.path.join(out, "collapse-risk.md"), tune_rows, held_rows, top, chosen,
-                               held_j, held_s, tune_s, seconds, machine, shipped=same,
-                               judged_by="the daemon's collapse_risk alerts" if judged == "collapse_risk"
-                               else "the simulation of the chosen rule on the stored series",
-                               agree=(agree, len(tune_rows + held_rows)))
+    collapse_risk.write_report(os.path.join(out, "collapse-risk.md"), rows, j, summ, top, chosen, dict(
+        seconds=seconds, machine=machine, shipped=same, checks=checks,
+        judged_by="the daemon's alerts" if judged == ("daemon",) else "the simulation of the chosen model on "
+        "the stored series (the daemon ran the rules of the sweep's start, rules.json)"))
     with open(os.path.join(out, "collapse-risk.json"), "w") as f:
         json.dump({"seconds": round(seconds, 1), "chosen": chosen, "shipped_matches": same,
-                   "held_out": held_s, "tune": tune_s, "held_runs": held_j, "tune_runs": tune_j,
-                   "candidates": [dict(name=n, rule=r, recall=rc, false_alarms=fa, median_lead=ld,
-                                       late_median_lead=lt) for n, r, rc, fa, ld, lt in top[:50]],
-                   "held_out_of_the_best_10": [
-                       dict(name=n, summary=collapse_risk.summarize(collapse_risk.judge(held_rows, n)))
-                       for n, *_ in top[:10]]}, f, indent=1)
-    ok = collapse_risk.write_plot(held_j, os.path.join(scratch, "plot"), os.path.join(out, "collapse-risk.png"))
+                   "held_out": summ["held"], "tune": summ["tune"], "reference": summ["ref"],
+                   "held_runs": j["held"], "tune_runs": j["tune"], "reference_runs": j["ref"],
+                   "simulation_checks": checks,
+                   "candidates": [dict(name=n, rules=r, recall=rc, false_alarms=fa, median_lead=ld,
+                                       late_median_lead=lt) for n, r, rc, fa, ld, lt in top[:50]]}, f, indent=1)
+    ok = collapse_risk.write_plot(j["held"], os.path.join(scratch, "plot"), os.path.join(out, "collapse-risk.png"))
     print("collapse-risk: %s; held-out recall %s, false alarms %s, median lead %s (collapse after 200: %s) -> "
           "%s/collapse-risk.md%s" % (
-              "the built-in collapse_risk" if same else "chosen " + name + " (not the built-in rule)",
-              fmt(held_s["recall"]), fmt(held_s["false_alarms"]), fmt(held_s["median_lead"], 0),
-              fmt(held_s["late_median_lead"], 0), out, ", collapse-risk.png" if ok else ""))
+              "the built-in collapse_risk" if same else "chosen " + name + " (not the built-in rules)",
+              fmt(summ["held"]["recall"]), fmt(summ["held"]["false_alarms"]), fmt(summ["held"]["median_lead"], 0),
+              fmt(summ["held"]["late_median_lead"], 0), out, ", collapse-risk.png" if ok else ""))
 
 
 def default_rules_json():
@@ -563,6 +594,8 @@ def main():
     ap.add_argument("--steps-predict", type=int, default=collapse_risk.STEPS)
     ap.add_argument("--resume", action="store_true", help="predict: keep the last run's runs (its rows.json "
                     "and daemon data) and run only the configs it lacks")
+    ap.add_argument("--no-reference", action="store_true", help="predict: skip the reference sweep (the "
+                    "held-out seeds of the third session)")
     ap.add_argument("--report-only", action="store_true", help="predict: rewrite the report from the last "
                     "run's rows (demo-data/experiments-predict/rows.json), e.g. after the rule was shipped")
     args = ap.parse_args()
@@ -572,17 +605,13 @@ def main():
             sys.exit("experiments: %s not built (make)" % b)
     if args.report_only:
         pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
-        rows = json.load(open(os.path.join(pscratch, "rows.json")))
-        for r in rows:  # the current definition of healthy (predict_run_all)
+        done = recorded_rows(pscratch)
+        for r in done.values():  # the current definition of healthy (predict_run_all)
             r["healthy"] = r["healthy"] and r["diverge_step"] is None
-        tune_rows = [r for r in rows if r["name"].startswith("tune-")]
-        held_rows = [r for r in rows if r["name"].startswith("held-")]
-        shipped = [r for r in json.loads(default_rules_json())["rules"] if r["name"] == "collapse_risk"]
-        top, _ = collapse_risk.tune(tune_rows)
-        report(tune_rows, held_rows, top, shipped, args.out or os.path.join(ROOT, "docs"), pscratch,
-               json.load(open(os.path.join(pscratch, "seconds.json")))["seconds"]
-               if os.path.exists(os.path.join(pscratch, "seconds.json"))
-               else sum(r["seconds"] for r in rows) / args.jobs)
+        rows = split_rows(done, args.steps_predict)
+        collapse_risk.simulate(rows["tune"])
+        top, _ = collapse_risk.tune(rows["tune"])
+        report(rows, top, args.out or os.path.join(ROOT, "docs"), pscratch, recorded_seconds(pscratch))
         return
     if args.part in ("all", "predict"):
         pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
