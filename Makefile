@@ -202,9 +202,11 @@ demo:
 
 # The learning-rate sweep of docs/experiments.md: baseline against σReparam,
 # --norm pre|post|none, Adam and SGD; two trainers at a time.
+# EXPERIMENTS_ARGS passes options on (--resume: keep the collapse-risk runs
+# already recorded; --part predict|sweep: one part only).
 experiments:
 	$(call deps_then_make,experiments,programs MPI=0)
-	@BUILD=$(BUILD) python3 scripts/experiments.py
+	@BUILD=$(BUILD) python3 scripts/experiments.py $(EXPERIMENTS_ARGS)
 
 clean:
 	rm -rf build

@@ -571,6 +571,19 @@ def report(rows, top, out, scratch, seconds):
               fmt(summ["held"]["late_median_lead"], 0), out, ", collapse-risk.png" if ok else ""))
 
 
+def splice_summary(path, risk):
+    """Rewrites the collapse-risk section of an experiments.md in place
+    (--report-only: the learning-rate sweep below it is not re-run)."""
+    if not os.path.exists(path):
+        return
+    text = open(path).read()
+    a, b = text.find("## Collapse risk:"), text.find("## The learning-rate sweep")
+    if a < 0 or b < a:
+        return
+    with open(path, "w") as f:
+        f.write(text[:a] + "\n".join(collapse_risk.summary_markdown(risk)) + "\n" + text[b:])
+
+
 def default_rules_json():
     """The daemon's built-in rules (schema/default_rules.json, embedded at build)."""
     with open(os.path.join(ROOT, "schema", "default_rules.json")) as f:
@@ -611,7 +624,9 @@ def main():
         rows = split_rows(done, args.steps_predict)
         collapse_risk.simulate(rows["tune"])
         top, _ = collapse_risk.tune(rows["tune"])
-        report(rows, top, args.out or os.path.join(ROOT, "docs"), pscratch, recorded_seconds(pscratch))
+        out = args.out or os.path.join(ROOT, "docs")
+        report(rows, top, out, pscratch, recorded_seconds(pscratch))
+        splice_summary(os.path.join(out, "experiments.md"), json.load(open(os.path.join(out, "collapse-risk.json"))))
         return
     if args.part in ("all", "predict"):
         pscratch = os.path.join(ROOT, "demo-data", "experiments-predict")
