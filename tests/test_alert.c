@@ -741,6 +741,66 @@ static void test_state_bytes_per_head(void **state) {
     alert_rules_free(r);
 }
 
+/* The built-in collapse-risk model (schema/default_rules.json): the head
+ * rule fires 10 steps after a head's sigma_qk began to grow faster than 0.2
+ * per step over 10 steps, only where that head's entropy_norm is below 0.5;
+ * the loss rule fires on the first step the loss grew faster than 0.05 per
+ * step over 50 steps, and not on a loss that only oscillates. */
+static int64_t first_fire(struct alert_engine *e, int n, const char *rule, int64_t step, int64_t *at, int *cells) {
+    for (int i = 0; i < n; i++) {
+        const struct alert_transition *t = alert_transition_at(e, i);
+        if (t->state == ALERT_FIRING && !strcmp(t->rule->name, rule) && *at < 0) {
+            *at = step;
+            *cells = t->ncells;
+        }
+    }
+    return *at;
+}
+
+static void test_builtin_collapse_risk(void **state) {
+    (void)state;
+    char err[256];
+    struct alert_rules *r = alert_rules_load(NULL, err, sizeof err);
+    assert_non_null(r);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "heads");
+    hello(e, 2, "loss");
+    int64_t head_at = -1, loss_at = -1, head_loss_at = -1, loss_head_at = -1;
+    int head_cells = 0, ignored = 0;
+    for (int s = 0; s < 200; s++) {
+        float sq[L * H], en[L * H], flat = 2.0f + 0.5f * (float)(s % 2);
+        for (int i = 0; i < L * H; i++) { sq[i] = 1.0f; en[i] = 0.8f; }
+        if (s >= 40) en[4] = 0.4f;               /* head 4 sharpening; head 5 not */
+        if (s >= 50) sq[4] = sq[5] = 1.0f + 0.3f * (float)(s - 50);
+        struct writer_item *it = mk_step(1, s, "loss", PROTO_SCALAR, &flat, 1);
+        add_metric(it, "sigma_qk", sq);
+        add_metric(it, "entropy_norm", en);
+        int n = alert_feed(e, it, it->time);
+        first_fire(e, n, "collapse_risk", s, &head_at, &head_cells);
+        first_fire(e, n, "collapse_risk_loss", s, &head_loss_at, &ignored);
+        writer_item_free(it);
+        /* run 2: healthy heads, the loss flat then rising 0.08 per step from step 100 */
+        float loss = s < 100 ? 2.0f : 2.0f + 0.08f * (float)(s - 100), sq2[L * H], en2[L * H];
+        for (int i = 0; i < L * H; i++) { sq2[i] = 1.0f; en2[i] = 0.8f; }
+        it = mk_step(2, s, "loss", PROTO_SCALAR, &loss, 1);
+        add_metric(it, "sigma_qk", sq2);
+        add_metric(it, "entropy_norm", en2);
+        n = alert_feed(e, it, it->time);
+        first_fire(e, n, "collapse_risk_loss", s, &loss_at, &ignored);
+        first_fire(e, n, "collapse_risk", s, &loss_head_at, &ignored);
+        writer_item_free(it);
+    }
+    /* (v(t) - v(t-10)) / 10 = 0.03 (t - 50) > 0.2 from t = 57; for 10 */
+    assert_int_equal(head_at, 67);
+    assert_int_equal(head_cells, 1);             /* head 5's entropy_norm is 0.8: not it */
+    assert_int_equal(head_loss_at, -1);          /* an oscillating loss is no growth */
+    /* 0.08 (t - 100) / 50 > 0.05 from t = 132, for 0 */
+    assert_int_equal(loss_at, 132);
+    assert_int_equal(loss_head_at, -1);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
 /* A verdict and a transition list at most ALERT_MAX_CELLS_LISTED heads
  * (the first, in layer-major order) and count them all: a collapse of 300
  * of 32 x 32 heads lists 256 and says 300, and a 301st head joining is a
@@ -829,6 +889,7 @@ int main(void) {
         cmocka_unit_test(test_resume_earlier_episode),
         cmocka_unit_test(test_state_bytes_per_head),
         cmocka_unit_test(test_verdict_cells_capped),
+        cmocka_unit_test(test_builtin_collapse_risk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
