@@ -3,6 +3,7 @@
 #include "query_db.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,8 +132,18 @@ void query_release(struct query_pool *p, struct query *q) {
 }
 
 int query_db_fail(struct query *q, char *err, size_t errlen, const char *what) {
-    snprintf(err, errlen, "database error %s: %s", what, sqlite3_errmsg(q->db));
+    if (q->fault[0]) snprintf(err, errlen, "corrupt database %s: %s", what, q->fault);
+    else snprintf(err, errlen, "database error %s: %s", what, sqlite3_errmsg(q->db));
+    q->fault[0] = 0;
     return QUERY_ERR;
+}
+
+int query_db_corrupt(struct query *q, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(q->fault, sizeof q->fault, fmt, ap);
+    va_end(ap);
+    return -1;
 }
 
 int query_db_begin(struct query *q, char *err, size_t errlen) {
