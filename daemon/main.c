@@ -114,6 +114,8 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
 static void on_tick(void *ctx, double now) {
     struct hooks *hk = ctx;
     if (hk->alerter) alerter_on_tick(hk->alerter, now);
+    struct http *h = atomic_load(&hk->http);
+    if (h) http_tick(h);
 }
 
 /* Trainers x connections can exceed the default 1024 descriptors. */
