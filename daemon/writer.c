@@ -51,6 +51,14 @@ struct writer {
     int64_t wal_used, wal_checked;
     int ckstop;                      /* after the writer thread ended */
     int wal_reset_ok;                /* a RESTART succeeded since the WAL passed WRITER_WAL_RESTART */
+
+    /* Writer thread only. Steps go without a savepoint (in WAL mode a
+     * savepoint copies every page a step touches into SQLite's statement
+     * journal: ~110 KB per 12x12 step, more than the step itself wrote);
+     * when one fails for a reason of its own, the batch is rolled back and
+     * applied again with this set, every item under its savepoint, so that
+     * the failing step is undone alone. */
+    int guarded;
 };
 
 static void notify(struct writer *w) {
@@ -112,17 +120,22 @@ static int retryable(int code) {
     return 0;
 }
 
-enum { APPLY_OK = 0, APPLY_RETRY = -1 };
+/* APPLY_GUARD: an unguarded step failed for a reason of its own; the
+ * batch must be applied again under savepoints (writer.guarded). */
+enum { APPLY_OK = 0, APPLY_RETRY = -1, APPLY_GUARD = -2 };
 
-/* Applies one item under a savepoint. An error of the item's own is undone
- * alone and answered; an error that may pass fails the whole transaction. */
+/* Applies one item, under a savepoint unless it is a step and the batch is
+ * not guarded. An error of the item's own is undone alone and answered (an
+ * unguarded step's asks for the guarded replay); an error that may pass
+ * fails the whole transaction. */
 static int apply(struct writer *w, struct writer_item *it, struct replies *rep) {
     struct store *st = w->st;
     char conflict[PROTO_MAX_NAME + 1];
     int r = 0;
+    int guard = w->guarded || it->kind != WRITER_STEP;
     it->applied = 0;
     if (!store_in_transaction(st)) return APPLY_RETRY; /* rolled back under us: retry the whole batch */
-    if (store_savepoint(st)) return retryable(store_errcode(st)) ? APPLY_RETRY : (store_rollback_to(st), 0);
+    if (guard && store_savepoint(st)) return retryable(store_errcode(st)) ? APPLY_RETRY : (store_rollback_to(st), 0);
     switch (it->kind) {
     case WRITER_HELLO: {
         struct store_run_info info;
@@ -177,12 +190,13 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
         break;
     }
     if (r == 0) {
-        if (store_release(st) == 0) {
+        if (!guard || store_release(st) == 0) {
             it->applied = 1;
             return APPLY_OK;
         }
     }
     int code = store_errcode(st);
+    if (!guard && !retryable(code)) return APPLY_GUARD; /* counted when the guarded replay meets it */
     pthread_mutex_lock(&w->mu);
     w->stats.db_errors++;
     pthread_mutex_unlock(&w->mu);
@@ -229,14 +243,42 @@ static void finish_batch(struct writer *w, struct writer_item *batch, struct rep
     notify(w);
 }
 
+/* How applying a batch went: BATCH_RETRY, the database failed (retried
+ * with backoff); BATCH_GUARD, an unguarded step failed for a reason of its
+ * own (applied again at once, guarded). */
+enum { BATCH_OK = 0, BATCH_RETRY = 1, BATCH_GUARD = 2 };
+
+static int batch_status(int applied) {
+    return applied == APPLY_GUARD ? BATCH_GUARD : applied == APPLY_RETRY ? BATCH_RETRY : BATCH_OK;
+}
+
+/* Applies batch again in a new transaction, its replies started over. */
+static int batch_apply(struct writer *w, struct writer_item *batch, struct replies *rep) {
+    replies_clear(rep);
+    if (store_begin(w->st)) return BATCH_RETRY;
+    for (struct writer_item *it = batch; it; it = it->next) {
+        int r = batch_status(apply(w, it, rep));
+        if (r != BATCH_OK) return r;
+    }
+    return BATCH_OK;
+}
+
 /* Commits the open transaction holding batch. When the commit (or, with
- * failed set, an earlier write) failed, rolls back and re-applies the whole
- * batch with backoff until the database takes it. Only when the daemon is
- * stopping and the database still refuses is the batch dropped unacked: the
- * trainers resend it to the next daemon from their last ack. */
+ * failed BATCH_RETRY, an earlier write) failed, rolls back and re-applies the
+ * whole batch with backoff until the database takes it; with BATCH_GUARD, at
+ * once and guarded. Only when the daemon is stopping and the database still
+ * refuses is the batch dropped unacked: the trainers resend it to the next
+ * daemon from their last ack. */
 static void commit_batch(struct writer *w, struct writer_item *batch, struct replies *rep, int failed) {
     double backoff = 50;
-    for (int attempt = 0;; attempt++) {
+    int attempt = 0;
+    for (;;) {
+        if (failed == BATCH_GUARD) {
+            store_rollback(w->st);
+            w->guarded = 1;
+            failed = batch_apply(w, batch, rep);
+            continue;
+        }
         if (!failed) {
             double t0 = now_mono_ms();
             if (store_commit(w->st) == 0) {
@@ -248,6 +290,7 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
                 w->stats.failing = 0;
                 pthread_mutex_unlock(&w->mu);
                 if (attempt) fprintf(stderr, "entropyd: writer: database writable again after %d retries\n", attempt);
+                w->guarded = 0;
                 finish_batch(w, batch, rep, ms);
                 return;
             }
@@ -273,14 +316,13 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
             pthread_mutex_lock(&w->mu);
             w->bytes -= freed;
             pthread_mutex_unlock(&w->mu);
+            w->guarded = 0;
             return;
         }
         usleep((useconds_t)(backoff * 1000));
         if (backoff < 2000) backoff *= 2;
-        replies_clear(rep);
-        failed = store_begin(w->st) != 0;
-        for (struct writer_item *it = batch; it && !failed; it = it->next)
-            if (apply(w, it, rep) == APPLY_RETRY) failed = 1;
+        attempt++;
+        failed = batch_apply(w, batch, rep);
     }
 }
 
@@ -579,13 +621,13 @@ static void *writer_main(void *arg) {
             it->next = NULL;
             int d = failed ? 0 : defer(w, it);
             if (d > 0) continue;
-            if (d < 0) failed = 1;
+            if (d < 0) failed = BATCH_RETRY;
             if (it->kind == WRITER_DELETE) w->purge_pending = 1;
             if (btail) btail->next = it;
             else batch = it;
             btail = it;
             nbatch++;
-            if (!failed && apply(w, it, &rep) == APPLY_RETRY) failed = 1;
+            if (!failed) failed = batch_status(apply(w, it, &rep));
         }
         pthread_mutex_lock(&w->mu);
         int empty = w->head == NULL;

@@ -2,7 +2,9 @@
  *
  * The ingest loop hands it parsed, validated messages through a bounded
  * queue (writer_submit). The writer applies them in order inside one
- * transaction, each under a savepoint, and commits when the queue runs dry,
+ * transaction, each but steps under a savepoint (a step that fails for a
+ * reason of its own has the batch applied again with every item under its
+ * savepoint, so that it is undone alone), and commits when the queue runs dry,
  * after WRITER_MAX_BATCH items, or at the latest WRITER_COMMIT_MS after the
  * transaction began. Only after a commit does it post replies (welcome, ack,
  * error) back to the ingest loop, which owns the sockets.
