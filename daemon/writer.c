@@ -547,15 +547,35 @@ fail:
     w->job_backoff_until = now_mono_ms() + 200;
 }
 
+/* Waits on w->cv (w->mu held) for at most ms milliseconds. */
+static void cv_wait_ms(struct writer *w, double ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + (long long)(ms * 1e6);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+}
+
+/* Whether the open transaction, whose queue ran dry, may stay open for
+ * more steps (writer.h, WRITER_LINGER_MS): only a few steps and events in
+ * it (an item someone waits on, a hello, an end or a delete, commits at
+ * once), and not while stopping. */
+static int may_linger(const struct writer *w, size_t nbatch, int urgent, double txn_start) {
+    return !urgent && !w->stop && nbatch < WRITER_LINGER_ITEMS && now_mono_ms() - txn_start < WRITER_LINGER_MS;
+}
+
 static void *writer_main(void *arg) {
     struct writer *w = arg;
     struct writer_item *batch = NULL, *btail = NULL;
     struct replies rep = {0};
     size_t nbatch = 0;
     double txn_start = 0, last_tick = 0;
-    int in_txn = 0, failed = 0;
+    int in_txn = 0, failed = 0, urgent = 0;
     for (;;) {
         pthread_mutex_lock(&w->mu);
+        if (in_txn && !w->head && may_linger(w, nbatch, urgent, txn_start))
+            cv_wait_ms(w, txn_start + WRITER_LINGER_MS - now_mono_ms());
         while (!w->head && !w->stop && !in_txn && !jobs_pending(w)) {
             if (!w->cfg.on_tick && !w->dhead && !w->purge_pending && !retain_on(w)) {
                 pthread_cond_wait(&w->cv, &w->mu);
@@ -623,6 +643,7 @@ static void *writer_main(void *arg) {
             if (d > 0) continue;
             if (d < 0) failed = BATCH_RETRY;
             if (it->kind == WRITER_DELETE) w->purge_pending = 1;
+            urgent |= it->kind != WRITER_STEP && it->kind != WRITER_EVENT;
             if (btail) btail->next = it;
             else batch = it;
             btail = it;
@@ -632,13 +653,14 @@ static void *writer_main(void *arg) {
         pthread_mutex_lock(&w->mu);
         int empty = w->head == NULL;
         pthread_mutex_unlock(&w->mu);
-        if (in_txn && (empty || failed || nbatch >= WRITER_MAX_BATCH || now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
+        if (in_txn && ((empty && !may_linger(w, nbatch, urgent, txn_start)) || failed || nbatch >= WRITER_MAX_BATCH ||
+                       now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
             if (batch) commit_batch(w, batch, &rep, failed);
             else store_rollback(w->st); /* everything taken was deferred */
             batch = btail = NULL;
             nbatch = 0;
             in_txn = 0;
-            failed = 0;
+            failed = urgent = 0;
             checkpoint_policy(w);
             /* between two batches, at most one chunk of background work:
              * no trainer's ack waits behind more than that */

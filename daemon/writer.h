@@ -6,7 +6,13 @@
  * reason of its own has the batch applied again with every item under its
  * savepoint, so that it is undone alone), and commits when the queue runs dry,
  * after WRITER_MAX_BATCH items, or at the latest WRITER_COMMIT_MS after the
- * transaction began. Only after a commit does it post replies (welcome, ack,
+ * transaction began. Group commit: a transaction of fewer than
+ * WRITER_LINGER_ITEMS steps and events whose queue ran dry stays open until
+ * WRITER_LINGER_MS after it began, for the next steps of trainers that log
+ * a step every few ms: a commit's fixed cost (every page it dirtied, 16 KiB
+ * each, written to the WAL and again by the checkpoint) is then shared by
+ * several steps instead of paid by each. A batch holding a hello, an end, a
+ * stale mark or a delete commits at once. Only after a commit does it post replies (welcome, ack,
  * error) back to the ingest loop, which owns the sockets.
  *
  * When the database fails for a reason that may pass (disk full, I/O error,
@@ -46,6 +52,8 @@
 #include "store.h"
 
 #define WRITER_COMMIT_MS 100
+#define WRITER_LINGER_MS 40     /* group commit: what an ack may wait for later steps */
+#define WRITER_LINGER_ITEMS 64  /* a batch this large commits without waiting */
 #define WRITER_MAX_BATCH 4096
 #define WRITER_JOB_MS 10
 #define WRITER_JOB_PIECE_MS 2  /* a chunk's pieces: a waiting item ends the chunk after one */
