@@ -30,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proto.h"
+
 #define L 12
 #define H 12
 #define NHEAD 8
@@ -109,8 +111,9 @@ static void *trainer_main(void *arg) {
     }
     char hello[256];
     int hl = snprintf(hello, sizeof hello,
-                      "{\"type\":\"hello\",\"protocol\":1,\"run\":\"bench-%d-%ld\",\"layers\":%d,\"heads\":%d,\"seq_len\":128}\n",
-                      t->idx, (long)time(NULL), L, H);
+                      "{\"type\":\"hello\",\"protocol\":1,\"run\":\"bench-%d-%ld\",\"layers\":%d,\"heads\":%d,\"seq_len\":128,"
+                      "\"ack_delay_ms\":%d}\n",
+                      t->idx, (long)time(NULL), L, H, PROTO_ACK_DELAY_MS); /* as the client library says */
     if (write(fd, hello, (size_t)hl) != hl) { t->failed = 1; return NULL; }
     char rbuf[65536];
     size_t rlen = 0;

@@ -559,10 +559,11 @@ static void cv_wait_ms(struct writer *w, double ms) {
 
 /* Whether the open transaction, whose queue ran dry, may stay open for
  * more steps (writer.h, WRITER_LINGER_MS): only a few steps and events in
- * it (an item someone waits on, a hello, an end or a delete, commits at
- * once), and not while stopping. */
-static int may_linger(const struct writer *w, size_t nbatch, int urgent, double txn_start) {
-    return !urgent && !w->stop && nbatch < WRITER_LINGER_ITEMS && now_mono_ms() - txn_start < WRITER_LINGER_MS;
+ * it, each from a client that does not wait for its ack (linger is the
+ * least ack_delay_ms of the batch; an item someone waits on, a hello, an
+ * end or a delete, commits at once), and not while stopping. */
+static int may_linger(const struct writer *w, size_t nbatch, int urgent, double linger, double txn_start) {
+    return !urgent && !w->stop && nbatch < WRITER_LINGER_ITEMS && now_mono_ms() - txn_start < linger;
 }
 
 static void *writer_main(void *arg) {
@@ -572,10 +573,11 @@ static void *writer_main(void *arg) {
     size_t nbatch = 0;
     double txn_start = 0, last_tick = 0;
     int in_txn = 0, failed = 0, urgent = 0;
+    double linger = WRITER_LINGER_MS;
     for (;;) {
         pthread_mutex_lock(&w->mu);
-        if (in_txn && !w->head && may_linger(w, nbatch, urgent, txn_start))
-            cv_wait_ms(w, txn_start + WRITER_LINGER_MS - now_mono_ms());
+        if (in_txn && !w->head && may_linger(w, nbatch, urgent, linger, txn_start))
+            cv_wait_ms(w, txn_start + linger - now_mono_ms());
         while (!w->head && !w->stop && !in_txn && !jobs_pending(w)) {
             if (!w->cfg.on_tick && !w->dhead && !w->purge_pending && !retain_on(w)) {
                 pthread_cond_wait(&w->cv, &w->mu);
@@ -644,6 +646,7 @@ static void *writer_main(void *arg) {
             if (d < 0) failed = BATCH_RETRY;
             if (it->kind == WRITER_DELETE) w->purge_pending = 1;
             urgent |= it->kind != WRITER_STEP && it->kind != WRITER_EVENT;
+            if ((double)it->linger_ms < linger) linger = (double)it->linger_ms;
             if (btail) btail->next = it;
             else batch = it;
             btail = it;
@@ -653,7 +656,7 @@ static void *writer_main(void *arg) {
         pthread_mutex_lock(&w->mu);
         int empty = w->head == NULL;
         pthread_mutex_unlock(&w->mu);
-        if (in_txn && ((empty && !may_linger(w, nbatch, urgent, txn_start)) || failed || nbatch >= WRITER_MAX_BATCH ||
+        if (in_txn && ((empty && !may_linger(w, nbatch, urgent, linger, txn_start)) || failed || nbatch >= WRITER_MAX_BATCH ||
                        now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
             if (batch) commit_batch(w, batch, &rep, failed);
             else store_rollback(w->st); /* everything taken was deferred */
@@ -661,6 +664,7 @@ static void *writer_main(void *arg) {
             nbatch = 0;
             in_txn = 0;
             failed = urgent = 0;
+            linger = WRITER_LINGER_MS;
             checkpoint_policy(w);
             /* between two batches, at most one chunk of background work:
              * no trainer's ack waits behind more than that */

@@ -8,8 +8,9 @@
  * after WRITER_MAX_BATCH items, or at the latest WRITER_COMMIT_MS after the
  * transaction began. Group commit: a transaction of fewer than
  * WRITER_LINGER_ITEMS steps and events whose queue ran dry stays open until
- * WRITER_LINGER_MS after it began, for the next steps of trainers that log
- * a step every few ms: a commit's fixed cost (every page it dirtied, 16 KiB
+ * WRITER_LINGER_MS after it began (or the least linger_ms of its items, if
+ * less: no item's client said it waits for acks), for the next steps of
+ * trainers that log a step every few ms: a commit's fixed cost (every page it dirtied, 16 KiB
  * each, written to the WAL and again by the checkpoint) is then shared by
  * several steps instead of paid by each. A batch holding a hello, an end, a
  * stale mark or a delete commits at once. Only after a commit does it post replies (welcome, ack,
@@ -83,6 +84,8 @@ struct writer_item {
     int64_t run_id;
     int64_t seq;
     double time;             /* message time (daemon clock when the line had none) */
+    int64_t linger_ms;       /* steps, events: the ack_delay_ms of its connection's hello
+                              * (0: commit without lingering) */
     size_t bytes;            /* approximate memory held, for the queue bound */
     int applied;             /* set by the writer: 1 if stored, 0 if rejected (the
                                 commit hook sees rejected items too: skip them) */

@@ -706,6 +706,61 @@ static void test_failing_step_undone_alone(void **state) {
     assert_int_equal(E.w->guarded, 0);        /* and the next batch goes unguarded again */
 }
 
+/* Group commit: a step whose client said ack_delay_ms waits in the open
+ * transaction for the next one (one commit for both); without it, each
+ * step commits as soon as the queue runs dry. */
+static int queue_dry(void) {
+    pthread_mutex_lock(&E.w->mu);
+    int dry = E.w->head == NULL;
+    pthread_mutex_unlock(&E.w->mu);
+    return dry;
+}
+
+static void test_group_commit(void **state) {
+    (void)state;
+    struct store_run_info info;
+    assert_int_equal(store_begin(E.db.st), 0);
+    assert_int_equal(store_run_open(E.db.st, "grouped", L, H, 16, NULL, 1, &info), 0);
+    assert_int_equal(store_commit(E.db.st), 0);
+    E.w = start_writer(0);
+    /* without ack_delay_ms: the first step is committed alone before the second comes */
+    submit(step(8, info.id, 1));
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, info.id, 1), 5000);
+    submit(step(8, info.id, 2));
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, info.id, 2), 5000);
+    /* with it: the second step joins the first one's transaction. (A
+     * machine so loaded that WRITER_LINGER_MS passes between the two
+     * submits commits them apart: tried again, a few times.) */
+    int64_t seq = 2;
+    int joined = 0;
+    for (int attempt = 0; attempt < 5 && !joined; attempt++) {
+        struct writer_item *a = step(8, info.id, ++seq), *b = step(8, info.id, ++seq);
+        a->linger_ms = b->linger_ms = 1000; /* capped at WRITER_LINGER_MS */
+        pthread_mutex_lock(&E.mu);
+        size_t commits_before = E.commits;
+        pthread_mutex_unlock(&E.mu);
+        double t0 = now_mono_ms();
+        submit(a);
+        WAIT_FOR(queue_dry(), 5000); /* taken: applied, its transaction open */
+        pthread_mutex_lock(&E.mu);
+        int early = E.commits != commits_before;
+        pthread_mutex_unlock(&E.mu);
+        submit(b);
+        WAIT_FOR(find_reply(WRITER_R_ACK, 0, info.id, seq), 5000);
+        double ms = now_mono_ms() - t0;
+        pthread_mutex_lock(&E.mu);
+        joined = !early && E.nrecs >= 2 && E.recs[E.nrecs - 1].commit == E.recs[E.nrecs - 2].commit;
+        pthread_mutex_unlock(&E.mu);
+        if (joined) assert_true(ms < WRITER_LINGER_MS + 1000); /* the linger is bounded */
+    }
+    assert_true(joined);
+    pthread_mutex_lock(&E.mu);
+    assert_true(E.recs[0].commit != E.recs[1].commit);
+    pthread_mutex_unlock(&E.mu);
+    check_acks();
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), seq);
+}
+
 /* A DELETE decided while the run was stale, reaching the writer after a
  * trainer's hello made it live again: the writer keeps the run. */
 static void test_delete_rechecks_liveness(void **state) {
@@ -739,6 +794,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_retry_counts_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_commits_everything, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_step_undone_alone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
