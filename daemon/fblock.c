@@ -141,20 +141,22 @@ static void bit_planes_forward(unsigned char *planes, const unsigned char *bp, s
         for (int k = 0; k < 4; k++) planes[4 * i + (size_t)k] = bp[(size_t)k * m + i];
 }
 
-/* The inverse of bit_planes_forward. */
-static void bit_planes_backward(unsigned char *bp, const unsigned char *planes, size_t m) {
-    size_t pb = m / 8;
+/* The inverse of bit_planes_forward, for words [w0, w1) only (a reader
+ * of one cell of a 16-cell chunk transposes a sixteenth of it); the other
+ * words of bp are left as they were. */
+static void bit_planes_backward(unsigned char *bp, const unsigned char *planes, size_t m, size_t w0, size_t w1) {
+    size_t pb = m / 8, g0 = w0 / 8, g1 = (w1 + 7) / 8 < pb ? (w1 + 7) / 8 : pb;
     for (int k = 0; k < 4; k++) {
         const unsigned char *src = planes + (size_t)8 * k * pb;
         unsigned char *dst = bp + (size_t)k * m;
-        for (size_t g = 0; g < pb; g++) {
+        for (size_t g = g0; g < g1; g++) {
             uint64_t x = 0;
             for (int r = 0; r < 8; r++) x |= (uint64_t)src[(size_t)r * pb + g] << (8 * r);
             x = transpose8(x);
             memcpy(dst + 8 * g, &x, 8);
         }
     }
-    for (size_t i = 8 * pb; i < m; i++)
+    for (size_t i = 8 * pb > w0 ? 8 * pb : w0; i < m && i < w1; i++)
         for (int k = 0; k < 4; k++) bp[(size_t)k * m + i] = planes[4 * i + (size_t)k];
 }
 
@@ -222,11 +224,11 @@ int fblock_decode_span(struct fblock_codec *c, const unsigned char *head, const 
         size_t got = ZSTD_decompressDCtx(c->dctx, c->planes, sizeof c->planes, span + at, z);
         if (ZSTD_isError(got) || got != raw) return -1;
         const unsigned char *bp = c->planes;
+        uint32_t lo = c0 > k0 ? c0 - k0 : 0, hi = c1 < k0 + cells ? c1 - k0 : cells;
         if (head[0] == FORMAT_BIT_PLANES) {
-            bit_planes_backward(c->bytes, c->planes, m);
+            bit_planes_backward(c->bytes, c->planes, m, (size_t)lo * nframes, (size_t)hi * nframes);
             bp = c->bytes;
         }
-        uint32_t lo = c0 > k0 ? c0 - k0 : 0, hi = c1 < k0 + cells ? c1 - k0 : cells;
         chunk_backward(vals, bp, nframes, n, k0, cells, lo, hi);
         at += z;
     }

@@ -940,6 +940,9 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
     strbuf_prom(&b, "entropyd_http_connections_evicted_total", "counter",
                 "Idle HTTP connections closed to make room for a newcomer (every slot was taken).",
                 (double)http_slots_evicted(h->slots));
+    strbuf_prom(&b, "entropyd_http_connections_timed_out_total", "counter",
+                "HTTP connections closed for sending no request (or no complete headers) in --http-timeout-s.",
+                (double)http_slots_timed_out(h->slots));
     strbuf_prom_head(&b, "entropyd_http_responses_total", "counter", "HTTP responses by status class.");
     for (int k = 2; k <= 5; k++)
         strbuf_printf(&b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
@@ -1258,7 +1261,8 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
     }
     int max_conns = cfg->max_conns > 0 ? cfg->max_conns : 512;
     int per_ip = cfg->max_conns_per_ip > 0 ? cfg->max_conns_per_ip : max_conns / 4 < 8 ? 8 : max_conns / 4;
-    if (!(h->slots = http_slots_create((unsigned)max_conns))) {
+    int timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 60;
+    if (!(h->slots = http_slots_create((unsigned)max_conns, timeout_s * 1e3))) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -1275,8 +1279,9 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns + HTTP_SLOTS_SPARE,
                             MHD_OPTION_NOTIFY_CONNECTION, http_slots_notify, h->slots,
                             /* a client that stops reading (an export, a stream) is
-                             * closed after this long without progress */
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : 60),
+                             * closed after this long without progress; one that
+                             * sends no request this long, by http_tick */
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout_s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
                             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
@@ -1296,6 +1301,8 @@ fail:
 }
 
 int http_port(const struct http *h) { return h->port; }
+
+void http_tick(struct http *h) { http_slots_sweep(h->slots, now_mono_ms()); }
 
 void http_on_commit(struct http *h, const struct writer_item *items, double commit_ms) {
     double s = commit_ms / 1e3;

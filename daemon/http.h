@@ -30,7 +30,8 @@ struct http_config {
     int metrics_heads;         /* /metrics also exports per-head latest values */
     double metrics_keep_s;     /* /metrics exports ended runs this long after their end;
                                   0: the default (3600), < 0: not at all */
-    int timeout_s;             /* a connection without progress this long is closed (default 60) */
+    int timeout_s;             /* a connection without progress, or without a request,
+                                * this long is closed (default 60; http_tick) */
     struct query_pool *pool;   /* borrowed, as are the three below */
     struct stream *stream;
     struct writer *writer;
@@ -57,6 +58,11 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
 
 /* The TCP port bound. */
 int http_port(const struct http *h);
+
+/* Closes the connections that sent no request (or not all of its
+ * headers, however slowly they trickle in) for timeout_s since their
+ * accept or their last answer. Any thread, about once a second. */
+void http_tick(struct http *h);
 
 /* For the writer's commit hook (writer thread): records the commit's
  * latency and completes DELETE requests waiting for their commit. */

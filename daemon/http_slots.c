@@ -6,28 +6,33 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 
+#include "now.h"
+
 /* One open connection. */
 struct slot {
     MHD_socket fd;
     int busy;                /* a request is being handled */
-    int evicted;             /* shut down to make room; gone at its closed notification */
+    int evicted;             /* shut down (to make room, or timed out); gone at its closed notification */
+    double since;            /* monotonic ms: accepted, or its last request ended */
     struct slot *prev, *next; /* in s's list: idle longest first (busy ones where they were) */
 };
 
 struct http_slots {
     pthread_mutex_t mu;      /* guards everything below */
     unsigned max;
+    double idle_ms;
     unsigned open;           /* slots in the list */
     unsigned evicting;       /* of them, shut down and not closed yet */
-    uint64_t evicted;
+    uint64_t evicted, timed_out;
     struct slot *head, *tail;
 };
 
-struct http_slots *http_slots_create(unsigned max) {
+struct http_slots *http_slots_create(unsigned max, double idle_ms) {
     struct http_slots *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     pthread_mutex_init(&s->mu, NULL);
     s->max = max;
+    s->idle_ms = idle_ms;
     return s;
 }
 
@@ -40,6 +45,14 @@ void http_slots_destroy(struct http_slots *s) {
     }
     pthread_mutex_destroy(&s->mu);
     free(s);
+}
+
+/* Shuts x down: its thread sees the end of its input and closes it; the
+ * socket stays open till then (see http_slots.h, Threads). s->mu held. */
+static void shut(struct http_slots *s, struct slot *x) {
+    shutdown(x->fd, SHUT_RDWR);
+    x->evicted = 1;
+    s->evicting++;
 }
 
 static void unlink_slot(struct http_slots *s, struct slot *x) {
@@ -67,6 +80,7 @@ void http_slots_notify(void *cls, struct MHD_Connection *c, void **socket_contex
         *socket_context = x;
         if (!x) return; /* not tracked: it is never pushed out */
         x->fd = ci->connect_fd;
+        x->since = now_mono_ms();
         pthread_mutex_lock(&s->mu);
         append(s, x);
         s->open++;
@@ -93,14 +107,12 @@ enum MHD_Result http_slots_admit(void *cls, const struct sockaddr *addr, socklen
     if (s->open - s->evicting >= s->max) {
         struct slot *v = s->head;
         while (v && (v->busy || v->evicted)) v = v->next;
-        if (!v || s->evicting >= HTTP_SLOTS_SPARE) {
+        /* libmicrohttpd holds max + HTTP_SLOTS_SPARE: beyond, it would
+         * refuse the newcomer after its victim was shut down */
+        if (!v || s->open >= s->max + HTTP_SLOTS_SPARE) {
             ok = MHD_NO;
         } else {
-            /* its thread sees the end of its input and closes it; the
-             * socket stays open till then (see http_slots.h, Threads) */
-            shutdown(v->fd, SHUT_RDWR);
-            v->evicted = 1;
-            s->evicting++;
+            shut(s, v);
             s->evicted++;
         }
     }
@@ -126,9 +138,31 @@ void http_slots_idle(struct http_slots *s, struct MHD_Connection *c) {
     if (!x) return;
     pthread_mutex_lock(&s->mu);
     x->busy = 0;
+    x->since = now_mono_ms();
     unlink_slot(s, x); /* idle from now: the last to be pushed out */
     append(s, x);
     pthread_mutex_unlock(&s->mu);
+}
+
+unsigned http_slots_sweep(struct http_slots *s, double now_ms) {
+    unsigned n = 0;
+    pthread_mutex_lock(&s->mu);
+    /* not in order of since: a busy slot stays where it was */
+    for (struct slot *x = s->head; x; x = x->next)
+        if (!x->busy && !x->evicted && now_ms - x->since > s->idle_ms) {
+            shut(s, x);
+            n++;
+        }
+    s->timed_out += n;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+uint64_t http_slots_timed_out(struct http_slots *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t n = s->timed_out;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 uint64_t http_slots_evicted(struct http_slots *s) {

@@ -12,6 +12,13 @@
  * with strangers. A request being answered (a stream included) is never
  * pushed out; when every slot has one, the newcomer is refused.
  *
+ * It also times idle connections out: libmicrohttpd's own timeout starts
+ * again at every byte, so a client that sends its headers one byte at a
+ * time (slowloris) kept its thread and slot for ever. http_slots_sweep
+ * shuts down every connection idle (no request in progress) for longer
+ * than idle_ms, counted from its accept or the end of its last request,
+ * whatever it trickled meanwhile.
+ *
  * Threads: the connection and accept-policy callbacks run on the server's
  * listening thread, which alone closes sockets (libmicrohttpd closes a
  * connection's socket there, after the closed notification), so a socket
@@ -27,8 +34,9 @@ struct http_slots;
 
 /* max: the slots that may be held (libmicrohttpd's own limit must leave
  * HTTP_SLOTS_SPARE over it for newcomers admitted while their victims
- * close). Returns NULL when out of memory. */
-struct http_slots *http_slots_create(unsigned max);
+ * close); idle_ms: how long a connection may go without a request in
+ * progress (http_slots_sweep). Returns NULL when out of memory. */
+struct http_slots *http_slots_create(unsigned max, double idle_ms);
 
 /* Frees. Accepts NULL. Call after the server stopped. */
 void http_slots_destroy(struct http_slots *s);
@@ -49,7 +57,14 @@ enum MHD_Result http_slots_admit(void *cls, const struct sockaddr *addr, socklen
 void http_slots_busy(struct http_slots *s, struct MHD_Connection *c);
 void http_slots_idle(struct http_slots *s, struct MHD_Connection *c);
 
-/* Connections pushed out to make room, since start. */
+/* Shuts down the connections idle (no request in progress) for longer
+ * than idle_ms at now_ms (now_mono_ms()); any thread, e.g. once a second.
+ * Returns how many. */
+unsigned http_slots_sweep(struct http_slots *s, double now_ms);
+
+/* Connections pushed out to make room / timed out by http_slots_sweep,
+ * since start. */
 uint64_t http_slots_evicted(struct http_slots *s);
+uint64_t http_slots_timed_out(struct http_slots *s);
 
 #endif

@@ -114,6 +114,8 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
 static void on_tick(void *ctx, double now) {
     struct hooks *hk = ctx;
     if (hk->alerter) alerter_on_tick(hk->alerter, now);
+    struct http *h = atomic_load(&hk->http);
+    if (h) http_tick(h);
 }
 
 /* Trainers x connections can exceed the default 1024 descriptors. */
@@ -174,7 +176,8 @@ static const flag FLAGS[] = {
         "keep a run's raw frames for its last KEEP steps (>= 64), or\n"
         "those of the last KEEP of time (N[s|m|h|d]); older ones are deleted,\n"
         "their exact rollups kept forever (default: keep all; docs/long-runs.md)"),
-    LONG("--queue-mb", O(queue_mb), 1, 65536, "N", "memory for accepted, uncommitted messages (default 256)"),
+    LONG("--queue-mb", O(queue_mb), 1, 65536, "N", "memory for accepted, uncommitted messages (default 64);\n"
+         "when spent, trainers wait (their clients spool)"),
     LONG("--drain-ms", O(drain_ms), 0, 600000, "N", "at shutdown, wait this long to commit and ack (default 5000)"),
     BOOL("--lossy-bf16", O(lossy_bf16),
          "store each complete block of 64 steps rounded to bfloat16\n"
@@ -257,7 +260,7 @@ static int parse_retain(const char *s, long *steps, double *seconds) {
  * (0 after --help or --version, 2 for a bad flag). */
 static int options_parse(struct options *o, int argc, char **argv) {
     *o = (struct options){.data = "entropyd-data", .token = getenv("ENTROPYD_TOKEN"), .max_conns = 10000,
-                          .queue_mb = 256, .drain_ms = 5000, .hello_s = 10, .input_mb = 64, .max_cells = INGEST_MAX_CELLS,
+                          .queue_mb = 64, .drain_ms = 5000, .hello_s = 10, .input_mb = 64, .max_cells = INGEST_MAX_CELLS,
                           .http_listen = "127.0.0.1:8080", .http_conns = 512, .stream_events = 16384,
                           .keepalive_ms = 15000, .http_timeout_s = 60, .am_resend_s = 60, .metrics_keep_s = 3600};
     char given[FLAG_COUNT(FLAGS)];

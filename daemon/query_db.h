@@ -35,12 +35,18 @@ struct query {
     sqlite3 *db;
     sqlite3_stmt *stmt[Q_COUNT];
     struct fblock_codec *codec;  /* decodes blocks (fblock.h) */
+    char fault[160];             /* why a read failed when SQLite did not (a stored row of the
+                                    wrong size): query_db_fail reports it, then clears it */
     struct query *next;
 };
 
-/* Formats "database error <what>: <sqlite message>" into err; returns
- * QUERY_ERR. */
+/* Formats "database error <what>: <sqlite message>" into err (or, when
+ * query_db_corrupt noted one, "<what>: <the fault>"); returns QUERY_ERR. */
 int query_db_fail(struct query *q, char *err, size_t errlen, const char *what);
+/* Notes that a stored row is corrupt (printf-style message, e.g. a frame
+ * whose size does not match its metric's shape) for query_db_fail to
+ * report; returns -1. A read never skips such a row silently. */
+int query_db_corrupt(struct query *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Starts a read transaction (one committed state for what follows). */
 int query_db_begin(struct query *q, char *err, size_t errlen);
 /* Ends it if one is open. */

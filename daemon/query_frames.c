@@ -36,14 +36,23 @@ static void emit_values(struct strbuf *out, const unsigned char *d, int kind, in
     strbuf_add(out, "]", 1);
 }
 
+/* A raw frame of metric_id that does not hold its n values is corrupt:
+ * noted for query_db_fail (the reader gets an error, never a silent gap);
+ * returns -1. */
+static int frame_corrupt(struct query *q, int64_t metric_id, int64_t step, int bytes, uint32_t n) {
+    return query_db_corrupt(q, "the frame of metric %lld at step %lld has %d bytes, its shape %u values (%zu bytes)",
+                            (long long)metric_id, (long long)step, bytes, n, (size_t)n * 4);
+}
+
 /* The next raw frame of the walk's statement into *step / vals (copied:
  * a blob need not be aligned); 0 at the end (*step = INT64_MAX), -1 on
- * error. Rows of another shape are skipped. */
-static int raw_next(sqlite3_stmt *s, uint32_t n, int64_t *step, float *vals) {
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if ((size_t)sqlite3_column_bytes(s, 1) != (size_t)n * 4) continue;
+ * error, a row of another size included (frame_corrupt). */
+static int raw_next(struct query *q, int64_t metric_id, sqlite3_stmt *s, uint32_t n, int64_t *step, float *vals) {
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
         *step = sqlite3_column_int64(s, 0);
+        int bytes = sqlite3_column_bytes(s, 1);
+        if ((size_t)bytes != (size_t)n * 4) return frame_corrupt(q, metric_id, *step, bytes, n);
         memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
         return 1;
     }
@@ -107,7 +116,7 @@ int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint
     sqlite3_bind_int64(blk, 1, metric_id);
     sqlite3_bind_int64(blk, 2, lo > 0 ? lo / FBLOCK_STEPS : 0);
     sqlite3_bind_int64(blk, 3, hi < 0 ? -1 : hi / FBLOCK_STEPS);
-    if (raw_next(raw, n, &rstep, vals) < 0) goto fail;
+    if (raw_next(q, metric_id, raw, n, &rstep, vals) < 0) goto fail;
     while (!ret && (rc = sqlite3_step(blk)) == SQLITE_ROW) {
         uint32_t nf = fblock_steps(sqlite3_column_int64(blk, 0), (uint64_t)sqlite3_column_int64(blk, 1), steps);
         if (reader_decode(&br, sqlite3_column_int64(blk, 2), (size_t)sqlite3_column_int64(blk, 3), nf, n, c0, c1,
@@ -118,7 +127,7 @@ int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint
              * (migration 6): merge them in by step all the same */
             while (!ret && rstep < steps[f]) {
                 if ((ret = fn(ctx, rstep, vals, n))) break;
-                if (raw_next(raw, n, &rstep, vals) < 0) goto fail;
+                if (raw_next(q, metric_id, raw, n, &rstep, vals) < 0) goto fail;
             }
             if (!ret && steps[f] >= lo && steps[f] <= hi) ret = fn(ctx, steps[f], vals + (size_t)(f + 1) * n, n);
         }
@@ -126,7 +135,7 @@ int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint
     if (!ret && rc != SQLITE_DONE) goto fail;
     while (!ret && rstep != INT64_MAX) {
         if ((ret = fn(ctx, rstep, vals, n))) break;
-        if (raw_next(raw, n, &rstep, vals) < 0) goto fail;
+        if (raw_next(q, metric_id, raw, n, &rstep, vals) < 0) goto fail;
     }
     goto out;
 fail:
@@ -196,13 +205,17 @@ static int64_t frame_at(struct query *q, int64_t metric_id, uint32_t n, int64_t 
     sqlite3_stmt *s = q->stmt[Q_FRAME_AT];
     sqlite3_bind_int64(s, 1, metric_id);
     sqlite3_bind_int64(s, 2, step);
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW && (size_t)sqlite3_column_bytes(s, 1) == (size_t)n * 4) {
+    int rc = sqlite3_step(s), bytes = rc == SQLITE_ROW ? sqlite3_column_bytes(s, 1) : 0;
+    if (rc == SQLITE_ROW) {
         found = sqlite3_column_int64(s, 0);
-        memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
+        if ((size_t)bytes == (size_t)n * 4) memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
     }
     sqlite3_reset(s);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) return -2;
+    if (rc == SQLITE_ROW && (size_t)bytes != (size_t)n * 4) {
+        frame_corrupt(q, metric_id, found, bytes, n);
+        return -2;
+    }
     /* the block holding `step` may start after it: then the one before */
     s = q->stmt[Q_BLOCK_AT];
     sqlite3_bind_int64(s, 1, metric_id);

@@ -97,7 +97,11 @@ static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
         int64_t block = sqlite3_column_int64(s, 0);
         int64_t nframes = sqlite3_column_int64(s, 1);
         const unsigned char *d = sqlite3_column_blob(s, 2);
-        if ((size_t)sqlite3_column_bytes(s, 2) != (size_t)sr->n * STORE_ROLLUP_BYTES) continue;
+        if ((size_t)sqlite3_column_bytes(s, 2) != (size_t)sr->n * STORE_ROLLUP_BYTES) {
+            rc = query_db_corrupt(sr->q, "the level-%d rollup of metric %lld, block %lld, has %d bytes, its shape %u values",
+                                  level, (long long)sr->metric_id, (long long)block, sqlite3_column_bytes(s, 2), sr->n);
+            break;
+        }
         int64_t i = (block * size - sr->a) / sr->w;
         struct bucket *row = &sr->b[i * sr->ngroups];
         sr->frames[i] += (uint64_t)nframes;

@@ -233,6 +233,54 @@ class HttpGuard(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual(fails, 0)
 
+    def test_idle_and_slow_clients_are_timed_out_streams_are_not(self):
+        # libmicrohttpd's timeout starts again at every byte: a client that
+        # trickled its headers a byte at a time kept its thread and slot
+        # for ever (slowloris); one that sent nothing, or only part of its
+        # headers, was closed after --http-timeout-s, as it still is
+        port = self.start("--http-timeout-s", "2")
+        silent = socket.create_connection(("127.0.0.1", port))
+        silent.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        slow = socket.create_connection(("127.0.0.1", port))
+        stream = socket.create_connection(("127.0.0.1", port))
+        stream.sendall(("GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port).encode())
+        stream.settimeout(5)
+        self.assertIn(b" 200 ", stream.recv(4096))
+        head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Slow: " % port + b"a" * 200
+        t0, closed, sent = time.time(), {}, 0
+        try:
+            while time.time() - t0 < 10 and len(closed) < 2:
+                for name, s in (("silent", silent), ("slow", slow)):
+                    if name in closed:
+                        continue
+                    try:
+                        if name == "slow":
+                            s.send(head[sent:sent + 1])
+                        s.setblocking(False)
+                        if s.recv(4096) == b"":
+                            closed[name] = time.time() - t0
+                    except BlockingIOError:
+                        pass
+                    except OSError:  # reset, or a send after the close
+                        closed[name] = time.time() - t0
+                    s.setblocking(True)
+                sent += 1
+                time.sleep(0.2)
+            print("--http-timeout-s 2: silent closed after %s s, one byte every 0.2 s closed after %s s"
+                  % (closed.get("silent"), closed.get("slow")))
+            self.assertIn("slow", closed, "a client trickling its headers was never timed out")
+            self.assertIn("silent", closed)
+            for name, t in closed.items():
+                self.assertGreater(t, 1.5, name + " closed before its timeout")
+            # the stream, quiet all this while, is a request in progress: kept
+            st, body = raw(port, "GET", "/metrics")
+            self.assertIn("\nentropyd_stream_clients 1\n", body)
+            timed_out = int(body.split("\nentropyd_http_connections_timed_out_total ")[1].split("\n")[0])
+            self.assertGreaterEqual(timed_out, 1)
+        finally:
+            for s in (silent, slow, stream):
+                s.close()
+
     def test_one_address_cannot_take_every_slot(self):
         port = self.start()  # default --http-max-conns 512: 128 per address
         held = []

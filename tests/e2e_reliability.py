@@ -313,7 +313,8 @@ class LoadConn:
 
 class LoadTest(unittest.TestCase):
     def test_200_trainers_and_100_sse_clients(self):
-        d = Daemon(args=["--http", "127.0.0.1:0", "--max-conns", "1000", "--http-max-conns", "512"]).start()
+        d = Daemon(args=["--http", "127.0.0.1:0", "--max-conns", "1000", "--http-max-conns", "512"]
+                   + os.environ.get("LOAD_ARGS", "").split()).start()
         port = http_port(d)
         rate = float(os.environ.get("LOAD_RATE", 5))  # steps/s per trainer
         sel = selectors.DefaultSelector()

@@ -72,6 +72,15 @@ static void test_roundtrip(void **state) {
                     if (k >= c0 && k < c1) memcpy(&want, &v[(size_t)f * n + k], 4);
                     if (got != want) fail_msg("n %u frames %u cells [%u,%u): cell %u of frame %u is %08x, not %08x", n, nf, c0, c1, k, f, got, want);
                 }
+            /* every cell alone (a series of one head): its words of the
+             * chunk's bit planes only, at any position in the chunk */
+            for (uint32_t k = 0; k < n && n <= 144; k++) {
+                memset(w, 0xAB, (size_t)nf * n * 4);
+                assert_int_equal(fblock_decode(c, blob, len, nf, n, k, k + 1, w), 0);
+                for (uint32_t f = 0; f < nf; f++)
+                    if (memcmp(&w[(size_t)f * n + k], &v[(size_t)f * n + k], 4))
+                        fail_msg("n %u frames %u: cell %u alone, frame %u differs", n, nf, k, f);
+            }
             /* the same through the span a blob reader would read */
             ssize_t hs = fblock_head_size(blob, n);
             assert_true(hs > 0 && (size_t)hs <= len);

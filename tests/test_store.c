@@ -882,6 +882,56 @@ static void test_upgrade_from_raw(void **state) {
     }
 }
 
+/* A stored row whose size does not fit its metric's shape (a raw frame,
+ * a rollup) is reported: query_frames, the frame and the series queries
+ * answer QUERY_ERR naming it, never a silent gap in the data. */
+static void test_corrupt_frame_reported(void **state) {
+    struct tmp_db *f = *state;
+    int64_t run = open_run(f, "bad", L, H), seq = 0;
+    put_range(f, run, &seq, 0, 99, 0, 100);
+    int64_t ent = qi(f->path, "SELECT id FROM metrics WHERE run_id = %lld AND name = 'ent'", (long long)run);
+    char *before = walk_metric(f->path, run, "ent", L * H);
+    assert_non_null(before);
+    free(before);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    char sql[200];
+    snprintf(sql, sizeof sql, "UPDATE frames SET data = substr(data, 1, 8) WHERE metric_id = %lld AND step = 70",
+             (long long)ent);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_changes(db), 1);
+    char err[256], *out = NULL;
+    struct query_pool *p = query_pool_open(f->path, 1, err, sizeof err);
+    if (!p) fail_msg("%s", err);
+    struct query *q = query_acquire(p, err, sizeof err);
+    assert_non_null(q);
+    assert_int_equal(query_frames(q, ent, L * H, 0, INT64_MAX, frames_text, &out, err, sizeof err), QUERY_ERR);
+    assert_non_null(strstr(err, "at step 70 has 8 bytes"));
+    free(out);
+    struct strbuf sb = {0};
+    assert_int_equal(query_frame(q, run, "ent", 1, 70, &sb, err, sizeof err), QUERY_ERR);
+    assert_non_null(strstr(err, "at step 70 has 8 bytes"));
+    struct query_series_req req = {.run_id = run, .metric = "ent", .layer = -1, .head = -1, .points = 1000};
+    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_ERR);
+    assert_non_null(strstr(err, "at step 70 has 8 bytes"));
+    /* frames before the bad one still read; a bad rollup is named too */
+    assert_int_equal(query_frame(q, run, "ent", 1, 69, &sb, err, sizeof err), QUERY_OK);
+    snprintf(sql, sizeof sql, "UPDATE frames SET data = zeroblob(%d) WHERE metric_id = %lld AND step = 70", L * H * 4,
+             (long long)ent);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    snprintf(sql, sizeof sql, "UPDATE rollups SET data = x'00' WHERE metric_id = %lld AND level = 1 AND block = 0",
+             (long long)ent);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_changes(db), 1);
+    req.points = 1;
+    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_ERR);
+    assert_non_null(strstr(err, "level-1 rollup"));
+    free(sb.p);
+    sqlite3_close(db);
+    query_release(p, q);
+    query_pool_close(p);
+}
+
 static void test_kind_conflict(void **state) {
     struct tmp_db *f = *state;
     int64_t run = open_run(f, "kinds", L, H);
@@ -1344,6 +1394,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rewind_chunked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upgrade_from_raw, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_frame_reported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kind_conflict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
