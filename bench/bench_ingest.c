@@ -6,8 +6,13 @@
  * index: the most favourable narrow layout, so the ratio is conservative).
  *
  *   bench_ingest --socket PATH [--trainers 4] [--seconds 10] [--narrow-db PATH] [--narrow-seconds 4]
+ *                [--pace-ms MS]
  *
  * (--narrow-seconds 0 skips the ceiling: for A/B runs of two daemons.)
+ * --pace-ms: each trainer sends one step every MS ms, as a real training
+ * loop does (a step every ~15 ms), instead of as fast as it can: then what
+ * counts is the daemon's CPU per step (bench/ingest.sh), which the fixed
+ * costs of a small transaction (commit, wake-ups, syscalls) dominate.
  *
  * Each trainer pre-formats its step lines once; per step it only patches the
  * seq and step numbers (space-padded: JSON allows blanks before a value), so
@@ -25,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proto.h"
+
 #define L 12
 #define H 12
 #define NHEAD 8
@@ -34,6 +41,7 @@
 
 static const char *sock_path;
 static double seconds = 10;
+static double pace_s = 0; /* --pace-ms / 1000 */
 
 static double now(void) {
     struct timespec ts;
@@ -103,8 +111,9 @@ static void *trainer_main(void *arg) {
     }
     char hello[256];
     int hl = snprintf(hello, sizeof hello,
-                      "{\"type\":\"hello\",\"protocol\":1,\"run\":\"bench-%d-%ld\",\"layers\":%d,\"heads\":%d,\"seq_len\":128}\n",
-                      t->idx, (long)time(NULL), L, H);
+                      "{\"type\":\"hello\",\"protocol\":1,\"run\":\"bench-%d-%ld\",\"layers\":%d,\"heads\":%d,\"seq_len\":128,"
+                      "\"ack_delay_ms\":%d}\n",
+                      t->idx, (long)time(NULL), L, H, PROTO_ACK_DELAY_MS); /* as the client library says */
     if (write(fd, hello, (size_t)hl) != hl) { t->failed = 1; return NULL; }
     char rbuf[65536];
     size_t rlen = 0;
@@ -123,13 +132,15 @@ static void *trainer_main(void *arg) {
     char out[1 << 18];
     size_t olen = 0, ooff = 0;
     int sending = 1;
+    double due = t0;
     struct pollfd pfd = {.fd = fd};
     for (;;) {
         if (sending && now() - t0 >= seconds) sending = 0;
-        if (sending && olen == ooff) {
-            /* fill the buffer with as many whole lines as fit */
+        if (sending && olen == ooff && now() >= due) {
+            /* fill the buffer with as many whole lines as fit (paced: one) */
             olen = ooff = 0;
-            while (olen + 32768 <= sizeof out) {
+            due += pace_s;
+            while (olen + 32768 <= sizeof out && (pace_s == 0 || olen == 0)) {
                 int v = (int)(seq % VARIANTS);
                 seq++;
                 patch(lines[v] + seq_at[v], seq);
@@ -139,7 +150,12 @@ static void *trainer_main(void *arg) {
             }
         }
         pfd.events = POLLIN | (olen > ooff ? POLLOUT : 0);
-        if (poll(&pfd, 1, sending ? 100 : 200) < 0 && errno != EINTR) break;
+        int wait_ms = sending ? 100 : 200;
+        if (sending && pace_s > 0 && olen == ooff) {
+            double left = due - now();
+            wait_ms = left <= 0 ? 0 : (int)(left * 1000) + 1;
+        }
+        if (poll(&pfd, 1, wait_ms) < 0 && errno != EINTR) break;
         if (pfd.revents & POLLOUT) {
             ssize_t n = write(fd, out + ooff, olen - ooff);
             if (n > 0) ooff += (size_t)n;
@@ -223,9 +239,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--narrow-db") && i + 1 < argc) narrow = argv[++i];
         else if (!strcmp(argv[i], "--narrow-seconds") && i + 1 < argc) narrow_secs = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--pace-ms") && i + 1 < argc) pace_s = atof(argv[++i]) / 1000;
         else {
             fprintf(stderr, "usage: bench_ingest --socket PATH [--trainers K] [--seconds S] [--narrow-db PATH] "
-                            "[--narrow-seconds S]\n");
+                            "[--narrow-seconds S] [--pace-ms MS]\n");
             return 2;
         }
     }

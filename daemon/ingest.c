@@ -51,6 +51,7 @@ struct run_table {
 struct conn {
     int fd;
     uint64_t id;
+    int64_t ack_delay_ms;    /* its hello's: how long the writer may hold its steps' commit */
     char *in;                /* buffered input not yet consumed */
     size_t in_len, in_cap;
     int skipping;            /* discarding the rest of an overlong line */
@@ -740,6 +741,7 @@ static int hello_take(struct ingest *ing, struct conn *c, struct proto_msg *msg,
                  (long long)(msg->layers * msg->heads), (long long)ing->cfg.max_cells_per_run);
         return PROTO_E_BAD_FIELD;
     }
+    c->ack_delay_ms = msg->ack_delay_ms;
     struct writer_item *it = calloc(1, sizeof *it);
     struct run *r = run_by_name(ing, msg->run);
     if (!it || (!r && !(r = calloc(1, sizeof *r)))) {
@@ -830,6 +832,7 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
     it->conn = c->id;
     it->run_id = run->id;
     it->seq = msg.seq;
+    it->linger_ms = c->ack_delay_ms;
     it->msg = msg;
     /* from a successful submit on, the item (and the message) belongs to
      * the writer thread */

@@ -51,6 +51,14 @@ struct writer {
     int64_t wal_used, wal_checked;
     int ckstop;                      /* after the writer thread ended */
     int wal_reset_ok;                /* a RESTART succeeded since the WAL passed WRITER_WAL_RESTART */
+
+    /* Writer thread only. Steps go without a savepoint (in WAL mode a
+     * savepoint copies every page a step touches into SQLite's statement
+     * journal: ~110 KB per 12x12 step, more than the step itself wrote);
+     * when one fails for a reason of its own, the batch is rolled back and
+     * applied again with this set, every item under its savepoint, so that
+     * the failing step is undone alone. */
+    int guarded;
 };
 
 static void notify(struct writer *w) {
@@ -112,17 +120,22 @@ static int retryable(int code) {
     return 0;
 }
 
-enum { APPLY_OK = 0, APPLY_RETRY = -1 };
+/* APPLY_GUARD: an unguarded step failed for a reason of its own; the
+ * batch must be applied again under savepoints (writer.guarded). */
+enum { APPLY_OK = 0, APPLY_RETRY = -1, APPLY_GUARD = -2 };
 
-/* Applies one item under a savepoint. An error of the item's own is undone
- * alone and answered; an error that may pass fails the whole transaction. */
+/* Applies one item, under a savepoint unless it is a step and the batch is
+ * not guarded. An error of the item's own is undone alone and answered (an
+ * unguarded step's asks for the guarded replay); an error that may pass
+ * fails the whole transaction. */
 static int apply(struct writer *w, struct writer_item *it, struct replies *rep) {
     struct store *st = w->st;
     char conflict[PROTO_MAX_NAME + 1];
     int r = 0;
+    int guard = w->guarded || it->kind != WRITER_STEP;
     it->applied = 0;
     if (!store_in_transaction(st)) return APPLY_RETRY; /* rolled back under us: retry the whole batch */
-    if (store_savepoint(st)) return retryable(store_errcode(st)) ? APPLY_RETRY : (store_rollback_to(st), 0);
+    if (guard && store_savepoint(st)) return retryable(store_errcode(st)) ? APPLY_RETRY : (store_rollback_to(st), 0);
     switch (it->kind) {
     case WRITER_HELLO: {
         struct store_run_info info;
@@ -177,12 +190,13 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
         break;
     }
     if (r == 0) {
-        if (store_release(st) == 0) {
+        if (!guard || store_release(st) == 0) {
             it->applied = 1;
             return APPLY_OK;
         }
     }
     int code = store_errcode(st);
+    if (!guard && !retryable(code)) return APPLY_GUARD; /* counted when the guarded replay meets it */
     pthread_mutex_lock(&w->mu);
     w->stats.db_errors++;
     pthread_mutex_unlock(&w->mu);
@@ -229,14 +243,42 @@ static void finish_batch(struct writer *w, struct writer_item *batch, struct rep
     notify(w);
 }
 
+/* How applying a batch went: BATCH_RETRY, the database failed (retried
+ * with backoff); BATCH_GUARD, an unguarded step failed for a reason of its
+ * own (applied again at once, guarded). */
+enum { BATCH_OK = 0, BATCH_RETRY = 1, BATCH_GUARD = 2 };
+
+static int batch_status(int applied) {
+    return applied == APPLY_GUARD ? BATCH_GUARD : applied == APPLY_RETRY ? BATCH_RETRY : BATCH_OK;
+}
+
+/* Applies batch again in a new transaction, its replies started over. */
+static int batch_apply(struct writer *w, struct writer_item *batch, struct replies *rep) {
+    replies_clear(rep);
+    if (store_begin(w->st)) return BATCH_RETRY;
+    for (struct writer_item *it = batch; it; it = it->next) {
+        int r = batch_status(apply(w, it, rep));
+        if (r != BATCH_OK) return r;
+    }
+    return BATCH_OK;
+}
+
 /* Commits the open transaction holding batch. When the commit (or, with
- * failed set, an earlier write) failed, rolls back and re-applies the whole
- * batch with backoff until the database takes it. Only when the daemon is
- * stopping and the database still refuses is the batch dropped unacked: the
- * trainers resend it to the next daemon from their last ack. */
+ * failed BATCH_RETRY, an earlier write) failed, rolls back and re-applies the
+ * whole batch with backoff until the database takes it; with BATCH_GUARD, at
+ * once and guarded. Only when the daemon is stopping and the database still
+ * refuses is the batch dropped unacked: the trainers resend it to the next
+ * daemon from their last ack. */
 static void commit_batch(struct writer *w, struct writer_item *batch, struct replies *rep, int failed) {
     double backoff = 50;
-    for (int attempt = 0;; attempt++) {
+    int attempt = 0;
+    for (;;) {
+        if (failed == BATCH_GUARD) {
+            store_rollback(w->st);
+            w->guarded = 1;
+            failed = batch_apply(w, batch, rep);
+            continue;
+        }
         if (!failed) {
             double t0 = now_mono_ms();
             if (store_commit(w->st) == 0) {
@@ -248,6 +290,7 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
                 w->stats.failing = 0;
                 pthread_mutex_unlock(&w->mu);
                 if (attempt) fprintf(stderr, "entropyd: writer: database writable again after %d retries\n", attempt);
+                w->guarded = 0;
                 finish_batch(w, batch, rep, ms);
                 return;
             }
@@ -273,14 +316,13 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
             pthread_mutex_lock(&w->mu);
             w->bytes -= freed;
             pthread_mutex_unlock(&w->mu);
+            w->guarded = 0;
             return;
         }
         usleep((useconds_t)(backoff * 1000));
         if (backoff < 2000) backoff *= 2;
-        replies_clear(rep);
-        failed = store_begin(w->st) != 0;
-        for (struct writer_item *it = batch; it && !failed; it = it->next)
-            if (apply(w, it, rep) == APPLY_RETRY) failed = 1;
+        attempt++;
+        failed = batch_apply(w, batch, rep);
     }
 }
 
@@ -505,15 +547,37 @@ fail:
     w->job_backoff_until = now_mono_ms() + 200;
 }
 
+/* Waits on w->cv (w->mu held) for at most ms milliseconds. */
+static void cv_wait_ms(struct writer *w, double ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + (long long)(ms * 1e6);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+}
+
+/* Whether the open transaction, whose queue ran dry, may stay open for
+ * more steps (writer.h, WRITER_LINGER_MS): only a few steps and events in
+ * it, each from a client that does not wait for its ack (linger is the
+ * least ack_delay_ms of the batch; an item someone waits on, a hello, an
+ * end or a delete, commits at once), and not while stopping. */
+static int may_linger(const struct writer *w, size_t nbatch, int urgent, double linger, double txn_start) {
+    return !urgent && !w->stop && nbatch < WRITER_LINGER_ITEMS && now_mono_ms() - txn_start < linger;
+}
+
 static void *writer_main(void *arg) {
     struct writer *w = arg;
     struct writer_item *batch = NULL, *btail = NULL;
     struct replies rep = {0};
     size_t nbatch = 0;
     double txn_start = 0, last_tick = 0;
-    int in_txn = 0, failed = 0;
+    int in_txn = 0, failed = 0, urgent = 0;
+    double linger = WRITER_LINGER_MS;
     for (;;) {
         pthread_mutex_lock(&w->mu);
+        if (in_txn && !w->head && may_linger(w, nbatch, urgent, linger, txn_start))
+            cv_wait_ms(w, txn_start + linger - now_mono_ms());
         while (!w->head && !w->stop && !in_txn && !jobs_pending(w)) {
             if (!w->cfg.on_tick && !w->dhead && !w->purge_pending && !retain_on(w)) {
                 pthread_cond_wait(&w->cv, &w->mu);
@@ -579,24 +643,28 @@ static void *writer_main(void *arg) {
             it->next = NULL;
             int d = failed ? 0 : defer(w, it);
             if (d > 0) continue;
-            if (d < 0) failed = 1;
+            if (d < 0) failed = BATCH_RETRY;
             if (it->kind == WRITER_DELETE) w->purge_pending = 1;
+            urgent |= it->kind != WRITER_STEP && it->kind != WRITER_EVENT;
+            if ((double)it->linger_ms < linger) linger = (double)it->linger_ms;
             if (btail) btail->next = it;
             else batch = it;
             btail = it;
             nbatch++;
-            if (!failed && apply(w, it, &rep) == APPLY_RETRY) failed = 1;
+            if (!failed) failed = batch_status(apply(w, it, &rep));
         }
         pthread_mutex_lock(&w->mu);
         int empty = w->head == NULL;
         pthread_mutex_unlock(&w->mu);
-        if (in_txn && (empty || failed || nbatch >= WRITER_MAX_BATCH || now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
+        if (in_txn && ((empty && !may_linger(w, nbatch, urgent, linger, txn_start)) || failed || nbatch >= WRITER_MAX_BATCH ||
+                       now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
             if (batch) commit_batch(w, batch, &rep, failed);
             else store_rollback(w->st); /* everything taken was deferred */
             batch = btail = NULL;
             nbatch = 0;
             in_txn = 0;
-            failed = 0;
+            failed = urgent = 0;
+            linger = WRITER_LINGER_MS;
             checkpoint_policy(w);
             /* between two batches, at most one chunk of background work:
              * no trainer's ack waits behind more than that */

@@ -2,9 +2,18 @@
  *
  * The ingest loop hands it parsed, validated messages through a bounded
  * queue (writer_submit). The writer applies them in order inside one
- * transaction, each under a savepoint, and commits when the queue runs dry,
+ * transaction, each but steps under a savepoint (a step that fails for a
+ * reason of its own has the batch applied again with every item under its
+ * savepoint, so that it is undone alone), and commits when the queue runs dry,
  * after WRITER_MAX_BATCH items, or at the latest WRITER_COMMIT_MS after the
- * transaction began. Only after a commit does it post replies (welcome, ack,
+ * transaction began. Group commit: a transaction of fewer than
+ * WRITER_LINGER_ITEMS steps and events whose queue ran dry stays open until
+ * WRITER_LINGER_MS after it began (or the least linger_ms of its items, if
+ * less: no item's client said it waits for acks), for the next steps of
+ * trainers that log a step every few ms: a commit's fixed cost (every page it dirtied, 16 KiB
+ * each, written to the WAL and again by the checkpoint) is then shared by
+ * several steps instead of paid by each. A batch holding a hello, an end, a
+ * stale mark or a delete commits at once. Only after a commit does it post replies (welcome, ack,
  * error) back to the ingest loop, which owns the sockets.
  *
  * When the database fails for a reason that may pass (disk full, I/O error,
@@ -44,6 +53,8 @@
 #include "store.h"
 
 #define WRITER_COMMIT_MS 100
+#define WRITER_LINGER_MS 40     /* group commit: what an ack may wait for later steps */
+#define WRITER_LINGER_ITEMS 64  /* a batch this large commits without waiting */
 #define WRITER_MAX_BATCH 4096
 #define WRITER_JOB_MS 10
 #define WRITER_JOB_PIECE_MS 2  /* a chunk's pieces: a waiting item ends the chunk after one */
@@ -73,6 +84,8 @@ struct writer_item {
     int64_t run_id;
     int64_t seq;
     double time;             /* message time (daemon clock when the line had none) */
+    int64_t linger_ms;       /* steps, events: the ack_delay_ms of its connection's hello
+                              * (0: commit without lingering) */
     size_t bytes;            /* approximate memory held, for the queue bound */
     int applied;             /* set by the writer: 1 if stored, 0 if rejected (the
                                 commit hook sees rejected items too: skip them) */

@@ -600,6 +600,8 @@ static int parse_top(struct parser *ps, unsigned *seen) {
         } else if (key_is(key, kn, "protocol")) {
             r = parse_int_field(ps, "protocol", INT64_MIN / 2, INT64_MAX / 2, &m->protocol);
             *seen |= F_PROTOCOL;
+        } else if (key_is(key, kn, "ack_delay_ms")) {
+            r = parse_int_field(ps, "ack_delay_ms", 0, PROTO_MAX_ACK_DELAY_MS, &m->ack_delay_ms);
         } else if (key_is(key, kn, "seq_len")) {
             r = parse_int_field(ps, "seq_len", 1, INT64_C(1) << 40, &m->seq_len);
             *seen |= F_SEQLEN;

@@ -83,6 +83,8 @@ struct proto_msg {
     /* hello */
     char run[PROTO_MAX_RUN + 1];
     int64_t protocol, layers, heads, seq_len;
+    int64_t ack_delay_ms;        /* how late acks may come (0 when absent): the client
+                                  * sends without waiting for them (schema/protocol.md) */
     char *meta;                  /* JSON object text, NUL-terminated; NULL if absent */
     char *token;                 /* NULL if absent */
     /* step */
@@ -153,7 +155,14 @@ int proto_format_float(char *buf, float v);
 #define PROTO_SEQ_PREFIX_MAX 32  /* {"seq":18446744073709551615, */
 size_t proto_write_seq_prefix(char *out, uint64_t seq);
 
-/* The hello line (with its newline). meta: JSON object text on one line,
+/* What this library's clients say in hello as ack_delay_ms: they send
+ * without waiting for acks (a queue and a spool hold what is unacked), so
+ * the daemon may hold a commit this long to share it with later steps. */
+#define PROTO_ACK_DELAY_MS 40
+#define PROTO_MAX_ACK_DELAY_MS 60000
+
+/* The hello line (with its newline), with ack_delay_ms PROTO_ACK_DELAY_MS.
+ * meta: JSON object text on one line,
  * or NULL; token or NULL. Returns the length, or 0 when it would not fit
  * in cap. *public_len (if not NULL) gets the length before the token, so
  * the hello can be stored without it. */

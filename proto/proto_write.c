@@ -224,8 +224,8 @@ size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int
     if (need > cap) return 0;
     int n = snprintf(out, cap,
                      "{\"type\":\"hello\",\"protocol\":%d,\"run\":\"%s\",\"layers\":%d,\"heads\":%d,"
-                     "\"seq_len\":%d",
-                     PROTO_VERSION, run, layers, heads, seq_len);
+                     "\"seq_len\":%d,\"ack_delay_ms\":%d",
+                     PROTO_VERSION, run, layers, heads, seq_len, PROTO_ACK_DELAY_MS);
     if (meta) n += snprintf(out + n, cap - (size_t)n, ",\"meta\":%s", meta);
     if (public_len) *public_len = (size_t)n;
     if (token) {

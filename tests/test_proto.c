@@ -109,6 +109,8 @@ static void check_msg_invariants(const struct proto_msg *m) {
 
 /* ------------------------------------------------------------ messages */
 
+#define HELLO_PRE "{\"type\":\"hello\",\"protocol\":1,"
+
 static void test_hello_all_fields(void **state) {
     (void)state;
     const char *meta = "{\"lr\": 1e-3, \"tags\":[\"a\",\"b\\\"c\"] , \"n\":{\"x\":null,\"y\":[true,false]}}";
@@ -147,7 +149,20 @@ static void test_hello_all_fields(void **state) {
     assert_int_equal(parse("{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1024,\"heads\":1024,\"seq_len\":1,\"meta\":{}}", &m),
                      PROTO_OK);
     assert_string_equal(m.meta, "{}");
+    assert_int_equal(m.ack_delay_ms, 0); /* absent: the client may wait for its acks */
     proto_msg_free(&m);
+    /* ack_delay_ms: 0..PROTO_MAX_ACK_DELAY_MS; anything else is refused */
+    assert_int_equal(parse(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"ack_delay_ms\":40}", &m), PROTO_OK);
+    assert_int_equal(m.ack_delay_ms, 40);
+    proto_msg_free(&m);
+    static const char *const bad_delay[] = {"-1", "60001", "1.5", "\"40\"", "null", "[40]", "1e300"};
+    for (size_t i = 0; i < sizeof bad_delay / sizeof *bad_delay; i++) {
+        char *l = fmt_line(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"ack_delay_ms\":%s}", bad_delay[i]);
+        assert_int_equal(parse(l, &m), PROTO_E_BAD_FIELD);
+        proto_msg_free(&m);
+        free(l);
+    }
+    CHECK(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"ack_delay_ms\":60000}", PROTO_OK);
 }
 
 static void test_step_all_fields(void **state) {
@@ -713,7 +728,6 @@ static void test_missing_field(void **state) {
     CHECK("{\"type\":\"end\"}", PROTO_E_MISSING_FIELD);
 }
 
-#define HELLO_PRE "{\"type\":\"hello\",\"protocol\":1,"
 #define STEP_PRE "{\"type\":\"step\",\"seq\":1,\"step\":0,"
 
 static void test_bad_field(void **state) {

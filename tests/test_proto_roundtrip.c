@@ -49,6 +49,7 @@ static void test_hello(void **state)
     assert_int_equal(m.layers, 12);
     assert_int_equal(m.heads, 8);
     assert_int_equal(m.seq_len, 256);
+    assert_int_equal(m.ack_delay_ms, PROTO_ACK_DELAY_MS);
     assert_string_equal(m.meta, "{\"lr\":0.001,\"a\":[1,2]}");
     assert_string_equal(m.token, token);
     proto_msg_free(&m);

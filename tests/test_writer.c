@@ -658,6 +658,109 @@ static void test_destroy_commits_everything(void **state) {
     writer_destroy(NULL);
 }
 
+/* A step that fails for a reason of its own (here a trigger refuses its
+ * frame, after its steps row was written) in the middle of a batch: steps
+ * go without a savepoint, so the batch is applied again under savepoints;
+ * the failing step is undone alone and answered, the others are stored
+ * once and acked. */
+static void test_failing_step_undone_alone(void **state) {
+    (void)state;
+    struct store_run_info info;
+    assert_int_equal(store_begin(E.db.st), 0);
+    assert_int_equal(store_run_open(E.db.st, "faulty", L, H, 16, NULL, 1, &info), 0);
+    assert_int_equal(store_commit(E.db.st), 0);
+    char *msg = NULL;
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(E.db.path, &db), SQLITE_OK);
+    if (sqlite3_exec(db, "CREATE TRIGGER refuse BEFORE INSERT ON frames WHEN NEW.step = 2 "
+                         "BEGIN SELECT RAISE(ABORT, 'injected fault'); END", NULL, NULL, &msg) != SQLITE_OK)
+        fail_msg("trigger: %s", msg);
+    sqlite3_close(db);
+    E.w = start_writer(0);
+    hold_in_hook(); /* the five steps queue up behind a first commit: one batch */
+    submit(item(WRITER_STALE, 7, info.id, 0));
+    wait_in_hook();
+    for (int64_t seq = 1; seq <= 5; seq++) submit(step(7, info.id, seq));
+    release_hook();
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, info.id, 5), 5000);
+    const struct writer_reply *er = find_reply(WRITER_R_ERROR, 7, 0, 0);
+    assert_non_null(er);
+    assert_int_equal(er->code, PROTO_E_INTERNAL);
+    assert_int_equal(er->seq, 3);
+    check_acks();
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), 4);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld AND step = 2", (long long)info.id), 0);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM frames WHERE step = 2"), 0);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM frames"), 4 * 2);
+    pthread_mutex_lock(&E.mu);
+    assert_int_equal(E.commits, 2); /* the stale item's, then the batch once */
+    size_t applied = 0;
+    for (size_t i = 0; i < E.nrecs; i++) applied += E.recs[i].kind == WRITER_STEP;
+    pthread_mutex_unlock(&E.mu);
+    assert_int_equal(applied, 5); /* the hook sees the refused step too (applied 0) */
+    struct writer_stats ws;
+    writer_get_stats(E.w, &ws);
+    assert_int_equal(ws.db_errors, 1);
+    assert_int_equal(ws.retries, 0);
+    assert_int_equal(atomic_load(&backoffs), 0); /* the replay does not back off */
+    assert_int_equal(E.w->guarded, 0);        /* and the next batch goes unguarded again */
+}
+
+/* Group commit: a step whose client said ack_delay_ms waits in the open
+ * transaction for the next one (one commit for both); without it, each
+ * step commits as soon as the queue runs dry. */
+static int queue_dry(void) {
+    pthread_mutex_lock(&E.w->mu);
+    int dry = E.w->head == NULL;
+    pthread_mutex_unlock(&E.w->mu);
+    return dry;
+}
+
+static void test_group_commit(void **state) {
+    (void)state;
+    struct store_run_info info;
+    assert_int_equal(store_begin(E.db.st), 0);
+    assert_int_equal(store_run_open(E.db.st, "grouped", L, H, 16, NULL, 1, &info), 0);
+    assert_int_equal(store_commit(E.db.st), 0);
+    E.w = start_writer(0);
+    /* without ack_delay_ms: the first step is committed alone before the second comes */
+    submit(step(8, info.id, 1));
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, info.id, 1), 5000);
+    submit(step(8, info.id, 2));
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, info.id, 2), 5000);
+    /* with it: the second step joins the first one's transaction. (A
+     * machine so loaded that WRITER_LINGER_MS passes between the two
+     * submits commits them apart: tried again, a few times.) */
+    int64_t seq = 2;
+    int joined = 0;
+    for (int attempt = 0; attempt < 5 && !joined; attempt++) {
+        struct writer_item *a = step(8, info.id, ++seq), *b = step(8, info.id, ++seq);
+        a->linger_ms = b->linger_ms = 1000; /* capped at WRITER_LINGER_MS */
+        pthread_mutex_lock(&E.mu);
+        size_t commits_before = E.commits;
+        pthread_mutex_unlock(&E.mu);
+        double t0 = now_mono_ms();
+        submit(a);
+        WAIT_FOR(queue_dry(), 5000); /* taken: applied, its transaction open */
+        pthread_mutex_lock(&E.mu);
+        int early = E.commits != commits_before;
+        pthread_mutex_unlock(&E.mu);
+        submit(b);
+        WAIT_FOR(find_reply(WRITER_R_ACK, 0, info.id, seq), 5000);
+        double ms = now_mono_ms() - t0;
+        pthread_mutex_lock(&E.mu);
+        joined = !early && E.nrecs >= 2 && E.recs[E.nrecs - 1].commit == E.recs[E.nrecs - 2].commit;
+        pthread_mutex_unlock(&E.mu);
+        if (joined) assert_true(ms < WRITER_LINGER_MS + 1000); /* the linger is bounded */
+    }
+    assert_true(joined);
+    pthread_mutex_lock(&E.mu);
+    assert_true(E.recs[0].commit != E.recs[1].commit);
+    pthread_mutex_unlock(&E.mu);
+    check_acks();
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), seq);
+}
+
 /* A DELETE decided while the run was stale, reaching the writer after a
  * trainer's hello made it live again: the writer keeps the run. */
 static void test_delete_rechecks_liveness(void **state) {
@@ -690,6 +793,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_full_disk_and_queue_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_counts_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_commits_everything, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failing_step_undone_alone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
