@@ -172,12 +172,15 @@ try:
     alerts = json.load(urllib.request.urlopen(url + "api/alerts?limit=1000", timeout=5))
 except OSError as e:
     sys.exit("demo: could not read the alerts: %s" % e)
-print("demo: alerts raised (rule, first step):")
+print("demo: alerts raised (rule, first step, episodes):")
 for name in ("demo-baseline", "demo-sigmareparam"):
-    mine = sorted((a for a in alerts if a["run"] == name), key=lambda a: a["start_step"])
-    for a in mine:
-        print("  %-18s %s from step %d" % (name, a["rule"], a["start_step"]))
-    if not mine:
+    first = {}  # rule -> [first step, episodes]: a rule that fires again later is one line
+    for a in sorted((a for a in alerts if a["run"] == name), key=lambda a: a["start_step"]):
+        f = first.setdefault(a["rule"], [a["start_step"], 0])
+        f[1] += 1
+    for rule, (step, n) in first.items():
+        print("  %-18s %s from step %d%s" % (name, rule, step, " (%d episodes)" % n if n > 1 else ""))
+    if not first:
         print("  %-18s none" % name)
 PY
 
