@@ -205,17 +205,15 @@ static int64_t frame_at(struct query *q, int64_t metric_id, uint32_t n, int64_t 
     sqlite3_stmt *s = q->stmt[Q_FRAME_AT];
     sqlite3_bind_int64(s, 1, metric_id);
     sqlite3_bind_int64(s, 2, step);
-    int rc = sqlite3_step(s), bytes = rc == SQLITE_ROW ? sqlite3_column_bytes(s, 1) : 0;
+    int rc = sqlite3_step(s), corrupt = 0;
     if (rc == SQLITE_ROW) {
         found = sqlite3_column_int64(s, 0);
+        int bytes = sqlite3_column_bytes(s, 1);
         if ((size_t)bytes == (size_t)n * 4) memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
+        else corrupt = frame_corrupt(q, metric_id, found, bytes, n);
     }
     sqlite3_reset(s);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return -2;
-    if (rc == SQLITE_ROW && (size_t)bytes != (size_t)n * 4) {
-        frame_corrupt(q, metric_id, found, bytes, n);
-        return -2;
-    }
+    if ((rc != SQLITE_ROW && rc != SQLITE_DONE) || corrupt) return -2;
     /* the block holding `step` may start after it: then the one before */
     s = q->stmt[Q_BLOCK_AT];
     sqlite3_bind_int64(s, 1, metric_id);
