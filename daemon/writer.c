@@ -427,6 +427,16 @@ static void checkpoint_policy(struct writer *w) {
     pthread_mutex_unlock(&w->mu);
 }
 
+/* Waits on cv (mu held) for at most ms milliseconds (none if ms <= 0). */
+static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, double ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + (long long)(ms > 0 ? ms * 1e6 : 0);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
 /* The checkpointer thread, on its own connection: a PASSIVE checkpoint
  * copies the WAL into the database (and syncs it) without ever blocking
  * the writer; once the WAL holds WRITER_WAL_RESTART, a RESTART (which only
@@ -437,10 +447,7 @@ static void *checkpointer_main(void *arg) {
     pthread_mutex_lock(&w->mu);
     while (!w->ckstop) {
         if (w->wal_used < WRITER_WAL_PASSIVE || w->wal_used == w->wal_checked) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&w->ckcv, &w->mu, &ts);
+            cond_wait_ms(&w->ckcv, &w->mu, 1000);
             continue;
         }
         int64_t used = w->wal_checked = w->wal_used, wal = -1;
@@ -547,16 +554,6 @@ fail:
     w->job_backoff_until = now_mono_ms() + 200;
 }
 
-/* Waits on w->cv (w->mu held) for at most ms milliseconds. */
-static void cv_wait_ms(struct writer *w, double ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long long ns = ts.tv_nsec + (long long)(ms * 1e6);
-    ts.tv_sec += (time_t)(ns / 1000000000LL);
-    ts.tv_nsec = (long)(ns % 1000000000LL);
-    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-}
-
 /* Whether the open transaction, whose queue ran dry, may stay open for
  * more steps (writer.h, WRITER_LINGER_MS): only a few steps and events in
  * it, each from a client that does not wait for its ack (linger is the
@@ -577,7 +574,7 @@ static void *writer_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&w->mu);
         if (in_txn && !w->head && may_linger(w, nbatch, urgent, linger, txn_start))
-            cv_wait_ms(w, txn_start + linger - now_mono_ms());
+            cond_wait_ms(&w->cv, &w->mu, txn_start + linger - now_mono_ms());
         while (!w->head && !w->stop && !in_txn && !jobs_pending(w)) {
             if (!w->cfg.on_tick && !w->dhead && !w->purge_pending && !retain_on(w)) {
                 pthread_cond_wait(&w->cv, &w->mu);
@@ -591,14 +588,7 @@ static void *writer_main(void *arg) {
                 pthread_mutex_lock(&w->mu);
                 continue;
             }
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 200 * 1000000L; /* also the retry of a failed background chunk */
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+            cond_wait_ms(&w->cv, &w->mu, 200); /* also the retry of a failed background chunk */
         }
         /* at the end, deferred items are still applied (their rewinds done);
          * a purge is left for the next start */
