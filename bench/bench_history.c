@@ -245,22 +245,33 @@ static void path_for(int e, long long id, long long steps, char *p, size_t cap) 
     }
 }
 
-static struct lat measure(int e, long long id, long long steps, int n) {
-    double *v = calloc((size_t)n, sizeof *v);
-    int errors = 0;
+/* Times n requests of read path e on each of the two runs, alternating
+ * short, long, short, ... so that a change of load during the run (other
+ * work on the same two cores) weighs on both sides alike and the ratio
+ * measures the run's length, not the load's drift. Each side draws its
+ * random windows from its own seeded sequence. */
+static void measure_pair(int e, long long id_a, long long steps_a, long long id_b, long long steps_b, int n,
+                         struct lat *a, struct lat *b) {
+    double *va = calloc((size_t)n, sizeof *va), *vb = calloc((size_t)n, sizeof *vb);
+    int errs[2] = {0, 0};
+    unsigned seeds[2] = {7, 7};
     char p[512];
-    srand(7);
-    for (int i = 0; i < n; i++) {
-        path_for(e, id, steps, p, sizeof p);
+    for (int i = 0; i < 2 * n; i++) {
+        int side = i & 1;
+        srand(seeds[side]);
+        path_for(e, side ? id_b : id_a, side ? steps_b : steps_a, p, sizeof p);
+        seeds[side] = (unsigned)rand();
         double t0 = now_ms();
         int st = http("GET", p, NULL);
-        v[i] = now_ms() - t0;
-        if (st != 200) errors++;
+        (side ? vb : va)[i / 2] = now_ms() - t0;
+        if (st != 200) errs[side]++;
     }
-    struct lat l = summarize(v, n);
-    l.errors = errors;
-    free(v);
-    return l;
+    *a = summarize(va, n);
+    *b = summarize(vb, n);
+    a->errors = errs[0];
+    b->errors = errs[1];
+    free(va);
+    free(vb);
 }
 
 int main(int argc, char **argv) {
@@ -297,7 +308,8 @@ int main(int argc, char **argv) {
            "p50 x", "p99 x");
     int bad = 0;
     for (int e = 0; e < E_COUNT; e++) {
-        struct lat a = measure(e, short_id, short_steps, requests), b = measure(e, long_id, long_steps, requests);
+        struct lat a, b;
+        measure_pair(e, short_id, short_steps, long_id, long_steps, requests, &a, &b);
         double r50 = b.p50 / a.p50, r99 = b.p99 / a.p99;
         const char *flag = "";
         if (e >= E_SERIES) {
