@@ -5,41 +5,48 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A row's id: its series (the metric's base + the chunk) above
+ * BLOCK_BITS bits of block number. */
+#define BLOCK_BITS 26
+#define BLOCK_MASK ((INT64_C(1) << BLOCK_BITS) - 1)
+#define SERIES_MAX (INT64_C(1) << (62 - BLOCK_BITS)) /* ids stay below 2^62 */
+
 enum {
-    P_PUT, P_NEW_ASC, P_NEW_DESC, P_NEW_ONE, P_OLD_ASC, P_OLD_DESC, P_NEW_FIRST, P_NEW_LAST, P_OLD_FIRST,
-    P_OLD_LAST, P_DEL_OLD, P_DEL_NEW_ONE, P_OLD_BOUND, P_DEL_OLD_BELOW, P_NEW_BOUND, P_DEL_NEW_BELOW,
-    P_COUNT
+    P_BASE, P_BASE_NEW, P_BASE_BUMP, P_FORGET, P_PUT, P_NEW_ASC, P_NEW_DESC, P_NEW_ONE, P_OLD_ASC, P_OLD_DESC,
+    P_NEW_FIRST, P_NEW_LAST, P_OLD_FIRST, P_OLD_LAST, P_DEL_OLD, P_DEL_NEW_ONE, P_OLD_BOUND, P_DEL_OLD_BELOW,
+    P_NEW_BOUND, P_DEL_NEW_BELOW, P_COUNT
 };
 
 static const char *const p_sql[P_COUNT] = {
+    [P_BASE] = "SELECT base, chunks FROM block_series WHERE metric_id = ?1",
+    [P_BASE_NEW] = "INSERT INTO block_series(metric_id, base, chunks) SELECT ?1, last, ?2 FROM id_seq WHERE name = 'block_series'",
+    [P_BASE_BUMP] = "UPDATE id_seq SET last = last + ?1 WHERE name = 'block_series'",
+    [P_FORGET] = "DELETE FROM block_series WHERE metric_id = ?1",
     /* a plain INSERT: a block is sealed once (a rewind into it deletes it
      * first), and a second row must fail loudly, never replace the first */
-    [P_PUT] = "INSERT INTO block_chunks(metric_id, chunk, block, mask, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+    [P_PUT] = "INSERT INTO block_chunks(id, mask, data) VALUES (?1, ?2, ?3)",
     /* a walk is driven by the first chunk it reads; the others of the same
      * block are point lookups (a series of one head has none) */
-    [P_NEW_ASC] = "SELECT block, mask, data FROM block_chunks WHERE metric_id = ?1 AND chunk = ?2 "
-                  "AND block BETWEEN ?3 AND ?4 ORDER BY block",
-    [P_NEW_DESC] = "SELECT block, mask, data FROM block_chunks WHERE metric_id = ?1 AND chunk = ?2 "
-                   "AND block BETWEEN ?3 AND ?4 ORDER BY block DESC",
-    [P_NEW_ONE] = "SELECT mask, data FROM block_chunks WHERE metric_id = ?1 AND chunk = ?2 AND block = ?3",
+    [P_NEW_ASC] = "SELECT id, mask, data FROM block_chunks WHERE id BETWEEN ?1 AND ?2 ORDER BY id",
+    [P_NEW_DESC] = "SELECT id, mask, data FROM block_chunks WHERE id BETWEEN ?1 AND ?2 ORDER BY id DESC",
+    [P_NEW_ONE] = "SELECT mask, data FROM block_chunks WHERE id = ?1",
     /* length(data) comes from the record header, without reading the blob */
     [P_OLD_ASC] = "SELECT block, mask, id, length(data) FROM blocks WHERE metric_id = ?1 AND block BETWEEN ?2 AND ?3 "
                   "ORDER BY block",
     [P_OLD_DESC] = "SELECT block, mask, id, length(data) FROM blocks WHERE metric_id = ?1 AND block BETWEEN ?2 AND ?3 "
                    "ORDER BY block DESC",
-    [P_NEW_FIRST] = "SELECT block, mask FROM block_chunks WHERE metric_id = ?1 AND chunk = 0 ORDER BY block LIMIT 1",
-    [P_NEW_LAST] = "SELECT block, mask FROM block_chunks WHERE metric_id = ?1 AND chunk = 0 ORDER BY block DESC LIMIT 1",
+    [P_NEW_FIRST] = "SELECT id, mask FROM block_chunks WHERE id BETWEEN ?1 AND ?2 ORDER BY id LIMIT 1",
+    [P_NEW_LAST] = "SELECT id, mask FROM block_chunks WHERE id BETWEEN ?1 AND ?2 ORDER BY id DESC LIMIT 1",
     [P_OLD_FIRST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block LIMIT 1",
     [P_OLD_LAST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block DESC LIMIT 1",
     [P_DEL_OLD] = "DELETE FROM blocks WHERE metric_id = ?1 AND block = ?2",
-    [P_DEL_NEW_ONE] = "DELETE FROM block_chunks WHERE metric_id = ?1 AND chunk = ?2 AND block = ?3",
+    [P_DEL_NEW_ONE] = "DELETE FROM block_chunks WHERE id = ?1",
     [P_OLD_BOUND] = "SELECT block FROM blocks WHERE metric_id = ?1 AND block < ?2 ORDER BY block LIMIT 1 OFFSET ?3",
     [P_DEL_OLD_BELOW] = "DELETE FROM blocks WHERE metric_id = ?1 AND block < ?2",
-    [P_NEW_BOUND] = "SELECT block FROM block_chunks WHERE metric_id = ?1 AND chunk = 0 AND block < ?2 "
-                    "ORDER BY block LIMIT 1 OFFSET ?3",
-    /* one chunk at a time: the key is (metric, chunk, block), so a range
-     * of blocks over every chunk is one range per chunk */
-    [P_DEL_NEW_BELOW] = "DELETE FROM block_chunks WHERE metric_id = ?1 AND chunk = ?2 AND block < ?3",
+    [P_NEW_BOUND] = "SELECT id FROM block_chunks WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT 1 OFFSET ?3",
+    /* one chunk at a time: a range of blocks over every chunk is one
+     * range of ids per chunk */
+    [P_DEL_NEW_BELOW] = "DELETE FROM block_chunks WHERE id >= ?1 AND id < ?2",
 };
 
 struct fblock_rows {
@@ -47,7 +54,7 @@ struct fblock_rows {
     struct fblock_codec *codec; /* borrowed */
     sqlite3_stmt *stmt[P_COUNT];
     /* the walk */
-    int64_t metric_id, b0, b1;
+    int64_t metric_id, b0, b1, base; /* base -1: the metric has no chunk rows */
     uint32_t n, c0, c1;
     int desc, phase; /* phase 0: the first table of the walk's order, 1 the second, 2 done */
     sqlite3_stmt *cur; /* the statement of the phase, once bound */
@@ -87,18 +94,52 @@ static int run(sqlite3_stmt *s) {
     return rc == SQLITE_DONE ? 0 : FBLOCK_EDB;
 }
 
+/* The id of block `block` of chunk k of the metric whose series base is base. */
+static int64_t row_id(int64_t base, int64_t k, int64_t block) { return (base + k) << BLOCK_BITS | block; }
+
+/* The series base of metric_id and its number of chunks (when chunks is
+ * not NULL): 1, 0 when it has none, or FBLOCK_EDB. A metric's chunks
+ * must never reach into the next metric's series. */
+static int base_of(struct fblock_rows *r, int64_t metric_id, int64_t *base, int64_t *chunks) {
+    sqlite3_stmt *s = r->stmt[P_BASE];
+    sqlite3_bind_int64(s, 1, metric_id);
+    int rc = sqlite3_step(s), ret = rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : FBLOCK_EDB;
+    if (rc == SQLITE_ROW) {
+        *base = sqlite3_column_int64(s, 0);
+        if (chunks) *chunks = sqlite3_column_int64(s, 1);
+    }
+    sqlite3_reset(s);
+    return ret;
+}
+
+/* The series base of metric_id, given one (nchunks series) if it has
+ * none yet: 1 with *base, 0 when the series are used up, or FBLOCK_EDB. */
+static int base_get(struct fblock_rows *r, int64_t metric_id, uint32_t nchunks, int64_t *base) {
+    int64_t have;
+    int got = base_of(r, metric_id, base, &have);
+    if (got) return got < 0 || have == nchunks ? got : FBLOCK_ECORRUPT; /* a metric's shape is fixed */
+    sqlite3_bind_int64(r->stmt[P_BASE_NEW], 1, metric_id);
+    sqlite3_bind_int64(r->stmt[P_BASE_NEW], 2, nchunks);
+    sqlite3_bind_int64(r->stmt[P_BASE_BUMP], 1, nchunks);
+    if (run(r->stmt[P_BASE_NEW]) || run(r->stmt[P_BASE_BUMP]) || (got = base_of(r, metric_id, base, NULL)) <= 0)
+        return FBLOCK_EDB;
+    return *base + nchunks <= SERIES_MAX;
+}
+
 int fblock_rows_put(struct fblock_rows *r, int64_t metric_id, int64_t block, uint64_t mask, const float *vals,
                     uint32_t nframes, uint32_t n) {
+    int64_t base;
+    if (block < 0 || block > BLOCK_MASK) return 1;
+    int got = base_get(r, metric_id, fblock_nchunks(n), &base);
+    if (got <= 0) return got < 0 ? got : 1;
     sqlite3_stmt *s = r->stmt[P_PUT];
     for (uint32_t k = 0; k < fblock_nchunks(n); k++) {
         const unsigned char *blob;
         size_t len;
         if (fblock_encode_chunk(r->codec, vals, nframes, n, k, &blob, &len)) return FBLOCK_ENOMEM;
-        sqlite3_bind_int64(s, 1, metric_id);
-        sqlite3_bind_int(s, 2, (int)k);
-        sqlite3_bind_int64(s, 3, block);
-        sqlite3_bind_int64(s, 4, (int64_t)mask);
-        sqlite3_bind_blob(s, 5, blob, (int)len, SQLITE_STATIC); /* the codec's until its next encode */
+        sqlite3_bind_int64(s, 1, row_id(base, k, block));
+        sqlite3_bind_int64(s, 2, (int64_t)mask);
+        sqlite3_bind_blob(s, 3, blob, (int)len, SQLITE_STATIC); /* the codec's until its next encode */
         int rc = run(s);
         if (rc) return rc;
     }
@@ -120,8 +161,9 @@ static int old_decode(struct fblock_rows *r, int64_t id, size_t bytes, uint32_t 
     uint32_t n = r->n;
     int rc = r->blob ? sqlite3_blob_reopen(r->blob, id) : sqlite3_blob_open(r->db, "main", "blocks", "data", id, 0, &r->blob);
     if (rc != SQLITE_OK) return FBLOCK_EDB;
-    if (bytes < 2 || grow(&r->head, &r->headcap, 2) || sqlite3_blob_read(r->blob, r->head, 2, 0) != SQLITE_OK)
-        return bytes < 2 ? FBLOCK_ECORRUPT : FBLOCK_EDB;
+    if (bytes < 2) return FBLOCK_ECORRUPT;
+    if (grow(&r->head, &r->headcap, 2)) return FBLOCK_ENOMEM;
+    if (sqlite3_blob_read(r->blob, r->head, 2, 0) != SQLITE_OK) return FBLOCK_EDB;
     ssize_t hs = fblock_head_size(r->head, n);
     if (hs < 0 || (size_t)hs > bytes) return FBLOCK_ECORRUPT;
     if (grow(&r->head, &r->headcap, (size_t)hs)) return FBLOCK_ENOMEM;
@@ -134,14 +176,12 @@ static int old_decode(struct fblock_rows *r, int64_t id, size_t bytes, uint32_t 
     return fblock_decode_span(r->codec, r->head, r->span, len, nf, n, r->c0, r->c1, vals) ? FBLOCK_ECORRUPT : 0;
 }
 
-/* Decodes the chunks after the driving one (k0) of block `block` of the
+/* Decodes the chunks after the driving one of block `block` of the
  * walk's metric, each a point lookup, into vals: 0 or an error. */
 static int new_rest(struct fblock_rows *r, int64_t block, uint64_t mask, uint32_t nf, float *vals) {
     sqlite3_stmt *s = r->stmt[P_NEW_ONE];
     for (uint32_t k = r->c0 / FBLOCK_CHUNK + 1; k * FBLOCK_CHUNK < r->c1; k++) {
-        sqlite3_bind_int64(s, 1, r->metric_id);
-        sqlite3_bind_int(s, 2, (int)k);
-        sqlite3_bind_int64(s, 3, block);
+        sqlite3_bind_int64(s, 1, row_id(r->base, k, block));
         int rc = sqlite3_step(s), ret = 0;
         if (rc == SQLITE_ROW) {
             if ((uint64_t)sqlite3_column_int64(s, 0) != mask ||
@@ -161,31 +201,50 @@ void fblock_rows_walk(struct fblock_rows *r, int64_t metric_id, int64_t b0, int6
                       uint32_t c0, uint32_t c1) {
     fblock_rows_end(r);
     r->metric_id = metric_id;
-    r->b0 = b0;
+    r->b0 = b0 < 0 ? 0 : b0;
     r->b1 = b1;
     r->desc = desc;
     r->n = n;
     r->c0 = c0;
     r->c1 = c1;
-    r->phase = c0 < c1 && c1 <= n ? 0 : 2;
+    r->base = -2; /* looked up when the walk reaches block_chunks */
+    r->phase = c0 < c1 && c1 <= n && r->b0 <= b1 ? 0 : 2;
 }
 
-/* The statement of the walk's phase, bound (NULL when done). */
-static sqlite3_stmt *phase_stmt(struct fblock_rows *r) {
-    if (r->cur || r->phase > 1) return r->cur;
-    int old = (r->phase == 0) == !r->desc; /* ascending: the old table first */
-    sqlite3_stmt *s = r->stmt[old ? (r->desc ? P_OLD_DESC : P_OLD_ASC) : (r->desc ? P_NEW_DESC : P_NEW_ASC)];
-    int i = 1;
-    sqlite3_bind_int64(s, i++, r->metric_id);
-    if (!old) sqlite3_bind_int(s, i++, (int)(r->c0 / FBLOCK_CHUNK));
-    sqlite3_bind_int64(s, i++, r->b0);
-    sqlite3_bind_int64(s, i, r->b1);
-    return r->cur = s;
+/* The statement of the walk's phase, bound (NULL when done; *err set
+ * when the lookup of the metric's series failed). */
+static sqlite3_stmt *phase_stmt(struct fblock_rows *r, int *err) {
+    while (!r->cur && r->phase < 2) {
+        int old = (r->phase == 0) == !r->desc; /* ascending: the old table first */
+        sqlite3_stmt *s = r->stmt[old ? (r->desc ? P_OLD_DESC : P_OLD_ASC) : (r->desc ? P_NEW_DESC : P_NEW_ASC)];
+        if (old) {
+            sqlite3_bind_int64(s, 1, r->metric_id);
+            sqlite3_bind_int64(s, 2, r->b0);
+            sqlite3_bind_int64(s, 3, r->b1);
+            return r->cur = s;
+        }
+        int got = r->base == -2 ? base_of(r, r->metric_id, &r->base, NULL) : 1;
+        if (got < 0) {
+            *err = got;
+            return NULL;
+        }
+        if (!got || r->b0 > BLOCK_MASK) { /* no chunk rows */
+            r->base = -1;
+            r->phase++;
+            continue;
+        }
+        int64_t k0 = r->c0 / FBLOCK_CHUNK;
+        sqlite3_bind_int64(s, 1, row_id(r->base, k0, r->b0));
+        sqlite3_bind_int64(s, 2, row_id(r->base, k0, r->b1 < BLOCK_MASK ? r->b1 : BLOCK_MASK));
+        return r->cur = s;
+    }
+    return r->cur;
 }
 
 int fblock_rows_next(struct fblock_rows *r, int64_t *block, uint64_t *mask, float *vals) {
     sqlite3_stmt *s;
-    while ((s = phase_stmt(r))) {
+    int err = 0;
+    while ((s = phase_stmt(r, &err))) {
         int rc = sqlite3_step(s);
         if (rc == SQLITE_DONE) {
             sqlite3_reset(s);
@@ -194,12 +253,12 @@ int fblock_rows_next(struct fblock_rows *r, int64_t *block, uint64_t *mask, floa
             continue;
         }
         if (rc != SQLITE_ROW) return FBLOCK_EDB;
-        *block = sqlite3_column_int64(s, 0);
+        int old = s == r->stmt[P_OLD_ASC] || s == r->stmt[P_OLD_DESC], ret;
+        *block = old ? sqlite3_column_int64(s, 0) : sqlite3_column_int64(s, 0) & BLOCK_MASK;
         *mask = (uint64_t)sqlite3_column_int64(s, 1);
         uint32_t nf = fblock_count(*mask);
         if (!nf) return FBLOCK_ECORRUPT;
-        int ret;
-        if (s == r->stmt[P_OLD_ASC] || s == r->stmt[P_OLD_DESC])
+        if (old)
             ret = old_decode(r, sqlite3_column_int64(s, 2), (size_t)sqlite3_column_int64(s, 3), nf, vals);
         else if (fblock_decode_chunk(r->codec, sqlite3_column_blob(s, 2), (size_t)sqlite3_column_bytes(s, 2), nf, r->n,
                                      r->c0 / FBLOCK_CHUNK, r->c0, r->c1, vals))
@@ -208,7 +267,7 @@ int fblock_rows_next(struct fblock_rows *r, int64_t *block, uint64_t *mask, floa
             ret = new_rest(r, *block, *mask, nf, vals);
         return ret ? ret : 1;
     }
-    return 0;
+    return err;
 }
 
 void fblock_rows_end(struct fblock_rows *r) {
@@ -219,12 +278,18 @@ void fblock_rows_end(struct fblock_rows *r) {
     r->blob = NULL;
 }
 
-/* One row of the edge statement s: 1 with block and mask, 0, or FBLOCK_EDB. */
-static int edge_row(sqlite3_stmt *s, int64_t metric_id, int64_t *block, uint64_t *mask) {
-    sqlite3_bind_int64(s, 1, metric_id);
+/* One row of the edge statement s (bound but for the ranges: old tables
+ * by metric, new by id range [lo, hi]): 1 with block and mask, 0, or
+ * FBLOCK_EDB. */
+static int edge_row(sqlite3_stmt *s, int old, int64_t metric_id, int64_t lo, int64_t hi, int64_t *block, uint64_t *mask) {
+    if (old) sqlite3_bind_int64(s, 1, metric_id);
+    else {
+        sqlite3_bind_int64(s, 1, lo);
+        sqlite3_bind_int64(s, 2, hi);
+    }
     int rc = sqlite3_step(s), ret = rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : FBLOCK_EDB;
     if (rc == SQLITE_ROW) {
-        *block = sqlite3_column_int64(s, 0);
+        *block = sqlite3_column_int64(s, 0) & (old ? INT64_MAX : BLOCK_MASK);
         *mask = (uint64_t)sqlite3_column_int64(s, 1);
     }
     sqlite3_reset(s);
@@ -232,67 +297,83 @@ static int edge_row(sqlite3_stmt *s, int64_t metric_id, int64_t *block, uint64_t
 }
 
 int fblock_rows_edge(struct fblock_rows *r, int64_t metric_id, int last, int64_t *block, uint64_t *mask) {
+    int64_t base;
+    int got = base_of(r, metric_id, &base, NULL), ret;
+    if (got < 0) return got;
+    int64_t lo = got ? row_id(base, 0, 0) : 0, hi = got ? row_id(base, 0, BLOCK_MASK) : 0;
     /* the old table's blocks are the lower ones */
-    int ret = edge_row(r->stmt[last ? P_NEW_LAST : P_OLD_FIRST], metric_id, block, mask);
-    if (ret) return ret;
-    return edge_row(r->stmt[last ? P_OLD_LAST : P_NEW_FIRST], metric_id, block, mask);
+    if (last) {
+        if (got && (ret = edge_row(r->stmt[P_NEW_LAST], 0, metric_id, lo, hi, block, mask))) return ret;
+        return edge_row(r->stmt[P_OLD_LAST], 1, metric_id, 0, 0, block, mask);
+    }
+    if ((ret = edge_row(r->stmt[P_OLD_FIRST], 1, metric_id, 0, 0, block, mask)) || !got) return ret;
+    return edge_row(r->stmt[P_NEW_FIRST], 0, metric_id, lo, hi, block, mask);
 }
 
-/* Deletes rows of block_chunks of metric_id with block < below, chunk
- * by chunk until a chunk has none (every block has the same chunks): the
- * rows of chunk 0 deleted, or an error. */
-static int64_t new_delete_below(struct fblock_rows *r, int64_t metric_id, int64_t below) {
+/* Deletes the chunk rows of blocks [0, below) of the metric of series
+ * base and `chunks` chunks, chunk by chunk: the rows of chunk 0 deleted,
+ * or an error. */
+static int64_t new_delete_below(struct fblock_rows *r, int64_t base, int64_t chunks, int64_t below) {
     sqlite3_stmt *s = r->stmt[P_DEL_NEW_BELOW];
     int64_t first = 0;
-    for (int k = 0;; k++) {
-        sqlite3_bind_int64(s, 1, metric_id);
-        sqlite3_bind_int(s, 2, k);
-        sqlite3_bind_int64(s, 3, below);
+    for (int64_t k = 0; k < chunks; k++) {
+        sqlite3_bind_int64(s, 1, row_id(base, k, 0));
+        sqlite3_bind_int64(s, 2, row_id(base, k, below));
         if (run(s)) return FBLOCK_EDB;
-        int64_t n = sqlite3_changes64(r->db);
-        if (!k) first = n;
-        if (!n) return first;
+        if (!k) first = sqlite3_changes64(r->db);
     }
+    return first;
 }
 
-/* The block `limit` places past the lowest of s's metric below `below`
- * (so deleting the blocks below it deletes `limit` of them), or `below`
- * when there are not that many; FBLOCK_EDB. */
-static int64_t bound(sqlite3_stmt *s, int64_t metric_id, int64_t below, int64_t limit, int64_t *out) {
-    sqlite3_bind_int64(s, 1, metric_id);
-    sqlite3_bind_int64(s, 2, below);
+/* The first value of s's row (bound here: ?1 a, ?2 b, ?3 limit), or dflt
+ * when there is none: 0, or FBLOCK_EDB. */
+static int bound(sqlite3_stmt *s, int64_t a, int64_t b, int64_t limit, int64_t dflt, int64_t *out) {
+    sqlite3_bind_int64(s, 1, a);
+    sqlite3_bind_int64(s, 2, b);
     sqlite3_bind_int64(s, 3, limit);
     int rc = sqlite3_step(s);
-    *out = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : below;
+    *out = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : dflt;
     sqlite3_reset(s);
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : FBLOCK_EDB;
 }
 
 int64_t fblock_rows_delete_below(struct fblock_rows *r, int64_t metric_id, int64_t below, int64_t limit) {
-    int64_t b, done;
+    int64_t b, done, base, chunks;
     if (limit < 1) limit = 1;
-    if (bound(r->stmt[P_OLD_BOUND], metric_id, below, limit, &b)) return FBLOCK_EDB;
+    /* the old table first (its blocks are the lower ones): the block
+     * `limit` places past its lowest bounds what goes */
+    if (bound(r->stmt[P_OLD_BOUND], metric_id, below, limit, below, &b)) return FBLOCK_EDB;
     sqlite3_stmt *s = r->stmt[P_DEL_OLD_BELOW];
     sqlite3_bind_int64(s, 1, metric_id);
     sqlite3_bind_int64(s, 2, b);
     if (run(s)) return FBLOCK_EDB;
     if ((done = sqlite3_changes64(r->db)) >= limit) return done;
-    if (bound(r->stmt[P_NEW_BOUND], metric_id, below, limit - done, &b)) return FBLOCK_EDB;
-    int64_t n = new_delete_below(r, metric_id, b);
+    int got = base_of(r, metric_id, &base, &chunks);
+    if (got <= 0) return got < 0 ? got : done;
+    int64_t cut = below < BLOCK_MASK ? below : BLOCK_MASK + 1;
+    if (bound(r->stmt[P_NEW_BOUND], row_id(base, 0, 0), row_id(base, 0, 0) + cut, limit - done, row_id(base, 0, cut), &b))
+        return FBLOCK_EDB;
+    int64_t n = new_delete_below(r, base, chunks, b - row_id(base, 0, 0));
     return n < 0 ? n : done + n;
 }
 
 int fblock_rows_delete(struct fblock_rows *r, int64_t metric_id, int64_t block) {
+    int64_t base, chunks;
     sqlite3_stmt *s = r->stmt[P_DEL_OLD];
     sqlite3_bind_int64(s, 1, metric_id);
     sqlite3_bind_int64(s, 2, block);
     if (run(s)) return FBLOCK_EDB;
+    int got = base_of(r, metric_id, &base, &chunks);
+    if (got <= 0 || block < 0 || block > BLOCK_MASK) return got < 0 ? got : 0;
     s = r->stmt[P_DEL_NEW_ONE];
-    for (int k = 0;; k++) {
-        sqlite3_bind_int64(s, 1, metric_id);
-        sqlite3_bind_int(s, 2, k);
-        sqlite3_bind_int64(s, 3, block);
+    for (int64_t k = 0; k < chunks; k++) {
+        sqlite3_bind_int64(s, 1, row_id(base, k, block));
         if (run(s)) return FBLOCK_EDB;
-        if (!sqlite3_changes64(r->db)) return 0;
     }
+    return 0;
+}
+
+int fblock_rows_forget(struct fblock_rows *r, int64_t metric_id) {
+    sqlite3_bind_int64(r->stmt[P_FORGET], 1, metric_id);
+    return run(r->stmt[P_FORGET]);
 }

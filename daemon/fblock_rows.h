@@ -4,11 +4,12 @@
  * place:
  *
  * - `block_chunks` (migration 8, written now): one row per (metric, chunk
- *   of FBLOCK_CHUNK cells, block), keyed in that order without a rowid, so
- *   a series of one head reads its chunk of consecutive blocks from
- *   consecutive rows of the same few pages, and nothing of the other
- *   heads'. A block's chunks are written and deleted together, in one
- *   transaction.
+ *   of FBLOCK_CHUNK cells, block), its rowid (series << 26 | block)
+ *   ordering them so, where a metric's chunk k is series base + k
+ *   (`block_series`, bases handed out in order): a series of one head
+ *   reads its chunk of consecutive blocks from consecutive rows of the
+ *   same few pages, and nothing of the other heads'. A block's chunks are
+ *   written and deleted together, in one transaction.
  * - `blocks` (migration 6): one row per (metric, block) holding every
  *   chunk (fblock.h formats 1 and 2), written before migration 8 and
  *   still read, never rewritten. Every block in `blocks` is below every
@@ -42,7 +43,9 @@ void fblock_rows_close(struct fblock_rows *r);
 
 /* Writes block `block` of metric_id: nframes frames (vals, frame-major)
  * of n values, the steps in mask, as fblock_nchunks(n) rows of
- * block_chunks. A block already there fails (a constraint: FBLOCK_EDB). */
+ * block_chunks: 0; 1 when the block cannot have rows (a block number of
+ * 2^26 or more, i.e. a step past 2^32: the caller keeps its frames raw);
+ * a block already there fails (a constraint: FBLOCK_EDB). */
 int fblock_rows_put(struct fblock_rows *r, int64_t metric_id, int64_t block, uint64_t mask, const float *vals,
                     uint32_t nframes, uint32_t n);
 
@@ -64,6 +67,10 @@ int fblock_rows_edge(struct fblock_rows *r, int64_t metric_id, int last, int64_t
 /* Deletes block `block` of metric_id, whichever table holds it: 0 or an
  * error. */
 int fblock_rows_delete(struct fblock_rows *r, int64_t metric_id, int64_t block);
+
+/* Forgets metric_id's series base, once its blocks are all deleted (a
+ * purged metric): 0 or FBLOCK_EDB. */
+int fblock_rows_forget(struct fblock_rows *r, int64_t metric_id);
 
 /* Deletes metric_id's blocks below `below`, the lowest first, at most
  * `limit` (>= 1) of them, whole: the blocks deleted (< limit: none is

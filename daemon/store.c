@@ -82,7 +82,8 @@ static const char *const stmt_sql[S_COUNT] = {
      * sealing needs, store.c rollup_advance), -1 for none */
     [S_SELECT_METRICS] = "SELECT m.id, m.name, m.kind, max(coalesce((SELECT max(step) FROM frames f WHERE f.metric_id = m.id), -1), "
                          "coalesce((SELECT max(block) FROM blocks b WHERE b.metric_id = m.id) * 64, -1), "
-                         "coalesce((SELECT max(block) FROM block_chunks c WHERE c.metric_id = m.id AND c.chunk = 0) * 64, -1)) "
+                         "coalesce((SELECT (max(c.id) & 67108863) * 64 FROM block_series b, block_chunks c WHERE b.metric_id = m.id "
+                         "AND c.id BETWEEN b.base << 26 AND (b.base << 26) + 67108863), -1)) "
                          "FROM metrics m WHERE m.run_id = ?1",
     [S_UPSERT_LATEST] = "INSERT INTO latest(metric_id, step, data) VALUES (?1, ?2, ?3) "
                         "ON CONFLICT(metric_id) DO UPDATE SET step = excluded.step, data = excluded.data",
@@ -644,8 +645,9 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     }
     if (rollup_write(st, m, 1, block, nf)) return -1;
     if (st->bf16) fblock_round_bf16(st->blockvals, (size_t)nf * m->n);
-    if (rows_err(st, fblock_rows_put(st->rows, m->id, block, mask, st->blockvals, nf, m->n), m, block, "writing a block"))
-        return -1;
+    int put = fblock_rows_put(st->rows, m->id, block, mask, st->blockvals, nf, m->n);
+    if (rows_err(st, put, m, block, "writing a block")) return -1;
+    if (put == 1) return 0; /* a step past 2^32: its frames stay raw */
     s = st->stmt[S_SEAL_DELETE];
     sqlite3_bind_int64(s, 1, m->id);
     sqlite3_bind_int64(s, 2, lo);
@@ -1040,6 +1042,7 @@ static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
         }
         *left -= nb * FBLOCK_STEPS;
         if (*left < 1) *left = 1;
+        if (rows_err(st, fblock_rows_forget(st->rows, id), NULL, -1, "purging blocks")) return -1;
         snprintf(sql, sizeof sql, "DELETE FROM latest WHERE metric_id = %lld", i);
         if (exec(st, sql)) return -1;
     } else if (kind == 1) {

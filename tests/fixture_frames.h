@@ -29,12 +29,18 @@ static inline void shadow_put(sqlite3_stmt *ins, int64_t metric_id, int64_t bloc
     "SELECT " cols ", r.layers * (CASE m.kind WHEN 0 THEN 0 ELSE 1 END) * (CASE m.kind WHEN 2 THEN r.heads ELSE 1 END) " \
     "FROM main." table " b JOIN main.metrics m ON m.id = b.metric_id JOIN main.runs r ON r.id = m.run_id" order
 
-/* Migration 8's rows (fblock_rows.h): one per chunk, a block's chunks
+/* Migration 8's rows (fblock_rows.h): one per chunk, id (series << 26 |
+ * block) where series = the metric's base + chunk; a block's chunks
  * gathered and checked complete (chunks 0..nchunks-1, one mask). */
 static inline void shadow_chunks(sqlite3 *db, sqlite3_stmt *ins, struct fblock_codec *c) {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(db, SHADOW_SQL("b.metric_id, b.block, b.mask, b.chunk, b.data", "block_chunks",
-                                          " ORDER BY b.metric_id, b.block, b.chunk"),
+    if (sqlite3_prepare_v2(db,
+                           "WITH s AS (SELECT b.metric_id, b.base, max(1, r.layers * (CASE m.kind WHEN 0 THEN 0 ELSE 1 END) "
+                           "* (CASE m.kind WHEN 2 THEN r.heads ELSE 1 END)) AS n FROM main.block_series b "
+                           "JOIN main.metrics m ON m.id = b.metric_id JOIN main.runs r ON r.id = m.run_id) "
+                           "SELECT s.metric_id, c.id & 67108863 AS block, c.mask, (c.id >> 26) - s.base AS chunk, c.data, s.n "
+                           "FROM main.block_chunks c JOIN s ON c.id >> 26 >= s.base AND c.id >> 26 < s.base + (s.n + 15) / 16 "
+                           "ORDER BY s.metric_id, block, chunk",
                            -1, &s, NULL) != SQLITE_OK)
         return; /* a database before migration 8 */
     float *v = NULL;

@@ -55,7 +55,8 @@ static int teardown(void **state) {
 
 /* The sealed blocks of both layouts (schema/storage.md, "Blocks") as one
  * table of (metric_id, block) for count_rows. */
-#define SEALED "(SELECT metric_id, block FROM main.blocks UNION ALL SELECT metric_id, block FROM main.block_chunks WHERE chunk = 0)"
+#define SEALED "(SELECT metric_id, block FROM main.blocks UNION ALL SELECT s.metric_id, c.id & 67108863 AS block " \
+               "FROM main.block_chunks c JOIN main.block_series s ON c.id >> 26 = s.base)"
 
 /* ro_open, qi and qs: tests/fixture_store.h. */
 
@@ -802,7 +803,8 @@ static void downgrade_to_raw(const char *path) {
     shadow_frames(db);
     assert_int_equal(sqlite3_exec(db, "DELETE FROM main.frames; INSERT INTO main.frames(metric_id, step, data) "
                                       "SELECT metric_id, step, data FROM temp.frames ORDER BY metric_id, step; "
-                                      "DROP TABLE main.blocks; DROP TABLE main.block_chunks; PRAGMA user_version = 5;",
+                                      "DROP TABLE main.blocks; DROP TABLE main.block_chunks; DROP TABLE main.block_series; "
+                                      "DELETE FROM main.id_seq WHERE name = 'block_series'; PRAGMA user_version = 5;",
                                   NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(db);
