@@ -94,8 +94,9 @@ static int run(sqlite3_stmt *s) {
     return rc == SQLITE_DONE ? 0 : FBLOCK_EDB;
 }
 
-/* The id of block `block` of chunk k of the metric whose series base is base. */
-static int64_t row_id(int64_t base, int64_t k, int64_t block) { return (base + k) << BLOCK_BITS | block; }
+/* The id of block `block` of chunk k of the metric whose series base is
+ * base; block may be 2^26, as the bound past the last (so +, not |). */
+static int64_t row_id(int64_t base, int64_t k, int64_t block) { return ((base + k) << BLOCK_BITS) + block; }
 
 /* The series base of metric_id and its number of chunks (when chunks is
  * not NULL): 1, 0 when it has none, or FBLOCK_EDB. A metric's chunks
