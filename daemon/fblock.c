@@ -16,7 +16,8 @@
 #include <zstd.h>
 
 #define FORMAT_BYTE_PLANES 1   /* written before format 2; still read */
-#define FORMAT_BIT_PLANES 2    /* written now */
+#define FORMAT_BIT_PLANES 2    /* a whole block of bit-plane chunks (migration 6's rows); still read */
+#define FORMAT_CHUNK 3         /* one chunk of format 2, a row of its own (migration 8's rows): written now */
 #define ZSTD_LEVEL -1  /* zstd's fast mode: 15% of the writer's instructions less than level 3 for 1% more bytes */
 #define MAX_CHUNK 255   /* cells per chunk a blob can say (one byte) */
 #define CHUNK_WORDS (MAX_CHUNK * FBLOCK_STEPS)
@@ -160,35 +161,94 @@ static void bit_planes_backward(unsigned char *bp, const unsigned char *planes, 
         for (int k = 0; k < 4; k++) bp[(size_t)k * m + i] = planes[4 * i + (size_t)k];
 }
 
+/* Codes cells [k0, k0 + cells) of nframes frames of n values as one zstd
+ * frame of their bit planes into dst (cap bytes): its size, or 0 on
+ * failure. */
+static size_t chunk_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, uint32_t k0,
+                           uint32_t cells, unsigned char *dst, size_t cap) {
+    size_t m = (size_t)cells * nframes;
+    chunk_forward(c->bytes, vals, nframes, n, k0, cells);
+    bit_planes_forward(c->planes, c->bytes, m);
+    size_t z = ZSTD_compress2(c->cctx, dst, cap, c->planes, m * 4);
+    return ZSTD_isError(z) ? 0 : z;
+}
+
+/* Decodes cells [k0 + lo, k0 + hi) of the chunk of cells [k0, k0 + cells)
+ * coded in format fmt at src (z bytes) into vals: 0, or -1. */
+static int chunk_decode(struct fblock_codec *c, int fmt, const unsigned char *src, size_t z, uint32_t nframes,
+                        uint32_t n, uint32_t k0, uint32_t cells, uint32_t lo, uint32_t hi, float *vals) {
+    size_t m = (size_t)cells * nframes, raw = m * 4;
+    if (raw > sizeof c->planes) return -1; /* more frames or cells than a block holds */
+    size_t got = ZSTD_decompressDCtx(c->dctx, c->planes, sizeof c->planes, src, z);
+    if (ZSTD_isError(got) || got != raw) return -1;
+    const unsigned char *bp = c->planes;
+    if (fmt != FORMAT_BYTE_PLANES) {
+        bit_planes_backward(c->bytes, c->planes, m, (size_t)lo * nframes, (size_t)hi * nframes);
+        bp = c->bytes;
+    }
+    chunk_backward(vals, bp, nframes, n, k0, cells, lo, hi);
+    return 0;
+}
+
+/* Makes room for cap bytes of output in the codec: 0, or -1. */
+static int out_grow(struct fblock_codec *c, size_t cap) {
+    if (cap <= c->outcap) return 0;
+    unsigned char *o = realloc(c->out, cap);
+    if (!o) return -1;
+    c->out = o;
+    c->outcap = cap;
+    return 0;
+}
+
 int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, const unsigned char **blob,
                   size_t *len) {
     if (nframes < 1 || nframes > FBLOCK_STEPS || n < 1) return -1;
-    uint32_t nchunks = (n + FBLOCK_CHUNK - 1) / FBLOCK_CHUNK;
+    uint32_t nchunks = fblock_nchunks(n);
     size_t head = 2 + 4 * (size_t)nchunks;
     size_t cap = head + (size_t)nchunks * ZSTD_compressBound((size_t)FBLOCK_CHUNK * FBLOCK_STEPS * 4);
-    if (cap > c->outcap) {
-        unsigned char *o = realloc(c->out, cap);
-        if (!o) return -1;
-        c->out = o;
-        c->outcap = cap;
-    }
+    if (out_grow(c, cap)) return -1;
     unsigned char *b = c->out;
     b[0] = FORMAT_BIT_PLANES;
     b[1] = FBLOCK_CHUNK;
     size_t at = head;
     for (uint32_t k = 0; k < nchunks; k++) {
         uint32_t c0 = k * FBLOCK_CHUNK, cells = n - c0 < FBLOCK_CHUNK ? n - c0 : FBLOCK_CHUNK;
-        size_t m = (size_t)cells * nframes;
-        chunk_forward(c->bytes, vals, nframes, n, c0, cells);
-        bit_planes_forward(c->planes, c->bytes, m);
-        size_t z = ZSTD_compress2(c->cctx, b + at, cap - at, c->planes, m * 4);
-        if (ZSTD_isError(z)) return -1;
+        size_t z = chunk_encode(c, vals, nframes, n, c0, cells, b + at, cap - at);
+        if (!z) return -1;
         put_u32(b + 2 + 4 * (size_t)k, (uint32_t)z);
         at += z;
     }
     *blob = b;
     *len = at;
     return 0;
+}
+
+uint32_t fblock_nchunks(uint32_t n) { return (n + FBLOCK_CHUNK - 1) / FBLOCK_CHUNK; }
+
+int fblock_encode_chunk(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, uint32_t k,
+                        const unsigned char **blob, size_t *len) {
+    if (nframes < 1 || nframes > FBLOCK_STEPS || n < 1 || k >= fblock_nchunks(n)) return -1;
+    size_t cap = 2 + ZSTD_compressBound((size_t)FBLOCK_CHUNK * FBLOCK_STEPS * 4);
+    if (out_grow(c, cap)) return -1;
+    uint32_t k0 = k * FBLOCK_CHUNK, cells = n - k0 < FBLOCK_CHUNK ? n - k0 : FBLOCK_CHUNK;
+    c->out[0] = FORMAT_CHUNK;
+    c->out[1] = FBLOCK_CHUNK;
+    size_t z = chunk_encode(c, vals, nframes, n, k0, cells, c->out + 2, cap - 2);
+    if (!z) return -1;
+    *blob = c->out;
+    *len = 2 + z;
+    return 0;
+}
+
+int fblock_decode_chunk(struct fblock_codec *c, const unsigned char *blob, size_t len, uint32_t nframes, uint32_t n,
+                        uint32_t k, uint32_t c0, uint32_t c1, float *vals) {
+    if (!blob || len < 3 || blob[0] != FORMAT_CHUNK || blob[1] != FBLOCK_CHUNK || nframes < 1 ||
+        nframes > FBLOCK_STEPS || c1 > n || k >= fblock_nchunks(n))
+        return -1;
+    uint32_t k0 = k * FBLOCK_CHUNK, cells = n - k0 < FBLOCK_CHUNK ? n - k0 : FBLOCK_CHUNK;
+    uint32_t lo = c0 > k0 ? c0 - k0 : 0, hi = c1 < k0 + cells ? (c1 > k0 ? c1 - k0 : 0) : cells;
+    if (lo >= hi) return 0; /* none of the chunk's cells wanted */
+    return chunk_decode(c, FORMAT_CHUNK, blob + 2, len - 2, nframes, n, k0, cells, lo, hi, vals);
 }
 
 ssize_t fblock_head_size(const unsigned char *first, uint32_t n) {
@@ -219,17 +279,8 @@ int fblock_decode_span(struct fblock_codec *c, const unsigned char *head, const 
         size_t z = get_u32(head + 2 + 4 * (size_t)k);
         uint32_t k0 = k * chunk, cells = n - k0 < chunk ? n - k0 : chunk;
         if (z > spanlen - at) return -1;
-        size_t m = (size_t)cells * nframes, raw = m * 4;
-        if (raw > sizeof c->planes) return -1; /* more frames or cells than a block holds */
-        size_t got = ZSTD_decompressDCtx(c->dctx, c->planes, sizeof c->planes, span + at, z);
-        if (ZSTD_isError(got) || got != raw) return -1;
-        const unsigned char *bp = c->planes;
         uint32_t lo = c0 > k0 ? c0 - k0 : 0, hi = c1 < k0 + cells ? c1 - k0 : cells;
-        if (head[0] == FORMAT_BIT_PLANES) {
-            bit_planes_backward(c->bytes, c->planes, m, (size_t)lo * nframes, (size_t)hi * nframes);
-            bp = c->bytes;
-        }
-        chunk_backward(vals, bp, nframes, n, k0, cells, lo, hi);
+        if (chunk_decode(c, head[0], span + at, z, nframes, n, k0, cells, lo, hi, vals)) return -1;
         at += z;
     }
     return at == spanlen ? 0 : -1;

@@ -41,6 +41,21 @@ int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, u
 int fblock_decode(struct fblock_codec *c, const unsigned char *blob, size_t len, uint32_t nframes, uint32_t n, uint32_t c0, uint32_t c1,
                   float *vals);
 
+/* One chunk a blob (the rows of migration 8, fblock_rows.h): chunk k
+ * holds cells [k*FBLOCK_CHUNK, (k+1)*FBLOCK_CHUNK) of every frame, so a
+ * reader of one head reads and decodes one small blob a block. A metric
+ * of n values has fblock_nchunks(n) chunks. fblock_encode_chunk codes
+ * chunk k of nframes frames of n values (frame-major) into a blob owned
+ * by the codec (as fblock_encode's; 0 or -1). fblock_decode_chunk decodes
+ * the cells of [c0, c1) that chunk k holds into vals (frame-major, nframes
+ * x n; the other cells left as they were): 0, or -1 for a blob that is
+ * not chunk k of such a block. */
+uint32_t fblock_nchunks(uint32_t n);
+int fblock_encode_chunk(struct fblock_codec *c, const float *vals, uint32_t nframes, uint32_t n, uint32_t k,
+                        const unsigned char **blob, size_t *len);
+int fblock_decode_chunk(struct fblock_codec *c, const unsigned char *blob, size_t len, uint32_t nframes, uint32_t n,
+                        uint32_t k, uint32_t c0, uint32_t c1, float *vals);
+
 /* Reading a few cells without the whole blob (sqlite3_blob_read):
  * fblock_head_size gives the bytes of the header from the blob's first two
  * bytes (-1: not a block of n values); fblock_span the byte range [*off,

@@ -19,12 +19,6 @@ static const char *const q_sql[Q_COUNT] = {
                   "AND block BETWEEN ?3 AND ?4 ORDER BY block",
     [Q_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
     [Q_FRAME_AT] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
-    /* length(data) comes from the record header, without reading the blob */
-    [Q_BLOCKS] = "SELECT block, mask, id, length(data) FROM blocks WHERE metric_id = ?1 AND block BETWEEN ?2 AND ?3 "
-                 "ORDER BY block",
-    [Q_BLOCK_AT] = "SELECT block, mask, data FROM blocks WHERE metric_id = ?1 AND block <= ?2 ORDER BY block DESC LIMIT 2",
-    [Q_BLOCK_FIRST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block LIMIT 1",
-    [Q_BLOCK_LAST] = "SELECT block, mask FROM blocks WHERE metric_id = ?1 ORDER BY block DESC LIMIT 1",
     [Q_ROLLUP_FIRST] = "SELECT min(block) FROM rollups WHERE metric_id = ?1 AND level = 1",
 };
 
@@ -39,6 +33,7 @@ struct query_pool {
 static void conn_close(struct query *q) {
     if (!q) return;
     for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(q->stmt[i]);
+    fblock_rows_close(q->rows);
     sqlite3_close(q->db);
     fblock_codec_destroy(q->codec);
     free(q);
@@ -69,6 +64,10 @@ static struct query *conn_open(const char *path, char *err, size_t errlen) {
             snprintf(err, errlen, "database %s: preparing a query: %s", path, sqlite3_errmsg(q->db));
             goto fail;
         }
+    }
+    if (!(q->rows = fblock_rows_open(q->db, q->codec))) {
+        snprintf(err, errlen, "database %s: preparing the block queries: %s", path, sqlite3_errmsg(q->db));
+        goto fail;
     }
     return q;
 fail:

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "fblock.h"
+#include "fblock_rows.h"
 #include "query.h"
 
 /* The statements every connection prepares once (persistent). */
@@ -21,10 +22,6 @@ enum {
     Q_ROLLUPS,      /* block, nframes, data of a level's block range */
     Q_FRAMES,       /* step, data of a step range */
     Q_FRAME_AT,     /* the last raw frame <= step */
-    Q_BLOCKS,       /* block, mask, id, bytes of a metric's blocks in a block range */
-    Q_BLOCK_AT,     /* the last two blocks <= a block */
-    Q_BLOCK_FIRST,  /* block, mask of a metric's first block */
-    Q_BLOCK_LAST,   /* block, mask of its last block */
     Q_ROLLUP_FIRST, /* a metric's first level-1 rollup block */
     Q_COUNT
 };
@@ -35,6 +32,7 @@ struct query {
     sqlite3 *db;
     sqlite3_stmt *stmt[Q_COUNT];
     struct fblock_codec *codec;  /* decodes blocks (fblock.h) */
+    struct fblock_rows *rows;    /* reads sealed blocks' rows (fblock_rows.h), with codec */
     char fault[160];             /* why a read failed when SQLite did not (a stored row of the
                                     wrong size): query_db_fail reports it, then clears it */
     struct query *next;

@@ -60,68 +60,32 @@ static int raw_next(struct query *q, int64_t metric_id, sqlite3_stmt *s, uint32_
     return rc == SQLITE_DONE ? 0 : -1;
 }
 
-/* Reading the cells [c0, c1) of blocks, a block at a time, through one
- * blob handle: only the header and the chunks of those cells are read (a
- * block of a 12x12 metric spans two pages; one cell is a twentieth of it). */
-struct block_reader {
-    struct query *q;
-    sqlite3_blob *blob;
-    unsigned char *head, *span;
-    size_t headcap, spancap;
-};
-
-static int reader_grow(unsigned char **buf, size_t *cap, size_t want) {
-    if (want <= *cap) return 0;
-    unsigned char *b = realloc(*buf, want);
-    if (!b) return -1;
-    *buf = b;
-    *cap = want;
-    return 0;
-}
-
-/* Decodes cells [c0, c1) of the nf frames of block row `id` (bytes long)
- * into vals. 0, or -1 (database, memory, a block that does not decode). */
-static int reader_decode(struct block_reader *br, int64_t id, size_t bytes, uint32_t nf, uint32_t n, uint32_t c0,
-                         uint32_t c1, float *vals) {
-    int rc = br->blob ? sqlite3_blob_reopen(br->blob, id)
-                      : sqlite3_blob_open(br->q->db, "main", "blocks", "data", id, 0, &br->blob);
-    if (rc != SQLITE_OK || bytes < 2 || reader_grow(&br->head, &br->headcap, 2) ||
-        sqlite3_blob_read(br->blob, br->head, 2, 0) != SQLITE_OK)
-        return -1;
-    ssize_t hs = fblock_head_size(br->head, n);
-    size_t off, len;
-    if (hs < 0 || (size_t)hs > bytes || reader_grow(&br->head, &br->headcap, (size_t)hs) ||
-        sqlite3_blob_read(br->blob, br->head + 2, (int)hs - 2, 2) != SQLITE_OK)
-        return -1;
-    fblock_span(br->head, n, c0, c1, &off, &len);
-    if (off + len > bytes || reader_grow(&br->span, &br->spancap, len ? len : 1) ||
-        (len && sqlite3_blob_read(br->blob, br->span, (int)len, (int)off) != SQLITE_OK))
-        return -1;
-    return fblock_decode_span(br->q->codec, br->head, br->span, len, nf, n, c0, c1, vals);
+/* Notes why a read of metric_id's blocks failed (fblock_rows.h code rc)
+ * for query_db_fail; returns -1. */
+static int rows_fail(struct query *q, int64_t metric_id, int rc) {
+    if (rc == FBLOCK_ECORRUPT)
+        return query_db_corrupt(q, "a sealed block of metric %lld does not decode (or misses a chunk)", (long long)metric_id);
+    if (rc == FBLOCK_ENOMEM) return query_db_corrupt(q, "out of memory decoding a block of metric %lld", (long long)metric_id);
+    return -1; /* the database's own error */
 }
 
 int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint32_t c1, int64_t lo, int64_t hi,
                query_frame_fn fn, void *ctx, int *failed) {
     /* row 0 holds the next raw frame, rows 1.. the frames of a block */
     float *vals = malloc((size_t)(n ? n : 1) * (FBLOCK_STEPS + 1) * sizeof *vals);
-    struct block_reader br = {.q = q};
-    sqlite3_stmt *raw = q->stmt[Q_FRAMES], *blk = q->stmt[Q_BLOCKS];
-    int ret = 0, rc = SQLITE_DONE;
-    int64_t rstep = INT64_MAX, steps[FBLOCK_STEPS];
+    sqlite3_stmt *raw = q->stmt[Q_FRAMES];
+    int ret = 0, rc = 0;
+    int64_t rstep = INT64_MAX, steps[FBLOCK_STEPS], block;
+    uint64_t mask;
     *failed = 0;
     if (!vals) goto fail;
     sqlite3_bind_int64(raw, 1, metric_id);
     sqlite3_bind_int64(raw, 2, lo);
     sqlite3_bind_int64(raw, 3, hi);
-    sqlite3_bind_int64(blk, 1, metric_id);
-    sqlite3_bind_int64(blk, 2, lo > 0 ? lo / FBLOCK_STEPS : 0);
-    sqlite3_bind_int64(blk, 3, hi < 0 ? -1 : hi / FBLOCK_STEPS);
+    fblock_rows_walk(q->rows, metric_id, lo > 0 ? lo / FBLOCK_STEPS : 0, hi < 0 ? -1 : hi / FBLOCK_STEPS, 0, n, c0, c1);
     if (raw_next(q, metric_id, raw, n, &rstep, vals) < 0) goto fail;
-    while (!ret && (rc = sqlite3_step(blk)) == SQLITE_ROW) {
-        uint32_t nf = fblock_steps(sqlite3_column_int64(blk, 0), (uint64_t)sqlite3_column_int64(blk, 1), steps);
-        if (reader_decode(&br, sqlite3_column_int64(blk, 2), (size_t)sqlite3_column_int64(blk, 3), nf, n, c0, c1,
-                          vals + n))
-            goto fail;
+    while (!ret && (rc = fblock_rows_next(q->rows, &block, &mask, vals + n)) == 1) {
+        uint32_t nf = fblock_steps(block, mask, steps);
         for (uint32_t f = 0; f < nf && !ret; f++) {
             /* raw frames are after the blocks but in an upgraded database
              * (migration 6): merge them in by step all the same */
@@ -132,7 +96,10 @@ int query_walk(struct query *q, int64_t metric_id, uint32_t n, uint32_t c0, uint
             if (!ret && steps[f] >= lo && steps[f] <= hi) ret = fn(ctx, steps[f], vals + (size_t)(f + 1) * n, n);
         }
     }
-    if (!ret && rc != SQLITE_DONE) goto fail;
+    if (!ret && rc < 0) {
+        rows_fail(q, metric_id, rc);
+        goto fail;
+    }
     while (!ret && rstep != INT64_MAX) {
         if ((ret = fn(ctx, rstep, vals, n))) break;
         if (raw_next(q, metric_id, raw, n, &rstep, vals) < 0) goto fail;
@@ -143,27 +110,22 @@ fail:
     ret = QUERY_ERR;
 out:
     sqlite3_reset(raw);
-    sqlite3_reset(blk);
-    sqlite3_blob_close(br.blob);
-    free(br.head);
-    free(br.span);
+    fblock_rows_end(q->rows);
     free(vals);
     return ret;
 }
 
 /* The first (last = 0) or last step of a metric's blocks: 1, 0 for none, -1. */
 static int block_edge(struct query *q, int64_t metric_id, int last, int64_t *step) {
-    sqlite3_stmt *s = q->stmt[last ? Q_BLOCK_LAST : Q_BLOCK_FIRST];
-    sqlite3_bind_int64(s, 1, metric_id);
-    int rc = sqlite3_step(s), ret = rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -1;
-    if (rc == SQLITE_ROW) {
-        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 1);
+    int64_t block;
+    uint64_t mask;
+    int ret = fblock_rows_edge(q->rows, metric_id, last, &block, &mask);
+    if (ret == 1) {
         uint32_t nf = fblock_count(mask);
-        *step = nf ? fblock_step(sqlite3_column_int64(s, 0), mask, last ? nf - 1 : 0) : -1;
-        if (!nf) ret = -1;
+        if (!nf) return -1;
+        *step = fblock_step(block, mask, last ? nf - 1 : 0);
     }
-    sqlite3_reset(s);
-    return ret;
+    return ret < 0 ? -1 : ret;
 }
 
 int query_step_range(struct query *q, int64_t metric_id, int64_t *first, int64_t *last) {
@@ -215,32 +177,30 @@ static int64_t frame_at(struct query *q, int64_t metric_id, uint32_t n, int64_t 
     sqlite3_reset(s);
     if ((rc != SQLITE_ROW && rc != SQLITE_DONE) || corrupt) return -2;
     /* the block holding `step` may start after it: then the one before */
-    s = q->stmt[Q_BLOCK_AT];
-    sqlite3_bind_int64(s, 1, metric_id);
-    sqlite3_bind_int64(s, 2, step < 0 ? -1 : step / FBLOCK_STEPS);
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        int64_t block = sqlite3_column_int64(s, 0);
-        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 1);
+    float *all = malloc((size_t)n * FBLOCK_STEPS * sizeof *all);
+    int64_t block;
+    uint64_t mask;
+    int r = all ? 0 : FBLOCK_ENOMEM;
+    fblock_rows_walk(q->rows, metric_id, 0, step < 0 ? -1 : step / FBLOCK_STEPS, 1, n, 0, n);
+    for (int tries = 0; !r && tries < 2 && (r = fblock_rows_next(q->rows, &block, &mask, all)) == 1; tries++) {
+        r = 0;
         uint32_t nf = fblock_count(mask), f = nf;
         while (f > 0 && fblock_step(block, mask, f - 1) > step) f--;
         if (!f) continue;
         int64_t at = fblock_step(block, mask, f - 1);
         if (at > found) {
-            float *all = malloc((size_t)nf * n * sizeof *all);
-            int bad = !all || fblock_decode(q->codec, sqlite3_column_blob(s, 2), (size_t)sqlite3_column_bytes(s, 2), nf,
-                                            n, 0, n, all);
-            if (!bad) memcpy(vals, all + (size_t)(f - 1) * n, (size_t)n * 4);
-            free(all);
-            if (bad) {
-                rc = SQLITE_CORRUPT;
-                break;
-            }
+            memcpy(vals, all + (size_t)(f - 1) * n, (size_t)n * 4);
             found = at;
         }
         break;
     }
-    sqlite3_reset(s);
-    return rc == SQLITE_ROW || rc == SQLITE_DONE ? found : -2;
+    fblock_rows_end(q->rows);
+    free(all);
+    if (r < 0) {
+        rows_fail(q, metric_id, r);
+        return -2;
+    }
+    return found;
 }
 
 int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,

@@ -14,6 +14,7 @@
 
 #include "embed.h"
 #include "fblock.h"
+#include "fblock_rows.h"
 
 /* Debian's SQLite is built with SQLITE_SECURE_DELETE: every deleted row
  * zeroed and every freed page written to the WAL. Sealing a block deletes
@@ -49,8 +50,8 @@ struct run_cache {
 };
 
 enum {
-    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SEAL_FRAMES, S_SEAL_DELETE, S_INSERT_BLOCK,
-    S_REWIND_BLOCK, S_DELETE_BLOCK, S_INSERT_ABANDONED, S_LAST_FRAME, S_LAST_BLOCK, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
+    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SEAL_FRAMES, S_SEAL_DELETE,
+    S_INSERT_ABANDONED, S_LAST_FRAME, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
     S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
     /* the hello path and transaction control, prepared once: preparing them
      * at every hello was a third of the daemon's CPU per hello, and its
@@ -70,15 +71,8 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, block, nframes, data) VALUES (?1, ?2, ?3, ?4, ?5)",
     [S_SEAL_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3 ORDER BY step",
     [S_SEAL_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
-    /* a plain INSERT: a block is sealed once (a rewind into it unseals it
-     * first), and a second row must fail loudly, never replace the first */
-    [S_INSERT_BLOCK] = "INSERT INTO blocks(metric_id, block, mask, data) VALUES (?1, ?2, ?3, ?4)",
-    [S_REWIND_BLOCK] = "SELECT id, block, mask, data FROM blocks WHERE metric_id = ?1 AND block >= ?2 "
-                       "ORDER BY block DESC LIMIT 1",
-    [S_DELETE_BLOCK] = "DELETE FROM blocks WHERE id = ?1",
     [S_INSERT_ABANDONED] = "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) VALUES (?1, ?2, ?3, ?4)",
     [S_LAST_FRAME] = "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step DESC LIMIT 1",
-    [S_LAST_BLOCK] = "SELECT block, mask, data FROM blocks WHERE metric_id = ?1 ORDER BY block DESC LIMIT 1",
     [S_SELECT_ROLLUPS] = "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 AND block < ?4",
     [S_UPDATE_RUN] = "UPDATE runs SET last_seq = ?2, last_step = ?3, updated = ?4 WHERE id = ?1",
     [S_INSERT_EVENT] = "INSERT INTO events(run_id, seq, time, level, text) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -87,7 +81,9 @@ static const char *const stmt_sql[S_COUNT] = {
     /* the last step, or a step of the last block (which is all that
      * sealing needs, store.c rollup_advance), -1 for none */
     [S_SELECT_METRICS] = "SELECT m.id, m.name, m.kind, max(coalesce((SELECT max(step) FROM frames f WHERE f.metric_id = m.id), -1), "
-                         "coalesce((SELECT max(block) FROM blocks b WHERE b.metric_id = m.id) * 64, -1)) "
+                         "coalesce((SELECT max(block) FROM blocks b WHERE b.metric_id = m.id) * 64, -1), "
+                         "coalesce((SELECT (max(c.id) & 67108863) * 64 FROM block_series b, block_chunks c WHERE b.metric_id = m.id "
+                         "AND c.id BETWEEN b.base << 26 AND (b.base << 26) + 67108863), -1)) "
                          "FROM metrics m WHERE m.run_id = ?1",
     [S_UPSERT_LATEST] = "INSERT INTO latest(metric_id, step, data) VALUES (?1, ?2, ?3) "
                         "ON CONFLICT(metric_id) DO UPDATE SET step = excluded.step, data = excluded.data",
@@ -141,6 +137,7 @@ struct store {
     size_t aggcap;
     /* the codec of blocks, and the frames of one block (FBLOCK_STEPS x n) */
     struct fblock_codec *codec;
+    struct fblock_rows *rows;     /* sealed blocks' rows (fblock_rows.h) */
     float *blockvals;
     size_t blockcap;
     int bf16;             /* store_set_lossy_bf16 */
@@ -157,6 +154,18 @@ static int set_err(struct store *st, int code, const char *fmt, ...) {
 
 static int db_err(struct store *st, const char *what) {
     return set_err(st, sqlite3_extended_errcode(st->db) & 0xff, "%s: %s", what, sqlite3_errmsg(st->db));
+}
+
+/* An fblock_rows result (fblock_rows.h) as the store's error: 0 for a
+ * success, else -1 with the error set (m and block name the block, when
+ * known: NULL, -1 otherwise). */
+static int rows_err(struct store *st, int64_t rc, const struct metric_cache *m, int64_t block, const char *what) {
+    if (rc >= 0) return 0;
+    if (rc == FBLOCK_ENOMEM) return set_err(st, SQLITE_NOMEM, "%s: out of memory", what);
+    if (rc == FBLOCK_ECORRUPT)
+        return set_err(st, SQLITE_CORRUPT, "%s: a block of metric %lld%s does not decode", what,
+                       m ? (long long)m->id : -1LL, block >= 0 ? " (or a chunk of it is missing)" : "");
+    return db_err(st, what);
 }
 
 const char *store_errmsg(const struct store *st) { return st->err; }
@@ -257,6 +266,10 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    if (!(st->rows = fblock_rows_open(st->db, st->codec))) {
+        snprintf(err, errlen, "database %s: preparing block statements: %s", path, sqlite3_errmsg(st->db));
+        goto fail;
+    }
     st->autockpt = 1;
     sqlite3_wal_hook(st->db, wal_hook, st);
     st->page_size = pragma_int(st, "PRAGMA page_size");
@@ -287,6 +300,7 @@ void store_close(struct store *st) {
     free(st->runs);
     free(st->agg);
     free(st->blockvals);
+    fblock_rows_close(st->rows);
     fblock_codec_destroy(st->codec);
     for (int i = 0; i < S_COUNT; i++) sqlite3_finalize(st->stmt[i]);
     sqlite3_finalize(st->summary_stmt);
@@ -600,7 +614,7 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
 }
 
 /* Seals block `block` of metric m (its steps are complete): its raw frames
- * become its level-1 rollup and one coded row of `blocks` (fblock.h), and
+ * become its level-1 rollup and its coded rows (fblock_rows.h), and
  * leave `frames`. A block without raw frames is left as it is (one sealed
  * before a rewind that ended at its last step). */
 static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
@@ -631,16 +645,9 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     }
     if (rollup_write(st, m, 1, block, nf)) return -1;
     if (st->bf16) fblock_round_bf16(st->blockvals, (size_t)nf * m->n);
-    const unsigned char *blob;
-    size_t len;
-    if (fblock_encode(st->codec, st->blockvals, nf, m->n, &blob, &len))
-        return set_err(st, SQLITE_NOMEM, "coding a block: out of memory");
-    s = st->stmt[S_INSERT_BLOCK];
-    sqlite3_bind_int64(s, 1, m->id);
-    sqlite3_bind_int64(s, 2, block);
-    sqlite3_bind_int64(s, 3, (int64_t)mask);
-    sqlite3_bind_blob(s, 4, blob, (int)len, SQLITE_STATIC); /* the codec's until its next encode */
-    if (step_done(st, s, "writing a block")) return -1;
+    int put = fblock_rows_put(st->rows, m->id, block, mask, st->blockvals, nf, m->n);
+    if (rows_err(st, put, m, block, "writing a block")) return -1;
+    if (put == 1) return 0; /* a step past 2^32: its frames stay raw */
     s = st->stmt[S_SEAL_DELETE];
     sqlite3_bind_int64(s, 1, m->id);
     sqlite3_bind_int64(s, 2, lo);
@@ -676,29 +683,18 @@ static int last_frame(struct store *st, struct metric_cache *m, int64_t *step) {
     }
     sqlite3_reset(s);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) return db_err(st, "reading the last frame");
-    s = st->stmt[S_LAST_BLOCK];
-    sqlite3_bind_int64(s, 1, m->id);
-    rc = sqlite3_step(s);
-    int ret = 0;
-    if (rc == SQLITE_ROW) {
-        int64_t block = sqlite3_column_int64(s, 0);
-        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 1);
-        uint32_t nf = fblock_count(mask);
-        int64_t last = fblock_step(block, mask, nf - 1);
-        if (last > *step) {
-            if (fblock_decode(st->codec, sqlite3_column_blob(s, 2), (size_t)sqlite3_column_bytes(s, 2), nf, m->n, 0,
-                              m->n, st->blockvals))
-                ret = set_err(st, SQLITE_CORRUPT, "block %lld of metric %lld does not decode", (long long)block,
-                              (long long)m->id);
-            else {
-                memmove(st->blockvals, st->blockvals + (size_t)(nf - 1) * m->n, (size_t)m->n * 4);
-                *step = last;
-            }
-        }
-    } else if (rc != SQLITE_DONE) {
-        ret = db_err(st, "reading the last block");
+    int64_t block;
+    uint64_t mask;
+    fblock_rows_walk(st->rows, m->id, 0, INT64_MAX, 1, m->n, 0, m->n);
+    int r = fblock_rows_next(st->rows, &block, &mask, st->blockvals), ret = 0;
+    fblock_rows_end(st->rows);
+    if (r < 0) return rows_err(st, r, m, -1, "reading the last block");
+    uint32_t nf = fblock_count(mask);
+    int64_t last = r ? fblock_step(block, mask, nf - 1) : -1;
+    if (last > *step) {
+        memmove(st->blockvals, st->blockvals + (size_t)(nf - 1) * m->n, (size_t)m->n * 4);
+        *step = last;
     }
-    sqlite3_reset(s);
     return ret;
 }
 
@@ -779,31 +775,19 @@ static int frame_put(struct store *st, int64_t branch, int64_t metric_id, int64_
 static int rewind_blocks(struct store *st, struct metric_cache *m, int64_t from, int64_t branch, int64_t *left) {
     if (scratch_grow(st, m->n)) return -1;
     while (*left > 0) {
-        sqlite3_stmt *s = st->stmt[S_REWIND_BLOCK];
-        sqlite3_bind_int64(s, 1, m->id);
-        sqlite3_bind_int64(s, 2, from / FBLOCK_STEPS);
-        int rc = sqlite3_step(s);
-        if (rc != SQLITE_ROW) {
-            sqlite3_reset(s);
-            return rc == SQLITE_DONE ? 0 : db_err(st, "reading blocks to rewind");
-        }
-        int64_t id = sqlite3_column_int64(s, 0), block = sqlite3_column_int64(s, 1);
-        uint64_t mask = (uint64_t)sqlite3_column_int64(s, 2);
+        int64_t block;
+        uint64_t mask;
+        fblock_rows_walk(st->rows, m->id, from / FBLOCK_STEPS, INT64_MAX, 1, m->n, 0, m->n);
+        int r = fblock_rows_next(st->rows, &block, &mask, st->blockvals);
+        fblock_rows_end(st->rows);
+        if (r <= 0) return r ? rows_err(st, r, m, -1, "reading blocks to rewind") : 0;
         uint32_t nf = fblock_count(mask);
-        int bad = fblock_decode(st->codec, sqlite3_column_blob(s, 3), (size_t)sqlite3_column_bytes(s, 3), nf, m->n, 0,
-                                m->n, st->blockvals);
-        sqlite3_reset(s);
-        if (bad)
-            return set_err(st, SQLITE_CORRUPT, "block %lld of metric %lld does not decode", (long long)block,
-                           (long long)m->id);
         for (uint32_t f = 0; f < nf; f++) {
             int64_t step = fblock_step(block, mask, f);
             if (frame_put(st, step >= from ? branch : 0, m->id, step, st->blockvals + (size_t)f * m->n, m->n))
                 return -1;
         }
-        s = st->stmt[S_DELETE_BLOCK];
-        sqlite3_bind_int64(s, 1, id);
-        if (step_done(st, s, "deleting a rewound block")) return -1;
+        if (rows_err(st, fblock_rows_delete(st->rows, m->id, block), m, block, "deleting a rewound block")) return -1;
         *left -= nf;
     }
     return 1;
@@ -1050,16 +1034,15 @@ static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
         if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
         /* a block is about as much work as the 64 frames it codes */
         int64_t blocks = (*left + FBLOCK_STEPS - 1) / FBLOCK_STEPS;
-        snprintf(sql, sizeof sql, "DELETE FROM blocks WHERE id IN (SELECT id FROM blocks WHERE metric_id = %lld "
-                 "LIMIT %lld)", i, (long long)blocks);
-        if (exec(st, sql)) return -1;
-        int64_t nb = sqlite3_changes64(st->db);
+        int64_t nb = fblock_rows_delete_below(st->rows, id, INT64_MAX, blocks);
+        if (nb < 0) return rows_err(st, (int)nb, NULL, -1, "purging blocks");
         if (nb >= blocks) {
             *left = 0;
             return 0;
         }
         *left -= nb * FBLOCK_STEPS;
         if (*left < 1) *left = 1;
+        if (rows_err(st, fblock_rows_forget(st->rows, id), NULL, -1, "purging blocks")) return -1;
         snprintf(sql, sizeof sql, "DELETE FROM latest WHERE metric_id = %lld", i);
         if (exec(st, sql)) return -1;
     } else if (kind == 1) {
@@ -1352,10 +1335,9 @@ int store_retain_raw(struct store *st, int64_t keep_steps, double keep_s, double
         "SELECT id, run_id FROM metrics WHERE id > ?1 ORDER BY id LIMIT 1",
         "SELECT last_step, (SELECT count(*) FROM rewinds WHERE run_id = ?1) FROM runs WHERE id = ?1",
         "SELECT step, time FROM steps WHERE run_id = ?1 AND step >= ?2 ORDER BY step LIMIT 1",
-        "DELETE FROM blocks WHERE id IN (SELECT id FROM blocks WHERE metric_id = ?1 AND block < ?2 LIMIT ?3)",
         "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = ?1 AND step < ?2 LIMIT ?3)",
     };
-    enum { R_METRIC, R_RUN, R_NEXT, R_BLOCKS, R_FRAMES, R_COUNT };
+    enum { R_METRIC, R_RUN, R_NEXT, R_FRAMES, R_COUNT };
     sqlite3_stmt *s[R_COUNT] = {0};
     int ret = -1;
     int64_t left = budget < FBLOCK_STEPS ? FBLOCK_STEPS : budget, run_seen = 0, cut = -1;
@@ -1390,7 +1372,10 @@ int store_retain_raw(struct store *st, int64_t keep_steps, double keep_s, double
             /* whole blocks before the cut: a block is about as much work as
              * the 64 frames it codes */
             int64_t want = (left + FBLOCK_STEPS - 1) / FBLOCK_STEPS, n;
-            if ((n = retain_delete(st, s[R_BLOCKS], mid, cut / FBLOCK_STEPS, want)) < 0) goto out;
+            if ((n = fblock_rows_delete_below(st->rows, mid, cut / FBLOCK_STEPS, want)) < 0) {
+                rows_err(st, (int)n, NULL, -1, "deleting blocks past retention");
+                goto out;
+            }
             left -= n * FBLOCK_STEPS;
             if (n >= want) continue; /* this metric may have more */
             /* raw frames of a database from before blocks (migration 6) */

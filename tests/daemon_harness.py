@@ -56,54 +56,91 @@ def _words_of_planes(raw, fmt, m):
     return words
 
 
-def decode_block(blob, nframes, n):
-    """The nframes frames of n float32 values of a sealed block (daemon/fblock.h),
-    each as the little-endian bytes a raw frame row holds."""
+def _zstd_decompress(src, size):
+    """zstd's decompression of src into exactly size bytes (libzstd through ctypes)."""
     global _zstd
+    import ctypes
     if _zstd is None:
-        import ctypes
         _zstd = ctypes.CDLL("libzstd.so.1")
         _zstd.ZSTD_decompress.restype = ctypes.c_size_t
         _zstd.ZSTD_decompress.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
-    import ctypes
+    dst = ctypes.create_string_buffer(size)
+    got = _zstd.ZSTD_decompress(dst, size, bytes(src), len(src))
+    assert got == size, "block chunk does not decode"
+    return dst.raw
+
+
+def _decode_chunk(raw, fmt, words, k0, cells, nframes):
+    """Cells [k0, k0 + cells) of every frame, from one chunk's zstd frame
+    `raw`, into words (nframes lists of u32): the per-cell differences from
+    the previous step undone."""
+    m = cells * nframes
+    z = _words_of_planes(_zstd_decompress(raw, 4 * m), fmt, m)
+    for c in range(cells):
+        prev = 0
+        for f in range(nframes):
+            d = z[c * nframes + f]
+            prev = (prev + ((d >> 1) ^ (-(d & 1) & 0xFFFFFFFF))) & 0xFFFFFFFF
+            words[f][k0 + c] = prev
+
+
+def decode_block(blob, nframes, n):
+    """The nframes frames of n float32 values of a sealed block (daemon/fblock.h),
+    each as the little-endian bytes a raw frame row holds. blob is a row of
+    `blocks` (formats 1 and 2: every chunk in one blob), or the list of a
+    block's rows of `block_chunks` (format 3: one chunk a row), chunk 0 first."""
+    words = [[0] * n for _ in range(nframes)]
+    if isinstance(blob, list):
+        for k, row in enumerate(blob):
+            assert row[0] == 3, "unknown chunk format %d" % row[0]
+            chunk = row[1]
+            _decode_chunk(row[2:], 2, words, chunk * k, min(chunk, n - chunk * k), nframes)
+        assert len(blob) == (n + blob[0][1] - 1) // blob[0][1], "a block without all its chunks"
+        return [struct.pack("<%dI" % n, *w) for w in words]
     fmt = blob[0]
     assert fmt in (1, 2), "unknown block format %d" % fmt
     chunk = blob[1]
     nchunks = (n + chunk - 1) // chunk
     sizes = struct.unpack("<%dI" % nchunks, blob[2:2 + 4 * nchunks])
     at = 2 + 4 * nchunks
-    words = [[0] * n for _ in range(nframes)]
     for k in range(nchunks):
-        cells = min(chunk, n - chunk * k)
-        m = cells * nframes
-        dst = ctypes.create_string_buffer(4 * m)
-        got = _zstd.ZSTD_decompress(dst, 4 * m, bytes(blob[at:at + sizes[k]]), sizes[k])
-        assert got == 4 * m, "block chunk does not decode"
-        z = _words_of_planes(dst.raw, fmt, m)
-        for c in range(cells):
-            prev = 0
-            for f in range(nframes):
-                d = z[c * nframes + f]
-                prev = (prev + ((d >> 1) ^ (-(d & 1) & 0xFFFFFFFF))) & 0xFFFFFFFF
-                words[f][chunk * k + c] = prev
+        _decode_chunk(blob[at:at + sizes[k]], fmt, words, chunk * k, min(chunk, n - chunk * k), nframes)
         at += sizes[k]
     return [struct.pack("<%dI" % n, *w) for w in words]
 
 
+def sealed_blocks(con):
+    """Every sealed block of the database on con, of both layouts
+    (schema/storage.md, "Blocks"): (metric_id, block, mask, blob, n) with blob
+    as decode_block takes it. block_chunks' rowid is (base + chunk) << 26 | block,
+    where base is the metric's in block_series."""
+    n_of = ("CASE m.kind WHEN 0 THEN 1 WHEN 1 THEN r.layers ELSE r.layers * r.heads END")
+    out = []
+    if con.execute("SELECT 1 FROM main.sqlite_master WHERE name = 'blocks'").fetchall():
+        out += con.execute("SELECT b.metric_id, b.block, b.mask, b.data, " + n_of + " FROM main.blocks b "
+                           "JOIN main.metrics m ON m.id = b.metric_id JOIN main.runs r ON r.id = m.run_id").fetchall()
+    if con.execute("SELECT 1 FROM main.sqlite_master WHERE name = 'block_chunks'").fetchall():
+        byblock = {}
+        for mid, base, chunks, n in con.execute("SELECT s.metric_id, s.base, s.chunks, " + n_of + " FROM main.block_series s "
+                                                "JOIN main.metrics m ON m.id = s.metric_id "
+                                                "JOIN main.runs r ON r.id = m.run_id").fetchall():
+            for rid, mask, data in con.execute("SELECT id, mask, data FROM main.block_chunks WHERE id >= ? AND id < ? "
+                                               "ORDER BY id", (base << 26, (base + chunks) << 26)):
+                key = (mid, rid & ((1 << 26) - 1))
+                byblock.setdefault(key, [mask, n, []])[2].append(data)
+        out += [(mid, block, mask, rows, n) for (mid, block), (mask, n, rows) in sorted(byblock.items())]
+    return out
+
+
 def shadow_frames(con, with_data=True):
     """Shadows the database's `frames` on connection con with a TEMP table of the
-    same name holding every frame, raw or sealed in `blocks` (schema/storage.md,
-    "Blocks"), so that a test reads frames as rows wherever the daemon keeps them.
-    Without with_data the sealed frames' data is NULL (counting steps needs no
-    decoding)."""
+    same name holding every frame, raw or sealed (`blocks`, `block_chunks`:
+    schema/storage.md, "Blocks"), so that a test reads frames as rows wherever
+    the daemon keeps them. Without with_data the sealed frames' data is NULL
+    (counting steps needs no decoding)."""
     con.execute("CREATE TEMP TABLE frames(id INTEGER PRIMARY KEY, metric_id INTEGER, step INTEGER, data BLOB)")
     con.execute("INSERT INTO temp.frames SELECT id, metric_id, step, data FROM main.frames")
-    if not con.execute("SELECT 1 FROM main.sqlite_master WHERE name = 'blocks'").fetchall():
-        return
-    rows = con.execute("SELECT b.metric_id, b.block, b.mask, b.data, CASE m.kind WHEN 0 THEN 1 WHEN 1 THEN r.layers "
-                       "ELSE r.layers * r.heads END FROM main.blocks b JOIN main.metrics m ON m.id = b.metric_id "
-                       "JOIN main.runs r ON r.id = m.run_id").fetchall()
-    for mid, block, mask, data, n in rows:
+    for mid, block, mask, data, n in sealed_blocks(con):
         mask &= (1 << 64) - 1
         steps = [block * 64 + i for i in range(64) if mask >> i & 1]
         frames = decode_block(data, len(steps), n) if with_data else [None] * len(steps)

@@ -147,6 +147,7 @@ class LongRunsTest(unittest.TestCase):
         con = sqlite3.connect(d.db, timeout=10)  # a second writer: the daemon's writer waits its turn
         con.execute("DELETE FROM frames")
         con.execute("DELETE FROM blocks")
+        con.execute("DELETE FROM block_chunks")
         con.commit()
         con.close()
         self.assertEqual(d.query("SELECT count(*) FROM frames")[0][0], 0)
@@ -321,7 +322,11 @@ class LongRunsTest(unittest.TestCase):
         return c, d.query("SELECT id FROM runs WHERE name = ?", (name,))[0][0]
 
     def blocks_below(self, d, rid, block):
-        return d.query("SELECT count(*) FROM blocks b JOIN metrics m ON m.id = b.metric_id "
+        # sealed blocks of both layouts (schema/storage.md, "Blocks"): a block
+        # of block_chunks counted by its chunk 0 (id = base << 26 | block)
+        return d.query("SELECT count(*) FROM (SELECT metric_id, block FROM blocks UNION ALL "
+                       "SELECT s.metric_id, c.id & 67108863 FROM block_chunks c JOIN block_series s "
+                       "ON c.id >> 26 = s.base) b JOIN metrics m ON m.id = b.metric_id "
                        "WHERE m.run_id = ? AND b.block < ?", (rid, block))[0][0]
 
     def test_retain_raw_steps_keeps_rollups_and_says_the_resolution(self):

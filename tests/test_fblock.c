@@ -224,6 +224,79 @@ static void test_format(void **state) {
     fblock_codec_destroy(c);
 }
 
+/* Format 3, a chunk a blob: each chunk is the naive planes of its cells
+ * (as format 2's chunks), decodes to those cells exactly with the others
+ * untouched, and a blob of another chunk, shape or length is refused. */
+static void test_chunk_rows(void **state) {
+    (void)state;
+    struct fblock_codec *c = fblock_codec_create();
+    assert_non_null(c);
+    static const uint32_t shapes[] = {1, 15, 16, 17, 35, 144};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (uint32_t nf = 1; nf <= FBLOCK_STEPS; nf += 21) {
+            uint32_t n = shapes[si], nchunks = fblock_nchunks(n);
+            assert_int_equal(nchunks, (n + FBLOCK_CHUNK - 1) / FBLOCK_CHUNK);
+            float *v = malloc((size_t)nf * n * 4), *w = malloc((size_t)nf * n * 4);
+            unsigned char *planes = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32), *raw = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32);
+            assert_non_null(v);
+            assert_non_null(w);
+            fill(v, nf, n);
+            memset(w, 0xAB, (size_t)nf * n * 4);
+            for (uint32_t k = 0; k < nchunks; k++) {
+                const unsigned char *coded;
+                size_t len, want;
+                assert_int_equal(fblock_encode_chunk(c, v, nf, n, k, &coded, &len), 0);
+                unsigned char *blob = malloc(len);
+                assert_non_null(blob);
+                memcpy(blob, coded, len);
+                assert_int_equal(blob[0], 3);
+                assert_int_equal(blob[1], FBLOCK_CHUNK);
+                uint32_t k0 = k * FBLOCK_CHUNK, cells = n - k0 < FBLOCK_CHUNK ? n - k0 : FBLOCK_CHUNK;
+                naive_planes(planes, v, nf, n, k0, cells, 2, &want);
+                assert_int_equal(ZSTD_decompress(raw, (size_t)FBLOCK_CHUNK * nf * 4 + 32, blob + 2, len - 2), want);
+                assert_memory_equal(raw, planes, want);
+                /* one cell of it, then all of it */
+                uint32_t one = k0 + cells / 2;
+                float *x = malloc((size_t)nf * n * 4);
+                assert_non_null(x);
+                memset(x, 0xAB, (size_t)nf * n * 4);
+                assert_int_equal(fblock_decode_chunk(c, blob, len, nf, n, k, one, one + 1, x), 0);
+                for (uint32_t f = 0; f < nf; f++)
+                    for (uint32_t cc = 0; cc < n; cc++) {
+                        uint32_t got, exp = 0xABABABABu;
+                        memcpy(&got, &x[(size_t)f * n + cc], 4);
+                        if (cc == one) memcpy(&exp, &v[(size_t)f * n + cc], 4);
+                        if (got != exp) fail_msg("n %u chunk %u cell %u: cell %u of frame %u is %08x", n, k, one, cc, f, got);
+                    }
+                free(x);
+                assert_int_equal(fblock_decode_chunk(c, blob, len, nf, n, k, 0, n, w), 0);
+                /* refused: cut short, another chunk's place, a shape it is not */
+                assert_int_equal(fblock_decode_chunk(c, blob, len - 1, nf, n, k, 0, n, w), -1);
+                assert_int_equal(fblock_decode_chunk(c, blob, 2, nf, n, k, 0, n, w), -1);
+                assert_int_equal(fblock_decode_chunk(c, blob, len, nf, n, nchunks, 0, n, w), -1);
+                if (nf < FBLOCK_STEPS) assert_int_equal(fblock_decode_chunk(c, blob, len, nf + 1, n, k, 0, n, w), -1);
+                /* a short last chunk is not one of a metric with a cell more (the
+                 * codec knows sizes; which block and chunk a row is, the row's id says) */
+                if (cells < FBLOCK_CHUNK) {
+                    float *y = malloc((size_t)nf * (n + 1) * 4);
+                    assert_non_null(y);
+                    assert_int_equal(fblock_decode_chunk(c, blob, len, nf, n + 1, k, 0, n + 1, y), -1);
+                    free(y);
+                }
+                blob[0] = 2;
+                assert_int_equal(fblock_decode_chunk(c, blob, len, nf, n, k, 0, n, w), -1);
+                free(blob);
+            }
+            assert_memory_equal(v, w, (size_t)nf * n * 4); /* the chunks together are the block */
+            assert_int_equal(fblock_encode_chunk(c, v, nf, n, nchunks, &(const unsigned char *){0}, &(size_t){0}), -1);
+            free(planes);
+            free(raw);
+            free(v);
+            free(w);
+        }
+    fblock_codec_destroy(c);
+}
+
 /* bfloat16 rounding: to nearest, ties to even, on the bits; the special
  * values stay what they are; it is what makes a lossy block small. */
 static void test_bf16(void **state) {
@@ -276,6 +349,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_compresses),
         cmocka_unit_test(test_format),
+        cmocka_unit_test(test_chunk_rows),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_steps),
     };

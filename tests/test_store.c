@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fblock_rows.h"
 #include "fixture_store.h"
 #include "proto.h"
 #include "query.h"
@@ -52,6 +53,11 @@ static int teardown(void **state) {
     } while (0)
 
 /* ------------------------------------------------------------ reading the database */
+
+/* The sealed blocks of both layouts (schema/storage.md, "Blocks") as one
+ * table of (metric_id, block) for count_rows. */
+#define SEALED "(SELECT metric_id, block FROM main.blocks UNION ALL SELECT s.metric_id, c.id & 67108863 AS block " \
+               "FROM main.block_chunks c JOIN main.block_series s ON c.id >> 26 = s.base)"
 
 /* ro_open, qi and qs: tests/fixture_store.h. */
 
@@ -550,7 +556,7 @@ static void test_lossy_bf16(void **state) {
         OK(store_commit(f->st));
         proto_msg_free(&m);
     }
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM blocks"), 1);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM " SEALED), 1);
     sqlite3 *db = ro_open(f->path);
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_prepare_v2(db, "SELECT step, data FROM frames ORDER BY step", -1, &s, NULL), SQLITE_OK);
@@ -798,7 +804,8 @@ static void downgrade_to_raw(const char *path) {
     shadow_frames(db);
     assert_int_equal(sqlite3_exec(db, "DELETE FROM main.frames; INSERT INTO main.frames(metric_id, step, data) "
                                       "SELECT metric_id, step, data FROM temp.frames ORDER BY metric_id, step; "
-                                      "DROP TABLE main.blocks; PRAGMA user_version = 5;",
+                                      "DROP TABLE main.blocks; DROP TABLE main.block_chunks; DROP TABLE main.block_series; "
+                                      "DELETE FROM main.id_seq WHERE name = 'block_series'; PRAGMA user_version = 5;",
                                   NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(db);
@@ -852,9 +859,9 @@ static void test_upgrade_from_raw(void **state) {
     put_range(f, old, &so, 300, 700, 0, 100);
     put_range(f, ref, &sr, 0, 700, 0, 100);
     assert_int_equal(count_rows(f, old, "main.frames", "step < 256"), 256 * 3 + 52 + 256); /* loss rank ent sp early */
-    assert_int_equal(count_rows(f, old, "blocks", "block < 4"), 0);
-    assert_true(count_rows(f, old, "blocks", "block >= 4") > 0);
-    assert_true(count_rows(f, ref, "blocks", "block < 4") > 0);
+    assert_int_equal(count_rows(f, old, SEALED, "block < 4"), 0);
+    assert_true(count_rows(f, old, SEALED, "block >= 4") > 0);
+    assert_true(count_rows(f, ref, SEALED, "block < 4") > 0);
     char *a, *b;
     static const struct { const char *name; uint32_t n; } ms[] = {{"loss", 1}, {"rank", L}, {"ent", L * H}, {"sp", 1}};
     for (size_t i = 0; i < 4; i++) {
@@ -880,6 +887,208 @@ static void test_upgrade_from_raw(void **state) {
         free(b);
         verify_rollups(f->path, old, NULL);
     }
+}
+
+
+/* ------------------------------------------------------------ block rows, chunk by chunk */
+
+enum { WL = 5, WH = 7, WN = WL * WH }; /* 35 cells: chunks of 16, 16 and 3 */
+
+/* The value of cell c of run salt's "wide" metric at step: its bits say
+ * which run, step and cell it is, so a reader that takes a chunk or a
+ * block for another one gives it away. */
+static float wide_value(int salt, int64_t step, uint32_t c) {
+    uint32_t u = 0x3f800000u ^ (uint32_t)salt << 22 ^ (uint32_t)step << 6 ^ c;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Stores steps [from, to] of the wide metric of run (values wide_value(salt, ...)). */
+static void wide_steps(struct tmp_db *f, int64_t run, int64_t *seq, int salt, int64_t from, int64_t to) {
+    float v[WN];
+    OK(store_begin(f->st));
+    for (int64_t st = from; st <= to; st++) {
+        for (uint32_t c = 0; c < WN; c++) v[c] = wide_value(salt, st, c);
+        struct proto_msg m;
+        msg_step(&m, st);
+        msg_add(&m, "wide", PROTO_HEAD, WL, WH, v);
+        assert_int_equal(store_step(f->st, run, ++*seq, &m, 1e9 + (double)st, NULL, 0), 0);
+        proto_msg_free(&m);
+    }
+    OK(store_commit(f->st));
+}
+
+/* Walks the wide metric of run through fblock_rows (cells [c0, c1) of
+ * sealed blocks, both tables), ascending or descending, and checks every
+ * value read is the one stored for that run, step and cell, that the
+ * other cells are left alone, and that the blocks come in order; returns
+ * how many blocks it read. */
+static int64_t wide_check(const char *path, int64_t run, int salt, uint32_t c0, uint32_t c1, int desc) {
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    struct fblock_codec *codec = fblock_codec_create();
+    struct fblock_rows *r = fblock_rows_open(db, codec);
+    assert_non_null(r);
+    int64_t mid = qi(path, "SELECT id FROM metrics WHERE run_id = %lld AND name = 'wide'", (long long)run);
+    static float vals[FBLOCK_STEPS * WN];
+    int64_t block, prev = desc ? INT64_MAX : -1, nblocks = 0, steps[FBLOCK_STEPS];
+    uint64_t mask;
+    assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
+    fblock_rows_walk(r, mid, 0, INT64_MAX, desc, WN, c0, c1);
+    for (;;) {
+        for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) vals[i] = -1.0f;
+        int got = fblock_rows_next(r, &block, &mask, vals);
+        assert_true(got >= 0);
+        if (!got) break;
+        assert_true(desc ? block < prev : block > prev);
+        prev = block;
+        nblocks++;
+        uint32_t nf = fblock_steps(block, mask, steps);
+        for (uint32_t fr = 0; fr < nf; fr++)
+            for (uint32_t c = 0; c < WN; c++) {
+                float want = c >= c0 && c < c1 ? wide_value(salt, steps[fr], c) : -1.0f;
+                if (memcmp(&vals[fr * WN + c], &want, 4))
+                    fail_msg("run %lld cells [%u, %u): step %lld cell %u reads %a, not %a", (long long)run, c0, c1,
+                             (long long)steps[fr], c, (double)vals[fr * WN + c], (double)want);
+            }
+    }
+    fblock_rows_end(r);
+    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    fblock_rows_close(r);
+    fblock_codec_destroy(codec);
+    sqlite3_close(db);
+    return nblocks;
+}
+
+/* Checks the wide metric of both runs, over cell ranges within a chunk,
+ * across chunk edges, the last (short) chunk and all cells, both ways;
+ * every range reads `blocks` blocks. */
+static void wide_check_all(const char *path, const int64_t *runs, int64_t blocks) {
+    static const uint32_t ranges[][2] = {{0, 1}, {5, 6}, {15, 17}, {16, 32}, {31, 33}, {32, 35}, {34, 35}, {0, WN}};
+    for (int i = 0; i < 2; i++)
+        for (size_t k = 0; k < sizeof ranges / sizeof *ranges; k++)
+            for (int desc = 0; desc < 2; desc++)
+                assert_int_equal(wide_check(path, runs[i], i + 1, ranges[k][0], ranges[k][1], desc), blocks);
+}
+
+/* Every frame of run's wide metric through query_frames equals what was
+ * stored, steps 0..last, in order. */
+static void wide_frames_check(const char *path, int64_t run, int salt, int64_t last) {
+    char *got = walk_metric(path, run, "wide", WN), *want = NULL;
+    assert_non_null(got);
+    for (int64_t st = 0; st <= last; st++) {
+        float v[WN];
+        for (uint32_t c = 0; c < WN; c++) v[c] = wide_value(salt, st, c);
+        frames_text(&want, st, v, WN);
+    }
+    assert_string_equal(got, want);
+    free(got);
+    free(want);
+}
+
+/* Migration 8's rows turned back into migration 6's (one format-2 row a
+ * block in `blocks`) and the schema back to migration 7: a database as
+ * the entropyd before migration 8 left it. */
+static void downgrade_to_7(const char *path) {
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    struct fblock_codec *codec = fblock_codec_create();
+    struct fblock_rows *r = fblock_rows_open(db, codec);
+    sqlite3_stmt *ms, *ins;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT s.metric_id, max(1, r.layers * (CASE m.kind WHEN 0 THEN 0 ELSE 1 END) * "
+                                            "(CASE m.kind WHEN 2 THEN r.heads ELSE 1 END)) FROM block_series s JOIN metrics m "
+                                            "ON m.id = s.metric_id JOIN runs r ON r.id = m.run_id", -1, &ms, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO blocks(metric_id, block, mask, data) VALUES (?1, ?2, ?3, ?4)", -1,
+                                        &ins, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
+    float *vals = NULL;
+    while (sqlite3_step(ms) == SQLITE_ROW) {
+        int64_t mid = sqlite3_column_int64(ms, 0), block;
+        uint32_t n = (uint32_t)sqlite3_column_int64(ms, 1);
+        uint64_t mask;
+        vals = realloc(vals, (size_t)n * FBLOCK_STEPS * sizeof *vals);
+        fblock_rows_walk(r, mid, 0, INT64_MAX, 0, n, 0, n);
+        while (fblock_rows_next(r, &block, &mask, vals) == 1) {
+            const unsigned char *blob;
+            size_t len;
+            assert_int_equal(fblock_encode(codec, vals, fblock_count(mask), n, &blob, &len), 0);
+            sqlite3_bind_int64(ins, 1, mid);
+            sqlite3_bind_int64(ins, 2, block);
+            sqlite3_bind_int64(ins, 3, (int64_t)mask);
+            sqlite3_bind_blob(ins, 4, blob, (int)len, SQLITE_TRANSIENT);
+            assert_int_equal(sqlite3_step(ins), SQLITE_DONE);
+            sqlite3_reset(ins);
+        }
+        fblock_rows_end(r);
+    }
+    free(vals);
+    sqlite3_finalize(ms);
+    sqlite3_finalize(ins);
+    fblock_rows_close(r);
+    fblock_codec_destroy(codec);
+    assert_int_equal(sqlite3_exec(db, "DROP TABLE block_chunks; DROP TABLE block_series; DELETE FROM id_seq "
+                                      "WHERE name = 'block_series'; COMMIT; PRAGMA user_version = 7;", NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+}
+
+/* Blocks of metrics wider than a chunk, one row per (metric, chunk,
+ * block): a reader of any cells gets the values of its own run, step and
+ * cell (the chunks of two metrics, whose series are neighbours, never
+ * mixed up); an upgraded database's format-2 rows and the new rows read
+ * as one; a rewind and a delete take their own run's chunks only. */
+static void test_block_chunks(void **state) {
+    struct tmp_db *f = *state;
+    int64_t runs[2] = {open_run(f, "wide-a", WL, WH), open_run(f, "wide-b", WL, WH)}, seq[2] = {0, 0};
+    for (int64_t at = 0; at < 300; at += 50)
+        for (int i = 0; i < 2; i++) wide_steps(f, runs[i], &seq[i], i + 1, at, at + 49); /* interleaved */
+    /* steps 0..255 sealed: 4 blocks of 3 chunks each, per run */
+    assert_int_equal(count_rows(f, runs[0], SEALED, "1"), 4);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM block_chunks"), 2 * 4 * 3);
+    wide_check_all(f->path, runs, 4);
+    for (int i = 0; i < 2; i++) wide_frames_check(f->path, runs[i], i + 1, 299);
+
+    /* the same database as migration 7 left it: blocks 0..3 in `blocks` */
+    store_close(f->st);
+    downgrade_to_7(f->path);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM blocks"), 8);
+    char err[256];
+    if (!(f->st = store_open(f->path, err, sizeof err))) fail_msg("%s", err);
+    assert_int_equal(qi(f->path, "PRAGMA user_version"), store_schema_version());
+    for (int i = 0; i < 2; i++) wide_steps(f, runs[i], &seq[i], i + 1, 300, 700);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM blocks"), 8);            /* never rewritten */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM block_chunks"), 2 * 6 * 3); /* blocks 4..9 */
+    wide_check_all(f->path, runs, 10);
+    for (int i = 0; i < 2; i++) wide_frames_check(f->path, runs[i], i + 1, 700);
+
+    /* run a back to step 100 (into a format-2 block), and on again */
+    int64_t back = 100;
+    wide_steps(f, runs[0], &seq[0], 1, back, 400);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM abandoned_frames"), 601);
+    wide_frames_check(f->path, runs[0], 1, 400);
+    wide_frames_check(f->path, runs[1], 2, 700);
+    assert_int_equal(wide_check(f->path, runs[0], 1, 16, 32, 0), 6); /* blocks 0 (format 2), 1..5 */
+    assert_int_equal(wide_check(f->path, runs[1], 2, 16, 32, 1), 10);
+
+    /* deleting run a leaves run b's chunks whole */
+    OK(store_begin(f->st));
+    OK(store_run_delete(f->st, runs[0]));
+    OK(store_commit(f->st));
+    int more;
+    do {
+        OK(store_begin(f->st));
+        more = store_purge(f->st, 100);
+        assert_true(more >= 0);
+        OK(store_commit(f->st));
+    } while (more);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM blocks"), 4);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM block_chunks"), 6 * 3);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM block_series"), 1);
+    for (uint32_t c0 = 0; c0 < WN; c0 += 4) assert_int_equal(wide_check(f->path, runs[1], 2, c0, c0 + 1, 0), 10);
+    wide_frames_check(f->path, runs[1], 2, 700);
 }
 
 /* A stored row whose size does not fit its metric's shape (a raw frame,
@@ -1137,10 +1346,10 @@ static void test_retain_raw(void **state) {
     int64_t rollups = qi(f->path, "SELECT count(*) FROM rollups"), steps = qi(f->path, "SELECT count(*) FROM steps");
     /* the last 200 steps: run a keeps 501.. (blocks from 7 on), run b 101.. (from 1) */
     assert_true(retain_all(f, 200, 0, 64) > 3); /* in chunks */
-    assert_int_equal(count_rows(f, a, "blocks", "block < 7"), 0);
-    assert_true(count_rows(f, a, "blocks", "block = 7") > 0);
-    assert_int_equal(count_rows(f, b, "blocks", "block < 1"), 0);
-    assert_true(count_rows(f, b, "blocks", "block = 1") > 0);
+    assert_int_equal(count_rows(f, a, SEALED, "block < 7"), 0);
+    assert_true(count_rows(f, a, SEALED, "block = 7") > 0);
+    assert_int_equal(count_rows(f, b, SEALED, "block < 1"), 0);
+    assert_true(count_rows(f, b, SEALED, "block = 1") > 0);
     /* rollups, steps and the open blocks' raw frames all stay */
     assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups"), rollups);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM steps"), steps);
@@ -1148,15 +1357,15 @@ static void test_retain_raw(void **state) {
     /* by time: now (1e9 + 10000) - 9350 s keeps the steps at 1e9 + 650 on:
      * run a from block 10 (its open one), run b none but its open block */
     retain_all(f, 0, 9350, 1 << 20);
-    assert_int_equal(count_rows(f, a, "blocks", "1"), 0);
-    assert_int_equal(count_rows(f, b, "blocks", "1"), 0);
+    assert_int_equal(count_rows(f, a, SEALED, "1"), 0);
+    assert_int_equal(count_rows(f, b, SEALED, "1"), 0);
     assert_int_equal(count_rows(f, a, "frames", "step < 640"), 0);
     assert_true(count_rows(f, a, "frames", "step >= 640") > 0);
     assert_true(count_rows(f, b, "frames", "step >= 256") > 0);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups"), rollups);
     /* the runs go on: new blocks seal over what was cut */
     put_range(f, a, &sa, 701, 800, 0, 100);
-    assert_true(count_rows(f, a, "blocks", "block = 10") > 0);
+    assert_true(count_rows(f, a, SEALED, "block = 10") > 0);
     assert_int_equal(qi(f->path, "SELECT count(DISTINCT block) FROM rollups WHERE level = 1 AND metric_id IN "
                                  "(SELECT id FROM metrics WHERE run_id = %lld)", (long long)a), 12);
 }
@@ -1394,6 +1603,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rewind_chunked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upgrade_from_raw, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_block_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_frame_reported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kind_conflict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_and_status, setup, teardown),
