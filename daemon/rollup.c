@@ -95,12 +95,6 @@ static double sum_pred(const struct rollup_cell *x) {
     return x->count && isfinite(x->mn) ? (double)x->count * (double)x->mn : 0.0;
 }
 
-/* The prediction in units of 2^qe, rounded down (0 when out of range). */
-static int64_t fixed_pred(const struct rollup_cell *x, int qe) {
-    double s = ldexp(sum_pred(x), -qe);
-    return fabs(s) < 0x1p62 ? (int64_t)floor(s) : 0;
-}
-
 /* A finite double's bits as m * 2^e0 (m with its implicit bit). */
 static void f64_parts(uint64_t u, uint64_t *m, int *e0) {
     unsigned e = (unsigned)(u >> 52) & 0x7ffu;
@@ -124,57 +118,81 @@ static int64_t fixed_k(uint64_t u, int qe) {
     return u >> 63 ? -k : k;
 }
 
+/* 2^-qe, the scale of the fixed-point prediction, or 0 where it is not a
+ * double (then fixed_pred calls ldexp: slower, the same result). */
+static double fixed_down(int qe) { return qe >= -1022 ? ldexp(1.0, -qe) : 0.0; }
+
+/* The sum's prediction in units of 2^qe, rounded down (0 when out of
+ * range). The encoder and the decoder compute it alike: all it needs is
+ * to be the same on both sides. */
+static int64_t fixed_pred(const struct rollup_cell *x, int qe, double down) {
+    double s = down ? sum_pred(x) * down : ldexp(sum_pred(x), -qe);
+    return fabs(s) < 0x1p62 ? (int64_t)floor(s) : 0;
+}
+
+/* The candidate codings of the fields: min; max as its distance from min
+ * or alone; sum by its float bits' distance from count * min's, or as an
+ * integer times 2^qe minus the same prediction; the count's distance from
+ * the frame count. Each an unsigned integer (signed quantities offset by
+ * half their range, so that the integers keep their order). */
+enum { C_MIN, C_DMX, C_MAXABS, C_SUMD, C_SUMK, C_CNT, C_COUNT };
+
 /* The coder's state for one row. */
 struct plan {
     const struct rollup_cell *a;
     uint32_t n, nframes;
     unsigned flags;
+    int fixed;            /* C_SUMK is possible (fixed_ok) */
     int qe;
-    uint64_t ref[F_COUNT];
-    unsigned w[F_COUNT], t[F_COUNT];
+    double down;          /* fixed_down(qe) */
+    uint64_t ref[C_COUNT];
+    unsigned w[C_COUNT], t[C_COUNT];
 };
 
-/* Whether field f of cell i is left out of the coding (an empty cell's
- * min, max and sum: its count says it is empty). */
-static int skipped(const struct plan *p, int f, uint32_t i) {
-    return f != F_CNT && (p->flags & FLAG_EMPTY) && !p->a[i].count;
-}
+/* Whether cell i's min, max and sum are left out of the coding (an empty
+ * cell: its count says it is empty). */
+static int skipped(const struct plan *p, uint32_t i) { return (p->flags & FLAG_EMPTY) && !p->a[i].count; }
 
-/* Field f of cell i as an unsigned integer (signed quantities offset by
- * half their range, so that the integers keep their order). */
-static uint64_t field(const struct plan *p, int f, uint32_t i) {
+/* Every candidate of cell i into v. */
+static void candidates(const struct plan *p, uint32_t i, uint64_t *v) {
     const struct rollup_cell *x = &p->a[i];
-    switch (f) {
-    case F_MIN: return ord32(f32_bits(x->mn));
-    case F_MAX:
-        if (p->flags & FLAG_MAX_ABS) return ord32(f32_bits(x->mx));
-        return (uint32_t)(ord32(f32_bits(x->mx)) - ord32(f32_bits(x->mn))) ^ 0x80000000u;
-    case F_SUM:
-        if (p->flags & FLAG_SUM_FIXED)
-            return (uint64_t)(fixed_k(f64_bits(x->sum), p->qe) - fixed_pred(x, p->qe)) ^ (UINT64_C(1) << 63);
-        return (ord64(f64_bits(x->sum)) - ord64(f64_bits(sum_pred(x)))) ^ (UINT64_C(1) << 63);
-    default: return (uint32_t)(p->nframes - x->count);
-    }
+    uint32_t omn = ord32(f32_bits(x->mn)), omx = ord32(f32_bits(x->mx));
+    v[C_MIN] = omn;
+    v[C_DMX] = (uint32_t)(omx - omn) ^ 0x80000000u;
+    v[C_MAXABS] = omx;
+    v[C_SUMD] = (ord64(f64_bits(x->sum)) - ord64(f64_bits(sum_pred(x)))) ^ (UINT64_C(1) << 63);
+    v[C_SUMK] = p->fixed ? (uint64_t)(fixed_k(f64_bits(x->sum), p->qe) - fixed_pred(x, p->qe, p->down)) ^ (UINT64_C(1) << 63)
+                         : 0;
+    v[C_CNT] = (uint32_t)(p->nframes - x->count);
 }
 
-/* Frame of reference of field f: the smallest value (0 for the count),
- * the zero low bits every difference from it shares, and the width of
- * the largest. */
-static void plan_field(struct plan *p, int f) {
-    uint64_t ref = f == F_CNT ? 0 : UINT64_MAX, any = 0, top = 0;
-    for (uint32_t i = 0; f != F_CNT && i < p->n; i++)
-        if (!skipped(p, f, i) && field(p, f, i) < ref) ref = field(p, f, i);
+/* Frame of reference of every candidate: the smallest value (0 for the
+ * count), the zero low bits every difference from it shares, and the
+ * width of the largest difference. */
+static void plan_fields(struct plan *p) {
+    uint64_t v[C_COUNT], any[C_COUNT] = {0}, top[C_COUNT] = {0};
+    for (int c = 0; c < C_COUNT; c++) p->ref[c] = c == C_CNT ? 0 : UINT64_MAX;
     int seen = 0;
     for (uint32_t i = 0; i < p->n; i++) {
-        if (skipped(p, f, i)) continue;
-        uint64_t d = field(p, f, i) - ref;
-        any |= d;
-        if (d > top) top = d;
+        if (skipped(p, i)) continue;
+        candidates(p, i, v);
+        for (int c = 0; c < C_CNT; c++)
+            if (v[c] < p->ref[c]) p->ref[c] = v[c];
         seen = 1;
     }
-    p->ref[f] = seen ? ref : 0;
-    p->t[f] = any && f != F_CNT ? (unsigned)__builtin_ctzll(any) : 0;
-    p->w[f] = bit_width(top >> p->t[f]);
+    for (int c = 0; c < C_CNT && !seen; c++) p->ref[c] = 0;
+    for (uint32_t i = 0; i < p->n; i++) {
+        candidates(p, i, v);
+        for (int c = skipped(p, i) ? C_CNT : 0; c < C_COUNT; c++) {
+            uint64_t d = v[c] - p->ref[c];
+            any[c] |= d;
+            if (d > top[c]) top[c] = d;
+        }
+    }
+    for (int c = 0; c < C_COUNT; c++) {
+        p->t[c] = any[c] && c != C_CNT ? (unsigned)__builtin_ctzll(any[c]) : 0;
+        p->w[c] = bit_width(top[c] >> p->t[c]);
+    }
 }
 
 /* Whether every sum is a finite double other than -0 whose bits fit an
@@ -182,7 +200,7 @@ static void plan_field(struct plan *p, int f) {
 static int fixed_ok(struct plan *p) {
     int lo = INT32_MAX, hi = INT32_MIN;
     for (uint32_t i = 0; i < p->n; i++) {
-        if (skipped(p, F_SUM, i)) continue;
+        if (skipped(p, i)) continue;
         uint64_t u = f64_bits(p->a[i].sum), m;
         int e0;
         if (((u >> 52) & 0x7ffu) == 0x7ffu || u == UINT64_C(1) << 63) return 0;
@@ -193,17 +211,8 @@ static int fixed_ok(struct plan *p) {
         if (h > hi) hi = h;
     }
     p->qe = lo == INT32_MAX ? 0 : lo;
+    p->down = fixed_down(p->qe);
     return hi == INT32_MIN || hi - p->qe < 62;
-}
-
-/* Chooses between the two codings of a field by their width. */
-static void plan_choose(struct plan *p, int f, unsigned flag, int possible) {
-    plan_field(p, f);
-    if (!possible) return;
-    struct plan alt = *p;
-    alt.flags |= flag;
-    plan_field(&alt, f);
-    if (alt.w[f] < p->w[f]) *p = alt;
 }
 
 /* Bits written least significant first, 8 bytes at a time. */
@@ -250,41 +259,58 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
                      f64_bits(a[i].sum) == 0;
     }
     if (empty && canonical) p.flags |= FLAG_EMPTY;
-    plan_field(&p, F_MIN);
-    plan_choose(&p, F_MAX, FLAG_MAX_ABS, 1);
-    plan_choose(&p, F_SUM, FLAG_SUM_FIXED, fixed_ok(&p)); /* qe is written either way, read in fixed only */
-    plan_field(&p, F_CNT);
+    p.fixed = fixed_ok(&p);
+    plan_fields(&p);
+    /* the narrower candidate of max and of sum */
+    int cmax = p.w[C_MAXABS] < p.w[C_DMX] ? C_MAXABS : C_DMX;
+    int csum = p.fixed && p.w[C_SUMK] < p.w[C_SUMD] ? C_SUMK : C_SUMD;
+    if (cmax == C_MAXABS) p.flags |= FLAG_MAX_ABS;
+    if (csum == C_SUMK) p.flags |= FLAG_SUM_FIXED;
+    const int chosen[F_COUNT] = {C_MIN, cmax, csum, C_CNT};
     uint64_t bits = 0;
-    for (int f = 0; f < F_COUNT; f++) bits += (uint64_t)n * p.w[f];
+    for (int f = 0; f < F_COUNT; f++) bits += (uint64_t)n * p.w[chosen[f]];
     uint64_t len = ROLLUP_HEAD_BYTES + (bits + 7) / 8;
     if (len >= (uint64_t)n * ROLLUP_RAW_BYTES) return encode_raw(a, n, out);
 
     out[H_FORMAT] = ROLLUP_FORMAT_CODED;
     out[H_FLAGS] = (unsigned char)p.flags;
-    for (int f = 0; f < F_COUNT; f++) out[H_W + f] = (unsigned char)p.w[f];
-    for (int f = 0; f < F_CNT; f++) out[H_T + f] = (unsigned char)p.t[f];
-    int16_t qe = (int16_t)p.qe;
+    for (int f = 0; f < F_COUNT; f++) out[H_W + f] = (unsigned char)p.w[chosen[f]];
+    for (int f = 0; f < F_CNT; f++) out[H_T + f] = (unsigned char)p.t[chosen[f]];
+    int16_t qe = (int16_t)(csum == C_SUMK ? p.qe : 0);
     memcpy(out + H_QE, &qe, 2);
-    uint32_t r32 = (uint32_t)p.ref[F_MIN];
+    uint32_t r32 = (uint32_t)p.ref[C_MIN];
     memcpy(out + H_REF, &r32, 4);
-    r32 = (uint32_t)p.ref[F_MAX];
+    r32 = (uint32_t)p.ref[cmax];
     memcpy(out + H_REF + 4, &r32, 4);
-    memcpy(out + H_REF + 8, &p.ref[F_SUM], 8);
+    memcpy(out + H_REF + 8, &p.ref[csum], 8);
+    /* field by field: one writer, so the cells' values are computed again
+     * for each field (cheaper than a scratch of 6 words a cell) */
     struct bitw b = {.out = out + ROLLUP_HEAD_BYTES};
-    for (int f = 0; f < F_COUNT; f++)
-        for (uint32_t i = 0; i < n; i++)
-            bitw_put(&b, skipped(&p, f, i) ? 0 : (field(&p, f, i) - p.ref[f]) >> p.t[f], p.w[f]);
+    uint64_t v[C_COUNT];
+    for (int f = 0; f < F_COUNT; f++) {
+        int c = chosen[f];
+        if (!p.w[c]) continue;
+        for (uint32_t i = 0; i < n; i++) {
+            if (f != F_CNT && skipped(&p, i)) {
+                bitw_put(&b, 0, p.w[c]);
+                continue;
+            }
+            candidates(&p, i, v);
+            bitw_put(&b, (v[c] - p.ref[c]) >> p.t[c], p.w[c]);
+        }
+    }
     bitw_end(&b);
     return (size_t)len;
 }
 
 /* w (<= 64) bits at bit offset off of the len bytes at d, which hold them. */
-static uint64_t bits_get(const unsigned char *d, size_t len, uint64_t off, unsigned w) {
+static inline uint64_t bits_get(const unsigned char *d, size_t len, uint64_t off, unsigned w) {
     if (!w) return 0;
     size_t at = (size_t)(off >> 3);
     unsigned sh = (unsigned)(off & 7);
     uint64_t lo = 0;
-    memcpy(&lo, d + at, at + 8 <= len ? 8 : len - at);
+    if (at + 8 <= len) memcpy(&lo, d + at, 8); /* one load: the common case */
+    else memcpy(&lo, d + at, len - at);
     uint64_t v = lo >> sh;
     if (sh + w > 64) v |= (uint64_t)d[at + 8] << (64 - sh);
     return w == 64 ? v : v & ((UINT64_C(1) << w) - 1);
@@ -302,48 +328,67 @@ static int decode_raw(const unsigned char *row, uint32_t nframes, uint32_t c0, u
     return 0;
 }
 
+/* A reader of one field's packed values, cell after cell. */
+struct bitr {
+    const unsigned char *d;
+    size_t len;
+    uint64_t off;
+    unsigned w, t;
+    uint64_t ref;
+};
+
+static inline uint64_t bitr_next(struct bitr *r) {
+    uint64_t v = bits_get(r->d, r->len, r->off, r->w);
+    r->off += r->w;
+    return r->ref + (v << r->t);
+}
+
 int rollup_decode(const unsigned char *row, size_t len, uint32_t n, uint32_t nframes, uint32_t c0, uint32_t c1,
                   struct rollup_cell *out) {
     if (c0 > c1 || c1 > n) return -1;
     if (len == (size_t)n * ROLLUP_RAW_BYTES) return decode_raw(row, nframes, c0, c1, out);
     if (len < ROLLUP_HEAD_BYTES || row[H_FORMAT] != ROLLUP_FORMAT_CODED || (row[H_FLAGS] & ~FLAG_ALL)) return -1;
-    struct plan p = {.n = n, .nframes = nframes, .flags = row[H_FLAGS]};
-    uint64_t bits = 0, base[F_COUNT];
+    unsigned flags = row[H_FLAGS];
+    struct bitr r[F_COUNT];
+    uint64_t bits = 0;
     for (int f = 0; f < F_COUNT; f++) {
-        p.w[f] = row[H_W + f];
-        p.t[f] = f < F_CNT ? row[H_T + f] : 0;
-        if (p.t[f] > 63 || p.w[f] + p.t[f] > (f == F_SUM ? 64u : 32u)) return -1;
-        base[f] = bits;
-        bits += (uint64_t)n * p.w[f];
+        r[f].d = row + ROLLUP_HEAD_BYTES;
+        r[f].len = len - ROLLUP_HEAD_BYTES;
+        r[f].w = row[H_W + f];
+        r[f].t = f < F_CNT ? row[H_T + f] : 0;
+        if (r[f].t > 63 || r[f].w + r[f].t > (f == F_SUM ? 64u : 32u)) return -1;
+        r[f].off = bits + (uint64_t)c0 * r[f].w;
+        bits += (uint64_t)n * r[f].w;
     }
     if (len != ROLLUP_HEAD_BYTES + (bits + 7) / 8) return -1;
     int16_t qe;
     uint32_t r32;
     memcpy(&qe, row + H_QE, 2);
-    p.qe = qe;
     memcpy(&r32, row + H_REF, 4);
-    p.ref[F_MIN] = r32;
+    r[F_MIN].ref = r32;
     memcpy(&r32, row + H_REF + 4, 4);
-    p.ref[F_MAX] = r32;
-    memcpy(&p.ref[F_SUM], row + H_REF + 8, 8);
-    const unsigned char *d = row + ROLLUP_HEAD_BYTES;
-    size_t dlen = len - ROLLUP_HEAD_BYTES;
-#define GET(f, i) (p.ref[f] + (bits_get(d, dlen, base[f] + (uint64_t)(i) * p.w[f], p.w[f]) << p.t[f]))
+    r[F_MAX].ref = r32;
+    memcpy(&r[F_SUM].ref, row + H_REF + 8, 8);
+    r[F_CNT].ref = 0;
+    if (qe < -1074 || qe > 1023) return -1;
+    double down = fixed_down(qe), up = ldexp(1.0, qe);
     for (uint32_t i = c0; i < c1; i++) {
         struct rollup_cell *x = &out[i];
-        x->count = nframes - (uint32_t)GET(F_CNT, i);
+        /* every field's reader moves on by one cell, empty or not */
+        uint32_t omn = (uint32_t)bitr_next(&r[F_MIN]), mx = (uint32_t)bitr_next(&r[F_MAX]);
+        uint64_t s = bitr_next(&r[F_SUM]) ^ (UINT64_C(1) << 63);
+        x->count = nframes - (uint32_t)bitr_next(&r[F_CNT]);
         if (x->count > nframes) return -1;
-        if ((p.flags & FLAG_EMPTY) && !x->count) {
+        if ((flags & FLAG_EMPTY) && !x->count) {
             *x = empty_cell;
             continue;
         }
-        uint32_t omn = (uint32_t)GET(F_MIN, i), mx = (uint32_t)GET(F_MAX, i);
         x->mn = f32_of(unord32(omn));
-        x->mx = f32_of(unord32(p.flags & FLAG_MAX_ABS ? mx : omn + (mx ^ 0x80000000u)));
-        uint64_t s = GET(F_SUM, i) ^ (UINT64_C(1) << 63);
-        if (p.flags & FLAG_SUM_FIXED) x->sum = ldexp((double)((int64_t)s + fixed_pred(x, p.qe)), p.qe);
+        x->mx = f32_of(unord32(flags & FLAG_MAX_ABS ? mx : omn + (mx ^ 0x80000000u)));
+        /* K * 2^qe is exact: K has at most 53 significant bits, and the
+         * product is the sum that was coded */
+        if (flags & FLAG_SUM_FIXED) x->sum = (double)((int64_t)s + fixed_pred(x, qe, down)) * up;
         else x->sum = f64_of(unord64(s + ord64(f64_bits(sum_pred(x)))));
     }
-#undef GET
     return 0;
 }
