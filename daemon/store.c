@@ -803,9 +803,9 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
                                                    : db_err(st, "reading rewind");
     int64_t left = budget, n;
     char sql[256];
-    /* 1. rollups from the block holding `from` on (few rows, but 20 bytes
-     * per value: each counts as 4 frames), so no reader sees a rollup over
-     * frames already moved */
+    /* 1. rollups from the block holding `from` on (few rows, but up to 20
+     * bytes per value, ~9 coded: each counts as 4 frames), so no reader
+     * sees a rollup over frames already moved */
     for (; r->rewind_phase == 0 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
         for (int k = 1; k <= STORE_LEVELS && left > 0; k++) {
             s = st->stmt[S_REWIND_ROLLUPS];
