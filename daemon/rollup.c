@@ -32,7 +32,9 @@ enum {
 #define FLAG_MAX_ABS 1u   /* max coded alone, not as its distance from min */
 #define FLAG_SUM_FIXED 2u /* sum as an integer times 2^qe, not by its float bits */
 #define FLAG_EMPTY 4u     /* every cell of count 0 is (NaN, NaN, +0) and is not coded */
-#define FLAG_ALL 7u
+#define FLAG_TOTAL 8u     /* the row's total follows the header */
+#define FLAG_ALL 15u
+#define TOTAL_BYTES 32    /* f32 min, f32 max, u64 count, i64 k, u64 kabs */
 
 enum { F_MIN, F_MAX, F_SUM, F_CNT, F_COUNT };
 
@@ -255,6 +257,25 @@ static size_t encode_raw(const struct rollup_cell *a, uint32_t n, unsigned char 
     return (size_t)n * ROLLUP_RAW_BYTES;
 }
 
+/* The row's total (rollup.h), pooling the cells as bucket_merge in
+ * query_series.c does; 0 when its kabs would pass 2^53 (no reader could
+ * use it). Every sum is k * 2^qe (fixed_ok). */
+static int total_of(const struct plan *p, struct rollup_total *t) {
+    *t = (struct rollup_total){.mn = NAN, .mx = NAN, .qe = p->qe};
+    for (uint32_t i = 0; i < p->n; i++) {
+        const struct rollup_cell *x = &p->a[i];
+        if (!x->count) continue;
+        if (!t->count || x->mn < t->mn) t->mn = x->mn;
+        if (!t->count || x->mx > t->mx) t->mx = x->mx;
+        int64_t k = fixed_k(f64_bits(x->sum), p->qe);
+        t->kabs += (uint64_t)(k < 0 ? -k : k);
+        if (t->kabs > UINT64_C(1) << 53) return 0;
+        t->k += k;
+        t->count += x->count;
+    }
+    return 1;
+}
+
 size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out) {
     struct plan p = {.a = a, .n = n, .nframes = nframes};
     int empty = 0, canonical = 1;
@@ -273,16 +294,19 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
     if (cmax == C_MAXABS) p.flags |= FLAG_MAX_ABS;
     if (csum == C_SUMK) p.flags |= FLAG_SUM_FIXED;
     const int chosen[F_COUNT] = {C_MIN, cmax, csum, C_CNT};
+    struct rollup_total tot = {0};
+    if (n >= ROLLUP_TOTAL_MIN && p.fixed && total_of(&p, &tot)) p.flags |= FLAG_TOTAL;
+    size_t head = ROLLUP_HEAD_BYTES + (p.flags & FLAG_TOTAL ? TOTAL_BYTES : 0);
     uint64_t bits = 0;
     for (int f = 0; f < F_COUNT; f++) bits += (uint64_t)n * p.w[chosen[f]];
-    uint64_t len = ROLLUP_HEAD_BYTES + (bits + 7) / 8;
+    uint64_t len = head + (bits + 7) / 8;
     if (len >= (uint64_t)n * ROLLUP_RAW_BYTES) return encode_raw(a, n, out);
 
     out[H_FORMAT] = ROLLUP_FORMAT_CODED;
     out[H_FLAGS] = (unsigned char)p.flags;
     for (int f = 0; f < F_COUNT; f++) out[H_W + f] = (unsigned char)p.w[chosen[f]];
     for (int f = 0; f < F_CNT; f++) out[H_T + f] = (unsigned char)p.t[chosen[f]];
-    int16_t qe = (int16_t)(csum == C_SUMK ? p.qe : 0);
+    int16_t qe = (int16_t)(csum == C_SUMK || (p.flags & FLAG_TOTAL) ? p.qe : 0);
     memcpy(out + H_QE, &qe, 2);
     uint32_t r32 = (uint32_t)p.ref[C_MIN];
     memcpy(out + H_REF, &r32, 4);
@@ -291,7 +315,15 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
     memcpy(out + H_REF + 8, &p.ref[csum], 8);
     /* field by field: one writer, so the cells' values are computed again
      * for each field (cheaper than a scratch of 6 words a cell) */
-    struct bitw b = {.out = out + ROLLUP_HEAD_BYTES};
+    if (p.flags & FLAG_TOTAL) {
+        unsigned char *o = out + ROLLUP_HEAD_BYTES;
+        memcpy(o, &tot.mn, 4);
+        memcpy(o + 4, &tot.mx, 4);
+        memcpy(o + 8, &tot.count, 8);
+        memcpy(o + 16, &tot.k, 8);
+        memcpy(o + 24, &tot.kabs, 8);
+    }
+    struct bitw b = {.out = out + head};
     uint64_t v[C_COUNT];
     for (int f = 0; f < F_COUNT; f++) {
         int c = chosen[f];
@@ -361,40 +393,93 @@ static void unpack(const unsigned char *d, size_t len, uint64_t base, unsigned w
     for (; j < k; j++, off += w) v[j] = ref + (bits_get(d, len, off, w) << t);
 }
 
+/* A coded row's header, read and checked. */
+struct head {
+    unsigned flags, w[F_COUNT], t[F_COUNT];
+    uint64_t base[F_COUNT], ref[F_COUNT];
+    int qe;
+    const unsigned char *d; /* the packed fields */
+    size_t dlen;
+};
+
+/* Reads the header of a coded row of n values: 0, or -1 when the row is
+ * not one. */
+static int head_read(const unsigned char *row, size_t len, uint32_t n, struct head *h) {
+    if (len < ROLLUP_HEAD_BYTES || row[H_FORMAT] != ROLLUP_FORMAT_CODED || (row[H_FLAGS] & ~FLAG_ALL)) return -1;
+    h->flags = row[H_FLAGS];
+    uint64_t bits = 0;
+    for (int f = 0; f < F_COUNT; f++) {
+        h->w[f] = row[H_W + f];
+        h->t[f] = f < F_CNT ? row[H_T + f] : 0;
+        if (h->t[f] > 63 || h->w[f] + h->t[f] > (f == F_SUM ? 64u : 32u)) return -1;
+        h->base[f] = bits;
+        bits += (uint64_t)n * h->w[f];
+    }
+    size_t head = ROLLUP_HEAD_BYTES + (h->flags & FLAG_TOTAL ? TOTAL_BYTES : 0);
+    if (len != head + (bits + 7) / 8) return -1;
+    int16_t qe;
+    uint32_t r32;
+    memcpy(&qe, row + H_QE, 2);
+    if (qe < -1074 || qe > 1023) return -1;
+    h->qe = qe;
+    memcpy(&r32, row + H_REF, 4);
+    h->ref[F_MIN] = r32;
+    memcpy(&r32, row + H_REF + 4, 4);
+    h->ref[F_MAX] = r32;
+    memcpy(&h->ref[F_SUM], row + H_REF + 8, 8);
+    h->ref[F_CNT] = 0;
+    h->d = row + head;
+    h->dlen = len - head;
+    return 0;
+}
+
+int rollup_total(const unsigned char *row, size_t len, uint32_t n, uint32_t nframes, struct rollup_total *t) {
+    struct head h;
+    if (len == (size_t)n * ROLLUP_RAW_BYTES) return 0;
+    if (head_read(row, len, n, &h)) return -1;
+    if (!(h.flags & FLAG_TOTAL)) return 0;
+    const unsigned char *o = row + ROLLUP_HEAD_BYTES;
+    memcpy(&t->mn, o, 4);
+    memcpy(&t->mx, o + 4, 4);
+    memcpy(&t->count, o + 8, 8);
+    memcpy(&t->k, o + 16, 8);
+    memcpy(&t->kabs, o + 24, 8);
+    t->qe = h.qe;
+    uint64_t kmag = t->k < 0 ? -(uint64_t)t->k : (uint64_t)t->k;
+    return t->count <= (uint64_t)n * nframes && t->kabs <= UINT64_C(1) << 53 && kmag <= t->kabs ? 1 : -1;
+}
+
+int rollup_total_add(const struct rollup_total *t, double *sum) {
+    uint64_t u = f64_bits(*sum), m;
+    int e0;
+    int64_t b = 0;
+    if (((u >> 52) & 0x7ffu) == 0x7ffu || t->qe + 53 > 1023) return 0;
+    f64_parts(u, &m, &e0);
+    if (m) {
+        /* *sum must be a multiple of 2^qe, and small enough */
+        if (e0 + __builtin_ctzll(m) < t->qe || e0 + 63 - __builtin_clzll(m) - t->qe > 53) return 0;
+        b = fixed_k(u, t->qe);
+    }
+    if ((uint64_t)(b < 0 ? -b : b) + t->kabs > UINT64_C(1) << 53) return 0;
+    *sum += (double)t->k * ldexp(1.0, t->qe);
+    return 1;
+}
+
 int rollup_decode(const unsigned char *row, size_t len, uint32_t n, uint32_t nframes, uint32_t c0, uint32_t c1,
                   struct rollup_cell *out) {
     if (c0 > c1 || c1 > n) return -1;
     if (len == (size_t)n * ROLLUP_RAW_BYTES) return decode_raw(row, nframes, c0, c1, out);
-    if (len < ROLLUP_HEAD_BYTES || row[H_FORMAT] != ROLLUP_FORMAT_CODED || (row[H_FLAGS] & ~FLAG_ALL)) return -1;
-    unsigned flags = row[H_FLAGS], w[F_COUNT], t[F_COUNT];
-    uint64_t bits = 0, base[F_COUNT], ref[F_COUNT];
-    for (int f = 0; f < F_COUNT; f++) {
-        w[f] = row[H_W + f];
-        t[f] = f < F_CNT ? row[H_T + f] : 0;
-        if (t[f] > 63 || w[f] + t[f] > (f == F_SUM ? 64u : 32u)) return -1;
-        base[f] = bits;
-        bits += (uint64_t)n * w[f];
-    }
-    if (len != ROLLUP_HEAD_BYTES + (bits + 7) / 8) return -1;
-    int16_t qe;
-    uint32_t r32;
-    memcpy(&qe, row + H_QE, 2);
-    memcpy(&r32, row + H_REF, 4);
-    ref[F_MIN] = r32;
-    memcpy(&r32, row + H_REF + 4, 4);
-    ref[F_MAX] = r32;
-    memcpy(&ref[F_SUM], row + H_REF + 8, 8);
-    ref[F_CNT] = 0;
-    if (qe < -1074 || qe > 1023) return -1;
+    struct head h;
+    if (head_read(row, len, n, &h)) return -1;
+    unsigned flags = h.flags;
+    int qe = h.qe;
     double down = fixed_down(qe), up = ldexp(1.0, qe);
-    const unsigned char *d = row + ROLLUP_HEAD_BYTES;
-    size_t dlen = len - ROLLUP_HEAD_BYTES;
     uint64_t v[F_COUNT][UNPACK_CELLS];
-    int counts = w[F_CNT] != 0, fixed = (flags & FLAG_SUM_FIXED) != 0, abs_max = (flags & FLAG_MAX_ABS) != 0;
+    int counts = h.w[F_CNT] != 0, fixed = (flags & FLAG_SUM_FIXED) != 0, abs_max = (flags & FLAG_MAX_ABS) != 0;
     for (uint32_t i0 = c0; i0 < c1; i0 += UNPACK_CELLS) {
         uint32_t k = c1 - i0 < UNPACK_CELLS ? c1 - i0 : UNPACK_CELLS;
         for (int f = 0; f < F_COUNT; f++)
-            if (f != F_CNT || counts) unpack(d, dlen, base[f], w[f], t[f], ref[f], i0, k, v[f]);
+            if (f != F_CNT || counts) unpack(h.d, h.dlen, h.base[f], h.w[f], h.t[f], h.ref[f], i0, k, v[f]);
         for (uint32_t j = 0; counts && j < k; j++)
             if (v[F_CNT][j] > nframes) return -1; /* a count below 0 */
         /* the common case (every count the frame count, max from min, the

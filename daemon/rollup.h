@@ -57,4 +57,30 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
 int rollup_decode(const unsigned char *row, size_t len, uint32_t n, uint32_t nframes, uint32_t c0, uint32_t c1,
                   struct rollup_cell *out);
 
+/* What pooling every value of a row one by one gives (a series over all
+ * of a metric's values pools them so): min and max of the values with a
+ * count (NaN if none), the sum of the counts, and the sum of the sums,
+ * exactly k * 2^qe, with kabs the sum of |sum| / 2^qe (<= 2^53). Coded
+ * rows of at least ROLLUP_TOTAL_MIN values carry one where every sum is
+ * such a multiple. */
+#define ROLLUP_TOTAL_MIN 16
+struct rollup_total {
+    float mn, mx;
+    uint64_t count;
+    int64_t k;
+    uint64_t kabs;
+    int qe;
+};
+
+/* The total of a row of n values of a block of nframes frames: 1 and *t,
+ * 0 when the row has none (decode its cells), -1 for a row that is not
+ * such a row. */
+int rollup_total(const unsigned char *row, size_t len, uint32_t n, uint32_t nframes, struct rollup_total *t);
+
+/* Adds t's sum to *sum when that gives the very double that adding the
+ * row's sums to *sum one by one, in order, gives (every partial sum is a
+ * multiple of 2^qe below 2^53 * 2^qe, so none is rounded): returns 1.
+ * Returns 0, *sum as it was, when that cannot be shown. */
+int rollup_total_add(const struct rollup_total *t, double *sum);
+
 #endif

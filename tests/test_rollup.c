@@ -205,6 +205,54 @@ static void test_real_like_rows_cost_less(void **state) {
     assert_true(len < 15 * N);
 }
 
+/* A row's total is what pooling its cells one by one gives; it is added
+ * to a running sum only where that gives the same double. */
+static void test_row_totals(void **state) {
+    (void)state;
+    enum { N = 144 };
+    struct rollup_cell a[N];
+    unsigned char row[ROLLUP_MAX_BYTES(N)];
+    struct rollup_total t;
+    pool(a, N, 64, probe_value);
+    size_t len = rollup_encode(a, N, 64, row);
+    assert_int_equal(rollup_total(row, len, N, 64, &t), 1);
+    float mn = 0, mx = 0;
+    double seq = 0.25; /* a running sum before the row, as a bucket has */
+    uint64_t count = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        if (!a[i].count) continue;
+        if (!count || a[i].mn < mn) mn = a[i].mn;
+        if (!count || a[i].mx > mx) mx = a[i].mx;
+        seq += a[i].sum;
+        count += a[i].count;
+    }
+    assert_true(t.mn == mn && t.mx == mx);
+    assert_int_equal(t.count, count);
+    double sum = 0.25;
+    assert_int_equal(rollup_total_add(&t, &sum), 1);
+    assert_memory_equal(&sum, &seq, sizeof sum);
+    /* a running sum finer than the row's sums: not shown to be the same */
+    sum = 0x1p-60;
+    assert_int_equal(rollup_total_add(&t, &sum), 0);
+    assert_true(sum == 0x1p-60);
+    sum = 0x1p60;
+    assert_int_equal(rollup_total_add(&t, &sum), 0);
+    /* no total where a sum is not a multiple of the others' quantum in range,
+     * nor in a small row, nor in a raw row */
+    a[5].sum = 1e-30;
+    len = rollup_encode(a, N, 64, row);
+    assert_int_equal(rollup_total(row, len, N, 64, &t), 0);
+    pool(a, 8, 64, probe_value);
+    len = rollup_encode(a, 8, 64, row);
+    assert_int_equal(rollup_total(row, len, 8, 64, &t), 0);
+    memset(row, 0, 20 * N);
+    assert_int_equal(rollup_total(row, 20 * N, N, 64, &t), 0);
+    /* a total that claims more than the block holds is corrupt */
+    pool(a, N, 64, probe_value);
+    len = rollup_encode(a, N, 64, row);
+    assert_int_equal(rollup_total(row, len, N, 60, &t), -1);
+}
+
 /* A row of the raw format (every row before the coding) reads as ever;
  * the coder writes it only where coding is not smaller, and a coded row
  * never has its size. */
@@ -268,7 +316,7 @@ static void test_corrupt_rows_refused(void **state) {
 
 /* ------------------------------------------------------------ the series query */
 
-enum { SL = 3, SH = 4, SN = SL * SH };
+enum { SL = 4, SH = 5, SN = SL * SH }; /* at least ROLLUP_TOTAL_MIN values: rows have totals */
 
 /* The value of cell i at step s: cells whose every sum is exact in a
  * double (values in +-[0.5, 4), subnormals, small integers and zeros of
@@ -280,7 +328,9 @@ static float series_value(uint32_t i, int64_t s) {
     h *= 0x2545f4914f6cdd1du;
     h ^= h >> 29;
     switch (i) {
-    case 1: return f32((uint32_t)(h % (1u << 20)));                 /* subnormal */
+    case 1: /* subnormal early on (rows of those blocks have no total), then like the rest */
+        if (s < 10000) return f32((uint32_t)(h % (1u << 20)));
+        return 1.0f + (float)(h % 1024) / 1024;
     case 2: return h % 23 == 0 ? NAN : h % 29 == 0 ? INFINITY : h % 31 == 0 ? -INFINITY : 0.5f + (float)(h % 1000) / 700;
     case 3: return h % 3 == 0 ? -0.0f : h % 3 == 1 ? 0.0f : (float)(h % 50) - 25;
     case 4: return NAN;
@@ -379,13 +429,20 @@ static void rows_to_raw(const char *path) {
                                             "JOIN metrics m ON m.id = r.metric_id", -1, &s, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_prepare_v2(db, "UPDATE rollups SET data = ?4 WHERE metric_id = ?1 AND level = ?2 AND block = ?3",
                                         -1, &u, NULL), SQLITE_OK);
-    int coded = 0;
+    int coded = 0, totals = 0, missing = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
         uint32_t n = sqlite3_column_int(s, 5) == PROTO_HEAD ? SN : sqlite3_column_int(s, 5) == PROTO_LAYER ? SL : 1;
         struct rollup_cell c[SN];
         unsigned char raw[SN * ROLLUP_RAW_BYTES];
         size_t len = (size_t)sqlite3_column_bytes(s, 4);
         coded += len != n * 20u;
+        struct rollup_total tot;
+        int has = rollup_total(sqlite3_column_blob(s, 4), len, n, (uint32_t)sqlite3_column_int64(s, 3), &tot);
+        assert_true(has >= 0);
+        if (n == SN) {
+            totals += has;
+            missing += !has;
+        }
         assert_int_equal(rollup_decode(sqlite3_column_blob(s, 4), len, n, (uint32_t)sqlite3_column_int64(s, 3), 0, n, c), 0);
         for (uint32_t i = 0; i < n; i++) {
             memcpy(raw + i * 20, &c[i].mn, 4);
@@ -399,6 +456,8 @@ static void rows_to_raw(const char *path) {
         sqlite3_reset(u);
     }
     assert_true(coded > 0);
+    assert_true(totals > 0);  /* the series took both paths */
+    assert_true(missing > 0);
     sqlite3_finalize(s);
     sqlite3_finalize(u);
     assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
@@ -483,6 +542,7 @@ int main(void) {
         cmocka_unit_test(test_odd_values_round_trip),
         cmocka_unit_test(test_random_bits_round_trip),
         cmocka_unit_test(test_real_like_rows_cost_less),
+        cmocka_unit_test(test_row_totals),
         cmocka_unit_test(test_raw_rows_read),
         cmocka_unit_test(test_corrupt_rows_refused),
         cmocka_unit_test(test_series_exact_over_coded_rows),
