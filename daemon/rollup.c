@@ -34,7 +34,9 @@ enum {
 #define FLAG_EMPTY 4u     /* every cell of count 0 is (NaN, NaN, +0) and is not coded */
 #define FLAG_TOTAL 8u     /* the row's total follows the header */
 #define FLAG_ALL 15u
-#define TOTAL_BYTES 32    /* f32 min, f32 max, u64 count, i64 k, u64 kabs */
+/* the total: f32 min, f32 max, i64 k, u8 kbits (kabs < 2^kbits), then
+ * u64 count unless it is n * nframes (the count field has width 0) */
+#define TOTAL_BYTES(wcnt) (17u + ((wcnt) ? 8u : 0u))
 
 enum { F_MIN, F_MAX, F_SUM, F_CNT, F_COUNT };
 
@@ -296,7 +298,7 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
     const int chosen[F_COUNT] = {C_MIN, cmax, csum, C_CNT};
     struct rollup_total tot = {0};
     if (n >= ROLLUP_TOTAL_MIN && p.fixed && total_of(&p, &tot)) p.flags |= FLAG_TOTAL;
-    size_t head = ROLLUP_HEAD_BYTES + (p.flags & FLAG_TOTAL ? TOTAL_BYTES : 0);
+    size_t head = ROLLUP_HEAD_BYTES + (p.flags & FLAG_TOTAL ? TOTAL_BYTES(p.w[C_CNT]) : 0);
     uint64_t bits = 0;
     for (int f = 0; f < F_COUNT; f++) bits += (uint64_t)n * p.w[chosen[f]];
     uint64_t len = head + (bits + 7) / 8;
@@ -319,9 +321,9 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
         unsigned char *o = out + ROLLUP_HEAD_BYTES;
         memcpy(o, &tot.mn, 4);
         memcpy(o + 4, &tot.mx, 4);
-        memcpy(o + 8, &tot.count, 8);
-        memcpy(o + 16, &tot.k, 8);
-        memcpy(o + 24, &tot.kabs, 8);
+        memcpy(o + 8, &tot.k, 8);
+        o[16] = (unsigned char)bit_width(tot.kabs);
+        if (p.w[C_CNT]) memcpy(o + 17, &tot.count, 8);
     }
     struct bitw b = {.out = out + head};
     uint64_t v[C_COUNT];
@@ -415,7 +417,7 @@ static int head_read(const unsigned char *row, size_t len, uint32_t n, struct he
         h->base[f] = bits;
         bits += (uint64_t)n * h->w[f];
     }
-    size_t head = ROLLUP_HEAD_BYTES + (h->flags & FLAG_TOTAL ? TOTAL_BYTES : 0);
+    size_t head = ROLLUP_HEAD_BYTES + (h->flags & FLAG_TOTAL ? TOTAL_BYTES(h->w[F_CNT]) : 0);
     if (len != head + (bits + 7) / 8) return -1;
     int16_t qe;
     uint32_t r32;
@@ -441,9 +443,11 @@ int rollup_total(const unsigned char *row, size_t len, uint32_t n, uint32_t nfra
     const unsigned char *o = row + ROLLUP_HEAD_BYTES;
     memcpy(&t->mn, o, 4);
     memcpy(&t->mx, o + 4, 4);
-    memcpy(&t->count, o + 8, 8);
-    memcpy(&t->k, o + 16, 8);
-    memcpy(&t->kabs, o + 24, 8);
+    memcpy(&t->k, o + 8, 8);
+    if (o[16] > 54) return -1;
+    t->kabs = (UINT64_C(1) << o[16]) - 1; /* a bound of the sum of |sum| / 2^qe */
+    if (h.w[F_CNT]) memcpy(&t->count, o + 17, 8);
+    else t->count = (uint64_t)n * nframes;
     t->qe = h.qe;
     uint64_t kmag = t->k < 0 ? -(uint64_t)t->k : (uint64_t)t->k;
     return t->count <= (uint64_t)n * nframes && t->kabs <= UINT64_C(1) << 53 && kmag <= t->kabs ? 1 : -1;

@@ -60,7 +60,7 @@ int rollup_decode(const unsigned char *row, size_t len, uint32_t n, uint32_t nfr
 /* What pooling every value of a row one by one gives (a series over all
  * of a metric's values pools them so): min and max of the values with a
  * count (NaN if none), the sum of the counts, and the sum of the sums,
- * exactly k * 2^qe, with kabs the sum of |sum| / 2^qe (<= 2^53). Coded
+ * exactly k * 2^qe, with kabs a bound of the sum of |sum| / 2^qe (< 2^54). Coded
  * rows of at least ROLLUP_TOTAL_MIN values carry one where every sum is
  * such a multiple. */
 #define ROLLUP_TOTAL_MIN 16
