@@ -15,6 +15,7 @@
 #include "embed.h"
 #include "fblock.h"
 #include "fblock_rows.h"
+#include "rollup.h"
 
 /* Debian's SQLite is built with SQLITE_SECURE_DELETE: every deleted row
  * zeroed and every freed page written to the WAL. Sealing a block deletes
@@ -132,8 +133,10 @@ struct store {
     int64_t wal_frames;   /* frames in the WAL after the last commit (wal hook) */
     int64_t page_size;
     int autockpt;         /* checkpoint at 1000 frames as SQLite would (default on) */
-    /* scratch for rollup aggregation, grown on demand */
-    unsigned char *agg;
+    /* scratch for rollups, grown on demand (aggcap cells): the block being
+     * pooled, a row of the level below decoded, and the coded row */
+    struct rollup_cell *agg, *aggsrc;
+    unsigned char *aggrow;
     size_t aggcap;
     /* the codec of blocks, and the frames of one block (FBLOCK_STEPS x n) */
     struct fblock_codec *codec;
@@ -299,6 +302,8 @@ void store_close(struct store *st) {
     drop_caches(st);
     free(st->runs);
     free(st->agg);
+    free(st->aggsrc);
+    free(st->aggrow);
     free(st->blockvals);
     fblock_rows_close(st->rows);
     fblock_codec_destroy(st->codec);
@@ -522,44 +527,17 @@ static struct metric_cache *metric_get(struct store *st, struct run_cache *r, co
     return m;
 }
 
-/* Accumulator layout: per value {f32 min, f32 max, f64 sum, u32 n}. */
-static void agg_reset(unsigned char *a, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) {
-        unsigned char *e = a + (size_t)i * STORE_ROLLUP_BYTES;
-        float mn = NAN, mx = NAN;
-        double sum = 0;
-        uint32_t c = 0;
-        memcpy(e, &mn, 4);
-        memcpy(e + 4, &mx, 4);
-        memcpy(e + 8, &sum, 8);
-        memcpy(e + 16, &c, 4);
-    }
-}
-
-static void agg_merge(unsigned char *e, float mn2, float mx2, double sum2, uint32_t c2) {
-    float mn, mx;
-    double sum;
-    uint32_t c;
-    if (c2 == 0) return;
-    store_rollup_decode(e, &mn, &mx, &sum, &c);
-    if (c == 0 || mn2 < mn) mn = mn2;
-    if (c == 0 || mx2 > mx) mx = mx2;
-    sum += sum2;
-    c += c2;
-    memcpy(e, &mn, 4);
-    memcpy(e + 4, &mx, 4);
-    memcpy(e + 8, &sum, 8);
-    memcpy(e + 16, &c, 4);
-}
-
 /* Grows the scratch buffers for metrics of n values. */
 static int scratch_grow(struct store *st, uint32_t n) {
-    size_t bytes = (size_t)n * STORE_ROLLUP_BYTES;
-    if (bytes > st->aggcap) {
-        unsigned char *a = realloc(st->agg, bytes);
-        if (!a) return set_err(st, SQLITE_NOMEM, "out of memory");
-        st->agg = a;
-        st->aggcap = bytes;
+    if (n > st->aggcap) {
+        struct rollup_cell *a = realloc(st->agg, n * sizeof *a);
+        if (a) st->agg = a;
+        struct rollup_cell *src = a ? realloc(st->aggsrc, n * sizeof *src) : NULL;
+        if (src) st->aggsrc = src;
+        unsigned char *row = src ? realloc(st->aggrow, ROLLUP_MAX_BYTES(n)) : NULL;
+        if (!row) return set_err(st, SQLITE_NOMEM, "out of memory");
+        st->aggrow = row;
+        st->aggcap = n;
     }
     size_t vals = (size_t)n * FBLOCK_STEPS;
     if (vals > st->blockcap) {
@@ -571,23 +549,26 @@ static int scratch_grow(struct store *st, uint32_t n) {
     return 0;
 }
 
-/* Writes st->agg as rollup block `block` of level `level` of metric m. */
+/* Writes st->agg as rollup block `block` of level `level` of metric m,
+ * coded (rollup.h). */
 static int rollup_write(struct store *st, struct metric_cache *m, int level, int64_t block, int64_t nframes) {
+    size_t len = rollup_encode(st->agg, m->n, (uint32_t)nframes, st->aggrow);
     sqlite3_stmt *s = st->stmt[S_INSERT_ROLLUP];
     sqlite3_bind_int64(s, 1, m->id);
     sqlite3_bind_int(s, 2, level);
     sqlite3_bind_int64(s, 3, block);
     sqlite3_bind_int64(s, 4, nframes);
-    sqlite3_bind_blob(s, 5, st->agg, (int)((size_t)m->n * STORE_ROLLUP_BYTES), SQLITE_STATIC);
+    sqlite3_bind_blob(s, 5, st->aggrow, (int)len, SQLITE_STATIC);
     return step_done(st, s, "writing rollup");
 }
 
 /* Computes and stores rollup block `block` of level `level` (>= 2) for
- * metric m from the level below. An empty block gets no row. */
+ * metric m from the level below (rows of either format). An empty block
+ * gets no row; a row below that does not decode is left out, as one of
+ * another shape always was. */
 static int rollup_block(struct store *st, struct metric_cache *m, int level, int64_t block) {
-    size_t bytes = (size_t)m->n * STORE_ROLLUP_BYTES;
     if (scratch_grow(st, m->n)) return -1;
-    agg_reset(st->agg, m->n);
+    rollup_reset(st->agg, m->n);
     int64_t nframes = 0;
     int rc;
     sqlite3_stmt *s = st->stmt[S_SELECT_ROLLUPS];
@@ -596,17 +577,13 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
     sqlite3_bind_int64(s, 3, block * 8);
     sqlite3_bind_int64(s, 4, block * 8 + 8);
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        const unsigned char *d = sqlite3_column_blob(s, 1);
-        if ((size_t)sqlite3_column_bytes(s, 1) != bytes) continue;
-        nframes += sqlite3_column_int64(s, 0);
-        for (uint32_t i = 0; i < m->n; i++) {
-            const unsigned char *e = d + (size_t)i * STORE_ROLLUP_BYTES;
-            float mn, mx;
-            double sum;
-            uint32_t c;
-            store_rollup_decode(e, &mn, &mx, &sum, &c);
-            agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, mn, mx, sum, c);
-        }
+        int64_t nf = sqlite3_column_int64(s, 0);
+        if (nf < 0 || nf > STORE_LEVEL_SIZE(level - 1) ||
+            rollup_decode(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1), m->n, (uint32_t)nf, 0, m->n,
+                          st->aggsrc))
+            continue;
+        nframes += nf;
+        for (uint32_t i = 0; i < m->n; i++) rollup_merge(&st->agg[i], &st->aggsrc[i]);
     }
     sqlite3_reset(s);
     if (rc != SQLITE_DONE) return db_err(st, "reading rollup source");
@@ -637,11 +614,10 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     sqlite3_reset(s);
     if (rc != SQLITE_DONE) return db_err(st, "reading a block's frames");
     if (!nf) return 0;
-    agg_reset(st->agg, m->n);
+    rollup_reset(st->agg, m->n);
     for (uint32_t f = 0; f < nf; f++) {
         const float *v = st->blockvals + (size_t)f * m->n;
-        for (uint32_t i = 0; i < m->n; i++)
-            if (isfinite(v[i])) agg_merge(st->agg + (size_t)i * STORE_ROLLUP_BYTES, v[i], v[i], v[i], 1);
+        for (uint32_t i = 0; i < m->n; i++) rollup_add(&st->agg[i], v[i]);
     }
     if (rollup_write(st, m, 1, block, nf)) return -1;
     if (st->bf16) fblock_round_bf16(st->blockvals, (size_t)nf * m->n);
@@ -811,9 +787,9 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
                                                    : db_err(st, "reading rewind");
     int64_t left = budget, n;
     char sql[256];
-    /* 1. rollups from the block holding `from` on (few rows, but 20 bytes
-     * per value: each counts as 4 frames), so no reader sees a rollup over
-     * frames already moved */
+    /* 1. rollups from the block holding `from` on (few rows, but up to 20
+     * bytes per value, ~9 coded: each counts as 4 frames), so no reader
+     * sees a rollup over frames already moved */
     for (; r->rewind_phase == 0 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
         for (int k = 1; k <= STORE_LEVELS && left > 0; k++) {
             s = st->stmt[S_REWIND_ROLLUPS];

@@ -29,15 +29,7 @@ struct store;
  * STORE_LEVEL_SIZE(k) steps. */
 #define STORE_LEVELS 5
 #define STORE_LEVEL_SIZE(k) (INT64_C(64) << (3 * ((k) - 1)))   /* 64, 512, 4096, 32768, 262144 */
-#define STORE_ROLLUP_BYTES 20  /* per value: f32 min, f32 max, f64 sum, u32 finite count */
-
-/* Reads one value's rollup record (STORE_ROLLUP_BYTES at e, little-endian). */
-static inline void store_rollup_decode(const unsigned char *e, float *mn, float *mx, double *sum, uint32_t *count) {
-    memcpy(mn, e, 4);
-    memcpy(mx, e + 4, 4);
-    memcpy(sum, e + 8, 8);
-    memcpy(count, e + 16, 4);
-}
+/* (a rollup row's cells and their coding: rollup.h) */
 
 /* Result of store_run_open. */
 struct store_run_info {

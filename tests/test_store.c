@@ -27,6 +27,7 @@
 #include "fixture_store.h"
 #include "proto.h"
 #include "query.h"
+#include "rollup.h"
 #include "store.h"
 
 /* ------------------------------------------------------------ fixture */
@@ -198,6 +199,20 @@ static void put_range(struct tmp_db *f, int64_t run, int64_t *seq, int64_t from,
 
 /* ------------------------------------------------------------ brute-force rollups */
 
+/* Decodes the one rollup row that `where` selects (n values) into cells. */
+static void rollup_row(const char *path, const char *where, uint32_t n, struct rollup_cell *cells) {
+    sqlite3 *db = ro_open(path);
+    sqlite3_stmt *s;
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT nframes, data FROM rollups WHERE %s", where);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+    assert_int_equal(rollup_decode(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1), n,
+                                   (uint32_t)sqlite3_column_int64(s, 0), 0, n, cells), 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+}
+
 struct agg {
     float mn, mx;
     double sum, abssum;
@@ -286,16 +301,13 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
                     if (sqlite3_column_int64(rs, 1) != nframes)
                         fail_msg("metric %s level %d block %lld: nframes %lld, frames say %lld", name, k, (long long)b,
                                  (long long)sqlite3_column_int64(rs, 1), (long long)nframes);
-                    assert_int_equal(sqlite3_column_bytes(rs, 2), (int)(n * STORE_ROLLUP_BYTES));
-                    const unsigned char *d = sqlite3_column_blob(rs, 2);
+                    struct rollup_cell *cells = malloc(n * sizeof *cells);
+                    assert_int_equal(rollup_decode(sqlite3_column_blob(rs, 2), (size_t)sqlite3_column_bytes(rs, 2), n,
+                                                   (uint32_t)nframes, 0, n, cells), 0);
                     for (uint32_t v = 0; v < n; v++) {
-                        float mn, mx;
-                        double sum;
-                        uint32_t c;
-                        memcpy(&mn, d + v * 20, 4);
-                        memcpy(&mx, d + v * 20 + 4, 4);
-                        memcpy(&sum, d + v * 20 + 8, 8);
-                        memcpy(&c, d + v * 20 + 16, 4);
+                        float mn = cells[v].mn, mx = cells[v].mx;
+                        double sum = cells[v].sum;
+                        uint32_t c = cells[v].count;
                         if (c != a[v].count || !same_float(mn, a[v].mn) || !same_float(mx, a[v].mx) ||
                             fabs(sum - a[v].sum) > 1e-9 * a[v].abssum)
                             fail_msg("metric %s level %d block %lld value %u: stored min %g max %g sum %.17g count %u; "
@@ -303,6 +315,7 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
                                      name, k, (long long)b, v, (double)mn, (double)mx, sum, c, (double)a[v].mn,
                                      (double)a[v].mx, a[v].sum, a[v].count);
                     }
+                    free(cells);
                     matched++;
                     nrows++;
                     rc = sqlite3_step(rs);
@@ -576,14 +589,9 @@ static void test_lossy_bf16(void **state) {
     sqlite3_finalize(s);
     sqlite3_close(db);
     /* the rollup is of the exact values (the frames it would be checked against are rounded) */
-    float mx;
-    char *hex = qs(f->path, "SELECT hex(substr(data, 5, 4)) FROM rollups WHERE level = 1 AND block = 0");
-    unsigned bits;
-    assert_int_equal(sscanf(hex, "%08x", &bits), 1);
-    free(hex);
-    bits = __builtin_bswap32(bits); /* hex() reads the little-endian bytes in order */
-    memcpy(&mx, &bits, 4);
-    assert_true(mx == v[63][0]); /* max of cell 0 over block 0: the exact value of step 63 */
+    struct rollup_cell cells[L * H];
+    rollup_row(f->path, "level = 1 AND block = 0", L * H, cells);
+    assert_true(cells[0].mx == v[63][0]); /* max of cell 0 over block 0: the exact value of step 63 */
     store_set_lossy_bf16(f->st, 0);
 }
 
