@@ -401,13 +401,25 @@ static int jobs_ready(struct writer *w) {
     return r;
 }
 
+/* Whether the checkpointer has work (mu held): the WAL holds
+ * WRITER_WAL_PASSIVE bytes that no checkpoint has seen (after a RESTART it
+ * started over: all of it is new), or it is past WRITER_WAL_RESTART and
+ * has grown since the last attempt (a RESTART kept busy by readers is tried
+ * again). Not at every commit past WRITER_WAL_PASSIVE: at a training
+ * loop's pace that was a checkpoint, and its fdatasync, per commit. */
+static int checkpoint_due(const struct writer *w) {
+    if (w->wal_used >= WRITER_WAL_RESTART) return w->wal_used != w->wal_checked;
+    int64_t fresh = w->wal_used >= w->wal_checked ? w->wal_used - w->wal_checked : w->wal_used;
+    return fresh >= WRITER_WAL_PASSIVE;
+}
+
 /* After a commit: tells the checkpointer how much of the WAL is in use. */
 static void checkpoint_policy(struct writer *w) {
     int64_t used = store_wal_used(w->st), wal = -1;
     pthread_mutex_lock(&w->mu);
     w->wal_used = used;
     if (used >= WRITER_WAL_RESTART) w->wal_reset_ok = 0; /* this commit did not start the log over */
-    if (used >= WRITER_WAL_PASSIVE) pthread_cond_signal(&w->ckcv);
+    if (checkpoint_due(w)) pthread_cond_signal(&w->ckcv);
     pthread_mutex_unlock(&w->mu);
     if (used < WRITER_WAL_HARD) return;
     /* the checkpointer fell behind (or readers held the log): the writer
@@ -446,7 +458,7 @@ static void *checkpointer_main(void *arg) {
     struct writer *w = arg;
     pthread_mutex_lock(&w->mu);
     while (!w->ckstop) {
-        if (w->wal_used < WRITER_WAL_PASSIVE || w->wal_used == w->wal_checked) {
+        if (!checkpoint_due(w)) {
             cond_wait_ms(&w->ckcv, &w->mu, 1000);
             continue;
         }
@@ -756,7 +768,7 @@ void writer_destroy(struct writer *w) {
     free(w);
 }
 
-int writer_submit(struct writer *w, struct writer_item *it) {
+static int queue_item(struct writer *w, struct writer_item *it, int wake) {
     if (!it->bytes) it->bytes = sizeof *it + it->msg.nvalues * sizeof(float) + it->msg.nmetrics * sizeof(struct proto_metric);
     if (it->time == 0) it->time = it->msg.has_time ? it->msg.time : now_wall();
     pthread_mutex_lock(&w->mu);
@@ -773,9 +785,19 @@ int writer_submit(struct writer *w, struct writer_item *it) {
     else w->head = it;
     w->tail = it;
     w->bytes += it->bytes;
-    pthread_cond_signal(&w->cv);
+    if (wake) pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return 0;
+}
+
+int writer_submit(struct writer *w, struct writer_item *it) { return queue_item(w, it, 1); }
+
+int writer_submit_quiet(struct writer *w, struct writer_item *it) { return queue_item(w, it, 0); }
+
+void writer_wake(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
 }
 
 int writer_full(struct writer *w) {

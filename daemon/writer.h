@@ -33,8 +33,10 @@
  *
  * WAL policy (SQLite's autocheckpoint is off): a checkpointer thread with
  * its own connection runs a PASSIVE checkpoint (copy into the database and
- * sync, never blocking the writer) whenever a commit leaves the WAL holding
- * WRITER_WAL_PASSIVE bytes or more, and after it a RESTART (waiting at most
+ * sync, never blocking the writer) whenever commits have added
+ * WRITER_WAL_PASSIVE bytes to the WAL since the last one (not at every
+ * commit past that size: at a training loop's pace that was a checkpoint
+ * and an fdatasync per commit), and after it a RESTART (waiting at most
  * 20 ms for readers of the old log, 250 ms past 3x) once it holds
  * WRITER_WAL_RESTART, so that the writer's next commit starts the log over;
  * journal_size_limit cuts the file back to STORE_WAL_LIMIT then. Should the
@@ -150,6 +152,14 @@ void writer_destroy(struct writer *w);
  * bound: the caller keeps the item and should stop reading input until
  * writer_full() turns false. HELLO, END, STALE and DELETE items are always taken. */
 int writer_submit(struct writer *w, struct writer_item *it);
+
+/* As writer_submit, but the writer thread is not woken: the submitter
+ * calls writer_wake once after a run of submits (the lines of one read, or
+ * of one round of the ingest loop, cost the writer one wake-up instead of
+ * one each). Until then the items wait, unless the writer wakes for
+ * another reason. */
+int writer_submit_quiet(struct writer *w, struct writer_item *it);
+void writer_wake(struct writer *w);
 
 /* 1 if the queue is at its bound. */
 int writer_full(struct writer *w);
