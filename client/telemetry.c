@@ -314,6 +314,9 @@ static int start_threads(telemetry *t, int upload_others, char *err, size_t errl
         return -1;
     }
     t->thread_started = 1;
+    /* named, so that top -H and /proc/PID/task/TID/comm tell it from the
+     * program's threads (bench/bench_python_log.py reads its CPU time) */
+    pthread_setname_np(t->thread, "entropyd-send");
     if (t->has_address && !t->root_is_tmp && upload_others) {
         pthread_sigmask(SIG_SETMASK, &all, &old);
         rc = pthread_create(&t->up_thread, NULL, tm_uploader_main, t);
@@ -323,6 +326,7 @@ static int start_threads(telemetry *t, int upload_others, char *err, size_t errl
             return -1;
         }
         t->up_started = 1;
+        pthread_setname_np(t->up_thread, "entropyd-upload");
     }
     return 0;
 }

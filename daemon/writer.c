@@ -27,6 +27,8 @@ struct writer {
     struct writer_reply *rhead, *rtail;
 
     struct writer_stats stats;       /* written by the writer thread only */
+    writer_precommit_fn *precommit;  /* writer_set_precommit */
+    void *precommit_ctx;
 
     /* Writer thread only. Items held back behind a rollback: the first is
      * a step that needs a rewind (store_needs_rewind), the rest are later
@@ -263,6 +265,16 @@ static int batch_apply(struct writer *w, struct writer_item *batch, struct repli
     return BATCH_OK;
 }
 
+/* The precommit hook (writer.h) in the open transaction: 1 when it failed
+ * for a reason that may pass (the batch is retried). */
+static int run_precommit(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    writer_precommit_fn *fn = w->precommit;
+    void *ctx = w->precommit_ctx;
+    pthread_mutex_unlock(&w->mu);
+    return fn && fn(ctx) && retryable(store_errcode(w->st));
+}
+
 /* Commits the open transaction holding batch. When the commit (or, with
  * failed BATCH_RETRY, an earlier write) failed, rolls back and re-applies the
  * whole batch with backoff until the database takes it; with BATCH_GUARD, at
@@ -279,6 +291,7 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
             failed = batch_apply(w, batch, rep);
             continue;
         }
+        if (!failed && run_precommit(w)) failed = BATCH_RETRY;
         if (!failed) {
             double t0 = now_mono_ms();
             if (store_commit(w->st) == 0) {
@@ -679,6 +692,14 @@ static void *writer_main(void *arg) {
             }
         }
     }
+    /* what the hook still holds (the alerter's last verdicts) */
+    pthread_mutex_lock(&w->mu);
+    int hooked = w->precommit != NULL;
+    pthread_mutex_unlock(&w->mu);
+    if (hooked && store_begin(w->st) == 0) {
+        run_precommit(w);
+        if (store_commit(w->st)) store_rollback(w->st);
+    }
     replies_clear(&rep);
     return NULL;
 }
@@ -793,6 +814,13 @@ static int queue_item(struct writer *w, struct writer_item *it, int wake) {
 int writer_submit(struct writer *w, struct writer_item *it) { return queue_item(w, it, 1); }
 
 int writer_submit_quiet(struct writer *w, struct writer_item *it) { return queue_item(w, it, 0); }
+
+void writer_set_precommit(struct writer *w, writer_precommit_fn *fn, void *ctx) {
+    pthread_mutex_lock(&w->mu);
+    w->precommit = fn;
+    w->precommit_ctx = ctx;
+    pthread_mutex_unlock(&w->mu);
+}
 
 void writer_wake(struct writer *w) {
     pthread_mutex_lock(&w->mu);

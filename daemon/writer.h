@@ -122,6 +122,15 @@ typedef void writer_commit_fn(void *ctx, const struct writer_item *items, double
  * second (for time-based alert rules). */
 typedef void writer_tick_fn(void *ctx, double now);
 
+/* Called in the writer thread inside a batch's transaction, just before
+ * its commit (again for each retry of the batch), and once more in a
+ * transaction of its own when the writer stops: what it writes commits
+ * with the batch (the alerter's verdicts, which then cost no transaction
+ * of their own). Returns 0, or -1 when a write failed: a failure that may
+ * pass (disk full, busy...) has the batch retried; any other was the
+ * statement's alone, and the batch commits. */
+typedef int writer_precommit_fn(void *ctx);
+
 struct writer_config {
     size_t max_bytes;            /* queue bound (default 256 MiB) */
     /* --retain-raw: raw frames (sealed blocks) of a run are kept for its
@@ -160,6 +169,10 @@ int writer_submit(struct writer *w, struct writer_item *it);
  * another reason. */
 int writer_submit_quiet(struct writer *w, struct writer_item *it);
 void writer_wake(struct writer *w);
+
+/* Sets the precommit hook (NULL: none); any thread, before trainers
+ * connect (the alerter sets itself in alerter_set_writer). */
+void writer_set_precommit(struct writer *w, writer_precommit_fn *fn, void *ctx);
 
 /* 1 if the queue is at its bound. */
 int writer_full(struct writer *w);
