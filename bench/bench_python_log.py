@@ -136,6 +136,22 @@ def main():
     return 0 if target <= 50 and ab in (None, True) else 1
 
 
+def thread_cpu(pid, comm=None):
+    """CPU time (ns, /proc schedstat) and voluntary context switches (each
+    one a wake-up) of process pid's threads, or of those named comm."""
+    ns = sw = 0
+    for tid in os.listdir("/proc/%d/task" % pid):
+        d = "/proc/%d/task/%s/" % (pid, tid)
+        try:
+            if comm and open(d + "comm").read().strip() != comm:
+                continue
+            ns += int(open(d + "schedstat").read().split()[0])
+            sw += int([l for l in open(d + "status") if l.startswith("voluntary_ctxt_switches")][0].split()[1])
+        except OSError:
+            pass  # a thread that just ended
+    return ns, sw
+
+
 def training_ab(sock, layers, heads):
     """The interleaved A/B of a training loop with and without logging (see
     the module's docstring).  Returns True/False (bar met), None without torch."""
@@ -184,6 +200,13 @@ def training_ab(sock, layers, heads):
 
     train_block(False)  # warm up
     train_block(True)
+    # What logging costs outside the training thread, over the reps: the
+    # client's sender thread and (ENTROPYD_PID, set by python_client.sh) the
+    # daemon, per logged step: CPU that, on a machine whose cores torch
+    # fills, comes out of the training loop's.
+    dpid = int(os.environ.get("ENTROPYD_PID", 0))
+    snd0 = thread_cpu(os.getpid(), "entropyd-send")
+    dmn0 = thread_cpu(dpid) if dpid else None
     ratios = {"wall": [], "cpu": []}
     med = {"wall": {True: [], False: []}, "cpu": {True: [], False: []}}
     for r in range(reps):
@@ -193,6 +216,8 @@ def training_ab(sock, layers, heads):
             med[k][True].append(got[True][i])
             med[k][False].append(got[False][i])
             ratios[k].append(got[True][i] / got[False][i])
+    snd1 = thread_cpu(os.getpid(), "entropyd-send")
+    dmn1 = thread_cpu(dpid) if dpid else None
     st = run.stats()
     run.finish("finished", grace=30, quiet=True)
 
@@ -212,6 +237,13 @@ def training_ab(sock, layers, heads):
               "ratios %.4f (%+.2f%%; quartiles %+.2f%% .. %+.2f%%)" % (
                   what, 1e3 * mid(med[k][False]), 1e3 * mid(med[k][True]), rs[len(rs) // 2], 100 * (rs[len(rs) // 2] - 1),
                   100 * (rs[len(rs) // 4] - 1), 100 * (rs[3 * len(rs) // 4] - 1)))
+    logged = reps * block
+    side = "  outside the training thread, per logged step: client sender thread %.0f us CPU, %.2f wake-ups" % (
+        (snd1[0] - snd0[0]) / 1e3 / logged, (snd1[1] - snd0[1]) / logged)
+    if dmn0:
+        side += " | daemon %.0f us CPU, %.2f wake-ups (all its threads)" % (
+            (dmn1[0] - dmn0[0]) / 1e3 / logged, (dmn1[1] - dmn0[1]) / logged)
+    print(side)
     q = {m: sorted(allw[m])[len(allw[m]) // 4] for m in (True, False)}
     print("  wall time, lower quartile of all steps (contention only adds time): without %.2f ms | with %.2f ms | "
           "ratio %.4f (%+.2f%%)" % (1e3 * q[False], 1e3 * q[True], q[True] / q[False], 100 * (q[True] / q[False] - 1)))

@@ -7,7 +7,9 @@
 # examples/pytorch_lm.py's median step time in three separate runs: without
 # telemetry, logging every step (scalars only: the probe runs never), and
 # probing + logging every step (what the probe itself costs).
-#   BENCH_STEPS (default 20000), AB_BLOCK (20), AB_REPS (40), LM_STEPS (80)
+#   BENCH_STEPS (default 20000), AB_BLOCK (20), AB_REPS (40), LM_STEPS (80),
+#   BUILD (build): the build directory whose entropyd and libentropyd_client.so
+#   are measured (for an A/B of two builds, run this alternately with each)
 set -euo pipefail
 BUILD=${BUILD:-build}
 # the interpreter with numpy and, when one has it, torch (Debian's python3-torch)
@@ -21,6 +23,7 @@ pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 for i in $(seq 100); do [ -S "$dir/entropyd.sock" ] && break; sleep 0.05; done
 rc=0
+export ENTROPYD_PID=$pid   # the A/B reports the daemon's CPU per logged step
 ENTROPYD_SOCK=$dir/entropyd.sock $PY bench/bench_python_log.py || rc=1
 # the bar's A/B again with the training loop on one core (see bench_python_log.py)
 AB_ONLY=1 OPENBLAS_NUM_THREADS=1 ENTROPYD_SOCK=$dir/entropyd.sock $PY bench/bench_python_log.py || rc=1

@@ -236,15 +236,56 @@ static void fill_obuf(telemetry *t)
     }
 }
 
+/* Sends what the spool holds beyond what was sent, while the socket takes
+ * it. 1 when everything went out (caught up), 0 when the socket is full or
+ * the connection dropped. */
+static int send_all(telemetry *t)
+{
+    for (;;) {
+        fill_obuf(t);
+        if (t->olen == t->ooff) return 1;
+        do_write(t);
+        if (t->fd < 0 || t->olen > t->ooff) return 0;
+    }
+}
+
+/* One paced wake-up (telemetry.h, send_interval_ms), after the ring was
+ * drained: the daemon's lines that came meanwhile (acks trim the spool,
+ * alerts go to the inbox), everything new in one write, then a sleep of
+ * one interval that only the wake eventfd (a ring half full, a flush, the
+ * end) or a dropped connection cuts short; acks and alerts wait in the
+ * socket meanwhile. Returns 0 when it could not pace (a backlog the socket
+ * would not take, the connection gone): the caller polls as unpaced. */
+static int paced_wait(telemetry *t)
+{
+    if (t->has_address) {
+        do_read(t);
+        if (t->fd < 0 || t->cstate != C_STREAMING || !send_all(t)) return 0;
+    }
+    struct pollfd pf[2] = { { t->wake_fd, POLLIN, 0 }, { t->fd, 0, 0 } };
+    int pr = poll(pf, t->fd >= 0 ? 2 : 1, t->interval_ms);
+    if (pr > 0 && pf[0].revents) {
+        uint64_t v;
+        ssize_t ignored = read(t->wake_fd, &v, sizeof v);
+        (void)ignored;
+    }
+    if (pr > 0 && t->fd >= 0 && pf[1].revents) do_read(t); /* hang-up or error: disconnects */
+    return 1;
+}
+
 void *tm_sender_main(void *arg)
 {
     telemetry *t = arg;
     int idle = 1;
     while (!atomic_load_explicit(&t->stop, memory_order_acquire)) {
-        /* The producer never wakes us (that would be a syscall on its hot
-         * path): poll the ring, more slowly the longer it stays empty, so an
-         * idle client wakes ~60 times a second and a busy one sees new
-         * messages within a millisecond or two. */
+        /* The producer does not wake us (a syscall on its hot path) unless
+         * the ring is half full. Paced (the common case: connected and
+         * caught up, or spool only): one wake-up per send interval.
+         * Otherwise (connecting, resending a backlog, someone waiting for
+         * the acks, a fast producer, or pacing off): poll the ring, more
+         * slowly the longer it stays empty, so that an idle client wakes
+         * ~60 times a second and a busy one sees new messages within a
+         * millisecond or two. */
         int busy = tm_ring_drain(t);
         int timeout = busy ? 0 : idle;
         idle = busy ? 1 : (idle * 2 > TICK_MAX_MS ? TICK_MAX_MS : idle * 2);
@@ -253,8 +294,11 @@ void *tm_sender_main(void *arg)
             if (t->cstate == C_DOWN && now >= t->next_attempt) start_connect(t);
             if ((t->cstate == C_HELLO || t->cstate == C_CONNECTING) && now > t->deadline)
                 disconnect(t, t->cstate == C_CONNECTING);
-            if (t->cstate == C_STREAMING) fill_obuf(t);
         }
+        if (t->interval_ms && busy < DRAIN_BATCH && !atomic_load_explicit(&t->hurry, memory_order_acquire) &&
+            (t->has_address ? t->cstate == C_STREAMING : 1) && paced_wait(t))
+            continue;
+        if (t->has_address && t->cstate == C_STREAMING) fill_obuf(t);
         if (t->fd < 0) {
             if (timeout) tm_sleep_ms(timeout);
             continue;

@@ -89,6 +89,12 @@ static void publish(telemetry *t)
     atomic_store_explicit(&t->head, h + 1, memory_order_release);
     ST_ADD(t, st_enqueued, 1);
     t->open = NULL;
+    /* A paced sender sleeps up to its interval (conn.c): once the ring is
+     * half full it is woken, one system call until it has drained, so that
+     * a fast loop is not dropped while it sleeps. */
+    if (t->interval_ms && h + 1 - atomic_load_explicit(&t->tail, memory_order_relaxed) >= t->cap / 2 &&
+        !atomic_exchange_explicit(&t->kicked, 1, memory_order_relaxed))
+        tm_wake(t);
 }
 
 int telemetry_step_commit(telemetry *t, telemetry_step *s)
@@ -250,6 +256,7 @@ int tm_ring_drain(telemetry *t)
     size_t tl = atomic_load_explicit(&t->tail, memory_order_relaxed);
     size_t h = atomic_load_explicit(&t->head, memory_order_acquire);
     int n = 0;
+    atomic_store_explicit(&t->kicked, 0, memory_order_relaxed);
     if (tl != h) report_drops(t);
     while (tl != h && n < DRAIN_BATCH) {
         telemetry_step *s = &t->slots[tl % t->cap];

@@ -21,6 +21,7 @@
 #include <cJSON.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -103,14 +104,36 @@ int tm_settled(telemetry *t)
     return ST_GET(t, st_acked) + 1 >= ST_GET(t, st_next_seq);
 }
 
+void tm_wake(telemetry *t)
+{
+    uint64_t one = 1;
+    if (t->wake_fd < 0) return;
+    while (write(t->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {}
+}
+
+void tm_hurry_on(telemetry *t)
+{
+    atomic_fetch_add_explicit(&t->hurry, 1, memory_order_release);
+    tm_wake(t);
+}
+
+void tm_hurry_off(telemetry *t)
+{
+    atomic_fetch_sub_explicit(&t->hurry, 1, memory_order_release);
+}
+
 int telemetry_flush(telemetry *t, int timeout_ms)
 {
     uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
-    for (;;) {
-        if (tm_settled(t)) return TELEMETRY_OK;
-        if (tm_now_ns() >= end) return TELEMETRY_ETIMEDOUT;
+    int rc = TELEMETRY_OK;
+    if (tm_settled(t)) return rc;
+    tm_hurry_on(t);
+    while (!tm_settled(t)) {
+        if (tm_now_ns() >= end) { rc = TELEMETRY_ETIMEDOUT; break; }
         tm_sleep_ms(1);
     }
+    tm_hurry_off(t);
+    return rc;
 }
 
 int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress)
@@ -126,6 +149,7 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
         }
     }
     uint64_t next_line = start + 1000000000u;
+    if (t->thread_started) tm_hurry_on(t); /* the sender stops pacing: the end goes at once */
     /* the background uploads of other runs get the same grace period */
     while (t->thread_started && (!tm_settled(t) || (t->up_started && !atomic_load(&t->up_done))) &&
            tm_now_ns() < end) {
@@ -144,6 +168,7 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
             next_line = now + 1000000000u;
         }
     }
+    if (t->thread_started) tm_hurry_off(t);
     int rc = tm_settled(t) ? TELEMETRY_OK : TELEMETRY_ETIMEDOUT;
     if (progress && rc != TELEMETRY_OK) {
         telemetry_stats st;
@@ -289,6 +314,9 @@ static int start_threads(telemetry *t, int upload_others, char *err, size_t errl
         return -1;
     }
     t->thread_started = 1;
+    /* named, so that top -H and /proc/PID/task/TID/comm tell it from the
+     * program's threads (bench/bench_python_log.py reads its CPU time) */
+    pthread_setname_np(t->thread, "entropyd-send");
     if (t->has_address && !t->root_is_tmp && upload_others) {
         pthread_sigmask(SIG_SETMASK, &all, &old);
         rc = pthread_create(&t->up_thread, NULL, tm_uploader_main, t);
@@ -298,6 +326,7 @@ static int start_threads(telemetry *t, int upload_others, char *err, size_t errl
             return -1;
         }
         t->up_started = 1;
+        pthread_setname_np(t->up_thread, "entropyd-upload");
     }
     return 0;
 }
@@ -306,7 +335,7 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
 {
     telemetry *t = calloc(1, sizeof *t);
     if (!t) { tm_set_err(err, errlen, "out of memory"); return NULL; }
-    t->lock_fd = t->wfd = t->fd = t->rd_fd = -1;
+    t->lock_fd = t->wfd = t->fd = t->rd_fd = t->wake_fd = -1;
     if (pthread_mutex_init(&t->in_lock, NULL)) { free(t); tm_set_err(err, errlen, "mutex"); return NULL; }
     t->in_lock_init = 1;
     if (c->layers < 1 || c->layers > 4096 || c->heads < 1 || c->heads > 4096 ||
@@ -333,6 +362,7 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     t->backoff_max = c->backoff_max_ms > 0 ? c->backoff_max_ms : 2000;
     if (t->backoff_max < t->backoff_min) t->backoff_max = t->backoff_min;
     t->backoff = t->backoff_min;
+    t->interval_ms = c->send_interval_ms < 0 ? 0 : c->send_interval_ms ? c->send_interval_ms : SEND_INTERVAL_MS;
 
     if (name_run(t, c->run, err, errlen)) goto err;
     if (c->address) {
@@ -357,6 +387,11 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
         goto err;
     }
 
+    t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->wake_fd < 0) {
+        tm_set_err(err, errlen, "eventfd: %s", strerror(errno));
+        goto err;
+    }
     if (start_threads(t, !c->no_spool_upload, err, errlen)) goto err;
     return t;
 err:
@@ -387,12 +422,14 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
     }
     if (t->thread_started) {
         atomic_store_explicit(&t->stop, 1, memory_order_release);
+        tm_wake(t); /* out of a paced sleep */
         pthread_join(t->thread, NULL);
         if (!t->root_is_tmp && tm_settled(t)) tm_spool_compact(t);
     }
     telemetry_msg m;
     while (t->thread_started && telemetry_poll(t, &m)) telemetry_msg_free(&m);
     if (t->fd >= 0) close(t->fd);
+    if (t->wake_fd >= 0) close(t->wake_fd);
     if (t->rd_fd >= 0) close(t->rd_fd);
     if (t->wfd >= 0) close(t->wfd);
     if (t->root_is_tmp && t->dir) tm_spool_remove(t);

@@ -79,6 +79,20 @@ typedef struct telemetry_config {
                               time, and reports each in the inbox (type
                               "client", code "uploaded" or "upload_failed").
                               Nonzero: only this run. */
+    int send_interval_ms;  /* 0: default, 100 ms. While connected and caught
+                              up, the sender thread wakes once per interval:
+                              it moves what the ring holds to the spool,
+                              sends it in one write and reads the daemon's
+                              acks and alerts, so that a training loop's
+                              steps reach the daemon (and its threads wake)
+                              once per interval instead of once per step.
+                              A ring half full, a backlog to resend, a
+                              connection being set up, telemetry_flush and
+                              the end of the run (finish, destroy) are
+                              served at once. Negative: no pacing (every
+                              message is sent within a millisecond or two
+                              of being enqueued; the sender wakes ~60
+                              times a second when idle). */
 } telemetry_config;
 
 /* Counters, a snapshot. Monotonic except spool_bytes and connected. */

@@ -26,7 +26,8 @@
 #include "proto.h"
 #include "telemetry.h"
 
-#define TICK_MAX_MS 16            /* sender idle poll: bounds enqueue->spool latency */
+#define TICK_MAX_MS 16            /* sender idle poll, unpaced: bounds enqueue->spool latency */
+#define SEND_INTERVAL_MS 100      /* telemetry_config.send_interval_ms's default */
 #define INBOX_CAP 64
 #define OBUF_CAP (256 * 1024)
 #define IBUF_CAP (1024 * 1024)    /* daemon lines longer than this are skipped */
@@ -85,6 +86,7 @@ struct telemetry {
     int lock_fd;
     uint64_t spool_max, seg_bytes;
     int backoff_min, backoff_max;
+    int interval_ms;          /* send_interval_ms; 0: not paced */
 
     /* Ring: the producer owns head and the open slot, the sender owns tail. */
     size_t cap;
@@ -93,6 +95,12 @@ struct telemetry {
     _Atomic size_t head, tail;
     _Atomic uint64_t done;    /* slots fully processed (spooled or dropped) */
     telemetry_step *open;
+    /* Waking the sender out of a paced sleep (conn.c): wake_fd, an eventfd
+     * it polls, is written by the producer once the ring is half full
+     * (kicked: once until the sender drains) and by hurry_on; hurry > 0
+     * while someone waits for the acks (flush, finish, destroy). */
+    int wake_fd;
+    atomic_int kicked, hurry;
 
     /* Inbox: the sender (and the uploader, under in_lock) produces,
      * telemetry_poll consumes. */
@@ -152,6 +160,12 @@ int tm_valid_run(const char *r);
 /* Everything enqueued has been processed by the sender and, with an
  * address, acknowledged. */
 int tm_settled(telemetry *t);
+/* While someone waits for the acks: the sender stops pacing (conn.c) and
+ * is woken now. Calls nest; each tm_hurry_on needs a tm_hurry_off. */
+void tm_hurry_on(telemetry *t);
+void tm_hurry_off(telemetry *t);
+/* Wakes the sender out of its sleep (one eventfd write). Any thread. */
+void tm_wake(telemetry *t);
 
 /* ring.c */
 /* What an end may say (live and stale are the daemon's). */

@@ -85,6 +85,7 @@ static int upload_run(const char *address, const char *root, const char *run, co
     cfg.queue_slots = 16;
     cfg.max_scalars = cfg.max_layer_metrics = cfg.max_head_metrics = 1;
     cfg.no_spool_upload = 1;
+    cfg.send_interval_ms = -1; /* a backlog, then its acks: nothing to pace */
     char err[256];
     c = telemetry_create(&cfg, err, sizeof err);
     if (!c) {

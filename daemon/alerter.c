@@ -19,6 +19,17 @@
  * ends (alerter_on_commit). */
 #define ALERTER_RELEASE_BYTES (16u << 20)
 
+/* A verdict a step changed, waiting to ride in the writer's next
+ * transaction (alerter_precommit). */
+struct pending_verdict {
+    int64_t run_id;
+    const char *state;          /* alert_verdict_name: static */
+    int64_t since_step;
+    char *heads;                /* "[[l,h],...]", malloc'd */
+    const char *rule;           /* the rule's name (the rules outlive the alerter's use) or NULL */
+    int in_txn;                 /* written into the transaction being committed */
+};
+
 struct alerter {
     struct alert_rules *rules;
     struct alert_engine *engine;
@@ -29,6 +40,10 @@ struct alerter {
     struct query_pool *pool;    /* may be NULL: no episode of an earlier daemon is resumed */
     pthread_mutex_t mu;         /* guards stats */
     struct alerter_stats stats;
+    /* Writer thread only: the verdicts steps changed since the last commit
+     * that stored them, one per run (the newest). */
+    struct pending_verdict *pv;
+    size_t npv, cappv;
 };
 
 /* alert_resume_fn: the newest episode of (run, rule) still firing in the
@@ -88,11 +103,18 @@ fail:
     return NULL;
 }
 
-void alerter_set_writer(struct alerter *m, struct writer *w) { m->writer = w; }
+static int precommit(void *ctx);
+
+void alerter_set_writer(struct alerter *m, struct writer *w) {
+    m->writer = w;
+    if (w) writer_set_precommit(w, precommit, m);
+}
 
 void alerter_destroy(struct alerter *m, int wait_ms) {
     if (!m) return;
     notify_destroy(m->notify, wait_ms);
+    for (size_t i = 0; i < m->npv; i++) free(m->pv[i].heads);
+    free(m->pv);
     alert_engine_destroy(m->engine);
     alert_rules_free(m->rules);
     pthread_mutex_destroy(&m->mu);
@@ -196,31 +218,118 @@ static void dispatch_all(struct alerter *m, int n, double step_time) {
     }
 }
 
-/* Stores a run's new verdict (alert.h) with the run, in a small transaction
- * of its own like the transitions behind it. */
-static void store_verdict(struct alerter *m, const struct alert_verdict *v) {
+/* The verdict's heads as JSON, "[[layer,head],...]" (malloc'd, or NULL). */
+static char *verdict_heads(const struct alert_verdict *v) {
     size_t cap = 4 + (size_t)v->ncells * 24, off = 0;
     char *heads = malloc(cap);
-    if (!heads) {
-        fprintf(stderr, "entropyd: out of memory storing the verdict of run %lld\n", (long long)v->run_id);
-        return;
-    }
+    if (!heads) return NULL;
     off += (size_t)snprintf(heads, cap, "[");
     for (int i = 0; i < v->ncells; i++)
         off += (size_t)snprintf(heads + off, cap - off, "%s[%d,%d]", i ? "," : "", v->cells[i].layer, v->cells[i].head);
     snprintf(heads + off, cap - off, "]");
+    return heads;
+}
+
+static void verdict_failed(struct alerter *m, int64_t run_id) {
+    fprintf(stderr, "entropyd: could not store the verdict of run %lld: %s\n", (long long)run_id,
+            store_errmsg(m->store));
+    pthread_mutex_lock(&m->mu);
+    m->stats.store_errors++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static int verdict_write(struct alerter *m, const struct pending_verdict *p) {
+    return store_run_verdict(m->store, p->run_id, p->state, p->since_step, p->heads, p->rule);
+}
+
+static void pending_drop(struct alerter *m, size_t i) {
+    free(m->pv[i].heads);
+    m->pv[i] = m->pv[--m->npv];
+}
+
+/* Drops run_id's pending verdict (a newer one was stored). */
+static void pending_forget(struct alerter *m, int64_t run_id) {
+    for (size_t i = 0; i < m->npv; i++)
+        if (m->pv[i].run_id == run_id) {
+            pending_drop(m, i);
+            return;
+        }
+}
+
+/* Stores the pending verdicts in a small transaction of their own (a tick
+ * with no batch since, so that a run gone quiet has its verdict within a
+ * second). */
+static void pending_flush(struct alerter *m) {
+    if (!m->npv) return;
     int failed = store_begin_nowait(m->store); /* a busy database must not stall the writer's batches */
-    if (!failed)
-        failed = store_run_verdict(m->store, v->run_id, alert_verdict_name(v->state), v->since_step, heads,
-                                   v->rule ? v->rule->name : NULL);
+    for (size_t i = 0; !failed && i < m->npv; i++) failed = verdict_write(m, &m->pv[i]);
     if (!failed) failed = store_commit(m->store);
     if (failed) {
         store_rollback(m->store);
-        fprintf(stderr, "entropyd: could not store the verdict of run %lld: %s\n", (long long)v->run_id,
-                store_errmsg(m->store));
-        pthread_mutex_lock(&m->mu);
-        m->stats.store_errors++;
-        pthread_mutex_unlock(&m->mu);
+        verdict_failed(m, m->pv[0].run_id); /* kept: the next batch or tick tries again */
+        return;
+    }
+    while (m->npv) pending_drop(m, m->npv - 1);
+}
+
+/* writer_precommit_fn: the pending verdicts go into the batch's
+ * transaction, just before its commit (again if the batch is applied
+ * again); they are dropped once it committed (alerter_on_commit). */
+static int precommit(void *ctx) {
+    struct alerter *m = ctx;
+    for (size_t i = 0; i < m->npv; i++) {
+        if (verdict_write(m, &m->pv[i])) {
+            verdict_failed(m, m->pv[i].run_id);
+            return -1;
+        }
+        m->pv[i].in_txn = 1;
+    }
+    return 0;
+}
+
+/* A run's new verdict (alert.h). One a step changed waits for the writer's
+ * next transaction (precommit) or the next tick, whichever comes first: at a
+ * step whose heads cross a threshold back and forth it changes at every
+ * step, and a transaction of its own per change cost the daemon as much as
+ * a third of its CPU at a training loop's pace. Any other (a hello, an end,
+ * stale, an event, a tick) is stored at once in a small transaction of its
+ * own, before the acks of the batch that caused it go out: an acked end has
+ * its final verdict stored. */
+static void store_verdict(struct alerter *m, const struct alert_verdict *v, int defer) {
+    char *heads = verdict_heads(v);
+    if (!heads) {
+        fprintf(stderr, "entropyd: out of memory storing the verdict of run %lld\n", (long long)v->run_id);
+        return;
+    }
+    struct pending_verdict p = {.run_id = v->run_id, .state = alert_verdict_name(v->state),
+                                .since_step = v->since_step, .heads = heads,
+                                .rule = v->rule ? v->rule->name : NULL};
+    if (defer) {
+        size_t i = 0;
+        while (i < m->npv && m->pv[i].run_id != v->run_id) i++;
+        if (i == m->npv) {
+            if (m->npv == m->cappv) {
+                size_t cap = m->cappv ? 2 * m->cappv : 8;
+                struct pending_verdict *pv = realloc(m->pv, cap * sizeof *pv);
+                if (!pv) goto now; /* then at once, as before */
+                m->pv = pv;
+                m->cappv = cap;
+            }
+            m->npv++;
+        } else {
+            free(m->pv[i].heads);
+        }
+        m->pv[i] = p;
+        return;
+    }
+now:
+    pending_forget(m, v->run_id);
+    int failed = store_begin_nowait(m->store);
+    if (!failed) failed = verdict_write(m, &p);
+    if (!failed) failed = store_commit(m->store);
+    if (failed) {
+        store_rollback(m->store);
+        verdict_failed(m, v->run_id);
     }
     free(heads);
 }
@@ -235,6 +344,9 @@ static void publish_stats(struct alerter *m) {
 
 void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
     int released = 0;
+    /* what precommit wrote is in the database now */
+    for (size_t i = m->npv; i-- > 0;)
+        if (m->pv[i].in_txn) pending_drop(m, i);
     for (const struct writer_item *it = items; it; it = it->next) {
         released |= it->applied && it->kind == WRITER_DELETE;
         if (!it->applied) continue; /* rejected by the store */
@@ -243,7 +355,7 @@ void alerter_on_commit(struct alerter *m, const struct writer_item *items) {
         released |= alert_released_bytes(m->engine) >= ALERTER_RELEASE_BYTES;
         dispatch_all(m, n, it->kind == WRITER_STEP && it->msg.has_time ? it->msg.time : NAN);
         const struct alert_verdict *v = alert_verdict_changed(m->engine);
-        if (v) store_verdict(m, v);
+        if (v) store_verdict(m, v, it->kind == WRITER_STEP);
         if (it->kind == WRITER_END) {
             /* episodes opened by an earlier daemon that this one never saw */
             if (store_alerts_close_run(m->store, it->run_id, it->time))
@@ -269,7 +381,8 @@ void alerter_on_tick(struct alerter *m, double now) {
     if (n < 0) fprintf(stderr, "entropyd: alert engine out of memory\n");
     dispatch_all(m, n, NAN);
     const struct alert_verdict *v = alert_verdict_changed(m->engine);
-    if (v) store_verdict(m, v);
+    if (v) store_verdict(m, v, 0);
+    pending_flush(m);
     publish_stats(m);
 }
 

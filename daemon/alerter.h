@@ -9,6 +9,12 @@
  *   - published on the live stream as an `alert` event (when a stream is set);
  *   - sent to the trainer of the run as a protocol `alert` line;
  *   - handed to the notifier (webhook, exec hook, log) when FIRING or RESOLVED.
+ * A run's verdict (alert.h) is stored when it changes: at once, in a small
+ * transaction, when a hello, an end, a stale mark, an event or a tick
+ * changed it; when a step did, it rides in the writer's next batch
+ * (writer_precommit_fn) or, if none comes first, the next tick's
+ * transaction (at most ~1 s later): at a stream whose heads cross a
+ * threshold back and forth it changes at nearly every step.
  * Nothing here blocks on the network: the notifier has its own thread. */
 #ifndef ALERTER_H
 #define ALERTER_H
@@ -39,7 +45,8 @@ struct alerter;
  * file names its line) on failure. */
 struct alerter *alerter_create(const struct alerter_config *cfg, char *err, size_t errlen);
 
-/* The writer, for alert lines to trainers; set once it exists. */
+/* The writer, for alert lines to trainers and the precommit hook that
+ * stores deferred verdicts; set once it exists, before trainers connect. */
 void alerter_set_writer(struct alerter *m, struct writer *w);
 
 /* Accepts NULL. Waits at most wait_ms for pending notifications. */

@@ -90,6 +90,7 @@ struct ingest {
     uint64_t next_id;
     struct run_table by_name, by_id;
     int paused;              /* the writer's queue was full */
+    int wake_writer;         /* steps or events were submitted quietly: wake it (ingest_run) */
     struct peers *peers;     /* open connections per uid / address */
     struct conn *pend_head, *pend_tail; /* not welcomed yet, in accept order */
     size_t in_bytes;         /* sum of every connection's in_cap */
@@ -835,13 +836,15 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
     it->linger_ms = c->ack_delay_ms;
     it->msg = msg;
     /* from a successful submit on, the item (and the message) belongs to
-     * the writer thread */
-    if (writer_submit(ing->writer, it)) {
+     * the writer thread, which ingest_run wakes once per round of the loop
+     * (one wake-up for the lines of every read of the round) */
+    if (writer_submit_quiet(ing->writer, it)) {
         it->msg = (struct proto_msg){0};
         writer_item_free(it);
         ret = LINE_BLOCKED;
         goto out;
     }
+    ing->wake_writer = 1;
     run->last_seq = msg.seq;
     if (msg.type == PROTO_END) run->ended = 1;
     msg = (struct proto_msg){0};
@@ -1137,6 +1140,14 @@ void ingest_stop(struct ingest *ing) {
 int ingest_tcp_port(const struct ingest *ing) { return ing->tcp_port; }
 
 /* Resumes connections that hold complete lines once the writer has room. */
+/* Wakes the writer once for every step and event submitted since the last
+ * call (handle_line submits them quietly). */
+static void wake_writer(struct ingest *ing) {
+    if (!ing->wake_writer) return;
+    ing->wake_writer = 0;
+    writer_wake(ing->writer);
+}
+
 static void resume_all(struct ingest *ing) {
     ing->paused = 0;
     for (int fd = 0; fd < ing->conns_cap && !ing->paused; fd++) {
@@ -1181,6 +1192,7 @@ int ingest_run(struct ingest *ing, int drain_ms) {
             STAT_ADD(ing, paused_ms, (uint64_t)(now_mono_ms() - pause_start));
             resume_all(ing);
         }
+        wake_writer(ing);
         if (ing->paused && pause_start == 0) pause_start = now_mono_ms();
         if (!ing->paused) pause_start = 0;
         double now = now_mono_ms();
@@ -1195,6 +1207,7 @@ int ingest_run(struct ingest *ing, int drain_ms) {
         struct writer_stats ws;
         writer_get_stats(ing->writer, &ws);
         handle_replies(ing);
+        wake_writer(ing);
         int pending_out = 0;
         for (int fd = 0; fd < ing->conns_cap; fd++) {
             struct conn *c = ing->conns[fd];

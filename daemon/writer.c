@@ -27,6 +27,8 @@ struct writer {
     struct writer_reply *rhead, *rtail;
 
     struct writer_stats stats;       /* written by the writer thread only */
+    writer_precommit_fn *precommit;  /* writer_set_precommit */
+    void *precommit_ctx;
 
     /* Writer thread only. Items held back behind a rollback: the first is
      * a step that needs a rewind (store_needs_rewind), the rest are later
@@ -263,6 +265,16 @@ static int batch_apply(struct writer *w, struct writer_item *batch, struct repli
     return BATCH_OK;
 }
 
+/* The precommit hook (writer.h) in the open transaction: 1 when it failed
+ * for a reason that may pass (the batch is retried). */
+static int run_precommit(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    writer_precommit_fn *fn = w->precommit;
+    void *ctx = w->precommit_ctx;
+    pthread_mutex_unlock(&w->mu);
+    return fn && fn(ctx) && retryable(store_errcode(w->st));
+}
+
 /* Commits the open transaction holding batch. When the commit (or, with
  * failed BATCH_RETRY, an earlier write) failed, rolls back and re-applies the
  * whole batch with backoff until the database takes it; with BATCH_GUARD, at
@@ -279,6 +291,7 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
             failed = batch_apply(w, batch, rep);
             continue;
         }
+        if (!failed && run_precommit(w)) failed = BATCH_RETRY;
         if (!failed) {
             double t0 = now_mono_ms();
             if (store_commit(w->st) == 0) {
@@ -401,13 +414,25 @@ static int jobs_ready(struct writer *w) {
     return r;
 }
 
+/* Whether the checkpointer has work (mu held): the WAL holds
+ * WRITER_WAL_PASSIVE bytes that no checkpoint has seen (after a RESTART it
+ * started over: all of it is new), or it is past WRITER_WAL_RESTART and
+ * has grown since the last attempt (a RESTART kept busy by readers is tried
+ * again). Not at every commit past WRITER_WAL_PASSIVE: at a training
+ * loop's pace that was a checkpoint, and its fdatasync, per commit. */
+static int checkpoint_due(const struct writer *w) {
+    if (w->wal_used >= WRITER_WAL_RESTART) return w->wal_used != w->wal_checked;
+    int64_t fresh = w->wal_used >= w->wal_checked ? w->wal_used - w->wal_checked : w->wal_used;
+    return fresh >= WRITER_WAL_PASSIVE;
+}
+
 /* After a commit: tells the checkpointer how much of the WAL is in use. */
 static void checkpoint_policy(struct writer *w) {
     int64_t used = store_wal_used(w->st), wal = -1;
     pthread_mutex_lock(&w->mu);
     w->wal_used = used;
     if (used >= WRITER_WAL_RESTART) w->wal_reset_ok = 0; /* this commit did not start the log over */
-    if (used >= WRITER_WAL_PASSIVE) pthread_cond_signal(&w->ckcv);
+    if (checkpoint_due(w)) pthread_cond_signal(&w->ckcv);
     pthread_mutex_unlock(&w->mu);
     if (used < WRITER_WAL_HARD) return;
     /* the checkpointer fell behind (or readers held the log): the writer
@@ -446,7 +471,7 @@ static void *checkpointer_main(void *arg) {
     struct writer *w = arg;
     pthread_mutex_lock(&w->mu);
     while (!w->ckstop) {
-        if (w->wal_used < WRITER_WAL_PASSIVE || w->wal_used == w->wal_checked) {
+        if (!checkpoint_due(w)) {
             cond_wait_ms(&w->ckcv, &w->mu, 1000);
             continue;
         }
@@ -667,6 +692,14 @@ static void *writer_main(void *arg) {
             }
         }
     }
+    /* what the hook still holds (the alerter's last verdicts) */
+    pthread_mutex_lock(&w->mu);
+    int hooked = w->precommit != NULL;
+    pthread_mutex_unlock(&w->mu);
+    if (hooked && store_begin(w->st) == 0) {
+        run_precommit(w);
+        if (store_commit(w->st)) store_rollback(w->st);
+    }
     replies_clear(&rep);
     return NULL;
 }
@@ -756,7 +789,7 @@ void writer_destroy(struct writer *w) {
     free(w);
 }
 
-int writer_submit(struct writer *w, struct writer_item *it) {
+static int queue_item(struct writer *w, struct writer_item *it, int wake) {
     if (!it->bytes) it->bytes = sizeof *it + it->msg.nvalues * sizeof(float) + it->msg.nmetrics * sizeof(struct proto_metric);
     if (it->time == 0) it->time = it->msg.has_time ? it->msg.time : now_wall();
     pthread_mutex_lock(&w->mu);
@@ -773,9 +806,26 @@ int writer_submit(struct writer *w, struct writer_item *it) {
     else w->head = it;
     w->tail = it;
     w->bytes += it->bytes;
-    pthread_cond_signal(&w->cv);
+    if (wake) pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return 0;
+}
+
+int writer_submit(struct writer *w, struct writer_item *it) { return queue_item(w, it, 1); }
+
+int writer_submit_quiet(struct writer *w, struct writer_item *it) { return queue_item(w, it, 0); }
+
+void writer_set_precommit(struct writer *w, writer_precommit_fn *fn, void *ctx) {
+    pthread_mutex_lock(&w->mu);
+    w->precommit = fn;
+    w->precommit_ctx = ctx;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void writer_wake(struct writer *w) {
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
 }
 
 int writer_full(struct writer *w) {

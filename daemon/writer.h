@@ -33,8 +33,10 @@
  *
  * WAL policy (SQLite's autocheckpoint is off): a checkpointer thread with
  * its own connection runs a PASSIVE checkpoint (copy into the database and
- * sync, never blocking the writer) whenever a commit leaves the WAL holding
- * WRITER_WAL_PASSIVE bytes or more, and after it a RESTART (waiting at most
+ * sync, never blocking the writer) whenever commits have added
+ * WRITER_WAL_PASSIVE bytes to the WAL since the last one (not at every
+ * commit past that size: at a training loop's pace that was a checkpoint
+ * and an fdatasync per commit), and after it a RESTART (waiting at most
  * 20 ms for readers of the old log, 250 ms past 3x) once it holds
  * WRITER_WAL_RESTART, so that the writer's next commit starts the log over;
  * journal_size_limit cuts the file back to STORE_WAL_LIMIT then. Should the
@@ -120,6 +122,15 @@ typedef void writer_commit_fn(void *ctx, const struct writer_item *items, double
  * second (for time-based alert rules). */
 typedef void writer_tick_fn(void *ctx, double now);
 
+/* Called in the writer thread inside a batch's transaction, just before
+ * its commit (again for each retry of the batch), and once more in a
+ * transaction of its own when the writer stops: what it writes commits
+ * with the batch (the alerter's verdicts, which then cost no transaction
+ * of their own). Returns 0, or -1 when a write failed: a failure that may
+ * pass (disk full, busy...) has the batch retried; any other was the
+ * statement's alone, and the batch commits. */
+typedef int writer_precommit_fn(void *ctx);
+
 struct writer_config {
     size_t max_bytes;            /* queue bound (default 256 MiB) */
     /* --retain-raw: raw frames (sealed blocks) of a run are kept for its
@@ -150,6 +161,18 @@ void writer_destroy(struct writer *w);
  * bound: the caller keeps the item and should stop reading input until
  * writer_full() turns false. HELLO, END, STALE and DELETE items are always taken. */
 int writer_submit(struct writer *w, struct writer_item *it);
+
+/* As writer_submit, but the writer thread is not woken: the submitter
+ * calls writer_wake once after a run of submits (the lines of one read, or
+ * of one round of the ingest loop, cost the writer one wake-up instead of
+ * one each). Until then the items wait, unless the writer wakes for
+ * another reason. */
+int writer_submit_quiet(struct writer *w, struct writer_item *it);
+void writer_wake(struct writer *w);
+
+/* Sets the precommit hook (NULL: none); any thread, before trainers
+ * connect (the alerter sets itself in alerter_set_writer). */
+void writer_set_precommit(struct writer *w, writer_precommit_fn *fn, void *ctx);
 
 /* 1 if the queue is at its bound. */
 int writer_full(struct writer *w);

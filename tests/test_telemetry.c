@@ -528,6 +528,65 @@ static void test_hello_and_every_line(void **state)
     env_free(&e);
 }
 
+/* Paced (send_interval_ms): once connected and caught up the sender sleeps
+ * a whole interval, so steps enqueued meanwhile wait in the spool; a flush
+ * wakes it at once, and everything arrives exactly once. */
+static void test_paced_sender_waits_for_its_interval(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    telemetry_config c;
+    base_config(&c, &e, "paced-run", 2, 3);
+    c.send_interval_ms = 20000;
+    telemetry *t = create_ok(&c);
+    put_step(t, 1, 2, 3);
+    /* the first step goes out right after the welcome (caught up from then) */
+    WAIT_FOR(stats(t).sent >= 1, 5000);
+    /* the sender has sent it, so it is past this interval's drain: these
+     * wait for the next wake-up, 20 s away */
+    for (int i = 2; i <= 4; i++) put_step(t, i, 2, 3);
+    double t0 = now_mono_ms();
+    while (now_mono_ms() - t0 < 300) {
+        assert_int_equal(stats(t).sent, 1);
+        msleep(10);
+    }
+    assert_int_equal(stats(t).spooled, 4);
+    assert_int_equal(telemetry_flush(t, 10000), TELEMETRY_OK);
+    assert_true(now_mono_ms() - t0 < 10000); /* woken by the flush, not by its interval */
+    assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 5);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* A paced sender asleep for a long interval is woken once the ring is half
+ * full: a producer faster than the interval loses nothing. */
+static void test_paced_sender_woken_by_half_full_ring(void **state)
+{
+    env e;
+    env_init(&e);
+    fake *f = fake_start(e.sock, 0, 1);
+    telemetry_config c;
+    base_config(&c, &e, "kick-run", 2, 3);
+    c.send_interval_ms = 20000;
+    c.queue_slots = 32;
+    telemetry *t = create_ok(&c);
+    put_step(t, 0, 2, 3);
+    WAIT_FOR(stats(t).sent >= 1, 5000);
+    /* 200 steps, 2 ms apart: the ring holds 32, so a sender that slept
+     * through them would drop most of them */
+    for (int i = 1; i <= 200; i++) {
+        put_step(t, i, 2, 3);
+        msleep(2);
+    }
+    assert_int_equal(stats(t).dropped_queue, 0);
+    assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 202);
+    fake_stop(f);
+    env_free(&e);
+}
+
 static void test_nan_becomes_null(void **state)
 {
     env e;
@@ -1148,6 +1207,8 @@ int main(void)
         cmocka_unit_test(test_format_float),
         cmocka_unit_test(test_step_log_one_call),
         cmocka_unit_test(test_hello_and_every_line),
+        cmocka_unit_test(test_paced_sender_waits_for_its_interval),
+        cmocka_unit_test(test_paced_sender_woken_by_half_full_ring),
         cmocka_unit_test(test_nan_becomes_null),
         cmocka_unit_test(test_resend_from_last_seq),
         cmocka_unit_test(test_seq_gap_resends),

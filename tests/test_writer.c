@@ -761,6 +761,52 @@ static void test_group_commit(void **state) {
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), seq);
 }
 
+/* The precommit hook: called inside each batch's transaction just before
+ * its commit, so what it writes is in the database when the batch's ack
+ * goes out; and once more, in a transaction of its own, when the writer
+ * stops. Quiet submits wait for writer_wake. */
+static struct {
+    int64_t run;
+    int calls, outside_txn, failed;
+    int64_t since;            /* what it writes: the verdict's since_step */
+} PC;
+
+static int precommit_hook(void *ctx) {
+    (void)ctx;
+    PC.calls++;
+    if (!store_in_transaction(E.db.st)) PC.outside_txn++;
+    if (PC.run && store_run_verdict(E.db.st, PC.run, "collapsing", PC.since, "[[0,1]]", "entropy_collapse")) PC.failed++;
+    return 0;
+}
+
+static void test_precommit_rides_in_the_batch(void **state) {
+    (void)state;
+    memset(&PC, 0, sizeof PC);
+    E.w = start_writer(0);
+    writer_set_precommit(E.w, precommit_hook, NULL);
+    submit(hello(3, "pre", L, H));
+    int64_t run = welcome(3)->run_id;
+    PC.run = run; /* (the writer is idle: it reads PC only inside a batch) */
+    PC.since = 41;
+    /* quiet submits: nothing happens until the wake */
+    for (int64_t seq = 1; seq <= 3; seq++)
+        if (writer_submit_quiet(E.w, step(3, run, seq))) fail_msg("writer_submit_quiet refused a step");
+    writer_wake(E.w);
+    WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, 3), 5000);
+    /* the ack came after the commit, and the hook's write committed with it */
+    assert_int_equal(qi(E.db.path, "SELECT since_step FROM run_summary WHERE run_id = %lld", (long long)run), 41);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 3);
+    int calls = PC.calls;
+    assert_true(calls >= 2); /* the hello's batch and the steps' */
+    PC.since = 77;
+    writer_destroy(E.w); /* the last call, in a transaction of its own */
+    E.w = NULL;
+    assert_int_equal(PC.calls, calls + 1);
+    assert_int_equal(PC.outside_txn, 0);
+    assert_int_equal(PC.failed, 0);
+    assert_int_equal(qi(E.db.path, "SELECT since_step FROM run_summary WHERE run_id = %lld", (long long)run), 77);
+}
+
 /* A DELETE decided while the run was stale, reaching the writer after a
  * trainer's hello made it live again: the writer keeps the run. */
 static void test_delete_rechecks_liveness(void **state) {
@@ -786,6 +832,7 @@ static void test_delete_rechecks_liveness(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_precommit_rides_in_the_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete_rechecks_liveness, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hello_steps_event_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hook_order_and_coalescing, setup, teardown),

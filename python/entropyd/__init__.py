@@ -148,7 +148,7 @@ class Run:
 
     def __init__(self, name, layers, heads, seq_len, config=None, daemon=None, spool_dir=None,
                  token=None, on_alert=None, grace=30.0, queue_slots=0, max_scalars=0,
-                 max_layer_metrics=0, max_head_metrics=0, upload_spool=True):
+                 max_layer_metrics=0, max_head_metrics=0, upload_spool=True, send_interval_ms=0):
         self.layers, self.heads = int(layers), int(heads)
         self._LH = self.layers * self.heads
         self.on_alert = on_alert
@@ -177,6 +177,7 @@ class Run:
         cfg.queue_slots = queue_slots
         cfg.max_scalars, cfg.max_layer_metrics, cfg.max_head_metrics = max_scalars, max_layer_metrics, max_head_metrics
         cfg.no_spool_upload = 0 if upload_spool else 1
+        cfg.send_interval_ms = int(send_interval_ms)
         err = ctypes.create_string_buffer(512)
         t = _C.telemetry_create(ctypes.byref(cfg), err, len(err))
         self._keep = None
@@ -409,7 +410,9 @@ def init(name=None, layers=None, heads=None, seq_len=None, config=None, daemon=N
     else a private temporary one), token, on_alert (callable(dict)), grace
     (seconds finish waits, default 30), queue_slots, max_scalars,
     max_layer_metrics, max_head_metrics, upload_spool (default True: upload
-    the other unacknowledged runs found in spool_dir, in the background)."""
+    the other unacknowledged runs found in spool_dir, in the background),
+    send_interval_ms (0: the library's default, 100 ms: the sender wakes and
+    sends once per interval; negative: every step at once)."""
     if layers is None or heads is None or seq_len is None:
         raise TypeError("entropyd.init needs layers, heads and seq_len")
     return Run(name, layers, heads, seq_len, config=config, daemon=daemon, **kw)

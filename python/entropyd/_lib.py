@@ -51,7 +51,7 @@ class Config(ctypes.Structure):
                 ("max_scalars", ctypes.c_int), ("max_layer_metrics", ctypes.c_int),
                 ("max_head_metrics", ctypes.c_int),
                 ("backoff_min_ms", ctypes.c_int), ("backoff_max_ms", ctypes.c_int),
-                ("no_spool_upload", ctypes.c_int)]
+                ("no_spool_upload", ctypes.c_int), ("send_interval_ms", ctypes.c_int)]
 
 
 _U64 = ctypes.c_uint64
