@@ -551,7 +551,9 @@ static void test_paced_sender_waits_for_its_interval(void **state)
         assert_int_equal(stats(t).sent, 1);
         msleep(10);
     }
-    assert_int_equal(stats(t).spooled, 4);
+    /* they wait in the ring, not yet in the spool: the sender drains the
+     * ring at its wake-up too */
+    assert_int_equal(stats(t).spooled, 1);
     assert_int_equal(telemetry_flush(t, 10000), TELEMETRY_OK);
     assert_true(now_mono_ms() - t0 < 10000); /* woken by the flush, not by its interval */
     assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
