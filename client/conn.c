@@ -249,6 +249,15 @@ static int send_all(telemetry *t)
     }
 }
 
+/* Empties the wake eventfd (telemetry_int.h, woken). */
+static void clear_wake(telemetry *t)
+{
+    uint64_t v;
+    atomic_store_explicit(&t->woken, 0, memory_order_relaxed);
+    ssize_t ignored = read(t->wake_fd, &v, sizeof v);
+    (void)ignored;
+}
+
 /* One paced wake-up (telemetry.h, send_interval_ms), after the ring was
  * drained: the daemon's lines that came meanwhile (acks trim the spool,
  * alerts go to the inbox), everything new in one write, then a sleep of
@@ -263,12 +272,10 @@ static int paced_wait(telemetry *t)
         if (t->fd < 0 || t->cstate != C_STREAMING || !send_all(t)) return 0;
     }
     struct pollfd pf[2] = { { t->wake_fd, POLLIN, 0 }, { t->fd, 0, 0 } };
+    atomic_store_explicit(&t->asleep, 1, memory_order_release);
     int pr = poll(pf, t->fd >= 0 ? 2 : 1, t->interval_ms);
-    if (pr > 0 && pf[0].revents) {
-        uint64_t v;
-        ssize_t ignored = read(t->wake_fd, &v, sizeof v);
-        (void)ignored;
-    }
+    atomic_store_explicit(&t->asleep, 0, memory_order_release);
+    if (pr > 0 && pf[0].revents) clear_wake(t);
     if (pr > 0 && t->fd >= 0 && pf[1].revents) do_read(t); /* hang-up or error: disconnects */
     return 1;
 }
@@ -286,6 +293,7 @@ void *tm_sender_main(void *arg)
          * slowly the longer it stays empty, so that an idle client wakes
          * ~60 times a second and a busy one sees new messages within a
          * millisecond or two. */
+        if (atomic_load_explicit(&t->woken, memory_order_acquire)) clear_wake(t);
         int busy = tm_ring_drain(t);
         int timeout = busy ? 0 : idle;
         idle = busy ? 1 : (idle * 2 > TICK_MAX_MS ? TICK_MAX_MS : idle * 2);

@@ -108,6 +108,7 @@ void tm_wake(telemetry *t)
 {
     uint64_t one = 1;
     if (t->wake_fd < 0) return;
+    atomic_store_explicit(&t->woken, 1, memory_order_release);
     while (write(t->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {}
 }
 

@@ -98,9 +98,15 @@ struct telemetry {
     /* Waking the sender out of a paced sleep (conn.c): wake_fd, an eventfd
      * it polls, is written by the producer once the ring is half full
      * (kicked: once until the sender drains) and by hurry_on; hurry > 0
-     * while someone waits for the acks (flush, finish, destroy). */
+     * while someone waits for the acks (flush, finish, destroy).
+     * woken is set with each write to wake_fd; the sender clears both
+     * before it drains the ring, so that a wake-up the drain answered does
+     * not cut its next sleep short. asleep is 1 from after a drain of the
+     * ring to the end of the paced sleep that follows it: a step enqueued
+     * meanwhile waits for a wake-up (the tests read it to know the sender
+     * is asleep). */
     int wake_fd;
-    atomic_int kicked, hurry;
+    atomic_int kicked, hurry, woken, asleep;
 
     /* Inbox: the sender (and the uploader, under in_lock) produces,
      * telemetry_poll consumes. */

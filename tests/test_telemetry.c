@@ -36,6 +36,7 @@
 #include "fixture.h"
 #include "proto.h"
 #include "telemetry.h"
+#include "telemetry_int.h" /* asleep: whether a paced sender sleeps */
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -541,10 +542,12 @@ static void test_paced_sender_waits_for_its_interval(void **state)
     c.send_interval_ms = 20000;
     telemetry *t = create_ok(&c);
     put_step(t, 1, 2, 3);
-    /* the first step goes out right after the welcome (caught up from then) */
-    WAIT_FOR(stats(t).sent >= 1, 5000);
-    /* the sender has sent it, so it is past this interval's drain: these
-     * wait for the next wake-up, 20 s away */
+    /* a flush sends the first step at once, whenever it was enqueued */
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    assert_int_equal(stats(t).sent, 1);
+    /* once the sender sleeps again, these wait for its next wake-up, 20 s
+     * away */
+    WAIT_FOR(atomic_load(&t->asleep), 5000);
     for (int i = 2; i <= 4; i++) put_step(t, i, 2, 3);
     double t0 = now_mono_ms();
     while (now_mono_ms() - t0 < 300) {
@@ -575,7 +578,8 @@ static void test_paced_sender_woken_by_half_full_ring(void **state)
     c.queue_slots = 32;
     telemetry *t = create_ok(&c);
     put_step(t, 0, 2, 3);
-    WAIT_FOR(stats(t).sent >= 1, 5000);
+    assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
+    WAIT_FOR(atomic_load(&t->asleep), 5000);
     /* 200 steps, 2 ms apart: the ring holds 32, so a sender that slept
      * through them would drop most of them */
     for (int i = 1; i <= 200; i++) {
