@@ -5,13 +5,17 @@
  * knowledge of runs, databases or sockets.
  *
  *   trainer -> daemon: proto_write_hello / _step_body / _event_body /
- *       _end_body write, proto_parse (proto.c) reads;
+ *       _end_body write, proto_parse (proto_parse.c) reads;
  *   daemon -> trainer: proto_write_welcome / _ack / _error write,
  *       proto_parse_reply (proto_reply.c) reads (alert lines too: they are
  *       built by the daemon's alerter with cJSON, here only recognized).
  * tests/test_proto_roundtrip.c writes and parses every message type.
  *
- * proto.c's parser:
+ * The files: proto.c the vocabulary (names, escaping, the float32 rule),
+ * proto_parse.c the trainer -> daemon parser, proto_write.c float formatting
+ * and the writers, proto_reply.c the daemon -> trainer parser.
+ *
+ * proto_parse.c's parser:
  *
  * The parser is a hand-written JSON reader specialised for the hot message,
  * `step`: numbers go straight into one float array, so a 12x12 model's step
@@ -102,6 +106,8 @@ struct proto_msg {
     int status;                  /* enum proto_status */
 };
 
+/* ---- parser, trainer -> daemon (proto_parse.c) */
+
 /* Parses one line (without its newline; a trailing '\r' is allowed) into
  * *msg, which must be zeroed or freed. Returns PROTO_OK, or an error code
  * with a one-line explanation in err (always NUL-terminated). On error, msg
@@ -113,6 +119,8 @@ int proto_parse(const char *line, size_t len, struct proto_msg *msg,
 /* Frees what the message owns and zeroes it. Accepts a zeroed message. */
 void proto_msg_free(struct proto_msg *msg);
 
+/* ---- names, levels, statuses, strings, the float32 rule (proto.c) */
+
 /* The wire name of an error code ("bad_json"), or "internal" out of range. */
 const char *proto_err_name(int code);
 
@@ -120,12 +128,19 @@ const char *proto_err_name(int code);
 const char *proto_level_name(int level);
 const char *proto_status_name(int status);
 
-/* Writes a JSON string literal (with quotes) of s[0..len) into out, escaping
- * as JSON requires. Returns the bytes written (without NUL), or the length
- * needed if it exceeds cap (then out is not terminated). */
-size_t proto_json_string(char *out, size_t cap, const char *s, size_t len);
+/* A metric value as stored: float32, a finite double beyond its range
+ * saturated to +-FLT_MAX (a JSON number is finite; Inf is sent as null). */
+float proto_to_f32(double d);
 
-/* ---- names, levels, statuses (proto_write.c) */
+/* Writes a JSON string literal (with quotes) of s[0..len) into out, escaping
+ * as JSON requires; a byte that does not begin a valid UTF-8 sequence is
+ * written as '?', so the literal is always valid JSON. Returns the bytes
+ * written (without NUL), or the length needed if it exceeds cap (then out
+ * is not terminated). */
+size_t proto_json_string(char *out, size_t cap, const char *s, size_t len);
+/* The same escaping, the body only (no quotes, not terminated), into an out
+ * that holds 6 * len bytes. Returns the bytes written. */
+size_t proto_json_escape(char *out, const char *s, size_t len);
 
 /* 1 when s[0..n) is a metric name: 1..PROTO_MAX_NAME bytes of [A-Za-z0-9._:-]. */
 int proto_valid_name(const char *s, size_t n);
@@ -136,7 +151,7 @@ int proto_valid_run(const char *s, size_t n);
 int proto_level_parse(const char *s);
 int proto_status_parse(const char *s);
 
-/* ---- numbers and strings (proto_write.c) */
+/* ---- numbers (proto_write.c) */
 
 /* v as a JSON number that reads back as the same float32 (the fewest of
  * 6..9 significant digits that do, trailing zeros cut: 0.1f is "0.1"), or
@@ -222,9 +237,5 @@ struct proto_reply {
  * (r->type UNKNOWN) when the line is not a JSON object or a known type
  * lacks a required field. Never reads outside [line, line+len). */
 int proto_parse_reply(const char *line, size_t len, struct proto_reply *r);
-
-/* A metric value as stored: float32, a finite double beyond its range
- * saturated to +-FLT_MAX (a JSON number is finite; Inf is sent as null). */
-float proto_to_f32(double d);
 
 #endif

@@ -1,7 +1,7 @@
 /* proto_reply.c: the parser of what the daemon sends a trainer (welcome,
  * ack, error, alert; schema/protocol.md "Daemon to trainer"). These lines
  * are rare and small (an ack per commit), so cJSON does: the hot direction,
- * trainer -> daemon, has its own reader (proto.c).
+ * trainer -> daemon, has its own reader (proto_parse.c).
  *
  * Not here: acting on them (the client's sender thread does). */
 #include "proto.h"

@@ -1,54 +1,14 @@
-/* proto_write.c: protocol v1's names, number formatting, escaping and the
- * writer of every message (see proto.h). Pure: writes into the caller's
- * buffer, allocates nothing, no locale, no printf on the hot path (steps).
+/* proto_write.c: protocol v1's float formatting and the writer of every
+ * message (see proto.h). Pure: writes into the caller's buffer, allocates
+ * nothing, no locale, no printf on the hot path (steps).
  *
- * Not here: the trainer->daemon parser (proto.c), the daemon->trainer
- * parser (proto_reply.c). */
+ * Not here: names and escaping (proto.c), the trainer->daemon parser
+ * (proto_parse.c), the daemon->trainer parser (proto_reply.c). */
 #include "proto.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------- names */
-
-static int metric_char(unsigned char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == ':' || c == '-';
-}
-
-int proto_valid_name(const char *s, size_t n)
-{
-    if (n < 1 || n > PROTO_MAX_NAME) return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!metric_char((unsigned char)s[i])) return 0;
-    return 1;
-}
-
-int proto_valid_run(const char *s, size_t n)
-{
-    if (n < 1 || n > PROTO_MAX_RUN) return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (!metric_char(c) && c != '@' && c != '+') return 0;
-    }
-    return 1;
-}
-
-int proto_level_parse(const char *s)
-{
-    for (int i = PROTO_INFO; s && i <= PROTO_ERROR; i++)
-        if (!strcmp(s, proto_level_name(i))) return i;
-    return -1;
-}
-
-int proto_status_parse(const char *s)
-{
-    for (int i = PROTO_LIVE; s && i <= PROTO_ABORTED; i++)
-        if (!strcmp(s, proto_status_name(i))) return i;
-    return -1;
-}
 
 /* ---------------------------------------------------------------- numbers */
 
@@ -163,46 +123,6 @@ static int format_time(char *p, double t)
     return n;
 }
 
-/* ---------------------------------------------------------------- strings */
-
-/* JSON string body of s[0..n): escapes, and replaces invalid UTF-8 by '?'.
- * out must hold 6*n bytes.  Returns the bytes written (not terminated). */
-static size_t json_escape(char *out, const char *str, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *s = (const unsigned char *)str;
-    char *o = out;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c == '"' || c == '\\') { *o++ = '\\'; *o++ = (char)c; i++; continue; }
-        if (c < 0x20) {
-            if (c == '\n') { *o++ = '\\'; *o++ = 'n'; }
-            else if (c == '\t') { *o++ = '\\'; *o++ = 't'; }
-            else if (c == '\r') { *o++ = '\\'; *o++ = 'r'; }
-            else { memcpy(o, "\\u00", 4); o += 4; *o++ = hex[c >> 4]; *o++ = hex[c & 15]; }
-            i++;
-            continue;
-        }
-        if (c < 0x80) { *o++ = (char)c; i++; continue; }
-        size_t k = 0;
-        unsigned lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) k = 2;
-        else if (c >= 0xe0 && c <= 0xef) { k = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
-        else if (c >= 0xf0 && c <= 0xf4) { k = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
-        int ok = k > 0 && i + k <= n;
-        for (size_t j = 1; ok && j < k; j++) {
-            unsigned cc = s[i + j];
-            if (j == 1 ? (cc < lo || cc > hi) : (cc < 0x80 || cc > 0xbf)) ok = 0;
-        }
-        if (!ok) { *o++ = '?'; i++; continue; }
-        memcpy(o, s + i, k); o += k; i += k;
-    }
-    return (size_t)(o - out);
-}
-
-/* ---------------------------------------------------------------- producer */
-
 /* ---------------------------------------------------------------- writers */
 
 #define PUT(str) (memcpy(p, str, sizeof(str) - 1), p += sizeof(str) - 1)
@@ -230,7 +150,7 @@ size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int
     if (public_len) *public_len = (size_t)n;
     if (token) {
         n += snprintf(out + n, cap - (size_t)n, ",\"token\":\"");
-        n += (int)json_escape(out + n, token, tlen);
+        n += (int)proto_json_escape(out + n, token, tlen);
         out[n++] = '"';
     }
     out[n++] = '}';
@@ -312,7 +232,7 @@ size_t proto_write_event_body(char *out, int level, const char *text, size_t tle
     PUT("\"type\":\"event\",\"level\":\"");
     p += strlen(strcpy(p, proto_level_name(level)));
     PUT("\",\"text\":\"");
-    p += json_escape(p, text, tlen);
+    p += proto_json_escape(p, text, tlen);
     *p++ = '"';
     if (time >= 0) { PUT(",\"time\":"); p += format_time(p, time); }
     *p++ = '}';
@@ -350,7 +270,7 @@ size_t proto_write_error(char *out, size_t cap, int code, const char *message, i
     PUT("{\"type\":\"error\",\"code\":\"");
     p += strlen(strcpy(p, proto_err_name(code)));
     PUT("\",\"message\":\"");
-    p += json_escape(p, message, mlen);
+    p += proto_json_escape(p, message, mlen);
     *p++ = '"';
     if (has_seq) p += snprintf(p, 32, ",\"seq\":%lld", (long long)seq);
     *p++ = '}';

@@ -1,4 +1,6 @@
-/* test_proto.c: unit tests of the protocol v1 line parser (proto/proto.c).
+/* test_proto.c: unit tests of the protocol v1 line parser
+ * (proto/proto_parse.c) and of the vocabulary it checks against
+ * (proto/proto.c: names, escaping).
  *
  * Every message type with all its fields, number parsing against strtod,
  * string escapes and UTF-8 validation, every error code the parser returns,
@@ -1161,6 +1163,16 @@ static void test_json_string(void **state) {
     assert_string_equal(out, esc);
     assert_int_equal(proto_json_string(out, sizeof out, "\xc3\xa9/\x7f", 4), 6);
     assert_string_equal(out, "\"\xc3\xa9/\x7f\"");
+    /* bytes that are not UTF-8 become '?' (a lone continuation byte, a
+     * truncated sequence, an overlong '/', a surrogate), valid ones stay */
+    assert_int_equal(proto_json_string(out, sizeof out, "a\x80" "b\xc3", 4), 6);
+    assert_string_equal(out, "\"a?b?\"");
+    assert_int_equal(proto_json_string(out, sizeof out, "\xc0\xaf\xed\xa0\x80\xf0\x9f\x98\x80", 9), 11);
+    assert_string_equal(out, "\"?????\xf0\x9f\x98\x80\"");
+    /* the body-only form writes the same bytes without the quotes */
+    char body[64];
+    assert_int_equal(proto_json_escape(body, "q\"\xff\n", 4), 6);
+    assert_memory_equal(body, "q\\\"?\\n", 6);
     /* len is honoured: bytes after it are not read */
     assert_int_equal(proto_json_string(out, sizeof out, "abcdef", 3), 5);
     assert_string_equal(out, "\"abc\"");

@@ -1,5 +1,5 @@
 /* fuzz_proto: libFuzzer harness for the protocol v1 line parser
- * (proto/proto.c, proto_parse). Not a unit test: built and run by
+ * (proto_parse). Not a unit test: built and run by
  * `make fuzz` and scripts/run-fuzz.sh (clang -fsanitize=fuzzer,address,undefined).
  *
  * The input is one line. It is copied into a buffer of exactly its size so
@@ -7,7 +7,8 @@
  * Beyond "no crash, no leak", it checks the parser's own contract: err is
  * always NUL-terminated, an accepted message is consistent (every metric's
  * values lie inside the value array, shapes as the kind says), and
- * proto_json_string round-trips through the parser. */
+ * proto_json_string round-trips through the parser. The file names are
+ * proto/proto_parse.c (the parser) and proto/proto.c (the escaping). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +22,29 @@ static void check(int cond, const char *what) {
         fprintf(stderr, "fuzz_proto: contract broken: %s\n", what);
         abort();
     }
+}
+
+/* RFC 3629 UTF-8, decoded to code points (an independent check of what
+ * proto_json_string passes through): no overlong forms, no surrogates,
+ * nothing above U+10FFFF. */
+static int utf8_valid(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i], cp, k;
+        if (c < 0x80) { i++; continue; }
+        if ((c & 0xe0) == 0xc0) { k = 2; cp = c & 0x1f; }
+        else if ((c & 0xf0) == 0xe0) { k = 3; cp = c & 0x0f; }
+        else if ((c & 0xf8) == 0xf0) { k = 4; cp = c & 0x07; }
+        else return 0;
+        if (i + k > n) return 0;
+        for (unsigned j = 1; j < k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80) return 0;
+            cp = cp << 6 | (s[i + j] & 0x3f);
+        }
+        static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+        i += k;
+    }
+    return 1;
 }
 
 static void check_msg(const struct proto_msg *m) {
@@ -81,8 +105,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 int k = snprintf(ev, n + 64, "{\"type\":\"event\",\"seq\":1,\"level\":\"info\",\"text\":%.*s}", (int)n, lit);
                 struct proto_msg e = {0};
                 int r2 = proto_parse(ev, (size_t)k, &e, err, sizeof err);
-                if (r2 == PROTO_OK && size <= PROTO_MAX_TEXT && memchr(line, 0, size) == NULL)
-                    check(strlen(e.text) == size && memcmp(e.text, line, size) == 0, "event text round-trips");
+                if (size <= PROTO_MAX_TEXT && memchr(line, 0, size) == NULL) {
+                    /* the literal is valid JSON whatever the bytes (invalid
+                     * UTF-8 becomes '?'), and valid UTF-8 comes back as it was */
+                    check(r2 == PROTO_OK, "an escaped literal always parses");
+                    if (r2 == PROTO_OK && utf8_valid((const unsigned char *)line, size))
+                        check(strlen(e.text) == size && memcmp(e.text, line, size) == 0, "event text round-trips");
+                }
                 proto_msg_free(&e);
                 free(ev);
             }
