@@ -165,7 +165,7 @@ int tm_ring_put(telemetry *t, int kind, const char *level, char *text)
     s->kind = kind;
     snprintf(s->level, sizeof s->level, "%s", level);
     s->text = text;
-    s->time = telemetry_now();
+    s->time = now_wall();
     publish(t);
     return TELEMETRY_OK;
 }
@@ -246,7 +246,7 @@ static void report_drops(telemetry *t)
                       (unsigned long long)(q + s + o), (unsigned long long)q, (unsigned long long)s,
                       (unsigned long long)o);
     char *b = t->fmt + SEQ_PREFIX_MAX;
-    size_t n = proto_write_event_body(b, PROTO_WARN, text, (size_t)tn, telemetry_now());
+    size_t n = proto_write_event_body(b, PROTO_WARN, text, (size_t)tn, now_wall());
     if (tm_spool_add(t, b, n) == 0) t->reported_drops = q + s + o;
 }
 

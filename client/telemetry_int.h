@@ -3,7 +3,7 @@
  * the contract for programs is telemetry.h.
  *
  * The parts (one job a file):
- *   telemetry.c  configuration, create / destroy / finish, counters, flush
+ *   lifecycle.c  configuration, create / destroy / finish, counters, flush
  *   ring.c       the producer's ring of preallocated slots (telemetry_step_*,
  *                telemetry_event) and the sender's end of it (tm_ring_drain)
  *   spool.c      the on-disk write-ahead log: segments, recovery, trimming,
@@ -17,10 +17,16 @@
 #ifndef TELEMETRY_INT_H
 #define TELEMETRY_INT_H
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "now.h"
 #include "proto.h"
@@ -155,23 +161,53 @@ struct telemetry {
 /* Monotonic nanoseconds (deadlines, backoff). */
 static inline uint64_t tm_now_ns(void) { return (uint64_t)(now_mono_ms() * 1e6); }
 
-/* Library-internal: hidden from libentropyd_client.so's exported symbols. */
-#pragma GCC visibility push(hidden)
+/* ---- small helpers every part uses (here, so that no part calls back
+ * into lifecycle.c, which stands above them all) */
 
-/* telemetry.c */
-void tm_set_err(char *err, size_t errlen, const char *fmt, ...);
-void tm_sleep_ms(int ms);
+static inline void tm_sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
+}
+
+/* Formats into err[0..errlen) when err is not NULL. */
+__attribute__((format(printf, 3, 4)))
+static inline void tm_set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
 /* A run name is also a directory name: not "." or "..". */
-int tm_valid_run(const char *r);
+static inline int tm_valid_run(const char *r)
+{
+    return proto_valid_run(r, strnlen(r, TELEMETRY_RUN_MAX + 1)) && strcmp(r, ".") && strcmp(r, "..");
+}
+
 /* Everything enqueued has been processed by the sender and, with an
  * address, acknowledged. */
-int tm_settled(telemetry *t);
-/* While someone waits for the acks: the sender stops pacing (conn.c) and
- * is woken now. Calls nest; each tm_hurry_on needs a tm_hurry_off. */
-void tm_hurry_on(telemetry *t);
-void tm_hurry_off(telemetry *t);
+static inline int tm_settled(telemetry *t)
+{
+    uint64_t done = atomic_load_explicit(&t->done, memory_order_acquire);
+    if (done != atomic_load_explicit(&t->head, memory_order_relaxed)) return 0;
+    if (!t->has_address) return 1;
+    return ST_GET(t, st_acked) + 1 >= ST_GET(t, st_next_seq);
+}
+
 /* Wakes the sender out of its sleep (one eventfd write). Any thread. */
-void tm_wake(telemetry *t);
+static inline void tm_wake(telemetry *t)
+{
+    uint64_t one = 1;
+    if (t->wake_fd < 0) return;
+    atomic_store_explicit(&t->woken, 1, memory_order_release);
+    while (write(t->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {}
+}
+
+/* Library-internal: hidden from libentropyd_client.so's exported symbols. */
+#pragma GCC visibility push(hidden)
 
 /* ring.c */
 /* What an end may say (live and stale are the daemon's). */

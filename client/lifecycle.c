@@ -1,4 +1,4 @@
-/* telemetry.c -- the client's lifecycle: configuration, create (spool,
+/* lifecycle.c -- the client's lifecycle: configuration, create (spool,
  * ring, threads), flush, finish, destroy, counters (see telemetry.h; the
  * parts are listed in telemetry_int.h).
  *
@@ -32,35 +32,14 @@
 #include <string.h>
 #include <unistd.h>
 
-void tm_set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 double telemetry_now(void)
 {
     return now_wall();
 }
 
-void tm_sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
-}
-
 int telemetry_format_float(char *buf, float v)
 {
     return proto_format_float(buf, v);
-}
-
-/* A run name is also a directory name: not "." or "..". */
-int tm_valid_run(const char *r)
-{
-    return proto_valid_run(r, strnlen(r, TELEMETRY_RUN_MAX + 1)) && strcmp(r, ".") && strcmp(r, "..");
 }
 
 void telemetry_config_init(telemetry_config *cfg)
@@ -94,31 +73,15 @@ void telemetry_get_stats(const telemetry *tc, telemetry_stats *o)
     o->connected = atomic_load_explicit(&t->st_connected, memory_order_relaxed);
 }
 
-/* Everything enqueued has been processed by the sender and, with an
- * address, acknowledged. */
-int tm_settled(telemetry *t)
-{
-    uint64_t done = atomic_load_explicit(&t->done, memory_order_acquire);
-    if (done != atomic_load_explicit(&t->head, memory_order_relaxed)) return 0;
-    if (!t->has_address) return 1;
-    return ST_GET(t, st_acked) + 1 >= ST_GET(t, st_next_seq);
-}
-
-void tm_wake(telemetry *t)
-{
-    uint64_t one = 1;
-    if (t->wake_fd < 0) return;
-    atomic_store_explicit(&t->woken, 1, memory_order_release);
-    while (write(t->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {}
-}
-
-void tm_hurry_on(telemetry *t)
+/* While someone waits for the acks: the sender stops pacing (conn.c) and
+ * is woken now. Calls nest; each hurry_on needs a hurry_off. */
+static void hurry_on(telemetry *t)
 {
     atomic_fetch_add_explicit(&t->hurry, 1, memory_order_release);
     tm_wake(t);
 }
 
-void tm_hurry_off(telemetry *t)
+static void hurry_off(telemetry *t)
 {
     atomic_fetch_sub_explicit(&t->hurry, 1, memory_order_release);
 }
@@ -128,12 +91,12 @@ int telemetry_flush(telemetry *t, int timeout_ms)
     uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
     int rc = TELEMETRY_OK;
     if (tm_settled(t)) return rc;
-    tm_hurry_on(t);
+    hurry_on(t);
     while (!tm_settled(t)) {
         if (tm_now_ns() >= end) { rc = TELEMETRY_ETIMEDOUT; break; }
         tm_sleep_ms(1);
     }
-    tm_hurry_off(t);
+    hurry_off(t);
     return rc;
 }
 
@@ -150,7 +113,7 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
         }
     }
     uint64_t next_line = start + 1000000000u;
-    if (t->thread_started) tm_hurry_on(t); /* the sender stops pacing: the end goes at once */
+    if (t->thread_started) hurry_on(t); /* the sender stops pacing: the end goes at once */
     /* the background uploads of other runs get the same grace period */
     while (t->thread_started && (!tm_settled(t) || (t->up_started && !atomic_load(&t->up_done))) &&
            tm_now_ns() < end) {
@@ -169,7 +132,7 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
             next_line = now + 1000000000u;
         }
     }
-    if (t->thread_started) tm_hurry_off(t);
+    if (t->thread_started) hurry_off(t);
     int rc = tm_settled(t) ? TELEMETRY_OK : TELEMETRY_ETIMEDOUT;
     if (progress && rc != TELEMETRY_OK) {
         telemetry_stats st;
