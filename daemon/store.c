@@ -1,7 +1,10 @@
 /* store.c: entropyd's SQLite write side. See store.h for the contract and
  * schema/storage.md for the layout. This file knows SQL and blobs; it knows
- * nothing of sockets or threads (the writer thread calls it). */
+ * nothing of sockets or threads (the writer thread calls it). What takes
+ * data away in bounded chunks (the purge of deleted runs, raw retention) is
+ * store_purge.c; what both share is store_int.h. */
 #include "store.h"
+#include "store_int.h"
 
 #include <math.h>
 #include <sqlite3.h>
@@ -50,17 +53,6 @@ struct run_cache {
     struct metric_cache *metrics;
 };
 
-enum {
-    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SEAL_FRAMES, S_SEAL_DELETE,
-    S_INSERT_ABANDONED, S_LAST_FRAME, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
-    S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
-    /* the hello path and transaction control, prepared once: preparing them
-     * at every hello was a third of the daemon's CPU per hello, and its
-     * mallocs grew slower as the heap filled with 10,000 runs (issue 15) */
-    S_BEGIN, S_COMMIT, S_SAVEPOINT, S_RELEASE, S_RUN_BY_NAME, S_RUN_RESUME, S_RUN_ID_NEXT, S_RUN_CREATE,
-    S_RUN_STATUS, S_RUN_VERDICT, S_ALERTS_CLOSE_RUN,
-    S_COUNT
-};
 
 static const char *const stmt_sql[S_COUNT] = {
     [S_INSERT_FRAME] = "INSERT OR REPLACE INTO frames(metric_id, step, data) VALUES (?1, ?2, ?3)",
@@ -121,32 +113,8 @@ static const char *const stmt_sql[S_COUNT] = {
                            "WHERE run_id = ?1 AND state = 'firing'",
 };
 
-struct store {
-    sqlite3 *db;
-    sqlite3_stmt *stmt[S_COUNT];
-    sqlite3_stmt *summary_stmt;   /* store_run_summary_step's, prepared on first use */
-    char err[512];
-    int errcode;
-    int in_txn;
-    uint32_t nruns, capruns;
-    struct run_cache **runs;
-    int64_t wal_frames;   /* frames in the WAL after the last commit (wal hook) */
-    int64_t page_size;
-    int autockpt;         /* checkpoint at 1000 frames as SQLite would (default on) */
-    /* scratch for rollups, grown on demand (aggcap cells): the block being
-     * pooled, a row of the level below decoded, and the coded row */
-    struct rollup_cell *agg, *aggsrc;
-    unsigned char *aggrow;
-    size_t aggcap;
-    /* the codec of blocks, and the frames of one block (FBLOCK_STEPS x n) */
-    struct fblock_codec *codec;
-    struct fblock_rows *rows;     /* sealed blocks' rows (fblock_rows.h) */
-    float *blockvals;
-    size_t blockcap;
-    int bf16;             /* store_set_lossy_bf16 */
-};
 
-static int set_err(struct store *st, int code, const char *fmt, ...) {
+int store_set_err(struct store *st, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(st->err, sizeof st->err, fmt, ap);
@@ -155,20 +123,17 @@ static int set_err(struct store *st, int code, const char *fmt, ...) {
     return -1;
 }
 
-static int db_err(struct store *st, const char *what) {
-    return set_err(st, sqlite3_extended_errcode(st->db) & 0xff, "%s: %s", what, sqlite3_errmsg(st->db));
+int store_db_err(struct store *st, const char *what) {
+    return store_set_err(st, sqlite3_extended_errcode(st->db) & 0xff, "%s: %s", what, sqlite3_errmsg(st->db));
 }
 
-/* An fblock_rows result (fblock_rows.h) as the store's error: 0 for a
- * success, else -1 with the error set (m and block name the block, when
- * known: NULL, -1 otherwise). */
-static int rows_err(struct store *st, int64_t rc, const struct metric_cache *m, int64_t block, const char *what) {
+int store_rows_err(struct store *st, int64_t rc, int64_t metric_id, int64_t block, const char *what) {
     if (rc >= 0) return 0;
-    if (rc == FBLOCK_ENOMEM) return set_err(st, SQLITE_NOMEM, "%s: out of memory", what);
+    if (rc == FBLOCK_ENOMEM) return store_set_err(st, SQLITE_NOMEM, "%s: out of memory", what);
     if (rc == FBLOCK_ECORRUPT)
-        return set_err(st, SQLITE_CORRUPT, "%s: a block of metric %lld%s does not decode", what,
-                       m ? (long long)m->id : -1LL, block >= 0 ? " (or a chunk of it is missing)" : "");
-    return db_err(st, what);
+        return store_set_err(st, SQLITE_CORRUPT, "%s: a block of metric %lld%s does not decode", what,
+                       (long long)metric_id, block >= 0 ? " (or a chunk of it is missing)" : "");
+    return store_db_err(st, what);
 }
 
 const char *store_errmsg(const struct store *st) { return st->err; }
@@ -180,10 +145,10 @@ int store_schema_version(void) {
     return n;
 }
 
-static int exec(struct store *st, const char *sql) {
+int store_exec(struct store *st, const char *sql) {
     char *msg = NULL;
     if (sqlite3_exec(st->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        set_err(st, sqlite3_extended_errcode(st->db) & 0xff, "%s", msg ? msg : sqlite3_errmsg(st->db));
+        store_set_err(st, sqlite3_extended_errcode(st->db) & 0xff, "%s", msg ? msg : sqlite3_errmsg(st->db));
         sqlite3_free(msg);
         return -1;
     }
@@ -204,23 +169,23 @@ static int64_t pragma_int(struct store *st, const char *sql) {
 static int migrate(struct store *st) {
     int known = store_schema_version();
     int64_t have = pragma_int(st, "PRAGMA user_version");
-    if (have < 0) return db_err(st, "reading schema version");
+    if (have < 0) return store_db_err(st, "reading schema version");
     if (have > known)
-        return set_err(st, SQLITE_ERROR,
+        return store_set_err(st, SQLITE_ERROR,
                        "database schema version %lld is newer than this entropyd knows (%d): "
                        "use a newer entropyd or another --db", (long long)have, known);
     for (int i = (int)have; i < known; i++) {
         char sql[64];
-        if (exec(st, "BEGIN IMMEDIATE")) return -1;
-        if (exec(st, (const char *)migrations[i].data)) {
+        if (store_exec(st, "BEGIN IMMEDIATE")) return -1;
+        if (store_exec(st, (const char *)migrations[i].data)) {
             char msg[sizeof st->err];
             snprintf(msg, sizeof msg, "%s", st->err);
-            exec(st, "ROLLBACK");
-            return set_err(st, SQLITE_ERROR, "migration %.64s failed: %.400s", migrations[i].path, msg);
+            store_exec(st, "ROLLBACK");
+            return store_set_err(st, SQLITE_ERROR, "migration %.64s failed: %.400s", migrations[i].path, msg);
         }
         snprintf(sql, sizeof sql, "PRAGMA user_version = %d", i + 1);
-        if (exec(st, sql) || exec(st, "COMMIT")) {
-            exec(st, "ROLLBACK");
+        if (store_exec(st, sql) || store_exec(st, "COMMIT")) {
+            store_exec(st, "ROLLBACK");
             return -1;
         }
     }
@@ -252,15 +217,15 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
     sqlite3_busy_timeout(st->db, 5000);
     /* page_size only takes effect before the first table exists. 16 KiB
      * pages pack the frame rows (~600 bytes for 12x12) with little waste. */
-    if (exec(st, "PRAGMA page_size = 16384") ||
-        exec(st, "PRAGMA journal_mode = WAL") ||
-        exec(st, "PRAGMA synchronous = NORMAL") ||
-        exec(st, "PRAGMA foreign_keys = ON") ||
-        exec(st, "PRAGMA secure_delete = " SECURE_DELETE) ||
-        exec(st, "PRAGMA cache_size = -65536") ||
+    if (store_exec(st, "PRAGMA page_size = 16384") ||
+        store_exec(st, "PRAGMA journal_mode = WAL") ||
+        store_exec(st, "PRAGMA synchronous = NORMAL") ||
+        store_exec(st, "PRAGMA foreign_keys = ON") ||
+        store_exec(st, "PRAGMA secure_delete = " SECURE_DELETE) ||
+        store_exec(st, "PRAGMA cache_size = -65536") ||
         /* the WAL file is cut back to this size whenever it restarts
          * (store_checkpoint, writer.h); see schema/storage.md "WAL" */
-        exec(st, "PRAGMA journal_size_limit = " STORE_WAL_LIMIT_STR) ||
+        store_exec(st, "PRAGMA journal_size_limit = " STORE_WAL_LIMIT_STR) ||
         migrate(st)) {
         snprintf(err, errlen, "database %s: %s", path, st->err);
         goto fail;
@@ -331,7 +296,7 @@ int store_begin_nowait(struct store *st) {
 static int step_done(struct store *st, sqlite3_stmt *s, const char *what) {
     int rc = sqlite3_step(s);
     sqlite3_reset(s);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return db_err(st, what);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return store_db_err(st, what);
     return 0;
 }
 
@@ -372,7 +337,7 @@ static struct run_cache *run_get(struct store *st, int64_t id) {
     for (uint32_t i = 0; i < st->nruns; i++)
         if (st->runs[i]->id == id) return st->runs[i];
     struct run_cache *r = calloc(1, sizeof *r);
-    if (!r) { set_err(st, SQLITE_NOMEM, "out of memory"); return NULL; }
+    if (!r) { store_set_err(st, SQLITE_NOMEM, "out of memory"); return NULL; }
     r->id = id;
     sqlite3_stmt *s = st->stmt[S_SELECT_RUN];
     sqlite3_bind_int64(s, 1, id);
@@ -388,8 +353,8 @@ static struct run_cache *run_get(struct store *st, int64_t id) {
     sqlite3_reset(s);
     if (rc != SQLITE_ROW) {
         free(r);
-        if (rc == SQLITE_DONE) set_err(st, -3, "no run %lld", (long long)id);
-        else db_err(st, "loading run");
+        if (rc == SQLITE_DONE) store_set_err(st, -3, "no run %lld", (long long)id);
+        else store_db_err(st, "loading run");
         return NULL;
     }
     s = st->stmt[S_SELECT_METRICS];
@@ -411,8 +376,8 @@ static struct run_cache *run_get(struct store *st, int64_t id) {
     }
     sqlite3_reset(s);
     if (rc != SQLITE_DONE) {
-        if (rc == SQLITE_NOMEM) set_err(st, SQLITE_NOMEM, "out of memory");
-        else db_err(st, "loading metrics");
+        if (rc == SQLITE_NOMEM) store_set_err(st, SQLITE_NOMEM, "out of memory");
+        else store_db_err(st, "loading metrics");
         free(r->metrics);
         free(r);
         return NULL;
@@ -423,7 +388,7 @@ static struct run_cache *run_get(struct store *st, int64_t id) {
         if (!rs) {
             free(r->metrics);
             free(r);
-            set_err(st, SQLITE_NOMEM, "out of memory");
+            store_set_err(st, SQLITE_NOMEM, "out of memory");
             return NULL;
         }
         st->runs = rs;
@@ -446,7 +411,7 @@ static void run_forget(struct store *st, int64_t id) {
 int store_mark_live_stale(struct store *st, double now) {
     char sql[128];
     snprintf(sql, sizeof sql, "UPDATE runs SET status = 'stale', updated = %.3f WHERE status = 'live'", now);
-    if (exec(st, sql)) return -1;
+    if (store_exec(st, sql)) return -1;
     return sqlite3_changes(st->db);
 }
 
@@ -467,7 +432,7 @@ int store_run_open(struct store *st, const char *name, int64_t layers, int64_t h
     sqlite3_clear_bindings(s); /* name is the caller's */
     if (rc == SQLITE_ROW) {
         if (out->layers != layers || out->heads != heads)
-            return set_err(st, -2, "run %s has %lld layers x %lld heads, not %lld x %lld", name,
+            return store_set_err(st, -2, "run %s has %lld layers x %lld heads, not %lld x %lld", name,
                            (long long)out->layers, (long long)out->heads, (long long)layers, (long long)heads);
         s = st->stmt[S_RUN_RESUME];
         sqlite3_bind_int64(s, 1, out->id);
@@ -482,7 +447,7 @@ int store_run_open(struct store *st, const char *name, int64_t layers, int64_t h
         out->heads = heads;
         out->seq_len = seq_len;
     } else {
-        return db_err(st, "looking up run");
+        return store_db_err(st, "looking up run");
     }
     sqlite3_bind_double(s, 2, now);
     sqlite3_bind_int64(s, 3, seq_len);
@@ -509,7 +474,7 @@ static struct metric_cache *metric_get(struct store *st, struct run_cache *r, co
     if (r->nmetrics == r->cap) {
         uint32_t cap = r->cap ? r->cap * 2 : 16;
         struct metric_cache *nm = realloc(r->metrics, cap * sizeof *nm);
-        if (!nm) { set_err(st, SQLITE_NOMEM, "out of memory"); return NULL; }
+        if (!nm) { store_set_err(st, SQLITE_NOMEM, "out of memory"); return NULL; }
         r->metrics = nm;
         r->cap = cap;
     }
@@ -535,14 +500,14 @@ static int scratch_grow(struct store *st, uint32_t n) {
         struct rollup_cell *src = a ? realloc(st->aggsrc, n * sizeof *src) : NULL;
         if (src) st->aggsrc = src;
         unsigned char *row = src ? realloc(st->aggrow, ROLLUP_MAX_BYTES(n)) : NULL;
-        if (!row) return set_err(st, SQLITE_NOMEM, "out of memory");
+        if (!row) return store_set_err(st, SQLITE_NOMEM, "out of memory");
         st->aggrow = row;
         st->aggcap = n;
     }
     size_t vals = (size_t)n * FBLOCK_STEPS;
     if (vals > st->blockcap) {
         float *v = realloc(st->blockvals, vals * sizeof *v);
-        if (!v) return set_err(st, SQLITE_NOMEM, "out of memory");
+        if (!v) return store_set_err(st, SQLITE_NOMEM, "out of memory");
         st->blockvals = v;
         st->blockcap = vals;
     }
@@ -586,7 +551,7 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
         for (uint32_t i = 0; i < m->n; i++) rollup_merge(&st->agg[i], &st->aggsrc[i]);
     }
     sqlite3_reset(s);
-    if (rc != SQLITE_DONE) return db_err(st, "reading rollup source");
+    if (rc != SQLITE_DONE) return store_db_err(st, "reading rollup source");
     return nframes ? rollup_write(st, m, level, block, nframes) : 0;
 }
 
@@ -612,7 +577,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
         nf++;
     }
     sqlite3_reset(s);
-    if (rc != SQLITE_DONE) return db_err(st, "reading a block's frames");
+    if (rc != SQLITE_DONE) return store_db_err(st, "reading a block's frames");
     if (!nf) return 0;
     rollup_reset(st->agg, m->n);
     for (uint32_t f = 0; f < nf; f++) {
@@ -622,7 +587,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     if (rollup_write(st, m, 1, block, nf)) return -1;
     if (st->bf16) fblock_round_bf16(st->blockvals, (size_t)nf * m->n);
     int put = fblock_rows_put(st->rows, m->id, block, mask, st->blockvals, nf, m->n);
-    if (rows_err(st, put, m, block, "writing a block")) return -1;
+    if (store_rows_err(st, put, m->id, block, "writing a block")) return -1;
     if (put == 1) return 0; /* a step past 2^32: its frames stay raw */
     s = st->stmt[S_SEAL_DELETE];
     sqlite3_bind_int64(s, 1, m->id);
@@ -658,13 +623,13 @@ static int last_frame(struct store *st, struct metric_cache *m, int64_t *step) {
         memcpy(st->blockvals, sqlite3_column_blob(s, 1), (size_t)m->n * 4);
     }
     sqlite3_reset(s);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return db_err(st, "reading the last frame");
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store_db_err(st, "reading the last frame");
     int64_t block;
     uint64_t mask;
     fblock_rows_walk(st->rows, m->id, 0, INT64_MAX, 1, m->n, 0, m->n);
     int r = fblock_rows_next(st->rows, &block, &mask, st->blockvals), ret = 0;
     fblock_rows_end(st->rows);
-    if (r < 0) return rows_err(st, r, m, -1, "reading the last block");
+    if (r < 0) return store_rows_err(st, r, m->id, -1, "reading the last block");
     uint32_t nf = fblock_count(mask);
     int64_t last = r ? fblock_step(block, mask, nf - 1) : -1;
     if (last > *step) {
@@ -681,7 +646,7 @@ static int latest_reload(struct store *st, struct run_cache *r) {
     char sql[160];
     snprintf(sql, sizeof sql, "DELETE FROM latest WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld)",
              (long long)r->id);
-    if (exec(st, sql)) return -1;
+    if (store_exec(st, sql)) return -1;
     for (uint32_t i = 0; i < r->nmetrics; i++) {
         struct metric_cache *m = &r->metrics[i];
         int64_t step;
@@ -706,7 +671,7 @@ static int rewind_start(struct store *st, struct run_cache *r, int64_t step, dou
              "coalesce((SELECT max(id) FROM purge WHERE kind = 1), 0)) + 1, %lld, %lld, %lld, %.6f);"
              "INSERT INTO rewinds(run_id, branch_id, from_step) VALUES (%lld, last_insert_rowid(), %lld);",
              id, from, (long long)r->last_step, time, id, from);
-    if (exec(st, sql)) return -1;
+    if (store_exec(st, sql)) return -1;
     char text[128];
     snprintf(text, sizeof text, "rollback to step %lld (was at step %lld; the abandoned steps are kept as a branch)",
              from, (long long)r->last_step);
@@ -715,8 +680,7 @@ static int rewind_start(struct store *st, struct run_cache *r, int64_t step, dou
     return 0;
 }
 
-/* Runs s (bound by the caller) to completion; returns the rows it changed, -1 on error. */
-static int64_t run_changes(struct store *st, sqlite3_stmt *s, const char *what) {
+int64_t store_run_changes(struct store *st, sqlite3_stmt *s, const char *what) {
     if (step_done(st, s, what)) return -1;
     return sqlite3_changes64(st->db);
 }
@@ -756,14 +720,14 @@ static int rewind_blocks(struct store *st, struct metric_cache *m, int64_t from,
         fblock_rows_walk(st->rows, m->id, from / FBLOCK_STEPS, INT64_MAX, 1, m->n, 0, m->n);
         int r = fblock_rows_next(st->rows, &block, &mask, st->blockvals);
         fblock_rows_end(st->rows);
-        if (r <= 0) return r ? rows_err(st, r, m, -1, "reading blocks to rewind") : 0;
+        if (r <= 0) return r ? store_rows_err(st, r, m->id, -1, "reading blocks to rewind") : 0;
         uint32_t nf = fblock_count(mask);
         for (uint32_t f = 0; f < nf; f++) {
             int64_t step = fblock_step(block, mask, f);
             if (frame_put(st, step >= from ? branch : 0, m->id, step, st->blockvals + (size_t)f * m->n, m->n))
                 return -1;
         }
-        if (rows_err(st, fblock_rows_delete(st->rows, m->id, block), m, block, "deleting a rewound block")) return -1;
+        if (store_rows_err(st, fblock_rows_delete(st->rows, m->id, block), m->id, block, "deleting a rewound block")) return -1;
         *left -= nf;
     }
     return 1;
@@ -783,8 +747,8 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
     int64_t branch = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
     int64_t from = rc == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
     sqlite3_reset(s);
-    if (rc != SQLITE_ROW) return rc == SQLITE_DONE ? set_err(st, SQLITE_CORRUPT, "rewind of run %lld lost", (long long)run_id)
-                                                   : db_err(st, "reading rewind");
+    if (rc != SQLITE_ROW) return rc == SQLITE_DONE ? store_set_err(st, SQLITE_CORRUPT, "rewind of run %lld lost", (long long)run_id)
+                                                   : store_db_err(st, "reading rewind");
     int64_t left = budget, n;
     char sql[256];
     /* 1. rollups from the block holding `from` on (few rows, but up to 20
@@ -797,7 +761,7 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
             sqlite3_bind_int(s, 2, k);
             sqlite3_bind_int64(s, 3, from / STORE_LEVEL_SIZE(k));
             sqlite3_bind_int64(s, 4, (left + 3) / 4);
-            if ((n = run_changes(st, s, "deleting rewound rollups")) < 0) return -1;
+            if ((n = store_run_changes(st, s, "deleting rewound rollups")) < 0) return -1;
             left -= 4 * n;
         }
         if (left <= 0) break; /* this metric may have more */
@@ -816,7 +780,7 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
         rc = sqlite3_step(s);
         if (rc == SQLITE_ROW) lo = sqlite3_column_int64(s, 0);
         sqlite3_reset(s);
-        if (rc != SQLITE_ROW && rc != SQLITE_DONE) return db_err(st, "reading frames to rewind");
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store_db_err(st, "reading frames to rewind");
         s = st->stmt[S_REWIND_MOVE];
         sqlite3_bind_int64(s, 1, mid);
         sqlite3_bind_int64(s, 2, lo);
@@ -825,7 +789,7 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
         s = st->stmt[S_REWIND_DELETE];
         sqlite3_bind_int64(s, 1, mid);
         sqlite3_bind_int64(s, 2, lo);
-        if ((n = run_changes(st, s, "deleting rewound frames")) < 0) return -1;
+        if ((n = store_run_changes(st, s, "deleting rewound frames")) < 0) return -1;
         left -= n;
         if (rc == SQLITE_ROW) break; /* the budget ran out inside this metric */
     }
@@ -847,7 +811,7 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
         sqlite3_bind_int64(s, 1, run_id);
         sqlite3_bind_int64(s, 2, from);
         sqlite3_bind_int64(s, 3, want - 1);
-        if ((n = run_changes(st, s, "deleting rewound steps")) < 0) return -1;
+        if ((n = store_run_changes(st, s, "deleting rewound steps")) < 0) return -1;
         if (n >= want) left = 0;
     } else if (r->rewind_phase < 3) {
         left = 0;
@@ -855,7 +819,7 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
     if (left <= 0) return 1;
     /* 5. done: the run continues from `from` */
     snprintf(sql, sizeof sql, "DELETE FROM rewinds WHERE run_id = %lld", (long long)run_id);
-    if (exec(st, sql)) return -1;
+    if (store_exec(st, sql)) return -1;
     int64_t last_seq = r->last_seq;
     double updated = r->updated;
     run_forget(st, run_id);
@@ -960,12 +924,12 @@ int store_run_delete(struct store *st, int64_t run_id) {
     long long id = (long long)run_id;
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(st->db, "SELECT 1 FROM runs WHERE id = ?1", -1, &s, NULL) != SQLITE_OK)
-        return db_err(st, "looking up run");
+        return store_db_err(st, "looking up run");
     sqlite3_bind_int64(s, 1, run_id);
     int rc = sqlite3_step(s);
     sqlite3_finalize(s);
-    if (rc == SQLITE_DONE) return set_err(st, -3, "no run %lld", id);
-    if (rc != SQLITE_ROW) return db_err(st, "looking up run");
+    if (rc == SQLITE_DONE) return store_set_err(st, -3, "no run %lld", id);
+    if (rc != SQLITE_ROW) return store_db_err(st, "looking up run");
     /* the small rows go now (runs cascades to metrics, events, alerts,
      * branches, rewinds); the bulk is listed in purge for store_purge */
     snprintf(sql, sizeof sql,
@@ -975,81 +939,9 @@ int store_run_delete(struct store *st, int64_t run_id) {
              "DELETE FROM latest WHERE metric_id IN (SELECT id FROM metrics WHERE run_id = %lld);"
              "DELETE FROM runs WHERE id = %lld;",
              id, id, id, id, id);
-    if (exec(st, sql)) return -1;
+    if (store_exec(st, sql)) return -1;
     run_forget(st, run_id);
     return 0;
-}
-
-/* Runs one bounded DELETE (sql with the limit already in it) and charges
- * its rows to *left at `per` rows a unit. Returns 1 if the limit was
- * reached (more may remain), 0 if the table is done, -1 on error. */
-static int purge_table(struct store *st, const char *sql, int64_t want, int per, int64_t *left) {
-    if (exec(st, sql)) return -1;
-    int64_t n = sqlite3_changes64(st->db);
-    if (n >= want) {
-        *left = 0;
-        return 1;
-    }
-    *left -= (n + per - 1) / per;
-    if (*left < 1) *left = 1; /* the last tables of an entry are checked, then it goes */
-    return 0;
-}
-
-/* Deletes up to *left rows of one purge entry, and the entry itself once
- * nothing of it is left. */
-static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
-    char sql[320];
-    long long i = (long long)id;
-    int r;
-    if (kind == 0) {
-        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE metric_id = %lld AND (level, block) IN (SELECT level, block "
-                 "FROM rollups WHERE metric_id = %lld LIMIT %lld)", i, i, (long long)*left);
-        if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
-        snprintf(sql, sizeof sql, "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = %lld "
-                 "LIMIT %lld)", i, (long long)*left);
-        if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
-        /* a block is about as much work as the 64 frames it codes */
-        int64_t blocks = (*left + FBLOCK_STEPS - 1) / FBLOCK_STEPS;
-        int64_t nb = fblock_rows_delete_below(st->rows, id, INT64_MAX, blocks);
-        if (nb < 0) return rows_err(st, (int)nb, NULL, -1, "purging blocks");
-        if (nb >= blocks) {
-            *left = 0;
-            return 0;
-        }
-        *left -= nb * FBLOCK_STEPS;
-        if (*left < 1) *left = 1;
-        if (rows_err(st, fblock_rows_forget(st->rows, id), NULL, -1, "purging blocks")) return -1;
-        snprintf(sql, sizeof sql, "DELETE FROM latest WHERE metric_id = %lld", i);
-        if (exec(st, sql)) return -1;
-    } else if (kind == 1) {
-        snprintf(sql, sizeof sql, "DELETE FROM abandoned_frames WHERE rowid IN (SELECT rowid FROM abandoned_frames "
-                 "WHERE branch_id = %lld LIMIT %lld)", i, (long long)*left);
-        if ((r = purge_table(st, sql, *left, 1, left))) return r < 0 ? -1 : 0;
-    } else {
-        int64_t want = *left * 8; /* steps rows are small: 8 to a frame's worth */
-        snprintf(sql, sizeof sql, "DELETE FROM steps WHERE run_id = %lld AND step <= coalesce((SELECT step FROM steps "
-                 "WHERE run_id = %lld ORDER BY step LIMIT 1 OFFSET %lld), 9223372036854775807)", i, i,
-                 (long long)want - 1);
-        if ((r = purge_table(st, sql, want, 8, left))) return r < 0 ? -1 : 0;
-    }
-    snprintf(sql, sizeof sql, "DELETE FROM purge WHERE kind = %d AND id = %lld", kind, i);
-    return exec(st, sql);
-}
-
-int store_purge(struct store *st, int64_t budget) {
-    int64_t left = budget < 1 ? 1 : budget;
-    for (;;) {
-        sqlite3_stmt *s = st->stmt[S_PURGE_NEXT];
-        int rc = sqlite3_step(s);
-        int kind = rc == SQLITE_ROW ? sqlite3_column_int(s, 0) : 0;
-        int64_t id = rc == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
-        sqlite3_reset(s);
-        if (rc == SQLITE_DONE) return 0;
-        if (rc != SQLITE_ROW) return db_err(st, "reading purge");
-        if (left <= 0) return 1;
-        if (kind < 0 || kind > 2) return set_err(st, SQLITE_CORRUPT, "purge kind %d", kind);
-        if (purge_one(st, kind, id, &left)) return -1;
-    }
 }
 
 int64_t store_run_last_seq(struct store *st, int64_t run_id) {
@@ -1091,14 +983,14 @@ int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_by
     if (wal_bytes) *wal_bytes = store_wal_bytes(st);
     if (rc == SQLITE_OK && restart) st->wal_frames = 0; /* the next write starts the log over */
     if (rc == SQLITE_BUSY) return 1;
-    if (rc != SQLITE_OK) return db_err(st, "checkpointing the WAL");
+    if (rc != SQLITE_OK) return store_db_err(st, "checkpointing the WAL");
     return 0;
 }
 
 int store_set_max_pages(struct store *st, int64_t max_pages) {
     char sql[64];
     snprintf(sql, sizeof sql, "PRAGMA max_page_count = %lld", (long long)(max_pages > 0 ? max_pages : 4294967294LL));
-    return exec(st, sql);
+    return store_exec(st, sql);
 }
 
 int store_alert_transition(struct store *st, const struct store_alert *a, int64_t *alert_id) {
@@ -1164,7 +1056,7 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
     ret = 0;
     goto out;
 dberr:
-    db_err(st, "writing alert");
+    store_db_err(st, "writing alert");
 out:
     sqlite3_finalize(s);
     return ret;
@@ -1228,7 +1120,7 @@ int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_
                            "WHEN min_entropy IS NULL OR excluded.min_entropy < min_entropy THEN excluded.min_entropy "
                            "ELSE min_entropy END",
                            -1, SQLITE_PREPARE_PERSISTENT, &st->summary_stmt, NULL) != SQLITE_OK)
-        return db_err(st, "preparing the run summary");
+        return store_db_err(st, "preparing the run summary");
     sqlite3_stmt *s = st->summary_stmt;
     sqlite3_bind_int64(s, 1, run_id);
     if (has_loss && isfinite(loss)) sqlite3_bind_double(s, 2, loss);
@@ -1242,127 +1134,3 @@ int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_
 void store_set_lossy_bf16(struct store *st, int bf16) { st->bf16 = bf16 != 0; }
 
 void store_release_memory(struct store *st) { sqlite3_db_release_memory(st->db); }
-
-/* ---- raw retention (--retain-raw) --------------------------------------
- * A block of its own (the history engineer's, apart from the append path
- * above): the writer's retention job calls store_retain_raw between
- * batches. It deletes sealed blocks only, never rollups, steps or the open
- * block, so every query keeps its exact summaries (schema/storage.md). */
-
-/* Runs the one-row statement s (bound by the caller): 1 with the row's
- * first two columns (NULL reads as -1), 0 for no row, -1 on error. */
-static int retain_row(struct store *st, sqlite3_stmt *s, int64_t *a, double *b) {
-    int rc = sqlite3_step(s), ret = rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -1;
-    if (rc == SQLITE_ROW) {
-        *a = sqlite3_column_type(s, 0) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 0);
-        *b = sqlite3_column_type(s, 1) == SQLITE_NULL ? -1 : sqlite3_column_double(s, 1);
-    }
-    sqlite3_reset(s);
-    if (ret < 0) db_err(st, "reading for retention");
-    return ret;
-}
-
-/* The first step of run_id whose time is at or after `since` (steps'
- * times grow with their steps): a binary search over the run's steps,
- * about 20 seeks for a million of them. */
-static int retain_step_since(struct store *st, sqlite3_stmt *next, int64_t run_id, int64_t last, double since,
-                             int64_t *out) {
-    int64_t lo = 0, hi = last + 1, step;
-    double t;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        sqlite3_bind_int64(next, 1, run_id);
-        sqlite3_bind_int64(next, 2, mid);
-        int r = retain_row(st, next, &step, &t);
-        if (r < 0) return -1;
-        if (!r || t >= since) hi = mid;
-        else lo = step + 1;
-    }
-    *out = lo;
-    return 0;
-}
-
-/* The first step of run_id whose raw frames are kept, or -1 to keep them
- * all (no steps yet, or a rewind in progress: it moves blocks itself). */
-static int retain_cutoff(struct store *st, sqlite3_stmt *run, sqlite3_stmt *next, int64_t run_id, int64_t keep_steps,
-                         double keep_s, double now, int64_t *cut) {
-    int64_t last;
-    double rewinding;
-    *cut = -1;
-    sqlite3_bind_int64(run, 1, run_id);
-    int r = retain_row(st, run, &last, &rewinding);
-    if (r <= 0 || last < 0 || rewinding > 0) return r < 0 ? -1 : 0;
-    if (keep_steps > 0) *cut = last - keep_steps + 1;
-    else if (retain_step_since(st, next, run_id, last, now - keep_s, cut)) return -1;
-    return 0;
-}
-
-/* Deletes up to `limit` rows of metric_id below `below` with del (bound
- * here: ?1 metric, ?2 below, ?3 limit). Returns the rows deleted, -1. */
-static int64_t retain_delete(struct store *st, sqlite3_stmt *del, int64_t metric_id, int64_t below, int64_t limit) {
-    sqlite3_bind_int64(del, 1, metric_id);
-    sqlite3_bind_int64(del, 2, below);
-    sqlite3_bind_int64(del, 3, limit);
-    return run_changes(st, del, "deleting raw frames past retention");
-}
-
-int store_retain_raw(struct store *st, int64_t keep_steps, double keep_s, double now, int64_t *cursor, int64_t budget) {
-    static const char *const sql[] = {
-        "SELECT id, run_id FROM metrics WHERE id > ?1 ORDER BY id LIMIT 1",
-        "SELECT last_step, (SELECT count(*) FROM rewinds WHERE run_id = ?1) FROM runs WHERE id = ?1",
-        "SELECT step, time FROM steps WHERE run_id = ?1 AND step >= ?2 ORDER BY step LIMIT 1",
-        "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = ?1 AND step < ?2 LIMIT ?3)",
-    };
-    enum { R_METRIC, R_RUN, R_NEXT, R_FRAMES, R_COUNT };
-    sqlite3_stmt *s[R_COUNT] = {0};
-    int ret = -1;
-    int64_t left = budget < FBLOCK_STEPS ? FBLOCK_STEPS : budget, run_seen = 0, cut = -1;
-    if (keep_steps <= 0 && !(keep_s > 0)) return 0;
-    for (int i = 0; i < R_COUNT; i++)
-        if (sqlite3_prepare_v2(st->db, sql[i], -1, &s[i], NULL) != SQLITE_OK) {
-            db_err(st, "preparing retention");
-            goto out;
-        }
-    for (;;) {
-        int64_t mid, run_id;
-        double rid;
-        sqlite3_bind_int64(s[R_METRIC], 1, *cursor);
-        int r = retain_row(st, s[R_METRIC], &mid, &rid);
-        if (r < 0) goto out;
-        if (!r) { /* the pass is complete */
-            *cursor = 0;
-            ret = 0;
-            break;
-        }
-        if (left <= 0) {
-            ret = 1;
-            break;
-        }
-        run_id = (int64_t)rid;
-        if (run_id != run_seen &&
-            retain_cutoff(st, s[R_RUN], s[R_NEXT], run_id, keep_steps, keep_s, now, &cut))
-            goto out;
-        run_seen = run_id;
-        left -= 4; /* looking costs a few seeks */
-        if (cut >= FBLOCK_STEPS) {
-            /* whole blocks before the cut: a block is about as much work as
-             * the 64 frames it codes */
-            int64_t want = (left + FBLOCK_STEPS - 1) / FBLOCK_STEPS, n;
-            if ((n = fblock_rows_delete_below(st->rows, mid, cut / FBLOCK_STEPS, want)) < 0) {
-                rows_err(st, (int)n, NULL, -1, "deleting blocks past retention");
-                goto out;
-            }
-            left -= n * FBLOCK_STEPS;
-            if (n >= want) continue; /* this metric may have more */
-            /* raw frames of a database from before blocks (migration 6) */
-            want = left > 1 ? left : 1;
-            if ((n = retain_delete(st, s[R_FRAMES], mid, cut / FBLOCK_STEPS * FBLOCK_STEPS, want)) < 0) goto out;
-            left -= n;
-            if (n >= want) continue;
-        }
-        *cursor = mid;
-    }
-out:
-    for (int i = 0; i < R_COUNT; i++) sqlite3_finalize(s[i]);
-    return ret;
-}

@@ -1,0 +1,74 @@
+/* store_int.h: the inside of the store, shared by its files and nobody
+ * else (the contract is store.h):
+ *   store.c        opening and migrating, transactions, runs, steps, blocks
+ *                  and rollups, rewinds, events, alerts, the run summary
+ *   store_purge.c  taking data away in bounded chunks: the purge of deleted
+ *                  runs and raw retention (--retain-raw)
+ * Both run on the writer thread only, like every store_ function. */
+#ifndef STORE_INT_H
+#define STORE_INT_H
+
+#include <sqlite3.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store.h"
+
+struct run_cache;   /* store.c's: what the writer knows of a run */
+
+/* The statements prepared once at store_open (the SQL is in store.c). */
+enum {
+    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SEAL_FRAMES, S_SEAL_DELETE,
+    S_INSERT_ABANDONED, S_LAST_FRAME, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
+    S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
+    /* the hello path and transaction control, prepared once: preparing them
+     * at every hello was a third of the daemon's CPU per hello, and its
+     * mallocs grew slower as the heap filled with 10,000 runs (issue 15) */
+    S_BEGIN, S_COMMIT, S_SAVEPOINT, S_RELEASE, S_RUN_BY_NAME, S_RUN_RESUME, S_RUN_ID_NEXT, S_RUN_CREATE,
+    S_RUN_STATUS, S_RUN_VERDICT, S_ALERTS_CLOSE_RUN,
+    S_COUNT
+};
+
+struct store {
+    sqlite3 *db;
+    sqlite3_stmt *stmt[S_COUNT];
+    sqlite3_stmt *summary_stmt;   /* store_run_summary_step's, prepared on first use */
+    char err[512];
+    int errcode;
+    int in_txn;
+    uint32_t nruns, capruns;
+    struct run_cache **runs;
+    int64_t wal_frames;   /* frames in the WAL after the last commit (wal hook) */
+    int64_t page_size;
+    int autockpt;         /* checkpoint at 1000 frames as SQLite would (default on) */
+    /* scratch for rollups, grown on demand (aggcap cells): the block being
+     * pooled, a row of the level below decoded, and the coded row */
+    struct rollup_cell *agg, *aggsrc;
+    unsigned char *aggrow;
+    size_t aggcap;
+    /* the codec of blocks, and the frames of one block (FBLOCK_STEPS x n) */
+    struct fblock_codec *codec;
+    struct fblock_rows *rows;     /* sealed blocks' rows (fblock_rows.h) */
+    float *blockvals;
+    size_t blockcap;
+    int bf16;             /* store_set_lossy_bf16 */
+};
+
+/* ---- errors: each sets st->err and st->errcode and returns -1 */
+__attribute__((format(printf, 3, 4)))
+int store_set_err(struct store *st, int code, const char *fmt, ...);
+/* SQLite's error of the last call on st->db, prefixed with what */
+int store_db_err(struct store *st, const char *what);
+/* An fblock_rows result (fblock_rows.h) as the store's error: 0 for a
+ * success, else -1 with the error set (metric_id and block name the block
+ * when known, -1 otherwise). */
+int store_rows_err(struct store *st, int64_t rc, int64_t metric_id, int64_t block, const char *what);
+
+/* ---- running SQL */
+/* Runs the statements of sql (no rows expected): 0, or -1 with the error set. */
+int store_exec(struct store *st, const char *sql);
+/* Runs s (bound by the caller) to completion; returns the rows it changed,
+ * -1 on error. */
+int64_t store_run_changes(struct store *st, sqlite3_stmt *s, const char *what);
+
+#endif
