@@ -12,9 +12,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store.h"
-
-struct run_cache;   /* store.c's: what the writer knows of a run */
+/* store.c's and the codecs' types, used here through pointers only; the
+ * files that include this header include store.h first */
+struct run_cache;
+struct fblock_codec;
+struct fblock_rows;
+struct rollup_cell;
 
 /* The statements prepared once at store_open (the SQL is in store.c). */
 enum {
