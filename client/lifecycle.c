@@ -3,7 +3,6 @@
  * parts are listed in telemetry_int.h).
  *
  * Data flow (one way):
- * Data flow (one way):
  *   producer --(SPSC ring of preallocated slots, no syscall)--> sender thread
  *   sender: format JSON body, prefix {"seq":N, -> append to spool segment
  *   sender: stream spool bytes from the welcome's last_seq+1 -> socket
