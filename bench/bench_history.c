@@ -277,7 +277,7 @@ static void measure_pair(int e, long long id_a, long long steps_a, long long id_
 int main(int argc, char **argv) {
     long long short_id = 0, long_id = 0, long_steps = 0, rewind = 40000;
     const char *long_name = NULL;
-    int requests = 200, reads_only = 0;
+    int requests = 200, reads_only = 0, layers = 12, heads = 12;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--port")) port = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--socket")) sock_path = argv[i + 1];
@@ -289,6 +289,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--requests")) requests = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--rewind")) rewind = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--reads-only")) reads_only = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--heads")) heads = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_history: unknown option %s\n", argv[i]);
             return 2;
@@ -296,7 +298,7 @@ int main(int argc, char **argv) {
     }
     if (!port || !sock_path || !db_path || !short_id || !long_id || !long_name || long_steps < 2000) {
         fprintf(stderr, "usage: bench_history --port P --socket PATH --db PATH --short ID --long ID --long-name NAME "
-                        "--long-steps N [--requests N] [--rewind N]\n");
+                        "--long-steps N [--requests N] [--rewind N] [--layers L --heads H (the long run's shape, 12 x 12)]\n");
         return 2;
     }
     pthread_t sampler, by;
@@ -332,10 +334,10 @@ int main(int argc, char **argv) {
     struct trainer t;
     long long seq;
     by_recording = 1;
-    if (tr_open(&t, long_name, 12, 12, &seq) == 0) {
+    if (tr_open(&t, long_name, layers, heads, &seq) == 0) {
         long long to = long_steps - rewind;
         double t0 = now_ms();
-        if (tr_step(&t, seq + 1, to, 12, 12, 0.25) == 0 && tr_wait_ack(&t, seq + 1) == 0) {
+        if (tr_step(&t, seq + 1, to, layers, heads, 0.25) == 0 && tr_wait_ack(&t, seq + 1) == 0) {
             double ms = now_ms() - t0;
             struct lat l = bystander_window_end();
             printf("history: rollback of %lld steps of the long run: its ack after %.0f ms; other trainer's acks "

@@ -13,14 +13,18 @@
 # made before: any entropyd database, its longest run), so bytes/value is
 # that of real values. SYNTHETIC=1 seeds the synthetic shape instead
 # (HEAD_METRICS head metrics, 3 layer metrics, 2 scalars; smooth values that
-# compress better than real ones). The database is made in a temporary
+# compress better than real ones), and LAYERS x HEADS heads (default 12 x
+# 12; the real stream is 12 x 12). The database is made in a temporary
 # directory and deleted at the end (KEEP=1 keeps it, and prints where).
 #   SHORT=10000 LONG=1000000 REAL_STEPS=400 REQUESTS=200 REWIND=40000 bench/history.sh
+#   SYNTHETIC=1 LAYERS=32 HEADS=32 SHORT=10000 LONG=100000 bench/history.sh
 set -euo pipefail
 BUILD=${BUILD:-build}
 SHORT=${SHORT:-10000}
 LONG=${LONG:-1000000}
 HM=${HEAD_METRICS:-9}
+LAYERS=${LAYERS:-12}
+HEADS=${HEADS:-12}
 dir=$(mktemp -d /tmp/entropyd-history.XXXXXX)
 pid=
 cleanup() {
@@ -29,8 +33,12 @@ cleanup() {
 }
 trap cleanup EXIT
 t0=$(date +%s)
-seedargs=(--head-metrics "$HM")
+seedargs=(--head-metrics "$HM" --layers "$LAYERS" --heads "$HEADS")
 if [ -z "${SYNTHETIC:-}" ]; then
+  if [ "$LAYERS" != 12 ] || [ "$HEADS" != 12 ]; then
+    echo "history: the real stream is 12 x 12; LAYERS and HEADS need SYNTHETIC=1" >&2
+    exit 2
+  fi
   src=${REPLAY:-}
   if [ -z "$src" ]; then
     src=$(BUILD=$BUILD scripts/record-real-stream.sh "$dir/real" "${REAL_STEPS:-400}")
@@ -70,7 +78,7 @@ short_id=$(sqlite3 "$dir/entropyd.db" "SELECT id FROM runs WHERE name = 'short'"
 long_id=$(sqlite3 "$dir/entropyd.db" "SELECT id FROM runs WHERE name = 'long'")
 "$BUILD/bench/bench_history" --port "$port" --socket "$dir/entropyd.sock" --db "$dir/entropyd.db" \
   --short "$short_id" --long "$long_id" --long-name long --long-steps "$LONG" \
-  --requests "${REQUESTS:-200}" --rewind "${REWIND:-40000}"
+  --requests "${REQUESTS:-200}" --rewind "${REWIND:-40000}" --layers "$LAYERS" --heads "$HEADS"
 # WAL peak with a slow export reader and a streaming trainer
 rm -f "$dir/wal-peak"
 ( peak=0; while [ ! -e "$dir/stop" ]; do

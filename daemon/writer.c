@@ -38,7 +38,7 @@ struct writer {
     int64_t *blocked;                /* runs with a deferred item */
     size_t nblocked, capblocked;
     int purge_pending;               /* store_purge has (or may have) work */
-    int64_t job_budget;              /* rows per chunk, adapted to WRITER_JOB_MS */
+    int64_t job_budget;              /* units per piece (store_purge.c), adapted to WRITER_JOB_PIECE_MS */
     double job_backoff_until;        /* after a failed chunk (monotonic ms) */
     int64_t retain_cursor;           /* store_retain_raw's place in its pass */
     double retain_next;              /* when the next retention pass may start (monotonic ms) */
@@ -53,6 +53,7 @@ struct writer {
     int64_t wal_used, wal_checked;
     int ckstop;                      /* after the writer thread ended */
     int wal_reset_ok;                /* a RESTART succeeded since the WAL passed WRITER_WAL_RESTART */
+    double ck_last_ms;               /* when the checkpointer last began one (now_mono_ms) */
 
     /* Writer thread only. Steps go without a savepoint (in WAL mode a
      * savepoint copies every page a step touches into SQLite's statement
@@ -417,11 +418,16 @@ static int jobs_ready(struct writer *w) {
 /* Whether the checkpointer has work (mu held): the WAL holds
  * WRITER_WAL_PASSIVE bytes that no checkpoint has seen (after a RESTART it
  * started over: all of it is new), or it is past WRITER_WAL_RESTART and
- * has grown since the last attempt (a RESTART kept busy by readers is tried
- * again). Not at every commit past WRITER_WAL_PASSIVE: at a training
+ * has grown since the last attempt, or no restart has succeeded yet and
+ * WRITER_CK_RETRY_MS have passed (a RESTART kept busy by a reader, or by
+ * the writer's own checkpoint, is tried again even if nothing is committed
+ * meanwhile: background work waits for it and commits nothing until then,
+ * and an idle daemon's purge stopped for good with a 153 MiB WAL). Not at every commit past WRITER_WAL_PASSIVE: at a training
  * loop's pace that was a checkpoint, and its fdatasync, per commit. */
 static int checkpoint_due(const struct writer *w) {
-    if (w->wal_used >= WRITER_WAL_RESTART) return w->wal_used != w->wal_checked;
+    if (w->wal_used >= WRITER_WAL_RESTART)
+        return w->wal_used != w->wal_checked ||
+               (!w->wal_reset_ok && now_mono_ms() - w->ck_last_ms >= WRITER_CK_RETRY_MS);
     int64_t fresh = w->wal_used >= w->wal_checked ? w->wal_used - w->wal_checked : w->wal_used;
     return fresh >= WRITER_WAL_PASSIVE;
 }
@@ -444,6 +450,10 @@ static void checkpoint_policy(struct writer *w) {
      * most 5 s, so that the WAL cannot outgrow the disk's checkpoint pace */
     while ((r = store_checkpoint(w->st, 1, 250, &wal)) == 1 && now_mono_ms() - t0 < 5000) usleep(10 * 1000);
     pthread_mutex_lock(&w->mu);
+    if (r == 0) { /* the log starts over at the next commit: background work may go on */
+        w->wal_used = store_wal_used(w->st);
+        w->wal_reset_ok = 1;
+    }
     w->stats.checkpoints++;
     w->stats.checkpoints_writer++;
     if (r == 1) w->stats.checkpoints_busy++;
@@ -472,10 +482,12 @@ static void *checkpointer_main(void *arg) {
     pthread_mutex_lock(&w->mu);
     while (!w->ckstop) {
         if (!checkpoint_due(w)) {
-            cond_wait_ms(&w->ckcv, &w->mu, 1000);
+            int retrying = w->wal_used >= WRITER_WAL_RESTART && !w->wal_reset_ok;
+            cond_wait_ms(&w->ckcv, &w->mu, retrying ? WRITER_CK_RETRY_MS : 1000);
             continue;
         }
         int64_t used = w->wal_checked = w->wal_used, wal = -1;
+        w->ck_last_ms = now_mono_ms();
         pthread_mutex_unlock(&w->mu);
         int r = store_checkpoint(w->ck, 0, 0, &wal);
         if (r == 0 && used >= WRITER_WAL_RESTART)

@@ -45,7 +45,8 @@
  * (waiting up to 250 ms) before its next batch: back-pressure, so the WAL
  * stays under WRITER_WAL_HARD plus one batch (64 MiB is the documented
  * bound). Readers keep their transactions short (query.h), so a restart
- * seldom waits. */
+ * seldom waits; one that did not succeed is tried again every
+ * WRITER_CK_RETRY_MS, as background work waits for it. */
 #ifndef WRITER_H
 #define WRITER_H
 
@@ -60,10 +61,14 @@
 #define WRITER_MAX_BATCH 4096
 #define WRITER_JOB_MS 10
 #define WRITER_JOB_PIECE_MS 2  /* a chunk's pieces: a waiting item ends the chunk after one */
-#define WRITER_JOB_BUDGET_MAX (INT64_C(1) << 16) /* rows (a frame's worth each) a chunk may take on */
+/* units (about a 12 x 12 frame's bytes each, store_purge.c) a piece may
+ * take on: 1 << 16 let one piece of a 32 x 32 run's blocks or frames write
+ * 150-260 MiB to the WAL */
+#define WRITER_JOB_BUDGET_MAX (INT64_C(1) << 12)
 #define WRITER_WAL_PASSIVE (INT64_C(2) << 20)
 #define WRITER_WAL_RESTART (INT64_C(8) << 20)
 #define WRITER_WAL_HARD (INT64_C(32) << 20)
+#define WRITER_CK_RETRY_MS 100 /* a RESTART that did not succeed is tried again this often */
 #define WRITER_RETAIN_PASS_MS 10000
 
 enum writer_kind {

@@ -830,6 +830,80 @@ static void test_delete_rechecks_liveness(void **state) {
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld", (long long)run), 0);
 }
 
+/* A step of a wide run (WL x WH heads, one head metric): 16 KiB frames of
+ * noise (which the blocks cannot shrink), so that a few hundred steps,
+ * committed a few at a time, pass WRITER_WAL_RESTART. */
+#define WL 64
+#define WH 64
+static struct writer_item *wide_step(uint64_t conn, int64_t run_id, int64_t seq) {
+    static float v[WL * WH];
+    struct writer_item *it = item(WRITER_STEP, conn, run_id, seq);
+    it->msg.type = PROTO_STEP;
+    it->msg.step = seq - 1;
+    static uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (uint32_t i = 0; i < WL * WH; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        v[i] = (float)(x >> 40) / 16777216.0f;
+    }
+    msg_add(&it->msg, "ent", PROTO_HEAD, WL, WH, v);
+    return it;
+}
+
+static uint64_t busy_checkpoints(void) {
+    struct writer_stats ws;
+    writer_get_stats(E.w, &ws);
+    return ws.checkpoints_busy;
+}
+
+/* A reader that keeps the checkpointer's RESTART busy holds background
+ * work (here a purge) back while the WAL is past WRITER_WAL_RESTART, and
+ * once it is gone the purge goes through with nothing else committed. */
+static void test_busy_reader_holds_background_work(void **state) {
+    (void)state;
+    E.w = start_writer(0);
+    submit(hello(7, "wide", WL, WH));
+    int64_t run = welcome(7)->run_id;
+    sqlite3 *rd = ro_open(E.db.path); /* a reader on the old log */
+    assert_int_equal(sqlite3_exec(rd, "BEGIN; SELECT count(*) FROM runs;", NULL, NULL, NULL), SQLITE_OK);
+    int64_t n = 256;
+    for (int64_t seq = 1; seq <= n; seq++) {
+        submit(wide_step(7, run, seq));
+        if (seq % 16 == 0) WAIT_FOR(find_reply(WRITER_R_ACK, 0, run, seq), 30000);
+    }
+    submit(end(7, run, n + 1, PROTO_FINISHED));
+    WAIT_UNTIL(busy_checkpoints() >= 1, 30000, pump(10));
+    submit(item(WRITER_DELETE, 0, run, 0));
+    WAIT_UNTIL(qi(E.db.path, "SELECT count(*) FROM runs") == 0, 10000, pump(10));
+    /* while the reader stays, the purge waits for the restart */
+    assert_true(qi(E.db.path, "SELECT count(*) FROM purge") > 0);
+    assert_int_equal(sqlite3_exec(rd, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(rd);
+    /* no commit but the purge's own from here on */
+    WAIT_UNTIL(qi(E.db.path, "SELECT count(*) FROM purge") == 0, 20000, pump(10));
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM block_chunks"), 0);
+}
+
+/* The checkpointer's rule: a restart that has not succeeded is due again
+ * WRITER_CK_RETRY_MS after the last attempt though the WAL did not grow.
+ * Nothing else would start it (background work waits for it and commits
+ * nothing): a RESTART that lost to the writer's own checkpoint left an
+ * idle daemon's purge waiting for good, with a 153 MiB WAL. */
+static void test_checkpoint_retry_due(void **state) {
+    (void)state;
+    struct writer *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    w->wal_used = w->wal_checked = WRITER_WAL_RESTART;
+    w->ck_last_ms = now_mono_ms();
+    assert_false(checkpoint_due(w));
+    w->ck_last_ms -= WRITER_CK_RETRY_MS;
+    assert_true(checkpoint_due(w));
+    w->wal_reset_ok = 1; /* restarted: nothing is due until the WAL grows */
+    assert_false(checkpoint_due(w));
+    w->wal_used += WRITER_WAL_PASSIVE;
+    assert_true(checkpoint_due(w));
+    free(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_precommit_rides_in_the_batch, setup, teardown),
@@ -842,6 +916,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_destroy_commits_everything, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_step_undone_alone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_busy_reader_holds_background_work, setup, teardown),
+        cmocka_unit_test(test_checkpoint_retry_due),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
