@@ -76,21 +76,24 @@ int proto_status_parse(const char *s)
 
 /* ---------------------------------------------------------------- strings */
 
-/* The length of the valid UTF-8 sequence at s[0..n) (n >= 1, s[0] >= 0x80),
- * or 0 when it is not one (overlong forms and surrogates included). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
+int proto_utf8_len(const unsigned char *s, size_t n)
 {
+    if (n == 0) return 0;
     unsigned c = s[0];
-    size_t k = 0;
-    unsigned lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) k = 2;
-    else if (c >= 0xe0 && c <= 0xef) { k = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
-    else if (c >= 0xf0 && c <= 0xf4) { k = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
-    if (k == 0 || k > n) return 0;
-    for (size_t j = 1; j < k; j++) {
-        unsigned cc = s[j];
-        if (j == 1 ? (cc < lo || cc > hi) : (cc < 0x80 || cc > 0xbf)) return 0;
+    int k;
+    unsigned min;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) { k = 2; min = 0x80; }
+    else if (c >= 0xE0 && c <= 0xEF) { k = 3; min = 0x800; }
+    else if (c >= 0xF0 && c <= 0xF4) { k = 4; min = 0x10000; }
+    else return 0;
+    if (n < (size_t)k) return 0;
+    unsigned cp = c & (0x3F >> (k - 1));
+    for (int i = 1; i < k; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
     }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
     return k;
 }
 
@@ -112,9 +115,9 @@ static size_t escape(char *out, size_t cap, const char *str, size_t len)
         else if (c < 0x20) { PUT('\\'); PUT('u'); PUT('0'); PUT('0'); PUT(hex[c >> 4]); PUT(hex[c & 15]); i++; }
         else if (c < 0x80) { PUT(c); i++; }
         else {
-            size_t k = utf8_seq(s + i, len - i);
+            int k = proto_utf8_len(s + i, len - i);
             if (k == 0) { PUT('?'); i++; continue; }
-            for (size_t j = 0; j < k; j++) PUT(s[i + j]);
+            for (int j = 0; j < k; j++) PUT(s[i + j]);
             i += k;
         }
     }

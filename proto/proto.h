@@ -142,6 +142,12 @@ size_t proto_json_string(char *out, size_t cap, const char *s, size_t len);
  * that holds 6 * len bytes. Returns the bytes written. */
 size_t proto_json_escape(char *out, const char *s, size_t len);
 
+/* The length (1..4) of the valid UTF-8 sequence that begins s[0..n), or 0
+ * when none does (n 0, a stray or truncated byte, an overlong form, a
+ * surrogate, beyond U+10FFFF): what the parser accepts in a string and the
+ * escaper passes through. */
+int proto_utf8_len(const unsigned char *s, size_t n);
+
 /* 1 when s[0..n) is a metric name: 1..PROTO_MAX_NAME bytes of [A-Za-z0-9._:-]. */
 int proto_valid_name(const char *s, size_t n);
 /* 1 when s[0..n) is a run name: 1..PROTO_MAX_RUN bytes of [A-Za-z0-9._:@+-]. */

@@ -49,26 +49,6 @@ static int expect(struct parser *ps, char c) {
     return 0;
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
-static int utf8_len(const unsigned char *s, const unsigned char *end) {
-    unsigned c = s[0];
-    int n;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) { n = 2; min = 0x80; }
-    else if (c >= 0xE0 && c <= 0xEF) { n = 3; min = 0x800; }
-    else if (c >= 0xF0 && c <= 0xF4) { n = 4; min = 0x10000; }
-    else return 0;
-    if (end - s < n) return 0;
-    unsigned cp = c & (0x3F >> (n - 1));
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return n;
-}
-
 static size_t put_utf8(char *o, unsigned cp) {
     if (cp < 0x80) { o[0] = (char)cp; return 1; }
     if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
@@ -148,7 +128,7 @@ static int parse_string(struct parser *ps, char *out, size_t cap, size_t *outlen
             default: return fail(ps, PROTO_E_BAD_JSON, "bad escape");
             }
         } else {
-            int l = utf8_len((const unsigned char *)ps->p, (const unsigned char *)ps->end);
+            int l = proto_utf8_len((const unsigned char *)ps->p, (size_t)(ps->end - ps->p));
             if (l == 0) return fail(ps, PROTO_E_BAD_JSON, "invalid UTF-8");
             ps->p += l;
             plen = (size_t)l;
