@@ -263,33 +263,33 @@ static int open_spool(telemetry *t, const char *spool_dir, char *err, size_t err
     return 0;
 }
 
-/* The sender and, when asked and useful, the background uploader.  The
- * threads take no signals: they belong to the program. */
-static int start_threads(telemetry *t, int upload_others, char *err, size_t errlen)
+/* Starts fn(t) on a thread named name (so that top -H and
+ * /proc/PID/task/TID/comm tell it from the program's threads;
+ * bench/bench_python_log.py reads the sender's CPU time by it). It takes no
+ * signals: they belong to the program. */
+static int start_thread(telemetry *t, pthread_t *th, void *(*fn)(void *), const char *name, char *err, size_t errlen)
 {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&t->thread, NULL, tm_sender_main, t);
+    int rc = pthread_create(th, NULL, fn, t);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc) {
         tm_set_err(err, errlen, "pthread_create: %s", strerror(rc));
         return -1;
     }
+    pthread_setname_np(*th, name);
+    return 0;
+}
+
+/* The sender and, when asked and useful, the background uploader. */
+static int start_threads(telemetry *t, int upload_others, char *err, size_t errlen)
+{
+    if (start_thread(t, &t->thread, tm_sender_main, "entropyd-send", err, errlen)) return -1;
     t->thread_started = 1;
-    /* named, so that top -H and /proc/PID/task/TID/comm tell it from the
-     * program's threads (bench/bench_python_log.py reads its CPU time) */
-    pthread_setname_np(t->thread, "entropyd-send");
     if (t->has_address && !t->root_is_tmp && upload_others) {
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        rc = pthread_create(&t->up_thread, NULL, tm_uploader_main, t);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc) {
-            tm_set_err(err, errlen, "pthread_create: %s", strerror(rc));
-            return -1;
-        }
+        if (start_thread(t, &t->up_thread, tm_uploader_main, "entropyd-upload", err, errlen)) return -1;
         t->up_started = 1;
-        pthread_setname_np(t->up_thread, "entropyd-upload");
     }
     return 0;
 }

@@ -422,8 +422,9 @@ static int jobs_ready(struct writer *w) {
  * WRITER_CK_RETRY_MS have passed (a RESTART kept busy by a reader, or by
  * the writer's own checkpoint, is tried again even if nothing is committed
  * meanwhile: background work waits for it and commits nothing until then,
- * and an idle daemon's purge stopped for good with a 153 MiB WAL). Not at every commit past WRITER_WAL_PASSIVE: at a training
- * loop's pace that was a checkpoint, and its fdatasync, per commit. */
+ * and an idle daemon's purge stopped for good with a 153 MiB WAL). Not at
+ * every commit past WRITER_WAL_PASSIVE: at a training loop's pace that was
+ * a checkpoint, and its fdatasync, per commit. */
 static int checkpoint_due(const struct writer *w) {
     if (w->wal_used >= WRITER_WAL_RESTART)
         return w->wal_used != w->wal_checked ||
