@@ -15,11 +15,13 @@ static const char *const q_sql[Q_COUNT] = {
      * in one seek, but scans every row when both are in one query */
     [Q_STEP_RANGE] = "SELECT (SELECT min(step) FROM frames WHERE metric_id = ?1), "
                      "(SELECT max(step) FROM frames WHERE metric_id = ?1)",
-    [Q_ROLLUPS] = "SELECT block, nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 "
+    [Q_ROLLUPS] = "SELECT block, nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 "
                   "AND block BETWEEN ?3 AND ?4 ORDER BY block",
+    [Q_TOTALS] = "SELECT block, nframes, data FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 "
+                 "AND block BETWEEN ?3 AND ?4 ORDER BY block",
     [Q_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
     [Q_FRAME_AT] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
-    [Q_ROLLUP_FIRST] = "SELECT min(block) FROM rollups WHERE metric_id = ?1 AND level = 1",
+    [Q_ROLLUP_FIRST] = "SELECT min(block) FROM rollups WHERE metric_id = ?1 AND level = 1 AND chunk = 0",
 };
 
 

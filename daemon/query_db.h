@@ -19,7 +19,8 @@ enum {
     Q_RUN,          /* layers, heads, status of a run */
     Q_METRIC,       /* id, kind of a run's metric */
     Q_STEP_RANGE,   /* min, max step of a metric's raw frames */
-    Q_ROLLUPS,      /* block, nframes, data of a level's block range */
+    Q_ROLLUPS,      /* block, nframes, data of a level's block range, one chunk */
+    Q_TOTALS,       /* block, nframes, total of a level's block range (a metric of several chunks) */
     Q_FRAMES,       /* step, data of a step range */
     Q_FRAME_AT,     /* the last raw frame <= step */
     Q_ROLLUP_FIRST, /* a metric's first level-1 rollup block */

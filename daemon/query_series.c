@@ -102,52 +102,152 @@ static int add_total(struct bucket *b, const struct rollup_total *t, uint32_t n,
     return 1;
 }
 
-/* Level `level`'s rows of blocks [b0, b1] into their buckets: only the
- * selected cells are decoded (rollup.h; [cells[0], cells[ncells-1]]), and
- * none for a series of every value of a row that has its total (the
- * dashboard's default series of a metric: a whole-run one reads ~2,000
- * rows, and decoding 144 values a row cost more than all the rest). */
-static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
+/* The selected cells a rollup row of cells [r0, r0 + rn) holds: the
+ * indices [*k0, *k1) of sr->cells (which ascend). */
+static void chunk_cells(const struct series *sr, uint32_t r0, uint32_t rn, uint32_t *k0, uint32_t *k1) {
+    uint32_t k = 0;
+    while (k < sr->ncells && sr->cells[k] < r0) k++;
+    *k0 = k;
+    while (k < sr->ncells && sr->cells[k] < r0 + rn) k++;
+    *k1 = k;
+}
+
+/* Pools cells sr->cells[k0..k1) of sr->roll, decoded, into bucket row
+ * `row` (of a block of nframes frames). */
+static void pool_cells(struct series *sr, struct bucket *row, uint32_t k0, uint32_t k1, int64_t nframes) {
+    for (uint32_t c = k0; c < k1; c++) {
+        struct bucket *b = &row[sr->group[c]];
+        const struct rollup_cell *e = &sr->roll[sr->cells[c]];
+        bucket_merge(b, e->mn, e->mx, e->sum, e->count);
+        b->nonfinite += (uint64_t)nframes - e->count;
+    }
+}
+
+/* A row of Q_ROLLUPS or Q_TOTALS (block, nframes, data), and the bucket
+ * i its block of `size` steps falls in. */
+struct rrow {
+    int64_t block, nframes, i;
+    const unsigned char *d;
+    int len;
+};
+
+static void rrow_read(const struct series *sr, sqlite3_stmt *s, int64_t size, struct rrow *r) {
+    r->block = sqlite3_column_int64(s, 0);
+    r->nframes = sqlite3_column_int64(s, 1);
+    r->d = sqlite3_column_blob(s, 2);
+    r->len = sqlite3_column_bytes(s, 2);
+    r->i = (r->block * size - sr->a) / sr->w;
+}
+
+static int rollup_corrupt(struct series *sr, int level, int64_t block, uint32_t chunk, int64_t nframes, int len) {
+    return query_db_corrupt(sr->q, "the level-%d rollup of metric %lld, block %lld, chunk %u (%lld frames, %d bytes) "
+                            "does not decode as %u values", level, (long long)sr->metric_id, (long long)block, chunk,
+                            (long long)nframes, len, sr->n);
+}
+
+/* Level `level`'s rows of chunk `chunk` (cells [chunk * ROLLUP_CHUNK_CELLS,
+ * ...) of the frame, rollup.h) of blocks [b0, b1] into their buckets,
+ * counting the frames when `frames` (once per block: every chunk has the
+ * block's). Only the selected cells are decoded, and none for a series of
+ * every value of a metric of one chunk whose row has its total. With
+ * b0 == b1, the block's row must be there (its total's row is). */
+static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, int64_t b1, int frames) {
     sqlite3_stmt *s = sr->q->stmt[Q_ROLLUPS];
     int64_t size = STORE_LEVEL_SIZE(level);
-    uint32_t c0 = sr->cells[0], c1 = sr->cells[sr->ncells - 1] + 1;
-    int whole = sr->ngroups == 1 && sr->ncells == sr->n, rc; /* every cell, in order, into one series */
-    if (!sr->roll && !(sr->roll = malloc(sr->n * sizeof *sr->roll))) return -1;
+    uint32_t r0 = chunk * ROLLUP_CHUNK_CELLS, rn = sr->n - r0 < ROLLUP_CHUNK_CELLS ? sr->n - r0 : ROLLUP_CHUNK_CELLS;
+    uint32_t k0, k1;
+    chunk_cells(sr, r0, rn, &k0, &k1);
+    if (k0 == k1) return 0; /* none of its cells selected (never the first chunk read) */
+    /* the row's cells that are selected, local to the row */
+    uint32_t lc0 = sr->cells[k0] - r0, lc1 = sr->cells[k1 - 1] + 1 - r0;
+    int whole = sr->ngroups == 1 && sr->ncells == sr->n && rn == sr->n, rc, seen = 0;
     sqlite3_bind_int64(s, 1, sr->metric_id);
     sqlite3_bind_int(s, 2, level);
     sqlite3_bind_int64(s, 3, b0);
     sqlite3_bind_int64(s, 4, b1);
+    sqlite3_bind_int(s, 5, (int)chunk);
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        int64_t block = sqlite3_column_int64(s, 0);
-        int64_t nframes = sqlite3_column_int64(s, 1);
-        const unsigned char *d = sqlite3_column_blob(s, 2);
-        int len = sqlite3_column_bytes(s, 2);
-        int64_t i = (block * size - sr->a) / sr->w;
+        struct rrow r;
+        rrow_read(sr, s, size, &r);
+        int64_t block = r.block, nframes = r.nframes, i = r.i;
+        const unsigned char *d = r.d;
+        int len = r.len;
         struct bucket *row = &sr->b[i * sr->ngroups];
         struct rollup_total t;
         int has = nframes < 0 || nframes > size ? -1
                   : whole ? rollup_total(d, (size_t)len, sr->n, (uint32_t)nframes, &t)
                           : 0;
-        if (has == 1 && add_total(row, &t, sr->n, nframes)) {
+        seen = 1;
+        if (frames) sr->frames[i] += (uint64_t)nframes;
+        if (has == 1 && add_total(row, &t, sr->n, nframes)) continue;
+        if (has < 0 || rollup_decode(d, (size_t)len, rn, (uint32_t)nframes, lc0, lc1, sr->roll + r0)) {
+            rc = rollup_corrupt(sr, level, block, chunk, nframes, len);
+            break;
+        }
+        pool_cells(sr, row, k0, k1, nframes);
+    }
+    sqlite3_reset(s);
+    if (rc == SQLITE_DONE && b0 == b1 && !seen)
+        rc = query_db_corrupt(sr->q, "the level-%d rollup of metric %lld, block %lld has a total's row but no row of "
+                              "chunk %u", level, (long long)sr->metric_id, (long long)b0, chunk);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* Level `level`'s blocks [b0, b1] into the one series of every value of a
+ * metric of several chunks: its total's row per block (rollup_totals), and
+ * the cells of the block's chunk rows where the row has no total that can
+ * be added exactly (the dashboard's default series of a metric: a
+ * whole-run one reads ~2,000 rows of 19 bytes, not the 144 values of each). */
+static int add_totals(struct series *sr, int level, int64_t b0, int64_t b1) {
+    sqlite3_stmt *s = sr->q->stmt[Q_TOTALS];
+    int64_t size = STORE_LEVEL_SIZE(level);
+    int rc;
+    sqlite3_bind_int64(s, 1, sr->metric_id);
+    sqlite3_bind_int(s, 2, level);
+    sqlite3_bind_int64(s, 3, b0);
+    sqlite3_bind_int64(s, 4, b1);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct rrow r;
+        rrow_read(sr, s, size, &r);
+        int64_t block = r.block, nframes = r.nframes, i = r.i;
+        const unsigned char *d = r.d;
+        int len = r.len;
+        struct rollup_total t;
+        int has = nframes < 0 || nframes > size ? -1 : rollup_total_decode(d, (size_t)len, sr->n, (uint32_t)nframes, &t);
+        if (has < 0) {
+            rc = query_db_corrupt(sr->q, "the level-%d rollup total of metric %lld, block %lld (%lld frames, %d bytes) "
+                                  "does not decode", level, (long long)sr->metric_id, (long long)block,
+                                  (long long)nframes, len);
+            break;
+        }
+        if (has == 1 && add_total(&sr->b[i * sr->ngroups], &t, sr->n, nframes)) {
             sr->frames[i] += (uint64_t)nframes;
             continue;
         }
-        if (has < 0 || rollup_decode(d, (size_t)len, sr->n, (uint32_t)nframes, c0, c1, sr->roll)) {
-            rc = query_db_corrupt(sr->q, "the level-%d rollup of metric %lld, block %lld (%lld frames, %d bytes) "
-                                  "does not decode as %u values", level, (long long)sr->metric_id, (long long)block,
-                                  (long long)nframes, len, sr->n);
+        int bad = 0;
+        for (uint32_t c = 0; c < ROLLUP_CHUNKS(sr->n) && !bad; c++) bad = add_chunk(sr, level, c, block, block, c == 0);
+        if (bad) {
+            rc = SQLITE_ERROR;
             break;
-        }
-        sr->frames[i] += (uint64_t)nframes;
-        for (uint32_t c = 0; c < sr->ncells; c++) {
-            struct bucket *b = &row[sr->group[c]];
-            const struct rollup_cell *e = &sr->roll[sr->cells[c]];
-            bucket_merge(b, e->mn, e->mx, e->sum, e->count);
-            b->nonfinite += (uint64_t)nframes - e->count;
         }
     }
     sqlite3_reset(s);
     return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* Level `level`'s rows of blocks [b0, b1] into their buckets: the totals
+ * for a series of every value of a metric of several chunks, else the
+ * rows of the chunks that hold the selected cells, one chunk after the
+ * other (a series of one head of a 32x32 metric reads rows of 64 cells,
+ * not of 1,024). */
+static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
+    uint32_t chunks = ROLLUP_CHUNKS(sr->n);
+    if (!sr->roll && !(sr->roll = malloc(sr->n * sizeof *sr->roll))) return -1;
+    if (sr->ngroups == 1 && sr->ncells == sr->n && chunks > 1) return add_totals(sr, level, b0, b1);
+    uint32_t first = sr->cells[0] / ROLLUP_CHUNK_CELLS, last = sr->cells[sr->ncells - 1] / ROLLUP_CHUNK_CELLS;
+    for (uint32_t c = first; c <= last; c++)
+        if (add_chunk(sr, level, c, b0, b1, c == first)) return -1;
+    return 0;
 }
 
 /* Adds the steps [lo, hi] using level k's complete blocks where they fit,

@@ -278,7 +278,9 @@ static int total_of(const struct plan *p, struct rollup_total *t) {
     return 1;
 }
 
-size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out) {
+/* The row of n cells (rollup_encode), with its total where one can be
+ * shown and `totals` allows it. */
+static size_t encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, int totals, unsigned char *out) {
     struct plan p = {.a = a, .n = n, .nframes = nframes};
     int empty = 0, canonical = 1;
     for (uint32_t i = 0; i < n; i++) {
@@ -297,7 +299,7 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
     if (csum == C_SUMK) p.flags |= FLAG_SUM_FIXED;
     const int chosen[F_COUNT] = {C_MIN, cmax, csum, C_CNT};
     struct rollup_total tot = {0};
-    if (n >= ROLLUP_TOTAL_MIN && p.fixed && total_of(&p, &tot)) p.flags |= FLAG_TOTAL;
+    if (totals && n >= ROLLUP_TOTAL_MIN && p.fixed && total_of(&p, &tot)) p.flags |= FLAG_TOTAL;
     size_t head = ROLLUP_HEAD_BYTES + (p.flags & FLAG_TOTAL ? TOTAL_BYTES(p.w[C_CNT]) : 0);
     uint64_t bits = 0;
     for (int f = 0; f < F_COUNT; f++) bits += (uint64_t)n * p.w[chosen[f]];
@@ -341,6 +343,29 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
     }
     bitw_end(&b);
     return (size_t)len;
+}
+
+size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out) {
+    return encode(a, n, nframes, 1, out);
+}
+
+size_t rollup_encode_chunk(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out) {
+    return encode(a, n, nframes, 0, out);
+}
+
+size_t rollup_total_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out) {
+    struct plan p = {.a = a, .n = n, .nframes = nframes};
+    struct rollup_total t;
+    if (!fixed_ok(&p) || !total_of(&p, &t)) return 0;
+    memcpy(out, &t.mn, 4);
+    memcpy(out + 4, &t.mx, 4);
+    memcpy(out + 8, &t.k, 8);
+    out[16] = (unsigned char)bit_width(t.kabs);
+    int16_t qe = (int16_t)p.qe;
+    memcpy(out + 17, &qe, 2);
+    if (t.count == (uint64_t)n * nframes) return 19;
+    memcpy(out + 19, &t.count, 8);
+    return ROLLUP_TOTAL_BYTES;
 }
 
 static int decode_raw(const unsigned char *row, uint32_t nframes, uint32_t c0, uint32_t c1, struct rollup_cell *out) {
@@ -435,22 +460,38 @@ static int head_read(const unsigned char *row, size_t len, uint32_t n, struct he
     return 0;
 }
 
+/* Reads a total whose first 17 bytes are at o (f32 min, f32 max, i64 k,
+ * u8 kbits), of exponent qe, its count at o + at when has_count (else
+ * n * nframes): 1, or -1 when it cannot be one of n values of nframes
+ * frames. */
+static int total_read(const unsigned char *o, int qe, int has_count, size_t at, uint32_t n, uint32_t nframes,
+                      struct rollup_total *t) {
+    memcpy(&t->mn, o, 4);
+    memcpy(&t->mx, o + 4, 4);
+    memcpy(&t->k, o + 8, 8);
+    if (o[16] > 54 || qe < -1074 || qe > 1023) return -1;
+    t->kabs = (UINT64_C(1) << o[16]) - 1; /* a bound of the sum of |sum| / 2^qe */
+    if (has_count) memcpy(&t->count, o + at, 8);
+    else t->count = (uint64_t)n * nframes;
+    t->qe = qe;
+    uint64_t kmag = t->k < 0 ? -(uint64_t)t->k : (uint64_t)t->k;
+    return t->count <= (uint64_t)n * nframes && t->kabs <= UINT64_C(1) << 53 && kmag <= t->kabs ? 1 : -1;
+}
+
 int rollup_total(const unsigned char *row, size_t len, uint32_t n, uint32_t nframes, struct rollup_total *t) {
     struct head h;
     if (len == (size_t)n * ROLLUP_RAW_BYTES) return 0;
     if (head_read(row, len, n, &h)) return -1;
     if (!(h.flags & FLAG_TOTAL)) return 0;
-    const unsigned char *o = row + ROLLUP_HEAD_BYTES;
-    memcpy(&t->mn, o, 4);
-    memcpy(&t->mx, o + 4, 4);
-    memcpy(&t->k, o + 8, 8);
-    if (o[16] > 54) return -1;
-    t->kabs = (UINT64_C(1) << o[16]) - 1; /* a bound of the sum of |sum| / 2^qe */
-    if (h.w[F_CNT]) memcpy(&t->count, o + 17, 8);
-    else t->count = (uint64_t)n * nframes;
-    t->qe = h.qe;
-    uint64_t kmag = t->k < 0 ? -(uint64_t)t->k : (uint64_t)t->k;
-    return t->count <= (uint64_t)n * nframes && t->kabs <= UINT64_C(1) << 53 && kmag <= t->kabs ? 1 : -1;
+    return total_read(row + ROLLUP_HEAD_BYTES, h.qe, h.w[F_CNT] != 0, 17, n, nframes, t);
+}
+
+int rollup_total_decode(const unsigned char *d, size_t len, uint32_t n, uint32_t nframes, struct rollup_total *t) {
+    if (!len) return 0;
+    if (len != 19 && len != ROLLUP_TOTAL_BYTES) return -1;
+    int16_t qe;
+    memcpy(&qe, d + 17, 2);
+    return total_read(d, qe, len == ROLLUP_TOTAL_BYTES, 19, n, nframes, t);
 }
 
 int rollup_total_add(const struct rollup_total *t, double *sum) {

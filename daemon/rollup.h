@@ -47,8 +47,21 @@ void rollup_add(struct rollup_cell *e, float v);
 
 /* Writes the row of n (>= 1) cells of a block of nframes frames into out
  * (room for ROLLUP_MAX_BYTES(n)): coded, or raw where coding would not be
- * smaller. Returns its length. */
+ * smaller. Returns its length. A coded row of at least ROLLUP_TOTAL_MIN
+ * cells carries their total where one can be shown (rollup_total). */
 size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out);
+
+/* A metric's row is stored cut into chunks of ROLLUP_CHUNK_CELLS cells
+ * (the last one shorter), a row each: a reader of one head reads its
+ * chunk's row, not every cell's (schema/storage.md, "Rollups"). A metric
+ * of one chunk has one row, as rollup_encode writes it; a metric of
+ * several has rows without totals (rollup_encode_chunk), and its total
+ * in a row of its own (rollup_total_encode). */
+#define ROLLUP_CHUNK_CELLS 64
+#define ROLLUP_CHUNKS(n) (((n) + ROLLUP_CHUNK_CELLS - 1) / ROLLUP_CHUNK_CELLS)
+
+/* rollup_encode without the total: a chunk of a metric of several. */
+size_t rollup_encode_chunk(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out);
 
 /* Decodes cells [c0, c1) of a row of n values of a block of nframes frames
  * (either format) into out[c0..c1) (the other cells are left as they
@@ -76,6 +89,20 @@ struct rollup_total {
  * 0 when the row has none (decode its cells), -1 for a row that is not
  * such a row. */
 int rollup_total(const unsigned char *row, size_t len, uint32_t n, uint32_t nframes, struct rollup_total *t);
+
+/* The total of n cells of a block of nframes frames, alone (a metric of
+ * several chunks keeps it in a row of its own): f32 min, f32 max, i64 k,
+ * u8 bit width of kabs, i16 qe, then u64 count unless it is n * nframes.
+ * Writes it into out (room for ROLLUP_TOTAL_BYTES) and returns its length,
+ * or 0 when the cells have none (a sum not a multiple of a common 2^qe
+ * below 2^53 of it: the reader pools the cells). */
+#define ROLLUP_TOTAL_BYTES 27
+size_t rollup_total_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out);
+
+/* Reads what rollup_total_encode wrote (len bytes at d, for n values of
+ * nframes frames): 1 and *t, 0 for none (len 0), -1 for bytes that are not
+ * a total. */
+int rollup_total_decode(const unsigned char *d, size_t len, uint32_t n, uint32_t nframes, struct rollup_total *t);
 
 /* Adds t's sum to *sum when that gives the very double that adding the
  * row's sums to *sum one by one, in order, gives (every partial sum is a

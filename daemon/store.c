@@ -61,12 +61,15 @@ static const char *const stmt_sql[S_COUNT] = {
      * of a deleted metric must never be taken for a new one's */
     [S_INSERT_METRIC] = "INSERT INTO metrics(id, run_id, name, kind) VALUES (max(coalesce((SELECT max(id) FROM metrics), 0), "
                         "coalesce((SELECT max(id) FROM purge WHERE kind = 0), 0)) + 1, ?1, ?2, ?3)",
-    [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, block, nframes, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+    [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, chunk, block, nframes, data) "
+                        "VALUES (?1, ?2, ?6, ?3, ?4, ?5)",
+    [S_INSERT_TOTAL] = "INSERT OR REPLACE INTO rollup_totals(metric_id, level, block, nframes, data) VALUES (?1, ?2, ?3, ?4, ?5)",
     [S_SEAL_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3 ORDER BY step",
     [S_SEAL_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
     [S_INSERT_ABANDONED] = "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) VALUES (?1, ?2, ?3, ?4)",
     [S_LAST_FRAME] = "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step DESC LIMIT 1",
-    [S_SELECT_ROLLUPS] = "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 AND block < ?4",
+    [S_SELECT_ROLLUPS] = "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 "
+                         "AND block >= ?3 AND block < ?4",
     [S_UPDATE_RUN] = "UPDATE runs SET last_seq = ?2, last_step = ?3, updated = ?4 WHERE id = ?1",
     [S_INSERT_EVENT] = "INSERT INTO events(run_id, seq, time, level, text) VALUES (?1, ?2, ?3, ?4, ?5)",
     [S_SELECT_RUN] = "SELECT layers, heads, last_seq, last_step, updated, "
@@ -90,9 +93,12 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_REWIND_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2",
     [S_REWIND_STEPS] = "DELETE FROM steps WHERE run_id = ?1 AND step >= coalesce((SELECT step FROM steps "
                        "WHERE run_id = ?1 AND step >= ?2 ORDER BY step DESC LIMIT 1 OFFSET ?3), ?2)",
-    /* rollups have no rowid (migration 7): the key within one metric and level */
-    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE metric_id = ?1 AND level = ?2 AND block IN (SELECT block FROM rollups "
-                         "WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 LIMIT ?4)",
+    /* rollups have no rowid (migration 7): the key within one metric, level
+     * and chunk (migration 9) */
+    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 AND block IN "
+                         "(SELECT block FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 AND block >= ?3 LIMIT ?4)",
+    [S_REWIND_TOTALS] = "DELETE FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 AND block IN (SELECT block "
+                        "FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 LIMIT ?4)",
     [S_PURGE_NEXT] = "SELECT kind, id FROM purge LIMIT 1",
     [S_BEGIN] = "BEGIN IMMEDIATE",
     [S_COMMIT] = "COMMIT",
@@ -164,8 +170,87 @@ static int64_t pragma_int(struct store *st, const char *sql) {
     return v;
 }
 
+static int step_done(struct store *st, sqlite3_stmt *s, const char *what);
+static int rollup_put(struct store *st, int64_t metric_id, const struct rollup_cell *a, uint32_t n, int level,
+                      int64_t block, int64_t nframes);
+
+/* Migration 9's part in C (schema/009_rollup_chunks.sql): the rollup rows
+ * of metrics wider than a chunk, left in rollups_v8, decoded and written
+ * again as chunk rows and a total's row each (what the writer writes now,
+ * rollup_put); then rollups_v8 goes. A row that does not decode as its
+ * metric's values is kept as it is in chunk 0, where a reader reports it
+ * as corrupt (schema/storage.md), as it would have before. */
+static int migrate_rollup_chunks(struct store *st) {
+    sqlite3_stmt *s = NULL, *ins = NULL;
+    struct rollup_cell *cells = NULL;
+    uint32_t cap = 0;
+    int rc, ret = -1;
+    if (sqlite3_prepare_v2(st->db, "SELECT o.metric_id, o.level, o.block, o.nframes, o.data, "
+                           "CASE m.kind WHEN 2 THEN r.layers * r.heads WHEN 1 THEN r.layers ELSE 1 END "
+                           "FROM rollups_v8 o JOIN metrics m ON m.id = o.metric_id JOIN runs r ON r.id = m.run_id "
+                           "ORDER BY o.metric_id, o.level, o.block", -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(st->db, "INSERT INTO rollups(metric_id, level, chunk, block, nframes, data) "
+                           "VALUES (?1, ?2, 0, ?3, ?4, ?5)", -1, &ins, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(st->db, stmt_sql[S_INSERT_ROLLUP], -1, 0, &st->stmt[S_INSERT_ROLLUP], NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(st->db, stmt_sql[S_INSERT_TOTAL], -1, 0, &st->stmt[S_INSERT_TOTAL], NULL) != SQLITE_OK) {
+        store_db_err(st, "preparing the rollups' recoding");
+        goto out;
+    }
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int64_t mid = sqlite3_column_int64(s, 0), block = sqlite3_column_int64(s, 2), nf = sqlite3_column_int64(s, 3);
+        int level = sqlite3_column_int(s, 1);
+        int64_t n64 = sqlite3_column_int64(s, 5);
+        const unsigned char *d = sqlite3_column_blob(s, 4);
+        size_t len = (size_t)sqlite3_column_bytes(s, 4);
+        uint32_t n = n64 > 0 && n64 <= PROTO_MAX_CELLS ? (uint32_t)n64 : 0;
+        if (n > cap) {
+            struct rollup_cell *c = realloc(cells, n * sizeof *c);
+            unsigned char *row = c ? realloc(st->aggrow, ROLLUP_MAX_BYTES(n)) : NULL;
+            if (c) cells = c;
+            if (!row) {
+                store_set_err(st, SQLITE_NOMEM, "out of memory");
+                goto out;
+            }
+            st->aggrow = row;
+            cap = n;
+        }
+        if (n && level >= 1 && level <= STORE_LEVELS && nf >= 0 && nf <= STORE_LEVEL_SIZE(level) && d &&
+            !rollup_decode(d, len, n, (uint32_t)nf, 0, n, cells)) {
+            if (rollup_put(st, mid, cells, n, level, block, nf)) goto out;
+            continue;
+        }
+        sqlite3_bind_int64(ins, 1, mid);
+        sqlite3_bind_int(ins, 2, level);
+        sqlite3_bind_int64(ins, 3, block);
+        sqlite3_bind_int64(ins, 4, nf);
+        sqlite3_bind_blob(ins, 5, d ? (const void *)d : "", (int)len, SQLITE_TRANSIENT);
+        if (step_done(st, ins, "keeping a rollup row")) goto out;
+    }
+    if (rc != SQLITE_DONE) {
+        store_db_err(st, "reading rollups_v8");
+        goto out;
+    }
+    sqlite3_finalize(s);
+    s = NULL;
+    ret = store_exec(st, "DROP TABLE rollups_v8");
+out:
+    sqlite3_finalize(s);
+    sqlite3_finalize(ins);
+    /* store_open prepares them again, for good */
+    sqlite3_finalize(st->stmt[S_INSERT_ROLLUP]);
+    sqlite3_finalize(st->stmt[S_INSERT_TOTAL]);
+    st->stmt[S_INSERT_ROLLUP] = st->stmt[S_INSERT_TOTAL] = NULL;
+    free(cells);
+    return ret;
+}
+
+/* What migrations need of C beyond their SQL, by index (migration i + 1). */
+static int (*const migration_code[])(struct store *) = {[8] = migrate_rollup_chunks};
+#define MIGRATION_CODE_N ((int)(sizeof migration_code / sizeof migration_code[0]))
+
 /* Applies the migrations the database has not seen, each in its own
- * transaction together with the new user_version. */
+ * transaction together with the new user_version (and its C part,
+ * migration_code). */
 static int migrate(struct store *st) {
     int known = store_schema_version();
     int64_t have = pragma_int(st, "PRAGMA user_version");
@@ -177,7 +262,7 @@ static int migrate(struct store *st) {
     for (int i = (int)have; i < known; i++) {
         char sql[64];
         if (store_exec(st, "BEGIN IMMEDIATE")) return -1;
-        if (store_exec(st, (const char *)migrations[i].data)) {
+        if (store_exec(st, (const char *)migrations[i].data) || (i < MIGRATION_CODE_N && migration_code[i] && migration_code[i](st))) {
             char msg[sizeof st->err];
             snprintf(msg, sizeof msg, "%s", st->err);
             store_exec(st, "ROLLBACK");
@@ -277,8 +362,6 @@ void store_close(struct store *st) {
     sqlite3_close(st->db);
     free(st);
 }
-
-static int step_done(struct store *st, sqlite3_stmt *s, const char *what);
 
 int store_begin(struct store *st) {
     if (step_done(st, st->stmt[S_BEGIN], "BEGIN")) return -1;
@@ -514,17 +597,41 @@ static int scratch_grow(struct store *st, uint32_t n) {
     return 0;
 }
 
-/* Writes st->agg as rollup block `block` of level `level` of metric m,
- * coded (rollup.h). */
-static int rollup_write(struct store *st, struct metric_cache *m, int level, int64_t block, int64_t nframes) {
-    size_t len = rollup_encode(st->agg, m->n, (uint32_t)nframes, st->aggrow);
+/* Writes the n cells at a as rollup block `block` of level `level` of
+ * metric `metric_id`, coded (rollup.h): a row per chunk of cells, and the
+ * total's row for a metric of several chunks. st->aggrow is the scratch
+ * (room for ROLLUP_MAX_BYTES(n)). */
+static int rollup_put(struct store *st, int64_t metric_id, const struct rollup_cell *a, uint32_t n, int level,
+                      int64_t block, int64_t nframes) {
+    uint32_t chunks = ROLLUP_CHUNKS(n);
     sqlite3_stmt *s = st->stmt[S_INSERT_ROLLUP];
-    sqlite3_bind_int64(s, 1, m->id);
+    for (uint32_t c = 0; c < chunks; c++) {
+        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = n - c0 < ROLLUP_CHUNK_CELLS ? n - c0 : ROLLUP_CHUNK_CELLS;
+        size_t len = chunks == 1 ? rollup_encode(a, n, (uint32_t)nframes, st->aggrow)
+                                 : rollup_encode_chunk(a + c0, cn, (uint32_t)nframes, st->aggrow);
+        sqlite3_bind_int64(s, 1, metric_id);
+        sqlite3_bind_int(s, 2, level);
+        sqlite3_bind_int64(s, 3, block);
+        sqlite3_bind_int64(s, 4, nframes);
+        sqlite3_bind_blob(s, 5, st->aggrow, (int)len, SQLITE_STATIC);
+        sqlite3_bind_int(s, 6, (int)c);
+        if (step_done(st, s, "writing rollup")) return -1;
+    }
+    if (chunks == 1) return 0;
+    unsigned char tot[ROLLUP_TOTAL_BYTES];
+    size_t len = rollup_total_encode(a, n, (uint32_t)nframes, tot);
+    s = st->stmt[S_INSERT_TOTAL];
+    sqlite3_bind_int64(s, 1, metric_id);
     sqlite3_bind_int(s, 2, level);
     sqlite3_bind_int64(s, 3, block);
     sqlite3_bind_int64(s, 4, nframes);
-    sqlite3_bind_blob(s, 5, st->aggrow, (int)len, SQLITE_STATIC);
-    return step_done(st, s, "writing rollup");
+    sqlite3_bind_blob(s, 5, tot, (int)len, SQLITE_STATIC); /* an empty blob: no total */
+    return step_done(st, s, "writing rollup total");
+}
+
+/* Writes st->agg as rollup block `block` of level `level` of metric m. */
+static int rollup_write(struct store *st, struct metric_cache *m, int level, int64_t block, int64_t nframes) {
+    return rollup_put(st, m->id, st->agg, m->n, level, block, nframes);
 }
 
 /* Computes and stores rollup block `block` of level `level` (>= 2) for
@@ -535,22 +642,26 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
     if (scratch_grow(st, m->n)) return -1;
     rollup_reset(st->agg, m->n);
     int64_t nframes = 0;
-    int rc;
+    int rc = SQLITE_DONE;
     sqlite3_stmt *s = st->stmt[S_SELECT_ROLLUPS];
-    sqlite3_bind_int64(s, 1, m->id);
-    sqlite3_bind_int(s, 2, level - 1);
-    sqlite3_bind_int64(s, 3, block * 8);
-    sqlite3_bind_int64(s, 4, block * 8 + 8);
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        int64_t nf = sqlite3_column_int64(s, 0);
-        if (nf < 0 || nf > STORE_LEVEL_SIZE(level - 1) ||
-            rollup_decode(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1), m->n, (uint32_t)nf, 0, m->n,
-                          st->aggsrc))
-            continue;
-        nframes += nf;
-        for (uint32_t i = 0; i < m->n; i++) rollup_merge(&st->agg[i], &st->aggsrc[i]);
+    for (uint32_t c = 0; c < ROLLUP_CHUNKS(m->n) && rc == SQLITE_DONE; c++) {
+        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = m->n - c0 < ROLLUP_CHUNK_CELLS ? m->n - c0 : ROLLUP_CHUNK_CELLS;
+        sqlite3_bind_int64(s, 1, m->id);
+        sqlite3_bind_int(s, 2, level - 1);
+        sqlite3_bind_int64(s, 3, block * 8);
+        sqlite3_bind_int64(s, 4, block * 8 + 8);
+        sqlite3_bind_int(s, 5, (int)c);
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+            int64_t nf = sqlite3_column_int64(s, 0);
+            if (nf < 0 || nf > STORE_LEVEL_SIZE(level - 1) ||
+                rollup_decode(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1), cn, (uint32_t)nf, 0, cn,
+                              st->aggsrc + c0))
+                continue;
+            if (!c) nframes += nf; /* every chunk has the block's frames */
+            for (uint32_t i = c0; i < c0 + cn; i++) rollup_merge(&st->agg[i], &st->aggsrc[i]);
+        }
+        sqlite3_reset(s);
     }
-    sqlite3_reset(s);
     if (rc != SQLITE_DONE) return store_db_err(st, "reading rollup source");
     return nframes ? rollup_write(st, m, level, block, nframes) : 0;
 }
@@ -751,18 +862,26 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
                                                    : store_db_err(st, "reading rewind");
     int64_t left = budget, n;
     char sql[256];
-    /* 1. rollups from the block holding `from` on (few rows, but up to 20
-     * bytes per value, ~9 coded: each counts as 4 frames), so no reader
+    /* 1. rollups from the block holding `from` on (few rows, of at most 64
+     * values, up to 20 bytes each, ~12 coded: each counts as 4 frames; a
+     * total's row too), so no reader
      * sees a rollup over frames already moved */
     for (; r->rewind_phase == 0 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
+        const struct metric_cache *m = &r->metrics[r->rewind_metric];
+        uint32_t chunks = ROLLUP_CHUNKS(m->n);
         for (int k = 1; k <= STORE_LEVELS && left > 0; k++) {
-            s = st->stmt[S_REWIND_ROLLUPS];
-            sqlite3_bind_int64(s, 1, r->metrics[r->rewind_metric].id);
-            sqlite3_bind_int(s, 2, k);
-            sqlite3_bind_int64(s, 3, from / STORE_LEVEL_SIZE(k));
-            sqlite3_bind_int64(s, 4, (left + 3) / 4);
-            if ((n = store_run_changes(st, s, "deleting rewound rollups")) < 0) return -1;
-            left -= 4 * n;
+            /* the chunks' rows, then (c == chunks) the totals' */
+            for (uint32_t c = 0; c <= chunks && left > 0; c++) {
+                if (c == chunks && chunks == 1) break;
+                s = st->stmt[c < chunks ? S_REWIND_ROLLUPS : S_REWIND_TOTALS];
+                sqlite3_bind_int64(s, 1, m->id);
+                sqlite3_bind_int(s, 2, k);
+                sqlite3_bind_int64(s, 3, from / STORE_LEVEL_SIZE(k));
+                sqlite3_bind_int64(s, 4, (left + 3) / 4);
+                if (c < chunks) sqlite3_bind_int(s, 5, (int)c);
+                if ((n = store_run_changes(st, s, "deleting rewound rollups")) < 0) return -1;
+                left -= 4 * n;
+            }
         }
         if (left <= 0) break; /* this metric may have more */
     }

@@ -21,9 +21,9 @@ struct rollup_cell;
 
 /* The statements prepared once at store_open (the SQL is in store.c). */
 enum {
-    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_SEAL_FRAMES, S_SEAL_DELETE,
+    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_INSERT_TOTAL, S_SEAL_FRAMES, S_SEAL_DELETE,
     S_INSERT_ABANDONED, S_LAST_FRAME, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
-    S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_PURGE_NEXT,
+    S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_REWIND_TOTALS, S_PURGE_NEXT,
     /* the hello path and transaction control, prepared once: preparing them
      * at every hello was a third of the daemon's CPU per hello, and its
      * mallocs grew slower as the heap filled with 10,000 runs (issue 15) */

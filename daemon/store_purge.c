@@ -24,9 +24,10 @@
 /* The purged tables whose rows row_units sizes, and the query of each:
  * the largest `data` among the next ?2 rows of ?1 (rows that a DELETE of
  * them visits anyway). */
-enum { PT_ROLLUPS, PT_FRAMES, PT_ABANDONED };
+enum { PT_ROLLUPS, PT_TOTALS, PT_FRAMES, PT_ABANDONED };
 static const char *const size_sql[] = {
     [PT_ROLLUPS] = "SELECT max(length(data)) FROM (SELECT data FROM rollups WHERE metric_id = ?1 LIMIT ?2)",
+    [PT_TOTALS] = "SELECT max(length(data)) FROM (SELECT data FROM rollup_totals WHERE metric_id = ?1 LIMIT ?2)",
     [PT_FRAMES] = "SELECT max(length(data)) FROM (SELECT data FROM frames WHERE metric_id = ?1 LIMIT ?2)",
     [PT_ABANDONED] = "SELECT max(length(data)) FROM (SELECT data FROM abandoned_frames WHERE branch_id = ?1 LIMIT ?2)",
 };
@@ -80,8 +81,12 @@ static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
     int r;
     if (kind == 0) {
         if ((rows = rows_for(st, PT_ROLLUPS, id, *left, &cost)) < 0) return -1;
-        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE metric_id = %lld AND (level, block) IN (SELECT level, block "
-                 "FROM rollups WHERE metric_id = %lld LIMIT %lld)", i, i, (long long)rows);
+        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE metric_id = %lld AND (level, chunk, block) IN (SELECT level, "
+                 "chunk, block FROM rollups WHERE metric_id = %lld LIMIT %lld)", i, i, (long long)rows);
+        if ((r = purge_table(st, sql, rows, cost, 1, left))) return r < 0 ? -1 : 0;
+        if ((rows = rows_for(st, PT_TOTALS, id, *left, &cost)) < 0) return -1;
+        snprintf(sql, sizeof sql, "DELETE FROM rollup_totals WHERE metric_id = %lld AND (level, block) IN (SELECT level, "
+                 "block FROM rollup_totals WHERE metric_id = %lld LIMIT %lld)", i, i, (long long)rows);
         if ((r = purge_table(st, sql, rows, cost, 1, left))) return r < 0 ? -1 : 0;
         if ((rows = rows_for(st, PT_FRAMES, id, *left, &cost)) < 0) return -1;
         snprintf(sql, sizeof sql, "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = %lld "

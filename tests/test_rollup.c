@@ -316,7 +316,11 @@ static void test_corrupt_rows_refused(void **state) {
 
 /* ------------------------------------------------------------ the series query */
 
-enum { SL = 4, SH = 5, SN = SL * SH }; /* at least ROLLUP_TOTAL_MIN values: rows have totals */
+/* The metric of the series tests: 4 x 5 (one chunk of at least
+ * ROLLUP_TOTAL_MIN values: rows have totals) and 12 x 12 (three chunks,
+ * rollup.h: a total's row of its own), at most SN_MAX values. */
+enum { SN_MAX = 144 };
+static uint32_t SL, SH, SN;
 
 /* The value of cell i at step s: cells whose every sum is exact in a
  * double (values in +-[0.5, 4), subnormals, small integers and zeros of
@@ -419,53 +423,84 @@ static char *series(struct query *q, int64_t run, const struct window *w, int sp
     return sb.p;
 }
 
-/* Rewrites every rollup row of the database in the raw format. */
+/* Rewrites every rollup row of the database in the raw format, and empties
+ * every total's row (a metric of several chunks), so that a series pools
+ * the cells of every block. */
 static void rows_to_raw(const char *path) {
     sqlite3 *db;
     sqlite3_stmt *s, *u;
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT r.metric_id, level, block, nframes, data, m.kind FROM rollups r "
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT r.metric_id, level, block, chunk, nframes, data, m.kind FROM rollups r "
                                             "JOIN metrics m ON m.id = r.metric_id", -1, &s, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, "UPDATE rollups SET data = ?4 WHERE metric_id = ?1 AND level = ?2 AND block = ?3",
-                                        -1, &u, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "UPDATE rollups SET data = ?5 WHERE metric_id = ?1 AND level = ?2 AND block = ?3 "
+                                        "AND chunk = ?4", -1, &u, NULL), SQLITE_OK);
     int coded = 0, totals = 0, missing = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
-        uint32_t n = sqlite3_column_int(s, 5) == PROTO_HEAD ? SN : sqlite3_column_int(s, 5) == PROTO_LAYER ? SL : 1;
-        struct rollup_cell c[SN];
-        unsigned char raw[SN * ROLLUP_RAW_BYTES];
-        size_t len = (size_t)sqlite3_column_bytes(s, 4);
-        coded += len != n * 20u;
+        uint32_t n = sqlite3_column_int(s, 6) == PROTO_HEAD ? SN : sqlite3_column_int(s, 6) == PROTO_LAYER ? SL : 1;
+        uint32_t c0 = (uint32_t)sqlite3_column_int(s, 3) * ROLLUP_CHUNK_CELLS;
+        uint32_t rn = n - c0 < ROLLUP_CHUNK_CELLS ? n - c0 : ROLLUP_CHUNK_CELLS; /* the row's values */
+        uint32_t nf = (uint32_t)sqlite3_column_int64(s, 4);
+        struct rollup_cell c[SN_MAX];
+        unsigned char raw[SN_MAX * ROLLUP_RAW_BYTES];
+        size_t len = (size_t)sqlite3_column_bytes(s, 5);
+        coded += len != rn * 20u;
         struct rollup_total tot;
-        int has = rollup_total(sqlite3_column_blob(s, 4), len, n, (uint32_t)sqlite3_column_int64(s, 3), &tot);
+        int has = rollup_total(sqlite3_column_blob(s, 5), len, rn, nf, &tot);
         assert_true(has >= 0);
-        if (n == SN) {
+        if (n == SN && ROLLUP_CHUNKS(n) == 1) {
             totals += has;
             missing += !has;
         }
-        assert_int_equal(rollup_decode(sqlite3_column_blob(s, 4), len, n, (uint32_t)sqlite3_column_int64(s, 3), 0, n, c), 0);
-        for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(rollup_decode(sqlite3_column_blob(s, 5), len, rn, nf, 0, rn, c), 0);
+        for (uint32_t i = 0; i < rn; i++) {
             memcpy(raw + i * 20, &c[i].mn, 4);
             memcpy(raw + i * 20 + 4, &c[i].mx, 4);
             memcpy(raw + i * 20 + 8, &c[i].sum, 8);
             memcpy(raw + i * 20 + 16, &c[i].count, 4);
         }
-        for (int k = 0; k < 3; k++) sqlite3_bind_int64(u, k + 1, sqlite3_column_int64(s, k));
-        sqlite3_bind_blob(u, 4, raw, (int)(n * 20), SQLITE_TRANSIENT);
+        for (int k = 0; k < 4; k++) sqlite3_bind_int64(u, k + 1, sqlite3_column_int64(s, k));
+        sqlite3_bind_blob(u, 5, raw, (int)(rn * 20), SQLITE_TRANSIENT);
         assert_int_equal(sqlite3_step(u), SQLITE_DONE);
         sqlite3_reset(u);
+    }
+    sqlite3_finalize(s);
+    sqlite3_finalize(u);
+    if (ROLLUP_CHUNKS(SN) > 1) {
+        /* the totals' rows: some with a total, some without (cell 1) */
+        assert_int_equal(sqlite3_prepare_v2(db, "SELECT nframes, data FROM rollup_totals", -1, &s, NULL), SQLITE_OK);
+        while (sqlite3_step(s) == SQLITE_ROW) {
+            struct rollup_total tot;
+            int has = rollup_total_decode(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1), SN,
+                                          (uint32_t)sqlite3_column_int64(s, 0), &tot);
+            assert_true(has >= 0);
+            totals += has;
+            missing += !has;
+        }
+        sqlite3_finalize(s);
+        assert_int_equal(sqlite3_exec(db, "UPDATE rollup_totals SET data = x''", NULL, NULL, NULL), SQLITE_OK);
     }
     assert_true(coded > 0);
     assert_true(totals > 0);  /* the series took both paths */
     assert_true(missing > 0);
-    sqlite3_finalize(s);
-    sqlite3_finalize(u);
     assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
 }
 
-static void test_series_exact_over_coded_rows(void **state) {
-    (void)state;
+/* Cells whose series the wide metric's test checks against the values (all
+ * of them cost too long): the special ones, and both sides of each chunk's
+ * edge. */
+static int checked_cell(uint32_t i) {
+    return SN <= ROLLUP_CHUNK_CELLS || i < 8 || (i % ROLLUP_CHUNK_CELLS) < 2 || (i % ROLLUP_CHUNK_CELLS) > 61 ||
+           i == SN - 1;
+}
+
+/* Series of an L x H metric over many windows, exact against the values,
+ * and the same text from rows in the raw format (and, for a metric of
+ * several chunks, from its cells where its totals are taken away). */
+static void series_exact(uint32_t layers, uint32_t heads) {
+    SL = layers, SH = heads, SN = layers * heads;
+    assert_true(SN <= SN_MAX);
     struct tmp_db f;
     assert_int_equal(tmp_db_open(&f, "/tmp/trollup-XXXXXX"), 0);
     struct store_run_info info;
@@ -474,7 +509,7 @@ static void test_series_exact_over_coded_rows(void **state) {
     int64_t seq = 0, n = 0;
     for (int64_t s = 0; s <= SERIES_LAST; s++) {
         if (!series_has(s)) continue;
-        float v[SN];
+        float v[SN_MAX];
         for (uint32_t i = 0; i < SN; i++) v[i] = series_value(i, s);
         struct proto_msg m;
         memset(&m, 0, sizeof m);
@@ -494,7 +529,9 @@ static void test_series_exact_over_coded_rows(void **state) {
     if (!p) fail_msg("%s", err);
     struct query *q = query_acquire(p, err, sizeof err);
     assert_non_null(q);
-    char *before[NWINDOWS][3];
+    enum { NQ = 5 };
+    char *before[NWINDOWS][NQ];
+    uint32_t one_l = SL - 1, one_h = SH / 2; /* a head of the last chunk */
     for (size_t w = 0; w < NWINDOWS; w++) {
         /* one series per cell, each what the raw values give */
         char *out = series(q, info.id, &windows[w], QUERY_SPLIT_HEAD, -1, -1);
@@ -503,6 +540,7 @@ static void test_series_exact_over_coded_rows(void **state) {
         const cJSON *step = cJSON_GetObjectItem(j, "step"), *end = cJSON_GetObjectItem(j, "end");
         assert_true(cJSON_GetArraySize(step) > 0);
         for (uint32_t i = 0; i < SN; i++) {
+            if (!checked_cell(i)) continue;
             struct strbuf want = {0};
             expect_cell(&want, i, step, end);
             if (!strstr(out, want.p)) fail_msg("window %zu cell %u: want %s in %s", w, i, want.p, out);
@@ -512,6 +550,15 @@ static void test_series_exact_over_coded_rows(void **state) {
         before[w][0] = out;
         before[w][1] = series(q, info.id, &windows[w], QUERY_SPLIT_NONE, -1, -1);
         before[w][2] = series(q, info.id, &windows[w], QUERY_SPLIT_LAYER, -1, -1);
+        before[w][3] = series(q, info.id, &windows[w], QUERY_SPLIT_NONE, 5 % SL, -1); /* across two chunks at 12 x 12 */
+        before[w][4] = series(q, info.id, &windows[w], QUERY_SPLIT_NONE, one_l, one_h);
+        /* a head asked alone is what its values give */
+        struct strbuf want = {0};
+        j = cJSON_Parse(before[w][4]);
+        expect_cell(&want, one_l * SH + one_h, cJSON_GetObjectItem(j, "step"), cJSON_GetObjectItem(j, "end"));
+        if (!strstr(before[w][4], want.p)) fail_msg("window %zu head alone: want %s in %s", w, want.p, before[w][4]);
+        free(want.p);
+        cJSON_Delete(j);
     }
     query_release(p, q);
     query_pool_close(p);
@@ -523,10 +570,12 @@ static void test_series_exact_over_coded_rows(void **state) {
     q = query_acquire(p, err, sizeof err);
     assert_non_null(q);
     for (size_t w = 0; w < NWINDOWS; w++) {
-        char *after[3] = {series(q, info.id, &windows[w], QUERY_SPLIT_HEAD, -1, -1),
-                          series(q, info.id, &windows[w], QUERY_SPLIT_NONE, -1, -1),
-                          series(q, info.id, &windows[w], QUERY_SPLIT_LAYER, -1, -1)};
-        for (int k = 0; k < 3; k++) {
+        char *after[NQ] = {series(q, info.id, &windows[w], QUERY_SPLIT_HEAD, -1, -1),
+                           series(q, info.id, &windows[w], QUERY_SPLIT_NONE, -1, -1),
+                           series(q, info.id, &windows[w], QUERY_SPLIT_LAYER, -1, -1),
+                           series(q, info.id, &windows[w], QUERY_SPLIT_NONE, 5 % SL, -1),
+                           series(q, info.id, &windows[w], QUERY_SPLIT_NONE, one_l, one_h)};
+        for (int k = 0; k < NQ; k++) {
             assert_string_equal(before[w][k], after[k]);
             free(before[w][k]);
             free(after[k]);
@@ -535,6 +584,18 @@ static void test_series_exact_over_coded_rows(void **state) {
     query_release(p, q);
     query_pool_close(p);
     tmp_db_close(&f);
+}
+
+static void test_series_exact_over_coded_rows(void **state) {
+    (void)state;
+    series_exact(4, 5);
+}
+
+/* 12 x 12: the rows of three chunks, a layer across two of them (layer 5,
+ * cells 60-71), and the totals' rows of the whole metric's series. */
+static void test_series_exact_over_chunk_rows(void **state) {
+    (void)state;
+    series_exact(12, 12);
 }
 
 int main(void) {
@@ -546,6 +607,7 @@ int main(void) {
         cmocka_unit_test(test_raw_rows_read),
         cmocka_unit_test(test_corrupt_rows_refused),
         cmocka_unit_test(test_series_exact_over_coded_rows),
+        cmocka_unit_test(test_series_exact_over_chunk_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

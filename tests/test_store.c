@@ -226,6 +226,62 @@ static int same_float(float a, float b) {
     return x == y || (isnan(a) && isnan(b));
 }
 
+/* Decodes every cell of rollup block b of level k of metric mid (n values,
+ * nframes frames) from its chunk rows (rollup.h), each of which must be
+ * there with that nframes; for a metric of several chunks, checks its
+ * total's row against the cells. */
+static void block_cells(sqlite3 *db, int64_t mid, int k, int64_t b, uint32_t n, int64_t nframes,
+                        struct rollup_cell *cells) {
+    sqlite3_stmt *cs;
+    uint32_t chunks = ROLLUP_CHUNKS(n);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 "
+                                            "AND chunk = ?3 AND block = ?4", -1, &cs, NULL), SQLITE_OK);
+    for (uint32_t c = 0; c < chunks; c++) {
+        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = n - c0 < ROLLUP_CHUNK_CELLS ? n - c0 : ROLLUP_CHUNK_CELLS;
+        sqlite3_bind_int64(cs, 1, mid);
+        sqlite3_bind_int(cs, 2, k);
+        sqlite3_bind_int(cs, 3, (int)c);
+        sqlite3_bind_int64(cs, 4, b);
+        if (sqlite3_step(cs) != SQLITE_ROW) fail_msg("metric %lld level %d block %lld: no row of chunk %u", (long long)mid, k, (long long)b, c);
+        assert_int_equal(sqlite3_column_int64(cs, 0), nframes);
+        assert_int_equal(rollup_decode(sqlite3_column_blob(cs, 1), (size_t)sqlite3_column_bytes(cs, 1), cn,
+                                       (uint32_t)nframes, 0, cn, cells + c0), 0);
+        sqlite3_reset(cs);
+    }
+    sqlite3_finalize(cs);
+    if (chunks == 1) return;
+    char where[160];
+    snprintf(where, sizeof where, "metric_id = %lld AND level = %d AND block = %lld", (long long)mid, k, (long long)b);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT nframes, data FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 "
+                                            "AND block = ?3", -1, &cs, NULL), SQLITE_OK);
+    sqlite3_bind_int64(cs, 1, mid);
+    sqlite3_bind_int(cs, 2, k);
+    sqlite3_bind_int64(cs, 3, b);
+    if (sqlite3_step(cs) != SQLITE_ROW) fail_msg("rollup_totals: no row where %s", where);
+    assert_int_equal(sqlite3_column_int64(cs, 0), nframes);
+    struct rollup_total t;
+    int has = rollup_total_decode(sqlite3_column_blob(cs, 1), (size_t)sqlite3_column_bytes(cs, 1), n, (uint32_t)nframes, &t);
+    assert_true(has >= 0);
+    if (has) {
+        /* what pooling the cells one by one gives */
+        float mn = NAN, mx = NAN;
+        uint64_t count = 0;
+        double sum = 0, want = 0;
+        for (uint32_t v = 0; v < n; v++) {
+            if (!cells[v].count) continue;
+            if (!count || cells[v].mn < mn) mn = cells[v].mn;
+            if (!count || cells[v].mx > mx) mx = cells[v].mx;
+            count += cells[v].count;
+            want += cells[v].sum;
+        }
+        assert_int_equal(t.count, count);
+        assert_true(same_float(t.mn, mn) && same_float(t.mx, mx));
+        assert_int_equal(rollup_total_add(&t, &sum), 1);
+        assert_true(sum == want);
+    }
+    sqlite3_finalize(cs);
+}
+
 /* Recomputes every rollup row of run_id's metrics from the frames and
  * compares; checks the completeness rule. Adds the rows checked per level
  * to rows_per_level (index 1..5) when not NULL. */
@@ -267,8 +323,8 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
         for (int k = 1; k <= STORE_LEVELS; k++) {
             int64_t size = STORE_LEVEL_SIZE(k);
             sqlite3_stmt *rs;
-            assert_int_equal(sqlite3_prepare_v2(db, "SELECT block, nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 ORDER BY block",
-                                                -1, &rs, NULL), SQLITE_OK);
+            assert_int_equal(sqlite3_prepare_v2(db, "SELECT block, nframes FROM rollups WHERE metric_id = ?1 AND level = ?2 "
+                                                "AND chunk = 0 ORDER BY block", -1, &rs, NULL), SQLITE_OK);
             sqlite3_bind_int64(rs, 1, mid);
             sqlite3_bind_int(rs, 2, k);
             int rc = sqlite3_step(rs);
@@ -302,8 +358,7 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
                         fail_msg("metric %s level %d block %lld: nframes %lld, frames say %lld", name, k, (long long)b,
                                  (long long)sqlite3_column_int64(rs, 1), (long long)nframes);
                     struct rollup_cell *cells = malloc(n * sizeof *cells);
-                    assert_int_equal(rollup_decode(sqlite3_column_blob(rs, 2), (size_t)sqlite3_column_bytes(rs, 2), n,
-                                                   (uint32_t)nframes, 0, n, cells), 0);
+                    block_cells(db, mid, k, b, n, nframes, cells);
                     for (uint32_t v = 0; v < n; v++) {
                         float mn = cells[v].mn, mx = cells[v].mx;
                         double sum = cells[v].sum;
@@ -329,6 +384,12 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
             if (rc == SQLITE_ROW)
                 fail_msg("metric %s level %d: row for block %lld, which has no frames", name, k, (long long)sqlite3_column_int64(rs, 0));
             sqlite3_finalize(rs);
+            /* no other chunk's row, nor total, without its chunk 0 */
+            uint32_t chunks = ROLLUP_CHUNKS(n);
+            assert_int_equal(qi(path, "SELECT count(*) FROM rollups WHERE metric_id = %lld AND level = %d", (long long)mid, k),
+                             nrows * chunks);
+            assert_int_equal(qi(path, "SELECT count(*) FROM rollup_totals WHERE metric_id = %lld AND level = %d",
+                                (long long)mid, k), chunks > 1 ? nrows : 0);
             if (rows_per_level) rows_per_level[k] += matched;
         }
         free(fstep);
@@ -803,12 +864,52 @@ static void test_rewind_chunked(void **state) {
     verify_rollups(f->path, chunked, NULL);
 }
 
+/* Turns the rollups of db back into migration 8's: one row per (metric,
+ * level, block) of all its cells, as the writer wrote them then
+ * (rollup_encode), and no rollup_totals. */
+static void rollups_to_v8(sqlite3 *db) {
+    sqlite3_stmt *rs, *ins;
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE rollups_old (metric_id INTEGER NOT NULL, level INTEGER NOT NULL, "
+                                      "block INTEGER NOT NULL, nframes INTEGER NOT NULL, data BLOB NOT NULL, "
+                                      "PRIMARY KEY (metric_id, level, block)) WITHOUT ROWID", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT o.metric_id, o.level, o.block, o.nframes, o.data, "
+                                            "coalesce((SELECT CASE m.kind WHEN 2 THEN r.layers * r.heads WHEN 1 THEN r.layers "
+                                            "ELSE 1 END FROM metrics m JOIN runs r ON r.id = m.run_id WHERE m.id = o.metric_id), 0) "
+                                            "FROM rollups o WHERE chunk = 0", -1, &rs, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO rollups_old VALUES (?1, ?2, ?3, ?4, ?5)", -1, &ins, NULL), SQLITE_OK);
+    while (sqlite3_step(rs) == SQLITE_ROW) {
+        uint32_t n = (uint32_t)sqlite3_column_int64(rs, 5);
+        int64_t mid = sqlite3_column_int64(rs, 0), block = sqlite3_column_int64(rs, 2), nf = sqlite3_column_int64(rs, 3);
+        int level = sqlite3_column_int(rs, 1);
+        for (int k = 0; k < 4; k++) sqlite3_bind_value(ins, k + 1, sqlite3_column_value(rs, k));
+        unsigned char *row = NULL;
+        if (n > ROLLUP_CHUNK_CELLS) {
+            struct rollup_cell *cells = malloc(n * sizeof *cells);
+            row = malloc(ROLLUP_MAX_BYTES(n));
+            block_cells(db, mid, level, block, n, nf, cells);
+            size_t len = rollup_encode(cells, n, (uint32_t)nf, row);
+            sqlite3_bind_blob(ins, 5, row, (int)len, SQLITE_TRANSIENT);
+            free(cells);
+        } else {
+            sqlite3_bind_value(ins, 5, sqlite3_column_value(rs, 4));
+        }
+        assert_int_equal(sqlite3_step(ins), SQLITE_DONE);
+        sqlite3_reset(ins);
+        free(row);
+    }
+    sqlite3_finalize(rs);
+    sqlite3_finalize(ins);
+    assert_int_equal(sqlite3_exec(db, "DROP TABLE rollups; DROP TABLE rollup_totals; ALTER TABLE rollups_old RENAME TO rollups",
+                                  NULL, NULL, NULL), SQLITE_OK);
+}
+
 /* Turns the sealed blocks of the database at path back into raw frames
  * and its schema back to migration 5: a database as an entropyd before
  * compression left it. */
 static void downgrade_to_raw(const char *path) {
     sqlite3 *db;
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    rollups_to_v8(db);
     shadow_frames(db);
     assert_int_equal(sqlite3_exec(db, "DELETE FROM main.frames; INSERT INTO main.frames(metric_id, step, data) "
                                       "SELECT metric_id, step, data FROM temp.frames ORDER BY metric_id, step; "
@@ -1012,6 +1113,7 @@ static void downgrade_to_7(const char *path) {
                                         &ins, NULL),
                      SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
+    rollups_to_v8(db);
     float *vals = NULL;
     while (sqlite3_step(ms) == SQLITE_ROW) {
         int64_t mid = sqlite3_column_int64(ms, 0), block;
@@ -1504,6 +1606,107 @@ static void test_rollback_retry(void **state) {
     verify_rollups(f->path, 1, NULL);
 }
 
+/* A database of migration 8 (a rollup row holds every cell of its metric)
+ * upgrades to rows per chunk of cells (migration 9): a metric wider than a
+ * chunk is recoded into the very rows and totals this version writes, the
+ * rows of one chunk stay as they are, and writing goes on from there; a
+ * rewind and a delete then take the chunk and total rows too. */
+static void test_upgrade_rollup_chunks(void **state) {
+    struct tmp_db *f = *state;
+    enum { UL = 12, UH = 12 }; /* 144 cells: chunks of 64, 64 and 16 */
+    int64_t wide = open_run(f, "wide", UL, UH), small = open_run(f, "small", L, H), sseq = 0;
+    static float v[UL * UH];
+    OK(store_begin(f->st));
+    for (int s = 0; s < 5000; s++) {
+        struct proto_msg m;
+        msg_step(&m, s);
+        for (int i = 0; i < UL * UH; i++) v[i] = (float)(1.0 + 0.001 * ((s * 7919 + i * 104729) % 1000)) * (i % 3 ? 1 : -1);
+        if (s == 70) v[5] = NAN;
+        msg_add(&m, "att", PROTO_HEAD, UL, UH, v);
+        v[0] = (float)s;
+        msg_add(&m, "loss", PROTO_SCALAR, 1, 1, v);
+        OK(store_step(f->st, wide, s + 1, &m, 1e9 + s, NULL, 0));
+        proto_msg_free(&m);
+    }
+    OK(store_commit(f->st));
+    put_range(f, small, &sseq, 0, 700, 0, 100);
+    static const char *const dump = "SELECT (SELECT group_concat(x, ';') FROM (SELECT metric_id || ',' || level || ',' || chunk "
+                                    "|| ',' || block || ',' || nframes || ',' || hex(data) AS x FROM rollups ORDER BY "
+                                    "metric_id, level, chunk, block)) || '#' || (SELECT group_concat(x, ';') FROM (SELECT "
+                                    "metric_id || ',' || level || ',' || block || ',' || nframes || ',' || hex(data) AS x FROM "
+                                    "rollup_totals ORDER BY metric_id, level, block))";
+    char *before = qs(f->path, "%s", dump);
+    assert_true(qi(f->path, "SELECT count(DISTINCT chunk) FROM rollups") == 3);
+    assert_true(qi(f->path, "SELECT count(*) FROM rollup_totals WHERE length(data) > 0") > 0);
+    store_close(f->st);
+
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
+    rollups_to_v8(db);
+    assert_int_equal(sqlite3_exec(db, "COMMIT; PRAGMA user_version = 8", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollup_totals'"), 0);
+
+    char err[256];
+    f->st = store_open(f->path, err, sizeof err);
+    if (!f->st) fail_msg("%s", err);
+    assert_int_equal(qi(f->path, "PRAGMA user_version"), store_schema_version());
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollups_v8'"), 0);
+    char *after = qs(f->path, "%s", dump);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    verify_rollups(f->path, wide, NULL);
+    verify_rollups(f->path, small, NULL);
+
+    /* on from there: more steps, a rewind into the middle, a delete */
+    OK(store_begin(f->st));
+    for (int s = 5000; s < 5300; s++) {
+        struct proto_msg m;
+        msg_step(&m, s);
+        for (int i = 0; i < UL * UH; i++) v[i] = (float)(s + i);
+        msg_add(&m, "att", PROTO_HEAD, UL, UH, v);
+        OK(store_step(f->st, wide, s + 1, &m, 1e9 + s, NULL, 0));
+        proto_msg_free(&m);
+    }
+    OK(store_commit(f->st));
+    verify_rollups(f->path, wide, NULL);
+    /* in small pieces: the rollup phase stops inside a metric's chunks */
+    int more, pieces = 0;
+    do {
+        OK(store_begin(f->st));
+        more = store_rewind(f->st, wide, 1000, 2e9, 4);
+        assert_true(more >= 0);
+        OK(store_commit(f->st));
+        pieces++;
+    } while (more);
+    assert_true(pieces > 10);
+    OK(store_begin(f->st));
+    struct proto_msg m;
+    msg_step(&m, 1000);
+    for (int i = 0; i < UL * UH; i++) v[i] = (float)-i;
+    msg_add(&m, "att", PROTO_HEAD, UL, UH, v);
+    OK(store_step(f->st, wide, 5301, &m, 2e9, NULL, 0));
+    proto_msg_free(&m);
+    OK(store_commit(f->st));
+    verify_rollups(f->path, wide, NULL);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollup_totals t JOIN metrics m ON m.id = t.metric_id "
+                                 "WHERE m.run_id = %lld AND t.level = 1 AND t.block >= 16", (long long)wide), 0);
+    OK(store_begin(f->st));
+    OK(store_run_delete(f->st, wide));
+    OK(store_commit(f->st));
+    for (int i = 0; i < 1000 && qi(f->path, "SELECT count(*) FROM purge"); i++) {
+        OK(store_begin(f->st));
+        assert_true(store_purge(f->st, 64) >= 0);
+        OK(store_commit(f->st));
+    }
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM purge"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollup_totals"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups WHERE metric_id NOT IN (SELECT id FROM metrics)"), 0);
+    verify_rollups(f->path, small, NULL);
+}
+
 static void test_full_disk(void **state) {
     struct tmp_db *f = *state;
     int64_t small = open_run(f, "small", L, H), sseq = 0;
@@ -1608,6 +1811,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_step_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lossy_bf16, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rollups_brute_force, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upgrade_rollup_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rewind_chunked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upgrade_from_raw, setup, teardown),
