@@ -169,22 +169,19 @@ static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, i
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct rrow r;
         rrow_read(sr, s, size, &r);
-        int64_t block = r.block, nframes = r.nframes, i = r.i;
-        const unsigned char *d = r.d;
-        int len = r.len;
-        struct bucket *row = &sr->b[i * sr->ngroups];
+        struct bucket *row = &sr->b[r.i * sr->ngroups];
         struct rollup_total t;
-        int has = nframes < 0 || nframes > size ? -1
-                  : whole ? rollup_total(d, (size_t)len, sr->n, (uint32_t)nframes, &t)
+        int has = r.nframes < 0 || r.nframes > size ? -1
+                  : whole ? rollup_total(r.d, (size_t)r.len, sr->n, (uint32_t)r.nframes, &t)
                           : 0;
         seen = 1;
-        if (frames) sr->frames[i] += (uint64_t)nframes;
-        if (has == 1 && add_total(row, &t, sr->n, nframes)) continue;
-        if (has < 0 || rollup_decode(d, (size_t)len, rn, (uint32_t)nframes, lc0, lc1, sr->roll + r0)) {
-            rc = rollup_corrupt(sr, level, block, chunk, nframes, len);
+        if (frames) sr->frames[r.i] += (uint64_t)r.nframes;
+        if (has == 1 && add_total(row, &t, sr->n, r.nframes)) continue;
+        if (has < 0 || rollup_decode(r.d, (size_t)r.len, rn, (uint32_t)r.nframes, lc0, lc1, sr->roll + r0)) {
+            rc = rollup_corrupt(sr, level, r.block, chunk, r.nframes, r.len);
             break;
         }
-        pool_cells(sr, row, k0, k1, nframes);
+        pool_cells(sr, row, k0, k1, r.nframes);
     }
     sqlite3_reset(s);
     if (rc == SQLITE_DONE && b0 == b1 && !seen)
@@ -209,23 +206,20 @@ static int add_totals(struct series *sr, int level, int64_t b0, int64_t b1) {
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct rrow r;
         rrow_read(sr, s, size, &r);
-        int64_t block = r.block, nframes = r.nframes, i = r.i;
-        const unsigned char *d = r.d;
-        int len = r.len;
         struct rollup_total t;
-        int has = nframes < 0 || nframes > size ? -1 : rollup_total_decode(d, (size_t)len, sr->n, (uint32_t)nframes, &t);
+        int has = r.nframes < 0 || r.nframes > size ? -1 : rollup_total_decode(r.d, (size_t)r.len, sr->n, (uint32_t)r.nframes, &t);
         if (has < 0) {
             rc = query_db_corrupt(sr->q, "the level-%d rollup total of metric %lld, block %lld (%lld frames, %d bytes) "
-                                  "does not decode", level, (long long)sr->metric_id, (long long)block,
-                                  (long long)nframes, len);
+                                  "does not decode", level, (long long)sr->metric_id, (long long)r.block,
+                                  (long long)r.nframes, r.len);
             break;
         }
-        if (has == 1 && add_total(&sr->b[i * sr->ngroups], &t, sr->n, nframes)) {
-            sr->frames[i] += (uint64_t)nframes;
+        if (has == 1 && add_total(&sr->b[r.i * sr->ngroups], &t, sr->n, r.nframes)) {
+            sr->frames[r.i] += (uint64_t)r.nframes;
             continue;
         }
         int bad = 0;
-        for (uint32_t c = 0; c < ROLLUP_CHUNKS(sr->n) && !bad; c++) bad = add_chunk(sr, level, c, block, block, c == 0);
+        for (uint32_t c = 0; c < ROLLUP_CHUNKS(sr->n) && !bad; c++) bad = add_chunk(sr, level, c, r.block, r.block, c == 0);
         if (bad) {
             rc = SQLITE_ERROR;
             break;
