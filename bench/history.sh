@@ -61,18 +61,9 @@ t1=$(date +%s.%N); sync "$dir/entropyd.db"
 # window p99 35 ms cold, 13 ms with the file cached, same daemon build).
 cat "$dir/entropyd.db" >/dev/null
 echo "history: sync after seeding and reading the file into the OS cache took $(awk -v a="$t1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"
-start_daemon() {
-  "$BUILD/entropyd" --data "$dir" --http 127.0.0.1:0 >"$dir/out" 2>"$dir/log" &
-  pid=$!
-  port=
-  for i in $(seq 200); do
-    port=$(awk '/^http port/ {print $3}' "$dir/out" 2>/dev/null || true)
-    [ -n "$port" ] && break
-    sleep 0.05
-  done
-  [ -n "$port" ] || { echo "history: entropyd did not start"; cat "$dir/log"; exit 1; }
-}
-start_daemon
+. scripts/start-entropyd.sh
+start_entropyd "$BUILD/entropyd" "$dir"
+pid=$entropyd_pid port=$entropyd_port
 echo "history: load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 short_id=$(sqlite3 "$dir/entropyd.db" "SELECT id FROM runs WHERE name = 'short'")
 long_id=$(sqlite3 "$dir/entropyd.db" "SELECT id FROM runs WHERE name = 'long'")

@@ -26,15 +26,9 @@ cp "$cache" "$dir/entropyd.db"
 mkdir -p "$dir/web"
 # a 12 KB page: the size of a small dashboard file
 { echo '<!doctype html><title>bench</title>'; head -c 12000 /dev/zero | tr '\0' 'x'; echo; } > "$dir/web/index.html"
-"$BUILD/entropyd" --data "$dir" --http 127.0.0.1:0 --web-root "$dir/web" >"$dir/out" 2>"$dir/log" &
-pid=$!
-port=
-for i in $(seq 100); do
-  port=$(awk '/^http port/ {print $3}' "$dir/out" 2>/dev/null || true)
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { echo "http bench: entropyd did not start"; cat "$dir/log"; exit 1; }
+. scripts/start-entropyd.sh
+start_entropyd "$BUILD/entropyd" "$dir" --web-root "$dir/web"
+pid=$entropyd_pid port=$entropyd_port
 # the figures are latencies on a shared machine: say how busy it was
 echo "http: load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 "$BUILD/bench/bench_http" --port "$port" --socket "$dir/entropyd.sock" --run 1 --split-run 2 --static /index.html \

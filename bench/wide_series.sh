@@ -22,6 +22,7 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
+. scripts/start-entropyd.sh
 builds=("$BUILD")
 [ -n "${BASE:-}" ] && builds+=("$BASE")
 ports=()
@@ -34,16 +35,9 @@ for i in "${!builds[@]}"; do
   sync "$dir/$i/entropyd.db"
   cat "$dir/$i/entropyd.db" >/dev/null
   echo "wide: $b seeded $STEPS steps of $LAYERS x $HEADS in $(( $(date +%s) - t0 )) s ($(( $(stat -c %s "$dir/$i/entropyd.db") / 1048576 )) MiB)"
-  "$b/entropyd" --data "$dir/$i" --http 127.0.0.1:0 >"$dir/$i/out" 2>"$dir/$i/log" &
-  pids+=($!)
-  port=
-  for _ in $(seq 200); do
-    port=$(awk '/^http port/ {print $3}' "$dir/$i/out" 2>/dev/null || true)
-    [ -n "$port" ] && break
-    sleep 0.05
-  done
-  [ -n "$port" ] || { echo "wide: entropyd did not start"; cat "$dir/$i/log"; exit 1; }
-  ports+=("$port")
+  start_entropyd "$b/entropyd" "$dir/$i"
+  pids+=("$entropyd_pid")
+  ports+=("$entropyd_port")
 done
 echo "wide: load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 /usr/bin/python3 - "$REQUESTS" "${ports[@]}" <<'PY'

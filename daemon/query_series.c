@@ -154,7 +154,7 @@ static int rollup_corrupt(struct series *sr, int level, int64_t block, uint32_t 
 static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, int64_t b1, int frames) {
     sqlite3_stmt *s = sr->q->stmt[Q_ROLLUPS];
     int64_t size = STORE_LEVEL_SIZE(level);
-    uint32_t r0 = chunk * ROLLUP_CHUNK_CELLS, rn = sr->n - r0 < ROLLUP_CHUNK_CELLS ? sr->n - r0 : ROLLUP_CHUNK_CELLS;
+    uint32_t r0 = chunk * ROLLUP_CHUNK_CELLS, rn = ROLLUP_CHUNK_LEN(sr->n, chunk);
     uint32_t k0, k1;
     chunk_cells(sr, r0, rn, &k0, &k1);
     if (k0 == k1) return 0; /* none of its cells selected (never the first chunk read) */

@@ -59,6 +59,10 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
  * in a row of its own (rollup_total_encode). */
 #define ROLLUP_CHUNK_CELLS 64
 #define ROLLUP_CHUNKS(n) (((n) + ROLLUP_CHUNK_CELLS - 1) / ROLLUP_CHUNK_CELLS)
+/* The cells of chunk c of a row of n: it starts at c * ROLLUP_CHUNK_CELLS
+ * and holds this many (ROLLUP_CHUNK_CELLS, or fewer for the last). */
+#define ROLLUP_CHUNK_LEN(n, c) \
+    ((n) - (c) * ROLLUP_CHUNK_CELLS < ROLLUP_CHUNK_CELLS ? (n) - (c) * ROLLUP_CHUNK_CELLS : ROLLUP_CHUNK_CELLS)
 
 /* rollup_encode without the total: a chunk of a metric of several. */
 size_t rollup_encode_chunk(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out);

@@ -606,7 +606,7 @@ static int rollup_put(struct store *st, int64_t metric_id, const struct rollup_c
     uint32_t chunks = ROLLUP_CHUNKS(n);
     sqlite3_stmt *s = st->stmt[S_INSERT_ROLLUP];
     for (uint32_t c = 0; c < chunks; c++) {
-        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = n - c0 < ROLLUP_CHUNK_CELLS ? n - c0 : ROLLUP_CHUNK_CELLS;
+        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = ROLLUP_CHUNK_LEN(n, c);
         size_t len = chunks == 1 ? rollup_encode(a, n, (uint32_t)nframes, st->aggrow)
                                  : rollup_encode_chunk(a + c0, cn, (uint32_t)nframes, st->aggrow);
         sqlite3_bind_int64(s, 1, metric_id);
@@ -645,7 +645,7 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
     int rc = SQLITE_DONE;
     sqlite3_stmt *s = st->stmt[S_SELECT_ROLLUPS];
     for (uint32_t c = 0; c < ROLLUP_CHUNKS(m->n) && rc == SQLITE_DONE; c++) {
-        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = m->n - c0 < ROLLUP_CHUNK_CELLS ? m->n - c0 : ROLLUP_CHUNK_CELLS;
+        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = ROLLUP_CHUNK_LEN(m->n, c);
         sqlite3_bind_int64(s, 1, m->id);
         sqlite3_bind_int(s, 2, level - 1);
         sqlite3_bind_int64(s, 3, block * 8);

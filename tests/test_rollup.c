@@ -438,8 +438,8 @@ static void rows_to_raw(const char *path) {
     int coded = 0, totals = 0, missing = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
         uint32_t n = sqlite3_column_int(s, 6) == PROTO_HEAD ? SN : sqlite3_column_int(s, 6) == PROTO_LAYER ? SL : 1;
-        uint32_t c0 = (uint32_t)sqlite3_column_int(s, 3) * ROLLUP_CHUNK_CELLS;
-        uint32_t rn = n - c0 < ROLLUP_CHUNK_CELLS ? n - c0 : ROLLUP_CHUNK_CELLS; /* the row's values */
+        uint32_t chunk = (uint32_t)sqlite3_column_int(s, 3);
+        uint32_t rn = ROLLUP_CHUNK_LEN(n, chunk); /* the row's values */
         uint32_t nf = (uint32_t)sqlite3_column_int64(s, 4);
         struct rollup_cell c[SN_MAX];
         unsigned char raw[SN_MAX * ROLLUP_RAW_BYTES];

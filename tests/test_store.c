@@ -237,7 +237,7 @@ static void block_cells(sqlite3 *db, int64_t mid, int k, int64_t b, uint32_t n, 
     assert_int_equal(sqlite3_prepare_v2(db, "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 "
                                             "AND chunk = ?3 AND block = ?4", -1, &cs, NULL), SQLITE_OK);
     for (uint32_t c = 0; c < chunks; c++) {
-        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = n - c0 < ROLLUP_CHUNK_CELLS ? n - c0 : ROLLUP_CHUNK_CELLS;
+        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = ROLLUP_CHUNK_LEN(n, c);
         sqlite3_bind_int64(cs, 1, mid);
         sqlite3_bind_int(cs, 2, k);
         sqlite3_bind_int(cs, 3, (int)c);
