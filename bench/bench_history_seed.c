@@ -14,8 +14,9 @@
  *
  * usage: bench_history_seed --db PATH [--run NAME] [--steps N] [--layers 12]
  *        [--heads 12] [--head-metrics 9] [--end finished|live]
- *        [--replay SRC_DB [--replay-run NAME]] [--lossy-bf16 1]
- * (--lossy-bf16 1: sealed blocks rounded to bfloat16, as entropyd --lossy-bf16) */
+ *        [--replay SRC_DB [--replay-run NAME]] [--lossy-bf16 1] [--lossy-bits N]
+ * (--lossy-bits N: sealed blocks rounded to N mantissa bits, as entropyd
+ * --lossy-bits; --lossy-bf16 1 is --lossy-bits 7) */
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "fblock.h"
 #include "query.h"
 #include "seed.h"
 #include "store.h"
@@ -179,7 +181,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--end")) end = argv[i + 1];
         else if (!strcmp(argv[i], "--replay")) replay = argv[i + 1];
         else if (!strcmp(argv[i], "--replay-run")) replay_run = argv[i + 1];
-        else if (!strcmp(argv[i], "--lossy-bf16")) lossy = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--lossy-bf16")) lossy = atol(argv[i + 1]) ? FBLOCK_BITS_BF16 : 0;
+        else if (!strcmp(argv[i], "--lossy-bits")) lossy = atol(argv[i + 1]);
         else {
             fprintf(stderr, "bench_history_seed: unknown option %s\n", argv[i]);
             return 2;
@@ -189,7 +192,7 @@ int main(int argc, char **argv) {
         (strcmp(end, "finished") && strcmp(end, "live"))) {
         fprintf(stderr, "usage: bench_history_seed --db PATH [--run NAME] [--steps N] [--layers L] [--heads H] "
                         "[--head-metrics 1..9] [--end finished|live] [--replay SRC_DB [--replay-run NAME]] "
-                        "[--lossy-bf16 1]\n");
+                        "[--lossy-bf16 1] [--lossy-bits N]\n");
         return 2;
     }
     static struct recording rec;
@@ -205,7 +208,7 @@ int main(int argc, char **argv) {
         rec_free(&rec);
         return 1;
     }
-    store_set_lossy_bf16(st, lossy != 0);
+    store_set_lossy_bits(st, (int)lossy);
     double t0 = seed_now();
     struct seed_spec spec = {.run = run, .meta = "{\"bench\":true}", .layers = replay ? rec.L : L,
                              .heads = replay ? rec.H : H, .steps = steps, .max_metrics = replay ? 64 : 16,

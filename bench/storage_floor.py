@@ -9,7 +9,8 @@ pages give the all-in overhead per value (a short recording's fixed pages
 would weigh too much).
 
 For every metric with at least 100 frames it prints the bytes per value its
-sealed chunks take in DB (format 3, daemon/fblock.c: the delta from the same
+sealed chunks take in DB (per value they hold: the open block's raw frames
+are left out) (format 3, daemon/fblock.c: the delta from the same
 cell's previous step, 32 bit planes, zstd) and the cost an ideal adaptive
 coder would reach on the residuals of four predictors, each on the float32
 bits as integers (for positive floats a difference of bits is a difference of
@@ -75,32 +76,29 @@ def load(con):
     return out
 
 
-def count_values(con):
-    """How many values con's database holds (every run), without decoding: per
-    metric, its raw frames and the steps of its sealed blocks (the mask of
-    chunk 0's rows), times its cells."""
-    total = 0
-    for mid, cells in con.execute("SELECT m.id, CASE m.kind WHEN 0 THEN 1 WHEN 1 THEN r.layers "
-                                  "ELSE r.layers * r.heads END FROM metrics m JOIN runs r ON r.id = m.run_id").fetchall():
-        frames = con.execute("SELECT count(*) FROM frames WHERE metric_id = ?", (mid,)).fetchone()[0]
-        base = con.execute("SELECT base FROM block_series WHERE metric_id = ?", (mid,)).fetchone()
-        if base:
-            for (mask,) in con.execute("SELECT mask FROM block_chunks WHERE id >= ? AND id < ?",
-                                       (base[0] << 26, (base[0] + 1) << 26)):
-                frames += bin(mask & (1 << 64) - 1).count("1")
-        total += frames * cells
-    return total
-
-
-def stored_bytes(con, mid):
-    """Bytes of metric mid's sealed chunks (data only), and the values they hold."""
+def sealed(con, mid, cells):
+    """Metric mid's sealed blocks: the bytes of their chunks (data only) and
+    the values they hold (the steps of chunk 0's masks, times cells)."""
     base = con.execute("SELECT base, chunks FROM block_series WHERE metric_id = ?", (mid,)).fetchone()
     if not base:
         return 0, 0
     b, c = base
-    size, masks = con.execute("SELECT sum(length(data)), 0 FROM block_chunks WHERE id >= ? AND id < ?",
-                              (b << 26, (b + c) << 26)).fetchone()
-    return size or 0, masks
+    size = con.execute("SELECT sum(length(data)) FROM block_chunks WHERE id >= ? AND id < ?",
+                       (b << 26, (b + c) << 26)).fetchone()[0] or 0
+    steps = sum(bin(m & (1 << 64) - 1).count("1")
+                for (m,) in con.execute("SELECT mask FROM block_chunks WHERE id >= ? AND id < ?", (b << 26, (b + 1) << 26)))
+    return size, steps * cells
+
+
+def count_values(con):
+    """How many values con's database holds (every run), without decoding:
+    per metric, its raw frames' and its sealed blocks'."""
+    total = 0
+    for mid, cells in con.execute("SELECT m.id, CASE m.kind WHEN 0 THEN 1 WHEN 1 THEN r.layers "
+                                  "ELSE r.layers * r.heads END FROM metrics m JOIN runs r ON r.id = m.run_id").fetchall():
+        raw = con.execute("SELECT count(*) FROM frames WHERE metric_id = ?", (mid,)).fetchone()[0]
+        total += raw * cells + sealed(con, mid, cells)[1]
+    return total
 
 
 def predictors(name, bits, cells, heads, metrics):
@@ -132,22 +130,23 @@ def main():
     names = ["time", "linear", "neighbour", "metric"]
     print("storage_floor: %s, %d metrics, bytes per value" % (path, len(metrics)))
     print("storage_floor: %-15s %9s %7s" % ("metric", "values", "stored") + "".join("%10s" % n for n in names) + "      best")
-    tot = {"values": 0, "stored": 0.0, "best": 0.0, **{n: 0.0 for n in names}}
+    tot = {"values": 0, "stored": 0.0, "sealed": 0, "best": 0.0, **{n: 0.0 for n in names}}
     for name, (mid, kind, steps, bits) in metrics.items():
         n = bits.size
-        size, _ = stored_bytes(con, mid)
+        size, nsealed = sealed(con, mid, bits.shape[1])
         res = predictors(name, bits, bits.shape[1], heads, metrics)
         cost = {k: ideal_bytes(v) for k, v in res.items()}
         best = min(cost.values())
         cols = "".join("%10.2f" % cost[k] if k in cost else "%10s" % "-" for k in names)
-        print("storage_floor: %-15s %9d %7.2f%s %9.2f" % (name, n, size / n, cols, best))
+        print("storage_floor: %-15s %9d %7.2f%s %9.2f" % (name, n, size / max(nsealed, 1), cols, best))
         tot["values"] += n
         tot["stored"] += size
+        tot["sealed"] += nsealed
         tot["best"] += best * n
         for k in names:
             tot[k] += cost.get(k, cost["time"]) * n
     v = tot["values"]
-    print("storage_floor: %-15s %9d %7.2f%s %9.2f" % ("all", v, tot["stored"] / v,
+    print("storage_floor: %-15s %9d %7.2f%s %9.2f" % ("all", v, tot["stored"] / max(tot["sealed"], 1),
                                                        "".join("%10.2f" % (tot[k] / v) for k in names), tot["best"] / v))
     if len(sys.argv) < 3:
         return

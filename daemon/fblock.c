@@ -297,14 +297,18 @@ int fblock_decode(struct fblock_codec *c, const unsigned char *blob, size_t len,
     return fblock_decode_span(c, blob, blob + off, span, nframes, n, c0, c1, vals);
 }
 
-void fblock_round_bf16(float *vals, size_t n) {
+void fblock_round(float *vals, size_t n, int bits) {
+    if (bits < 1 || bits >= 23) return;
+    uint32_t drop = 23u - (uint32_t)bits, low = (1u << drop) - 1u, half = 1u << (drop - 1u);
     for (size_t i = 0; i < n; i++) {
         uint32_t u = bits_of(vals[i]), r;
         if ((u & 0x7f800000u) == 0x7f800000u) /* NaN (quiet, payload kept as far as it fits) or infinity */
-            r = (u & 0x007fffffu) ? (u | 0x00400000u) & 0xffff0000u : u;
+            r = (u & 0x007fffffu) ? (u | 0x00400000u) & ~low : u;
         else {
-            r = (u + 0x7fffu + (u >> 16 & 1)) & 0xffff0000u;
-            if ((r & 0x7f800000u) == 0x7f800000u) r = (u & 0x80000000u) | 0x7f7f0000u;
+            /* to nearest, ties to even: a carry out of the mantissa steps
+             * the exponent, as it should */
+            r = (u + (half - 1u) + (u >> drop & 1u)) & ~low;
+            if ((r & 0x7f800000u) == 0x7f800000u) r = (u & 0x80000000u) | (0x7f7fffffu & ~low);
         }
         memcpy(&vals[i], &r, 4);
     }

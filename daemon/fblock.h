@@ -67,12 +67,16 @@ void fblock_span(const unsigned char *head, uint32_t n, uint32_t c0, uint32_t c1
 int fblock_decode_span(struct fblock_codec *c, const unsigned char *head, const unsigned char *span, size_t spanlen,
                        uint32_t nframes, uint32_t n, uint32_t c0, uint32_t c1, float *vals);
 
-/* The lossy precision (entropyd --lossy-bf16): rounds each of n values in
- * place to bfloat16 (float32's sign, exponent and top 7 mantissa bits;
- * to nearest, ties to even), so that the low 16 bit planes of a block are
- * zeros. NaN stays NaN, an infinity stays itself, and a finite value never
- * rounds to an infinity (it stops at bfloat16's largest finite value). */
-void fblock_round_bf16(float *vals, size_t n);
+/* The lossy precision (entropyd --lossy-bits, --lossy-bf16): rounds each
+ * of n values in place to `bits` mantissa bits (float32's sign, exponent
+ * and top `bits` of its 23 mantissa bits; to nearest, ties to even), so
+ * that the low 23 - bits planes of a block are zeros: relative error at
+ * most 2^-(bits + 1). bits 7 is bfloat16; bits outside 1..22 leave the
+ * values as they are. NaN stays NaN (quiet), an infinity stays itself, and
+ * a finite value never rounds to an infinity (it stops at the largest
+ * finite value of that precision). */
+#define FBLOCK_BITS_BF16 7
+void fblock_round(float *vals, size_t n, int bits);
 
 /* The steps of a block from its mask (bit i: step block*64 + i present):
  * the number present; fblock_steps writes them, in order, into steps

@@ -21,6 +21,7 @@
 #include "http.h"
 #include "ingest.h"
 #include "alerter.h"
+#include "fblock.h"
 #include "flags.h"
 #include "query.h"
 #include "remote_write.h"
@@ -135,6 +136,7 @@ struct options {
     const char *http_listen, *web_root;
     long http_conns, stream_events, keepalive_ms, http_timeout_s, am_resend_s;
     int http_explicit, metrics_heads, quiet_alerts, lossy_bf16;
+    long lossy_bits;         /* --lossy-bits, or 7 for --lossy-bf16; 0: exact */
     double metrics_keep_s;
     const char *retain_raw;  /* --retain-raw, parsed into retain_steps or retain_s */
     long retain_steps;
@@ -179,10 +181,12 @@ static const flag FLAGS[] = {
     LONG("--queue-mb", O(queue_mb), 1, 65536, "N", "memory for accepted, uncommitted messages (default 64);\n"
          "when spent, trainers wait (their clients spool)"),
     LONG("--drain-ms", O(drain_ms), 0, 600000, "N", "at shutdown, wait this long to commit and ack (default 5000)"),
-    BOOL("--lossy-bf16", O(lossy_bf16),
-         "store each complete block of 64 steps rounded to bfloat16\n"
-         "(~1 byte per value instead of ~2.5; the last steps, the latest\n"
-         "values and the rollups stay exact): see docs/storage.md"),
+    LONG("--lossy-bits", O(lossy_bits), 1, 22, "N",
+         "store each complete block of 64 steps rounded to N of float32's\n"
+         "23 mantissa bits (relative error <= 2^-(N+1); e.g. 16: ~2.3 bytes\n"
+         "per value all-in instead of ~3.2; the last steps, the latest values\n"
+         "and the rollups stay exact; default: exact): see docs/storage.md"),
+    BOOL("--lossy-bf16", O(lossy_bf16), "--lossy-bits 7 (bfloat16: ~1 byte per value)"),
     FLAG_SECTION_ROW("HTTP API and dashboard:"),
     STR("--http", O(http_listen), "HOST:PORT",
         "serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"
@@ -276,6 +280,14 @@ static int options_parse(struct options *o, int argc, char **argv) {
     if (strcmp(o->http_listen, "off") == 0) o->http_listen = NULL;
     if (o->token && !*o->token) o->token = NULL;
     if (o->retain_raw && parse_retain(o->retain_raw, &o->retain_steps, &o->retain_s)) return 2;
+    if (o->lossy_bf16) {
+        if (o->lossy_bits && o->lossy_bits != FBLOCK_BITS_BF16) {
+            fprintf(stderr, "entropyd: --lossy-bf16 is --lossy-bits %d; --lossy-bits %ld says otherwise\n",
+                    FBLOCK_BITS_BF16, o->lossy_bits);
+            return 2;
+        }
+        o->lossy_bits = FBLOCK_BITS_BF16;
+    }
     return -1;
 }
 
@@ -319,7 +331,7 @@ static int daemon_open_storage(struct daemon *d, const struct options *o) {
     char err[1024];
     if ((d->lock_fd = lock_database(o->db, err, sizeof err)) < 0) goto fail;
     if (!(d->st = store_open(o->db, err, sizeof err))) goto fail;
-    store_set_lossy_bf16(d->st, o->lossy_bf16);
+    store_set_lossy_bits(d->st, (int)o->lossy_bits);
     make_database_private(o->db);
     int stale = store_mark_live_stale(d->st, now_wall());
     if (stale > 0) fprintf(stderr, "entropyd: %d run(s) left live by an earlier daemon are now stale\n", stale);

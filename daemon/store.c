@@ -696,7 +696,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
         for (uint32_t i = 0; i < m->n; i++) rollup_add(&st->agg[i], v[i]);
     }
     if (rollup_write(st, m, 1, block, nf)) return -1;
-    if (st->bf16) fblock_round_bf16(st->blockvals, (size_t)nf * m->n);
+    if (st->lossy_bits) fblock_round(st->blockvals, (size_t)nf * m->n, st->lossy_bits);
     int put = fblock_rows_put(st->rows, m->id, block, mask, st->blockvals, nf, m->n);
     if (store_rows_err(st, put, m->id, block, "writing a block")) return -1;
     if (put == 1) return 0; /* a step past 2^32: its frames stay raw */
@@ -1250,6 +1250,6 @@ int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_
     return step_done(st, s, "writing the run summary");
 }
 
-void store_set_lossy_bf16(struct store *st, int bf16) { st->bf16 = bf16 != 0; }
+void store_set_lossy_bits(struct store *st, int bits) { st->lossy_bits = bits >= 1 && bits <= 22 ? bits : 0; }
 
 void store_release_memory(struct store *st) { sqlite3_db_release_memory(st->db); }

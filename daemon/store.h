@@ -188,12 +188,13 @@ int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int
  * step that has either, nothing otherwise; never reads frames. */
 int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_msg *msg);
 
-/* The lossy precision (off by default): with bf16 set, a block of frames
- * is rounded to bfloat16 (fblock_round_bf16) when it is sealed, about 1
- * byte per value at rest instead of ~2.5. The frames of a metric's open
- * block (its last < 64 steps), its latest values and every rollup (min,
- * max, sum, count: computed before the rounding) stay exact. */
-void store_set_lossy_bf16(struct store *st, int bf16);
+/* The lossy precision (off by default): with bits in 1..22, a block of
+ * frames is rounded to that many mantissa bits (fblock_round; 7 is
+ * bfloat16, about 1 byte per value at rest instead of ~2.6) when it is
+ * sealed; any other bits (0, 23) stores exactly. The frames of a metric's
+ * open block (its last < 64 steps), its latest values and every rollup
+ * (min, max, sum, count: computed before the rounding) stay exact. */
+void store_set_lossy_bits(struct store *st, int bits);
 
 /* Gives the connection's unused page cache back to the allocator (after a
  * large run ended or was deleted, its pages are dead weight). Call outside

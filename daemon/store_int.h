@@ -54,7 +54,7 @@ struct store {
     struct fblock_rows *rows;     /* sealed blocks' rows (fblock_rows.h) */
     float *blockvals;
     size_t blockcap;
-    int bf16;             /* store_set_lossy_bf16 */
+    int lossy_bits;       /* store_set_lossy_bits: 0 exact, else the mantissa bits kept */
 };
 
 /* ---- errors: each sets st->err and st->errcode and returns -1 */

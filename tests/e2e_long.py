@@ -16,6 +16,9 @@ daemon, its real SQLite file, runs seeded straight through the store API
 - --retain-raw (steps or a duration) deletes the raw frames before the
   window and keeps the rollups: the series over old steps stays exact at
   64-step resolution and says so, the window's steps stay raw.
+- --lossy-bits N rounds the sealed blocks' values to N mantissa bits (the
+  open block's stay exact, and so do the rollups); a precision out of
+  range, or one that --lossy-bf16 contradicts, is refused at start.
 
 Latency figures belong to `make bench` (bench/history.sh); these tests
 assert ordering and bounds that do not depend on the machine's speed."""
@@ -353,6 +356,44 @@ class LongRunsTest(unittest.TestCase):
         self.assertEqual(d.get("/api/runs/%d/frame?metric=entropy&step=100" % rid)[0], 404)
         self.assertEqual(d.get("/api/runs/%d/frame?metric=entropy" % rid)[1]["step"], 999)
         c.close()
+
+    def test_lossy_bits_rounds_sealed_frames_only(self):
+        def f32_bits(x):
+            return struct.unpack("<I", struct.pack("<f", x))[0]
+
+        def rounded(x, bits):
+            # to nearest, ties to even, on the float32's bits (finite values)
+            u, drop = f32_bits(x), 23 - bits
+            keep = u >> drop
+            rest = u & ((1 << drop) - 1)
+            half = 1 << (drop - 1)
+            if rest > half or (rest == half and keep & 1):
+                keep += 1
+            return struct.unpack("<f", struct.pack("<I", keep << drop))[0]
+
+        d = self.start(["--lossy-bits", "10"])
+        c, rid = self.stream(d, "lossy", 100)  # block 0 (steps 0..63) sealed, 64..99 open
+        changed = 0
+        for step, sealed in ((5, True), (63, True), (64, False), (99, False)):
+            st, fr = d.get("/api/runs/%d/frame?metric=entropy&step=%d" % (rid, step))
+            self.assertEqual((st, fr["step"]), (200, step))
+            for l, row in enumerate(fr["values"]):
+                for h, v in enumerate(row):
+                    exact = struct.unpack("<f", struct.pack("<f", head_value(step, l, h)))[0]
+                    want = rounded(exact, 10) if sealed else exact
+                    self.assertEqual(f32_bits(v), f32_bits(want), (step, l, h, v, want))
+                    changed += sealed and want != exact
+        self.assertGreater(changed, 0)  # the rounding did something
+        # the rollups are of the exact values: step 5's value is block 0's max of cell (0, 0)
+        st, sr = d.get("/api/runs/%d/series?metric=entropy&layer=0&head=0&from=0&to=63&points=1" % rid)
+        self.assertEqual(st, 200, sr)
+        top = max(struct.unpack("<f", struct.pack("<f", head_value(s, 0, 0)))[0] for s in range(64))
+        self.assertEqual(f32_bits(sr["max"][0]), f32_bits(top))
+        c.close()
+        for args, says in ((["--lossy-bits", "23"], "[1, 22]"), (["--lossy-bf16", "--lossy-bits", "12"], "--lossy-bits 7")):
+            p = subprocess.run([ENTROPYD, "--data", d.data] + args, capture_output=True, timeout=30)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(says, p.stderr.decode())
 
     def test_retain_raw_duration_uses_the_steps_times(self):
         d = self.start(["--retain-raw", "300s"])

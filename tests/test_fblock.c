@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,7 +310,7 @@ static void test_bf16(void **state) {
                                     0x00000000u, 0x80000000u};
     float v[sizeof in / sizeof *in];
     memcpy(v, in, sizeof v);
-    fblock_round_bf16(v, sizeof in / sizeof *in);
+    fblock_round(v, sizeof in / sizeof *in, FBLOCK_BITS_BF16);
     for (size_t i = 0; i < sizeof in / sizeof *in; i++) {
         uint32_t got;
         memcpy(&got, &v[i], 4);
@@ -324,11 +325,64 @@ static void test_bf16(void **state) {
     const unsigned char *blob;
     size_t exact, lossy;
     assert_int_equal(fblock_encode(c, x, nf, n, &blob, &exact), 0);
-    fblock_round_bf16(x, (size_t)nf * n);
+    fblock_round(x, (size_t)nf * n, FBLOCK_BITS_BF16);
     assert_int_equal(fblock_encode(c, x, nf, n, &blob, &lossy), 0);
     assert_true(lossy * 2 < exact);
     free(x);
     fblock_codec_destroy(c);
+}
+
+/* A reference for fblock_round at any precision, in double arithmetic
+ * rather than on the bits: the finite value x rounded to `bits` mantissa
+ * bits, to nearest, ties to even (nearbyint's default mode), clamped to the
+ * largest finite value of that precision. */
+static float round_ref(float x, int bits) {
+    if (x == 0.0f) return x;
+    int e;
+    frexp((double)x, &e);   /* x = m 2^e, 0.5 <= |m| < 1: its unit in the last kept place is 2^(e - 1 - bits) */
+    if (e < -125) e = -125; /* subnormals: a fixed exponent, like their bits */
+    double q = ldexp(nearbyint(ldexp((double)x, bits + 1 - e)), e - bits - 1);
+    double top = ldexp(2.0 - ldexp(1.0, -bits), 127);
+    if (q > top) q = top;
+    if (q < -top) q = -top;
+    return (float)q;
+}
+
+/* Every precision from 1 to 22 bits agrees with the reference on random
+ * values of every magnitude, on halfway cases and at the top of the range;
+ * the error bound holds; 0 and 23 bits change nothing. */
+static void test_round_bits(void **state) {
+    (void)state;
+    for (int bits = 1; bits <= 22; bits++) {
+        for (int i = 0; i < 20000; i++) {
+            uint32_t u = next_u32();
+            if (i % 4 == 1) u = (u & ~((1u << (23 - bits)) - 1u)) | (1u << (22 - bits)); /* a tie */
+            if (i % 4 == 2) u |= 0x7f000000u;                                          /* near the top */
+            float x, got;
+            memcpy(&x, &u, 4);
+            if (!isfinite(x)) continue;
+            got = x;
+            fblock_round(&got, 1, bits);
+            float want = round_ref(x, bits);
+            uint32_t g, w;
+            memcpy(&g, &got, 4);
+            memcpy(&w, &want, 4);
+            if (g != w) fail_msg("%d bits of %08x: %08x, not %08x", bits, u, g, w);
+            int clamped = fabs((double)got) == ldexp(2.0 - ldexp(1.0, -bits), 127);
+            if (isnormal(x) && !clamped && fabs((double)got - x) > ldexp(fabs((double)x), -bits - 1))
+                fail_msg("%d bits of %08x: error over 2^-%d", bits, u, bits + 1);
+        }
+        float nan = NAN, inf = -INFINITY;
+        fblock_round(&nan, 1, bits);
+        fblock_round(&inf, 1, bits);
+        assert_true(isnan(nan));
+        assert_true(isinf(inf) && inf < 0);
+    }
+    float x = 1.2345678f, y = x;
+    fblock_round(&y, 1, 0);
+    assert_true(y == x);
+    fblock_round(&y, 1, 23);
+    assert_true(y == x);
 }
 
 static void test_steps(void **state) {
@@ -351,6 +405,7 @@ int main(void) {
         cmocka_unit_test(test_format),
         cmocka_unit_test(test_chunk_rows),
         cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_round_bits),
         cmocka_unit_test(test_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

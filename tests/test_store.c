@@ -613,11 +613,11 @@ static void test_step_frames(void **state) {
     proto_msg_free(&m);
 }
 
-/* --lossy-bf16: a sealed block reads back rounded to bfloat16, the open
- * block, the latest values and the rollups exact. */
-static void test_lossy_bf16(void **state) {
-    struct tmp_db *f = *state;
-    store_set_lossy_bf16(f->st, 1);
+/* --lossy-bits (bf16, then 16 bits): a sealed block reads back rounded
+ * to that precision, the open block, the latest values and the rollups
+ * exact. */
+static void lossy_bits_case(struct tmp_db *f, int bits) {
+    store_set_lossy_bits(f->st, bits);
     int64_t run = open_run(f, "lossy", L, H);
     float v[70][L * H];
     for (int s = 0; s < 70; s++) {
@@ -639,7 +639,7 @@ static void test_lossy_bf16(void **state) {
         int step = sqlite3_column_int(s, 0);
         float want[L * H], got[L * H];
         memcpy(want, v[step], sizeof want);
-        if (step < FBLOCK_STEPS) fblock_round_bf16(want, L * H);
+        if (step < FBLOCK_STEPS) fblock_round(want, L * H, bits);
         assert_int_equal(sqlite3_column_bytes(s, 1), (int)sizeof got);
         memcpy(got, sqlite3_column_blob(s, 1), sizeof got);
         assert_memory_equal(got, want, sizeof got);
@@ -653,8 +653,11 @@ static void test_lossy_bf16(void **state) {
     struct rollup_cell cells[L * H];
     rollup_row(f->path, "level = 1 AND block = 0", L * H, cells);
     assert_true(cells[0].mx == v[63][0]); /* max of cell 0 over block 0: the exact value of step 63 */
-    store_set_lossy_bf16(f->st, 0);
+    store_set_lossy_bits(f->st, 0);
 }
+
+static void test_lossy_bf16(void **state) { lossy_bits_case(*state, FBLOCK_BITS_BF16); }
+static void test_lossy_bits_16(void **state) { lossy_bits_case(*state, 16); }
 
 static void test_rollups_brute_force(void **state) {
     struct tmp_db *f = *state;
@@ -1810,6 +1813,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_run_open_resume_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_step_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lossy_bf16, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lossy_bits_16, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rollups_brute_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upgrade_rollup_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
