@@ -183,8 +183,8 @@ static const flag FLAGS[] = {
     LONG("--drain-ms", O(drain_ms), 0, 600000, "N", "at shutdown, wait this long to commit and ack (default 5000)"),
     LONG("--lossy-bits", O(lossy_bits), 1, 22, "N",
          "store each complete block of 64 steps rounded to N of float32's\n"
-         "23 mantissa bits (relative error <= 2^-(N+1); e.g. 16: ~2.3 bytes\n"
-         "per value all-in instead of ~3.2; the last steps, the latest values\n"
+         "23 mantissa bits (relative error <= 2^-(N+1); e.g. 16: ~2.4 bytes\n"
+         "per value all-in instead of ~3.5; the last steps, the latest values\n"
          "and the rollups stay exact; default: exact): see docs/storage.md"),
     BOOL("--lossy-bf16", O(lossy_bf16), "--lossy-bits 7 (bfloat16: ~1 byte per value)"),
     FLAG_SECTION_ROW("HTTP API and dashboard:"),
