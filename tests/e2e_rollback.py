@@ -131,7 +131,11 @@ def test_checkpoint(tmp):
     d = daemon(tmp, "d3")
     spool = os.path.join(tmp, "spool3")
     try:
-        rc, out = train(d, "ck", ["--steps", "80", "--on-alert", "checkpoint", "--spool", spool])
+        # the alert fires at about step 46 (collapse from ~26, for 20 steps) and
+        # reaches the trainer a few hundred ms later (the sender is paced at
+        # 100 ms, the daemon evaluates after commit): 80 steps (~0.4 s) were
+        # over before it came on a loaded machine, 300 leave it ~1 s more
+        rc, out = train(d, "ck", ["--steps", "300", "--on-alert", "checkpoint", "--spool", spool])
         check(rc == 0, "sigmatrain exit %d:\n%s" % (rc, out[-3000:]))
         m = re.search(r"saved (\S+/ck-step(\d+)\.ckpt)", out)
         check(m and os.path.dirname(m.group(1)) == spool and os.path.getsize(m.group(1)) > 0,
