@@ -181,18 +181,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--end")) end = argv[i + 1];
         else if (!strcmp(argv[i], "--replay")) replay = argv[i + 1];
         else if (!strcmp(argv[i], "--replay-run")) replay_run = argv[i + 1];
-        else if (!strcmp(argv[i], "--lossy-bf16")) lossy = atol(argv[i + 1]) ? FBLOCK_BITS_BF16 : 0;
-        else if (!strcmp(argv[i], "--lossy-bits")) lossy = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--lossy-bf16")) lossy = atol(argv[i + 1]) ? FBLOCK_BITS_BF16 : lossy;
+        else if (!strcmp(argv[i], "--lossy-bits")) lossy = strspn(argv[i + 1], "0123456789") == strlen(argv[i + 1])
+                                                            ? atol(argv[i + 1]) : -1;
         else {
             fprintf(stderr, "bench_history_seed: unknown option %s\n", argv[i]);
             return 2;
         }
     }
-    if (!db || L < 1 || H < 1 || steps < 1 || nhead < 1 || nhead > 9 ||
+    if (!db || L < 1 || H < 1 || steps < 1 || nhead < 1 || nhead > 9 || lossy < 0 || lossy > 22 ||
         (strcmp(end, "finished") && strcmp(end, "live"))) {
         fprintf(stderr, "usage: bench_history_seed --db PATH [--run NAME] [--steps N] [--layers L] [--heads H] "
                         "[--head-metrics 1..9] [--end finished|live] [--replay SRC_DB [--replay-run NAME]] "
-                        "[--lossy-bf16 1] [--lossy-bits N]\n");
+                        "[--lossy-bf16 1] [--lossy-bits 0..22 (0: exact)]\n");
         return 2;
     }
     static struct recording rec;

@@ -117,8 +117,11 @@ def predictors(name, bits, cells, heads, metrics):
 
 
 def main():
-    if len(sys.argv) not in (2, 3) or sys.argv[1] in ("-h", "--help"):
-        raise SystemExit(__doc__)
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return
+    if len(sys.argv) not in (2, 3):
+        raise SystemExit("usage: storage_floor.py DB [LONG_DB] (--help says more)")
     for path in sys.argv[1:]:
         if not os.path.exists(path):
             raise SystemExit("storage_floor: no such database: %s" % path)
@@ -127,6 +130,8 @@ def main():
     heads = con.execute("SELECT heads FROM runs JOIN steps ON steps.run_id = runs.id GROUP BY runs.id "
                         "ORDER BY count(*) DESC LIMIT 1").fetchone()[0]
     metrics = load(con)
+    if not metrics:
+        raise SystemExit("storage_floor: %s has no metric with 100 frames or more: record a longer run" % path)
     names = ["time", "linear", "neighbour", "metric"]
     print("storage_floor: %s, %d metrics, bytes per value" % (path, len(metrics)))
     print("storage_floor: %-15s %9s %7s" % ("metric", "values", "stored") + "".join("%10s" % n for n in names) + "      best")
@@ -148,6 +153,8 @@ def main():
     v = tot["values"]
     print("storage_floor: %-15s %9d %7.2f%s %9.2f" % ("all", v, tot["stored"] / max(tot["sealed"], 1),
                                                        "".join("%10.2f" % (tot[k] / v) for k in names), tot["best"] / v))
+    print("storage_floor: (in the all row, a metric without a related one counts its previous-step cost "
+          "in the metric column)")
     if len(sys.argv) < 3:
         return
     long = sqlite3.connect("file:%s?mode=ro" % sys.argv[2], uri=True)

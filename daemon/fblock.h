@@ -71,7 +71,9 @@ int fblock_decode_span(struct fblock_codec *c, const unsigned char *head, const 
  * of n values in place to `bits` mantissa bits (float32's sign, exponent
  * and top `bits` of its 23 mantissa bits; to nearest, ties to even), so
  * that the low 23 - bits planes of a block are zeros: relative error at
- * most 2^-(bits + 1). bits 7 is bfloat16; bits outside 1..22 leave the
+ * most 2^-(bits + 1) for a normal value (a subnormal one, under 1.2e-38,
+ * is rounded at the smallest normal's step, 2^-(126 + bits), so it may
+ * even become 0). bits 7 is bfloat16; bits outside 1..22 leave the
  * values as they are. NaN stays NaN (quiet), an infinity stays itself, and
  * a finite value never rounds to an infinity (it stops at the largest
  * finite value of that precision). */

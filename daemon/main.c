@@ -186,7 +186,7 @@ static const flag FLAGS[] = {
          "23 mantissa bits (relative error <= 2^-(N+1); e.g. 16: ~2.4 bytes\n"
          "per value all-in instead of ~3.5; the last steps, the latest values\n"
          "and the rollups stay exact; default: exact): see docs/storage.md"),
-    BOOL("--lossy-bf16", O(lossy_bf16), "--lossy-bits 7 (bfloat16: ~1 byte per value)"),
+    BOOL("--lossy-bf16", O(lossy_bf16), "--lossy-bits 7 (bfloat16: ~1.2 bytes per value)"),
     FLAG_SECTION_ROW("HTTP API and dashboard:"),
     STR("--http", O(http_listen), "HOST:PORT",
         "serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"

@@ -190,10 +190,15 @@ int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_
 
 /* The lossy precision (off by default): with bits in 1..22, a block of
  * frames is rounded to that many mantissa bits (fblock_round; 7 is
- * bfloat16, about 1 byte per value at rest instead of ~2.6) when it is
- * sealed; any other bits (0, 23) stores exactly. The frames of a metric's
- * open block (its last < 64 steps), its latest values and every rollup
- * (min, max, sum, count: computed before the rounding) stay exact. */
+ * bfloat16, about 1.2-1.3 bytes per value all-in instead of ~3.5 on a
+ * real run) when it is sealed; any other bits (0, 23) stores exactly. The
+ * frames of a metric's open block (its last < 64 steps), its latest values
+ * and every rollup (min, max, sum, count: computed before the rounding)
+ * stay exact, with one exception: a rewind into a sealed block reopens it
+ * with the rounded values of its steps before the rewind's step (the exact
+ * ones are gone), so that block's rollup, sealed again, is of those rounded
+ * values (and they are rounded again if bits changed meanwhile: their
+ * error is then at most the sum of both precisions' bounds). */
 void store_set_lossy_bits(struct store *st, int bits);
 
 /* Gives the connection's unused page cache back to the allocator (after a

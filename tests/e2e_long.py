@@ -384,7 +384,7 @@ class LongRunsTest(unittest.TestCase):
                     self.assertEqual(f32_bits(v), f32_bits(want), (step, l, h, v, want))
                     changed += sealed and want != exact
         self.assertGreater(changed, 0)  # the rounding did something
-        # the rollups are of the exact values: step 5's value is block 0's max of cell (0, 0)
+        # the rollups are of the exact values: block 0's max of cell (0, 0) is the exact 9.9 of step 43
         st, sr = d.get("/api/runs/%d/series?metric=entropy&layer=0&head=0&from=0&to=63&points=1" % rid)
         self.assertEqual(st, 200, sr)
         top = max(struct.unpack("<f", struct.pack("<f", head_value(s, 0, 0)))[0] for s in range(64))

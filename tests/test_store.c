@@ -648,6 +648,16 @@ static void lossy_bits_case(struct tmp_db *f, int bits) {
     }
     assert_int_equal(rows, 70);
     sqlite3_finalize(s);
+    /* the latest values (those /metrics serves) are the last step's, exact */
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT l.step, l.data FROM main.latest l JOIN main.metrics m "
+                                            "ON m.id = l.metric_id WHERE m.run_id = ?1 AND m.name = 'ent'",
+                                        -1, &s, NULL), SQLITE_OK);
+    sqlite3_bind_int64(s, 1, run);
+    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(s, 0), 69);
+    assert_int_equal(sqlite3_column_bytes(s, 1), (int)sizeof v[69]);
+    assert_memory_equal(sqlite3_column_blob(s, 1), v[69], sizeof v[69]);
+    sqlite3_finalize(s);
     sqlite3_close(db);
     /* the rollup is of the exact values (the frames it would be checked against are rounded) */
     struct rollup_cell cells[L * H];
