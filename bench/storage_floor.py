@@ -30,11 +30,14 @@ of zigzag(r)) with an adaptive model fitted to the whole metric, i.e. the
 class entropy, plus its k - 1 low bits raw. This is what zstd on bit planes
 approximates (the stored column tracks it within a few percent); it is an
 estimate for a coder that knows each metric's class distribution in advance,
-so it errs low. The last lines add the other parts of LONG_DB (dbstat:
+so it errs low. A line then gives what a real size-class coder, per block
+and chunk as format 3, takes on the same sealed blocks (class_coder_bytes).
+The last lines add the other parts of LONG_DB (dbstat:
 the block pages' free space and row headers, rollups, raw frames of the open
 blocks, indexes) per value to the best predictor per metric: the all-in
 figure a codec built on these predictors could reach.
 """
+import ctypes
 import os
 import sqlite3
 import sys
@@ -44,6 +47,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from daemon_harness import shadow_frames  # noqa: E402
 
+_zstd = None
 RELATED = {"entropy_norm": "entropy", "entropy_bound": "logit_scale", "max_logit": "logit_scale"}
 
 
@@ -101,6 +105,42 @@ def count_values(con):
     return total
 
 
+def zstd_size(data):
+    """The size of zstd's fast mode (level -1, as daemon/fblock.c) on data (libzstd through ctypes)."""
+    global _zstd
+    if _zstd is None:
+        _zstd = ctypes.CDLL("libzstd.so.1")
+        _zstd.ZSTD_compressBound.restype = ctypes.c_size_t
+        _zstd.ZSTD_compress.restype = ctypes.c_size_t
+        _zstd.ZSTD_compress.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+    dst = ctypes.create_string_buffer(_zstd.ZSTD_compressBound(len(data)))
+    return _zstd.ZSTD_compress(dst, len(dst), data, len(data), -1)
+
+
+def class_coder_bytes(bits, steps):
+    """What a size-class coder, a real one, takes for the sealed blocks of one
+    metric: per block of 64 steps and chunk of 16 cells (as format 3), the
+    residuals from the previous step of the block (the first from 0), each
+    residual's size class as a byte, zstd's fast mode on those bytes, and the
+    k - 1 bits below each residual's leading one packed raw, plus a 3-byte
+    header. Returns (bytes, values)."""
+    blocks = steps // 64
+    size = values = 0
+    for b in np.unique(blocks)[:-1]:  # the last block is the open one
+        x = bits[blocks == b]
+        for c0 in range(0, x.shape[1], 16):
+            xc = x[:, c0:c0 + 16]
+            r = np.diff(np.vstack([np.zeros((1, xc.shape[1]), np.int64), xc]), axis=0)
+            r = (r + 2 ** 31) % 2 ** 32 - 2 ** 31
+            z = np.where(r >= 0, 2 * r, -2 * r - 1).astype(np.uint64)
+            k = np.zeros(z.shape, dtype=np.int64)
+            nz = z > 0
+            k[nz] = np.floor(np.log2(z[nz].astype(np.float64))).astype(np.int64) + 1
+            size += zstd_size(k.T.astype(np.uint8).tobytes()) + (int(np.maximum(k - 1, 0).sum()) + 7) // 8 + 3
+            values += xc.size
+    return size, values
+
+
 def predictors(name, bits, cells, heads, metrics):
     """The residuals of each predictor for one metric (rows: steps 2.., all cells)."""
     d = np.diff(bits, axis=0)
@@ -135,7 +175,8 @@ def main():
     names = ["time", "linear", "neighbour", "metric"]
     print("storage_floor: %s, %d metrics, bytes per value" % (path, len(metrics)))
     print("storage_floor: %-15s %9s %7s" % ("metric", "values", "stored") + "".join("%10s" % n for n in names) + "      best")
-    tot = {"values": 0, "stored": 0.0, "sealed": 0, "best": 0.0, **{n: 0.0 for n in names}}
+    tot = {"values": 0, "stored": 0.0, "sealed": 0, "best": 0.0, "classes": 0, "class_values": 0,
+           **{n: 0.0 for n in names}}
     for name, (mid, kind, steps, bits) in metrics.items():
         n = bits.size
         size, nsealed = sealed(con, mid, bits.shape[1])
@@ -148,6 +189,9 @@ def main():
         tot["stored"] += size
         tot["sealed"] += nsealed
         tot["best"] += best * n
+        cb, cv = class_coder_bytes(bits, steps)
+        tot["classes"] += cb
+        tot["class_values"] += cv
         for k in names:
             tot[k] += cost.get(k, cost["time"]) * n
     v = tot["values"]
@@ -155,6 +199,9 @@ def main():
                                                        "".join("%10.2f" % (tot[k] / v) for k in names), tot["best"] / v))
     print("storage_floor: (in the all row, a metric without a related one counts its previous-step cost "
           "in the metric column)")
+    print("storage_floor: a real size-class coder (the previous step; per block and chunk of 16 cells, the classes "
+          "zstd-coded, the low bits raw) on the same sealed blocks: %.2f bytes/value, against format 3's %.2f"
+          % (tot["classes"] / max(tot["class_values"], 1), tot["stored"] / max(tot["sealed"], 1)))
     if len(sys.argv) < 3:
         return
     long = sqlite3.connect("file:%s?mode=ro" % sys.argv[2], uri=True)
