@@ -667,6 +667,56 @@ static void lossy_bits_case(struct tmp_db *f, int bits) {
 }
 
 static void test_lossy_bf16(void **state) { lossy_bits_case(*state, FBLOCK_BITS_BF16); }
+
+/* One step of metric "ent" (values v), in a transaction of its own. */
+static void put_ent(struct tmp_db *f, int64_t run, int64_t seq, int64_t step, float *v) {
+    struct proto_msg m;
+    msg_step(&m, step);
+    msg_add(&m, "ent", PROTO_HEAD, L, H, v);
+    OK(store_begin(f->st));
+    assert_int_equal(store_step(f->st, run, seq, &m, 1764500000 + (double)seq, NULL, 0), 0);
+    OK(store_commit(f->st));
+    proto_msg_free(&m);
+}
+
+/* --lossy-bits and a rollback into a sealed block, the exception store.h
+ * names: the block reopens with the rounded values of its steps before the
+ * rollback's step (the exact ones are gone); the step sent again is exact. */
+static void test_lossy_rewind_reopens_rounded(void **state) {
+    struct tmp_db *f = *state;
+    store_set_lossy_bits(f->st, 10);
+    int64_t run = open_run(f, "lossy-rewind", L, H);
+    float v[70][L * H], w[L * H];
+    for (int s = 0; s < 70; s++) {
+        for (int k = 0; k < L * H; k++) v[s][k] = 1.0f + 0.001234567f * (float)(s * 7 + k);
+        put_ent(f, run, s + 1, s, v[s]);
+    }
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM " SEALED), 1);
+    for (int k = 0; k < L * H; k++) w[k] = 2.0f + 0.000987654f * (float)k;
+    put_ent(f, run, 71, 30, w); /* the trainer rolled back to step 30 */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM " SEALED), 0); /* block 0 is open again */
+    sqlite3 *db = ro_open(f->path);
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT f.step, f.data FROM main.frames f JOIN main.metrics m "
+                                            "ON m.id = f.metric_id WHERE m.run_id = ?1 AND m.name = 'ent' "
+                                            "ORDER BY f.step", -1, &s, NULL), SQLITE_OK);
+    sqlite3_bind_int64(s, 1, run);
+    int rows = 0;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        int step = sqlite3_column_int(s, 0);
+        float want[L * H];
+        assert_int_equal(step, rows);
+        memcpy(want, step < 30 ? v[step] : w, sizeof want);
+        if (step < 30) fblock_round(want, L * H, 10);
+        assert_int_equal(sqlite3_column_bytes(s, 1), (int)sizeof want);
+        assert_memory_equal(sqlite3_column_blob(s, 1), want, sizeof want);
+        rows++;
+    }
+    assert_int_equal(rows, 31);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    store_set_lossy_bits(f->st, 0);
+}
 static void test_lossy_bits_16(void **state) { lossy_bits_case(*state, 16); }
 
 static void test_rollups_brute_force(void **state) {
@@ -1824,6 +1874,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_step_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lossy_bf16, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lossy_bits_16, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lossy_rewind_reopens_rounded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rollups_brute_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upgrade_rollup_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_history_rewrite, setup, teardown),
