@@ -613,6 +613,17 @@ static void test_step_frames(void **state) {
     proto_msg_free(&m);
 }
 
+/* One step of metric "ent" (values v), in a transaction of its own. */
+static void put_ent(struct tmp_db *f, int64_t run, int64_t seq, int64_t step, float *v) {
+    struct proto_msg m;
+    msg_step(&m, step);
+    msg_add(&m, "ent", PROTO_HEAD, L, H, v);
+    OK(store_begin(f->st));
+    assert_int_equal(store_step(f->st, run, seq, &m, 1764500000 + (double)seq, NULL, 0), 0);
+    OK(store_commit(f->st));
+    proto_msg_free(&m);
+}
+
 /* --lossy-bits (bf16, then 16 bits): a sealed block reads back rounded
  * to that precision, the open block, the latest values and the rollups
  * exact. */
@@ -622,13 +633,7 @@ static void lossy_bits_case(struct tmp_db *f, int bits) {
     float v[70][L * H];
     for (int s = 0; s < 70; s++) {
         for (int k = 0; k < L * H; k++) v[s][k] = 1.0f + 0.001234567f * (float)(s * 7 + k);
-        struct proto_msg m;
-        msg_step(&m, s);
-        msg_add(&m, "ent", PROTO_HEAD, L, H, v[s]);
-        OK(store_begin(f->st));
-        assert_int_equal(store_step(f->st, run, s + 1, &m, 1764500000 + s, NULL, 0), 0);
-        OK(store_commit(f->st));
-        proto_msg_free(&m);
+        put_ent(f, run, s + 1, s, v[s]);
     }
     assert_int_equal(qi(f->path, "SELECT count(*) FROM " SEALED), 1);
     sqlite3 *db = ro_open(f->path);
@@ -667,17 +672,6 @@ static void lossy_bits_case(struct tmp_db *f, int bits) {
 }
 
 static void test_lossy_bf16(void **state) { lossy_bits_case(*state, FBLOCK_BITS_BF16); }
-
-/* One step of metric "ent" (values v), in a transaction of its own. */
-static void put_ent(struct tmp_db *f, int64_t run, int64_t seq, int64_t step, float *v) {
-    struct proto_msg m;
-    msg_step(&m, step);
-    msg_add(&m, "ent", PROTO_HEAD, L, H, v);
-    OK(store_begin(f->st));
-    assert_int_equal(store_step(f->st, run, seq, &m, 1764500000 + (double)seq, NULL, 0), 0);
-    OK(store_commit(f->st));
-    proto_msg_free(&m);
-}
 
 /* --lossy-bits and a rollback into a sealed block, the exception store.h
  * names: the block reopens with the rounded values of its steps before the
