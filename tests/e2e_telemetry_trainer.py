@@ -98,17 +98,22 @@ def test_kill_restart(tmp):
     d = Daemon(data=os.path.join(tmp, "daemon"))
     os.makedirs(d.data)
     d.start()
-    steps = 2000
+    # a tiny model trains ~2,000 steps a second on a fast machine, and the
+    # client's reconnect backoff (50, 100, 200, 400 ms) can take ~0.75 s:
+    # enough steps that the trainer is back before the second kill
+    steps = 4000
     spool = os.path.join(tmp, "spool")
     cmd = [SIGMATRAIN] + TINY + ["--steps", str(steps), "--print-every", "100", "--daemon", "unix:" + d.sock,
                                  "--run", "e2e-kill", "--spool", spool]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, kills = [], 0
+    out, kills, back = [], 0, 0
     t0 = time.time()
     for line in p.stdout:
         out.append(line)
+        back += line.startswith("telemetry: reconnected")
         m = re.match(r"step\s+(\d+)/", line)
-        if m and kills < 2 and int(m.group(1)) >= steps * (kills + 1) // 3:
+        # the second kill waits until the trainer has reconnected after the first
+        if m and kills < 2 and int(m.group(1)) >= steps * (kills + 1) // 3 and back >= kills:
             d.kill9()
             time.sleep(0.2)   # the trainer spools meanwhile
             d.start()
