@@ -267,10 +267,14 @@ def main():
         c5.close()
         per_step = 1 + layers + layers * heads + 1
         wait_for(lambda: rw_metrics(d)["pending_samples"] == steps * per_step, "the backlog counted")
-        prom.start()
-        m = wait_for(lambda: (lambda m: m if m["samples_total"] > 0 else None)(rw_metrics(d)), "a first batch", 60)
-        d.kill9()
         rid = d.query("SELECT id FROM runs WHERE name = 'rw-big'")[0][0]
+        prom.start()
+        # a batch counts as sent when the receiver answers and its cursor is
+        # saved just after: wait for both (under the sanitizers the kill once
+        # fell between them, with nothing of rw-big in the cursor file yet)
+        m = wait_for(lambda: (lambda m: m if m["samples_total"] > 0 and cursor(d).get(rid, 0) > 0 else None)(
+            rw_metrics(d)), "a first batch delivered and its cursor saved", 60)
+        d.kill9()
         cur = cursor(d)
         check(0 < cur.get(rid, 0) < steps, "killed mid-push? cursor %r, %r" % (cur, m))
         t_restart = time.time()
