@@ -51,33 +51,44 @@ _zstd = None
 RELATED = {"entropy_norm": "entropy", "entropy_bound": "logit_scale", "max_logit": "logit_scale"}
 
 
+def size_classes(r):
+    """The size class of each residual in r (int64, any shape): the bit
+    length of its zigzag code (0 for 0); the k - 1 bits below the leading
+    one are what a size-class coder stores raw."""
+    z = np.where(r >= 0, 2 * r, -2 * r - 1).astype(np.uint64)
+    k = np.zeros(z.shape, dtype=np.int64)
+    nz = z > 0
+    k[nz] = np.floor(np.log2(z[nz].astype(np.float64))).astype(np.int64) + 1
+    return k
+
+
 def ideal_bytes(r):
     """Bytes per residual of the size-class + raw-bits coder described above."""
     r = np.asarray(r, dtype=np.int64).ravel()
     if not r.size:
         return float("nan")
-    z = np.where(r >= 0, 2 * r, -2 * r - 1).astype(np.uint64)
-    k = np.zeros(z.shape, dtype=np.int64)
-    nz = z > 0
-    k[nz] = np.floor(np.log2(z[nz].astype(np.float64))).astype(np.int64) + 1
+    k = size_classes(r)
     _, cnt = np.unique(k, return_counts=True)
     p = cnt / cnt.sum()
-    return (-(p * np.log2(p)).sum() * z.size + np.maximum(k - 1, 0).sum()) / 8 / z.size
+    return (-(p * np.log2(p)).sum() * k.size + np.maximum(k - 1, 0).sum()) / 8 / k.size
 
 
 def load(con):
-    """{metric name: (kind, steps, values as int64 bits [steps, cells])} of the longest run."""
-    run = con.execute("SELECT run_id FROM steps GROUP BY run_id ORDER BY count(*) DESC LIMIT 1").fetchone()
+    """The heads per layer of the longest run, and {metric name: (metric id,
+    kind, steps, values as int64 bits [steps, cells])} of its metrics with at
+    least 100 frames."""
+    run = con.execute("SELECT s.run_id, r.heads FROM steps s JOIN runs r ON r.id = s.run_id GROUP BY s.run_id "
+                      "ORDER BY count(*) DESC LIMIT 1").fetchone()
     if not run:
         raise SystemExit("storage_floor: the database has no steps")
     shadow_frames(con)
     out = {}
-    for mid, name, kind in con.execute("SELECT id, name, kind FROM metrics WHERE run_id = ?", run):
+    for mid, name, kind in con.execute("SELECT id, name, kind FROM metrics WHERE run_id = ?", (run[0],)):
         rows = con.execute("SELECT step, data FROM temp.frames WHERE metric_id = ? ORDER BY step", (mid,)).fetchall()
         if len(rows) >= 100:
             bits = np.stack([np.frombuffer(d, dtype="<u4") for _, d in rows]).astype(np.int64)
             out[name] = (mid, kind, np.array([s for s, _ in rows]), bits)
-    return out
+    return run[1], out
 
 
 def sealed(con, mid, cells):
@@ -131,11 +142,7 @@ def class_coder_bytes(bits, steps):
         for c0 in range(0, x.shape[1], 16):
             xc = x[:, c0:c0 + 16]
             r = np.diff(np.vstack([np.zeros((1, xc.shape[1]), np.int64), xc]), axis=0)
-            r = (r + 2 ** 31) % 2 ** 32 - 2 ** 31
-            z = np.where(r >= 0, 2 * r, -2 * r - 1).astype(np.uint64)
-            k = np.zeros(z.shape, dtype=np.int64)
-            nz = z > 0
-            k[nz] = np.floor(np.log2(z[nz].astype(np.float64))).astype(np.int64) + 1
+            k = size_classes((r + 2 ** 31) % 2 ** 32 - 2 ** 31)
             size += zstd_size(k.T.astype(np.uint8).tobytes()) + (int(np.maximum(k - 1, 0).sum()) + 7) // 8 + 3
             values += xc.size
     return size, values
@@ -167,9 +174,7 @@ def main():
             raise SystemExit("storage_floor: no such database: %s" % path)
     path = sys.argv[1]
     con = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
-    heads = con.execute("SELECT heads FROM runs JOIN steps ON steps.run_id = runs.id GROUP BY runs.id "
-                        "ORDER BY count(*) DESC LIMIT 1").fetchone()[0]
-    metrics = load(con)
+    heads, metrics = load(con)
     if not metrics:
         raise SystemExit("storage_floor: %s has no metric with 100 frames or more: record a longer run" % path)
     names = ["time", "linear", "neighbour", "metric"]

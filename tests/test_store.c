@@ -672,6 +672,7 @@ static void lossy_bits_case(struct tmp_db *f, int bits) {
 }
 
 static void test_lossy_bf16(void **state) { lossy_bits_case(*state, FBLOCK_BITS_BF16); }
+static void test_lossy_bits_16(void **state) { lossy_bits_case(*state, 16); }
 
 /* --lossy-bits and a rollback into a sealed block, the exception store.h
  * names: the block reopens with the rounded values of its steps before the
@@ -711,7 +712,6 @@ static void test_lossy_rewind_reopens_rounded(void **state) {
     sqlite3_close(db);
     store_set_lossy_bits(f->st, 0);
 }
-static void test_lossy_bits_16(void **state) { lossy_bits_case(*state, 16); }
 
 static void test_rollups_brute_force(void **state) {
     struct tmp_db *f = *state;
