@@ -15,7 +15,8 @@
  * (writer_precommit_fn) or, if none comes first, the next tick's
  * transaction (at most ~1 s later): at a stream whose heads cross a
  * threshold back and forth it changes at nearly every step.
- * Nothing here blocks on the network: the notifier has its own thread. */
+ * Nothing here blocks on the network: each of the notifier's receivers has
+ * a thread of its own (notify.h). */
 #ifndef ALERTER_H
 #define ALERTER_H
 

@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -862,27 +863,42 @@ static void alerter_metrics(struct strbuf *b, struct alerter *m) {
     strbuf_prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
          (double)as.store_errors);
     const struct notify_stats *ns = &as.notify;
-    strbuf_prom(b, "entropyd_notifications_queued_total", "counter", "Notifications queued (firing and resolved).",
-         (double)ns->queued);
-    strbuf_prom(b, "entropyd_notifications_dropped_total", "counter", "Notifications dropped: queue full or shutdown.",
-         (double)ns->dropped);
-    strbuf_prom(b, "entropyd_notification_retries_total", "counter", "Webhook and Alertmanager attempts retried.",
-         (double)ns->retries);
+    strbuf_prom(b, "entropyd_notifications_queued_total", "counter",
+         "Alert transitions handed to the notifier (firing and resolved).", (double)ns->queued);
     strbuf_prom(b, "entropyd_alertmanager_firing", "gauge",
          "Alerts in the firing set re-sent to Alertmanager (0: nothing is re-sent).", (double)ns->am_firing);
-    strbuf_prom_head(b, "entropyd_notifications_sent_total", "counter", "Notifications delivered, by sink.");
-    strbuf_printf(b, "entropyd_notifications_sent_total{sink=\"webhook\"} %llu\n"
-                     "entropyd_notifications_sent_total{sink=\"alertmanager\"} %llu\n"
-                     "entropyd_notifications_sent_total{sink=\"exec\"} %llu\n",
-                  (unsigned long long)ns->sent, (unsigned long long)ns->am_sent,
-                  (unsigned long long)(ns->exec_runs - ns->exec_failed));
-    /* webhook: given up after its retries; alertmanager: every failed POST, re-sends of the firing set included */
-    strbuf_prom_head(b, "entropyd_notifications_failed_total", "counter", "Notifications not delivered, by sink.");
-    strbuf_printf(b, "entropyd_notifications_failed_total{sink=\"webhook\"} %llu\n"
-                     "entropyd_notifications_failed_total{sink=\"alertmanager\"} %llu\n"
-                     "entropyd_notifications_failed_total{sink=\"exec\"} %llu\n",
-                  (unsigned long long)ns->failed, (unsigned long long)ns->am_failed,
-                  (unsigned long long)ns->exec_failed);
+    /* one worker per receiver: each line is one sink's own figure */
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } per_sink[] = {
+        {"entropyd_notifications_sent_total", "counter",
+         "Notifications delivered, by sink (alertmanager: POSTs of its set, re-sends included).",
+         offsetof(struct notify_sink_stats, sent)},
+        {"entropyd_notifications_failed_total", "counter",
+         "Notifications not delivered, by sink (webhook: given up after its retries; alertmanager: every failed POST).",
+         offsetof(struct notify_sink_stats, failed)},
+        {"entropyd_notifications_dropped_total", "counter",
+         "Notifications dropped, by sink: its queue full, or shutdown (alertmanager: resolved alerts never delivered).",
+         offsetof(struct notify_sink_stats, dropped)},
+        {"entropyd_notification_retries_total", "counter", "Attempts retried, by sink.",
+         offsetof(struct notify_sink_stats, retries)},
+        {"entropyd_notifications_pending", "gauge",
+         "Notifications waiting for their receiver, by sink (alertmanager: alerts changed since its last POST).",
+         offsetof(struct notify_sink_stats, pending)},
+    };
+    const struct {
+        const char *label;
+        const struct notify_sink_stats *st;
+    } sinks[] = {{"webhook", &ns->webhook}, {"alertmanager", &ns->alertmanager}, {"exec", &ns->exec}};
+    for (size_t i = 0; i < sizeof per_sink / sizeof per_sink[0]; i++) {
+        strbuf_prom_head(b, per_sink[i].name, per_sink[i].type, per_sink[i].help);
+        for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++) {
+            uint64_t v;
+            memcpy(&v, (const char *)sinks[k].st + per_sink[i].off, sizeof v);
+            strbuf_printf(b, "%s{sink=\"%s\"} %llu\n", per_sink[i].name, sinks[k].label, (unsigned long long)v);
+        }
+    }
 }
 
 static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {

@@ -1,4 +1,9 @@
-/* notify.c: the notifier thread. See notify.h. */
+/* notify.c: the receivers' worker threads and the Alertmanager set. See
+ * notify.h.
+ *
+ * One mutex (mu) guards every queue, the Alertmanager set and the
+ * counters; each receiver waits on a condition variable of its own. A
+ * worker never holds mu across a request or a child process. */
 #include "notify.h"
 #include "now.h"
 
@@ -15,49 +20,93 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A notification for the webhook or the exec hook. */
 struct note {
-    int resumed;             /* a firing an earlier daemon already paged: Alertmanager only */
     char *status, *alertname, *run;
     char *body;              /* the webhook payload */
-    char *alert;             /* the alert object (for Alertmanager) */
     struct note *next;
 };
 
-/* A firing alert as Alertmanager's API takes it, kept for re-sending. */
+/* A queued receiver: the webhook or the exec hook. */
+struct queue {
+    const char *name;        /* the sink label on /metrics */
+    struct notify *n;
+    void (*deliver)(struct queue *q, const struct note *nt);
+    pthread_t th;
+    int started;
+    pthread_cond_t cv;
+    struct note *head, *tail;
+    int len;
+    struct notify_sink_stats st;
+};
+
+/* An alert in Alertmanager's set, keyed by fingerprint. */
 struct am_alert {
     char fp[40];
-    cJSON *obj;              /* {labels, annotations, startsAt[, generatorURL]} */
+    cJSON *obj;              /* {labels, annotations, startsAt[, generatorURL][, endsAt when resolved]} */
+    int resolved;            /* 1: sent with its endsAt until a POST carrying it succeeds, then forgotten */
+    uint64_t gen;            /* am_gen when it last changed */
     struct am_alert *next;
 };
 
 struct notify {
     struct notify_config cfg;
     char *webhook, *exec_cmd;
-    char external[512];      /* the daemon's URL (guarded by mu: set once HTTP listens) */
-    int am_failing;          /* the last POST of the firing set failed (logged once per streak) */
-    double log_window;       /* log lines: start (mono s) of the current window, notifier thread only */
-    uint64_t log_n, log_suppressed;
     char *am;                /* Alertmanager's .../api/v2/alerts, or NULL */
-    struct am_alert *firing; /* notifier thread only */
-    double am_next;          /* next re-send (mono) */
-    pthread_t th;
-    int started;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct note *head, *tail;
-    int len, stop;
-    double stop_deadline;
-    struct notify_stats stats;
+    int stop;
+    double stop_deadline;    /* mono s: after it, workers give up what they hold */
+    char external[512];      /* the daemon's URL (set once HTTP listens) */
+    double log_window;       /* log lines: start (mono s) of the current window */
+    uint64_t log_n, log_suppressed;
+    uint64_t queued;         /* transitions posted */
+    struct queue hook, exec;
+    /* Alertmanager: the set and its worker */
+    struct am_alert *am_set;
+    uint64_t am_gen;         /* bumped by every change of the set */
+    uint64_t am_sent_gen;    /* the generation the last successful POST carried */
+    int am_nresolved, am_failing;
+    double am_next;          /* mono s: next POST (a re-send, or a retry after a failure) */
+    double am_last_post;     /* mono s: when the last POST began */
+    int am_delay_ms;         /* the next retry's backoff */
+    pthread_t am_th;
+    int am_started;
+    pthread_cond_t am_cv;
+    struct notify_sink_stats am_st;
+    uint64_t am_firing;
 };
 
-static void note_free(struct note *n) {
-    if (!n) return;
-    free(n->status);
-    free(n->alertname);
-    free(n->run);
-    free(n->body);
-    free(n->alert);
-    free(n);
+static double mono_s(void) {
+    return now_mono_ms() / 1e3;
+}
+
+/* Waits on cv (with n->mu held) until mono time `until` or a signal. */
+static void wait_until(struct notify *n, pthread_cond_t *cv, double until) {
+    double wait_s = until - mono_s();
+    if (wait_s <= 0) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)wait_s;
+    ts.tv_nsec += (long)((wait_s - (double)(time_t)wait_s) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, &n->mu, &ts);
+}
+
+/* With n->mu held: 1 once shutdown's grace has run out. */
+static int past_deadline(const struct notify *n) {
+    return n->stop && mono_s() > n->stop_deadline;
+}
+
+static void note_free(struct note *nt) {
+    if (!nt) return;
+    free(nt->status);
+    free(nt->alertname);
+    free(nt->run);
+    free(nt->body);
+    free(nt);
 }
 
 static size_t discard(char *p, size_t s, size_t n, void *u) {
@@ -66,20 +115,30 @@ static size_t discard(char *p, size_t s, size_t n, void *u) {
     return s * n;
 }
 
-/* Returns 0 delivered, 1 retry later, -1 give up. */
+/* One POST. Its timeout is cfg.timeout_ms, cut during shutdown to what is
+ * left of the grace (at least 100 ms). Returns 0 delivered, 1 retry later,
+ * -1 give up (a 4xx other than 429); *status gets the HTTP status, 0 when
+ * there was no answer. */
 static int post_once(struct notify *n, const char *url, const char *body, long *status) {
+    long timeout = n->cfg.timeout_ms;
+    pthread_mutex_lock(&n->mu);
+    if (n->stop) {
+        long left = (long)((n->stop_deadline - mono_s()) * 1e3);
+        if (left < timeout) timeout = left < 100 ? 100 : left;
+    }
+    pthread_mutex_unlock(&n->mu);
+    *status = 0;
     CURL *c = curl_easy_init();
     if (!c) return 1;
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)n->cfg.timeout_ms);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "entropyd");
     CURLcode rc = curl_easy_perform(c);
-    *status = 0;
     if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
@@ -89,7 +148,8 @@ static int post_once(struct notify *n, const char *url, const char *body, long *
     return -1;
 }
 
-static void run_exec(struct notify *n, const struct note *nt) {
+/* Runs the exec hook on one note. Returns 0 when it exited 0, -1 otherwise. */
+static int run_exec(struct notify *n, const struct note *nt) {
     int pipefd[2] = {-1, -1};
     pid_t pid = -1;
     if (pipe2(pipefd, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
@@ -97,10 +157,7 @@ static void run_exec(struct notify *n, const struct note *nt) {
             close(pipefd[0]);
             close(pipefd[1]);
         }
-        pthread_mutex_lock(&n->mu);
-        n->stats.exec_failed++;
-        pthread_mutex_unlock(&n->mu);
-        return;
+        return -1;
     }
     if (pid == 0) {
         dup2(pipefd[0], 0);
@@ -134,47 +191,7 @@ static void run_exec(struct notify *n, const struct note *nt) {
         }
         usleep(10000);
     }
-    pthread_mutex_lock(&n->mu);
-    n->stats.exec_runs++;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) n->stats.exec_failed++;
-    pthread_mutex_unlock(&n->mu);
-}
-
-/* POSTs body to url with retries (webhook: am == 0; Alertmanager: am == 1,
- * counted apart). */
-static void post_retry(struct notify *n, const char *url, const char *body, int am, const struct note *nt) {
-    int delay = n->cfg.backoff_ms;
-    for (int attempt = 1;; attempt++) {
-        long code;
-        int r = post_once(n, url, body, &code);
-        pthread_mutex_lock(&n->mu);
-        if (am) {
-            if (r == 0) n->stats.am_sent++;
-            else if (r < 0 || attempt >= n->cfg.retries) n->stats.am_failed++;
-        } else {
-            if (r == 0) n->stats.sent++;
-            else if (r < 0 || attempt >= n->cfg.retries) n->stats.failed++;
-        }
-        if (r > 0 && attempt < n->cfg.retries) n->stats.retries++;
-        int stopping = n->stop && (now_mono_ms() / 1e3) > n->stop_deadline;
-        pthread_mutex_unlock(&n->mu);
-        if (r == 0) return;
-        if (r < 0 || attempt >= n->cfg.retries || stopping) {
-            fprintf(stderr, "entropyd: %s %s gave up on %s %s after %d attempt(s) (last HTTP status %ld)\n",
-                    am ? "alertmanager" : "webhook", url, nt->alertname, nt->status, attempt, code);
-            return;
-        }
-        /* sleep, but wake for shutdown */
-        pthread_mutex_lock(&n->mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += delay / 1000;
-        ts.tv_nsec += (long)(delay % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        if (!n->stop) pthread_cond_timedwait(&n->cv, &n->mu, &ts);
-        pthread_mutex_unlock(&n->mu);
-        if (delay < 30000) delay *= 2;
-    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
 static void rfc3339(double unix_s, char *buf, size_t len) {
@@ -240,88 +257,263 @@ static cJSON *am_object(struct notify *n, const char *alert_json, char *fp, size
     return o;
 }
 
-/* POSTs the firing set (endsAt = now + 4 resend periods), once, no retry:
- * the next re-send is the retry. */
-static void am_resend(struct notify *n) {
-    n->am_next = (now_mono_ms() / 1e3) + n->cfg.am_resend_s;
-    if (!n->firing) return;
+
+/* The webhook's delivery: POSTs with retries, backing off between them.
+ * Shutdown ends the backoff and the retries: each note left gets one
+ * attempt within the grace. */
+static void webhook_deliver(struct queue *q, const struct note *nt) {
+    struct notify *n = q->n;
+    int delay = n->cfg.backoff_ms;
+    for (int attempt = 1;; attempt++) {
+        long code;
+        int r = post_once(n, n->webhook, nt->body, &code);
+        pthread_mutex_lock(&n->mu);
+        int last = r <= 0 || attempt >= n->cfg.retries || n->stop;
+        if (r == 0) q->st.sent++;
+        else if (last) q->st.failed++;
+        else q->st.retries++;
+        double until = mono_s() + delay / 1e3;
+        while (!last && !n->stop && mono_s() < until) wait_until(n, &q->cv, until); /* new notes signal cv too */
+        pthread_mutex_unlock(&n->mu);
+        if (r == 0) return;
+        if (last) {
+            fprintf(stderr, "entropyd: webhook %s gave up on %s %s after %d attempt(s) (last HTTP status %ld)\n",
+                    n->webhook, nt->alertname, nt->status, attempt, code);
+            return;
+        }
+        if (delay < 30000) delay *= 2;
+    }
+}
+
+static void exec_deliver(struct queue *q, const struct note *nt) {
+    int r = run_exec(q->n, nt);
+    pthread_mutex_lock(&q->n->mu);
+    if (r == 0) q->st.sent++;
+    else q->st.failed++;
+    pthread_mutex_unlock(&q->n->mu);
+}
+
+/* A queued receiver's thread: delivers its notes in order until shutdown
+ * and an empty queue, or shutdown's grace running out. */
+static void *queue_main(void *arg) {
+    struct queue *q = arg;
+    struct notify *n = q->n;
+    pthread_mutex_lock(&n->mu);
+    for (;;) {
+        while (!q->head && !n->stop) pthread_cond_wait(&q->cv, &n->mu);
+        if (!q->head || past_deadline(n)) break;
+        struct note *nt = q->head;
+        q->head = nt->next;
+        if (!q->head) q->tail = NULL;
+        q->len--;
+        pthread_mutex_unlock(&n->mu);
+        q->deliver(q, nt);
+        note_free(nt);
+        pthread_mutex_lock(&n->mu);
+    }
+    pthread_mutex_unlock(&n->mu);
+    return NULL;
+}
+
+/* With n->mu held: appends nt (taken), dropping the oldest note when the
+ * queue is full. */
+static void queue_push(struct queue *q, struct note *nt) {
+    if (q->len >= q->n->cfg.max_queue) {
+        struct note *old = q->head;
+        q->head = old->next;
+        if (!q->head) q->tail = NULL;
+        q->len--;
+        q->st.dropped++;
+        note_free(old);
+    }
+    if (q->tail) q->tail->next = nt;
+    else q->head = nt;
+    q->tail = nt;
+    q->len++;
+    q->st.queued++;
+    pthread_cond_signal(&q->cv);
+}
+
+static int queue_start(struct queue *q, struct notify *n, const char *name,
+                       void (*deliver)(struct queue *, const struct note *)) {
+    q->n = n;
+    q->name = name;
+    q->deliver = deliver;
+    if (pthread_create(&q->th, NULL, queue_main, q)) return -1;
+    q->started = 1;
+    return 0;
+}
+
+/* Joins the thread (after stop was set) and drops what it left. */
+static void queue_finish(struct queue *q) {
+    if (q->started) pthread_join(q->th, NULL);
+    q->started = 0;
+    while (q->head) {
+        struct note *x = q->head->next;
+        note_free(q->head);
+        q->st.dropped++;
+        q->head = x;
+    }
+    q->tail = NULL;
+    q->len = 0;
+}
+
+/* The least time between two POSTs of a changing set (s): a flapping rule
+ * changes it at every step. */
+#define AM_MIN_GAP_S 0.2
+
+/* With n->mu held: the link to the set's entry of fingerprint fp (*link
+ * is NULL when there is none: the end of the list, where one is added). */
+static struct am_alert **am_find(struct notify *n, const char *fp) {
+    struct am_alert **pp = &n->am_set;
+    while (*pp && strcmp((*pp)->fp, fp)) pp = &(*pp)->next;
+    return pp;
+}
+
+static void am_unlink(struct notify *n, struct am_alert **pp) {
+    struct am_alert *x = *pp;
+    *pp = x->next;
+    if (x->resolved) n->am_nresolved--;
+    else n->am_firing--;
+    cJSON_Delete(x->obj);
+    free(x);
+}
+
+/* With n->mu held: the transition into the set (o taken). Firing: the
+ * alert is (again) in the firing set; resolved: it stays, with its endsAt,
+ * until delivered. Past max_queue undelivered resolved alerts, the oldest
+ * is forgotten and counted. */
+static void am_update(struct notify *n, const char *fp, cJSON *o, int resolved) {
+    struct am_alert **pp = am_find(n, fp);
+    struct am_alert *x = *pp;
+    if (x) {
+        if (x->resolved) n->am_nresolved--;
+        else n->am_firing--;
+        cJSON_Delete(x->obj);
+    } else {
+        x = calloc(1, sizeof *x);
+        if (!x) {
+            cJSON_Delete(o);
+            n->am_st.dropped++;
+            return;
+        }
+        snprintf(x->fp, sizeof x->fp, "%s", fp);
+        *pp = x; /* appended: the set stays in order of first appearance */
+    }
+    x->obj = o;
+    x->resolved = resolved;
+    x->gen = ++n->am_gen;
+    if (resolved) n->am_nresolved++;
+    else n->am_firing++;
+    n->am_st.queued++;
+    while (n->am_nresolved > n->cfg.max_queue) {
+        struct am_alert **oldest = &n->am_set;
+        while (!(*oldest)->resolved) oldest = &(*oldest)->next;
+        am_unlink(n, oldest);
+        n->am_st.dropped++;
+    }
+    double soon = n->am_last_post + AM_MIN_GAP_S;
+    if (n->am_next > soon) n->am_next = soon; /* send now, or AM_MIN_GAP_S after the last POST */
+    pthread_cond_signal(&n->am_cv);
+}
+
+/* With n->mu held: the POST body for the whole set (firing alerts with
+ * endsAt = now + 4 re-send periods, resolved ones with their own), or NULL
+ * when the set is empty or out of memory. */
+static char *am_body(struct notify *n) {
+    if (!n->am_set) return NULL;
     char ends[40];
     rfc3339(wall() + 4.0 * n->cfg.am_resend_s, ends, sizeof ends);
     cJSON *arr = cJSON_CreateArray();
-    for (struct am_alert *x = n->firing; x; x = x->next) {
+    for (struct am_alert *x = n->am_set; arr && x; x = x->next) {
         cJSON *o = cJSON_Duplicate(x->obj, 1);
-        cJSON_AddStringToObject(o, "endsAt", ends);
+        if (!o) continue;
+        if (!x->resolved) cJSON_AddStringToObject(o, "endsAt", ends);
         cJSON_AddItemToArray(arr, o);
     }
-    char *body = cJSON_PrintUnformatted(arr);
+    char *body = arr ? cJSON_PrintUnformatted(arr) : NULL;
     cJSON_Delete(arr);
-    long code = 0;
-    int r = body ? post_once(n, n->am, body, &code) : 1;
-    free(body);
-    pthread_mutex_lock(&n->mu);
-    if (r == 0) n->stats.am_sent++;
-    else n->stats.am_failed++;
-    pthread_mutex_unlock(&n->mu);
-    /* a refused firing set is a page that never came: logged when the
-     * failures begin and when they end, counted on /metrics between */
-    if (r != 0 && !n->am_failing)
-        fprintf(stderr, "entropyd: alertmanager %s refused the firing alerts (HTTP status %ld); retried every %d s, "
-                        "failures counted in entropyd_notifications_failed_total{sink=\"alertmanager\"}\n",
+    return body;
+}
+
+/* With n->mu held: a POST of generation gen succeeded: resolved alerts it
+ * carried (not changed since) are delivered and leave the set. */
+static void am_delivered(struct notify *n, uint64_t gen) {
+    struct am_alert **pp = &n->am_set;
+    while (*pp) {
+        if ((*pp)->resolved && (*pp)->gen <= gen) am_unlink(n, pp);
+        else pp = &(*pp)->next;
+    }
+    n->am_sent_gen = gen;
+}
+
+/* A refused set is a page that never came: logged when the failures begin
+ * and when they end, counted on /metrics between. */
+static void am_log_streak(struct notify *n, int ok, long code) {
+    if (!ok && !n->am_failing)
+        fprintf(stderr, "entropyd: alertmanager %s refused the alerts (HTTP status %ld); retried with backoff "
+                        "(at most every %d s), failures counted in entropyd_notifications_failed_total{sink=\"alertmanager\"}\n",
                 n->am, code, n->cfg.am_resend_s);
-    else if (r == 0 && n->am_failing)
-        fprintf(stderr, "entropyd: alertmanager %s takes the firing alerts again\n", n->am);
-    n->am_failing = r != 0;
+    else if (ok && n->am_failing)
+        fprintf(stderr, "entropyd: alertmanager %s takes the alerts again\n", n->am);
+    n->am_failing = !ok;
 }
 
-/* The firing set's size on /metrics: the set is the notifier thread's
- * own, its count is read by others. */
-static void am_count(struct notify *n, int d) {
+/* Alertmanager's thread: POSTs the set when it changed (at most every
+ * AM_MIN_GAP_S), when a retry is
+ * due and every re-send period while anything fires; at shutdown, one last
+ * attempt at what is undelivered, within the grace. */
+static void *am_main(void *arg) {
+    struct notify *n = arg;
+    int last_tried = 0;
     pthread_mutex_lock(&n->mu);
-    n->stats.am_firing += (uint64_t)(int64_t)d;
+    for (;;) {
+        int changed = n->am_gen != n->am_sent_gen;
+        if (n->stop && (!changed || last_tried || past_deadline(n))) break;
+        if (!changed && !n->am_firing) { /* nothing to say: the timer is off */
+            pthread_cond_wait(&n->am_cv, &n->mu);
+            continue;
+        }
+        if (mono_s() < n->am_next && !(n->stop && changed)) {
+            wait_until(n, &n->am_cv, n->am_next);
+            continue;
+        }
+        last_tried = n->stop;
+        uint64_t gen = n->am_gen;
+        n->am_last_post = mono_s();
+        char *body = am_body(n);
+        pthread_mutex_unlock(&n->mu);
+        long code = 0;
+        int r = body ? post_once(n, n->am, body, &code) : 0;
+        free(body);
+        pthread_mutex_lock(&n->mu);
+        am_log_streak(n, r == 0, code);
+        if (r == 0) {
+            n->am_st.sent++;
+            am_delivered(n, gen);
+            n->am_delay_ms = n->cfg.backoff_ms;
+            /* changed while in flight (am_update asked for "now"): again soon */
+            n->am_next = n->am_gen != gen ? n->am_last_post + AM_MIN_GAP_S : mono_s() + n->cfg.am_resend_s;
+        } else {
+            n->am_st.failed++;
+            n->am_st.retries++;
+            n->am_next = mono_s() + n->am_delay_ms / 1e3;
+            n->am_delay_ms *= 2;
+            if (n->am_delay_ms > n->cfg.am_resend_s * 1000) n->am_delay_ms = n->cfg.am_resend_s * 1000;
+        }
+    }
     pthread_mutex_unlock(&n->mu);
-}
-
-/* Firing: joins the firing set, which is sent at once; resolved: leaves
- * it and is sent with its endsAt (retried). */
-static void am_deliver(struct notify *n, struct note *nt) {
-    char fp[40];
-    cJSON *o = am_object(n, nt->alert, fp, sizeof fp);
-    if (!o) return;
-    struct am_alert **pp = &n->firing;
-    while (*pp && strcmp((*pp)->fp, fp)) pp = &(*pp)->next;
-    if (*pp) { /* leaves the set (re-added below if firing again) */
-        struct am_alert *x = *pp;
-        *pp = x->next;
-        cJSON_Delete(x->obj);
-        free(x);
-        am_count(n, -1);
-    }
-    if (!strcmp(nt->status, "firing")) {
-        struct am_alert *x = calloc(1, sizeof *x);
-        if (!x) { cJSON_Delete(o); return; }
-        snprintf(x->fp, sizeof x->fp, "%s", fp);
-        x->obj = o;
-        x->next = n->firing;
-        n->firing = x;
-        am_count(n, +1);
-        am_resend(n);
-        return;
-    }
-    cJSON *arr = cJSON_CreateArray();
-    cJSON_AddItemToArray(arr, o);
-    char *body = cJSON_PrintUnformatted(arr);
-    cJSON_Delete(arr);
-    if (body) post_retry(n, n->am, body, 1, nt);
-    free(body);
+    return NULL;
 }
 
 /* The log sink, at most NOTIFY_LOG_BURST lines per NOTIFY_LOG_WINDOW_S: a
  * loss flapping between NaN and a number fires and resolves at every step
  * (20,000 lines in a run before); the lines held back are counted in one
- * line when the next window opens, and every transition is in /api/alerts. */
+ * line when the next window opens, and every transition is in /api/alerts.
+ * Called with n->mu held (its window and counts are guarded by it). */
 #define NOTIFY_LOG_BURST 20
 #define NOTIFY_LOG_WINDOW_S 10.0
-static void log_note(struct notify *n, const struct note *nt) {
+static void log_note(struct notify *n, const char *status, const char *alertname, const char *run, int resumed) {
     double now = now_mono_ms() / 1e3;
     if (now - n->log_window >= NOTIFY_LOG_WINDOW_S) {
         if (n->log_suppressed)
@@ -334,57 +526,10 @@ static void log_note(struct notify *n, const struct note *nt) {
         n->log_suppressed++;
         return;
     }
-    fprintf(stderr, "entropyd: alert %s%s: %s run=%s\n", nt->status,
-            nt->resumed ? " (goes on from before the restart: not sent again)" : "", nt->alertname, nt->run);
+    fprintf(stderr, "entropyd: alert %s%s: %s run=%s\n", status,
+            resumed ? " (goes on from before the restart: not sent again)" : "", alertname, run);
 }
 
-static void deliver(struct notify *n, struct note *nt) {
-    if (n->cfg.log) log_note(n, nt);
-    /* Alertmanager deduplicates by labels and wants the firing set re-sent;
-     * a webhook or a hook would page twice */
-    if (n->am) am_deliver(n, nt);
-    if (nt->resumed) return;
-    if (n->exec_cmd) run_exec(n, nt);
-    if (n->webhook) post_retry(n, n->webhook, nt->body, 0, nt);
-}
-
-static void *notify_main(void *arg) {
-    struct notify *n = arg;
-    for (;;) {
-        pthread_mutex_lock(&n->mu);
-        while (!n->head && !n->stop) {
-            if (!n->firing) {
-                pthread_cond_wait(&n->cv, &n->mu);
-                continue;
-            }
-            if ((now_mono_ms() / 1e3) >= n->am_next) break; /* time to re-send the firing set */
-            double wait_s = n->am_next - (now_mono_ms() / 1e3);
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += (time_t)wait_s;
-            ts.tv_nsec += (long)((wait_s - (double)(time_t)wait_s) * 1e9);
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-            pthread_cond_timedwait(&n->cv, &n->mu, &ts);
-        }
-        if (!n->head && !n->stop) { /* re-send time */
-            pthread_mutex_unlock(&n->mu);
-            am_resend(n);
-            continue;
-        }
-        if (!n->head || (n->stop && (now_mono_ms() / 1e3) > n->stop_deadline)) {
-            pthread_mutex_unlock(&n->mu);
-            break;
-        }
-        struct note *nt = n->head;
-        n->head = nt->next;
-        if (!n->head) n->tail = NULL;
-        n->len--;
-        pthread_mutex_unlock(&n->mu);
-        deliver(n, nt);
-        note_free(nt);
-    }
-    return NULL;
-}
 
 static char *dupstr(const char *s) {
     return s ? strdup(s) : NULL;
@@ -401,61 +546,67 @@ struct notify *notify_create(const struct notify_config *cfg, char *err, size_t 
     if (n->cfg.retries <= 0) n->cfg.retries = 6;
     if (n->cfg.timeout_ms <= 0) n->cfg.timeout_ms = 5000;
     if (n->cfg.backoff_ms <= 0) n->cfg.backoff_ms = 500;
+    if (n->cfg.am_resend_s <= 0) n->cfg.am_resend_s = 60;
+    n->am_delay_ms = n->cfg.backoff_ms;
     n->webhook = dupstr(cfg->webhook_url);
     n->exec_cmd = dupstr(cfg->exec_cmd);
     snprintf(n->external, sizeof n->external, "%s", cfg->external_url ? cfg->external_url : "");
-    if (n->cfg.am_resend_s <= 0) n->cfg.am_resend_s = 60;
     if (cfg->alertmanager_url) {
         size_t k = strlen(cfg->alertmanager_url);
         while (k > 0 && cfg->alertmanager_url[k - 1] == '/') k--;
         if (asprintf(&n->am, "%.*s/api/v2/alerts", (int)k, cfg->alertmanager_url) < 0) n->am = NULL;
     }
     pthread_mutex_init(&n->mu, NULL);
-    pthread_cond_init(&n->cv, NULL);
+    pthread_cond_init(&n->hook.cv, NULL);
+    pthread_cond_init(&n->exec.cv, NULL);
+    pthread_cond_init(&n->am_cv, NULL);
+    n->hook.name = "webhook";
+    n->exec.name = "exec";
     if (cfg->alertmanager_url && (!n->am || (strncmp(n->am, "http://", 7) && strncmp(n->am, "https://", 8)))) {
         snprintf(err, errlen, "--alertmanager wants an http:// or https:// URL, got \"%s\"", cfg->alertmanager_url);
-        notify_destroy(n, 0);
-        return NULL;
+        goto fail;
     }
     if (n->webhook && strncmp(n->webhook, "http://", 7) && strncmp(n->webhook, "https://", 8)) {
         snprintf(err, errlen, "--webhook wants an http:// or https:// URL, got \"%s\"", n->webhook);
-        notify_destroy(n, 0);
-        return NULL;
+        goto fail;
     }
-    int rc = pthread_create(&n->th, NULL, notify_main, n);
+    int rc = 0;
+    if (n->webhook && queue_start(&n->hook, n, "webhook", webhook_deliver)) rc = -1;
+    if (!rc && n->exec_cmd && queue_start(&n->exec, n, "exec", exec_deliver)) rc = -1;
+    if (!rc && n->am) {
+        if (pthread_create(&n->am_th, NULL, am_main, n)) rc = -1;
+        else n->am_started = 1;
+    }
     if (rc) {
-        snprintf(err, errlen, "cannot start notifier thread: %s", strerror(rc));
-        notify_destroy(n, 0);
-        return NULL;
+        snprintf(err, errlen, "cannot start a notifier thread: %s", strerror(errno));
+        goto fail;
     }
-    n->started = 1;
     return n;
+fail:
+    notify_destroy(n, 0);
+    return NULL;
 }
 
 void notify_destroy(struct notify *n, int wait_ms) {
     if (!n) return;
-    if (n->started) {
-        pthread_mutex_lock(&n->mu);
-        n->stop = 1;
-        n->stop_deadline = (now_mono_ms() / 1e3) + wait_ms / 1000.0;
-        pthread_cond_broadcast(&n->cv);
-        pthread_mutex_unlock(&n->mu);
-        pthread_join(n->th, NULL);
+    pthread_mutex_lock(&n->mu);
+    n->stop = 1;
+    n->stop_deadline = mono_s() + wait_ms / 1000.0;
+    pthread_cond_broadcast(&n->hook.cv);
+    pthread_cond_broadcast(&n->exec.cv);
+    pthread_cond_broadcast(&n->am_cv);
+    pthread_mutex_unlock(&n->mu);
+    queue_finish(&n->hook);
+    queue_finish(&n->exec);
+    if (n->am_started) pthread_join(n->am_th, NULL);
+    while (n->am_set) {
+        if (n->am_set->resolved || n->am_set->gen > n->am_sent_gen) n->am_st.dropped++;
+        am_unlink(n, &n->am_set);
     }
-    while (n->head) {
-        struct note *x = n->head->next;
-        note_free(n->head);
-        n->stats.dropped++;
-        n->head = x;
-    }
-    pthread_cond_destroy(&n->cv);
+    pthread_cond_destroy(&n->hook.cv);
+    pthread_cond_destroy(&n->exec.cv);
+    pthread_cond_destroy(&n->am_cv);
     pthread_mutex_destroy(&n->mu);
-    while (n->firing) {
-        struct am_alert *x = n->firing->next;
-        cJSON_Delete(n->firing->obj);
-        free(n->firing);
-        n->firing = x;
-    }
     free(n->webhook);
     free(n->exec_cmd);
     free(n->am);
@@ -492,41 +643,56 @@ static char *payload(struct notify *n, const char *status, const char *alertname
     return s;
 }
 
-int notify_post(struct notify *n, const char *status, const char *alertname, const char *run, const char *alert_json,
-                int resumed) {
+
+/* A note for a queued receiver (malloc'd), or NULL out of memory. */
+static struct note *note_new(struct notify *n, const char *status, const char *alertname, const char *run,
+                             const char *alert_json) {
     struct note *nt = calloc(1, sizeof *nt);
-    if (!nt) return -1;
-    nt->resumed = resumed;
+    if (!nt) return NULL;
     nt->status = dupstr(status);
     nt->alertname = dupstr(alertname);
     nt->run = dupstr(run);
     nt->body = payload(n, status, alertname, run, alert_json);
-    nt->alert = dupstr(alert_json);
-    if (!nt->status || !nt->alertname || !nt->run || !nt->body || !nt->alert) {
+    if (!nt->status || !nt->alertname || !nt->run || !nt->body) {
         note_free(nt);
-        return -1;
+        return NULL;
     }
+    return nt;
+}
+
+int notify_post(struct notify *n, const char *status, const char *alertname, const char *run, const char *alert_json,
+                int resumed) {
+    int rc = 0;
+    /* built before taking mu: they read the external URL under it */
+    struct note *hook = NULL, *exec = NULL;
+    cJSON *am = NULL;
+    char fp[40] = "";
+    if (n->webhook && !resumed && !(hook = note_new(n, status, alertname, run, alert_json))) rc = -1;
+    if (n->exec_cmd && !resumed && !(exec = note_new(n, status, alertname, run, alert_json))) rc = -1;
+    if (n->am && !(am = am_object(n, alert_json, fp, sizeof fp))) rc = -1;
     pthread_mutex_lock(&n->mu);
-    if (n->len >= n->cfg.max_queue) {
-        struct note *old = n->head;
-        n->head = old->next;
-        if (!n->head) n->tail = NULL;
-        n->len--;
-        n->stats.dropped++;
-        note_free(old);
-    }
-    if (n->tail) n->tail->next = nt;
-    else n->head = nt;
-    n->tail = nt;
-    n->len++;
-    n->stats.queued++;
-    pthread_cond_signal(&n->cv);
+    n->queued++;
+    if (n->cfg.log) log_note(n, status, alertname, run, resumed);
+    if (hook) queue_push(&n->hook, hook);
+    else if (n->webhook && !resumed) n->hook.st.dropped++;
+    if (exec) queue_push(&n->exec, exec);
+    else if (n->exec_cmd && !resumed) n->exec.st.dropped++;
+    if (am) am_update(n, fp, am, !strcmp(status, "resolved"));
+    else if (n->am) n->am_st.dropped++;
     pthread_mutex_unlock(&n->mu);
-    return 0;
+    return rc;
 }
 
 void notify_get_stats(struct notify *n, struct notify_stats *out) {
     pthread_mutex_lock(&n->mu);
-    *out = n->stats;
+    memset(out, 0, sizeof *out);
+    out->queued = n->queued;
+    out->webhook = n->hook.st;
+    out->webhook.pending = (uint64_t)n->hook.len;
+    out->exec = n->exec.st;
+    out->exec.pending = (uint64_t)n->exec.len;
+    out->alertmanager = n->am_st;
+    for (struct am_alert *x = n->am_set; x; x = x->next) out->alertmanager.pending += x->gen > n->am_sent_gen;
+    out->am_firing = (uint64_t)n->am_firing;
     pthread_mutex_unlock(&n->mu);
 }

@@ -15,9 +15,11 @@ import datetime
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -127,6 +129,97 @@ class AlertmanagerE2E(unittest.TestCase):
             d.cleanup()
             am.close()
             tmp.cleanup()
+
+    def test_hung_webhook_delays_only_itself(self):
+        """Issue 36 item 1: a webhook that accepts and never answers (each
+        note costs it 6 attempts of 5 s) beside a healthy Alertmanager.
+        1,600 flapping transitions (8 runs, loss NaN at every other step)
+        overflow the webhook's queue; Alertmanager still ends with every
+        group's last state, and a new collapse reaches it within 5 s."""
+        hung = socket.socket()
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        held = []
+        stop = threading.Event()
+
+        def accept_and_hold():  # reads nothing, answers nothing
+            hung.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    held.append(hung.accept()[0])
+                except OSError:
+                    pass
+        th = threading.Thread(target=accept_and_hold, daemon=True)
+        th.start()
+        am = Receiver()
+        d = Daemon(args=["--webhook", "http://127.0.0.1:%d/hook" % hung.getsockname()[1],
+                         "--alertmanager", am.url("/"), "--quiet-alerts"], http=True).start()
+        try:
+            flaps, per_run = 8, 200
+            for r in range(flaps):
+                c = Client(d.sock)
+                c.hello("flap-%d" % r, layers=2, heads=2)
+                for s in range(per_run):  # NaN, 2.0, NaN, ...: fires and resolves at every step
+                    c.send({"type": "step", "seq": s + 1, "step": s, "time": 1764500000 + s,
+                            "scalars": {"loss": None if s % 2 == 0 else 2.0},
+                            "heads": {"entropy_norm": [[0.8, 0.8], [0.8, 0.8]]}})
+                c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= per_run)
+                c.close()
+            wait_for(lambda: metric(d, "entropyd_notifications_queued_total") == flaps * per_run, timeout=30,
+                     what="1,600 transitions notified")
+            self.assertGreater(metric(d, 'entropyd_notifications_dropped_total{sink="webhook"}'), 0,
+                               "the hung webhook's own queue overflowed")
+
+            def last_state(run):
+                """(resolved?, startsAt) of run's loss_nonfinite in the last POST that carried it."""
+                for p in reversed(am.delivered()):
+                    for a in p.json():
+                        if a["labels"].get("run") == run and a["labels"]["alertname"] == "loss_nonfinite":
+                            return a["endsAt"] <= now_iso(), a["startsAt"]
+                return None
+            wait_for(lambda: metric(d, 'entropyd_notifications_pending{sink="alertmanager"}') == 0, timeout=10,
+                     what="Alertmanager's set delivered")
+            for r in range(flaps):
+                ep = d.get("/api/runs/by-name/flap-%d" % r)[1]
+                eps = d.get("/api/runs/%d/alerts?limit=1" % ep["id"])[1]
+                self.assertEqual(eps[0]["state"], "resolved")
+                got = last_state("flap-%d" % r)
+                self.assertTrue(got and got[0], "flap-%d resolved in Alertmanager: %s" % (r, got))
+                self.assertEqual(got[1], eps[0]["alert"]["startsAt"], "the last episode's alert, not an older one")
+            # a new collapse, behind a webhook queue still full of hung notes
+            c = Client(d.sock)
+            w = c.hello("collapse", layers=2, heads=2)
+            one_hot = {"entropy_norm": [[0.001, 0.8], [0.8, 0.8]]}
+            for s in range(40):
+                c.send({"type": "step", "seq": s + 1, "step": s, "time": 1764500000 + s,
+                        "scalars": {"loss": 3.0}, "heads": one_hot})
+            c.recv_until(lambda m: m["type"] == "ack" and m["seq"] >= 40)
+            fired = wait_for(lambda: [e for e in d.get("/api/runs/%d/alerts" % w["run_id"])[1]
+                                      if e["rule"] == "entropy_collapse"], what="entropy_collapse fired")
+            t_fired = time.time()
+
+            def in_am():
+                return [p for p in am.delivered() for a in p.json()
+                        if a["labels"].get("run") == "collapse" and a["labels"]["alertname"] == "entropy_collapse"]
+            got = wait_for(in_am, timeout=10, what="the collapse in Alertmanager")
+            self.assertLess(got[0].time - fired[0]["starts_at"], 5.0, "Alertmanager got it within 5 s of firing")
+            self.assertLess(got[0].time - t_fired, 5.0)
+            self.assertEqual(metric(d, 'entropyd_notifications_dropped_total{sink="alertmanager"}'), 0)
+            self.assertEqual(metric(d, 'entropyd_notifications_failed_total{sink="alertmanager"}'), 0)
+            self.assertGreater(metric(d, 'entropyd_notifications_pending{sink="webhook"}'), 0)
+            c.close()
+            # shutdown is not held by the hung webhook beyond its grace (3 s) and one request
+            t0 = time.time()
+            self.assertEqual(d.stop(), 0)
+            self.assertLess(time.time() - t0, 10)
+        finally:
+            stop.set()
+            th.join()
+            for s in held:
+                s.close()
+            hung.close()
+            d.cleanup()
+            am.close()
 
     def test_bad_url_refused(self):
         d = Daemon(args=["--alertmanager", "ftp://x"])
