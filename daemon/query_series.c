@@ -149,9 +149,15 @@ static int rollup_corrupt(struct series *sr, int level, int64_t block, uint32_t 
  * ...) of the frame, rollup.h) of blocks [b0, b1] into their buckets,
  * counting the frames when `frames` (once per block: every chunk has the
  * block's). Only the selected cells are decoded, and none for a series of
- * every value of a metric of one chunk whose row has its total. With
- * b0 == b1, the block's row must be there (its total's row is). */
-static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, int64_t b1, int frames) {
+ * every value of a metric of one chunk whose row has its total.
+ *
+ * A block without frames has no row (schema/storage.md, "When a block
+ * exists"), so a range without rows is no data: with sparse steps (one
+ * every 1,000) most blocks of levels 1 and 2 are such, and a range of one
+ * of them is common (the tail past a level's last complete block). Only
+ * `must` (add_totals, for the block whose total's row it read) says the
+ * block's row has to be there. */
+static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, int64_t b1, int frames, int must) {
     sqlite3_stmt *s = sr->q->stmt[Q_ROLLUPS];
     int64_t size = STORE_LEVEL_SIZE(level);
     uint32_t r0 = chunk * ROLLUP_CHUNK_CELLS, rn = ROLLUP_CHUNK_LEN(sr->n, chunk);
@@ -184,7 +190,7 @@ static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, i
         pool_cells(sr, row, k0, k1, r.nframes);
     }
     sqlite3_reset(s);
-    if (rc == SQLITE_DONE && b0 == b1 && !seen)
+    if (rc == SQLITE_DONE && must && !seen)
         rc = query_db_corrupt(sr->q, "the level-%d rollup of metric %lld, block %lld has a total's row but no row of "
                               "chunk %u", level, (long long)sr->metric_id, (long long)b0, chunk);
     return rc == SQLITE_DONE ? 0 : -1;
@@ -219,7 +225,7 @@ static int add_totals(struct series *sr, int level, int64_t b0, int64_t b1) {
             continue;
         }
         int bad = 0;
-        for (uint32_t c = 0; c < ROLLUP_CHUNKS(sr->n) && !bad; c++) bad = add_chunk(sr, level, c, r.block, r.block, c == 0);
+        for (uint32_t c = 0; c < ROLLUP_CHUNKS(sr->n) && !bad; c++) bad = add_chunk(sr, level, c, r.block, r.block, c == 0, 1);
         if (bad) {
             rc = SQLITE_ERROR;
             break;
@@ -240,7 +246,7 @@ static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
     if (sr->ngroups == 1 && sr->ncells == sr->n && chunks > 1) return add_totals(sr, level, b0, b1);
     uint32_t first = sr->cells[0] / ROLLUP_CHUNK_CELLS, last = sr->cells[sr->ncells - 1] / ROLLUP_CHUNK_CELLS;
     for (uint32_t c = first; c <= last; c++)
-        if (add_chunk(sr, level, c, b0, b1, c == first)) return -1;
+        if (add_chunk(sr, level, c, b0, b1, c == first, 0)) return -1;
     return 0;
 }
 
