@@ -6,7 +6,8 @@
  * rows, and cost well under the raw 20 bytes a value on values like a
  * trainer's; the series query must answer, bucket by bucket, what the raw
  * values give, and the very same text over coded rows as over the same
- * rows in the raw format. */
+ * rows in the raw format; and so over any step numbering (sparse, gaps up
+ * to 2^53, clusters, rollbacks: a property test against a brute force). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -598,6 +599,319 @@ static void test_series_exact_over_chunk_rows(void **state) {
     series_exact(12, 12);
 }
 
+/* ------------------------------------------------------------ series over any step numbering */
+
+/* A property test: runs over step sets a trainer may send (one step every
+ * 1,000; {1, 10^6}; gaps up to 2^53; dense clusters far apart; rollbacks
+ * and repeated steps), each series of many windows, `points`, cell
+ * selections and splits compared, bucket by bucket, with a brute force
+ * over the values sent. The values are multiples of 1/8 below 2^10 (or
+ * NaN): every sum of them is exact in a double, whatever the order, so
+ * the mean is compared as exactly as min, max and the counts. */
+
+#define AS_MAX_STEPS 1600
+#define AS_TOP (INT64_C(1) << 53) /* the protocol's largest step */
+
+/* What the cases went through, so that the test keeps testing it: steps
+ * sent again (rollbacks), and steps past 2^32 (their blocks stay raw
+ * frames, fblock_rows.h). */
+static int64_t as_rollbacks, as_beyond32;
+
+/* The values the run holds: after a rollback to S, no step >= S of before. */
+struct as_run {
+    uint32_t L, H, n;      /* the head metric "ent" is L x H = n */
+    int64_t nsteps;
+    int64_t step[AS_MAX_STEPS];
+    float loss[AS_MAX_STEPS];
+    float *ent;            /* n values per step */
+};
+
+/* Cell value from a hash of h: a multiple of 1/8 in (-2^10, 2^10), or NaN
+ * one time in 16. */
+static float as_value(uint64_t h) {
+    h ^= h >> 31;
+    h *= 0x9e3779b97f4a7c15u;
+    h ^= h >> 29;
+    if (h % 16 == 0) return NAN;
+    return (float)((int64_t)(h >> 8) % 8192 - 4096) / 8;
+}
+
+/* Sends step s (seq `seq`) to the store and to the reference. */
+static void as_send(struct tmp_db *f, int64_t run, struct as_run *r, int64_t seq, int64_t s) {
+    as_rollbacks += r->nsteps && r->step[r->nsteps - 1] >= s;
+    as_beyond32 += s >> 32 != 0;
+    while (r->nsteps && r->step[r->nsteps - 1] >= s) r->nsteps--; /* the rollback, in the reference */
+    assert_true(r->nsteps < AS_MAX_STEPS);
+    int64_t k = r->nsteps++;
+    r->step[k] = s;
+    r->loss[k] = as_value((uint64_t)seq * 7919u);
+    float *v = r->ent + (size_t)k * r->n;
+    for (uint32_t i = 0; i < r->n; i++) v[i] = as_value((uint64_t)seq * 1000003u + i + 1);
+    struct proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_STEP;
+    m.step = s;
+    msg_add(&m, "loss", PROTO_SCALAR, 1, 1, &r->loss[k]);
+    msg_add(&m, "ent", PROTO_HEAD, r->L, r->H, v);
+    if (store_step(f->st, run, seq, &m, 1e9 + (double)seq, NULL, 0))
+        fail_msg("store_step %lld: %s", (long long)s, store_errmsg(f->st));
+    proto_msg_free(&m);
+}
+
+/* A gap of 1 to 2^bits, log-uniform. */
+static int64_t as_gap(int bits) {
+    int b = (int)(rnd() % (uint64_t)(bits + 1));
+    return 1 + (int64_t)(rnd() % (UINT64_C(1) << b));
+}
+
+/* The step set of case c (the bar's first, then random ones): at most
+ * AS_MAX_STEPS steps into out, their number returned. Steps need not grow:
+ * one at or below the last is a rollback. */
+static int64_t as_steps(int c, int64_t *out) {
+    int64_t n = 0, s = 0;
+    switch (c) {
+    case 0: for (; n < 1000; n++) out[n] = n * 1000; return n; /* a step logged every 1,000 */
+    case 1: out[0] = 1, out[1] = 1000000; return 2;
+    case 2: out[0] = 1, out[1] = 262208; return 2; /* 262208 = 4 level-5 blocks + 64 */
+    case 3: out[0] = 0, out[1] = AS_TOP - 1, out[2] = AS_TOP; return 3;
+    case 4: /* one step a level-5 block, the last one at a block's end (no level has rolled it up yet) */
+        for (; n < 300; n++) out[n] = 5 + n * 262144;
+        out[n++] = 300 * INT64_C(262144) - 1;
+        return n;
+    default: break;
+    }
+    int mode = c % 3, bits = 8 + (int)(rnd() % 38); /* gaps up to 2^8 .. 2^45 */
+    int64_t want = 2 + (int64_t)(rnd() % (AS_MAX_STEPS / 2));
+    s = (int64_t)(rnd() % 1000);
+    while (n < want) {
+        if (mode == 1 && rnd() % 3) s += 1 + (int64_t)(rnd() % 3); /* clusters of close steps, far apart */
+        else s += as_gap(bits);
+        if (mode == 2 && n > 2 && rnd() % 16 == 0) s = out[rnd() % (uint64_t)n]; /* a rollback, or a step again */
+        if (s > AS_TOP) break;
+        out[n++] = s;
+    }
+    /* half the sets end at the last step of a block of some level: that
+     * block is complete, yet not rolled up until a step past it comes */
+    int64_t size = STORE_LEVEL_SIZE(1 + (int)(rnd() % STORE_LEVELS)), end = (s / size + 1) * size - 1;
+    if (rnd() % 2 && n < AS_MAX_STEPS / 2 + 2 && end <= AS_TOP) out[n++] = end;
+    return n;
+}
+
+/* The pool of one bucket of the reference: cells [c0, c1) of the head
+ * metric (or the loss, c0 = c1 = 0) at steps [lo, hi]. */
+struct as_pool {
+    float mn, mx;
+    double sum;
+    int64_t count, nonfinite, frames;
+};
+
+static struct as_pool as_pool(const struct as_run *r, int scalar, uint32_t c0, uint32_t c1, int64_t lo, int64_t hi) {
+    struct as_pool p = {0};
+    /* the first step >= lo: the steps ascend */
+    int64_t a = 0, b = r->nsteps;
+    while (a < b) {
+        int64_t m = a + (b - a) / 2;
+        if (r->step[m] < lo) a = m + 1;
+        else b = m;
+    }
+    for (int64_t k = a; k < r->nsteps && r->step[k] <= hi; k++) {
+        p.frames++;
+        for (uint32_t i = scalar ? 0 : c0; i < (scalar ? 1 : c1); i++) {
+            float v = scalar ? r->loss[k] : r->ent[(size_t)k * r->n + i];
+            if (!isfinite(v)) {
+                p.nonfinite++;
+                continue;
+            }
+            if (!p.count || v < p.mn) p.mn = v;
+            if (!p.count || v > p.mx) p.mx = v;
+            p.sum += v;
+            p.count++;
+        }
+    }
+    return p;
+}
+
+/* The double query_series prints for a mean (12 digits), read back. */
+static double as_printed(double x) {
+    struct strbuf b = {0};
+    strbuf_f64(&b, x);
+    double v = strtod(b.p, NULL);
+    free(b.p);
+    return v;
+}
+
+/* Fails unless stat `what` of the answer's series o at bucket b is p's. */
+static void as_check_stat(const cJSON *o, int b, const struct as_pool *p, const char *what, const char *ctx) {
+    const cJSON *a = cJSON_GetObjectItem(o, what), *x = a ? cJSON_GetArrayItem(a, b) : NULL;
+    if (!x) fail_msg("%s: no %s[%d]", ctx, what, b);
+    int null = cJSON_IsNull(x);
+    double got = x->valuedouble, want;
+    if (!strcmp(what, "count") || !strcmp(what, "nonfinite")) {
+        want = (double)(what[0] == 'c' ? p->count : p->nonfinite);
+        if (null || got != want) fail_msg("%s: %s[%d] %g, want %g", ctx, what, b, got, want);
+        return;
+    }
+    if (!p->count) {
+        if (!null) fail_msg("%s: %s[%d] %g, want null (no finite value)", ctx, what, b, got);
+        return;
+    }
+    if (what[1] == 'e') want = as_printed(p->sum / (double)p->count);
+    else want = what[1] == 'i' ? p->mn : p->mx;
+    if (null || (what[1] == 'e' ? got != want : (float)got != (float)want))
+        fail_msg("%s: %s[%d] %.17g, want %.17g", ctx, what, b, got, want);
+}
+
+struct as_req {
+    int64_t from, to, points; /* from > to: the whole run */
+    int scalar, split, agg;
+    int64_t layer, head;
+};
+
+/* Asks query_series for rq and checks every bucket and series of the
+ * answer against the reference. */
+static void as_check(struct query *q, int64_t run, const struct as_run *r, const struct as_req *rq, const char *name) {
+    int whole = rq->from > rq->to;
+    struct query_series_req req = {.run_id = run, .metric = rq->scalar ? "loss" : "ent", .layer = rq->layer,
+                                   .head = rq->head, .has_from = !whole, .has_to = !whole, .from = rq->from,
+                                   .to = rq->to, .points = rq->points, .agg = rq->agg, .split = rq->split};
+    char ctx[256], err[256];
+    snprintf(ctx, sizeof ctx, "%s (%lld steps %lld..%lld) %s from %lld to %lld points %lld layer %lld head %lld split %d",
+             name, (long long)r->nsteps, (long long)r->step[0], (long long)r->step[r->nsteps - 1], req.metric,
+             whole ? -1LL : (long long)rq->from, whole ? -1LL : (long long)rq->to, (long long)rq->points,
+             (long long)rq->layer, (long long)rq->head, rq->split);
+    struct strbuf sb = {0};
+    if (query_series(q, &req, &sb, err, sizeof err) != QUERY_OK) fail_msg("%s: %s", ctx, err);
+    assert_false(sb.failed);
+    cJSON *j = cJSON_Parse(sb.p);
+    assert_non_null(j);
+    const cJSON *st = cJSON_GetObjectItem(j, "step"), *en = cJSON_GetObjectItem(j, "end");
+    int64_t first = r->step[0], last = r->step[r->nsteps - 1];
+    int64_t lo = whole || rq->from < first ? first : rq->from, hi = whole || rq->to > last ? last : rq->to;
+    int nb = cJSON_GetArraySize(st);
+    int64_t width = (int64_t)cJSON_GetObjectItem(j, "width")->valuedouble, seen = 0, prev = lo - 1;
+    if (nb > rq->points || nb != cJSON_GetArraySize(en)) fail_msg("%s: %d buckets", ctx, nb);
+    /* the groups of cells: one (every selected cell), or one per layer or head */
+    uint32_t L = rq->scalar ? 1 : r->L, H = rq->scalar ? 1 : r->H;
+    uint32_t l0 = rq->layer >= 0 ? (uint32_t)rq->layer : 0, l1 = rq->layer >= 0 ? l0 + 1 : L;
+    uint32_t h0 = rq->head >= 0 ? (uint32_t)rq->head : 0, h1 = rq->head >= 0 ? h0 + 1 : H;
+    const cJSON *list = cJSON_GetObjectItem(j, "series");
+    uint32_t ng = rq->split == QUERY_SPLIT_HEAD ? (l1 - l0) * (h1 - h0) : rq->split == QUERY_SPLIT_LAYER ? l1 - l0 : 1;
+    if (rq->split && (uint32_t)cJSON_GetArraySize(list) != ng) fail_msg("%s: %d series, want %u", ctx, cJSON_GetArraySize(list), ng);
+    for (int b = 0; b < nb; b++) {
+        int64_t s0 = (int64_t)cJSON_GetArrayItem(st, b)->valuedouble, s1 = (int64_t)cJSON_GetArrayItem(en, b)->valuedouble;
+        if (s0 <= prev || s1 < s0 || s1 > hi || s1 - s0 >= width) fail_msg("%s: bucket %d is %lld..%lld", ctx, b, (long long)s0, (long long)s1);
+        prev = s1;
+        for (uint32_t g = 0; g < ng; g++) {
+            const cJSON *o = rq->split ? cJSON_GetArrayItem(list, (int)g) : j;
+            /* the cells of group g, pooled layer by layer (a head metric's
+             * cells of one layer are contiguous) */
+            struct as_pool p = {0};
+            uint32_t gl0 = rq->split == QUERY_SPLIT_NONE ? l0 : l0 + (rq->split == QUERY_SPLIT_HEAD ? g / (h1 - h0) : g);
+            uint32_t gl1 = rq->split == QUERY_SPLIT_NONE ? l1 : gl0 + 1;
+            uint32_t gh0 = rq->split == QUERY_SPLIT_HEAD ? h0 + g % (h1 - h0) : h0;
+            uint32_t gh1 = rq->split == QUERY_SPLIT_HEAD ? gh0 + 1 : h1;
+            for (uint32_t l = gl0; l < gl1; l++) {
+                struct as_pool x = as_pool(r, rq->scalar, l * r->H + gh0, l * r->H + gh1, s0, s1);
+                if (x.count && (!p.count || x.mn < p.mn)) p.mn = x.mn;
+                if (x.count && (!p.count || x.mx > p.mx)) p.mx = x.mx;
+                p.sum += x.sum;
+                p.count += x.count;
+                p.nonfinite += x.nonfinite;
+                p.frames = x.frames;
+            }
+            if (!p.frames) fail_msg("%s: bucket %d (%lld..%lld) listed without a frame", ctx, b, (long long)s0, (long long)s1);
+            if (!g) seen += p.frames;
+            char gctx[300];
+            snprintf(gctx, sizeof gctx, "%s series %u bucket %lld..%lld", ctx, g, (long long)s0, (long long)s1);
+            as_check_stat(o, b, &p, "min", gctx);
+            as_check_stat(o, b, &p, "max", gctx);
+            as_check_stat(o, b, &p, "mean", gctx);
+            as_check_stat(o, b, &p, "count", gctx);
+            as_check_stat(o, b, &p, "nonfinite", gctx);
+            if (cJSON_GetObjectItem(o, "value"))
+                as_check_stat(o, b, &p, rq->agg == QUERY_AGG_MIN ? "min" : rq->agg == QUERY_AGG_MAX ? "max" : "mean", gctx);
+        }
+    }
+    /* no frame of the range left out of the buckets */
+    struct as_pool all = as_pool(r, 1, 0, 0, lo, hi);
+    if (seen != all.frames) fail_msg("%s: the buckets hold %lld frames, the range %lld", ctx, (long long)seen, (long long)all.frames);
+    cJSON_Delete(j);
+    free(sb.p);
+}
+
+/* A step near the run's: one of them, or a random one around them. */
+static int64_t as_near(const struct as_run *r) {
+    int64_t s = r->step[rnd() % (uint64_t)r->nsteps];
+    switch (rnd() % 4) {
+    case 0: return s;
+    case 1: return s > 0 ? s - 1 - (int64_t)(rnd() % (uint64_t)(s < 600 ? s : 600)) : 0;
+    case 2: return s + (int64_t)(rnd() % 600) < AS_TOP ? s + (int64_t)(rnd() % 600) : AS_TOP;
+    default: return r->step[0] + (int64_t)(unif() * (double)(r->step[r->nsteps - 1] - r->step[0]));
+    }
+}
+
+static void test_series_any_step_numbering(void **state) {
+    (void)state;
+    static int64_t steps[AS_MAX_STEPS];
+    static struct as_run r;
+    enum { CASES = 14 };
+    static const int64_t whole_points[] = {1, 3, 64, 1000, 100000};
+    rng = 0x5eed0001u;
+    for (int c = 0; c < CASES; c++) {
+        struct tmp_db f;
+        assert_int_equal(tmp_db_open(&f, "/tmp/trollup-XXXXXX"), 0);
+        r.L = c % 2 ? 12 : 4, r.H = c % 2 ? 12 : 5, r.n = r.L * r.H; /* three chunks and a total's row, or one */
+        r.nsteps = 0;
+        r.ent = malloc(sizeof(float) * AS_MAX_STEPS * r.n);
+        assert_non_null(r.ent);
+        struct store_run_info info;
+        char name[16];
+        snprintf(name, sizeof name, "case%d", c);
+        assert_int_equal(store_begin(f.st), 0);
+        assert_int_equal(store_run_open(f.st, name, r.L, r.H, 64, NULL, 1000.0, &info), 0);
+        int64_t ns = as_steps(c, steps);
+        for (int64_t k = 0; k < ns; k++) as_send(&f, info.id, &r, k + 1, steps[k]);
+        assert_int_equal(store_commit(f.st), 0);
+
+        char err[256];
+        struct query_pool *p = query_pool_open(f.path, 1, err, sizeof err);
+        if (!p) fail_msg("%s", err);
+        struct query *q = query_acquire(p, err, sizeof err);
+        assert_non_null(q);
+        for (int w = 0; w < 5 + 8; w++) {
+            struct as_req rq = {.from = 1, .to = 0, .layer = -1, .head = -1};
+            if (w < 5) {
+                rq.points = whole_points[w];
+            } else {
+                int64_t a = as_near(&r), b = as_near(&r);
+                rq.from = a < b ? a : b, rq.to = a < b ? b : a;
+                rq.points = 1 + (int64_t)(rnd() % (rnd() % 2 ? 40 : 3000));
+            }
+            uint32_t l = (uint32_t)(rnd() % r.L), h = (uint32_t)(rnd() % r.H);
+            rq.agg = (int)(rnd() % 3);
+            const struct as_req sel[] = {
+                {.scalar = 1, .layer = -1, .head = -1},                         /* the loss */
+                {.layer = -1, .head = -1},                                      /* every value (the total's rows) */
+                {.layer = l, .head = h},                                        /* one head */
+                {.layer = l, .head = -1, .split = QUERY_SPLIT_HEAD},            /* each head of a layer */
+                {.layer = -1, .head = -1, .split = QUERY_SPLIT_LAYER},          /* each layer */
+            };
+            for (size_t k = 0; k < sizeof sel / sizeof *sel; k++) {
+                struct as_req x = sel[k];
+                x.from = rq.from, x.to = rq.to, x.points = rq.points, x.agg = rq.agg;
+                if (x.split && x.points > 4096) x.points = 4096; /* QUERY_MAX_SERIES_BUCKETS */
+                as_check(q, info.id, &r, &x, name);
+            }
+        }
+        query_release(p, q);
+        query_pool_close(p);
+        free(r.ent);
+        tmp_db_close(&f);
+    }
+    assert_true(as_rollbacks >= 10);
+    assert_true(as_beyond32 >= 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_odd_values_round_trip),
@@ -608,6 +922,7 @@ int main(void) {
         cmocka_unit_test(test_corrupt_rows_refused),
         cmocka_unit_test(test_series_exact_over_coded_rows),
         cmocka_unit_test(test_series_exact_over_chunk_rows),
+        cmocka_unit_test(test_series_any_step_numbering),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
