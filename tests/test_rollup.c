@@ -912,6 +912,56 @@ static void test_series_any_step_numbering(void **state) {
     assert_true(as_beyond32 >= 100);
 }
 
+/* The one rollup row a series must find: a chunk row of a block whose
+ * total's row it read (empty: pool the cells). Steps 0..63 and 1000 of a
+ * 12 x 12 metric: the whole series at points=1 reads level 2's block 0 by
+ * its total's row. Emptied, the cells answer the same; without chunk 0's
+ * row, the database is corrupt, named. */
+static void test_series_missing_chunk_row_reported(void **state) {
+    (void)state;
+    static struct as_run r;
+    struct tmp_db f;
+    assert_int_equal(tmp_db_open(&f, "/tmp/trollup-XXXXXX"), 0);
+    r.L = 12, r.H = 12, r.n = 144, r.nsteps = 0;
+    r.ent = malloc(sizeof(float) * AS_MAX_STEPS * r.n);
+    assert_non_null(r.ent);
+    struct store_run_info info;
+    assert_int_equal(store_begin(f.st), 0);
+    assert_int_equal(store_run_open(f.st, "r", r.L, r.H, 64, NULL, 1000.0, &info), 0);
+    for (int64_t s = 0; s < 64; s++) as_send(&f, info.id, &r, s + 1, s);
+    as_send(&f, info.id, &r, 65, 1000);
+    assert_int_equal(store_commit(f.st), 0);
+    int64_t ent = qi(f.path, "SELECT id FROM metrics WHERE name = 'ent'");
+    char sql[200], err[256];
+    snprintf(sql, sizeof sql, "UPDATE rollup_totals SET data = x'' WHERE metric_id = %lld AND level = 2 AND block = 0",
+             (long long)ent);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(f.path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_changes(db), 1);
+    struct query_pool *p = query_pool_open(f.path, 1, err, sizeof err);
+    if (!p) fail_msg("%s", err);
+    struct query *q = query_acquire(p, err, sizeof err);
+    assert_non_null(q);
+    struct as_req rq = {.from = 1, .to = 0, .points = 1, .layer = -1, .head = -1};
+    as_check(q, info.id, &r, &rq, "emptied total");
+    snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE metric_id = %lld AND level = 2 AND block = 0 AND chunk = 0",
+             (long long)ent);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_changes(db), 1);
+    struct query_series_req req = {.run_id = info.id, .metric = "ent", .layer = -1, .head = -1, .points = 1};
+    struct strbuf sb = {0};
+    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_ERR);
+    if (!strstr(err, "level-2 rollup of metric") || !strstr(err, "block 0 has a total's row but no row of chunk 0"))
+        fail_msg("%s", err);
+    free(sb.p);
+    sqlite3_close(db);
+    query_release(p, q);
+    query_pool_close(p);
+    free(r.ent);
+    tmp_db_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_odd_values_round_trip),
@@ -923,6 +973,7 @@ int main(void) {
         cmocka_unit_test(test_series_exact_over_coded_rows),
         cmocka_unit_test(test_series_exact_over_chunk_rows),
         cmocka_unit_test(test_series_any_step_numbering),
+        cmocka_unit_test(test_series_missing_chunk_row_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
