@@ -16,13 +16,18 @@ daemon, its real SQLite file, runs seeded straight through the store API
 - --retain-raw (steps or a duration) deletes the raw frames before the
   window and keeps the rollups: the series over old steps stays exact at
   64-step resolution and says so, the window's steps stay raw.
+- A series over sparse and huge steps (every 1,000; {1, 10^6}; {1, 262208};
+  up to 2^53; rollbacks) answers, bucket by bucket, what the values sent
+  give, whole run and windowed (issue 36, item 2).
 - --lossy-bits N rounds the sealed blocks' values to N mantissa bits (the
   open block's stay exact, and so do the rollups); a precision out of
   range, or one that --lossy-bf16 contradicts, is refused at start.
 
 Latency figures belong to `make bench` (bench/history.sh); these tests
 assert ordering and bounds that do not depend on the machine's speed."""
+import bisect
 import os
+import random
 import socket
 import sqlite3
 import struct
@@ -407,6 +412,77 @@ class LongRunsTest(unittest.TestCase):
         self.assertEqual((sr["resolution"], sr["raw_from"]), (64, 640))
         self.assertEqual(sum(sr["count"]), 1000)
         c.close()
+    def test_series_over_sparse_and_huge_steps_is_exact(self):
+        """Issue 36, item 2: steps every 1,000, {1, 10^6}, {1, 262208} and a
+        random set (gaps up to 2^45, steps up to 2^53, rollbacks), each
+        series over HTTP bucket by bucket what the values sent give. The
+        values are multiples of 1/8 (or null): their sums are exact in a
+        double, so the mean is the brute force's to the 12 digits printed."""
+        d = self.start()
+        rnd = random.Random(36)
+        top = 1 << 53
+        cases = {"x1000": [s * 1000 for s in range(1000)], "two": [1, 10 ** 6], "edge": [1, 262208],
+                 "huge": [0, top - 1, top]}
+        steps, s = [], 7
+        while len(steps) < 300 and s <= top:
+            steps.append(s)
+            s += 1 + rnd.randrange(1 << rnd.randrange(46))
+            if len(steps) > 3 and rnd.random() < 0.05:
+                s = rnd.choice(steps)  # a rollback, or a step again
+        cases["random"] = steps
+        L, H = 2, 3
+        for name, steps in cases.items():
+            c = Client(d.sock)
+            self.assertEqual(c.hello(name, layers=L, heads=H)["type"], "welcome")
+            kept = {}  # step -> (loss, [[entropy] x H] x L) of the branch that continued
+            for seq, s in enumerate(steps, 1):
+                for old in [k for k in kept if k >= s]:
+                    del kept[old]
+                v = lambda: None if rnd.random() < 0.06 else rnd.randrange(-8192, 8192) / 8  # noqa: E731
+                kept[s] = (v(), [[v() for _ in range(H)] for _ in range(L)])
+                c.send({"type": "step", "seq": seq, "step": s, "scalars": {"loss": kept[s][0]},
+                        "heads": {"entropy": kept[s][1]}})
+            c.wait_ack(len(steps), timeout=60)
+            c.close()
+            rid = d.query("SELECT id FROM runs WHERE name = ?", (name,))[0][0]
+            order = sorted(kept)
+            windows = [None, (order[0], order[-1]), (order[0] + 1, order[-1] - 1)]
+            for _ in range(4):
+                a, b = sorted(rnd.choice(order) + rnd.randrange(-300, 300) for _ in range(2))
+                windows.append((max(a, 0), max(b, 0)))
+            for win in windows:
+                for points in (1, 7, 1000, 100000) if win is None else (rnd.randrange(1, 2000),):
+                    q = "" if win is None else "&from=%d&to=%d" % win
+                    q += "" if win is None and points == 1000 else "&points=%d" % points  # the default view too
+                    for sel, pick in (("metric=loss", lambda f: [f[0]]),
+                                      ("metric=entropy", lambda f: [x for row in f[1] for x in row]),
+                                      ("metric=entropy&layer=1&head=2", lambda f: [f[1][1][2]])):
+                        path = "/api/runs/%d/series?%s%s" % (rid, sel, q)
+                        st, sr = d.get(path)
+                        self.assertEqual(st, 200, (path, sr))
+                        self.check_series(sr, kept, order, pick, path)
+
+    def check_series(self, sr, kept, order, pick, path):
+        """Every bucket of the answer sr is what the values pick(kept[step])
+        of its steps give; the buckets hold every step of the range."""
+        lo, hi = max(sr["from"], order[0]), min(sr["to"], order[-1])
+        seen = 0
+        for i, (s0, s1) in enumerate(zip(sr["step"], sr["end"])):
+            vals = [x for s in order[bisect.bisect_left(order, s0):bisect.bisect_right(order, s1)]
+                    for x in pick(kept[s])]
+            seen += len(vals) // len(pick(kept[order[0]]))
+            fin = [x for x in vals if x is not None]
+            at = "%s bucket %d..%d" % (path, s0, s1)
+            self.assertTrue(vals, at + " listed without a step")
+            self.assertEqual((sr["count"][i], sr["nonfinite"][i]), (len(fin), len(vals) - len(fin)), at)
+            if not fin:
+                self.assertEqual((sr["min"][i], sr["max"][i], sr["mean"][i]), (None, None, None), at)
+                continue
+            self.assertEqual((sr["min"][i], sr["max"][i]), (min(fin), max(fin)), at)
+            mean = sum(fin) / len(fin)
+            self.assertLessEqual(abs(sr["mean"][i] - mean), abs(mean) * 1e-11, at)
+        self.assertEqual(seen, sum(lo <= s <= hi for s in order), path + ": steps of the range left out")
+        self.assertLessEqual(len(sr["step"]), 100000)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
