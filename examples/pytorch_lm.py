@@ -88,7 +88,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--pre-ln", action="store_true", help="norm_first=True (default: post-LN)")
     ap.add_argument("--sigma-reparam", action="store_true", help="σReparam on every linear layer")
-    ap.add_argument("--log-every", type=int, default=1, help="probe every K steps")
+    ap.add_argument("--log-every", type=int, default=1,
+                    help="probe every K steps (default 1: every step, so the alerts come as early as they can; "
+                         "0: the watch's own 2%% budget chooses)")
     ap.add_argument("--examples", type=int, default=4, help="examples of the batch the probe reads")
     ap.add_argument("--on-alert", default="warn", choices=["warn", "checkpoint", "stop", "rollback"])
     ap.add_argument("--no-telemetry", action="store_true", help="train without entropyd (for timing)")
@@ -112,7 +114,7 @@ def main(argv=None):
         run = entropyd.init(a.run, layers=a.layers, heads=a.heads, seq_len=a.seq_len,   # entropyd:
                             config=dict(vars(a), trainer="examples/pytorch_lm.py"),
                             daemon=a.daemon, spool_dir=a.spool)
-        watch = entropyd.torch.watch(model, run, every=a.log_every, examples=a.examples)  # entropyd:
+        watch = entropyd.torch.watch(model, run, every=a.log_every or None, examples=a.examples)  # entropyd:
         responder = entropyd.torch.AlertResponder(model, opt, action=a.on_alert)
         print("pytorch_lm: run %s -> %s" % (run.name, a.daemon or os.environ.get("ENTROPYD_DAEMON", "default")),
               flush=True)

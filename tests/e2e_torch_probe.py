@@ -213,5 +213,44 @@ class Budget(unittest.TestCase):
         self.assertEqual({e for _, e in seen}, {4})
 
 
+@unittest.skipIf(SKIP, "needs torch, and ctypes cannot load a sanitizer-instrumented library")
+class Examples(unittest.TestCase):
+    """examples/torch_custom_attention.py and torch_encoder.py, a few steps
+    each, so they cannot rot (torch_ddp.py: e2e_torchrun.py; pytorch_lm.py:
+    e2e_python.py)."""
+
+    def setUp(self):
+        self.d = Daemon().start()
+
+    def tearDown(self):
+        self.d.cleanup()
+
+    def test_examples_run_and_store_their_metrics(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
+        procs = {}
+        for run, ex, extra in (("ex-custom", "torch_custom_attention.py", []),
+                               ("ex-encoder", "torch_encoder.py", ["--batch", "8"])):
+            procs[run] = subprocess.Popen([sys.executable, os.path.join(ROOT, "examples", ex), "--daemon",
+                                           "unix:" + self.d.sock, "--run", run, "--steps", "12"] + extra,
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for run, p in procs.items():
+            out, _ = p.communicate(timeout=300)
+            self.assertEqual(p.returncode, 0, out)
+            self.assertIn("run %s, 12 steps" % run, out)
+            steps = [s for (s,) in self.d.query("SELECT s.step FROM steps s JOIN runs r ON r.id = s.run_id "
+                                                "WHERE r.name = ? ORDER BY s.step", (run,))]
+            self.assertEqual(steps, list(range(12)), out)
+            ent = frames(self.d, run, "entropy_norm")
+            self.assertEqual(sorted(ent)[:2], [0, 4], out)          # the budget's first two probes
+            for m in ("entropy_norm", "sigma_qk", "entropy_bound"):
+                v = frames(self.d, run, m)[0]
+                self.assertEqual(v.shape, (8,), (m, out))           # 2 layers x 4 heads, all reported
+                self.assertTrue(np.isfinite(v).all(), (m, v, out))
+            e = ent[0]
+            self.assertTrue(((e > 0) & (e <= 1)).all(), e)
+            b, h = frames(self.d, run, "entropy_bound")[0], frames(self.d, run, "entropy")[0]
+            self.assertTrue((b <= h + 1e-5).all(), (b, h))
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

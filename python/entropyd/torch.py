@@ -530,12 +530,12 @@ class Watch:
         def forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                     average_attn_weights=True, *args, **kwargs):
             if mha.training and watch.due():
-                watch._probe_mha(mha, query, key, attn_mask, kwargs.get("is_causal", False))
+                watch._probe_mha(mha, query, key, attn_mask, kwargs.get("is_causal", False), key_padding_mask)
             return orig(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
                         attn_mask=attn_mask, average_attn_weights=average_attn_weights, *args, **kwargs)
         return forward
 
-    def _probe_mha(self, mha, query, key, attn_mask, is_causal):
+    def _probe_mha(self, mha, query, key, attn_mask, is_causal, key_padding_mask=None):
         if query is not key or not getattr(mha, "_qkv_same_embed_dim", True):
             return  # cross-attention or separate q/k/v projections: not probed
         t0 = time.perf_counter()
@@ -554,6 +554,10 @@ class Watch:
             q = F.linear(x, w_q, b_q).view(B, T, H, d).transpose(1, 2)
             k = F.linear(x, w_k, b_k).view(B, T, H, d).transpose(1, 2)
             mask = _mask_from(attn_mask, is_causal, B, H, T, x.device)
+            if key_padding_mask is not None:   # (B, T): True (or -inf) = a padding key, never attended
+                kp = key_padding_mask[:n]
+                pad = kp if kp.dtype == torch.bool else ~(torch.isfinite(kp) & (kp > -1e30))
+                mask = mask & ~pad.to(x.device).view(B, 1, 1, T)
         self._t_probe += time.perf_counter() - t0
         self._compute(self._index(mha), q, k, x, mask, w_q, w_k, b_q, b_k)
 
