@@ -15,15 +15,19 @@ const char *alert_reason_name(int reason) {
 }
 
 
-/* What every rule keeps per cell: 32 bytes. What a rule's op reads of the
+/* What every rule keeps per cell: 32 bytes (at_least/of_last adds 8, its
+ * history word). What a rule's op reads of the
  * cell's window is kept beside it, only for the ops that read it (the
  * per-cell bound is in alert_rules.h). */
 struct cell_state {
-    int64_t pending_since;   /* -1 when the condition is not holding */
+    int64_t pending_since;   /* -1 when the condition is not holding (at_least/of_last: held on
+                                none of the last of_last steps) */
     int64_t clear_since;     /* -1 unless firing and clear */
     int64_t fired_from;      /* while firing: the step its condition began to hold; else -1 */
     float last;
-    int32_t firing;
+    int16_t firing;
+    int16_t sharp;           /* holds the condition long enough, but unless_training says the loss
+                                trains: not firing (the verdict's sharp heads) */
 };
 
 /* zscore's running sums of the finite values in a cell's window, kept in
@@ -32,6 +36,9 @@ struct cell_sums {
     double sum, sumsq;
     int64_t nfinite;
 };
+
+#define UNLESS_OPENING 10 /* values of the guard metric that make its opening level */
+#define UNLESS_SMOOTH 20  /* steps its smoothed level averages over */
 
 /* The state of one rule in one run. ring holds, for the ops that read a
  * window, the last `window` values of the watched series of every cell (the
@@ -47,6 +54,12 @@ struct group {
     int ring_rows;           /* rows allocated: grows to the window */
     float *mx;               /* drop: the max of the finite values in the ring (-inf if none); else NULL */
     struct cell_sums *sums;  /* zscore; else NULL */
+    uint64_t *hist;          /* at_least/of_last: bit k is the condition k steps ago; else NULL */
+    /* unless_training: the run's guard metric's opening level (of its first open_n values) and
+     * its smoothed level */
+    double opening, smooth;
+    int open_n;
+    int nsharp;              /* cells sharp now */
     int ring_n, ring_pos;    /* shared by all cells: they advance together */
     int firing;
     int nfiring;
@@ -120,6 +133,7 @@ static void group_free(struct group *g) {
     free(g->ring);
     free(g->mx);
     free(g->sums);
+    free(g->hist);
     free(g->last_cells);
 }
 
@@ -133,6 +147,7 @@ static uint64_t cell_bytes(const struct alert_rule *rule) {
     if (op_windowed(rule->op)) b += (uint64_t)(rule->window > 0 ? rule->window : 1) * sizeof(float);  /* at most */
     if (rule->op == ALERT_OP_DROP) b += sizeof(float);
     if (rule->op == ALERT_OP_ZSCORE) b += sizeof(struct cell_sums);
+    if (rule->of_last) b += sizeof(uint64_t);
     return b;
 }
 
@@ -276,6 +291,7 @@ static int group_init(struct group *g, const struct alert_rule *rule, int n) {
     int failed = !(g->cells = calloc((size_t)n, sizeof *g->cells));
     if (rule->op == ALERT_OP_DROP) failed |= !(g->mx = malloc((size_t)n * sizeof *g->mx));
     if (rule->op == ALERT_OP_ZSCORE) failed |= !(g->sums = calloc((size_t)n, sizeof *g->sums));
+    if (rule->of_last) failed |= !(g->hist = calloc((size_t)n, sizeof *g->hist));
     if (failed) {
         group_free(g);
         memset(g, 0, sizeof *g);
@@ -486,8 +502,9 @@ static int eval_cell(const struct alert_rule *rule, const struct group *g, int i
     /* the oldest value of the window, once full */
     float oldest = full && g->ring ? g->ring[(size_t)g->ring_pos * (size_t)g->ncells + (size_t)i] : NAN;
     switch (rule->op) {
-    case ALERT_OP_BELOW: return v < rule->value;
-    case ALERT_OP_ABOVE: return v > rule->value;
+    /* a firing cell holds until it crosses clear_value (hysteresis) */
+    case ALERT_OP_BELOW: return v < (rule->has_clear && g->cells[i].firing ? rule->clear_value : rule->value);
+    case ALERT_OP_ABOVE: return v > (rule->has_clear && g->cells[i].firing ? rule->clear_value : rule->value);
     case ALERT_OP_NONFINITE: return !isfinite(v);
     case ALERT_OP_DROP:
         if (!isfinite(v) || g->ring_n == 0) return 0;
@@ -513,26 +530,72 @@ static int eval_cell(const struct alert_rule *rule, const struct group *g, int i
     return 0;
 }
 
-/* Moves a cell through pending -> firing -> clear -> resolved. */
-static void cell_step(const struct alert_rule *rule, struct cell_state *c, int cond, int64_t step) {
-    if (cond) {
-        c->clear_since = -1;
+/* Whether cell c holds its condition long enough to fire (or, firing, to
+ * go on firing), with cond this step's condition: for K consecutive steps
+ * (pending since K steps; a firing cell at every step cond holds), or on
+ * at least K of the last N (its history word, shifted here). Keeps
+ * pending_since: the first step of the current stretch. */
+static int cell_held(const struct alert_rule *rule, struct cell_state *c, uint64_t *hist, int cond, int64_t step) {
+    if (!rule->of_last) {
+        if (!cond) {
+            c->pending_since = -1;
+            return 0;
+        }
         if (c->pending_since < 0) c->pending_since = step;
-        if (!c->firing && step - c->pending_since >= rule->for_steps) {
+        return c->firing || step - c->pending_since >= rule->for_steps; /* a firing cell holds while cond does */
+    }
+    uint64_t mask = rule->of_last == 64 ? ~0ULL : (1ULL << rule->of_last) - 1;
+    *hist = ((*hist << 1) | (uint64_t)(cond != 0)) & mask;
+    if (!*hist) {
+        c->pending_since = -1;
+        return 0;
+    }
+    if (c->pending_since < 0) c->pending_since = step;
+    return __builtin_popcountll(*hist) >= rule->for_steps;
+}
+
+/* Moves a cell through pending -> firing -> clear -> resolved. held: the
+ * condition held long enough (cell_held); training: the rule's
+ * unless_training guard says the loss trains, so the cell does not fire
+ * (it is sharp) and a firing one clears. */
+static void cell_step(const struct alert_rule *rule, struct cell_state *c, int held, int training, int64_t step) {
+    c->sharp = held && training;
+    if (held && !training) {
+        c->clear_since = -1;
+        if (!c->firing) {
             c->firing = 1;
             c->fired_from = c->pending_since;
         }
-    } else {
-        c->pending_since = -1;
-        if (c->firing) {
-            if (c->clear_since < 0) c->clear_since = step;
-            if (step - c->clear_since >= rule->keep_firing_for) {
-                c->firing = 0;
-                c->clear_since = -1;
-                c->fired_from = -1;
-            }
+    } else if (c->firing) {
+        if (c->clear_since < 0) c->clear_since = step;
+        if (step - c->clear_since >= rule->keep_firing_for) {
+            c->firing = 0;
+            c->clear_since = -1;
+            c->fired_from = -1;
         }
     }
+}
+
+/* The unless_training guard at this step: feeds the run's guard metric
+ * into the group's opening level (the lowest of its first UNLESS_OPENING
+ * finite values: the loss at initialisation as a rule, and a spike in the
+ * first steps, common at a high learning rate, does not raise it; the
+ * demo's baseline opens 4.17, 4.18, 5.80, 7.05, 7.44 ... and stalls at 3.8)
+ * and its smoothed level (an exponential mean over ~UNLESS_SMOOTH steps),
+ * and says whether the loss trains: smoothed below unless_below x opening. */
+static int unless_training(const struct alert_rule *rule, struct group *g, const struct proto_msg *m) {
+    if (!rule->unless_metric) return 0;
+    const struct proto_metric *pm = find_metric(m, rule->unless_metric, PROTO_SCALAR);
+    float v = pm && pm->rows * pm->cols == 1 ? m->values[pm->offset] : NAN;
+    if (isfinite(v)) {
+        if (g->open_n < UNLESS_OPENING) {
+            if (g->open_n++ == 0 || v < g->opening) g->opening = v;
+            g->smooth = v;
+        } else {
+            g->smooth += (v - g->smooth) * (2.0 / (UNLESS_SMOOTH + 1));
+        }
+    }
+    return g->open_n >= UNLESS_OPENING && g->smooth < rule->unless_below * g->opening;
 }
 
 static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, struct run_state *r, struct group *g,
@@ -557,8 +620,9 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
         return 0;
     const float *vals = m->values + pm->offset;
     int w = rule->window > 0 ? rule->window : 1;
-    int changed = 0, npending = 0;
+    int changed = 0, npending = 0, nsharp = 0;
     int windowed = op_windowed(rule->op);
+    int training = unless_training(rule, g, m);
     if (windowed && ring_reserve(g, w)) return 0; /* out of memory: this step is not evaluated */
     for (int i = 0; i < n; i++) {
         float v = vals[i];
@@ -571,11 +635,15 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
         if (windowed) ring_push(rule->op, g, i, w, pr ? ri : v);
         g->cells[i].last = v;
         int was = g->cells[i].firing;
-        cell_step(rule, &g->cells[i], cond, step);
+        int held = cell_held(rule, &g->cells[i], g->hist ? &g->hist[i] : NULL, cond, step);
+        cell_step(rule, &g->cells[i], held, training, step);
         changed |= was != g->cells[i].firing;
-        npending += !g->cells[i].firing && g->cells[i].pending_since >= 0;
+        /* pending: on its way to firing; a sharp cell is not (the loss trains) */
+        npending += !g->cells[i].firing && g->cells[i].pending_since >= 0 && !training;
+        nsharp += g->cells[i].sharp;
     }
     g->npending = npending;
+    g->nsharp = nsharp;
     g->ring_pos = (g->ring_pos + 1) % w;
     if (g->ring_n < w) g->ring_n++;
     e->stats.evaluations += (uint64_t)n;
@@ -590,10 +658,10 @@ static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step
     for (int i = 0; i < e->rules->n; i++) {
         struct group *g = &r->groups[i];
         for (int c = 0; c < g->ncells; c++) {
-            g->cells[c].firing = 0;
+            g->cells[c].firing = g->cells[c].sharp = 0;
             g->cells[c].pending_since = g->cells[c].clear_since = g->cells[c].fired_from = -1;
         }
-        g->npending = 0;
+        g->npending = g->nsharp = 0;
         if (g->firing) {
             if (group_settle(e, &e->rules->rules[i], r, g, step, time) < 0) return -1;
             e->tr[e->ntr - 1].reason = reason;
@@ -617,11 +685,13 @@ static int run_rewind(struct alert_engine *e, struct run_state *r, int64_t step,
         struct group *g = &r->groups[i];
         int abandoned = 0;
         g->ring_n = g->ring_pos = 0;
-        g->npending = 0;
+        g->npending = g->nsharp = 0;
         for (int c = 0; c < g->ncells; c++) {
             struct cell_state *cs = &g->cells[c];
             cs->pending_since = -1;
             cs->clear_since = -1;
+            cs->sharp = 0;
+            if (g->hist) g->hist[c] = 0;
             if (g->mx) g->mx[c] = -INFINITY;
             if (g->sums) g->sums[c] = (struct cell_sums){0};
             if (cs->firing && cs->fired_from >= step) {
@@ -662,12 +732,14 @@ static int stalled_eval(struct alert_engine *e, struct run_state *r, double now,
 /* The run's verdict from its groups and status, into e->verdict (cells in
  * e->vcells). Precedence: of a collapse and a divergence the one whose
  * condition began first (a collapse that led to NaN losses is the cause;
- * ties go to the collapse), then stalled, then healthy. */
+ * ties go to the collapse), then stalled, then sharp (a collapse rule held
+ * back by its unless_training guard), then healthy. */
 static void run_verdict(struct alert_engine *e, const struct run_state *r) {
     struct alert_verdict best = {.run_id = r->id, .state = ALERT_V_HEALTHY, .since_step = -1};
     const struct group *bestg = NULL;
     int pending_best = 0;
-    struct alert_verdict stall = best, div = best;
+    struct alert_verdict stall = best, div = best, sharp = best;
+    const struct group *sharpg = NULL;
     for (int i = 0; i < e->rules->n; i++) {
         const struct alert_rule *rule = &e->rules->rules[i];
         const struct group *g = &r->groups[i];
@@ -684,6 +756,14 @@ static void run_verdict(struct alert_engine *e, const struct run_state *r) {
                         (since < 0 || g->cells[c].pending_since < since))
                         since = g->cells[c].pending_since;
             } else {
+                if (g->nsharp > 0 && !sharpg) { /* held back by unless_training: the loss trains */
+                    for (int c = 0; c < g->ncells; c++)
+                        if (g->cells[c].sharp && (since < 0 || g->cells[c].pending_since < since))
+                            since = g->cells[c].pending_since;
+                    sharp = (struct alert_verdict){.run_id = r->id, .state = ALERT_V_SHARP, .since_step = since,
+                                                   .rule = rule};
+                    sharpg = g;
+                }
                 continue;
             }
             if (best.state == ALERT_V_HEALTHY || since < best.since_step) {
@@ -710,12 +790,19 @@ static void run_verdict(struct alert_engine *e, const struct run_state *r) {
         bestg = NULL;
     }
     if (best.state == ALERT_V_HEALTHY) best = stall;
+    if (best.state == ALERT_V_HEALTHY && sharpg) {
+        best = sharp;
+        bestg = sharpg;
+    }
     int n = 0, total = 0;
     if (bestg) {
         const struct alert_rule *rule = best.rule;
         for (int c = 0; c < bestg->ncells; c++) {
             const struct cell_state *cs = &bestg->cells[c];
-            if (pending_best ? !(cs->pending_since >= 0 && !cs->firing) : !cs->firing) continue;
+            int listed = best.state == ALERT_V_SHARP ? cs->sharp
+                         : pending_best            ? cs->pending_since >= 0 && !cs->firing
+                                                   : cs->firing;
+            if (!listed) continue;
             total++;
             if (n == ALERT_MAX_CELLS_LISTED) continue;
             int32_t layer = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c / r->heads) : rule->scope == ALERT_SCOPE_LAYER ? c : -1;
@@ -726,6 +813,12 @@ static void run_verdict(struct alert_engine *e, const struct run_state *r) {
     best.ncells = n;
     best.ncells_total = total;
     best.cells = e->vcells;
+    best.loss_opening = best.loss_smoothed = best.train_below = NAN;
+    if (bestg && best.rule->unless_metric && bestg->open_n >= UNLESS_OPENING) {
+        best.loss_opening = bestg->opening;
+        best.loss_smoothed = bestg->smooth;
+        best.train_below = best.rule->unless_below;
+    }
     e->verdict = best;
 }
 

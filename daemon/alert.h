@@ -71,7 +71,7 @@ struct alert_transition {
 
 /* A run's verdict as the engine sees it: the state, the step the condition
  * behind it began (-1 if none), the rule behind it (NULL if none) and, for
- * collapsing/collapsed, the cells (heads) that hold it: ncells of them
+ * collapsing/collapsed/sharp, the cells (heads) that hold it: ncells of them
  * listed (at most ALERT_MAX_CELLS_LISTED), ncells_total in all. Owned by
  * the engine until the next feed or tick. */
 struct alert_verdict {
@@ -81,6 +81,12 @@ struct alert_verdict {
     const struct alert_rule *rule;
     int ncells, ncells_total;
     const struct alert_cell *cells;
+    /* a collapse rule with unless_training, once its opening level is known:
+     * the guard metric's opening and smoothed levels and the rule's
+     * unless_below (the loss trains when smoothed < below x opening); NAN
+     * otherwise. As of the verdict's last change (not re-reported as the
+     * loss moves), and at the run's end. */
+    double loss_opening, loss_smoothed, train_below;
 };
 
 struct alert_engine;

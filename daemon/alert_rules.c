@@ -11,7 +11,8 @@
 
 #include "embed.h"
 
-static const char *const verdict_names[ALERT_V_COUNT] = {"healthy", "collapsing", "collapsed", "diverged", "stalled"};
+static const char *const verdict_names[ALERT_V_COUNT] = {"healthy", "collapsing", "collapsed", "diverged", "stalled",
+                                                         "sharp"};
 
 const char *alert_verdict_name(int v) { return v >= 0 && v < ALERT_V_COUNT ? verdict_names[v] : "healthy"; }
 
@@ -61,6 +62,7 @@ static void rule_free(struct alert_rule *r) {
     free(r->bound_metric);
     free(r->rising_metric);
     free(r->and_metric);
+    free(r->unless_metric);
     free(r->severity);
     for (int i = 0; i < r->nlabels; i++) { free(r->labels[i].key); free(r->labels[i].value); }
     for (int i = 0; i < r->nannotations; i++) { free(r->annotations[i].key); free(r->annotations[i].value); }
@@ -162,6 +164,15 @@ static int parse_condition(cJSON *cond, struct alert_rule *r, char *why, size_t 
     switch (r->op) {
     case ALERT_OP_BELOW: case ALERT_OP_ABOVE:
         if (num(cond, "value", &r->value, 1, -1e300, 1e300, why, whylen)) return -1;
+        if (cJSON_GetObjectItemCaseSensitive(cond, "clear_value")) {
+            if (num(cond, "clear_value", &r->clear_value, 1, -1e300, 1e300, why, whylen)) return -1;
+            if (r->op == ALERT_OP_BELOW ? r->clear_value < r->value : r->clear_value > r->value) {
+                snprintf(why, whylen, "\"clear_value\" must be %s \"value\" (a firing cell holds until it crosses it)",
+                         r->op == ALERT_OP_BELOW ? ">=" : "<=");
+                return -1;
+            }
+            r->has_clear = 1;
+        }
         break;
     case ALERT_OP_DROP:
         if (num(cond, "pct", &r->pct, 1, 0, 100, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen)) return -1;
@@ -196,6 +207,10 @@ static int parse_condition(cJSON *cond, struct alert_rule *r, char *why, size_t 
         if (num(cond, "seconds", &r->seconds, 1, 0.001, 1e9, why, whylen)) return -1;
         break;
     }
+    if (r->op != ALERT_OP_BELOW && r->op != ALERT_OP_ABOVE && cJSON_GetObjectItemCaseSensitive(cond, "clear_value")) {
+        snprintf(why, whylen, "\"clear_value\" goes with below and above only");
+        return -1;
+    }
     cJSON *and = cJSON_GetObjectItemCaseSensitive(cond, "and");
     if (and && parse_and(and, r, why, whylen)) return -1;
     if (w != floor(w)) {
@@ -217,6 +232,42 @@ static int steps_field(cJSON *o, const char *key, int64_t *out, char *why, size_
     }
     *out = (int64_t)v->valuedouble;
     return 0;
+}
+
+/* "for": a whole number of consecutive steps, or {"at_least": K,
+ * "of_last": N} with 1 <= K <= N <= 64 (N steps of history are one 64-bit
+ * word per cell). */
+static int parse_for(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
+    cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "for");
+    if (!cJSON_IsObject(f)) return steps_field(o, "for", &r->for_steps, why, whylen);
+    cJSON *k = cJSON_GetObjectItemCaseSensitive(f, "at_least"), *n = cJSON_GetObjectItemCaseSensitive(f, "of_last");
+    double kv = cJSON_IsNumber(k) ? k->valuedouble : -1, nv = cJSON_IsNumber(n) ? n->valuedouble : -1;
+    if (cJSON_GetArraySize(f) != 2 || kv != floor(kv) || nv != floor(nv) || kv < 1 || nv > 64 || kv > nv) {
+        snprintf(why, whylen, "\"for\" must be a whole number of steps >= 0 or {\"at_least\": K, \"of_last\": N} "
+                              "with 1 <= K <= N <= 64");
+        return -1;
+    }
+    if (r->op == ALERT_OP_STALLED) {
+        snprintf(why, whylen, "\"for\": {\"at_least\", \"of_last\"} does not go with stalled");
+        return -1;
+    }
+    r->for_steps = (int64_t)kv;
+    r->of_last = (int)nv;
+    return 0;
+}
+
+/* "unless_training": {"metric": M, "below": R} with 0 < R <= 1 (alert_rules.h). */
+static int parse_unless(cJSON *u, struct alert_rule *r, char *why, size_t whylen) {
+    if (!u) return 0;
+    cJSON *m = cJSON_GetObjectItemCaseSensitive(u, "metric"), *b = cJSON_GetObjectItemCaseSensitive(u, "below");
+    if (!cJSON_IsObject(u) || cJSON_GetArraySize(u) != 2 || !cJSON_IsString(m) || !*m->valuestring ||
+        !cJSON_IsNumber(b) || !(b->valuedouble > 0 && b->valuedouble <= 1) || r->op == ALERT_OP_STALLED) {
+        snprintf(why, whylen, "\"unless_training\" must be {\"metric\": SCALAR, \"below\": R} with 0 < R <= 1 "
+                              "(not with stalled)");
+        return -1;
+    }
+    r->unless_below = b->valuedouble;
+    return copy_str(&r->unless_metric, m->valuestring, why, whylen);
 }
 
 static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
@@ -261,8 +312,8 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         if (copy_str(&r->metric, metric->valuestring, why, whylen)) return -1;
     }
     if (parse_condition(cond, r, why, whylen)) return -1;
-    if (steps_field(o, "for", &r->for_steps, why, whylen) ||
-        steps_field(o, "keep_firing_for", &r->keep_firing_for, why, whylen))
+    if (parse_for(o, r, why, whylen) || steps_field(o, "keep_firing_for", &r->keep_firing_for, why, whylen) ||
+        parse_unless(cJSON_GetObjectItemCaseSensitive(o, "unless_training"), r, why, whylen))
         return -1;
     cJSON *sev = cJSON_GetObjectItemCaseSensitive(o, "severity");
     if (sev && !cJSON_IsString(sev)) {
@@ -277,7 +328,8 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
     if (parse_verdict(cJSON_GetObjectItemCaseSensitive(o, "verdict"), r, why, whylen)) return -1;
     cJSON *it;
     static const char *const known[] = {"name", "metric", "scope", "condition", "for", "keep_firing_for",
-                                        "severity", "labels", "annotations", "description", "verdict", NULL};
+                                        "severity", "labels", "annotations", "description", "verdict",
+                                        "unless_training", NULL};
     cJSON_ArrayForEach(it, o) {
         int ok = 0;
         for (int i = 0; known[i]; i++) ok |= !strcmp(it->string, known[i]);

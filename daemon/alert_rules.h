@@ -16,6 +16,8 @@ enum alert_verdict_state {
     ALERT_V_COLLAPSED,    /* a collapse rule firing when the run stopped (ended or went stale) */
     ALERT_V_DIVERGED,     /* a divergence rule firing (NaN/Inf loss), or the run ended `failed` */
     ALERT_V_STALLED,      /* a stalled rule firing, or the run went stale (trainer gone without end) */
+    ALERT_V_SHARP,        /* a collapse rule's entropy condition holds, but its unless_training guard
+                             says the loss trains: sharp heads, training not harmed */
     ALERT_V_COUNT
 };
 
@@ -56,6 +58,23 @@ struct alert_rule {
     int and_op;
     double and_value;
     int64_t for_steps, keep_firing_for;
+    /* "for": {"at_least": K, "of_last": N}: fires when the condition held on
+     * at least K (for_steps) of the last N (of_last, 1..64) steps, so a head
+     * flickering across the threshold is caught; 0: "for": K counts
+     * consecutive steps (fires on the K+1-th) */
+    int of_last;
+    /* hysteresis ("clear_value" in a below/above condition): a firing cell
+     * goes on holding while v < clear_value (below) or > it (above) */
+    int has_clear;
+    double clear_value;
+    /* "unless_training": {"metric": M, "below": R}: cells do not fire, and
+     * firing ones clear, while the run's scalar M (smoothed over ~20 steps)
+     * is below R x its opening level (the lowest of its first 10 finite
+     * values): the loss trains, so a head that holds the condition is sharp,
+     * not collapsed. Before 10 values of M, or without M, the rule fires as
+     * if it had no guard. unless_metric NULL: no guard. */
+    char *unless_metric;
+    double unless_below;
     char *severity;
     int verdict;             /* enum alert_verdict_state this rule stands for when firing:
                               * "verdict" in the rule, or inferred (alert_rules_parse) */

@@ -26,6 +26,7 @@ struct pending_verdict {
     const char *state;          /* alert_verdict_name: static */
     int64_t since_step;
     char *heads;                /* "[[l,h],...]", malloc'd */
+    char *evidence;             /* JSON object or NULL, malloc'd */
     const char *rule;           /* the rule's name (the rules outlive the alerter's use) or NULL */
     int in_txn;                 /* written into the transaction being committed */
 };
@@ -113,7 +114,10 @@ void alerter_set_writer(struct alerter *m, struct writer *w) {
 void alerter_destroy(struct alerter *m, int wait_ms) {
     if (!m) return;
     notify_destroy(m->notify, wait_ms);
-    for (size_t i = 0; i < m->npv; i++) free(m->pv[i].heads);
+    for (size_t i = 0; i < m->npv; i++) {
+        free(m->pv[i].heads);
+        free(m->pv[i].evidence);
+    }
     free(m->pv);
     alert_engine_destroy(m->engine);
     alert_rules_free(m->rules);
@@ -230,6 +234,17 @@ static char *verdict_heads(const struct alert_verdict *v) {
     return heads;
 }
 
+/* The verdict's evidence beside its heads as JSON (malloc'd), or NULL when
+ * it has none (or out of memory: the verdict is stored without it). */
+static char *verdict_evidence(const struct alert_verdict *v) {
+    if (!isfinite(v->loss_opening)) return NULL;
+    char *s = NULL;
+    if (asprintf(&s, "{\"loss_opening\":%.6g,\"loss_smoothed\":%.6g,\"train_below\":%.6g}", v->loss_opening,
+                 isfinite(v->loss_smoothed) ? v->loss_smoothed : v->loss_opening, v->train_below) < 0)
+        return NULL;
+    return s;
+}
+
 static void verdict_failed(struct alerter *m, int64_t run_id) {
     fprintf(stderr, "entropyd: could not store the verdict of run %lld: %s\n", (long long)run_id,
             store_errmsg(m->store));
@@ -239,11 +254,12 @@ static void verdict_failed(struct alerter *m, int64_t run_id) {
 }
 
 static int verdict_write(struct alerter *m, const struct pending_verdict *p) {
-    return store_run_verdict(m->store, p->run_id, p->state, p->since_step, p->heads, p->rule);
+    return store_run_verdict(m->store, p->run_id, p->state, p->since_step, p->heads, p->rule, p->evidence);
 }
 
 static void pending_drop(struct alerter *m, size_t i) {
     free(m->pv[i].heads);
+    free(m->pv[i].evidence);
     m->pv[i] = m->pv[--m->npv];
 }
 
@@ -303,7 +319,7 @@ static void store_verdict(struct alerter *m, const struct alert_verdict *v, int 
     }
     struct pending_verdict p = {.run_id = v->run_id, .state = alert_verdict_name(v->state),
                                 .since_step = v->since_step, .heads = heads,
-                                .rule = v->rule ? v->rule->name : NULL};
+                                .rule = v->rule ? v->rule->name : NULL, .evidence = verdict_evidence(v)};
     if (defer) {
         size_t i = 0;
         while (i < m->npv && m->pv[i].run_id != v->run_id) i++;
@@ -318,6 +334,7 @@ static void store_verdict(struct alerter *m, const struct alert_verdict *v, int 
             m->npv++;
         } else {
             free(m->pv[i].heads);
+            free(m->pv[i].evidence);
         }
         m->pv[i] = p;
         return;
@@ -332,6 +349,7 @@ now:
         verdict_failed(m, v->run_id);
     }
     free(heads);
+    free(p.evidence);
 }
 
 /* Copies the engine's counters for other threads to read. */

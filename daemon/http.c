@@ -522,7 +522,7 @@ static int read_runs(struct query *q, const void *req, struct strbuf *b, char *e
 static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t id) {
     (void)id;
     static const char *const statuses[] = {"live", "stale", "finished", "failed", "aborted", NULL};
-    static const char *const verdicts[] = {"healthy", "collapsing", "collapsed", "diverged", "stalled", NULL};
+    static const char *const verdicts[] = {"healthy", "collapsing", "collapsed", "diverged", "stalled", "sharp", NULL};
     static const char *const orders[] = {"asc", "desc", NULL};
     struct query_runs_req req = {0};
     struct meta_filters mf = {.req = &req};
@@ -531,7 +531,7 @@ static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t 
         return send_error(h, c, 400, "status must be live, stale, finished, failed or aborted");
     req.verdict = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "verdict");
     if (req.verdict && choice(req.verdict, verdicts) < 0)
-        return send_error(h, c, 400, "verdict must be healthy, collapsing, collapsed, diverged or stalled");
+        return send_error(h, c, 400, "verdict must be healthy, collapsing, collapsed, diverged, stalled or sharp");
     req.search = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q");
     if (req.search && strlen(req.search) > PROTO_MAX_RUN) return send_error(h, c, 400, "q is longer than a run name");
     if ((req.has_from = time_param(c, "created_from", &req.created_from)) < 0)

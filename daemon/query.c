@@ -55,6 +55,10 @@ static cJSON *run_json(sqlite3_stmt *s) {
     cJSON_AddRawToObject(v, "heads", heads ? heads : "[]"); /* JSON the daemon wrote */
     if (sqlite3_column_type(s, 15) == SQLITE_NULL) cJSON_AddNullToObject(v, "rule");
     else cJSON_AddStringToObject(v, "rule", (const char *)sqlite3_column_text(s, 15));
+    /* JSON the daemon wrote (alerter.c verdict_evidence) */
+    const char *evidence = (const char *)sqlite3_column_text(s, 18);
+    if (evidence) cJSON_AddRawToObject(v, "evidence", evidence);
+    else cJSON_AddNullToObject(v, "evidence");
     add_number_or_null(o, "last_loss", s, 16);
     add_number_or_null(o, "min_entropy_norm", s, 17);
     return o;
@@ -64,7 +68,7 @@ static cJSON *run_json(sqlite3_stmt *s) {
     "SELECT runs.id, runs.name, runs.status, runs.created, runs.updated, runs.last_step, runs.last_seq, "     \
     "runs.layers, runs.heads, runs.seq_len, runs.meta, "                                                       \
     "(SELECT count(*) FROM alerts a WHERE a.run_id = runs.id AND a.state = 'firing'), "                       \
-    "s.verdict, s.since_step, s.heads, s.rule, s.last_loss, s.min_entropy"
+    "s.verdict, s.since_step, s.heads, s.rule, s.last_loss, s.min_entropy, s.evidence"
 #define RUN_FROM " FROM runs LEFT JOIN run_summary s ON s.run_id = runs.id "
 
 static int emit_json(cJSON *root, struct strbuf *out, char *err, size_t errlen) {
@@ -94,7 +98,7 @@ static int emit_json(cJSON *root, struct strbuf *out, char *err, size_t errlen) 
     META_F(24, 25)
 
 /* One page: the filters, then (sort key, id) past the cursor (?6, ?7) as
- * a row value, in that order, at most ?8 rows (-1: all). Column 18 is the
+ * a row value, in that order, at most ?8 rows (-1: all). Column 19 is the
  * sort key, for the next cursor. */
 #define RUNS_PAGE(EXPR, CMP, DIR)                                                                               \
     RUN_SELECT ", " EXPR RUN_FROM RUNS_WHERE " AND (" EXPR ", runs.id) " CMP " (?6, ?7) ORDER BY " EXPR " " DIR \
@@ -117,8 +121,9 @@ static const struct {
     [QUERY_SORT_LAST_STEP] = RUNS_SORT("last_step", "coalesce(runs.last_step, -1)", 0),
     [QUERY_SORT_LAST_LOSS] = RUNS_SORT("last_loss", "coalesce(s.last_loss, 1e308)", 0),
     [QUERY_SORT_MIN_ENTROPY] = RUNS_SORT("min_entropy_norm", "coalesce(s.min_entropy, 1e308)", 0),
-    [QUERY_SORT_VERDICT] = RUNS_SORT("verdict", "(CASE s.verdict WHEN 'collapsed' THEN 4 WHEN 'diverged' THEN 3 "
-                                                "WHEN 'collapsing' THEN 2 WHEN 'stalled' THEN 1 ELSE 0 END)", 0),
+    [QUERY_SORT_VERDICT] = RUNS_SORT("verdict", "(CASE s.verdict WHEN 'collapsed' THEN 5 WHEN 'diverged' THEN 4 "
+                                                "WHEN 'collapsing' THEN 3 WHEN 'stalled' THEN 2 WHEN 'sharp' THEN 1 "
+                                                "ELSE 0 END)", 0),
 };
 
 const char *query_runs_sort_name(int sort) {
@@ -200,10 +205,10 @@ int query_runs_page(struct query *q, const struct query_runs_req *req, struct st
         if (req->limit > 0) {
             if (run_sorts[sort].text)
                 snprintf(next, sizeof next, "%lld:%s", (long long)sqlite3_column_int64(s, 0),
-                         (const char *)sqlite3_column_text(s, 18));
+                         (const char *)sqlite3_column_text(s, 19));
             else
                 snprintf(next, sizeof next, "%lld:%.17g", (long long)sqlite3_column_int64(s, 0),
-                         sqlite3_column_double(s, 18));
+                         sqlite3_column_double(s, 19));
         }
     }
     int more = rc == SQLITE_ROW;

@@ -111,10 +111,11 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_RUN_CREATE] = "INSERT INTO runs(id, name, status, created, updated, seq_len, meta, layers, heads) "
                      "VALUES ((SELECT last FROM id_seq WHERE name = 'runs'), ?1, 'live', ?2, ?2, ?3, coalesce(?4, '{}'), ?5, ?6)",
     [S_RUN_STATUS] = "UPDATE runs SET status = ?2, updated = ?3 WHERE id = ?1",
-    [S_RUN_VERDICT] = "INSERT INTO run_summary(run_id, verdict, since_step, heads, rule) "
-                      "SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1) "
+    [S_RUN_VERDICT] = "INSERT INTO run_summary(run_id, verdict, since_step, heads, rule, evidence) "
+                      "SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1) "
                       "ON CONFLICT(run_id) DO UPDATE SET verdict = excluded.verdict, "
-                      "since_step = excluded.since_step, heads = excluded.heads, rule = excluded.rule",
+                      "since_step = excluded.since_step, heads = excluded.heads, rule = excluded.rule, "
+                      "evidence = excluded.evidence",
     [S_ALERTS_CLOSE_RUN] = "UPDATE alerts SET state = 'resolved', ends_at = ?2, reason = 'run_ended' "
                            "WHERE run_id = ?1 AND state = 'firing'",
 };
@@ -1202,7 +1203,7 @@ int store_run_is_live(struct store *st, int64_t run_id) {
 /* ---- run summary and verdict (issue 15; schema/005_runs.sql) ---- */
 
 int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
-                      const char *heads_json, const char *rule) {
+                      const char *heads_json, const char *rule, const char *evidence_json) {
     sqlite3_stmt *s = st->stmt[S_RUN_VERDICT];
     sqlite3_bind_int64(s, 1, run_id);
     sqlite3_bind_text(s, 2, verdict, -1, SQLITE_STATIC);
@@ -1211,6 +1212,8 @@ int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int
     sqlite3_bind_text(s, 4, heads_json ? heads_json : "[]", -1, SQLITE_STATIC);
     if (rule) sqlite3_bind_text(s, 5, rule, -1, SQLITE_STATIC);
     else sqlite3_bind_null(s, 5);
+    if (evidence_json) sqlite3_bind_text(s, 6, evidence_json, -1, SQLITE_STATIC);
+    else sqlite3_bind_null(s, 6);
     int failed = step_done(st, s, "writing the verdict");
     sqlite3_clear_bindings(s); /* the strings are the caller's */
     return failed ? -1 : 0;

@@ -176,11 +176,13 @@ int store_alerts_close_run(struct store *st, int64_t run_id, double now);
 /* ---- run summary and verdict (schema/005_runs.sql) ---- */
 
 /* A run's verdict as the alert engine computed it (alert.h): verdict is
- * "healthy", "collapsing", "collapsed", "diverged" or "stalled";
+ * "healthy", "collapsing", "collapsed", "diverged", "stalled" or "sharp";
  * since_step -1 stores NULL; heads_json a JSON array of [layer, head]
- * pairs; rule NULL for none. Runs in the caller's transaction. */
+ * pairs; rule NULL for none; evidence_json a JSON object (what the verdict
+ * rests on beside its heads, schema/010_verdict_sharp.sql) or NULL. None
+ * is copied. Runs in the caller's transaction. */
 int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
-                      const char *heads_json, const char *rule);
+                      const char *heads_json, const char *rule, const char *evidence_json);
 
 /* Folds one stored step into the run's summary: the scalar `loss` becomes
  * last_loss (when the step has it) and the minimum of the finite

@@ -8,6 +8,7 @@ reason run_ended, one that recovered says nothing; the summary (last loss, min
 entropy_norm); /api/runs paging with cursors, sorting and filters; lookup by
 name on every run route. Standard library only."""
 import json
+import math
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon_harness import Client, Daemon  # noqa: E402
 
 T0 = 1764500000
-LOW = 0.001   # below the default entropy_collapse threshold (0.01)
+LOW = 0.001   # below the default entropy_collapse threshold (0.05)
 
 
 def step(seq, s, low=(), loss=2.0):
@@ -53,10 +54,15 @@ class Trainer:
         self.c.close()
 
 
-def verdict(d, run):
+def verdict(d, run, evidence=False):
+    """The run's verdict; without `evidence`, its evidence left out (it
+    carries the loss levels, checked apart)."""
     st, r = d.get("/api/runs/%s" % run)
     assert st == 200, (st, r)
-    return r["verdict"]
+    v = r["verdict"]
+    if not evidence:
+        v = {k: x for k, x in v.items() if k != "evidence"}
+    return v
 
 
 class RunsE2E(unittest.TestCase):
@@ -64,7 +70,8 @@ class RunsE2E(unittest.TestCase):
     def setUpClass(cls):
         cls.d = Daemon(http=True).start()
         d = cls.d
-        # a: heads (0,1) and (1,2) collapse from step 5 to the end (fires at 25)
+        # a: heads (0,1) and (1,2) collapse from step 5 to the end (fires at 24: 20 of 30 steps),
+        # the loss barely moving (3.0 - 0.01 a step: not below 0.8 x its opening level)
         a = Trainer(d, "sweep-a", {"reparam": "none", "lr": 0.1})
         for s in range(12):
             a.step(s, [(0, 1), (1, 2)] if s >= 5 else [], loss=3.0 - s * 0.01)
@@ -89,12 +96,26 @@ class RunsE2E(unittest.TestCase):
         for s in range(60):
             e.step(s, [(0, 0)] if 5 <= s < 30 else [])
         e.end()
+        # f: head (0,0) flickers 0.003 / 0.02 (never 20 steps below 0.01 in a row) with the
+        # loss stuck at a uniform guess (issue 34): collapsed
+        f = Trainer(d, "sweep-f", {"reparam": "none"})
+        for s in range(60):
+            f.send({"type": "step", "step": s, "time": T0 + s, "scalars": {"loss": 4.16},
+                    "heads": {"entropy_norm": [[0.003 if s % 2 == 0 else 0.02, 0.8, 0.8], [0.8, 0.8, 0.8]]}})
+        f.end()
+        # p: head (0,0) sharp (0.03) from step 50 while the loss trains from 4.16 to ~2: sharp
+        p = Trainer(d, "sweep-p", {"reparam": "sigma"})
+        for s in range(300):
+            loss = 2.0 + 2.16 * math.exp(-s / 60.0)
+            p.send({"type": "step", "step": s, "time": T0 + s, "scalars": {"loss": loss},
+                    "heads": {"entropy_norm": [[0.03 if s >= 50 else 0.8, 0.8, 0.8], [0.8, 0.8, 0.8]]}})
+        p.end()
         # s: the trainer vanishes without an end
         st = Trainer(d, "sweep-s", {"reparam": "sigma"})
         for s in range(5):
             st.step(s)
         st.c.close()
-        cls.ids = {"a": a.id, "b": b.id, "c": c.id, "e": e.id, "s": st.id}
+        cls.ids = {"a": a.id, "b": b.id, "c": c.id, "e": e.id, "s": st.id, "f": f.id, "p": p.id}
         deadline = time.time() + 10
         while verdict(d, st.id)["state"] != "stalled" and time.time() < deadline:
             time.sleep(0.05)
@@ -147,6 +168,31 @@ class RunsE2E(unittest.TestCase):
         self.assertEqual(len(col), 1, alerts)
         self.assertIsNone(col[0]["reason"])
         self.assertNotIn("reason", col[0]["alert"])
+        # the evidence: the loss levels the collapse rule judged harm by
+        ev = verdict(d, ids["a"], evidence=True)["evidence"]
+        self.assertAlmostEqual(ev["loss_opening"], 2.91, places=4)  # the lowest of the first 10
+        self.assertGreater(ev["loss_smoothed"], 0.8 * ev["loss_opening"])
+        self.assertEqual(ev["train_below"], 0.8)
+        self.assertIsNone(verdict(d, ids["b"], evidence=True)["evidence"])
+
+    def test_flicker_collapses_and_sharp_heads_do_not(self):
+        """Issue 34's bar: the stuck-with-flicker pattern is collapsed; a head
+        sharp at 0.03 while the loss trains is `sharp`, and no
+        entropy_collapse fires on it."""
+        ids, d = self.ids, self.d
+        v = verdict(d, ids["f"])
+        self.assertEqual((v["state"], v["heads"], v["rule"]), ("collapsed", [[0, 0]], "entropy_collapse"))
+        self.assertEqual(v["since_step"], 0)
+        v = verdict(d, ids["p"], evidence=True)
+        self.assertEqual((v["state"], v["heads"], v["rule"]), ("sharp", [[0, 0]], "entropy_collapse"))
+        self.assertEqual(v["since_step"], 50)
+        self.assertLess(v["evidence"]["loss_smoothed"], 0.8 * v["evidence"]["loss_opening"])
+        st, alerts = d.get("/api/runs/%d/alerts" % ids["p"])
+        self.assertEqual([x for x in alerts if x["rule"] == "entropy_collapse"], [])
+        st, runs = d.get("/api/runs?verdict=sharp")
+        self.assertEqual(st, 200)
+        names = [r["name"] for r in (runs["runs"] if isinstance(runs, dict) else runs)]
+        self.assertIn("sweep-p", names)
 
     def test_summary(self):
         st, r = self.d.get("/api/runs/%d" % self.ids["a"])
@@ -163,7 +209,7 @@ class RunsE2E(unittest.TestCase):
         st, full = d.get("/api/runs")
         self.assertEqual(st, 200)
         self.assertIsInstance(full, list)  # the unpaged answer callers rely on
-        self.assertEqual(len(full), 29)
+        self.assertEqual(len(full), 31)
         self.assertTrue(all("verdict" in r and "min_entropy_norm" in r for r in full))
         for sort in ("id", "name", "last_loss", "verdict", "min_entropy_norm", "created"):
             for order in ("asc", "desc"):
@@ -174,20 +220,20 @@ class RunsE2E(unittest.TestCase):
                         q += "&cursor=" + urllib.parse.quote(cursor)
                     st, page = d.get(q)
                     self.assertEqual(st, 200, page)
-                    self.assertEqual(page["total"], 29)
+                    self.assertEqual(page["total"], 31)
                     self.assertLessEqual(len(page["runs"]), 6)
                     seen += page["runs"]
                     pages += 1
                     cursor = page["next"]
                     if not cursor:
                         break
-                self.assertEqual(pages, 5, (sort, order))  # 29 runs, 6 a page
+                self.assertEqual(pages, 6, (sort, order))  # 31 runs, 6 a page
                 self.assertEqual(sorted(r["id"] for r in seen), sorted(r["id"] for r in full), (sort, order))
                 key = {"id": lambda r: r["id"], "name": lambda r: r["name"],
                        "created": lambda r: r["created"],
                        "last_loss": lambda r: 1e308 if r["last_loss"] is None else r["last_loss"],
                        "min_entropy_norm": lambda r: 1e308 if r["min_entropy_norm"] is None else r["min_entropy_norm"],
-                       "verdict": lambda r: ["healthy", "stalled", "collapsing", "diverged",
+                       "verdict": lambda r: ["healthy", "sharp", "stalled", "collapsing", "diverged",
                                              "collapsed"].index(r["verdict"]["state"])}[sort]
                 keys = [key(r) for r in seen]
                 self.assertEqual(keys, sorted(keys, reverse=order == "desc"), (sort, order))
@@ -195,11 +241,11 @@ class RunsE2E(unittest.TestCase):
     def test_filters(self):
         d = self.d
         st, p = d.get("/api/runs?limit=50&verdict=collapsed")
-        self.assertEqual([r["name"] for r in p["runs"]], ["sweep-a"])
+        self.assertEqual([r["name"] for r in p["runs"]], ["sweep-a", "sweep-f"])
         st, p = d.get("/api/runs?limit=50&verdict=healthy&q=SWEEP")
         self.assertEqual(sorted(r["name"] for r in p["runs"]), ["sweep-b", "sweep-e"])
         st, p = d.get("/api/runs?limit=50&meta.reparam=sigma&q=sweep")
-        self.assertEqual(sorted(r["name"] for r in p["runs"]), ["sweep-b", "sweep-s"])
+        self.assertEqual(sorted(r["name"] for r in p["runs"]), ["sweep-b", "sweep-p", "sweep-s"])
         st, p = d.get("/api/runs?limit=50&meta.reparam=sigma&meta.i=3")
         self.assertEqual([r["name"] for r in p["runs"]], ["bulk-03"])
         st, p = d.get("/api/runs?limit=50&status=stale")

@@ -692,12 +692,159 @@ static void test_resume_earlier_episode(void **state) {
     alert_rules_free(r);
 }
 
+/* ---- flicker, hysteresis and training harm (issue 34) ---- */
+
+/* The built-in rules on a run whose head 0 of layer 0 follows head(s) and
+ * whose loss follows loss(s), `steps` steps, then an end. Returns the
+ * final verdict's state; *fired gets the step entropy_collapse fired at
+ * (-1 never), *last_live the verdict state just before the end. */
+static int run_builtin(int64_t id, int steps, float (*head)(int), float (*loss)(int), int64_t *fired,
+                       int *last_live) {
+    char err[256];
+    struct alert_rules *r = alert_rules_load(NULL, err, sizeof err);
+    assert_non_null(r);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, id, "issue34");
+    *fired = -1;
+    int live = ALERT_V_HEALTHY;
+    for (int s = 0; s < steps; s++) {
+        float x[L * H];
+        for (int i = 0; i < L * H; i++) x[i] = 0.8f;
+        x[0] = head(s);
+        struct writer_item *it = mk_step(id, s, "entropy_norm", PROTO_HEAD, x, L * H);
+        float l = loss(s);
+        msg_add(&it->msg, "loss", PROTO_SCALAR, 1, 1, &l);
+        int n = alert_feed(e, it, it->time);
+        writer_item_free(it);
+        for (int k = 0; k < n; k++) {
+            const struct alert_transition *t = alert_transition_at(e, k);
+            if (t->state == ALERT_FIRING && !strcmp(t->rule->name, "entropy_collapse") && *fired < 0) *fired = s;
+        }
+        const struct alert_verdict *v = alert_verdict_changed(e);
+        if (v) live = v->state;
+    }
+    *last_live = live;
+    struct writer_item *end = mk_end(id, PROTO_FINISHED);
+    alert_feed(e, end, end->time);
+    const struct alert_verdict *v = alert_verdict_changed(e);
+    assert_non_null(v);
+    int state = v->state;
+    writer_item_free(end);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+    return state;
+}
+
+static float flicker_0003_002(int s) { return s % 2 ? 0.02f : 0.003f; }
+/* below 0.05 on 3 steps of 4, above the clear value on the fourth: never
+ * 20 steps in a row, 22-23 of every 30 */
+static float flicker_3_of_4(int s) { return s < 10 ? 0.8f : s % 4 == 3 ? 0.3f : 0.003f; }
+static float sharp_003(int s) { return s < 100 ? 0.8f - 0.0077f * (float)s : 0.03f; }
+static float stuck_loss(int s) { (void)s; return 4.16f; } /* ln 64: a uniform guess */
+static float falling_loss(int s) { return 4.16f * expf(-(float)s / 150.0f) + 2.0f * (1 - expf(-(float)s / 150.0f)); }
+
+/* A head that flickers around the old 0.01 threshold (0.003 / 0.02, the
+ * PyTorch baseline issue 34 saw end "healthy") with the loss stuck at a
+ * uniform guess is collapsed; so is one that leaves the collapse one step
+ * in four, which no run of 20 consecutive steps would catch. */
+static void test_flicker_with_stuck_loss_collapses(void **state) {
+    (void)state;
+    int64_t fired;
+    int live;
+    assert_int_equal(run_builtin(40, 150, flicker_0003_002, stuck_loss, &fired, &live), ALERT_V_COLLAPSED);
+    assert_int_equal(fired, 19); /* the 20th of 20 steps below 0.05 */
+    assert_int_equal(live, ALERT_V_COLLAPSING);
+    assert_int_equal(run_builtin(41, 150, flicker_3_of_4, stuck_loss, &fired, &live), ALERT_V_COLLAPSED);
+    assert_true(fired > 10 && fired <= 10 + 27); /* 20 of the first 27 flickering steps are below */
+}
+
+/* A head that is sharp (entropy_norm 0.03, steady) while the loss trains
+ * from 4.16 towards 2.0 is not collapsed and fires nothing: the verdict
+ * says sharp. The same head with the loss stuck is collapsed. */
+static void test_sharp_head_while_training_is_not_collapse(void **state) {
+    (void)state;
+    int64_t fired;
+    int live;
+    assert_int_equal(run_builtin(42, 600, sharp_003, falling_loss, &fired, &live), ALERT_V_SHARP);
+    assert_int_equal(fired, -1);
+    assert_int_equal(live, ALERT_V_SHARP);
+    assert_string_equal(alert_verdict_name(ALERT_V_SHARP), "sharp");
+    assert_int_equal(run_builtin(43, 600, sharp_003, stuck_loss, &fired, &live), ALERT_V_COLLAPSED);
+    assert_true(fired > 100 && fired < 130);
+}
+
+/* Hysteresis: below 0.1 fires (for 2), a firing cell holds while below
+ * clear_value 0.3 and clears above it; and "for" as at_least/of_last
+ * fires on the K-th step of the last N, not the K+1-th. */
+static void test_hysteresis_and_at_least_of_last(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(
+        "{\"rules\":[{\"name\":\"h\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+        "\"condition\":{\"op\":\"below\",\"value\":0.1,\"clear_value\":0.3},\"for\":2,\"keep_firing_for\":0},"
+        "{\"name\":\"k\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":{\"at_least\":3,\"of_last\":5},\"keep_firing_for\":0}]}");
+    assert_int_equal(r->rules[1].of_last, 5);
+    assert_int_equal(r->rules[1].for_steps, 3);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 44, "hyst");
+    const float seq[] = {0.05f, 0.5f, 0.05f, 0.05f, 0.05f, 0.2f, 0.2f, 0.4f};
+    int64_t fire_h = -1, fire_k = -1, res_h = -1, res_k = -1;
+    for (int s = 0; s < 8; s++) {
+        float x[L * H];
+        for (int i = 0; i < L * H; i++) x[i] = 0.8f;
+        x[0] = seq[s];
+        int n = feed(e, mk_step(44, s, "entropy_norm", PROTO_HEAD, x, L * H));
+        for (int k = 0; k < n; k++) {
+            const struct alert_transition *t = alert_transition_at(e, k);
+            int is_h = !strcmp(t->rule->name, "h");
+            if (t->state == ALERT_FIRING) *(is_h ? &fire_h : &fire_k) = s;
+            if (t->state == ALERT_RESOLVED) *(is_h ? &res_h : &res_k) = s;
+        }
+    }
+    assert_int_equal(fire_k, 3);  /* steps 0, 2, 3: 3 of the last 5 */
+    assert_int_equal(fire_h, 4);  /* 2, 3, 4: "for" 2 counts steps after the first */
+    assert_int_equal(res_k, 7);   /* steps 3..7 hold 3 and 4 only: 2 of 5, not held (2..6 held 3) */
+    assert_int_equal(res_h, 7);   /* 0.2 at 5 and 6 is below clear_value: held; 0.4 clears */
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static void test_issue34_rules_refused(void **state) {
+    (void)state;
+    char err[512];
+    static const char *const bad[][2] = {
+        {"\"for\":{\"at_least\":5,\"of_last\":3}", "at_least"},
+        {"\"for\":{\"at_least\":1,\"of_last\":65}", "64"},
+        {"\"for\":{\"at_least\":2}", "of_last"},
+        {"\"unless_training\":{\"metric\":\"loss\",\"below\":1.5}", "unless_training"},
+        {"\"unless_training\":{\"metric\":\"loss\"}", "unless_training"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
+                 "\"condition\":{\"op\":\"below\",\"value\":0.1},%s}]}", bad[i][0]);
+        assert_null(alert_rules_parse(json, strlen(json), err, sizeof err));
+        if (!strstr(err, bad[i][1])) fail_msg("%s: %s", bad[i][0], err);
+    }
+    const char *clear_low = "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
+                            "\"condition\":{\"op\":\"below\",\"value\":0.1,\"clear_value\":0.05}}]}";
+    assert_null(alert_rules_parse(clear_low, strlen(clear_low), err, sizeof err));
+    assert_non_null(strstr(err, "clear_value"));
+    const char *clear_drop = "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
+                             "\"condition\":{\"op\":\"drop\",\"pct\":50,\"window\":5,\"clear_value\":0.05}}]}";
+    assert_null(alert_rules_parse(clear_drop, strlen(clear_drop), err, sizeof err));
+    assert_non_null(strstr(err, "below and above only"));
+}
+
 /* The memory bound of docs/alerts.md: per head and head rule the engine
  * holds 32 bytes of cell state, 4 bytes per window step (per step seen, up
- * to the window) for the rules that read a window (and 4 for drop's max, 24 for zscore's sums), plus 12
- * bytes per cell that fires; the built-in rules, with every metric they
- * read, hold 684 bytes a head (724 while collapse_risk read a 20-step
- * window, 844 when every rule kept every summary and a window). */
+ * to the window) for the rules that read a window (and 4 for drop's max, 24 for zscore's sums, 8 for
+ * an at_least/of_last history), plus 12 bytes per cell that fires; the
+ * built-in rules, with every metric they read, hold 692 bytes a head (684
+ * before entropy_collapse counted 20 of 30 steps, 724 while collapse_risk
+ * read a 20-step window, 844 when every rule kept every summary and a
+ * window). */
 static void test_state_bytes_per_head(void **state) {
     (void)state;
     char err[256];
@@ -718,7 +865,7 @@ static void test_state_bytes_per_head(void **state) {
         assert_int_equal(runs, 1);
         /* per head: 32 a rule, drop's max 4, and a window row of 4 per step
          * so far in each of the four windowed rules */
-        if (s == 1) assert_int_equal(bytes - base, (uint64_t)L * H * (5 * 32 + 4 + 4 * 4) + 32);
+        if (s == 1) assert_int_equal(bytes - base, (uint64_t)L * H * (5 * 32 + 8 + 4 + 4 * 4) + 32);
     }
     /* with the windows full, the documented bound, from the rules' windows */
     uint64_t per_head = 0;
@@ -731,12 +878,13 @@ static void test_state_bytes_per_head(void **state) {
         if (rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_GROWTH || rule->op == ALERT_OP_NEAR_BOUND)
             per_head += 4 * (uint64_t)rule->window;
         if (rule->op == ALERT_OP_DROP) per_head += 4;
+        if (rule->of_last) per_head += 8; /* entropy_collapse's history word */
     }
     assert_int_equal(nhead, 5);
     printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
            (unsigned long long)((bytes - base - 32) / (L * H)));
     assert_int_equal(bytes - base, (uint64_t)L * H * per_head + 32); /* + run_stalled's one cell */
-    assert_int_equal(per_head, 684); /* the figure docs/alerts.md gives */
+    assert_int_equal(per_head, 692); /* the figure docs/alerts.md gives */
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
@@ -888,6 +1036,10 @@ int main(void) {
         cmocka_unit_test(test_daemon_clock_not_trainer_clock),
         cmocka_unit_test(test_resume_earlier_episode),
         cmocka_unit_test(test_state_bytes_per_head),
+        cmocka_unit_test(test_flicker_with_stuck_loss_collapses),
+        cmocka_unit_test(test_sharp_head_while_training_is_not_collapse),
+        cmocka_unit_test(test_hysteresis_and_at_least_of_last),
+        cmocka_unit_test(test_issue34_rules_refused),
         cmocka_unit_test(test_verdict_cells_capped),
         cmocka_unit_test(test_builtin_collapse_risk),
     };

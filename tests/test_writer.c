@@ -775,7 +775,8 @@ static int precommit_hook(void *ctx) {
     (void)ctx;
     PC.calls++;
     if (!store_in_transaction(E.db.st)) PC.outside_txn++;
-    if (PC.run && store_run_verdict(E.db.st, PC.run, "collapsing", PC.since, "[[0,1]]", "entropy_collapse")) PC.failed++;
+    if (PC.run && store_run_verdict(E.db.st, PC.run, "collapsing", PC.since, "[[0,1]]", "entropy_collapse", NULL))
+        PC.failed++;
     return 0;
 }
 

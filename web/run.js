@@ -30,7 +30,8 @@ const TRAINING_ORDER = ['loss', 'lr', 'grad_norm', 'tokens_per_s'];
 const HM_LOG = new Set(['entropy_norm']);
 // the side chart shows this many of the worst heads of the step shown
 const WORST_K = 4;
-const VERDICT_TEXT = {healthy: 'Healthy', collapsing: 'Collapsing', collapsed: 'Collapsed', diverged: 'Diverged', stalled: 'Stalled'};
+const VERDICT_TEXT = {healthy: 'Healthy', collapsing: 'Collapsing', collapsed: 'Collapsed', diverged: 'Diverged', stalled: 'Stalled',
+                      sharp: 'Sharp heads, training'};
 /** Timeline of the first render, for the benchmark (window.__render.marks). */
 const mark = (what) => { const r = window.__render; if (r && !r.complete) (r.marks ||= []).push([what, Math.round(performance.now())]); };
 const int = (v) => (v === undefined || v === null || v === '' || Number.isNaN(+v) ? null : Math.max(0, Math.round(+v)));
@@ -170,7 +171,8 @@ export class RunView {
     const heads = v.heads.slice(0, 8).map(([l, hd]) => `L${l} h${hd}`).join(', ') + (v.heads.length > 8 ? ` and ${v.heads.length - 8} more` : '');
     const why = {healthy: 'no entropy collapse alert has fired on this run',
                  collapsing: 'attention entropy collapsing', collapsed: 'attention entropy collapsed',
-                 diverged: 'the loss became NaN or infinite', stalled: 'the trainer stopped sending'}[v.state];
+                 diverged: 'the loss became NaN or infinite', stalled: 'the trainer stopped sending',
+                 sharp: 'attention entropy near zero while the loss trains (not a collapse)'}[v.state];
     this.verdictDetail.textContent = why + (heads ? ` in ${heads}` : '') + (v.rule ? ` (rule ${v.rule})` : '');
     Object.assign(this.verdictEl.dataset, {state: v.state, since: v.since_step ?? '', source: v.source});
     // what fires now: one chip per firing alert

@@ -14,6 +14,7 @@ const VERDICT_TITLE = {
   healthy: 'no collapse, divergence or stall', collapsing: 'entropy collapsing on a live run',
   collapsed: 'attention entropy collapsed', diverged: 'loss became NaN/Inf, or the run failed',
   stalled: 'the trainer went silent or vanished without ending the run',
+  sharp: 'heads near one-hot while the loss trains: sharp, not collapsed',
 };
 const SORTS = [['id', 'newest'], ['updated', 'last update'], ['created', 'created'], ['name', 'name'], ['verdict', 'verdict'],
   ['min_entropy_norm', 'min entropy_norm'], ['last_loss', 'loss'], ['last_step', 'last step']];
@@ -46,7 +47,7 @@ export class RunsView {
           h('h1', {}, 'Runs'), this.count,
           h('span', {class: 'spacer'}), search,
           sel('runs-status', 'status filter', 'status', ['', 'live', 'stale', 'finished', 'failed', 'aborted'].map((s) => [s, s || 'all statuses'])),
-          sel('runs-verdict', 'verdict filter', 'verdict', ['', 'healthy', 'collapsing', 'collapsed', 'diverged', 'stalled'].map((s) => [s, s || 'all verdicts'])),
+          sel('runs-verdict', 'verdict filter', 'verdict', ['', 'healthy', 'collapsing', 'collapsed', 'diverged', 'stalled', 'sharp'].map((s) => [s, s || 'all verdicts'])),
           sel('runs-reparam', 'reparametrization filter', 'reparam', [['', 'any σReparam'], ['sigma', 'σReparam'], ['none', 'none'], ['spectral', 'spectral norm']]),
           sel('runs-sort', 'sort by', 'sort', SORTS.map(([v, t]) => [v, 'by ' + t])),
           sel('runs-order', 'order', 'order', [['desc', '↓'], ['asc', '↑']]),

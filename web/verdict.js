@@ -1,5 +1,5 @@
 // verdict.js: what a run's state is, in one word — healthy, collapsing,
-// collapsed, diverged or stalled — for the run page's banner and the runs
+// collapsed, diverged, stalled or sharp (heads low while the loss trains) — for the run page's banner and the runs
 // list. The daemon says it in GET /api/runs/{id} ("verdict": {state,
 // since_step, heads: [[layer, head], ...], rule}); a daemon that does not
 // yet gets it derived here from the run's alerts, by the same reading: an
@@ -7,7 +7,7 @@
 // still firing on a live run collapsing; a loss_nonfinite alert diverged.
 // Also the one reading of an alert's JSON (normAlert) the pages share.
 
-const STATES = new Set(['healthy', 'collapsing', 'collapsed', 'diverged', 'stalled']);
+const STATES = new Set(['healthy', 'collapsing', 'collapsed', 'diverged', 'stalled', 'sharp']);
 
 /** run: the run API answer; alerts: the alerts API rows and live alert
  * events (any shape normAlert reads), or null when unknown. Returns

@@ -42,8 +42,8 @@ static void feed_step(struct alert_engine *e, const struct alert_rules *rs, int6
     uint32_t nm = 0, nv = 0;
     for (int i = 0; i < rs->n && nm < 64; i++) {
         const struct alert_rule *r = &rs->rules[i];
-        const char *names[4] = {r->metric, r->bound_metric, r->rising_metric, r->and_metric};
-        for (int k = 0; k < 4 && nm < 64; k++) {
+        const char *names[5] = {r->metric, r->bound_metric, r->rising_metric, r->and_metric, r->unless_metric};
+        for (int k = 0; k < 5 && nm < 64; k++) {
             if (!names[k] || strlen(names[k]) > PROTO_MAX_NAME) continue;
             int dup = 0;
             for (uint32_t j = 0; j < nm; j++) dup |= strcmp(metrics[j].name, names[k]) == 0;
@@ -51,7 +51,10 @@ static void feed_step(struct alert_engine *e, const struct alert_rules *rs, int6
             struct proto_metric *x = &metrics[nm++];
             memset(x, 0, sizeof *x);
             strcpy(x->name, names[k]);
-            x->kind = r->scope == ALERT_SCOPE_HEAD ? PROTO_HEAD : r->scope == ALERT_SCOPE_LAYER ? PROTO_LAYER : PROTO_SCALAR;
+            x->kind = k == 4                         ? PROTO_SCALAR /* unless_training reads a scalar */
+                      : r->scope == ALERT_SCOPE_HEAD  ? PROTO_HEAD
+                      : r->scope == ALERT_SCOPE_LAYER ? PROTO_LAYER
+                                                      : PROTO_SCALAR;
             x->rows = x->kind == PROTO_SCALAR ? 1 : FL;
             x->cols = x->kind == PROTO_HEAD ? FH : 1;
             x->offset = nv;
