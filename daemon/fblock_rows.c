@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "integrity.h"
+
 /* A row's id: its series (the metric's base + the chunk) above
  * BLOCK_BITS bits of block number. */
 #define BLOCK_BITS 26
@@ -24,12 +26,12 @@ static const char *const p_sql[P_COUNT] = {
     [P_FORGET] = "DELETE FROM block_series WHERE metric_id = ?1",
     /* a plain INSERT: a block is sealed once (a rewind into it deletes it
      * first), and a second row must fail loudly, never replace the first */
-    [P_PUT] = "INSERT INTO block_chunks(id, mask, data) VALUES (?1, ?2, ?3)",
+    [P_PUT] = "INSERT INTO block_chunks(id, mask, data, crc) VALUES (?1, ?2, ?3, ?4)",
     /* a walk is driven by the first chunk it reads; the others of the same
      * block are point lookups (a series of one head has none) */
-    [P_NEW_ASC] = "SELECT id, mask, data FROM block_chunks WHERE id BETWEEN ?1 AND ?2 ORDER BY id",
-    [P_NEW_DESC] = "SELECT id, mask, data FROM block_chunks WHERE id BETWEEN ?1 AND ?2 ORDER BY id DESC",
-    [P_NEW_ONE] = "SELECT mask, data FROM block_chunks WHERE id = ?1",
+    [P_NEW_ASC] = "SELECT id, mask, data, crc FROM block_chunks WHERE id BETWEEN ?1 AND ?2 ORDER BY id",
+    [P_NEW_DESC] = "SELECT id, mask, data, crc FROM block_chunks WHERE id BETWEEN ?1 AND ?2 ORDER BY id DESC",
+    [P_NEW_ONE] = "SELECT mask, data, crc FROM block_chunks WHERE id = ?1",
     /* length(data) comes from the record header, without reading the blob */
     [P_OLD_ASC] = "SELECT block, mask, id, length(data) FROM blocks WHERE metric_id = ?1 AND block BETWEEN ?2 AND ?3 "
                   "ORDER BY block",
@@ -63,6 +65,9 @@ struct fblock_rows {
     sqlite3_blob *blob;
     unsigned char *head, *span;
     size_t headcap, spancap;
+    /* the row of the last FBLOCK_ECORRUPT (fblock_rows_fault) */
+    int64_t bad_block, bad_chunk;
+    const char *bad_why;
 };
 
 struct fblock_rows *fblock_rows_open(sqlite3 *db, struct fblock_codec *codec) {
@@ -141,6 +146,7 @@ int fblock_rows_put(struct fblock_rows *r, int64_t metric_id, int64_t block, uin
         sqlite3_bind_int64(s, 1, row_id(base, k, block));
         sqlite3_bind_int64(s, 2, (int64_t)mask);
         sqlite3_bind_blob(s, 3, blob, (int)len, SQLITE_STATIC); /* the codec's until its next encode */
+        sqlite3_bind_int64(s, 4, integrity_stored(integrity_chunk_crc(row_id(base, k, block), mask, blob, len)));
         int rc = run(s);
         if (rc) return rc;
     }
@@ -153,6 +159,38 @@ static int grow(unsigned char **buf, size_t *cap, size_t want) {
     if (!b) return -1;
     *buf = b;
     *cap = want;
+    return 0;
+}
+
+/* Notes the row at fault (chunk -1: a row of migration 6's table) and why;
+ * returns FBLOCK_ECORRUPT. */
+static int fault(struct fblock_rows *r, int64_t block, int64_t chunk, const char *why) {
+    r->bad_block = block;
+    r->bad_chunk = chunk;
+    r->bad_why = why;
+    return FBLOCK_ECORRUPT;
+}
+
+const char *fblock_rows_fault(const struct fblock_rows *r, int64_t *block, int64_t *chunk) {
+    *block = r->bad_block;
+    *chunk = r->bad_chunk;
+    return r->bad_why ? r->bad_why : "does not decode";
+}
+
+/* Checks chunk row `id` (mask, blob d of len bytes; column col of s its
+ * crc, NULL in a row written before migration 11) and decodes chunk k's
+ * cells of [c0, c1) into vals: 0 or FBLOCK_ECORRUPT (fault noted). The
+ * checksum comes first: a damaged blob must fail as damaged, not decode
+ * into other numbers. */
+static int new_decode(struct fblock_rows *r, sqlite3_stmt *s, int col, int64_t id, uint64_t mask, uint32_t nf,
+                      uint32_t k, float *vals) {
+    const void *d = sqlite3_column_blob(s, col - 1);
+    size_t len = (size_t)sqlite3_column_bytes(s, col - 1);
+    int64_t block = id & BLOCK_MASK;
+    if (sqlite3_column_type(s, col) != SQLITE_NULL &&
+        sqlite3_column_int64(s, col) != integrity_stored(integrity_chunk_crc(id, mask, d, len)))
+        return fault(r, block, k, "checksum mismatch");
+    if (fblock_decode_chunk(r->codec, d, len, nf, r->n, k, r->c0, r->c1, vals)) return fault(r, block, k, "does not decode");
     return 0;
 }
 
@@ -182,15 +220,17 @@ static int old_decode(struct fblock_rows *r, int64_t id, size_t bytes, uint32_t 
 static int new_rest(struct fblock_rows *r, int64_t block, uint64_t mask, uint32_t nf, float *vals) {
     sqlite3_stmt *s = r->stmt[P_NEW_ONE];
     for (uint32_t k = r->c0 / FBLOCK_CHUNK + 1; k * FBLOCK_CHUNK < r->c1; k++) {
-        sqlite3_bind_int64(s, 1, row_id(r->base, k, block));
+        int64_t id = row_id(r->base, k, block);
+        sqlite3_bind_int64(s, 1, id);
         int rc = sqlite3_step(s), ret = 0;
         if (rc == SQLITE_ROW) {
-            if ((uint64_t)sqlite3_column_int64(s, 0) != mask ||
-                fblock_decode_chunk(r->codec, sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1), nf, r->n,
-                                    k, r->c0, r->c1, vals))
-                ret = FBLOCK_ECORRUPT;
+            uint64_t m = (uint64_t)sqlite3_column_int64(s, 0);
+            ret = new_decode(r, s, 2, id, m, nf, k, vals);
+            if (!ret && m != mask) ret = fault(r, block, k, "its mask is not its block's");
+        } else if (rc == SQLITE_DONE) {
+            ret = fault(r, block, k, "missing (a block without all its chunks)");
         } else {
-            ret = rc == SQLITE_DONE ? FBLOCK_ECORRUPT : FBLOCK_EDB; /* a block without all its chunks */
+            ret = FBLOCK_EDB;
         }
         sqlite3_reset(s);
         if (ret) return ret;
@@ -257,15 +297,14 @@ int fblock_rows_next(struct fblock_rows *r, int64_t *block, uint64_t *mask, floa
         int old = s == r->stmt[P_OLD_ASC] || s == r->stmt[P_OLD_DESC], ret;
         *block = old ? sqlite3_column_int64(s, 0) : sqlite3_column_int64(s, 0) & BLOCK_MASK;
         *mask = (uint64_t)sqlite3_column_int64(s, 1);
-        uint32_t nf = fblock_count(*mask);
-        if (!nf) return FBLOCK_ECORRUPT;
-        if (old)
-            ret = old_decode(r, sqlite3_column_int64(s, 2), (size_t)sqlite3_column_int64(s, 3), nf, vals);
-        else if (fblock_decode_chunk(r->codec, sqlite3_column_blob(s, 2), (size_t)sqlite3_column_bytes(s, 2), nf, r->n,
-                                     r->c0 / FBLOCK_CHUNK, r->c0, r->c1, vals))
-            ret = FBLOCK_ECORRUPT;
-        else
-            ret = new_rest(r, *block, *mask, nf, vals);
+        uint32_t nf = fblock_count(*mask), k0 = r->c0 / FBLOCK_CHUNK;
+        if (old) {
+            ret = nf ? old_decode(r, sqlite3_column_int64(s, 2), (size_t)sqlite3_column_int64(s, 3), nf, vals)
+                     : FBLOCK_ECORRUPT;
+            if (ret == FBLOCK_ECORRUPT) fault(r, *block, -1, "does not decode");
+        } else if (!(ret = new_decode(r, s, 3, sqlite3_column_int64(s, 0), *mask, nf ? nf : 1, k0, vals))) {
+            ret = nf ? new_rest(r, *block, *mask, nf, vals) : fault(r, *block, k0, "has no frames");
+        }
         return ret ? ret : 1;
     }
     return err;

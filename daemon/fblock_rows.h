@@ -60,6 +60,13 @@ void fblock_rows_walk(struct fblock_rows *r, int64_t metric_id, int64_t b0, int6
 int fblock_rows_next(struct fblock_rows *r, int64_t *block, uint64_t *mask, float *vals);
 void fblock_rows_end(struct fblock_rows *r);
 
+/* After FBLOCK_ECORRUPT: the block (its steps are [block*64, block*64 +
+ * 63]) and chunk (-1: a row of migration 6's `blocks`) of the row at
+ * fault, and why, a static string ("checksum mismatch", "does not decode",
+ * "missing ..."). Rows of block_chunks carry a checksum since migration 11
+ * (integrity.h), checked before they are decoded. */
+const char *fblock_rows_fault(const struct fblock_rows *r, int64_t *block, int64_t *chunk);
+
 /* The first (last = 0) or last of metric_id's blocks, its number and
  * mask: 1, 0 when it has none, or an error. */
 int fblock_rows_edge(struct fblock_rows *r, int64_t metric_id, int last, int64_t *block, uint64_t *mask);

@@ -30,6 +30,7 @@
 
 #include "embed.h"
 #include "http_slots.h"
+#include "integrity.h"
 #include "net.h"
 #include "now.h"
 
@@ -826,9 +827,14 @@ static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64
     struct writer_stats ws;
     writer_get_stats(h->cfg.writer, &ws);
     struct strbuf b = {0};
-    strbuf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s}", ws.failing ? "failing" : "ok",
-                     ws.failing ? "true" : "false");
-    return send_json(h, c, ws.failing ? 503 : 200, &b);
+    /* a damaged stored row, once met by a reader or the writer, keeps the
+     * daemon unhealthy until a restart: its data is not what was stored
+     * (docs/reliability.md, "Damaged storage") */
+    uint64_t bad = integrity_errors();
+    strbuf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s,\"integrity_errors\":%llu}",
+                  ws.failing ? "failing" : bad ? "db_corrupt" : "ok", ws.failing ? "true" : "false",
+                  (unsigned long long)bad);
+    return send_json(h, c, ws.failing || bad ? 503 : 200, &b);
 }
 
 /* The counters of ingest's guards (issue 16). */
@@ -930,6 +936,9 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
     strbuf_prom(&b, "entropyd_values_total", "counter", "Metric values ingested (committed).", (double)ws.values);
     strbuf_prom(&b, "entropyd_commit_retries_total", "counter", "Batches retried after a database failure.", (double)ws.retries);
     strbuf_prom(&b, "entropyd_db_errors_total", "counter", "Database errors met by the writer.", (double)ws.db_errors);
+    strbuf_prom(&b, "entropyd_integrity_errors_total", "counter",
+                "Damaged stored rows met (a checksum mismatch, a row that does not decode, SQLite's SQLITE_CORRUPT).",
+                (double)integrity_errors());
     strbuf_prom(&b, "entropyd_queue_bytes", "gauge", "Memory held by accepted, uncommitted messages.", (double)ws.queue_bytes);
     strbuf_prom(&b, "entropyd_db_failing", "gauge", "1 while the database refuses writes.", ws.failing);
     pthread_mutex_lock(&h->mu);

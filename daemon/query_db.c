@@ -2,6 +2,8 @@
  * and the helpers the query families share (query_db.h). */
 #include "query_db.h"
 
+#include "integrity.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,9 +17,9 @@ static const char *const q_sql[Q_COUNT] = {
      * in one seek, but scans every row when both are in one query */
     [Q_STEP_RANGE] = "SELECT (SELECT min(step) FROM frames WHERE metric_id = ?1), "
                      "(SELECT max(step) FROM frames WHERE metric_id = ?1)",
-    [Q_ROLLUPS] = "SELECT block, nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 "
+    [Q_ROLLUPS] = "SELECT block, nframes, data, crc FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 "
                   "AND block BETWEEN ?3 AND ?4 ORDER BY block",
-    [Q_TOTALS] = "SELECT block, nframes, data FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 "
+    [Q_TOTALS] = "SELECT block, nframes, data, crc FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 "
                  "AND block BETWEEN ?3 AND ?4 ORDER BY block",
     [Q_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
     [Q_FRAME_AT] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
@@ -136,10 +138,16 @@ void query_release(struct query_pool *p, struct query *q) {
 }
 
 int query_db_fail(struct query *q, char *err, size_t errlen, const char *what) {
+    int ec = sqlite3_errcode(q->db);
+    if (q->fault[0] || ec == SQLITE_CORRUPT || ec == SQLITE_NOTADB) integrity_note();
     if (q->fault[0]) snprintf(err, errlen, "corrupt database %s: %s", what, q->fault);
     else snprintf(err, errlen, "database error %s: %s", what, sqlite3_errmsg(q->db));
     q->fault[0] = 0;
     return QUERY_ERR;
+}
+
+void query_db_what(char *what, size_t len, const char *doing, int64_t run_id, const char *metric) {
+    snprintf(what, len, "%s of run %lld, metric \"%.64s\"", doing, (long long)run_id, metric);
 }
 
 int query_db_corrupt(struct query *q, const char *fmt, ...) {

@@ -40,8 +40,14 @@ struct query {
 };
 
 /* Formats "database error <what>: <sqlite message>" into err (or, when
- * query_db_corrupt noted one, "<what>: <the fault>"); returns QUERY_ERR. */
+ * query_db_corrupt noted one, "corrupt database <what>: <the fault>");
+ * returns QUERY_ERR. A fault, or SQLite's SQLITE_CORRUPT, counts as an
+ * integrity error (integrity_note: /metrics, /healthz). */
 int query_db_fail(struct query *q, char *err, size_t errlen, const char *what);
+/* "<doing> of run <id>, metric \"<name>\"" into what: query_db_fail's
+ * `what` for a read of one metric, so that its error names the run and
+ * the metric (the fault names the steps). */
+void query_db_what(char *what, size_t len, const char *doing, int64_t run_id, const char *metric);
 /* Notes that a stored row is corrupt (printf-style message, e.g. a frame
  * whose size does not match its metric's shape) for query_db_fail to
  * report; returns -1. A read never skips such a row silently. */

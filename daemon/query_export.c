@@ -155,6 +155,14 @@ static int export_chunk(struct query_export *x) {
     int r = query_walk(x->q, m->id, n, 0, n, x->after == INT64_MIN ? 0 : x->after + 1, INT64_MAX, chunk_add, &cf,
                        &failed);
     if (!failed && r >= 0) ret = (int)x->cn;
+    else if (failed) {
+        /* the answer's status is sent: the stream ends with an error
+         * (a broken chunked body), and the log says why */
+        char what[160];
+        query_db_what(what, sizeof what, "exporting", x->run_id, m->name);
+        query_db_fail(x->q, err, sizeof err, what);
+        fprintf(stderr, "entropyd: export stopped: %s\n", err);
+    }
 out:
     sqlite3_finalize(cf.time);
     query_db_end(x->q);

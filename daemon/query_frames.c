@@ -63,8 +63,16 @@ static int raw_next(struct query *q, int64_t metric_id, sqlite3_stmt *s, uint32_
 /* Notes why a read of metric_id's blocks failed (fblock_rows.h code rc)
  * for query_db_fail; returns -1. */
 static int rows_fail(struct query *q, int64_t metric_id, int rc) {
-    if (rc == FBLOCK_ECORRUPT)
-        return query_db_corrupt(q, "a sealed block of metric %lld does not decode (or misses a chunk)", (long long)metric_id);
+    if (rc == FBLOCK_ECORRUPT) {
+        int64_t block, chunk;
+        const char *why = fblock_rows_fault(q->rows, &block, &chunk);
+        char part[32] = "";
+        if (chunk >= 0) snprintf(part, sizeof part, ", chunk %lld", (long long)chunk);
+        return query_db_corrupt(q, "steps %lld..%lld: the sealed block %lld%s of metric %lld %s",
+                                (long long)(block * FBLOCK_STEPS), (long long)(block * FBLOCK_STEPS + FBLOCK_STEPS - 1),
+                                (long long)block, part, (long long)metric_id,
+                                strcmp(why, "checksum mismatch") == 0 ? "fails its checksum" : why);
+    }
     if (rc == FBLOCK_ENOMEM) return query_db_corrupt(q, "out of memory decoding a block of metric %lld", (long long)metric_id);
     return -1; /* the database's own error */
 }
@@ -231,7 +239,9 @@ int query_frame(struct query *q, int64_t run_id, const char *metric, int has_ste
         snprintf(err, errlen, "%s has no frame at or before that step", metric);
         ret = QUERY_NOT_FOUND;
     } else {
-        ret = query_db_fail(q, err, errlen, "reading the frame");
+        char what[160];
+        query_db_what(what, sizeof what, "reading the frame", run_id, metric);
+        ret = query_db_fail(q, err, errlen, what);
     }
 out:
     free(vals);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "integrity.h"
 #include "query_db.h"
 #include "rollup.h"
 #include "store.h"
@@ -123,26 +124,41 @@ static void pool_cells(struct series *sr, struct bucket *row, uint32_t k0, uint3
     }
 }
 
-/* A row of Q_ROLLUPS or Q_TOTALS (block, nframes, data), and the bucket
- * i its block of `size` steps falls in. */
+/* A row of Q_ROLLUPS or Q_TOTALS (block, nframes, data, crc), and the
+ * bucket i its block of `size` steps falls in. */
 struct rrow {
     int64_t block, nframes, i;
     const unsigned char *d;
     int len;
+    int crc_ok; /* its checksum matches, or it has none (written before migration 11) */
 };
 
-static void rrow_read(const struct series *sr, sqlite3_stmt *s, int64_t size, struct rrow *r) {
+/* Reads row s of level `level` (chunk: -1 for a total) and checks its
+ * checksum (integrity.h) before anything of it is used. */
+static void rrow_read(const struct series *sr, sqlite3_stmt *s, int level, int64_t chunk, struct rrow *r) {
     r->block = sqlite3_column_int64(s, 0);
     r->nframes = sqlite3_column_int64(s, 1);
     r->d = sqlite3_column_blob(s, 2);
     r->len = sqlite3_column_bytes(s, 2);
-    r->i = (r->block * size - sr->a) / sr->w;
+    r->i = (r->block * STORE_LEVEL_SIZE(level) - sr->a) / sr->w;
+    r->crc_ok = sqlite3_column_type(s, 3) == SQLITE_NULL ||
+                sqlite3_column_int64(s, 3) == integrity_stored(integrity_rollup_crc(sr->metric_id, level, chunk, r->block,
+                                                                                    r->nframes, r->d, (size_t)r->len));
 }
 
-static int rollup_corrupt(struct series *sr, int level, int64_t block, uint32_t chunk, int64_t nframes, int len) {
-    return query_db_corrupt(sr->q, "the level-%d rollup of metric %lld, block %lld, chunk %u (%lld frames, %d bytes) "
-                            "does not decode as %u values", level, (long long)sr->metric_id, (long long)block, chunk,
-                            (long long)nframes, len, sr->n);
+/* Notes a damaged rollup row (chunk -1: a total's) for query_db_fail,
+ * naming its steps; returns -1. */
+static int rollup_corrupt(struct series *sr, int level, const struct rrow *r, int64_t chunk) {
+    int64_t size = STORE_LEVEL_SIZE(level);
+    char part[32] = " total";
+    if (chunk >= 0) snprintf(part, sizeof part, ", chunk %lld", (long long)chunk);
+    if (!r->crc_ok)
+        return query_db_corrupt(sr->q, "steps %lld..%lld: the level-%d rollup%s (block %lld) fails its checksum",
+                                (long long)(r->block * size), (long long)((r->block + 1) * size - 1), level, part,
+                                (long long)r->block);
+    return query_db_corrupt(sr->q, "steps %lld..%lld: the level-%d rollup%s (block %lld, %lld frames, %d bytes) does "
+                            "not decode as %u values", (long long)(r->block * size), (long long)((r->block + 1) * size - 1),
+                            level, part, (long long)r->block, (long long)r->nframes, r->len, sr->n);
 }
 
 /* Level `level`'s rows of chunk `chunk` (cells [chunk * ROLLUP_CHUNK_CELLS,
@@ -174,25 +190,26 @@ static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, i
     sqlite3_bind_int(s, 5, (int)chunk);
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct rrow r;
-        rrow_read(sr, s, size, &r);
+        rrow_read(sr, s, level, chunk, &r);
         struct bucket *row = &sr->b[r.i * sr->ngroups];
         struct rollup_total t;
-        int has = r.nframes < 0 || r.nframes > size ? -1
+        int has = !r.crc_ok || r.nframes < 0 || r.nframes > size ? -1
                   : whole ? rollup_total(r.d, (size_t)r.len, sr->n, (uint32_t)r.nframes, &t)
                           : 0;
         seen = 1;
         if (frames) sr->frames[r.i] += (uint64_t)r.nframes;
         if (has == 1 && add_total(row, &t, sr->n, r.nframes)) continue;
         if (has < 0 || rollup_decode(r.d, (size_t)r.len, rn, (uint32_t)r.nframes, lc0, lc1, sr->roll + r0)) {
-            rc = rollup_corrupt(sr, level, r.block, chunk, r.nframes, r.len);
+            rc = rollup_corrupt(sr, level, &r, chunk);
             break;
         }
         pool_cells(sr, row, k0, k1, r.nframes);
     }
     sqlite3_reset(s);
     if (rc == SQLITE_DONE && must && !seen)
-        rc = query_db_corrupt(sr->q, "the level-%d rollup of metric %lld, block %lld has a total's row but no row of "
-                              "chunk %u", level, (long long)sr->metric_id, (long long)b0, chunk);
+        rc = query_db_corrupt(sr->q, "steps %lld..%lld: the level-%d rollup of block %lld has a total's row but no row "
+                              "of chunk %u", (long long)(b0 * size), (long long)((b0 + 1) * size - 1), level,
+                              (long long)b0, chunk);
     return rc == SQLITE_DONE ? 0 : -1;
 }
 
@@ -211,13 +228,12 @@ static int add_totals(struct series *sr, int level, int64_t b0, int64_t b1) {
     sqlite3_bind_int64(s, 4, b1);
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         struct rrow r;
-        rrow_read(sr, s, size, &r);
+        rrow_read(sr, s, level, -1, &r);
         struct rollup_total t;
-        int has = r.nframes < 0 || r.nframes > size ? -1 : rollup_total_decode(r.d, (size_t)r.len, sr->n, (uint32_t)r.nframes, &t);
+        int has = !r.crc_ok || r.nframes < 0 || r.nframes > size ? -1
+                  : rollup_total_decode(r.d, (size_t)r.len, sr->n, (uint32_t)r.nframes, &t);
         if (has < 0) {
-            rc = query_db_corrupt(sr->q, "the level-%d rollup total of metric %lld, block %lld (%lld frames, %d bytes) "
-                                  "does not decode", level, (long long)sr->metric_id, (long long)r.block,
-                                  (long long)r.nframes, r.len);
+            rc = rollup_corrupt(sr, level, &r, -1);
             break;
         }
         if (has == 1 && add_total(&sr->b[r.i * sr->ngroups], &t, sr->n, r.nframes)) {
@@ -507,7 +523,9 @@ int query_series(struct query *q, const struct query_series_req *req, struct str
             goto out;
         }
         if (cover(&sr, lo, hi, k)) {
-            ret = query_db_fail(q, err, errlen, "reading the series");
+            char what[160];
+            query_db_what(what, sizeof what, "reading the series", req->run_id, req->metric);
+            ret = query_db_fail(q, err, errlen, what);
             goto out;
         }
     }

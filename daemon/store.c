@@ -18,6 +18,7 @@
 #include "embed.h"
 #include "fblock.h"
 #include "fblock_rows.h"
+#include "integrity.h"
 #include "rollup.h"
 
 /* Debian's SQLite is built with SQLITE_SECURE_DELETE: every deleted row
@@ -61,14 +62,16 @@ static const char *const stmt_sql[S_COUNT] = {
      * of a deleted metric must never be taken for a new one's */
     [S_INSERT_METRIC] = "INSERT INTO metrics(id, run_id, name, kind) VALUES (max(coalesce((SELECT max(id) FROM metrics), 0), "
                         "coalesce((SELECT max(id) FROM purge WHERE kind = 0), 0)) + 1, ?1, ?2, ?3)",
-    [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, chunk, block, nframes, data) "
-                        "VALUES (?1, ?2, ?6, ?3, ?4, ?5)",
-    [S_INSERT_TOTAL] = "INSERT OR REPLACE INTO rollup_totals(metric_id, level, block, nframes, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+    /* crc: integrity.h (migration 11) */
+    [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, chunk, block, nframes, data, crc) "
+                        "VALUES (?1, ?2, ?6, ?3, ?4, ?5, ?7)",
+    [S_INSERT_TOTAL] = "INSERT OR REPLACE INTO rollup_totals(metric_id, level, block, nframes, data, crc) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?7)",
     [S_SEAL_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3 ORDER BY step",
     [S_SEAL_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
     [S_INSERT_ABANDONED] = "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) VALUES (?1, ?2, ?3, ?4)",
     [S_LAST_FRAME] = "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step DESC LIMIT 1",
-    [S_SELECT_ROLLUPS] = "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 "
+    [S_SELECT_ROLLUPS] = "SELECT nframes, data, crc, block FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 "
                          "AND block >= ?3 AND block < ?4",
     [S_UPDATE_RUN] = "UPDATE runs SET last_seq = ?2, last_step = ?3, updated = ?4 WHERE id = ?1",
     [S_INSERT_EVENT] = "INSERT INTO events(run_id, seq, time, level, text) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -173,7 +176,7 @@ static int64_t pragma_int(struct store *st, const char *sql) {
 
 static int step_done(struct store *st, sqlite3_stmt *s, const char *what);
 static int rollup_put(struct store *st, int64_t metric_id, const struct rollup_cell *a, uint32_t n, int level,
-                      int64_t block, int64_t nframes);
+                      int64_t block, int64_t nframes, int poisoned);
 
 /* Migration 9's part in C (schema/009_rollup_chunks.sql): the rollup rows
  * of metrics wider than a chunk, left in rollups_v8, decoded and written
@@ -192,8 +195,13 @@ static int migrate_rollup_chunks(struct store *st) {
                            "ORDER BY o.metric_id, o.level, o.block", -1, &s, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(st->db, "INSERT INTO rollups(metric_id, level, chunk, block, nframes, data) "
                            "VALUES (?1, ?2, 0, ?3, ?4, ?5)", -1, &ins, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v3(st->db, stmt_sql[S_INSERT_ROLLUP], -1, 0, &st->stmt[S_INSERT_ROLLUP], NULL) != SQLITE_OK ||
-        sqlite3_prepare_v3(st->db, stmt_sql[S_INSERT_TOTAL], -1, 0, &st->stmt[S_INSERT_TOTAL], NULL) != SQLITE_OK) {
+        /* the tables as they are at migration 9, without migration 11's
+         * crc (rollup_put's ?7 is left unbound: these rows get NULL, as
+         * every row before migration 11) */
+        sqlite3_prepare_v3(st->db, "INSERT OR REPLACE INTO rollups(metric_id, level, chunk, block, nframes, data) "
+                           "VALUES (?1, ?2, ?6, ?3, ?4, ?5)", -1, 0, &st->stmt[S_INSERT_ROLLUP], NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(st->db, "INSERT OR REPLACE INTO rollup_totals(metric_id, level, block, nframes, data) "
+                           "VALUES (?1, ?2, ?3, ?4, ?5)", -1, 0, &st->stmt[S_INSERT_TOTAL], NULL) != SQLITE_OK) {
         store_db_err(st, "preparing the rollups' recoding");
         goto out;
     }
@@ -217,7 +225,7 @@ static int migrate_rollup_chunks(struct store *st) {
         }
         if (n && level >= 1 && level <= STORE_LEVELS && nf >= 0 && nf <= STORE_LEVEL_SIZE(level) && d &&
             !rollup_decode(d, len, n, (uint32_t)nf, 0, n, cells)) {
-            if (rollup_put(st, mid, cells, n, level, block, nf)) goto out;
+            if (rollup_put(st, mid, cells, n, level, block, nf, 0)) goto out;
             continue;
         }
         sqlite3_bind_int64(ins, 1, mid);
@@ -602,8 +610,12 @@ static int scratch_grow(struct store *st, uint32_t n) {
  * metric `metric_id`, coded (rollup.h): a row per chunk of cells, and the
  * total's row for a metric of several chunks. st->aggrow is the scratch
  * (room for ROLLUP_MAX_BYTES(n)). */
+/* The crc of a row (integrity.h): its checksum, inverted when poisoned
+ * (the row was pooled from a damaged one: it must read as damaged). */
+static int64_t row_crc(uint32_t c, int poisoned) { return poisoned ? integrity_poisoned(c) : integrity_stored(c); }
+
 static int rollup_put(struct store *st, int64_t metric_id, const struct rollup_cell *a, uint32_t n, int level,
-                      int64_t block, int64_t nframes) {
+                      int64_t block, int64_t nframes, int poisoned) {
     uint32_t chunks = ROLLUP_CHUNKS(n);
     sqlite3_stmt *s = st->stmt[S_INSERT_ROLLUP];
     for (uint32_t c = 0; c < chunks; c++) {
@@ -616,6 +628,7 @@ static int rollup_put(struct store *st, int64_t metric_id, const struct rollup_c
         sqlite3_bind_int64(s, 4, nframes);
         sqlite3_bind_blob(s, 5, st->aggrow, (int)len, SQLITE_STATIC);
         sqlite3_bind_int(s, 6, (int)c);
+        sqlite3_bind_int64(s, 7, row_crc(integrity_rollup_crc(metric_id, level, c, block, nframes, st->aggrow, len), poisoned));
         if (step_done(st, s, "writing rollup")) return -1;
     }
     if (chunks == 1) return 0;
@@ -627,22 +640,26 @@ static int rollup_put(struct store *st, int64_t metric_id, const struct rollup_c
     sqlite3_bind_int64(s, 3, block);
     sqlite3_bind_int64(s, 4, nframes);
     sqlite3_bind_blob(s, 5, tot, (int)len, SQLITE_STATIC); /* an empty blob: no total */
+    sqlite3_bind_int64(s, 7, row_crc(integrity_rollup_crc(metric_id, level, -1, block, nframes, tot, len), poisoned));
     return step_done(st, s, "writing rollup total");
 }
 
 /* Writes st->agg as rollup block `block` of level `level` of metric m. */
-static int rollup_write(struct store *st, struct metric_cache *m, int level, int64_t block, int64_t nframes) {
-    return rollup_put(st, m->id, st->agg, m->n, level, block, nframes);
+static int rollup_write(struct store *st, struct metric_cache *m, int level, int64_t block, int64_t nframes,
+                        int poisoned) {
+    return rollup_put(st, m->id, st->agg, m->n, level, block, nframes, poisoned);
 }
 
 /* Computes and stores rollup block `block` of level `level` (>= 2) for
  * metric m from the level below (rows of either format). An empty block
- * gets no row; a row below that does not decode is left out, as one of
- * another shape always was. */
+ * gets no row. A row below that fails its checksum or does not decode is
+ * damaged: the block is written all the same but poisoned (integrity.h),
+ * so that a reader of it reports the damage instead of a summary that
+ * leaves the row out, and the damage is counted and logged once here. */
 static int rollup_block(struct store *st, struct metric_cache *m, int level, int64_t block) {
     if (scratch_grow(st, m->n)) return -1;
     rollup_reset(st->agg, m->n);
-    int64_t nframes = 0;
+    int64_t nframes = 0, bad_block = -1;
     int rc = SQLITE_DONE;
     sqlite3_stmt *s = st->stmt[S_SELECT_ROLLUPS];
     for (uint32_t c = 0; c < ROLLUP_CHUNKS(m->n) && rc == SQLITE_DONE; c++) {
@@ -653,18 +670,31 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
         sqlite3_bind_int64(s, 4, block * 8 + 8);
         sqlite3_bind_int(s, 5, (int)c);
         while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-            int64_t nf = sqlite3_column_int64(s, 0);
-            if (nf < 0 || nf > STORE_LEVEL_SIZE(level - 1) ||
-                rollup_decode(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1), cn, (uint32_t)nf, 0, cn,
-                              st->aggsrc + c0))
+            int64_t nf = sqlite3_column_int64(s, 0), b = sqlite3_column_int64(s, 3);
+            const void *d = sqlite3_column_blob(s, 1);
+            size_t len = (size_t)sqlite3_column_bytes(s, 1);
+            if ((sqlite3_column_type(s, 2) != SQLITE_NULL &&
+                 sqlite3_column_int64(s, 2) != integrity_stored(integrity_rollup_crc(m->id, level - 1, c, b, nf, d, len))) ||
+                nf < 0 || nf > STORE_LEVEL_SIZE(level - 1) ||
+                rollup_decode(d, len, cn, (uint32_t)nf, 0, cn, st->aggsrc + c0)) {
+                if (bad_block < 0) bad_block = b;
                 continue;
+            }
             if (!c) nframes += nf; /* every chunk has the block's frames */
             for (uint32_t i = c0; i < c0 + cn; i++) rollup_merge(&st->agg[i], &st->aggsrc[i]);
         }
         sqlite3_reset(s);
     }
     if (rc != SQLITE_DONE) return store_db_err(st, "reading rollup source");
-    return nframes ? rollup_write(st, m, level, block, nframes) : 0;
+    if (bad_block >= 0) {
+        integrity_note();
+        fprintf(stderr, "entropyd: store: damaged rollup row: metric %lld, level %d, block %lld (steps %lld..%lld) fails "
+                "its checksum or does not decode; level %d block %lld, pooled from it, is marked damaged too\n",
+                (long long)m->id, level - 1, (long long)bad_block, (long long)(bad_block * STORE_LEVEL_SIZE(level - 1)),
+                (long long)((bad_block + 1) * STORE_LEVEL_SIZE(level - 1) - 1), level, (long long)block);
+        if (!nframes) nframes = 1; /* a row must be there, for readers to find the damage */
+    }
+    return nframes ? rollup_write(st, m, level, block, nframes, bad_block >= 0) : 0;
 }
 
 /* Seals block `block` of metric m (its steps are complete): its raw frames
@@ -696,7 +726,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
         const float *v = st->blockvals + (size_t)f * m->n;
         for (uint32_t i = 0; i < m->n; i++) rollup_add(&st->agg[i], v[i]);
     }
-    if (rollup_write(st, m, 1, block, nf)) return -1;
+    if (rollup_write(st, m, 1, block, nf, 0)) return -1;
     if (st->lossy_bits) fblock_round(st->blockvals, (size_t)nf * m->n, st->lossy_bits);
     int put = fblock_rows_put(st->rows, m->id, block, mask, st->blockvals, nf, m->n);
     if (store_rows_err(st, put, m->id, block, "writing a block")) return -1;

@@ -16,6 +16,9 @@
 #include <zstd.h>
 
 #include "fblock.h"
+#include "integrity.h"
+
+uint32_t integrity_crc32c_soft(uint32_t crc, const void *p, size_t n); /* integrity.c, for tests */
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t next_u32(void) {
@@ -414,6 +417,47 @@ static void test_steps(void **state) {
     assert_int_equal(fblock_step(10, mask, 3), -1);
 }
 
+/* CRC32C: the standard check value, the table and the instruction agree
+ * at every length and alignment, chaining equals one pass, and every
+ * single bit flip of a coded chunk (blob, mask or id) changes its
+ * checksum (integrity.h: how a damaged block chunk is told from a good one). */
+static void test_chunk_checksum(void **state) {
+    (void)state;
+    assert_int_equal(integrity_crc32c(0, "123456789", 9), 0xE3069283u);
+    assert_int_equal(integrity_crc32c_soft(0, "123456789", 9), 0xE3069283u);
+    unsigned char buf[300];
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(i * 131 + 7);
+    for (size_t off = 0; off < 8; off++)
+        for (size_t n = 0; n + off <= sizeof buf; n += 13) {
+            uint32_t a = integrity_crc32c(0, buf + off, n), b = integrity_crc32c_soft(0, buf + off, n);
+            assert_int_equal(a, b);
+            assert_int_equal(integrity_crc32c(integrity_crc32c(0, buf + off, n / 2), buf + off + n / 2, n - n / 2), a);
+        }
+    struct fblock_codec *c = fblock_codec_create();
+    float vals[40 * 20];
+    for (int i = 0; i < 40 * 20; i++) vals[i] = 1.0f + 0.001f * (float)((i * 7919) % 113);
+    const unsigned char *blob;
+    size_t len;
+    assert_int_equal(fblock_encode_chunk(c, vals, 40, 20, 1, &blob, &len), 0);
+    unsigned char *copy = malloc(len);
+    memcpy(copy, blob, len);
+    uint64_t mask = (UINT64_C(1) << 40) - 1;
+    int64_t id = (INT64_C(5) << 26) + 3;
+    uint32_t good = integrity_chunk_crc(id, mask, copy, len);
+    for (size_t bit = 0; bit < len * 8; bit++) {
+        copy[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        if (integrity_chunk_crc(id, mask, copy, len) == good) fail_msg("bit %zu of the chunk flipped: same checksum", bit);
+        copy[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+    }
+    for (int bit = 0; bit < 64; bit++) {
+        assert_true(integrity_chunk_crc(id, mask ^ (UINT64_C(1) << bit), copy, len) != good);
+        assert_true(integrity_chunk_crc((int64_t)((uint64_t)id ^ (UINT64_C(1) << bit)), mask, copy, len) != good);
+    }
+    assert_int_equal(integrity_chunk_crc(id, mask, copy, len), good);
+    free(copy);
+    fblock_codec_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
@@ -423,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_round_bits),
         cmocka_unit_test(test_steps),
+        cmocka_unit_test(test_chunk_checksum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,7 @@
 
 #include "fblock_rows.h"
 #include "fixture_store.h"
+#include "integrity.h"
 #include "proto.h"
 #include "query.h"
 #include "rollup.h"
@@ -1258,6 +1259,177 @@ static void test_block_chunks(void **state) {
     wide_frames_check(f->path, runs[1], 2, 700);
 }
 
+/* ------------------------------------------------------------ checksums (issue 36, item 4) */
+
+/* Flips bit `bit` of byte `off` of the blob column `col` of the one row of
+ * `table` that `where` selects, through SQLite (as a bit flip on disk
+ * would change the stored value): returns the blob's length. off -1 only
+ * measures. */
+static int flip_blob(const char *path, const char *table, const char *col, const char *where, int off, int bit) {
+    sqlite3 *db;
+    sqlite3_stmt *s;
+    char sql[300];
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    snprintf(sql, sizeof sql, "SELECT %s FROM %s WHERE %s", col, table, where);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+    int len = sqlite3_column_bytes(s, 0);
+    unsigned char *b = malloc((size_t)len + 1);
+    memcpy(b, sqlite3_column_blob(s, 0), (size_t)len);
+    sqlite3_finalize(s);
+    if (off >= 0) {
+        assert_true(off < len);
+        b[off] ^= (unsigned char)(1u << bit);
+        snprintf(sql, sizeof sql, "UPDATE %s SET %s = ?1 WHERE %s", table, col, where);
+        assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
+        sqlite3_bind_blob(s, 1, b, len, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(s), SQLITE_DONE);
+        assert_int_equal(sqlite3_changes(db), 1);
+        sqlite3_finalize(s);
+    }
+    free(b);
+    sqlite3_close(db);
+    return len;
+}
+
+/* Fails unless err names the run, the metric and the steps and says the
+ * checksum failed. */
+static void expect_named(const char *err, int64_t run, const char *steps) {
+    char want[64];
+    snprintf(want, sizeof want, "run %lld, metric \"ent\"", (long long)run);
+    if (!strstr(err, want) || !strstr(err, steps) || !strstr(err, "checksum"))
+        fail_msg("error does not name run %lld, metric ent, %s and the checksum: %s", (long long)run, steps, err);
+}
+
+/* entropyd --check's report of the database at path: its status, and
+ * its text in *text (malloc'd). */
+static int check_report(const char *path, char **text) {
+    size_t len;
+    FILE *out = open_memstream(text, &len);
+    int rc = integrity_check(path, out, stderr);
+    fclose(out);
+    return rc;
+}
+
+/* A flipped bit in a block chunk's blob (each bit position of every byte
+ * in turn), its mask or its rowid, or in a rollup row, is never read as
+ * other numbers: the frame, frames and series queries answer QUERY_ERR
+ * naming run, metric and steps, the count of integrity errors grows, and
+ * integrity_check lists the row. A row without a checksum (written before
+ * migration 11) is read as before. */
+static void test_checksums_reported(void **state) {
+    struct tmp_db *f = *state;
+    int64_t run = open_run(f, "crc", L, H), seq = 0;
+    put_range(f, run, &seq, 0, 299, 0, 100); /* blocks 0..3 sealed, 256..299 raw */
+    int64_t ent = qi(f->path, "SELECT id FROM metrics WHERE run_id = %lld AND name = 'ent'", (long long)run);
+    int64_t id1 = qi(f->path, "SELECT id FROM block_chunks WHERE id & 67108863 = 1 AND id >> 26 = "
+                              "(SELECT base FROM block_series WHERE metric_id = %lld)", (long long)ent);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM block_chunks WHERE crc IS NULL"), 0);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups WHERE crc IS NULL"), 0);
+    char err[256], *text = NULL, where[128], rwhere[128];
+    snprintf(where, sizeof where, "id = %lld", (long long)id1);
+    snprintf(rwhere, sizeof rwhere, "metric_id = %lld AND level = 1 AND block = 2", (long long)ent);
+    assert_int_equal(check_report(f->path, &text), 0);
+    assert_non_null(strstr(text, "no damage"));
+    free(text);
+
+    struct query_pool *p = query_pool_open(f->path, 1, err, sizeof err);
+    if (!p) fail_msg("%s", err);
+    struct query *q = query_acquire(p, err, sizeof err);
+    assert_non_null(q);
+    struct strbuf clean = {0}, sb = {0};
+    struct query_series_req req = {.run_id = run, .metric = "ent", .layer = -1, .head = -1, .points = 4};
+    assert_int_equal(query_series(q, &req, &clean, err, sizeof err), QUERY_OK);
+    uint64_t errors0 = integrity_errors();
+
+    /* every bit of the chunk's blob, one at a time (a bit per byte cycled) */
+    int len = flip_blob(f->path, "block_chunks", "data", where, -1, 0);
+    assert_true(len > 8);
+    for (int off = 0; off < len; off++) {
+        flip_blob(f->path, "block_chunks", "data", where, off, off % 8);
+        sb.len = 0;
+        int rc = query_frame(q, run, "ent", 1, 70, &sb, err, sizeof err);
+        if (rc != QUERY_ERR) fail_msg("byte %d of block 1 flipped: the frame at step 70 answered %d", off, rc);
+        expect_named(err, run, "steps 64..127");
+        flip_blob(f->path, "block_chunks", "data", where, off, off % 8);
+    }
+    assert_true(integrity_errors() >= errors0 + (uint64_t)len);
+    sb.len = 0;
+    assert_int_equal(query_frame(q, run, "ent", 1, 70, &sb, err, sizeof err), QUERY_OK); /* restored */
+
+    /* the mask (which steps the frames are), and the rowid (which block) */
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    char sql[200];
+    snprintf(sql, sizeof sql, "UPDATE block_chunks SET mask = (mask | 4) - (mask & 4) WHERE %s", where);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sb.len = 0;
+    assert_int_equal(query_frame(q, run, "ent", 1, 70, &sb, err, sizeof err), QUERY_ERR);
+    expect_named(err, run, "steps 64..127");
+    char *out = NULL;
+    assert_int_equal(query_frames(q, ent, L * H, 0, INT64_MAX, frames_text, &out, err, sizeof err), QUERY_ERR);
+    /* query_frames knows the metric by id only (remote write names the run) */
+    if (!strstr(err, "steps 64..127") || !strstr(err, "checksum")) fail_msg("query_frames: %s", err);
+    free(out);
+    out = NULL;
+    assert_int_equal(check_report(f->path, &text), 1);
+    if (!strstr(text, "damaged: run ") || !strstr(text, "metric \"ent\" steps 64..127: block chunk 0") ||
+        !strstr(text, "checksum mismatch"))
+        fail_msg("--check did not name the block: %s", text);
+    free(text);
+    snprintf(sql, sizeof sql, "UPDATE block_chunks SET mask = (mask | 4) - (mask & 4) WHERE %s", where);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    /* block 3 moved to block 4 (a flipped bit of its key) */
+    snprintf(sql, sizeof sql, "UPDATE block_chunks SET id = id + 1 WHERE id = %lld", (long long)(id1 + 2));
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(query_frames(q, ent, L * H, 0, INT64_MAX, frames_text, &out, err, sizeof err), QUERY_ERR);
+    free(out);
+    out = NULL;
+    if (!strstr(err, "steps 256..319") || !strstr(err, "checksum")) fail_msg("moved block: %s", err);
+    snprintf(sql, sizeof sql, "UPDATE block_chunks SET id = id - 1 WHERE id = %lld", (long long)(id1 + 3));
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+
+    /* a rollup row: every byte of it in turn */
+    len = flip_blob(f->path, "rollups", "data", rwhere, -1, 0);
+    for (int off = 0; off < len; off++) {
+        flip_blob(f->path, "rollups", "data", rwhere, off, (off + 3) % 8);
+        sb.len = 0;
+        int rc = query_series(q, &req, &sb, err, sizeof err);
+        if (rc != QUERY_ERR) fail_msg("byte %d of the level-1 rollup of block 2 flipped: the series answered %d", off, rc);
+        expect_named(err, run, "steps 128..191");
+        flip_blob(f->path, "rollups", "data", rwhere, off, (off + 3) % 8);
+    }
+    /* a row without a checksum is read as before migration 11 */
+    snprintf(sql, sizeof sql, "UPDATE rollups SET crc = NULL WHERE %s", rwhere);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sb.len = 0;
+    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_OK);
+    assert_true(sb.len == clean.len && memcmp(sb.p, clean.p, clean.len) == 0);
+    assert_int_equal(check_report(f->path, &text), 0);
+    free(text);
+
+    /* a damaged level-1 row pooled into level 2: the level-2 row reads as
+     * damaged too, never as a summary without the row */
+    flip_blob(f->path, "rollups", "data", rwhere, 0, 1);
+    snprintf(sql, sizeof sql, "UPDATE rollups SET crc = 1 WHERE %s", rwhere);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    put_range(f, run, &seq, 300, 600, 0, 100);
+    req.points = 1;
+    sb.len = 0;
+    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_ERR);
+    expect_named(err, run, "steps 0..511");
+    assert_int_equal(check_report(f->path, &text), 1);
+    if (!strstr(text, "steps 128..191: level-1 rollup, chunk 0: checksum mismatch") ||
+        !strstr(text, "steps 0..511: level-2 rollup, chunk 0: pooled from a damaged row"))
+        fail_msg("--check: %s", text);
+    free(text);
+    free(sb.p);
+    free(clean.p);
+    query_release(p, q);
+    query_pool_close(p);
+}
+
 /* A stored row whose size does not fit its metric's shape (a raw frame,
  * a rollup) is reported: query_frames, the frame and the series queries
  * answer QUERY_ERR naming it, never a silent gap in the data. */
@@ -1701,7 +1873,9 @@ static void test_upgrade_rollup_chunks(void **state) {
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
     rollups_to_v8(db);
-    assert_int_equal(sqlite3_exec(db, "COMMIT; PRAGMA user_version = 8", NULL, NULL, NULL), SQLITE_OK);
+    /* migration 8's block_chunks had no crc (migration 11) */
+    assert_int_equal(sqlite3_exec(db, "ALTER TABLE block_chunks DROP COLUMN crc; COMMIT; PRAGMA user_version = 8", NULL,
+                                  NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollup_totals'"), 0);
 
@@ -1876,6 +2050,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_upgrade_from_raw, setup, teardown),
         cmocka_unit_test_setup_teardown(test_block_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_frame_reported, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checksums_reported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kind_conflict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
