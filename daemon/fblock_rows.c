@@ -133,7 +133,7 @@ static int base_get(struct fblock_rows *r, int64_t metric_id, uint32_t nchunks, 
 }
 
 int fblock_rows_put(struct fblock_rows *r, int64_t metric_id, int64_t block, uint64_t mask, const float *vals,
-                    uint32_t nframes, uint32_t n) {
+                    uint32_t nframes, uint32_t n, int poisoned) {
     int64_t base;
     if (block < 0 || block > BLOCK_MASK) return 1;
     int got = base_get(r, metric_id, fblock_nchunks(n), &base);
@@ -146,7 +146,8 @@ int fblock_rows_put(struct fblock_rows *r, int64_t metric_id, int64_t block, uin
         sqlite3_bind_int64(s, 1, row_id(base, k, block));
         sqlite3_bind_int64(s, 2, (int64_t)mask);
         sqlite3_bind_blob(s, 3, blob, (int)len, SQLITE_STATIC); /* the codec's until its next encode */
-        sqlite3_bind_int64(s, 4, integrity_stored(integrity_chunk_crc(row_id(base, k, block), mask, blob, len)));
+        uint32_t crc = integrity_chunk_crc(row_id(base, k, block), mask, blob, len);
+        sqlite3_bind_int64(s, 4, poisoned ? integrity_poisoned(crc) : integrity_stored(crc));
         int rc = run(s);
         if (rc) return rc;
     }

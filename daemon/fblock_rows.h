@@ -43,11 +43,12 @@ void fblock_rows_close(struct fblock_rows *r);
 
 /* Writes block `block` of metric_id: nframes frames (vals, frame-major)
  * of n values, the steps in mask, as fblock_nchunks(n) rows of
- * block_chunks: 0; 1 when the block cannot have rows (a block number of
+ * block_chunks, each with its checksum (inverted when poisoned: the
+ * frames came from a damaged row, and must read as damaged): 0; 1 when the block cannot have rows (a block number of
  * 2^26 or more, i.e. a step past 2^32: the caller keeps its frames raw);
  * a block already there fails (a constraint: FBLOCK_EDB). */
 int fblock_rows_put(struct fblock_rows *r, int64_t metric_id, int64_t block, uint64_t mask, const float *vals,
-                    uint32_t nframes, uint32_t n);
+                    uint32_t nframes, uint32_t n, int poisoned);
 
 /* Starts a walk over metric_id's blocks b0..b1 (inclusive), ascending or
  * (desc) descending, decoding cells [c0, c1) (0 <= c0 < c1 <= n) of each;

@@ -104,6 +104,10 @@ uint32_t integrity_rollup_crc(int64_t metric_id, int64_t level, int64_t chunk, i
     return integrity_crc32c(c, data, len);
 }
 
+uint32_t integrity_frame_crc(int64_t metric_id, int64_t step, const void *data, size_t len) {
+    return integrity_crc32c(crc_i64(crc_i64(0, metric_id), step), data, len);
+}
+
 /* ---- the count */
 
 static atomic_uint_fast64_t n_errors;
@@ -356,9 +360,9 @@ static void check_rollups(struct check *c, int totals) {
 }
 
 static void check_frames(struct check *c) {
-    sqlite3_stmt *s = prep(c, "SELECT metric_id, step, length(data) FROM frames");
+    sqlite3_stmt *s = prep(c, "SELECT metric_id, step, data, crc FROM frames");
     int rc;
-    if (!s) return;
+    if (!s && !(s = prep(c, "SELECT metric_id, step, data, NULL FROM frames"))) return;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         c->rows++;
         struct metric *m = metric_find(c, sqlite3_column_int64(s, 0));
@@ -367,8 +371,11 @@ static void check_frames(struct check *c) {
             continue;
         }
         int64_t step = sqlite3_column_int64(s, 1);
-        if (sqlite3_column_int64(s, 2) != (int64_t)m->n * 4)
-            damaged(c, m, step, step, "raw frame (no checksum)", "its size is not its metric's shape");
+        const void *d = sqlite3_column_blob(s, 2);
+        size_t len = (size_t)sqlite3_column_bytes(s, 2);
+        uint32_t want = integrity_frame_crc(m->id, step, d, len);
+        if (!crc_ok(s, 3, want)) damaged(c, m, step, step, "raw frame", "checksum mismatch");
+        else if (len != (size_t)m->n * 4) damaged(c, m, step, step, "raw frame", "its size is not its metric's shape");
     }
     if (rc != SQLITE_DONE) scan_failed(c, "frames");
     sqlite3_finalize(s);

@@ -2,13 +2,13 @@
  * (schema/storage.md, "Checksums"; docs/storage.md says why a checksum
  * per row and not SQLite's checksum VFS).
  *
- * Since migration 11 every row of block_chunks, rollups and rollup_totals
+ * Since migration 11 every row of block_chunks, rollups, rollup_totals and frames
  * the daemon writes carries `crc`: CRC32C (Castagnoli) of the row's key,
  * the fields a reader trusts and its blob, stored as a signed 32-bit
  * integer (4 bytes in the record). A reader recomputes it before it
  * decodes the row; a row whose crc is NULL was written before migration
- * 11 and is read as before (unchecked). What is not covered: raw frames
- * of open blocks, `latest`, the migration-6 `blocks` table (read only)
+ * 11 and is read as before (unchecked). What is not covered: `latest`
+ * (/metrics' newest values), abandoned frames, the migration-6 `blocks` table (read only)
  * and the small tables; SQLite's own page checks (and `entropyd --check`,
  * which runs integrity_check) cover the b-tree structure.
  *
@@ -37,6 +37,10 @@ uint32_t integrity_chunk_crc(int64_t id, uint64_t mask, const void *data, size_t
  * little-endian), then the blob. */
 uint32_t integrity_rollup_crc(int64_t metric_id, int64_t level, int64_t chunk, int64_t block, int64_t nframes,
                               const void *data, size_t len);
+
+/* The checksum of a raw frame (`frames`, an open block's): metric_id,
+ * step (8 bytes each, little-endian), then the values. */
+uint32_t integrity_frame_crc(int64_t metric_id, int64_t step, const void *data, size_t len);
 
 /* What a row stores in its crc column for checksum c (a signed 32-bit
  * integer: SQLite's 4-byte integer; a u32 above 2^31 would take 6). */

@@ -21,8 +21,8 @@ static const char *const q_sql[Q_COUNT] = {
                   "AND block BETWEEN ?3 AND ?4 ORDER BY block",
     [Q_TOTALS] = "SELECT block, nframes, data, crc FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 "
                  "AND block BETWEEN ?3 AND ?4 ORDER BY block",
-    [Q_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
-    [Q_FRAME_AT] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
+    [Q_FRAMES] = "SELECT step, data, crc FROM frames WHERE metric_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
+    [Q_FRAME_AT] = "SELECT step, data, crc FROM frames WHERE metric_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
     [Q_ROLLUP_FIRST] = "SELECT min(block) FROM rollups WHERE metric_id = ?1 AND level = 1 AND chunk = 0",
 };
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fblock.h"
+#include "integrity.h"
 #include "query_db.h"
 #include "store.h"
 
@@ -44,6 +45,18 @@ static int frame_corrupt(struct query *q, int64_t metric_id, int64_t step, int b
                             (long long)metric_id, (long long)step, bytes, n, (size_t)n * 4);
 }
 
+/* Row s's frame (step, data in column 1, crc in 2) fails its checksum
+ * (integrity.h; a row without one, from before migration 11, passes):
+ * noted as corrupt, -1; else 0. */
+static int frame_check(struct query *q, int64_t metric_id, int64_t step, sqlite3_stmt *s) {
+    if (sqlite3_column_type(s, 2) == SQLITE_NULL ||
+        sqlite3_column_int64(s, 2) == integrity_stored(integrity_frame_crc(metric_id, step, sqlite3_column_blob(s, 1),
+                                                                           (size_t)sqlite3_column_bytes(s, 1))))
+        return 0;
+    return query_db_corrupt(q, "steps %lld..%lld: the raw frame of metric %lld at step %lld fails its checksum",
+                            (long long)step, (long long)step, (long long)metric_id, (long long)step);
+}
+
 /* The next raw frame of the walk's statement into *step / vals (copied:
  * a blob need not be aligned); 0 at the end (*step = INT64_MAX), -1 on
  * error, a row of another size included (frame_corrupt). */
@@ -52,6 +65,7 @@ static int raw_next(struct query *q, int64_t metric_id, sqlite3_stmt *s, uint32_
     if (rc == SQLITE_ROW) {
         *step = sqlite3_column_int64(s, 0);
         int bytes = sqlite3_column_bytes(s, 1);
+        if (frame_check(q, metric_id, *step, s)) return -1;
         if ((size_t)bytes != (size_t)n * 4) return frame_corrupt(q, metric_id, *step, bytes, n);
         memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
         return 1;
@@ -179,7 +193,8 @@ static int64_t frame_at(struct query *q, int64_t metric_id, uint32_t n, int64_t 
     if (rc == SQLITE_ROW) {
         found = sqlite3_column_int64(s, 0);
         int bytes = sqlite3_column_bytes(s, 1);
-        if ((size_t)bytes == (size_t)n * 4) memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
+        if (frame_check(q, metric_id, found, s)) corrupt = -1;
+        else if ((size_t)bytes == (size_t)n * 4) memcpy(vals, sqlite3_column_blob(s, 1), (size_t)n * 4);
         else corrupt = frame_corrupt(q, metric_id, found, bytes, n);
     }
     sqlite3_reset(s);

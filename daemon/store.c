@@ -56,7 +56,7 @@ struct run_cache {
 
 
 static const char *const stmt_sql[S_COUNT] = {
-    [S_INSERT_FRAME] = "INSERT OR REPLACE INTO frames(metric_id, step, data) VALUES (?1, ?2, ?3)",
+    [S_INSERT_FRAME] = "INSERT OR REPLACE INTO frames(metric_id, step, data, crc) VALUES (?1, ?2, ?3, ?4)",
     [S_INSERT_STEP] = "INSERT OR REPLACE INTO steps(run_id, step, seq, time) VALUES (?1, ?2, ?3, ?4)",
     /* an id above every live one and every one still being purged: frames
      * of a deleted metric must never be taken for a new one's */
@@ -67,7 +67,7 @@ static const char *const stmt_sql[S_COUNT] = {
                         "VALUES (?1, ?2, ?6, ?3, ?4, ?5, ?7)",
     [S_INSERT_TOTAL] = "INSERT OR REPLACE INTO rollup_totals(metric_id, level, block, nframes, data, crc) "
                        "VALUES (?1, ?2, ?3, ?4, ?5, ?7)",
-    [S_SEAL_FRAMES] = "SELECT step, data FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3 ORDER BY step",
+    [S_SEAL_FRAMES] = "SELECT step, data, crc FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3 ORDER BY step",
     [S_SEAL_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
     [S_INSERT_ABANDONED] = "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) VALUES (?1, ?2, ?3, ?4)",
     [S_LAST_FRAME] = "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step DESC LIMIT 1",
@@ -706,6 +706,7 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     uint64_t mask = 0;
     uint32_t nf = 0;
     int rc;
+    int64_t bad = -1; /* a frame that fails its checksum: the block is sealed poisoned */
     if (scratch_grow(st, m->n)) return -1;
     sqlite3_stmt *s = st->stmt[S_SEAL_FRAMES];
     sqlite3_bind_int64(s, 1, m->id);
@@ -714,6 +715,10 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         int64_t step = sqlite3_column_int64(s, 0);
         if ((uint32_t)sqlite3_column_bytes(s, 1) != m->n * 4) continue; /* cannot happen: shapes are fixed per run */
+        if (sqlite3_column_type(s, 2) != SQLITE_NULL &&
+            sqlite3_column_int64(s, 2) != integrity_stored(integrity_frame_crc(m->id, step, sqlite3_column_blob(s, 1),
+                                                                               (size_t)m->n * 4)))
+            bad = step;
         memcpy(st->blockvals + (size_t)nf * m->n, sqlite3_column_blob(s, 1), (size_t)m->n * 4);
         mask |= UINT64_C(1) << (step - lo);
         nf++;
@@ -726,9 +731,15 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
         const float *v = st->blockvals + (size_t)f * m->n;
         for (uint32_t i = 0; i < m->n; i++) rollup_add(&st->agg[i], v[i]);
     }
-    if (rollup_write(st, m, 1, block, nf, 0)) return -1;
+    if (bad >= 0) {
+        integrity_note();
+        fprintf(stderr, "entropyd: store: damaged raw frame: metric %lld, step %lld fails its checksum; its block "
+                "(steps %lld..%lld) is sealed marked damaged\n", (long long)m->id, (long long)bad, (long long)lo,
+                (long long)(lo + FBLOCK_STEPS - 1));
+    }
+    if (rollup_write(st, m, 1, block, nf, bad >= 0)) return -1;
     if (st->lossy_bits) fblock_round(st->blockvals, (size_t)nf * m->n, st->lossy_bits);
-    int put = fblock_rows_put(st->rows, m->id, block, mask, st->blockvals, nf, m->n);
+    int put = fblock_rows_put(st->rows, m->id, block, mask, st->blockvals, nf, m->n, bad >= 0);
     if (store_rows_err(st, put, m->id, block, "writing a block")) return -1;
     if (put == 1) return 0; /* a step past 2^32: its frames stay raw */
     s = st->stmt[S_SEAL_DELETE];
@@ -833,6 +844,7 @@ static int frame_insert(struct store *st, int64_t metric_id, int64_t step, const
     sqlite3_bind_int64(s, 1, metric_id);
     sqlite3_bind_int64(s, 2, step);
     sqlite3_bind_blob(s, 3, v, (int)(n * sizeof(float)), SQLITE_STATIC);
+    sqlite3_bind_int64(s, 4, integrity_stored(integrity_frame_crc(metric_id, step, v, n * sizeof(float))));
     return step_done(st, s, what);
 }
 

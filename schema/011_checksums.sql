@@ -7,3 +7,5 @@
 ALTER TABLE block_chunks ADD COLUMN crc INTEGER;
 ALTER TABLE rollups ADD COLUMN crc INTEGER;
 ALTER TABLE rollup_totals ADD COLUMN crc INTEGER;
+-- the raw frames of open blocks (a block's at most 64 steps a metric)
+ALTER TABLE frames ADD COLUMN crc INTEGER;

@@ -957,7 +957,8 @@ static void rollups_to_v8(sqlite3 *db) {
     }
     sqlite3_finalize(rs);
     sqlite3_finalize(ins);
-    assert_int_equal(sqlite3_exec(db, "DROP TABLE rollups; DROP TABLE rollup_totals; ALTER TABLE rollups_old RENAME TO rollups",
+    assert_int_equal(sqlite3_exec(db, "DROP TABLE rollups; DROP TABLE rollup_totals; ALTER TABLE rollups_old RENAME TO rollups; "
+                                      "ALTER TABLE frames DROP COLUMN crc", /* migration 11's */
                                   NULL, NULL, NULL), SQLITE_OK);
 }
 
@@ -1389,6 +1390,18 @@ static void test_checksums_reported(void **state) {
     snprintf(sql, sizeof sql, "UPDATE block_chunks SET id = id - 1 WHERE id = %lld", (long long)(id1 + 3));
     assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
 
+    /* a raw frame of the open block */
+    char fwhere[96];
+    snprintf(fwhere, sizeof fwhere, "metric_id = %lld AND step = 270", (long long)ent);
+    flip_blob(f->path, "frames", "data", fwhere, 5, 2);
+    sb.len = 0;
+    assert_int_equal(query_frame(q, run, "ent", 1, 270, &sb, err, sizeof err), QUERY_ERR);
+    expect_named(err, run, "steps 270..270");
+    assert_int_equal(check_report(f->path, &text), 1);
+    if (!strstr(text, "steps 270..270: raw frame: checksum mismatch")) fail_msg("--check: %s", text);
+    free(text);
+    flip_blob(f->path, "frames", "data", fwhere, 5, 2);
+
     /* a rollup row: every byte of it in turn */
     len = flip_blob(f->path, "rollups", "data", rwhere, -1, 0);
     for (int off = 0; off < len; off++) {
@@ -1444,7 +1457,7 @@ static void test_corrupt_frame_reported(void **state) {
     sqlite3 *db;
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
     char sql[200];
-    snprintf(sql, sizeof sql, "UPDATE frames SET data = substr(data, 1, 8) WHERE metric_id = %lld AND step = 70",
+    snprintf(sql, sizeof sql, "UPDATE frames SET data = substr(data, 1, 8), crc = NULL WHERE metric_id = %lld AND step = 70",
              (long long)ent);
     assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_changes(db), 1);
@@ -1464,7 +1477,7 @@ static void test_corrupt_frame_reported(void **state) {
     assert_non_null(strstr(err, "at step 70 has 8 bytes"));
     /* frames before the bad one still read; a bad rollup is named too */
     assert_int_equal(query_frame(q, run, "ent", 1, 69, &sb, err, sizeof err), QUERY_OK);
-    snprintf(sql, sizeof sql, "UPDATE frames SET data = zeroblob(%d) WHERE metric_id = %lld AND step = 70", L * H * 4,
+    snprintf(sql, sizeof sql, "UPDATE frames SET data = zeroblob(%d), crc = NULL WHERE metric_id = %lld AND step = 70", L * H * 4,
              (long long)ent);
     assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     snprintf(sql, sizeof sql, "UPDATE rollups SET data = x'00' WHERE metric_id = %lld AND level = 1 AND block = 0",
