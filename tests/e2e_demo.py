@@ -124,7 +124,7 @@ def test_short_demo(tmp):
         assert vb["since_step"] == collapse[0], (vb, collapse)
         assert vb["rule"] == "entropy_collapse" and vb["heads"], vb
         assert base["verdict"] == vb, (base["verdict"], vb)
-        assert vs == {"state": "healthy", "since_step": None, "heads": [], "rule": None}, vs
+        assert vs == {"state": "healthy", "since_step": None, "heads": [], "rule": None, "evidence": None}, vs
         assert sig["verdict"] == vs, sig["verdict"]
         page = get(port, "/api/runs?limit=10&verdict=collapsed")
         assert [r["name"] for r in page["runs"]] == ["demo-baseline"], page

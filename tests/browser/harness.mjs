@@ -146,8 +146,10 @@ export class Trainer {
 /* ---- synthetic metrics -------------------------------------------------- */
 
 /** A step message of a plausible run: entropy falls over time; heads of
- * layer 0 collapse when `collapse` is set (past step collapseAt). Values are
- * rounded to float32-exact decimals so comparisons are exact. */
+ * layer 0 collapse when `collapse` is set (past step collapseAt), and then
+ * the loss never trains (a collapse harms training: docs/science.md; a loss
+ * that trains beside near-one-hot heads is `sharp`, not collapsed). Values
+ * are rounded to float32-exact decimals so comparisons are exact. */
 export function stepMsg(step, L, H, {collapse = false, collapseAt = 150, extraLayers = true} = {}) {
   const logT = Math.log(64);
   const f32 = (x) => Math.fround(x);
@@ -172,8 +174,9 @@ export function stepMsg(step, L, H, {collapse = false, collapseAt = 150, extraLa
   }
   return {
     type: 'step', step, time: Date.now() / 1000,
-    scalars: {loss: f32(4 * Math.exp(-step / 300) + 1.5 + 0.05 * Math.sin(step)), lr: f32(1e-3 * Math.min(1, step / 50)),
-              ...(step % 50 === 0 ? {eval_loss: f32(4 * Math.exp(-step / 300) + 1.7)} : {})},
+    scalars: {loss: f32((collapse ? 5.5 : 4 * Math.exp(-step / 300) + 1.5) + 0.05 * Math.sin(step)),
+              lr: f32(1e-3 * Math.min(1, step / 50)),
+              ...(step % 50 === 0 ? {eval_loss: f32(collapse ? 5.7 : 4 * Math.exp(-step / 300) + 1.7)} : {})},
     layers,
     heads: {entropy, entropy_norm: norm, entropy_bound: bound, sigma_qk: sqk, max_logit: mlog, eig_mean: em, eig_var: ev},
   };
