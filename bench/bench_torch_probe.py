@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""The PyTorch probe's cost to the training step (issue 32's bar: the
+default entropyd.torch.watch within 2% of no watch), interleaved in one
+process: a pre-LN nn.TransformerEncoder LM (AdamW, batch 16, seq 128,
+causal mask) alternates blocks of steps with the default watch (budget
+2%, watch.log every step: scalars, and the probe when the watch chooses)
+and blocks with no watch at all (the hooks removed, no log), the order
+flipping each pair of blocks; each pair gives the ratio of the two
+blocks' mean step times, and the figure is the median of those ratios
+with their quartiles (machine load drifts between blocks, not within a
+pair).  Printed for wall time (the bar) and the process's CPU time (all
+threads: the client's sender included), which a loaded machine disturbs
+less; also what the watch says it spent (watch.cost over the watched
+blocks' time), its interval and examples.
+Configs "d_model x layers x heads": 128x4x4 and 256x6x8, each with one
+intra-op thread and with every core.  The watch's steps are numbered
+consecutively across its blocks (one run), so its schedule sees only
+watched steps.  Env: TORCH_BENCH_CONFIGS (default "128x4x4,256x6x8"),
+TORCH_BENCH_THREADS ("1,all"), TORCH_BENCH_PAIRS (6; blocks of 12 steps
+at 128, 6 at 256: TORCH_BENCH_BLOCK overrides), ENTROPYD_SOCK (a daemon;
+else spool only)."""
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import entropyd  # noqa: E402
+import entropyd.torch as et  # noqa: E402
+
+B, T, V = 16, 128, 256
+
+
+def quart(xs):
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return q[0], statistics.median(xs), q[2]
+
+
+def hook(w, model):
+    for m in model.modules():
+        if isinstance(m, nn.MultiheadAttention):
+            m.forward = w._mha_forward(m, m.forward)
+            m._entropyd_watch = w
+
+
+def bench(C, L, H, threads, pairs, block, sock):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(C, H, 4 * C, dropout=0.0, batch_first=True, norm_first=True)
+    model = nn.ModuleDict(dict(tok=nn.Embedding(V, C), pos=nn.Embedding(T, C),
+                               enc=nn.TransformerEncoder(layer, L, enable_nested_tensor=False), head=nn.Linear(C, V)))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    mask = nn.Transformer.generate_square_subsequent_mask(T)
+    g = torch.Generator().manual_seed(1)
+    pos = torch.arange(T)
+
+    def step():
+        x = torch.randint(0, V, (B, T + 1), generator=g)
+        h = model["tok"](x[:, :T]) + model["pos"](pos)
+        out = model["head"](model["enc"](h, mask=mask))
+        loss = F.cross_entropy(out.reshape(-1, V), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    name = "bench-torch-%dx%dx%d-t%d" % (C, L, H, threads)
+    run = entropyd.init(name, layers=L, heads=H, seq_len=T, daemon=("unix:" + sock) if sock else "")
+    w = et.watch(model, run)                       # the default watch
+    w.remove()
+    ws = 0                                         # the watch's steps, consecutive
+
+    def block_of(watched):
+        nonlocal ws
+        if watched:
+            hook(w, model)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(block):
+            loss = step()
+            if watched:
+                w.log(ws, loss=loss)
+                ws += 1
+            else:
+                float(loss)                        # what a loop prints or checks anyway
+        dt, dc = (time.perf_counter() - t0) / block, (time.process_time() - c0) / block
+        if watched:
+            w.remove()
+        return dt, dc
+
+    for watched in (True, False, True):            # warm-up: the allocator, the watch's first probes
+        block_of(watched)
+    cost0, probes0 = w.cost, w.probes
+    wall, cpu, watched_time = [], [], 0.0
+    for p in range(pairs):
+        order = (False, True) if p % 2 == 0 else (True, False)
+        r = {}
+        for watched in order:
+            r[watched] = block_of(watched)
+        watched_time += r[True][0] * block
+        wall.append(r[True][0] / r[False][0] - 1)
+        cpu.append(r[True][1] / r[False][1] - 1)
+        base_ms = r[False][0] * 1e3
+    run.finish("finished", grace=10, quiet=True)
+    lo, md, hi = quart(wall)
+    clo, cmd, chi = quart(cpu)
+    print("  %3dx%dx%d, %s thread%s: step %.0f ms; watch vs none: wall %+.2f%% (quartiles %+.2f .. %+.2f%%), "
+          "cpu %+.2f%% (%+.2f .. %+.2f%%); the watch's own count %.2f%% (%d probes in %d steps, interval %d, "
+          "%d examples)" % (C, L, H, threads, "" if threads == 1 else "s", base_ms, 100 * md, 100 * lo, 100 * hi,
+                            100 * cmd, 100 * clo, 100 * chi, 100 * (w.cost - cost0) / watched_time,
+                            w.probes - probes0, pairs * block, w.interval, w.examples), flush=True)
+    return md
+
+
+def probe_alone(C, H, n=4, reps=15):
+    """One layer's probe on n examples (the default 4), the thread's CPU time
+    per call (median): the budgeted path against exact=True's."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    d = C // H
+    x = F.layer_norm(torch.randn(n, T, C) + torch.randn(C), (C,))
+    w, b = torch.randn(3 * C, C) / C ** 0.5, torch.randn(3 * C) * 0.02
+    q = (x @ w[:C].T + b[:C]).view(n, T, H, d).transpose(1, 2)
+    k = (x @ w[C:2 * C].T + b[C:2 * C]).view(n, T, H, d).transpose(1, 2)
+    out = {}
+    for kind in ("budget", "exact", "budget", "exact"):
+        st = {} if kind == "budget" else None
+        ts = []
+        for _ in range(reps):
+            t0 = time.thread_time()
+            with torch.no_grad():
+                et._metrics(q, k, x, None, w[:C], w[C:2 * C], b[:C], b[C:2 * C], state=st, eig=True)
+            ts.append(time.thread_time() - t0)
+        out[kind] = min(out.get(kind, 1e9), statistics.median(ts[3:]))
+    print("  probe alone, one layer, %dx%d heads, %d examples x %d tokens, one thread: %.2f ms budgeted, "
+          "%.2f ms exact (CPU time, median)" % (C, H, n, T, 1e3 * out["budget"], 1e3 * out["exact"]), flush=True)
+
+
+def main():
+    configs = [tuple(int(v) for v in c.split("x")) for c in
+               os.environ.get("TORCH_BENCH_CONFIGS", "128x4x4,256x6x8").split(",")]
+    threads = [os.cpu_count() if t == "all" else int(t) for t in os.environ.get("TORCH_BENCH_THREADS", "1,all").split(",")]
+    pairs = int(os.environ.get("TORCH_BENCH_PAIRS", 6))
+    sock = os.environ.get("ENTROPYD_SOCK")
+    print("torch probe A/B: nn.TransformerEncoder LM, batch %d, seq %d, %d pairs of blocks, load %s" % (
+        B, T, pairs, open("/proc/loadavg").read().split()[0]), flush=True)
+    for C, L, H in configs:
+        probe_alone(C, H)
+    worst = None
+    for C, L, H in configs:
+        block = int(os.environ.get("TORCH_BENCH_BLOCK", 12 if C <= 128 else 6))
+        for t in threads:
+            md = bench(C, L, H, t, pairs, block, sock)
+            worst = md if worst is None else max(worst, md)
+    print("  bar: the default watch within 2%% of none (median of interleaved pairs): worst %+.2f%% -> %s"
+          % (100 * worst, "met" if worst <= 0.02 else "NOT met"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
