@@ -4,6 +4,7 @@
 #include "net.h"
 #include "now.h"
 #include "peers.h"
+#include "ratelog.h"
 
 #include <arpa/inet.h>
 
@@ -61,6 +62,7 @@ struct conn {
     struct run *run;
     int waiting;             /* hello sent to the writer, welcome not back yet */
     int closing;             /* close once output is flushed */
+    int told_db_failing;     /* got db_failing in the database's current streak of refusals */
     int eof;                 /* peer closed its side */
     int want_out;            /* EPOLLOUT armed */
     int reading;             /* EPOLLIN armed */
@@ -90,6 +92,8 @@ struct ingest {
     uint64_t next_id;
     struct run_table by_name, by_id;
     int paused;              /* the writer's queue was full */
+    double accept_resume_ms; /* > 0: listeners out of epoll until then (out of descriptors) */
+    struct ratelog accept_log;
     int wake_writer;         /* steps or events were submitted quietly: wake it (ingest_run) */
     struct peers *peers;     /* open connections per uid / address */
     struct conn *pend_head, *pend_tail; /* not welcomed yet, in accept order */
@@ -516,10 +520,29 @@ static struct conn *peer_victim(struct ingest *ing, const char *key) {
     return NULL;
 }
 
+/* While the writer's database refuses writes (a full disk), tells each
+ * connection once, with an error line that keeps it open: otherwise a
+ * trainer sees only acks that stop coming. A streak ends when a commit
+ * succeeds; the next one tells everyone again. */
+static void tell_db_failing(struct ingest *ing) {
+    struct writer_stats ws;
+    writer_get_stats(ing->writer, &ws);
+    for (int fd = 0; fd < ing->conns_cap; fd++) {
+        struct conn *c = ing->conns[fd];
+        if (!c || c->closing || c->told_db_failing == ws.failing) continue;
+        c->told_db_failing = ws.failing;
+        if (ws.failing)
+            send_error(ing, c, PROTO_E_DB_FAILING,
+                       "the daemon cannot write its database (disk full or I/O error): nothing is acked until it "
+                       "can; keep what you sent, it is taken when the database recovers", 0);
+    }
+}
+
 /* Closes connections past their deadline and resumes starved ones once
  * memory is free. Called from the loop a few times a second. */
 static void guards_sweep(struct ingest *ing, double now) {
     ing->last_sweep_ms = now;
+    tell_db_failing(ing);
     char msg[160];
     while (ing->pend_head) {
         struct conn *c = ing->pend_head, *timed_out = NULL;
@@ -651,13 +674,40 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
  * are accepted on the next round). */
 #define ACCEPT_BATCH 64
 
+/* How long the listeners rest when the process is out of descriptors:
+ * epoll is level-triggered, so a pending connection that cannot be
+ * accepted wakes the loop again at once (a busy loop at 134% of a core and
+ * a million log lines in 12 s, with RLIMIT_NOFILE 96). The connection
+ * waits in the backlog meanwhile and is taken once a descriptor frees. */
+#define ACCEPT_REST_MS 100
+
+static int ep_add(int ep, int fd, uint64_t tag);
+
+/* Out of descriptors: the listeners leave epoll for ACCEPT_REST_MS
+ * (ingest_run puts them back). */
+static void accept_rest(struct ingest *ing) {
+    if (ing->accept_resume_ms > 0) return;
+    if (ing->unix_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->unix_fd, NULL);
+    if (ing->tcp_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->tcp_fd, NULL);
+    ing->accept_resume_ms = now_mono_ms() + ACCEPT_REST_MS;
+}
+
+static void accept_wake(struct ingest *ing) {
+    if (ing->accept_resume_ms <= 0 || now_mono_ms() < ing->accept_resume_ms) return;
+    ing->accept_resume_ms = 0;
+    if (ing->unix_fd >= 0) ep_add(ing->ep, ing->unix_fd, EV_UNIX);
+    if (ing->tcp_fd >= 0) ep_add(ing->ep, ing->tcp_fd, EV_TCP);
+}
+
 static void accept_ready(struct ingest *ing, int lfd) {
     for (int i = 0; i < ACCEPT_BATCH; i++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                fprintf(stderr, "entropyd: accept: %s\n", strerror(errno));
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            ratelog(&ing->accept_log, "accept: %s%s", strerror(errno),
+                    errno == EMFILE || errno == ENFILE ? " (listeners rest 100 ms; raise the file limit, ulimit -n)" : "");
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) accept_rest(ing);
             return;
         }
         struct peer *peer = admit(ing, fd, lfd == ing->tcp_fd);
@@ -1163,7 +1213,7 @@ int ingest_run(struct ingest *ing, int drain_ms) {
     double pause_start = 0;
     while (!stopping) {
         int ep = ing->paused ? ing->ctl_ep : ing->ep;
-        int n = epoll_wait(ep, evs, 256, ing->paused ? 20 : 250);
+        int n = epoll_wait(ep, evs, 256, ing->paused ? 20 : ing->accept_resume_ms > 0 ? ACCEPT_REST_MS : 250);
         if (n < 0) {
             if (errno == EINTR) continue;
             fprintf(stderr, "entropyd: epoll_wait: %s\n", strerror(errno));
@@ -1188,6 +1238,7 @@ int ingest_run(struct ingest *ing, int drain_ms) {
                 if (ing->conns[fd] == c && (evs[i].events & EPOLLOUT)) conn_flush(ing, c);
             }
         }
+        accept_wake(ing);
         if (ing->paused && !writer_full(ing->writer)) {
             STAT_ADD(ing, paused_ms, (uint64_t)(now_mono_ms() - pause_start));
             resume_all(ing);
@@ -1200,8 +1251,10 @@ int ingest_run(struct ingest *ing, int drain_ms) {
     }
     /* Shutdown: stop accepting, let the writer commit what was accepted,
      * pass on its acks, then close. */
-    if (ing->unix_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->unix_fd, NULL);
-    if (ing->tcp_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->tcp_fd, NULL);
+    if (ing->accept_resume_ms <= 0) { /* resting listeners are out already */
+        if (ing->unix_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->unix_fd, NULL);
+        if (ing->tcp_fd >= 0) epoll_ctl(ing->ep, EPOLL_CTL_DEL, ing->tcp_fd, NULL);
+    }
     double deadline = now_mono_ms() + drain_ms;
     while (now_mono_ms() < deadline) {
         struct writer_stats ws;

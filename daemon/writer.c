@@ -1,6 +1,7 @@
 /* writer.c: the writer thread. See writer.h for the contract. */
 #include "writer.h"
 #include "now.h"
+#include "ratelog.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -11,6 +12,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* At shutdown, how long a batch the database refuses is retried before it,
+ * and every batch after it, is given up unacked (commit_batch). */
+#define WRITER_STOP_GRACE_MS 2000.0
 
 struct writer {
     struct store *st;
@@ -24,6 +29,12 @@ struct writer {
     struct writer_item *head, *tail; /* submitted, not yet taken */
     size_t bytes;                    /* held by queued and uncommitted items */
     int stop;
+    double stop_ms;                  /* monotonic ms writer_destroy asked the thread to stop */
+    /* writer thread only: at shutdown, the database refused and batches are given up unacked */
+    int abandoning;
+    uint64_t abandoned_steps;
+    char abandon_why[256];
+    struct ratelog write_log, ck_log, job_log; /* ck_log: the checkpointer thread's */
     struct writer_reply *rhead, *rtail;
 
     struct writer_stats stats;       /* written by the writer thread only */
@@ -309,21 +320,30 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
                 return;
             }
         }
-        if (attempt == 0) fprintf(stderr, "entropyd: writer: write failed: %s (holding the batch, retrying)\n", store_errmsg(w->st));
+        if (attempt == 0 && !w->abandoning)
+            ratelog(&w->write_log, "writer: write failed: %s (holding the batch, retrying)", store_errmsg(w->st));
         store_rollback(w->st);
         pthread_mutex_lock(&w->mu);
         w->stats.failing = 1;
         w->stats.retries++;
         int stopping = w->stop;
+        double stop_ms = w->stop_ms;
         pthread_mutex_unlock(&w->mu);
-        if (stopping && attempt >= 20) {
-            fprintf(stderr, "entropyd: writer: database still refuses writes at shutdown; "
-                            "unacked messages will be resent by their trainers\n");
+        /* Stopping with a database that refuses (a full disk): the drain
+         * already waited, so after WRITER_STOP_GRACE_MS of retries this batch,
+         * and each one after it at its first failure, is given up unacked;
+         * its trainers still hold it and send it again to the next daemon.
+         * (20 retries with backoff per batch kept a daemon with 2,300 steps
+         * queued running for minutes after SIGTERM.) */
+        if (stopping && (w->abandoning || attempt >= 20 || now_mono_ms() - stop_ms >= WRITER_STOP_GRACE_MS)) {
+            if (!w->abandoning) snprintf(w->abandon_why, sizeof w->abandon_why, "%s", store_errmsg(w->st));
+            w->abandoning = 1;
             replies_clear(rep);
             size_t freed = 0;
             while (batch) {
                 struct writer_item *n = batch->next;
                 freed += batch->bytes;
+                w->abandoned_steps += batch->kind == WRITER_STEP;
                 writer_item_free(batch);
                 batch = n;
             }
@@ -493,7 +513,7 @@ static void *checkpointer_main(void *arg) {
         int r = store_checkpoint(w->ck, 0, 0, &wal);
         if (r == 0 && used >= WRITER_WAL_RESTART)
             r = store_checkpoint(w->ck, 1, used >= 3 * WRITER_WAL_RESTART ? 250 : 20, &wal);
-        if (r < 0) fprintf(stderr, "entropyd: writer: %s\n", store_errmsg(w->ck));
+        if (r < 0) ratelog(&w->ck_log, "writer: %s", store_errmsg(w->ck));
         pthread_mutex_lock(&w->mu);
         w->stats.checkpoints++;
         if (r == 1) w->stats.checkpoints_busy++;
@@ -584,7 +604,7 @@ static void job_chunk(struct writer *w) {
     checkpoint_policy(w);
     return;
 fail:
-    fprintf(stderr, "entropyd: writer: background chunk failed: %s (retrying)\n", store_errmsg(st));
+    ratelog(&w->job_log, "writer: background chunk failed: %s (retrying)", store_errmsg(st));
     store_rollback(st);
     pthread_mutex_lock(&w->mu);
     w->stats.db_errors++;
@@ -767,9 +787,14 @@ void writer_destroy(struct writer *w) {
     if (w->started) {
         pthread_mutex_lock(&w->mu);
         w->stop = 1;
+        w->stop_ms = now_mono_ms();
         pthread_cond_signal(&w->cv);
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->thread, NULL);
+        if (w->abandoned_steps)
+            fprintf(stderr, "entropyd: writer: %llu step(s) stay unacked at shutdown: the database refused them (%s); "
+                            "their trainers still hold them and send them again to the next daemon\n",
+                    (unsigned long long)w->abandoned_steps, w->abandon_why);
     }
     if (w->ckstarted) {
         pthread_mutex_lock(&w->mu);

@@ -43,7 +43,7 @@ static const char *const status_names[] = {"live", "stale", "finished", "failed"
 static const char *const err_names[PROTO_E_COUNT] = {
     "ok", "line_too_long", "bad_json", "bad_type", "missing_field", "bad_field", "bad_shape",
     "bad_protocol", "no_hello", "shape_mismatch", "kind_conflict", "seq_gap", "duplicate",
-    "run_ended", "unauthorized", "superseded", "too_many_errors", "internal"};
+    "run_ended", "unauthorized", "superseded", "too_many_errors", "internal", "db_failing"};
 
 const char *proto_err_name(int code)
 {

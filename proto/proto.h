@@ -62,6 +62,8 @@ enum proto_err {
     PROTO_E_SUPERSEDED,
     PROTO_E_TOO_MANY_ERRORS,
     PROTO_E_INTERNAL,
+    PROTO_E_DB_FAILING,   /* the daemon cannot write its database (full disk, I/O error): nothing is
+                             acked until it can; sent once a streak to each connection */
     PROTO_E_COUNT
 };
 

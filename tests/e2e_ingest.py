@@ -15,8 +15,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import (Client, Daemon, floats, head_value, isnan,  # noqa: E402
-                            step_msg)
+from daemon_harness import (ENTROPYD, Client, Daemon, floats, head_value, isnan,  # noqa: E402
+                            step_msg, wait_for)
 
 
 class IngestTest(unittest.TestCase):
@@ -432,6 +432,7 @@ class FullDiskTest(unittest.TestCase):
             seq = 0
             last_ack = 0
             stuck = False
+            early_told = []
             c.s.settimeout(0.2)
             for _ in range(400):
                 for _ in range(20):
@@ -442,6 +443,8 @@ class FullDiskTest(unittest.TestCase):
                         m = c.recv(timeout=0.3)
                         if m["type"] == "ack":
                             last_ack = m["seq"]
+                        elif m["type"] == "error" and m["code"] == "db_failing":
+                            early_told.append(m)
                 except (TimeoutError, socket.timeout):
                     pass
                 if last_ack < seq - 200:
@@ -453,8 +456,12 @@ class FullDiskTest(unittest.TestCase):
             # has taken is refused at once, without the disk) and acks
             # nothing it could not commit
             c.send(step_msg(1, 1, layers=12, heads=12))
-            m, seen = c.recv_until(lambda m: m["type"] == "error", timeout=20)
+            m, seen = c.recv_until(lambda m: m["type"] == "error" and m["code"] != "db_failing", timeout=20)
             self.assertEqual(m["code"], "duplicate")
+            # and the trainer was told why its acks stopped (once: the streak goes on)
+            told = early_told + [x for x in seen if x["type"] == "error" and x["code"] == "db_failing"]
+            self.assertEqual(len(told), 1, "one db_failing line for the streak: %s" % told)
+            self.assertIn("cannot write its database", told[0]["message"])
             acked = max([last_ack] + [x["seq"] for x in seen if x["type"] == "ack"])
             self.assertLess(acked, seq, "every step acked although the disk was full")
             os.unlink(filler)  # space returns
@@ -472,6 +479,106 @@ class FullDiskTest(unittest.TestCase):
             subprocess.run(["umount", "-l", mnt])
             os.rmdir(mnt)
 
+
+    def test_sigterm_on_a_full_disk_exits_within_the_drain(self):
+        """Issue 36 item 5: with the disk full and ~2,000 steps queued, SIGTERM
+        exits within --drain-ms + 5 s, saying how many steps stay unacked
+        (their trainer still holds them), and the log while full grows by at
+        most about a line a second."""
+        mnt = tempfile.mkdtemp(prefix="entropyd-full-")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", mnt], capture_output=True)
+        self.assertEqual(r.returncode, 0, "cannot mount a tmpfs (not root?): %s" % r.stderr)
+        d = None
+        try:
+            d = Daemon(data=mnt, args=["--drain-ms", "1000"])
+            logdir = tempfile.TemporaryDirectory(prefix="entropyd-full-log-")
+            self.addCleanup(logdir.cleanup)
+            d.log_path = os.path.join(logdir.name, "daemon.log")  # not on the full disk
+            d.start()
+            c = Client(d.sock)
+            c.hello("full", layers=12, heads=12)
+            with open(os.path.join(mnt, "filler"), "wb") as f:
+                f.write(b"\0" * (3 << 20))
+            seq, last_ack, told = 0, 0, None
+            t_full = None
+            for _ in range(400):
+                for _ in range(20):
+                    seq += 1
+                    c.send(step_msg(seq, seq, layers=12, heads=12))
+                try:
+                    while True:
+                        m = c.recv(timeout=0.3)
+                        if m["type"] == "ack":
+                            last_ack = m["seq"]
+                        elif m["type"] == "error" and m["code"] == "db_failing":
+                            told = m
+                except (TimeoutError, socket.timeout):
+                    pass
+                if told and t_full is None:
+                    t_full = time.time()
+                if told and last_ack < seq - 2000:
+                    break
+            self.assertIsNotNone(told, "the trainer was never told the database fails")
+            log_before = len(d.log().splitlines())
+            time.sleep(3)  # full, the writer retrying: its lines are rate-limited
+            grown = len(d.log().splitlines()) - log_before
+            self.assertLessEqual(grown, 3 * 3 + 2, "log lines in 3 s of a full disk:\n" + "\n".join(d.log().splitlines()[-grown:]))
+            t0 = time.time()
+            d.proc.send_signal(signal.SIGTERM)
+            d.proc.wait(30)
+            took = time.time() - t0
+            self.assertLess(took, 1.0 + 5.0, "SIGTERM on a full disk took %.1f s" % took)
+            self.assertRegex(d.log(), r"\d+ step\(s\) stay unacked at shutdown")
+            c.close()
+        finally:
+            if d:
+                d.cleanup()
+            subprocess.run(["umount", "-l", mnt])
+            os.rmdir(mnt)
+
+class OutOfDescriptorsTest(unittest.TestCase):
+    """Issue 36 item 5: a daemon out of file descriptors (RLIMIT_NOFILE 96,
+    150 idle connections waiting) neither spins nor floods its log: the
+    listeners rest 100 ms after each EMFILE, the error is logged at most once
+    a second; once descriptors free, a trainer is welcomed again."""
+
+    def test_emfile_backs_off(self):
+        tmp = tempfile.TemporaryDirectory(prefix="entropyd-nofile-")
+        self.addCleanup(tmp.cleanup)
+        log_path = os.path.join(tmp.name, "daemon.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(["prlimit", "--nofile=96:96", ENTROPYD, "--data", tmp.name, "--http", "off"],
+                                    stdout=subprocess.PIPE, stderr=log)
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.kill)
+        self.assertTrue(proc.stdout.readline(), "entropyd did not start")
+        sock = os.path.join(tmp.name, "entropyd.sock")
+        idle = []
+        for _ in range(150):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sock)
+            idle.append(s)
+
+        def cpu_s():
+            with open("/proc/%d/stat" % proc.pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        def accept_lines():
+            with open(log_path, "rb") as f:
+                return sum(1 for l in f.read().decode(errors="replace").splitlines() if "accept:" in l)
+        wait_for(lambda: accept_lines() > 0, what="an accept error logged")
+        c0, l0, t0 = cpu_s(), accept_lines(), time.time()
+        time.sleep(3)
+        cpu, lines, span = cpu_s() - c0, accept_lines() - l0, time.time() - t0
+        self.assertLess(cpu / span, 0.25, "daemon CPU while out of descriptors: %.0f%% of a core" % (100 * cpu / span))
+        self.assertLessEqual(lines, span + 1, "accept error lines in %.1f s: %d" % (span, lines))
+        for s in idle:
+            s.close()
+        c = Client(sock)
+        w = c.hello("after-emfile", layers=2, heads=3)
+        self.assertEqual(w["type"], "welcome")
+        c.close()
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

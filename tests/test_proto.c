@@ -1043,7 +1043,7 @@ static void test_err_buffer(void **state) {
     static const char *const names[] = {"ok", "line_too_long", "bad_json", "bad_type", "missing_field", "bad_field",
                                         "bad_shape", "bad_protocol", "no_hello", "shape_mismatch", "kind_conflict",
                                         "seq_gap", "duplicate", "run_ended", "unauthorized", "superseded",
-                                        "too_many_errors", "internal"};
+                                        "too_many_errors", "internal", "db_failing"};
     assert_int_equal(sizeof names / sizeof *names, PROTO_E_COUNT);
     for (int i = 0; i < PROTO_E_COUNT; i++) assert_string_equal(proto_err_name(i), names[i]);
     assert_string_equal(proto_err_name(-1), "internal");
