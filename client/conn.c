@@ -121,6 +121,14 @@ static void on_welcome(telemetry *t, uint64_t last)
     atomic_store_explicit(&t->st_connected, 1, memory_order_relaxed);
 }
 
+/* Errors that answer a hello and will answer every later one alike (a
+ * shape, a token, a field): not worth reconnecting for. */
+static int hello_refused(int code)
+{
+    return code == PROTO_E_SHAPE_MISMATCH || code == PROTO_E_UNAUTHORIZED || code == PROTO_E_BAD_FIELD ||
+           code == PROTO_E_MISSING_FIELD || code == PROTO_E_BAD_PROTOCOL;
+}
+
 static void handle_line(telemetry *t, const char *line, size_t len)
 {
     struct proto_reply r;
@@ -144,6 +152,13 @@ static void handle_line(telemetry *t, const char *line, size_t len)
             t->backoff = t->backoff_min;
             disconnect(t, 0);
             t->next_attempt = 0;
+        } else if (t->cstate == C_HELLO && hello_refused(r.code)) {
+            /* The hello itself was refused: saying it again gets the same
+             * answer. Stop, and tell telemetry_wait_welcome and finish. */
+            snprintf(t->refusal, sizeof t->refusal, "%s: %s", r.code_name, r.message);
+            atomic_store_explicit(&t->refused, 1, memory_order_release);
+            t->cstate = C_STOPPED;
+            disconnect(t, 0);
         } else if (r.code == PROTO_E_SUPERSEDED) {
             /* Another client owns the run now; fighting it helps no one. */
             t->cstate = C_STOPPED;

@@ -85,6 +85,11 @@ static void hurry_off(telemetry *t)
     atomic_fetch_sub_explicit(&t->hurry, 1, memory_order_release);
 }
 
+static int refused(const telemetry *t)
+{
+    return atomic_load_explicit(&t->refused, memory_order_acquire);
+}
+
 int telemetry_flush(telemetry *t, int timeout_ms)
 {
     uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
@@ -92,6 +97,7 @@ int telemetry_flush(telemetry *t, int timeout_ms)
     if (tm_settled(t)) return rc;
     hurry_on(t);
     while (!tm_settled(t)) {
+        if (refused(t)) { rc = TELEMETRY_EREFUSED; break; }
         if (tm_now_ns() >= end) { rc = TELEMETRY_ETIMEDOUT; break; }
         tm_sleep_ms(1);
     }
@@ -99,8 +105,42 @@ int telemetry_flush(telemetry *t, int timeout_ms)
     return rc;
 }
 
+int telemetry_wait_welcome(telemetry *t, int timeout_ms, char *err, size_t errlen)
+{
+    uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+    if (!t->has_address) return TELEMETRY_OK;
+    for (;;) {
+        if (ST_GET(t, st_connects)) return TELEMETRY_OK;
+        if (refused(t)) {
+            tm_set_err(err, errlen, "the daemon refused run %s: %s", t->run, t->refusal);
+            return TELEMETRY_EREFUSED;
+        }
+        if (ST_GET(t, st_connect_failures)) {
+            tm_set_err(err, errlen, "run %s: could not connect to %s (the client goes on trying, the spool "
+                       "keeps the steps)", t->run, t->address);
+            return TELEMETRY_ETIMEDOUT;
+        }
+        if (tm_now_ns() >= end) {
+            tm_set_err(err, errlen, "run %s: no welcome from %s within %d ms (the client goes on trying)",
+                       t->run, t->address, timeout_ms);
+            return TELEMETRY_ETIMEDOUT;
+        }
+        tm_sleep_ms(1);
+    }
+}
+
+static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *progress,
+                        telemetry_stats *out);
+
 int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress)
 {
+    return telemetry_finish_stats(t, status, grace_ms, progress, NULL);
+}
+
+int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE *progress,
+                           telemetry_stats *out)
+{
+    if (out) memset(out, 0, sizeof *out);
     if (!t) return TELEMETRY_OK;
     if (status && !tm_valid_status(status)) return TELEMETRY_EINVAL;
     if (grace_ms < 0) grace_ms = 30000;
@@ -115,7 +155,7 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
     if (t->thread_started) hurry_on(t); /* the sender stops pacing: the end goes at once */
     /* the background uploads of other runs get the same grace period */
     while (t->thread_started && (!tm_settled(t) || (t->up_started && !atomic_load(&t->up_done))) &&
-           tm_now_ns() < end) {
+           !(refused(t) && !tm_settled(t)) && tm_now_ns() < end) {
         tm_sleep_ms(5);
         uint64_t now = tm_now_ns();
         if (progress && now >= next_line) {
@@ -132,18 +172,13 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
         }
     }
     if (t->thread_started) hurry_off(t);
-    int rc = tm_settled(t) ? TELEMETRY_OK : TELEMETRY_ETIMEDOUT;
-    if (progress && rc != TELEMETRY_OK) {
-        telemetry_stats st;
-        telemetry_get_stats(t, &st);
-        fprintf(progress,
-                "entropyd client: run %s: %llu of %llu messages acknowledged after the %.0f s grace "
-                "period; the rest stays in the spool (the next client on this spool directory "
-                "uploads it)\n",
-                t->run, (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
-                grace_ms / 1e3);
-    }
-    int rc2 = telemetry_destroy(t, NULL, 0);
+    int rc = tm_settled(t) ? TELEMETRY_OK : refused(t) ? TELEMETRY_EREFUSED : TELEMETRY_ETIMEDOUT;
+    if (progress && rc == TELEMETRY_EREFUSED)
+        fprintf(progress, "entropyd client: the daemon refused run %s (%s); ", t->run, t->refusal);
+    else if (progress && rc != TELEMETRY_OK)
+        fprintf(progress, "entropyd client: run %s: not everything was acknowledged within the %.0f s grace "
+                "period; ", t->run, grace_ms / 1e3);
+    int rc2 = destroy_impl(t, NULL, 0, rc == TELEMETRY_OK ? NULL : progress, out);
     return rc == TELEMETRY_OK ? rc2 : rc;
 }
 
@@ -190,7 +225,7 @@ static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_
     size_t cap = 256 + strlen(t->run) + (meta ? strlen(meta) : 0) + 6 * (c->token ? strlen(c->token) : 0);
     t->hello = malloc(cap);
     if (!t->hello) { free(meta); return -1; }
-    t->hello_len = proto_write_hello(t->hello, cap, t->run, t->L, t->H, c->seq_len, meta, c->token,
+    t->hello_len = proto_write_hello(t->hello, cap, t->run, t->L, t->H, c->seq_len, c->noncausal, meta, c->token,
                                      &t->hello_public_len);
     free(meta);
     if (t->hello_len == 0 || t->hello_len > OBUF_CAP) {
@@ -364,6 +399,15 @@ err:
 
 int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
 {
+    return destroy_impl(t, status, timeout_ms, NULL, NULL);
+}
+
+/* telemetry_destroy; with progress, it ends the line finish began by
+ * saying where the unacknowledged messages are; out gets the counters
+ * once the sender has stopped. */
+static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *progress,
+                        telemetry_stats *out)
+{
     if (!t) return TELEMETRY_OK;
     if (status && !tm_valid_status(status)) return TELEMETRY_EINVAL;
     int rc = TELEMETRY_OK;
@@ -389,13 +433,33 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
         pthread_join(t->thread, NULL);
         if (!t->root_is_tmp && tm_settled(t)) tm_spool_compact(t);
     }
+    /* A private spool holding what the daemon never acknowledged is kept,
+     * not removed: removing it would lose the messages (the daemon away
+     * for the whole grace period, or refusing the run). */
+    int keep = t->root_is_tmp && t->dir && t->thread_started && !tm_settled(t) && tm_spool_write_hello(t) == 0;
+    if (progress && t->thread_started) {
+        telemetry_stats st;
+        telemetry_get_stats(t, &st);
+        unsigned long long left = (unsigned long long)(st.next_seq - 1 - st.acked);
+        if (!t->root_is_tmp || keep)
+            fprintf(progress, "%llu of %llu messages acknowledged; the other %llu are in the spool %s "
+                    "(the next client on that spool directory, or `python3 -m entropyd upload %s`, "
+                    "uploads them)\n", (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
+                    left, t->dir, t->root);
+        else
+            fprintf(progress, "%llu of %llu messages acknowledged; the other %llu are lost (the private "
+                    "spool could not be kept)\n", (unsigned long long)st.acked,
+                    (unsigned long long)(st.next_seq - 1), left);
+        fflush(progress);
+    }
+    if (out) telemetry_get_stats(t, out);
     telemetry_msg m;
     while (t->thread_started && telemetry_poll(t, &m)) telemetry_msg_free(&m);
     if (t->fd >= 0) close(t->fd);
     if (t->wake_fd >= 0) close(t->wake_fd);
     if (t->rd_fd >= 0) close(t->rd_fd);
     if (t->wfd >= 0) close(t->wfd);
-    if (t->root_is_tmp && t->dir) tm_spool_remove(t);
+    if (t->root_is_tmp && t->dir && !keep) tm_spool_remove(t);
     if (t->lock_fd >= 0) close(t->lock_fd);
     for (size_t i = 0; t->slots && i < t->cap; i++) free(t->slots[i].text);
     free(t->slots);

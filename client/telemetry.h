@@ -11,7 +11,8 @@
  * assigns seq, appends them to an on-disk spool (a write-ahead log) and
  * streams the spool to the daemon, reconnecting with exponential backoff.
  * The producer functions (telemetry_step_*, telemetry_event, telemetry_poll)
- * must be called from one thread at a time; telemetry_stats from any thread.
+ * must be called from one thread at a time; telemetry_get_stats and
+ * telemetry_wait_welcome from any thread.
  *
  * Hot path. telemetry_step_begin / _scalar / _layer / _heads / _commit make
  * no system call, take no lock and allocate nothing: they copy floats into a
@@ -39,6 +40,9 @@
 #define TELEMETRY_EFULL    -1  /* queue (or metric slot table) full: dropped, counted */
 #define TELEMETRY_EINVAL   -2  /* bad argument: name, level, status, shape */
 #define TELEMETRY_ETIMEDOUT -3 /* a bounded wait ended before everything was acknowledged */
+#define TELEMETRY_EREFUSED -4  /* the daemon refused the run's hello (e.g. shape_mismatch: the
+                                  name is taken by a run of another shape); the client
+                                  stopped connecting, see telemetry_wait_welcome */
 
 #define TELEMETRY_NAME_MAX 64  /* metric names: 1..64 bytes of [A-Za-z0-9._:-] */
 #define TELEMETRY_RUN_MAX 128  /* run names: 1..128 bytes of [A-Za-z0-9._:@+-] */
@@ -93,6 +97,13 @@ typedef struct telemetry_config {
                               message is sent within a millisecond or two
                               of being enqueued; the sender wakes ~60
                               times a second when idle). */
+    int noncausal;         /* 0 (default): causal attention, row i attends
+                              positions 0..i; nonzero: every row attends all
+                              seq_len positions. Sent in the hello
+                              ("causal":false); the daemon derives
+                              entropy_norm from a step's entropy with it
+                              when the step has no entropy_norm
+                              (docs/metrics.md). */
 } telemetry_config;
 
 /* Counters, a snapshot. Monotonic except spool_bytes and connected. */
@@ -136,6 +147,19 @@ void telemetry_config_init(telemetry_config *cfg);
  * err (when err is not NULL). */
 telemetry *telemetry_create(const telemetry_config *cfg, char *err, size_t errlen);
 
+/* Waits at most timeout_ms (from any thread) for the daemon's answer to
+ * the run's hello. Returns TELEMETRY_OK once the run is welcomed (or at
+ * once without an address); TELEMETRY_EREFUSED when the daemon refused
+ * the hello (a name reused with another shape: shape_mismatch; a wrong
+ * token: unauthorized; a bad field), err then holding "CODE: the daemon's
+ * message"; the client has stopped connecting, steps still go to the
+ * spool, and finish and flush return TELEMETRY_EREFUSED at once;
+ * TELEMETRY_ETIMEDOUT when no answer came in time or a connection attempt
+ * failed (no daemon listening: it returns at once), err saying which; the
+ * client goes on connecting in the background. Sleeps: call it once,
+ * after create, not in the training loop. */
+int telemetry_wait_welcome(telemetry *t, int timeout_ms, char *err, size_t errlen);
+
 /* Enqueues `end` with status "finished", "failed" or "aborted" (or nothing
  * when status is NULL: the run stays resumable and is marked stale), waits
  * at most timeout_ms for the daemon to acknowledge everything, stops the
@@ -156,9 +180,21 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms);
  * progress about once a second (NULL: silent). The background uploads of
  * other runs (see no_spool_upload) get the same grace period: they stop
  * when it ends and go on in the next client. Then destroys t. Returns as
- * telemetry_destroy does; what was not acknowledged stays in the spool, and
- * the next client started on the same spool directory uploads it. */
+ * telemetry_destroy does, or TELEMETRY_EREFUSED at once when the daemon
+ * refused the run; what was not acknowledged stays in the spool, and
+ * the next client started on the same spool directory uploads it. A
+ * private spool (spool_dir NULL) that still holds unacknowledged messages
+ * is kept (with its hello.json) instead of removed, and the last progress
+ * line names it: `python3 -m entropyd upload DIR` or telemetry_upload_all
+ * sends it later. */
 int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress);
+
+/* telemetry_finish that also fills *out (when not NULL) with the counters
+ * as they are after the last acknowledgement, the sender stopped: the
+ * run's final figures (telemetry_get_stats cannot be called after t is
+ * gone). */
+int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE *progress,
+                           telemetry_stats *out);
 
 /* Uploads every run found in spool_dir (its subdirectories SPOOL_DIR/RUN
  * that hold unacknowledged messages and a hello.json, which every client
@@ -229,7 +265,8 @@ void telemetry_msg_free(telemetry_msg *m);
 void telemetry_get_stats(const telemetry *t, telemetry_stats *out);
 
 /* Waits at most timeout_ms until every enqueued message is acknowledged
- * (with no address: spooled). Returns TELEMETRY_OK or TELEMETRY_ETIMEDOUT.
+ * (with no address: spooled). Returns TELEMETRY_OK, TELEMETRY_ETIMEDOUT,
+ * or TELEMETRY_EREFUSED (at once) when the daemon refused the run.
  * Sleeps: not for the hot path. */
 int telemetry_flush(telemetry *t, int timeout_ms);
 

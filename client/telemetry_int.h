@@ -147,6 +147,11 @@ struct telemetry {
     char *ibuf; size_t ilen; int iskip;
     uint64_t rd_first, rd_off; int rd_fd;
 
+    /* The daemon refused the hello (conn.c): refusal ("CODE: message") is
+     * written by the sender once, before refused is set (release). */
+    atomic_int refused;
+    char refusal[320];
+
     /* Counters (see telemetry_stats). */
     _Atomic uint64_t st_enqueued, st_dropped_queue, st_dropped_spool, st_dropped_oversize, st_spooled,
         st_sent, st_acked, st_next_seq, st_spool_bytes, st_connects,

@@ -79,6 +79,7 @@ static int upload_run(const char *address, const char *root, const char *run, co
     cfg.layers = L->valueint;
     cfg.heads = H->valueint;
     cfg.seq_len = T->valueint;
+    cfg.noncausal = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(h, "causal"));
     cfg.meta_json = meta;
     cfg.token = token;
     cfg.spool_dir = root;

@@ -1,6 +1,7 @@
 /* ingest.c: the trainer-facing event loop. See ingest.h for the contract
  * and schema/protocol.md for what goes over the wire. */
 #include "ingest.h"
+#include "derive.h"
 #include "net.h"
 #include "now.h"
 #include "peers.h"
@@ -33,6 +34,8 @@ struct run {
     char name[PROTO_MAX_RUN + 1];
     int64_t id;              /* 0 until the writer welcomed it */
     int64_t layers, heads;
+    int64_t seq_len;         /* its last hello's, with noncausal: what derive_step needs */
+    int noncausal;
     int64_t last_seq;        /* highest seq accepted (queued or committed) */
     int ended;
     struct conn *owner;      /* the connection that said hello last, or NULL */
@@ -809,6 +812,15 @@ static int hello_take(struct ingest *ing, struct conn *c, struct proto_msg *msg,
             return PROTO_E_INTERNAL;
         }
     }
+    if (r->id && (r->layers != msg->layers || r->heads != msg->heads)) {
+        /* refused before it takes the run over: a name reused with another
+         * shape must not supersede (and so stop) the run's live trainer;
+         * the writer would refuse it too, but only after that */
+        free(it);
+        snprintf(err, errlen, "run %s has %lld layers x %lld heads, not %lld x %lld", r->name,
+                 (long long)r->layers, (long long)r->heads, (long long)msg->layers, (long long)msg->heads);
+        return PROTO_E_SHAPE_MISMATCH;
+    }
     if (r->owner && r->owner != c) {
         struct conn *old = r->owner;
         send_error(ing, old, PROTO_E_SUPERSEDED, "another connection said hello for this run", 0);
@@ -818,6 +830,8 @@ static int hello_take(struct ingest *ing, struct conn *c, struct proto_msg *msg,
     }
     if (c->run && c->run != r) conn_detach(ing, c);
     r->owner = c;
+    r->seq_len = msg->seq_len; /* the store takes the hello's too (a resume updates it) */
+    r->noncausal = msg->noncausal;
     c->run = r;
     c->waiting = 1;
     it->kind = WRITER_HELLO;
@@ -874,7 +888,9 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
     }
     struct run *run = c->run;
     if ((code = line_check(run, &msg, err, sizeof err)) != PROTO_OK) goto refuse;
-    if (!(it = calloc(1, sizeof *it))) {
+    /* here, before the writer: the store, the alerter and the stream all
+     * see the derived entropy_norm as if the trainer had sent it */
+    if (derive_step(&msg, run->seq_len, run->noncausal) < 0 || !(it = calloc(1, sizeof *it))) {
         code = PROTO_E_INTERNAL;
         snprintf(err, sizeof err, "out of memory");
         goto refuse;

@@ -89,6 +89,8 @@ struct proto_msg {
     /* hello */
     char run[PROTO_MAX_RUN + 1];
     int64_t protocol, layers, heads, seq_len;
+    int noncausal;               /* "causal":false: every row attends all seq_len
+                                  * positions; 0 (also when absent): causal */
     int64_t ack_delay_ms;        /* how late acks may come (0 when absent): the client
                                   * sends without waiting for them (schema/protocol.md) */
     char *meta;                  /* JSON object text, NUL-terminated; NULL if absent */
@@ -185,12 +187,13 @@ size_t proto_write_seq_prefix(char *out, uint64_t seq);
 #define PROTO_MAX_ACK_DELAY_MS 60000
 
 /* The hello line (with its newline), with ack_delay_ms PROTO_ACK_DELAY_MS.
- * meta: JSON object text on one line,
+ * noncausal: nonzero adds "causal":false (causal, the default, is not
+ * written). meta: JSON object text on one line,
  * or NULL; token or NULL. Returns the length, or 0 when it would not fit
  * in cap. *public_len (if not NULL) gets the length before the token, so
  * the hello can be stored without it. */
 size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int heads, int seq_len,
-                         const char *meta, const char *token, size_t *public_len);
+                         int noncausal, const char *meta, const char *token, size_t *public_len);
 
 /* A step: names are arrays of PROTO_MAX_NAME+1 chars (NUL-terminated),
  * values row-major: layers (n_layer, L), heads (n_head, L, H). */

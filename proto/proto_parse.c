@@ -309,6 +309,16 @@ static char peek(struct parser *ps) {
     return ps->p < ps->end ? *ps->p : 0;
 }
 
+/* true or false into *out (1 / 0); anything else is bad_field. */
+static int parse_bool_field(struct parser *ps, const char *name, int *out) {
+    (void)peek(ps);
+    size_t left = (size_t)(ps->end - ps->p);
+    if (left >= 4 && !memcmp(ps->p, "true", 4)) { ps->p += 4; *out = 1; return 0; }
+    if (left >= 5 && !memcmp(ps->p, "false", 5)) { ps->p += 5; *out = 0; return 0; }
+    if (skip_value(ps, 1)) return -1;
+    return fail(ps, PROTO_E_BAD_FIELD, "%s must be true or false", name);
+}
+
 /* Reads an integer field into *out, within [lo, hi]. */
 static int parse_int_field(struct parser *ps, const char *name, int64_t lo, int64_t hi, int64_t *out) {
     double d;
@@ -580,6 +590,9 @@ static int parse_top(struct parser *ps, unsigned *seen) {
             *seen |= F_PROTOCOL;
         } else if (key_is(key, kn, "ack_delay_ms")) {
             r = parse_int_field(ps, "ack_delay_ms", 0, PROTO_MAX_ACK_DELAY_MS, &m->ack_delay_ms);
+        } else if (key_is(key, kn, "causal")) {
+            r = parse_bool_field(ps, "causal", &m->noncausal);
+            m->noncausal = !m->noncausal;
         } else if (key_is(key, kn, "seq_len")) {
             r = parse_int_field(ps, "seq_len", 1, INT64_C(1) << 40, &m->seq_len);
             *seen |= F_SEQLEN;

@@ -137,7 +137,7 @@ size_t proto_write_seq_prefix(char *out, uint64_t seq)
 }
 
 size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int heads, int seq_len,
-                         const char *meta, const char *token, size_t *public_len)
+                         int noncausal, const char *meta, const char *token, size_t *public_len)
 {
     size_t tlen = token ? strlen(token) : 0;
     size_t need = 128 + strlen(run) + (meta ? strlen(meta) : 0) + 6 * tlen;
@@ -146,6 +146,7 @@ size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int
                      "{\"type\":\"hello\",\"protocol\":%d,\"run\":\"%s\",\"layers\":%d,\"heads\":%d,"
                      "\"seq_len\":%d,\"ack_delay_ms\":%d",
                      PROTO_VERSION, run, layers, heads, seq_len, PROTO_ACK_DELAY_MS);
+    if (noncausal) n += snprintf(out + n, cap - (size_t)n, ",\"causal\":false");
     if (meta) n += snprintf(out + n, cap - (size_t)n, ",\"meta\":%s", meta);
     if (public_len) *public_len = (size_t)n;
     if (token) {

@@ -164,6 +164,52 @@ class PythonClientTest(unittest.TestCase):
         finally:
             shutil.rmtree(spool, ignore_errors=True)
 
+    def test_reused_name_with_another_shape_raises_at_init(self):
+        """init raises with the daemon's message; the first run, still
+        streaming, is neither superseded nor touched; stats() after finish
+        are the final counters."""
+        first = entropyd.init("py-shape", layers=2, heads=2, seq_len=8, daemon=self.addr)
+        for s in range(10):
+            first.log(s, scalars={"loss": s}, heads={"entropy": [[0.5, 0.5], [0.5, 0.5]]})
+        self.assertTrue(first.flush(20))
+        with self.assertRaises(entropyd.RunRefused) as cm:
+            entropyd.init("py-shape", layers=3, heads=2, seq_len=8, daemon=self.addr)
+        self.assertIn("shape_mismatch", str(cm.exception))
+        self.assertIn("has 2 layers x 2 heads, not 3 x 2", str(cm.exception))
+        for s in range(10, 150):
+            first.log(s, scalars={"loss": s})
+        self.assertTrue(first.finish("finished"))
+        st = first.stats()
+        self.assertEqual((st["acked"], st["next_seq"], st["enqueued"]), (151, 152, 151), st)
+        self.assertEqual(steps_of(self.d, "py-shape"), list(range(150)))
+        self.assertEqual(self.d.query("SELECT status, layers FROM runs WHERE name = 'py-shape'"), [("finished", 2)])
+
+    def test_private_spool_is_kept_when_nothing_was_acknowledged(self):
+        """No daemon for the whole grace period and no spool_dir: finish says
+        where the steps are, they are there, and the upload command sends
+        them."""
+        tmp = tempfile.mkdtemp(prefix="py-private-")
+        try:
+            nobody = "unix:" + os.path.join(tmp, "nobody.sock")
+            code = ("import entropyd\n"
+                    "r = entropyd.init('py-private', layers=1, heads=1, seq_len=4, daemon=%r)\n"
+                    "for s in range(5): r.log(s, scalars={'loss': s})\n"
+                    "assert not r.finish('finished', grace=0)\n" % nobody)
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, TMPDIR=tmp, PYTHONPATH=os.path.join(ROOT, "python")))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            kept = glob.glob(os.path.join(tmp, "telemetry-*"))
+            self.assertEqual(len(kept), 1, r.stderr)
+            self.assertIn("the other 6 are in the spool " + os.path.join(kept[0], "py-private"), r.stderr)
+            self.assertTrue(os.path.exists(os.path.join(kept[0], "py-private", "hello.json")))
+            u = subprocess.run([sys.executable, "-m", "entropyd", "upload", kept[0], "--daemon", self.addr],
+                               capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+            self.assertEqual(u.returncode, 0, u.stdout + u.stderr)
+            self.assertEqual(steps_of(self.d, "py-private"), list(range(5)))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
 
 # ---------------------------------------------------------------- torch
 

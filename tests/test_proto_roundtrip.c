@@ -37,7 +37,7 @@ static void test_hello(void **state)
     (void)state;
     const char *token = "s3cr\"et\\\n";
     size_t pub = 0;
-    size_t n = proto_write_hello(line, sizeof line, "run.1@x+y", 12, 8, 256, "{\"lr\":0.001,\"a\":[1,2]}", token,
+    size_t n = proto_write_hello(line, sizeof line, "run.1@x+y", 12, 8, 256, 0, "{\"lr\":0.001,\"a\":[1,2]}", token,
                                  &pub);
     assert_true(n > 0 && pub < n);
     assert_int_equal(line[n - 1], '\n');
@@ -52,18 +52,33 @@ static void test_hello(void **state)
     assert_int_equal(m.ack_delay_ms, PROTO_ACK_DELAY_MS);
     assert_string_equal(m.meta, "{\"lr\":0.001,\"a\":[1,2]}");
     assert_string_equal(m.token, token);
+    assert_int_equal(m.noncausal, 0); /* causal, the default, is not written */
+    assert_null(strstr(line, "causal"));
     proto_msg_free(&m);
     /* the public part (stored in a spool's hello.json) is a hello without token */
     memcpy(line + pub, "}", 1);
     assert_int_equal(proto_parse(line, pub + 1, &m, err, sizeof err), PROTO_OK);
     assert_null(m.token);
     proto_msg_free(&m);
-    /* no meta, no token; too small a buffer writes nothing */
-    n = proto_write_hello(line, sizeof line, "r", 1, 1, 1, NULL, NULL, NULL);
+    /* no meta, no token, full attention; too small a buffer writes nothing */
+    n = proto_write_hello(line, sizeof line, "r", 1, 1, 1, 1, NULL, NULL, NULL);
+    assert_non_null(strstr(line, "\"causal\":false"));
     assert_int_equal(proto_parse(line, n - 1, &m, err, sizeof err), PROTO_OK);
     assert_null(m.meta);
+    assert_int_equal(m.noncausal, 1);
     proto_msg_free(&m);
-    assert_int_equal(proto_write_hello(line, 16, "r", 1, 1, 1, NULL, NULL, NULL), 0);
+    /* "causal" takes only a boolean */
+    static const char bad[] = "{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1,\"heads\":1,"
+                              "\"seq_len\":4,\"causal\":1}";
+    assert_int_equal(proto_parse(bad, sizeof bad - 1, &m, err, sizeof err), PROTO_E_BAD_FIELD);
+    assert_non_null(strstr(err, "causal"));
+    proto_msg_free(&m);
+    static const char yes[] = "{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1,\"heads\":1,"
+                              "\"seq_len\":4,\"causal\": true}";
+    assert_int_equal(proto_parse(yes, sizeof yes - 1, &m, err, sizeof err), PROTO_OK);
+    assert_int_equal(m.noncausal, 0);
+    proto_msg_free(&m);
+    assert_int_equal(proto_write_hello(line, 16, "r", 1, 1, 1, 0, NULL, NULL, NULL), 0);
 }
 
 static void test_step(void **state)

@@ -224,12 +224,137 @@ static void test_spool_uploaded_by_next_process(void **state)
     env_free(&e);
 }
 
+/* The run's verdict (run_summary), kept by the daemon's alerter. */
+static int verdict_is(env *e, const char *run, const char *want)
+{
+    sqlite3 *db;
+    int ok = 0;
+    if (sqlite3_open_v2(e->db, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) { sqlite3_close(db); return 0; }
+    sqlite3_busy_timeout(db, 5000);
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, "SELECT s.verdict FROM run_summary s JOIN runs r ON r.id = s.run_id "
+                               "WHERE r.name = ?1", -1, &st, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
+        ok = sqlite3_step(st) == SQLITE_ROW && !strcmp((const char *)sqlite3_column_text(st, 0), want);
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+    return ok;
+}
+
+/* What docs/client.md's C example sends: `entropy` alone, no
+ * entropy_norm. Attention that is one-hot (entropy 0 in every head) from
+ * step 10 on: the daemon derives entropy_norm, entropy_collapse fires and,
+ * once the run has ended, the verdict is `collapsed`. The same run's first
+ * ten steps at uniform attention (entropy at its causal maximum) keep it
+ * healthy until then. */
+static void test_entropy_alone_gets_collapse_detection(void **state)
+{
+    if (!have_daemon()) { print_message("skipped: no %s\n", entropyd_path()); skip(); }
+    env e;
+    env_init(&e);
+    daemon_start(&e);
+    telemetry *t = client(&e, "e2e-onehot");
+    assert_int_equal(telemetry_wait_welcome(t, 10000, NULL, 0), TELEMETRY_OK);
+    double uniform = 0; /* mean over the 32 causal rows of log(i + 1) */
+    for (int i = 0; i < 32; i++) uniform += log(i + 1.0) / 32;
+    int fired = 0;
+    for (int step = 0; step < 60; step++) {
+        float ent[L * H];
+        for (int k = 0; k < L * H; k++) ent[k] = step < 10 ? (float)uniform : 0.0f;
+        telemetry_step *s = telemetry_step_begin(t, step, telemetry_now());
+        assert_non_null(s);
+        assert_int_equal(telemetry_step_scalar(s, "loss", 2.0), TELEMETRY_OK);
+        assert_int_equal(telemetry_step_heads(s, "entropy", ent), TELEMETRY_OK);
+        assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
+    }
+    assert_int_equal(telemetry_flush(t, 20000), TELEMETRY_OK);
+    for (int i = 0; i < 2000 && !fired; i++) { /* the alert comes back to the trainer */
+        telemetry_msg m;
+        while (telemetry_poll(t, &m)) {
+            if (!strcmp(m.type, "alert") && strstr(m.line, "\"entropy_collapse\"")) fired = 1;
+            telemetry_msg_free(&m);
+        }
+        if (!fired) msleep(5);
+    }
+    assert_true(fired);
+    assert_int_equal(telemetry_finish(t, "finished", 20000, NULL), TELEMETRY_OK);
+    int collapsed = 0;
+    for (int i = 0; i < 2000 && !(collapsed = verdict_is(&e, "e2e-onehot", "collapsed")); i++) msleep(5);
+    assert_true(collapsed);
+    /* stored beside what was sent: 1 at uniform attention, 0 one-hot */
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(e.db, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    shadow_frames(db);
+    sqlite3_busy_timeout(db, 5000);
+    for (int step = 0; step < 60; step += 59) {
+        sqlite3_stmt *st;
+        assert_int_equal(sqlite3_prepare_v2(db,
+                             "SELECT f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
+                             "JOIN runs r ON r.id = m.run_id "
+                             "WHERE r.name = 'e2e-onehot' AND m.name = 'entropy_norm' AND f.step = ?1",
+                             -1, &st, NULL), SQLITE_OK);
+        sqlite3_bind_int(st, 1, step);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        assert_int_equal(sqlite3_column_bytes(st, 0), L * H * 4);
+        float v;
+        memcpy(&v, sqlite3_column_blob(st, 0), 4);
+        assert_true(fabsf(v - (step == 0 ? 1.0f : 0.0f)) < 1e-6f);
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+    daemon_kill(&e, SIGTERM);
+    env_free(&e);
+}
+
+/* A run name reused with another shape while the first run streams: the
+ * second client is refused at once with the daemon's message (not after
+ * superseding the first), and the first run goes on and loses nothing. */
+static void test_reused_name_other_shape_is_refused(void **state)
+{
+    if (!have_daemon()) { print_message("skipped: no %s\n", entropyd_path()); skip(); }
+    env e;
+    env_init(&e);
+    daemon_start(&e);
+    telemetry *a = client(&e, "e2e-shape");
+    assert_int_equal(telemetry_wait_welcome(a, 10000, NULL, 0), TELEMETRY_OK);
+    for (int i = 0; i < 50; i++) put(a, i);
+    assert_int_equal(telemetry_flush(a, 20000), TELEMETRY_OK);
+    telemetry_config c;
+    telemetry_config_init(&c);
+    c.address = e.addr;
+    c.run = "e2e-shape";
+    c.layers = L + 1;
+    c.heads = H;
+    c.seq_len = 32;
+    char spool_b[160], err[512];
+    snprintf(spool_b, sizeof spool_b, "%s/spool-b", e.dir); /* a's spool directory holds a's lock */
+    c.spool_dir = spool_b;
+    telemetry *b = telemetry_create(&c, err, sizeof err);
+    assert_non_null(b);
+    assert_int_equal(telemetry_wait_welcome(b, 10000, err, sizeof err), TELEMETRY_EREFUSED);
+    assert_non_null(strstr(err, "shape_mismatch"));
+    assert_non_null(strstr(err, "has 4 layers x 3 heads, not 5 x 3"));
+    telemetry_event(b, "info", "never stored");
+    double t0 = telemetry_now();
+    assert_int_equal(telemetry_flush(b, 10000), TELEMETRY_EREFUSED); /* at once, not after 10 s */
+    assert_int_equal(telemetry_finish(b, "finished", 10000, NULL), TELEMETRY_EREFUSED);
+    assert_true(telemetry_now() - t0 < 5);
+    for (int i = 50; i < 100; i++) put(a, i);
+    assert_int_equal(telemetry_finish(a, "finished", 20000, NULL), TELEMETRY_OK);
+    check_db(&e, "e2e-shape", 100, "finished");
+    daemon_kill(&e, SIGTERM);
+    env_free(&e);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_daemon_killed_twice),
         cmocka_unit_test(test_spool_uploaded_by_next_process),
+        cmocka_unit_test(test_entropy_alone_gets_collapse_detection),
+        cmocka_unit_test(test_reused_name_other_shape_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,7 +37,7 @@ try:
 except ImportError:  # lists and numbers still work
     _np = None
 
-__all__ = ["init", "Run", "upload_spool", "EntropydError"]
+__all__ = ["init", "Run", "upload_spool", "EntropydError", "RunRefused"]
 
 _C, _LIBPATH = _lib.load()
 _LIBC, _STDERR = _lib.declare(_C)
@@ -51,6 +51,13 @@ NAME_MAX = 64
 
 class EntropydError(RuntimeError):
     pass
+
+
+class RunRefused(EntropydError):
+    """The daemon refused the run's hello at init: the name belongs to a run
+    of another shape (shape_mismatch), a wrong token (unauthorized), a bad
+    field.  The message is the daemon's; nothing was sent, and the existing
+    run is untouched."""
 
 
 def _finite_or_none(o):
@@ -148,7 +155,8 @@ class Run:
 
     def __init__(self, name, layers, heads, seq_len, config=None, daemon=None, spool_dir=None,
                  token=None, on_alert=None, grace=30.0, queue_slots=0, max_scalars=0,
-                 max_layer_metrics=0, max_head_metrics=0, upload_spool=True, send_interval_ms=0):
+                 max_layer_metrics=0, max_head_metrics=0, upload_spool=True, send_interval_ms=0,
+                 causal=True, welcome_timeout=5.0):
         self.layers, self.heads = int(layers), int(heads)
         self._LH = self.layers * self.heads
         self.on_alert = on_alert
@@ -178,13 +186,24 @@ class Run:
         cfg.max_scalars, cfg.max_layer_metrics, cfg.max_head_metrics = max_scalars, max_layer_metrics, max_head_metrics
         cfg.no_spool_upload = 0 if upload_spool else 1
         cfg.send_interval_ms = int(send_interval_ms)
+        cfg.noncausal = 0 if causal else 1
         err = ctypes.create_string_buffer(512)
         t = _C.telemetry_create(ctypes.byref(cfg), err, len(err))
         self._keep = None
         if not t:
             raise EntropydError("entropyd.init: " + err.value.decode(errors="replace"))
-        self._t = t
         self.name = _C.telemetry_run_name(t).decode()
+        if addr and welcome_timeout:
+            # The daemon's answer to the hello, so that a refused run (a
+            # name reused with another shape) raises here, before any step
+            # is logged, instead of spooling steps nobody will take.  No
+            # daemon listening: returns at once and the run goes on in the
+            # background as before.
+            rc = _C.telemetry_wait_welcome(t, int(welcome_timeout * 1000), err, len(err))
+            if rc == _lib.EREFUSED:
+                _C.telemetry_destroy(t, None, 0)
+                raise RunRefused("entropyd.init: " + err.value.decode(errors="replace"))
+        self._t = t
         self._msg = _lib.Msg()
         # Staging: a step's values are copied into these blocks, then one
         # call (telemetry_step_log) copies them into the ring slot.
@@ -349,11 +368,16 @@ class Run:
         return out
 
     def stats(self):
-        """The client's counters (enqueued, acked, dropped_queue, ...)."""
+        """The client's counters (enqueued, acked, dropped_queue, ...); after
+        finish, the final ones (as they were once the sender stopped)."""
         if self._t is None:
             return dict(self._final_stats)
         st = _lib.Stats()
         _C.telemetry_get_stats(self._t, ctypes.byref(st))
+        return self._stats_dict(st)
+
+    @staticmethod
+    def _stats_dict(st):
         return {n: getattr(st, n) for n in _lib.STATS_FIELDS + ["connected"]}
 
     def flush(self, timeout=10.0):
@@ -373,12 +397,13 @@ class Run:
         if status is not None and status not in ("finished", "failed", "aborted"):
             raise ValueError("entropyd: status %r: finished, failed or aborted" % status)
         self._drain()
-        self._final_stats = self.stats()
         g = self.grace if grace is None else grace
         sys.stderr.flush()
         t, self._t = self._t, None
-        rc = _C.telemetry_finish(t, status.encode() if status else None, int(g * 1000),
-                                 None if quiet else _STDERR)
+        st = _lib.Stats()
+        rc = _C.telemetry_finish_stats(t, status.encode() if status else None, int(g * 1000),
+                                       None if quiet else _STDERR, ctypes.byref(st))
+        self._final_stats = self._stats_dict(st)
         _live.discard(self)
         return rc == 0
 
@@ -402,8 +427,8 @@ def _at_exit():
 
 
 def init(name=None, layers=None, heads=None, seq_len=None, config=None, daemon=None, **kw):
-    """Opens a run and starts streaming in the background (never waits for
-    the daemon).  name: the run name (None: generated); layers, heads,
+    """Opens a run and starts streaming in the background (waits only for
+    the daemon's answer to the hello, see welcome_timeout).  name: the run name (None: generated); layers, heads,
     seq_len: the model's shape; config: a dict stored as the run's meta;
     daemon: "unix:PATH" or "tcp:HOST:PORT" (default $ENTROPYD_DAEMON, else
     unix:entropyd-data/entropyd.sock); also spool_dir (default $ENTROPYD_SPOOL,
@@ -412,7 +437,13 @@ def init(name=None, layers=None, heads=None, seq_len=None, config=None, daemon=N
     max_layer_metrics, max_head_metrics, upload_spool (default True: upload
     the other unacknowledged runs found in spool_dir, in the background),
     send_interval_ms (0: the library's default, 100 ms: the sender wakes and
-    sends once per interval; negative: every step at once)."""
+    sends once per interval; negative: every step at once), causal (default
+    True: row i attends positions 0..i; False: every row attends all
+    seq_len, used by the daemon to derive entropy_norm from entropy),
+    welcome_timeout (seconds init waits for the daemon's answer to the
+    hello, default 5; returns at once when no daemon listens; 0: no wait).
+    Raises RunRefused with the daemon's message when the daemon refuses the
+    run (its name taken by a run of another shape)."""
     if layers is None or heads is None or seq_len is None:
         raise TypeError("entropyd.init needs layers, heads and seq_len")
     return Run(name, layers, heads, seq_len, config=config, daemon=daemon, **kw)

@@ -42,6 +42,10 @@ def load():
                       "`make install`, or set ENTROPYD_CLIENT_LIB. Tried: " + "; ".join(tried))
 
 
+# telemetry.h's return codes
+OK, EFULL, EINVAL, ETIMEDOUT, EREFUSED = 0, -1, -2, -3, -4
+
+
 class Config(ctypes.Structure):
     _fields_ = [("address", ctypes.c_char_p), ("run", ctypes.c_char_p),
                 ("layers", ctypes.c_int), ("heads", ctypes.c_int), ("seq_len", ctypes.c_int),
@@ -51,7 +55,8 @@ class Config(ctypes.Structure):
                 ("max_scalars", ctypes.c_int), ("max_layer_metrics", ctypes.c_int),
                 ("max_head_metrics", ctypes.c_int),
                 ("backoff_min_ms", ctypes.c_int), ("backoff_max_ms", ctypes.c_int),
-                ("no_spool_upload", ctypes.c_int), ("send_interval_ms", ctypes.c_int)]
+                ("no_spool_upload", ctypes.c_int), ("send_interval_ms", ctypes.c_int),
+                ("noncausal", ctypes.c_int)]
 
 
 _U64 = ctypes.c_uint64
@@ -75,6 +80,8 @@ def declare(lib):
         "telemetry_create": (P, [ctypes.POINTER(Config), ctypes.c_char_p, ctypes.c_size_t]),
         "telemetry_destroy": (I, [P, S, I]),
         "telemetry_finish": (I, [P, S, I, P]),
+        "telemetry_finish_stats": (I, [P, S, I, P, ctypes.POINTER(Stats)]),
+        "telemetry_wait_welcome": (I, [P, I, ctypes.c_char_p, ctypes.c_size_t]),
         "telemetry_run_name": (S, [P]),
         "telemetry_step_begin": (P, [P, ctypes.c_int64, D]),
         "telemetry_step_scalar": (I, [P, S, D]),
