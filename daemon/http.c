@@ -7,6 +7,7 @@
  * is freed in the completion callback; streamed answers (export, SSE) own
  * their own state, freed by the response's free callback. */
 #include "http.h"
+#include "alert_rules.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +51,7 @@ struct http {
     int port;
     char *token;
     char *web_root;             /* realpath of cfg.web_root, or NULL */
+    struct alert_rules *rules;  /* cfg.rules_path's, for GET /api/runs/{id} */
 
     pthread_mutex_t mu;         /* guards everything below */
     pthread_cond_t cv;          /* a DELETE committed */
@@ -562,12 +564,19 @@ static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t 
     return answer_read(h, c, read_runs, &req);
 }
 
-static int read_run(struct query *q, const void *id, struct strbuf *b, char *err, size_t errlen) {
-    return query_run(q, *(const int64_t *)id, b, err, errlen);
+struct run_req {
+    int64_t id;
+    const struct alert_rules *rules;
+};
+
+static int read_run(struct query *q, const void *arg, struct strbuf *b, char *err, size_t errlen) {
+    const struct run_req *r = arg;
+    return query_run(q, r->id, r->rules, b, err, errlen);
 }
 
 static enum MHD_Result h_run(struct http *h, struct MHD_Connection *c, int64_t id) {
-    return answer_read(h, c, read_run, &id);
+    struct run_req r = {id, h->rules};
+    return answer_read(h, c, read_run, &r);
 }
 
 /* A series; `from` past the metric's last step with no `to` is a request
@@ -1263,6 +1272,7 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    if (!(h->rules = alert_rules_load(cfg->rules_path, err, errlen))) goto fail;
     if (cfg->web_root) {
         char real[PATH_MAX];
         if (!realpath(cfg->web_root, real)) {
@@ -1355,5 +1365,6 @@ void http_destroy(struct http *h) {
     pthread_mutex_destroy(&h->mu);
     free(h->token);
     free(h->web_root);
+    alert_rules_free(h->rules);
     free(h);
 }

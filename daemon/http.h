@@ -37,6 +37,8 @@ struct http_config {
     struct writer *writer;
     struct ingest *ingest;     /* may be NULL (no ingest counters) */
     struct alerter *alerter;   /* may be NULL (no alert and notification counters) */
+    const char *rules_path;    /* the alert rules file (NULL: the built-in set), read at
+                                * create to list, per run, the rules it cannot run */
     /* Against DNS rebinding and cross-site requests (docs/reliability.md,
      * "Security"): a request's Host must be an IP address (the listening
      * one, or any when listening on every address), "localhost", or one of

@@ -400,7 +400,7 @@ static int daemon_start_http(struct daemon *d, const struct options *o) {
                                .max_conns = (int)o->http_conns, .metrics_heads = o->metrics_heads,
                                .metrics_keep_s = o->metrics_keep_s > 0 ? o->metrics_keep_s : -1,
                                .timeout_s = (int)o->http_timeout_s, .pool = d->pool, .stream = d->stream,
-                               .writer = d->w, .ingest = g_ingest, .alerter = d->alerter,
+                               .writer = d->w, .ingest = g_ingest, .alerter = d->alerter, .rules_path = o->rules,
                                .allow_hosts = o->allow_hosts.v, .n_allow_hosts = o->allow_hosts.n,
                                .max_conns_per_ip = (int)o->http_per_ip,
                                .metrics_more = d->hooks.remote_write ? remote_write_metrics : NULL,

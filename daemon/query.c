@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alert_rules.h"
 #include "query_db.h"
 #include "store.h"
 
@@ -264,7 +265,46 @@ out:
     return ret;
 }
 
-int query_run(struct query *q, int64_t id, struct strbuf *out, char *err, size_t errlen) {
+/* Whether array a (of strings) holds name. */
+static int has_name(const cJSON *a, const char *name) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) if (cJSON_IsString(it) && !strcmp(it->valuestring, name)) return 1;
+    return 0;
+}
+
+/* "rules_unavailable" (query_run): every rule reading a metric of its
+ * scope's kind that the run's metrics (kinds: scalars, layers, heads)
+ * lack. An out-of-memory leaves the list short. */
+static void add_rules_unavailable(cJSON *o, cJSON *const kinds[3], const struct alert_rules *rules) {
+    static const char *const kind_name[3] = {"scalar", "layer", "head"};
+    cJSON *arr = cJSON_AddArrayToObject(o, "rules_unavailable");
+    for (int i = 0; arr && rules && i < rules->n; i++) {
+        const struct alert_rule *r = &rules->rules[i];
+        if (r->scope == ALERT_SCOPE_RUN) continue; /* reads no metric */
+        int k = r->scope == ALERT_SCOPE_HEAD ? 2 : r->scope == ALERT_SCOPE_LAYER ? 1 : 0;
+        const char *reads[4] = {r->metric, r->and_metric, r->bound_metric, r->rising_metric};
+        cJSON *missing = NULL;
+        for (int j = 0; j < 4; j++) {
+            if (!reads[j] || has_name(kinds[k], reads[j])) continue;
+            int dup = 0;
+            for (int p = 0; p < j; p++) dup |= reads[p] && !strcmp(reads[p], reads[j]);
+            if (dup) continue;
+            if (!missing) {
+                cJSON *e = cJSON_CreateObject();
+                if (!e) return;
+                cJSON_AddItemToArray(arr, e);
+                cJSON_AddStringToObject(e, "rule", r->name);
+                if (!(missing = cJSON_AddArrayToObject(e, "missing"))) return;
+            }
+            char what[128]; /* metric names are at most 64 bytes */
+            snprintf(what, sizeof what, "%s metric %s", kind_name[k], reads[j]);
+            cJSON_AddItemToArray(missing, cJSON_CreateString(what));
+        }
+    }
+}
+
+int query_run(struct query *q, int64_t id, const struct alert_rules *rules, struct strbuf *out, char *err,
+              size_t errlen) {
     sqlite3_stmt *s = NULL;
     cJSON *o = NULL;
     int ret = QUERY_ERR, rc;
@@ -306,6 +346,8 @@ int query_run(struct query *q, int64_t id, struct strbuf *out, char *err, size_t
     }
     sqlite3_finalize(s);
     s = NULL;
+    if (cJSON_GetArraySize(kinds[0]) + cJSON_GetArraySize(kinds[1]) + cJSON_GetArraySize(kinds[2]) > 0)
+        add_rules_unavailable(o, kinds, rules);
     if (sqlite3_prepare_v2(q->db, "SELECT min(step) FROM steps WHERE run_id = ?1", -1, &s, NULL) != SQLITE_OK ||
         (sqlite3_bind_int64(s, 1, id), sqlite3_step(s)) != SQLITE_ROW) {
         ret = query_db_fail(q, err, errlen, "reading the first step");

@@ -85,9 +85,14 @@ struct query_runs_req {
 int query_runs_page(struct query *q, const struct query_runs_req *req, struct strbuf *out, char *err,
                     size_t errlen);
 
-/* GET /api/runs/{id}: the run object plus its metric names by kind and its
- * first step. QUERY_NOT_FOUND if no such run. */
-int query_run(struct query *q, int64_t id, struct strbuf *out, char *err, size_t errlen);
+/* GET /api/runs/{id}: the run object plus its metric names by kind, its
+ * first step and, once it has metrics, "rules_unavailable": the rules of
+ * rules (borrowed; NULL: none listed) that read a metric this run never
+ * sent, each {"rule", "missing": ["head metric sigma_qk", ...]}: they are
+ * not evaluated for it (docs/alerts.md). QUERY_NOT_FOUND if no such run. */
+struct alert_rules;
+int query_run(struct query *q, int64_t id, const struct alert_rules *rules, struct strbuf *out, char *err,
+              size_t errlen);
 
 /* A run's status ("live", ...) into status (cap bytes). QUERY_NOT_FOUND if
  * no such run. */

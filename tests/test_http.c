@@ -737,7 +737,24 @@ static void test_runs(void **state) {
     assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "scalars"), 0)->valuestring, "loss");
     assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "layers"), 0)->valuestring, "rank_ratio");
     assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "heads"), 0)->valuestring, "entropy");
+    assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(m, "heads"), 1)->valuestring, "entropy_norm");
     assert_int_equal((int)cJSON_GetObjectItem(j, "first_step")->valuedouble, 0);
+    /* loss, rank_ratio and entropy: the rules reading sigma_qk, max_logit,
+     * entropy_bound cannot run, entropy_collapse can (entropy_norm derived) */
+    cJSON *off = cJSON_GetObjectItem(j, "rules_unavailable"), *o;
+    int risk = 0, collapse = 0;
+    cJSON_ArrayForEach(o, off) {
+        const char *rule = cJSON_GetObjectItem(o, "rule")->valuestring;
+        if (!strcmp(rule, "collapse_risk")) {
+            risk = 1;
+            assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "missing")), 1);
+            assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "missing"), 0)->valuestring,
+                                "head metric sigma_qk");
+        }
+        collapse |= !strcmp(rule, "entropy_collapse") || !strcmp(rule, "loss_spike");
+    }
+    assert_true(risk);
+    assert_false(collapse);
     cJSON_Delete(j);
     expect_error(&D, "GET", "/api/runs/999", 404, "not_found");
     expect_error(&D, "GET", "/api/runs/0", 400, "bad_request");
@@ -811,7 +828,8 @@ static void test_export(void **state) {
     assert_string_equal(r.ctype, "text/csv");
     int lines = 0;
     for (size_t i = 0; i < r.len; i++) lines += r.body[i] == '\n';
-    assert_int_equal(lines, 1 + frames * (1 + L1 + L1 * H1));
+    /* loss, rank_ratio, entropy, and the entropy_norm ingest derives from it */
+    assert_int_equal(lines, 1 + frames * (1 + L1 + 2 * L1 * H1));
     assert_memory_equal(r.body, "metric,kind,step,time,layer,head,value\n", 39);
     /* one known value: entropy layer 1 head 2 at step 5 */
     char want[128], v[32];
@@ -846,7 +864,7 @@ static void test_export(void **state) {
             cJSON_Delete(o);
         }
     }
-    assert_int_equal(lines, frames * 3);
+    assert_int_equal(lines, frames * 4);
     resp_free(&r);
     snprintf(p, sizeof p, "/api/runs/%lld/export?format=xml", (long long)R1);
     expect_error(&D, "GET", p, 400, "bad_request");

@@ -154,6 +154,14 @@ export class RunView {
     this.verdictEl = h('section', {class: 'verdict', id: 'verdict', 'data-state': 'unknown', role: 'status'},
       this.verdictState, this.verdictDetail, h('span', {class: 'spacer'}), this.firingEl);
     this.root.append(this.verdictEl);
+    // rules that read a metric this run never sent are never evaluated
+    // for it: say so, or a quiet verdict reads as a healthy one
+    const off = this.run.rules_unavailable || [];
+    if (off.length) {
+      this.root.append(h('p', {class: 'muted rules-off', id: 'rules-unavailable'},
+        'Rules that cannot run for this run (it never sent what they read): ' +
+        off.map((r) => `${r.rule} (needs ${r.missing.join(', ')})`).join('; ') + '.'));
+    }
     if (this.run.verdict) this.renderVerdict();
   }
 
