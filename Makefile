@@ -153,7 +153,14 @@ $(BUILD)/examples/stream_steps: examples/stream_steps.c $(BUILD)/libentropyd_cli
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
-PYTHON_SITE ?= $(PREFIX)/lib/python3/dist-packages
+# The Python package goes where the system's python3 finds it: Debian's
+# /usr/bin/python3 (the one python3-torch is for; a pyenv python3 earlier
+# on PATH has no torch), its site directory under PREFIX when it has one
+# (PREFIX=/usr/local: /usr/local/lib/python3.11/dist-packages), else
+# PREFIX/lib/python3.X/site-packages, which needs PYTHONPATH
+# (scripts/python_site.py; the last line of `make install` says which).
+PYTHON ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
+PYTHON_SITE ?= $(shell $(PYTHON) scripts/python_site.py '$(PREFIX)')
 install: $(CLIENT_LIB)
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/entropyd $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(BUILD)/libentropyd_client.a $(DESTDIR)$(PREFIX)/lib/
@@ -167,6 +174,8 @@ install: $(CLIENT_LIB)
 	printf 'LIBRARY = "%s"\n' '$(PREFIX)/lib/libentropyd_client.so.1' > $(DESTDIR)$(PYTHON_SITE)/entropyd/_installed.py
 	$(if $(wildcard $(BUILD)/entropyd),install -m 755 $(BUILD)/entropyd $(DESTDIR)$(PREFIX)/bin/)
 	$(if $(wildcard $(BUILD)/sigmatrain),install -m 755 $(BUILD)/sigmatrain $(DESTDIR)$(PREFIX)/bin/)
+	@echo "entropyd: C library in $(PREFIX)/lib (programs linked with pkg-config entropyd_client find it through their rpath)"
+	@$(PYTHON) scripts/python_site.py --say '$(PYTHON_SITE)'
 
 $(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a $(CLI_OBJ)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@

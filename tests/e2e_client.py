@@ -4,7 +4,11 @@ the repository uses it, and of the two faults issue 17 fixed.
 
 1. `make install PREFIX=tmp`, then examples/stream_steps.c compiled by `cc`
    with nothing but `pkg-config entropyd_client` from that prefix, run
-   against a real entropyd: its steps are stored, the NaN as NaN.
+   against a real entropyd with no LD_LIBRARY_PATH (the .pc's rpath): its
+   steps are stored, the NaN as NaN; linked statically too.  The Python
+   package imports from a fresh shell (env -i) with the environment make
+   install printed, with Debian's /usr/bin/python3, and finds the
+   installed library.
 2. Grace period: the client finishes while no daemon is up; it keeps
    reconnecting (progress lines), the daemon starts after its first
    progress line, and everything is acknowledged before it exits.
@@ -47,6 +51,7 @@ class ClientLibraryTest(unittest.TestCase):
         r = subprocess.run(["make", "-s", "--no-print-directory", "install", "PREFIX=" + cls.prefix,
                             "BUILD=" + BUILD, "SANITIZE=" + SANITIZE], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, "make install failed:\n" + r.stdout + r.stderr
+        cls.install_out = r.stdout
         # a program outside the repository: copy the example out, build it with pkg-config only
         src = os.path.join(cls.tmp, "outside", "stream_steps.c")
         os.makedirs(os.path.dirname(src))
@@ -61,7 +66,14 @@ class ClientLibraryTest(unittest.TestCase):
         cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", src, "-o", cls.exe] + san + flags.stdout.split(),
                             cwd=os.path.dirname(src), capture_output=True, text=True)
         assert cc.returncode == 0, "cc: " + cc.stderr
-        cls.env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(cls.prefix, "lib"))
+        cls.env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        # docs/client.md, "Linking": the static archive, no rpath needed
+        cls.static_exe = os.path.join(cls.tmp, "outside", "stream_steps_static")
+        cjson = subprocess.run(["pkg-config", "--libs", "libcjson"], capture_output=True, text=True).stdout.split()
+        cc = subprocess.run(["cc", "-std=c11", src, "-I" + os.path.join(cls.prefix, "include"),
+                             os.path.join(cls.prefix, "lib", "libentropyd_client.a"), "-o", cls.static_exe]
+                            + san + cjson + ["-lpthread", "-lm"], capture_output=True, text=True)
+        assert cc.returncode == 0, "cc (static): " + cc.stderr
 
     @classmethod
     def tearDownClass(cls):
@@ -74,6 +86,47 @@ class ClientLibraryTest(unittest.TestCase):
         # the program is dynamically linked to the installed library
         ldd = subprocess.run(["ldd", self.exe], env=self.env, capture_output=True, text=True).stdout
         self.assertIn(os.path.join(self.prefix, "lib", "libentropyd_client.so.1"), ldd)
+
+    def test_static_link_needs_no_shared_library(self):
+        ldd = subprocess.run(["ldd", self.static_exe], env=self.env, capture_output=True, text=True).stdout
+        self.assertNotIn("libentropyd_client", ldd)
+        d = Daemon().start()
+        try:
+            r = subprocess.run([self.static_exe, "unix:" + d.sock, "static-run", "3"], env=self.env,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(steps_of(d, "static-run"), [0, 1, 2])
+        finally:
+            d.cleanup()
+
+    @unittest.skipIf(SANITIZE, "ctypes cannot load a sanitizer-instrumented library")
+    def test_python_package_imports_from_a_fresh_shell(self):
+        """What make install printed is all a new shell needs: Debian's
+        python3 imports the package from PREFIX and loads PREFIX's library."""
+        if not os.path.exists("/usr/bin/python3"):
+            self.skipTest("no /usr/bin/python3")
+        line = [l for l in self.install_out.splitlines() if "Python package installed in" in l]
+        self.assertEqual(len(line), 1, self.install_out)
+        self.assertIn("export PYTHONPATH=" + self.prefix, line[0])
+        site = line[0].split("export PYTHONPATH=")[1].split()[0]
+        self.assertTrue(os.path.exists(os.path.join(site, "entropyd", "__init__.py")), site)
+        d = Daemon().start()
+        try:
+            code = ("import entropyd; print(entropyd._LIBPATH)\n"
+                    "r = entropyd.init('fresh-shell', layers=1, heads=1, seq_len=4, daemon=%r)\n"
+                    "r.log(0, scalars={'loss': 1.0}); assert r.finish()\n" % ("unix:" + d.sock))
+            r = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "HOME=" + self.tmp, "PYTHONPATH=" + site,
+                                "/usr/bin/python3", "-c", code], cwd=self.tmp, capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(r.stdout.split()[0], os.path.join(self.prefix, "lib", "libentropyd_client.so.1"))
+            self.assertEqual(steps_of(d, "fresh-shell"), [0])
+            # and without PYTHONPATH the package is not found: the message is needed
+            r = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", "import entropyd"],
+                               cwd=self.tmp, capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(r.returncode, 0)
+        finally:
+            d.cleanup()
 
     def test_example_streams_through_pkg_config(self):
         d = Daemon().start()
