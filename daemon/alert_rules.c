@@ -395,9 +395,11 @@ out:
 /* Reads and parses a rules file, or, without a path, the built-in rules
  * (schema/default_rules.json, embedded at build), whose thresholds are:
  * Thresholds are tuned on sigmatrain runs (README, "Alerts").
- * entropy_collapse ("below V for F steps") fires on a head iff some F
- * consecutive entropy_norm values of it are all below V, i.e. iff V is above
- * the run's F-step floor (the lowest F-step running maximum of any head).
+ * entropy_collapse ("below V for F steps") fires on a head iff some F + 1
+ * consecutive entropy_norm values of it are all below V (alert.c's
+ * cell_step: `for` is a span of steps, step - pending_since >= F), i.e. iff
+ * V is above the run's (F + 1)-value floor, which is at least the F-step
+ * floor (the lowest F-step running maximum of any head) measured below.
  * Measured 20-step floors (docs/experiments.md; 2 layers x 4 heads, C=64,
  * T=64, synthetic corpus): the 15 baseline runs that collapsed and diverged
  * or stalled (Adam lr >= 0.03 pre/no LN, 0.1 post-LN, 3 seeds): 0.000-0.0053.

@@ -5,10 +5,14 @@
  * Built from outside the tree with
  *   cc stream_steps.c $(pkg-config --cflags --libs entropyd_client) -o stream_steps
  * It opens a run of 2 layers x 2 heads, logs STEPS steps (a loss scalar and
- * one per-head metric, one of them NaN to show how a non-finite value
+ * the per-head entropy, one of them NaN to show how a non-finite value
  * travels: as null, stored as NaN), ends the run and waits (at most 30 s,
- * reconnecting) until the daemon acknowledged everything.  Exit status 0
- * when everything was acknowledged, 1 otherwise (the rest is spooled).
+ * reconnecting) until the daemon acknowledged everything.  `entropy` alone
+ * is enough for the collapse rules and the verdict: the daemon derives
+ * entropy_norm from it and the hello's seq_len (docs/metrics.md).  Exit
+ * status 0 when everything was acknowledged, 1 otherwise (the rest is
+ * spooled); 1 at once when the daemon refuses the run (its name taken by a
+ * run of another shape).
  */
 #include <entropyd/telemetry.h>
 
@@ -35,6 +39,13 @@ int main(int argc, char **argv)
     telemetry *t = telemetry_create(&cfg, err, sizeof err);
     if (!t) {
         fprintf(stderr, "stream_steps: %s\n", err);
+        return 1;
+    }
+    /* the daemon's answer to the hello; no daemon yet (ETIMEDOUT, at once)
+     * is fine: the steps are spooled and sent when it comes */
+    if (telemetry_wait_welcome(t, 5000, err, sizeof err) == TELEMETRY_EREFUSED) {
+        fprintf(stderr, "stream_steps: %s\n", err);
+        telemetry_destroy(t, NULL, 0);
         return 1;
     }
     for (int step = 0; step < steps; step++) {
