@@ -271,11 +271,13 @@ class LongRunsTest(unittest.TestCase):
         self.assertEqual(d.query("SELECT count(*) FROM abandoned_frames WHERE branch_id = ?", (br[0][0],))[0][0], above)
         self.assertEqual(d.query("SELECT max(step), count(*) FROM steps WHERE run_id = ?", (rid,))[0], (100, 101))
         self.assertEqual(d.query("SELECT last_step FROM runs WHERE id = ?", (rid,))[0][0], 100)
-        # the seeded head metrics stopped at 99 (the new step carries entropy only); latest follows both
+        # the seeded head metrics stopped at 99 (the new step carries entropy only, and the
+        # entropy_norm ingest derives from it); latest follows both
         lat = dict(d.query("SELECT m.name, l.step FROM latest l JOIN metrics m ON m.id = l.metric_id "
                            "WHERE m.run_id = ?", (rid,)))
         self.assertEqual(lat["entropy"], 100)
-        self.assertEqual(lat["entropy_norm"], 99)
+        self.assertEqual(lat["entropy_norm"], 100)
+        self.assertEqual(lat["max_logit"], 99)
         self.assertEqual(d.query("SELECT count(*) FROM rollups a JOIN metrics m ON m.id = a.metric_id "
                                  "WHERE m.run_id = ? AND a.level = 1 AND a.block >= 1", (rid,))[0][0], 0)
         during = [lat for t, lat in s.acks[:n_acks] if t0 <= t <= t_acked]

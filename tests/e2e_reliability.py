@@ -175,7 +175,8 @@ class KillTest(unittest.TestCase):
                 self.assertEqual(rows, [(i, i) for i in range(1, n + 1)])
                 cnt = d.query("SELECT count(*), count(DISTINCT f.step) FROM frames f JOIN metrics m ON m.id=f.metric_id "
                               "WHERE m.run_id=?", (rid,))[0]
-                self.assertEqual(cnt, (3 * n, n))  # loss, rank_ratio, entropy per step
+                # loss, rank_ratio, entropy and the entropy_norm ingest derives, per step
+                self.assertEqual(cnt, (4 * n, n))
                 for step in rnd.sample(range(1, n + 1), 20):
                     data = d.query("SELECT f.data FROM frames f JOIN metrics m ON m.id=f.metric_id "
                                    "WHERE m.run_id=? AND m.name='entropy' AND f.step=?", (rid, step))[0][0]
@@ -654,7 +655,7 @@ class SecurityTest(unittest.TestCase):
                     st, body = http_get(port, target)
                     self.assertIn(st, ok, "%s -> %s %r" % (target, st, body[:200]))
             self.assertEqual(d.query("SELECT count(*) FROM runs")[0][0], 1)
-            self.assertEqual(d.query("SELECT count(*) FROM frames")[0][0], 3)
+            self.assertEqual(d.query("SELECT count(*) FROM frames")[0][0], 4)  # entropy_norm derived
             self.assertEqual(d.query("PRAGMA integrity_check")[0][0], "ok")
         finally:
             d.cleanup()
