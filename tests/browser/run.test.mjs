@@ -168,6 +168,24 @@ await run(async (ctx) => {
   await page.evaluate(() => window.scrollTo(0, 0));
   await screenshot(page, 'run-page');
 
+  check(!(await page.$('#rules-unavailable')), 'a run that sends every metric lists no rule it cannot run');
+
+  // 6b. a run that sends `entropy` alone (docs/client.md's C example): the
+  // page says which rules cannot run and why; entropy_collapse is not among
+  // them (the daemon derives entropy_norm)
+  const tm = await Trainer.connect(d.sock);
+  const wm = await tm.hello('entropy-only', 2, 2, {}, 64);
+  tm.send([{type: 'step', step: 0, heads: {entropy: [[1, 1], [1, 1]]}, scalars: {loss: 2}}, {type: 'end', status: 'finished'}]);
+  await tm.synced();
+  tm.close();
+  const pm = await newPage(browser);
+  await pm.goto(`${d.base}/?run=${wm.run_id}`);
+  await rendered(pm);
+  const off = await pm.$eval('#rules-unavailable', (e) => e.textContent).catch(() => '');
+  check(/collapse_risk \(needs head metric sigma_qk\)/.test(off) && /logit_growth \(needs head metric max_logit\)/.test(off) &&
+        !/entropy_collapse|entropy_drop|loss_spike/.test(off), 'an entropy-only run lists the rules it cannot run', off);
+  await pm.close();
+
   // 7. alerts: a run collapses while its page is open -> listed and marked
   const al = await seedRun(d.sock, 'alerting', {L: 4, H: 4, steps: 100, status: 'live', collapse: true});
   ctx.cleanups.push(() => al.trainer.close());
@@ -183,24 +201,7 @@ await run(async (ctx) => {
   await pa.$eval('#alerts', (e) => e.scrollIntoView());
   await screenshot(pa, 'run-alerts', {fullPage: false});
   check(pa.errors.length === 0, 'no errors in the alerting page', pa.errors.join('; '));
-  check(!(await pa.$('#rules-unavailable')), 'a run that sends every metric lists no rule it cannot run');
   await pa.close();
-
-  // 7b. a run that sends `entropy` alone (docs/client.md's C example): the
-  // page says which rules cannot run and why; entropy_collapse is not among
-  // them (the daemon derives entropy_norm)
-  const tm = await Trainer.connect(d.sock);
-  const wm = await tm.hello('entropy-only', 2, 2, {}, 64);
-  tm.send([{type: 'step', step: 0, heads: {entropy: [[1, 1], [1, 1]]}, scalars: {loss: 2}}, {type: 'end', status: 'finished'}]);
-  await tm.synced();
-  tm.close();
-  const pm = await newPage(browser);
-  await pm.goto(`${d.base}/?run=${wm.run_id}`);
-  await rendered(pm);
-  const off = await pm.$eval('#rules-unavailable', (e) => e.textContent).catch(() => '');
-  check(/collapse_risk \(needs head metric sigma_qk\)/.test(off) && /logit_growth \(needs head metric max_logit\)/.test(off) &&
-        !/entropy_collapse|entropy_drop|loss_spike/.test(off), 'an entropy-only run lists the rules it cannot run', off);
-  await pm.close();
 
   // 8. daemon restart: same data and port; the page reconnects by itself
   trainer.close();
