@@ -773,10 +773,31 @@ static enum MHD_Result h_stream(struct http *h, struct MHD_Connection *c, int64_
     (void)id;
     int64_t run = 0;
     if (int_param(c, "run", 1, INT64_MAX, &run) < 0) return BAD_INT("run", 1, INT64_MAX);
+    /* ticks=1 [layers=1] [cells=M1,M2]: summaries instead of steps (stream.h) */
+    struct stream_sub sub = {0};
+    int64_t flag = 0;
+    if (int_param(c, "ticks", 0, 1, &flag) < 0) return BAD_INT("ticks", 0, 1);
+    sub.ticks = (int)flag;
+    flag = 0;
+    if (int_param(c, "layers", 0, 1, &flag) < 0) return BAD_INT("layers", 0, 1);
+    sub.layers = (int)flag;
+    char names[STREAM_MAX_CELLS * (PROTO_MAX_NAME + 1)];
+    const char *cells = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cells");
+    if (cells && *cells) {
+        if (strlen(cells) >= sizeof names) return send_error(h, c, 400, "cells names at most %d metrics", STREAM_MAX_CELLS);
+        memcpy(names, cells, strlen(cells) + 1);
+        for (char *p = names, *save = NULL, *tok; (tok = strtok_r(p, ",", &save)); p = NULL) {
+            if (sub.ncells == STREAM_MAX_CELLS || strlen(tok) > PROTO_MAX_NAME)
+                return send_error(h, c, 400, "cells names at most %d metrics", STREAM_MAX_CELLS);
+            sub.cells[sub.ncells++] = tok;
+        }
+    }
+    if ((sub.layers || sub.ncells) && !sub.ticks) return send_error(h, c, 400, "layers and cells come with ticks=1");
     const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
     if (!last) last = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "last_event_id");
     struct stream_client *sc = stream_client_open(h->cfg.stream, run, last);
     if (!sc) return send_error(h, c, 500, "out of memory");
+    stream_client_subscribe(sc, &sub); /* the names were checked above */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) stream_client_watch(sc, sse_gone, (void *)(intptr_t)ci->connect_fd);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 32 * 1024, sse_read, sc, sse_free);
@@ -1104,7 +1125,7 @@ static const char *const p_series[] = {"metric", "layer", "head", "from", "to", 
 static const char *const p_frame[] = {"metric", "step", NULL};
 static const char *const p_events[] = {"after", "before", "order", "limit", NULL};
 static const char *const p_export[] = {"format", NULL};
-static const char *const p_stream[] = {"run", "last_event_id", NULL};
+static const char *const p_stream[] = {"run", "last_event_id", "ticks", "layers", "cells", NULL};
 static const char *const p_alerts[] = {"state", "run", "limit", NULL};
 static const char *const p_run_alerts[] = {"state", "limit", NULL};
 

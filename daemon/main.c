@@ -115,6 +115,7 @@ static void on_commit(void *ctx, const struct writer_item *items, double commit_
 
 static void on_tick(void *ctx, double now) {
     struct hooks *hk = ctx;
+    if (hk->stream) stream_on_tick(hk->stream, now);
     if (hk->alerter) alerter_on_tick(hk->alerter, now);
     struct http *h = atomic_load(&hk->http);
     if (h) http_tick(h);

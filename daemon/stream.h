@@ -13,7 +13,22 @@
  * id belongs to an earlier daemon), the client first receives an event
  * `reset` ({"reason":...}) and then the live events from that moment on:
  * it must reload state through the REST API. This module is not the
- * HTTP layer: it only produces bytes. */
+ * HTTP layer: it only produces bytes.
+ *
+ * Summaries (docs/http-api.md, "Ticks"): besides a `step` event per step,
+ * the writer thread folds each live run's steps into one accumulator and,
+ * publishes every tick_ms a `tick` (scalars: min, mean, max, last over the
+ * tick's steps), a `layers` (per layer: layer metrics' mean, head metrics'
+ * min, mean and max over heads and steps) and one `cells` event per head
+ * metric (its values at the tick's last step); the last two, the bulk,
+ * every rows_ms (over the steps since the last ones). Both are paced by a
+ * token bucket of STREAM_BURST: a few steps after a quiet spell go out at
+ * once, a fast run's steps once per interval. A client sees them only when
+ * it subscribes (stream_client_subscribe), and then no `step` events: a
+ * dashboard's budget is a few KB/s whatever the trainer's step rate. The
+ * accumulators are bounded: STREAM_MAX_TICK_RUNS runs (one more is not
+ * summarised), STREAM_MAX_TICK_VALUES values per run, freed when the run
+ * ends, goes stale or is deleted. */
 #ifndef STREAM_H
 #define STREAM_H
 
@@ -27,6 +42,8 @@ struct stream_config {
     size_t max_events;     /* ring capacity in events (default 16384) */
     size_t max_bytes;      /* ring capacity in bytes (default 32 MiB) */
     int keepalive_ms;      /* comment sent to an idle client this often (default 15000) */
+    int tick_ms;           /* a live run's tick event this often (default 1000) */
+    int rows_ms;           /* its layers and cells events this often (default 1000) */
 };
 
 struct stream;
@@ -50,6 +67,31 @@ int stream_publish(struct stream *s, const char *kind, int64_t run_id, const cha
  * mean of the head metric `entropy`), a `run` event per status change
  * (hello: live, end: its status, stale, delete: deleted). Writer thread. */
 void stream_on_commit(struct stream *s, const struct writer_item *items);
+
+/* Calls from the writer's tick (about once a second, writer thread):
+ * publishes the summaries of runs whose steps stopped before a tick was
+ * due, so the last steps of a paused run are not held back. */
+void stream_on_tick(struct stream *s, double now);
+
+#define STREAM_BURST 4
+#define STREAM_MAX_TICK_RUNS 1024
+#define STREAM_MAX_TICK_VALUES (1 << 20)
+#define STREAM_MAX_CELLS 4
+
+/* What a client receives (stream_client_subscribe). ticks 0: the default,
+ * `step` events and no summaries. ticks 1: `tick` events instead of `step`
+ * events; layers 1 adds `layers` events; cells names up to
+ * STREAM_MAX_CELLS head metrics whose `cells` events it wants (borrowed
+ * for the call: the names are copied). `run`, `alert` and `reset` events
+ * go to every client. */
+struct stream_sub {
+    int ticks, layers;
+    int ncells;
+    const char *cells[STREAM_MAX_CELLS];
+};
+/* Sets what c receives from its next read on. Returns 0, or -1 when a
+ * name is longer than a metric name may be (nothing is changed). */
+int stream_client_subscribe(struct stream_client *c, const struct stream_sub *sub);
 
 /* Lets stream_client_read notice a client that went away while it waits
  * for events: gone(ctx) is asked about every STREAM_WATCH_MS while it

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "stream.h"
 
@@ -185,12 +186,151 @@ static void test_step_event(void **state) {
     stream_destroy(s);
 }
 
+/* Reads until the client has nothing more now (short keep-alive: 50 ms). */
+static size_t drain_all(struct stream_client *c, char *out, size_t cap) {
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = stream_client_read(c, out + n, cap - 1 - n);
+        assert_true(r > 0);
+        if (strncmp(out + n, ": keep-alive", 12) == 0) break;
+        n += (size_t)r;
+    }
+    out[n] = 0;
+    return n;
+}
+
+/* Ticks: the first two steps go out at once (the tick's burst; the rows
+ * events' is three, so a third step is added before them), the next two fold into one tick/layers/cells set, published when the run ends
+ * (the intervals here are an hour); a subscribed client gets
+ * them and no step events, and only the cells it asked for; a default
+ * client gets the step events and no summaries. */
+static void test_ticks(void **state) {
+    (void)state;
+    char err[128];
+    struct stream_config cfg = {.keepalive_ms = 50, .tick_ms = 3600000, .rows_ms = 3600000};
+    struct stream *s = stream_create(&cfg, err, sizeof err);
+    assert_non_null(s);
+    static char buf[16384];
+    struct stream_client *plain = stream_client_open(s, 0, NULL), *sub = stream_client_open(s, 3, NULL);
+    const char *cells[] = {"entropy"};
+    struct stream_sub want = {.ticks = 1, .layers = 1, .ncells = 1, .cells = {cells[0]}};
+    assert_int_equal(stream_client_subscribe(sub, &want), 0);
+    char longname[PROTO_MAX_NAME + 8];
+    memset(longname, 'x', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    struct stream_sub bad = {.ticks = 1, .ncells = 1, .cells = {longname}};
+    assert_int_equal(stream_client_subscribe(plain, &bad), -1);
+    drain(plain, buf, sizeof buf);
+    drain(sub, buf, sizeof buf);
+    float v1[] = {2.5f, 0.5f, 0.25f, 1, 2, 3, NAN, NAN, 4, 7, 7, 7, 7, 7, 7};
+    float v2[] = {1.5f, 0.7f, 0.75f, 3, 2, 1, 5, NAN, 8, 7, 7, 7, 7, 7, 7};
+    struct proto_metric m[4] = {
+        {.name = "loss", .kind = PROTO_SCALAR, .rows = 1, .cols = 1, .offset = 0},
+        {.name = "rank", .kind = PROTO_LAYER, .rows = 2, .cols = 1, .offset = 1},
+        {.name = "entropy", .kind = PROTO_HEAD, .rows = 2, .cols = 3, .offset = 3},
+        {.name = "other", .kind = PROTO_HEAD, .rows = 2, .cols = 3, .offset = 9},
+    };
+    /* the burst: STREAM_BURST steps, each published at once */
+    struct writer_item warm[STREAM_BURST];
+    for (int k = 0; k < STREAM_BURST; k++) {
+        warm[k] = (struct writer_item){.kind = WRITER_STEP, .run_id = 3, .time = 90 + k, .applied = 1,
+                                       .next = k + 1 < STREAM_BURST ? &warm[k + 1] : NULL};
+        warm[k].msg = (struct proto_msg){.type = PROTO_STEP, .step = 1 + k, .nmetrics = 4, .metrics = m, .nvalues = 15,
+                                         .values = v2};
+    }
+    struct writer_item a = {.kind = WRITER_STEP, .run_id = 3, .time = 100.5, .applied = 1};
+    a.msg = (struct proto_msg){.type = PROTO_STEP, .step = 10, .nmetrics = 4, .metrics = m, .nvalues = 15, .values = v1};
+    struct writer_item b = a;
+    b.time = 101.5;
+    b.msg.step = 11;
+    b.msg.values = v2;
+    struct writer_item end = {.kind = WRITER_END, .run_id = 3, .applied = 1};
+    end.msg.status = PROTO_FINISHED;
+    stream_on_commit(s, &warm[0]);
+    drain_all(sub, buf, sizeof buf);
+    for (int k = 0; k < STREAM_BURST; k++) {
+        char want[128];
+        snprintf(want, sizeof want, "event: tick\ndata: {\"run\":3,\"step\":%d,\"from\":%d,\"n\":1,", 1 + k, 1 + k);
+        assert_non_null(strstr(buf, want));
+        snprintf(want, sizeof want, "event: layers\ndata: {\"run\":3,\"step\":%d,\"from\":%d,", 1 + k, 1 + k);
+        assert_non_null(strstr(buf, want));
+    }
+    drain_all(plain, buf, sizeof buf);
+    a.next = &b;
+    b.next = &end;
+    stream_on_commit(s, &a);
+    drain_all(sub, buf, sizeof buf);
+    assert_null(strstr(buf, "event: step"));
+    assert_non_null(strstr(buf, "event: tick\ndata: {\"run\":3,\"step\":11,\"from\":10,\"n\":2,\"time\":101.5,"));
+    assert_non_null(strstr(buf, "\"scalars\":{\"loss\":[1.5,2,2.5,1.5]}}"));
+    /* rank: mean per layer; entropy per layer over heads and both steps:
+     * layer 0 {1,2,3,3,2,1}, layer 1 {4,5,8} */
+    assert_non_null(strstr(buf, "event: layers\ndata: {\"run\":3,\"step\":11,\"from\":10,\"layers\":{\"rank\":[0.6,0.5]},"
+                                "\"heads\":{\"entropy\":{\"min\":[1,4],\"mean\":[2,5.667],\"max\":[3,8]}"));
+    /* cells: the last step's values, shaped as a frame; only the metric asked for */
+    assert_non_null(strstr(buf, "event: cells\ndata: {\"run\":3,\"metric\":\"entropy\",\"kind\":\"head\",\"step\":11,"
+                                "\"layers\":2,\"heads\":3,\"values\":[[3,2,1],[5,null,8]]}"));
+    assert_null(strstr(buf, "\"metric\":\"other\""));
+    /* the tick comes before the run's end */
+    assert_true(strstr(buf, "event: tick") < strstr(buf, "event: run"));
+    drain_all(plain, buf, sizeof buf);
+    assert_non_null(strstr(buf, "event: step"));
+    assert_null(strstr(buf, "event: tick"));
+    assert_null(strstr(buf, "event: cells"));
+    assert_non_null(strstr(buf, "event: run"));
+    stream_client_close(plain);
+    stream_client_close(sub);
+    stream_destroy(s);
+}
+
+/* Held steps go out with the writer's tick once a token is back:
+ * STREAM_BURST + 1 steps in one commit, the last held, then published by
+ * stream_on_tick after the interval. */
+static void test_tick_due(void **state) {
+    (void)state;
+    char err[128];
+    struct stream_config cfg = {.keepalive_ms = 50, .tick_ms = 50, .rows_ms = 50};
+    struct stream *s = stream_create(&cfg, err, sizeof err);
+    static char buf[16384];
+    struct stream_client *sub = stream_client_open(s, 0, NULL);
+    struct stream_sub sb = {.ticks = 1};
+    assert_int_equal(stream_client_subscribe(sub, &sb), 0);
+    drain(sub, buf, sizeof buf);
+    float v[] = {2.5f};
+    struct proto_metric m[1] = {{.name = "loss", .kind = PROTO_SCALAR, .rows = 1, .cols = 1, .offset = 0}};
+    enum { N = STREAM_BURST + 1 };
+    struct writer_item it[N];
+    for (int i = 0; i < N; i++) {
+        it[i] = (struct writer_item){.kind = WRITER_STEP, .run_id = 5, .time = 1, .applied = 1, .next = i < N - 1 ? &it[i + 1] : NULL};
+        it[i].msg = (struct proto_msg){.type = PROTO_STEP, .step = i + 1, .nmetrics = 1, .metrics = m, .nvalues = 1, .values = v};
+    }
+    stream_on_commit(s, &it[0]);
+    drain_all(sub, buf, sizeof buf);
+    char want[96];
+    snprintf(want, sizeof want, "\"step\":%d,\"from\":%d,\"n\":1,", N - 1, N - 1);
+    assert_non_null(strstr(buf, want));
+    snprintf(want, sizeof want, "\"step\":%d,", N);
+    assert_null(strstr(buf, want));
+    stream_on_tick(s, 0); /* too early: no token yet */
+    struct timespec d = {0, 120000000};
+    nanosleep(&d, NULL);
+    stream_on_tick(s, 0);
+    drain_all(sub, buf, sizeof buf);
+    snprintf(want, sizeof want, "event: tick\ndata: {\"run\":5,\"step\":%d,\"from\":%d,\"n\":1,", N, N);
+    assert_non_null(strstr(buf, want));
+    assert_null(strstr(buf, "event: layers")); /* not subscribed */
+    stream_client_close(sub);
+    stream_destroy(s); /* frees the run's accumulator (still live) */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_and_reset),
         cmocka_unit_test(test_filter_small_reads_keepalive),
         cmocka_unit_test(test_byte_bound),
         cmocka_unit_test(test_step_event),
+        cmocka_unit_test(test_ticks),
+        cmocka_unit_test(test_tick_due),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 // The run and compare views (charts, heatmap, uPlot) load when first shown:
 // the runs list, the page most visits open on, does not wait for them.
 import {RunsView} from './runs.js';
+import {want} from './live.js';
 import {applyTheme, setTheme, themeChoice, urlState} from './util.js';
 
 let current = null;
@@ -43,6 +44,7 @@ async function route() {
   const seq = ++routes;
   if (current) current.destroy();
   current = null;
+  want({});   // every run's step events, unless the new view asks for less
   const root = document.getElementById('app');
   root.textContent = '';
   const view = s.run ? 'run' : s.view === 'compare' ? 'compare' : 'runs';

@@ -135,6 +135,8 @@ export class TimeChart {
     const key = JSON.stringify([this.o.unit, this.o.title, defs.map((d) => [d.label, d.color, !!d.band, d.dash, d.width])]);
     this.data = table;
     this.fetched = table[0] ? table[0].length : 0;
+    // data flows again: an earlier "could not load" goes
+    this.el.querySelector('.chart-error')?.remove();
     this.reloading = false;
     // live steps that came while this data was being fetched
     if (this.backlog && table[0]) {
@@ -361,7 +363,7 @@ export class TimeChart {
   }
 
   /** Appends one point (live step) to every column: values per def, a
-   * band gets [v, v, v]. Steps that arrive while the chart is (re)loading
+   * band gets [v, v, v] (or the [mean, min, max] given). Steps that arrive while the chart is (re)loading
    * wait in a backlog and are added to the new data once it is in. */
   append(step, values) {
     const busy = !this.data || !this.data[0] || this.reloading || (!this.u && !this.pendingDefs);
@@ -390,10 +392,11 @@ export class TimeChart {
     let c = 1;
     xs.push(step);
     defs.forEach((d, i) => {
-      const v = values[i];
+      // a band's value may be [mean, min, max] (a live tick's figures)
+      const a = Array.isArray(values[i]) ? values[i] : null, v = a ? a[0] : values[i];
       if (v === null) (this.nonfinite ||= []).push(step);
       this.data[c++].push(v);
-      if (d.band) { this.data[c++].push(v); this.data[c++].push(v); }
+      if (d.band) { this.data[c++].push(a ? a[2] : v); this.data[c++].push(a ? a[1] : v); }
     });
     return true;
   }

@@ -6,11 +6,16 @@
 // Data: every curve is a downsampled series (one bucket per pixel, exact
 // min/max per bucket) over the shown step range; zooming asks again for the
 // narrower range, so resolution grows down to single steps. Charts below the
-// fold load when scrolled to. Live steps come from the event stream.
+// fold load when scrolled to. Live data comes from the event stream, as
+// summaries (ticks=1: docs/http-api.md): a tick a second appends to the
+// training curves, layers and cells events (as often) to the layer,
+// signal and small-multiple charts, the heatmap and the head chart. A live
+// page makes no request per step: only a verdict check every 30 s, and
+// a chart's refetch once its appended points outnumber its buckets.
 import {api, reparamOf, withToken} from './api.js';
 import {TimeChart, getSmoothing, logByDefault, nonfiniteSteps, pointsFor, pooled, setSmoothing, splitOf, tableOf} from './charts.js';
 import {Heatmap} from './heatmap.js';
-import {subscribe} from './live.js';
+import {streamState, subscribe, want} from './live.js';
 import {color, describe, fmt, fmtAgo, fmtStep, h, unitOf, urlState, whenVisible} from './util.js';
 import {normAlert, verdictOf} from './verdict.js';
 
@@ -49,11 +54,48 @@ export class RunView {
     this.pending = 0;
     this.eventsGen = 0;
     this.headerDone = false;
+    this.wantStream();
     this.unsub = subscribe((t, d) => this.onLive(t, d));
     this.init();
   }
 
   /* ---- setup ------------------------------------------------------------ */
+
+  /** The stream this page needs: its run's summaries, with the cells of
+   * the heatmap's and the small multiples' metrics (and the entropy bound
+   * the head chart draws beside entropy). */
+  wantStream() {
+    const sm = this.seen && this.seen.has('sm'), rows = sm || (this.seen && this.seen.has('sig'));
+    const cells = [...new Set([this.st.metric || 'entropy_norm', ...(sm ? [this.st.sm || 'entropy'] : []),
+      ...(this.st.metric === 'entropy' ? ['entropy_bound'] : [])])];
+    want({run: this.id, ticks: 1, layers: rows ? 1 : undefined, cells: cells.join(',')});
+  }
+
+  /** The sections below the fold (small multiples, collapse signals) get
+   * their share of the stream only while near the screen: a tab left on
+   * the first screen costs the heatmap's cells and the ticks alone. A
+   * section scrolled back to after missing live data loads again. */
+  watchSection(body, name, kinds) {
+    if (!window.IntersectionObserver) { (this.seen ||= new Set()).add(name); this.wantStream(); return; }
+    const io = new IntersectionObserver((es) => {
+      const on = es[es.length - 1].isIntersecting;
+      this.seen ||= new Set();
+      if (on === this.seen.has(name)) return;
+      if (on) {
+        this.seen.add(name);
+        if (this.missed && this.missed.has(name)) {
+          this.missed.delete(name);
+          for (const c of this.charts) if (kinds.includes(c.kind) && c.loaded) c.load();
+        }
+      } else {
+        this.seen.delete(name);
+        (this.missed ||= new Set()).add(name);
+      }
+      this.wantStream();
+    }, {rootMargin: '300px'});
+    io.observe(body.closest('section'));
+    (this.observers ||= []).push(io);
+  }
 
   async init() {
     mark('init');
@@ -76,6 +118,7 @@ export class RunView {
       this.st.sm = ['entropy', 'entropy_norm'].find((x) => this.m.heads.includes(x)) || this.m.heads[0] || null;
     this.lastStep = run.last_step;
     this.firstStep = run.first_step ?? 0;
+    this.wantStream();
     this.buildHeader();
     this.buildVerdict();
     this.loadAlerts();
@@ -107,7 +150,7 @@ export class RunView {
 
   buildHeader() {
     const r = this.run, rp = reparamOf(r.meta);
-    this.statusEl = h('span', {class: 'badge st-' + r.status, text: r.status});
+    this.statusEl = h('span', {class: 'badge st-' + r.status, id: 'run-status', text: r.status});
     this.lastStepEl = h('b', {id: 'last-step', text: fmtStep(r.last_step)});
     this.lastLossEl = h('b', {id: 'last-loss', text: '—'});
     const meta = r.meta && typeof r.meta === 'object' ? r.meta : {};
@@ -142,6 +185,16 @@ export class RunView {
     // relative times stay current
     this.agoTimer = setInterval(() => { this.agoEl.textContent = fmtAgo(this.run.created); }, 5000);
     api.frame(this.id, 'loss').then((f) => { if (f && this.lossShownStep === undefined) this.lastLossEl.textContent = fmt(f.values[0]); }).catch(() => {});
+  }
+
+  /** The run's status badge: "live" only while the stream is up (a live
+   * run seen through a lost stream may have ended meanwhile). */
+  showStatus(status) {
+    if (status) this.run.status = status;
+    const s = this.run.status, off = s === 'live' && streamState() !== 'open';
+    this.statusEl.className = 'badge st-' + (off ? 'offline' : s);
+    this.statusEl.textContent = off ? 'live? (no connection)' : s;
+    this.statusEl.dataset.status = s;
   }
 
   /** The verdict banner: the run's state in a word with its step, the
@@ -311,7 +364,7 @@ export class RunView {
   buildHeatmap() {
     if (!this.m.heads.length) return;
     const sel = h('select', {id: 'hm-metric', 'aria-label': 'heatmap metric', onchange: (e) => {
-      this.st.metric = e.target.value; urlState.set({metric: this.st.metric}); this.frameAt(this.follow ? null : +this.scrub.value);
+      this.st.metric = e.target.value; urlState.set({metric: this.st.metric}); this.wantStream(); this.frameAt(this.follow ? null : +this.scrub.value);
     }}, ...this.m.heads.map((x) => h('option', {value: x, selected: x === this.st.metric}, x)));
     this.hmLogBox = h('input', {type: 'checkbox', id: 'hm-log', checked: this.hmLog(), onchange: (e) => {
       this.st.hmlog = e.target.checked; urlState.set({hmlog: e.target.checked ? 1 : 0}); this.redrawHeatmap();
@@ -354,6 +407,7 @@ export class RunView {
         if (this.autoPick && this.worst && this.worst.length) {
           // the worst heads of the step shown, one line each
           const worst = this.worst;
+          this.headWorst = worst;
           res = await Promise.all(worst.map(([l, hd]) => q(metric, l, hd)));
           this.headChart.o.title = `${metric} of the ${worst.length} worst heads at the step shown`;
           this.headChart.o.file = `${this.run.name}-${metric}-worst-heads`;
@@ -430,32 +484,7 @@ export class RunView {
           if (!f) f = await api.frame(this.id, w.metric, w.step, {prio: 3});
           if (this.dead) return;
           mark('frame');
-          if (this.hmLogBox) this.hmLogBox.checked = this.hmLog();
-          this.hm.set(f, unitOf(w.metric), this.domainOf(w.metric), this.hmLog());
-          mark('heatmap');
-          this.hmDescr.textContent = describe(w.metric) ? `${w.metric}: ${describe(w.metric)}` : w.metric;
-          this.stepEl.textContent = 'step ' + fmtStep(f.step) + (this.follow ? ' (latest)' : '');
-          this.stepEl.dataset.step = f.step;
-          if (!this.follow || w.step !== null) this.scrub.value = f.step;
-          else { if (f.step > +this.scrub.max) this.scrub.max = f.step; this.scrub.value = f.step; }
-          this.hmShown = true;
-          this.showWorst(w.metric, f);
-          this.syncStepUrl(w.step === null ? null : f.step);
-          this.curStep = f.step;
-          let moved = false;
-          if (!this.hm.sel) this.autoPick = true;
-          if (this.autoPick && (!this.playing || !this.hm.sel)) {
-            // follow the worst heads of the frame shown until the user picks
-            // one: the lowest entropy, the highest of other metrics
-            const high = !ENTROPY_FAMILY.has(w.metric);
-            const worst = worstHeads(this.hm.flat, f.heads, WORST_K, high);
-            const [l, hd] = worst[0] || [0, 0];
-            if (!this.hm.sel || this.hm.sel.l !== l || this.hm.sel.h !== hd) { this.hm.select(l, hd); moved = true; }
-            if (String(worst) !== String(this.worst)) { this.worst = worst; moved = true; }
-            this.headNote.textContent = `the ${worst.length} ${high ? 'highest' : 'lowest'} ${w.metric} at step ${fmtStep(f.step)} — click a cell to follow one head`;
-          }
-          if (moved || !this.headEntry.loaded || w.metric !== this.headMetric) { this.headMetric = w.metric; this.headEntry.load(); }
-          else if (this.headChart.u) this.headChart.u.redraw(false);
+          this.showFrame(f, w);
         } catch (e) {
           if (e.name !== 'AbortError') this.stepEl.textContent = e.status === 404 ? 'no frame yet' : 'error: ' + e.message;
           this.hmShown = true;
@@ -467,6 +496,52 @@ export class RunView {
       this.checkComplete();
     })();
     return this.framePromise;
+  }
+
+  /** Draws frame f (an answer of GET .../frame, or a cells event of the
+   * stream: the same shape) for the wish w ({step, metric, live}). */
+  showFrame(f, w) {
+    if (this.hmLogBox) this.hmLogBox.checked = this.hmLog();
+    this.hm.set(f, unitOf(w.metric), this.domainOf(w.metric), this.hmLog());
+    mark('heatmap');
+    this.hmDescr.textContent = describe(w.metric) ? `${w.metric}: ${describe(w.metric)}` : w.metric;
+    this.stepEl.textContent = 'step ' + fmtStep(f.step) + (this.follow ? ' (latest)' : '');
+    this.stepEl.dataset.step = f.step;
+    if (!this.follow || w.step !== null) this.scrub.value = f.step;
+    else { if (f.step > +this.scrub.max) this.scrub.max = f.step; this.scrub.value = f.step; }
+    this.hmShown = true;
+    this.showWorst(w.metric, f);
+    this.syncStepUrl(w.step === null ? null : f.step);
+    this.curStep = f.step;
+    let moved = false;
+    if (!this.hm.sel) this.autoPick = true;
+    if (this.autoPick && (!this.playing || !this.hm.sel)) {
+      // follow the worst heads of the frame shown until the user picks
+      // one: the lowest entropy, the highest of other metrics
+      const high = !ENTROPY_FAMILY.has(w.metric);
+      const worst = worstHeads(this.hm.flat, f.heads, WORST_K, high);
+      const [l, hd] = worst[0] || [0, 0];
+      if (!this.hm.sel || this.hm.sel.l !== l || this.hm.sel.h !== hd) { this.hm.select(l, hd); moved = true; }
+      if (String(worst) !== String(this.worst)) { this.worst = worst; moved = true; }
+      this.headNote.textContent = `the ${worst.length} ${high ? 'highest' : 'lowest'} ${w.metric} at step ${fmtStep(f.step)} — click a cell to follow one head`;
+    }
+    if (w.live && this.headEntry.loaded && w.metric === this.headMetric) this.liveHead(f, moved);
+    else if (moved || !this.headEntry.loaded || w.metric !== this.headMetric) { this.headMetric = w.metric; this.headEntry.load(); }
+    else if (this.headChart.u) this.headChart.u.redraw(false);
+  }
+
+  /** A live frame while the head chart already shows this metric: its
+   * heads' values are appended (no request); when the worst heads changed,
+   * the chart is refetched for the new ones at most every 30 s. */
+  liveHead(f, moved) {
+    const hc = this.headChart, L = f.values;
+    const at = (l, hd) => (L[l] && L[l][hd] !== undefined ? L[l][hd] : undefined);
+    const heads = this.autoPick && this.headWorst ? this.headWorst : this.hm.sel ? [[this.hm.sel.l, this.hm.sel.h]] : [];
+    const vals = heads.map(([l, hd]) => at(l, hd));
+    if (hc.defs && hc.defs.length > vals.length) vals.push(undefined);   // the entropy bound: not on the stream here
+    if (this.st.to === null) hc.append(f.step, vals);
+    const now = performance.now();
+    if (moved && !(this.headReloadAt > now - 30000)) { this.headReloadAt = now; this.headEntry.load(); }
   }
 
   /** Colour range of a head metric: fixed where the metric has one
@@ -532,12 +607,13 @@ export class RunView {
   buildSmallMultiples() {
     if (!this.m.heads.length) return;
     const sel = h('select', {id: 'sm-metric', 'aria-label': 'small multiples metric', onchange: (e) => {
-      this.st.sm = e.target.value; urlState.set({sm: this.st.sm}); this.reloadKind('sm');
+      this.st.sm = e.target.value; urlState.set({sm: this.st.sm}); this.wantStream(); this.reloadKind('sm');
     }}, ...this.m.heads.map((x) => h('option', {value: x, selected: x === this.st.sm}, x)));
     const body = this.section('Every head, layer by layer',
       'one line per head (bucket mean); grey band: min–max over the layer’s heads; red dashed: entropy bound (mean over heads)', sel);
     const grid = h('div', {class: 'grid3'});
     body.append(grid);
+    this.watchSection(body, 'sm', ['sm']);
     this.smCharts = [];
     const L = this.run.layers, H = this.run.heads;
     for (let l = 0; l < L; l++) {
@@ -579,6 +655,7 @@ export class RunView {
     const scalarSig = this.m.scalars.filter((x) => LINEAR.test(x));
     if (!headSig.length && !layerSig.length && !scalarSig.length) return;
     const body = this.section('Collapse signals', 'one line per layer; head metrics folded over the layer’s heads as stated in each title');
+    this.watchSection(body, 'sig', ['sig-head', 'sig-layer', 'scalar']);
     const grid = h('div', {class: 'grid2'});
     body.append(grid);
     const L = this.run.layers;
@@ -770,78 +847,133 @@ export class RunView {
 
   onLive(type, d) {
     if (!this.run || this.dead) return;
+    if (type === 'state') { this.showStatus(); return; }
+    if (type === 'open') { this.reconnected(); return; }
     if (type === 'reset') { this.refreshAll(); return; }
     if (!d || d.run !== this.id) return;
     if (type === 'run') {
       if (d.status === 'deleted') { this.root.prepend(h('p', {class: 'error'}, 'This run was deleted.')); return; }
-      this.run.status = d.status;
-      this.statusEl.className = 'badge st-' + d.status;
-      this.statusEl.textContent = d.status;
+      this.showStatus(d.status);
       this.refreshVerdict();
       return;
     }
     if (type === 'alert') {
+      // the transition itself updates the list and the markers: no refetch
       const k = normAlert(d).key;
       this.liveAlerts.set(k, d);   // the latest transition of each alert
-      this.loadAlerts();
+      if (this.alertsKnown) {
+        this.alerts = [...this.alerts.filter((x) => normAlert(x).key !== k), d];
+        this.renderAlerts();
+        for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+      }
       this.refreshVerdict();
       return;
     }
-    if (type !== 'step') return;
+    if (type !== 'tick' && type !== 'layers' && type !== 'cells') return;
     if (!this.m.scalars.length && !this.m.layers.length && !this.m.heads.length) {
       // the run had no data when the page opened: build the page now that it has
       if (!this.rebuilding) { this.rebuilding = true; setTimeout(() => window.dispatchEvent(new PopStateEvent('popstate')), 200); }
       return;
     }
     const step = d.step;
+    if (type === 'tick') this.liveTick(d);
+    else if (type === 'layers') this.liveLayers(d);
+    else this.liveCells(d);
+    if (this.scrub && this.st.to === null && step > +this.scrub.max) this.scrub.max = step;
+    this.verdictPoll();
+  }
+
+  /** A tick: the header's step and loss, and a point per training curve
+   * (mean, with the tick's min-max as its band). */
+  liveTick(d) {
+    const step = d.step, sc = d.scalars || {};
     if (this.lastStep === null || this.lastStep === undefined || step > this.lastStep) this.lastStep = step;
     this.lastStepEl.textContent = fmtStep(step);
     this.lastStepEl.dataset.step = step;
-    if (d.scalars && 'loss' in d.scalars) { this.lastLossEl.textContent = fmt(d.scalars.loss); this.lossShownStep = step; }
-    if (this.run.status !== 'live') { this.run.status = 'live'; this.statusEl.className = 'badge st-live'; this.statusEl.textContent = 'live'; }
-    if (this.scrub && this.st.to === null && step > +this.scrub.max) this.scrub.max = step;
-    if (this.hm && this.follow && !this.playing) this.frameAt(null);
+    if (sc.loss) { this.lastLossEl.textContent = fmt(sc.loss[3]); this.lossShownStep = step; }
+    if (this.run.status !== 'live') this.showStatus('live');
     // appended live only while showing up to the end of the run
     if (this.st.to !== null) return;
     for (const c of this.scalarCharts || [])
-      // a metric the step did not carry (eval_loss between evals) is
-      // undefined, nothing; null is a NaN/Inf the trainer sent (red tick)
-      c.append(step, c.metrics.map((m) => (d.scalars && m in d.scalars ? d.scalars[m] : undefined)));
+      // a metric the tick did not carry (eval_loss between evals) is
+      // undefined, nothing; a null mean is NaN/Inf all through the tick (red tick)
+      c.append(step, c.metrics.map((m) => (m in sc ? [sc[m][1], sc[m][0], sc[m][2]] : undefined)));
+  }
+
+  /** Layer metrics (mean per layer) and head metrics folded per layer
+   * (min, mean, max over heads) since the last layers event. */
+  liveLayers(d) {
+    this.lastLayers = d;
+    if (this.st.to !== null) return;
     for (const c of this.layerCharts || [])
-      if (d.layers && d.layers[c.metric]) c.append(step, d.layers[c.metric]);
-    // per-head curves are not on the stream: refetch what is on screen, at most every 3 s
-    this.liveRefresh();
+      if (d.layers && d.layers[c.metric]) c.append(d.step, d.layers[c.metric]);
+    for (const e of this.charts) {
+      if (e.kind !== 'sig-head') continue;
+      const f = d.heads && d.heads[e.chart.metric];
+      if (f) e.chart.append(d.step, f[SIGNAL_AGG[e.chart.metric] || 'mean']);
+    }
+  }
+
+  /** A head metric's values at a step: the heatmap (when it follows the
+   * latest step), the head chart and the small multiples. */
+  liveCells(d) {
+    if (d.metric === this.st.metric && this.hm && this.follow && !this.playing && !this.frameBusy) {
+      this.showFrame(d, {step: null, metric: d.metric, live: true});
+      this.checkComplete();
+    }
+    if (d.metric !== this.st.sm || this.st.to !== null || !this.smCharts) return;
+    const fold = this.lastLayers && this.lastLayers.step === d.step && this.lastLayers.heads ? this.lastLayers.heads : {};
+    const band = fold[d.metric], bound = fold.entropy_bound;
+    for (let l = 0; l < this.smCharts.length; l++) {
+      const c = this.smCharts[l].chart, row = d.values[l] || [];
+      if (!c.defs && !c.pendingDefs && !c.data) continue;
+      const vals = [...row, band ? [band.mean[l], band.min[l], band.max[l]] : undefined];
+      if (d.metric === 'entropy' && this.m.heads.includes('entropy_bound')) vals.push(bound ? bound.mean[l] : undefined);
+      c.append(d.step, vals);
+    }
+  }
+
+  /** The stream is back after a loss: error overlays go, the charts whose
+   * load failed meanwhile load again, and the alerts list is asked again
+   * (a reset, when the daemon cannot replay, reloads everything instead). */
+  reconnected() {
+    this.showStatus();
+    for (const c of this.charts) {
+      const err = c.chart.el.querySelector('.chart-error');
+      if (!err) continue;
+      err.remove();
+      if (c.loaded) c.load();
+    }
+    if (this.alertsError) { this.alertsError = null; this.loadAlerts(); }
+    if (this.stepEl && /^error/.test(this.stepEl.textContent) && this.hm) this.frameAt(this.follow ? null : +this.scrub.value);
   }
 
   /** The daemon's verdict changes with alerts and the run's end: ask again
-   * (at most once a second); a derived verdict follows loadAlerts. */
+   * (a second after the event, at most every 5 s: a collapse fires many
+   * alerts at once); a derived verdict follows the alerts. */
   refreshVerdict() {
     this.renderVerdict();
     if (!this.run.verdict || this.verdictTimer) return;
+    const since = this.verdictAt === undefined ? Infinity : performance.now() - this.verdictAt;
     this.verdictTimer = setTimeout(async () => {
       this.verdictTimer = null;
+      this.verdictAt = performance.now();
       try { const r = await api.run(this.id); if (!this.dead && r) { this.run.verdict = r.verdict; this.renderVerdict(); } } catch { /* next event */ }
-    }, 1000);
+    }, Math.max(1000, 5000 - since));
   }
 
-  liveRefresh() {
-    if (this.liveTimer) return;
-    this.liveTimer = setTimeout(() => {
-      this.liveTimer = null;
-      if (this.dead) return;
-      // the daemon's verdict can turn (collapsing while the rule is pending) without an alert event
-      this.refreshVerdict();
-      if (this.st.to !== null) return;
-      for (const c of this.charts) if (c.loaded && (c.kind === 'sm' || c.kind === 'sig-head' || c.kind === 'head') && onScreen(c.chart.el)) c.load();
-    }, 3000);
+  /** The daemon's verdict can turn (collapsing while a rule is pending)
+   * without an alert event: on a live run, asked at most every 30 s. */
+  verdictPoll() {
+    const now = performance.now();
+    if (this.verdictAt === undefined) this.verdictAt = now;
+    if (now - this.verdictAt >= 30000) this.refreshVerdict();
   }
 
   async refreshAll() {
     try {
       const run = await api.run(this.id);
-      this.run.status = run.status;
-      this.statusEl.className = 'badge st-' + run.status;
-      this.statusEl.textContent = run.status;
+      this.showStatus(run.status);
       this.lastStep = run.last_step;
       this.lastStepEl.textContent = fmtStep(run.last_step);
       if (this.scrub) this.scrub.max = run.last_step ?? 0;
@@ -865,11 +997,11 @@ export class RunView {
   destroy() {
     this.dead = true;
     this.stopPlay();
-    clearTimeout(this.liveTimer);
     clearTimeout(this.verdictTimer);
     clearTimeout(this.urlTimer);
     clearInterval(this.agoTimer);
     this.unsub();
+    for (const io of this.observers || []) io.disconnect();
     for (const c of this.charts) c.chart.destroy();
     if (this.hm) this.hm.destroy();
   }
@@ -898,9 +1030,3 @@ function rankLayer(name) {
   if (/^gamma/.test(name)) return 3;
   return 4;
 }
-
-function onScreen(el) {
-  const r = el.getBoundingClientRect();
-  return r.bottom > -200 && r.top < innerHeight + 200;
-}
-

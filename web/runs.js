@@ -3,9 +3,12 @@
 // with its verdict, status, σReparam, last step, last loss, lowest
 // entropy_norm and firing alerts from the summary the daemon keeps; steps
 // and status changes of the runs on screen arrive live from the event
-// stream; tick runs to compare them. A page the user left is cancelled.
+// stream (every run's ticks, a summary a second: no per-step events); an
+// alert or a status change re-reads only the rows it names (GET
+// /api/runs/{id}, at most one request per row per 2 s), never the whole
+// page; tick runs to compare them. A page the user left is cancelled.
 import {api, reparamOf, runsQuery, takePrefetchedRuns} from './api.js';
-import {subscribe} from './live.js';
+import {subscribe, want} from './live.js';
 import {fmt, fmtAgo, fmtStep, h, urlState} from './util.js';
 
 const REPARAM_TEXT = {sigma: 'σReparam', spectral: 'spectral norm', none: 'none'};
@@ -63,6 +66,8 @@ export class RunsView {
           this.tbody),
         h('div', {class: 'pager'}, this.prevBtn, this.nextBtn),
         this.empty));
+    this.dirty = new Set();   // ids of rows to re-read (patchSoon)
+    want({ticks: 1});
     this.unsub = subscribe((t, d) => this.onLive(t, d));
     this.tick = setInterval(() => this.refreshAges(), 5000);
     this.load();
@@ -167,21 +172,47 @@ export class RunsView {
       if (type === 'run' && this.cursors.length === 1) this.reloadSoon();
       return;
     }
-    if (type === 'step') {
+    if (type === 'step' || type === 'tick') {
       row.run.last_step = d.step;
       row.cells.step.textContent = fmtStep(d.step);
       row.cells.step.dataset.step = d.step;
-      if (d.scalars && 'loss' in d.scalars) row.cells.loss.textContent = fmt(d.scalars.loss);
+      // a step event carries a value, a tick [min, mean, max, last]
+      const loss = d.scalars && d.scalars.loss;
+      if (loss !== undefined) row.cells.loss.textContent = fmt(Array.isArray(loss) ? loss[3] : loss);
       row.run.updated = d.ct || Date.now() / 1000;
       row.cells.updated.textContent = fmtAgo(row.run.updated);
       if (row.run.status !== 'live') this.setStatus(row, 'live');
     } else if (type === 'run') {
       if (d.status === 'deleted') { row.tr.remove(); this.rows.delete(d.run); return; }
       this.setStatus(row, d.status);
-      this.reloadSoon(); // the verdict is final once a run ends
+      this.patchSoon(d.run); // the verdict is final once a run ends
     } else if (type === 'alert') {
-      this.reloadSoon();
+      this.patchSoon(d.run); // its verdict and firing count
     }
+  }
+
+  /** Re-reads the rows of ids marked dirty: one GET /api/runs/{id} each,
+   * the first a moment after the event (a collapse fires alerts in bursts),
+   * then at most every 2 s. */
+  patchSoon(id) {
+    this.dirty.add(id);
+    if (this.patchTimer) return;
+    const wait = Math.max(150, 2000 - (performance.now() - (this.patchedAt ?? -Infinity)));
+    this.patchTimer = setTimeout(async () => {
+      this.patchTimer = null;
+      this.patchedAt = performance.now();
+      const ids = [...this.dirty];
+      this.dirty.clear();
+      await Promise.all(ids.map(async (rid) => {
+        let r;
+        try { r = await api.run(rid); } catch { return; }
+        const old = this.rows.get(rid);
+        if (this.dead || !old || !r) return;
+        const tr = this.addRow(r);
+        old.tr.replaceWith(tr);
+      }));
+      window.__runsPatched = (window.__runsPatched || 0) + ids.length;
+    }, wait);
   }
 
   setStatus(row, s) {
@@ -212,6 +243,6 @@ export class RunsView {
   destroy() {
     this.dead = true;
     if (this.ctl) this.ctl.abort(); // the page the user left loads nothing more
-    this.unsub(); clearInterval(this.tick); clearTimeout(this.reloadTimer); clearTimeout(this.searchTimer);
+    this.unsub(); clearInterval(this.tick); clearTimeout(this.reloadTimer); clearTimeout(this.searchTimer); clearTimeout(this.patchTimer);
   }
 }

@@ -1,0 +1,135 @@
+// live.test.mjs: the live pages' cost and their connection state (issue 33
+// items 1 and 8), against a real entropyd and Debian's chromium.
+// - a run page left open on a 12x12 run logging 10 steps/s makes at most
+//   one request per 10 s beside its one stream and receives at most
+//   200 KB/min in all (every byte counted by the DevTools protocol), while
+//   its header, curves and heatmap keep moving;
+// - a reconnect (the stream dropped and reopened) resumes from
+//   Last-Event-ID: the ticks seen are contiguous, no reset;
+// - the runs list during a collapse patches the rows the alerts name (GET
+//   /api/runs/{id}) and never reloads its page;
+// - the daemon stopped: a banner says so within 3 s and the badge stops
+//   saying "live"; charts that failed meanwhile show "could not load";
+//   restarted on the same port: the banner goes, every overlay is cleared.
+// LIVE_WINDOW_MS (default 12000) sets the measuring window; the bench runs
+// this with a minute (bench/live.sh).
+import {check, launch, newPage, rendered, run, seedRun, sleep, startDaemon, stepMsg, Trainer} from './harness.mjs';
+
+const WINDOW = +(process.env.LIVE_WINDOW_MS || 12000);
+const L = 12, H = 12;
+
+/** Counts a page's requests (but its event stream) and every byte it
+ * receives (encoded, headers and the stream included) through CDP. */
+async function meter(page) {
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send('Network.enable');
+  const m = {requests: [], bytes: 0, on: false};
+  cdp.on('Network.requestWillBeSent', (e) => { if (m.on && !/\/api\/stream/.test(e.request.url)) m.requests.push(e.request.url); });
+  cdp.on('Network.dataReceived', (e) => { if (m.on) m.bytes += e.encodedDataLength || e.dataLength; });
+  cdp.on('Network.responseReceived', (e) => { if (m.on) m.bytes += (e.response.encodedDataLength || 0); });
+  return m;
+}
+
+/** Sends a step every 100 ms from `from` on until stop() is called. */
+function pace(trainer, from, opts = {}) {
+  let step = from, timer = setInterval(() => trainer.send([stepMsg(step++, L, H, opts)]), 100);
+  return {stop: () => clearInterval(timer), get step() { return step; }};
+}
+
+run(async (ctx) => {
+  const d = await startDaemon();
+  ctx.cleanups.push(() => d.stop());
+  const browser = await launch();
+  ctx.cleanups.push(() => browser.close());
+  const {id, trainer} = await seedRun(d.sock, 'live-12x12', {L, H, steps: 300, status: 'live'});
+  ctx.cleanups.push(() => trainer.close());
+
+  // 1. a live run page's budget
+  const page = await newPage(browser, {width: 1440, height: 900});
+  const m = await meter(page);
+  await page.goto(`${d.base}/?run=${id}`);
+  await rendered(page);
+  let p = pace(trainer, 300);
+  await page.waitForFunction(() => window.__live.state === 'open' && window.__heatmap && window.__heatmap.step >= 305, null, {timeout: 10000});
+  await sleep(1500);   // the first loads are done; measure the steady state
+  const s0 = await page.evaluate(() => ({hm: window.__heatmap.step, last: +document.querySelector('#last-step').dataset.step}));
+  m.on = true;
+  const t0 = Date.now();
+  await sleep(WINDOW);
+  m.on = false;
+  const secs = (Date.now() - t0) / 1000;
+  const s1 = await page.evaluate(() => ({hm: window.__heatmap.step, last: +document.querySelector('#last-step').dataset.step,
+    pts: document.querySelector('.chart').__chart.data[0].length}));
+  const perMin = (x) => x * 60 / secs;
+  console.log(`live run page (12x12, 10 steps/s): ${m.requests.length} requests in ${secs.toFixed(1)} s beside the stream ` +
+              `(${perMin(m.requests.length).toFixed(1)}/min), ${(perMin(m.bytes) / 1024).toFixed(1)} KB/min received`);
+  check(m.requests.length <= Math.floor(secs / 10), `at most one request per 10 s beside the stream: ${m.requests.length} in ${secs.toFixed(1)} s`,
+    m.requests.join(' '));
+  check(perMin(m.bytes) <= 200 * 1024, `at most 200 KB/min per tab: ${(perMin(m.bytes) / 1024).toFixed(1)} KB/min`);
+  check(s1.last - s0.last >= secs * 10 * 0.7 && s1.hm > s0.hm,
+    `the page kept up meanwhile: header step ${s0.last} -> ${s1.last}, heatmap ${s0.hm} -> ${s1.hm}`);
+
+  // 2. a dropped stream resumes from Last-Event-ID: contiguous ticks, no reset
+  const r0 = await page.evaluate(() => window.__live.stats.resets);
+  await page.evaluate(() => window.__live.reconnect());
+  await page.waitForFunction((n) => window.__live.stats.ticks.length > 0 && window.__live.state === 'open', null, {timeout: 5000});
+  await sleep(2500);
+  const tk = await page.evaluate((id) => ({ticks: window.__live.stats.ticks.filter((t) => t.run === id), resets: window.__live.stats.resets}), id);
+  const gaps = tk.ticks.slice(1).filter((t, i) => t.from !== tk.ticks[i].step + 1);
+  check(tk.resets === r0 && gaps.length === 0 && tk.ticks.length >= 5,
+    `after a reconnect the ticks go on from Last-Event-ID with no gap (${tk.ticks.length} ticks, ${gaps.length} gaps, resets ${r0} -> ${tk.resets})`,
+    JSON.stringify(gaps.slice(0, 3)));
+  check(page.errors.length === 0, 'no errors on the live run page', page.errors.join('; '));
+  p.stop();
+
+  // 3. the runs list during a collapse: patched rows, no page reload
+  const list = await newPage(browser, {width: 1440, height: 900});
+  const lm = await meter(list);
+  await list.goto(`${d.base}/`);
+  await rendered(list);
+  await list.waitForFunction(() => window.__live.state === 'open');
+  lm.on = true;
+  const lt0 = Date.now();
+  p = pace(trainer, p.step, {collapse: true, collapseAt: p.step});
+  await list.waitForFunction((id) => {
+    const tr = document.querySelector(`tr[data-run="${id}"]`);
+    return tr && +tr.querySelector('.alerts').textContent > 0;
+  }, id, {timeout: 20000}).catch(() => {});
+  await sleep(5000);
+  lm.on = false;
+  p.stop();
+  const lsecs = (Date.now() - lt0) / 1000;
+  const row = await list.evaluate((id) => { const tr = document.querySelector(`tr[data-run="${id}"]`); return tr && {verdict: tr.dataset.verdict, alerts: tr.querySelector('.alerts').textContent}; }, id);
+  const pages = lm.requests.filter((u) => /\/api\/runs\?/.test(u)).length, rows = lm.requests.filter((u) => /\/api\/runs\/\d+$/.test(u)).length;
+  console.log(`runs list during a collapse: ${lm.requests.length} requests in ${lsecs.toFixed(1)} s (${(lm.requests.length * 60 / lsecs).toFixed(1)}/min: ` +
+              `${pages} page loads, ${rows} row patches), ${(lm.bytes * 60 / lsecs / 1024).toFixed(1)} KB/min`);
+  check(row && +row.alerts > 0, `the collapsing run's row was patched live (${row && row.alerts} alert(s) firing, verdict ${row && row.verdict})`);
+  check(pages === 0 && rows >= 1 && rows <= Math.ceil(lsecs / 2) + 1, `the list re-read only the row the alerts name: ${pages} page loads, ${rows} row reads`);
+
+  // 4. the daemon stopped, then back: banner, badge, overlays
+  trainer.close();
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await d.stop();
+  const tb = Date.now();
+  const banner = await page.waitForFunction(() => { const b = document.querySelector('#conn-banner'); return b && !b.hidden; }, null, {timeout: 5000}).then(() => true, () => false);
+  check(banner && Date.now() - tb <= 3500, `a banner says the daemon cannot be reached (${Date.now() - tb} ms after it stopped)`);
+  const badge = await page.$eval('#run-status', (e) => e.textContent);
+  check(!/^live$/.test(badge), `the run's badge no longer says "live" ("${badge}")`);
+  // a zoom while the daemon is away: every loaded chart fails to load
+  await page.evaluate(() => document.querySelector('.chart').__chart.o.onZoom(310, 330));
+  await page.waitForFunction(() => document.querySelectorAll('.chart-error').length > 0, null, {timeout: 8000});
+  const errs = await page.$$eval('.chart-error', (a) => a.length);
+  const d2 = await startDaemon({dataDir: d.dataDir, port: d.port});
+  ctx.cleanups.push(() => d2.stop());
+  const t2 = await Trainer.connect(d2.sock);
+  ctx.cleanups.push(() => t2.close());
+  await t2.hello('live-12x12', L, H);
+  const back = await page.waitForFunction(() => { const b = document.querySelector('#conn-banner');
+    return window.__live.state === 'open' && (!b || b.hidden) && document.querySelectorAll('.chart-error').length === 0; }, null, {timeout: 10000}).then(() => true, () => false);
+  const left = await page.$$eval('.chart-error', (a) => a.map((e) => e.textContent));
+  check(back, `the daemon back: the banner went and the ${errs} "could not load" overlays were cleared`, left.join('; '));
+  t2.send([stepMsg(5000, L, H)]);
+  await page.waitForFunction(() => document.querySelector('#last-step').dataset.step === '5000', null, {timeout: 5000}).catch(() => {});
+  const after = await page.evaluate(() => ({badge: document.querySelector('#run-status').textContent, step: document.querySelector('#last-step').dataset.step}));
+  check(after.badge === 'live' && after.step === '5000', `live again: badge "${after.badge}", step ${after.step} shown`);
+});
