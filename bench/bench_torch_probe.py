@@ -16,8 +16,8 @@ Configs "d_model x layers x heads": 128x4x4 and 256x6x8, each with one
 intra-op thread and with every core.  The watch's steps are numbered
 consecutively across its blocks (one run), so its schedule sees only
 watched steps.  Env: TORCH_BENCH_CONFIGS (default "128x4x4,256x6x8"),
-TORCH_BENCH_THREADS ("1,all"), TORCH_BENCH_PAIRS (6; blocks of 12 steps
-at 128, 6 at 256: TORCH_BENCH_BLOCK overrides), ENTROPYD_SOCK (a daemon;
+TORCH_BENCH_THREADS ("1,all"), TORCH_BENCH_PAIRS (4; blocks of 12 steps
+at 128, 4 at 256: TORCH_BENCH_BLOCK overrides), ENTROPYD_SOCK (a daemon;
 else spool only)."""
 import os
 import statistics
@@ -143,7 +143,7 @@ def main():
     configs = [tuple(int(v) for v in c.split("x")) for c in
                os.environ.get("TORCH_BENCH_CONFIGS", "128x4x4,256x6x8").split(",")]
     threads = [os.cpu_count() if t == "all" else int(t) for t in os.environ.get("TORCH_BENCH_THREADS", "1,all").split(",")]
-    pairs = int(os.environ.get("TORCH_BENCH_PAIRS", 6))
+    pairs = int(os.environ.get("TORCH_BENCH_PAIRS", 4))
     sock = os.environ.get("ENTROPYD_SOCK")
     print("torch probe A/B: nn.TransformerEncoder LM, batch %d, seq %d, %d pairs of blocks, load %s" % (
         B, T, pairs, open("/proc/loadavg").read().split()[0]), flush=True)
@@ -151,7 +151,7 @@ def main():
         probe_alone(C, H)
     worst = None
     for C, L, H in configs:
-        block = int(os.environ.get("TORCH_BENCH_BLOCK", 12 if C <= 128 else 6))
+        block = int(os.environ.get("TORCH_BENCH_BLOCK", 12 if C <= 128 else 4))
         for t in threads:
             md = bench(C, L, H, t, pairs, block, sock)
             worst = md if worst is None else max(worst, md)
