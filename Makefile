@@ -111,13 +111,13 @@ $(BUILD)/%.o: %.c
 # daemon is one self-contained binary.
 $(BUILD)/tools/embed: scripts/embed.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O1 -Wall -Wextra -Werror $< -o $@
+	$(CC) -std=c11 -O1 -Wall -Wextra -Werror $< -o $@ -lz
 $(BUILD)/gen/migrations.c: $(BUILD)/tools/embed $(sort $(wildcard schema/*.sql))
 	@mkdir -p $(dir $@)
 	$(BUILD)/tools/embed migrations schema $(sort $(wildcard schema/*.sql)) > $@
 $(BUILD)/gen/webassets.c: $(BUILD)/tools/embed $(WEB_FILES)
 	@mkdir -p $(dir $@)
-	$(BUILD)/tools/embed webassets web $(WEB_FILES) > $@
+	$(BUILD)/tools/embed -z webassets web $(WEB_FILES) > $@
 $(BUILD)/gen/default_rules.c: $(BUILD)/tools/embed schema/default_rules.json
 	@mkdir -p $(dir $@)
 	$(BUILD)/tools/embed default_rules schema schema/default_rules.json > $@

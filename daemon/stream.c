@@ -52,6 +52,7 @@ struct tick_run {
     int64_t first, last;      /* steps of this tick */
     int64_t rows_first;       /* the first step of the rows events' figures */
     uint32_t rows_n;
+    int dirty;                /* got steps in the commit being published */
     double time;              /* the last step's time */
     uint32_t n;               /* steps in this tick */
     struct tick_metric *m;
@@ -511,8 +512,21 @@ static void tick_step(struct stream *s, const struct writer_item *it, double ct)
             t->cnt[v]++;
         }
     }
-    if (take_token(&t->tick, now, s->cfg.tick_ms)) tick_emit(s, t, ct);
-    if (take_token(&t->rows, now, s->cfg.rows_ms)) rows_emit(s, t);
+    t->dirty = 1;
+}
+
+/* After a commit's items: each run that got steps publishes what its
+ * buckets allow. Per commit, not per step: a trainer's batch of 200 steps
+ * costs one token. */
+static void tick_commit(struct stream *s, double ct) {
+    double now = now_mono_ms();
+    for (size_t i = 0; i < s->ntr; i++) {
+        struct tick_run *t = s->tr[i];
+        if (!t->dirty) continue;
+        t->dirty = 0;
+        if (t->n && take_token(&t->tick, now, s->cfg.tick_ms)) tick_emit(s, t, ct);
+        if (t->rows_n && take_token(&t->rows, now, s->cfg.rows_ms)) rows_emit(s, t);
+    }
 }
 
 /* A run ended, went stale or was deleted: its last tick goes out (unless
@@ -576,6 +590,7 @@ void stream_on_commit(struct stream *s, const struct writer_item *items) {
         default: break;
         }
     }
+    tick_commit(s, ct);
 }
 
 /* ---- clients --------------------------------------------------------- */

@@ -17,7 +17,7 @@ set -euo pipefail
 profile=${1:-all}
 build=(build-essential pkg-config python3
        libmicrohttpd-dev libsqlite3-dev libopenblas-dev liblapacke-dev
-       libcjson-dev libcurl4-openssl-dev libzstd-dev libsnappy-dev)
+       libcjson-dev libcurl4-openssl-dev libzstd-dev libsnappy-dev zlib1g-dev)
 browser=(chromium)
 # Node.js may come from elsewhere with npm inside it: ask for the commands.
 command -v node >/dev/null || browser+=(nodejs)

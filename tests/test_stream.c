@@ -230,11 +230,10 @@ static void test_ticks(void **state) {
         {.name = "entropy", .kind = PROTO_HEAD, .rows = 2, .cols = 3, .offset = 3},
         {.name = "other", .kind = PROTO_HEAD, .rows = 2, .cols = 3, .offset = 9},
     };
-    /* the burst: STREAM_BURST steps, each published at once */
+    /* the burst: STREAM_BURST commits of a step, each published at once */
     struct writer_item warm[STREAM_BURST];
     for (int k = 0; k < STREAM_BURST; k++) {
-        warm[k] = (struct writer_item){.kind = WRITER_STEP, .run_id = 3, .time = 90 + k, .applied = 1,
-                                       .next = k + 1 < STREAM_BURST ? &warm[k + 1] : NULL};
+        warm[k] = (struct writer_item){.kind = WRITER_STEP, .run_id = 3, .time = 90 + k, .applied = 1};
         warm[k].msg = (struct proto_msg){.type = PROTO_STEP, .step = 1 + k, .nmetrics = 4, .metrics = m, .nvalues = 15,
                                          .values = v2};
     }
@@ -246,7 +245,7 @@ static void test_ticks(void **state) {
     b.msg.values = v2;
     struct writer_item end = {.kind = WRITER_END, .run_id = 3, .applied = 1};
     end.msg.status = PROTO_FINISHED;
-    stream_on_commit(s, &warm[0]);
+    for (int k = 0; k < STREAM_BURST; k++) stream_on_commit(s, &warm[k]);
     drain_all(sub, buf, sizeof buf);
     for (int k = 0; k < STREAM_BURST; k++) {
         char want[128];
@@ -284,7 +283,7 @@ static void test_ticks(void **state) {
 }
 
 /* Held steps go out with the writer's tick once a token is back:
- * STREAM_BURST + 1 steps in one commit, the last held, then published by
+ * STREAM_BURST + 1 commits of a step, the last held, then published by
  * stream_on_tick after the interval. */
 static void test_tick_due(void **state) {
     (void)state;
@@ -301,10 +300,10 @@ static void test_tick_due(void **state) {
     enum { N = STREAM_BURST + 1 };
     struct writer_item it[N];
     for (int i = 0; i < N; i++) {
-        it[i] = (struct writer_item){.kind = WRITER_STEP, .run_id = 5, .time = 1, .applied = 1, .next = i < N - 1 ? &it[i + 1] : NULL};
+        it[i] = (struct writer_item){.kind = WRITER_STEP, .run_id = 5, .time = 1, .applied = 1};
         it[i].msg = (struct proto_msg){.type = PROTO_STEP, .step = i + 1, .nmetrics = 1, .metrics = m, .nvalues = 1, .values = v};
     }
-    stream_on_commit(s, &it[0]);
+    for (int i = 0; i < N; i++) stream_on_commit(s, &it[i]);
     drain_all(sub, buf, sizeof buf);
     char want[96];
     snprintf(want, sizeof want, "\"step\":%d,\"from\":%d,\"n\":1,", N - 1, N - 1);
