@@ -18,7 +18,7 @@ endif
 # reads these flags only after the packages exist (a fresh machine has no
 # pkg-config and no libraries when this make starts).  Every other goal that
 # compiles needs them now, and says so if they are missing.
-PKGS       := libmicrohttpd libcjson sqlite3 openblas libcurl libzstd
+PKGS       := libmicrohttpd libcjson sqlite3 openblas libcurl libzstd zlib
 PKG_CONFIG ?= pkg-config
 DEPS       ?= scripts/deps.sh
 NO_BUILD_GOALS := deps demo test bench experiments stress clean
