@@ -96,6 +96,7 @@ struct ingest {
     struct run_table by_name, by_id;
     int paused;              /* the writer's queue was full */
     double accept_resume_ms; /* > 0: listeners out of epoll until then (out of descriptors) */
+    int db_failing;          /* the writer's failing state at the last sweep (tell_db_failing) */
     struct ratelog accept_log;
     int wake_writer;         /* steps or events were submitted quietly: wake it (ingest_run) */
     struct peers *peers;     /* open connections per uid / address */
@@ -530,6 +531,8 @@ static struct conn *peer_victim(struct ingest *ing, const char *key) {
 static void tell_db_failing(struct ingest *ing) {
     struct writer_stats ws;
     writer_get_stats(ing->writer, &ws);
+    if (!ws.failing && !ing->db_failing) return; /* the common case: no connection to visit */
+    ing->db_failing = ws.failing;
     for (int fd = 0; fd < ing->conns_cap; fd++) {
         struct conn *c = ing->conns[fd];
         if (!c || c->closing || c->told_db_failing == ws.failing) continue;

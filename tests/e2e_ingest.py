@@ -413,6 +413,31 @@ class CrashTest(unittest.TestCase):
             d.cleanup()
 
 
+def stream_until_behind(c, behind, need_told=False):
+    """Streams 12x12 steps (seq = step = 1, 2, ...) 20 at a time on client
+    c, reading what comes back, until the acks trail what was sent by more
+    than `behind` steps (with need_told: and a db_failing line came too), or
+    8,000 steps went. Returns (last seq sent, last ack, the db_failing
+    lines seen)."""
+    seq, last_ack, told = 0, 0, []
+    for _ in range(400):
+        for _ in range(20):
+            seq += 1
+            c.send(step_msg(seq, seq, layers=12, heads=12))
+        try:
+            while True:
+                m = c.recv(timeout=0.3)
+                if m["type"] == "ack":
+                    last_ack = m["seq"]
+                elif m["type"] == "error" and m["code"] == "db_failing":
+                    told.append(m)
+        except (TimeoutError, socket.timeout):
+            pass
+        if last_ack < seq - behind and (told or not need_told):
+            break
+    return seq, last_ack, told
+
+
 class FullDiskTest(unittest.TestCase):
     """A real full disk: the data directory on a small tmpfs. Needs root
     (make test runs as root in CI; the developers' machines too)."""
@@ -429,28 +454,8 @@ class FullDiskTest(unittest.TestCase):
             filler = os.path.join(mnt, "filler")
             with open(filler, "wb") as f:
                 f.write(b"\0" * (3 << 20))
-            seq = 0
-            last_ack = 0
-            stuck = False
-            early_told = []
-            c.s.settimeout(0.2)
-            for _ in range(400):
-                for _ in range(20):
-                    seq += 1
-                    c.send(step_msg(seq, seq, layers=12, heads=12))
-                try:
-                    while True:
-                        m = c.recv(timeout=0.3)
-                        if m["type"] == "ack":
-                            last_ack = m["seq"]
-                        elif m["type"] == "error" and m["code"] == "db_failing":
-                            early_told.append(m)
-                except (TimeoutError, socket.timeout):
-                    pass
-                if last_ack < seq - 200:
-                    stuck = True
-                    break
-            self.assertTrue(stuck, "the disk never filled")
+            seq, last_ack, early_told = stream_until_behind(c, 200)
+            self.assertLess(last_ack, seq - 200, "the disk never filled")
             self.assertTrue(d.alive(), "daemon died on a full disk")
             # while the disk stays full the daemon still answers (a seq it
             # has taken is refused at once, without the disk) and acks
@@ -499,26 +504,9 @@ class FullDiskTest(unittest.TestCase):
             c.hello("full", layers=12, heads=12)
             with open(os.path.join(mnt, "filler"), "wb") as f:
                 f.write(b"\0" * (3 << 20))
-            seq, last_ack, told = 0, 0, None
-            t_full = None
-            for _ in range(400):
-                for _ in range(20):
-                    seq += 1
-                    c.send(step_msg(seq, seq, layers=12, heads=12))
-                try:
-                    while True:
-                        m = c.recv(timeout=0.3)
-                        if m["type"] == "ack":
-                            last_ack = m["seq"]
-                        elif m["type"] == "error" and m["code"] == "db_failing":
-                            told = m
-                except (TimeoutError, socket.timeout):
-                    pass
-                if told and t_full is None:
-                    t_full = time.time()
-                if told and last_ack < seq - 2000:
-                    break
-            self.assertIsNotNone(told, "the trainer was never told the database fails")
+            seq, last_ack, told = stream_until_behind(c, 2000, need_told=True)
+            self.assertTrue(told, "the trainer was never told the database fails")
+            self.assertLess(last_ack, seq - 2000, "~2,000 steps queued unacked")
             log_before = len(d.log().splitlines())
             time.sleep(3)  # full, the writer retrying: its lines are rate-limited
             grown = len(d.log().splitlines()) - log_before
