@@ -19,6 +19,17 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTROPYD = os.environ.get("ENTROPYD") or os.path.join(ROOT, "build", "entropyd")
+# the build folder (make test's BUILD, e.g. build/san under the sanitizers), absolute
+BUILD = os.environ.get("BUILD", "build")
+BUILD = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
+
+
+def use_python_client():
+    """Makes `import entropyd` load this checkout's python/entropyd and the
+    client library of BUILD (unless ENTROPYD_CLIENT_LIB names another)."""
+    import sys
+    os.environ.setdefault("ENTROPYD_CLIENT_LIB", os.path.join(BUILD, "libentropyd_client.so"))
+    sys.path.insert(0, os.path.join(ROOT, "python"))
 
 # The demo's unstable config (docs/demo.md: post-LN, Adam lr 0.1, no warmup or clip,
 # no σReparam): its first-layer heads collapse within ~30 steps. For tests of

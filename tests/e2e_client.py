@@ -27,10 +27,8 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon, ROOT, floats, wait_for  # noqa: E402
+from daemon_harness import BUILD, Daemon, ROOT, floats, wait_for  # noqa: E402
 
-BUILD = os.environ.get("BUILD", "build")
-BUILD = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
 SIGMATRAIN = os.environ.get("SIGMATRAIN") or os.path.join(BUILD, "sigmatrain")
 SANITIZE = os.environ.get("SANITIZE", "")
 TINY = ["--layers", "2", "--heads", "2", "--dim", "16", "--seq-len", "16", "--batch", "2", "--threads", "1",

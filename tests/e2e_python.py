@@ -41,13 +41,10 @@ import unittest  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from daemon_harness import Daemon, ROOT, floats, COLLAPSE_ONLY_RULES  # noqa: E402,F401
+from daemon_harness import BUILD, Daemon, ROOT, floats, COLLAPSE_ONLY_RULES, use_python_client  # noqa: E402,F401
 
-BUILD = os.environ.get("BUILD", "build")
-BUILD = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
 SANITIZE = os.environ.get("SANITIZE", "")
-os.environ.setdefault("ENTROPYD_CLIENT_LIB", os.path.join(BUILD, "libentropyd_client.so"))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+use_python_client()
 
 try:
     import torch

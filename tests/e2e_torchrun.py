@@ -23,10 +23,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from daemon_harness import Daemon, ROOT  # noqa: E402
+from daemon_harness import BUILD, Daemon, ROOT  # noqa: E402
 
-BUILD = os.environ.get("BUILD", "build")
-BUILD = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
 SANITIZE = os.environ.get("SANITIZE", "")
 PY = "/usr/bin/python3"
 HAVE_TORCH = os.path.exists(PY) and subprocess.run([PY, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
