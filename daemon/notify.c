@@ -29,7 +29,6 @@ struct note {
 
 /* A queued receiver: the webhook or the exec hook. */
 struct queue {
-    const char *name;        /* the sink label on /metrics */
     struct notify *n;
     void (*deliver)(struct queue *q, const struct note *nt);
     pthread_t th;
@@ -334,10 +333,8 @@ static void queue_push(struct queue *q, struct note *nt) {
     pthread_cond_signal(&q->cv);
 }
 
-static int queue_start(struct queue *q, struct notify *n, const char *name,
-                       void (*deliver)(struct queue *, const struct note *)) {
+static int queue_start(struct queue *q, struct notify *n, void (*deliver)(struct queue *, const struct note *)) {
     q->n = n;
-    q->name = name;
     q->deliver = deliver;
     if (pthread_create(&q->th, NULL, queue_main, q)) return -1;
     q->started = 1;
@@ -560,8 +557,6 @@ struct notify *notify_create(const struct notify_config *cfg, char *err, size_t 
     pthread_cond_init(&n->hook.cv, NULL);
     pthread_cond_init(&n->exec.cv, NULL);
     pthread_cond_init(&n->am_cv, NULL);
-    n->hook.name = "webhook";
-    n->exec.name = "exec";
     if (cfg->alertmanager_url && (!n->am || (strncmp(n->am, "http://", 7) && strncmp(n->am, "https://", 8)))) {
         snprintf(err, errlen, "--alertmanager wants an http:// or https:// URL, got \"%s\"", cfg->alertmanager_url);
         goto fail;
@@ -571,8 +566,8 @@ struct notify *notify_create(const struct notify_config *cfg, char *err, size_t 
         goto fail;
     }
     int rc = 0;
-    if (n->webhook && queue_start(&n->hook, n, "webhook", webhook_deliver)) rc = -1;
-    if (!rc && n->exec_cmd && queue_start(&n->exec, n, "exec", exec_deliver)) rc = -1;
+    if (n->webhook && queue_start(&n->hook, n, webhook_deliver)) rc = -1;
+    if (!rc && n->exec_cmd && queue_start(&n->exec, n, exec_deliver)) rc = -1;
     if (!rc && n->am) {
         if (pthread_create(&n->am_th, NULL, am_main, n)) rc = -1;
         else n->am_started = 1;
