@@ -1,36 +1,32 @@
-/* http.c: routes and handlers of entropyd's HTTP API. See http.h for the
- * contract and README.md ("HTTP API") for the routes.
+/* http.c: the routes and handlers of entropyd's HTTP API, and the answers
+ * they send. The contract is in http.h, the routes and their parameters in
+ * docs/http-api.md. Not here: the guards a request passes first
+ * (http_guard.c), the dashboard's files (http_static.c), the figures of
+ * /metrics (metrics.c).
  *
  * Request flow (libmicrohttpd): the access handler is called once with the
  * headers (we allocate the request state into *req_cls), then with each
  * piece of a body (we refuse bodies), then once more to answer. The state
  * is freed in the completion callback; streamed answers (export, SSE) own
  * their own state, freed by the response's free callback. */
-#include "http.h"
+#include "http_int.h"
 #include "alert_rules.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "embed.h"
-#include "http_slots.h"
 #include "integrity.h"
 #include "net.h"
 #include "now.h"
@@ -41,41 +37,12 @@
 #define HTTP_MAX_RUNS_PAGE 1000
 
 /* Commit latency histogram bounds, seconds. */
-static const double hist_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
-#define HIST_N (sizeof hist_le / sizeof hist_le[0])
-
-struct http {
-    struct http_config cfg;
-    struct MHD_Daemon *d;
-    struct http_slots *slots;   /* who holds the connection slots (http_slots.h) */
-    int port;
-    char *token;
-    char *web_root;             /* realpath of cfg.web_root, or NULL */
-    struct alert_rules *rules;  /* cfg.rules_path's, for GET /api/runs/{id} */
-
-    pthread_mutex_t mu;         /* guards everything below */
-    pthread_cond_t cv;          /* a DELETE committed */
-    uint64_t next_ticket, done_ticket;
-    uint64_t hist[HIST_N + 1];  /* last: +Inf */
-    double hist_sum;
-    uint64_t hist_count;
-    uint64_t responses[6];      /* by status class: [2]=2xx ... [5]=5xx */
-    uint64_t auth_failures;     /* wrong tokens, all time */
-    uint64_t auth_logged;       /* auth_failures when last logged */
-    double auth_log_ms;         /* monotonic time of that log line */
-    char listen_host[256];      /* the address part of cfg.listen */
-    int listen_any;             /* listening on every address (0.0.0.0, ::) */
-};
-
-struct req {
-    int seen;                   /* the first call (headers) is past */
-    int had_body;
-    const char *bad_query;      /* why the query string is refused (static text), or NULL */
-};
+static const double hist_le[HTTP_HIST_N] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+#define HIST_N HTTP_HIST_N
 
 /* ---- responses ------------------------------------------------------- */
 
-static enum MHD_Result respond(struct http *h, struct MHD_Connection *c, unsigned status, struct MHD_Response *r) {
+enum MHD_Result http_respond(struct http *h, struct MHD_Connection *c, unsigned status, struct MHD_Response *r) {
     if (!r) return MHD_NO;
     pthread_mutex_lock(&h->mu);
     if (status / 100 < 6) h->responses[status / 100]++;
@@ -86,14 +53,14 @@ static enum MHD_Result respond(struct http *h, struct MHD_Connection *c, unsigne
 }
 
 /* Answers with the buffer's text (taken over and freed). */
-static enum MHD_Result send_buf(struct http *h, struct MHD_Connection *c, unsigned status, const char *ctype,
+enum MHD_Result http_send_buf(struct http *h, struct MHD_Connection *c, unsigned status, const char *ctype,
                                 struct strbuf *b) {
     if (b->failed) {
         strbuf_free(b);
         static const char oom[] = "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
         struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
         if (r) MHD_add_response_header(r, "Content-Type", "application/json");
-        return respond(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, r);
+        return http_respond(h, c, MHD_HTTP_INTERNAL_SERVER_ERROR, r);
     }
     struct MHD_Response *r = MHD_create_response_from_buffer(b->len, b->p ? b->p : (void *)"",
                                                              b->p ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
@@ -104,11 +71,11 @@ static enum MHD_Result send_buf(struct http *h, struct MHD_Connection *c, unsign
     memset(b, 0, sizeof *b);
     MHD_add_response_header(r, "Content-Type", ctype);
     MHD_add_response_header(r, "Cache-Control", "no-store");
-    return respond(h, c, status, r);
+    return http_respond(h, c, status, r);
 }
 
-static enum MHD_Result send_json(struct http *h, struct MHD_Connection *c, unsigned status, struct strbuf *b) {
-    return send_buf(h, c, status, "application/json", b);
+enum MHD_Result http_send_json(struct http *h, struct MHD_Connection *c, unsigned status, struct strbuf *b) {
+    return http_send_buf(h, c, status, "application/json", b);
 }
 
 static const char *error_code(unsigned status) {
@@ -125,9 +92,7 @@ static const char *error_code(unsigned status) {
     }
 }
 
-static enum MHD_Result send_error(struct http *h, struct MHD_Connection *c, unsigned status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static enum MHD_Result send_error(struct http *h, struct MHD_Connection *c, unsigned status, const char *fmt, ...) {
+enum MHD_Result http_send_error(struct http *h, struct MHD_Connection *c, unsigned status, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -145,16 +110,16 @@ static enum MHD_Result send_error(struct http *h, struct MHD_Connection *c, unsi
         }
         MHD_add_response_header(r, "Content-Type", "application/json");
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"entropyd\"");
-        return respond(h, c, status, r);
+        return http_respond(h, c, status, r);
     }
-    return send_json(h, c, status, &b);
+    return http_send_json(h, c, status, &b);
 }
 
 /* The answer for a query.h return code other than QUERY_OK. */
 static enum MHD_Result send_query_error(struct http *h, struct MHD_Connection *c, int rc, const char *err) {
     unsigned st = rc == QUERY_NOT_FOUND ? 404 : rc == QUERY_BAD ? 400 : 500;
     if (st == 500) fprintf(stderr, "entropyd: http: %s\n", err);
-    return send_error(h, c, st, "%s", err);
+    return http_send_error(h, c, st, "%s", err);
 }
 
 /* ---- parameters ------------------------------------------------------ */
@@ -232,207 +197,8 @@ static int choice_param(struct MHD_Connection *c, const char *name, const char *
 }
 
 #define BAD_INT(name, lo, hi)                                                                                   \
-    send_error(h, c, 400, "parameter %s must be an integer in %lld..%lld", name, (long long)(lo), (long long)(hi))
+    http_send_error(h, c, 400, "parameter %s must be an integer in %lld..%lld", name, (long long)(lo), (long long)(hi))
 
-/* ---- auth ------------------------------------------------------------ */
-
-/* 1 when the request carries the token (or none is needed), 0 when it
- * carries none, -1 when it carries a wrong one. The scheme is
- * case-insensitive (RFC 7235): "bearer" is "Bearer". */
-static int authorized(struct http *h, struct MHD_Connection *c) {
-    if (!h->token) return 1;
-    int presented = 0;
-    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (a && strncasecmp(a, "Bearer ", 7) == 0) {
-        const char *t = a + 7;
-        while (*t == ' ') t++;
-        if (net_equal_ct(t, h->token)) return 1;
-        presented = 1;
-    }
-    const char *t = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "token");
-    if (t && net_equal_ct(t, h->token)) return 1;
-    return presented || t ? -1 : 0;
-}
-
-/* ---- guards: Host, Origin, wrong tokens, query strings ----------------
- *
- * A page on any site can make the user's browser send requests here; DNS
- * rebinding even makes them same-origin for the browser (attacker.example
- * resolving to 127.0.0.1). So: a Host that is a name must be "localhost"
- * or an --allow-host name (an IP address cannot be rebound: the listening
- * one is accepted, any when listening on every address); a request that
- * changes state from a browser page must come from the daemon's own origin
- * (Origin equal to the Host, or Sec-Fetch-Site: same-origin); a request
- * with neither header is not from a page (curl, scripts). */
-
-#define HTTP_AUTH_DELAY_MS 250      /* each wrong token waits this long */
-#define HTTP_AUTH_LOG_MS 10000      /* wrong tokens are logged once per this */
-#define HTTP_MAX_PARAMS 64
-
-static double mono_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-/* The client's address as text, for the log. */
-static void client_ip(struct MHD_Connection *c, char *out, size_t cap) {
-    snprintf(out, cap, "?");
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (!ci || !ci->client_addr) return;
-    const struct sockaddr *sa = ci->client_addr;
-    if (sa->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)cap);
-    else if (sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)cap);
-}
-
-/* A wrong token: counted, logged at most once per HTTP_AUTH_LOG_MS (with
- * how many since the last line), and made to wait HTTP_AUTH_DELAY_MS, so
- * guessing costs a connection a quarter second per guess. */
-static void auth_failed(struct http *h, struct MHD_Connection *c) {
-    char ip[INET6_ADDRSTRLEN];
-    client_ip(c, ip, sizeof ip);
-    double now = mono_ms();
-    pthread_mutex_lock(&h->mu);
-    h->auth_failures++;
-    uint64_t n = 0;
-    if (h->auth_log_ms == 0 || now - h->auth_log_ms >= HTTP_AUTH_LOG_MS) {
-        n = h->auth_failures - h->auth_logged;
-        h->auth_logged = h->auth_failures;
-        h->auth_log_ms = now;
-    }
-    pthread_mutex_unlock(&h->mu);
-    if (n) fprintf(stderr, "entropyd: http: %llu request(s) with a wrong token (the last from %s)\n",
-                   (unsigned long long)n, ip);
-    struct timespec d = {0, HTTP_AUTH_DELAY_MS * 1000000L};
-    while (nanosleep(&d, &d) < 0 && errno == EINTR) {}
-}
-
-/* The answer to a request that authorized() refused with rc (0 or -1). */
-static enum MHD_Result deny(struct http *h, struct MHD_Connection *c, int rc) {
-    if (rc < 0) auth_failed(h, c);
-    return send_error(h, c, 401, "a token is required: Authorization: Bearer TOKEN (or ?token=)");
-}
-
-/* The name part of a Host value: "[::1]:8080" gives "::1", "a.b:80"
- * "a.b". Returns -1 when it does not fit. */
-static int host_name(const char *host, char *out, size_t cap) {
-    const char *end;
-    if (*host == '[') {
-        host++;
-        end = strchr(host, ']');
-        if (!end) return -1;
-    } else {
-        end = strchr(host, ':');
-        if (!end) end = host + strlen(host);
-    }
-    size_t n = (size_t)(end - host);
-    if (n >= cap) return -1;
-    memcpy(out, host, n);
-    out[n] = 0;
-    if (n && out[n - 1] == '.') out[n - 1] = 0; /* "localhost." */
-    return 0;
-}
-
-static int ip_literal(const char *name, unsigned char *bin, int *family) {
-    if (inet_pton(AF_INET, name, bin) == 1) return *family = AF_INET, 1;
-    if (inet_pton(AF_INET6, name, bin) == 1) return *family = AF_INET6, 1;
-    return 0;
-}
-
-/* 1 when the Host header names this daemon (see above). No Host (HTTP/1.0)
- * is not a browser's request and passes. */
-static int host_allowed(struct http *h, struct MHD_Connection *c) {
-    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
-    if (!host) return 1;
-    char name[256];
-    if (host_name(host, name, sizeof name)) return 0;
-    if (strcasecmp(name, "localhost") == 0) return 1;
-    for (int i = 0; i < h->cfg.n_allow_hosts; i++)
-        if (strcasecmp(name, h->cfg.allow_hosts[i]) == 0) return 1;
-    unsigned char a[16], b[16];
-    int fa, fb;
-    if (!ip_literal(name, a, &fa)) return 0;
-    if (h->listen_any) return 1;
-    if (strcasecmp(name, h->listen_host) == 0) return 1;
-    return ip_literal(h->listen_host, b, &fb) && fa == fb && memcmp(a, b, fa == AF_INET ? 4 : 16) == 0;
-}
-
-/* 1 when a state-changing request may go on without the token: it comes
- * from the daemon's own pages, or not from a browser page at all. */
-static int same_origin(struct MHD_Connection *c) {
-    const char *site = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Sec-Fetch-Site");
-    if (site && strcasecmp(site, "same-origin") != 0 && strcasecmp(site, "none") != 0) return 0;
-    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
-    if (!origin) return 1; /* browsers send Origin with every DELETE and POST */
-    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
-    const char *rest = strncasecmp(origin, "http://", 7) == 0 ? origin + 7
-                       : strncasecmp(origin, "https://", 8) == 0 ? origin + 8 : NULL;
-    return rest && host && strcasecmp(rest, host) == 0;
-}
-
-static int hexval(int ch) {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-    return -1;
-}
-
-/* Why a raw query string is refused, or NULL: more than HTTP_MAX_PARAMS
- * parameters, a parameter given twice (which one counts would be a
- * guess), or a NUL byte (%00), which would cut the value short. */
-static const char *query_problem(const char *q) {
-    char keys[HTTP_MAX_PARAMS][32];
-    int n = 0;
-    while (*q) {
-        const char *end = strchr(q, '&');
-        if (!end) end = q + strlen(q);
-        if (end == q) {
-            q++;
-            continue;
-        }
-        if (n == HTTP_MAX_PARAMS) return "too many query parameters";
-        char *k = keys[n];
-        size_t kl = 0;
-        int in_key = 1;
-        for (const char *p = q; p < end; p++) {
-            int ch = (unsigned char)*p;
-            if (ch == '=' && in_key) {
-                in_key = 0;
-                continue;
-            }
-            if (ch == '%' && p + 2 < end && hexval(p[1]) >= 0 && hexval(p[2]) >= 0) {
-                ch = hexval(p[1]) * 16 + hexval(p[2]);
-                p += 2;
-                if (ch == 0) return "a query parameter holds a NUL byte (%00)";
-            } else if (ch == '+') {
-                ch = ' ';
-            }
-            if (in_key && kl < sizeof keys[0] - 1) k[kl++] = (char)ch;
-        }
-        k[kl] = 0;
-        for (int i = 0; i < n; i++)
-            if (strcmp(keys[i], k) == 0) return "a query parameter is given more than once";
-        n++;
-        q = end;
-    }
-    return NULL;
-}
-
-/* libmicrohttpd's URI callback: called with the raw request target before
- * the query is parsed; its result becomes the request's state. A refused
- * query is cut off here (libmicrohttpd keeps the target in its own
- * writable buffer) so that 9,000 parameters are answered 400 instead of
- * overflowing the connection's memory pool unanswered. */
-static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
-    (void)cls;
-    (void)c;
-    struct req *r = calloc(1, sizeof *r);
-    if (!r) return NULL;
-    const char *q = strchr(uri, '?');
-    if (q && (r->bad_query = query_problem(q + 1))) ((char *)q)[1] = 0;
-    return r;
-}
 
 /* ---- handlers -------------------------------------------------------- */
 
@@ -445,7 +211,7 @@ static struct query *take_query(struct http *h, struct MHD_Connection *c, enum M
     struct query *q = query_acquire(h->cfg.pool, err, sizeof err);
     if (!q) {
         fprintf(stderr, "entropyd: http: %s\n", err);
-        *res = send_error(h, c, 503, "database unavailable: %s", err);
+        *res = http_send_error(h, c, 503, "database unavailable: %s", err);
     }
     return q;
 }
@@ -469,7 +235,7 @@ static enum MHD_Result answer_read(struct http *h, struct MHD_Connection *c, rea
         strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
-    return send_json(h, c, 200, &b);
+    return http_send_json(h, c, 200, &b);
 }
 
 /* The meta.KEY=VALUE filters of a runs request. */
@@ -531,36 +297,36 @@ static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t 
     struct meta_filters mf = {.req = &req};
     req.status = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "status");
     if (req.status && choice(req.status, statuses) < 0)
-        return send_error(h, c, 400, "status must be live, stale, finished, failed or aborted");
+        return http_send_error(h, c, 400, "status must be live, stale, finished, failed or aborted");
     req.verdict = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "verdict");
     if (req.verdict && choice(req.verdict, verdicts) < 0)
-        return send_error(h, c, 400, "verdict must be healthy, collapsing, collapsed, diverged, stalled or sharp");
+        return http_send_error(h, c, 400, "verdict must be healthy, collapsing, collapsed, diverged, stalled or sharp");
     req.search = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q");
-    if (req.search && strlen(req.search) > PROTO_MAX_RUN) return send_error(h, c, 400, "q is longer than a run name");
+    if (req.search && strlen(req.search) > PROTO_MAX_RUN) return http_send_error(h, c, 400, "q is longer than a run name");
     if ((req.has_from = time_param(c, "created_from", &req.created_from)) < 0)
-        return send_error(h, c, 400, "created_from must be Unix seconds");
+        return http_send_error(h, c, 400, "created_from must be Unix seconds");
     if ((req.has_to = time_param(c, "created_to", &req.created_to)) < 0)
-        return send_error(h, c, 400, "created_to must be Unix seconds");
+        return http_send_error(h, c, 400, "created_to must be Unix seconds");
     const char *sort = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "sort");
     if (sort) {
         req.sort = -1;
         for (int i = 0; i < QUERY_SORT_COUNT; i++)
             if (!strcmp(sort, query_runs_sort_name(i))) req.sort = i;
         if (req.sort < 0)
-            return send_error(h, c, 400, "sort must be id, name, created, updated, last_step, last_loss, "
+            return http_send_error(h, c, 400, "sort must be id, name, created, updated, last_step, last_loss, "
                                          "min_entropy_norm or verdict");
     }
     int o = choice_param(c, "order", orders);
-    if (o == -1) return send_error(h, c, 400, "order must be asc or desc");
+    if (o == -1) return http_send_error(h, c, 400, "order must be asc or desc");
     req.desc = o == 1;
     req.cursor = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cursor");
-    if (req.cursor && strlen(req.cursor) > PROTO_MAX_RUN + 40) return send_error(h, c, 400, "cursor too long");
+    if (req.cursor && strlen(req.cursor) > PROTO_MAX_RUN + 40) return http_send_error(h, c, 400, "cursor too long");
     int lim = int_param(c, "limit", 1, HTTP_MAX_RUNS_PAGE, &req.limit);
     if (lim < 0) return BAD_INT("limit", 1, HTTP_MAX_RUNS_PAGE);
     if (!lim && req.cursor) req.limit = 50;
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, meta_collect, &mf);
-    if (mf.bad == 1) return send_error(h, c, 400, "at most %d meta.KEY filters", QUERY_RUNS_MAX_META);
-    if (mf.bad == 2) return send_error(h, c, 400, "a meta filter is meta.KEY or meta.KEY.SUBKEY (letters, digits, _ -)");
+    if (mf.bad == 1) return http_send_error(h, c, 400, "at most %d meta.KEY filters", QUERY_RUNS_MAX_META);
+    if (mf.bad == 2) return http_send_error(h, c, 400, "a meta filter is meta.KEY or meta.KEY.SUBKEY (letters, digits, _ -)");
     return answer_read(h, c, read_runs, &req);
 }
 
@@ -599,7 +365,7 @@ static int read_series(struct query *q, const void *arg, struct strbuf *b, char 
 static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_t id) {
     struct query_series_req r = {.run_id = id, .layer = -1, .head = -1, .points = 1000};
     r.metric = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "metric");
-    if (!r.metric || !*r.metric) return send_error(h, c, 400, "parameter metric is required");
+    if (!r.metric || !*r.metric) return http_send_error(h, c, 400, "parameter metric is required");
     int p;
     if (int_param(c, "layer", 0, 1 << 20, &r.layer) < 0) return BAD_INT("layer", 0, 1 << 20);
     if (int_param(c, "head", 0, 1 << 20, &r.head) < 0) return BAD_INT("head", 0, 1 << 20);
@@ -608,10 +374,10 @@ static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_
     if ((p = int_param(c, "to", 0, INT64_MAX / 2, &r.to)) < 0) return BAD_INT("to", 0, INT64_MAX / 2);
     r.has_to = p;
     if (int_param(c, "points", 1, HTTP_MAX_POINTS, &r.points) < 0) return BAD_INT("points", 1, HTTP_MAX_POINTS);
-    if (r.has_from && r.has_to && r.from > r.to) return send_error(h, c, 400, "from is after to");
-    if ((p = choice_param(c, "agg", agg_names)) == -1) return send_error(h, c, 400, "agg must be mean, min or max");
+    if (r.has_from && r.has_to && r.from > r.to) return http_send_error(h, c, 400, "from is after to");
+    if ((p = choice_param(c, "agg", agg_names)) == -1) return http_send_error(h, c, 400, "agg must be mean, min or max");
     if (p >= 0) r.agg = p;
-    if ((p = choice_param(c, "split", split_names)) == -1) return send_error(h, c, 400, "split must be head or layer");
+    if ((p = choice_param(c, "split", split_names)) == -1) return http_send_error(h, c, 400, "split must be head or layer");
     if (p >= 0) r.split = p;
     return answer_read(h, c, read_series, &r);
 }
@@ -630,7 +396,7 @@ static int read_frame(struct query *q, const void *arg, struct strbuf *b, char *
 
 static enum MHD_Result h_frame(struct http *h, struct MHD_Connection *c, int64_t id) {
     const char *metric = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "metric");
-    if (!metric || !*metric) return send_error(h, c, 400, "parameter metric is required");
+    if (!metric || !*metric) return http_send_error(h, c, 400, "parameter metric is required");
     int64_t step = 0;
     int has = int_param(c, "step", 0, INT64_MAX, &step);
     if (has < 0) return BAD_INT("step", 0, INT64_MAX);
@@ -657,11 +423,11 @@ static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_
     if ((has_before = int_param(c, "before", 1, INT64_MAX, &before)) < 0) return BAD_INT("before", 1, INT64_MAX);
     if (int_param(c, "limit", 1, HTTP_MAX_EVENTS, &limit) < 0) return BAD_INT("limit", 1, HTTP_MAX_EVENTS);
     int o = choice_param(c, "order", orders);
-    if (o == -1) return send_error(h, c, 400, "order must be asc or desc");
+    if (o == -1) return http_send_error(h, c, 400, "order must be asc or desc");
     /* before= pages towards older events, newest first; so does order=desc */
     int newest_first = has_before || o == 1;
-    if (has_after && newest_first) return send_error(h, c, 400, "after pages oldest first: not with before or order=desc");
-    if (has_before && o == 0) return send_error(h, c, 400, "before pages newest first: not with order=asc");
+    if (has_after && newest_first) return http_send_error(h, c, 400, "after pages oldest first: not with before or order=desc");
+    if (has_before && o == 0) return http_send_error(h, c, 400, "before pages newest first: not with order=asc");
     struct events_req er = {id, after, before, newest_first, limit};
     return answer_read(h, c, read_events, &er);
 }
@@ -725,9 +491,9 @@ static enum MHD_Result h_export(struct http *h, struct MHD_Connection *c, int64_
     int format;
     if (!f || strcmp(f, "csv") == 0) format = QUERY_CSV;
     else if (strcmp(f, "jsonl") == 0) format = QUERY_JSONL;
-    else return send_error(h, c, 400, "format must be csv or jsonl");
+    else return http_send_error(h, c, 400, "format must be csv or jsonl");
     struct export_state *e = calloc(1, sizeof *e);
-    if (!e) return send_error(h, c, 500, "out of memory");
+    if (!e) return http_send_error(h, c, 500, "out of memory");
     e->pool = h->cfg.pool;
     enum MHD_Result res;
     if (!(e->q = take_query(h, c, &res))) {
@@ -751,7 +517,7 @@ static enum MHD_Result h_export(struct http *h, struct MHD_Connection *c, int64_
     snprintf(disp, sizeof disp, "attachment; filename=\"run-%lld.%s\"", (long long)id, format == QUERY_CSV ? "csv" : "jsonl");
     MHD_add_response_header(r, "Content-Type", format == QUERY_CSV ? "text/csv" : "application/x-ndjson");
     MHD_add_response_header(r, "Content-Disposition", disp);
-    return respond(h, c, 200, r);
+    return http_respond(h, c, 200, r);
 }
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -784,19 +550,19 @@ static enum MHD_Result h_stream(struct http *h, struct MHD_Connection *c, int64_
     char names[STREAM_MAX_CELLS * (PROTO_MAX_NAME + 1)];
     const char *cells = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cells");
     if (cells && *cells) {
-        if (strlen(cells) >= sizeof names) return send_error(h, c, 400, "cells names at most %d metrics", STREAM_MAX_CELLS);
+        if (strlen(cells) >= sizeof names) return http_send_error(h, c, 400, "cells names at most %d metrics", STREAM_MAX_CELLS);
         memcpy(names, cells, strlen(cells) + 1);
         for (char *p = names, *save = NULL, *tok; (tok = strtok_r(p, ",", &save)); p = NULL) {
             if (sub.ncells == STREAM_MAX_CELLS || strlen(tok) > PROTO_MAX_NAME)
-                return send_error(h, c, 400, "cells names at most %d metrics", STREAM_MAX_CELLS);
+                return http_send_error(h, c, 400, "cells names at most %d metrics", STREAM_MAX_CELLS);
             sub.cells[sub.ncells++] = tok;
         }
     }
-    if ((sub.layers || sub.ncells) && !sub.ticks) return send_error(h, c, 400, "layers and cells come with ticks=1");
+    if ((sub.layers || sub.ncells) && !sub.ticks) return http_send_error(h, c, 400, "layers and cells come with ticks=1");
     const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
     if (!last) last = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "last_event_id");
     struct stream_client *sc = stream_client_open(h->cfg.stream, run, last);
-    if (!sc) return send_error(h, c, 500, "out of memory");
+    if (!sc) return http_send_error(h, c, 500, "out of memory");
     stream_client_subscribe(sc, &sub); /* the names were checked above */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) stream_client_watch(sc, sse_gone, (void *)(intptr_t)ci->connect_fd);
@@ -808,7 +574,7 @@ static enum MHD_Result h_stream(struct http *h, struct MHD_Connection *c, int64_
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-store");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
-    return respond(h, c, 200, r);
+    return http_respond(h, c, 200, r);
 }
 
 static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_t id) {
@@ -820,10 +586,10 @@ static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_
     query_release(h->cfg.pool, q);
     if (rc) return send_query_error(h, c, rc, err);
     if (strcmp(status, "live") == 0)
-        return send_error(h, c, 409, "run %lld is live: a trainer is connected to it; delete it once it has ended",
+        return http_send_error(h, c, 409, "run %lld is live: a trainer is connected to it; delete it once it has ended",
                           (long long)id);
     struct writer_item *it = calloc(1, sizeof *it);
-    if (!it) return send_error(h, c, 500, "out of memory");
+    if (!it) return http_send_error(h, c, 500, "out of memory");
     it->kind = WRITER_DELETE;
     it->run_id = id;
     /* the ticket is taken and submitted under the lock so that tickets
@@ -843,13 +609,13 @@ static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_
         rc = query_run_status(q, id, status, sizeof status, err, sizeof err);
         query_release(h->cfg.pool, q);
         if (rc == QUERY_OK && strcmp(status, "live") == 0)
-            return send_error(h, c, 409, "run %lld became live (a trainer resumed it) before it was deleted; it was kept",
+            return http_send_error(h, c, 409, "run %lld became live (a trainer resumed it) before it was deleted; it was kept",
                               (long long)id);
-        if (rc == QUERY_OK) return send_error(h, c, 500, "run %lld could not be deleted (see the daemon's log)", (long long)id);
+        if (rc == QUERY_OK) return http_send_error(h, c, 500, "run %lld could not be deleted (see the daemon's log)", (long long)id);
     }
     struct strbuf b = {0};
     strbuf_printf(&b, done ? "{\"deleted\":%lld}" : "{\"deleting\":%lld}", (long long)id);
-    return send_json(h, c, done ? 200 : 202, &b);
+    return http_send_json(h, c, done ? 200 : 202, &b);
 }
 
 static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64_t id) {
@@ -864,7 +630,7 @@ static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64
     strbuf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s,\"integrity_errors\":%llu}",
                   ws.failing ? "failing" : bad ? "db_corrupt" : "ok", ws.failing ? "true" : "false",
                   (unsigned long long)bad);
-    return send_json(h, c, ws.failing || bad ? 503 : 200, &b);
+    return http_send_json(h, c, ws.failing || bad ? 503 : 200, &b);
 }
 
 /* The counters of ingest's guards (issue 16). */
@@ -1032,145 +798,9 @@ static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64
         strbuf_free(&b);
         return send_query_error(h, c, rc, err);
     }
-    return send_buf(h, c, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
+    return http_send_buf(h, c, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
 }
 
-/* ---- static files ---------------------------------------------------- */
-
-static const char *content_type(const char *path) {
-    static const struct { const char *ext, *type; } types[] = {
-        {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
-        {".mjs", "text/javascript; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
-        {".json", "application/json"}, {".svg", "image/svg+xml"}, {".png", "image/png"},
-        {".ico", "image/x-icon"}, {".txt", "text/plain; charset=utf-8"}, {".map", "application/json"},
-        {".woff2", "font/woff2"}, {".wasm", "application/wasm"}};
-    const char *dot = strrchr(path, '.');
-    if (dot)
-        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-            if (strcmp(dot, types[i].ext) == 0) return types[i].type;
-    return "application/octet-stream";
-}
-
-/* A request path as a file path under web/: "" and ".../" name index.html.
- * -1 when it tries to leave the directory or is too long. */
-static int static_path(const char *url, char *out, size_t cap) {
-    while (*url == '/') url++;
-    for (const char *p = url; *p; p++)
-        if (*p == '\\') return -1;
-    /* no segment may be "..": the path must stay inside the root */
-    for (const char *seg = url; seg && *seg;) {
-        const char *end = strchr(seg, '/');
-        size_t n = end ? (size_t)(end - seg) : strlen(seg);
-        if (n == 2 && seg[0] == '.' && seg[1] == '.') return -1;
-        seg = end ? end + 1 : NULL;
-    }
-    size_t len = strlen(url);
-    int n = snprintf(out, cap, "%s%s", url, len == 0 || url[len - 1] == '/' ? "index.html" : "");
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
-}
-
-/* 1 when the request's If-None-Match names etag (or is "*"). */
-static int etag_matches(struct MHD_Connection *c, const char *etag) {
-    const char *inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
-    if (!inm) return 0;
-    if (strcmp(inm, "*") == 0) return 1;
-    size_t n = strlen(etag);
-    /* a list of tags: etag must appear whole, between separators */
-    for (const char *p = strstr(inm, etag); p; p = strstr(p + 1, etag)) {
-        char after = p[n];
-        if (after == 0 || after == ',' || after == ' ') return 1;
-    }
-    return 0;
-}
-
-/* 1 when Accept-Encoding takes gzip (and not with q=0). */
-static int accepts_gzip(struct MHD_Connection *c) {
-    const char *ae = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT_ENCODING);
-    const char *g = ae ? strstr(ae, "gzip") : NULL;
-    if (!g) return 0;
-    const char *q = strstr(g, ";q=");
-    const char *comma = strchr(g, ',');
-    if (q && (!comma || q < comma)) return strtod(q + 3, NULL) > 0;
-    return 1;
-}
-
-/* The headers every static answer carries: a file can change with the
- * daemon (an upgrade, --web-root), so caches keep it but revalidate each
- * use; the strong ETag makes that a 304 without a body. */
-static void static_headers(struct MHD_Response *r, const char *rel, const char *etag, int gz, int varies) {
-    MHD_add_response_header(r, "Content-Type", content_type(rel));
-    MHD_add_response_header(r, "Cache-Control", "no-cache");
-    MHD_add_response_header(r, "ETag", etag);
-    if (gz) MHD_add_response_header(r, "Content-Encoding", "gzip");
-    if (varies) MHD_add_response_header(r, "Vary", "Accept-Encoding");
-}
-
-/* An embedded file: its gzip bytes when the client takes gzip (their own
- * ETag, "...-gz": another representation), 304 when If-None-Match has the
- * tag. */
-static enum MHD_Result send_embedded(struct http *h, struct MHD_Connection *c, const struct embed_file *f,
-                                     const char *rel) {
-    int gz = f->gz && accepts_gzip(c);
-    char etag[64];
-    size_t tl = strlen(f->etag);
-    if (gz && tl >= 2 && tl < sizeof etag - 4) snprintf(etag, sizeof etag, "%.*s-gz\"", (int)(tl - 1), f->etag);
-    else snprintf(etag, sizeof etag, "%s", f->etag);
-    if (etag_matches(c, etag)) {
-        struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-        if (!r) return MHD_NO;
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        MHD_add_response_header(r, "ETag", etag);
-        if (f->gz) MHD_add_response_header(r, "Vary", "Accept-Encoding");
-        return respond(h, c, MHD_HTTP_NOT_MODIFIED, r);
-    }
-    struct MHD_Response *r = MHD_create_response_from_buffer((size_t)(gz ? f->gz_size : f->size),
-                                                             (void *)(gz ? f->gz : f->data), MHD_RESPMEM_PERSISTENT);
-    if (!r) return MHD_NO;
-    static_headers(r, rel, etag, gz, f->gz != NULL);
-    return respond(h, c, 200, r);
-}
-
-static enum MHD_Result h_static(struct http *h, struct MHD_Connection *c, const char *url) {
-    char rel[1024];
-    if (static_path(url, rel, sizeof rel)) return send_error(h, c, 400, "bad path");
-    if (!h->web_root) {
-        for (const struct embed_file *f = webassets; f->path; f++)
-            if (strcmp(f->path, rel) == 0) return send_embedded(h, c, f, rel);
-        return send_error(h, c, 404, "no such file: /%s", rel);
-    }
-    char full[PATH_MAX + 1100], real[PATH_MAX];
-    snprintf(full, sizeof full, "%s/%s", h->web_root, rel);
-    /* symlinks may not lead outside the root either */
-    size_t rl = strlen(h->web_root);
-    if (!realpath(full, real) || strncmp(real, h->web_root, rl) != 0 || real[rl] != '/')
-        return send_error(h, c, 404, "no such file: /%s", rel);
-    int fd = open(real, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        if (fd >= 0) close(fd);
-        return send_error(h, c, 404, "no such file: /%s", rel);
-    }
-    /* from disk (--web-root, for working on the page): the tag from size
-     * and modification time, sent as is */
-    char etag[80];
-    snprintf(etag, sizeof etag, "\"%llx-%llx-%lx\"", (unsigned long long)st.st_size, (unsigned long long)st.st_mtim.tv_sec,
-             (long)st.st_mtim.tv_nsec);
-    if (etag_matches(c, etag)) {
-        close(fd);
-        struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-        if (!r) return MHD_NO;
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        MHD_add_response_header(r, "ETag", etag);
-        return respond(h, c, MHD_HTTP_NOT_MODIFIED, r);
-    }
-    struct MHD_Response *r = MHD_create_response_from_fd((uint64_t)st.st_size, fd); /* takes the fd */
-    if (!r) {
-        close(fd);
-        return MHD_NO;
-    }
-    static_headers(r, rel, etag, 0, 0);
-    return respond(h, c, 200, r);
-}
 
 /* ---- routing --------------------------------------------------------- */
 
@@ -1246,7 +876,7 @@ static int64_t id_by_name(struct http *h, struct MHD_Connection *c, const char *
     if (!q) return 0;
     int64_t id = query_run_id(q, name);
     query_release(h->cfg.pool, q);
-    if (!id) *res = send_error(h, c, 404, "no run named \"%s\"", name);
+    if (!id) *res = http_send_error(h, c, 404, "no run named \"%s\"", name);
     return id;
 }
 
@@ -1274,17 +904,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     int is_api = strncmp(url, "/api/", 5) == 0 || strcmp(url, "/api") == 0 || strcmp(url, "/metrics") == 0 ||
                  strcmp(url, "/healthz") == 0;
-    if (r->had_body) return send_error(h, c, 413, "request bodies are not accepted");
-    if (!host_allowed(h, c))
-        return send_error(h, c, 403, "Host %.200s is not this daemon's: use its address or localhost, or start it "
+    if (r->had_body) return http_send_error(h, c, 413, "request bodies are not accepted");
+    if (!http_host_allowed(h, c))
+        return http_send_error(h, c, 403, "Host %.200s is not this daemon's: use its address or localhost, or start it "
                           "with --allow-host NAME", MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST));
-    if (r->bad_query) return send_error(h, c, 400, "%s", r->bad_query);
-    if (!is_get && !(h->token && authorized(h, c) == 1) && !same_origin(c))
-        return send_error(h, c, 403, "a %s from another site's page: only the daemon's own pages (or a request with "
+    if (r->bad_query) return http_send_error(h, c, 400, "%s", r->bad_query);
+    if (!is_get && !(h->token && http_authorized(h, c) == 1) && !http_same_origin(c))
+        return http_send_error(h, c, 403, "a %s from another site's page: only the daemon's own pages (or a request with "
                           "the token) may change data", method);
     if (!is_api) {
-        if (!is_get) return send_error(h, c, 405, "method %s not allowed here", method);
-        return h_static(h, c, url);
+        if (!is_get) return http_send_error(h, c, 405, "method %s not allowed here", method);
+        return http_static(h, c, url);
     }
     int path_matched = 0;
     for (const struct route *rt = routes; rt->path; rt++) {
@@ -1292,24 +922,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         char name[PROTO_MAX_RUN + 1];
         int m = match(rt->path, url, &id, name, sizeof name);
         if (m == 0) continue;
-        int auth = rt->auth ? authorized(h, c) : 1;
-        if (auth != 1) return deny(h, c, auth);
-        if (m < 0) return send_error(h, c, 400, "a run is a positive integer id or by-name/NAME");
+        int auth = rt->auth ? http_authorized(h, c) : 1;
+        if (auth != 1) return http_deny(h, c, auth);
+        if (m < 0) return http_send_error(h, c, 400, "a run is a positive integer id or by-name/NAME");
         path_matched = 1;
         int ok = strcmp(rt->method, method) == 0 || (strcmp(rt->method, "GET") == 0 && strcmp(method, "HEAD") == 0);
         if (!ok) continue;
         const char *unknown;
-        if (params_ok(c, rt->params, &unknown)) return send_error(h, c, 400, "unknown parameter %s", unknown);
+        if (params_ok(c, rt->params, &unknown)) return http_send_error(h, c, 400, "unknown parameter %s", unknown);
         if (m == 2) {
             enum MHD_Result res;
             if (!(id = id_by_name(h, c, name, &res))) return res;
         }
         return rt->fn(h, c, id);
     }
-    if (path_matched) return send_error(h, c, 405, "method %s not allowed on %s", method, url);
-    int auth = authorized(h, c);
-    if (auth != 1) return deny(h, c, auth);
-    return send_error(h, c, 404, "no such endpoint: %s", url);
+    if (path_matched) return http_send_error(h, c, 405, "method %s not allowed on %s", method, url);
+    int auth = http_authorized(h, c);
+    if (auth != 1) return http_deny(h, c, auth);
+    return http_send_error(h, c, 404, "no such endpoint: %s", url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, enum MHD_RequestTerminationCode toe) {
@@ -1374,13 +1004,7 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
     struct sockaddr_storage ss;
     socklen_t sl;
     if (resolve(cfg->listen ? cfg->listen : "127.0.0.1:8080", &ss, &sl, err, errlen)) goto fail;
-    int listen_port;
-    if (net_split_hostport(cfg->listen ? cfg->listen : "127.0.0.1:8080", h->listen_host, sizeof h->listen_host,
-                           &listen_port) == 0) {
-        unsigned char any[16] = {0}, bin[16];
-        int fam;
-        h->listen_any = ip_literal(h->listen_host, bin, &fam) && memcmp(bin, any, fam == AF_INET ? 4 : 16) == 0;
-    }
+    http_guard_listen(h, cfg->listen ? cfg->listen : "127.0.0.1:8080");
     int max_conns = cfg->max_conns > 0 ? cfg->max_conns : 512;
     int per_ip = cfg->max_conns_per_ip > 0 ? cfg->max_conns_per_ip : max_conns / 4 < 8 ? 8 : max_conns / 4;
     int timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 60;
@@ -1407,7 +1031,7 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
                             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, h,
+                            MHD_OPTION_URI_LOG_CALLBACK, http_on_uri, h,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip,
                             MHD_OPTION_END);
     if (!h->d) {

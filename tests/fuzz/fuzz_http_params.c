@@ -2,8 +2,9 @@
  * HTTP request target (daemon/http.c, daemon/stream.c). Built and run by
  * `make fuzz` and scripts/run-fuzz.sh; not a unit test.
  *
- * http.c's parsers are static, so this file includes http.c (the cmocka
- * habit, house style) rather than widening its header. libmicrohttpd splits
+ * http.c's parsers are static, so this file includes http.c, http_guard.c
+ * and http_static.c (the cmocka habit, house style) rather than widening
+ * their header. libmicrohttpd splits
  * the target at '?', splits the query at '&' and '=', and percent-decodes
  * each piece with MHD_http_unescape; this harness does the same with that
  * very function, then runs everything http.c does with the pieces before a
@@ -16,8 +17,10 @@
  * on a real ring holding a few events).
  *
  * Input: the request target, e.g. "/api/runs/3/series?metric=e&layer=1".
- * If http.c renames one of these static functions this file must follow. */
+ * If those files rename one of these static functions this file must follow. */
 #include "../../daemon/http.c"
+#include "../../daemon/http_guard.c"
+#include "../../daemon/http_static.c"
 
 static void check(int cond, const char *what) {
     if (!cond) {
@@ -102,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *q = strchr(target, '?');
     if (q) {
         *q++ = 0;
-        (void)query_problem(q); /* the raw query checks of issue 16: any input, no over-read */
+        (void)query_problem(q); /* the raw query checks: any input, no over-read */
     }
     MHD_http_unescape(target);
     for (const struct route *rt = routes; rt->path; rt++) {
