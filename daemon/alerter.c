@@ -411,4 +411,59 @@ void alerter_get_stats(struct alerter *m, struct alerter_stats *out) {
     notify_get_stats(m->notify, &out->notify);
 }
 
+void alerter_metrics(struct alerter *m, struct strbuf *b) {
+    struct alerter_stats as;
+    alerter_get_stats(m, &as);
+    strbuf_prom(b, "entropyd_alert_steps_total", "counter", "Steps the alert rules evaluated.", (double)as.engine.steps);
+    strbuf_prom(b, "entropyd_alert_evaluation_seconds_total", "counter", "CPU time spent evaluating alert rules.",
+         as.engine.eval_ms / 1e3);
+    strbuf_prom(b, "entropyd_alert_transitions_total", "counter", "Alert transitions (firing, resolved, update).",
+         (double)as.engine.transitions);
+    strbuf_prom(b, "entropyd_alert_groups_firing", "gauge", "Alert groups (run x rule) firing now.", (double)as.firing);
+    strbuf_prom(b, "entropyd_alert_resumed_total", "counter",
+         "Firings that went on with an episode an earlier daemon opened (not paged again).", (double)as.resumed);
+    strbuf_prom(b, "entropyd_alert_state_runs", "gauge", "Runs whose alert state is held (live ones).", (double)as.state_runs);
+    strbuf_prom(b, "entropyd_alert_state_bytes", "gauge",
+         "Memory of the alert rules' per-cell state (docs/alerts.md: bytes per head and rule).", (double)as.state_bytes);
+    strbuf_prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
+         (double)as.store_errors);
+    const struct notify_stats *ns = &as.notify;
+    strbuf_prom(b, "entropyd_notifications_queued_total", "counter",
+         "Alert transitions handed to the notifier (firing and resolved).", (double)ns->queued);
+    strbuf_prom(b, "entropyd_alertmanager_firing", "gauge",
+         "Alerts in the firing set re-sent to Alertmanager (0: nothing is re-sent).", (double)ns->am_firing);
+    /* one worker per receiver: each line is one sink's own figure */
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } per_sink[] = {
+        {"entropyd_notifications_sent_total", "counter",
+         "Notifications delivered, by sink (alertmanager: POSTs of its set, re-sends included).",
+         offsetof(struct notify_sink_stats, sent)},
+        {"entropyd_notifications_failed_total", "counter",
+         "Notifications not delivered, by sink (webhook: given up after its retries; alertmanager: every failed POST).",
+         offsetof(struct notify_sink_stats, failed)},
+        {"entropyd_notifications_dropped_total", "counter",
+         "Notifications dropped, by sink: its queue full, or shutdown (alertmanager: resolved alerts never delivered).",
+         offsetof(struct notify_sink_stats, dropped)},
+        {"entropyd_notification_retries_total", "counter", "Attempts retried, by sink.",
+         offsetof(struct notify_sink_stats, retries)},
+        {"entropyd_notifications_pending", "gauge",
+         "Notifications waiting for their receiver, by sink (alertmanager: alerts changed since its last POST).",
+         offsetof(struct notify_sink_stats, pending)},
+    };
+    const struct {
+        const char *label;
+        const struct notify_sink_stats *st;
+    } sinks[] = {{"webhook", &ns->webhook}, {"alertmanager", &ns->alertmanager}, {"exec", &ns->exec}};
+    for (size_t i = 0; i < sizeof per_sink / sizeof per_sink[0]; i++) {
+        strbuf_prom_head(b, per_sink[i].name, per_sink[i].type, per_sink[i].help);
+        for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++) {
+            uint64_t v;
+            memcpy(&v, (const char *)sinks[k].st + per_sink[i].off, sizeof v);
+            strbuf_printf(b, "%s{sink=\"%s\"} %llu\n", per_sink[i].name, sinks[k].label, (unsigned long long)v);
+        }
+    }
+}
+
 void alerter_set_external_url(struct alerter *m, const char *url) { notify_set_external_url(m->notify, url); }

@@ -28,6 +28,8 @@
 #include "store.h"
 #include "writer.h"
 
+struct strbuf;
+
 struct stream;
 struct query_pool;
 
@@ -67,6 +69,11 @@ struct alerter_stats {
 };
 /* Safe from any thread (/metrics). */
 void alerter_get_stats(struct alerter *m, struct alerter_stats *out);
+
+/* Appends the alert engine's and the notifier's figures to b as Prometheus
+ * text (entropyd_alert_*, entropyd_notification*, by sink). Safe from any
+ * thread. */
+void alerter_metrics(struct alerter *m, struct strbuf *b);
 
 /* The daemon's URL for generatorURL and externalURL, once HTTP listens
  * (its real port when --http asked for port 0). Copied. */

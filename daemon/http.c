@@ -633,174 +633,50 @@ static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64
     return http_send_json(h, c, ws.failing || bad ? 503 : 200, &b);
 }
 
-/* The counters of ingest's guards (issue 16). */
-static void ingest_guard_metrics(struct strbuf *b, const struct ingest_stats *is) {
-    strbuf_prom(b, "entropyd_connections_timed_out_total", "counter",
-         "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
-    strbuf_prom(b, "entropyd_connections_evicted_total", "counter",
-         "Connections without a hello closed to make room for a newcomer.", (double)is->conns_evicted);
-    strbuf_prom(b, "entropyd_connections_peer_rejected_total", "counter",
-         "Trainer connections refused: their user or address held --max-conns-per-peer.",
-         (double)is->conns_peer_rejected);
-    strbuf_prom(b, "entropyd_input_bytes", "gauge", "Memory held by unfinished input lines.", (double)is->input_bytes);
-    strbuf_prom(b, "entropyd_input_refused_total", "counter", "Connections closed because --input-mb was spent.",
-         (double)is->input_refused);
-}
-
-/* The alert engine's and the notifier's counters (alerter.h, notify.h). */
-static void alerter_metrics(struct strbuf *b, struct alerter *m) {
-    struct alerter_stats as;
-    alerter_get_stats(m, &as);
-    strbuf_prom(b, "entropyd_alert_steps_total", "counter", "Steps the alert rules evaluated.", (double)as.engine.steps);
-    strbuf_prom(b, "entropyd_alert_evaluation_seconds_total", "counter", "CPU time spent evaluating alert rules.",
-         as.engine.eval_ms / 1e3);
-    strbuf_prom(b, "entropyd_alert_transitions_total", "counter", "Alert transitions (firing, resolved, update).",
-         (double)as.engine.transitions);
-    strbuf_prom(b, "entropyd_alert_groups_firing", "gauge", "Alert groups (run x rule) firing now.", (double)as.firing);
-    strbuf_prom(b, "entropyd_alert_resumed_total", "counter",
-         "Firings that went on with an episode an earlier daemon opened (not paged again).", (double)as.resumed);
-    strbuf_prom(b, "entropyd_alert_state_runs", "gauge", "Runs whose alert state is held (live ones).", (double)as.state_runs);
-    strbuf_prom(b, "entropyd_alert_state_bytes", "gauge",
-         "Memory of the alert rules' per-cell state (docs/alerts.md: bytes per head and rule).", (double)as.state_bytes);
-    strbuf_prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
-         (double)as.store_errors);
-    const struct notify_stats *ns = &as.notify;
-    strbuf_prom(b, "entropyd_notifications_queued_total", "counter",
-         "Alert transitions handed to the notifier (firing and resolved).", (double)ns->queued);
-    strbuf_prom(b, "entropyd_alertmanager_firing", "gauge",
-         "Alerts in the firing set re-sent to Alertmanager (0: nothing is re-sent).", (double)ns->am_firing);
-    /* one worker per receiver: each line is one sink's own figure */
-    static const struct {
-        const char *name, *type, *help;
-        size_t off;
-    } per_sink[] = {
-        {"entropyd_notifications_sent_total", "counter",
-         "Notifications delivered, by sink (alertmanager: POSTs of its set, re-sends included).",
-         offsetof(struct notify_sink_stats, sent)},
-        {"entropyd_notifications_failed_total", "counter",
-         "Notifications not delivered, by sink (webhook: given up after its retries; alertmanager: every failed POST).",
-         offsetof(struct notify_sink_stats, failed)},
-        {"entropyd_notifications_dropped_total", "counter",
-         "Notifications dropped, by sink: its queue full, or shutdown (alertmanager: resolved alerts never delivered).",
-         offsetof(struct notify_sink_stats, dropped)},
-        {"entropyd_notification_retries_total", "counter", "Attempts retried, by sink.",
-         offsetof(struct notify_sink_stats, retries)},
-        {"entropyd_notifications_pending", "gauge",
-         "Notifications waiting for their receiver, by sink (alertmanager: alerts changed since its last POST).",
-         offsetof(struct notify_sink_stats, pending)},
-    };
-    const struct {
-        const char *label;
-        const struct notify_sink_stats *st;
-    } sinks[] = {{"webhook", &ns->webhook}, {"alertmanager", &ns->alertmanager}, {"exec", &ns->exec}};
-    for (size_t i = 0; i < sizeof per_sink / sizeof per_sink[0]; i++) {
-        strbuf_prom_head(b, per_sink[i].name, per_sink[i].type, per_sink[i].help);
-        for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++) {
-            uint64_t v;
-            memcpy(&v, (const char *)sinks[k].st + per_sink[i].off, sizeof v);
-            strbuf_printf(b, "%s{sink=\"%s\"} %llu\n", per_sink[i].name, sinks[k].label, (unsigned long long)v);
-        }
-    }
-}
-
-static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {
-    (void)id;
-    struct strbuf b = {0};
-    if (h->cfg.alerter) alerter_metrics(&b, h->cfg.alerter);
-    if (h->cfg.ingest) {
-        struct ingest_stats is;
-        ingest_get_stats(h->cfg.ingest, &is);
-        strbuf_prom(&b, "entropyd_connections_total", "counter", "Trainer connections accepted.", (double)is.conns_total);
-        strbuf_prom(&b, "entropyd_connections_open", "gauge", "Trainer connections open.", (double)is.conns_open);
-        strbuf_prom(&b, "entropyd_connections_rejected_total", "counter", "Trainer connections refused (limit).",
-             (double)is.conns_rejected);
-        strbuf_prom(&b, "entropyd_lines_total", "counter", "Protocol lines received.", (double)is.lines);
-        strbuf_prom(&b, "entropyd_received_bytes_total", "counter", "Bytes received from trainers.", (double)is.bytes);
-        strbuf_prom(&b, "entropyd_messages_total", "counter", "Protocol messages accepted.", (double)is.messages);
-        strbuf_prom(&b, "entropyd_ingest_paused_seconds_total", "counter",
-             "Time ingest stopped reading because the writer queue was full.", is.paused_ms / 1e3);
-        ingest_guard_metrics(&b, &is);
-        strbuf_prom_head(&b, "entropyd_errors_total", "counter", "Protocol errors sent to trainers, by code.");
-        for (int e = 1; e < PROTO_E_COUNT; e++)
-            strbuf_printf(&b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e),
-                             (unsigned long long)is.errors[e]);
-    }
-    struct writer_stats ws;
-    writer_get_stats(h->cfg.writer, &ws);
-    strbuf_prom(&b, "entropyd_commits_total", "counter", "Database transactions committed.", (double)ws.commits);
-    strbuf_prom(&b, "entropyd_items_total", "counter", "Messages committed.", (double)ws.items);
-    strbuf_prom(&b, "entropyd_values_total", "counter", "Metric values ingested (committed).", (double)ws.values);
-    strbuf_prom(&b, "entropyd_commit_retries_total", "counter", "Batches retried after a database failure.", (double)ws.retries);
-    strbuf_prom(&b, "entropyd_db_errors_total", "counter", "Database errors met by the writer.", (double)ws.db_errors);
-    strbuf_prom(&b, "entropyd_integrity_errors_total", "counter",
-                "Damaged stored rows met (a checksum mismatch, a row that does not decode, SQLite's SQLITE_CORRUPT).",
-                (double)integrity_errors());
-    strbuf_prom(&b, "entropyd_queue_bytes", "gauge", "Memory held by accepted, uncommitted messages.", (double)ws.queue_bytes);
-    strbuf_prom(&b, "entropyd_db_failing", "gauge", "1 while the database refuses writes.", ws.failing);
+/* The HTTP server's own figures: commit latency (from the writer's hook),
+ * connection slots, responses by status class. */
+void http_metrics(struct http *h, struct strbuf *b) {
     pthread_mutex_lock(&h->mu);
     uint64_t hist[HIST_N + 1], cnt = h->hist_count, resp[6];
     double sum = h->hist_sum;
     memcpy(hist, h->hist, sizeof hist);
     memcpy(resp, h->responses, sizeof resp);
     pthread_mutex_unlock(&h->mu);
-    strbuf_prom_head(&b, "entropyd_commit_seconds", "histogram", "Time to commit one writer transaction.");
+    strbuf_prom_head(b, "entropyd_commit_seconds", "histogram", "Time to commit one writer transaction.");
     uint64_t acc = 0;
     for (size_t i = 0; i < HIST_N; i++) {
         acc += hist[i];
-        strbuf_printf(&b, "entropyd_commit_seconds_bucket{le=\"%g\"} %llu\n", hist_le[i], (unsigned long long)acc);
+        strbuf_printf(b, "entropyd_commit_seconds_bucket{le=\"%g\"} %llu\n", hist_le[i], (unsigned long long)acc);
     }
-    strbuf_printf(&b, "entropyd_commit_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cnt);
-    strbuf_printf(&b, "entropyd_commit_seconds_sum %.9g\nentropyd_commit_seconds_count %llu\n", sum,
-                     (unsigned long long)cnt);
-    struct stream_stats ss;
-    stream_get_stats(h->cfg.stream, &ss);
-    strbuf_prom(&b, "entropyd_stream_clients", "gauge", "Open /api/stream connections.", (double)ss.clients);
-    strbuf_prom(&b, "entropyd_stream_events_total", "counter", "Events published to the stream.", (double)ss.published);
-    strbuf_prom(&b, "entropyd_stream_resets_total", "counter", "Stream clients that resumed from before the ring.",
-         (double)ss.resets);
-    strbuf_prom(&b, "entropyd_http_connections_evicted_total", "counter",
+    strbuf_printf(b, "entropyd_commit_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cnt);
+    strbuf_printf(b, "entropyd_commit_seconds_sum %.9g\nentropyd_commit_seconds_count %llu\n", sum,
+                  (unsigned long long)cnt);
+    strbuf_prom(b, "entropyd_http_connections_evicted_total", "counter",
                 "Idle HTTP connections closed to make room for a newcomer (every slot was taken).",
                 (double)http_slots_evicted(h->slots));
-    strbuf_prom(&b, "entropyd_http_connections_timed_out_total", "counter",
+    strbuf_prom(b, "entropyd_http_connections_timed_out_total", "counter",
                 "HTTP connections closed for sending no request (or no complete headers) in --http-timeout-s.",
                 (double)http_slots_timed_out(h->slots));
-    strbuf_prom_head(&b, "entropyd_http_responses_total", "counter", "HTTP responses by status class.");
+    strbuf_prom_head(b, "entropyd_http_responses_total", "counter", "HTTP responses by status class.");
     for (int k = 2; k <= 5; k++)
-        strbuf_printf(&b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
+        strbuf_printf(b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
+}
 
-    enum MHD_Result res;
-    struct query *q = take_query(h, c, &res);
-    if (!q) {
-        strbuf_free(&b);
-        return res;
-    }
-    int64_t dbb = query_db_bytes(q), walb = query_wal_bytes(q);
-    strbuf_prom(&b, "entropyd_db_bytes", "gauge", "Size of the database on disk: its file and its WAL.",
-         (double)(dbb < 0 || walb < 0 ? -1 : dbb + walb));
-    strbuf_prom(&b, "entropyd_wal_bytes", "gauge", "Size of the database's WAL file.", (double)walb);
-    strbuf_prom(&b, "entropyd_wal_peak_bytes", "gauge", "Largest WAL file seen after a checkpoint since start.",
-         (double)ws.wal_peak_bytes);
-    strbuf_prom(&b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.", (double)ws.checkpoints);
-    strbuf_prom(&b, "entropyd_checkpoints_busy_total", "counter", "WAL restarts that readers kept from finishing.",
-         (double)ws.checkpoints_busy);
-    strbuf_prom(&b, "entropyd_checkpoints_writer_total", "counter",
-         "WAL restarts the writer ran itself because the WAL reached its hard limit (back-pressure).",
-         (double)ws.checkpoints_writer);
-    strbuf_prom(&b, "entropyd_background_chunks_total", "counter", "Chunks of rollback and delete work committed.",
-         (double)ws.job_chunks);
-    strbuf_prom(&b, "entropyd_background_chunk_max_seconds", "gauge", "Longest chunk of rollback or delete work.",
-         ws.job_ms_max / 1e3);
-    if (h->cfg.metrics_more) h->cfg.metrics_more(h->cfg.metrics_ctx, &b);
+/* GET /metrics: this server's figures, then every other module's (the
+ * configured writer, metrics.c's metrics_write). */
+static enum MHD_Result h_metrics(struct http *h, struct MHD_Connection *c, int64_t id) {
+    (void)id;
+    struct strbuf b = {0};
+    http_metrics(h, &b);
     char err[256];
-    int rc = query_prometheus(q, h->cfg.metrics_heads, now_wall(), h->cfg.metrics_keep_s == 0 ? 3600 : h->cfg.metrics_keep_s, &b, err, sizeof err);
-    query_release(h->cfg.pool, q);
-    if (rc) {
+    int st = h->cfg.metrics ? h->cfg.metrics(h->cfg.metrics_ctx, &b, err, sizeof err) : 0;
+    if (st) {
         strbuf_free(&b);
-        return send_query_error(h, c, rc, err);
+        fprintf(stderr, "entropyd: http: %s\n", err);
+        return http_send_error(h, c, (unsigned)st, st == 503 ? "database unavailable: %s" : "%s", err);
     }
     return http_send_buf(h, c, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
 }
-
 
 /* ---- routing --------------------------------------------------------- */
 

@@ -1,8 +1,9 @@
 /* http.h: entropyd's HTTP server (libmicrohttpd): the JSON API over the
  * stored runs (query.h), the live stream (stream.h), Prometheus /metrics,
  * /healthz and the dashboard's static files (embedded web/, or a directory
- * while developing). The routes and their parameters are in README.md,
- * section "HTTP API".
+ * while developing). The routes and their parameters are in
+ * docs/http-api.md. What /metrics says of the other modules is not here:
+ * the configured metrics writer (metrics.h) appends it.
  *
  * Threads: libmicrohttpd runs a thread per connection (so a stream client
  * may block waiting for events); each request borrows a read-only database
@@ -13,8 +14,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "alerter.h"
-#include "ingest.h"
 #include "query.h"
 #include "stream.h"
 #include "writer.h"
@@ -27,16 +26,11 @@ struct http_config {
                                 * taken, a newcomer pushes out the one idle longest, and
                                 * is refused only if each is serving a request
                                 * (http_slots.h) */
-    int metrics_heads;         /* /metrics also exports per-head latest values */
-    double metrics_keep_s;     /* /metrics exports ended runs this long after their end;
-                                  0: the default (3600), < 0: not at all */
     int timeout_s;             /* a connection without progress, or without a request,
                                 * this long is closed (default 60; http_tick) */
-    struct query_pool *pool;   /* borrowed, as are the three below */
+    struct query_pool *pool;   /* borrowed, as are the two below */
     struct stream *stream;
     struct writer *writer;
-    struct ingest *ingest;     /* may be NULL (no ingest counters) */
-    struct alerter *alerter;   /* may be NULL (no alert and notification counters) */
     const char *rules_path;    /* the alert rules file (NULL: the built-in set), read at
                                 * create to list, per run, the rules it cannot run */
     /* Against DNS rebinding and cross-site requests (docs/reliability.md,
@@ -46,9 +40,12 @@ struct http_config {
     const char *const *allow_hosts;
     int n_allow_hosts;
     int max_conns_per_ip;      /* connections per client address (default max_conns / 4, at least 8) */
-    /* /metrics also appends what this writes (e.g. remote_write_metrics);
-     * may be NULL. Called from request threads with metrics_ctx. */
-    void (*metrics_more)(void *ctx, struct strbuf *b);
+    /* /metrics appends what this writes after http_metrics' figures (the
+     * daemon's metrics_write); NULL: only those. Called from request
+     * threads with metrics_ctx. Returns 0, or the HTTP status to answer
+     * instead (503: no database connection, 500: a query failed) with a
+     * message in err. */
+    int (*metrics)(void *ctx, struct strbuf *b, char *err, size_t errlen);
     void *metrics_ctx;
 };
 
@@ -69,6 +66,11 @@ void http_tick(struct http *h);
 /* For the writer's commit hook (writer thread): records the commit's
  * latency and completes DELETE requests waiting for their commit. */
 void http_on_commit(struct http *h, const struct writer_item *items, double commit_ms);
+
+/* Appends the server's own figures to b as Prometheus text: commit
+ * latency (entropyd_commit_seconds), HTTP connections evicted and timed
+ * out, responses by status class. Safe from any thread. */
+void http_metrics(struct http *h, struct strbuf *b);
 
 /* Stops the server (open streams end: call stream_shutdown first) and
  * frees. Accepts NULL. */

@@ -1,6 +1,7 @@
 /* ingest.c: the trainer-facing event loop. See ingest.h for the contract
  * and schema/protocol.md for what goes over the wire. */
 #include "ingest.h"
+#include "strbuf.h"
 #include "derive.h"
 #include "net.h"
 #include "now.h"
@@ -1325,4 +1326,37 @@ void ingest_get_stats(struct ingest *ing, struct ingest_stats *out) {
     pthread_mutex_lock(&ing->stats_mu);
     *out = ing->stats;
     pthread_mutex_unlock(&ing->stats_mu);
+}
+
+/* The counters of ingest's guards: deadlines, eviction, per-peer limits,
+ * the input budget. */
+static void guard_metrics(struct strbuf *b, const struct ingest_stats *is) {
+    strbuf_prom(b, "entropyd_connections_timed_out_total", "counter",
+         "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
+    strbuf_prom(b, "entropyd_connections_evicted_total", "counter",
+         "Connections without a hello closed to make room for a newcomer.", (double)is->conns_evicted);
+    strbuf_prom(b, "entropyd_connections_peer_rejected_total", "counter",
+         "Trainer connections refused: their user or address held --max-conns-per-peer.",
+         (double)is->conns_peer_rejected);
+    strbuf_prom(b, "entropyd_input_bytes", "gauge", "Memory held by unfinished input lines.", (double)is->input_bytes);
+    strbuf_prom(b, "entropyd_input_refused_total", "counter", "Connections closed because --input-mb was spent.",
+         (double)is->input_refused);
+}
+
+void ingest_metrics(struct ingest *ing, struct strbuf *b) {
+    struct ingest_stats is;
+    ingest_get_stats(ing, &is);
+    strbuf_prom(b, "entropyd_connections_total", "counter", "Trainer connections accepted.", (double)is.conns_total);
+    strbuf_prom(b, "entropyd_connections_open", "gauge", "Trainer connections open.", (double)is.conns_open);
+    strbuf_prom(b, "entropyd_connections_rejected_total", "counter", "Trainer connections refused (limit).",
+                (double)is.conns_rejected);
+    strbuf_prom(b, "entropyd_lines_total", "counter", "Protocol lines received.", (double)is.lines);
+    strbuf_prom(b, "entropyd_received_bytes_total", "counter", "Bytes received from trainers.", (double)is.bytes);
+    strbuf_prom(b, "entropyd_messages_total", "counter", "Protocol messages accepted.", (double)is.messages);
+    strbuf_prom(b, "entropyd_ingest_paused_seconds_total", "counter",
+                "Time ingest stopped reading because the writer queue was full.", is.paused_ms / 1e3);
+    guard_metrics(b, &is);
+    strbuf_prom_head(b, "entropyd_errors_total", "counter", "Protocol errors sent to trainers, by code.");
+    for (int e = 1; e < PROTO_E_COUNT; e++)
+        strbuf_printf(b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e), (unsigned long long)is.errors[e]);
 }

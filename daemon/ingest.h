@@ -19,6 +19,8 @@
 #include "proto.h"
 #include "writer.h"
 
+struct strbuf;
+
 struct ingest_config {
     const char *socket_path;   /* Unix socket to listen on; NULL for none */
     const char *tcp;           /* "HOST:PORT" to listen on; NULL for none; port 0 picks one */
@@ -89,5 +91,10 @@ struct ingest_stats {
 
 /* Copies the counters. Safe from any thread (values may be a moment old). */
 void ingest_get_stats(struct ingest *ing, struct ingest_stats *out);
+
+/* Appends ingest's figures to b as Prometheus text: connections, lines,
+ * bytes, messages, the guards' counters, protocol errors by code. Safe
+ * from any thread. */
+void ingest_metrics(struct ingest *ing, struct strbuf *b);
 
 #endif

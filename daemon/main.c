@@ -21,6 +21,7 @@
 #include "http.h"
 #include "ingest.h"
 #include "alerter.h"
+#include "metrics.h"
 #include "fblock.h"
 #include "flags.h"
 #include "integrity.h"
@@ -328,6 +329,7 @@ struct daemon {
     struct writer *w;
     struct http *http;
     struct hooks hooks;
+    struct metrics_sources metrics; /* what /metrics reads (http_config.metrics_ctx) */
     char external[300];
 };
 
@@ -398,14 +400,15 @@ static int daemon_start_http(struct daemon *d, const struct options *o) {
     if (!o->http_listen) return 0;
     char err[1024];
     struct http_config hcfg = {.listen = o->http_listen, .token = o->token, .web_root = o->web_root,
-                               .max_conns = (int)o->http_conns, .metrics_heads = o->metrics_heads,
-                               .metrics_keep_s = o->metrics_keep_s > 0 ? o->metrics_keep_s : -1,
-                               .timeout_s = (int)o->http_timeout_s, .pool = d->pool, .stream = d->stream,
-                               .writer = d->w, .ingest = g_ingest, .alerter = d->alerter, .rules_path = o->rules,
+                               .max_conns = (int)o->http_conns, .timeout_s = (int)o->http_timeout_s,
+                               .pool = d->pool, .stream = d->stream, .writer = d->w, .rules_path = o->rules,
                                .allow_hosts = o->allow_hosts.v, .n_allow_hosts = o->allow_hosts.n,
-                               .max_conns_per_ip = (int)o->http_per_ip,
-                               .metrics_more = d->hooks.remote_write ? remote_write_metrics : NULL,
-                               .metrics_ctx = d->hooks.remote_write};
+                               .max_conns_per_ip = (int)o->http_per_ip, .metrics = metrics_write,
+                               .metrics_ctx = &d->metrics};
+    d->metrics = (struct metrics_sources){.alerter = d->alerter, .ingest = g_ingest, .writer = d->w,
+                                          .stream = d->stream, .remote_write = d->hooks.remote_write,
+                                          .pool = d->pool, .heads = o->metrics_heads,
+                                          .keep_s = o->metrics_keep_s > 0 ? o->metrics_keep_s : -1};
     if (!(d->http = http_create(&hcfg, err, sizeof err))) {
         fprintf(stderr, "entropyd: %s%s\n", err,
                 o->http_explicit ? "" : " (the default --http 127.0.0.1:8080: choose another with --http HOST:PORT, "

@@ -1,5 +1,6 @@
 /* stream.c: the SSE event ring. See stream.h for the contract. */
 #include "stream.h"
+#include "strbuf.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -782,4 +783,13 @@ void stream_get_stats(struct stream *s, struct stream_stats *out) {
     out->ring_events = s->last + 1 - s->first;
     out->ring_bytes = s->bytes;
     pthread_mutex_unlock(&s->mu);
+}
+
+void stream_metrics(struct stream *s, struct strbuf *b) {
+    struct stream_stats ss;
+    stream_get_stats(s, &ss);
+    strbuf_prom(b, "entropyd_stream_clients", "gauge", "Open /api/stream connections.", (double)ss.clients);
+    strbuf_prom(b, "entropyd_stream_events_total", "counter", "Events published to the stream.", (double)ss.published);
+    strbuf_prom(b, "entropyd_stream_resets_total", "counter", "Stream clients that resumed from before the ring.",
+                (double)ss.resets);
 }

@@ -38,6 +38,8 @@
 
 #include "writer.h"
 
+struct strbuf;
+
 struct stream_config {
     size_t max_events;     /* ring capacity in events (default 16384) */
     size_t max_bytes;      /* ring capacity in bytes (default 32 MiB) */
@@ -119,5 +121,9 @@ struct stream_stats {
     uint64_t ring_events, ring_bytes;
 };
 void stream_get_stats(struct stream *s, struct stream_stats *out);
+
+/* Appends the stream's figures to b as Prometheus text (clients, events
+ * published, resets). Safe from any thread. */
+void stream_metrics(struct stream *s, struct strbuf *b);
 
 #endif

@@ -1,5 +1,6 @@
 /* writer.c: the writer thread. See writer.h for the contract. */
 #include "writer.h"
+#include "strbuf.h"
 #include "now.h"
 #include "ratelog.h"
 
@@ -903,4 +904,30 @@ void writer_get_stats(struct writer *w, struct writer_stats *out) {
     *out = w->stats;
     out->queue_bytes = w->bytes;
     pthread_mutex_unlock(&w->mu);
+}
+
+void writer_metrics(struct writer *w, struct strbuf *b) {
+    struct writer_stats ws;
+    writer_get_stats(w, &ws);
+    strbuf_prom(b, "entropyd_commits_total", "counter", "Database transactions committed.", (double)ws.commits);
+    strbuf_prom(b, "entropyd_items_total", "counter", "Messages committed.", (double)ws.items);
+    strbuf_prom(b, "entropyd_values_total", "counter", "Metric values ingested (committed).", (double)ws.values);
+    strbuf_prom(b, "entropyd_commit_retries_total", "counter", "Batches retried after a database failure.",
+                (double)ws.retries);
+    strbuf_prom(b, "entropyd_db_errors_total", "counter", "Database errors met by the writer.", (double)ws.db_errors);
+    strbuf_prom(b, "entropyd_queue_bytes", "gauge", "Memory held by accepted, uncommitted messages.",
+                (double)ws.queue_bytes);
+    strbuf_prom(b, "entropyd_db_failing", "gauge", "1 while the database refuses writes.", ws.failing);
+    strbuf_prom(b, "entropyd_wal_peak_bytes", "gauge", "Largest WAL file seen after a checkpoint since start.",
+                (double)ws.wal_peak_bytes);
+    strbuf_prom(b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.", (double)ws.checkpoints);
+    strbuf_prom(b, "entropyd_checkpoints_busy_total", "counter", "WAL restarts that readers kept from finishing.",
+                (double)ws.checkpoints_busy);
+    strbuf_prom(b, "entropyd_checkpoints_writer_total", "counter",
+                "WAL restarts the writer ran itself because the WAL reached its hard limit (back-pressure).",
+                (double)ws.checkpoints_writer);
+    strbuf_prom(b, "entropyd_background_chunks_total", "counter", "Chunks of rollback and delete work committed.",
+                (double)ws.job_chunks);
+    strbuf_prom(b, "entropyd_background_chunk_max_seconds", "gauge", "Longest chunk of rollback or delete work.",
+                ws.job_ms_max / 1e3);
 }

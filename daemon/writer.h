@@ -55,6 +55,8 @@
 #include "proto.h"
 #include "store.h"
 
+struct strbuf;
+
 #define WRITER_COMMIT_MS 100
 #define WRITER_LINGER_MS 40     /* group commit: what an ack may wait for later steps */
 #define WRITER_LINGER_ITEMS 64  /* a batch this large commits without waiting */
@@ -205,5 +207,10 @@ struct writer_stats {
     int failing;                 /* 1 while the database refuses writes */
 };
 void writer_get_stats(struct writer *w, struct writer_stats *out);
+
+/* Appends the writer's figures to b as Prometheus text: commits, items,
+ * values, retries, database errors, the queue, db_failing, the WAL's peak
+ * and checkpoints, background work. Safe from any thread. */
+void writer_metrics(struct writer *w, struct strbuf *b);
 
 #endif
