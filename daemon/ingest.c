@@ -1,6 +1,8 @@
-/* ingest.c: the trainer-facing event loop. See ingest.h for the contract
- * and schema/protocol.md for what goes over the wire. */
-#include "ingest.h"
+/* ingest.c: the trainer-facing event loop: listeners, connections, lines,
+ * the run table and the writer's replies. See ingest.h for the contract
+ * and schema/protocol.md for what goes over the wire; what a connection
+ * may cost (budgets, timeouts, per-peer limits) is ingest_guard.c. */
+#include "ingest_int.h"
 #include "strbuf.h"
 #include "derive.h"
 #include "net.h"
@@ -27,94 +29,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define READ_CHUNK (256 * 1024)
-#define IN_INITIAL (16 * 1024)
-
-/* Ingest's view of a run: enough to validate lines without the database. */
-struct run {
-    char name[PROTO_MAX_RUN + 1];
-    int64_t id;              /* 0 until the writer welcomed it */
-    int64_t layers, heads;
-    int64_t seq_len;         /* its last hello's, with noncausal: what derive_step needs */
-    int noncausal;
-    int64_t last_seq;        /* highest seq accepted (queued or committed) */
-    int ended;
-    struct conn *owner;      /* the connection that said hello last, or NULL */
-    struct run *name_next;   /* chain in the table by name */
-    struct run *id_next;     /* chain in the table by id, once welcomed */
-};
-
-/* Runs with a connection, by name and by id: chained hash tables that
- * double as they fill, so a hello or a reply costs the same with 10 runs
- * connected as with 100,000. A run without a connection is not held: its
- * next hello brings its shape and last seq back from the writer. */
-struct run_table {
-    struct run **b;
-    size_t nb, n;
-};
-
-struct conn {
-    int fd;
-    uint64_t id;
-    int64_t ack_delay_ms;    /* its hello's: how long the writer may hold its steps' commit */
-    char *in;                /* buffered input not yet consumed */
-    size_t in_len, in_cap;
-    int skipping;            /* discarding the rest of an overlong line */
-    char *out;               /* pending output (welcome, errors) */
-    size_t out_off, out_len, out_cap;
-    int64_t ack_pending, ack_sent;
-    struct run *run;
-    int waiting;             /* hello sent to the writer, welcome not back yet */
-    int closing;             /* close once output is flushed */
-    int told_db_failing;     /* got db_failing in the database's current streak of refusals */
-    int eof;                 /* peer closed its side */
-    int want_out;            /* EPOLLOUT armed */
-    int reading;             /* EPOLLIN armed */
-    int held;                /* refused before its welcome: not read, closed at its deadline
-                              * (see conn_hold) */
-    /* budgets and timeouts (see "guards" below) */
-    int welcomed;            /* a hello of this connection was welcomed */
-    int starved;             /* not reading: the global input budget is spent */
-    double accepted_ms, last_ms, starved_ms; /* monotonic */
-    struct peer *peer;       /* its uid or address, counted in ing->peers */
-    struct conn *pprev, *pnext; /* in ing's list of connections not welcomed yet, oldest first */
-    int pending;             /* on that list */
-};
-
-/* Marker values stored in epoll_event.data.u64 for non-connection fds. */
-enum { EV_UNIX = 1, EV_TCP, EV_NOTIFY, EV_STOP, EV_CONN_BASE = 16 };
-
-struct ingest {
-    struct ingest_config cfg;
-    struct writer *writer;
-    int notify_fd, stop_fd;
-    int ep, ctl_ep;          /* all fds; control fds only (used while paused) */
-    int unix_fd, tcp_fd, tcp_port;
-    char *unix_path;
-    struct conn **conns;     /* by fd */
-    int conns_cap;
-    uint64_t next_id;
-    struct run_table by_name, by_id;
-    int paused;              /* the writer's queue was full */
-    double accept_resume_ms; /* > 0: listeners out of epoll until then (out of descriptors) */
-    int db_failing;          /* the writer's failing state at the last sweep (tell_db_failing) */
-    struct ratelog accept_log;
-    int wake_writer;         /* steps or events were submitted quietly: wake it (ingest_run) */
-    struct peers *peers;     /* open connections per uid / address */
-    struct conn *pend_head, *pend_tail; /* not welcomed yet, in accept order */
-    size_t in_bytes;         /* sum of every connection's in_cap */
-    int starved;             /* connections waiting for input budget */
-    double last_sweep_ms;
-    pthread_mutex_t stats_mu;
-    struct ingest_stats stats;
-};
-
-#define STAT_ADD(ing, field, n) do { pthread_mutex_lock(&(ing)->stats_mu); (ing)->stats.field += (n); \
-                                     pthread_mutex_unlock(&(ing)->stats_mu); } while (0)
-
 /* ---- output ---- */
 
-static void conn_arm(struct ingest *ing, struct conn *c) {
+void ingest_conn_arm(struct ingest *ing, struct conn *c) {
     int want_out = c->out_len > c->out_off || c->ack_pending > c->ack_sent;
     int reading = !c->waiting && !c->closing && !c->eof && !c->starved && !c->held;
     if (want_out == c->want_out && reading == c->reading) return;
@@ -152,8 +69,6 @@ static int out_append(struct ingest *ing, struct conn *c, const char *s, size_t 
     return 0;
 }
 
-static void conn_close(struct ingest *ing, struct conn *c);
-
 /* A connection is done when it was told to close, or when its peer has
  * finished sending and every line it sent is handled and acked. */
 static int conn_done(const struct conn *c) {
@@ -163,7 +78,7 @@ static int conn_done(const struct conn *c) {
 }
 
 /* Writes what can be written now without blocking. */
-static void conn_flush(struct ingest *ing, struct conn *c) {
+void ingest_conn_flush(struct ingest *ing, struct conn *c) {
     if (c->ack_pending > c->ack_sent) {
         char line[96];
         size_t n = proto_write_ack(line, sizeof line, (uint64_t)c->ack_pending);
@@ -177,14 +92,14 @@ static void conn_flush(struct ingest *ing, struct conn *c) {
         }
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        conn_close(ing, c); /* peer gone */
+        ingest_conn_close(ing, c); /* peer gone */
         return;
     }
     if (c->out_off >= c->out_len && conn_done(c)) {
-        conn_close(ing, c);
+        ingest_conn_close(ing, c);
         return;
     }
-    conn_arm(ing, c);
+    ingest_conn_arm(ing, c);
 }
 
 /* An error message on the wire is cut to this many bytes. */
@@ -193,7 +108,7 @@ static void conn_flush(struct ingest *ing, struct conn *c) {
 /* Queues an error line (seq > 0: the line names it). Closing codes, and a
  * client that does not read its errors, end the connection once the output
  * is flushed. */
-static void send_error(struct ingest *ing, struct conn *c, int code, const char *msg, int64_t seq) {
+void ingest_send_error(struct ingest *ing, struct conn *c, int code, const char *msg, int64_t seq) {
     char text[ERROR_TEXT_MAX + 1], line[128 + 6 * sizeof text];
     snprintf(text, sizeof text, "%s", msg);
     size_t n = proto_write_error(line, sizeof line, code, text, seq > 0, seq);
@@ -322,283 +237,15 @@ static void conn_detach(struct ingest *ing, struct conn *c) {
     run_remove(ing, run); /* nothing more comes for it until its next hello */
 }
 
-/* ---- guards: budgets, timeouts, per-peer limits ----
- *
- * What a connection may cost before it is welcomed is small (INGEST_HELLO_MAX
- * of input and of output, hello_ms of time); all input buffers together stay
- * under max_input (a welcomed connection that needs more waits, then is
- * closed; one not welcomed is refused at once); a peer (uid or address)
- * holds at most max_conns_per_peer connections; and when every slot is
- * taken, a newcomer takes the slot of the oldest connection that has not
- * said hello yet, so idle sockets cannot lock trainers out. */
-
-static void pending_add(struct ingest *ing, struct conn *c) {
-    c->pprev = ing->pend_tail;
-    c->pnext = NULL;
-    if (ing->pend_tail) ing->pend_tail->pnext = c;
-    else ing->pend_head = c;
-    ing->pend_tail = c;
-    c->pending = 1;
-}
-
-static void pending_remove(struct ingest *ing, struct conn *c) {
-    if (!c->pending) return;
-    if (c->pprev) c->pprev->pnext = c->pnext;
-    else ing->pend_head = c->pnext;
-    if (c->pnext) c->pnext->pprev = c->pprev;
-    else ing->pend_tail = c->pprev;
-    c->pprev = c->pnext = NULL;
-    c->pending = 0;
-}
-
-static void input_stat(struct ingest *ing) {
-    pthread_mutex_lock(&ing->stats_mu);
-    ing->stats.input_bytes = ing->in_bytes;
-    pthread_mutex_unlock(&ing->stats_mu);
-}
-
-/* Gives c's input buffer cap bytes (cap >= c->in_len), keeping
- * ing->in_bytes the sum of every buffer. Returns 0, or -1 (out of memory). */
-static int in_resize(struct ingest *ing, struct conn *c, size_t cap) {
-    char *in = realloc(c->in, cap);
-    if (!in) return -1;
-    ing->in_bytes = ing->in_bytes - c->in_cap + cap;
-    c->in = in;
-    c->in_cap = cap;
-    input_stat(ing);
-    return 0;
-}
-
-static struct conn *conn_by_id(struct ingest *ing, uint64_t id);
-
-/* Closes c now, after an error line (best effort: a peer that does not
- * read is not waited for). c is gone when this returns. */
-static void conn_refuse(struct ingest *ing, struct conn *c, int code, const char *msg) {
-    uint64_t id = c->id;
-    send_error(ing, c, code, msg, 0);
-    c->closing = 1;
-    conn_flush(ing, c);
-    if ((c = conn_by_id(ing, id))) conn_close(ing, c);
-}
-
-/* Refuses a stranger that pushes past its budget (an overlong line, or
- * input while the global budget is spent) without closing it: it is told
- * why, is no longer read, gives its input buffer back and shrinks its
- * kernel receive buffer, and is closed at its hello deadline or sooner
- * when its slot is wanted (conn_drop). Closing at once handed a flooding
- * client a loop as fast as it could reconnect: 60 TCP floods reconnected
- * without pause, and their CPU delayed /healthz and trainers' welcomes
- * past their bounds on a loaded 2-core machine (issue 16). Held, their
- * sends block and cost neither side anything but a slot. c may be closed
- * when this returns (its peer was gone). */
-static void conn_hold(struct ingest *ing, struct conn *c, int code, const char *msg) {
-    send_error(ing, c, code, msg, 0);
-    c->held = 1;
-    c->skipping = 0;
-    ing->in_bytes -= c->in_cap;
-    free(c->in);
-    c->in = NULL;
-    c->in_len = c->in_cap = 0;
-    input_stat(ing);
-    int tiny = 1; /* the kernel's minimum: what is queued stays, nothing more is */
-    setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &tiny, sizeof tiny);
-    conn_flush(ing, c);
-}
-
-/* Closes a connection that has not been welcomed, to end its wait or to
- * make room: a held one at once (it was told why already), any other
- * after an error line. */
-static void conn_drop(struct ingest *ing, struct conn *c, int code, const char *msg) {
-    if (c->held) conn_close(ing, c);
-    else conn_refuse(ing, c, code, msg);
-}
-
-/* The largest input buffer a connection may have: a 4 MiB line once
- * welcomed, INGEST_HELLO_MAX before. */
-static size_t in_limit(const struct conn *c) {
-    return c->welcomed ? PROTO_MAX_LINE + 2 * READ_CHUNK : INGEST_HELLO_MAX + 1;
-}
-
-/* The total input memory under which c may grow its buffer: welcomed
- * connections stop at three quarters of max_input, so that trainers
- * holding long unfinished lines leave room for a newcomer's hello. */
-static size_t in_budget(const struct ingest *ing, const struct conn *c) {
-    return c->welcomed ? ing->cfg.max_input / 4 * 3 : ing->cfg.max_input;
-}
-
-/* The oldest connection other than c that has not said hello (and is not
- * waiting for its welcome) and holds input memory, or NULL. */
-static struct conn *input_victim(struct ingest *ing, const struct conn *c) {
-    for (struct conn *v = ing->pend_head; v; v = v->pnext)
-        if (v != c && v->in_cap && !v->waiting && !v->closing) return v;
-    return NULL;
-}
-
-/* Makes room in c's input buffer for the next recv. Returns 0 when there
- * is room, 1 when c must wait for the global budget (it is starved: not
- * read until memory is freed), -1 when c was refused (held, or closed).
- * A stranger over the budget first takes memory from older strangers
- * (their unfinished lines are closed, oldest first): a trainer's hello
- * fits in one read, so strangers that hold the budget cannot keep a
- * trainer out; only then is c itself refused. */
-static int in_room(struct ingest *ing, struct conn *c) {
-    size_t limit = in_limit(c);
-    if (c->in_cap - c->in_len >= READ_CHUNK / 4 || c->in_cap >= limit) return 0;
-    size_t cap = c->in_cap ? c->in_cap * 2 : IN_INITIAL;
-    while (cap - c->in_len < READ_CHUNK / 4) cap *= 2;
-    if (cap > limit) cap = limit;
-    struct conn *v;
-    while (!c->welcomed && ing->in_bytes - c->in_cap + cap > in_budget(ing, c) && (v = input_victim(ing, c))) {
-        STAT_ADD(ing, conns_evicted, 1);
-        conn_refuse(ing, v, PROTO_E_INTERNAL,
-                    "the daemon's input memory is spent: this unfinished line was closed to make room");
-    }
-    if (ing->in_bytes - c->in_cap + cap > in_budget(ing, c)) {
-        if (!c->welcomed) {
-            STAT_ADD(ing, input_refused, 1);
-            conn_hold(ing, c, PROTO_E_INTERNAL, "the daemon's input memory is spent: try again later");
-            return -1;
-        }
-        if (!c->starved) {
-            c->starved = 1;
-            c->starved_ms = now_mono_ms();
-            ing->starved++;
-            conn_arm(ing, c);
-        }
-        return 1;
-    }
-    if (in_resize(ing, c, cap)) {
-        conn_refuse(ing, c, PROTO_E_INTERNAL, "out of memory");
-        return -1;
-    }
-    return 0;
-}
-
-/* Gives memory back once a long line is handled: a connection that sent
- * one 4 MiB line does not keep 4 MiB. */
-static void in_shrink(struct ingest *ing, struct conn *c) {
-    if (c->in_cap > 4 * READ_CHUNK && c->in_len <= READ_CHUNK / 2) in_resize(ing, c, READ_CHUNK);
-}
-
-/* The peer's key: "uid:N" on the Unix socket, "ip:ADDR" over TCP. */
-static void peer_key(int fd, int tcp, char *key, size_t cap) {
-    if (!tcp) {
-        struct ucred cr;
-        socklen_t l = sizeof cr;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) == 0) snprintf(key, cap, "uid:%u", (unsigned)cr.uid);
-        else snprintf(key, cap, "uid:?");
-        return;
-    }
-    struct sockaddr_storage ss;
-    socklen_t l = sizeof ss;
-    char addr[INET6_ADDRSTRLEN] = "?";
-    if (getpeername(fd, (struct sockaddr *)&ss, &l) == 0) {
-        if (ss.ss_family == AF_INET)
-            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr, sizeof addr);
-        else if (ss.ss_family == AF_INET6)
-            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, addr, sizeof addr);
-    }
-    const char *a = strncmp(addr, "::ffff:", 7) == 0 && strchr(addr + 7, '.') ? addr + 7 : addr;
-    snprintf(key, cap, "ip:%s", a);
-}
-
-/* When every slot is taken: the oldest connection that has not said hello
- * (and is not waiting for its welcome) whose peer holds at least as many
- * connections as the newcomer's, or NULL; a held one (already refused)
- * before any other. A trainer from a quiet peer can push out a crowd's
- * idle sockets; the crowd cannot push out the trainer. */
-static struct conn *eviction_victim(struct ingest *ing, int newcomer_count) {
-    for (int held = 1; held >= 0; held--)
-        for (struct conn *c = ing->pend_head; c; c = c->pnext)
-            if (c->held == held && !c->waiting && !c->closing &&
-                (!c->peer || peers_count(c->peer) >= newcomer_count))
-                return c;
-    return NULL;
-}
-
-/* The oldest connection of the peer named key that has not said hello
- * (and is not waiting for its welcome), or NULL. */
-static struct conn *peer_victim(struct ingest *ing, const char *key) {
-    for (struct conn *c = ing->pend_head; c; c = c->pnext)
-        if (!c->waiting && !c->closing && c->peer && strncmp(peers_key(c->peer), key, PEERS_KEY_MAX - 1) == 0)
-            return c;
-    return NULL;
-}
-
-/* While the writer's database refuses writes (a full disk), tells each
- * connection once, with an error line that keeps it open: otherwise a
- * trainer sees only acks that stop coming. A streak ends when a commit
- * succeeds; the next one tells everyone again. */
-static void tell_db_failing(struct ingest *ing) {
-    struct writer_stats ws;
-    writer_get_stats(ing->writer, &ws);
-    if (!ws.failing && !ing->db_failing) return; /* the common case: no connection to visit */
-    ing->db_failing = ws.failing;
-    for (int fd = 0; fd < ing->conns_cap; fd++) {
-        struct conn *c = ing->conns[fd];
-        if (!c || c->closing || c->told_db_failing == ws.failing) continue;
-        c->told_db_failing = ws.failing;
-        if (ws.failing)
-            send_error(ing, c, PROTO_E_DB_FAILING,
-                       "the daemon cannot write its database (disk full or I/O error): nothing is acked until it "
-                       "can; keep what you sent, it is taken when the database recovers", 0);
-    }
-}
-
-/* Closes connections past their deadline and resumes starved ones once
- * memory is free. Called from the loop a few times a second. */
-static void guards_sweep(struct ingest *ing, double now) {
-    ing->last_sweep_ms = now;
-    tell_db_failing(ing);
-    char msg[160];
-    while (ing->pend_head) {
-        struct conn *c = ing->pend_head, *timed_out = NULL;
-        for (; c && c->accepted_ms + ing->cfg.hello_ms <= now; c = c->pnext)
-            if (!c->waiting) {
-                timed_out = c;
-                break;
-            }
-        if (!timed_out) break;
-        snprintf(msg, sizeof msg, "no hello within %d ms of connecting", ing->cfg.hello_ms);
-        STAT_ADD(ing, conns_timed_out, 1);
-        conn_drop(ing, timed_out, PROTO_E_NO_HELLO, msg);
-    }
-    if (!ing->starved && ing->cfg.idle_ms <= 0) return;
-    for (int fd = 0; fd < ing->conns_cap; fd++) {
-        struct conn *c = ing->conns[fd];
-        if (!c) continue;
-        if (c->starved) {
-            size_t want = c->in_cap * 2 > in_limit(c) ? in_limit(c) : c->in_cap * 2;
-            if (ing->in_bytes - c->in_cap + want <= in_budget(ing, c)) {
-                c->starved = 0;
-                ing->starved--;
-                conn_arm(ing, c);
-            } else if (c->starved_ms + ing->cfg.hello_ms <= now) {
-                c->starved = 0;
-                ing->starved--;
-                STAT_ADD(ing, input_refused, 1);
-                conn_refuse(ing, c, PROTO_E_INTERNAL,
-                            "the daemon's input memory stayed spent while this line was unfinished: closed");
-            }
-            continue;
-        }
-        if (ing->cfg.idle_ms > 0 && c->welcomed && !c->waiting && c->last_ms + ing->cfg.idle_ms <= now) {
-            snprintf(msg, sizeof msg, "nothing received for %d ms: closed (--idle-timeout-s)", ing->cfg.idle_ms);
-            STAT_ADD(ing, conns_timed_out, 1);
-            conn_refuse(ing, c, PROTO_E_INTERNAL, msg);
-        }
-    }
-}
-
 /* ---- connections ---- */
 
-static void conn_close(struct ingest *ing, struct conn *c) {
+void ingest_conn_close(struct ingest *ing, struct conn *c) {
     conn_detach(ing, c);
-    pending_remove(ing, c);
+    ingest_pending_remove(ing, c);
     peers_release(ing->peers, c->peer);
     if (c->starved) ing->starved--;
     ing->in_bytes -= c->in_cap;
-    input_stat(ing);
+    ingest_input_stat(ing);
     epoll_ctl(ing->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     ing->conns[c->fd] = NULL;
@@ -613,7 +260,7 @@ static void conn_close(struct ingest *ing, struct conn *c) {
 /* The connection with this id, or NULL when it has closed since. An id's
  * low 32 bits are the connection's fd; fds are reused, so the whole id must
  * match too. O(1): a writer reply is routed without scanning every fd. */
-static struct conn *conn_by_id(struct ingest *ing, uint64_t id) {
+struct conn *ingest_conn_by_id(struct ingest *ing, uint64_t id) {
     int fd = (int)(uint32_t)id;
     if (fd < 0 || fd >= ing->conns_cap) return NULL;
     struct conn *c = ing->conns[fd];
@@ -639,12 +286,12 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
         return NULL;
     }
     char key[PEERS_KEY_MAX];
-    peer_key(fd, tcp, key, sizeof key);
+    ingest_peer_key(fd, tcp, key, sizeof key);
     struct peer *peer = peers_acquire(ing->peers, key);
-    struct conn *own = peer ? NULL : peer_victim(ing, key);
+    struct conn *own = peer ? NULL : ingest_peer_victim(ing, key);
     if (own) { /* the peer is at its limit: its own oldest idle stranger makes room */
         STAT_ADD(ing, conns_evicted, 1);
-        conn_drop(ing, own, PROTO_E_NO_HELLO,
+        ingest_conn_drop(ing, own, PROTO_E_NO_HELLO,
                     "too many connections from this peer: closed to make room, as this one had not said hello");
         peer = peers_acquire(ing->peers, key);
     }
@@ -660,10 +307,10 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
     int full = (int)ing->stats.conns_open >= ing->cfg.max_conns;
     pthread_mutex_unlock(&ing->stats_mu);
     if (full) {
-        struct conn *victim = eviction_victim(ing, peers_count(peer));
+        struct conn *victim = ingest_eviction_victim(ing, peers_count(peer));
         if (victim) {
             STAT_ADD(ing, conns_evicted, 1);
-            conn_drop(ing, victim, PROTO_E_NO_HELLO,
+            ingest_conn_drop(ing, victim, PROTO_E_NO_HELLO,
                         "too many connections: closed to make room, as this one had not said hello");
         } else {
             STAT_ADD(ing, conns_rejected, 1);
@@ -755,7 +402,7 @@ static void accept_ready(struct ingest *ing, int lfd) {
             continue;
         }
         ing->conns[fd] = c;
-        pending_add(ing, c);
+        ingest_pending_add(ing, c);
         pthread_mutex_lock(&ing->stats_mu);
         ing->stats.conns_total++;
         ing->stats.conns_open++;
@@ -827,10 +474,10 @@ static int hello_take(struct ingest *ing, struct conn *c, struct proto_msg *msg,
     }
     if (r->owner && r->owner != c) {
         struct conn *old = r->owner;
-        send_error(ing, old, PROTO_E_SUPERSEDED, "another connection said hello for this run", 0);
+        ingest_send_error(ing, old, PROTO_E_SUPERSEDED, "another connection said hello for this run", 0);
         old->run = NULL; /* the run stays live: the new connection has it */
         r->owner = NULL;
-        conn_flush(ing, old);
+        ingest_conn_flush(ing, old);
     }
     if (c->run && c->run != r) conn_detach(ing, c);
     r->owner = c;
@@ -921,7 +568,7 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
     STAT_ADD(ing, messages, 1);
     goto out;
 refuse:
-    send_error(ing, c, code, err, seq);
+    ingest_send_error(ing, c, code, err, seq);
 out:
     proto_msg_free(&msg);
     return ret;
@@ -956,12 +603,12 @@ static int process_input(struct ingest *ing, struct conn *c) {
     if (!c->welcomed && !c->waiting && !c->closing && c->in_len > INGEST_HELLO_MAX &&
         !memchr(c->in, '\n', c->in_len)) {
         if (lines) STAT_ADD(ing, lines, lines);
-        conn_hold(ing, c, PROTO_E_LINE_TOO_LONG, "a line before the welcome is longer than 64 KiB");
+        ingest_conn_hold(ing, c, PROTO_E_LINE_TOO_LONG, "a line before the welcome is longer than 64 KiB");
         return -1;
     }
     /* a partial line longer than the limit can never become valid */
     if (c->in_len > PROTO_MAX_LINE && !c->skipping) {
-        send_error(ing, c, PROTO_E_LINE_TOO_LONG, "line longer than 4 MiB; skipped to its newline", 0);
+        ingest_send_error(ing, c, PROTO_E_LINE_TOO_LONG, "line longer than 4 MiB; skipped to its newline", 0);
         c->skipping = 1;
         c->in_len = 0;
     } else if (c->skipping && !memchr(c->in, '\n', c->in_len)) {
@@ -972,28 +619,28 @@ static int process_input(struct ingest *ing, struct conn *c) {
 }
 
 static void conn_read(struct ingest *ing, struct conn *c) {
-    if (c->held || in_room(ing, c)) return; /* starved (waits for memory), or refused */
+    if (c->held || ingest_in_room(ing, c)) return; /* starved (waits for memory), or refused */
     size_t room = c->in_cap - c->in_len;
     if (room > READ_CHUNK) room = READ_CHUNK;
     ssize_t n = recv(c->fd, c->in + c->in_len, room, 0);
     if (n < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return;
-        conn_close(ing, c);
+        ingest_conn_close(ing, c);
         return;
     }
     if (n == 0) {
         /* the peer has finished sending; what it sent is still handled and
          * acked before the connection closes (conn_done) */
         c->eof = 1;
-        if (process_input(ing, c) == 0) conn_flush(ing, c);
+        if (process_input(ing, c) == 0) ingest_conn_flush(ing, c);
         return;
     }
     c->in_len += (size_t)n;
     c->last_ms = now_mono_ms();
     STAT_ADD(ing, bytes, (uint64_t)n);
     if (process_input(ing, c)) return;
-    in_shrink(ing, c);
-    conn_flush(ing, c);
+    ingest_in_shrink(ing, c);
+    ingest_conn_flush(ing, c);
 }
 
 /* ---- writer replies ---- */
@@ -1019,7 +666,7 @@ static void handle_replies(struct ingest *ing) {
                                     out_append(ing, c, "\n", 1)))
                 c->closing = 1;
         } else {
-            c = conn_by_id(ing, r->conn);
+            c = ingest_conn_by_id(ing, r->conn);
             if (r->kind == WRITER_R_WELCOME && c && c->waiting && c->run) {
                 struct run *run = c->run;
                 struct run *dup = run_by_id(ing, r->run_id);
@@ -1028,7 +675,7 @@ static void handle_replies(struct ingest *ing) {
                     run_remove(ing, dup);
                 }
                 if (run->id != r->run_id && run_set_id(ing, run, r->run_id)) {
-                    send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
+                    ingest_send_error(ing, c, PROTO_E_INTERNAL, "out of memory", 0);
                     c->closing = 1; /* the trainer reconnects and says hello again */
                 }
                 run->layers = r->layers;
@@ -1037,7 +684,7 @@ static void handle_replies(struct ingest *ing) {
                 run->ended = 0;
                 c->waiting = 0;
                 c->welcomed = 1;
-                pending_remove(ing, c);
+                ingest_pending_remove(ing, c);
                 c->ack_pending = c->ack_sent = r->seq;
                 char line[128];
                 size_t n = proto_write_welcome(line, sizeof line, r->run_id, (uint64_t)r->seq);
@@ -1045,7 +692,7 @@ static void handle_replies(struct ingest *ing) {
                  * the trainer waiting for it: close, so that it reconnects */
                 if (out_append(ing, c, line, n)) c->closing = 1;
             } else if (r->kind == WRITER_R_ERROR && c) {
-                send_error(ing, c, r->code, r->message, r->seq);
+                ingest_send_error(ing, c, r->code, r->message, r->seq);
                 if (c->waiting) { /* the hello failed */
                     struct run *run = c->run;
                     c->waiting = 0;
@@ -1059,7 +706,7 @@ static void handle_replies(struct ingest *ing) {
         }
         if (c) {
             /* lines held back behind the hello */
-            if (process_input(ing, c) == 0) conn_flush(ing, c);
+            if (process_input(ing, c) == 0) ingest_conn_flush(ing, c);
         }
         free(r->payload);
         free(r);
@@ -1223,7 +870,7 @@ static void resume_all(struct ingest *ing) {
     for (int fd = 0; fd < ing->conns_cap && !ing->paused; fd++) {
         struct conn *c = ing->conns[fd];
         if (!c || !c->in_len) continue;
-        if (process_input(ing, c) == 0 && ing->conns[fd] == c) conn_flush(ing, c);
+        if (process_input(ing, c) == 0 && ing->conns[fd] == c) ingest_conn_flush(ing, c);
     }
 }
 
@@ -1251,11 +898,11 @@ int ingest_run(struct ingest *ing, int drain_ms) {
                 if (!c) continue;
                 if ((evs[i].events & (EPOLLERR | EPOLLHUP) && !(evs[i].events & EPOLLIN)) ||
                     (c->held && evs[i].events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP))) {
-                    conn_close(ing, c);
+                    ingest_conn_close(ing, c);
                     continue;
                 }
                 if ((evs[i].events & EPOLLIN) && !ing->paused) conn_read(ing, c);
-                if (ing->conns[fd] == c && (evs[i].events & EPOLLOUT)) conn_flush(ing, c);
+                if (ing->conns[fd] == c && (evs[i].events & EPOLLOUT)) ingest_conn_flush(ing, c);
             }
         }
         accept_wake(ing);
@@ -1267,7 +914,7 @@ int ingest_run(struct ingest *ing, int drain_ms) {
         if (ing->paused && pause_start == 0) pause_start = now_mono_ms();
         if (!ing->paused) pause_start = 0;
         double now = now_mono_ms();
-        if (now - ing->last_sweep_ms >= 200) guards_sweep(ing, now);
+        if (now - ing->last_sweep_ms >= 200) ingest_guards_sweep(ing, now);
     }
     /* Shutdown: stop accepting, let the writer commit what was accepted,
      * pass on its acks, then close. */
@@ -1285,7 +932,7 @@ int ingest_run(struct ingest *ing, int drain_ms) {
         for (int fd = 0; fd < ing->conns_cap; fd++) {
             struct conn *c = ing->conns[fd];
             if (!c) continue;
-            conn_flush(ing, c);
+            ingest_conn_flush(ing, c);
             if (ing->conns[fd] == c && (c->out_len > c->out_off || c->ack_pending > c->ack_sent)) pending_out = 1;
         }
         if (ws.queue_bytes == 0 && !pending_out) break;
@@ -1298,7 +945,7 @@ void ingest_destroy(struct ingest *ing) {
     if (!ing) return;
     for (int fd = 0; fd < ing->conns_cap; fd++)
         if (ing->conns[fd]) {
-            conn_close(ing, ing->conns[fd]); /* its run turns stale */
+            ingest_conn_close(ing, ing->conns[fd]); /* its run turns stale */
         }
     free(ing->conns);
     peers_destroy(ing->peers);
@@ -1328,21 +975,6 @@ void ingest_get_stats(struct ingest *ing, struct ingest_stats *out) {
     pthread_mutex_unlock(&ing->stats_mu);
 }
 
-/* The counters of ingest's guards: deadlines, eviction, per-peer limits,
- * the input budget. */
-static void guard_metrics(struct strbuf *b, const struct ingest_stats *is) {
-    strbuf_prom(b, "entropyd_connections_timed_out_total", "counter",
-         "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
-    strbuf_prom(b, "entropyd_connections_evicted_total", "counter",
-         "Connections without a hello closed to make room for a newcomer.", (double)is->conns_evicted);
-    strbuf_prom(b, "entropyd_connections_peer_rejected_total", "counter",
-         "Trainer connections refused: their user or address held --max-conns-per-peer.",
-         (double)is->conns_peer_rejected);
-    strbuf_prom(b, "entropyd_input_bytes", "gauge", "Memory held by unfinished input lines.", (double)is->input_bytes);
-    strbuf_prom(b, "entropyd_input_refused_total", "counter", "Connections closed because --input-mb was spent.",
-         (double)is->input_refused);
-}
-
 void ingest_metrics(struct ingest *ing, struct strbuf *b) {
     struct ingest_stats is;
     ingest_get_stats(ing, &is);
@@ -1355,7 +987,7 @@ void ingest_metrics(struct ingest *ing, struct strbuf *b) {
     strbuf_prom(b, "entropyd_messages_total", "counter", "Protocol messages accepted.", (double)is.messages);
     strbuf_prom(b, "entropyd_ingest_paused_seconds_total", "counter",
                 "Time ingest stopped reading because the writer queue was full.", is.paused_ms / 1e3);
-    guard_metrics(b, &is);
+    ingest_guard_metrics(b, &is);
     strbuf_prom_head(b, "entropyd_errors_total", "counter", "Protocol errors sent to trainers, by code.");
     for (int e = 1; e < PROTO_E_COUNT; e++)
         strbuf_printf(b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e), (unsigned long long)is.errors[e]);
