@@ -657,6 +657,9 @@ void http_metrics(struct http *h, struct strbuf *b) {
     strbuf_prom(b, "entropyd_http_connections_timed_out_total", "counter",
                 "HTTP connections closed for sending no request (or no complete headers) in --http-timeout-s.",
                 (double)http_slots_timed_out(h->slots));
+    strbuf_prom(b, "entropyd_http_connections_reserved_total", "counter",
+                "HTTP connections admitted into a slot reserved for /healthz and /metrics (every other slot served a request).",
+                (double)http_slots_reserved_total(h->slots));
     strbuf_prom_head(b, "entropyd_http_responses_total", "counter", "HTTP responses by status class.");
     for (int k = 2; k <= 5; k++)
         strbuf_printf(b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
@@ -781,6 +784,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int is_api = strncmp(url, "/api/", 5) == 0 || strcmp(url, "/api") == 0 || strcmp(url, "/metrics") == 0 ||
                  strcmp(url, "/healthz") == 0;
     if (r->had_body) return http_send_error(h, c, 413, "request bodies are not accepted");
+    /* a reserved slot (http_slots.h) is a health check's, not a newcomer's */
+    if (http_slots_reserved(c) && strcmp(url, "/healthz") != 0 && strcmp(url, "/metrics") != 0)
+        return http_send_error(h, c, 503, "every HTTP connection slot serves a request (--http-max-conns): "
+                               "only /healthz and /metrics are answered now");
     if (!http_host_allowed(h, c))
         return http_send_error(h, c, 403, "Host %.200s is not this daemon's: use its address or localhost, or start it "
                           "with --allow-host NAME", MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST));
@@ -898,7 +905,7 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             /* max_conns are held; the spare ones admit newcomers
                              * while the idle connections they pushed out close */
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns + HTTP_SLOTS_SPARE,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns + HTTP_SLOTS_SPARE + HTTP_SLOTS_RESERVED,
                             MHD_OPTION_NOTIFY_CONNECTION, http_slots_notify, h->slots,
                             /* a client that stops reading (an export, a stream) is
                              * closed after this long without progress; one that

