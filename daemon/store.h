@@ -13,7 +13,8 @@
  *
  * Functions return 0 on success and -1 on failure with a message in the
  * store's error buffer (store_errmsg) and the SQLite result code in
- * store_errcode (SQLITE_FULL, SQLITE_BUSY, SQLITE_IOERR... ). */
+ * store_errcode (SQLITE_FULL, SQLITE_BUSY, SQLITE_IOERR... ), or one of
+ * the store's own codes (enum store_err). */
 #ifndef STORE_H
 #define STORE_H
 
@@ -49,6 +50,15 @@ struct store *store_open(const char *path, char *err, size_t errlen);
 /* Closes the connection (rolling back an open transaction). Accepts NULL. */
 void store_close(struct store *st);
 
+/* The store's own error codes in store_errcode: negative, so never one
+ * of SQLite's result codes (which are positive). */
+enum store_err {
+    STORE_ESHAPE = -2, /* a resumed run has other layers/heads (store_run_open) */
+    STORE_ENORUN = -3, /* no such run */
+};
+
+/* The message and the code of the last failure (SQLite's result code, or
+ * an enum store_err). */
 const char *store_errmsg(const struct store *st);
 int store_errcode(const struct store *st);
 
@@ -82,8 +92,8 @@ int store_in_transaction(struct store *st);
 int store_mark_live_stale(struct store *st, double now);
 
 /* Creates run `name` or resumes it (status live, meta replaced when meta is
- * not NULL). A resumed run with other layers/heads fails with errcode -2
- * (shape mismatch) and a message; nothing is changed then. */
+ * not NULL). A resumed run with other layers/heads fails with errcode
+ * STORE_ESHAPE and a message; nothing is changed then. */
 int store_run_open(struct store *st, const char *name, int64_t layers, int64_t heads,
                    int64_t seq_len, const char *meta, double now, struct store_run_info *out);
 
@@ -106,8 +116,8 @@ int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, 
  * branches) at once, so that it is gone for readers after this
  * transaction's commit; its bulk (frames, rollups, steps, abandoned frames)
  * is listed in the `purge` table for store_purge, so that deleting a run of
- * a million steps is not one long transaction. Returns 0, or -1 (errcode -3
- * if no such run). */
+ * a million steps is not one long transaction. Returns 0, or -1 (errcode
+ * STORE_ENORUN if no such run). */
 int store_run_delete(struct store *st, int64_t run_id);
 
 /* 1 when the run is live (a trainer holds it), 0 when not or when there is

@@ -166,7 +166,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
             rp->layers = info.layers;
             rp->heads = info.heads;
             rp->seq_len = info.seq_len;
-        } else if (store_errcode(st) == -2) {
+        } else if (store_errcode(st) == STORE_ESHAPE) {
             store_rollback_to(st);
             reply_error(rep, it->conn, 0, PROTO_E_SHAPE_MISMATCH, "%s", store_errmsg(st));
             return APPLY_OK; /* not applied */
@@ -201,7 +201,7 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
             return APPLY_OK; /* not applied: h_delete answers 409 */
         }
         r = store_run_delete(st, it->run_id);
-        if (r && store_errcode(st) == -3) r = 0; /* already gone: nothing to undo */
+        if (r && store_errcode(st) == STORE_ENORUN) r = 0; /* already gone: nothing to undo */
         break;
     }
     if (r == 0) {

@@ -532,11 +532,11 @@ static void test_run_open_resume_mismatch(void **state) {
     OK(store_begin(f->st));
     OK(store_run_status(f->st, a.id, PROTO_STALE, 0, 1400));
     assert_int_equal(store_run_open(f->st, "alpha", 3, 3, 256, "{\"v\":3}", 1500, &c), -1);
-    assert_int_equal(store_errcode(f->st), -2);
+    assert_int_equal(store_errcode(f->st), STORE_ESHAPE);
     if (!strstr(store_errmsg(f->st), "2 layers x 3 heads") || !strstr(store_errmsg(f->st), "3 x 3"))
         fail_msg("message: %s", store_errmsg(f->st));
     assert_int_equal(store_run_open(f->st, "alpha", 2, 4, 256, NULL, 1500, &c), -1);
-    assert_int_equal(store_errcode(f->st), -2);
+    assert_int_equal(store_errcode(f->st), STORE_ESHAPE);
     OK(store_commit(f->st));
     s = qs(f->path, "SELECT status || ' ' || meta || ' ' || layers || 'x' || heads FROM runs WHERE id = %lld", (long long)a.id);
     assert_string_equal(s, "stale {\"v\":2} 2x3");
@@ -609,7 +609,7 @@ static void test_step_frames(void **state) {
     build_step(&m, 1, 0);
     OK(store_begin(f->st));
     assert_int_equal(store_step(f->st, 987654, 1, &m, 1, NULL, 0), -1);
-    assert_int_equal(store_errcode(f->st), -3);
+    assert_int_equal(store_errcode(f->st), STORE_ENORUN);
     store_rollback(f->st);
     proto_msg_free(&m);
 }
@@ -1670,7 +1670,7 @@ static void test_delete(void **state) {
     /* deleting a run that is gone: errcode -3 */
     OK(store_begin(f->st));
     assert_int_equal(store_run_delete(f->st, 424242), -1);
-    assert_int_equal(store_errcode(f->st), -3);
+    assert_int_equal(store_errcode(f->st), STORE_ENORUN);
     store_rollback(f->st);
 }
 
