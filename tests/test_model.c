@@ -15,7 +15,8 @@
 #include <cmocka.h>
 
 #define UNIT_TESTING 1
-#include "model.c" /* the static kernels */
+#include "kernels.h"
+#include "model.h"
 
 static uint64_t rng_state = 42;
 static double rnd(void) { return model_random_normal(&rng_state); }
@@ -153,25 +154,25 @@ static void test_matmul(void **state)
     int N = 6, C = 5, OC = 7;
     float *x = frand(N * C, 1), *w = frand(OC * C, 1), *b = frand(OC, 1), *R = frand(N * OC, 1);
     float *out = calloc(N * OC, 4), *ref = calloc(N * OC, 4);
-    matmul_forward(out, x, w, 1.0f, b, NULL, N, C, OC);
-    model_matmul_reference(ref, x, w, b, N, C, OC);
+    kernel_matmul_forward(out, x, w, 1.0f, b, NULL, N, C, OC);
+    kernel_matmul_reference(ref, x, w, b, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(out[i] - ref[i]) < 1e-4f);
     /* alpha scales the product only: out = 0.5 x w^T + b */
     float *half = calloc(N * OC, 4), *nob = calloc(N * OC, 4);
-    matmul_forward(half, x, w, 0.5f, b, NULL, N, C, OC);
-    model_matmul_reference(nob, x, w, NULL, N, C, OC);
+    kernel_matmul_forward(half, x, w, 0.5f, b, NULL, N, C, OC);
+    kernel_matmul_reference(nob, x, w, NULL, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(half[i] - 0.5f * nob[i] - b[i % OC]) < 1e-4f);
     free(half); free(nob);
     /* fused residual: out = x w^T + b + res */
     float *res = frand(N * OC, 1), *out2 = calloc(N * OC, 4);
-    matmul_forward(out2, x, w, 1.0f, b, res, N, C, OC);
+    kernel_matmul_forward(out2, x, w, 1.0f, b, res, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(out2[i] - ref[i] - res[i]) < 1e-4f);
-    matmul_forward(out2, x, w, 1.0f, NULL, res, N, C, OC);
-    model_matmul_reference(ref, x, w, NULL, N, C, OC);
+    kernel_matmul_forward(out2, x, w, 1.0f, NULL, res, N, C, OC);
+    kernel_matmul_reference(ref, x, w, NULL, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(out2[i] - ref[i] - res[i]) < 1e-4f);
     free(res); free(out2);
     float *dx = calloc(N * C, 4), *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
-    matmul_backward(dx, dw, db, R, x, w, 0.7f, N, C, OC, 1.0f);
+    kernel_matmul_backward(dx, dw, db, R, x, w, 0.7f, N, C, OC, 1.0f);
     mm_ctx c = {N, C, OC, to_d(x, N * C), to_d(w, OC * C), to_d(b, OC), to_d(R, N * OC), 0.7};
     double *g = malloc(sizeof(double) * OC * C);
     printf("matmul:\n");
@@ -199,9 +200,9 @@ static void test_layernorm(void **state)
     int N = 4, C = 37; /* two 16-lane blocks and a tail */
     float *x = frand(N * C, 1), *w = frand(C, 1), *b = frand(C, 1), *R = frand(N * C, 1);
     float *out = calloc(N * C, 4), *mean = calloc(N, 4), *rstd = calloc(N, 4);
-    layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    kernel_layernorm_forward(out, mean, rstd, x, w, b, N, C);
     float *dx = calloc(N * C, 4), *dw = calloc(C, 4), *db = calloc(C, 4);
-    layernorm_backward(dx, dw, db, R, x, w, mean, rstd, N, C);
+    kernel_layernorm_backward(dx, dw, db, R, x, w, mean, rstd, N, C);
     ln_ctx c = {N, C, to_d(x, N * C), to_d(w, C), to_d(b, C), to_d(R, N * C)};
     double *ro = malloc(sizeof(double) * N * C), *g = malloc(sizeof(double) * N * C);
     ref_layernorm(ro, c.x, c.w, c.b, N, C);
@@ -231,7 +232,7 @@ static void check_attention(int T)
     int B = 2, C = 8, NH = 2, n = B * T * C;
     float *qkv = frand(3 * n, 1), *R = frand(n, 1);
     float *out = calloc(n, 4), *att = calloc(B * NH * T * T, 4);
-    attention_forward(out, att, qkv, B, T, C, NH);
+    kernel_attention_forward(out, att, qkv, B, T, C, NH);
     /* causal and normalized */
     for (int r = 0; r < B * NH * T; r++) {
         int i = r % T;
@@ -247,8 +248,8 @@ static void check_attention(int T)
     ref_attention(ro, c.qkv, B, T, C, NH);
     for (int i = 0; i < n; i++) assert_true(fabs(out[i] - ro[i]) < 1e-5);
     float *dqkv = calloc(3 * n, 4), *datt = calloc(T * T, 4);
-    attention_backward(dqkv, datt, R, qkv, att, B, T, C, NH);
-    printf("attention T=%d block=%d:\n", T, att_block);
+    kernel_attention_backward(dqkv, datt, R, qkv, att, B, T, C, NH);
+    printf("attention T=%d block=%d:\n", T, kernel_att_block());
     numgrad(g, c.qkv, 3 * n, at_loss, &c);
     assert_true(relerr("dqkv", dqkv, g, 3 * n) < TOL);
     free(qkv); free(R); free(out); free(att); free(c.qkv); free(c.R); free(ro); free(g);
@@ -261,11 +262,11 @@ static void test_attention(void **state)
     (void)state;
     check_attention(5);
     check_attention(37);
-    att_block = 16; /* several query/key blocks and a ragged last one */
+    kernel_set_att_block(16); /* several query/key blocks and a ragged last one */
     check_attention(37);
-    att_block = 2;
+    kernel_set_att_block(2);
     check_attention(5);
-    att_block = 32;
+    kernel_set_att_block(32);
 }
 
 typedef struct { int n; double *x, *R; } ge_ctx;
@@ -287,10 +288,10 @@ static void test_gelu(void **state)
     for (int i = 0; i < n; i++) xb[i] = x[i] + bias[i % OC];
     float *deriv = malloc(sizeof(float) * n);
     memcpy(deriv, x, sizeof(float) * n);
-    gelu_forward(out, deriv, bias, N, OC);
+    kernel_gelu_forward(out, deriv, bias, N, OC);
     for (int i = 0; i < n; i++) assert_true(fabs(out[i] - ref_gelu1(xb[i])) < 1e-5 * (1 + fabs(xb[i])));
     memcpy(dx, R, sizeof(float) * n);
-    gelu_backward(dx, deriv, n);
+    kernel_gelu_backward(dx, deriv, n);
     ge_ctx c = {n, to_d(xb, n), to_d(R, n)};
     double *g = malloc(sizeof(double) * n);
     printf("gelu:\n");
@@ -310,10 +311,10 @@ static void test_crossentropy(void **state)
     float *z = frand(N * V, 3), *probs = malloc(sizeof(float) * N * V), *losses = calloc(N, 4);
     memcpy(probs, z, sizeof(float) * N * V);
     ce_ctx c = {N, V, to_d(z, N * V), tg};
-    double sum = softmax_crossentropy_forward(probs, losses, tg, N, V);
+    double sum = kernel_softmax_crossentropy_forward(probs, losses, tg, N, V);
     printf("crossentropy: loss %.6f ref %.6f\n", sum / N, ref_ce(c.z, tg, N, V));
     assert_true(fabs(sum / N - ref_ce(c.z, tg, N, V)) < 1e-5);
-    crossentropy_backward(probs, tg, N, V, 1.0f / N);
+    kernel_crossentropy_backward(probs, tg, N, V, 1.0f / N);
     double *g = malloc(sizeof(double) * N * V);
     numgrad(g, c.z, N * V, ce_loss, &c);
     assert_true(relerr("dlogits", probs, g, N * V) < TOL);
@@ -321,7 +322,7 @@ static void test_crossentropy(void **state)
     float big[3] = {1000.0f, -1000.0f, 0.0f};
     float l;
     int t1 = 1;
-    softmax_crossentropy_forward(big, &l, &t1, 1, 3);
+    kernel_softmax_crossentropy_forward(big, &l, &t1, 1, 3);
     assert_true(isfinite(l) && fabsf(l - 2000.0f) < 1e-2f);
     free(z); free(probs); free(losses); free(c.z); free(g);
 }
@@ -333,8 +334,8 @@ static void test_encoder(void **state)
     int B = 2, T = 3, C = 4, V = 5, inp[6] = {1, 4, 1, 0, 1, 3};
     float *wte = frand(V * C, 1), *wpe = frand(T * C, 1), *R = frand(B * T * C, 1);
     float *out = calloc(B * T * C, 4), *dwte = calloc(V * C, 4), *dwpe = calloc(T * C, 4);
-    encoder_forward(out, inp, wte, wpe, B, T, C);
-    encoder_backward(dwte, dwpe, R, inp, B, T, C);
+    kernel_encoder_forward(out, inp, wte, wpe, B, T, C);
+    kernel_encoder_backward(dwte, dwpe, R, inp, B, T, C);
     /* the loss <R, out> is linear: its exact gradient is the scatter of R */
     double gte[20] = {0}, gpe[12] = {0};
     for (int b = 0; b < B; b++)
@@ -355,14 +356,14 @@ static void test_fast_exp(void **state)
     (void)state;
     double worst = 0;
     for (float x = -80.0f; x < 80.0f; x += 0.0137f) {
-        double r = fabs(fast_expf(x) - exp(x)) / exp(x);
+        double r = fabs(kernel_fast_expf(x) - exp(x)) / exp(x);
         if (r > worst) worst = r;
     }
     printf("fast_expf: max rel err %.2e\n", worst);
     assert_true(worst < 1e-6);
-    assert_true(fast_expf(-1000.0f) >= 0.0f && fast_expf(-1000.0f) < 1e-37f);
-    assert_true(isfinite(fast_expf(1000.0f)));
-    assert_true(isnan(fast_expf(NAN))); /* divergence must stay visible */
+    assert_true(kernel_fast_expf(-1000.0f) >= 0.0f && kernel_fast_expf(-1000.0f) < 1e-37f);
+    assert_true(isfinite(kernel_fast_expf(1000.0f)));
+    assert_true(isnan(kernel_fast_expf(NAN))); /* divergence must stay visible */
 }
 
 /* --------------------------------------------------------- whole model */
@@ -527,9 +528,9 @@ static void test_model_threads(void **s)
     (void)s;
     check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 2);
     check_model(MODEL_REPARAM_NONE, MODEL_NORM_POST, 0, 3);
-    att_block = 2; /* blocked causal attention inside the whole model */
+    kernel_set_att_block(2); /* blocked causal attention inside the whole model */
     check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 2);
-    att_block = 32;
+    kernel_set_att_block(32);
 }
 
 /* <G, W> by activations only, then by weights only (gamma != 0). */
@@ -537,12 +538,12 @@ static void test_model_gw_routes(void **s)
 {
     (void)s;
     for (int r = 0; r < 2; r++) {
-        gw_weights_below = r ? 0.0 : 1e30;
+        model_set_gw_weights_below(r ? 0.0 : 1e30);
         check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 1);
         check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_POST, 0, 2);
         check_model(MODEL_REPARAM_SPECTRAL, MODEL_NORM_PRE, 0, 3);
     }
-    gw_weights_below = 1.5;
+    model_set_gw_weights_below(1.5);
 }
 
 /* gamma = 0 on one linear (its FC), with one and two threads. */

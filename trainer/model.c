@@ -1,14 +1,9 @@
-/* model.c - forward and backward of the GPT model in model.h.
- *
- * Kernel conventions (llm.c): X_forward(out, inputs..., sizes),
- * X_backward(d-inputs..., d-outputs, saved inputs..., sizes).  Gradients of
- * PARAMETERS are always added into.  Gradients of ACTIVATIONS are overwritten
- * by matmul/attention backward, scaled in place by gelu/crossentropy backward
- * and added into by layernorm_backward; each kernel's comment says which.  Why
- * not "always add" as in llm.c: that needs the activation-gradient buffers
- * zeroed every step, several MB of memset that costs more than the σReparam
- * bookkeeping we try to keep under 3%.  Instead one layer's worth of scratch
- * per shard is reused across layers.
+/* model.c - forward and backward of the GPT model in model.h: the
+ * parameter and activation layout, the passes over the layers, the
+ * shards and their reduction. The kernels themselves (and their gradient
+ * conventions) are kernels.[ch]. Activation gradients are overwritten, not
+ * added into (kernels.h says why), so one layer's worth of scratch per
+ * shard is reused across layers.
  *
  * Parallelism: a batch is split into shards of examples (forward_shard,
  * backward_shard), one per thread, each calling OpenBLAS single-threaded;
@@ -16,6 +11,7 @@
  * order.  The rest of a step (σReparam, clearing, the optimizer through
  * model_parallel) is split over the same threads by ranges. */
 #include "model.h"
+#include "kernels.h"
 #include "now.h"
 
 #include <cblas.h>
@@ -47,408 +43,11 @@ float model_random_normal(uint64_t *state)
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
 }
 
-/* Kernels are kept out of line so that profiles attribute time to them. */
-#define KERNEL static __attribute__((noinline))
-
 static float truncated_normal(uint64_t *rng, float std)
 {
     float z;
     do z = model_random_normal(rng); while (fabsf(z) > 2.0f);
     return z * std;
-}
-
-/* ---------------------------------------------------------- fast math */
-
-/* exp(x) for x in float range, relative error ~2e-7: Cephes expf (Cody-Waite
- * range reduction, degree-6 polynomial) with a round-to-nearest trick instead
- * of floorf, so that GCC vectorizes the loops that call it (libm's expf is a
- * call per element).  No branch may remain for that (GELU's and softmax's
- * loops were scalar while one did): the exponent is taken from the bits of
- * the rounding sum itself, not by a float -> int conversion (undefined for a
- * NaN, so it needed one), in unsigned arithmetic, so a NaN's garbage
- * exponent is defined behaviour; the NaN itself is carried by p. */
-static inline float fast_expf(float x)
-{
-    /* clamp to [-87, 88] by bit masks: GCC does not if-convert the two
-     * float selects (trapping math), and a NaN compares false and stays */
-    union { float f; uint32_t u; } xb = {x}, lo = {-87.0f}, hi = {88.0f};
-    uint32_t ml = -(uint32_t)(x < -87.0f), mh = -(uint32_t)(x > 88.0f);
-    xb.u = (xb.u & ~ml) | (lo.u & ml);
-    xb.u = (xb.u & ~mh) | (hi.u & mh);
-    x = xb.f;
-    union { float f; uint32_t u; } t = {x * 1.44269504088896341f + 12582912.0f}, e;
-    float r = t.f - 12582912.0f; /* round(x / ln 2), in [-126, 127] */
-    float f = x - r * 0.693359375f - r * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * f + 1.3981999507e-3f;
-    p = p * f + 8.3334519073e-3f;
-    p = p * f + 4.1665795894e-2f;
-    p = p * f + 1.6666665459e-1f;
-    p = p * f + 5.0000001201e-1f;
-    p = p * f * f + f + 1.0f;
-    /* 12582912 = 1.5 x 2^23 = 0x4B400000: its low mantissa bits hold r */
-    e.u = (t.u - 0x4B400000u + 127u) << 23;
-    return p * e.f;
-}
-
-static inline float fast_tanhf(float x)
-{
-    return 1.0f - 2.0f / (fast_expf(2.0f * x) + 1.0f);
-}
-
-/* ------------------------------------------------------------- kernels */
-
-KERNEL void encoder_forward(float *restrict out, const int *restrict inp,
-                            const float *restrict wte, const float *restrict wpe, int B, int T, int C)
-{
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            float *o = out + ((long)b * T + t) * C;
-            const float *we = wte + (long)inp[b * T + t] * C;
-            const float *pe = wpe + (long)t * C;
-            for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
-        }
-}
-
-/* Adds into dwte, dwpe. */
-KERNEL void encoder_backward(float *dwte, float *dwpe, const float *dout,
-                             const int *inp, int B, int T, int C)
-{
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            const float *d = dout + ((long)b * T + t) * C;
-            float *dwe = dwte + (long)inp[b * T + t] * C;
-            float *dpe = dwpe + (long)t * C;
-            for (int i = 0; i < C; i++) { dwe[i] += d[i]; dpe[i] += d[i]; }
-        }
-}
-
-/* Row reductions with 16 partial sums: without -ffast-math GCC may not
- * reorder a float sum, so a single accumulator would not vectorize. */
-#define LANES 16
-static inline float red_sum(const float *x, int n)
-{
-    float acc[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int k = 0; k < LANES; k++) acc[k] += x[i + k];
-    float s = 0.0f;
-    for (int k = 0; k < LANES; k++) s += acc[k];
-    for (; i < n; i++) s += x[i];
-    return s;
-}
-
-static inline float red_sqdev(const float *x, float m, int n)
-{
-    float acc[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int k = 0; k < LANES; k++) { float d = x[i + k] - m; acc[k] += d * d; }
-    float s = 0.0f;
-    for (int k = 0; k < LANES; k++) s += acc[k];
-    for (; i < n; i++) { float d = x[i] - m; s += d * d; }
-    return s;
-}
-
-KERNEL void layernorm_forward(float *restrict out, float *restrict mean, float *restrict rstd,
-                              const float *restrict inp, const float *restrict w,
-                              const float *restrict bias, int N, int C)
-{
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (long)n * C;
-        float m = red_sum(x, C) / C;
-        float v = red_sqdev(x, m, C) / C;
-        float s = 1.0f / sqrtf(v + 1e-5f);
-        float *o = out + (long)n * C;
-        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + bias[i];
-        mean[n] = m;
-        rstd[n] = s;
-    }
-}
-
-/* Adds into dinp, dw, dbias. */
-KERNEL void layernorm_backward(float *restrict dinp, float *restrict dw, float *restrict dbias,
-                               const float *restrict dout, const float *restrict inp,
-                               const float *restrict w, const float *restrict mean,
-                               const float *restrict rstd, int N, int C)
-{
-    for (int n = 0; n < N; n++) {
-        const float *d = dout + (long)n * C;
-        const float *x = inp + (long)n * C;
-        float *dx = dinp + (long)n * C;
-        float m = mean[n], s = rstd[n];
-        float a1[LANES] = {0}, a2[LANES] = {0};
-        int i0 = 0;
-        for (; i0 + LANES <= C; i0 += LANES)
-            for (int k = 0; k < LANES; k++) {
-                float dn = w[i0 + k] * d[i0 + k];
-                a1[k] += dn;
-                a2[k] += dn * (x[i0 + k] - m) * s;
-            }
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int k = 0; k < LANES; k++) { dnorm_mean += a1[k]; dnorm_norm_mean += a2[k]; }
-        for (; i0 < C; i0++) {
-            float dn = w[i0] * d[i0];
-            dnorm_mean += dn;
-            dnorm_norm_mean += dn * (x[i0] - m) * s;
-        }
-        dnorm_mean /= C;
-        dnorm_norm_mean /= C;
-        for (int i = 0; i < C; i++) {
-            float norm = (x[i] - m) * s;
-            float dn = w[i] * d[i];
-            dbias[i] += d[i];
-            dw[i] += norm * d[i];
-            dx[i] += (dn - dnorm_mean - norm * dnorm_norm_mean) * s;
-        }
-    }
-}
-
-void model_matmul_reference(float *out, const float *inp, const float *w,
-                            const float *bias, int N, int C, int OC)
-{
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            float s = bias ? bias[o] : 0.0f;
-            for (int i = 0; i < C; i++) s += inp[(long)n * C + i] * w[(long)o * C + i];
-            out[(long)n * OC + o] = s;
-        }
-}
-
-/* out (N, OC) = alpha inp (N, C) @ w^T + bias (may be NULL) + residual (may
- * be NULL, same shape as out: the residual add is fused into the bias pass).
- * alpha is σReparam's gamma / sigma (1 without it): W_hat is never formed. */
-KERNEL void matmul_forward(float *restrict out, const float *restrict inp,
-                           const float *restrict w, float alpha, const float *restrict bias,
-                           const float *restrict residual, int N, int C, int OC)
-{
-    float beta = 0.0f;
-    if (bias || residual) {
-        for (int n = 0; n < N; n++) {
-            float *o = out + (long)n * OC;
-            const float *r = residual ? residual + (long)n * OC : NULL;
-            if (bias && r) for (int i = 0; i < OC; i++) o[i] = r[i] + bias[i];
-            else if (bias) for (int i = 0; i < OC; i++) o[i] = bias[i];
-            else for (int i = 0; i < OC; i++) o[i] = r[i];
-        }
-        beta = 1.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, alpha, inp, C, w, C,
-                beta, out, OC);
-}
-
-/* <x, y> over n floats in double (n up to BT x 4C). */
-static double dot_double(const float *restrict x, const float *restrict y, long n)
-{
-    double acc[8] = {0};
-    long i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k] * y[i + k];
-    double s = 0.0;
-    for (int k = 0; k < 8; k++) s += acc[k];
-    for (; i < n; i++) s += (double)x[i] * y[i];
-    return s;
-}
-
-/* Backward of matmul_forward with the same alpha: dinp (if not NULL) is
- * OVERWRITTEN with alpha dout @ w; dw = dw_beta dw + alpha dout^T inp; adds
- * into dbias (may be NULL). */
-KERNEL void matmul_backward(float *restrict dinp, float *restrict dw, float *restrict dbias,
-                            const float *restrict dout, const float *restrict inp,
-                            const float *restrict w, float alpha, int N, int C, int OC,
-                            float dw_beta)
-{
-    if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, alpha, dout, OC,
-                    w, C, 0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, alpha, dout, OC, inp, C,
-                dw_beta, dw, C);
-    if (dbias)
-        for (int n = 0; n < N; n++) {
-            const float *d = dout + (long)n * OC;
-            for (int o = 0; o < OC; o++) dbias[o] += d[o];
-        }
-}
-
-/* Row maximum.  A float max reduction does not vectorize without
- * -ffinite-math-only, so it is written with GCC vector extensions (lowered
- * to whatever the target has).  NaNs are skipped: a NaN logit still turns
- * its softmax row into NaN through exp. */
-typedef float vf16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-
-static inline float red_max(const float *x, int n)
-{
-    float mx = x[0];
-    int i = 0;
-    if (n >= 16) {
-        vf16 m, v;
-        memcpy(&m, x, sizeof m);
-        for (i = 16; i + 16 <= n; i += 16) {
-            memcpy(&v, x + i, sizeof v);
-            vi16 gt = v > m;
-            m = (vf16)((gt & (vi16)v) | (~gt & (vi16)m));
-        }
-        for (int k = 0; k < 16; k++) mx = m[k] > mx ? m[k] : mx;
-    }
-    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    return mx;
-}
-
-static inline float red_dot(const float *x, const float *y, int n)
-{
-    float acc[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int k = 0; k < LANES; k++) acc[k] += x[i + k] * y[i + k];
-    float s = 0.0f;
-    for (int k = 0; k < LANES; k++) s += acc[k];
-    for (; i < n; i++) s += x[i] * y[i];
-    return s;
-}
-
-/* Causal softmax of one row in place: entries 0..i kept, the rest zeroed.
- * A NaN logit makes the row NaN (max and sum propagate it), never hides it. */
-static void causal_softmax_row(float *restrict a, int i, int T)
-{
-    int n = i + 1;
-    float mx = red_max(a, n);
-    for (int j = 0; j < n; j++) a[j] = fast_expf(a[j] - mx);
-    float inv = 1.0f / red_sum(a, n);
-    for (int j = 0; j < n; j++) a[j] *= inv;
-    for (int j = n; j < T; j++) a[j] = 0.0f;
-}
-
-/* Causal attention in row blocks of att_block queries: block [r0, r1) only
- * needs keys [0, r1), which skips most of the masked upper triangle in the
- * QK^T and AV products and their gradients (37% of the attention FLOPs at
- * T = 128 with blocks of 32).  A variable so that tests can shrink it. */
-static int att_block = 32;
-
-/* qkv (B, T, 3C) -> att (B, NH, T, T), out (B, T, C). */
-KERNEL void attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                              int C, int NH)
-{
-    int hs = C / NH, C3 = 3 * C, bs = att_block;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (long)b * T * C3 + h * hs;
-            const float *k = q + C, *v = q + 2 * C;
-            float *a = att + ((long)b * NH + h) * T * T;
-            float *o = out + (long)b * T * C + h * hs;
-            for (int r0 = 0; r0 < T; r0 += bs) {
-                int r1 = r0 + bs < T ? r0 + bs : T, m = r1 - r0;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, hs, scale,
-                            q + (long)r0 * C3, C3, k, C3, 0.0f, a + (long)r0 * T, T);
-                for (int i = r0; i < r1; i++) causal_softmax_row(a + (long)i * T, i, T);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, r1, 1.0f,
-                            a + (long)r0 * T, T, v, C3, 0.0f, o + (long)r0 * C, C);
-            }
-        }
-}
-
-/* OVERWRITES dqkv (B, T, 3C); datt is (T, T) scratch. */
-KERNEL void attention_backward(float *dqkv, float *datt, const float *dout,
-                               const float *qkv, const float *att, int B, int T, int C,
-                               int NH)
-{
-    int hs = C / NH, C3 = 3 * C, bs = att_block;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            long off = (long)b * T * C3 + h * hs;
-            const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-            const float *a = att + ((long)b * NH + h) * T * T;
-            const float *d = dout + (long)b * T * C + h * hs;
-            /* query blocks: datt = dout V^T, softmax backward, dQ = dpre K */
-            for (int r0 = 0; r0 < T; r0 += bs) {
-                int r1 = r0 + bs < T ? r0 + bs : T, m = r1 - r0;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, hs, 1.0f,
-                            d + (long)r0 * C, C, v, C3, 0.0f, datt + (long)r0 * T, T);
-                for (int i = r0; i < r1; i++) {
-                    const float *ar = a + (long)i * T;
-                    float *dr = datt + (long)i * T;
-                    float s = red_dot(ar, dr, i + 1);
-                    for (int j = 0; j <= i; j++) dr[j] = ar[j] * (dr[j] - s) * scale;
-                    for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
-                }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, r1, 1.0f,
-                            datt + (long)r0 * T, T, k, C3, 0.0f, dq + (long)r0 * C3, C3);
-            }
-            /* key blocks: only queries i >= c0 see keys [c0, c1) */
-            for (int c0 = 0; c0 < T; c0 += bs) {
-                int c1 = c0 + bs < T ? c0 + bs : T, m = c1 - c0, n = T - c0;
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, hs, n, 1.0f,
-                            a + (long)c0 * T + c0, T, d + (long)c0 * C, C, 0.0f,
-                            dv + (long)c0 * C3, C3);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, hs, n, 1.0f,
-                            datt + (long)c0 * T + c0, T, q + (long)c0 * C3, C3, 0.0f,
-                            dk + (long)c0 * C3, C3);
-            }
-        }
-}
-
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
-
-/* out = gelu(x + bias) for x (N, OC); x is then OVERWRITTEN with
- * gelu'(x + bias), which is all the backward needs (the pre-activation itself
- * is not used again), so the backward does not recompute tanh. */
-KERNEL void gelu_forward(float *restrict out, float *restrict x, const float *restrict bias,
-                         int N, int OC)
-{
-    for (int n = 0; n < N; n++) {
-        float *xr = x + (long)n * OC, *o = out + (long)n * OC;
-        for (int i = 0; i < OC; i++) {
-            float u = xr[i] + bias[i];
-            float t = fast_tanhf(GELU_SCALE * (u + 0.044715f * u * u * u));
-            float dt = (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * u * u);
-            o[i] = 0.5f * u * (1.0f + t);
-            xr[i] = 0.5f * (1.0f + t) + 0.5f * u * dt;
-        }
-    }
-}
-
-/* d *= deriv (deriv from gelu_forward): the gradient through GELU, in place. */
-KERNEL void gelu_backward(float *restrict d, const float *restrict deriv, long n)
-{
-    for (long i = 0; i < n; i++) d[i] *= deriv[i];
-}
-
-/* probs (N, V) holds logits on entry and softmax on return; losses[n] gets
- * -log p[target] when targets is not NULL.  Returns the sum of the losses. */
-KERNEL double softmax_crossentropy_forward(float *probs, float *losses, const int *targets,
-                                          int N, int V)
-{
-    double total = 0.0;
-    for (int n = 0; n < N; n++) {
-        float *p = probs + (long)n * V;
-        float mx = p[0];
-        for (int i = 1; i < V; i++) mx = p[i] > mx ? p[i] : mx;
-        float zt = targets ? p[targets[n]] : 0.0f;
-        float s = 0.0f;
-        for (int i = 0; i < V; i++) { float e = fast_expf(p[i] - mx); p[i] = e; s += e; }
-        float inv = 1.0f / s;
-        for (int i = 0; i < V; i++) p[i] *= inv;
-        if (targets) {
-            /* log-sum-exp form: finite even when p[target] underflows */
-            losses[n] = logf(s) + mx - zt;
-            total += losses[n];
-        }
-    }
-    return total;
-}
-
-/* probs becomes dlogits of the loss sum scaled by inv (1 / tokens of the
- * whole batch), in place. */
-KERNEL void crossentropy_backward(float *probs, const int *targets, int N, int V, float inv)
-{
-    for (int n = 0; n < N; n++) {
-        float *p = probs + (long)n * V;
-        for (int i = 0; i < V; i++) p[i] *= inv;
-        p[targets[n]] -= inv;
-    }
 }
 
 /* ------------------------------------------------------------ the model */
@@ -795,49 +394,44 @@ static double forward_shard(model *m, int b0, int B)
     model_params *p = &m->params;
     size_t r = (size_t)b0 * T;
     float *x = m->acts.encoded + r * C;
-    encoder_forward(x, m->inputs + r, p->wte, p->wpe, B, T, C);
+    kernel_encoder_forward(x, m->inputs + r, p->wte, p->wpe, B, T, C);
     for (int l = 0; l < L; l++) {
         layer_acts a = layer_at(m, l, b0);
         const sreparam_linear *lin = m->lin + l * MODEL_LIN_PER_LAYER;
         float *ain = x, *min, *skip;
         if (c->norm == MODEL_NORM_PRE) {
-            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p->ln1w + l * C, p->ln1b + l * C, BT, C);
+            kernel_layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p->ln1w + l * C, p->ln1b + l * C, BT, C);
             ain = a.ln1;
         }
-        matmul_forward(a.qkv, ain, lin[MODEL_LIN_QKV].w, scale_of(m, &lin[MODEL_LIN_QKV]), p->qkvb + l * 3 * C, NULL, BT, C, 3 * C);
-        attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-        matmul_forward(a.residual2, a.atty, lin[MODEL_LIN_ATTPROJ].w, scale_of(m, &lin[MODEL_LIN_ATTPROJ]), p->attprojb + l * C, x, BT, C, C);
+        kernel_matmul_forward(a.qkv, ain, lin[MODEL_LIN_QKV].w, scale_of(m, &lin[MODEL_LIN_QKV]), p->qkvb + l * 3 * C, NULL, BT, C, 3 * C);
+        kernel_attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+        kernel_matmul_forward(a.residual2, a.atty, lin[MODEL_LIN_ATTPROJ].w, scale_of(m, &lin[MODEL_LIN_ATTPROJ]), p->attprojb + l * C, x, BT, C, C);
         if (c->norm == MODEL_NORM_PRE) {
-            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + l * C, p->ln2b + l * C, BT, C);
+            kernel_layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p->ln2w + l * C, p->ln2b + l * C, BT, C);
             min = a.ln2; skip = a.residual2;
         } else if (c->norm == MODEL_NORM_POST) {
-            layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual2, p->ln1w + l * C, p->ln1b + l * C, BT, C);
+            kernel_layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual2, p->ln1w + l * C, p->ln1b + l * C, BT, C);
             min = skip = a.ln1;
         } else {
             min = skip = a.residual2;
         }
-        matmul_forward(a.fch, min, lin[MODEL_LIN_FC].w, scale_of(m, &lin[MODEL_LIN_FC]), NULL, NULL, BT, C, 4 * C);
-        gelu_forward(a.fch_gelu, a.fch, p->fcb + l * 4 * C, BT, 4 * C); /* bias fused */
-        matmul_forward(a.residual3, a.fch_gelu, lin[MODEL_LIN_FCPROJ].w, scale_of(m, &lin[MODEL_LIN_FCPROJ]), p->fcprojb + l * C, skip, BT, 4 * C, C);
+        kernel_matmul_forward(a.fch, min, lin[MODEL_LIN_FC].w, scale_of(m, &lin[MODEL_LIN_FC]), NULL, NULL, BT, C, 4 * C);
+        kernel_gelu_forward(a.fch_gelu, a.fch, p->fcb + l * 4 * C, BT, 4 * C); /* bias fused */
+        kernel_matmul_forward(a.residual3, a.fch_gelu, lin[MODEL_LIN_FCPROJ].w, scale_of(m, &lin[MODEL_LIN_FCPROJ]), p->fcprojb + l * C, skip, BT, 4 * C, C);
         x = a.residual3;
         if (c->norm == MODEL_NORM_POST) {
-            layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual3, p->ln2w + l * C, p->ln2b + l * C, BT, C);
+            kernel_layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual3, p->ln2w + l * C, p->ln2b + l * C, BT, C);
             x = a.ln2;
         }
     }
     if (c->norm != MODEL_NORM_NONE) {
         float *lnf = m->acts.lnf + r * C;
-        layernorm_forward(lnf, m->acts.lnf_mean + r, m->acts.lnf_rstd + r, x, p->lnfw, p->lnfb, BT, C);
+        kernel_layernorm_forward(lnf, m->acts.lnf_mean + r, m->acts.lnf_rstd + r, x, p->lnfw, p->lnfb, BT, C);
         x = lnf;
     }
     float *probs = m->acts.probs + r * V;
-    matmul_forward(probs, x, m->lin[m->num_linear - 1].w, scale_of(m, &m->lin[m->num_linear - 1]), NULL, NULL, BT, C, V);
-    return softmax_crossentropy_forward(probs, m->acts.losses + r, m->targets ? m->targets + r : NULL, BT, V);
-}
-
-KERNEL void add_into(float *restrict dst, const float *restrict src, long n)
-{
-    for (long i = 0; i < n; i++) dst[i] += src[i];
+    kernel_matmul_forward(probs, x, m->lin[m->num_linear - 1].w, scale_of(m, &m->lin[m->num_linear - 1]), NULL, NULL, BT, C, V);
+    return kernel_softmax_crossentropy_forward(probs, m->acts.losses + r, m->targets ? m->targets + r : NULL, BT, V);
 }
 
 static int is_weight(int t)
@@ -871,7 +465,7 @@ static int skip_range_reduce(const model *m, int t)
  * The first moves 2 (tokens per shard) x in floats, the second about
  * 3 out x in / threads: weights win when 1.5 out < tokens of the batch
  * (narrow models, the LM head), activations at large widths. */
-static double gw_weights_below = 1.5; /* a variable so that tests can force either route */
+static double gw_weights_below = 1.5; /* model_set_gw_weights_below */
 
 static int gw_by_weights(const model *m, int i)
 {
@@ -892,10 +486,10 @@ static void grad_dot(model *m, model_shard *sh, int i, float *dinp, const float 
     if (a == 0.0f) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, l->in, l->out, 1.0f, dout,
                     l->out, l->w, l->in, 0.0f, dinp, l->in);
-        sh->gw[i] = dot_double(dinp, inp, (long)N * l->in);
+        sh->gw[i] = kernel_dot_double(dinp, inp, (long)N * l->in);
         memset(dinp, 0, sizeof(float) * (size_t)N * l->in);
     } else {
-        sh->gw[i] = dot_double(dinp, inp, (long)N * l->in) / a;
+        sh->gw[i] = kernel_dot_double(dinp, inp, (long)N * l->in) / a;
     }
     sh->reparam_seconds += now_seconds() - t0;
 }
@@ -908,7 +502,7 @@ static void linear_backward(model *m, model_shard *sh, int i, float *dinp, float
 {
     const sreparam_linear *l = &m->lin[i];
     float *dw = sh->grads_memory + (l->dw - m->grads_memory);
-    matmul_backward(dinp, dw, dbias, dout, inp, l->w, scale_of(m, l), N, l->in, l->out,
+    kernel_matmul_backward(dinp, dw, dbias, dout, inp, l->w, scale_of(m, l), N, l->in, l->out,
                     sh == &m->shards[0] ? 1.0f : 0.0f);
     grad_dot(m, sh, i, dinp, dout, inp, N);
 }
@@ -933,31 +527,31 @@ static float *block_backward(model *m, model_shard *sh, int l, int b0, int B, fl
     float *ain = c->norm == MODEL_NORM_PRE ? a.ln1 : xin;
     if (c->norm == MODEL_NORM_POST) { /* out = LN2(r3) */
         memset(dtmp, 0, sizeof(float) * BTC);
-        layernorm_backward(dtmp, g->ln2w + l * C, g->ln2b + l * C, dx, a.residual3, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
+        kernel_layernorm_backward(dtmp, g->ln2w + l * C, g->ln2b + l * C, dx, a.residual3, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
         tmp = dx; dx = dtmp; dtmp = tmp;
     }
     /* dx = d(residual3); MLP branch */
     linear_backward(m, sh, li + MODEL_LIN_FCPROJ, dfch_gelu, g->fcprojb + l * C, dx, a.fch_gelu, BT);
-    gelu_backward(dfch_gelu, a.fch, (long)BT * 4 * C); /* now d(fc pre-activation) */
+    kernel_gelu_backward(dfch_gelu, a.fch, (long)BT * 4 * C); /* now d(fc pre-activation) */
     linear_backward(m, sh, li + MODEL_LIN_FC, da, g->fcb + l * 4 * C, dfch_gelu, min, BT);
     if (c->norm == MODEL_NORM_PRE) {
-        layernorm_backward(dx, g->ln2w + l * C, g->ln2b + l * C, da, a.residual2, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
+        kernel_layernorm_backward(dx, g->ln2w + l * C, g->ln2b + l * C, da, a.residual2, p->ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C);
     } else if (c->norm == MODEL_NORM_POST) { /* n = LN1(r2) feeds both skip and MLP */
-        add_into(dx, da, BTC);
+        kernel_add_into(dx, da, BTC);
         memset(dtmp, 0, sizeof(float) * BTC);
-        layernorm_backward(dtmp, g->ln1w + l * C, g->ln1b + l * C, dx, a.residual2, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
+        kernel_layernorm_backward(dtmp, g->ln1w + l * C, g->ln1b + l * C, dx, a.residual2, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
         tmp = dx; dx = dtmp; dtmp = tmp;
     } else {
-        add_into(dx, da, BTC);
+        kernel_add_into(dx, da, BTC);
     }
     /* dx = d(residual2); attention branch */
     linear_backward(m, sh, li + MODEL_LIN_ATTPROJ, datty, g->attprojb + l * C, dx, a.atty, BT);
-    attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
+    kernel_attention_backward(dqkv, datt, datty, a.qkv, a.att, B, T, C, NH);
     linear_backward(m, sh, li + MODEL_LIN_QKV, da, g->qkvb + l * 3 * C, dqkv, ain, BT);
     if (c->norm == MODEL_NORM_PRE)
-        layernorm_backward(dx, g->ln1w + l * C, g->ln1b + l * C, da, xin, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
+        kernel_layernorm_backward(dx, g->ln1w + l * C, g->ln1b + l * C, da, xin, p->ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C);
     else
-        add_into(dx, da, BTC);
+        kernel_add_into(dx, da, BTC);
     return dx;
 }
 
@@ -980,13 +574,13 @@ static void backward_shard(model *m, model_shard *sh, int b0, int B)
         }
     }
     float *probs = m->acts.probs + r * V;
-    crossentropy_backward(probs, m->targets + r, BT, V, 1.0f / ((float)m->cur_B * T));
+    kernel_crossentropy_backward(probs, m->targets + r, BT, V, 1.0f / ((float)m->cur_B * T));
     float *xlast = block_input(m, L, b0);
     int hi = m->num_linear - 1;
     if (c->norm != MODEL_NORM_NONE) {
         linear_backward(m, sh, hi, dtmp, NULL, probs, m->acts.lnf + r * C, BT);
         memset(dx, 0, sizeof(float) * BTC);
-        layernorm_backward(dx, g->lnfw, g->lnfb, dtmp, xlast, p->lnfw, m->acts.lnf_mean + r, m->acts.lnf_rstd + r, BT, C);
+        kernel_layernorm_backward(dx, g->lnfw, g->lnfb, dtmp, xlast, p->lnfw, m->acts.lnf_mean + r, m->acts.lnf_rstd + r, BT, C);
     } else {
         linear_backward(m, sh, hi, dx, NULL, probs, xlast, BT);
     }
@@ -994,7 +588,7 @@ static void backward_shard(model *m, model_shard *sh, int b0, int B)
         float *out = block_backward(m, sh, l, b0, B, dx, dtmp, s);
         if (out != dx) { dtmp = dx; dx = out; }
     }
-    encoder_backward(g->wte, g->wpe, dx, m->inputs + r, B, T, C);
+    kernel_encoder_backward(g->wte, g->wpe, dx, m->inputs + r, B, T, C);
 }
 
 /* ---- the pool's jobs: data parallel over the examples of a batch --------
@@ -1020,8 +614,8 @@ static double reduce_dot(model *m, int i)
         float *restrict d = l->dw + (long)o * l->in;
         for (int k = 1; k < m->nthreads; k++)
             if (!m->shards[k].idle)
-                add_into(d, m->shards[k].grads_memory + off + (long)o * l->in, l->in);
-        gw += dot_double(d, l->w + (long)o * l->in, l->in);
+                kernel_add_into(d, m->shards[k].grads_memory + off + (long)o * l->in, l->in);
+        gw += kernel_dot_double(d, l->w + (long)o * l->in, l->in);
     }
     return gw / sreparam_scale(l);
 }
@@ -1071,7 +665,7 @@ static void reduce_job(model *m, int t)
             pool_split(t, m->nthreads, n, &lo, &hi);
             for (int k = 1; k < m->nthreads; k++)
                 if (!m->shards[k].idle)
-                    add_into(m->grads_memory + off + lo, m->shards[k].grads_memory + off + lo, (long)(hi - lo));
+                    kernel_add_into(m->grads_memory + off + lo, m->shards[k].grads_memory + off + lo, (long)(hi - lo));
         }
         off += n;
     }
@@ -1181,6 +775,8 @@ const float *model_qkv_weight(model *m, int layer)
     }
     return l->weff;
 }
+
+void model_set_gw_weights_below(double ratio) { gw_weights_below = ratio; }
 
 int model_linear_index(const model *m, int layer, int which)
 {

@@ -225,10 +225,10 @@ const sreparam_linear *model_linear(const model *m, int index);
  * not flatter the blocked kernel, which computes a bit more. */
 double model_step_flops(const model_config *cfg, int B, int T);
 
-/* The naive triple-loop reference of the matmul forward used by the model:
- * out (N, OC) = inp (N, C) @ w^T (OC, C) + bias (OC, may be NULL).  For tests. */
-void model_matmul_reference(float *out, const float *inp, const float *w,
-                            const float *bias, int N, int C, int OC);
+/* For tests: <G, W> of a linear is computed from the weights when
+ * ratio x its outputs < B x T, else from the activations (default 1.5); 0
+ * and 1e30 force one route. Call before model_forward. */
+void model_set_gw_weights_below(double ratio);
 
 /* Random helpers shared by the trainer (xorshift*, as in llm.c). */
 uint32_t model_random_u32(uint64_t *state);
