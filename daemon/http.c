@@ -362,6 +362,21 @@ static int read_series(struct query *q, const void *arg, struct strbuf *b, char 
     return rc;
 }
 
+/* Reads the step range and bucket count of a series or timeline request
+ * (from, to, points). Returns 0, or -1 once it has answered a bad one
+ * (*ret: what to return). */
+static int range_params(struct http *h, struct MHD_Connection *c, int *has_from, int64_t *from, int *has_to,
+                        int64_t *to, int64_t *points, enum MHD_Result *ret) {
+    int p;
+    if ((p = int_param(c, "from", 0, INT64_MAX / 2, from)) < 0) *ret = BAD_INT("from", 0, INT64_MAX / 2);
+    else if (*has_from = p, (p = int_param(c, "to", 0, INT64_MAX / 2, to)) < 0) *ret = BAD_INT("to", 0, INT64_MAX / 2);
+    else if (*has_to = p, int_param(c, "points", 1, HTTP_MAX_POINTS, points) < 0)
+        *ret = BAD_INT("points", 1, HTTP_MAX_POINTS);
+    else if (*has_from && *has_to && *from > *to) *ret = http_send_error(h, c, 400, "from is after to");
+    else return 0;
+    return -1;
+}
+
 static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_t id) {
     struct query_series_req r = {.run_id = id, .layer = -1, .head = -1, .points = 1000};
     r.metric = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "metric");
@@ -369,17 +384,31 @@ static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_
     int p;
     if (int_param(c, "layer", 0, 1 << 20, &r.layer) < 0) return BAD_INT("layer", 0, 1 << 20);
     if (int_param(c, "head", 0, 1 << 20, &r.head) < 0) return BAD_INT("head", 0, 1 << 20);
-    if ((p = int_param(c, "from", 0, INT64_MAX / 2, &r.from)) < 0) return BAD_INT("from", 0, INT64_MAX / 2);
-    r.has_from = p;
-    if ((p = int_param(c, "to", 0, INT64_MAX / 2, &r.to)) < 0) return BAD_INT("to", 0, INT64_MAX / 2);
-    r.has_to = p;
-    if (int_param(c, "points", 1, HTTP_MAX_POINTS, &r.points) < 0) return BAD_INT("points", 1, HTTP_MAX_POINTS);
-    if (r.has_from && r.has_to && r.from > r.to) return http_send_error(h, c, 400, "from is after to");
+    enum MHD_Result bad;
+    if (range_params(h, c, &r.has_from, &r.from, &r.has_to, &r.to, &r.points, &bad)) return bad;
     if ((p = choice_param(c, "agg", agg_names)) == -1) return http_send_error(h, c, 400, "agg must be mean, min or max");
     if (p >= 0) r.agg = p;
     if ((p = choice_param(c, "split", split_names)) == -1) return http_send_error(h, c, 400, "split must be head or layer");
     if (p >= 0) r.split = p;
     return answer_read(h, c, read_series, &r);
+}
+
+static int read_timeline(struct query *q, const void *arg, struct strbuf *b, char *err, size_t errlen) {
+    return query_timeline(q, arg, b, err, errlen);
+}
+
+static enum MHD_Result h_timeline(struct http *h, struct MHD_Connection *c, int64_t id) {
+    struct query_timeline_req r = {.run_id = id, .layer = -1, .points = 300};
+    static const char *const rows[] = {"head", "layer", NULL};
+    r.metric = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "metric");
+    if (!r.metric || !*r.metric) return http_send_error(h, c, 400, "parameter metric is required");
+    int p;
+    if (int_param(c, "layer", 0, 1 << 20, &r.layer) < 0) return BAD_INT("layer", 0, 1 << 20);
+    enum MHD_Result bad;
+    if (range_params(h, c, &r.has_from, &r.from, &r.has_to, &r.to, &r.points, &bad)) return bad;
+    if ((p = choice_param(c, "rows", rows)) == -1) return http_send_error(h, c, 400, "rows must be head or layer");
+    r.fold_layers = p == 1;
+    return answer_read(h, c, read_timeline, &r);
 }
 
 struct frame_req {
@@ -698,6 +727,7 @@ static const char *const p_runs[] = {"status", "verdict", "q", "created_from", "
                                      "limit", "cursor", "meta.*", NULL};
 static const char *const p_series[] = {"metric", "layer", "head", "from", "to", "points", "agg", "split", NULL};
 static const char *const p_frame[] = {"metric", "step", NULL};
+static const char *const p_timeline[] = {"metric", "layer", "rows", "from", "to", "points", NULL};
 static const char *const p_events[] = {"after", "before", "order", "limit", NULL};
 static const char *const p_export[] = {"format", NULL};
 static const char *const p_stream[] = {"run", "last_event_id", "ticks", "layers", "cells", NULL};
@@ -710,6 +740,7 @@ static const struct route routes[] = {
     {"DELETE", "/api/runs/{id}", h_delete, 1, p_none},
     {"GET", "/api/runs/{id}/series", h_series, 1, p_series},
     {"GET", "/api/runs/{id}/frame", h_frame, 1, p_frame},
+    {"GET", "/api/runs/{id}/timeline", h_timeline, 1, p_timeline},
     {"GET", "/api/runs/{id}/events", h_events, 1, p_events},
     {"GET", "/api/runs/{id}/export", h_export, 1, p_export},
     {"GET", "/api/stream", h_stream, 1, p_stream},

@@ -154,6 +154,34 @@ struct query_series_req {
 int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err,
                  size_t errlen);
 
+/* A collapse timeline request (query_timeline); layer -1 when left out. */
+struct query_timeline_req {
+    int64_t run_id;
+    const char *metric;  /* a head or layer metric */
+    int64_t layer;       /* rows=head: only this layer's heads */
+    int fold_layers;     /* a row per layer (min over its heads) instead of one per head */
+    int has_from, has_to;
+    int64_t from, to;
+    int64_t points;      /* buckets at most, >= 1 */
+};
+
+/* GET /api/runs/{id}/timeline: the bucket minimum of a head metric for
+ * every head (layer-major; only layer's with `layer`), or with fold_layers
+ * for every layer (the minimum over its heads), over the buckets a
+ * split series request of the same range and points has (query_series:
+ * rollups where they cover a bucket). A layer metric has a row per layer.
+ * The answer: {run, metric, kind, rows ("head" | "layer"), layer, layers,
+ * heads, from, to, width, resolution, step, end, time, end_time, cells
+ * ([[layer, head|null]] per row), lo, hi, min}: time and end_time are the
+ * trainer's clock at each bucket's first and last stored step; min is the
+ * base64 of rows x buckets little-endian uint16 codes, row-major, code c
+ * <= 65534 meaning lo + c * (hi - lo) / 65534 and 65535 no finite value
+ * (docs/http-api.md). QUERY_NOT_FOUND for an unknown run or metric;
+ * QUERY_BAD for a scalar, a layer out of range, layer with fold_layers or
+ * for a layer metric, and past QUERY_MAX_SERIES_BUCKETS rows x buckets. */
+int query_timeline(struct query *q, const struct query_timeline_req *req, struct strbuf *out, char *err,
+                   size_t errlen);
+
 /* GET /api/runs/{id}/frame: the metric's values at the last step <= step
  * (has_step 0: the latest). QUERY_NOT_FOUND when no run, metric or frame. */
 int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,

@@ -94,4 +94,29 @@ int query_step_range(struct query *q, int64_t metric_id, int64_t *first, int64_t
  * frame, -1 on a database error. */
 int query_raw_horizon(struct query *q, int64_t metric_id, int64_t first, int64_t *rolled);
 
+/* ---- a series request's buckets as a grid (query_series.c) ---- */
+
+/* The buckets query_series would answer for a request, with only each
+ * series' minimum kept: what the collapse timeline (query_timeline.c)
+ * draws. Owned by the grid; query_grid_free releases them. */
+struct query_grid {
+    int kind;                /* the metric's kind: 1 layer, 2 head (0 scalar) */
+    int64_t L, H;            /* its shape (1 where it has no such axis) */
+    int64_t from, to;        /* the range asked for, as query_series answers it */
+    int64_t width, resolution, raw_from;
+    int64_t nb;              /* buckets listed (those holding a frame) */
+    int64_t *step, *end;     /* nb each: first and last step of each, clipped to the range */
+    uint32_t ngroups;        /* series, layer-major */
+    int64_t *layer, *head;   /* ngroups each; head -1 for a series of a whole layer */
+    float *min;              /* ngroups x nb, series-major; NaN where a bucket held no finite value */
+};
+
+/* Fills g for req as query_series answers it (same checks, same return
+ * codes), in the caller's read transaction (query_db_begin). On failure g
+ * holds nothing. */
+int query_series_grid(struct query *q, const struct query_series_req *req, struct query_grid *g, char *err,
+                      size_t errlen);
+/* Frees what g holds (a zeroed or failed grid too). */
+void query_grid_free(struct query_grid *g);
+
 #endif

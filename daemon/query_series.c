@@ -1,6 +1,7 @@
 /* query_series.c: downsampled history (query_series in query.h), exact
  * per bucket from the rollups and raw frames (schema/storage.md, "Query
- * recipe"). */
+ * recipe"), and the same buckets as a grid of minima for other answers
+ * (query_series_grid, query_db.h: the collapse timeline). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,10 @@ struct series {
     int64_t resolution;    /* 1, or 64 when steps before raw_from (rollups only) are in the range */
     int64_t raw_from;      /* the first step with raw frames, -1 for none */
     struct rollup_cell *roll; /* a rollup row's selected cells, decoded (n, allocated on first use) */
+    int kind;              /* the metric's kind (0 scalar, 1 layer, 2 head) and shape */
+    int64_t L, H;
+    int64_t from, to;      /* the range asked for (the metric's first / last step where left out) */
+    int64_t lo, hi;        /* the part of it the metric holds */
 };
 
 static void series_free(struct series *sr) {
@@ -470,69 +475,125 @@ static void series_emit(struct strbuf *out, const struct series *sr, const struc
     strbuf_add(out, "}", 1);
 }
 
-int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err,
-                 size_t errlen) {
-    struct series sr = {.q = q};
+/* Computes the buckets of req into sr (the shared part of query_series
+ * and query_series_grid), in the caller's read transaction. */
+static int series_run(struct query *q, const struct query_series_req *req, struct series *sr, char *err,
+                      size_t errlen) {
     struct query_runinfo ri;
-    int kind, ret;
+    int ret;
     int64_t first = 0;
-    if (query_db_begin(q, err, errlen)) return QUERY_ERR;
     if ((ret = query_run_get(q, req->run_id, &ri, err, errlen)) ||
-        (ret = query_metric_get(q, req->run_id, req->metric, &sr.metric_id, &kind, err, errlen)))
-        goto out;
+        (ret = query_metric_get(q, req->run_id, req->metric, &sr->metric_id, &sr->kind, err, errlen)))
+        return ret;
+    int kind = sr->kind;
     int64_t L = kind == 0 ? 1 : ri.layers, H = kind == 2 ? ri.heads : 1;
-    if ((ret = series_check(req, kind, L, H, err, errlen)) || (ret = series_select(&sr, req, L, H, err, errlen)))
-        goto out;
+    sr->L = L;
+    sr->H = H;
+    if ((ret = series_check(req, kind, L, H, err, errlen)) || (ret = series_select(sr, req, L, H, err, errlen)))
+        return ret;
 
-    ret = QUERY_ERR;
-    int have = query_step_range(q, sr.metric_id, &first, &sr.last), empty = have != 1;
-    if (have < 0) {
-        ret = query_db_fail(q, err, errlen, "reading the step range");
-        goto out;
-    }
+    int have = query_step_range(q, sr->metric_id, &first, &sr->last), empty = have != 1;
+    if (have < 0) return query_db_fail(q, err, errlen, "reading the step range");
     /* steps before the raw horizon (--retain-raw) have rollups only:
      * there the buckets are whole level-1 blocks */
     int64_t raw_from = first, rolled = 0;
-    int cut = empty ? 0 : query_raw_horizon(q, sr.metric_id, first, &rolled);
-    if (cut < 0) {
-        ret = query_db_fail(q, err, errlen, "reading the rollups");
-        goto out;
-    }
+    int cut = empty ? 0 : query_raw_horizon(q, sr->metric_id, first, &rolled);
+    if (cut < 0) return query_db_fail(q, err, errlen, "reading the rollups");
     if (cut) first = rolled;
-    int64_t from = req->has_from ? req->from : first, to = req->has_to ? req->to : sr.last;
-    int64_t lo = from > first ? from : first, hi = to < sr.last ? to : sr.last;
+    int64_t from = req->has_from ? req->from : first, to = req->has_to ? req->to : sr->last;
+    int64_t lo = from > first ? from : first, hi = to < sr->last ? to : sr->last;
     int coarse = cut && lo < raw_from;
     if (coarse) lo = lo / STORE_LEVEL_SIZE(1) * STORE_LEVEL_SIZE(1);
-    sr.w = 1;
-    int k = !empty && lo <= hi ? series_plan(&sr, lo, hi, req->points, coarse) : 0;
-    sr.resolution = coarse ? STORE_LEVEL_SIZE(1) : 1;
-    sr.raw_from = empty ? -1 : raw_from;
+    sr->from = from;
+    sr->to = to;
+    sr->lo = lo;
+    sr->hi = hi;
+    sr->w = 1;
+    int k = !empty && lo <= hi ? series_plan(sr, lo, hi, req->points, coarse) : 0;
+    sr->resolution = coarse ? STORE_LEVEL_SIZE(1) : 1;
+    sr->raw_from = empty ? -1 : raw_from;
     /* the bound holds for an empty range too: each series is still listed */
-    if ((uint64_t)(sr.nb ? sr.nb : 1) * sr.ngroups > QUERY_MAX_SERIES_BUCKETS) {
-        snprintf(err, errlen, "%u series x %lld buckets is more than %d: ask for fewer points%s", sr.ngroups,
-                 (long long)(sr.nb ? sr.nb : 1), QUERY_MAX_SERIES_BUCKETS,
+    if ((uint64_t)(sr->nb ? sr->nb : 1) * sr->ngroups > QUERY_MAX_SERIES_BUCKETS) {
+        snprintf(err, errlen, "%u series x %lld buckets is more than %d: ask for fewer points%s", sr->ngroups,
+                 (long long)(sr->nb ? sr->nb : 1), QUERY_MAX_SERIES_BUCKETS,
                  req->split == QUERY_SPLIT_HEAD && req->layer < 0 ? " or one layer" : "");
-        ret = QUERY_BAD;
-        goto out;
+        return QUERY_BAD;
     }
-    if (sr.nb > 0) {
-        sr.b = calloc((size_t)sr.nb * sr.ngroups, sizeof *sr.b);
-        sr.frames = calloc((size_t)sr.nb, sizeof *sr.frames);
-        if (!sr.b || !sr.frames) {
+    if (sr->nb > 0) {
+        sr->b = calloc((size_t)sr->nb * sr->ngroups, sizeof *sr->b);
+        sr->frames = calloc((size_t)sr->nb, sizeof *sr->frames);
+        if (!sr->b || !sr->frames) {
             snprintf(err, errlen, "out of memory");
-            goto out;
+            return QUERY_ERR;
         }
-        if (cover(&sr, lo, hi, k)) {
+        if (cover(sr, lo, hi, k)) {
             char what[160];
             query_db_what(what, sizeof what, "reading the series", req->run_id, req->metric);
-            ret = query_db_fail(q, err, errlen, what);
-            goto out;
+            return query_db_fail(q, err, errlen, what);
         }
     }
-    series_emit(out, &sr, req, kind, from, to, lo, hi);
-    ret = QUERY_OK;
-out:
+    return QUERY_OK;
+}
+
+int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err,
+                 size_t errlen) {
+    struct series sr = {.q = q};
+    if (query_db_begin(q, err, errlen)) return QUERY_ERR;
+    int ret = series_run(q, req, &sr, err, errlen);
+    if (ret == QUERY_OK) series_emit(out, &sr, req, sr.kind, sr.from, sr.to, sr.lo, sr.hi);
     series_free(&sr);
     query_db_end(q);
     return ret;
+}
+
+int query_series_grid(struct query *q, const struct query_series_req *req, struct query_grid *g, char *err,
+                      size_t errlen) {
+    struct series sr = {.q = q};
+    memset(g, 0, sizeof *g);
+    int ret = series_run(q, req, &sr, err, errlen);
+    if (ret) goto out;
+    int64_t nb = 0;
+    for (int64_t i = 0; i < sr.nb; i++) nb += sr.frames[i] != 0;
+    *g = (struct query_grid){.kind = sr.kind, .L = sr.L, .H = sr.H, .from = sr.from, .to = sr.to, .width = sr.w,
+                             .resolution = sr.resolution, .raw_from = sr.raw_from, .nb = nb, .ngroups = sr.ngroups};
+    g->step = malloc((size_t)(nb ? nb : 1) * sizeof *g->step);
+    g->end = malloc((size_t)(nb ? nb : 1) * sizeof *g->end);
+    g->layer = malloc(sr.ngroups * sizeof *g->layer);
+    g->head = malloc(sr.ngroups * sizeof *g->head);
+    g->min = malloc((size_t)(nb ? nb : 1) * sr.ngroups * sizeof *g->min);
+    if (!g->step || !g->end || !g->layer || !g->head || !g->min) {
+        snprintf(err, errlen, "out of memory");
+        ret = QUERY_ERR;
+        goto out;
+    }
+    for (uint32_t k = 0; k < sr.ngroups; k++) {
+        g->layer[k] = sr.groups[k].layer;
+        g->head[k] = sr.groups[k].head;
+    }
+    int64_t j = 0;
+    for (int64_t i = 0; i < sr.nb; i++) {
+        if (!sr.frames[i]) continue;
+        int64_t a = sr.a + i * sr.w, e = a + sr.w - 1;
+        g->step[j] = a < sr.lo ? sr.lo : a > sr.hi ? sr.hi : a;
+        g->end[j] = e < sr.lo ? sr.lo : e > sr.hi ? sr.hi : e;
+        for (uint32_t k = 0; k < sr.ngroups; k++) {
+            const struct bucket *b = &sr.b[i * sr.ngroups + k];
+            g->min[(size_t)k * (size_t)nb + (size_t)j] = b->count ? b->mn : NAN;
+        }
+        j++;
+    }
+out:
+    if (ret) query_grid_free(g);
+    series_free(&sr);
+    return ret;
+}
+
+void query_grid_free(struct query_grid *g) {
+    if (!g) return;
+    free(g->step);
+    free(g->end);
+    free(g->layer);
+    free(g->head);
+    free(g->min);
+    memset(g, 0, sizeof *g);
 }

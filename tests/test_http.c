@@ -654,14 +654,96 @@ static void test_series_split(void **state) {
     tr_end_and_delete(&t, id);
 }
 
+/* Asserts GET /api/runs/R1/<route><q> answers status with a JSON error. */
+static void route_error(const char *route, const char *q, long status, const char *code) {
+    char p[256];
+    snprintf(p, sizeof p, "/api/runs/%lld/%s%s", (long long)R1, route, q);
+    expect_error(&D, "GET", p, status, code);
+}
+
+/* ---- the collapse timeline: a split series' minima, compactly ---- */
+
+/* The 16-bit code at index i of a timeline answer's base64 "min". */
+static unsigned tl_code(const char *b64, size_t i) {
+    unsigned char b[2];
+    for (int k = 0; k < 2; k++) {
+        size_t byte = 2 * i + (size_t)k, q = byte / 3 * 4, r = byte % 3;
+        uint32_t v = 0;
+        for (int c = 0; c < 4; c++) {
+            const char *A = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            const char *p = b64[q + (size_t)c] == '=' ? A : strchr(A, b64[q + (size_t)c]);
+            v = v << 6 | (uint32_t)(p - A);
+        }
+        b[k] = (unsigned char)(v >> (16 - 8 * r) & 255);
+    }
+    return b[0] | (unsigned)b[1] << 8;
+}
+
+/* Checks GET .../timeline?<query> against the split series it stands
+ * for (<series>: the same range and points with split=): the same
+ * buckets, and each row's decoded minima within a quantum of the series'
+ * min (or its value, for a pooled series). */
+static void check_timeline(const char *query, const char *series, int rows_want) {
+    char path[512];
+    snprintf(path, sizeof path, "/api/runs/%lld/timeline?%s", (long long)R1, query);
+    cJSON *t = get_json(&D, path, 200);
+    snprintf(path, sizeof path, "/api/runs/%lld/series?%s", (long long)R1, series);
+    cJSON *s = get_json(&D, path, 200);
+    same_array(query, t, s, "step");
+    same_array(query, t, s, "end");
+    cJSON *sr = cJSON_GetObjectItem(s, "series"), *cells = cJSON_GetObjectItem(t, "cells");
+    int rows = cJSON_GetArraySize(cells), nb = cJSON_GetArraySize(cJSON_GetObjectItem(t, "step"));
+    assert_int_equal(rows, rows_want);
+    assert_int_equal(rows, cJSON_GetArraySize(sr));
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(t, "time")), nb);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(t, "end_time")), nb);
+    const char *b64 = cJSON_GetObjectItem(t, "min")->valuestring;
+    assert_int_equal(strlen(b64), (size_t)(4 * ((2 * rows * nb + 2) / 3)));
+    double lo = cJSON_GetObjectItem(t, "lo")->valuedouble, hi = cJSON_GetObjectItem(t, "hi")->valuedouble;
+    double q = (hi - lo) / 65534;
+    for (int r = 0; r < rows; r++) {
+        cJSON *one = cJSON_GetArrayItem(sr, r), *c = cJSON_GetArrayItem(cells, r);
+        assert_int_equal((int)cJSON_GetArrayItem(c, 0)->valuedouble, (int)cJSON_GetObjectItem(one, "layer")->valuedouble);
+        cJSON *m = cJSON_GetObjectItem(one, "value") ? cJSON_GetObjectItem(one, "value") : cJSON_GetObjectItem(one, "min");
+        for (int i = 0; i < nb; i++) {
+            unsigned code = tl_code(b64, (size_t)r * (size_t)nb + (size_t)i);
+            cJSON *v = cJSON_GetArrayItem(m, i);
+            if (cJSON_IsNull(v)) {
+                assert_int_equal(code, 65535);
+                continue;
+            }
+            double got = lo + code * q;
+            if (fabs(got - v->valuedouble) > q * 0.51 + 1e-9) fail_msg("%s row %d bucket %d: %g, series %g", query, r, i, got, v->valuedouble);
+        }
+    }
+    cJSON_Delete(s);
+    cJSON_Delete(t);
+}
+
+static void test_timeline(void **state) {
+    (void)state;
+    check_timeline("metric=entropy&points=9", "metric=entropy&points=9&split=head", L1 * H1);
+    check_timeline("metric=entropy&points=40&from=513&to=5555&layer=1", "metric=entropy&points=40&from=513&to=5555&split=head&layer=1", H1);
+    check_timeline("metric=entropy&points=30&rows=layer", "metric=entropy&points=30&split=layer&agg=min", L1);
+    check_timeline("metric=entropy&points=5000&from=2990&to=3200", "metric=entropy&points=5000&from=2990&to=3200&split=head", L1 * H1);
+    check_timeline("metric=rank_ratio&points=17", "metric=rank_ratio&points=17&split=layer", L1);
+#define TE(q, st, code) route_error("timeline", q, st, code)
+    TE("", 400, "bad_request");
+    TE("?metric=loss", 400, "bad_request");
+    TE("?metric=entropy&rows=layer&layer=0", 400, "bad_request");
+    TE("?metric=rank_ratio&layer=0", 400, "bad_request");
+    TE("?metric=entropy&layer=99", 400, "bad_request");
+    TE("?metric=entropy&rows=cells", 400, "bad_request");
+    TE("?metric=entropy&from=9&to=3", 400, "bad_request");
+    TE("?metric=nosuch", 404, "not_found");
+#undef TE
+    expect_error(&D, "GET", "/api/runs/999999/timeline?metric=entropy", 404, "not_found");
+}
+
 static void test_series_errors(void **state) {
     (void)state;
     char p[256];
-#define E(q, st, code)                                                             \
-    do {                                                                           \
-        snprintf(p, sizeof p, "/api/runs/%lld/series%s", (long long)R1, q);        \
-        expect_error(&D, "GET", p, st, code);                                      \
-    } while (0)
+#define E(q, st, code) route_error("series", q, st, code)
     E("", 400, "bad_request");
     E("?metric=loss&points=0", 400, "bad_request");
     E("?metric=loss&points=100001", 400, "bad_request");
@@ -1169,7 +1251,7 @@ static void test_auth(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_series_exact), cmocka_unit_test(test_series_split), cmocka_unit_test(test_series_errors), cmocka_unit_test(test_runs),
+        cmocka_unit_test(test_series_exact), cmocka_unit_test(test_series_split), cmocka_unit_test(test_timeline), cmocka_unit_test(test_series_errors), cmocka_unit_test(test_runs),
         cmocka_unit_test(test_frame),        cmocka_unit_test(test_events),        cmocka_unit_test(test_export),
         cmocka_unit_test(test_metrics_healthz), cmocka_unit_test(test_delete),     cmocka_unit_test(test_static),
         cmocka_unit_test(test_stream_resume), cmocka_unit_test(test_auth),

@@ -42,6 +42,114 @@ export function setSmoothing(a) {
 }
 export const getSmoothing = () => smoothing;
 
+/* ---- the x axis: step, wall time or time since the start ---------------
+ * Every step carries the trainer's clock; the run page feeds the pairs it
+ * has (the timeline answer's bucket edges, the live ticks) to addClock. In
+ * a time mode the charts' x values are the steps' times (interpolated
+ * between known pairs, never decreasing), so a stall is a gap and a
+ * slowdown a stretch; zooming and markers convert back to steps. */
+const clock = {steps: [], times: [], t0: null};
+let xMode = 'step';
+export const X_MODES = ['step', 'wall', 'rel'];
+export function setXMode(m) {
+  m = X_MODES.includes(m) ? m : 'step';
+  if (m === xMode) return;
+  xMode = m;
+  for (const c of charts) if (c.u) c.build();
+}
+export const getXMode = () => xMode;
+/** The time "relative time" counts from (the run's first step's). */
+export function setClockOrigin(t) { if (Number.isFinite(t)) clock.t0 = t; }
+/** Adds (step, time) pairs (any order; null times skipped). */
+export function addClock(steps, times) {
+  const m = new Map(clock.steps.map((s, i) => [s, clock.times[i]]));
+  steps.forEach((s, i) => { if (Number.isFinite(times[i])) m.set(s, times[i]); });
+  const ks = [...m.keys()].sort((a, b) => a - b);
+  let run = -Infinity;
+  clock.steps = ks;
+  clock.times = ks.map((k) => (run = Math.max(run, m.get(k))));
+  if (clock.t0 === null && clock.times.length) clock.t0 = clock.times[0];
+}
+/** Whether the times of steps are known (a time axis can be drawn). */
+export const hasClock = () => clock.steps.length >= 1;
+function interp(xs, ys, x) {
+  const n = xs.length;
+  if (!n) return NaN;
+  if (n === 1) return ys[0];
+  let lo = 0, hi = n - 1;
+  if (x <= xs[0]) hi = 1; else if (x >= xs[n - 1]) lo = n - 2;
+  else while (hi - lo > 1) { const m = (lo + hi) >> 1; if (xs[m] <= x) lo = m; else hi = m; }
+  const dx = xs[hi] - xs[lo];
+  return dx ? ys[lo] + ((ys[hi] - ys[lo]) * (x - xs[lo])) / dx : ys[lo];
+}
+/** The time of a step (seconds: Unix time, or since the start for 'rel'). */
+export function timeOf(step, mode = xMode) {
+  const t = interp(clock.steps, clock.times, step);
+  return mode === 'rel' ? t - (clock.t0 ?? 0) : t;
+}
+/** The step at a time of the current mode (the inverse of timeOf). */
+export function stepOf(x) {
+  const t = xMode === 'rel' ? x + (clock.t0 ?? 0) : x;
+  return interp(clock.times, clock.steps, t);
+}
+const pad2 = (v) => String(v).padStart(2, '0');
+/** A wall-clock time as HH:MM:SS (with the date when the span is days). */
+function wallLabel(t, span) {
+  const d = new Date(t * 1000);
+  const hm = `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
+  if (span > 2 * 86400) return `${d.getMonth() + 1}/${d.getDate()} ${hm}`;
+  return span > 600 ? hm : `${hm}:${pad2(d.getSeconds())}`;
+}
+/** A duration: 42 s, 3 min 20 s, 2 h 05 min, 3 d 4 h. */
+export function durLabel(s) {
+  const a = Math.abs(s), sg = s < 0 ? '−' : '';
+  if (a < 60) return sg + (a < 10 ? +a.toFixed(1) : Math.round(a)) + ' s';
+  if (a < 3600) { const m = Math.floor(a / 60), r = Math.round(a % 60); return sg + m + ' min' + (r && m < 10 ? ` ${r} s` : ''); }
+  if (a < 86400) { const hh = Math.floor(a / 3600), m = Math.round((a % 3600) / 60); return sg + hh + ' h' + (m ? ` ${pad2(m)} min` : ''); }
+  const dd = Math.floor(a / 86400), hh = Math.round((a % 86400) / 3600);
+  return sg + dd + ' d' + (hh ? ` ${hh} h` : '');
+}
+/** Nice tick spacings of a time axis, in seconds. */
+const TIME_INCRS = [0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+                    86400, 172800, 604800, 2592000, 31536000];
+/** The x axis of the mode in force, in step space (the timeline buckets by
+ * step): label(step) in the mode's words, ticks(from, to, n) ~n steps to
+ * label at nice values of the mode. */
+export function xAxis(mode = xMode) {
+  const timed = mode !== 'step' && hasClock();
+  if (!timed) {
+    return {mode: 'step', label: (st) => compactStep(st),
+      ticks: (a, b, n) => { const inc = STEP_INCRS.find((x) => (b - a) / x <= n) || (b - a); const o = []; for (let v = Math.ceil(a / inc) * inc; v <= b; v += inc) o.push(v); return o; }};
+  }
+  return {mode, label: (st) => { const t = timeOf(st, mode); return mode === 'wall' ? wallLabel(t, timeOf(1e15, 'wall') - timeOf(0, 'wall')) : durLabel(t); },
+    ticks: (a, b, n) => {
+      const ta = timeOf(a, mode), tb = timeOf(b, mode);
+      const inc = TIME_INCRS.find((x) => (tb - ta) / x <= n) || (tb - ta || 1);
+      const o = [];
+      for (let v = Math.ceil(ta / inc) * inc; v <= tb && o.length < 50; v += inc) o.push(stepOf(mode === 'rel' ? v : v));
+      return o;
+    }};
+}
+/** Words of the axis: what its values are. */
+const X_TITLE = {step: 'step', wall: 'wall time (trainer clock)', rel: 'time since the run began'};
+
+/** Markers closer than gap px fold into one group: {x, step, color, items}
+ * (items most important first; x and colour the first one's). xOf(m)
+ * gives a marker's x. */
+export function foldMarkers(ms, xOf, gap) {
+  const pts = ms.map((m) => ({m, x: xOf(m)})).filter((p) => Number.isFinite(p.x)).sort((a, b) => a.x - b.x);
+  const groups = [];
+  for (const p of pts) {
+    const g = groups[groups.length - 1];
+    if (g && p.x - g.last <= gap) { g.items.push(p.m); g.last = p.x; g.xs.push(p.x); } else groups.push({items: [p.m], xs: [p.x], last: p.x});
+  }
+  return groups.map((g) => {
+    const items = g.items.slice().sort((a, b) => (b.prio || 0) - (a.prio || 0) || a.step - b.step);
+    const top = items[0], x = g.xs[g.items.indexOf(top)];
+    return {x, step: top.step, color: top.color || '#d62728', items};
+  });
+}
+
 /** Metrics that span decades: their charts start on a log axis. */
 const LOG_DEFAULT = new Set(['entropy_norm', 'max_logit', 'sigma_qk']);
 export const logByDefault = (metric) => LOG_DEFAULT.has(metric);
@@ -110,7 +218,7 @@ export class TimeChart {
     this.el = document.createElement('div');
     this.el.className = 'chart loading' + (o.compact ? ' compact' : '');
     this.logBtn = h('button', {class: 'tool', 'data-tool': 'log', title: 'logarithmic y axis', 'aria-pressed': String(this.log),
-                               onclick: () => this.setLog(!this.log)}, 'log');
+                               onclick: () => this.setLog(!this.log, true)}, 'log');
     this.tools = h('div', {class: 'chart-tools'}, this.logBtn,
       h('button', {class: 'tool', 'data-tool': 'png', title: 'download this chart as PNG', onclick: () => this.downloadPNG()}, 'PNG'),
       h('button', {class: 'tool', 'data-tool': 'csv', title: 'download the data of this chart as CSV', onclick: () => this.downloadCSV()}, 'CSV'));
@@ -171,7 +279,10 @@ export class TimeChart {
   build() {
     if (this.u) this.u.destroy();
     const o = this.o, defs = this.defs, th = themeColors();
-    const series = [{label: 'step', value: (u, v) => fmtStep(v)}];
+    const timed = xMode !== 'step' && hasClock();
+    this.timed = timed;
+    const series = [{label: timed ? 'time' : 'step',
+                     value: (u, v) => (v === null || v === undefined ? '' : timed ? `${xAxis().label(stepOf(v))} (step ${fmtStep(stepOf(v))})` : fmtStep(v))}];
     const bands = [];
     for (const d of defs) {
       const i = series.length;
@@ -197,7 +308,10 @@ export class TimeChart {
       series, bands,
       scales: {x: {time: false}, y},
       axes: [
-        {...axis, label: 'step', labelSize: 18, size: 36, incrs: STEP_INCRS, values: (u, vals) => vals.map((v) => compactStep(v))},
+        timed
+          ? {...axis, label: X_TITLE[xMode], labelSize: 18, size: 36, incrs: TIME_INCRS, space: 70,
+             values: (u, vals) => vals.map((v) => (xMode === 'wall' ? wallLabel(v, u.scales.x.max - u.scales.x.min) : durLabel(v)))}
+          : {...axis, label: 'step', labelSize: 18, size: 36, incrs: STEP_INCRS, values: (u, vals) => vals.map((v) => compactStep(v))},
         {...axis, label: o.unit || 'value', labelSize: 18, size: 58,
          splits: this.log ? logSplits : ySplits, values: this.log ? logTicks : linTicks,
          // the splits above are already thinned: keep uPlot from thinning them again
@@ -218,7 +332,8 @@ export class TimeChart {
       hooks: {
         setSelect: [(u) => {
           if (u.select.width < 4) return;
-          const a = u.posToVal(u.select.left, 'x'), b = u.posToVal(u.select.left + u.select.width, 'x');
+          let a = u.posToVal(u.select.left, 'x'), b = u.posToVal(u.select.left + u.select.width, 'x');
+          if (this.timed) { a = stepOf(a); b = stepOf(b); }
           u.setSelect({left: 0, width: 0, top: 0, height: 0}, false);
           if (o.onZoom) o.onZoom(Math.max(0, Math.floor(a)), Math.ceil(b));
         }],
@@ -230,6 +345,9 @@ export class TimeChart {
     this.el.dataset.scale = this.log ? 'log' : 'linear';
     this.el.style.minHeight = '';
     this.u.over.addEventListener('dblclick', () => { if (o.onReset) o.onReset(); });
+    // the folded markers' list on hover, near the top of the plot
+    this.u.over.addEventListener('mousemove', (e) => this.markerHover(e));
+    this.u.over.addEventListener('mouseleave', () => { if (this.mtip) this.mtip.hidden = true; });
   }
 
   /** The table drawn: the data with each line EMA-smoothed (when smoothing
@@ -237,8 +355,9 @@ export class TimeChart {
    * gaps (they have no place on it). this.data stays the raw data. */
   shown() {
     const t = this.data, defs = this.defs || this.pendingDefs;
-    if (!t || !defs || (!smoothing && !this.log)) return t;
-    const out = [t[0]];
+    const timed = xMode !== 'step' && hasClock();
+    if (!t || !defs || (!smoothing && !this.log && !timed)) return t;
+    const out = [timed ? t[0].map((st) => timeOf(st)) : t[0]];
     let c = 1;
     const pos = (col) => (this.log ? col.map((v) => (v === null || v === undefined || v > 0 ? v : null)) : col);
     for (const d of defs) {
@@ -249,11 +368,13 @@ export class TimeChart {
     return out;
   }
 
-  setLog(on) {
+  /** user: a click on "log" (told to o.onLog, which keeps it in the URL). */
+  setLog(on, user = false) {
     this.log = !!on;
     this.logDecided = true;
     this.logBtn.setAttribute('aria-pressed', String(this.log));
     if (this.u) this.build();
+    if (user && this.o.onLog) this.o.onLog(this.log);
   }
 
   /** The chart's data as CSV: a row per step, a column per line, plus its
@@ -302,20 +423,25 @@ export class TimeChart {
     downloadBlob(this.fileName('png'), blob);
   }
 
-  /** Red ticks under NaN/Inf buckets; a dashed line per marker with a
-   * triangle and its label at the top (labels that would overlap go to
-   * the next row, at most three rows; the rest show on hover only). */
+  /** Red ticks under NaN/Inf buckets; a dashed line per marker, and a
+   * triangle with a label per group of markers closer than 14 px (a
+   * group's label says how many it holds; the list shows on hover, see
+   * markerHover). Labels that would overlap go to the next row, at most
+   * three rows; the rest show on hover only. */
   drawMarkers(u) {
     const ms = this.o.markers ? this.o.markers() : [];
     const nf = this.nonfinite || [];
+    this.markerGroups = [];
     if (!ms.length && !nf.length) return;
     const ctx = u.ctx, top = u.bbox.top, hgt = u.bbox.height, dpr = devicePixelRatio;
     const [x0, x1] = [u.scales.x.min, u.scales.x.max];
+    const xv = (st) => (this.timed ? timeOf(st) : st);
     ctx.save();
     ctx.fillStyle = '#d62728';
     for (const st of nf) {
-      if (st < x0 || st > x1) continue;
-      const x = Math.round(u.valToPos(st, 'x', true));
+      const v = xv(st);
+      if (v < x0 || v > x1) continue;
+      const x = Math.round(u.valToPos(v, 'x', true));
       ctx.fillRect(x - 1.5 * dpr, top + hgt - 9 * dpr, 3 * dpr, 9 * dpr);
     }
     ctx.lineWidth = 1.5 * dpr;
@@ -324,28 +450,32 @@ export class TimeChart {
     ctx.textAlign = 'left';
     const rows = [[], [], []], bg = themeColors().bg;
     const right = u.bbox.left + u.bbox.width;
-    // labels are placed most important first (m.prio), then by step
-    const order = [...ms].sort((a, b) => (b.prio || 0) - (a.prio || 0) || a.step - b.step);
-    for (const m of ms) {
-      if (m.step < x0 || m.step > x1) continue;
-      const x = Math.round(u.valToPos(m.step, 'x', true));
-      const col = m.color || '#d62728';
-      ctx.strokeStyle = col;
+    const shown = ms.filter((m) => { const v = xv(m.step); return v >= x0 && v <= x1; });
+    for (const m of shown) {
+      const x = Math.round(u.valToPos(xv(m.step), 'x', true));
+      ctx.strokeStyle = m.color || '#d62728';
       ctx.setLineDash([4 * dpr, 3 * dpr]);
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + hgt); ctx.stroke();
-      ctx.setLineDash([]);
-      ctx.fillStyle = col;
-      ctx.beginPath(); ctx.moveTo(x - 5 * dpr, top); ctx.lineTo(x + 5 * dpr, top);
-      ctx.lineTo(x, top + 7 * dpr); ctx.fill();
     }
-    for (const m of order) {
-      if (m.step < x0 || m.step > x1) continue;
-      const x = Math.round(u.valToPos(m.step, 'x', true));
-      const col = m.color || '#d62728';
-      if (!m.label || this.o.compact) continue;
-      const w = ctx.measureText(m.label).width + 6 * dpr;
-      let lx = x + 4 * dpr;
-      if (lx + w > right) lx = x - 4 * dpr - w;
+    ctx.setLineDash([]);
+    const groups = foldMarkers(shown, (m) => Math.round(u.valToPos(xv(m.step), 'x', true)), 14 * dpr);
+    this.markerGroups = groups.map((g) => ({...g, x: g.x / dpr}));
+    // labels are placed most important group first, then by step
+    const order = [...groups].sort((a, b) => (b.items[0].prio || 0) - (a.items[0].prio || 0) || a.step - b.step);
+    for (const g of groups) {
+      ctx.fillStyle = g.color;
+      ctx.beginPath(); ctx.moveTo(g.x - 5 * dpr, top); ctx.lineTo(g.x + 5 * dpr, top);
+      ctx.lineTo(g.x, top + 7 * dpr); ctx.fill();
+    }
+    for (const g of order) {
+      if (this.o.compact) break;
+      const labels = new Set(g.items.map((m) => m.label).filter(Boolean));
+      if (!labels.size) continue;
+      const label = g.items.length === 1 ? g.items[0].label
+        : labels.size === 1 ? `${[...labels][0]} ×${g.items.length}` : `${g.items.length} markers`;
+      const w = ctx.measureText(label).width + 6 * dpr;
+      let lx = g.x + 4 * dpr;
+      if (lx + w > right) lx = g.x - 4 * dpr - w;
       const r = rows.findIndex((row) => row.every(([a, b]) => lx + w < a || lx > b));
       if (r < 0) continue;
       rows[r].push([lx, lx + w]);
@@ -355,11 +485,26 @@ export class TimeChart {
       ctx.strokeStyle = bg;
       ctx.lineWidth = 3 * dpr;
       ctx.lineJoin = 'round';
-      ctx.strokeText(m.label, lx + 3 * dpr, ly + 1 * dpr);
-      ctx.fillStyle = col;
-      ctx.fillText(m.label, lx + 3 * dpr, ly + 1 * dpr);
+      ctx.strokeText(label, lx + 3 * dpr, ly + 1 * dpr);
+      ctx.fillStyle = g.color;
+      ctx.fillText(label, lx + 3 * dpr, ly + 1 * dpr);
     }
     ctx.restore();
+  }
+
+  /** Over the top of the plot, near a marker group: the list of what it
+   * holds (rule or rollback, and step), as a tooltip. */
+  markerHover(e) {
+    const gs = this.markerGroups || [];
+    const r = this.u.over.getBoundingClientRect(), x = e.clientX - r.left, y = e.clientY - r.top;
+    const g = y <= 44 ? gs.find((m) => Math.abs(m.x - this.u.bbox.left / devicePixelRatio - x) <= 8) : null;
+    if (!g) { if (this.mtip) this.mtip.hidden = true; return; }
+    if (!this.mtip) { this.mtip = h('div', {class: 'hm-tip marker-tip', role: 'tooltip'}); this.el.append(this.mtip); }
+    this.mtip.hidden = false;
+    this.mtip.textContent = g.items.map((m) => `${m.label || 'marker'} · step ${fmtStep(m.step)}`).join('\n');
+    const er = this.el.getBoundingClientRect();
+    this.mtip.style.left = Math.min(e.clientX - er.left + 12, this.el.clientWidth - 240) + 'px';
+    this.mtip.style.top = e.clientY - er.top + 14 + 'px';
   }
 
   /** Appends one point (live step) to every column: values per def, a

@@ -2,8 +2,20 @@
 // canvas (one putImageData of L x H pixels scaled up, so 32 x 32 or 64 x 64
 // heads cost the same as 12 x 12). Rows are layers (0 at the top), columns
 // heads. Non-finite values are drawn as hatched grey, never as a colour.
-// The values drawn are exposed as window.__heatmap for tests.
+// The colours are viridis on a mid-grey plate (PLATE): a card is white or
+// near-black, and one end of viridis vanishes into either (yellow on white
+// 1.3:1, the collapsed purple on the dark card 1.1:1); against the plate
+// both ends are at least 3.3:1 and the plate is at least 3.6:1 against
+// both cards, so no extreme cell blends into what is around it. Arrow keys
+// move a cell cursor, Enter follows its head. The values drawn are exposed
+// as window.__heatmap for tests.
 import {VIRIDIS_LUT, fmt, fmtStep, h, themeColors} from './util.js';
+
+/** What the cells are drawn on, and the lines between them (see above;
+ * docs/dashboard.md "The heatmap's colours"). */
+export const PLATE = '#777777';
+/** 256 colours (r, g, b) of the colour scale. */
+export const scaleLUT = () => VIRIDIS_LUT;
 
 // On a log colour scale, values at or below this fraction of the top of the
 // scale take the darkest colour (entropy_norm: 1e-4, so 0.005 and 0.1 are
@@ -15,7 +27,9 @@ export class Heatmap {
   constructor(parent, o = {}) {
     this.o = o;
     this.root = h('div', {class: 'heatmap'});
-    this.canvas = h('canvas', {class: 'hm-canvas', 'aria-label': 'layer by head heatmap'});
+    this.canvas = h('canvas', {class: 'hm-canvas', tabindex: 0, role: 'application', 'aria-roledescription': 'heatmap',
+      'aria-label': 'layer by head heatmap: arrow keys move between cells, Enter follows the head'});
+    this.live = h('div', {class: 'sr-only', 'aria-live': 'polite'});
     this.tip = h('div', {class: 'hm-tip', hidden: true});
     this.scale = h('canvas', {class: 'hm-scale', width: 240, height: 12});
     this.scaleLo = h('span', {class: 'hm-lo'});
@@ -24,6 +38,7 @@ export class Heatmap {
     this.plot = h('div', {class: 'hm-plot'}, this.canvas, this.tip);
     this.root.append(this.plot,
       h('div', {class: 'hm-legend'}, this.scaleLo, this.scale, this.scaleHi, this.scaleUnit));
+    this.root.append(this.live);
     parent.append(this.root);
     // reserve the height the cells will take, so the page does not jump
     // (and lazy charts below are not mistaken for visible) before data comes
@@ -37,6 +52,9 @@ export class Heatmap {
       const c = this.cellAt(e);
       if (c && this.o.onPick) this.o.onPick(c.l, c.h);
     });
+    this.canvas.addEventListener('keydown', (e) => this.key(e));
+    this.canvas.addEventListener('focus', () => { if (!this.cursor && this.frame) this.moveCursor(this.sel ? this.sel.l : 0, this.sel ? this.sel.h : 0); else this.draw(); });
+    this.canvas.addEventListener('blur', () => { this.tip.hidden = true; this.draw(); });
     this.onTheme = () => this.draw();
     window.addEventListener('themechange', this.onTheme);
     this.ro = new ResizeObserver(() => this.draw());
@@ -113,13 +131,13 @@ export class Heatmap {
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, W, Ht);
     // the cells: one pixel per head, scaled without smoothing
-    const img = new ImageData(H, L);
+    const img = new ImageData(H, L), lut = scaleLUT();
     for (let i = 0; i < L * H; i++) {
       const v = this.flat[i];
       const p = i * 4;
       if (!Number.isFinite(v)) { img.data[p] = 200; img.data[p + 1] = 200; img.data[p + 2] = 205; img.data[p + 3] = 255; continue; }
       const t = Math.round(255 * this.position(v));
-      img.data[p] = VIRIDIS_LUT[t * 3]; img.data[p + 1] = VIRIDIS_LUT[t * 3 + 1]; img.data[p + 2] = VIRIDIS_LUT[t * 3 + 2];
+      img.data[p] = lut[t * 3]; img.data[p + 1] = lut[t * 3 + 1]; img.data[p + 2] = lut[t * 3 + 2];
       img.data[p + 3] = 255;
     }
     if (!this.off || this.off.width !== H || this.off.height !== L) {
@@ -127,6 +145,8 @@ export class Heatmap {
       this.off.width = H; this.off.height = L;
     }
     this.off.getContext('2d').putImageData(img, 0, 0);
+    ctx.fillStyle = PLATE;
+    ctx.fillRect(padL - 2, padT - 2, cw * H + 4, ch * L + 4);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(this.off, padL, padT, cw * H, ch * L);
     // hatching over non-finite cells
@@ -138,7 +158,7 @@ export class Heatmap {
     }
     // grid lines when cells are big enough to separate
     if (cw >= 10 && ch >= 10) {
-      ctx.strokeStyle = 'rgba(255,255,255,0.55)'; ctx.lineWidth = 1;
+      ctx.strokeStyle = PLATE; ctx.lineWidth = 1;
       ctx.beginPath();
       for (let k = 1; k < H; k++) { ctx.moveTo(padL + k * cw + 0.5, padT); ctx.lineTo(padL + k * cw + 0.5, padT + ch * L); }
       for (let l = 1; l < L; l++) { ctx.moveTo(padL, padT + l * ch + 0.5); ctx.lineTo(padL + cw * H, padT + l * ch + 0.5); }
@@ -147,6 +167,11 @@ export class Heatmap {
     if (this.sel && this.sel.l < L && this.sel.h < H) {
       ctx.strokeStyle = '#e4572e'; ctx.lineWidth = 2;
       ctx.strokeRect(padL + this.sel.h * cw + 1, padT + this.sel.l * ch + 1, cw - 2, ch - 2);
+    }
+    if (this.cursor && document.activeElement === this.canvas && this.cursor.l < L && this.cursor.h < H) {
+      ctx.strokeStyle = themeColors().ink; ctx.lineWidth = 2; ctx.setLineDash([3, 2]);
+      ctx.strokeRect(padL + this.cursor.h * cw - 1, padT + this.cursor.l * ch - 1, cw + 2, ch + 2);
+      ctx.setLineDash([]);
     }
     // axes: layer numbers on the left, head numbers on top (thinned)
     ctx.fillStyle = themeColors().muted; ctx.font = '11px system-ui, sans-serif';
@@ -169,20 +194,20 @@ export class Heatmap {
 
   /** Colour of value v as [r, g, b] (for tests: what the cell shows). */
   colorOf(v) {
-    const t = Math.round(255 * this.position(v));
-    return [VIRIDIS_LUT[t * 3], VIRIDIS_LUT[t * 3 + 1], VIRIDIS_LUT[t * 3 + 2]];
+    const t = Math.round(255 * this.position(v)), lut = scaleLUT();
+    return [lut[t * 3], lut[t * 3 + 1], lut[t * 3 + 2]];
   }
 
   drawScale() {
     const c = this.scale.getContext('2d');
     const w = this.scale.width, hh = this.scale.height;
-    const img = c.createImageData(w, hh);
+    const img = c.createImageData(w, hh), lut = scaleLUT();
     for (let x = 0; x < w; x++) {
       const t = Math.round((255 * x) / (w - 1));
       for (let y = 0; y < hh; y++) {
         const p = (y * w + x) * 4;
-        img.data[p] = VIRIDIS_LUT[t * 3]; img.data[p + 1] = VIRIDIS_LUT[t * 3 + 1];
-        img.data[p + 2] = VIRIDIS_LUT[t * 3 + 2]; img.data[p + 3] = 255;
+        img.data[p] = lut[t * 3]; img.data[p + 1] = lut[t * 3 + 1];
+        img.data[p + 2] = lut[t * 3 + 2]; img.data[p + 3] = 255;
       }
     }
     c.putImageData(img, 0, 0);
@@ -209,6 +234,41 @@ export class Heatmap {
     this.tip.textContent = `layer ${c.l}, head ${c.h}: ${fmt(v)} ${this.unit || ''} @ step ${fmtStep(this.frame.step)}`;
     this.tip.style.left = Math.min(c.x + 12, this.plot.clientWidth - 220) + 'px';
     this.tip.style.top = c.y + 12 + 'px';
+  }
+
+  /** Arrow keys move the cell cursor (Shift: four cells), Home/End to a
+   * row's ends, Enter or Space follows the head under it. */
+  key(e) {
+    if (!this.frame) return;
+    const c = this.cursor || {l: 0, h: 0}, k = e.shiftKey ? 4 : 1;
+    const moves = {ArrowUp: [-k, 0], ArrowDown: [k, 0], ArrowLeft: [0, -k], ArrowRight: [0, k], Home: [0, -1e9], End: [0, 1e9]};
+    if (e.key === 'Enter' || e.key === ' ') {
+      e.preventDefault();
+      if (this.o.onPick) this.o.onPick(c.l, c.h);
+      return;
+    }
+    const m = moves[e.key];
+    if (!m) return;
+    e.preventDefault();
+    this.moveCursor(c.l + m[0], c.h + m[1]);
+  }
+
+  moveCursor(l, hd) {
+    const f = this.frame;
+    l = Math.max(0, Math.min(f.layers - 1, l));
+    hd = Math.max(0, Math.min(f.heads - 1, hd));
+    this.cursor = {l, h: hd};
+    this.draw();
+    const text = `layer ${l}, head ${hd}: ${fmt(this.flat[l * f.heads + hd])} ${this.unit || ''} at step ${fmtStep(f.step)}`;
+    this.live.textContent = text;
+    const g = this.geom;
+    if (g) {
+      this.tip.hidden = false;
+      this.tip.textContent = text;
+      this.tip.style.left = Math.min(g.padL + (hd + 1) * g.cw + 4, this.plot.clientWidth - 220) + 'px';
+      this.tip.style.top = g.padT + (l + 1) * g.ch + 4 + 'px';
+    }
+    if (window.__heatmap) window.__heatmap.cursor = {l, h: hd};
   }
 
   select(l, hd) { this.sel = l === null || l === undefined ? null : {l, h: hd}; this.draw(); }

@@ -9,12 +9,19 @@
 // fold load when scrolled to. Live data comes from the event stream, as
 // summaries (ticks=1: docs/http-api.md): a tick a second appends to the
 // training curves, layers and cells events (as often) to the layer,
-// signal and small-multiple charts, the heatmap and the head chart. A live
-// page makes no request per step: only a verdict check every 30 s, and
-// a chart's refetch once its appended points outnumber its buckets.
-import {api, reparamOf, withToken} from './api.js';
-import {TimeChart, getSmoothing, logByDefault, nonfiniteSteps, pointsFor, pooled, setSmoothing, splitOf, tableOf} from './charts.js';
+// signal and small-multiple charts, the heatmap, the head chart and the
+// collapse timeline (timeline.js). A live page makes no request per step:
+// only a verdict check every 30 s, and a chart's (or the timeline's)
+// refetch once its appended points outnumber its buckets.
+//
+// View state lives in the URL (metric, tl, x, logs, from/to, smooth, ...):
+// a view change (zoom, a metric, the x axis, a log toggle) pushes a history
+// entry, so Back undoes it; scrubbing and following replace the entry.
+import {api, getJSON, reparamOf, withToken} from './api.js';
+import {TimeChart, X_MODES, addClock, getSmoothing, hasClock, logByDefault, nonfiniteSteps, pointsFor, pooled, setClockOrigin,
+        setSmoothing, setXMode, splitOf, tableOf} from './charts.js';
 import {Heatmap} from './heatmap.js';
+import {COLLAPSE_BELOW, FOLD_ROWS, Timeline} from './timeline.js';
 import {streamState, subscribe, want} from './live.js';
 import {color, describe, fmt, fmtAgo, fmtStep, h, unitOf, urlState, whenVisible} from './util.js';
 import {normAlert, verdictOf} from './verdict.js';
@@ -39,6 +46,14 @@ const VERDICT_TEXT = {healthy: 'Healthy', collapsing: 'Collapsing', collapsed: '
                       sharp: 'Sharp heads, training'};
 /** Timeline of the first render, for the benchmark (window.__render.marks). */
 const mark = (what) => { const r = window.__render; if (r && !r.complete) (r.marks ||= []).push([what, Math.round(performance.now())]); };
+// the timeline asks for at most this many cells (rows x buckets) and this
+// few buckets: 12 x 12 heads get ~270 buckets (about 110 KB), 32 x 32 64
+const TL_CELLS = 40000, TL_MIN_POINTS = 64;
+/** "loss:1,sig:sigma_qk:0" (the URL's logs=) as a Map of chart key -> on. */
+const parseLogs = (v) => new Map(String(v || '').split(',').filter(Boolean).map((x) => {
+  const i = x.lastIndexOf(':');
+  return [x.slice(0, i), x.slice(i + 1) === '1'];
+}).filter(([k]) => k));
 const int = (v) => (v === undefined || v === null || v === '' || Number.isNaN(+v) ? null : Math.max(0, Math.round(+v)));
 
 export class RunView {
@@ -46,8 +61,10 @@ export class RunView {
     this.root = root;
     this.id = +s.run;
     this.st = {metric: s.metric || null, sm: s.sm || null, step: int(s.step), from: int(s.from), to: int(s.to),
-               layer: int(s.layer), head: int(s.head), hmlog: s.hmlog === '1' ? true : s.hmlog === '0' ? false : null};
+               layer: int(s.layer), head: int(s.head), hmlog: s.hmlog === '1' ? true : s.hmlog === '0' ? false : null,
+               tl: s.tl || null, x: X_MODES.includes(s.x) ? s.x : 'step', logs: parseLogs(s.logs)};
     setSmoothing(s.smooth);
+    setXMode(this.st.x);
     this.charts = [];       // {chart, load, loaded, kind}
     this.alerts = [];
     this.liveAlerts = new Map();
@@ -66,7 +83,8 @@ export class RunView {
    * the head chart draws beside entropy). */
   wantStream() {
     const sm = this.seen && this.seen.has('sm'), rows = sm || (this.seen && this.seen.has('sig'));
-    const cells = [...new Set([this.st.metric || 'entropy_norm', ...(sm ? [this.st.sm || 'entropy'] : []),
+    const tl = this.st.tl && this.m && this.m.heads.includes(this.st.tl) ? [this.st.tl] : [];
+    const cells = [...new Set([this.st.metric || 'entropy_norm', ...tl, ...(sm ? [this.st.sm || 'entropy'] : []),
       ...(this.st.metric === 'entropy' ? ['entropy_bound'] : [])])];
     want({run: this.id, ticks: 1, layers: rows ? 1 : undefined, cells: cells.join(',')});
   }
@@ -114,6 +132,9 @@ export class RunView {
     this.m = {scalars: m.scalars || [], layers: m.layers || [], heads: m.heads || []};
     if (!this.st.metric || !this.m.heads.includes(this.st.metric))
       this.st.metric = HM_DEFAULTS.find((x) => this.m.heads.includes(x)) || this.m.heads[0] || null;
+    const tlOk = (x) => this.m.heads.includes(x) || this.m.layers.includes(x);
+    if (!this.st.tl || !tlOk(this.st.tl))
+      this.st.tl = ['entropy_norm', 'entropy'].find((x) => this.m.heads.includes(x)) || this.m.heads[0] || null;
     if (!this.st.sm || !this.m.heads.includes(this.st.sm))
       this.st.sm = ['entropy', 'entropy_norm'].find((x) => this.m.heads.includes(x)) || this.m.heads[0] || null;
     this.lastStep = run.last_step;
@@ -124,6 +145,7 @@ export class RunView {
     this.loadAlerts();
     this.buildRange();
     // the heads first: the collapse is what the page is for, the loss follows
+    this.buildTimeline();
     this.buildHeatmap();
     this.buildScalars();
     mark('first screen built');
@@ -255,9 +277,25 @@ export class RunView {
     const bar = h('div', {class: 'rangebar'}, h('span', {class: 'muted'}, 'Drag across any chart to zoom; double-click to zoom out. Markers: ',
         h('span', {class: 'mk', style: 'color:#d62728'}, '▼ alert firing'), ' ', h('span', {class: 'mk', style: 'color:#9aa0a6'}, '▼ resolved'), ' ',
         h('span', {class: 'mk', style: 'color:#e68a00'}, '▼ rollback'), ' ', h('span', {class: 'mk', style: 'color:#3b6fb6'}, '▼ step in the heatmap')),
-      h('span', {class: 'spacer'}), this.smoothControl(), this.rangeEl, this.resetBtn);
+      h('span', {class: 'spacer'}), this.xControl(), this.smoothControl(), this.rangeEl, this.resetBtn);
     this.root.append(bar);
     this.showRange();
+  }
+
+  /** A view change into the URL as a new history entry (Back undoes it). */
+  push(patch) { urlState.go({...urlState.get(), ...patch}); }
+
+  /** The x axis of every chart: step, wall time or time since the start
+   * (x= in the URL). */
+  xControl() {
+    const names = {step: 'step', wall: 'wall time', rel: 'relative time'};
+    const sel = h('select', {id: 'x-axis', 'aria-label': 'x axis', onchange: (e) => {
+      this.st.x = e.target.value;
+      this.push({x: this.st.x === 'step' ? undefined : this.st.x});
+      setXMode(this.st.x);
+      if (this.tl) this.tl.draw();
+    }}, ...X_MODES.map((m) => h('option', {value: m, selected: m === this.st.x}, names[m])));
+    return h('label', {class: 'smooth', title: 'what the charts’ x axis counts: training steps, the trainer’s clock, or the time since the run began'}, 'x axis', sel);
   }
 
   /** EMA smoothing of every line on the page (the bands stay raw), 0..0.99,
@@ -280,9 +318,15 @@ export class RunView {
     this.resetBtn.hidden = !z;
   }
 
+  /** extra.key names the chart in the URL's logs= (its log toggle kept). */
   chartOpts(title, unit, extra = {}) {
-    return {title, unit, onZoom: (a, b) => this.setRange(a, b), onReset: () => this.setRange(null, null),
-            markers: () => this.alertMarkers(), sync: 'run-' + this.id, file: `${this.run.name}-${title}`, ...extra};
+    const o = {title, unit, onZoom: (a, b) => this.setRange(a, b), onReset: () => this.setRange(null, null),
+               markers: () => this.alertMarkers(), sync: 'run-' + this.id, file: `${this.run.name}-${title}`, ...extra};
+    if (o.key) {
+      if (this.st.logs.has(o.key)) { o.log = this.st.logs.get(o.key); o.autoLog = false; }
+      o.onLog = (on) => { this.st.logs.set(o.key, on); this.push({logs: [...this.st.logs].map(([k, v]) => `${k}:${v ? 1 : 0}`).join(',')}); };
+    }
+    return o;
   }
 
   /** Registers a chart: load() fetches and draws it; it runs when the chart
@@ -343,7 +387,8 @@ export class RunView {
       .sort((a, b) => (TRAINING_ORDER.indexOf(a) + 1 || 99) - (TRAINING_ORDER.indexOf(b) + 1 || 99) || a.localeCompare(b));
     for (const x of rest) groups.push({title: x, metrics: [x], unit: unitOf(x)});
     for (const g of groups) {
-      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(g.title, g.unit, {log: g.metrics.some(logByDefault), autoLog: true}));
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(g.title, g.unit, {log: g.metrics.some(logByDefault), autoLog: true,
+        key: 'sc:' + g.title}));
       grid.append(chart.el.parentElement);
       chart.metrics = g.metrics;
       chart.el.dataset.metrics = g.metrics.join(',');
@@ -364,10 +409,10 @@ export class RunView {
   buildHeatmap() {
     if (!this.m.heads.length) return;
     const sel = h('select', {id: 'hm-metric', 'aria-label': 'heatmap metric', onchange: (e) => {
-      this.st.metric = e.target.value; urlState.set({metric: this.st.metric}); this.wantStream(); this.frameAt(this.follow ? null : +this.scrub.value);
+      this.st.metric = e.target.value; this.push({metric: this.st.metric}); this.wantStream(); this.frameAt(this.follow ? null : +this.scrub.value);
     }}, ...this.m.heads.map((x) => h('option', {value: x, selected: x === this.st.metric}, x)));
     this.hmLogBox = h('input', {type: 'checkbox', id: 'hm-log', checked: this.hmLog(), onchange: (e) => {
-      this.st.hmlog = e.target.checked; urlState.set({hmlog: e.target.checked ? 1 : 0}); this.redrawHeatmap();
+      this.st.hmlog = e.target.checked; this.push({hmlog: e.target.checked ? 1 : 0}); this.redrawHeatmap();
     }});
     const body = this.section('Heads at a step', 'colour = value of the chosen metric per layer (row) and head (column); click a cell to follow that head',
       h('label', {class: 'hm-opts', title: 'logarithmic colour scale: tells 0.005 from 0.1'}, this.hmLogBox, 'log colour'), sel);
@@ -389,7 +434,7 @@ export class RunView {
     // one head over the whole run, the scrubbed step marked in blue
     this.headNote = h('p', {class: 'muted small', id: 'head-note'});
     side.append(this.headNote);
-    this.headChart = new TimeChart(side, this.chartOpts('', '', {height: 250,
+    this.headChart = new TimeChart(side, this.chartOpts('', '', {height: 250, key: 'head',
       markers: () => [...this.alertMarkers(), ...(this.curStep !== undefined ? [{step: this.curStep, color: '#3b6fb6'}] : [])]}));
     this.headChart.el.id = 'head-chart';
     this.headEntry = {chart: this.headChart, loaded: false, kind: 'head'};
@@ -401,7 +446,10 @@ export class RunView {
       try {
         const metric = this.st.metric, pts = this.points(this.headChart.el);
         const q = (m, l, hd) => api.series(this.id, this.q({metric: m, layer: l, head: hd, points: pts}), {prio: 1});
-        if (metric !== this.headChart.metric) { this.headChart.metric = metric; this.headChart.setLog(logByDefault(metric)); }
+        if (metric !== this.headChart.metric) {
+          this.headChart.metric = metric;
+          this.headChart.setLog(this.st.logs.has('head') ? this.st.logs.get('head') : logByDefault(metric));
+        }
         this.headChart.o.unit = unitOf(metric);
         let defs, lines, res;
         if (this.autoPick && this.worst && this.worst.length) {
@@ -440,6 +488,86 @@ export class RunView {
     const at = this.st.step ?? (this.st.to !== null ? hi : null);
     this.follow = at === null;
     this.frameAt(at === null ? null : Math.min(hi, Math.max(lo, at)));
+  }
+
+  /* ---- collapse timeline ---------------------------------------------- */
+
+  /** Every head over the run (or the zoomed window): a row per head, a
+   * column per step bucket, colour = the bucket's minimum (timeline.js). */
+  buildTimeline() {
+    const opts = [...this.m.heads, ...this.m.layers];
+    if (!this.st.tl || !opts.length) return;
+    const sel = h('select', {id: 'tl-metric', 'aria-label': 'timeline metric', onchange: (e) => {
+      this.st.tl = e.target.value; this.push({tl: this.st.tl}); this.wantStream(); this.tl.layers.clear(); this.loadTimeline();
+    }}, ...opts.map((x) => h('option', {value: x, selected: x === this.st.tl}, x)));
+    const L = this.run.layers, H = this.run.heads;
+    this.tlFold = L * H > FOLD_ROWS;
+    const body = this.section('Collapse timeline',
+      `${this.tlFold ? 'a row per layer (min over its heads; click one to expand it)' : 'a row per head, layer by layer'}; ` +
+      'colour = lowest value in each step bucket; click a row to follow that head', sel);
+    body.closest('section').id = 'timeline';
+    this.tl = new Timeline(body, {
+      onPick: (l, hd) => this.pickHead(l, hd),
+      onExpand: (l, open) => this.expandLayer(l, open),
+      markers: () => this.alertMarkers()});
+    this.tl.scroll.style.minHeight = Math.min(360, 40 + Math.max(1, Math.min(10, Math.floor(300 / (this.tlFold ? L : L * H)))) * (this.tlFold ? L : L * H)) + 'px';
+    if (this.st.layer !== null) this.tl.sel = {l: this.st.layer, h: this.st.head ?? 0};
+    this.loadTimeline();
+  }
+
+  /** The timeline's query over the range shown: as many buckets as keep
+   * rows x buckets within TL_CELLS (and the plot's width). */
+  tlQuery(extra = {}) {
+    const rows = extra.layer !== undefined ? this.run.heads : this.tlFold ? this.run.layers : this.run.layers * this.run.heads;
+    const w = Math.max(200, (this.tl.root.clientWidth || 1000) - 60);
+    const pts = Math.max(8, Math.min(w, Math.max(TL_MIN_POINTS, Math.floor(TL_CELLS / Math.max(1, this.tlRowsAll || rows)))));
+    const u = new URLSearchParams({metric: this.st.tl, points: pts});
+    if (this.st.from !== null) u.set('from', this.st.from);
+    if (this.st.to !== null) u.set('to', this.st.to);
+    if (this.tlFold && extra.layer === undefined) u.set('rows', 'layer');
+    if (extra.layer !== undefined) u.set('layer', extra.layer);
+    return `/api/runs/${this.id}/timeline?${u}`;
+  }
+
+  async loadTimeline() {
+    if (!this.tl) return;
+    const gen = (this.tlGen = (this.tlGen || 0) + 1);
+    this.pending++;
+    try {
+      this.tlRowsAll = this.tlFold ? this.run.layers : this.run.layers * this.run.heads;
+      const url = this.tlQuery();
+      const ans = await getJSON(url, {prio: 2});
+      if (this.dead || gen !== this.tlGen) return;
+      addClock([...ans.step, ...ans.end], [...ans.time, ...ans.end_time]);
+      if (this.st.from === null && ans.time.length) setClockOrigin(ans.time[0]);
+      const fixed = this.st.tl === 'entropy_norm';
+      this.tl.set(ans, {domain: fixed ? [0, 1] : this.domainOf(this.st.tl), collapse: fixed ? COLLAPSE_BELOW : null, url});
+      // expanded layers over the new buckets
+      for (const l of [...this.tl.layers.keys()]) this.expandLayer(l, true);
+      const first = !this.tlLoaded;
+      this.tlLoaded = true;
+      this.tlError = null;
+      this.tl.root.querySelector('.chart-error')?.remove();
+      mark('timeline');
+      // the charts drawn before the steps' times were known go on a time axis now
+      if (first && this.st.x !== 'step' && hasClock()) { setXMode('step'); setXMode(this.st.x); }
+    } catch (e) {
+      this.tlError = e;
+      const p = this.tl.root.querySelector('.chart-error') || this.tl.root.appendChild(h('p', {class: 'chart-error muted'}));
+      p.textContent = e.status === 404 ? 'no data' : `could not load: ${e.message}`;
+    } finally {
+      this.pending--;
+      this.checkComplete();
+    }
+  }
+
+  /** Opens (the heads of) or folds a folded layer of the timeline. */
+  async expandLayer(l, open) {
+    if (!open) { this.tl.setLayer(l, null); return; }
+    try {
+      const ans = await getJSON(this.tlQuery({layer: l}), {prio: 2});
+      if (!this.dead) this.tl.setLayer(l, ans);
+    } catch { /* stays folded */ }
   }
 
   /** Lists the WORST_K worst heads of the frame shown with their values
@@ -592,6 +720,7 @@ export class RunView {
     this.st.layer = l; this.st.head = hd;
     urlState.set({layer: l, head: hd});
     this.hm.select(l, hd);
+    if (this.tl) this.tl.select(l, hd);
     this.autoPick = false;
     this.headNote.textContent = 'the head picked on the heatmap; the blue line marks the step shown there';
     this.headEntry.load();
@@ -607,7 +736,7 @@ export class RunView {
   buildSmallMultiples() {
     if (!this.m.heads.length) return;
     const sel = h('select', {id: 'sm-metric', 'aria-label': 'small multiples metric', onchange: (e) => {
-      this.st.sm = e.target.value; urlState.set({sm: this.st.sm}); this.wantStream(); this.reloadKind('sm');
+      this.st.sm = e.target.value; this.push({sm: this.st.sm}); this.wantStream(); this.reloadKind('sm');
     }}, ...this.m.heads.map((x) => h('option', {value: x, selected: x === this.st.sm}, x)));
     const body = this.section('Every head, layer by layer',
       'one line per head (bucket mean); grey band: min–max over the layer’s heads; red dashed: entropy bound (mean over heads)', sel);
@@ -618,7 +747,7 @@ export class RunView {
     const L = this.run.layers, H = this.run.heads;
     for (let l = 0; l < L; l++) {
       const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(`layer ${l}`, '', {height: 180, compact: true,
-        log: logByDefault(this.st.sm), autoLog: true}));
+        log: logByDefault(this.st.sm), autoLog: true, key: 'sm:' + l}));
       grid.append(chart.el.parentElement);
       chart.el.dataset.layer = l;
       const entry = this.addChart(chart, async (c) => {
@@ -662,7 +791,8 @@ export class RunView {
     const mk = (metric, kind) => {
       const agg = kind === 'head' ? (SIGNAL_AGG[metric] || 'mean') : null;
       const title = kind === 'head' ? `${metric} (${agg} over heads)` : metric;
-      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(title, unitOf(metric), {height: 200, log: logByDefault(metric), autoLog: true}));
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(title, unitOf(metric), {height: 200, log: logByDefault(metric), autoLog: true,
+        key: 'sig:' + metric}));
       grid.append(chart.el.parentElement);
       chart.el.dataset.metric = metric;
       chart.metric = metric;
@@ -682,7 +812,7 @@ export class RunView {
     for (const x of headSig) mk(x, 'head');
     for (const x of layerSig) mk(x, 'layer');
     for (const x of scalarSig.sort()) {
-      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(x, unitOf(x), {height: 200, autoLog: true}));
+      const chart = new TimeChart(h('div', {class: 'cell'}), this.chartOpts(x, unitOf(x), {height: 200, autoLog: true, key: 'sc:' + x}));
       grid.append(chart.el.parentElement);
       chart.el.dataset.metric = x;
       chart.metrics = [x];
@@ -721,7 +851,7 @@ export class RunView {
     this.alertsKnown = true;
     this.renderVerdict();
     this.renderAlerts();
-    for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+    this.redrawMarkers();
   }
 
   renderAlerts() {
@@ -756,6 +886,12 @@ export class RunView {
       .map((a) => ({step: a.step, color: a.state === 'resolved' ? '#9aa0a6' : '#d62728', label: a.rule,
                     prio: (a.severity === 'critical' ? 2 : 0) + (a.state === 'firing' ? 1 : 0)}))
       .concat(this.rollbacks || []);
+  }
+
+  /** Alerts or rollbacks changed: every chart's markers and the timeline's. */
+  redrawMarkers() {
+    for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+    if (this.tl) this.tl.draw();
   }
 
   jumpTo(step) {
@@ -804,7 +940,7 @@ export class RunView {
       .map((m) => ({step: +m[1], color: '#e68a00', label: 'rollback', prio: 4}));
     if (!found.length) return;
     this.rollbacks.push(...found);
-    for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+    this.redrawMarkers();
   }
 
   async allRollbacks(r, gen) {
@@ -822,8 +958,9 @@ export class RunView {
     if (from !== null && to !== null && to - from < 2) to = from + 2;
     if (from === this.st.from && to === this.st.to) return;
     this.st.from = from; this.st.to = to;
-    urlState.set({from: from ?? undefined, to: to ?? undefined});
+    this.push({from: from ?? undefined, to: to ?? undefined});
     this.showRange();
+    this.loadTimeline();
     this.scrubWindow();
     for (const c of this.charts) if (c.loaded) c.load();
   }
@@ -864,7 +1001,7 @@ export class RunView {
       if (this.alertsKnown) {
         this.alerts = [...this.alerts.filter((x) => normAlert(x).key !== k), d];
         this.renderAlerts();
-        for (const c of this.charts) if (c.chart.u) c.chart.u.redraw(false);
+        this.redrawMarkers();
       }
       this.refreshVerdict();
       return;
@@ -887,6 +1024,7 @@ export class RunView {
    * (mean, with the tick's min-max as its band). */
   liveTick(d) {
     const step = d.step, sc = d.scalars || {};
+    if (Number.isFinite(d.time)) addClock([step], [d.time]);
     if (this.lastStep === null || this.lastStep === undefined || step > this.lastStep) this.lastStep = step;
     this.lastStepEl.textContent = fmtStep(step);
     this.lastStepEl.dataset.step = step;
@@ -917,6 +1055,11 @@ export class RunView {
   /** A head metric's values at a step: the heatmap (when it follows the
    * latest step), the head chart and the small multiples. */
   liveCells(d) {
+    if (this.tl && d.metric === this.st.tl && this.st.to === null && this.tlLoaded && !this.tl.addCells(d)) {
+      // the live columns outnumber the fetched ones: refetch, wider buckets (at most every 30 s)
+      const now = performance.now();
+      if (!(this.tlReloadAt > now - 30000)) { this.tlReloadAt = now; this.loadTimeline(); }
+    }
     if (d.metric === this.st.metric && this.hm && this.follow && !this.playing && !this.frameBusy) {
       this.showFrame(d, {step: null, metric: d.metric, live: true});
       this.checkComplete();
@@ -945,6 +1088,7 @@ export class RunView {
       if (c.loaded) c.load();
     }
     if (this.alertsError) { this.alertsError = null; this.loadAlerts(); }
+    if (this.tlError) this.loadTimeline();
     if (this.stepEl && /^error/.test(this.stepEl.textContent) && this.hm) this.frameAt(this.follow ? null : +this.scrub.value);
   }
 
@@ -980,6 +1124,7 @@ export class RunView {
     } catch { /* the next event retries */ }
     for (const c of this.charts) if (c.loaded) c.load();
     if (this.hm) this.frameAt(this.follow ? null : +this.scrub.value);
+    this.loadTimeline();
     this.loadAlerts();
     this.loadEvents();
   }
@@ -988,6 +1133,7 @@ export class RunView {
     const r = window.__render;
     if (!r || r.complete || !this.headerDone || this.pending > 0) return;
     if (this.hm && !this.hmShown) return;
+    if (this.tl && !this.tlLoaded && !this.tlError) return;
     if (this.charts.length && !this.charts.some((c) => c.loaded)) return;
     r.complete = true;
     r.completeAt = performance.now();
@@ -1004,6 +1150,7 @@ export class RunView {
     for (const io of this.observers || []) io.disconnect();
     for (const c of this.charts) c.chart.destroy();
     if (this.hm) this.hm.destroy();
+    if (this.tl) this.tl.destroy();
   }
 }
 

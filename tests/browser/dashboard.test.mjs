@@ -136,6 +136,7 @@ await run(async (ctx) => {
   }
   // the legend shows eval_loss only where it exists (step 75: none; 80: one)
   const legendAt = async (pg, step) => {
+    await (await pg.$(`${LOSS} .u-over`)).scrollIntoViewIfNeeded();   // below the collapse timeline
     const box = await (await pg.$(`${LOSS} .u-over`)).boundingBox();
     const x = await pg.$eval(LOSS, (el, st) => el.__chart.u.valToPos(st, 'x'), step);
     await pg.mouse.move(box.x + x, box.y + 20);

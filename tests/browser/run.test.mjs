@@ -7,11 +7,55 @@
 // - the small multiples ask once per layer (split=head) and the band pooled
 //   in the page equals the daemon's pooled answer; a collapse-signal chart
 //   asks once (split=layer) and its lines equal the per-layer answers;
-// - after a daemon restart the page reconnects by itself and shows new steps.
+// - after a daemon restart the page reconnects by itself and shows new steps;
+// - the collapse timeline (issue 33 item 3): a row per head, its colours
+//   the bucket minima of GET .../series?split=head, the stored alerts
+//   marked on top, hover naming the cell, a click and Enter following the
+//   head; the heatmap's keyboard cursor (item 9);
+// - the x axis (step, wall time, relative time) and a log toggle kept in
+//   the URL, a reload keeps them, Back undoes a view change (items 5, 10).
 import {check, launch, newPage, rendered, run, screenshot, seedRun, sleep, startDaemon, stepMsg, Trainer} from './harness.mjs';
 
 const L = 6, H = 8;
 
+/** Polls a condition in the test (not the page) until it holds. */
+async function until(f, ms = 5000) {
+  const t0 = Date.now();
+  while (!(await f())) {
+    if (Date.now() - t0 > ms) return false;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  return true;
+}
+/** Resolves after the page painted two more frames. */
+const frames = (page) => page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(() => r()))));
+
+/** The timeline of the page against the daemon's split series over the
+ * same buckets: every row's bucket minima, to the answer's quantum. */
+async function timelineMatches(page, d, id) {
+  await page.waitForFunction(() => window.__timeline && window.__timeline.rows > 0, null, {timeout: 5000});
+  const tl = await page.evaluate(() => window.__timeline);
+  const u = new URL(tl.url, 'http://x');
+  const ans = await d.api(u.pathname + u.search);
+  const q = new URLSearchParams(u.search);
+  q.set('split', 'head');
+  const ser = await d.api(`/api/runs/${id}/series?${q}`);
+  const bin = Buffer.from(ans.min, 'base64'), nb = ans.step.length, quantum = (ans.hi - ans.lo) / 65534;
+  let bad = 0, n = 0;
+  ser.series.forEach((sr, r) => sr.min.forEach((m, i) => {
+    n++;
+    const c = bin.readUInt16LE(2 * (r * nb + i));
+    if (m === null ? c !== 65535 : Math.abs(ans.lo + c * quantum - m) > quantum) bad++;
+  }));
+  const drawn = await page.evaluate(() => window.__timeline.sample());
+  let dbad = 0;
+  for (const [r, i, v, px] of drawn) {
+    const m = ser.series[r].min[i];
+    if (!px || (m === null ? v !== null : Math.abs(v - m) > quantum)) dbad++;
+  }
+  check(tl.rows === L * H && ser.series.length === L * H && JSON.stringify(ans.step) === JSON.stringify(ser.step) && bad === 0 && dbad === 0,
+    `timeline: ${tl.rows} rows x ${nb} buckets, ${n - bad}/${n} minima and ${drawn.length - dbad}/${drawn.length} drawn cells equal split=head's min`);
+}
 async function heatmapMatches(page, d, id, metric, step) {
   await page.waitForFunction(([m, s]) => window.__heatmap && window.__heatmap.metric === m && window.__heatmap.step === s,
     [metric, step], {timeout: 5000});
@@ -49,6 +93,89 @@ await run(async (ctx) => {
       'no stored alerts (or no alerts API): the list says so');
   }
 
+  // 1b. the collapse timeline
+  await timelineMatches(page, d, id);
+  const tl = await page.evaluate(() => window.__timeline);
+  const alertSteps = stored.map((a) => a.start_step).filter((x) => x !== null && x !== undefined);
+  check(!alertSteps.length || tl.markers.reduce((k, m) => k + m.n, 0) >= alertSteps.length,
+    `timeline markers: ${tl.markers.length} along the top holding ${tl.markers.reduce((k, m) => k + m.n, 0)} of the ${alertSteps.length} stored alerts`);
+  const cbox = await page.$eval('.tl-canvas', (c) => { const r = c.getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width}; });
+  const rowAt = await page.evaluate(([l, hd]) => window.__timeline.rowBox(l, hd), [2, 3]);
+  await page.mouse.move(cbox.x + rowAt.x + 40, cbox.y + rowAt.y);
+  const tip = await page.waitForFunction(() => { const t = document.querySelector('.tl-tip'); return !t.hidden && t.textContent; },
+    null, {timeout: 3000}).then((h) => h.jsonValue(), () => '');
+  check(/^layer 2, head 3 · steps [\d,]+–[\d,]+ · min entropy_norm /.test(tip), `hovering the timeline names the cell: "${tip}"`);
+  await page.mouse.click(cbox.x + rowAt.x + 40, cbox.y + rowAt.y);
+  const followed = await page.waitForFunction(() => { const e = document.querySelector('#head-chart'); return e.dataset.layer === '2' && e.dataset.head === '3'; },
+    null, {timeout: 5000}).then(() => true, () => false);
+  const uf = new URL(page.url());
+  check(followed && uf.searchParams.get('layer') === '2' && uf.searchParams.get('head') === '3', 'a click on a timeline row follows that head (head chart, URL)');
+  // keyboard: the timeline's cursor, Enter follows; then the heatmap's
+  await page.focus('.tl-canvas');
+  for (const k of ['ArrowDown', 'ArrowDown', 'ArrowRight', 'Enter']) await page.keyboard.press(k);
+  const kb = await page.waitForFunction(() => { const e = document.querySelector('#head-chart'); return e.dataset.layer === '0' && e.dataset.head === '2'; },
+    null, {timeout: 5000}).then(() => true, () => false);
+  const cur = await page.evaluate(() => window.__timeline.cursor);
+  check(kb && cur && cur.row === 2 && cur.col === 1, `timeline keyboard: arrows moved the cursor to row 2, bucket 1 and Enter followed L0 h2`);
+  await page.focus('.hm-canvas');
+  for (const k of ['ArrowDown', 'ArrowRight', 'ArrowRight', 'Enter']) await page.keyboard.press(k);
+  const hk = await page.waitForFunction(() => { const e = document.querySelector('#head-chart'); return e.dataset.layer === '1' && e.dataset.head === '4'; },
+    null, {timeout: 5000}).then(() => true, () => false);
+  const roles = await page.evaluate(() => ['.hm-canvas', '.tl-canvas'].map((q) => {
+    const e = document.querySelector(q); return [e.tabIndex, e.getAttribute('role'), !!e.getAttribute('aria-label')];
+  }));
+  check(hk && roles.every(([t, r, a]) => t === 0 && r === 'application' && a),
+    'heatmap keyboard: arrows from the followed head (L0 h2) and Enter followed L1 h4; both canvases are tab stops with a role and a label', JSON.stringify(roles));
+
+  // 1c. contrast (item 9): the heatmap's extremes against the plate they sit
+  // on, and the plate against the card, in both themes; dark-mode pills
+  const contrast = await page.evaluate(async () => {
+    const {PLATE, scaleLUT} = await import('./heatmap.js');
+    const lin = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+    const lum = ([r, g, b]) => 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+    const cr = (a, b) => { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); };
+    const rgb = (css) => { const d = document.createElement('div'); d.style.color = css; document.body.append(d);
+      const m = getComputedStyle(d).color.match(/\d+/g).map(Number); d.remove(); return m.slice(0, 3); };
+    const lut = scaleLUT(), lo = [lut[0], lut[1], lut[2]], hi = [lut[765], lut[766], lut[767]], plate = rgb(PLATE);
+    const out = {};
+    const was = document.documentElement.dataset.theme;
+    for (const th of ['light', 'dark']) {
+      document.documentElement.dataset.theme = th;
+      const card = rgb(getComputedStyle(document.documentElement).getPropertyValue('--card').trim());
+      const pill = document.querySelector('#run-reparam');
+      const ps = pill && getComputedStyle(pill);
+      out[th] = {lo: cr(lo, plate), hi: cr(hi, plate), plate: cr(plate, card),
+                 pill: ps ? [lum(ps.backgroundColor.match(/\d+/g).map(Number)), cr(ps.color.match(/\d+/g).map(Number), ps.backgroundColor.match(/\d+/g).map(Number))] : null};
+    }
+    document.documentElement.dataset.theme = was;
+    return out;
+  });
+  const cok = ['light', 'dark'].every((t) => contrast[t].lo >= 3 && contrast[t].hi >= 3 && contrast[t].plate >= 3);
+  check(cok, `heatmap extremes against the plate and the plate against the card >= 3:1: ${['light', 'dark'].map((t) =>
+    `${t} ${contrast[t].lo.toFixed(1)}/${contrast[t].hi.toFixed(1)}/${contrast[t].plate.toFixed(1)}`).join(', ')}`);
+  check(contrast.dark.pill && contrast.dark.pill[0] < 0.1 && contrast.dark.pill[1] >= 4.5 && contrast.light.pill[1] >= 4.5,
+    `the reparam pill is dark in dark mode (background luminance ${contrast.dark.pill && contrast.dark.pill[0].toFixed(3)}, text ${contrast.dark.pill && contrast.dark.pill[1].toFixed(1)}:1)`);
+  // nothing overlaps at 1280x800: the chart tools and the titles, the range bar's controls
+  await page.setViewportSize({width: 1280, height: 800});
+  await frames(page);
+  const overlaps = await page.evaluate(() => {
+    const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+    const bad = [];
+    for (const ch of document.querySelectorAll('.chart')) {
+      const t = ch.querySelector('.u-title'), tools = ch.querySelector('.chart-tools');
+      if (!t || !tools || !t.textContent) continue;
+      const r = document.createRange();
+      r.selectNodeContents(t);
+      if (hit(r.getBoundingClientRect(), tools.getBoundingClientRect())) bad.push(t.textContent);
+    }
+    const kids = [...document.querySelector('.rangebar').children].filter((e) => e.offsetParent).map((e) => e.getBoundingClientRect());
+    for (let i = 0; i < kids.length; i++) for (let j = i + 1; j < kids.length; j++) if (hit(kids[i], kids[j])) bad.push('rangebar ' + i + '/' + j);
+    return {bad, scroll: document.documentElement.scrollWidth - window.innerWidth};
+  });
+  check(!overlaps.bad.length && overlaps.scroll <= 0, `1280x800: no chart title under its tools, no range bar control over another, no horizontal scroll`,
+    JSON.stringify(overlaps));
+  await page.setViewportSize({width: 1400, height: 900});
+
   // 2. scrubbing to another step
   await page.$eval('#hm-scrub', (e) => { e.value = 420; e.dispatchEvent(new Event('input', {bubbles: true})); });
   await heatmapMatches(page, d, id, 'entropy_norm', 420);
@@ -76,6 +203,9 @@ await run(async (ctx) => {
     // 2-core CI machine it once took 1,018 ms
     check(ms <= 2500, `streamed step ${s} shown (header and heatmap) ${ms} ms after it was sent`, 'pushed, not polled (< 2.5 s)');
   }
+  // the timeline follows the stream too (its last bucket takes the cells event)
+  const tlLive = await page.waitForFunction(() => window.__timeline.to >= 601, null, {timeout: 5000}).then(() => true, () => false);
+  check(tlLive, `the timeline took the streamed steps without a request (now to step ${await page.evaluate(() => window.__timeline.to)})`);
   // 4b. a long live stretch: the chart stays bounded (refetched downsampled)
   for (let k = 0; k < 12; k++) {
     const batch = [];
@@ -104,7 +234,7 @@ await run(async (ctx) => {
   const from = +u.searchParams.get('from'), to = +u.searchParams.get('to');
   check(from > 100 && to < 1500 && from < to, `zoom put the range ${from}..${to} in the URL`);
   await page.waitForFunction(() => window.__render.complete, null, {timeout: 5000});
-  await sleep(300);
+  await until(() => series.slice(before).some((x) => x.includes(`from=${from}`) && x.includes(`to=${to}`) && x.includes('metric=loss&')));
   const zoomed = series.slice(before).filter((x) => x.includes(`from=${from}`) && x.includes(`to=${to}`));
   check(zoomed.some((x) => x.includes('metric=loss')), `zoom refetched the loss series for ${from}..${to} (${zoomed.length} series requests)`);
   // finer resolution: the zoomed answer has steps of width 1
@@ -125,9 +255,10 @@ await run(async (ctx) => {
   // 6. zoom out, scroll everything into view (lazy charts), screenshot
   await page.click('.rangebar button');
   await page.waitForFunction(() => !new URL(location.href).searchParams.has('from'));
-  for (let y = 0; y < 6000; y += 600) { await page.mouse.wheel(0, 600); await sleep(60); }
+  for (let y = 0; y < 6000; y += 600) { await page.mouse.wheel(0, 600); await frames(page); }
   await page.waitForFunction(() => window.__render.complete);
-  await sleep(500);
+  await page.waitForFunction((n) => document.querySelectorAll('.chart .u-over').length >= n && window.__net.pending === 0,
+    2 + L + 4, {timeout: 10000}).catch(() => {});
   const lazyLoaded = await page.$$eval('.chart .u-over', (els) => els.length);
   check(lazyLoaded >= 2 + L + 4, `charts drawn after scrolling: ${lazyLoaded}`);
   // 6b. the small multiples ask once per layer (split=head) and pool the
@@ -209,7 +340,7 @@ await run(async (ctx) => {
   // 8. daemon restart: same data and port; the page reconnects by itself
   trainer.close();
   await d.stop();
-  await sleep(300);
+  await until(() => fetch(`${d.base}/healthz`).then(() => false, () => true));
   const d2 = await startDaemon({dataDir: d.dataDir, port: d.port});
   ctx.cleanups.push(() => d2.stop());
   await page.waitForFunction(() => window.__live.state === 'open' && window.__live.stats.resets >= 1, null, {timeout: 10000});
