@@ -347,7 +347,11 @@ export class TimeChart {
     this.u.over.addEventListener('dblclick', () => { if (o.onReset) o.onReset(); });
     // the folded markers' list on hover, near the top of the plot
     this.u.over.addEventListener('mousemove', (e) => this.markerHover(e));
-    this.u.over.addEventListener('mouseleave', () => { if (this.mtip) this.mtip.hidden = true; });
+    if (!this.leaveBound) {
+      // on the chart, not its plot: a rebuild (new data, theme) replaces the plot under the pointer
+      this.leaveBound = true;
+      this.el.addEventListener('mouseleave', () => { if (this.mtip) this.mtip.hidden = true; });
+    }
   }
 
   /** The table drawn: the data with each line EMA-smoothed (when smoothing

@@ -17,6 +17,7 @@
 import {check, launch, newPage, rendered, run, screenshot, seedRun, sleep, startDaemon, stepMsg, Trainer} from './harness.mjs';
 
 const L = 6, H = 8;
+const LOSS_SEL = '.chart[data-metrics="loss,eval_loss"]', LR_SEL = '.chart[data-metrics="lr"]';
 
 /** Polls a condition in the test (not the page) until it holds. */
 async function until(f, ms = 5000) {
@@ -251,6 +252,54 @@ await run(async (ctx) => {
   const st = await page2.evaluate(() => [window.__heatmap && window.__heatmap.metric, document.querySelector('.range-txt').textContent]);
   check(st[0] === 'entropy_norm' && st[1].includes(String(from)), `a copied URL opens the same run, metric and range (${st[1]})`);
   await page2.close();
+
+  // 5b. Back undoes the zoom (a view change pushed a history entry), Forward redoes it
+  await page.goBack();
+  const back = await page.waitForFunction(() => !new URL(location.href).searchParams.has('from') && window.__render.complete &&
+    document.querySelector('.range-txt') && document.querySelector('.range-txt').dataset.zoomed === '0', null, {timeout: 10000}).then(() => true, () => false);
+  check(back, `Back undid the zoom (${new URL(page.url()).search})`);
+  await page.goForward();
+  const fwd = await page.waitForFunction((f) => new URL(location.href).searchParams.get('from') === String(f) && window.__render.complete &&
+    document.querySelector('.range-txt').dataset.zoomed === '1', from, {timeout: 10000}).then(() => true, () => false);
+  check(fwd, 'Forward zoomed again');
+
+  // 5c. the three x axes (item 5), in the URL; a log toggle kept in the URL (item 10)
+  const px = await newPage(browser);
+  await px.goto(`${d.base}/?run=${id}&x=wall`);
+  await rendered(px);
+  const xs = () => px.waitForFunction((sel) => { const c = document.querySelector(sel).__chart; return c.u && c.u.data[0].length && c.u; }, LOSS_SEL,
+    {timeout: 5000}).then(() => px.$eval(LOSS_SEL, (el) => ({x0: el.__chart.u.data[0][0], x1: el.__chart.u.data[0].at(-1),
+      label: el.__chart.u.axes[0].label,
+      step0: el.__chart.data[0][0]})));
+  const [runInfo, tl0] = await Promise.all([d.api(`/api/runs/${id}`), px.waitForFunction(() => window.__timeline, null, {timeout: 5000})]);
+  let w = await xs();
+  await px.waitForFunction((sel) => document.querySelector(sel).__chart.timed, LOSS_SEL, {timeout: 5000}).catch(() => {});
+  w = await xs();
+  const created = runInfo.created;
+  check(w.x0 > 1e9 && Math.abs(w.x0 - created) < 86400 && w.x1 >= w.x0 && /wall time/.test(w.label),
+    `x=wall: the loss chart's x values are the trainer's clock (${w.x0.toFixed(2)}..${w.x1.toFixed(2)}; run created ${created}), axis "${w.label}"`);
+  await px.selectOption('#x-axis', 'rel');
+  await px.waitForFunction(() => new URL(location.href).searchParams.get('x') === 'rel', null, {timeout: 3000});
+  const r = await xs();
+  check(r.x0 >= 0 && r.x0 < 5 && Math.abs((r.x1 - r.x0) - (w.x1 - w.x0)) < 1e-6 && /since the run began/.test(r.label),
+    `x=rel: the same points from ${r.x0.toFixed(3)} s (since the first step), axis "${r.label}"`);
+  await px.selectOption('#x-axis', 'step');
+  await px.waitForFunction(() => !new URL(location.href).searchParams.has('x'), null, {timeout: 3000});
+  const st0 = await xs();
+  check(st0.x0 === st0.step0 && /step/.test(st0.label), `x=step: back on steps (${st0.x0}), x gone from the URL`);
+  // a log toggle: into the URL, kept on reload, undone by Back
+  await px.click(`${LR_SEL} [data-tool="log"]`);
+  const lu = new URL(px.url()).searchParams.get('logs');
+  await px.reload();
+  await rendered(px);
+  const lrScale = await px.waitForFunction((sel) => document.querySelector(sel).dataset.scale, LR_SEL, {timeout: 5000}).then((x) => x.jsonValue());
+  check(lu === 'sc:lr:1' && lrScale === 'log', `the lr chart's log toggle is in the URL (logs=${lu}) and kept on reload (${lrScale})`);
+  await px.goBack();
+  const lrBack = await px.waitForFunction((sel) => !new URL(location.href).searchParams.has('logs') && window.__render.complete &&
+    document.querySelector(sel) && document.querySelector(sel).dataset.scale, LR_SEL, {timeout: 10000}).then((x) => x.jsonValue(), () => null);
+  check(lrBack === 'linear', `Back undid the log toggle (lr ${lrBack})`);
+  check(px.errors.length === 0, 'no errors switching axes', px.errors.join('; '));
+  await px.close();
 
   // 6. zoom out, scroll everything into view (lazy charts), screenshot
   await page.click('.rangebar button');

@@ -7,11 +7,46 @@
 // alert's start step (the σReparam run's says "Healthy").  The
 // first screen is saved as build/test-artifacts/screenshot-run.png; with
 // UPDATE_SCREENSHOT=1 it also replaces docs/screenshot-run.png (the README's).
+//
+// Also the gallery of docs/dashboard.md (issue 33's bar): the run page's
+// first screen (1440x900, JPEG) of the collapsed 2x4 demo baseline, a
+// healthy 12x12 and a 32x32 run, each light and dark, into
+// build/test-artifacts/gallery-*.jpg (and .png) and, with UPDATE_SCREENSHOT=1,
+// docs/screenshots/. Each is checked before it is saved: the timeline drew
+// every row, the heatmap its cells. And the baseline's overlapping alert
+// markers fold into one with a count, listed on hover (item 7).
 import {spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import {check, ENTROPYD, launch, newPage, rendered, repo, run, screenshot, startDaemon} from './harness.mjs';
+import {ARTIFACTS, check, ENTROPYD, launch, newPage, rendered, repo, run, screenshot, seedRun, startDaemon} from './harness.mjs';
+
+const GALLERY = path.join(repo, 'docs/screenshots');
+
+/** The first screen of run id at 1440x900 in theme, checked (every
+ * timeline row drawn, the heatmap's cells shown) and saved as
+ * gallery-NAME-THEME.jpg (and into docs/screenshots/ when asked). */
+async function galleryShot(browser, d, id, name, theme, rows) {
+  const page = await browser.newPage({viewport: {width: 1440, height: 900}, colorScheme: theme});
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  await page.goto(`${d.base}/?run=${id}`);
+  await rendered(page, 30000);
+  const tl = await page.waitForFunction((n) => window.__timeline && window.__timeline.rows === n && window.__heatmap && window.__timeline,
+    rows, {timeout: 15000}).then((x) => x.jsonValue(), () => null);
+  const th = await page.evaluate(() => document.documentElement.dataset.theme);
+  check(tl && th === theme && errors.length === 0, `${name} (${theme}): ${tl && tl.rows} timeline rows x ${tl && tl.cols} buckets and the heatmap drawn`,
+    errors.join('; '));
+  fs.mkdirSync(ARTIFACTS, {recursive: true});
+  const file = path.join(ARTIFACTS, `gallery-${name}-${theme}.jpg`);
+  await page.screenshot({path: file, type: 'jpeg', quality: 82});
+  await page.screenshot({path: file.replace(/\.jpg$/, '.png')});   // to look at without a JPEG viewer
+  if (process.env.UPDATE_SCREENSHOT === '1') {
+    fs.mkdirSync(GALLERY, {recursive: true});
+    fs.copyFileSync(file, path.join(GALLERY, `run-${name}-${theme}.jpg`));
+  }
+  await page.close();
+}
 
 const STEPS = 200;
 
@@ -68,5 +103,31 @@ await run(async (ctx) => {
   if (process.env.UPDATE_SCREENSHOT === '1') {
     fs.copyFileSync(file, path.join(repo, 'docs/screenshot-run.png'));
     console.log('updated docs/screenshot-run.png');
+  }
+
+  // item 7: the baseline's alerts crowd the loss chart's top; close ones fold
+  const mk = await page.$eval('.chart[data-metrics="loss,eval_loss"]', (el) => {
+    const c = el.__chart;
+    return {n: c.o.markers().length, groups: (c.markerGroups || []).map((g) => ({x: g.x, n: g.items.length})), left: c.u.bbox.left / devicePixelRatio};
+  });
+  const big = mk.groups.slice().sort((a, b) => b.n - a.n)[0];
+  check(big && big.n > 1 && mk.groups.length < mk.n, `${mk.n} markers on the loss chart fold into ${mk.groups.length} (the largest holds ${big && big.n})`);
+  if (big) {
+    const over = await page.$('.chart[data-metrics="loss,eval_loss"] .u-over');
+    await over.scrollIntoViewIfNeeded();
+    const ob = await over.boundingBox();
+    await page.mouse.move(ob.x + big.x - mk.left, ob.y + 6);
+    const tip = await page.waitForFunction(() => { const t = document.querySelector('.chart[data-metrics="loss,eval_loss"] .marker-tip'); return t && !t.hidden && t.textContent; },
+      null, {timeout: 3000}).then((x) => x.jsonValue(), () => '');
+    check(tip.split('\n').length === big.n && /step \d+/.test(tip), `hovering the folded marker lists its ${big.n} markers`, tip.slice(0, 200));
+  }
+
+  // the gallery: the baseline, a healthy 12x12 and a 32x32, light and dark
+  const {id: healthy} = await seedRun(d.sock, 'healthy-12x12', {L: 12, H: 12, steps: 1500, meta: {reparam: 'sigma'}});
+  const {id: wide} = await seedRun(d.sock, 'collapsing-32x32', {L: 32, H: 32, steps: 300, meta: {reparam: 'none'}, collapse: true, collapseAt: 120});
+  for (const theme of ['light', 'dark']) {
+    await galleryShot(browser, d, base.id, 'demo-baseline', theme, base.layers * base.heads);
+    await galleryShot(browser, d, healthy, 'healthy-12x12', theme, 144);
+    await galleryShot(browser, d, wide, 'wide-32x32', theme, 1024);
   }
 }, {timeoutMs: 300000});
