@@ -656,9 +656,14 @@ static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64
      * daemon unhealthy until a restart: its data is not what was stored
      * (docs/reliability.md, "Damaged storage") */
     uint64_t bad = integrity_errors();
-    strbuf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s,\"integrity_errors\":%llu}",
-                  ws.failing ? "failing" : bad ? "db_corrupt" : "ok", ws.failing ? "true" : "false",
-                  (unsigned long long)bad);
+    strbuf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s,\"integrity_errors\":%llu",
+                  ws.wal_lost ? "wal_lost" : ws.failing ? "failing" : bad ? "db_corrupt" : "ok",
+                  ws.failing ? "true" : "false", (unsigned long long)bad);
+    if (ws.wal_lost) { /* for good: docs/reliability.md, "A lost WAL" */
+        strbuf_puts(&b, ",\"reason\":");
+        strbuf_json_str(&b, ws.wal_lost_why);
+    }
+    strbuf_puts(&b, "}");
     return http_send_json(h, c, ws.failing || bad ? 503 : 200, &b);
 }
 

@@ -224,10 +224,14 @@ static void tell_db_failing(struct ingest *ing) {
         struct conn *c = ing->conns[fd];
         if (!c || c->closing || c->told_db_failing == ws.failing) continue;
         c->told_db_failing = ws.failing;
-        if (ws.failing)
+        if (ws.failing) {
             ingest_send_error(ing, c, PROTO_E_DB_FAILING,
                        "the daemon cannot write its database (disk full or I/O error): nothing is acked until it "
                        "can; keep what you sent, it is taken when the database recovers", 0);
+            /* now: a trainer that waits for acks sends nothing that would
+             * flush it (the line sat queued until the trainer's next line) */
+            ingest_conn_flush(ing, c);
+        }
     }
 }
 

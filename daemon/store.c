@@ -15,7 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "embed.h"
 #include "fblock.h"
@@ -268,7 +271,113 @@ static int wal_hook(void *ctx, sqlite3 *db, const char *name, int frames) {
 
 void store_set_autocheckpoint(struct store *st, int on) { st->autockpt = on; }
 
+/* SQLite's WAL header starts with one of these (big-endian). */
+#define WAL_MAGIC_LE 0x377f0682u
+#define WAL_MAGIC_BE 0x377f0683u
+#define WAL_HEADER 32
+
+/* 1 when the 4 bytes at fd's start are a WAL magic, 0 when not, -1 when
+ * they cannot be read. */
+static int wal_header_ok(int fd) {
+    unsigned char b[4];
+    if (pread(fd, b, 4, 0) != 4) return -1;
+    uint32_t m = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+    return m == WAL_MAGIC_LE || m == WAL_MAGIC_BE;
+}
+
+int store_wal_check(const char *db_path, int64_t wal_bytes, struct store_wal_id *id, char *why, size_t whylen) {
+    char path[4096];
+    struct stat sb;
+    if (!db_path || !*db_path || snprintf(path, sizeof path, "%s-wal", db_path) >= (int)sizeof path) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) return -1;
+        if (wal_bytes <= 0 && !id->known) return 0; /* no WAL yet */
+        snprintf(why, whylen, "the WAL file %s is gone while SQLite counts %lld bytes of committed frames in it",
+                 path, (long long)(wal_bytes > 0 ? wal_bytes : 0));
+        return 1;
+    }
+    int ret = -1;
+    if (fstat(fd, &sb) != 0) goto out;
+    if (id->known && (sb.st_dev != id->dev || sb.st_ino != id->ino)) {
+        snprintf(why, whylen, "the WAL file %s was replaced (another file, inode %llu, is there now)", path,
+                 (unsigned long long)sb.st_ino);
+        ret = 1;
+        goto out;
+    }
+    id->dev = sb.st_dev;
+    id->ino = sb.st_ino;
+    id->known = 1;
+    if (wal_bytes > 0 && sb.st_size < WAL_HEADER + wal_bytes) {
+        snprintf(why, whylen, "the WAL file %s is %lld bytes while SQLite counts %lld bytes of committed frames "
+                 "after its 32-byte header: it was truncated under the daemon", path, (long long)sb.st_size,
+                 (long long)wal_bytes);
+        ret = 1;
+        goto out;
+    }
+    if (sb.st_size >= WAL_HEADER) {
+        int h = wal_header_ok(fd);
+        if (h < 0) goto out;
+        if (!h) {
+            snprintf(why, whylen, "the WAL file %s has no WAL header (it was truncated or overwritten under the "
+                     "daemon, then written again)", path);
+            ret = 1;
+            goto out;
+        }
+    }
+    ret = 0;
+out:
+    close(fd);
+    return ret;
+}
+
+int store_wal_mark_lost(const char *db_path, const char *why) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s-wal-lost", db_path) >= (int)sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "%s (noticed at %lld, Unix seconds)\n", why, (long long)time(NULL));
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* Refuses a database whose WAL was lost: marked by an earlier daemon, or
+ * a WAL file of at least a header's length that is not a WAL (SQLite would
+ * take it for an empty log and drop the frames in it, the database then
+ * missing acknowledged commits or inconsistent). 0, or -1 with err. */
+static int wal_lost_at_open(const char *path, char *err, size_t errlen) {
+    char p[4096], note[600] = "";
+    static const char *const what_to_do =
+        ": the database may miss acknowledged steps and be inconsistent. Run `entropyd --check` on it to see "
+        "what is damaged; to start anyway, move %s-wal aside and remove %s-wal-lost (docs/reliability.md, "
+        "\"A lost WAL\")";
+    snprintf(p, sizeof p, "%s-wal-lost", path);
+    FILE *f = fopen(p, "r");
+    if (f) {
+        if (!fgets(note, sizeof note, f)) snprintf(note, sizeof note, "(no reason recorded)");
+        fclose(f);
+        note[strcspn(note, "\n")] = 0;
+        int n = snprintf(err, errlen, "database %s: its WAL was lost under an earlier daemon: %s", path, note);
+        if (n >= 0 && (size_t)n < errlen) snprintf(err + n, errlen - (size_t)n, what_to_do, path, path);
+        return -1;
+    }
+    snprintf(p, sizeof p, "%s-wal", path);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat sb;
+    int bad = fstat(fd, &sb) == 0 && sb.st_size >= WAL_HEADER && wal_header_ok(fd) == 0;
+    close(fd);
+    if (!bad) return 0;
+    int n = snprintf(err, errlen, "database %s: its WAL file %s (%lld bytes) has no WAL header, so SQLite would drop "
+                     "what it holds", path, p, (long long)sb.st_size);
+    if (n >= 0 && (size_t)n < errlen) snprintf(err + n, errlen - (size_t)n, what_to_do, path, path);
+    return -1;
+}
+
 struct store *store_open(const char *path, char *err, size_t errlen) {
+    if (wal_lost_at_open(path, err, errlen)) return NULL;
     struct store *st = calloc(1, sizeof *st);
     if (!st) {
         snprintf(err, errlen, "out of memory");

@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <string.h>
 
 #include "proto.h"
@@ -43,7 +44,9 @@ struct store_run_info {
 /* Opens (creating if needed) the database at path and brings its schema up
  * to date. A new database gets 16 KiB pages (an existing one keeps its
  * own). Returns NULL with a
- * message in err on failure, including a database newer than this daemon.
+ * message in err on failure, including a database newer than this daemon
+ * and one whose WAL was lost (marked by store_wal_mark_lost, or a WAL file
+ * without a WAL header: SQLite would drop its frames silently).
  * The caller owns the result and frees it with store_close(). */
 struct store *store_open(const char *path, char *err, size_t errlen);
 
@@ -236,6 +239,34 @@ const char *store_path(struct store *st);
 /* Bytes of the WAL file of the database at db_path (0 when there is none;
  * NULL or "": -1). */
 int64_t store_wal_bytes_of(const char *db_path);
+
+/* A WAL lost under the daemon (issue 36): truncated, removed or replaced
+ * while SQLite still counts committed frames in it. SQLite does not notice
+ * (its index of the WAL is in shared memory): the daemon went on acking,
+ * a checkpoint could copy zeros into the database, and the next start
+ * found a database whose integrity_check failed. The writer checks the
+ * file (store_wal_check), stops taking writes and marks the database
+ * (store_wal_mark_lost); store_open then refuses it until the mark is
+ * removed (docs/reliability.md, "A lost WAL"). */
+struct store_wal_id {
+    dev_t dev;
+    ino_t ino;
+    int known;                 /* 0 until the WAL was first seen */
+};
+
+/* Checks the WAL of the database at db_path against wal_bytes, the bytes
+ * of frames SQLite counts in it (store_wal_used; -1: unknown, then only the
+ * header and the file's identity are checked): the file must exist while
+ * frames are counted, be at least 32 + wal_bytes long, start with a WAL
+ * header, and be the file seen at the first call (*id, the caller's, set
+ * then). Returns 0 when it holds, 1 with the reason in why when it does
+ * not, -1 when it cannot tell (stat or read failed for another reason). */
+int store_wal_check(const char *db_path, int64_t wal_bytes, struct store_wal_id *id, char *why, size_t whylen);
+
+/* Writes DB-wal-lost (db_path + "-wal-lost") holding why and the time, so
+ * that store_open refuses the database until it is removed. 0, or -1 with
+ * errno. */
+int store_wal_mark_lost(const char *db_path, const char *why);
 
 /* SQLite's autocheckpoint (a PASSIVE checkpoint in the committing thread
  * once the WAL holds 1000 pages) is on by default; the writer turns it off

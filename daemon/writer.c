@@ -5,6 +5,7 @@
 #include "ratelog.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -74,6 +75,13 @@ struct writer {
      * applied again with this set, every item under its savepoint, so that
      * the failing step is undone alone. */
     int guarded;
+
+    /* The WAL watch (store_wal_check): lost is set once, by either thread,
+     * and never cleared; why is written before lost is set. */
+    atomic_int wal_lost;
+    char wal_lost_why[512];
+    struct store_wal_id wal_id, ck_wal_id; /* the writer's / the checkpointer's */
+    double wal_check_ms;             /* writer thread: its last check */
 };
 
 static void notify(struct writer *w) {
@@ -294,6 +302,43 @@ static int run_precommit(struct writer *w) {
  * once and guarded. Only when the daemon is stopping and the database still
  * refuses is the batch dropped unacked: the trainers resend it to the next
  * daemon from their last ack. */
+/* The WAL was lost (why): from now on nothing is committed, so nothing
+ * more is acked (the trainers keep what they sent and are told db_failing),
+ * no checkpoint copies it into the database, and the database is marked so
+ * that the next daemon refuses it (store.h). Either thread, once. */
+static void wal_lost(struct writer *w, const char *why) {
+    pthread_mutex_lock(&w->mu);
+    int first = !atomic_load(&w->wal_lost);
+    if (first) {
+        snprintf(w->wal_lost_why, sizeof w->wal_lost_why, "%s", why);
+        snprintf(w->stats.wal_lost_why, sizeof w->stats.wal_lost_why, "%s", why);
+        w->stats.wal_lost = 1;
+        w->stats.failing = 1;
+        atomic_store(&w->wal_lost, 1);
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (!first) return;
+    const char *db = store_path(w->st);
+    fprintf(stderr, "entropyd: writer: %s: the database takes no more writes (nothing more is acknowledged; "
+            "/healthz says wal_lost). Stop this daemon and run `entropyd --check` on %s; the next start refuses "
+            "the database until %s-wal-lost is removed (docs/reliability.md, \"A lost WAL\")\n", why, db, db);
+    if (store_wal_mark_lost(db, why))
+        fprintf(stderr, "entropyd: writer: cannot write %s-wal-lost: %s\n", db, strerror(errno));
+}
+
+/* Writer thread: checks the WAL against the frames SQLite counts in it
+ * (an open, a stat and a 4-byte read: ~5 us): before every commit, so that
+ * nothing committed into a lost WAL is acked, and (idle) at most every
+ * WRITER_WAL_WATCH_MS unless force. */
+#define WRITER_WAL_WATCH_MS 1000.0
+static void wal_watch(struct writer *w, int force) {
+    double now = now_mono_ms();
+    if (atomic_load(&w->wal_lost) || (!force && now - w->wal_check_ms < WRITER_WAL_WATCH_MS)) return;
+    w->wal_check_ms = now;
+    char why[400];
+    if (store_wal_check(store_path(w->st), store_wal_used(w->st), &w->wal_id, why, sizeof why) == 1) wal_lost(w, why);
+}
+
 static void commit_batch(struct writer *w, struct writer_item *batch, struct replies *rep, int failed) {
     double backoff = 50;
     int attempt = 0;
@@ -305,6 +350,8 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
             continue;
         }
         if (!failed && run_precommit(w)) failed = BATCH_RETRY;
+        if (!failed) wal_watch(w, 1);
+        if (!failed && atomic_load(&w->wal_lost)) failed = BATCH_RETRY;
         if (!failed) {
             double t0 = now_mono_ms();
             if (store_commit(w->st) == 0) {
@@ -322,7 +369,8 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
             }
         }
         if (attempt == 0 && !w->abandoning)
-            ratelog(&w->write_log, "writer: write failed: %s (holding the batch, retrying)", store_errmsg(w->st));
+            ratelog(&w->write_log, "writer: write failed: %s (holding the batch, retrying)",
+                    atomic_load(&w->wal_lost) ? w->wal_lost_why : store_errmsg(w->st));
         store_rollback(w->st);
         pthread_mutex_lock(&w->mu);
         w->stats.failing = 1;
@@ -337,7 +385,9 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
          * (20 retries with backoff per batch kept a daemon with 2,300 steps
          * queued running for minutes after SIGTERM.) */
         if (stopping && (w->abandoning || attempt >= 20 || now_mono_ms() - stop_ms >= WRITER_STOP_GRACE_MS)) {
-            if (!w->abandoning) snprintf(w->abandon_why, sizeof w->abandon_why, "%s", store_errmsg(w->st));
+            if (!w->abandoning)
+                snprintf(w->abandon_why, sizeof w->abandon_why, "%s",
+                         atomic_load(&w->wal_lost) ? "the WAL was lost" : store_errmsg(w->st));
             w->abandoning = 1;
             replies_clear(rep);
             size_t freed = 0;
@@ -447,6 +497,7 @@ static int jobs_ready(struct writer *w) {
  * every commit past WRITER_WAL_PASSIVE: at a training loop's pace that was
  * a checkpoint, and its fdatasync, per commit. */
 static int checkpoint_due(const struct writer *w) {
+    if (atomic_load(&w->wal_lost)) return 0; /* it would copy what is left of the WAL into the database */
     if (w->wal_used >= WRITER_WAL_RESTART)
         return w->wal_used != w->wal_checked ||
                (!w->wal_reset_ok && now_mono_ms() - w->ck_last_ms >= WRITER_CK_RETRY_MS);
@@ -462,7 +513,7 @@ static void checkpoint_policy(struct writer *w) {
     if (used >= WRITER_WAL_RESTART) w->wal_reset_ok = 0; /* this commit did not start the log over */
     if (checkpoint_due(w)) pthread_cond_signal(&w->ckcv);
     pthread_mutex_unlock(&w->mu);
-    if (used < WRITER_WAL_HARD) return;
+    if (used < WRITER_WAL_HARD || atomic_load(&w->wal_lost)) return;
     /* the checkpointer fell behind (or readers held the log): the writer
      * checkpoints itself before taking more, which is back-pressure */
     int r;
@@ -511,6 +562,15 @@ static void *checkpointer_main(void *arg) {
         int64_t used = w->wal_checked = w->wal_used, wal = -1;
         w->ck_last_ms = now_mono_ms();
         pthread_mutex_unlock(&w->mu);
+        /* a WAL that regrew after a truncation reads as zeros: never copy
+         * them into the database (its size is the writer's to check: a
+         * commit may cut the file back to STORE_WAL_LIMIT meanwhile) */
+        char why[400];
+        if (store_wal_check(store_path(w->ck), -1, &w->ck_wal_id, why, sizeof why) == 1) {
+            wal_lost(w, why);
+            pthread_mutex_lock(&w->mu);
+            continue;
+        }
         int r = store_checkpoint(w->ck, 0, 0, &wal);
         if (r == 0 && used >= WRITER_WAL_RESTART)
             r = store_checkpoint(w->ck, 1, used >= 3 * WRITER_WAL_RESTART ? 250 : 20, &wal);
@@ -574,6 +634,11 @@ static int job_piece(struct writer *w, int *retain, int64_t *cursor) {
  * piece). */
 static void job_chunk(struct writer *w) {
     struct store *st = w->st;
+    wal_watch(w, 1);
+    if (atomic_load(&w->wal_lost)) { /* nothing is committed any more */
+        w->job_backoff_until = now_mono_ms() + 1000;
+        return;
+    }
     double t0 = now_mono_ms();
     int r, retain = 0;
     int64_t cursor = w->retain_cursor;
@@ -644,6 +709,7 @@ static void *writer_main(void *arg) {
                 pthread_mutex_unlock(&w->mu);
                 w->cfg.on_tick(w->cfg.ctx, t);
                 last_tick = t;
+                wal_watch(w, 0); /* an idle daemon notices a lost WAL too */
                 pthread_mutex_lock(&w->mu);
                 continue;
             }
@@ -915,6 +981,8 @@ void writer_metrics(struct writer *w, struct strbuf *b) {
     strbuf_prom(b, "entropyd_commit_retries_total", "counter", "Batches retried after a database failure.",
                 (double)ws.retries);
     strbuf_prom(b, "entropyd_db_errors_total", "counter", "Database errors met by the writer.", (double)ws.db_errors);
+    strbuf_prom(b, "entropyd_wal_lost", "gauge", "1 once the WAL was found truncated, removed or replaced under the daemon "
+                "(no more writes; docs/reliability.md).", ws.wal_lost);
     strbuf_prom(b, "entropyd_queue_bytes", "gauge", "Memory held by accepted, uncommitted messages.",
                 (double)ws.queue_bytes);
     strbuf_prom(b, "entropyd_db_failing", "gauge", "1 while the database refuses writes.", ws.failing);

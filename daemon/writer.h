@@ -205,6 +205,8 @@ struct writer_stats {
     uint64_t job_chunks;         /* rewind, purge and retention chunks committed */
     double job_ms_max;
     int failing;                 /* 1 while the database refuses writes */
+    int wal_lost;                /* 1 once the WAL was found lost (store_wal_check): for good */
+    char wal_lost_why[512];      /* what was found, when wal_lost */
 };
 void writer_get_stats(struct writer *w, struct writer_stats *out);
 
