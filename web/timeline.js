@@ -24,6 +24,7 @@ export const COLLAPSE_BELOW = 0.05;
 // the collapse region's reds, darkest at 0: a hue viridis never takes, at
 // least 3:1 against the card in the light and the dark theme
 const RED0 = [208, 28, 52], RED1 = [240, 80, 110];
+const NAN_CODE = 320;
 const PAD_L = 46, PAD_T = 18, PAD_B = 22, PAD_R = 8;
 
 /** Decodes an answer's min (base64 of uint16 codes over [lo, hi], 65535:
@@ -151,18 +152,27 @@ export class Timeline {
     return [lo, Math.max(hi, lo + 1)];
   }
 
-  /** [r, g, b] of value v. */
-  rgb(v) {
-    if (!Number.isFinite(v)) return [210, 210, 215];
-    if (this.collapse !== null && v < this.collapse) {
-      const t = Math.max(0, v) / this.collapse;
-      return [0, 1, 2].map((k) => Math.round(RED0[k] + (RED1[k] - RED0[k]) * t));
-    }
+  /** The colour code of value v, ordered as the values are (a lower
+   * value never gets a higher code): 0..63 the collapse region's reds,
+   * 64..319 viridis, NAN_CODE for NaN/Inf. A screen column shows the
+   * lowest code of its buckets, which is the colour of their lowest value. */
+  code(v) {
+    if (!(v === v) || v === Infinity || v === -Infinity) return NAN_CODE;
+    if (this.collapse !== null && v < this.collapse) return Math.min(63, Math.max(0, Math.floor((64 * v) / this.collapse)));
     const [lo, hi] = this.domain;
-    const t = Math.min(1, Math.max(0, (v - lo) / (hi - lo || 1)));
-    const lut = scaleLUT(), k = Math.round(255 * t) * 3;
+    return 64 + Math.round(255 * Math.min(1, Math.max(0, (v - lo) / (hi - lo || 1))));
+  }
+
+  /** [r, g, b] of code c. */
+  codeRGB(c) {
+    if (c >= NAN_CODE) return [210, 210, 215];
+    if (c < 64) return [0, 1, 2].map((k) => Math.round(RED0[k] + ((RED1[k] - RED0[k]) * c) / 63));
+    const lut = scaleLUT(), k = (c - 64) * 3;
     return [lut[k], lut[k + 1], lut[k + 2]];
   }
+
+  /** [r, g, b] of value v. */
+  rgb(v) { return this.codeRGB(this.code(v)); }
 
   /** Row heights: one to 14 px each, so 8 rows and 1,024 both fit; layers
    * a pixel apart when there are several. */
@@ -203,20 +213,21 @@ export class Timeline {
       for (let x = a; x <= b; x++) { if (colLo[x] < 0) colLo[x] = i; colHi[x] = i; }
     }
     this.cols = {colLo, colHi};
-    const img = new ImageData(pw, rows.length), d = img.data;
+    const img = new ImageData(pw, rows.length), px32 = new Uint32Array(img.data.buffer);
+    // the palette as RGBA words (little-endian: A B G R from the top byte)
+    const pal = new Uint32Array(NAN_CODE + 1);
+    for (let c = 0; c <= NAN_CODE; c++) { const [r, gg, b] = this.codeRGB(c); pal[c] = (255 << 24 | b << 16 | gg << 8 | r) >>> 0; }
+    const codes = new Uint16Array(n);
     let drawnCells = 0;
-    const cache = new Map();
     for (let r = 0; r < rows.length; r++) {
-      const v = rows[r].vals;
+      const v = rows[r].vals, o = r * pw;
+      for (let i = 0; i < n; i++) codes[i] = this.code(v[i]);
       for (let x = 0; x < pw; x++) {
-        const p = (r * pw + x) * 4;
-        if (colLo[x] < 0) continue;
-        let m = Infinity, any = false;
-        for (let i = colLo[x]; i <= colHi[x]; i++) { const u = v[i]; if (u === u) { any = true; if (u < m) m = u; } }
-        const key = any ? m : NaN;
-        let c = cache.get(key);
-        if (!c) { c = this.rgb(key); if (cache.size < 70000) cache.set(key, c); }
-        d[p] = c[0]; d[p + 1] = c[1]; d[p + 2] = c[2]; d[p + 3] = 255;
+        const a = colLo[x];
+        if (a < 0) continue;
+        let m = codes[a];
+        for (let i = a + 1, b = colHi[x]; i <= b; i++) if (codes[i] < m) m = codes[i];
+        px32[o + x] = pal[m];
         drawnCells++;
       }
     }
