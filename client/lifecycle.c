@@ -158,7 +158,9 @@ int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE 
            !(refused(t) && !tm_settled(t)) && tm_now_ns() < end) {
         tm_sleep_ms(5);
         uint64_t now = tm_now_ns();
-        if (progress && now >= next_line) {
+        /* the sleep may end past the deadline: no line saying "up to
+         * (end - now)" then, which, unsigned, would be ~2^64 ns */
+        if (progress && now >= next_line && now < end) {
             telemetry_stats st;
             telemetry_get_stats(t, &st);
             fprintf(progress,
