@@ -58,6 +58,8 @@ export function setXMode(m) {
   for (const c of charts) if (c.u) c.build();
 }
 export const getXMode = () => xMode;
+/** Forgets every step's time and the origin (a view showing another run). */
+export function resetClock() { clock.steps = []; clock.times = []; clock.t0 = null; }
 /** The time "relative time" counts from (the run's first step's). */
 export function setClockOrigin(t) { if (Number.isFinite(t)) clock.t0 = t; }
 /** Adds (step, time) pairs (any order; null times skipped). */

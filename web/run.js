@@ -18,7 +18,7 @@
 // a view change (zoom, a metric, the x axis, a log toggle) pushes a history
 // entry, so Back undoes it; scrubbing and following replace the entry.
 import {api, getJSON, reparamOf, withToken} from './api.js';
-import {TimeChart, X_MODES, addClock, getSmoothing, hasClock, logByDefault, nonfiniteSteps, pointsFor, pooled, setClockOrigin,
+import {TimeChart, X_MODES, addClock, resetClock, getSmoothing, hasClock, logByDefault, nonfiniteSteps, pointsFor, pooled, setClockOrigin,
         setSmoothing, setXMode, splitOf, tableOf} from './charts.js';
 import {Heatmap} from './heatmap.js';
 import {COLLAPSE_BELOW, FOLD_ROWS, Timeline} from './timeline.js';
@@ -64,6 +64,8 @@ export class RunView {
                layer: int(s.layer), head: int(s.head), hmlog: s.hmlog === '1' ? true : s.hmlog === '0' ? false : null,
                tl: s.tl || null, x: X_MODES.includes(s.x) ? s.x : 'step', logs: parseLogs(s.logs)};
     setSmoothing(s.smooth);
+    // the steps' times are this run's (the module keeps them for every chart)
+    resetClock();
     setXMode(this.st.x);
     this.charts = [];       // {chart, load, loaded, kind}
     this.alerts = [];
@@ -540,6 +542,13 @@ export class RunView {
       if (this.dead || gen !== this.tlGen) return;
       addClock([...ans.step, ...ans.end], [...ans.time, ...ans.end_time]);
       if (this.st.from === null && ans.time.length) setClockOrigin(ans.time[0]);
+      else if (this.st.from !== null && !this.originAsked) {
+        // zoomed: relative time still counts from the run's first step (one bucket of one row per layer)
+        this.originAsked = true;
+        getJSON(`/api/runs/${this.id}/timeline?metric=${encodeURIComponent(this.st.tl)}&points=1&rows=layer`)
+          .then((o) => { if (!this.dead && o.time.length) { setClockOrigin(o.time[0]); if (this.st.x === 'rel') { setXMode('step'); setXMode('rel'); } } })
+          .catch(() => {});
+      }
       const fixed = this.st.tl === 'entropy_norm';
       this.tl.set(ans, {domain: fixed ? [0, 1] : this.domainOf(this.st.tl), collapse: fixed ? COLLAPSE_BELOW : null, url});
       // expanded layers over the new buckets
@@ -1151,6 +1160,9 @@ export class RunView {
     for (const c of this.charts) c.chart.destroy();
     if (this.hm) this.hm.destroy();
     if (this.tl) this.tl.destroy();
+    // the next view (another run, compare) starts on steps with no clock
+    setXMode('step');
+    resetClock();
   }
 }
 
