@@ -118,7 +118,8 @@ export class Timeline {
    * the next fetch makes them exact. Returns false when the owner should
    * refetch (the live columns outnumber the fetched ones). */
   addCells(f) {
-    if (!this.rows || !this.steps.length || f.metric !== this.ans.metric) return true;
+    if (!this.rows || f.metric !== this.ans.metric) return true;
+    if (!this.steps.length) return false;   // fetched before any step: fetch again
     const s = f.step, n = this.steps.length, w = this.width;
     let i = n - 1;
     if (s < this.steps[i]) return true;
