@@ -204,6 +204,35 @@ class Budget(unittest.TestCase):
         # and, settled, the watch's own cost stays within the budget
         self.assertLessEqual(self.cost_at[199] - self.cost_at[49], 0.02 * 150 * 0.1 + 1e-9, seen)
 
+    def test_probe_runs_on_one_thread_and_restores_the_count(self):
+        # torch on every core: the probe's small ops run serially (thread-pool handoffs cost more than
+        # the work on a busy machine), and the loop's thread count is back after each probe and log
+        one = et._serial(torch.device("cpu"))
+        if one._omp_set is None:
+            self.skipTest("no OpenMP runtime found in the process")
+        inside = []
+        real_metrics, before = et._metrics, torch.get_num_threads()
+
+        def metrics(*a, **kw):
+            inside.append(torch.get_num_threads())
+            return real_metrics(*a, **kw)
+        mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        run = entropyd.init("threads", layers=1, heads=2, seq_len=4, daemon="")
+        try:
+            torch.set_num_threads(2)
+            et._metrics = metrics
+            w = et.watch(mha, run, every=1)
+            x = torch.randn(4, 4, 8)
+            for step in range(3):
+                mha(x, x, x, need_weights=False)
+                w.log(step, loss=1.0)
+                self.assertEqual(torch.get_num_threads(), 2)
+        finally:
+            et._metrics = real_metrics
+            torch.set_num_threads(before)
+            run.finish(None)
+        self.assertEqual(inside, [1, 1, 1])
+
     def test_every_forces_the_cadence(self):
         w, seen = self.loop(20, 0.050, every=3)
         self.assertEqual([s for s, _ in seen], list(range(0, 20, 3)))

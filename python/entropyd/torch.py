@@ -404,6 +404,101 @@ def _no_autocast(dev):
         return contextlib.nullcontext()
 
 
+class _OneThread:
+    """A context that runs the probe's host ops on the calling thread alone
+    and restores the thread counts after.  Why: the probe is a few hundred
+    small ops (a few MB at most), and with torch on every core each op above
+    torch's grain size (32768 elements) is an OpenMP parallel region, each
+    gemm above ~64^3 wakes OpenBLAS's own pool; on a busy machine every such
+    handoff waits for a descheduled thread.  Measured on 2 shared cores
+    (128 x 4 heads, 4 examples, load ~3): 8 ms per layer on one thread, 35
+    to 230 ms on two.  torch.set_num_threads cannot be used to toggle: it
+    also resizes torch's pthreadpool (milliseconds per change), so this
+    calls omp_set_num_threads and openblas_set_num_threads of the libraries
+    already loaded in the process (found in /proc/self/maps, opened with
+    RTLD_NOLOAD: nothing new is loaded).  Both are per-process for
+    OpenBLAS and per-thread (the caller's) for OpenMP, so another thread's
+    BLAS call during a probe runs on one thread too.  Where neither library
+    is found (not Linux, another runtime) it does nothing.  Nested uses
+    restore at the outermost exit."""
+
+    def __init__(self):
+        self._omp_set = self._omp_get = self._blas_set = self._blas_get = None
+        self._saved = None
+        self._depth = 0
+        try:
+            self._find()
+        except (OSError, AttributeError, ValueError):
+            self._omp_set = self._blas_set = None
+
+    def _find(self):
+        import ctypes
+        import os
+        paths = set()
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.split()[-1]
+                base = p.rsplit("/", 1)[-1]
+                if base.startswith(("libgomp", "libiomp", "libomp", "libopenblas")) and ".so" in base:
+                    paths.add(p)
+        mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 1)
+        for p in sorted(paths):
+            try:
+                lib = ctypes.CDLL(p, mode=mode)
+            except OSError:
+                continue
+            if "openblas" in p:
+                if self._blas_set is None and hasattr(lib, "openblas_set_num_threads"):
+                    self._blas_set, self._blas_get = lib.openblas_set_num_threads, lib.openblas_get_num_threads
+                    self._blas_get.restype = ctypes.c_int
+            elif self._omp_set is None and hasattr(lib, "omp_set_num_threads"):
+                self._omp_set, self._omp_get = lib.omp_set_num_threads, lib.omp_get_max_threads
+                self._omp_get.restype = ctypes.c_int
+        # torch's own count must be OpenMP's: ATen's backend is OpenMP, or this is not the runtime torch uses
+        if self._omp_set is not None and torch.get_num_threads() != self._omp_get():
+            self._omp_set = None
+
+    def __enter__(self):
+        self._depth += 1
+        if self._depth > 1:
+            return self
+        omp = blas = 0
+        if self._omp_set is not None:
+            omp = self._omp_get()
+            if omp > 1:
+                self._omp_set(1)
+        if self._blas_set is not None:
+            blas = self._blas_get()
+            if blas > 1:
+                self._blas_set(1)
+        self._saved = (omp, blas)
+        return self
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth > 0:
+            return False
+        omp, blas = self._saved
+        if omp > 1:
+            self._omp_set(omp)
+        if blas > 1:
+            self._blas_set(blas)
+        return False
+
+
+_one_thread = None
+
+
+def _serial(dev):
+    """_OneThread for host tensors (made once), a no-op context otherwise."""
+    global _one_thread
+    if dev.type != "cpu":
+        return contextlib.nullcontext()
+    if _one_thread is None:
+        _one_thread = _OneThread()
+    return _one_thread
+
+
 def _dist():
     """(rank, world size) of torch.distributed's default group, (0, 1) without one."""
     try:
@@ -447,6 +542,7 @@ class Watch:
         self.probes = 0
         self.cost = 0.0
         self.interval = self.every or 1
+        self._device = torch.device("cpu")   # the model's (watch() sets it)
         self._layers = {}       # module -> index
         self._out = {}          # index -> (heads (8,H), layer (2,)) on device
         self._mats = {}         # index -> M (H, d, d) or None: eig_var is finished on the host
@@ -484,7 +580,7 @@ class Watch:
         if dev.type == "cuda":
             ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             ev[0].record()
-        with torch.no_grad(), _no_autocast(dev):
+        with torch.no_grad(), _no_autocast(dev), _serial(dev):
             st = None if self.exact else self._state.setdefault(i, {})
             h, l, self._mats[i] = _metrics(q, k, x, mask, w_q, w_k, b_q, b_k, state=st, eig=False)
             self._out[i] = (h, l)
@@ -539,7 +635,7 @@ class Watch:
         if query is not key or not getattr(mha, "_qkv_same_embed_dim", True):
             return  # cross-attention or separate q/k/v projections: not probed
         t0 = time.perf_counter()
-        with torch.no_grad(), _no_autocast(query.device):
+        with torch.no_grad(), _no_autocast(query.device), _serial(query.device):
             x = query if mha.batch_first else query.transpose(0, 1)       # (B, T, E)
             n = self.examples if self.examples > 0 else x.shape[0]
             x = x[:n]
@@ -598,6 +694,29 @@ class Watch:
             self._log_dur = time.perf_counter() - t0
             return None
         was_due = self.due(step)
+        with _serial(self._device):
+            ret, consensus, gpu = self._send(step, was_due, loss, scalars, more)
+        dur = time.perf_counter() - t0
+        spent = max(self._t_probe, gpu) + dur
+        self.cost += spent
+        if was_due:
+            if self.probes > 0:            # the first probe pays for warm-up: not a measure
+                self._costs.append(spent)
+            self.probes += 1
+            if self.every is None:
+                self.interval = consensus if consensus is not None else self._proposal()
+                self._next = step + max(1, self.interval)
+        else:
+            self._base.append(spent)
+        self._t_probe = 0.0
+        self._step = step + 1
+        self._log_dur = time.perf_counter() - t0
+        return ret
+
+    def _send(self, step, was_due, loss, scalars, more):
+        """log()'s work after the timing: the one copy, eig_var on the host,
+        the run's log call.  Returns (what the run returned, the interval
+        agreed by the ranks or None, the seconds CUDA events timed)."""
         reduce = self.ranks != "zero" and self.world > 1 and was_due
         sc = dict(scalars or {})
         if loss is not None:
@@ -660,22 +779,7 @@ class Watch:
                                            head_names=HEAD_METRICS, head_values=heads)
         elif self.run is not None:
             ret = self.run.log(step, scalars=sc)
-        dur = time.perf_counter() - t0
-        spent = max(self._t_probe, gpu) + dur
-        self.cost += spent
-        if was_due:
-            if self.probes > 0:            # the first probe pays for warm-up: not a measure
-                self._costs.append(spent)
-            self.probes += 1
-            if self.every is None:
-                self.interval = consensus if consensus is not None else self._proposal()
-                self._next = step + max(1, self.interval)
-        else:
-            self._base.append(spent)
-        self._t_probe = 0.0
-        self._step = step + 1
-        self._log_dur = time.perf_counter() - t0
-        return ret
+        return ret, consensus, gpu
 
     def _reduce(self, red, dev):
         """ranks="min"/"mean": every rank's heads and layers, reduced, and the
