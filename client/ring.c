@@ -264,7 +264,8 @@ int tm_ring_drain(telemetry *t)
         free(s->text);
         s->text = NULL;
         atomic_store_explicit(&t->tail, ++tl, memory_order_release);
-        if (blen + SEQ_PREFIX_MAX > LINE_MAX_BYTES) /* the daemon would refuse it */
+        /* over its run's line limit (proto.h): the daemon would refuse it */
+        if (blen + SEQ_PREFIX_MAX > proto_line_max((int64_t)t->L * t->H))
             ST_ADD(t, st_dropped_oversize, 1);
         else
             tm_spool_add(t, t->fmt + SEQ_PREFIX_MAX, blen);

@@ -43,7 +43,6 @@
 #define WELCOME_TIMEOUT_MS 10000
 #define CONNECT_TIMEOUT_MS 2000
 #define DRAIN_BATCH 256
-#define LINE_MAX_BYTES PROTO_MAX_LINE
 #define METRICS_MAX PROTO_MAX_METRICS
 
 /* The public header stands alone (it is installed without proto.h). */

@@ -529,7 +529,7 @@ static int handle_line(struct ingest *ing, struct conn *c, const char *line, siz
     struct writer_item *it = NULL;
     char err[512];
     int ret = LINE_DONE;
-    int code = proto_parse(line, len, &msg, err, sizeof err);
+    int code = proto_parse_max(line, len, ing->line_max, &msg, err, sizeof err);
     int64_t seq = msg.has_seq ? msg.seq : 0;
     if (code != PROTO_OK) goto refuse;
     if (msg.type == PROTO_HELLO) {
@@ -607,8 +607,11 @@ static int process_input(struct ingest *ing, struct conn *c) {
         return -1;
     }
     /* a partial line longer than the limit can never become valid */
-    if (c->in_len > PROTO_MAX_LINE && !c->skipping) {
-        ingest_send_error(ing, c, PROTO_E_LINE_TOO_LONG, "line longer than 4 MiB; skipped to its newline", 0);
+    if (c->in_len > ing->line_max && !c->skipping) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "line longer than %zu bytes (this daemon's limit, for --max-cells-per-run %lld); "
+                 "skipped to its newline", ing->line_max, (long long)ing->cfg.max_cells_per_run);
+        ingest_send_error(ing, c, PROTO_E_LINE_TOO_LONG, msg, 0);
         c->skipping = 1;
         c->in_len = 0;
     } else if (c->skipping && !memchr(c->in, '\n', c->in_len)) {
@@ -818,6 +821,16 @@ struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *wri
     if (ing->cfg.idle_ms < 0) ing->cfg.idle_ms = 0;
     if (!ing->cfg.max_input) ing->cfg.max_input = (size_t)64 << 20;
     if (ing->cfg.max_cells_per_run <= 0) ing->cfg.max_cells_per_run = INGEST_MAX_CELLS;
+    /* a step of the largest run admitted fits in a line (proto.h); the
+     * line fits in the input budget when welcomed connections' three
+     * quarters of it (ingest_guard.c) hold one: said, not forced, since a
+     * small --input-mb is a choice (such a line waits for memory) */
+    ing->line_max = proto_line_max(ing->cfg.max_cells_per_run);
+    size_t need = (ing->line_max + 2 * READ_CHUNK) / 3 * 4 + 1;
+    if (ing->cfg.max_input < need)
+        fprintf(stderr, "entropyd: warning: --input-mb %zu holds no step line of the largest run --max-cells-per-run "
+                "%lld admits (%zu MiB); give --input-mb %zu for them to pass\n", ing->cfg.max_input >> 20,
+                (long long)ing->cfg.max_cells_per_run, (ing->line_max + (1u << 20) - 1) >> 20, (need + (1u << 20) - 1) >> 20);
     ing->writer = writer;
     ing->notify_fd = notify_fd;
     ing->unix_fd = ing->tcp_fd = ing->stop_fd = ing->ep = ing->ctl_ep = -1;

@@ -99,10 +99,11 @@ void ingest_conn_drop(struct ingest *ing, struct conn *c, int code, const char *
     else conn_refuse(ing, c, code, msg);
 }
 
-/* The largest input buffer a connection may have: a 4 MiB line once
- * welcomed, INGEST_HELLO_MAX before. */
-static size_t in_limit(const struct conn *c) {
-    return c->welcomed ? PROTO_MAX_LINE + 2 * READ_CHUNK : INGEST_HELLO_MAX + 1;
+/* The largest input buffer a connection may have: a line of line_max
+ * (the step of the largest run admitted, proto_line_max) once welcomed,
+ * INGEST_HELLO_MAX before. */
+static size_t in_limit(const struct ingest *ing, const struct conn *c) {
+    return c->welcomed ? ing->line_max + 2 * READ_CHUNK : INGEST_HELLO_MAX + 1;
 }
 
 /* The total input memory under which c may grow its buffer: welcomed
@@ -128,7 +129,7 @@ static struct conn *input_victim(struct ingest *ing, const struct conn *c) {
  * fits in one read, so strangers that hold the budget cannot keep a
  * trainer out; only then is c itself refused. */
 int ingest_in_room(struct ingest *ing, struct conn *c) {
-    size_t limit = in_limit(c);
+    size_t limit = in_limit(ing, c);
     if (c->in_cap - c->in_len >= READ_CHUNK / 4 || c->in_cap >= limit) return 0;
     size_t cap = c->in_cap ? c->in_cap * 2 : IN_INITIAL;
     while (cap - c->in_len < READ_CHUNK / 4) cap *= 2;
@@ -258,7 +259,7 @@ void ingest_guards_sweep(struct ingest *ing, double now) {
         struct conn *c = ing->conns[fd];
         if (!c) continue;
         if (c->starved) {
-            size_t want = c->in_cap * 2 > in_limit(c) ? in_limit(c) : c->in_cap * 2;
+            size_t want = c->in_cap * 2 > in_limit(ing, c) ? in_limit(ing, c) : c->in_cap * 2;
             if (ing->in_bytes - c->in_cap + want <= in_budget(ing, c)) {
                 c->starved = 0;
                 ing->starved--;

@@ -72,6 +72,7 @@ enum { EV_UNIX = 1, EV_TCP, EV_NOTIFY, EV_STOP, EV_CONN_BASE = 16 };
 
 struct ingest {
     struct ingest_config cfg;
+    size_t line_max;         /* a welcomed connection's line limit: proto_line_max(max_cells_per_run) */
     struct writer *writer;
     int notify_fd, stop_fd;
     int ep, ctl_ep;          /* all fds; control fds only (used while paused) */

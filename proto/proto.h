@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #define PROTO_VERSION 1
-#define PROTO_MAX_LINE (4u * 1024 * 1024)   /* bytes, newline excluded */
+#define PROTO_MAX_LINE (4u * 1024 * 1024)   /* bytes, newline excluded: the limit of a run of no cells */
 #define PROTO_MAX_NAME 64                   /* metric name bytes */
 #define PROTO_MAX_RUN 128                   /* run name bytes */
 #define PROTO_MAX_METRICS 256               /* per kind per step */
@@ -110,6 +110,23 @@ struct proto_msg {
     int status;                  /* enum proto_status */
 };
 
+/* ---- line limit --------------------------------------------------------- */
+
+/* A step's line grows with its run's cells: a 1,048,576-cell run was
+ * admitted, but any step of it with real values was over 4 MiB (issue 36).
+ * So the limit grows with the cells: a run of n cells may send lines of
+ * proto_line_max(n) bytes: PROTO_MAX_LINE for everything but the head
+ * metrics (scalars, layer metrics, the JSON around them) plus room for
+ * PROTO_STEP_HEAD_METRICS head metrics of n values, each at its longest as
+ * proto_format_float writes it ("-1.17549435e-38" and a comma: 16 bytes).
+ * A step of more head metrics fits while its values are shorter. The
+ * client drops a step over its run's limit (dropped_oversize); the daemon
+ * takes lines up to the limit of its --max-cells-per-run. */
+#define PROTO_STEP_HEAD_METRICS 8
+#define PROTO_VALUE_MAX_BYTES 16
+size_t proto_line_max(int64_t cells);     /* cells clamped to 0..PROTO_MAX_CELLS */
+#define PROTO_MAX_LINE_ANY ((size_t)PROTO_MAX_LINE + (size_t)PROTO_MAX_CELLS * PROTO_STEP_HEAD_METRICS * PROTO_VALUE_MAX_BYTES)
+
 /* ---- parser, trainer -> daemon (proto_parse.c) */
 
 /* Parses one line (without its newline; a trailing '\r' is allowed) into
@@ -119,6 +136,11 @@ struct proto_msg {
  * passed to proto_msg_free(). Never reads outside [line, line+len). */
 int proto_parse(const char *line, size_t len, struct proto_msg *msg,
                 char *err, size_t errlen);
+
+/* proto_parse with a line limit of max bytes (proto_line_max) instead of
+ * PROTO_MAX_LINE; values are bounded by it too. */
+int proto_parse_max(const char *line, size_t len, size_t max, struct proto_msg *msg,
+                    char *err, size_t errlen);
 
 /* Frees what the message owns and zeroes it. Accepts a zeroed message. */
 void proto_msg_free(struct proto_msg *msg);

@@ -22,6 +22,7 @@ struct parser {
     size_t errlen;
     int code;
     uint32_t cap_values, cap_metrics;
+    size_t max;                  /* the line limit */
 };
 
 static int fail(struct parser *ps, int code, const char *fmt, ...) {
@@ -357,7 +358,7 @@ static int push_value(struct parser *ps) {
     struct proto_msg *m = ps->msg;
     if (m->nvalues == ps->cap_values) {
         uint32_t cap = ps->cap_values ? ps->cap_values * 2 : 256;
-        if (cap > PROTO_MAX_LINE / 2) return fail(ps, PROTO_E_BAD_FIELD, "too many values");
+        if (cap > ps->max / 2) return fail(ps, PROTO_E_BAD_FIELD, "too many values");
         float *v = realloc(m->values, cap * sizeof *v);
         if (!v) return fail(ps, PROTO_E_INTERNAL, "out of memory");
         m->values = v;
@@ -679,13 +680,24 @@ static int check_fields(struct parser *ps, unsigned seen) {
     return 0;
 }
 
+size_t proto_line_max(int64_t cells) {
+    if (cells < 0) cells = 0;
+    if (cells > (int64_t)PROTO_MAX_CELLS) cells = PROTO_MAX_CELLS;
+    return (size_t)PROTO_MAX_LINE + (size_t)cells * PROTO_STEP_HEAD_METRICS * PROTO_VALUE_MAX_BYTES;
+}
+
 int proto_parse(const char *line, size_t len, struct proto_msg *msg, char *err, size_t errlen) {
+    return proto_parse_max(line, len, PROTO_MAX_LINE, msg, err, errlen);
+}
+
+int proto_parse_max(const char *line, size_t len, size_t max, struct proto_msg *msg, char *err, size_t errlen) {
+    if (max > PROTO_MAX_LINE_ANY) max = PROTO_MAX_LINE_ANY;
     struct parser ps = {.p = line, .end = line + len, .start = line, .msg = msg,
-                        .err = err, .errlen = errlen, .code = PROTO_OK};
+                        .err = err, .errlen = errlen, .code = PROTO_OK, .max = max};
     unsigned seen = 0;
     if (errlen) err[0] = 0;
-    if (len > PROTO_MAX_LINE) {
-        fail(&ps, PROTO_E_LINE_TOO_LONG, "line longer than %u bytes", PROTO_MAX_LINE);
+    if (len > max) {
+        fail(&ps, PROTO_E_LINE_TOO_LONG, "line longer than %zu bytes", max);
         return ps.code;
     }
     if (len && line[len - 1] == '\r') ps.end--;

@@ -12,7 +12,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Client, Daemon, step_msg, wait_for  # noqa: E402
+from daemon_harness import Client, Daemon, step_msg, use_python_client, wait_for  # noqa: E402
 from e2e_http_guard import raw  # noqa: E402
 
 STREAMS = 512  # --http-max-conns' default: every ordinary slot
@@ -127,6 +127,67 @@ class LostWalTest(unittest.TestCase):
             d.start()
             st, body = raw(d.http_port, "GET", "/healthz")
             self.assertEqual(st, 200, body)
+        finally:
+            d.cleanup()
+
+
+HEAD_METRICS = 8  # PROTO_STEP_HEAD_METRICS: what sigmatrain's probe sends
+DEFAULT_CELLS = 65536  # --max-cells-per-run's default: 256 x 256
+
+
+def wide_step(seq, step, metrics, layers, heads, value):
+    """A step line of `metrics` head metrics, every value the text `value`."""
+    row = "[" + ",".join([value] * heads) + "]"
+    grid = "[" + ",".join([row] * layers) + "]"
+    hm = ",".join('"m%d":%s' % (k, grid) for k in range(metrics))
+    return ('{"type":"step","seq":%d,"step":%d,"scalars":{"loss":1.5},"heads":{%s}}\n' % (seq, step, hm)).encode()
+
+
+class CellCapLineTest(unittest.TestCase):
+    """The largest run --max-cells-per-run admits can send its steps: the
+    line limit grows with the cap (proto_line_max, 4 MiB + 128 bytes a cell)."""
+
+    def test_a_step_of_the_largest_run_fits_its_line(self):
+        d = Daemon(http=True).start()
+        try:
+            c = Client(d.sock, timeout=60)
+            self.assertEqual(c.hello("wide", layers=256, heads=256)["type"], "welcome")
+            # each value at its longest as the client writes a float32
+            line = wide_step(1, 0, HEAD_METRICS, 256, 256, "-1.17549435e-38")
+            self.assertGreater(len(line), 8 << 20)  # twice the old 4 MiB limit
+            c.send_raw(line)
+            m, seen = c.recv_until(lambda m: m["type"] in ("ack", "error"), timeout=60)
+            self.assertEqual(m["type"], "ack", m)
+            # stored, every value
+            st, body = raw(d.http_port, "GET", "/api/runs/1/frame?metric=m7&step=0")
+            self.assertEqual(st, 200, body[:300])
+            self.assertEqual(body.count("-1.17549435e-38"), DEFAULT_CELLS)
+            # past the limit (4 MiB + 128 bytes a cell, here 12 MiB): refused,
+            # naming the limit, and the connection goes on
+            c.send_raw(wide_step(2, 1, 13, 256, 256, "-1.17549435e-38"))
+            m, _ = c.recv_until(lambda m: m["type"] in ("ack", "error"), timeout=60)
+            self.assertEqual(m.get("code"), "line_too_long", m)
+            self.assertIn("12582912 bytes", m["message"])
+            c.send_raw(wide_step(2, 1, 1, 256, 256, "0.5"))
+            c.wait_ack(2, timeout=60)
+            c.close()
+            # the client library's own step of 8 head metrics of random
+            # float32s (it dropped every one before: over 4 MiB)
+            use_python_client()
+            import entropyd
+            import random
+            rnd = random.Random(36)
+            run = entropyd.init("wide-py", layers=256, heads=256, seq_len=64, daemon="unix:" + d.sock,
+                                spool_dir=os.path.join(d.data, "spool"))
+            grid = lambda: [[rnd.uniform(-1e3, 1e3) for _ in range(256)] for _ in range(256)]  # noqa: E731
+            run.log(0, scalars={"loss": 2.0}, heads={"m%d" % k: grid() for k in range(HEAD_METRICS)})
+            self.assertTrue(run.flush(timeout=60))
+            stats = run.stats()
+            run.finish(quiet=True)
+            self.assertEqual(stats["dropped_oversize"], 0, stats)
+            self.assertEqual(stats["acked"], stats["enqueued"], stats)
+            self.assertEqual(d.query("SELECT count(*) FROM steps s JOIN runs r ON r.id = s.run_id "
+                                     "WHERE r.name = 'wide-py'")[0][0], 1)
         finally:
             d.cleanup()
 

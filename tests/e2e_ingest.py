@@ -136,7 +136,8 @@ class IngestTest(unittest.TestCase):
     def test_oversized_line_is_skipped_and_connection_survives(self):
         c = self.client()
         c.hello("big")
-        big = b'{"type":"event","seq":1,"level":"info","text":"' + b"x" * (5 << 20) + b'"}\n'
+        # over the line limit: 4 MiB + 128 bytes a cell of --max-cells-per-run (12 MiB by default)
+        big = b'{"type":"event","seq":1,"level":"info","text":"' + b"x" * (13 << 20) + b'"}\n'
         c.send_raw(big)
         m = c.recv(timeout=30)
         self.assertEqual(m["code"], "line_too_long")

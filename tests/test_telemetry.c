@@ -1029,24 +1029,29 @@ static void test_refusing_daemon(void **state)
     env_free(&e);
 }
 
-/* A step whose line would pass protocol v1's 4 MiB is dropped and counted
- * (the daemon would refuse it), not sent; smaller steps go on. */
+/* A step whose line would pass its run's line limit (4 MiB + 128 bytes a
+ * cell, proto_line_max: 4.5 MiB for 64 x 64) is dropped and counted (the
+ * daemon would refuse it), not sent; smaller steps go on. */
 static void test_oversize_step_dropped(void **state)
 {
     env e;
     env_init(&e);
     telemetry_config c;
-    base_config(&c, &e, "big-run", 1024, 1024);
+    base_config(&c, &e, "big-run", 64, 64);
     c.address = NULL;
     c.queue_slots = 2;
-    c.max_head_metrics = 1;
+    c.max_head_metrics = 200; /* x 4096 values of ~11 bytes: ~9 MB */
     c.max_layer_metrics = 1;
     c.max_scalars = 1;
     telemetry *t = create_ok(&c);
-    float *hv = malloc(1024 * 1024 * sizeof *hv);
-    for (int k = 0; k < 1024 * 1024; k++) hv[k] = 1.0f / (float)(k + 3);
+    float *hv = malloc(64 * 64 * sizeof *hv);
+    for (int k = 0; k < 64 * 64; k++) hv[k] = 1.0f / (float)(k + 3);
     telemetry_step *s = telemetry_step_begin(t, 0, -1);
-    assert_int_equal(telemetry_step_heads(s, "entropy", hv), TELEMETRY_OK);
+    for (int m = 0; m < 200; m++) {
+        char name[16];
+        snprintf(name, sizeof name, "h%d", m);
+        assert_int_equal(telemetry_step_heads(s, name, hv), TELEMETRY_OK);
+    }
     assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
     s = telemetry_step_begin(t, 1, -1);
     WAIT_FOR((s = s ? s : telemetry_step_begin(t, 1, -1)) != NULL, 2000);
