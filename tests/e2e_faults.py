@@ -192,5 +192,56 @@ class CellCapLineTest(unittest.TestCase):
             d.cleanup()
 
 
+# docs/reliability.md, "The memory bound": the terms of the formula (MiB)
+# and the alert state per head of the built-in rules (docs/alerts.md#memory)
+MEM_BASE, MEM_PAGE_CACHE, MEM_RING, MEM_READER, MEM_ALLOCATOR = 20, 64, 32, 16, 80
+ALERT_BYTES_PER_HEAD = 692
+RULE_METRICS = {"entropy_norm": "0.8123457", "entropy": "3.1234567", "entropy_bound": "0.5123457",
+                "sigma_qk": "1.2345678", "max_logit": "7.1234567"}
+
+
+class MemoryBoundTest(unittest.TestCase):
+    """The daemon's RSS for a configuration stays within the documented
+    formula, alert state included (issue 36: 8 live 256 x 256 runs reached
+    254 MB, 198 MB of it alert state, which the formula left out)."""
+
+    def test_rss_within_the_formula_with_live_runs_alert_state(self):
+        runs, layers, heads, steps = 4, 128, 128, 55  # windows of 50 steps full
+        queue_mb, input_mb = 8, 16
+        d = Daemon(http=True, args=["--queue-mb", str(queue_mb), "--input-mb", str(input_mb),
+                                    "--max-cells-per-run", str(layers * heads)]).start()
+        try:
+            row = lambda v: "[" + ",".join([v] * heads) + "]"  # noqa: E731
+            body = ",".join('"%s":[%s]' % (m, ",".join([row(v)] * layers)) for m, v in RULE_METRICS.items())
+            cs = []
+            for r in range(runs):
+                c = Client(d.sock, timeout=120)
+                c.hello("mem-%d" % r, layers=layers, heads=heads)
+                cs.append(c)
+            for s in range(steps):
+                for c in cs:
+                    c.send_raw(('{"type":"step","seq":%d,"step":%d,"scalars":{"loss":%g},"heads":{%s}}\n'
+                                % (s + 1, s, 2.0 - s * 1e-3, body)).encode())
+            for c in cs:
+                c.wait_ack(steps, timeout=120)
+            st, m = raw(d.http_port, "GET", "/metrics")
+            alert = float(m.split("\nentropyd_alert_state_bytes ")[1].split()[0])
+            cells = runs * layers * heads
+            # the formula's alert term: 692 bytes a head, plus a run's own
+            # record (~2 KB) and 12 bytes per firing cell (none fire here)
+            self.assertGreaterEqual(alert, cells * ALERT_BYTES_PER_HEAD)
+            self.assertLessEqual(alert, cells * ALERT_BYTES_PER_HEAD + runs * 4096)
+            bound = (MEM_BASE + input_mb + queue_mb + MEM_PAGE_CACHE + MEM_RING + MEM_READER + MEM_ALLOCATOR +
+                     (cells * ALERT_BYTES_PER_HEAD + runs * 4096) / 2**20)
+            rss = d.rss_kb() / 1024
+            print("memory bound: %d live %dx%d runs: RSS %.1f MiB, alert state %.1f MiB, formula %.1f MiB"
+                  % (runs, layers, heads, rss, alert / 2**20, bound), file=sys.stderr)
+            self.assertLessEqual(rss, bound)
+            for c in cs:
+                c.close()
+        finally:
+            d.cleanup()
+
+
 if __name__ == "__main__":
     unittest.main()
