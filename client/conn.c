@@ -17,18 +17,42 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A number in [lo, hi] from the client's own generator (xorshift64*):
+ * reconnect jitter, so that clients dropped together do not come back in
+ * step. */
+static uint64_t jitter(telemetry *t, uint64_t lo, uint64_t hi)
+{
+    if (!t->rng) t->rng = tm_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)t;
+    t->rng ^= t->rng >> 12;
+    t->rng ^= t->rng << 25;
+    t->rng ^= t->rng >> 27;
+    return hi > lo ? lo + (t->rng * 2685821657736338717ull) % (hi - lo + 1) : lo;
+}
+
+/* Closes the connection and schedules the next attempt: after the backoff
+ * (jittered between half of it and all of it), which doubles up to
+ * backoff_max, and never sooner than CONNECT_SPACING_MS after the last
+ * attempt began, whatever the daemon answered. The backoff starts again
+ * from backoff_min only once a connection proved useful (an ack that moved
+ * on, or CONNECT_STABLE_MS up): a daemon that welcomes and then refuses or
+ * drops every connection sees them slow down. */
 static void disconnect(telemetry *t, int failed_connect)
 {
     if (t->fd >= 0) close(t->fd);
     t->fd = -1;
     t->olen = t->ooff = t->ilen = 0;
     t->iskip = 0;
-    if (t->rd_fd >= 0) close(t->rd_fd);
-    t->rd_fd = -1;
+    tm_rd_close(&t->rd);
+    t->rd_opened = t->rd_have = t->rd_ready = 0;
     if (failed_connect) ST_ADD(t, st_connect_failures, 1);
     atomic_store_explicit(&t->st_connected, 0, memory_order_relaxed);
+    uint64_t now = tm_now_ns();
+    if (t->cstate == C_STREAMING && now - t->up_since >= (uint64_t)CONNECT_STABLE_MS * 1000000u)
+        t->backoff = t->backoff_min;
     if (t->cstate != C_STOPPED) t->cstate = C_DOWN;
-    t->next_attempt = tm_now_ns() + (uint64_t)t->backoff * 1000000u;
+    uint64_t wait = jitter(t, (uint64_t)t->backoff * 500000u, (uint64_t)t->backoff * 1000000u);
+    uint64_t next = now + wait, floor = t->last_attempt + (uint64_t)CONNECT_SPACING_MS * 1000000u;
+    t->next_attempt = next > floor ? next : floor;
     t->backoff = t->backoff * 2 > t->backoff_max ? t->backoff_max : t->backoff * 2;
 }
 
@@ -45,6 +69,7 @@ static void connected(telemetry *t)
 static void start_connect(telemetry *t)
 {
     int fd = -1, rc;
+    t->last_attempt = tm_now_ns();
     if (t->is_unix) {
         struct sockaddr_un sa;
         memset(&sa, 0, sizeof sa);
@@ -116,9 +141,17 @@ static void on_welcome(telemetry *t, uint64_t last)
     tm_spool_trim(t);
     tm_spool_seek(t, last + 1);
     t->cstate = C_STREAMING;
-    t->backoff = t->backoff_min;
+    t->up_since = tm_now_ns();
     ST_ADD(t, st_connects, 1);
     atomic_store_explicit(&t->st_connected, 1, memory_order_relaxed);
+}
+
+/* Errors that refuse a record for what it says: sending it again gets the
+ * same answer. */
+static int refused_content(int code)
+{
+    return code == PROTO_E_BAD_JSON || code == PROTO_E_BAD_TYPE || code == PROTO_E_MISSING_FIELD ||
+           code == PROTO_E_BAD_FIELD || code == PROTO_E_BAD_SHAPE || code == PROTO_E_LINE_TOO_LONG;
 }
 
 /* Errors that answer a hello and will answer every later one alike (a
@@ -140,6 +173,7 @@ static void handle_line(telemetry *t, const char *line, size_t len)
         }
     } else if (r.type == PROTO_R_ACK) {
         if (r.seq > t->acked && r.seq < t->next_seq) {
+            t->backoff = t->backoff_min; /* this connection is useful */
             t->acked = r.seq;
             ST_SET(t, st_acked, t->acked);
             tm_spool_trim(t);
@@ -147,11 +181,21 @@ static void handle_line(telemetry *t, const char *line, size_t len)
     } else if (strcmp(r.type_name, "ack") && strcmp(r.type_name, "welcome")) {
         if (r.type == PROTO_R_ERROR) ST_ADD(t, st_errors, 1);
         tm_inbox_push(t, line, len);
+        if (refused_content(r.code) && r.has_seq && r.seq > t->acked && r.seq < t->rd_expect &&
+            t->cstate == C_STREAMING) { /* (a seq it was sent) */
+            /* The daemon will not take this record, however often it is
+             * sent: the next connection sends a placeholder in its place
+             * (spool_read.c), so the records after it are not gaps. */
+            if (t->n_refused == REFUSED_MAX) memmove(t->refused_seqs, t->refused_seqs + 1,
+                                                     (REFUSED_MAX - 1) * sizeof *t->refused_seqs);
+            else t->n_refused++;
+            t->refused_seqs[t->n_refused - 1] = r.seq;
+        }
         if (r.code == PROTO_E_SEQ_GAP) {
-            /* A new hello makes the daemon state where to resume. */
-            t->backoff = t->backoff_min;
+            /* A new hello makes the daemon state where to resume; the
+             * backoff applies (a gap the client cannot close must not
+             * become a reconnect loop). */
             disconnect(t, 0);
-            t->next_attempt = 0;
         } else if (t->cstate == C_HELLO && hello_refused(r.code)) {
             /* The hello itself was refused: saying it again gets the same
              * answer. Stop, and tell telemetry_wait_welcome and finish. */
@@ -213,41 +257,25 @@ static void do_write(telemetry *t)
     t->olen = t->ooff = 0;
 }
 
-/* Refills the output buffer from the spool reader. */
+/* Refills the output buffer from the spool reader, whole records only
+ * (each checked before it goes out); obuf grows for a record larger than
+ * it (up to a protocol line). */
 static void fill_obuf(telemetry *t)
 {
     if (t->ooff == t->olen) t->olen = t->ooff = 0;
-    while (t->olen < OBUF_CAP) {
-        size_t i = 0;
-        while (i < t->nsegs && t->segs[i].first < t->rd_first) i++;
-        if (i == t->nsegs) return;
-        if (t->segs[i].first != t->rd_first) { /* ours was trimmed: go on */
-            if (t->rd_fd >= 0) close(t->rd_fd);
-            t->rd_fd = -1;
-            t->rd_first = t->segs[i].first;
-            t->rd_off = 0;
+    tm_record r;
+    while (tm_spool_peek(t, &r)) {
+        if (t->olen + r.len + 1 > t->obuf_cap) {
+            if (t->olen) return; /* what is in it goes first */
+            char *nb = realloc(t->obuf, r.len + 1);
+            if (!nb) return;
+            t->obuf = nb;
+            t->obuf_cap = r.len + 1;
         }
-        segment *s = &t->segs[i];
-        if (t->rd_off >= s->size) {
-            if (i + 1 == t->nsegs) return;
-            if (t->rd_fd >= 0) close(t->rd_fd);
-            t->rd_fd = -1;
-            t->rd_first = t->segs[i + 1].first;
-            t->rd_off = 0;
-            continue;
-        }
-        if (t->rd_fd < 0) {
-            char *p = tm_seg_path(t, t->rd_first);
-            t->rd_fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
-            free(p);
-            if (t->rd_fd < 0) { t->rd_off = s->size; continue; } /* lost: skip */
-        }
-        uint64_t want = s->size - t->rd_off, room = OBUF_CAP - t->olen;
-        ssize_t r = pread(t->rd_fd, t->obuf + t->olen, want < room ? want : room, (off_t)t->rd_off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) { t->rd_off = s->size; continue; }
-        t->olen += (size_t)r;
-        t->rd_off += (uint64_t)r;
+        memcpy(t->obuf + t->olen, r.line, r.len);
+        t->obuf[t->olen + r.len] = '\n';
+        t->olen += r.len + 1;
+        tm_spool_take(t);
     }
 }
 

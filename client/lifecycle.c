@@ -335,7 +335,7 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
 {
     telemetry *t = calloc(1, sizeof *t);
     if (!t) { tm_set_err(err, errlen, "out of memory"); return NULL; }
-    t->lock_fd = t->wfd = t->fd = t->rd_fd = t->wake_fd = -1;
+    t->lock_fd = t->wfd = t->fd = t->rd.fd = t->wake_fd = -1;
     if (pthread_mutex_init(&t->in_lock, NULL)) { free(t); tm_set_err(err, errlen, "mutex"); return NULL; }
     t->in_lock_init = 1;
     if (c->layers < 1 || c->layers > 4096 || c->heads < 1 || c->heads > 4096 ||
@@ -377,12 +377,14 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     if (open_spool(t, c->spool_dir, err, errlen)) goto err;
     size_t body = step_body_max(t);
     if (body < 6 * EVENT_TEXT_MAX + 256) body = 6 * EVENT_TEXT_MAX + 256;
-    t->fmtcap = SEQ_PREFIX_MAX + body;
+    t->fmtcap = BODY_AT + body;
     t->fmt = malloc(t->fmtcap);
     t->wbuf = malloc(WBUF_CAP);
     t->obuf = malloc(OBUF_CAP);
+    t->obuf_cap = OBUF_CAP;
     t->ibuf = malloc(IBUF_CAP);
-    if (!t->fmt || !t->wbuf || !t->obuf || !t->ibuf || tm_ring_alloc(t)) {
+    t->ph_buf = malloc(PH_CAP);
+    if (!t->fmt || !t->wbuf || !t->obuf || !t->ibuf || !t->ph_buf || tm_ring_alloc(t)) {
         tm_set_err(err, errlen, "out of memory");
         goto err;
     }
@@ -459,7 +461,7 @@ static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *
     while (t->thread_started && telemetry_poll(t, &m)) telemetry_msg_free(&m);
     if (t->fd >= 0) close(t->fd);
     if (t->wake_fd >= 0) close(t->wake_fd);
-    if (t->rd_fd >= 0) close(t->rd_fd);
+    tm_rd_free(&t->rd);
     if (t->wfd >= 0) close(t->wfd);
     if (t->root_is_tmp && t->dir && !keep) tm_spool_remove(t);
     if (t->lock_fd >= 0) close(t->lock_fd);
@@ -471,6 +473,7 @@ static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *
     free(t->wbuf);
     free(t->obuf);
     free(t->ibuf);
+    free(t->ph_buf);
     free(t->hello);
     free(t->unix_path);
     free(t->address);

@@ -216,10 +216,10 @@ int tm_ring_alloc(telemetry *t)
     return 0;
 }
 
-/* Formats the slot's JSON body at t->fmt + SEQ_PREFIX_MAX; returns its length. */
+/* Formats the slot's JSON body at t->fmt + BODY_AT; returns its length. */
 static size_t format_body(telemetry *t, const telemetry_step *s)
 {
-    char *b = t->fmt + SEQ_PREFIX_MAX;
+    char *b = t->fmt + BODY_AT;
     if (s->kind == MSG_EVENT)
         return proto_write_event_body(b, proto_level_parse(s->level), s->text, strlen(s->text), s->time);
     if (s->kind == MSG_END) return proto_write_end_body(b, proto_status_parse(s->level));
@@ -245,7 +245,7 @@ static void report_drops(telemetry *t)
                       "over 4 MiB: %llu)",
                       (unsigned long long)(q + s + o), (unsigned long long)q, (unsigned long long)s,
                       (unsigned long long)o);
-    char *b = t->fmt + SEQ_PREFIX_MAX;
+    char *b = t->fmt + BODY_AT;
     size_t n = proto_write_event_body(b, PROTO_WARN, text, (size_t)tn, now_wall());
     if (tm_spool_add(t, b, n) == 0) t->reported_drops = q + s + o;
 }
@@ -268,7 +268,7 @@ int tm_ring_drain(telemetry *t)
         if (blen + SEQ_PREFIX_MAX > proto_line_max((int64_t)t->L * t->H))
             ST_ADD(t, st_dropped_oversize, 1);
         else
-            tm_spool_add(t, t->fmt + SEQ_PREFIX_MAX, blen);
+            tm_spool_add(t, t->fmt + BODY_AT, blen);
         n++;
     }
     tm_spool_flush(t);

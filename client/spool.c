@@ -1,8 +1,9 @@
-/* spool.c -- the on-disk write-ahead log of one run.
+/* spool.c -- the on-disk write-ahead log of one run: writing it, framed.
  *
  * Spool layout: SPOOL_DIR/RUN/seg-<first seq, 20 digits>.log, each holding
- * complete lines with consecutive seqs starting at the number in its name;
- * the newest segment is the one being appended to. An empty newest segment
+ * the line TM_SPOOL_MAGIC and then complete records ("#LEN CRC PAYLOAD\n",
+ * spool_read.c reads them back) with consecutive seqs starting at the
+ * number in its name; the newest segment is the one being appended to. An empty newest segment
  * records the next seq when everything else was acknowledged and trimmed.
  * SPOOL_DIR/RUN/lock is flock()ed by the owning process.
  * SPOOL_DIR/RUN/hello.json is the run's hello without its token: what a
@@ -22,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "crc32c.h"
 
 char *tm_seg_path(const telemetry *t, uint64_t first)
 {
@@ -103,9 +106,11 @@ static int mkdir_p(const char *path)
 }
 
 /* Opens the run's spool directory, locks it, and recovers the segments and
- * next_seq: the newest segment is cut after its last complete line (a crash
- * may leave half a line; that line's seq was never sent because the sender
- * only streams bytes it wrote completely). */
+ * next_seq: the newest segment is read record by record (spool_read.c);
+ * a torn tail (a crash mid-write: never sent, because the sender only
+ * streams records it wrote completely) is named and cut, and next_seq
+ * follows its last intact record. A newest segment of the older,
+ * unframed format is not appended to: framed records go to a new one. */
 int tm_spool_open(telemetry *t, char *err, size_t errlen)
 {
     if (mkdir_p(t->dir)) {
@@ -152,26 +157,38 @@ int tm_spool_open(telemetry *t, char *err, size_t errlen)
     }
     qsort(t->segs, t->nsegs, sizeof *t->segs, cmp_seg);
     segment *last = &t->segs[t->nsegs - 1];
-    char *p = tm_seg_path(t, last->first);
-    if (!p) goto fail;
-    int fd = open(p, O_RDWR | O_CLOEXEC);
-    free(p);
-    if (fd < 0) goto fail;
-    char buf[65536];
-    uint64_t off = 0, good = 0, lines = 0;
-    for (;;) {
-        ssize_t r = pread(fd, buf, sizeof buf, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        for (ssize_t i = 0; i < r; i++)
-            if (buf[i] == '\n') { lines++; good = off + (uint64_t)i + 1; }
-        off += (uint64_t)r;
+    tm_rd r = { .fd = -1 };
+    tm_line l;
+    uint64_t good = 0, maxseq = 0;
+    int ver = 0, torn = 0;
+    if (tm_rd_open(&r, t, last->first, last->size, 0)) goto fail;
+    while (tm_rd_line(&r, &l)) {
+        if (l.kind == TM_INTACT && l.seq > maxseq) maxseq = l.seq;
+        if (l.off + l.n < r.size || l.raw[l.n - 1] == '\n') good = l.off + l.n;
+        else torn = 1;
     }
-    if (good != off && ftruncate(fd, (off_t)good)) { close(fd); goto fail; }
-    close(fd);
-    last->size = good;
-    t->next_seq = last->first + lines;
+    ver = r.ver;
+    tm_rd_free(&r);
+    if (torn) {
+        char why[96];
+        snprintf(why, sizeof why, "%llu bytes without a newline, cut", (unsigned long long)(last->size - good));
+        tm_spool_damage(t, last->first, good, DMG_TORN, why, 0);
+        char *p = tm_seg_path(t, last->first);
+        int fd = p ? open(p, O_RDWR | O_CLOEXEC) : -1;
+        free(p);
+        if (fd < 0 || ftruncate(fd, (off_t)good)) { if (fd >= 0) close(fd); goto fail; }
+        close(fd);
+        last->size = good;
+    }
+    t->next_seq = maxseq >= last->first ? maxseq + 1 : last->first;
     for (size_t i = 0; i < t->nsegs; i++) t->spool_total += t->segs[i].size;
+    if (ver == 1 && last->size > 0) {
+        /* framed records go to a segment of their own; when nothing in the
+         * old one was intact, its first seq goes out as a placeholder */
+        if (t->next_seq == last->first) t->next_seq++;
+        if (tm_spool_rotate(t)) goto fail;
+        return 0;
+    }
     /* Append to the newest segment again (next_seq names a new one only
      * when rotating). */
     uint64_t keep = t->next_seq;
@@ -185,33 +202,54 @@ fail:
     return -1;
 }
 
-/* Writes len bytes holding n lines (the last n seqs assigned) to the newest
- * segment. On failure the segment is cut back and the seqs are taken back,
- * so numbering stays gapless; the lines count as dropped. */
+/* Writes all of buf to fd: 0, or -1 with the bytes written in *done. */
+static int write_all(int fd, const char *buf, size_t len, size_t *done)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, buf + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) { *done = off; return -1; }
+        off += (size_t)w;
+    }
+    *done = off;
+    return 0;
+}
+
+/* Writes len bytes holding n records (the last n seqs assigned) to the
+ * newest segment, after the version line when it is empty. On failure the
+ * segment is cut back and the seqs are taken back, so numbering stays
+ * gapless; the records count as dropped. */
 static int spool_write(telemetry *t, const char *buf, size_t len, unsigned n)
 {
     segment *s = &t->segs[t->nsegs - 1];
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = write(t->wfd, buf + off, len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int torn = off > 0 && ftruncate(t->wfd, (off_t)s->size) != 0;
-            t->next_seq -= n;
-            ST_SET(t, st_next_seq, t->next_seq);
-            ST_ADD(t, st_dropped_spool, n);
-            /* A torn tail that cannot be cut must not be followed by more
-             * appends: continue in a new segment. */
-            if (torn) tm_spool_rotate(t);
-            return -1;
-        }
-        off += (size_t)w;
+    static const char magic[] = TM_SPOOL_MAGIC;
+    size_t m = s->size == 0 ? sizeof magic - 1 : 0, done = 0;
+    if ((m && write_all(t->wfd, magic, m, &done)) || (done = m, write_all(t->wfd, buf, len, &done))) {
+        int torn = (m || done > 0) && ftruncate(t->wfd, (off_t)s->size) != 0;
+        t->next_seq -= n;
+        ST_SET(t, st_next_seq, t->next_seq);
+        ST_ADD(t, st_dropped_spool, n);
+        /* A torn tail that cannot be cut must not be followed by more
+         * appends: continue in a new segment. */
+        if (torn) tm_spool_rotate(t);
+        return -1;
     }
-    s->size += len;
-    t->spool_total += len;
+    s->size += m + len;
+    t->spool_total += m + len;
     ST_ADD(t, st_spooled, n);
     ST_SET(t, st_spool_bytes, t->spool_total);
     return 0;
+}
+
+/* The frame header of a payload ("#LEN CRC "), into hdr (FRAME_HDR_MAX
+ * bytes, not terminated). Returns its length. */
+static size_t frame_header(char *hdr, const char *payload, size_t plen)
+{
+    char tmp[FRAME_HDR_MAX + 1];
+    int n = snprintf(tmp, sizeof tmp, "#%zu %08x ", plen, proto_crc32c(0, payload, plen));
+    memcpy(hdr, tmp, (size_t)n);
+    return (size_t)n;
 }
 
 void tm_spool_flush(telemetry *t)
@@ -222,15 +260,15 @@ void tm_spool_flush(telemetry *t)
 }
 
 /* Gives the body (text after the seq, from "\"type\"" to the newline, placed
- * at body with SEQ_PREFIX_MAX free bytes before it) the next seq and appends
- * it, or drops it when the spool bound would be exceeded. Returns 0 when
+ * at body with BODY_AT free bytes before it) the next seq and its frame and
+ * appends it, or drops it when the spool bound would be exceeded. Returns 0 when
  * spooled (or buffered for writing), -1 when dropped. */
 int tm_spool_add(telemetry *t, char *body, size_t blen)
 {
     for (;;) {
         char pre[SEQ_PREFIX_MAX];
         size_t plen = proto_write_seq_prefix(pre, t->next_seq);
-        size_t len = plen + blen;
+        size_t len = FRAME_HDR_MAX + plen + blen; /* at most: the frame is written below */
         if (t->spool_total + t->wlen + len > t->spool_max || t->nsegs == 0) {
             ST_ADD(t, st_dropped_spool, 1);
             return -1;
@@ -250,8 +288,12 @@ int tm_spool_add(telemetry *t, char *body, size_t blen)
             tm_spool_flush(t);
             continue;
         }
-        char *line = body - plen;
-        memcpy(line, pre, plen);
+        memcpy(body - plen, pre, plen);
+        char hdr[FRAME_HDR_MAX];
+        size_t hlen = frame_header(hdr, body - plen, plen + blen - 1);
+        char *line = body - plen - hlen;
+        memcpy(line, hdr, hlen);
+        len = hlen + plen + blen;
         t->next_seq++;
         ST_SET(t, st_next_seq, t->next_seq);
         if (len > WBUF_CAP) return spool_write(t, line, len, 1);
@@ -262,87 +304,64 @@ int tm_spool_add(telemetry *t, char *body, size_t blen)
     }
 }
 
-/* Positions the spool reader on the line with seq `seq`. */
-void tm_spool_seek(telemetry *t, uint64_t seq)
-{
-    if (t->rd_fd >= 0) close(t->rd_fd);
-    t->rd_fd = -1;
-    t->rd_first = seq;
-    t->rd_off = 0;
-    if (t->nsegs == 0) return;
-    size_t i = t->nsegs - 1;
-    while (i > 0 && t->segs[i].first > seq) i--;
-    t->rd_first = t->segs[i].first;
-    t->rd_off = 0;
-    uint64_t skip = seq - t->segs[i].first;
-    if (skip == 0) return;
-    char *p = tm_seg_path(t, t->rd_first);
-    t->rd_fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
-    free(p);
-    if (t->rd_fd < 0) { t->rd_off = t->segs[i].size; return; }
-    char buf[65536];
-    while (t->rd_off < t->segs[i].size) {
-        uint64_t want = t->segs[i].size - t->rd_off;
-        ssize_t r = pread(t->rd_fd, buf, want < sizeof buf ? want : sizeof buf, (off_t)t->rd_off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        for (ssize_t k = 0; k < r; k++) {
-            if (buf[k] == '\n' && --skip == 0) { t->rd_off += (uint64_t)k + 1; return; }
-        }
-        t->rd_off += (uint64_t)r;
-    }
-}
-
-/* Rewrites every unacknowledged spool line with consecutive seqs from
- * `from` into one new segment. Used when the daemon already holds more of
- * the run than the spool knows (the spool was lost, or the run name reused):
- * lines we numbered at or below its last_seq were never stored (the daemon
- * took them for duplicates), so they get new numbers instead of being lost.
- * Returns the number of lines renumbered, -1 on I/O failure. */
+/* Rewrites every unacknowledged intact spool record with consecutive seqs
+ * from `from` into one new segment (damaged records, already named by the
+ * reader or named now, are left out). Used when the daemon already holds
+ * more of the run than the spool knows (the spool was lost, or the run
+ * name reused): records we numbered at or below its last_seq were never
+ * stored (the daemon took them for duplicates), so they get new numbers
+ * instead of being lost. Returns the number of records renumbered, -1 on
+ * I/O failure. */
 long tm_spool_renumber(telemetry *t, uint64_t from)
 {
     size_t pn = strlen(t->dir) + 20;
-    char *tmp = malloc(pn);
-    if (!tmp) return -1;
-    snprintf(tmp, pn, "%s/renumber.tmp", t->dir);
-    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    uint64_t seq = from, size = 0;
+    char *tmp = malloc(pn), *rec = malloc(FRAME_HDR_MAX + LINE_MAX_BYTES + 1);
+    tm_rd r = { .fd = -1 };
+    tm_line l;
+    uint64_t seq = from, size = 0, maxseen = 0;
     long n = 0;
-    char *buf = NULL;
+    int out = -1;
+    size_t done;
+    if (!tmp || !rec) goto fail;
+    snprintf(tmp, pn, "%s/renumber.tmp", t->dir);
+    out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (out < 0) goto fail;
     for (size_t i = 0; i < t->nsegs; i++) {
         segment *sg = &t->segs[i];
-        char *p = tm_seg_path(t, sg->first);
-        int fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
-        free(p);
-        if (fd < 0) goto fail;
-        free(buf);
-        buf = malloc(sg->size + 1);
-        ssize_t r = buf ? pread(fd, buf, sg->size, 0) : -1;
-        close(fd);
-        if (r != (ssize_t)sg->size) goto fail;
-        uint64_t old = sg->first;
-        for (char *line = buf, *end = buf + sg->size; line < end; old++) {
-            char *nl = memchr(line, '\n', (size_t)(end - line));
-            char *body = memchr(line, ',', (size_t)(end - line));
-            if (!nl || !body || body > nl) break;
-            body++;
-            if (old > t->acked) {
-                char pre[SEQ_PREFIX_MAX];
-                size_t plen = proto_write_seq_prefix(pre, seq++);
-                size_t blen = (size_t)(nl + 1 - body);
-                if (write(out, pre, plen) != (ssize_t)plen ||
-                    write(out, body, blen) != (ssize_t)blen)
-                    goto fail;
-                size += plen + blen;
-                n++;
+        if (tm_rd_open(&r, t, sg->first, sg->size, 0)) goto fail;
+        while (tm_rd_line(&r, &l)) {
+            if (l.kind != TM_INTACT) {
+                if (l.kind != TM_MAGIC) tm_spool_damage(t, sg->first, l.off, l.kind, l.why, 1);
+                continue;
             }
-            line = nl + 1;
+            const char *body = memchr(l.payload, ',', l.plen);
+            if (l.seq <= maxseen || l.seq <= t->acked || !body) continue;
+            maxseen = l.seq;
+            body++;
+            size_t blen = l.plen - (size_t)(body - l.payload);
+            char pre[SEQ_PREFIX_MAX];
+            size_t plen = proto_write_seq_prefix(pre, seq++);
+            memcpy(rec + FRAME_HDR_MAX, pre, plen);
+            memcpy(rec + FRAME_HDR_MAX + plen, body, blen);
+            rec[FRAME_HDR_MAX + plen + blen] = '\n';
+            char hdr[FRAME_HDR_MAX];
+            size_t hlen = frame_header(hdr, rec + FRAME_HDR_MAX, plen + blen);
+            char *line = rec + FRAME_HDR_MAX - hlen;
+            memcpy(line, hdr, hlen);
+            size_t len = hlen + plen + blen + 1;
+            if (size == 0) {
+                if (write_all(out, TM_SPOOL_MAGIC, sizeof TM_SPOOL_MAGIC - 1, &done)) goto fail;
+                size += sizeof TM_SPOOL_MAGIC - 1;
+            }
+            if (write_all(out, line, len, &done)) goto fail;
+            size += len;
+            n++;
         }
     }
-    free(buf);
-    buf = NULL;
-    close(out);
+    tm_rd_free(&r);
+    free(rec);
+    rec = NULL;
+    if (close(out)) { out = -1; goto fail; }
     out = -1;
     char *dst = tm_seg_path(t, from);
     if (!dst || rename(tmp, dst)) { free(dst); goto fail; }
@@ -352,6 +371,7 @@ long tm_spool_renumber(telemetry *t, uint64_t from)
         if (t->segs[i].first != from) tm_spool_unlink(t, t->segs[i].first);
     t->nsegs = 0;
     seg_push(t, from, size); /* capacity exists: nsegs was >= 1 */
+    t->dmg_any = 0;          /* a new file: its places are new */
     t->spool_total = size;
     t->next_seq = seq;
     ST_SET(t, st_next_seq, t->next_seq);
@@ -362,10 +382,11 @@ long tm_spool_renumber(telemetry *t, uint64_t from)
     t->next_seq = seq;
     return n;
 fail:
+    tm_rd_free(&r);
     if (out >= 0) close(out);
-    unlink(tmp);
+    if (tmp) unlink(tmp);
     free(tmp);
-    free(buf);
+    free(rec);
     return -1;
 }
 

@@ -206,6 +206,26 @@ int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE 
 int telemetry_upload_all(const char *address, const char *spool_dir, const char *token,
                          int timeout_ms, FILE *log, char *err, size_t errlen);
 
+/* What telemetry_upload_spool did. */
+typedef struct telemetry_upload_result {
+    int runs_uploaded;  /* runs whose every intact record is now acknowledged */
+    int runs_left;      /* runs still holding unacknowledged records (no
+                           daemon, refused, timed out, in use by a live
+                           client, no hello.json) */
+    uint64_t damaged;   /* damaged spool records met and skipped, each
+                           named on log: "entropyd upload: damaged: run R:
+                           FILE byte OFFSET: WHAT" (docs/client.md) */
+} telemetry_upload_result;
+
+/* telemetry_upload_all for every run (run NULL) or run alone, filling *out
+ * (when not NULL). A damaged record does not stop an upload: the intact
+ * records before and after it are delivered exactly once, the damage is
+ * named on log and counted in out->damaged. Returns out->runs_left, or -1
+ * with a message in err when spool_dir cannot be read. */
+int telemetry_upload_spool(const char *address, const char *spool_dir, const char *run, const char *token,
+                           int timeout_ms, FILE *log, telemetry_upload_result *out, char *err,
+                           size_t errlen);
+
 /* The run name (given or generated); owned by t, valid until destroy. */
 const char *telemetry_run_name(const telemetry *t);
 

@@ -6,8 +6,10 @@
  *   lifecycle.c  configuration, create / destroy / finish, counters, flush
  *   ring.c       the producer's ring of preallocated slots (telemetry_step_*,
  *                telemetry_event) and the sender's end of it (tm_ring_drain)
- *   spool.c      the on-disk write-ahead log: segments, recovery, trimming,
- *                renumbering, hello.json
+ *   spool.c      the on-disk write-ahead log: segments, framing, recovery,
+ *                trimming, renumbering, hello.json
+ *   spool_read.c reading it back record by record, naming and skipping
+ *                damage (the stream to the daemon, recovery, renumbering)
  *   conn.c       the sender thread: the connection's state machine, the
  *                daemon's lines, streaming the spool
  *   inbox.c      lines for telemetry_poll (from the daemon and the client)
@@ -40,8 +42,16 @@
 #define WBUF_CAP (256 * 1024)
 #define EVENT_TEXT_MAX PROTO_MAX_TEXT
 #define SEQ_PREFIX_MAX PROTO_SEQ_PREFIX_MAX
+/* A spool record (spool_read.c): "#LEN CRC " before the payload; LEN <= 10
+ * digits, CRC 8 hex digits. A body is formatted BODY_AT bytes into fmt so
+ * that the frame and the seq go in front of it without a copy. */
+#define FRAME_HDR_MAX 21
+#define BODY_AT (FRAME_HDR_MAX + SEQ_PREFIX_MAX)
+#define TM_SPOOL_MAGIC "entropyd-spool 2\n"
 #define WELCOME_TIMEOUT_MS 10000
 #define CONNECT_TIMEOUT_MS 2000
+#define CONNECT_SPACING_MS 250    /* at most 4 connection attempts a second, whatever happens */
+#define CONNECT_STABLE_MS 5000    /* a connection up this long resets the backoff */
 #define DRAIN_BATCH 256
 #define METRICS_MAX PROTO_MAX_METRICS
 
@@ -71,9 +81,45 @@ struct telemetry_step {
 };
 
 typedef struct segment {
-    uint64_t first;           /* seq of its first line */
-    uint64_t size;            /* bytes of complete lines */
+    uint64_t first;           /* seq of its first record */
+    uint64_t size;            /* bytes of complete records (and the magic line) */
 } segment;
+
+/* What a line of a segment is (spool_read.c): intact, the version line, or
+ * a kind of damage. */
+enum { TM_INTACT, TM_MAGIC, DMG_TORN, DMG_GARBAGE, DMG_LENGTH, DMG_CHECKSUM, DMG_UTF8, DMG_DUPLICATE,
+       DMG_REFUSED, DMG_MISSING, DMG_COUNT };
+
+/* Reads one segment line by line; buf holds its bytes from base on. */
+typedef struct tm_rd {
+    int fd;
+    uint64_t first, size;     /* the segment; size: bytes that may be read */
+    uint64_t off;             /* the next line's offset */
+    int ver;                  /* 0 not known yet, 1 bare lines, 2 framed */
+    char *buf; size_t cap, len; uint64_t base;
+} tm_rd;
+
+/* One line: views into the reader's buffer, valid until its next line. */
+typedef struct tm_line {
+    uint64_t off;             /* its offset in the segment */
+    size_t n;                 /* its bytes, newline included */
+    int kind;                 /* TM_INTACT, TM_MAGIC or DMG_* */
+    uint64_t seq;             /* intact: its seq */
+    const char *raw;          /* the line itself */
+    const char *payload;      /* intact: the protocol line, without newline */
+    size_t plen;
+    char why[128];            /* damage: details, or "" */
+} tm_line;
+
+/* What the stream sends next: a record's payload, or a placeholder. */
+typedef struct tm_record {
+    const char *line;         /* without newline */
+    size_t len;
+    uint64_t seq;
+    int placeholder;
+} tm_record;
+
+#define REFUSED_MAX 16
 
 struct telemetry {
     /* Configuration, immutable after create. */
@@ -133,18 +179,36 @@ struct telemetry {
     uint64_t spool_total;
     int wfd;                  /* append fd of the newest segment */
     uint64_t next_seq, acked;
-    char *fmt; size_t fmtcap; /* body of one line, after SEQ_PREFIX_MAX bytes */
+    char *fmt; size_t fmtcap; /* body of one line, after BODY_AT bytes */
     char *wbuf; size_t wlen;  /* lines waiting for one write() */
     unsigned wbuf_n;
     uint64_t reported_drops;
     int fd, cstate;
     uint64_t next_attempt, deadline;  /* monotonic ns */
+    uint64_t last_attempt, up_since;  /* monotonic ns: the last connect, the last welcome */
+    uint64_t rng;                     /* reconnect jitter's state */
     int backoff;
     int stream_was_up;
-    char *obuf; size_t olen, ooff;
+    char *obuf; size_t obuf_cap, olen, ooff; /* obuf_cap: OBUF_CAP, more for a larger record */
     int hello_nl;             /* the hello's newline is still in obuf */
     char *ibuf; size_t ilen; int iskip;
-    uint64_t rd_first, rd_off; int rd_fd;
+    /* The stream's reader (spool_read.c): rd_expect is the seq it sends
+     * next, rd_maxseen the highest intact seq it read since the seek (an
+     * intact record at or below it is a duplicate); rd_line is the line
+     * read and not yet used (rd_have), rd_rec what peek returned
+     * (rd_ready); rd_why the last damage met, for placeholders. */
+    tm_rd rd;
+    int rd_opened, rd_have, rd_ready;
+    uint64_t rd_expect, rd_maxseen;
+    tm_line rd_line;
+    tm_record rd_rec;
+    char rd_why[400];
+    char *ph_buf;             /* a placeholder line (PH_CAP) */
+    /* Damage is named once: the furthest place named (segment, offset). */
+    uint64_t dmg_first, dmg_off; int dmg_any;
+    /* seqs the daemon refused for their content (conn.c): sent as
+     * placeholders on the next connection */
+    uint64_t refused_seqs[REFUSED_MAX]; int n_refused;
 
     /* The daemon refused the hello (conn.c): refusal ("CODE: message") is
      * written by the sender once, before refused is set (release). */
@@ -154,7 +218,8 @@ struct telemetry {
     /* Counters (see telemetry_stats). */
     _Atomic uint64_t st_enqueued, st_dropped_queue, st_dropped_spool, st_dropped_oversize, st_spooled,
         st_sent, st_acked, st_next_seq, st_spool_bytes, st_connects,
-        st_connect_failures, st_errors, st_inbox_dropped;
+        st_connect_failures, st_errors, st_inbox_dropped,
+        st_damaged;           /* damaged records named (not in telemetry_stats: upload.c reads it) */
     atomic_int st_connected;
 };
 
@@ -240,7 +305,23 @@ void tm_spool_unlink(telemetry *t, uint64_t first);
 void tm_spool_trim(telemetry *t);
 int tm_spool_add(telemetry *t, char *body, size_t blen);
 void tm_spool_flush(telemetry *t);
+/* spool_read.c */
+#define PH_CAP 8192
+const char *tm_dmg_name(int kind);
+/* Opens segment `first` (size bytes readable) for reading from off. 0 / -1. */
+int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint64_t off);
+/* The next line: 1 with *l filled, 0 at the end of what may be read. */
+int tm_rd_line(tm_rd *r, tm_line *l);
+void tm_rd_close(tm_rd *r);      /* keeps the buffer */
+void tm_rd_free(tm_rd *r);       /* closes and frees; fd must be -1 or open */
+/* Names damage (an inbox note "spool_damage", st_damaged); once: not
+ * again, nor anything before it, until the spool is rewritten. */
+void tm_spool_damage(telemetry *t, uint64_t first, uint64_t off, int kind, const char *why, int once);
+/* The stream: seek to seq; peek the next record to send (1, or 0 when
+ * there is none now), valid until take, which consumes it. */
 void tm_spool_seek(telemetry *t, uint64_t seq);
+int tm_spool_peek(telemetry *t, tm_record *out);
+void tm_spool_take(telemetry *t);
 long tm_spool_renumber(telemetry *t, uint64_t from);
 void tm_spool_compact(telemetry *t);
 void tm_spool_remove(telemetry *t);

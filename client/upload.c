@@ -44,11 +44,39 @@ static char *read_small_file(const char *path, size_t max)
 
 enum { UP_NOTHING, UP_DONE, UP_LEFT, UP_BUSY };
 
+/* Where an upload's damage notes go: the log (one line each), or the inbox
+ * of the client whose background uploader runs it. */
+typedef struct note_sink {
+    FILE *log;
+    telemetry *inbox;
+} note_sink;
+
+/* Passes on c's "spool_damage" notes (what else a client says is for its
+ * own user: the uploader has none). */
+static void pass_notes(telemetry *c, const note_sink *to)
+{
+    telemetry_msg m;
+    while (telemetry_poll(c, &m)) {
+        if (!strcmp(m.type, "client") && strstr(m.line, "\"spool_damage\"")) {
+            if (to->inbox) tm_inbox_push(to->inbox, m.line, strlen(m.line));
+            if (to->log) {
+                cJSON *j = cJSON_Parse(m.line);
+                const cJSON *msg = cJSON_GetObjectItemCaseSensitive(j, "message");
+                fprintf(to->log, "entropyd upload: damaged: %s\n", cJSON_IsString(msg) ? msg->valuestring : m.line);
+                cJSON_Delete(j);
+            }
+        }
+        telemetry_msg_free(&m);
+    }
+}
+
 /* Uploads ROOT/RUN: a client for that run (its shape and meta from
  * hello.json), waiting until everything is acknowledged, timeout_ms passed
- * or *stop is set. Fills msg with what happened. */
+ * or *stop is set; its damage notes go to sink, their number to
+ * *damaged. Fills msg with what happened. */
 static int upload_run(const char *address, const char *root, const char *run, const char *token,
-                      int timeout_ms, atomic_int *stop, char *msg, size_t msglen)
+                      int timeout_ms, atomic_int *stop, const note_sink *sink, uint64_t *damaged,
+                      char *msg, size_t msglen)
 {
     size_t n = strlen(root) + strlen(run) + 16;
     char *dir = malloc(n), *hp = malloc(n);
@@ -96,11 +124,21 @@ static int upload_run(const char *address, const char *root, const char *run, co
         goto out;
     }
     uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
-    while (!tm_settled(c) && tm_now_ns() < end && !(stop && atomic_load(stop))) tm_sleep_ms(10);
+    while (!tm_settled(c) && tm_now_ns() < end && !(stop && atomic_load(stop))) {
+        pass_notes(c, sink);
+        tm_sleep_ms(10);
+    }
+    pass_notes(c, sink);
     telemetry_stats st;
     telemetry_get_stats(c, &st);
+    uint64_t dmg = ST_GET(c, st_damaged);
+    *damaged += dmg;
     rc = tm_settled(c) ? UP_DONE : UP_LEFT;
-    if (rc == UP_DONE)
+    if (rc == UP_DONE && dmg)
+        snprintf(msg, msglen, "run %s: every intact record uploaded, acknowledged up to seq %llu; "
+                 "%llu damaged record(s) skipped (named above)", run, (unsigned long long)st.acked,
+                 (unsigned long long)dmg);
+    else if (rc == UP_DONE)
         snprintf(msg, msglen, "run %s: spool uploaded, acknowledged up to seq %llu", run,
                  (unsigned long long)st.acked);
     else
@@ -141,8 +179,10 @@ static int uploader_one(void *arg, const char *run)
     telemetry *t = arg;
     char msg[400];
     if (atomic_load(&t->up_stop)) return 1;
-    int rc = upload_run(t->address, t->root, run, t->token, 24 * 3600 * 1000, &t->up_stop, msg,
-                        sizeof msg);
+    note_sink sink = { NULL, t };
+    uint64_t damaged = 0;
+    int rc = upload_run(t->address, t->root, run, t->token, 24 * 3600 * 1000, &t->up_stop, &sink, &damaged,
+                        msg, sizeof msg);
     if (rc == UP_DONE) tm_inbox_note(t, "uploaded", "%s", msg);
     else if (rc == UP_LEFT) tm_inbox_note(t, "upload_failed", "%s", msg);
     return atomic_load(&t->up_stop);
@@ -157,33 +197,45 @@ void *tm_uploader_main(void *arg)
 }
 
 typedef struct upload_all_ctx {
-    const char *address, *root, *token;
-    int timeout_ms, left;
+    const char *address, *root, *token, *only;
+    int timeout_ms;
     FILE *log;
+    telemetry_upload_result res;
 } upload_all_ctx;
-
 
 static int upload_all_one(void *arg, const char *run)
 {
     upload_all_ctx *u = arg;
     char msg[400];
-    int rc = upload_run(u->address, u->root, run, u->token, u->timeout_ms, NULL, msg, sizeof msg);
-    if (rc == UP_LEFT) u->left++;
+    if (u->only && strcmp(run, u->only)) return 0;
+    note_sink sink = { u->log, NULL };
+    int rc = upload_run(u->address, u->root, run, u->token, u->timeout_ms, NULL, &sink, &u->res.damaged, msg,
+                        sizeof msg);
+    if (rc == UP_LEFT || rc == UP_BUSY) u->res.runs_left++;
+    if (rc == UP_DONE) u->res.runs_uploaded++;
     if (u->log && rc != UP_NOTHING) fprintf(u->log, "entropyd upload: %s\n", msg);
     return 0;
+}
+
+int telemetry_upload_spool(const char *address, const char *spool_dir, const char *run, const char *token,
+                           int timeout_ms, FILE *log, telemetry_upload_result *out, char *err, size_t errlen)
+{
+    if (out) memset(out, 0, sizeof *out);
+    if (!address || !spool_dir) {
+        tm_set_err(err, errlen, "uploading needs an address and a spool directory");
+        return -1;
+    }
+    upload_all_ctx u = { address, spool_dir, token, run, timeout_ms, log, {0, 0, 0} };
+    if (for_each_run(spool_dir, NULL, upload_all_one, &u)) {
+        tm_set_err(err, errlen, "spool %s: %s", spool_dir, strerror(errno));
+        return -1;
+    }
+    if (out) *out = u.res;
+    return u.res.runs_left;
 }
 
 int telemetry_upload_all(const char *address, const char *spool_dir, const char *token,
                          int timeout_ms, FILE *log, char *err, size_t errlen)
 {
-    if (!address || !spool_dir) {
-        tm_set_err(err, errlen, "uploading needs an address and a spool directory");
-        return -1;
-    }
-    upload_all_ctx u = { address, spool_dir, token, timeout_ms, 0, log };
-    if (for_each_run(spool_dir, NULL, upload_all_one, &u)) {
-        tm_set_err(err, errlen, "spool %s: %s", spool_dir, strerror(errno));
-        return -1;
-    }
-    return u.left;
+    return telemetry_upload_spool(address, spool_dir, NULL, token, timeout_ms, log, NULL, err, errlen);
 }

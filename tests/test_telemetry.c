@@ -1105,7 +1105,7 @@ static int connections_after_error(const char *code, const char *run)
     c.backoff_min_ms = c.backoff_max_ms = 1;
     telemetry *t = create_ok(&c);
     WAIT_FOR(stats(t).errors >= 1, 5000);
-    sender_cycles(t, 0, 20, 100);
+    sender_cycles(t, 0, 20, 600); /* attempts are >= 250 ms apart (CONNECT_SPACING_MS) */
     int conns = fake_get(f, &f->connections);
     telemetry_destroy(t, NULL, 0);
     fake_stop(f);

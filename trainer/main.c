@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -664,21 +665,33 @@ static int print_sgemm_peak(int threads)
     return peak > 0 ? 0 : 1;
 }
 
-/* --upload-spool: one run (--run) or every run left in --spool DIR. */
+/* --upload-spool: one run (--run) or every run left in --spool DIR, through
+ * the client library (which names damaged records and skips them); a run
+ * spooled before hello.json existed is uploaded with the shape flags.
+ * Exit status (docs/metrics.md): 0 everything delivered, 6 every intact
+ * record delivered but some were damaged (named), 1 something left. */
 static int upload_spool(const options *o)
 {
-    char err[512];
-    if (!o->run_name) {
-        int left = telemetry_upload_all(o->daemon, o->spool_dir, o->token, 60000, stdout, err, sizeof err);
-        if (left < 0) fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
-        else printf("upload: %s\n", left ? "some runs are not fully acknowledged (still spooled)" : "every run acknowledged");
-        return left == 0 ? 0 : 1;
+    char err[512], hp[4096];
+    snprintf(hp, sizeof hp, "%s/%s/hello.json", o->spool_dir, o->run_name ? o->run_name : "");
+    if (o->run_name && access(hp, R_OK) != 0) {
+        monitor_config uc = {.address = o->daemon, .run = o->run_name, .spool_dir = o->spool_dir,
+                             .token = o->token, .log = stdout};
+        int rc = monitor_upload(&uc, o->run.cfg.layers, o->run.cfg.heads, o->run.seq_len, 60000, err, sizeof err);
+        if (rc < 0) fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
+        return rc == 0 ? 0 : 1;
     }
-    monitor_config uc = {.address = o->daemon, .run = o->run_name, .spool_dir = o->spool_dir,
-                         .token = o->token, .log = stdout};
-    int rc = monitor_upload(&uc, o->run.cfg.layers, o->run.cfg.heads, o->run.seq_len, 60000, err, sizeof err);
-    if (rc < 0) fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
-    return rc == 0 ? 0 : 1;
+    telemetry_upload_result res;
+    int left = telemetry_upload_spool(o->daemon, o->spool_dir, o->run_name, o->token, 60000, stdout, &res, err,
+                                      sizeof err);
+    if (left < 0) {
+        fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
+        return 1;
+    }
+    printf("upload: %s", left ? "some runs are not fully acknowledged (still spooled)" : "every run acknowledged");
+    if (res.damaged) printf("; %llu damaged spool record(s) skipped, named above", (unsigned long long)res.damaged);
+    printf("\n");
+    return left ? 1 : res.damaged ? 6 : 0;
 }
 
 /* Collapsed attention drives probabilities and their gradients into
