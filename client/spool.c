@@ -315,7 +315,7 @@ int tm_spool_add(telemetry *t, char *body, size_t blen)
 long tm_spool_renumber(telemetry *t, uint64_t from)
 {
     size_t pn = strlen(t->dir) + 20;
-    char *tmp = malloc(pn), *rec = malloc(FRAME_HDR_MAX + LINE_MAX_BYTES + 1);
+    char *tmp = malloc(pn), *rec = malloc(FRAME_HDR_MAX + proto_line_max((int64_t)t->L * t->H) + 1);
     tm_rd r = { .fd = -1 };
     tm_line l;
     uint64_t seq = from, size = 0, maxseen = 0;

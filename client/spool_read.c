@@ -33,7 +33,6 @@
 #include "crc32c.h"
 
 #define RBUF_MIN (64 * 1024)
-#define RBUF_MAX (LINE_MAX_BYTES + FRAME_HDR_MAX + 2)
 
 static const char *const dmg_names[DMG_COUNT] = {
     [DMG_TORN] = "torn record (cut short)",
@@ -77,6 +76,7 @@ int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint
     r->off = off;
     r->base = off;
     r->ver = 0;
+    r->max = proto_line_max((int64_t)t->L * t->H) + FRAME_HDR_MAX + 1;
     return r->fd >= 0 ? 0 : -1;
 }
 
@@ -96,7 +96,7 @@ static int rd_fill(tm_rd *r, size_t want)
     if (want > r->cap) {
         size_t nc = r->cap ? r->cap : RBUF_MIN;
         while (nc < want) nc *= 2;
-        if (nc > RBUF_MAX) nc = RBUF_MAX;
+        if (nc > r->max) nc = r->max;
         char *nb = realloc(r->buf, nc);
         if (!nb) return -1;
         r->buf = nb;
@@ -176,11 +176,11 @@ static void classify_v2(const char *s, size_t n, int nl, tm_line *l)
 }
 
 /* Classifies a version-1 line: the daemon's own parser says. */
-static void classify_v1(const char *s, size_t n, int nl, tm_line *l)
+static void classify_v1(const char *s, size_t n, int nl, size_t max, tm_line *l)
 {
     if (!nl) { l->kind = DMG_TORN; return; }
     struct proto_msg m = {0};
-    int code = proto_parse(s, n, &m, l->why, sizeof l->why);
+    int code = proto_parse_max(s, n, max, &m, l->why, sizeof l->why);
     if (code == PROTO_OK && (m.type == PROTO_HELLO || !m.has_seq || m.seq < 1)) {
         code = PROTO_E_BAD_TYPE;
         snprintf(l->why, sizeof l->why, "not a numbered message");
@@ -206,11 +206,11 @@ int tm_rd_line(tm_rd *r, tm_line *l)
     const char *nl = NULL;
     for (;;) {
         size_t want = scanned ? scanned * 2 : RBUF_MIN;
-        if (want > RBUF_MAX) want = RBUF_MAX;
+        if (want > r->max) want = r->max;
         if (rd_fill(r, want)) { l->kind = DMG_GARBAGE; snprintf(l->why, sizeof l->why, "unreadable: %s", strerror(errno)); l->n = (size_t)(r->size - r->off); r->off = r->size; return 1; }
         size_t have = r->len;
         nl = memchr(r->buf + scanned, '\n', have - scanned);
-        if (nl || r->base + have >= r->size || have >= RBUF_MAX) break;
+        if (nl || r->base + have >= r->size || have >= r->max) break;
         scanned = have;
     }
     const char *s = r->buf;
@@ -218,11 +218,11 @@ int tm_rd_line(tm_rd *r, tm_line *l)
     l->n = n + (nl != NULL);
     r->off += l->n;
     l->raw = s;
-    if (!nl && n == RBUF_MAX) { l->kind = DMG_GARBAGE; snprintf(l->why, sizeof l->why, "over %u bytes without a newline", RBUF_MAX); return 1; }
+    if (!nl && n == r->max) { l->kind = DMG_GARBAGE; snprintf(l->why, sizeof l->why, "over %zu bytes without a newline", r->max); return 1; }
     size_t ml = sizeof TM_SPOOL_MAGIC - 1;
     if (nl && n + 1 == ml && !memcmp(s, TM_SPOOL_MAGIC, ml)) { r->ver = 2; l->kind = TM_MAGIC; return 1; }
     int ver = r->ver ? r->ver : n && s[0] == '#' ? 2 : n && s[0] == '{' ? 1 : 0;
-    if (ver == 1) classify_v1(s, n, nl != NULL, l);
+    if (ver == 1) classify_v1(s, n, nl != NULL, r->max, l);
     else classify_v2(s, n, nl != NULL, l);
     if (l->kind == TM_INTACT && !r->ver) r->ver = ver;
     return 1;

@@ -96,6 +96,7 @@ typedef struct tm_rd {
     uint64_t first, size;     /* the segment; size: bytes that may be read */
     uint64_t off;             /* the next line's offset */
     int ver;                  /* 0 not known yet, 1 bare lines, 2 framed */
+    size_t max;               /* the longest line: the run's protocol limit and a frame */
     char *buf; size_t cap, len; uint64_t base;
 } tm_rd;
 
