@@ -113,6 +113,8 @@ export const urlState = {
     if (push) history.pushState(null, '', url); else history.replaceState(null, '', url);
   },
   set(patch) { this._write({...this.get(), ...patch}, false); },
+  /** set() as a new history entry: Back undoes it (a view change). */
+  push(patch) { this._write({...this.get(), ...patch}, true); },
   go(obj) { const t = this.get().token; this._write({...obj, token: t}, true); },
 };
 

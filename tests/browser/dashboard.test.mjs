@@ -303,8 +303,14 @@ await run(async (ctx) => {
   const dark = await lum();
   await screenshot(dk, 'dash-dark', {fullPage: false});
   await dk.click('#theme-toggle');
-  await dk.waitForFunction(() => document.documentElement.dataset.theme === 'light');
-  await sleep(100);
+  // the page's background and the charts' axes follow the theme (no fixed
+  // wait: until both changed, or 5 s, after which the check below says what is left)
+  await dk.waitForFunction(([sel, axis]) => {
+    const [r, g, b] = getComputedStyle(document.body).backgroundColor.match(/\d+/g).map(Number);
+    const u = document.querySelector(sel).__chart.u, st = u && u.axes[0].stroke;
+    return document.documentElement.dataset.theme === 'light' && (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255 > 0.85 &&
+      String(typeof st === 'function' ? st(u, 0) : st) !== String(axis);
+  }, [LOSS, dark.axis], {timeout: 5000}).catch(() => {});
   const light = await lum();
   check(dark.theme === 'dark' && dark.bg < 0.15 && light.theme === 'light' && light.bg > 0.85 && String(dark.axis) !== String(light.axis),
     `dark mode from prefers-color-scheme (background ${dark.bg.toFixed(2)}), the toggle makes it light (${light.bg.toFixed(2)}) and the charts follow (axis ${dark.axis} -> ${light.axis})`);

@@ -39,7 +39,7 @@ await run(async (ctx) => {
   // the verdict column (issue 15): the daemon's verdict, coloured by it; the
   // run that ended failed is diverged
   const verdicts = await page.$$eval('#runs-table tbody tr', (trs) => trs.map((tr) => ({
-    id: +tr.dataset.run, v: tr.dataset.verdict, cls: tr.querySelector('.verdict .badge').className})));
+    id: +tr.dataset.run, v: tr.dataset.verdict, cls: tr.querySelector('.verdict-cell .badge').className})));
   const apiV = Object.fromEntries(api.map((r) => [r.id, r.verdict.state]));
   check(verdicts.every((x) => x.v === apiV[x.id] && x.cls.includes('v-' + x.v)) &&
     verdicts.find((x) => x.id === bad.id).v === 'diverged',
@@ -99,7 +99,8 @@ await run(async (ctx) => {
     const c = document.querySelector('#compare-body .chart[data-metric="entropy_norm"]').__chart;
     return [1, 4].map((i) => c.data[i].filter((v) => v !== null && v !== undefined).length);
   });
-  check(counts[0] >= 100 && counts[1] >= 100, `both runs have points on the compare chart (${counts.join(', ')})`);
+  // both runs are asked for the same range (0 to the live run's step 1,000), so the shorter one has fewer buckets
+  check(counts[0] >= 40 && counts[1] >= 40, `both runs have points on the compare chart (${counts.join(', ')})`);
   await page.selectOption('#cmp-agg', 'min');
   await page.waitForFunction(() => new URL(location.href).searchParams.get('agg') === 'min' &&
     /line: min/.test(document.querySelector('#compare-body .chart[data-metric="entropy_norm"] .u-title')?.textContent || ''));
