@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "proto.h"
 #include "strbuf.h"
 
 enum query_rc {
@@ -249,5 +250,59 @@ int64_t query_db_bytes(struct query *q);
 
 /* Bytes of its WAL file (0 when there is none), -1 on error. */
 int64_t query_wal_bytes(struct query *q);
+
+/* ---- what the remote-write pusher reads (query_remote.c) --------------
+ * Each statement is prepared once per connection, at its first use. The
+ * pusher calls these between query_read_begin and query_read_end when
+ * what it reads must be one committed state. */
+
+/* Opens a read transaction on q (one committed state for what follows);
+ * QUERY_OK or QUERY_ERR with a message. */
+int query_read_begin(struct query *q, char *err, size_t errlen);
+/* Ends it if one is open. */
+void query_read_end(struct query *q);
+
+/* A stored run as the pusher tracks it. */
+struct query_rw_run {
+    int64_t id;
+    int64_t last_step; /* INT64_MIN before any step */
+    int64_t branch;    /* its newest rollback (branches.id), 0 if none */
+};
+
+/* Every stored run, in id order, into *runs (malloc'd, the caller frees;
+ * NULL when none) and *n. QUERY_OK, or QUERY_ERR with a message (*runs
+ * NULL, *n 0). One statement, however many runs are stored. */
+int query_rw_runs(struct query *q, struct query_rw_run **runs, size_t *n, char *err, size_t errlen);
+
+/* A run's name and shape, and the newest rollback after `branch`. */
+struct query_rw_shape {
+    char name[PROTO_MAX_RUN + 1];
+    int64_t layers, heads;
+    int rewinding;       /* a rollback is being written: not to be read now */
+    int64_t new_branch;  /* the newest branch id > branch, 0 when none */
+    int64_t new_from;    /* the lowest first step of those branches */
+};
+/* 1 with *out filled, 0 when there is no such run, QUERY_ERR with a
+ * message. */
+int query_rw_shape(struct query *q, int64_t run_id, int64_t branch, struct query_rw_shape *out, char *err,
+                   size_t errlen);
+
+/* Calls fn(ctx, id, name, kind) for each metric of the run in id order
+ * (name borrowed for the call). QUERY_OK, fn's first nonzero return, or
+ * QUERY_ERR with a message. */
+typedef int (*query_rw_metric_fn)(void *ctx, int64_t id, const char *name, int kind);
+int query_rw_metrics(struct query *q, int64_t run_id, query_rw_metric_fn fn, void *ctx, char *err, size_t errlen);
+
+/* Calls fn(ctx, step, time) for the run's first `limit` steps after
+ * `after`, in step order. QUERY_OK, fn's first nonzero return, or
+ * QUERY_ERR with a message. */
+typedef int (*query_rw_step_fn)(void *ctx, int64_t step, double time);
+int query_rw_steps(struct query *q, int64_t run_id, int64_t after, int64_t limit, query_rw_step_fn fn, void *ctx,
+                   char *err, size_t errlen);
+
+/* The samples the run holds after step `after`: its steps after it times
+ * (1 + its values per step), the one entropyd_run_last_step series
+ * included. -1 on a database error. */
+int64_t query_rw_samples_after(struct query *q, int64_t run_id, int64_t after);
 
 #endif

@@ -37,6 +37,7 @@ struct query_pool {
 static void conn_close(struct query *q) {
     if (!q) return;
     for (int i = 0; i < Q_COUNT; i++) sqlite3_finalize(q->stmt[i]);
+    for (int i = 0; i < QUERY_REMOTE_STMTS; i++) sqlite3_finalize(q->remote[i]);
     fblock_rows_close(q->rows);
     sqlite3_close(q->db);
     fblock_codec_destroy(q->codec);

@@ -14,7 +14,8 @@
 #include "fblock_rows.h"
 #include "query.h"
 
-/* The statements every connection prepares once (persistent). */
+/* The statements every connection prepares once (persistent) at open;
+ * query_remote.c's are prepared at their first use, into remote[]. */
 enum {
     Q_RUN,          /* layers, heads, status of a run */
     Q_METRIC,       /* id, kind of a run's metric */
@@ -27,11 +28,14 @@ enum {
     Q_COUNT
 };
 
+#define QUERY_REMOTE_STMTS 5
+
 /* One read-only connection; a thread uses it between query_acquire and
  * query_release (the pool, query_db.c). */
 struct query {
     sqlite3 *db;
     sqlite3_stmt *stmt[Q_COUNT];
+    sqlite3_stmt *remote[QUERY_REMOTE_STMTS]; /* query_remote.c's, NULL until used */
     struct fblock_codec *codec;  /* decodes blocks (fblock.h) */
     struct fblock_rows *rows;    /* reads sealed blocks' rows (fblock_rows.h), with codec */
     char fault[160];             /* why a read failed when SQLite did not (a stored row of the

@@ -2,8 +2,9 @@
  * committed steps, encodes them as a Prometheus WriteRequest by hand (the
  * four messages it needs are a few lines of protobuf wire format; see
  * docs/remote-write.md for why not libprotobuf-c), compresses with snappy
- * and POSTs them with libcurl. It is not the /metrics exporter (query.c)
- * and never writes the database. */
+ * and POSTs them with libcurl. What it reads of the database is
+ * query_remote.c's (query.h); it keeps the cursor of what was delivered.
+ * It is not the /metrics exporter (query.c) and never writes the database. */
 #include <curl/curl.h>
 #include <errno.h>
 #include <math.h>
@@ -18,7 +19,6 @@
 #include "now.h"
 #include "proto.h"
 #include "query.h"
-#include "query_db.h"
 #include "remote_write.h"
 
 /* A batch of a run covers at most this many steps (a scalar-only run
@@ -56,13 +56,6 @@ struct rw_batch {
     unsigned char *present; /* [nmetrics][k]: the metric has a frame at that step */
 };
 
-/* A stored run as a pass sees it: what tells whether it has news. */
-struct rw_run {
-    int64_t id;
-    int64_t last_step; /* INT64_MIN before any step */
-    int64_t branch;    /* its newest rollback, 0 if none */
-};
-
 enum { RW_SENT = 0, RW_REJECTED = 1, RW_STOP = 2 };
 
 struct remote_write {
@@ -82,12 +75,17 @@ struct remote_write {
     struct strbuf pb;        /* the request being built */
     char *z;                 /* its snappy form */
     size_t zcap;
-    struct query *q;         /* the thread's connection during a pass */
-    struct rw_run *runs;     /* the runs of the pass, in id order */
-    size_t nruns;
-    double pending_at;       /* when pending was last counted (monotonic ms) */
     double log_at;           /* when a rejection was last logged */
-    _Atomic uint64_t sent, rejected, requests, failures, bytes, pending;
+    /* What the gauges read beside the thread, which may be stuck in a
+     * request for its whole timeout: a copy of the cursor (mu) taken at
+     * each change, and the start of the request in flight. */
+    struct rw_cursor *pub;   /* by run id */
+    size_t npub, cappub;
+    _Atomic double post_since; /* monotonic ms; 0: no request in flight */
+    pthread_mutex_t gauge_mu;  /* one scrape counts the pending samples at a time */
+    double pending_at;         /* when they were last counted (monotonic ms, gauge_mu) */
+    uint64_t pending;          /* that count (gauge_mu) */
+    _Atomic uint64_t sent, rejected, requests, failures, bytes;
     _Atomic double last_ok;
     atomic_int failing;
 };
@@ -250,8 +248,6 @@ static __attribute__((unused)) int post_once(struct remote_write *rw, char *msg,
     return ret;
 }
 
-static void count_pending(struct remote_write *rw);
-
 /* Sleeps ms unless stopped; returns 1 when stopped. */
 static int nap(struct remote_write *rw, double ms) {
     struct timespec until;
@@ -277,7 +273,9 @@ static int deliver(struct remote_write *rw) {
     char msg[300];
     for (;;) {
         if (atomic_load(&rw->stop)) return RW_STOP;
+        atomic_store(&rw->post_since, now_mono_ms());
         int r = RW_POST(rw, msg, sizeof msg);
+        atomic_store(&rw->post_since, 0.0);
         if (r >= 0) {
             if (atomic_exchange(&rw->failing, 0)) fprintf(stderr, "entropyd: remote-write: the receiver answers again\n");
             if (r == RW_SENT) atomic_store(&rw->last_ok, now_wall());
@@ -290,7 +288,6 @@ static int deliver(struct remote_write *rw) {
         atomic_fetch_add(&rw->failures, 1);
         if (!atomic_exchange(&rw->failing, 1))
             fprintf(stderr, "entropyd: remote-write: %s: %s; retrying with backoff\n", rw->url, msg);
-        count_pending(rw); /* what waits grows meanwhile */
         if (nap(rw, backoff)) return RW_STOP;
         backoff = backoff * 2 > REMOTE_WRITE_BACKOFF_MAX_MS ? REMOTE_WRITE_BACKOFF_MAX_MS : backoff * 2;
     }
@@ -344,18 +341,6 @@ out:
 
 /* ---- reading a batch ------------------------------------------------ */
 
-/* Prepares sql on q's connection (a statement per call: a pass prepares a
- * handful). NULL with a message on failure. */
-static sqlite3_stmt *prep(struct query *q, const char *sql, char *err, size_t errlen) {
-    sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(q->db, sql, -1, &s, NULL) != SQLITE_OK) {
-        query_db_fail(q, err, errlen, "preparing a remote-write read");
-        sqlite3_finalize(s);
-        return NULL;
-    }
-    return s;
-}
-
 static void batch_free(struct rw_batch *bt) {
     free(bt->metrics);
     free(bt->step);
@@ -365,89 +350,85 @@ static void batch_free(struct rw_batch *bt) {
     memset(bt, 0, sizeof *bt);
 }
 
+static void cursor_publish(struct remote_write *rw);
+
 /* The run's name and shape, and whether it can be read now (1), or not:
  * gone or in the middle of a rollback (0). A rollback newer than the
  * cursor's moves the cursor back before its first abandoned step. */
-static int read_run(struct query *q, struct rw_batch *bt, int64_t *layers, char *err, size_t errlen) {
+static int read_run(struct remote_write *rw, struct query *q, struct rw_batch *bt, int64_t *layers, char *err,
+                    size_t errlen) {
     struct rw_cursor *c = bt->cur;
-    sqlite3_stmt *s = prep(q, "SELECT name, layers, heads, EXISTS (SELECT 1 FROM rewinds w WHERE w.run_id = r.id), "
-                              "(SELECT max(id) FROM branches b WHERE b.run_id = r.id AND b.id > ?2), "
-                              "(SELECT min(from_step) FROM branches b WHERE b.run_id = r.id AND b.id > ?2) "
-                              "FROM runs r WHERE id = ?1", err, errlen);
-    if (!s) return -1;
-    sqlite3_bind_int64(s, 1, c->run_id);
-    sqlite3_bind_int64(s, 2, c->branch);
-    int rc = sqlite3_step(s), ret = 0;
-    if (rc == SQLITE_ROW && !sqlite3_column_int(s, 3)) {
-        snprintf(bt->run, sizeof bt->run, "%s", (const char *)sqlite3_column_text(s, 0));
-        *layers = sqlite3_column_int64(s, 1);
-        bt->heads = sqlite3_column_int64(s, 2);
-        if (sqlite3_column_type(s, 4) != SQLITE_NULL) {
-            int64_t from = sqlite3_column_int64(s, 5);
-            c->branch = sqlite3_column_int64(s, 4);
-            if (from - 1 < c->step) c->step = from - 1;
-        }
-        ret = 1;
-    } else if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-        ret = query_db_fail(q, err, errlen, "reading a run for remote-write");
+    struct query_rw_shape sh;
+    int ret = query_rw_shape(q, c->run_id, c->branch, &sh, err, errlen);
+    if (ret != 1) return ret;
+    if (sh.rewinding) return 0;
+    snprintf(bt->run, sizeof bt->run, "%s", sh.name);
+    *layers = sh.layers;
+    bt->heads = sh.heads;
+    if (sh.new_branch) {
+        c->branch = sh.new_branch;
+        if (sh.new_from - 1 < c->step) c->step = sh.new_from - 1;
+        cursor_publish(rw);
     }
-    sqlite3_finalize(s);
-    return ret;
+    return 1;
+}
+
+struct metrics_ctx {
+    struct rw_batch *bt;
+    int64_t layers;
+    size_t cap;
+};
+
+/* query_rw_metrics' callback: one metric of the batch's run. */
+static int take_metric(void *ctx, int64_t id, const char *name, int kind) {
+    struct metrics_ctx *mc = ctx;
+    struct rw_batch *bt = mc->bt;
+    if (bt->nmetrics == mc->cap) {
+        mc->cap = mc->cap ? 2 * mc->cap : 16;
+        struct rw_metric *m = realloc(bt->metrics, mc->cap * sizeof *m);
+        if (!m) return 1;
+        bt->metrics = m;
+    }
+    struct rw_metric *m = &bt->metrics[bt->nmetrics++];
+    m->id = id;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->kind = kind;
+    m->n = (uint32_t)(kind == 0 ? 1 : kind == 1 ? mc->layers : mc->layers * bt->heads);
+    m->cell0 = bt->cells;
+    bt->cells += m->n;
+    return 0;
 }
 
 static int read_metrics(struct query *q, struct rw_batch *bt, int64_t layers, char *err, size_t errlen) {
-    sqlite3_stmt *s = prep(q, "SELECT id, name, kind FROM metrics WHERE run_id = ? ORDER BY id", err, errlen);
-    if (!s) return -1;
-    sqlite3_bind_int64(s, 1, bt->cur->run_id);
-    size_t cap = 0;
-    int rc, ret = 0;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (bt->nmetrics == cap) {
-            cap = cap ? 2 * cap : 16;
-            struct rw_metric *m = realloc(bt->metrics, cap * sizeof *m);
-            if (!m) {
-                snprintf(err, errlen, "out of memory");
-                ret = -1;
-                break;
-            }
-            bt->metrics = m;
-        }
-        struct rw_metric *m = &bt->metrics[bt->nmetrics++];
-        m->id = sqlite3_column_int64(s, 0);
-        snprintf(m->name, sizeof m->name, "%s", (const char *)sqlite3_column_text(s, 1));
-        m->kind = sqlite3_column_int(s, 2);
-        m->n = (uint32_t)(m->kind == 0 ? 1 : m->kind == 1 ? layers : layers * bt->heads);
-        m->cell0 = bt->cells;
-        bt->cells += m->n;
-    }
-    if (ret == 0 && rc != SQLITE_DONE) ret = query_db_fail(q, err, errlen, "reading metrics for remote-write");
-    sqlite3_finalize(s);
-    return ret;
+    struct metrics_ctx mc = {bt, layers, 0};
+    int rc = query_rw_metrics(q, bt->cur->run_id, take_metric, &mc, err, errlen);
+    if (rc > 0) snprintf(err, errlen, "out of memory");
+    return rc ? -1 : 0;
 }
 
-/* The next steps after the cursor (at most bt->k) and their sample
- * timestamps: the trainer's step time in ms, raised to 1 ms past the
- * previous step's where it is not above it (the receiver takes a series'
- * samples in increasing time only). */
+struct steps_ctx {
+    struct rw_batch *bt;
+    int64_t prev; /* the previous step's sample timestamp */
+};
+
+/* query_rw_steps' callback: a step and its sample timestamp, the
+ * trainer's step time in ms raised to 1 ms past the previous step's where
+ * it is not above it (the receiver takes a series' samples in increasing
+ * time only). */
+static int take_step(void *ctx, int64_t step, double time) {
+    struct steps_ctx *sc = ctx;
+    double t = time * 1e3;
+    int64_t ms = isfinite(t) && fabs(t) < 9e18 ? llround(t) : 0;
+    if (ms <= sc->prev) ms = sc->prev + 1;
+    sc->bt->step[sc->bt->nsteps] = step;
+    sc->bt->ts[sc->bt->nsteps++] = sc->prev = ms;
+    return 0;
+}
+
+/* The next steps after the cursor (at most bt->k) and their timestamps. */
 static int read_steps(struct query *q, struct rw_batch *bt, char *err, size_t errlen) {
-    sqlite3_stmt *s = prep(q, "SELECT step, time FROM steps WHERE run_id = ? AND step > ? ORDER BY step LIMIT ?", err,
-                           errlen);
-    if (!s) return -1;
-    sqlite3_bind_int64(s, 1, bt->cur->run_id);
-    sqlite3_bind_int64(s, 2, bt->cur->step);
-    sqlite3_bind_int64(s, 3, (sqlite3_int64)bt->k);
-    int64_t prev = bt->cur->ts;
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        double t = sqlite3_column_double(s, 1) * 1e3;
-        int64_t ms = isfinite(t) && fabs(t) < 9e18 ? llround(t) : 0;
-        if (ms <= prev) ms = prev + 1;
-        bt->step[bt->nsteps] = sqlite3_column_int64(s, 0);
-        bt->ts[bt->nsteps++] = prev = ms;
-    }
-    int ret = rc == SQLITE_DONE ? 0 : query_db_fail(q, err, errlen, "reading steps for remote-write");
-    sqlite3_finalize(s);
-    return ret;
+    struct steps_ctx sc = {bt, bt->cur->ts};
+    return query_rw_steps(q, bt->cur->run_id, bt->cur->step, (int64_t)bt->k, take_step, &sc, err, errlen) ? -1 : 0;
 }
 
 struct frame_ctx {
@@ -497,15 +478,16 @@ static int read_values(struct query *q, struct rw_batch *bt, char *err, size_t e
 /* Reads the next batch of cursor c's run in one read transaction.
  * Returns 1 with bt filled (the caller batch_free()s it), 0 when there is
  * nothing to send now, -1 with a message on failure. */
-static int read_batch(struct query *q, struct rw_cursor *c, struct rw_batch *bt, char *err, size_t errlen) {
+static int read_batch(struct remote_write *rw, struct query *q, struct rw_cursor *c, struct rw_batch *bt, char *err,
+                      size_t errlen) {
     memset(bt, 0, sizeof *bt);
     bt->cur = c;
     int64_t layers = 0;
-    if (query_db_begin(q, err, errlen)) return -1;
-    int ret = read_run(q, bt, &layers, err, errlen);
+    if (query_read_begin(q, err, errlen)) return -1;
+    int ret = read_run(rw, q, bt, &layers, err, errlen);
     if (ret == 1 && (read_metrics(q, bt, layers, err, errlen) || read_values(q, bt, err, errlen))) ret = -1;
     if (ret == 1 && bt->nsteps == 0) ret = 0;
-    query_db_end(q);
+    query_read_end(q);
     if (ret != 1) batch_free(bt);
     return ret;
 }
@@ -534,9 +516,26 @@ static struct rw_cursor *cursor_get(struct remote_write *rw, int64_t run_id) {
     return &rw->cur[lo];
 }
 
+/* Copies the cursor for the gauges (remote_write_metrics), which read it
+ * while the thread may be waiting on the receiver. Out of memory keeps
+ * the previous copy. */
+static void cursor_publish(struct remote_write *rw) {
+    pthread_mutex_lock(&rw->mu);
+    if (rw->ncur > rw->cappub) {
+        struct rw_cursor *p = realloc(rw->pub, rw->ncur * sizeof *p);
+        if (p) rw->pub = p, rw->cappub = rw->ncur;
+    }
+    if (rw->ncur <= rw->cappub) {
+        if (rw->ncur) memcpy(rw->pub, rw->cur, rw->ncur * sizeof *rw->cur);
+        rw->npub = rw->ncur;
+    }
+    pthread_mutex_unlock(&rw->mu);
+}
+
 /* Writes the cursor file (a temporary file renamed over it: a crash
- * leaves the old one or the new one). Returns 0 or -1. */
+ * leaves the old one or the new one) and publishes it. Returns 0 or -1. */
 static int cursor_save(struct remote_write *rw) {
+    cursor_publish(rw);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", rw->cursor_path);
     FILE *f = fopen(tmp, "w");
@@ -582,62 +581,21 @@ static void cursor_load(struct remote_write *rw) {
 /* The stored runs, in id order (malloc'd; *n of them), dropping the
  * cursors of runs deleted meanwhile. NULL with *n 0 when there are none
  * or on failure. One query, however many runs are stored. */
-static struct rw_run *list_runs(struct remote_write *rw, struct query *q, size_t *n, char *err, size_t errlen) {
-    *n = 0;
-    sqlite3_stmt *s = prep(q, "SELECT id, coalesce(last_step, -9223372036854775807 - 1), "
-                              "coalesce((SELECT max(id) FROM branches b WHERE b.run_id = r.id), 0) "
-                              "FROM runs r ORDER BY id", err, errlen);
-    struct rw_run *runs = NULL;
-    size_t cap = 0;
-    while (s && sqlite3_step(s) == SQLITE_ROW) {
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 64;
-            struct rw_run *m = realloc(runs, cap * sizeof *m);
-            if (!m) break;
-            runs = m;
-        }
-        runs[(*n)++] = (struct rw_run){sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1),
-                                       sqlite3_column_int64(s, 2)};
-    }
-    sqlite3_finalize(s);
+static struct query_rw_run *list_runs(struct remote_write *rw, struct query *q, size_t *n, char *err, size_t errlen) {
+    struct query_rw_run *runs;
+    if (query_rw_runs(q, &runs, n, err, errlen)) return NULL;
     size_t keep = 0;
     for (size_t i = 0, j = 0; i < rw->ncur; i++) {
         while (j < *n && runs[j].id < rw->cur[i].run_id) j++;
         if (j < *n && runs[j].id == rw->cur[i].run_id) rw->cur[keep++] = rw->cur[i];
     }
-    if (s) rw->ncur = keep;
+    rw->ncur = keep;
     return runs;
 }
 
 /* 1 when the run has steps past its cursor or a rollback not seen yet. */
-static int has_news(const struct rw_run *r, const struct rw_cursor *c) {
+static int has_news(const struct query_rw_run *r, const struct rw_cursor *c) {
     return r->last_step != c->step || r->branch != c->branch;
-}
-
-/* Counts the samples committed and not yet delivered over the pass's
- * runs, at most once a second (a count of the steps past each cursor of a
- * run with news). */
-static void count_pending(struct remote_write *rw) {
-    struct query *q = rw->q;
-    if (!q || now_mono_ms() - rw->pending_at < 1000) return;
-    rw->pending_at = now_mono_ms();
-    char err[256];
-    sqlite3_stmt *s = prep(q, "SELECT (SELECT count(*) FROM steps WHERE run_id = ?1 AND step > ?2) * "
-                              "(1 + coalesce((SELECT sum(CASE kind WHEN 0 THEN 1 WHEN 1 THEN r.layers "
-                              "ELSE r.layers * r.heads END) FROM metrics WHERE run_id = ?1), 0)) "
-                              "FROM runs r WHERE id = ?1", err, sizeof err);
-    uint64_t total = 0;
-    for (size_t i = 0; s && i < rw->nruns; i++) {
-        struct rw_cursor *c = cursor_get(rw, rw->runs[i].id);
-        if (!c) break;
-        if (!has_news(&rw->runs[i], c)) continue;
-        sqlite3_bind_int64(s, 1, c->run_id);
-        sqlite3_bind_int64(s, 2, c->step);
-        if (sqlite3_step(s) == SQLITE_ROW) total += (uint64_t)sqlite3_column_int64(s, 0);
-        sqlite3_reset(s);
-    }
-    sqlite3_finalize(s);
-    if (s) atomic_store(&rw->pending, total);
 }
 
 /* One pass over the runs: at most one batch of each run with news sent.
@@ -647,14 +605,13 @@ static int pass(struct remote_write *rw) {
     struct query *q = query_acquire(rw->pool, err, sizeof err);
     if (!q) goto fail;
     size_t n;
-    struct rw_run *runs = list_runs(rw, q, &n, err, sizeof err);
-    rw->q = q, rw->runs = runs, rw->nruns = n;
-    int done = 0;
+    struct query_rw_run *runs = list_runs(rw, q, &n, err, sizeof err);
+    int done = runs || !n ? 0 : -1;
     for (size_t i = 0; i < n && done >= 0 && !atomic_load(&rw->stop); i++) {
         struct rw_cursor *c = cursor_get(rw, runs[i].id);
         if (c && !has_news(&runs[i], c)) continue;
         struct rw_batch bt;
-        int r = c ? read_batch(q, c, &bt, err, sizeof err) : -1;
+        int r = c ? read_batch(rw, q, c, &bt, err, sizeof err) : -1;
         if (r <= 0) {
             if (r < 0) done = -1;
             continue;
@@ -672,8 +629,6 @@ static int pass(struct remote_write *rw) {
             done = -1;
         }
     }
-    count_pending(rw);
-    rw->q = NULL, rw->runs = NULL, rw->nruns = 0;
     free(runs);
     query_release(rw->pool, q);
     if (done >= 0) return done;
@@ -715,6 +670,7 @@ struct remote_write *remote_write_create(const struct remote_write_config *cfg, 
     }
     pthread_mutex_init(&rw->mu, NULL);
     pthread_cond_init(&rw->cv, NULL);
+    pthread_mutex_init(&rw->gauge_mu, NULL);
     rw->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
     rw->url = strdup(cfg->url);
     size_t plen = strlen(cfg->db_path) + sizeof ".remote-write";
@@ -724,7 +680,8 @@ struct remote_write *remote_write_create(const struct remote_write_config *cfg, 
         goto fail;
     }
     snprintf(rw->cursor_path, plen, "%s.remote-write", cfg->db_path);
-    rw->pool = query_pool_open(cfg->db_path, 1, err, errlen);
+    /* the thread's connection, and the gauges' (remote_write_metrics) */
+    rw->pool = query_pool_open(cfg->db_path, 2, err, errlen);
     if (!rw->pool) goto fail;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     rw->curl = curl_easy_init();
@@ -752,6 +709,7 @@ struct remote_write *remote_write_create(const struct remote_write_config *cfg, 
     curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, abort_on_stop);
     curl_easy_setopt(c, CURLOPT_XFERINFODATA, rw);
     cursor_load(rw);
+    cursor_publish(rw);
     rw->pending_at = -1e18;
     rw->log_at = -1e18;
     if (pthread_create(&rw->thread, NULL, run_thread, rw) != 0) {
@@ -777,9 +735,61 @@ void remote_write_on_commit(struct remote_write *rw, const struct writer_item *i
     }
 }
 
+/* The published cursor of run_id (a copy), or one that has delivered
+ * nothing when the run has none yet. Under rw->mu. */
+static struct rw_cursor pub_cursor(const struct remote_write *rw, int64_t run_id) {
+    size_t lo = 0, hi = rw->npub;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (rw->pub[mid].run_id < run_id) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < rw->npub && rw->pub[lo].run_id == run_id) return rw->pub[lo];
+    return (struct rw_cursor){.run_id = run_id, .step = INT64_MIN, .ts = INT64_MIN, .branch = 0};
+}
+
+/* The samples committed and not yet delivered, over every stored run
+ * (runs created since the thread's last pass too), against the published
+ * cursor: counted at most once a second, by the scrape, on the gauges'
+ * own connection, so that a thread stuck in a request does not freeze
+ * it. The last count when the database cannot be read. */
+static uint64_t pending_samples(struct remote_write *rw) {
+    pthread_mutex_lock(&rw->gauge_mu);
+    if (rw->pool && now_mono_ms() - rw->pending_at >= 1000) {
+        char err[256];
+        struct query *q = query_acquire(rw->pool, err, sizeof err);
+        struct query_rw_run *runs = NULL;
+        size_t n = 0;
+        if (q && query_read_begin(q, err, sizeof err) == QUERY_OK && query_rw_runs(q, &runs, &n, err, sizeof err) == 0) {
+            uint64_t total = 0;
+            int ok = 1;
+            for (size_t i = 0; ok && i < n; i++) {
+                pthread_mutex_lock(&rw->mu);
+                struct rw_cursor c = pub_cursor(rw, runs[i].id);
+                pthread_mutex_unlock(&rw->mu);
+                if (!has_news(&runs[i], &c)) continue;
+                int64_t s = query_rw_samples_after(q, runs[i].id, c.step);
+                if (s < 0) ok = 0;
+                else total += (uint64_t)s;
+            }
+            if (ok) rw->pending = total, rw->pending_at = now_mono_ms();
+        }
+        if (q) query_read_end(q);
+        free(runs);
+        query_release(rw->pool, q);
+    }
+    uint64_t v = rw->pending;
+    pthread_mutex_unlock(&rw->gauge_mu);
+    return v;
+}
+
 void remote_write_metrics(void *ctx, struct strbuf *b) {
     struct remote_write *rw = ctx;
     if (!rw) return;
+    /* failing from the first second of a hang: a request without an
+     * answer for a second counts, not only one that timed out */
+    double since = atomic_load(&rw->post_since);
+    int failing = atomic_load(&rw->failing) || (since > 0 && now_mono_ms() - since >= 1000);
     const struct {
         const char *name, *type, *help;
         double v;
@@ -787,13 +797,14 @@ void remote_write_metrics(void *ctx, struct strbuf *b) {
         {"entropyd_remote_write_samples_total", "counter", "Samples the remote-write receiver took.", (double)atomic_load(&rw->sent)},
         {"entropyd_remote_write_samples_rejected_total", "counter", "Samples the receiver refused for good (out of order, too old): skipped.",
          (double)atomic_load(&rw->rejected)},
-        {"entropyd_remote_write_pending_samples", "gauge", "Samples committed and not yet delivered.", (double)atomic_load(&rw->pending)},
+        {"entropyd_remote_write_pending_samples", "gauge", "Samples committed and not yet delivered.", (double)pending_samples(rw)},
         {"entropyd_remote_write_requests_total", "counter", "Remote-write requests sent.", (double)atomic_load(&rw->requests)},
         {"entropyd_remote_write_requests_failed_total", "counter",
          "Remote-write requests that failed (receiver down, 5xx, 429, timeout) and were retried.",
          (double)atomic_load(&rw->failures)},
         {"entropyd_remote_write_sent_bytes_total", "counter", "Compressed bytes the receiver took.", (double)atomic_load(&rw->bytes)},
-        {"entropyd_remote_write_failing", "gauge", "1 while the receiver fails.", atomic_load(&rw->failing)},
+        {"entropyd_remote_write_failing", "gauge", "1 while the receiver fails or a request has waited a second for its answer.",
+         failing},
         {"entropyd_remote_write_last_success_timestamp_seconds", "gauge", "Unix time of the last request the receiver took (0: none yet).",
          atomic_load(&rw->last_ok)},
     };
@@ -816,6 +827,8 @@ void remote_write_destroy(struct remote_write *rw) {
     query_pool_close(rw->pool);
     pthread_mutex_destroy(&rw->mu);
     pthread_cond_destroy(&rw->cv);
+    pthread_mutex_destroy(&rw->gauge_mu);
+    free(rw->pub);
     strbuf_free(&rw->pb);
     free(rw->z);
     free(rw->cur);

@@ -16,16 +16,21 @@ storage). docs/remote-write.md is what is checked.
 5. restart mid-push: the daemon is killed (SIGKILL) while a backlog is half
    delivered; restarted, it resumes from its cursor and every step is in
    Prometheus exactly once (count_over_time equals the stored steps).
+6. a receiver that accepts and never answers: failing and pending_samples
+   are true within seconds of the hang (not after the 30 s request
+   timeout), a run created during the hang included.
 
 Env: ENTROPYD, PROMETHEUS (binaries). python3 standard library only."""
 import json
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -188,8 +193,62 @@ def wait_delivered(d, extra=""):
         rw_metrics(d)), "pending 0 " + extra, timeout=30)
 
 
+def hung_receiver(tmp):
+    """6. A receiver that takes the connection and never answers: the
+    first request hangs for its whole timeout (30 s), yet the gauges tell
+    the truth at once, for every run, one created during the hang too."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    held, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except socket.timeout:
+                pass
+    th = threading.Thread(target=accept, daemon=True)
+    th.start()
+    url = "http://127.0.0.1:%d/api/v1/write" % srv.getsockname()[1]
+    d = Daemon(data=os.path.join(tmp, "hung"), args=["--remote-write", url], http=True)
+    os.makedirs(d.data)
+    try:
+        d.start()
+        c = Client(d.sock)
+        check(c.hello("rw-hang-a", layers=1, heads=2)["type"] == "welcome", "hello")
+        send_steps(c, 0, range(1, 51), [NOW - 600 + s for s in range(1, 51)], 1, 2, 7)
+        want = 50 * (1 + 1 + 2 + 1)
+        m = wait_for(lambda: (lambda m: m if m["failing"] == 1 and m["pending_samples"] == want else None)(
+            rw_metrics(d)), "failing and %d pending while the receiver hangs" % want, timeout=10)
+        check(m["requests_failed_total"] == 0 and held, "not the first request's timeout: %r" % m)
+        c2 = Client(d.sock)
+        check(c2.hello("rw-hang-b", layers=2, heads=2)["type"] == "welcome", "hello")
+        send_steps(c2, 0, range(1, 21), [NOW - 500 + s for s in range(1, 21)], 2, 2, 8)
+        want += 20 * (1 + 2 + 4 + 1)
+        m = wait_for(lambda: (lambda m: m if m["pending_samples"] == want else None)(rw_metrics(d)),
+                     "%d pending with a run created during the hang" % want, timeout=10)
+        check(m["failing"] == 1 and m["requests_failed_total"] == 0, "still the first request: %r" % m)
+        print("hung receiver: failing 1 and %d samples pending (2 runs, one created during the hang) "
+              "before the first request timed out" % want)
+        c.close()
+        c2.close()
+    except BaseException:
+        sys.stderr.write("--- daemon log (hung receiver)\n" + d.log()[-4000:])
+        raise
+    finally:
+        d.stop()
+        stop.set()
+        th.join()
+        for s in held:
+            s.close()
+        srv.close()
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="entropyd-rw-")
+    hung_receiver(tmp)
     prom = Prometheus(tmp)
     url = prom.url + "/api/v1/write"
     d = Daemon(data=os.path.join(tmp, "data"), args=["--remote-write", url], http=True)

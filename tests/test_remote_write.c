@@ -153,6 +153,7 @@ static struct remote_write *fake_rw(void) {
     struct remote_write *rw = calloc(1, sizeof *rw);
     pthread_mutex_init(&rw->mu, NULL);
     pthread_cond_init(&rw->cv, NULL);
+    pthread_mutex_init(&rw->gauge_mu, NULL);
     rw->url = strdup("http://test/api/v1/write");
     rw->log_at = -1e18;
     ngot = nposts = max_req_samples = 0;
