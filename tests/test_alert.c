@@ -841,8 +841,8 @@ static void test_issue34_rules_refused(void **state) {
  * holds 32 bytes of cell state, 4 bytes per window step (per step seen, up
  * to the window) for the rules that read a window (and 4 for drop's max, 24 for zscore's sums, 8 for
  * an at_least/of_last history), plus 12 bytes per cell that fires; the
- * built-in rules, with every metric they read, hold 692 bytes a head (684
- * before entropy_collapse counted 20 of 30 steps, 724 while collapse_risk
+ * built-in rules, with every metric they read, hold 724 bytes a head (692
+ * before the collapse-risk model had two head rules, 684 before entropy_collapse counted 20 of 30 steps, 724 while collapse_risk
  * read a 20-step window, 844 when every rule kept every summary and a
  * window). */
 static void test_state_bytes_per_head(void **state) {
@@ -864,8 +864,8 @@ static void test_state_bytes_per_head(void **state) {
         alert_engine_usage(e, &runs, &bytes);
         assert_int_equal(runs, 1);
         /* per head: 32 a rule, drop's max 4, and a window row of 4 per step
-         * so far in each of the four windowed rules */
-        if (s == 1) assert_int_equal(bytes - base, (uint64_t)L * H * (5 * 32 + 8 + 4 + 4 * 4) + 32);
+         * so far in each of the five windowed rules */
+        if (s == 1) assert_int_equal(bytes - base, (uint64_t)L * H * (6 * 32 + 8 + 4 + 5 * 4) + 32);
     }
     /* with the windows full, the documented bound, from the rules' windows */
     uint64_t per_head = 0;
@@ -880,20 +880,23 @@ static void test_state_bytes_per_head(void **state) {
         if (rule->op == ALERT_OP_DROP) per_head += 4;
         if (rule->of_last) per_head += 8; /* entropy_collapse's history word */
     }
-    assert_int_equal(nhead, 5);
+    assert_int_equal(nhead, 6);
     printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
            (unsigned long long)((bytes - base - 32) / (L * H)));
     assert_int_equal(bytes - base, (uint64_t)L * H * per_head + 32); /* + run_stalled's one cell */
-    assert_int_equal(per_head, 692); /* the figure docs/alerts.md gives */
+    assert_int_equal(per_head, 724); /* the figure docs/alerts.md gives */
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
 
-/* The built-in collapse-risk model (schema/default_rules.json): the head
- * rule fires 10 steps after a head's sigma_qk began to grow faster than 0.2
- * per step over 10 steps, only where that head's entropy_norm is below 0.5;
- * the loss rule fires on the first step the loss grew faster than 0.05 per
- * step over 50 steps, and not on a loss that only oscillates. */
+/* The built-in collapse-risk model (schema/default_rules.json, chosen by
+ * make experiments on the tune half of its sweep): collapse_risk fires 10
+ * steps after a head's max_logit began to grow faster than 2 per step over
+ * 5 steps; collapse_risk_sigma_qk on the first step a head's sigma_qk grew
+ * faster than 0.1 per step over 5 steps, only where that head's
+ * entropy_norm is below 0.5; collapse_risk_loss on the first step the loss
+ * grew faster than 0.05 per step over 20 steps, and not on a loss that
+ * only oscillates. */
 static int64_t first_fire(struct alert_engine *e, int n, const char *rule, int64_t step, int64_t *at, int *cells) {
     for (int i = 0; i < n; i++) {
         const struct alert_transition *t = alert_transition_at(e, i);
@@ -913,40 +916,104 @@ static void test_builtin_collapse_risk(void **state) {
     struct alert_engine *e = alert_engine_create(r);
     hello(e, 1, "heads");
     hello(e, 2, "loss");
-    int64_t head_at = -1, loss_at = -1, head_loss_at = -1, loss_head_at = -1;
-    int head_cells = 0, ignored = 0;
+    int64_t logit_at = -1, sigma_at = -1, head_loss_at = -1, loss_at = -1, loss_head_at = -1;
+    int logit_cells = 0, sigma_cells = 0, ignored = 0;
     for (int s = 0; s < 200; s++) {
-        float sq[L * H], en[L * H], flat = 2.0f + 0.5f * (float)(s % 2);
-        for (int i = 0; i < L * H; i++) { sq[i] = 1.0f; en[i] = 0.8f; }
+        float sq[L * H], en[L * H], ml[L * H], flat = 2.0f + 0.5f * (float)(s % 2);
+        for (int i = 0; i < L * H; i++) { sq[i] = 1.0f; en[i] = 0.8f; ml[i] = 3.0f; }
         if (s >= 40) en[4] = 0.4f;               /* head 4 sharpening; head 5 not */
         if (s >= 50) sq[4] = sq[5] = 1.0f + 0.3f * (float)(s - 50);
+        if (s >= 50) ml[2] = 3.0f + 3.0f * (float)(s - 50);  /* head 2's logits take off */
         struct writer_item *it = mk_step(1, s, "loss", PROTO_SCALAR, &flat, 1);
         add_metric(it, "sigma_qk", sq);
         add_metric(it, "entropy_norm", en);
+        add_metric(it, "max_logit", ml);
         int n = alert_feed(e, it, it->time);
-        first_fire(e, n, "collapse_risk", s, &head_at, &head_cells);
+        first_fire(e, n, "collapse_risk", s, &logit_at, &logit_cells);
+        first_fire(e, n, "collapse_risk_sigma_qk", s, &sigma_at, &sigma_cells);
         first_fire(e, n, "collapse_risk_loss", s, &head_loss_at, &ignored);
         writer_item_free(it);
         /* run 2: healthy heads, the loss flat then rising 0.08 per step from step 100 */
-        float loss = s < 100 ? 2.0f : 2.0f + 0.08f * (float)(s - 100), sq2[L * H], en2[L * H];
-        for (int i = 0; i < L * H; i++) { sq2[i] = 1.0f; en2[i] = 0.8f; }
+        float loss = s < 100 ? 2.0f : 2.0f + 0.08f * (float)(s - 100), sq2[L * H], en2[L * H], ml2[L * H];
+        for (int i = 0; i < L * H; i++) { sq2[i] = 1.0f; en2[i] = 0.8f; ml2[i] = 3.0f; }
         it = mk_step(2, s, "loss", PROTO_SCALAR, &loss, 1);
         add_metric(it, "sigma_qk", sq2);
         add_metric(it, "entropy_norm", en2);
+        add_metric(it, "max_logit", ml2);
         n = alert_feed(e, it, it->time);
         first_fire(e, n, "collapse_risk_loss", s, &loss_at, &ignored);
         first_fire(e, n, "collapse_risk", s, &loss_head_at, &ignored);
+        first_fire(e, n, "collapse_risk_sigma_qk", s, &loss_head_at, &ignored);
         writer_item_free(it);
     }
-    /* (v(t) - v(t-10)) / 10 = 0.03 (t - 50) > 0.2 from t = 57; for 10 */
-    assert_int_equal(head_at, 67);
-    assert_int_equal(head_cells, 1);             /* head 5's entropy_norm is 0.8: not it */
+    /* (v(t) - v(t-5)) / 5 = 3 (t - 50) / 5 > 2 from t = 54; for 10 */
+    assert_int_equal(logit_at, 64);
+    assert_int_equal(logit_cells, 1);
+    /* (v(t) - v(t-5)) / 5 = 0.06 (t - 50) > 0.1 from t = 52 (t - 50 > 1.67), for 0 */
+    assert_int_equal(sigma_at, 52);
+    assert_int_equal(sigma_cells, 1);            /* head 5's entropy_norm is 0.8: not it */
     assert_int_equal(head_loss_at, -1);          /* an oscillating loss is no growth */
-    /* 0.08 (t - 100) / 50 > 0.05 from t = 132, for 0 */
-    assert_int_equal(loss_at, 132);
+    /* 0.08 (t - 100) / 20 > 0.05 from t = 113, for 0 */
+    assert_int_equal(loss_at, 113);
     assert_int_equal(loss_head_at, -1);
     alert_engine_destroy(e);
     alert_rules_free(r);
+}
+
+/* Early collapse (issue 34 item 3): the built-in predictor needs no long
+ * history. A head whose entropy_norm falls from 0.9 to 0.004 between steps
+ * 3 and 6 of a run whose loss stays at a uniform guess (with sigma_qk and
+ * max_logit jumping with it, as at a high learning rate) is flagged by a
+ * collapse_risk* rule no later than entropy_drop flags it; a head that
+ * sharpens as fast while the loss trains (from step 120, the loss at 0.6 of
+ * its opening level by then), with its norms flat, fires no collapse_risk*. */
+static int64_t first_of(struct alert_engine *e, int n, const char *prefix, int64_t step, int64_t at) {
+    for (int i = 0; i < n && at < 0; i++) {
+        const struct alert_transition *t = alert_transition_at(e, i);
+        if (t->state == ALERT_FIRING && !strncmp(t->rule->name, prefix, strlen(prefix))) at = step;
+    }
+    return at;
+}
+
+static float early_head(int s) { return s < 3 ? 0.9f : s < 6 ? 0.9f - 0.3f * (float)(s - 2) : 0.004f; }
+static float late_sharp_head(int s) { return s < 120 ? 0.9f : s < 123 ? 0.9f - 0.3f * (float)(s - 119) : 0.004f; }
+
+static void run_early(int64_t id, float (*head)(int), float (*loss)(int), int grow, int64_t *risk, int64_t *drop) {
+    char err[256];
+    struct alert_rules *r = alert_rules_load(NULL, err, sizeof err);
+    assert_non_null(r);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, id, "early");
+    *risk = *drop = -1;
+    for (int s = 0; s < 200; s++) {
+        float en[L * H], sq[L * H], ml[L * H], l = loss(s);
+        for (int i = 0; i < L * H; i++) { en[i] = 0.9f; sq[i] = 1.0f; ml[i] = 3.0f; }
+        en[0] = head(s);
+        if (grow && s >= 3) { sq[0] = 1.0f + 4.0f * (float)(s - 2); ml[0] = 3.0f + 80.0f * (float)(s - 2); }
+        struct writer_item *it = mk_step(id, s, "entropy_norm", PROTO_HEAD, en, L * H);
+        add_metric(it, "sigma_qk", sq);
+        add_metric(it, "max_logit", ml);
+        msg_add(&it->msg, "loss", PROTO_SCALAR, 1, 1, &l);
+        int n = alert_feed(e, it, it->time);
+        *risk = first_of(e, n, "collapse_risk", s, *risk);
+        *drop = first_of(e, n, "entropy_drop", s, *drop);
+        writer_item_free(it);
+    }
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
+static float trained_loss(int s) { return s < 10 ? 4.16f : 4.16f * (s < 100 ? 1.0f - 0.004f * (float)(s - 10) : 0.64f); }
+
+static void test_builtin_early_collapse(void **state) {
+    (void)state;
+    int64_t risk, drop;
+    run_early(50, early_head, stuck_loss, 1, &risk, &drop);
+    assert_true(drop >= 0);
+    if (risk < 0 || risk > drop) fail_msg("collapse_risk* at %lld, entropy_drop at %lld", (long long)risk, (long long)drop);
+    assert_true(risk <= 13);
+    run_early(51, late_sharp_head, trained_loss, 0, &risk, &drop);
+    assert_int_equal(risk, -1);
 }
 
 /* A verdict and a transition list at most ALERT_MAX_CELLS_LISTED heads
@@ -1042,6 +1109,7 @@ int main(void) {
         cmocka_unit_test(test_issue34_rules_refused),
         cmocka_unit_test(test_verdict_cells_capped),
         cmocka_unit_test(test_builtin_collapse_risk),
+        cmocka_unit_test(test_builtin_early_collapse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

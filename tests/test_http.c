@@ -827,7 +827,7 @@ static void test_runs(void **state) {
     int risk = 0, collapse = 0;
     cJSON_ArrayForEach(o, off) {
         const char *rule = cJSON_GetObjectItem(o, "rule")->valuestring;
-        if (!strcmp(rule, "collapse_risk")) {
+        if (!strcmp(rule, "collapse_risk_sigma_qk")) {
             risk = 1;
             assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "missing")), 1);
             assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "missing"), 0)->valuestring,

@@ -365,7 +365,7 @@ await run(async (ctx) => {
   await pm.goto(`${d.base}/?run=${wm.run_id}`);
   await rendered(pm);
   const off = await pm.$eval('#rules-unavailable', (e) => e.textContent).catch(() => '');
-  check(/collapse_risk \(needs head metric sigma_qk\)/.test(off) && /logit_growth \(needs head metric max_logit\)/.test(off) &&
+  check(/collapse_risk_sigma_qk \(needs head metric sigma_qk\)/.test(off) && /logit_growth \(needs head metric max_logit\)/.test(off) &&
         !/entropy_collapse|entropy_drop|loss_spike/.test(off), 'an entropy-only run lists the rules it cannot run', off);
   await pm.close();
 
