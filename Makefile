@@ -209,13 +209,15 @@ demo:
 	$(call deps_then_make,demo,programs MPI=0)
 	@BUILD=$(BUILD) scripts/demo.sh
 
-# The learning-rate sweep of docs/experiments.md: baseline against σReparam,
-# --norm pre|post|none, Adam and SGD; two trainers at a time.
+# research/experiments.py: the collapse-risk study (288 runs of the broad
+# sweep of research/sweep.py, tuned on one half, judged on the other:
+# docs/collapse-risk.md, ~26 min on a shared 2-core machine), then the
+# learning-rate sweep of docs/experiments.md; two trainers at a time.
 # EXPERIMENTS_ARGS passes options on (--resume: keep the collapse-risk runs
-# already recorded; --part predict|sweep: one part only).
+# already recorded; --part predict|sweep: one part only; --quick: the CI subset).
 experiments:
 	$(call deps_then_make,experiments,programs MPI=0)
-	@BUILD=$(BUILD) python3 scripts/experiments.py $(EXPERIMENTS_ARGS)
+	@BUILD=$(BUILD) python3 research/experiments.py $(EXPERIMENTS_ARGS)
 
 clean:
 	rm -rf build

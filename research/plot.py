@@ -1,5 +1,5 @@
-"""gnuplot for the experiment reports (scripts/experiments.py,
-scripts/collapse_risk.py): the PNG terminal line and the run of a script.
+"""gnuplot for the experiment reports (research/experiments.py,
+research/collapse_risk.py): the PNG terminal line and the run of a script.
 Standard library only; no plot (and a message) without gnuplot."""
 import os
 import shutil
