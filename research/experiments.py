@@ -616,6 +616,13 @@ def breakdown(j, rows, key):
     return ", ".join("%s %d/%d" % (k, a, b) for k, (a, b) in sorted(by.items(), key=lambda kv: str(kv[0])))
 
 
+def need_long(n):
+    """Collapses that must be led by the target lead for a median at least
+    that long at a recall of 90% of n."""
+    caught = math.ceil(0.9 * n)
+    return caught // 2 + 1 if caught % 2 == 0 else (caught + 1) // 2
+
+
 def arm_alarms(held, chosen):
     """"rule: n runs" for each rule of the model on the runs that train fine."""
     out = []
@@ -681,14 +688,18 @@ def write_risk_report(path, rows, res, ctx):
            "", "Which rule of the model fires on the held-out runs that train fine (its false alarms): %s. "
            "Those are observations of the held-out half, reported, not tuned on: a change made from them "
            "needs a fresh held-out sweep (a new SWEEP_SEED) to be judged." % arm_alarms(held, ctx["chosen"]),
-           "", "What would be needed: the median-lead target cannot be met by any detector on a sweep where "
-           "%d of %d collapses begin before step %d (the lead is at most the step the collapse begins), "
-           "whatever the metric; it needs a signal that is known before training moves, such as the "
-           "configuration itself (learning rate against width, warmup), which is no streamed metric. The "
-           "false alarms come from growth of a head's logits or sigma_qk on runs that go on training; a "
-           "guard on the loss (the `unless_training` of the rule language) on the growth arms, or a growth "
-           "relative to the head's own scale, are the next rules to try, on a new sweep." % (
-               len(early), len(col), collapse_risk.TARGETS["median_lead"]),
+           "", "What would be needed: %d of the %d collapses begin before step %d, and no detector can lead "
+           "those by %d steps (the lead is at most the step the collapse begins), so a median lead of %d at "
+           "a recall of 90%% needs at least %d of the other %d led by %d steps or more; the model leads %d "
+           "collapses by that much. Leads that long on the fast collapses need a signal known before training "
+           "moves, such as the configuration itself (the learning rate against the width and the warmup), "
+           "which is no streamed metric. The false alarms come from growth of a head's logits on runs that "
+           "go on training; a guard on the loss (the `unless_training` of the rule language) on the growth "
+           "rules, or a growth relative to the head's own scale, are the next rules to try, on a new sweep." % (
+               len(early), len(col), collapse_risk.TARGETS["median_lead"], collapse_risk.TARGETS["median_lead"],
+               collapse_risk.TARGETS["median_lead"], need_long(len(col)), len(col) - len(early),
+               collapse_risk.TARGETS["median_lead"],
+               sum(1 for x in hm[3] if x["lead"] is not None and x["lead"] >= collapse_risk.TARGETS["median_lead"])),
            "", "## The model", "",
            "Chosen on the tune half alone (research/collapse_risk.py tune(): an OR of one to three rules of a grid "
            "of %d rules of the daemon's language; false alarms at most 2.5%% of the tune half's runs that train "
