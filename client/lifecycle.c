@@ -174,6 +174,14 @@ int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE 
         }
     }
     if (t->thread_started) hurry_off(t);
+    /* t is gone after this call: the client's own notes nobody polled (a
+     * damaged spool record, an upload of another run, often met during
+     * this wait) are written out instead of dropped */
+    telemetry_msg m;
+    while (progress && t->thread_started && telemetry_poll(t, &m)) {
+        if (!strcmp(m.type, "client")) fprintf(progress, "entropyd client: %s\n", m.line);
+        telemetry_msg_free(&m);
+    }
     int rc = tm_settled(t) ? TELEMETRY_OK : refused(t) ? TELEMETRY_EREFUSED : TELEMETRY_ETIMEDOUT;
     if (progress && rc == TELEMETRY_EREFUSED)
         fprintf(progress, "entropyd client: the daemon refused run %s (%s); ", t->run, t->refusal);

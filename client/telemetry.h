@@ -8,8 +8,9 @@
  *
  * Threads. The caller (the "producer", typically the training loop) builds
  * steps and events; a private sender thread formats them as JSON lines,
- * assigns seq, appends them to an on-disk spool (a write-ahead log) and
- * streams the spool to the daemon, reconnecting with exponential backoff.
+ * assigns seq, appends them to an on-disk spool (a write-ahead log of
+ * checksummed records) and streams the spool to the daemon, reconnecting
+ * with exponential, jittered backoff, never more than 4 times a second.
  * The producer functions (telemetry_step_*, telemetry_event, telemetry_poll)
  * must be called from one thread at a time; telemetry_get_stats and
  * telemetry_wait_welcome from any thread.
@@ -22,7 +23,10 @@
  * Reliability. Every message is appended to the spool before it is sent, and
  * removed from it only when the daemon acknowledged it. The spool survives
  * the process: a new client with the same run name and spool directory
- * resumes seq numbering and uploads what was never acknowledged. When the
+ * resumes seq numbering and uploads what was never acknowledged. A damaged
+ * spool record is skipped and named (an inbox note, code "spool_damage"),
+ * its seq sent as a warn event, so that every intact one is delivered
+ * (docs/client.md, "Damage"). When the
  * spool is at its byte bound, messages are dropped and counted
  * (stats.dropped_spool), and an `event` reporting the loss is sent once room
  * is back. Nothing the daemon does (refusing, closing, stalling, never
@@ -74,7 +78,12 @@ typedef struct telemetry_config {
                               must stay under 4 MiB, roughly 11 bytes a value */
     int max_layer_metrics;
     int max_head_metrics;
-    int backoff_min_ms;    /* reconnect backoff; defaults 50 and 2000 */
+    int backoff_min_ms;    /* reconnect backoff; defaults 50 and 2000: it
+                              doubles per attempt, each wait jittered to
+                              50..100% of it, and starts again from the
+                              minimum only after a useful connection (an
+                              ack, or 5 s up); attempts are at least 250 ms
+                              apart whatever these say */
     int backoff_max_ms;
     int no_spool_upload;   /* 0 (default): with an address and a spool_dir,
                               a background thread uploads every other run
@@ -130,7 +139,9 @@ typedef struct telemetry_stats {
  * itself, type "client" with a "code": "seq_reset" (the daemon knew more of
  * the run than the spool; unsent lines were renumbered after its last_seq),
  * "seq_lost" (the daemon lost acknowledged data; the client stopped
- * connecting), "spool_error". */
+ * connecting), "spool_error", "spool_damage" (a damaged spool record was
+ * skipped: "run R: FILE byte N: WHAT", docs/client.md), and, from the
+ * background uploader, "uploaded", "upload_failed". */
 typedef struct telemetry_msg {
     char type[32]; /* the "type" field, truncated; "" when absent */
     char *line;    /* the JSON text without newline; malloc()ed, the caller
@@ -177,7 +188,9 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms);
  * daemon to acknowledge everything, the sender reconnecting meanwhile (so a
  * daemon that comes back within the grace period gets the spool). While it
  * waits and something is unacknowledged it writes a progress line to
- * progress about once a second (NULL: silent). The background uploads of
+ * progress about once a second (NULL: silent), and at the end the client
+ * notes (type "client": spool_damage, uploaded, ...) nobody polled, one
+ * "entropyd client: LINE" each. The background uploads of
  * other runs (see no_spool_upload) get the same grace period: they stop
  * when it ends and go on in the next client. Then destroys t. Returns as
  * telemetry_destroy does, or TELEMETRY_EREFUSED at once when the daemon
@@ -200,7 +213,8 @@ int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE 
  * that hold unacknowledged messages and a hello.json, which every client
  * with a spool_dir writes) to address, one run at a time, each waiting at
  * most timeout_ms for its acks. A run whose spool another live client holds
- * is skipped. One line per run goes to log (NULL: silent). Returns the
+ * is skipped. One line per run goes to log (NULL: silent), and one per
+ * damaged spool record (see telemetry_upload_spool). Returns the
  * number of runs left with unacknowledged messages (0: everything
  * uploaded), or -1 with a message in err when spool_dir cannot be read. */
 int telemetry_upload_all(const char *address, const char *spool_dir, const char *token,

@@ -5,16 +5,17 @@ deliver every intact step exactly once (read back over the daemon's HTTP
 API), name the damage (file, byte offset, what) and make at most 10
 connections (the daemon's /metrics entropyd_connections_total).
 
-A spool of STEPS steps (one scalar, `loss` = step + 0.5, and an `end`) is
-written once by the client library with no daemon (python/entropyd), then
-copied and damaged per case:
+A spool of STEPS steps (and the run's events and `end`) is written once by
+sigmatrain with no daemon, then copied and damaged per case:
   garbage line, torn last record, a line of invalid UTF-8, a duplicate seq
   (a record copied further on), 32 random bytes written over the middle,
   a changed digit (caught by the record's CRC32C), and an old unframed
   (version 1) spool with a garbage line.
 Expected: `--upload-spool` exits 6 (every intact record delivered, some
 damaged), or 0 when nothing was lost; a step whose record was damaged is
-absent, never stored with other numbers.
+absent, never stored with other numbers (each stored loss is checked). A
+live sigmatrain whose spool directory holds a damaged run uploads it in the
+background the same way.
 
 Env: ENTROPYD, SIGMATRAIN, BUILD.  python3 standard library only."""
 import json
@@ -28,15 +29,15 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import BUILD, Daemon, use_python_client, wait_for  # noqa: E402
+from daemon_harness import BUILD, Daemon  # noqa: E402
 
 SIGMATRAIN = os.environ.get("SIGMATRAIN") or os.path.join(BUILD, "sigmatrain")
 STEPS = 300
 MAX_CONNECTIONS = 10
 MAGIC = b"entropyd-spool 2\n"
 
-use_python_client()
-import entropyd  # noqa: E402
+TINY = ["--layers", "2", "--heads", "2", "--dim", "16", "--seq-len", "16", "--batch", "2", "--threads", "1",
+        "--eval-every", "0", "--print-every", "1000"]
 
 
 def records(path):
@@ -56,16 +57,17 @@ class SpoolDamage(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="e2e-spool-")
         cls.pristine = os.path.join(cls.tmp, "pristine")
-        run = entropyd.init("base", layers=1, heads=1, seq_len=4, daemon="unix:" + os.path.join(cls.tmp, "none.sock"),
-                            spool_dir=cls.pristine, upload_spool=False, welcome_timeout=0, queue_slots=1024)
-        for s in range(STEPS):
-            run.log(s, scalars={"loss": s + 0.5})
-        run.finish("finished", grace=0, quiet=True)
+        gen = subprocess.run([SIGMATRAIN] + TINY + ["--steps", str(STEPS), "--daemon",
+                              "unix:" + os.path.join(cls.tmp, "none.sock"), "--run", "base", "--spool", cls.pristine,
+                              "--end-grace", "0", "--telemetry-queue", "4096"], capture_output=True, text=True,
+                             timeout=300)
+        assert gen.returncode == 0, gen.stdout + gen.stderr
         segs = sorted(f for f in os.listdir(os.path.join(cls.pristine, "base")) if f.startswith("seg-"))
         assert len(segs) == 1, segs
         cls.seg_name = segs[0]
         cls.recs = records(os.path.join(cls.pristine, "base", cls.seg_name))
-        assert cls.recs[0][1] == MAGIC and sum(1 for r in cls.recs if r[2] is not None) == STEPS
+        cls.loss = {r[2]: float(re.search(rb'"loss":([-0-9.e+]+)', r[1]).group(1)) for r in cls.recs if r[2] is not None}
+        assert cls.recs[0][1] == MAGIC and len(cls.loss) == STEPS, (cls.recs[:2], len(cls.loss))
         cls.d = Daemon(http=True)
         cls.d.start()
 
@@ -101,13 +103,13 @@ class SpoolDamage(unittest.TestCase):
         runs = runs["runs"] if isinstance(runs, dict) else runs
         rid = [r["id"] for r in runs if r["name"] == name]
         self.assertEqual(len(rid), 1, runs)
-        st, ser = self.d.get("/api/runs/%d/series?metric=loss&points=100000&from=0&to=%d" % (rid[0], STEPS))
+        st, ser = self.d.get("/api/runs/%d/series?metric=loss&points=100000&from=0&to=%d" % (rid[0], max(self.loss)))
         self.assertEqual(st, 200, ser)
         got = {}
         for s, e, c, mn in zip(ser["step"], ser["end"], ser["count"], ser["min"]):
             if c:
                 self.assertEqual(s, e, "a bucket wider than one step")
-                self.assertAlmostEqual(mn, s + 0.5, places=4, msg="step %d stored with another value" % s)
+                self.assertAlmostEqual(mn, self.loss[s], places=4, msg="step %d stored with another value" % s)
                 got[s] = c
         return got
 
@@ -122,7 +124,7 @@ class SpoolDamage(unittest.TestCase):
         conns = self.connections() - c0
         self.assertLessEqual(conns, MAX_CONNECTIONS, out)
         got = self.stored_steps(name)
-        want = {s: 1 for s in range(STEPS) if s not in lost}
+        want = {s: 1 for s in self.loss if s not in lost}
         self.assertEqual(got, want, "lost %r\n%s" % (sorted(set(want) - set(got)), out))
         for what, off in named:
             self.assertRegex(out, r"damaged: run %s: \S+%s byte %d: %s" % (name, re.escape(self.seg_name), off,
@@ -191,10 +193,12 @@ class SpoolDamage(unittest.TestCase):
         root, seg = self.spool_copy("digit")
         i = self.at_step(150)
         off, line, _ = self.recs[i]
-        k = line.index(b'"loss":') + len(b'"loss":') + 1  # "150.5": the 5 of 150
+        k = line.index(b'"loss":') + len(b'"loss":')
+        k = line.index(b".", k) + 1  # the loss's first decimal
+        digit = b"%d" % ((line[k] - 48 + 1) % 10)
         with open(seg, "rb+") as f:
             f.seek(off + k)
-            f.write(b"6")
+            f.write(digit)
         self.upload("digit", root, 6, {150}, [("bad checksum", off)])
 
     def test_unframed_version_1(self):
@@ -217,19 +221,17 @@ class SpoolDamage(unittest.TestCase):
         # the background: no connection storm, the damage in its inbox
         root, off = self.with_line("bg", 100, b"garbage\n")
         c0 = self.connections()
-        run = entropyd.init("live", layers=1, heads=1, seq_len=4, daemon="unix:" + self.d.sock, spool_dir=root)
-        run.log(0, scalars={"loss": 0.5})
-        notes = []
-        wait_for(lambda: notes.extend(run.messages()) or any(m.get("code") == "uploaded" for m in notes),
-                 timeout=60, what="the background upload")
-        damage = [m for m in notes if m.get("code") == "spool_damage"]
-        self.assertTrue(run.finish("finished", grace=60, quiet=True))
+        live = subprocess.run([SIGMATRAIN] + TINY + ["--steps", "5", "--daemon", "unix:" + self.d.sock, "--run", "live",
+                               "--spool", root, "--end-grace", "60"], capture_output=True, text=True, timeout=120)
+        out = live.stdout + live.stderr
+        self.assertEqual(live.returncode, 0, out)
         conns = self.connections() - c0
-        self.assertLessEqual(conns, MAX_CONNECTIONS)
-        self.assertEqual(self.stored_steps("bg"), {s: 1 for s in range(STEPS)})
-        self.assertEqual(len(damage), 1, notes)  # named once, in the live client's inbox
-        self.assertIn("byte %d: garbage" % off, damage[0]["message"])
-        print("live client + damaged run in its spool: %d connection(s); %s" % (conns, damage[0]["message"]))
+        self.assertLessEqual(conns, MAX_CONNECTIONS, out)
+        self.assertEqual(self.stored_steps("bg"), {s: 1 for s in self.loss})
+        damage = [l for l in out.splitlines() if "spool_damage" in l]
+        self.assertEqual(len(damage), 1, out)  # named once, by the live trainer
+        self.assertIn("byte %d: garbage" % off, damage[0])
+        print("live sigmatrain + damaged run in its spool: %d connection(s); %s" % (conns, damage[0][:300]))
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

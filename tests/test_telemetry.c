@@ -1212,6 +1212,104 @@ static void test_api_errors(void **state)
     env_free(&e);
 }
 
+/* A damaged record in a middle segment of a multi-segment spool: the next
+ * client names it (inbox "spool_damage"), sends a warn event in its seq and
+ * every intact record after it, all in one connection, with no gap the
+ * daemon would refuse. */
+static void test_damaged_segment_record_skipped(void **state)
+{
+    env e;
+    env_init(&e);
+    telemetry_config c;
+    base_config(&c, &e, "damaged-run", 12, 12);
+    c.address = NULL;
+    c.spool_max_bytes = 64 * 1024; /* segments of 8 KiB: a few steps each */
+    telemetry *a = create_ok(&c);
+    for (int i = 0; i < 30; i++) put_step(a, i, 12, 12);
+    assert_int_equal(telemetry_destroy(a, NULL, 5000), TELEMETRY_OK);
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/damaged-run", e.spool);
+    assert_true(count_segments(dir) >= 3);
+    /* the second segment's first record: a digit changed (its checksum fails) */
+    struct dirent **names;
+    int n = scandir(dir, &names, NULL, alphasort), k = 0;
+    char seg[512] = "";
+    unsigned long long first = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strncmp(names[i]->d_name, "seg-", 4) && ++k == 2) {
+            snprintf(seg, sizeof seg, "%s/%s", dir, names[i]->d_name);
+            first = strtoull(names[i]->d_name + 4, NULL, 10);
+        }
+        free(names[i]);
+    }
+    free(names);
+    FILE *fp = fopen(seg, "r+");
+    assert_non_null(fp);
+    char buf[256];
+    size_t got = fread(buf, 1, sizeof buf, fp);
+    char *dig = memchr(buf + 17 + 20, '1', got - 37); /* past the version line and the frame */
+    assert_non_null(dig);
+    fseek(fp, dig - buf, SEEK_SET);
+    fputc('2', fp);
+    fclose(fp);
+
+    fake *f = fake_start(e.sock, 0, 1);
+    c.address = e.addr;
+    telemetry *b = create_ok(&c);
+    assert_int_equal(telemetry_flush(b, 5000), TELEMETRY_OK);
+    assert_stored_exactly(f, 1, 30);
+    cJSON *j = fake_find(f, (long long)first);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "type")), "event");
+    assert_non_null(strstr(cJSON_GetStringValue(cJSON_GetObjectItem(j, "text")), "bad checksum"));
+    cJSON_Delete(j);
+    j = fake_find(f, (long long)first + 1);
+    assert_int_equal(cJSON_GetObjectItem(j, "step")->valueint, (int)first); /* steps count from 0 */
+    cJSON_Delete(j);
+    assert_int_equal(fake_get(f, &f->gaps), 0);
+    assert_int_equal(fake_get(f, &f->connections), 1);
+    telemetry_msg m;
+    int notes = 0;
+    while (telemetry_poll(b, &m)) {
+        notes += !strcmp(m.type, "client") && strstr(m.line, "spool_damage") && strstr(m.line, "bad checksum");
+        telemetry_msg_free(&m);
+    }
+    assert_int_equal(notes, 1);
+    assert_int_equal(telemetry_destroy(b, NULL, 1000), TELEMETRY_OK);
+    fake_stop(f);
+    env_free(&e);
+}
+
+/* Whatever the daemon does (closing every connection at once, answering
+ * seq_gap after every welcome), attempts stay >= CONNECT_SPACING_MS (250
+ * ms) apart, even with a configured backoff of 1 ms. */
+static void test_reconnects_bounded(void **state)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        env e;
+        env_init(&e);
+        fake *f = fake_start(e.sock, 0, 1);
+        if (mode == 0) atomic_store(&f->mode, F_REFUSE);
+        pthread_mutex_lock(&f->mu);
+        f->inject[0] = "{\"type\":\"error\",\"code\":\"seq_gap\",\"message\":\"x\"}";
+        f->n_inject = mode;
+        pthread_mutex_unlock(&f->mu);
+        telemetry_config c;
+        base_config(&c, &e, "storm-run", 1, 1);
+        c.backoff_min_ms = c.backoff_max_ms = 1;
+        double t0 = now_mono_ms();
+        telemetry *t = create_ok(&c);
+        sender_cycles(t, 0, 5, 1000);
+        int conns = fake_get(f, &f->connections);
+        double ms = now_mono_ms() - t0;
+        print_message("mode %d: %d connections in %.0f ms\n", mode, conns, ms);
+        assert_true(conns >= 2);
+        assert_true(conns <= 1 + (int)(ms / 250));
+        telemetry_destroy(t, NULL, 0);
+        fake_stop(f);
+        env_free(&e);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1234,6 +1332,8 @@ int main(void)
         cmocka_unit_test(test_oversize_step_dropped),
         cmocka_unit_test(test_superseded_stops_reconnecting),
         cmocka_unit_test(test_api_errors),
+        cmocka_unit_test(test_damaged_segment_record_skipped),
+        cmocka_unit_test(test_reconnects_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
