@@ -109,9 +109,10 @@ def bench(C, L, H, threads, pairs, block, sock):
     clo, cmd, chi = quart(cpu)
     print("  %3dx%dx%d, %s thread%s: step %.0f ms; watch vs none: wall %+.2f%% (quartiles %+.2f .. %+.2f%%), "
           "cpu %+.2f%% (%+.2f .. %+.2f%%); the watch's own count %.2f%% (%d probes in %d steps, interval %d, "
-          "%d examples)" % (C, L, H, threads, "" if threads == 1 else "s", base_ms, 100 * md, 100 * lo, 100 * hi,
-                            100 * cmd, 100 * clo, 100 * chi, 100 * (w.cost - cost0) / watched_time,
-                            w.probes - probes0, pairs * block, w.interval, w.examples), flush=True)
+          "%d examples; load %s)" % (C, L, H, threads, "" if threads == 1 else "s", base_ms, 100 * md, 100 * lo,
+                                      100 * hi, 100 * cmd, 100 * clo, 100 * chi, 100 * (w.cost - cost0) / watched_time,
+                                      w.probes - probes0, pairs * block, w.interval, w.examples,
+                                      open("/proc/loadavg").read().split()[0]), flush=True)
     return md
 
 
