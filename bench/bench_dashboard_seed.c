@@ -4,7 +4,9 @@
  * over the socket, and the same rows and rollups the daemon would write.
  *
  * The run looks like a sigmatrain run: head metrics entropy, entropy_norm,
- * entropy_bound, sigma_qk, max_logit, eig_mean, eig_var; layer metrics
+ * entropy_bound, sigma_qk, max_logit, eig_mean, eig_var (and with
+ * --head-metrics 8 and 9 logit_scale and attn_sink: the 9 head metrics of
+ * bench/live.sh's 12x12x9 run); layer metrics
  * rank_ratio, sigma_qkv, gamma_qkv; scalars loss, lr, eval_loss (every 100
  * steps). Not a test of the store: it only fills it.
  *
@@ -18,8 +20,8 @@
 #include "seed.h"
 #include "store.h"
 
-static const char *const HEAD_NAMES[] = {"entropy", "entropy_norm", "entropy_bound", "sigma_qk",
-                                         "max_logit", "eig_mean", "eig_var"};
+static const char *const HEAD_NAMES[] = {"entropy", "entropy_norm", "entropy_bound", "sigma_qk", "max_logit",
+                                         "eig_mean", "eig_var", "logit_scale", "attn_sink"};
 static const char *const LAYER_NAMES[] = {"rank_ratio", "sigma_qkv", "gamma_qkv"};
 
 struct dash_gen {
@@ -48,7 +50,9 @@ static void dash_step(void *ctx, struct proto_msg *m, long s, long steps) {
                 case 3: x = 1 + 5.0 * s / steps + 0.3 * l; break;
                 case 4: x = 3 + 20.0 * s / steps + h; break;
                 case 5: x = 0.1 * sin(h + l); break;
-                default: x = 0.05 + 0.01 * h; break;
+                case 6: x = 0.05 + 0.01 * h; break;
+                case 7: x = 4 + 20.0 * s / steps + 0.5 * l; break;
+                default: x = 0.1 + 0.3 * (1 - n); break;
                 }
                 o[l * H + h] = (float)x;
             }
@@ -78,8 +82,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!db || L < 1 || H < 1 || steps < 1 || nhead < 1 || nhead > 7) {
-        fprintf(stderr, "usage: bench_dashboard_seed --db PATH [--layers L] [--heads H] [--steps N] [--head-metrics 1..7] [--run NAME]\n");
+    if (!db || L < 1 || H < 1 || steps < 1 || nhead < 1 || nhead > 9) {
+        fprintf(stderr, "usage: bench_dashboard_seed --db PATH [--layers L] [--heads H] [--steps N] [--head-metrics 1..9] [--run NAME]\n");
         return 2;
     }
     char err[512];
