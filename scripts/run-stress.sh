@@ -13,7 +13,11 @@
 #      unfinished lines, connection churn, idle sockets, DNS rebinding and
 #      cross-site DELETE, stream churn, idle HTTP sockets), ATTACK_SECONDS
 #      each (default 20), while a real trainer streams: a table per attack,
-#      each figure beside its bound with pass or FAIL.
+#      each figure beside its bound with pass or FAIL;
+#   6. tests/stress_faults.py: one fault script per family of issue 36
+#      (spool damage, bit flips, sparse steps, hung receivers, full disk,
+#      fd exhaustion, WAL truncation, every HTTP slot taken, wide runs),
+#      a line per family with its result.
 # Logs in build/stress/. Exit status 0 only if every part passed and no
 # data was lost. STRESS_TABLE=1 prints the last run's table again.
 # About 8 minutes on the 2-core build machine.
@@ -44,6 +48,8 @@ step frozen env FROZEN_STEPS=5000 "$BUILD/tests/test_telemetry_frozen"
 step fuzz env FUZZ_SECONDS="${FUZZ_SECONDS:-60}" scripts/run-fuzz.sh
 rm -f "$out/attacks.json"
 step attacks env ATTACKS_JSON="$out/attacks.json" ATTACK_SECONDS="${ATTACK_SECONDS:-20}" python3 -W ignore tests/stress_attacks.py
+rm -f "$out/faults.json"
+step families env BUILD="$BUILD" FAULTS_JSON="$out/faults.json" python3 -W ignore tests/stress_faults.py
 fi
 
 python3 - "$out" "$rc" <<'EOF'
@@ -119,7 +125,17 @@ for a in attacks:
             fig += " (median %s, max %s; quiet p99 %s)" % (a.get("healthz_median_ms"), a.get("healthz_max_ms"),
                                                            a.get("quiet_healthz_p99_ms"))
         print("| %-24s | %-50s | %-26s | %-4s |" % (label, fig, c[1], "pass" if c[2] else "FAIL"))
-ok = rc == 0 and lost == 0 and bool(attacks) and all(a.get("held") for a in attacks)
+try:
+    fams = json.load(open(os.path.join(out, "faults.json")))
+except (OSError, ValueError):
+    fams = []
+print()
+print("| %-16s | %-28s | %7s | %s |" % ("fault family", "result", "seconds", "test"))
+print("|%s|%s|%s|%s|" % ("-" * 18, "-" * 30, "-" * 9, "-" * 40))
+for f in fams:
+    print("| %-16s | %-28s | %7s | %s |" % (f["family"], f["result"], f["seconds"], f["test"]))
+ok = (rc == 0 and lost == 0 and bool(attacks) and all(a.get("held") for a in attacks) and bool(fams)
+      and all(f["result"] == "ok" for f in fams))
 print()
 print("stress: %s" % ("PASS" if ok else "FAIL"))
 sys.exit(0 if ok else 1)
