@@ -5,7 +5,7 @@
  * its per-address limit does not stop one local user: every address of
  * 127.0.0.0/8 is loopback, so 512 idle sockets from nine of them took
  * every slot and /healthz was closed unanswered for as long as they
- * stayed (issue 16). This module keeps the open connections in order of
+ * stayed. This module keeps the open connections in order of
  * idleness; when a newcomer finds every slot taken, the connection idle
  * longest (no request in progress: it never sent its headers, or waits
  * between keep-alive requests) is shut down to make room, as ingest does
@@ -13,11 +13,12 @@
  * pushed out; when every slot has one, the newcomer gets one of
  * HTTP_SLOTS_RESERVED reserved slots, which serve /healthz and /metrics
  * only (the caller answers anything else 503, http_slots_reserved): 512
- * open streams took every slot and left /healthz and /metrics unanswered
- * (issue 36). A reserved slot serves one request and is shut down (no
- * keep-alive), and is timed out after HTTP_SLOTS_RESERVED_IDLE_MS without
- * a request, so that idle sockets cannot hold them for long; only when
- * they too are taken is the newcomer refused.
+ * open streams took every slot and left /healthz and /metrics unanswered,
+ * and a health check needs a slot of its own. A reserved slot serves one
+ * request and is shut down (no keep-alive), and is timed out after
+ * HTTP_SLOTS_RESERVED_IDLE_MS without a request, so that idle sockets
+ * cannot hold them for long; only when they too are taken is the newcomer
+ * refused.
  *
  * It also times idle connections out: libmicrohttpd's own timeout starts
  * again at every byte, so a client that sends its headers one byte at a

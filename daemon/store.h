@@ -240,7 +240,7 @@ const char *store_path(struct store *st);
  * NULL or "": -1). */
 int64_t store_wal_bytes_of(const char *db_path);
 
-/* A WAL lost under the daemon (issue 36): truncated, removed or replaced
+/* A WAL lost under the daemon: truncated, removed or replaced
  * while SQLite still counts committed frames in it. SQLite does not notice
  * (its index of the WAL is in shared memory): the daemon went on acking,
  * a checkpoint could copy zeros into the database, and the next start

@@ -113,7 +113,7 @@ struct proto_msg {
 /* ---- line limit --------------------------------------------------------- */
 
 /* A step's line grows with its run's cells: a 1,048,576-cell run was
- * admitted, but any step of it with real values was over 4 MiB (issue 36).
+ * admitted, but any step of it with real values was over 4 MiB.
  * So the limit grows with the cells: a run of n cells may send lines of
  * proto_line_max(n) bytes: PROTO_MAX_LINE for everything but the head
  * metrics (scalars, layer metrics, the JSON around them) plus room for
