@@ -841,10 +841,10 @@ static void test_issue34_rules_refused(void **state) {
  * holds 32 bytes of cell state, 4 bytes per window step (per step seen, up
  * to the window) for the rules that read a window (and 4 for drop's max, 24 for zscore's sums, 8 for
  * an at_least/of_last history), plus 12 bytes per cell that fires; the
- * built-in rules, with every metric they read, hold 724 bytes a head (692
- * before the collapse-risk model had two head rules, 684 before entropy_collapse counted 20 of 30 steps, 724 while collapse_risk
- * read a 20-step window, 844 when every rule kept every summary and a
- * window). */
+ * built-in rules, with every metric they read, hold 724 bytes a head
+ * (earlier rule sets: 692 with one collapse-risk head rule, 684 before
+ * entropy_collapse counted 20 of 30 steps, 724 while collapse_risk read a
+ * 20-step window, 844 when every rule kept every summary and a window). */
 static void test_state_bytes_per_head(void **state) {
     (void)state;
     char err[256];
