@@ -68,6 +68,9 @@ struct group {
     int64_t start_step;
     struct alert_cell *last_cells;   /* what fired, for RESOLVED and UPDATE detection */
     int nlast, last_cap;             /* last_cells grows with the cells firing: most never do */
+    double last_tr;          /* the feed's clock at the group's last transition */
+    int update_due;          /* the firing cells changed since the last transition, which was
+                                under ALERT_UPDATE_MIN_S ago */
 };
 
 struct run_state {
@@ -422,9 +425,10 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
     return t;
 }
 
-/* After a group's cells were updated at `step`, emits its transition. */
+/* After a group's cells were updated at `step`, emits its transition;
+ * with held, an update comes at most every ALERT_UPDATE_MIN_S (alert.h). */
 static int group_settle(struct alert_engine *e, const struct alert_rule *rule, struct run_state *r, struct group *g,
-                        int64_t step, double time) {
+                        int64_t step, double time, int held) {
     int n = 0, changed = 0;
     int64_t earliest = -1;
     for (int i = 0; i < g->ncells; i++) {
@@ -475,11 +479,18 @@ static int group_settle(struct alert_engine *e, const struct alert_rule *rule, s
         g->firing = 0;
         t = tr_add(e, ALERT_RESOLVED, rule, r, g, step, time);
         g->nlast = 0;
-    } else if (g->firing && changed) {
+    } else if (g->firing && (changed || g->update_due)) {
+        /* a clock stepped back does not hold updates back until it catches up */
+        if (held && time >= g->last_tr && time - g->last_tr < ALERT_UPDATE_MIN_S) {
+            g->update_due = 1;
+            return 0;
+        }
         t = tr_add(e, ALERT_UPDATE, rule, r, g, step, time);
     } else {
         return 0;
     }
+    g->last_tr = time;
+    g->update_due = 0;
     return t ? 1 : -1;
 }
 
@@ -647,8 +658,9 @@ static int eval_rule(struct alert_engine *e, const struct alert_rule *rule, stru
     g->ring_pos = (g->ring_pos + 1) % w;
     if (g->ring_n < w) g->ring_n++;
     e->stats.evaluations += (uint64_t)n;
-    /* transitions only happen when a cell starts or stops firing */
-    return changed ? group_settle(e, rule, r, g, step, time) : 0;
+    /* transitions only happen when a cell starts or stops firing, or an
+     * update held back is due */
+    return changed || g->update_due ? group_settle(e, rule, r, g, step, time, 1) : 0;
 }
 
 /* Resolves every firing group of a run (the run ended or was deleted:
@@ -663,7 +675,7 @@ static int resolve_all(struct alert_engine *e, struct run_state *r, int64_t step
         }
         g->npending = g->nsharp = 0;
         if (g->firing) {
-            if (group_settle(e, &e->rules->rules[i], r, g, step, time) < 0) return -1;
+            if (group_settle(e, &e->rules->rules[i], r, g, step, time, 0) < 0) return -1;
             e->tr[e->ntr - 1].reason = reason;
             n++;
         }
@@ -701,7 +713,7 @@ static int run_rewind(struct alert_engine *e, struct run_state *r, int64_t step,
             }
         }
         if (abandoned) {
-            int t = group_settle(e, &e->rules->rules[i], r, g, step, time);
+            int t = group_settle(e, &e->rules->rules[i], r, g, step, time, 0);
             if (t < 0) return -1;
             n += t;
         }
@@ -722,7 +734,7 @@ static int stalled_eval(struct alert_engine *e, struct run_state *r, double now,
         g->cells[0].firing = cond;
         g->cells[0].pending_since = cond ? (was ? g->cells[0].pending_since : r->last_step) : -1;
         g->cells[0].fired_from = g->cells[0].pending_since; /* firing means fired_from >= 0 */
-        int t = group_settle(e, rule, r, g, step, now);
+        int t = group_settle(e, rule, r, g, step, now, 0);
         if (t < 0) return -1;
         n += t;
     }

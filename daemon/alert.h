@@ -49,6 +49,16 @@ struct alert_cell {
  * /api/runs page that lists the run. */
 #define ALERT_MAX_CELLS_LISTED 256
 
+/* A firing group whose heads join or leave is updated (stored, streamed,
+ * sent to the trainer) at most once per ALERT_UPDATE_MIN_S seconds of the
+ * feed's clock: a cell set that changed within the second goes out with
+ * the first step after it. Heads flickering across a threshold changed
+ * the set at every step, and an update of up to ALERT_MAX_CELLS_LISTED
+ * cells per step and rule tripled the WAL's growth and cut ingest to a
+ * third. Firing, resolving, a rollback's abandoned heads and the end of a
+ * run are never held back. */
+#define ALERT_UPDATE_MIN_S 1.0
+
 /* A transition of an alert group. Owned by the engine until the next
  * alert_feed/alert_tick call; copy what must outlive it. */
 struct alert_transition {

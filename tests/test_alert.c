@@ -1005,6 +1005,61 @@ static void run_early(int64_t id, float (*head)(int), float (*loss)(int), int gr
 
 static float trained_loss(int s) { return s < 10 ? 4.16f : 4.16f * (s < 100 ? 1.0f - 0.004f * (float)(s - 10) : 0.64f); }
 
+/* Heads flickering across a threshold: head (0,0) fires throughout, head
+ * (0,1) joins and leaves at every step, 100 steps a second. The group
+ * fires once and is updated at most once per ALERT_UPDATE_MIN_S (not per
+ * step); a set that changed within the second goes out with the first
+ * step after it, so once the flicker stops the last update lists the
+ * settled set. A rollback's update is not held back. */
+static void test_update_at_most_once_a_second(void **state) {
+    (void)state;
+    struct alert_rules *r = rules("{\"rules\":[{\"name\":\"low\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+                                  "\"condition\":{\"op\":\"below\",\"value\":0.5},\"for\":0}]}");
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "flicker");
+    int fired = 0, updates = 0, last_ncells = -1;
+    for (int s = 1; s <= 350; s++) {
+        float v[L * H] = {0.1f, 0.9f, 0.9f, 0.9f, 0.9f, 0.9f};
+        if (s <= 300 && s % 2) v[1] = 0.1f; /* flickers for 3 s, then settles above */
+        struct writer_item *it = mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H);
+        it->time = 1000.0 + 0.01 * s;
+        int n = alert_feed(e, it, it->time);
+        for (int i = 0; i < n; i++) {
+            const struct alert_transition *t = alert_transition_at(e, i);
+            fired += t->state == ALERT_FIRING;
+            if (t->state == ALERT_UPDATE) {
+                updates++;
+                last_ncells = t->ncells_total;
+            }
+            assert_int_not_equal(t->state, ALERT_RESOLVED);
+        }
+        writer_item_free(it);
+    }
+    assert_int_equal(fired, 1);
+    /* 3.5 s of the feed's clock: at most one update a second (unheld: ~175) */
+    assert_in_range(updates, 2, 4);
+    assert_int_equal(last_ncells, 1); /* the settled set, (0,0) alone */
+    /* a rollback to a step after (0,1) last joined abandons it at once */
+    float v[L * H] = {0.1f, 0.1f, 0.9f, 0.9f, 0.9f, 0.9f};
+    struct writer_item *it = mk_step(1, 351, "entropy_norm", PROTO_HEAD, v, L * H);
+    it->time = 1004.6;
+    int n = alert_feed(e, it, it->time);
+    writer_item_free(it);
+    assert_int_equal(n, 1); /* (0,1) joins: the last update was over a second ago */
+    it = mk_step(1, 351, "entropy_norm", PROTO_HEAD, v, L * H);
+    it->time = 1004.61; /* 10 ms later: an ordinary update would be held */
+    n = alert_feed(e, it, it->time);
+    int rewound = 0;
+    for (int i = 0; i < n; i++) {
+        const struct alert_transition *t = alert_transition_at(e, i);
+        if (t->state == ALERT_UPDATE && t->ncells_total == 1) rewound = 1;
+    }
+    writer_item_free(it);
+    assert_true(rewound);
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
 static void test_builtin_early_collapse(void **state) {
     (void)state;
     int64_t risk, drop;
@@ -1110,6 +1165,7 @@ int main(void) {
         cmocka_unit_test(test_verdict_cells_capped),
         cmocka_unit_test(test_builtin_collapse_risk),
         cmocka_unit_test(test_builtin_early_collapse),
+        cmocka_unit_test(test_update_at_most_once_a_second),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
