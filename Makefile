@@ -21,7 +21,7 @@ endif
 PKGS       := libmicrohttpd libcjson sqlite3 openblas libcurl libzstd zlib
 PKG_CONFIG ?= pkg-config
 DEPS       ?= scripts/deps.sh
-NO_BUILD_GOALS := deps demo test bench experiments stress clean
+NO_BUILD_GOALS := deps demo test bench experiments stress clean format
 BUILD_GOALS    := $(filter-out $(NO_BUILD_GOALS),$(or $(MAKECMDGOALS),all))
 ifneq ($(BUILD_GOALS),)
 PKG_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
@@ -79,7 +79,7 @@ CLIENT_LIB  := $(BUILD)/libentropyd_client.a $(BUILD)/libentropyd_client.so
 TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all programs install deps test bench demo clean experiments fuzz fuzz-build stress
+.PHONY: all programs install deps test bench demo clean experiments fuzz fuzz-build stress format
 .SECONDARY:
 PROGRAMS := $(BUILD)/entropyd $(BUILD)/sigmatrain $(MPI_BIN)
 all: $(PROGRAMS) $(CLIENT_LIB) $(BUILD)/examples/stream_steps $(TESTS) $(BENCHES)
@@ -248,6 +248,11 @@ fuzz-build: $(FUZZERS)
 fuzz: $(FUZZERS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-fuzz.sh
 # `make stress`: the long reliability runs and their table (scripts/run-stress.sh).
+# Rewrite every tracked C file to .clang-format; the suite's `format` test
+# fails on any file that differs.
+format:
+	scripts/check-format.sh --fix
+
 stress:
 	$(call deps_then_make,test,all SANITIZE=)
 	@BUILD=build FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-stress.sh

@@ -14,8 +14,8 @@
 #define L 12
 #define H 12
 
-static const char *heads[] = {"entropy", "entropy_norm", "entropy_bound", "sigma_qk", "max_logit",
-                              "eig_mean", "eig_var", "attn_rank"};
+static const char *heads[] = {"entropy",   "entropy_norm", "entropy_bound", "sigma_qk",
+                              "max_logit", "eig_mean",     "eig_var",       "attn_rank"};
 
 int main(int argc, char **argv) {
     int steps = argc > 1 ? atoi(argv[1]) : 20000;
@@ -77,7 +77,8 @@ int main(int argc, char **argv) {
     struct alert_stats st;
     alert_get_stats(e, &st);
     printf("alerts: %d rules, %dx%d heads, 8 head metrics: %.2f us per step in the engine (%.2f us wall, %.2f us cpu "
-           "per loop; %ld transitions)\n", rules->n, L, H, st.eval_ms * 1e3 / steps, us, cpu, transitions);
+           "per loop; %ld transitions)\n",
+           rules->n, L, H, st.eval_ms * 1e3 / steps, us, cpu, transitions);
     free(m->metrics);
     free(m->values);
     alert_engine_destroy(e);

@@ -20,8 +20,8 @@
 #include "seed.h"
 #include "store.h"
 
-static const char *const HEAD_NAMES[] = {"entropy", "entropy_norm", "entropy_bound", "sigma_qk", "max_logit",
-                                         "eig_mean", "eig_var", "logit_scale", "attn_sink"};
+static const char *const HEAD_NAMES[] = {"entropy",  "entropy_norm", "entropy_bound", "sigma_qk", "max_logit",
+                                         "eig_mean", "eig_var",      "logit_scale",   "attn_sink"};
 static const char *const LAYER_NAMES[] = {"rank_ratio", "sigma_qkv", "gamma_qkv"};
 
 struct dash_gen {
@@ -62,9 +62,11 @@ static void dash_step(void *ctx, struct proto_msg *m, long s, long steps) {
         for (long l = 0; l < L; l++)
             o[l] = (float)(k == 0 ? 0.9 - 0.02 * l - 0.3 * s / steps : k == 1 ? 1 + 0.1 * l + s / 1e5 : 1 - 0.05 * l);
     }
-    v[seed_add_metric(m, "loss", PROTO_SCALAR, 1, 1)] = (float)(4 * exp(-s / (steps / 5.0)) + 1.5 + 0.05 * sin((double)s));
+    v[seed_add_metric(m, "loss", PROTO_SCALAR, 1, 1)] =
+        (float)(4 * exp(-s / (steps / 5.0)) + 1.5 + 0.05 * sin((double)s));
     v[seed_add_metric(m, "lr", PROTO_SCALAR, 1, 1)] = (float)(1e-3 * (s < 1000 ? s / 1000.0 : 1.0));
-    if (s % 100 == 0) v[seed_add_metric(m, "eval_loss", PROTO_SCALAR, 1, 1)] = (float)(4 * exp(-s / (steps / 5.0)) + 1.7);
+    if (s % 100 == 0)
+        v[seed_add_metric(m, "eval_loss", PROTO_SCALAR, 1, 1)] = (float)(4 * exp(-s / (steps / 5.0)) + 1.7);
 }
 
 int main(int argc, char **argv) {
@@ -83,7 +85,9 @@ int main(int argc, char **argv) {
         }
     }
     if (!db || L < 1 || H < 1 || steps < 1 || nhead < 1 || nhead > 9) {
-        fprintf(stderr, "usage: bench_dashboard_seed --db PATH [--layers L] [--heads H] [--steps N] [--head-metrics 1..9] [--run NAME]\n");
+        fprintf(
+            stderr,
+            "usage: bench_dashboard_seed --db PATH [--layers L] [--heads H] [--steps N] [--head-metrics 1..9] [--run NAME]\n");
         return 2;
     }
     char err[512];
@@ -94,9 +98,15 @@ int main(int argc, char **argv) {
     }
     struct dash_gen g = {L, H, nhead};
     double t0 = seed_now();
-    struct seed_spec spec = {.run = run, .meta = "{\"reparam\":\"none\",\"norm\":\"post\",\"seed\":1,\"bench\":true}",
-                             .layers = L, .heads = H, .steps = steps, .max_metrics = 16,
-                             .max_values = (uint32_t)(nhead * L * H + 3 * L + 3), .t0 = t0, .dt = 0.05,
+    struct seed_spec spec = {.run = run,
+                             .meta = "{\"reparam\":\"none\",\"norm\":\"post\",\"seed\":1,\"bench\":true}",
+                             .layers = L,
+                             .heads = H,
+                             .steps = steps,
+                             .max_metrics = 16,
+                             .max_values = (uint32_t)(nhead * L * H + 3 * L + 3),
+                             .t0 = t0,
+                             .dt = 0.05,
                              .end_status = PROTO_FINISHED};
     int64_t id, values;
     int rc = seed_run(st, &spec, dash_step, &g, "bench_dashboard_seed", &id, &values) ? 1 : 0;

@@ -158,12 +158,15 @@ static int tr_wait_ack(struct trainer *t, long long seq) {
 /* A step line: the head metric entropy_norm (L x H), loss. */
 static int tr_step(struct trainer *t, long long seq, long long step, int L, int H, double v) {
     static char line[1 << 16];
-    int n = snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":%lld,\"step\":%lld,\"scalars\":{\"loss\":%.4f},"
-                     "\"heads\":{\"entropy_norm\":[", seq, step, v);
+    int n = snprintf(line, sizeof line,
+                     "{\"type\":\"step\",\"seq\":%lld,\"step\":%lld,\"scalars\":{\"loss\":%.4f},"
+                     "\"heads\":{\"entropy_norm\":[",
+                     seq, step, v);
     for (int l = 0; l < L; l++) {
         line[n++] = l ? ',' : '[';
         if (l) line[n++] = '[';
-        for (int h = 0; h < H; h++) n += snprintf(line + n, sizeof line - (size_t)n, "%s%.4f", h ? "," : "", v + 0.01 * h);
+        for (int h = 0; h < H; h++)
+            n += snprintf(line + n, sizeof line - (size_t)n, "%s%.4f", h ? "," : "", v + 0.01 * h);
         line[n++] = ']';
     }
     n += snprintf(line + n, sizeof line - (size_t)n, "]}}\n");
@@ -222,8 +225,14 @@ static long long db_count(const char *sql) {
 /* ---- the read paths ---------------------------------------------------- */
 
 enum { E_METRICS, E_RUNS, E_RUN, E_FRAME, E_ALERTS, E_EVENTS, E_SERIES, E_SERIES_RANDOM, E_COUNT };
-static const char *const e_name[E_COUNT] = {"/metrics", "/api/runs", "run summary", "frame", "alerts", "events",
-                                             "series 1000 pts, whole run", "series 1000 pts, random window"};
+static const char *const e_name[E_COUNT] = {"/metrics",
+                                            "/api/runs",
+                                            "run summary",
+                                            "frame",
+                                            "alerts",
+                                            "events",
+                                            "series 1000 pts, whole run",
+                                            "series 1000 pts, random window"};
 
 static void path_for(int e, long long id, long long steps, char *p, size_t cap) {
     switch (e) {
@@ -233,9 +242,7 @@ static void path_for(int e, long long id, long long steps, char *p, size_t cap) 
     case E_FRAME: snprintf(p, cap, "/api/runs/%lld/frame?metric=entropy_norm", id); break;
     case E_ALERTS: snprintf(p, cap, "/api/runs/%lld/alerts", id); break;
     case E_EVENTS: snprintf(p, cap, "/api/runs/%lld/events", id); break;
-    case E_SERIES:
-        snprintf(p, cap, "/api/runs/%lld/series?metric=entropy_norm&layer=0&head=0&points=1000", id);
-        break;
+    case E_SERIES: snprintf(p, cap, "/api/runs/%lld/series?metric=entropy_norm&layer=0&head=0&points=1000", id); break;
     default: { /* a window of 1000 .. all steps, log-uniform, anywhere */
         double w = exp(log(1000.0) + (double)rand() / RAND_MAX * (log((double)steps) - log(1000.0)));
         long long width = (long long)w, from = (long long)((double)rand() / RAND_MAX * (double)(steps - width));
@@ -297,8 +304,9 @@ int main(int argc, char **argv) {
         }
     }
     if (!port || !sock_path || !db_path || !short_id || !long_id || !long_name || long_steps < 2000) {
-        fprintf(stderr, "usage: bench_history --port P --socket PATH --db PATH --short ID --long ID --long-name NAME "
-                        "--long-steps N [--requests N] [--rewind N] [--layers L --heads H (the long run's shape, 12 x 12)]\n");
+        fprintf(stderr,
+                "usage: bench_history --port P --socket PATH --db PATH --short ID --long ID --long-name NAME "
+                "--long-steps N [--requests N] [--rewind N] [--layers L --heads H (the long run's shape, 12 x 12)]\n");
         return 2;
     }
     pthread_t sampler, by;
@@ -306,8 +314,8 @@ int main(int argc, char **argv) {
     char q[128];
     snprintf(q, sizeof q, "SELECT last_step + 1 FROM runs WHERE id = %lld", short_id);
     long long short_steps = db_count(q);
-    printf("history: %-32s %9s %9s %9s %9s %7s %7s\n", "read path (ms)", "short p50", "p99", "long p50", "p99",
-           "p50 x", "p99 x");
+    printf("history: %-32s %9s %9s %9s %9s %7s %7s\n", "read path (ms)", "short p50", "p99", "long p50", "p99", "p50 x",
+           "p99 x");
     int bad = 0;
     for (int e = 0; e < E_COUNT; e++) {
         struct lat a, b;

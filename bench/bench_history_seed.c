@@ -30,7 +30,7 @@
 #include "store.h"
 
 static const char *const HEAD_NAMES[] = {"entropy_norm", "entropy", "entropy_bound", "sigma_qk", "max_logit",
-                                         "eig_mean", "eig_var", "attn_sink", "grad_norm"};
+                                         "eig_mean",     "eig_var", "attn_sink",     "grad_norm"};
 static const char *const LAYER_NAMES[] = {"rank_ratio", "sigma_qkv", "gamma_qkv"};
 
 /* ---- synthetic steps ---- */
@@ -55,7 +55,8 @@ static void synth_step(void *ctx, struct proto_msg *m, long s, long steps) {
         float *o = v + seed_add_metric(m, LAYER_NAMES[k], PROTO_LAYER, (uint32_t)L, 1);
         for (long l = 0; l < L; l++) o[l] = (float)(0.9 - 0.02 * l - 0.3 * s / steps + 0.1 * k);
     }
-    v[seed_add_metric(m, "loss", PROTO_SCALAR, 1, 1)] = (float)(4 * exp(-s / (steps / 5.0)) + 1.5 + 0.05 * sin((double)s));
+    v[seed_add_metric(m, "loss", PROTO_SCALAR, 1, 1)] =
+        (float)(4 * exp(-s / (steps / 5.0)) + 1.5 + 0.05 * sin((double)s));
     v[seed_add_metric(m, "lr", PROTO_SCALAR, 1, 1)] = (float)(1e-3 * (s < 1000 ? s / 1000.0 : 1.0));
 }
 
@@ -65,8 +66,8 @@ struct rec_metric {
     char name[PROTO_MAX_NAME + 1];
     int kind;
     uint32_t n;
-    float *vals;          /* steps x n */
-    unsigned char *has;   /* steps: 1 where the recording has a frame */
+    float *vals;        /* steps x n */
+    unsigned char *has; /* steps: 1 where the recording has a frame */
 };
 
 struct recording {
@@ -101,8 +102,9 @@ static int rec_load(struct recording *r, const char *path, const char *name) {
     }
     store_close(up);
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(db, name ? "SELECT id, layers, heads, last_step FROM runs WHERE name = ?1"
-                                    : "SELECT id, layers, heads, last_step FROM runs ORDER BY last_step DESC LIMIT 1",
+        sqlite3_prepare_v2(db,
+                           name ? "SELECT id, layers, heads, last_step FROM runs WHERE name = ?1"
+                                : "SELECT id, layers, heads, last_step FROM runs ORDER BY last_step DESC LIMIT 1",
                            -1, &s, NULL) != SQLITE_OK)
         goto dberr;
     if (name) sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
@@ -115,7 +117,8 @@ static int rec_load(struct recording *r, const char *path, const char *name) {
     r->H = sqlite3_column_int64(s, 2);
     r->steps = (long)sqlite3_column_int64(s, 3) + 1;
     sqlite3_finalize(s);
-    if (sqlite3_prepare_v2(db, "SELECT id, name, kind FROM metrics WHERE run_id = ?1 ORDER BY id", -1, &s, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(db, "SELECT id, name, kind FROM metrics WHERE run_id = ?1 ORDER BY id", -1, &s, NULL) !=
+        SQLITE_OK)
         goto dberr;
     sqlite3_bind_int64(s, 1, run);
     if (!(pool = query_pool_open(path, 1, err, sizeof err)) || !(q = query_acquire(pool, err, sizeof err))) {
@@ -132,7 +135,8 @@ static int rec_load(struct recording *r, const char *path, const char *name) {
         r->values += m->n;
         if (!m->vals || !m->has ||
             query_frames(q, sqlite3_column_int64(s, 0), m->n, 0, r->steps - 1, rec_frame, m, err, sizeof err)) {
-            fprintf(stderr, "bench_history_seed: reading the recording: %s\n", m->vals && m->has ? err : "out of memory");
+            fprintf(stderr, "bench_history_seed: reading the recording: %s\n",
+                    m->vals && m->has ? err : "out of memory");
             goto out;
         }
     }
@@ -162,7 +166,8 @@ static void rec_step(void *ctx, struct proto_msg *m, long s, long steps) {
     for (uint32_t i = 0; i < r->nmetrics; i++) {
         const struct rec_metric *rm = &r->m[i];
         if (!rm->has[at]) continue;
-        uint32_t rows = rm->kind == PROTO_SCALAR ? 1 : (uint32_t)r->L, cols = rm->kind == PROTO_HEAD ? (uint32_t)r->H : 1;
+        uint32_t rows = rm->kind == PROTO_SCALAR ? 1 : (uint32_t)r->L,
+                 cols = rm->kind == PROTO_HEAD ? (uint32_t)r->H : 1;
         uint32_t off = seed_add_metric(m, rm->name, rm->kind, rows, cols);
         memcpy(m->values + off, rm->vals + (size_t)at * rm->n, (size_t)rm->n * 4);
     }
@@ -182,8 +187,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--replay")) replay = argv[i + 1];
         else if (!strcmp(argv[i], "--replay-run")) replay_run = argv[i + 1];
         else if (!strcmp(argv[i], "--lossy-bf16")) lossy = atol(argv[i + 1]) ? FBLOCK_BITS_BF16 : lossy;
-        else if (!strcmp(argv[i], "--lossy-bits")) lossy = strspn(argv[i + 1], "0123456789") == strlen(argv[i + 1])
-                                                            ? atol(argv[i + 1]) : -1;
+        else if (!strcmp(argv[i], "--lossy-bits"))
+            lossy = strspn(argv[i + 1], "0123456789") == strlen(argv[i + 1]) ? atol(argv[i + 1]) : -1;
         else {
             fprintf(stderr, "bench_history_seed: unknown option %s\n", argv[i]);
             return 2;
@@ -211,30 +216,39 @@ int main(int argc, char **argv) {
     }
     store_set_lossy_bits(st, (int)lossy);
     double t0 = seed_now();
-    struct seed_spec spec = {.run = run, .meta = "{\"bench\":true}", .layers = replay ? rec.L : L,
-                             .heads = replay ? rec.H : H, .steps = steps, .max_metrics = replay ? 64 : 16,
+    struct seed_spec spec = {.run = run,
+                             .meta = "{\"bench\":true}",
+                             .layers = replay ? rec.L : L,
+                             .heads = replay ? rec.H : H,
+                             .steps = steps,
+                             .max_metrics = replay ? 64 : 16,
                              .max_values = replay ? rec.values : (uint32_t)(nhead * L * H + 3 * L + 2),
-                             .t0 = t0 - steps * 0.1, .dt = 0.1,
+                             .t0 = t0 - steps * 0.1,
+                             .dt = 0.1,
                              .end_status = strcmp(end, "live") ? PROTO_FINISHED : PROTO_STALE};
     int64_t id, values;
     int rc = seed_run(st, &spec, replay ? rec_step : synth_step, replay ? (void *)&rec : (void *)&syn,
-                      "bench_history_seed", &id, &values) ? 1 : 0;
+                      "bench_history_seed", &id, &values)
+                 ? 1
+                 : 0;
     if (!rc && replay) {
         printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, replaying the %ld steps of %u metrics of %s, "
-               "values %lld, last seq %lld, %.1f s\n", (long long)id, run, steps, rec.L, rec.H, rec.steps, rec.nmetrics,
-               replay, (long long)values, (long long)store_run_last_seq(st, id), seed_now() - t0);
-    }
-    else if (!rc)
-        printf("seeded run %lld (%s): %ld steps, %ld x %ld heads, %ld head metrics, values %lld, last seq %lld, %.1f s\n",
-               (long long)id, run, steps, L, H, nhead, (long long)values, (long long)store_run_last_seq(st, id),
-               seed_now() - t0);
+               "values %lld, last seq %lld, %.1f s\n",
+               (long long)id, run, steps, rec.L, rec.H, rec.steps, rec.nmetrics, replay, (long long)values,
+               (long long)store_run_last_seq(st, id), seed_now() - t0);
+    } else if (!rc)
+        printf(
+            "seeded run %lld (%s): %ld steps, %ld x %ld heads, %ld head metrics, values %lld, last seq %lld, %.1f s\n",
+            (long long)id, run, steps, L, H, nhead, (long long)values, (long long)store_run_last_seq(st, id),
+            seed_now() - t0);
     store_close(st);
     if (!rc && replay) {
         /* closed: the WAL is checkpointed into the file (and gone) */
         struct stat sb;
         int64_t bytes = (stat(db, &sb) == 0 ? (int64_t)sb.st_size : 0) + store_wal_bytes_of(db);
         printf("database %.1f MB for %lld values: %.2f bytes/value all-in (frames, blocks, rollups, indexes, WAL "
-               "after checkpoint; bar 2.5)\n", (double)bytes / 1e6, (long long)values, (double)bytes / (double)values);
+               "after checkpoint; bar 2.5)\n",
+               (double)bytes / 1e6, (long long)values, (double)bytes / (double)values);
     }
     rec_free(&rec);
     return rc;

@@ -108,8 +108,7 @@ static int latency(const char *name, int kind, double target_ms) {
     /* warm the connection and the page cache once */
     if (kind == 4 || kind == 5)
         snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&split=head&points=200", split_run);
-    else
-        snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&head=1&points=1000", run_id);
+    else snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&head=1&points=1000", run_id);
     timed_get(h, path, &bytes);
     bytes = 0;
     double cpu0 = daemon_cpu();
@@ -118,9 +117,13 @@ static int latency(const char *name, int kind, double target_ms) {
             snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=0&head=1&points=1000", run_id);
         } else if (kind == 1) {
             long a = rand_r(&seed) % 1000000, b = rand_r(&seed) % 1000000;
-            if (a > b) { long t = a; a = b; b = t; }
-            snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&layer=1&head=0&points=1000&from=%ld&to=%ld",
-                     run_id, a, b);
+            if (a > b) {
+                long t = a;
+                a = b;
+                b = t;
+            }
+            snprintf(path, sizeof path,
+                     "/api/runs/%ld/series?metric=entropy&layer=1&head=0&points=1000&from=%ld&to=%ld", run_id, a, b);
         } else if (kind == 2) {
             snprintf(path, sizeof path, "/api/runs/%ld/series?metric=entropy&points=1000&agg=min", run_id);
         } else if (kind == 4) {
@@ -246,7 +249,9 @@ static void *feeder(void *p) {
     char buf[65536], line[1024];
     char run[64];
     snprintf(run, sizeof run, "sse-%ld", (long)wall());
-    int n = snprintf(line, sizeof line, "{\"type\":\"hello\",\"protocol\":1,\"run\":\"%s\",\"layers\":2,\"heads\":2,\"seq_len\":8}\n", run);
+    int n =
+        snprintf(line, sizeof line,
+                 "{\"type\":\"hello\",\"protocol\":1,\"run\":\"%s\",\"layers\":2,\"heads\":2,\"seq_len\":8}\n", run);
     if (write(fd, line, (size_t)n) != n) goto out;
     ssize_t r = read(fd, buf, sizeof buf - 1);
     if (r <= 0) goto out;
@@ -261,9 +266,10 @@ static void *feeder(void *p) {
     for (int s = 0; s < total; s++) {
         double due = t0 + s / 200.0;
         while (mono() < due) usleep(200);
-        n = snprintf(line, sizeof line,
-                     "{\"type\":\"step\",\"seq\":%d,\"step\":%d,\"scalars\":{\"loss\":%g},\"heads\":{\"entropy\":[[1.5,2],[0.25,1]]}}\n",
-                     s + 1, s, 1.0 / (s + 1));
+        n = snprintf(
+            line, sizeof line,
+            "{\"type\":\"step\",\"seq\":%d,\"step\":%d,\"scalars\":{\"loss\":%g},\"heads\":{\"entropy\":[[1.5,2],[0.25,1]]}}\n",
+            s + 1, s, 1.0 / (s + 1));
         sent_at[s] = wall();
         if (write(fd, line, (size_t)n) != n) break;
         feed_steps = s + 1;
@@ -313,8 +319,9 @@ static int sse_bench(void) {
             if (!isnan(cl[i].send_delay[j])) sd[ks++] = cl[i].send_delay[j];
         }
     double p50 = pct(ct, k, 50), p99 = pct(ct, k, 99), mx = k ? ct[k - 1] : NAN;
-    printf("http: SSE commit -> event received, %d clients:  p50 %6.2f ms  p99 %6.2f ms  max %6.2f ms  target p99 <= 50 ms: %s\n",
-           nclients, p50, p99, mx, k && p99 <= 50 ? "met" : "MISSED");
+    printf(
+        "http: SSE commit -> event received, %d clients:  p50 %6.2f ms  p99 %6.2f ms  max %6.2f ms  target p99 <= 50 ms: %s\n",
+        nclients, p50, p99, mx, k && p99 <= 50 ? "met" : "MISSED");
     printf("http: SSE step line written -> event received:  p50 %6.2f ms  p99 %6.2f ms  (%d steps at 200/s, "
            "%zu events received, %zu of %d clients got every step; daemon CPU %.0f%% of one core)\n",
            pct(sd, ks, 50), pct(sd, ks, 99), feed_steps, total, got_all, nclients,
@@ -350,8 +357,9 @@ int main(int argc, char **argv) {
         }
     }
     if (!port || !sock_path) {
-        fprintf(stderr, "usage: bench_http --port P --socket PATH [--run ID] [--split-run ID] [--static PATH] [--requests N] "
-                        "[--clients N] [--seconds S]\n");
+        fprintf(stderr,
+                "usage: bench_http --port P --socket PATH [--run ID] [--split-run ID] [--static PATH] [--requests N] "
+                "[--clients N] [--seconds S]\n");
         return 2;
     }
     curl_global_init(CURL_GLOBAL_ALL);

@@ -33,8 +33,12 @@ static int gen_run(struct store *st, const char *name, int L, int H, int with_lo
         {.name = "entropy", .kind = PROTO_HEAD, .rows = (uint32_t)L, .cols = (uint32_t)H, .offset = (uint32_t)off},
     };
     float vals[1 + 64];
-    struct proto_msg m = {.type = PROTO_STEP, .has_seq = 1, .nmetrics = 1 + off, .metrics = met + 1 - off,
-                          .nvalues = (uint32_t)(cells + off), .values = vals};
+    struct proto_msg m = {.type = PROTO_STEP,
+                          .has_seq = 1,
+                          .nmetrics = 1 + off,
+                          .metrics = met + 1 - off,
+                          .nvalues = (uint32_t)(cells + off),
+                          .values = vals};
     if (store_begin(st) || store_run_open(st, name, L, H, 64, "{\"bench\":true}", t0, &info)) return -1;
     for (long s = 0; s < steps; s++) {
         if (with_loss) vals[0] = (float)(3.0 * exp(-s / 2e5) + 0.01 * sin(s * 0.1));

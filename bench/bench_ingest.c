@@ -71,11 +71,13 @@ static size_t fmt_line(char *b, size_t cap, unsigned seed, size_t *seq_at, size_
     static const char *lay[NLAYER] = {"rank_ratio", "cos_sim"};
     for (int m = 0; m < NLAYER; m++) {
         n += (size_t)snprintf(b + n, cap - n, "%s\"%s\":[", m ? "," : "", lay[m]);
-        for (int l = 0; l < L; l++) n += (size_t)snprintf(b + n, cap - n, "%s%.6g", l ? "," : "", 0.5 + 0.01 * ((seed + l) % 50));
+        for (int l = 0; l < L; l++)
+            n += (size_t)snprintf(b + n, cap - n, "%s%.6g", l ? "," : "", 0.5 + 0.01 * ((seed + l) % 50));
         n += (size_t)snprintf(b + n, cap - n, "]");
     }
     n += (size_t)snprintf(b + n, cap - n, "},\"heads\":{");
-    static const char *hm[NHEAD] = {"entropy", "entropy_norm", "max_logit", "sigma_qk", "entropy_bound", "eig_mean", "eig_var", "attn_rank"};
+    static const char *hm[NHEAD] = {"entropy",       "entropy_norm", "max_logit", "sigma_qk",
+                                    "entropy_bound", "eig_mean",     "eig_var",   "attn_rank"};
     unsigned r = seed * 2654435761u + 1;
     for (int m = 0; m < NHEAD; m++) {
         n += (size_t)snprintf(b + n, cap - n, "%s\"%s\":[", m ? "," : "", hm[m]);
@@ -110,23 +112,31 @@ static void *trainer_main(void *arg) {
         return NULL;
     }
     char hello[256];
-    int hl = snprintf(hello, sizeof hello,
-                      "{\"type\":\"hello\",\"protocol\":1,\"run\":\"bench-%d-%ld\",\"layers\":%d,\"heads\":%d,\"seq_len\":128,"
-                      "\"ack_delay_ms\":%d}\n",
-                      t->idx, (long)time(NULL), L, H, PROTO_ACK_DELAY_MS); /* as the client library says */
-    if (write(fd, hello, (size_t)hl) != hl) { t->failed = 1; return NULL; }
+    int hl = snprintf(
+        hello, sizeof hello,
+        "{\"type\":\"hello\",\"protocol\":1,\"run\":\"bench-%d-%ld\",\"layers\":%d,\"heads\":%d,\"seq_len\":128,"
+        "\"ack_delay_ms\":%d}\n",
+        t->idx, (long)time(NULL), L, H, PROTO_ACK_DELAY_MS); /* as the client library says */
+    if (write(fd, hello, (size_t)hl) != hl) {
+        t->failed = 1;
+        return NULL;
+    }
     char rbuf[65536];
     size_t rlen = 0;
     /* wait for welcome */
     while (!memchr(rbuf, '\n', rlen)) {
         ssize_t n = read(fd, rbuf + rlen, sizeof rbuf - rlen);
-        if (n <= 0) { t->failed = 1; return NULL; }
+        if (n <= 0) {
+            t->failed = 1;
+            return NULL;
+        }
         rlen += (size_t)n;
     }
     rlen = 0;
     static __thread char lines[VARIANTS][32768];
     size_t len[VARIANTS], seq_at[VARIANTS], step_at[VARIANTS];
-    for (int v = 0; v < VARIANTS; v++) len[v] = fmt_line(lines[v], sizeof lines[v], (unsigned)(t->idx * 1000 + v), &seq_at[v], &step_at[v]);
+    for (int v = 0; v < VARIANTS; v++)
+        len[v] = fmt_line(lines[v], sizeof lines[v], (unsigned)(t->idx * 1000 + v), &seq_at[v], &step_at[v]);
     long long seq = 0;
     double t0 = now();
     char out[1 << 18];
@@ -192,8 +202,10 @@ static double narrow_ceiling(const char *path, double secs) {
     unlink(path);
     sqlite3 *db;
     sqlite3_open(path, &db);
-    sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
-                     "CREATE TABLE v(run INTEGER, metric INTEGER, layer INTEGER, head INTEGER, step INTEGER, value REAL);", NULL, NULL, NULL);
+    sqlite3_exec(db,
+                 "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+                 "CREATE TABLE v(run INTEGER, metric INTEGER, layer INTEGER, head INTEGER, step INTEGER, value REAL);",
+                 NULL, NULL, NULL);
     sqlite3_stmt *s;
     sqlite3_prepare_v2(db, "INSERT INTO v VALUES (?,?,?,?,?,?)", -1, &s, NULL);
     long long rows = 0;
@@ -270,7 +282,8 @@ int main(int argc, char **argv) {
     }
     double values = (double)steps * NHEAD * L * H;
     double rate = values / dt;
-    printf("ingest: %d trainers, %dx%d heads, %d head metrics: %lld steps acked in %.2f s\n", k, L, H, NHEAD, steps, dt);
+    printf("ingest: %d trainers, %dx%d heads, %d head metrics: %lld steps acked in %.2f s\n", k, L, H, NHEAD, steps,
+           dt);
     printf("ingest: %.0f head-values/s committed and acked (%.0f steps/s)\n", rate, steps / dt);
     printf("ingest: total head values %.0f\n", values);
     printf("ingest: %.2fM head-values/s beside the target of 5.00M (%.0f%%)\n", rate / 1e6, rate / 5e6 * 100);

@@ -52,7 +52,8 @@ int main(int argc, char **argv) {
         }
     }
     if (!db || runs < 1 || steps < 1 || long_every < 1 || long_steps < 1) {
-        fprintf(stderr, "usage: bench_many_runs_seed --db PATH [--runs N] [--steps N] [--long-every N] [--long-steps N]\n");
+        fprintf(stderr,
+                "usage: bench_many_runs_seed --db PATH [--runs N] [--steps N] [--long-every N] [--long-steps N]\n");
         return 2;
     }
     char err[512], conflict[80];
@@ -79,8 +80,9 @@ int main(int argc, char **argv) {
         double lr = LRS[(i / 2) % 3];
         char name[96], meta[192];
         snprintf(name, sizeof name, "sweep%ld-lr%g-%s-s%ld-%ld", i / 1000, lr, sigma ? "sigma" : "none", i % 5, i);
-        snprintf(meta, sizeof meta, "{\"sweep\":\"sweep%ld\",\"lr\":%g,\"reparam\":\"%s\",\"seed\":%ld,\"norm\":\"%s\"}",
-                 i / 1000, lr, sigma ? "sigma" : "none", i % 5, i % 3 ? "post" : "pre");
+        snprintf(meta, sizeof meta,
+                 "{\"sweep\":\"sweep%ld\",\"lr\":%g,\"reparam\":\"%s\",\"seed\":%ld,\"norm\":\"%s\"}", i / 1000, lr,
+                 sigma ? "sigma" : "none", i % 5, i % 3 ? "post" : "pre");
         struct store_run_info ri;
         now += 10.0;
         if (store_run_open(st, name, 2, 4, 64, meta, now, &ri)) goto dberr;

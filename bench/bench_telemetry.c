@@ -27,22 +27,20 @@
 #include <unistd.h>
 
 enum { L = 12, H = 12, NHEAD = 8, NLAYER = 4, NSCALAR = 5 };
-static const char *head_names[NHEAD] = { "entropy", "entropy_norm", "max_logit", "sigma_qk",
-                                         "entropy_bound", "eig_mean", "eig_var", "attn_sink" };
-static const char *layer_names[NLAYER] = { "rank_ratio", "cos_sim", "sigma_w", "gamma" };
-static const char *scalar_names[NSCALAR] = { "loss", "lr", "grad_norm", "tokens_per_s", "eval_loss" };
+static const char *head_names[NHEAD] = {"entropy",       "entropy_norm", "max_logit", "sigma_qk",
+                                        "entropy_bound", "eig_mean",     "eig_var",   "attn_sink"};
+static const char *layer_names[NLAYER] = {"rank_ratio", "cos_sim", "sigma_w", "gamma"};
+static const char *scalar_names[NSCALAR] = {"loss", "lr", "grad_norm", "tokens_per_s", "eval_loss"};
 static float headv[NHEAD][L * H], layerv[NLAYER][L];
 
-static uint64_t ns_now(void)
-{
+static uint64_t ns_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* What the training loop does once per logged step. */
-static int enqueue_step(telemetry *t, int64_t step)
-{
+static int enqueue_step(telemetry *t, int64_t step) {
     telemetry_step *s = telemetry_step_begin(t, step, telemetry_now());
     if (!s) return -1;
     for (int i = 0; i < NSCALAR; i++) telemetry_step_scalar(s, scalar_names[i], 2.0 + 1e-3 * (double)step);
@@ -51,8 +49,7 @@ static int enqueue_step(telemetry *t, int64_t step)
     return telemetry_step_commit(t, s);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
+static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
 }
@@ -66,19 +63,18 @@ typedef struct fake {
     pthread_t th;
 } fake;
 
-static void *fake_main(void *arg)
-{
+static void *fake_main(void *arg) {
     fake *f = arg;
     char *buf = malloc(1 << 20);
     while (!atomic_load(&f->stop)) {
-        struct pollfd p = { f->lfd, POLLIN, 0 };
+        struct pollfd p = {f->lfd, POLLIN, 0};
         if (poll(&p, 1, 20) <= 0) continue;
         int fd = accept(f->lfd, NULL, NULL);
         if (fd < 0) continue;
         long long lines = 0, acked = 0;
         int welcomed = 0;
         while (!atomic_load(&f->stop)) {
-            struct pollfd q = { fd, POLLIN, 0 };
+            struct pollfd q = {fd, POLLIN, 0};
             if (poll(&q, 1, 20) <= 0) continue;
             ssize_t r = recv(fd, buf, 1 << 20, 0);
             if (r <= 0) break;
@@ -101,10 +97,9 @@ static void *fake_main(void *arg)
     return NULL;
 }
 
-static fake *fake_start(const char *path)
-{
+static fake *fake_start(const char *path) {
     fake *f = calloc(1, sizeof *f);
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(f->path, sizeof f->path, "%s", path);
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
     unlink(path);
@@ -117,8 +112,7 @@ static fake *fake_start(const char *path)
     return f;
 }
 
-static void fake_stop(fake *f)
-{
+static void fake_stop(fake *f) {
     atomic_store(&f->stop, 1);
     pthread_join(f->th, NULL);
     close(f->lfd);
@@ -128,8 +122,7 @@ static void fake_stop(fake *f)
 
 /* ---------------------------------------------------------------- runs */
 
-static telemetry *make(const char *address, const char *spool)
-{
+static telemetry *make(const char *address, const char *spool) {
     telemetry_config c;
     telemetry_config_init(&c);
     c.address = address;
@@ -152,19 +145,23 @@ static telemetry *make(const char *address, const char *spool)
 /* The same copying without the client, to tell the client's cost from the
  * machine's noise (preemption shows up in max and p99 of both). */
 static float sink[NHEAD * L * H + NLAYER * L + NSCALAR];
-static void copy_only(int64_t step)
-{
+static void copy_only(int64_t step) {
     float *p = sink;
     for (int i = 0; i < NSCALAR; i++) *p++ = 2.0f + 1e-3f * (float)step;
-    for (int i = 0; i < NLAYER; i++) { memcpy(p, layerv[i], sizeof layerv[i]); p += L; }
-    for (int i = 0; i < NHEAD; i++) { memcpy(p, headv[i], sizeof headv[i]); p += L * H; }
+    for (int i = 0; i < NLAYER; i++) {
+        memcpy(p, layerv[i], sizeof layerv[i]);
+        p += L;
+    }
+    for (int i = 0; i < NHEAD; i++) {
+        memcpy(p, headv[i], sizeof headv[i]);
+        p += L * H;
+    }
     __asm__ volatile("" ::"r"(sink) : "memory");
 }
 
 /* n paced steps; prints the enqueue cost distribution. With label
  * "baseline", times copy_only instead. */
-static void run_paced(const char *label, const char *address, const char *spool, int n, int gap_us)
-{
+static void run_paced(const char *label, const char *address, const char *spool, int n, int gap_us) {
     int baseline = !strncmp(label, "baseline", 8);
     telemetry *t = make(address, spool);
     if (address) telemetry_flush(t, 500); /* let it connect (or fail to) first */
@@ -197,17 +194,15 @@ static void run_paced(const char *label, const char *address, const char *spool,
            label, (unsigned long long)ns[n / 2], mean, (unsigned long long)ns[n * 99 / 100],
            (unsigned long long)ns[n - 1], (double)ns[n / 2] / 50e6 * 100,
            ru1.ru_minflt - ru0.ru_minflt + ru1.ru_majflt - ru0.ru_majflt, ru1.ru_nvcsw - ru0.ru_nvcsw,
-           ru1.ru_nivcsw - ru0.ru_nivcsw, drops, (unsigned long long)st.spooled,
-           (unsigned long long)st.sent, (unsigned long long)st.acked,
-           address && !settled ? " (not all acknowledged)" : "");
+           ru1.ru_nivcsw - ru0.ru_nivcsw, drops, (unsigned long long)st.spooled, (unsigned long long)st.sent,
+           (unsigned long long)st.acked, address && !settled ? " (not all acknowledged)" : "");
     telemetry_destroy(t, NULL, 0);
     free(ns);
 }
 
 /* The sender's own cost: a burst of n steps into a large ring, timed until
  * all are formatted and spooled. */
-static void run_burst(const char *spool, int n)
-{
+static void run_burst(const char *spool, int n) {
     telemetry_config c;
     telemetry_config_init(&c);
     c.run = "bench-burst";
@@ -218,7 +213,10 @@ static void run_burst(const char *spool, int n)
     c.queue_slots = (size_t)n;
     char err[256];
     telemetry *t = telemetry_create(&c, err, sizeof err);
-    if (!t) { fprintf(stderr, "telemetry_create: %s\n", err); exit(1); }
+    if (!t) {
+        fprintf(stderr, "telemetry_create: %s\n", err);
+        exit(1);
+    }
     uint64_t a = ns_now();
     for (int i = 0; i < n; i++) enqueue_step(t, i);
     uint64_t b = ns_now();
@@ -235,15 +233,16 @@ static void run_burst(const char *spool, int n)
 }
 
 /* The float formatter alone, against snprintf("%.9g"). */
-static void run_format(void)
-{
+static void run_format(void) {
     enum { N = 2000000 };
     char b[32];
     size_t total = 0;
     uint32_t x = 2463534242u;
     float *v = malloc(4096 * sizeof *v);
     for (int i = 0; i < 4096; i++) {
-        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
         v[i] = (float)(x % 1000000u) * 1e-4f; /* metric-like magnitudes */
     }
     uint64_t a = ns_now();
@@ -252,12 +251,12 @@ static void run_format(void)
     for (int i = 0; i < N; i++) total += (size_t)snprintf(b, sizeof b, "%.9g", (double)v[i & 4095]);
     uint64_t e = ns_now();
     printf("  float formatting:                  telemetry_format_float %.1f ns, snprintf %%.9g %.1f ns"
-           " (%zu chars)\n", (double)(m - a) / N, (double)(e - m) / N, total);
+           " (%zu chars)\n",
+           (double)(m - a) / N, (double)(e - m) / N, total);
     free(v);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 20000;
     int gap = argc > 2 ? atoi(argv[2]) : 100;
     for (int m = 0; m < NHEAD; m++)
@@ -265,7 +264,10 @@ int main(int argc, char **argv)
     for (int m = 0; m < NLAYER; m++)
         for (int l = 0; l < L; l++) layerv[m][l] = 0.9f - (float)l * 0.031f + (float)m;
     char dir[32] = "/tmp/bench-telemetry-XXXXXX";
-    if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
     char spool[64], sock[64], addr[80], gone[80];
     snprintf(spool, sizeof spool, "%s/spool", dir);
     snprintf(sock, sizeof sock, "%s/d.sock", dir);

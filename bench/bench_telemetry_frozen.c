@@ -28,8 +28,7 @@
 #define H 12
 #define NHEAD 8
 
-static int cmp_double(const void *a, const void *b)
-{
+static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
@@ -41,13 +40,16 @@ struct phase {
 };
 
 /* Runs n steps from *step; fills ph. */
-static int run_phase(telemetry *t, int64_t *step, long n, long work_us, struct phase *ph)
-{
+static int run_phase(telemetry *t, int64_t *step, long n, long work_us, struct phase *ph) {
     double *tel = malloc((size_t)n * sizeof *tel), *all = malloc((size_t)n * sizeof *all);
-    if (!tel || !all) { free(tel); free(all); return -1; }
+    if (!tel || !all) {
+        free(tel);
+        free(all);
+        return -1;
+    }
     static float heads[H * L], layer[L];
-    static const char *hnames[NHEAD] = {"entropy", "entropy_norm", "max_attn", "max_logit",
-                                        "sigma_qk", "entropy_bound", "rank", "sink"};
+    static const char *hnames[NHEAD] = {"entropy",  "entropy_norm",  "max_attn", "max_logit",
+                                        "sigma_qk", "entropy_bound", "rank",     "sink"};
     telemetry_stats s0, s1;
     telemetry_get_stats(t, &s0);
     double sum = 0;
@@ -88,8 +90,7 @@ static int run_phase(telemetry *t, int64_t *step, long n, long work_us, struct p
     return 0;
 }
 
-int main(void)
-{
+int main(void) {
     if (access(entropyd_path(), X_OK) != 0) {
         printf("telemetry_frozen: %s not built, skipped\n", entropyd_path());
         return 0;
@@ -116,7 +117,10 @@ int main(void)
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
     rmtree(dc.dir);
-    if (rc) { fprintf(stderr, "out of memory\n"); return 1; }
+    if (rc) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
     printf("%-18s %12s %12s %12s %12s %8s\n", "daemon", "step mean", "step p99", "telem p50", "telem p99", "dropped");
     for (int i = 0; i < 3; i++)
         printf("%-18s %9.0f µs %9.0f µs %9.1f µs %9.1f µs %8llu\n", ph[i].name, ph[i].mean_step, ph[i].p99_step,

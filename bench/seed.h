@@ -65,8 +65,7 @@ static inline int seed_run(struct store *st, const struct seed_spec *spec, seed_
         fprintf(stderr, "%s: out of memory\n", who);
         goto out;
     }
-    if (store_begin(st) ||
-        store_run_open(st, spec->run, spec->layers, spec->heads, 256, spec->meta, seed_now(), &ri) ||
+    if (store_begin(st) || store_run_open(st, spec->run, spec->layers, spec->heads, 256, spec->meta, seed_now(), &ri) ||
         store_commit(st))
         goto dberr;
     int64_t seq = ri.last_seq;

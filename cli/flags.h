@@ -47,14 +47,14 @@ typedef struct {
 } flag_list;
 
 typedef struct {
-    const char *name;         /* "--layers"; FLAG_SECTION: the section's title */
+    const char *name; /* "--layers"; FLAG_SECTION: the section's title */
     flag_kind kind;
     size_t off;               /* offsetof(the options struct, field) */
     long lo, hi;              /* bounds (see flag_kind) */
     const char *const *names; /* FLAG_ENUM: the values' names, indexed by value */
     int nnames;
-    int marks;                /* the program's own bits (sigmatrain: DEFINES) */
-    const char *arg, *help;   /* for --help: "N", and the text ("\n" continues it) */
+    int marks;              /* the program's own bits (sigmatrain: DEFINES) */
+    const char *arg, *help; /* for --help: "N", and the text ("\n" continues it) */
 } flag;
 
 typedef struct {
@@ -66,18 +66,28 @@ typedef struct {
 #define FLAG_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Rows, so a table reads one flag a line. */
-#define FLAG_SECTION_ROW(title) {title, FLAG_SECTION, 0, 0, 0, NULL, 0, 0, NULL, NULL}
-#define FLAG_INT_ROW(n, off, lo, hi, marks, arg, help) {n, FLAG_INT, off, lo, hi, NULL, 0, marks, arg, help}
-#define FLAG_LONG_ROW(n, off, lo, hi, arg, help) {n, FLAG_LONG, off, lo, hi, NULL, 0, 0, arg, help}
-#define FLAG_FLOAT_ROW(n, off, marks, help) {n, FLAG_FLOAT, off, 0, 0, NULL, 0, marks, "X", help}
-#define FLAG_DURATION_ROW(n, off, arg, help) {n, FLAG_DURATION, off, 0, 320000000L, NULL, 0, 0, arg, help}
+#define FLAG_SECTION_ROW(title) \
+    { title, FLAG_SECTION, 0, 0, 0, NULL, 0, 0, NULL, NULL }
+#define FLAG_INT_ROW(n, off, lo, hi, marks, arg, help) \
+    { n, FLAG_INT, off, lo, hi, NULL, 0, marks, arg, help }
+#define FLAG_LONG_ROW(n, off, lo, hi, arg, help) \
+    { n, FLAG_LONG, off, lo, hi, NULL, 0, 0, arg, help }
+#define FLAG_FLOAT_ROW(n, off, marks, help) \
+    { n, FLAG_FLOAT, off, 0, 0, NULL, 0, marks, "X", help }
+#define FLAG_DURATION_ROW(n, off, arg, help) \
+    { n, FLAG_DURATION, off, 0, 320000000L, NULL, 0, 0, arg, help }
 #define FLAG_ENUM_ROW(n, off, names, marks, arg, help) \
-    {n, FLAG_ENUM, off, 0, 0, names, (int)(sizeof names / sizeof names[0]), marks, arg, help}
-#define FLAG_STR_ROW(n, off, arg, help) {n, FLAG_STR, off, 0, 0, NULL, 0, 0, arg, help}
-#define FLAG_LIST_ROW(n, off, arg, help) {n, FLAG_LIST, off, 0, 0, NULL, 0, 0, arg, help}
-#define FLAG_BOOL_ROW(n, off, help) {n, FLAG_BOOL, off, 0, 0, NULL, 0, 0, NULL, help}
-#define FLAG_HELP_ROW(help) {"--help", FLAG_HELP, 0, 0, 0, NULL, 0, 0, NULL, help}
-#define FLAG_VERSION_ROW(help) {"--version", FLAG_VERSION, 0, 0, 0, NULL, 0, 0, NULL, help}
+    { n, FLAG_ENUM, off, 0, 0, names, (int)(sizeof names / sizeof names[0]), marks, arg, help }
+#define FLAG_STR_ROW(n, off, arg, help) \
+    { n, FLAG_STR, off, 0, 0, NULL, 0, 0, arg, help }
+#define FLAG_LIST_ROW(n, off, arg, help) \
+    { n, FLAG_LIST, off, 0, 0, NULL, 0, 0, arg, help }
+#define FLAG_BOOL_ROW(n, off, help) \
+    { n, FLAG_BOOL, off, 0, 0, NULL, 0, 0, NULL, help }
+#define FLAG_HELP_ROW(help) \
+    { "--help", FLAG_HELP, 0, 0, 0, NULL, 0, 0, NULL, help }
+#define FLAG_VERSION_ROW(help) \
+    { "--version", FLAG_VERSION, 0, 0, 0, NULL, 0, 0, NULL, help }
 
 /* What flags_parse found. */
 enum { FLAGS_BAD = -1, FLAGS_RUN = 0, FLAGS_HELP = 1, FLAGS_VERSION = 2 };

@@ -20,8 +20,7 @@
 /* A number in [lo, hi] from the client's own generator (xorshift64*):
  * reconnect jitter, so that clients dropped together do not come back in
  * step. */
-static uint64_t jitter(telemetry *t, uint64_t lo, uint64_t hi)
-{
+static uint64_t jitter(telemetry *t, uint64_t lo, uint64_t hi) {
     if (!t->rng) t->rng = tm_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)t;
     t->rng ^= t->rng >> 12;
     t->rng ^= t->rng << 25;
@@ -36,8 +35,7 @@ static uint64_t jitter(telemetry *t, uint64_t lo, uint64_t hi)
  * from backoff_min only once a connection proved useful (an ack that moved
  * on, or CONNECT_STABLE_MS up): a daemon that welcomes and then refuses or
  * drops every connection sees them slow down. */
-static void disconnect(telemetry *t, int failed_connect)
-{
+static void disconnect(telemetry *t, int failed_connect) {
     if (t->fd >= 0) close(t->fd);
     t->fd = -1;
     t->olen = t->ooff = t->ilen = 0;
@@ -56,8 +54,7 @@ static void disconnect(telemetry *t, int failed_connect)
     t->backoff = t->backoff * 2 > t->backoff_max ? t->backoff_max : t->backoff * 2;
 }
 
-static void connected(telemetry *t)
-{
+static void connected(telemetry *t) {
     t->cstate = C_HELLO;
     t->deadline = tm_now_ns() + (uint64_t)WELCOME_TIMEOUT_MS * 1000000u;
     memcpy(t->obuf, t->hello, t->hello_len);
@@ -66,8 +63,7 @@ static void connected(telemetry *t)
     t->hello_nl = 1;
 }
 
-static void start_connect(telemetry *t)
-{
+static void start_connect(telemetry *t) {
     int fd = -1, rc;
     t->last_attempt = tm_now_ns();
     if (t->is_unix) {
@@ -85,14 +81,20 @@ static void start_connect(telemetry *t)
         hints.ai_socktype = SOCK_STREAM;
         if (getaddrinfo(t->host, t->port, &hints, &ai) || !ai) goto fail;
         fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) { freeaddrinfo(ai); goto fail; }
+        if (fd < 0) {
+            freeaddrinfo(ai);
+            goto fail;
+        }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
         freeaddrinfo(ai);
     }
     t->fd = fd;
-    if (rc == 0) { connected(t); return; }
+    if (rc == 0) {
+        connected(t);
+        return;
+    }
     if (errno == EINPROGRESS) {
         t->cstate = C_CONNECTING;
         t->deadline = tm_now_ns() + (uint64_t)CONNECT_TIMEOUT_MS * 1000000u;
@@ -105,16 +107,14 @@ fail:
     disconnect(t, 1);
 }
 
-static void on_welcome(telemetry *t, uint64_t last)
-{
+static void on_welcome(telemetry *t, uint64_t last) {
     if (last >= t->next_seq) {
         uint64_t was = t->next_seq - 1;
         long n = tm_spool_renumber(t, last + 1);
         if (n >= 0) {
             tm_inbox_note(t, "seq_reset",
-                       "daemon has seq %llu, spool was at %llu; %ld unsent messages renumbered from %llu",
-                       (unsigned long long)last, (unsigned long long)was, n,
-                       (unsigned long long)last + 1);
+                          "daemon has seq %llu, spool was at %llu; %ld unsent messages renumbered from %llu",
+                          (unsigned long long)last, (unsigned long long)was, n, (unsigned long long)last + 1);
         } else {
             /* Cannot rewrite: continue after the daemon, losing the spool. */
             for (size_t i = 0; i < t->nsegs; i++) tm_spool_unlink(t, t->segs[i].first);
@@ -124,14 +124,14 @@ static void on_welcome(telemetry *t, uint64_t last)
             ST_SET(t, st_next_seq, t->next_seq);
             tm_spool_rotate(t);
             tm_inbox_note(t, "spool_error", "renumbering the spool failed (%s); unsent messages dropped",
-                       strerror(errno));
+                          strerror(errno));
         }
     } else if (t->nsegs && last + 1 < t->segs[0].first) {
         /* Messages the daemon never committed are gone from the spool (the
          * daemon lost data it had acknowledged): it would answer seq_gap to
          * everything. Stop; the spool keeps the rest. */
         tm_inbox_note(t, "seq_lost", "daemon expects seq %llu but the spool starts at %llu; stopped",
-                   (unsigned long long)last + 1, (unsigned long long)t->segs[0].first);
+                      (unsigned long long)last + 1, (unsigned long long)t->segs[0].first);
         t->cstate = C_STOPPED;
         disconnect(t, 0);
         return;
@@ -148,22 +148,19 @@ static void on_welcome(telemetry *t, uint64_t last)
 
 /* Errors that refuse a record for what it says: sending it again gets the
  * same answer. */
-static int refused_content(int code)
-{
+static int refused_content(int code) {
     return code == PROTO_E_BAD_JSON || code == PROTO_E_BAD_TYPE || code == PROTO_E_MISSING_FIELD ||
            code == PROTO_E_BAD_FIELD || code == PROTO_E_BAD_SHAPE || code == PROTO_E_LINE_TOO_LONG;
 }
 
 /* Errors that answer a hello and will answer every later one alike (a
  * shape, a token, a field): not worth reconnecting for. */
-static int hello_refused(int code)
-{
+static int hello_refused(int code) {
     return code == PROTO_E_SHAPE_MISMATCH || code == PROTO_E_UNAUTHORIZED || code == PROTO_E_BAD_FIELD ||
            code == PROTO_E_MISSING_FIELD || code == PROTO_E_BAD_PROTOCOL;
 }
 
-static void handle_line(telemetry *t, const char *line, size_t len)
-{
+static void handle_line(telemetry *t, const char *line, size_t len) {
     struct proto_reply r;
     proto_parse_reply(line, len, &r);
     if (r.type == PROTO_R_WELCOME) {
@@ -186,8 +183,8 @@ static void handle_line(telemetry *t, const char *line, size_t len)
             /* The daemon will not take this record, however often it is
              * sent: the next connection sends a placeholder in its place
              * (spool_read.c), so the records after it are not gaps. */
-            if (t->n_refused == REFUSED_MAX) memmove(t->refused_seqs, t->refused_seqs + 1,
-                                                     (REFUSED_MAX - 1) * sizeof *t->refused_seqs);
+            if (t->n_refused == REFUSED_MAX)
+                memmove(t->refused_seqs, t->refused_seqs + 1, (REFUSED_MAX - 1) * sizeof *t->refused_seqs);
             else t->n_refused++;
             t->refused_seqs[t->n_refused - 1] = r.seq;
         }
@@ -211,13 +208,15 @@ static void handle_line(telemetry *t, const char *line, size_t len)
     }
 }
 
-static void do_read(telemetry *t)
-{
+static void do_read(telemetry *t) {
     for (;;) {
         ssize_t r = recv(t->fd, t->ibuf + t->ilen, IBUF_CAP - t->ilen, MSG_DONTWAIT);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-        if (r <= 0) { disconnect(t, 0); return; }
+        if (r <= 0) {
+            disconnect(t, 0);
+            return;
+        }
         t->ilen += (size_t)r;
         size_t start = 0;
         for (size_t i = t->ilen - (size_t)r; i < t->ilen; i++) {
@@ -231,26 +230,36 @@ static void do_read(telemetry *t)
         }
         memmove(t->ibuf, t->ibuf + start, t->ilen - start);
         t->ilen -= start;
-        if (t->ilen == IBUF_CAP) { t->iskip = 1; t->ilen = 0; }
+        if (t->ilen == IBUF_CAP) {
+            t->iskip = 1;
+            t->ilen = 0;
+        }
     }
 }
 
-static void count_sent(telemetry *t, const char *p, size_t n)
-{
+static void count_sent(telemetry *t, const char *p, size_t n) {
     uint64_t nl = 0;
     const char *e = p + n;
-    while ((p = memchr(p, '\n', (size_t)(e - p)))) { nl++; p++; }
-    if (nl && t->hello_nl) { nl--; t->hello_nl = 0; }
+    while ((p = memchr(p, '\n', (size_t)(e - p)))) {
+        nl++;
+        p++;
+    }
+    if (nl && t->hello_nl) {
+        nl--;
+        t->hello_nl = 0;
+    }
     if (nl) ST_ADD(t, st_sent, nl);
 }
 
-static void do_write(telemetry *t)
-{
+static void do_write(telemetry *t) {
     while (t->ooff < t->olen) {
         ssize_t w = send(t->fd, t->obuf + t->ooff, t->olen - t->ooff, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-        if (w <= 0) { disconnect(t, 0); return; }
+        if (w <= 0) {
+            disconnect(t, 0);
+            return;
+        }
         count_sent(t, t->obuf + t->ooff, (size_t)w);
         t->ooff += (size_t)w;
     }
@@ -260,8 +269,7 @@ static void do_write(telemetry *t)
 /* Refills the output buffer from the spool reader, whole records only
  * (each checked before it goes out); obuf grows for a record larger than
  * it (up to a protocol line). */
-static void fill_obuf(telemetry *t)
-{
+static void fill_obuf(telemetry *t) {
     if (t->ooff == t->olen) t->olen = t->ooff = 0;
     tm_record r;
     while (tm_spool_peek(t, &r)) {
@@ -282,8 +290,7 @@ static void fill_obuf(telemetry *t)
 /* Sends what the spool holds beyond what was sent, while the socket takes
  * it. 1 when everything went out (caught up), 0 when the socket is full or
  * the connection dropped. */
-static int send_all(telemetry *t)
-{
+static int send_all(telemetry *t) {
     for (;;) {
         fill_obuf(t);
         if (t->olen == t->ooff) return 1;
@@ -293,8 +300,7 @@ static int send_all(telemetry *t)
 }
 
 /* Empties the wake eventfd (telemetry_int.h, woken). */
-static void clear_wake(telemetry *t)
-{
+static void clear_wake(telemetry *t) {
     uint64_t v;
     atomic_store_explicit(&t->woken, 0, memory_order_relaxed);
     ssize_t ignored = read(t->wake_fd, &v, sizeof v);
@@ -308,13 +314,12 @@ static void clear_wake(telemetry *t)
  * end) or a dropped connection cuts short; acks and alerts wait in the
  * socket meanwhile. Returns 0 when it could not pace (a backlog the socket
  * would not take, the connection gone): the caller polls as unpaced. */
-static int paced_wait(telemetry *t)
-{
+static int paced_wait(telemetry *t) {
     if (t->has_address) {
         do_read(t);
         if (t->fd < 0 || t->cstate != C_STREAMING || !send_all(t)) return 0;
     }
-    struct pollfd pf[2] = { { t->wake_fd, POLLIN, 0 }, { t->fd, 0, 0 } };
+    struct pollfd pf[2] = {{t->wake_fd, POLLIN, 0}, {t->fd, 0, 0}};
     atomic_store_explicit(&t->asleep, 1, memory_order_release);
     int pr = poll(pf, t->fd >= 0 ? 2 : 1, t->interval_ms);
     atomic_store_explicit(&t->asleep, 0, memory_order_release);
@@ -323,8 +328,7 @@ static int paced_wait(telemetry *t)
     return 1;
 }
 
-void *tm_sender_main(void *arg)
-{
+void *tm_sender_main(void *arg) {
     telemetry *t = arg;
     int idle = 1;
     while (!atomic_load_explicit(&t->stop, memory_order_acquire)) {
@@ -354,7 +358,7 @@ void *tm_sender_main(void *arg)
             if (timeout) tm_sleep_ms(timeout);
             continue;
         }
-        struct pollfd pf = { t->fd, POLLIN, 0 };
+        struct pollfd pf = {t->fd, POLLIN, 0};
         if (t->cstate == C_CONNECTING || t->olen > t->ooff) pf.events |= POLLOUT;
         int pr = poll(&pf, 1, timeout);
         if (pr <= 0) continue;

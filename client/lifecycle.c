@@ -31,28 +31,15 @@
 #include <string.h>
 #include <unistd.h>
 
-double telemetry_now(void)
-{
-    return now_wall();
-}
+double telemetry_now(void) { return now_wall(); }
 
-int telemetry_format_float(char *buf, float v)
-{
-    return proto_format_float(buf, v);
-}
+int telemetry_format_float(char *buf, float v) { return proto_format_float(buf, v); }
 
-void telemetry_config_init(telemetry_config *cfg)
-{
-    memset(cfg, 0, sizeof *cfg);
-}
+void telemetry_config_init(telemetry_config *cfg) { memset(cfg, 0, sizeof *cfg); }
 
-const char *telemetry_run_name(const telemetry *t)
-{
-    return t->run;
-}
+const char *telemetry_run_name(const telemetry *t) { return t->run; }
 
-void telemetry_get_stats(const telemetry *tc, telemetry_stats *o)
-{
+void telemetry_get_stats(const telemetry *tc, telemetry_stats *o) {
     telemetry *t = (telemetry *)tc; /* atomics are read-only here */
     memset(o, 0, sizeof *o);
     o->enqueued = ST_GET(t, st_enqueued);
@@ -74,39 +61,36 @@ void telemetry_get_stats(const telemetry *tc, telemetry_stats *o)
 
 /* While someone waits for the acks: the sender stops pacing (conn.c) and
  * is woken now. Calls nest; each hurry_on needs a hurry_off. */
-static void hurry_on(telemetry *t)
-{
+static void hurry_on(telemetry *t) {
     atomic_fetch_add_explicit(&t->hurry, 1, memory_order_release);
     tm_wake(t);
 }
 
-static void hurry_off(telemetry *t)
-{
-    atomic_fetch_sub_explicit(&t->hurry, 1, memory_order_release);
-}
+static void hurry_off(telemetry *t) { atomic_fetch_sub_explicit(&t->hurry, 1, memory_order_release); }
 
-static int refused(const telemetry *t)
-{
-    return atomic_load_explicit(&t->refused, memory_order_acquire);
-}
+static int refused(const telemetry *t) { return atomic_load_explicit(&t->refused, memory_order_acquire); }
 
-int telemetry_flush(telemetry *t, int timeout_ms)
-{
+int telemetry_flush(telemetry *t, int timeout_ms) {
     uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
     int rc = TELEMETRY_OK;
     if (tm_settled(t)) return rc;
     hurry_on(t);
     while (!tm_settled(t)) {
-        if (refused(t)) { rc = TELEMETRY_EREFUSED; break; }
-        if (tm_now_ns() >= end) { rc = TELEMETRY_ETIMEDOUT; break; }
+        if (refused(t)) {
+            rc = TELEMETRY_EREFUSED;
+            break;
+        }
+        if (tm_now_ns() >= end) {
+            rc = TELEMETRY_ETIMEDOUT;
+            break;
+        }
         tm_sleep_ms(1);
     }
     hurry_off(t);
     return rc;
 }
 
-int telemetry_wait_welcome(telemetry *t, int timeout_ms, char *err, size_t errlen)
-{
+int telemetry_wait_welcome(telemetry *t, int timeout_ms, char *err, size_t errlen) {
     uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
     if (!t->has_address) return TELEMETRY_OK;
     for (;;) {
@@ -116,30 +100,28 @@ int telemetry_wait_welcome(telemetry *t, int timeout_ms, char *err, size_t errle
             return TELEMETRY_EREFUSED;
         }
         if (ST_GET(t, st_connect_failures)) {
-            tm_set_err(err, errlen, "run %s: could not connect to %s (the client goes on trying, the spool "
-                       "keeps the steps)", t->run, t->address);
+            tm_set_err(err, errlen,
+                       "run %s: could not connect to %s (the client goes on trying, the spool "
+                       "keeps the steps)",
+                       t->run, t->address);
             return TELEMETRY_ETIMEDOUT;
         }
         if (tm_now_ns() >= end) {
-            tm_set_err(err, errlen, "run %s: no welcome from %s within %d ms (the client goes on trying)",
-                       t->run, t->address, timeout_ms);
+            tm_set_err(err, errlen, "run %s: no welcome from %s within %d ms (the client goes on trying)", t->run,
+                       t->address, timeout_ms);
             return TELEMETRY_ETIMEDOUT;
         }
         tm_sleep_ms(1);
     }
 }
 
-static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *progress,
-                        telemetry_stats *out);
+static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *progress, telemetry_stats *out);
 
-int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress)
-{
+int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progress) {
     return telemetry_finish_stats(t, status, grace_ms, progress, NULL);
 }
 
-int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE *progress,
-                           telemetry_stats *out)
-{
+int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE *progress, telemetry_stats *out) {
     if (out) memset(out, 0, sizeof *out);
     if (!t) return TELEMETRY_OK;
     if (status && !tm_valid_status(status)) return TELEMETRY_EINVAL;
@@ -186,14 +168,15 @@ int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE 
     if (progress && rc == TELEMETRY_EREFUSED)
         fprintf(progress, "entropyd client: the daemon refused run %s (%s); ", t->run, t->refusal);
     else if (progress && rc != TELEMETRY_OK)
-        fprintf(progress, "entropyd client: run %s: not everything was acknowledged within the %.0f s grace "
-                "period; ", t->run, grace_ms / 1e3);
+        fprintf(progress,
+                "entropyd client: run %s: not everything was acknowledged within the %.0f s grace "
+                "period; ",
+                t->run, grace_ms / 1e3);
     int rc2 = destroy_impl(t, NULL, 0, rc == TELEMETRY_OK ? NULL : progress, out);
     return rc == TELEMETRY_OK ? rc2 : rc;
 }
 
-static int parse_address(telemetry *t, const char *a, char *err, size_t errlen)
-{
+static int parse_address(telemetry *t, const char *a, char *err, size_t errlen) {
     if (!strncmp(a, "unix:", 5)) {
         size_t n = strlen(a + 5);
         if (n == 0 || n >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
@@ -218,8 +201,7 @@ bad:
     return -1;
 }
 
-static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_t errlen)
-{
+static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_t errlen) {
     char *meta = NULL;
     if (c->meta_json) {
         cJSON *m = cJSON_Parse(c->meta_json);
@@ -234,7 +216,10 @@ static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_
     }
     size_t cap = 256 + strlen(t->run) + (meta ? strlen(meta) : 0) + 6 * (c->token ? strlen(c->token) : 0);
     t->hello = malloc(cap);
-    if (!t->hello) { free(meta); return -1; }
+    if (!t->hello) {
+        free(meta);
+        return -1;
+    }
     t->hello_len = proto_write_hello(t->hello, cap, t->run, t->L, t->H, c->seq_len, c->noncausal, meta, c->token,
                                      &t->hello_public_len);
     free(meta);
@@ -245,14 +230,12 @@ static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_
     return 0;
 }
 
-static size_t step_body_max(const telemetry *t)
-{
+static size_t step_body_max(const telemetry *t) {
     return proto_step_body_max(t->max_s, t->max_l, t->max_h, t->L, t->H);
 }
 
 /* The given run name, checked, or a generated one. */
-static int name_run(telemetry *t, const char *run, char *err, size_t errlen)
-{
+static int name_run(telemetry *t, const char *run, char *err, size_t errlen) {
     if (run) {
         if (!tm_valid_run(run)) {
             tm_set_err(err, errlen, "bad run name \"%s\": 1..128 of [A-Za-z0-9._:@+-]", run);
@@ -264,16 +247,15 @@ static int name_run(telemetry *t, const char *run, char *err, size_t errlen)
         struct tm tm;
         gmtime_r(&now, &tm);
         unsigned rnd = (unsigned)(tm_now_ns() ^ ((uint64_t)getpid() << 16)) & 0xffffu;
-        snprintf(t->run, sizeof t->run, "run-%04d%02d%02d-%02d%02d%02d-%d-%04x", tm.tm_year + 1900,
-                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), rnd);
+        snprintf(t->run, sizeof t->run, "run-%04d%02d%02d-%02d%02d%02d-%d-%04x", tm.tm_year + 1900, tm.tm_mon + 1,
+                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), rnd);
     }
     return 0;
 }
 
 /* SPOOL_DIR/RUN (or a private temporary root), opened and recovered; the
  * counters and acked start from what it holds. */
-static int open_spool(telemetry *t, const char *spool_dir, char *err, size_t errlen)
-{
+static int open_spool(telemetry *t, const char *spool_dir, char *err, size_t errlen) {
     if (spool_dir) {
         t->root = strdup(spool_dir);
     } else {
@@ -289,10 +271,16 @@ static int open_spool(telemetry *t, const char *spool_dir, char *err, size_t err
             t->root_is_tmp = 1;
         }
     }
-    if (!t->root) { tm_set_err(err, errlen, "out of memory"); return -1; }
+    if (!t->root) {
+        tm_set_err(err, errlen, "out of memory");
+        return -1;
+    }
     size_t dn = strlen(t->root) + strlen(t->run) + 2;
     t->dir = malloc(dn);
-    if (!t->dir) { tm_set_err(err, errlen, "out of memory"); return -1; }
+    if (!t->dir) {
+        tm_set_err(err, errlen, "out of memory");
+        return -1;
+    }
     snprintf(t->dir, dn, "%s/%s", t->root, t->run);
     if (tm_spool_open(t, err, errlen)) return -1;
     if (!t->root_is_tmp && tm_spool_write_hello(t)) {
@@ -312,8 +300,7 @@ static int open_spool(telemetry *t, const char *spool_dir, char *err, size_t err
  * /proc/PID/task/TID/comm tell it from the program's threads;
  * bench/bench_python_log.py reads the sender's CPU time by it). It takes no
  * signals: they belong to the program. */
-static int start_thread(telemetry *t, pthread_t *th, void *(*fn)(void *), const char *name, char *err, size_t errlen)
-{
+static int start_thread(telemetry *t, pthread_t *th, void *(*fn)(void *), const char *name, char *err, size_t errlen) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -328,8 +315,7 @@ static int start_thread(telemetry *t, pthread_t *th, void *(*fn)(void *), const 
 }
 
 /* The sender and, when asked and useful, the background uploader. */
-static int start_threads(telemetry *t, int upload_others, char *err, size_t errlen)
-{
+static int start_threads(telemetry *t, int upload_others, char *err, size_t errlen) {
     if (start_thread(t, &t->thread, tm_sender_main, "entropyd-send", err, errlen)) return -1;
     t->thread_started = 1;
     if (t->has_address && !t->root_is_tmp && upload_others) {
@@ -339,17 +325,22 @@ static int start_threads(telemetry *t, int upload_others, char *err, size_t errl
     return 0;
 }
 
-telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
-{
+telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen) {
     telemetry *t = calloc(1, sizeof *t);
-    if (!t) { tm_set_err(err, errlen, "out of memory"); return NULL; }
+    if (!t) {
+        tm_set_err(err, errlen, "out of memory");
+        return NULL;
+    }
     t->lock_fd = t->wfd = t->fd = t->rd.fd = t->wake_fd = -1;
-    if (pthread_mutex_init(&t->in_lock, NULL)) { free(t); tm_set_err(err, errlen, "mutex"); return NULL; }
+    if (pthread_mutex_init(&t->in_lock, NULL)) {
+        free(t);
+        tm_set_err(err, errlen, "mutex");
+        return NULL;
+    }
     t->in_lock_init = 1;
-    if (c->layers < 1 || c->layers > 4096 || c->heads < 1 || c->heads > 4096 ||
-        (long)c->layers * c->heads > 1048576 || c->seq_len < 1) {
-        tm_set_err(err, errlen, "bad shape: layers %d heads %d seq_len %d", c->layers, c->heads,
-                c->seq_len);
+    if (c->layers < 1 || c->layers > 4096 || c->heads < 1 || c->heads > 4096 || (long)c->layers * c->heads > 1048576 ||
+        c->seq_len < 1) {
+        tm_set_err(err, errlen, "bad shape: layers %d heads %d seq_len %d", c->layers, c->heads, c->seq_len);
         goto err;
     }
     t->L = c->layers;
@@ -377,9 +368,15 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
         t->has_address = 1;
         if (parse_address(t, c->address, err, errlen)) goto err;
         t->address = strdup(c->address);
-        if (!t->address) { tm_set_err(err, errlen, "out of memory"); goto err; }
+        if (!t->address) {
+            tm_set_err(err, errlen, "out of memory");
+            goto err;
+        }
     }
-    if (c->token && !(t->token = strdup(c->token))) { tm_set_err(err, errlen, "out of memory"); goto err; }
+    if (c->token && !(t->token = strdup(c->token))) {
+        tm_set_err(err, errlen, "out of memory");
+        goto err;
+    }
     if (build_hello(t, c, err, errlen)) goto err;
 
     if (open_spool(t, c->spool_dir, err, errlen)) goto err;
@@ -409,17 +406,14 @@ err:
     return NULL;
 }
 
-int telemetry_destroy(telemetry *t, const char *status, int timeout_ms)
-{
+int telemetry_destroy(telemetry *t, const char *status, int timeout_ms) {
     return destroy_impl(t, status, timeout_ms, NULL, NULL);
 }
 
 /* telemetry_destroy; with progress, it ends the line finish began by
  * saying where the unacknowledged messages are; out gets the counters
  * once the sender has stopped. */
-static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *progress,
-                        telemetry_stats *out)
-{
+static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *progress, telemetry_stats *out) {
     if (!t) return TELEMETRY_OK;
     if (status && !tm_valid_status(status)) return TELEMETRY_EINVAL;
     int rc = TELEMETRY_OK;
@@ -454,14 +448,16 @@ static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *
         telemetry_get_stats(t, &st);
         unsigned long long left = (unsigned long long)(st.next_seq - 1 - st.acked);
         if (!t->root_is_tmp || keep)
-            fprintf(progress, "%llu of %llu messages acknowledged; the other %llu are in the spool %s "
+            fprintf(progress,
+                    "%llu of %llu messages acknowledged; the other %llu are in the spool %s "
                     "(the next client on that spool directory, or `python3 -m entropyd upload %s`, "
-                    "uploads them)\n", (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
-                    left, t->dir, t->root);
+                    "uploads them)\n",
+                    (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1), left, t->dir, t->root);
         else
-            fprintf(progress, "%llu of %llu messages acknowledged; the other %llu are lost (the private "
-                    "spool could not be kept)\n", (unsigned long long)st.acked,
-                    (unsigned long long)(st.next_seq - 1), left);
+            fprintf(progress,
+                    "%llu of %llu messages acknowledged; the other %llu are lost (the private "
+                    "spool could not be kept)\n",
+                    (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1), left);
         fflush(progress);
     }
     if (out) telemetry_get_stats(t, out);

@@ -26,16 +26,14 @@
 
 #include "crc32c.h"
 
-char *tm_seg_path(const telemetry *t, uint64_t first)
-{
+char *tm_seg_path(const telemetry *t, uint64_t first) {
     size_t n = strlen(t->dir) + 40;
     char *p = malloc(n);
     if (p) snprintf(p, n, "%s/seg-%020llu.log", t->dir, (unsigned long long)first);
     return p;
 }
 
-static int seg_push(telemetry *t, uint64_t first, uint64_t size)
-{
+static int seg_push(telemetry *t, uint64_t first, uint64_t size) {
     if (t->nsegs == t->segcap) {
         size_t nc = t->segcap ? t->segcap * 2 : 16;
         segment *ns = realloc(t->segs, nc * sizeof *ns);
@@ -43,13 +41,12 @@ static int seg_push(telemetry *t, uint64_t first, uint64_t size)
         t->segs = ns;
         t->segcap = nc;
     }
-    t->segs[t->nsegs++] = (segment){ first, size };
+    t->segs[t->nsegs++] = (segment){first, size};
     return 0;
 }
 
 /* Opens a new, empty newest segment named after next_seq. */
-int tm_spool_rotate(telemetry *t)
-{
+int tm_spool_rotate(telemetry *t) {
     if (t->wfd >= 0) close(t->wfd);
     t->wfd = -1;
     char *p = tm_seg_path(t, t->next_seq);
@@ -61,16 +58,14 @@ int tm_spool_rotate(telemetry *t)
     return seg_push(t, t->next_seq, 0);
 }
 
-void tm_spool_unlink(telemetry *t, uint64_t first)
-{
+void tm_spool_unlink(telemetry *t, uint64_t first) {
     char *p = tm_seg_path(t, first);
     if (p) unlink(p);
     free(p);
 }
 
 /* Deletes the segments whose every line is acknowledged (never the newest). */
-void tm_spool_trim(telemetry *t)
-{
+void tm_spool_trim(telemetry *t) {
     size_t k = 0;
     while (k + 1 < t->nsegs && t->segs[k + 1].first - 1 <= t->acked) {
         tm_spool_unlink(t, t->segs[k].first);
@@ -84,20 +79,21 @@ void tm_spool_trim(telemetry *t)
     ST_SET(t, st_spool_bytes, t->spool_total);
 }
 
-static int cmp_seg(const void *a, const void *b)
-{
+static int cmp_seg(const void *a, const void *b) {
     const segment *x = a, *y = b;
     return x->first < y->first ? -1 : x->first > y->first;
 }
 
-static int mkdir_p(const char *path)
-{
+static int mkdir_p(const char *path) {
     char *p = strdup(path);
     if (!p) return -1;
     for (char *s = p + 1; *s; s++) {
         if (*s != '/') continue;
         *s = 0;
-        if (mkdir(p, 0700) && errno != EEXIST) { free(p); return -1; }
+        if (mkdir(p, 0700) && errno != EEXIST) {
+            free(p);
+            return -1;
+        }
         *s = '/';
     }
     int rc = mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
@@ -111,8 +107,7 @@ static int mkdir_p(const char *path)
  * streams records it wrote completely) is named and cut, and next_seq
  * follows its last intact record. A newest segment of the older,
  * unframed format is not appended to: framed records go to a new one. */
-int tm_spool_open(telemetry *t, char *err, size_t errlen)
-{
+int tm_spool_open(telemetry *t, char *err, size_t errlen) {
     if (mkdir_p(t->dir)) {
         tm_set_err(err, errlen, "spool: mkdir %s: %s", t->dir, strerror(errno));
         return -1;
@@ -140,14 +135,17 @@ int tm_spool_open(telemetry *t, char *err, size_t errlen)
     while ((e = readdir(d))) {
         unsigned long long first;
         char tail[8];
-        if (strlen(e->d_name) != 28 || sscanf(e->d_name, "seg-%20llu.%3s", &first, tail) != 2 ||
-            strcmp(tail, "log") || first == 0)
+        if (strlen(e->d_name) != 28 || sscanf(e->d_name, "seg-%20llu.%3s", &first, tail) != 2 || strcmp(tail, "log") ||
+            first == 0)
             continue;
         struct stat st;
         char *p = tm_seg_path(t, first);
         int ok = p && stat(p, &st) == 0;
         free(p);
-        if (!ok || seg_push(t, first, (uint64_t)st.st_size)) { closedir(d); goto fail; }
+        if (!ok || seg_push(t, first, (uint64_t)st.st_size)) {
+            closedir(d);
+            goto fail;
+        }
     }
     closedir(d);
     if (t->nsegs == 0) {
@@ -157,7 +155,7 @@ int tm_spool_open(telemetry *t, char *err, size_t errlen)
     }
     qsort(t->segs, t->nsegs, sizeof *t->segs, cmp_seg);
     segment *last = &t->segs[t->nsegs - 1];
-    tm_rd r = { .fd = -1 };
+    tm_rd r = {.fd = -1};
     tm_line l;
     uint64_t good = 0, maxseq = 0;
     int ver = 0, torn = 0;
@@ -176,7 +174,10 @@ int tm_spool_open(telemetry *t, char *err, size_t errlen)
         char *p = tm_seg_path(t, last->first);
         int fd = p ? open(p, O_RDWR | O_CLOEXEC) : -1;
         free(p);
-        if (fd < 0 || ftruncate(fd, (off_t)good)) { if (fd >= 0) close(fd); goto fail; }
+        if (fd < 0 || ftruncate(fd, (off_t)good)) {
+            if (fd >= 0) close(fd);
+            goto fail;
+        }
         close(fd);
         last->size = good;
     }
@@ -203,13 +204,15 @@ fail:
 }
 
 /* Writes all of buf to fd: 0, or -1 with the bytes written in *done. */
-static int write_all(int fd, const char *buf, size_t len, size_t *done)
-{
+static int write_all(int fd, const char *buf, size_t len, size_t *done) {
     size_t off = 0;
     while (off < len) {
         ssize_t w = write(fd, buf + off, len - off);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { *done = off; return -1; }
+        if (w <= 0) {
+            *done = off;
+            return -1;
+        }
         off += (size_t)w;
     }
     *done = off;
@@ -220,8 +223,7 @@ static int write_all(int fd, const char *buf, size_t len, size_t *done)
  * newest segment, after the version line when it is empty. On failure the
  * segment is cut back and the seqs are taken back, so numbering stays
  * gapless; the records count as dropped. */
-static int spool_write(telemetry *t, const char *buf, size_t len, unsigned n)
-{
+static int spool_write(telemetry *t, const char *buf, size_t len, unsigned n) {
     segment *s = &t->segs[t->nsegs - 1];
     static const char magic[] = TM_SPOOL_MAGIC;
     size_t m = s->size == 0 ? sizeof magic - 1 : 0, done = 0;
@@ -244,16 +246,14 @@ static int spool_write(telemetry *t, const char *buf, size_t len, unsigned n)
 
 /* The frame header of a payload ("#LEN CRC "), into hdr (FRAME_HDR_MAX
  * bytes, not terminated). Returns its length. */
-static size_t frame_header(char *hdr, const char *payload, size_t plen)
-{
+static size_t frame_header(char *hdr, const char *payload, size_t plen) {
     char tmp[FRAME_HDR_MAX + 1];
     int n = snprintf(tmp, sizeof tmp, "#%zu %08x ", plen, proto_crc32c(0, payload, plen));
     memcpy(hdr, tmp, (size_t)n);
     return (size_t)n;
 }
 
-void tm_spool_flush(telemetry *t)
-{
+void tm_spool_flush(telemetry *t) {
     if (t->wlen) spool_write(t, t->wbuf, t->wlen, t->wbuf_n);
     t->wlen = 0;
     t->wbuf_n = 0;
@@ -263,8 +263,7 @@ void tm_spool_flush(telemetry *t)
  * at body with BODY_AT free bytes before it) the next seq and its frame and
  * appends it, or drops it when the spool bound would be exceeded. Returns 0 when
  * spooled (or buffered for writing), -1 when dropped. */
-int tm_spool_add(telemetry *t, char *body, size_t blen)
-{
+int tm_spool_add(telemetry *t, char *body, size_t blen) {
     for (;;) {
         char pre[SEQ_PREFIX_MAX];
         size_t plen = proto_write_seq_prefix(pre, t->next_seq);
@@ -312,11 +311,10 @@ int tm_spool_add(telemetry *t, char *body, size_t blen)
  * stored (the daemon took them for duplicates), so they get new numbers
  * instead of being lost. Returns the number of records renumbered, -1 on
  * I/O failure. */
-long tm_spool_renumber(telemetry *t, uint64_t from)
-{
+long tm_spool_renumber(telemetry *t, uint64_t from) {
     size_t pn = strlen(t->dir) + 20;
     char *tmp = malloc(pn), *rec = malloc(FRAME_HDR_MAX + proto_line_max((int64_t)t->L * t->H) + 1);
-    tm_rd r = { .fd = -1 };
+    tm_rd r = {.fd = -1};
     tm_line l;
     uint64_t seq = from, size = 0, maxseen = 0;
     long n = 0;
@@ -361,10 +359,16 @@ long tm_spool_renumber(telemetry *t, uint64_t from)
     tm_rd_free(&r);
     free(rec);
     rec = NULL;
-    if (close(out)) { out = -1; goto fail; }
+    if (close(out)) {
+        out = -1;
+        goto fail;
+    }
     out = -1;
     char *dst = tm_seg_path(t, from);
-    if (!dst || rename(tmp, dst)) { free(dst); goto fail; }
+    if (!dst || rename(tmp, dst)) {
+        free(dst);
+        goto fail;
+    }
     free(dst);
     free(tmp);
     for (size_t i = 0; i < t->nsegs; i++)
@@ -391,8 +395,7 @@ fail:
 }
 
 /* SPOOL_DIR/RUN/hello.json: the hello without token, replaced atomically. */
-int tm_spool_write_hello(telemetry *t)
-{
+int tm_spool_write_hello(telemetry *t) {
     size_t n = strlen(t->dir) + 24;
     char *tmp = malloc(n), *fin = malloc(n);
     int rc = -1, fd = -1;
@@ -402,10 +405,11 @@ int tm_spool_write_hello(telemetry *t)
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) goto out;
     const char tail[] = "}\n";
-    if (write(fd, t->hello, t->hello_public_len) != (ssize_t)t->hello_public_len ||
-        write(fd, tail, 2) != 2)
+    if (write(fd, t->hello, t->hello_public_len) != (ssize_t)t->hello_public_len || write(fd, tail, 2) != 2) goto out;
+    if (close(fd)) {
+        fd = -1;
         goto out;
-    if (close(fd)) { fd = -1; goto out; }
+    }
     fd = -1;
     rc = rename(tmp, fin);
 out:
@@ -419,8 +423,7 @@ out:
 /* After the sender stopped: when the daemon acknowledged everything, the
  * segments go and one empty segment named after next_seq keeps the
  * numbering, so the directory says "nothing to upload". */
-void tm_spool_compact(telemetry *t)
-{
+void tm_spool_compact(telemetry *t) {
     if (!t->has_address || t->acked + 1 < t->next_seq || !t->nsegs) return;
     if (t->nsegs == 1 && t->segs[0].first == t->next_seq && t->segs[0].size == 0) return;
     size_t n = t->nsegs;
@@ -435,8 +438,7 @@ void tm_spool_compact(telemetry *t)
     free(old);
 }
 
-void tm_spool_remove(telemetry *t)
-{
+void tm_spool_remove(telemetry *t) {
     for (size_t i = 0; i < t->nsegs; i++) tm_spool_unlink(t, t->segs[i].first);
     size_t n = strlen(t->dir) + 8;
     char *p = malloc(n);

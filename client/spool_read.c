@@ -49,24 +49,21 @@ const char *tm_dmg_name(int kind) { return kind >= 0 && kind < DMG_COUNT ? dmg_n
 
 /* ---- the reader of one segment */
 
-void tm_rd_close(tm_rd *r)
-{
+void tm_rd_close(tm_rd *r) {
     if (r->fd >= 0) close(r->fd);
     r->fd = -1;
     r->len = 0;
     r->base = 0;
 }
 
-void tm_rd_free(tm_rd *r)
-{
+void tm_rd_free(tm_rd *r) {
     tm_rd_close(r);
     free(r->buf);
     r->buf = NULL;
     r->cap = 0;
 }
 
-int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint64_t off)
-{
+int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint64_t off) {
     tm_rd_close(r);
     char *p = tm_seg_path(t, first);
     r->fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
@@ -82,9 +79,11 @@ int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint
 
 /* Makes buf hold the segment's bytes from r->off on, at least want of them
  * (or to the segment's end). 0, or -1 on a read error or no memory. */
-static int rd_fill(tm_rd *r, size_t want)
-{
-    if (r->off < r->base || r->off > r->base + r->len) { r->base = r->off; r->len = 0; }
+static int rd_fill(tm_rd *r, size_t want) {
+    if (r->off < r->base || r->off > r->base + r->len) {
+        r->base = r->off;
+        r->len = 0;
+    }
     size_t skip = (size_t)(r->off - r->base);
     if (skip) {
         memmove(r->buf, r->buf + skip, r->len - skip);
@@ -113,10 +112,12 @@ static int rd_fill(tm_rd *r, size_t want)
     return 0;
 }
 
-static int valid_utf8(const char *s, size_t n)
-{
+static int valid_utf8(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
-        if ((unsigned char)s[i] < 0x80) { i++; continue; }
+        if ((unsigned char)s[i] < 0x80) {
+            i++;
+            continue;
+        }
         int k = proto_utf8_len((const unsigned char *)s + i, n - i);
         if (!k) return 0;
         i += (size_t)k;
@@ -125,8 +126,7 @@ static int valid_utf8(const char *s, size_t n)
 }
 
 /* The seq of a payload that begins {"seq":DIGITS, (0 when it does not). */
-static uint64_t payload_seq(const char *p, size_t n)
-{
+static uint64_t payload_seq(const char *p, size_t n) {
     static const char pre[] = "{\"seq\":";
     size_t k = sizeof pre - 1, i = k;
     if (n < k + 2 || memcmp(p, pre, k)) return 0;
@@ -136,8 +136,7 @@ static uint64_t payload_seq(const char *p, size_t n)
 }
 
 /* Classifies a version-2 line (without its newline; nl: it had one). */
-static void classify_v2(const char *s, size_t n, int nl, tm_line *l)
-{
+static void classify_v2(const char *s, size_t n, int nl, tm_line *l) {
     char *end;
     if (n < 2 || s[0] != '#' || s[1] < '0' || s[1] > '9') {
         l->kind = valid_utf8(s, n) ? DMG_GARBAGE : DMG_UTF8;
@@ -153,7 +152,10 @@ static void classify_v2(const char *s, size_t n, int nl, tm_line *l)
     uint32_t crc = 0;
     for (int i = 1; i <= 8; i++) {
         int c = end[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0) { l->kind = DMG_GARBAGE; return; }
+        if (d < 0) {
+            l->kind = DMG_GARBAGE;
+            return;
+        }
         crc = crc << 4 | (uint32_t)d;
     }
     const char *p = end + 10;
@@ -169,16 +171,22 @@ static void classify_v2(const char *s, size_t n, int nl, tm_line *l)
         return;
     }
     l->seq = payload_seq(p, plen);
-    if (!l->seq) { l->kind = DMG_GARBAGE; snprintf(l->why, sizeof l->why, "no seq"); return; }
+    if (!l->seq) {
+        l->kind = DMG_GARBAGE;
+        snprintf(l->why, sizeof l->why, "no seq");
+        return;
+    }
     l->kind = TM_INTACT;
     l->payload = p;
     l->plen = plen;
 }
 
 /* Classifies a version-1 line: the daemon's own parser says. */
-static void classify_v1(const char *s, size_t n, int nl, size_t max, tm_line *l)
-{
-    if (!nl) { l->kind = DMG_TORN; return; }
+static void classify_v1(const char *s, size_t n, int nl, size_t max, tm_line *l) {
+    if (!nl) {
+        l->kind = DMG_TORN;
+        return;
+    }
     struct proto_msg m = {0};
     int code = proto_parse_max(s, n, max, &m, l->why, sizeof l->why);
     if (code == PROTO_OK && (m.type == PROTO_HELLO || !m.has_seq || m.seq < 1)) {
@@ -197,8 +205,7 @@ static void classify_v1(const char *s, size_t n, int nl, size_t max, tm_line *l)
     proto_msg_free(&m);
 }
 
-int tm_rd_line(tm_rd *r, tm_line *l)
-{
+int tm_rd_line(tm_rd *r, tm_line *l) {
     memset(l, 0, sizeof *l);
     if (r->fd < 0 || r->off >= r->size) return 0;
     l->off = r->off;
@@ -207,7 +214,13 @@ int tm_rd_line(tm_rd *r, tm_line *l)
     for (;;) {
         size_t want = scanned ? scanned * 2 : RBUF_MIN;
         if (want > r->max) want = r->max;
-        if (rd_fill(r, want)) { l->kind = DMG_GARBAGE; snprintf(l->why, sizeof l->why, "unreadable: %s", strerror(errno)); l->n = (size_t)(r->size - r->off); r->off = r->size; return 1; }
+        if (rd_fill(r, want)) {
+            l->kind = DMG_GARBAGE;
+            snprintf(l->why, sizeof l->why, "unreadable: %s", strerror(errno));
+            l->n = (size_t)(r->size - r->off);
+            r->off = r->size;
+            return 1;
+        }
         size_t have = r->len;
         nl = memchr(r->buf + scanned, '\n', have - scanned);
         if (nl || r->base + have >= r->size || have >= r->max) break;
@@ -218,9 +231,17 @@ int tm_rd_line(tm_rd *r, tm_line *l)
     l->n = n + (nl != NULL);
     r->off += l->n;
     l->raw = s;
-    if (!nl && n == r->max) { l->kind = DMG_GARBAGE; snprintf(l->why, sizeof l->why, "over %zu bytes without a newline", r->max); return 1; }
+    if (!nl && n == r->max) {
+        l->kind = DMG_GARBAGE;
+        snprintf(l->why, sizeof l->why, "over %zu bytes without a newline", r->max);
+        return 1;
+    }
     size_t ml = sizeof TM_SPOOL_MAGIC - 1;
-    if (nl && n + 1 == ml && !memcmp(s, TM_SPOOL_MAGIC, ml)) { r->ver = 2; l->kind = TM_MAGIC; return 1; }
+    if (nl && n + 1 == ml && !memcmp(s, TM_SPOOL_MAGIC, ml)) {
+        r->ver = 2;
+        l->kind = TM_MAGIC;
+        return 1;
+    }
     int ver = r->ver ? r->ver : n && s[0] == '#' ? 2 : n && s[0] == '{' ? 1 : 0;
     if (ver == 1) classify_v1(s, n, nl != NULL, r->max, l);
     else classify_v2(s, n, nl != NULL, l);
@@ -230,8 +251,7 @@ int tm_rd_line(tm_rd *r, tm_line *l)
 
 /* ---- naming damage */
 
-void tm_spool_damage(telemetry *t, uint64_t first, uint64_t off, int kind, const char *why, int once)
-{
+void tm_spool_damage(telemetry *t, uint64_t first, uint64_t off, int kind, const char *why, int once) {
     char text[400], esc[6 * 200];
     char *p = tm_seg_path(t, first);
     snprintf(text, sizeof text, "run %s: %s byte %llu: %s%s%s", t->run, p ? p : "?", (unsigned long long)off,
@@ -255,8 +275,7 @@ name:
 
 /* ---- the sender's stream */
 
-void tm_spool_seek(telemetry *t, uint64_t seq)
-{
+void tm_spool_seek(telemetry *t, uint64_t seq) {
     tm_rd_close(&t->rd);
     t->rd_have = 0;
     t->rd_ready = 0;
@@ -272,18 +291,17 @@ void tm_spool_seek(telemetry *t, uint64_t seq)
 }
 
 /* 1 when seq was refused by the daemon for its content (conn.c). */
-static int refused_seq(const telemetry *t, uint64_t seq)
-{
+static int refused_seq(const telemetry *t, uint64_t seq) {
     for (int i = 0; i < t->n_refused; i++)
         if (t->refused_seqs[i] == seq) return 1;
     return 0;
 }
 
 /* The placeholder for rd_expect: a warn event naming the damage. */
-static void placeholder(telemetry *t, const char *why)
-{
+static void placeholder(telemetry *t, const char *why) {
     char text[600];
-    int n = snprintf(text, sizeof text, "entropyd client: seq %llu has no intact record in the spool (%s); "
+    int n = snprintf(text, sizeof text,
+                     "entropyd client: seq %llu has no intact record in the spool (%s); "
                      "sent as this event so that the records after it are taken",
                      (unsigned long long)t->rd_expect, why && *why ? why : "missing");
     char pre[PROTO_SEQ_PREFIX_MAX];
@@ -298,8 +316,7 @@ static void placeholder(telemetry *t, const char *why)
 
 /* Finds the reader's segment again (acks may have trimmed it): its index,
  * or -1 when nothing is left to read. */
-static long rd_segment(telemetry *t)
-{
+static long rd_segment(telemetry *t) {
     size_t i = 0;
     while (i < t->nsegs && t->segs[i].first < t->rd.first) i++;
     if (i == t->nsegs) return -1;
@@ -313,8 +330,7 @@ static long rd_segment(telemetry *t)
     return (long)i;
 }
 
-int tm_spool_peek(telemetry *t, tm_record *out)
-{
+int tm_spool_peek(telemetry *t, tm_record *out) {
     while (!t->rd_ready) {
         long i = rd_segment(t);
         if (i < 0) return 0;
@@ -342,7 +358,10 @@ int tm_spool_peek(telemetry *t, tm_record *out)
             t->rd_have = 1;
         }
         tm_line *l = &t->rd_line;
-        if (l->kind == TM_MAGIC) { t->rd_have = 0; continue; }
+        if (l->kind == TM_MAGIC) {
+            t->rd_have = 0;
+            continue;
+        }
         if (l->kind != TM_INTACT) {
             tm_spool_damage(t, t->rd.first, l->off, l->kind, l->why, 1);
             t->rd_have = 0;
@@ -374,7 +393,7 @@ int tm_spool_peek(telemetry *t, tm_record *out)
             tm_spool_damage(t, t->rd.first, l->off, DMG_REFUSED, why, 1);
             placeholder(t, t->rd_why);
         } else {
-            t->rd_rec = (tm_record){ l->payload, l->plen, l->seq, 0 };
+            t->rd_rec = (tm_record){l->payload, l->plen, l->seq, 0};
         }
         t->rd_ready = 1;
     }
@@ -382,8 +401,7 @@ int tm_spool_peek(telemetry *t, tm_record *out)
     return 1;
 }
 
-void tm_spool_take(telemetry *t)
-{
+void tm_spool_take(telemetry *t) {
     if (!t->rd_ready) return;
     t->rd_ready = 0;
     if (!t->rd_rec.placeholder || t->rd_line.seq == t->rd_expect) {

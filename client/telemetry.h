@@ -40,16 +40,17 @@
 #include <stdio.h>
 
 /* Return codes. */
-#define TELEMETRY_OK        0
-#define TELEMETRY_EFULL    -1  /* queue (or metric slot table) full: dropped, counted */
-#define TELEMETRY_EINVAL   -2  /* bad argument: name, level, status, shape */
+#define TELEMETRY_OK 0
+#define TELEMETRY_EFULL -1     /* queue (or metric slot table) full: dropped, counted */
+#define TELEMETRY_EINVAL -2    /* bad argument: name, level, status, shape */
 #define TELEMETRY_ETIMEDOUT -3 /* a bounded wait ended before everything was acknowledged */
-#define TELEMETRY_EREFUSED -4  /* the daemon refused the run's hello (e.g. shape_mismatch: the
+#define TELEMETRY_EREFUSED \
+    -4 /* the daemon refused the run's hello (e.g. shape_mismatch: the
                                   name is taken by a run of another shape); the client
                                   stopped connecting, see telemetry_wait_welcome */
 
-#define TELEMETRY_NAME_MAX 64  /* metric names: 1..64 bytes of [A-Za-z0-9._:-] */
-#define TELEMETRY_RUN_MAX 128  /* run names: 1..128 bytes of [A-Za-z0-9._:@+-] */
+#define TELEMETRY_NAME_MAX 64 /* metric names: 1..64 bytes of [A-Za-z0-9._:-] */
+#define TELEMETRY_RUN_MAX 128 /* run names: 1..128 bytes of [A-Za-z0-9._:@+-] */
 
 typedef struct telemetry telemetry;
 typedef struct telemetry_step telemetry_step; /* one slot of the ring */
@@ -57,42 +58,42 @@ typedef struct telemetry_step telemetry_step; /* one slot of the ring */
 /* Configuration. Strings are copied by telemetry_create; the struct may be
  * freed afterwards. Zero / NULL fields take the default given. */
 typedef struct telemetry_config {
-    const char *address;   /* "unix:PATH" or "tcp:HOST:PORT"; NULL: spool only,
+    const char *address;    /* "unix:PATH" or "tcp:HOST:PORT"; NULL: spool only,
                               never connect */
-    const char *run;       /* run name; NULL: generated, see telemetry_run_name */
-    int layers, heads;     /* L, H: 1..4096, L*H <= 1048576 (required) */
-    int seq_len;           /* T >= 1 (required) */
-    const char *meta_json; /* JSON object text sent in hello, or NULL */
-    const char *token;     /* daemon token, or NULL */
-    const char *spool_dir; /* spool root; the run spools in SPOOL_DIR/RUN/.
+    const char *run;        /* run name; NULL: generated, see telemetry_run_name */
+    int layers, heads;      /* L, H: 1..4096, L*H <= 1048576 (required) */
+    int seq_len;            /* T >= 1 (required) */
+    const char *meta_json;  /* JSON object text sent in hello, or NULL */
+    const char *token;      /* daemon token, or NULL */
+    const char *spool_dir;  /* spool root; the run spools in SPOOL_DIR/RUN/.
                               NULL: a private temporary directory removed by
                               destroy (no persistence across processes) */
-    size_t queue_slots;    /* ring capacity in messages; default 256, fewer
+    size_t queue_slots;     /* ring capacity in messages; default 256, fewer
                               (at least 16) when 256 slots would take over
                               64 MiB. The ring is allocated and touched at
                               create: slots * (max_scalars + max_layer_metrics*L
                               + max_head_metrics*L*H) floats, plus names */
-    size_t spool_max_bytes;/* spool bound; default 256 MiB */
-    int max_scalars;       /* per-step metric slots; defaults 64, 32, 16;
+    size_t spool_max_bytes; /* spool bound; default 256 MiB */
+    int max_scalars;        /* per-step metric slots; defaults 64, 32, 16;
                               at most 256 each (protocol v1). A step's line
                               must stay under 4 MiB, roughly 11 bytes a value */
     int max_layer_metrics;
     int max_head_metrics;
-    int backoff_min_ms;    /* reconnect backoff; defaults 50 and 2000: it
+    int backoff_min_ms; /* reconnect backoff; defaults 50 and 2000: it
                               doubles per attempt, each wait jittered to
                               50..100% of it, and starts again from the
                               minimum only after a useful connection (an
                               ack, or 5 s up); attempts are at least 250 ms
                               apart whatever these say */
     int backoff_max_ms;
-    int no_spool_upload;   /* 0 (default): with an address and a spool_dir,
+    int no_spool_upload;  /* 0 (default): with an address and a spool_dir,
                               a background thread uploads every other run
                               found in spool_dir with unacknowledged
                               messages (see telemetry_upload_all), one at a
                               time, and reports each in the inbox (type
                               "client", code "uploaded" or "upload_failed").
                               Nonzero: only this run. */
-    int send_interval_ms;  /* 0: default, 100 ms. While connected and caught
+    int send_interval_ms; /* 0: default, 100 ms. While connected and caught
                               up, the sender thread wakes once per interval:
                               it moves what the ring holds to the spool,
                               sends it in one write and reads the daemon's
@@ -106,7 +107,7 @@ typedef struct telemetry_config {
                               message is sent within a millisecond or two
                               of being enqueued; the sender wakes ~60
                               times a second when idle). */
-    int noncausal;         /* 0 (default): causal attention, row i attends
+    int noncausal;        /* 0 (default): causal attention, row i attends
                               positions 0..i; nonzero: every row attends all
                               seq_len positions. Sent in the hello
                               ("causal":false); the daemon derives
@@ -117,17 +118,17 @@ typedef struct telemetry_config {
 
 /* Counters, a snapshot. Monotonic except spool_bytes and connected. */
 typedef struct telemetry_stats {
-    uint64_t enqueued;      /* messages accepted into the ring */
-    uint64_t dropped_queue; /* messages dropped because the ring was full */
-    uint64_t dropped_spool; /* messages dropped because the spool was full or failing */
+    uint64_t enqueued;         /* messages accepted into the ring */
+    uint64_t dropped_queue;    /* messages dropped because the ring was full */
+    uint64_t dropped_spool;    /* messages dropped because the spool was full or failing */
     uint64_t dropped_oversize; /* steps whose line would exceed protocol v1's 4 MiB */
-    uint64_t spooled;       /* messages written to the spool (each has a seq) */
-    uint64_t sent;          /* message lines written to the socket, resends included */
-    uint64_t acked;         /* highest seq the daemon acknowledged (or welcomed) */
-    uint64_t next_seq;      /* seq the next message will get */
-    uint64_t spool_bytes;   /* bytes in the spool now */
-    uint64_t connects;      /* welcomes received */
-    uint64_t reconnects;    /* welcomes after the first one */
+    uint64_t spooled;          /* messages written to the spool (each has a seq) */
+    uint64_t sent;             /* message lines written to the socket, resends included */
+    uint64_t acked;            /* highest seq the daemon acknowledged (or welcomed) */
+    uint64_t next_seq;         /* seq the next message will get */
+    uint64_t spool_bytes;      /* bytes in the spool now */
+    uint64_t connects;         /* welcomes received */
+    uint64_t reconnects;       /* welcomes after the first one */
     uint64_t connect_failures;
     uint64_t errors;        /* error lines received from the daemon */
     uint64_t inbox_dropped; /* incoming lines lost because the inbox was full */
@@ -206,8 +207,7 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
  * as they are after the last acknowledgement, the sender stopped: the
  * run's final figures (telemetry_get_stats cannot be called after t is
  * gone). */
-int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE *progress,
-                           telemetry_stats *out);
+int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE *progress, telemetry_stats *out);
 
 /* Uploads every run found in spool_dir (its subdirectories SPOOL_DIR/RUN
  * that hold unacknowledged messages and a hello.json, which every client
@@ -217,16 +217,16 @@ int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE 
  * damaged spool record (see telemetry_upload_spool). Returns the
  * number of runs left with unacknowledged messages (0: everything
  * uploaded), or -1 with a message in err when spool_dir cannot be read. */
-int telemetry_upload_all(const char *address, const char *spool_dir, const char *token,
-                         int timeout_ms, FILE *log, char *err, size_t errlen);
+int telemetry_upload_all(const char *address, const char *spool_dir, const char *token, int timeout_ms, FILE *log,
+                         char *err, size_t errlen);
 
 /* What telemetry_upload_spool did. */
 typedef struct telemetry_upload_result {
-    int runs_uploaded;  /* runs whose every intact record is now acknowledged */
-    int runs_left;      /* runs still holding unacknowledged records (no
+    int runs_uploaded; /* runs whose every intact record is now acknowledged */
+    int runs_left;     /* runs still holding unacknowledged records (no
                            daemon, refused, timed out, in use by a live
                            client, no hello.json) */
-    uint64_t damaged;   /* damaged spool records met and skipped, each
+    uint64_t damaged;  /* damaged spool records met and skipped, each
                            named on log: "entropyd upload: damaged: run R:
                            FILE byte OFFSET: WHAT" (docs/client.md) */
 } telemetry_upload_result;
@@ -237,8 +237,7 @@ typedef struct telemetry_upload_result {
  * named on log and counted in out->damaged. Returns out->runs_left, or -1
  * with a message in err when spool_dir cannot be read. */
 int telemetry_upload_spool(const char *address, const char *spool_dir, const char *run, const char *token,
-                           int timeout_ms, FILE *log, telemetry_upload_result *out, char *err,
-                           size_t errlen);
+                           int timeout_ms, FILE *log, telemetry_upload_result *out, char *err, size_t errlen);
 
 /* The run name (given or generated); owned by t, valid until destroy. */
 const char *telemetry_run_name(const telemetry *t);
@@ -279,9 +278,8 @@ int telemetry_step_commit(telemetry *t, telemetry_step *s);
  * is full (the step is dropped and counted, as begin does); TELEMETRY_EINVAL
  * for step < 0, a NULL array with n > 0, a bad name, or more metrics of a
  * kind than max_* (nothing is enqueued). No syscall. */
-int telemetry_step_log(telemetry *t, int64_t step, double time,
-                       int n_scalar, const char *const *scalar_names, const double *scalars,
-                       int n_layer, const char *const *layer_names, const float *layers,
+int telemetry_step_log(telemetry *t, int64_t step, double time, int n_scalar, const char *const *scalar_names,
+                       const double *scalars, int n_layer, const char *const *layer_names, const float *layers,
                        int n_head, const char *const *head_names, const float *heads);
 
 /* Enqueues an event: level "info", "warn" or "error", text (copied, UTF-8,

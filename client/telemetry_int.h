@@ -34,11 +34,11 @@
 #include "proto.h"
 #include "telemetry.h"
 
-#define TICK_MAX_MS 16            /* sender idle poll, unpaced: bounds enqueue->spool latency */
-#define SEND_INTERVAL_MS 100      /* telemetry_config.send_interval_ms's default */
+#define TICK_MAX_MS 16       /* sender idle poll, unpaced: bounds enqueue->spool latency */
+#define SEND_INTERVAL_MS 100 /* telemetry_config.send_interval_ms's default */
 #define INBOX_CAP 64
 #define OBUF_CAP (256 * 1024)
-#define IBUF_CAP (1024 * 1024)    /* daemon lines longer than this are skipped */
+#define IBUF_CAP (1024 * 1024) /* daemon lines longer than this are skipped */
 #define WBUF_CAP (256 * 1024)
 #define EVENT_TEXT_MAX PROTO_MAX_TEXT
 #define SEQ_PREFIX_MAX PROTO_SEQ_PREFIX_MAX
@@ -50,8 +50,8 @@
 #define TM_SPOOL_MAGIC "entropyd-spool 2\n"
 #define WELCOME_TIMEOUT_MS 10000
 #define CONNECT_TIMEOUT_MS 2000
-#define CONNECT_SPACING_MS 250    /* at most 4 connection attempts a second, whatever happens */
-#define CONNECT_STABLE_MS 5000    /* a connection up this long resets the backoff */
+#define CONNECT_SPACING_MS 250 /* at most 4 connection attempts a second, whatever happens */
+#define CONNECT_STABLE_MS 5000 /* a connection up this long resets the backoff */
 #define DRAIN_BATCH 256
 #define METRICS_MAX PROTO_MAX_METRICS
 
@@ -66,55 +66,68 @@ typedef proto_name name_t;
 
 struct telemetry_step {
     telemetry *owner;
-    int kind;                 /* MSG_* */
+    int kind; /* MSG_* */
     int64_t step;
-    double time;              /* < 0: omitted */
+    double time; /* < 0: omitted */
     int n_scalar, n_layer, n_head;
-    name_t *scalar_names;     /* (max_scalars) */
-    float *scalars;           /* (max_scalars) */
-    name_t *layer_names;      /* (max_layer_metrics) */
-    float *layers;            /* (max_layer_metrics, L) */
-    name_t *head_names;       /* (max_head_metrics) */
-    float *heads;             /* (max_head_metrics, L, H) */
-    char level[16];           /* event level or end status */
-    char *text;               /* event text, malloc()ed, freed by the sender */
+    name_t *scalar_names; /* (max_scalars) */
+    float *scalars;       /* (max_scalars) */
+    name_t *layer_names;  /* (max_layer_metrics) */
+    float *layers;        /* (max_layer_metrics, L) */
+    name_t *head_names;   /* (max_head_metrics) */
+    float *heads;         /* (max_head_metrics, L, H) */
+    char level[16];       /* event level or end status */
+    char *text;           /* event text, malloc()ed, freed by the sender */
 };
 
 typedef struct segment {
-    uint64_t first;           /* seq of its first record */
-    uint64_t size;            /* bytes of complete records (and the magic line) */
+    uint64_t first; /* seq of its first record */
+    uint64_t size;  /* bytes of complete records (and the magic line) */
 } segment;
 
 /* What a line of a segment is (spool_read.c): intact, the version line, or
  * a kind of damage. */
-enum { TM_INTACT, TM_MAGIC, DMG_TORN, DMG_GARBAGE, DMG_LENGTH, DMG_CHECKSUM, DMG_UTF8, DMG_DUPLICATE,
-       DMG_REFUSED, DMG_MISSING, DMG_COUNT };
+enum {
+    TM_INTACT,
+    TM_MAGIC,
+    DMG_TORN,
+    DMG_GARBAGE,
+    DMG_LENGTH,
+    DMG_CHECKSUM,
+    DMG_UTF8,
+    DMG_DUPLICATE,
+    DMG_REFUSED,
+    DMG_MISSING,
+    DMG_COUNT
+};
 
 /* Reads one segment line by line; buf holds its bytes from base on. */
 typedef struct tm_rd {
     int fd;
-    uint64_t first, size;     /* the segment; size: bytes that may be read */
-    uint64_t off;             /* the next line's offset */
-    int ver;                  /* 0 not known yet, 1 bare lines, 2 framed */
-    size_t max;               /* the longest line: the run's protocol limit and a frame */
-    char *buf; size_t cap, len; uint64_t base;
+    uint64_t first, size; /* the segment; size: bytes that may be read */
+    uint64_t off;         /* the next line's offset */
+    int ver;              /* 0 not known yet, 1 bare lines, 2 framed */
+    size_t max;           /* the longest line: the run's protocol limit and a frame */
+    char *buf;
+    size_t cap, len;
+    uint64_t base;
 } tm_rd;
 
 /* One line: views into the reader's buffer, valid until its next line. */
 typedef struct tm_line {
-    uint64_t off;             /* its offset in the segment */
-    size_t n;                 /* its bytes, newline included */
-    int kind;                 /* TM_INTACT, TM_MAGIC or DMG_* */
-    uint64_t seq;             /* intact: its seq */
-    const char *raw;          /* the line itself */
-    const char *payload;      /* intact: the protocol line, without newline */
+    uint64_t off;        /* its offset in the segment */
+    size_t n;            /* its bytes, newline included */
+    int kind;            /* TM_INTACT, TM_MAGIC or DMG_* */
+    uint64_t seq;        /* intact: its seq */
+    const char *raw;     /* the line itself */
+    const char *payload; /* intact: the protocol line, without newline */
     size_t plen;
-    char why[128];            /* damage: details, or "" */
+    char why[128]; /* damage: details, or "" */
 } tm_line;
 
 /* What the stream sends next: a record's payload, or a placeholder. */
 typedef struct tm_record {
-    const char *line;         /* without newline */
+    const char *line; /* without newline */
     size_t len;
     uint64_t seq;
     int placeholder;
@@ -129,23 +142,24 @@ struct telemetry {
     int max_s, max_l, max_h;
     int has_address, is_unix;
     char *unix_path, *host, *port;
-    char *hello; size_t hello_len;
-    size_t hello_public_len;  /* the hello's bytes before its token */
-    char *address, *token;    /* copies, for the background uploader */
-    char *root;               /* spool root */
-    char *dir;                /* root/run */
+    char *hello;
+    size_t hello_len;
+    size_t hello_public_len; /* the hello's bytes before its token */
+    char *address, *token;   /* copies, for the background uploader */
+    char *root;              /* spool root */
+    char *dir;               /* root/run */
     int root_is_tmp;
     int lock_fd;
     uint64_t spool_max, seg_bytes;
     int backoff_min, backoff_max;
-    int interval_ms;          /* send_interval_ms; 0: not paced */
+    int interval_ms; /* send_interval_ms; 0: not paced */
 
     /* Ring: the producer owns head and the open slot, the sender owns tail. */
     size_t cap;
     telemetry_step *slots;
     char *slot_mem;
     _Atomic size_t head, tail;
-    _Atomic uint64_t done;    /* slots fully processed (spooled or dropped) */
+    _Atomic uint64_t done; /* slots fully processed (spooled or dropped) */
     telemetry_step *open;
     /* Waking the sender out of a paced sleep (conn.c): wake_fd, an eventfd
      * it polls, is written by the producer once the ring is half full
@@ -176,23 +190,29 @@ struct telemetry {
     pthread_t thread;
     int thread_started;
     atomic_int stop;
-    segment *segs; size_t nsegs, segcap;
+    segment *segs;
+    size_t nsegs, segcap;
     uint64_t spool_total;
-    int wfd;                  /* append fd of the newest segment */
+    int wfd; /* append fd of the newest segment */
     uint64_t next_seq, acked;
-    char *fmt; size_t fmtcap; /* body of one line, after BODY_AT bytes */
-    char *wbuf; size_t wlen;  /* lines waiting for one write() */
+    char *fmt;
+    size_t fmtcap; /* body of one line, after BODY_AT bytes */
+    char *wbuf;
+    size_t wlen; /* lines waiting for one write() */
     unsigned wbuf_n;
     uint64_t reported_drops;
     int fd, cstate;
-    uint64_t next_attempt, deadline;  /* monotonic ns */
-    uint64_t last_attempt, up_since;  /* monotonic ns: the last connect, the last welcome */
-    uint64_t rng;                     /* reconnect jitter's state */
+    uint64_t next_attempt, deadline; /* monotonic ns */
+    uint64_t last_attempt, up_since; /* monotonic ns: the last connect, the last welcome */
+    uint64_t rng;                    /* reconnect jitter's state */
     int backoff;
     int stream_was_up;
-    char *obuf; size_t obuf_cap, olen, ooff; /* obuf_cap: OBUF_CAP, more for a larger record */
-    int hello_nl;             /* the hello's newline is still in obuf */
-    char *ibuf; size_t ilen; int iskip;
+    char *obuf;
+    size_t obuf_cap, olen, ooff; /* obuf_cap: OBUF_CAP, more for a larger record */
+    int hello_nl;                /* the hello's newline is still in obuf */
+    char *ibuf;
+    size_t ilen;
+    int iskip;
     /* The stream's reader (spool_read.c): rd_expect is the seq it sends
      * next, rd_maxseen the highest intact seq it read since the seek (an
      * intact record at or below it is a duplicate); rd_line is the line
@@ -204,12 +224,14 @@ struct telemetry {
     tm_line rd_line;
     tm_record rd_rec;
     char rd_why[400];
-    char *ph_buf;             /* a placeholder line (PH_CAP) */
+    char *ph_buf; /* a placeholder line (PH_CAP) */
     /* Damage is named once: the furthest place named (segment, offset). */
-    uint64_t dmg_first, dmg_off; int dmg_any;
+    uint64_t dmg_first, dmg_off;
+    int dmg_any;
     /* seqs the daemon refused for their content (conn.c): sent as
      * placeholders on the next connection */
-    uint64_t refused_seqs[REFUSED_MAX]; int n_refused;
+    uint64_t refused_seqs[REFUSED_MAX];
+    int n_refused;
 
     /* The daemon refused the hello (conn.c): refusal ("CODE: message") is
      * written by the sender once, before refused is set (release). */
@@ -217,10 +239,9 @@ struct telemetry {
     char refusal[320];
 
     /* Counters (see telemetry_stats). */
-    _Atomic uint64_t st_enqueued, st_dropped_queue, st_dropped_spool, st_dropped_oversize, st_spooled,
-        st_sent, st_acked, st_next_seq, st_spool_bytes, st_connects,
-        st_connect_failures, st_errors, st_inbox_dropped,
-        st_damaged;           /* damaged records named (not in telemetry_stats: upload.c reads it) */
+    _Atomic uint64_t st_enqueued, st_dropped_queue, st_dropped_spool, st_dropped_oversize, st_spooled, st_sent,
+        st_acked, st_next_seq, st_spool_bytes, st_connects, st_connect_failures, st_errors, st_inbox_dropped,
+        st_damaged; /* damaged records named (not in telemetry_stats: upload.c reads it) */
     atomic_int st_connected;
 };
 
@@ -234,16 +255,13 @@ static inline uint64_t tm_now_ns(void) { return (uint64_t)(now_mono_ms() * 1e6);
 /* ---- small helpers every part uses (here, so that no part calls back
  * into lifecycle.c, which stands above them all) */
 
-static inline void tm_sleep_ms(int ms)
-{
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+static inline void tm_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
 }
 
 /* Formats into err[0..errlen) when err is not NULL. */
-__attribute__((format(printf, 3, 4)))
-static inline void tm_set_err(char *err, size_t errlen, const char *fmt, ...)
-{
+__attribute__((format(printf, 3, 4))) static inline void tm_set_err(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || !errlen) return;
     va_list ap;
     va_start(ap, fmt);
@@ -252,15 +270,13 @@ static inline void tm_set_err(char *err, size_t errlen, const char *fmt, ...)
 }
 
 /* A run name is also a directory name: not "." or "..". */
-static inline int tm_valid_run(const char *r)
-{
+static inline int tm_valid_run(const char *r) {
     return proto_valid_run(r, strnlen(r, TELEMETRY_RUN_MAX + 1)) && strcmp(r, ".") && strcmp(r, "..");
 }
 
 /* Everything enqueued has been processed by the sender and, with an
  * address, acknowledged. */
-static inline int tm_settled(telemetry *t)
-{
+static inline int tm_settled(telemetry *t) {
     uint64_t done = atomic_load_explicit(&t->done, memory_order_acquire);
     if (done != atomic_load_explicit(&t->head, memory_order_relaxed)) return 0;
     if (!t->has_address) return 1;
@@ -268,8 +284,7 @@ static inline int tm_settled(telemetry *t)
 }
 
 /* Wakes the sender out of its sleep (one eventfd write). Any thread. */
-static inline void tm_wake(telemetry *t)
-{
+static inline void tm_wake(telemetry *t) {
     uint64_t one = 1;
     if (t->wake_fd < 0) return;
     atomic_store_explicit(&t->woken, 1, memory_order_release);
@@ -313,8 +328,8 @@ const char *tm_dmg_name(int kind);
 int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint64_t off);
 /* The next line: 1 with *l filled, 0 at the end of what may be read. */
 int tm_rd_line(tm_rd *r, tm_line *l);
-void tm_rd_close(tm_rd *r);      /* keeps the buffer */
-void tm_rd_free(tm_rd *r);       /* closes and frees; fd must be -1 or open */
+void tm_rd_close(tm_rd *r); /* keeps the buffer */
+void tm_rd_free(tm_rd *r);  /* closes and frees; fd must be -1 or open */
 /* Names damage (an inbox note "spool_damage", st_damaged); once: not
  * again, nor anything before it, until the spool is rewritten. */
 void tm_spool_damage(telemetry *t, uint64_t first, uint64_t off, int kind, const char *why, int once);

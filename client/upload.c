@@ -16,8 +16,7 @@
 #include <unistd.h>
 
 /* 1 when DIR holds a segment with bytes in it. */
-static int dir_has_data(const char *dir)
-{
+static int dir_has_data(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return 0;
     struct dirent *e;
@@ -31,8 +30,7 @@ static int dir_has_data(const char *dir)
     return found;
 }
 
-static char *read_small_file(const char *path, size_t max)
-{
+static char *read_small_file(const char *path, size_t max) {
     FILE *f = fopen(path, "re");
     if (!f) return NULL;
     char *buf = malloc(max + 1);
@@ -53,8 +51,7 @@ typedef struct note_sink {
 
 /* Passes on c's "spool_damage" notes (what else a client says is for its
  * own user: the uploader has none). */
-static void pass_notes(telemetry *c, const note_sink *to)
-{
+static void pass_notes(telemetry *c, const note_sink *to) {
     telemetry_msg m;
     while (telemetry_poll(c, &m)) {
         if (!strcmp(m.type, "client") && strstr(m.line, "\"spool_damage\"")) {
@@ -74,20 +71,24 @@ static void pass_notes(telemetry *c, const note_sink *to)
  * hello.json), waiting until everything is acknowledged, timeout_ms passed
  * or *stop is set; its damage notes go to sink, their number to
  * *damaged. Fills msg with what happened. */
-static int upload_run(const char *address, const char *root, const char *run, const char *token,
-                      int timeout_ms, atomic_int *stop, const note_sink *sink, uint64_t *damaged,
-                      char *msg, size_t msglen)
-{
+static int upload_run(const char *address, const char *root, const char *run, const char *token, int timeout_ms,
+                      atomic_int *stop, const note_sink *sink, uint64_t *damaged, char *msg, size_t msglen) {
     size_t n = strlen(root) + strlen(run) + 16;
     char *dir = malloc(n), *hp = malloc(n);
     char *text = NULL, *meta = NULL;
     cJSON *h = NULL;
     telemetry *c = NULL;
     int rc = UP_LEFT;
-    if (!dir || !hp) { snprintf(msg, msglen, "run %s: out of memory", run); goto out; }
+    if (!dir || !hp) {
+        snprintf(msg, msglen, "run %s: out of memory", run);
+        goto out;
+    }
     snprintf(dir, n, "%s/%s", root, run);
     snprintf(hp, n, "%s/hello.json", dir);
-    if (!dir_has_data(dir)) { rc = UP_NOTHING; goto out; }
+    if (!dir_has_data(dir)) {
+        rc = UP_NOTHING;
+        goto out;
+    }
     text = read_small_file(hp, (2u << 20));
     h = text ? cJSON_Parse(text) : NULL;
     const cJSON *L = cJSON_GetObjectItemCaseSensitive(h, "layers");
@@ -95,8 +96,10 @@ static int upload_run(const char *address, const char *root, const char *run, co
     const cJSON *T = cJSON_GetObjectItemCaseSensitive(h, "seq_len");
     const cJSON *M = cJSON_GetObjectItemCaseSensitive(h, "meta");
     if (!cJSON_IsNumber(L) || !cJSON_IsNumber(H) || !cJSON_IsNumber(T)) {
-        snprintf(msg, msglen, "run %s: no readable hello.json (spooled by an older client?); "
-                 "upload it with its shape given", run);
+        snprintf(msg, msglen,
+                 "run %s: no readable hello.json (spooled by an older client?); "
+                 "upload it with its shape given",
+                 run);
         goto out;
     }
     if (cJSON_IsObject(M)) meta = cJSON_PrintUnformatted(M);
@@ -135,12 +138,12 @@ static int upload_run(const char *address, const char *root, const char *run, co
     *damaged += dmg;
     rc = tm_settled(c) ? UP_DONE : UP_LEFT;
     if (rc == UP_DONE && dmg)
-        snprintf(msg, msglen, "run %s: every intact record uploaded, acknowledged up to seq %llu; "
-                 "%llu damaged record(s) skipped (named above)", run, (unsigned long long)st.acked,
-                 (unsigned long long)dmg);
+        snprintf(msg, msglen,
+                 "run %s: every intact record uploaded, acknowledged up to seq %llu; "
+                 "%llu damaged record(s) skipped (named above)",
+                 run, (unsigned long long)st.acked, (unsigned long long)dmg);
     else if (rc == UP_DONE)
-        snprintf(msg, msglen, "run %s: spool uploaded, acknowledged up to seq %llu", run,
-                 (unsigned long long)st.acked);
+        snprintf(msg, msglen, "run %s: spool uploaded, acknowledged up to seq %llu", run, (unsigned long long)st.acked);
     else
         snprintf(msg, msglen, "run %s: not all uploaded (acknowledged %llu of %llu%s)", run,
                  (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
@@ -156,17 +159,15 @@ out:
 }
 
 /* Calls fn for every subdirectory name of root except skip, in name order. */
-static int for_each_run(const char *root, const char *skip, int (*fn)(void *, const char *),
-                        void *arg)
-{
+static int for_each_run(const char *root, const char *skip, int (*fn)(void *, const char *), void *arg) {
     struct dirent **names = NULL;
     int n = scandir(root, &names, NULL, alphasort);
     if (n < 0) return -1;
     int stop = 0;
     for (int i = 0; i < n; i++) {
         const char *r = names[i]->d_name;
-        if (!stop && tm_valid_run(r) && strcmp(r, ".") && strcmp(r, "..") &&
-            !(skip && !strcmp(r, skip)) && names[i]->d_type == DT_DIR)
+        if (!stop && tm_valid_run(r) && strcmp(r, ".") && strcmp(r, "..") && !(skip && !strcmp(r, skip)) &&
+            names[i]->d_type == DT_DIR)
             stop = fn(arg, r);
         free(names[i]);
     }
@@ -174,22 +175,20 @@ static int for_each_run(const char *root, const char *skip, int (*fn)(void *, co
     return 0;
 }
 
-static int uploader_one(void *arg, const char *run)
-{
+static int uploader_one(void *arg, const char *run) {
     telemetry *t = arg;
     char msg[400];
     if (atomic_load(&t->up_stop)) return 1;
-    note_sink sink = { NULL, t };
+    note_sink sink = {NULL, t};
     uint64_t damaged = 0;
-    int rc = upload_run(t->address, t->root, run, t->token, 24 * 3600 * 1000, &t->up_stop, &sink, &damaged,
-                        msg, sizeof msg);
+    int rc =
+        upload_run(t->address, t->root, run, t->token, 24 * 3600 * 1000, &t->up_stop, &sink, &damaged, msg, sizeof msg);
     if (rc == UP_DONE) tm_inbox_note(t, "uploaded", "%s", msg);
     else if (rc == UP_LEFT) tm_inbox_note(t, "upload_failed", "%s", msg);
     return atomic_load(&t->up_stop);
 }
 
-void *tm_uploader_main(void *arg)
-{
+void *tm_uploader_main(void *arg) {
     telemetry *t = arg;
     for_each_run(t->root, t->run, uploader_one, t);
     atomic_store(&t->up_done, 1);
@@ -203,14 +202,13 @@ typedef struct upload_all_ctx {
     telemetry_upload_result res;
 } upload_all_ctx;
 
-static int upload_all_one(void *arg, const char *run)
-{
+static int upload_all_one(void *arg, const char *run) {
     upload_all_ctx *u = arg;
     char msg[400];
     if (u->only && strcmp(run, u->only)) return 0;
-    note_sink sink = { u->log, NULL };
-    int rc = upload_run(u->address, u->root, run, u->token, u->timeout_ms, NULL, &sink, &u->res.damaged, msg,
-                        sizeof msg);
+    note_sink sink = {u->log, NULL};
+    int rc =
+        upload_run(u->address, u->root, run, u->token, u->timeout_ms, NULL, &sink, &u->res.damaged, msg, sizeof msg);
     if (rc == UP_LEFT || rc == UP_BUSY) u->res.runs_left++;
     if (rc == UP_DONE) u->res.runs_uploaded++;
     if (u->log && rc != UP_NOTHING) fprintf(u->log, "entropyd upload: %s\n", msg);
@@ -218,14 +216,13 @@ static int upload_all_one(void *arg, const char *run)
 }
 
 int telemetry_upload_spool(const char *address, const char *spool_dir, const char *run, const char *token,
-                           int timeout_ms, FILE *log, telemetry_upload_result *out, char *err, size_t errlen)
-{
+                           int timeout_ms, FILE *log, telemetry_upload_result *out, char *err, size_t errlen) {
     if (out) memset(out, 0, sizeof *out);
     if (!address || !spool_dir) {
         tm_set_err(err, errlen, "uploading needs an address and a spool directory");
         return -1;
     }
-    upload_all_ctx u = { address, spool_dir, token, run, timeout_ms, log, {0, 0, 0} };
+    upload_all_ctx u = {address, spool_dir, token, run, timeout_ms, log, {0, 0, 0}};
     if (for_each_run(spool_dir, NULL, upload_all_one, &u)) {
         tm_set_err(err, errlen, "spool %s: %s", spool_dir, strerror(errno));
         return -1;
@@ -234,8 +231,7 @@ int telemetry_upload_spool(const char *address, const char *spool_dir, const cha
     return u.res.runs_left;
 }
 
-int telemetry_upload_all(const char *address, const char *spool_dir, const char *token,
-                         int timeout_ms, FILE *log, char *err, size_t errlen)
-{
+int telemetry_upload_all(const char *address, const char *spool_dir, const char *token, int timeout_ms, FILE *log,
+                         char *err, size_t errlen) {
     return telemetry_upload_spool(address, spool_dir, NULL, token, timeout_ms, log, NULL, err, errlen);
 }

@@ -20,13 +20,13 @@ const char *alert_reason_name(int reason) {
  * cell's window is kept beside it, only for the ops that read it (the
  * per-cell bound is in alert_rules.h). */
 struct cell_state {
-    int64_t pending_since;   /* -1 when the condition is not holding (at_least/of_last: held on
+    int64_t pending_since; /* -1 when the condition is not holding (at_least/of_last: held on
                                 none of the last of_last steps) */
-    int64_t clear_since;     /* -1 unless firing and clear */
-    int64_t fired_from;      /* while firing: the step its condition began to hold; else -1 */
+    int64_t clear_since;   /* -1 unless firing and clear */
+    int64_t fired_from;    /* while firing: the step its condition began to hold; else -1 */
     float last;
     int16_t firing;
-    int16_t sharp;           /* holds the condition long enough, but unless_training says the loss
+    int16_t sharp; /* holds the condition long enough, but unless_training says the loss
                                 trains: not firing (the verdict's sharp heads) */
 };
 
@@ -50,26 +50,26 @@ struct cell_sums {
 struct group {
     int ncells;
     struct cell_state *cells;
-    float *ring;             /* ring_rows x ncells; NULL for ops without a window (or before a step) */
-    int ring_rows;           /* rows allocated: grows to the window */
-    float *mx;               /* drop: the max of the finite values in the ring (-inf if none); else NULL */
-    struct cell_sums *sums;  /* zscore; else NULL */
-    uint64_t *hist;          /* at_least/of_last: bit k is the condition k steps ago; else NULL */
+    float *ring;            /* ring_rows x ncells; NULL for ops without a window (or before a step) */
+    int ring_rows;          /* rows allocated: grows to the window */
+    float *mx;              /* drop: the max of the finite values in the ring (-inf if none); else NULL */
+    struct cell_sums *sums; /* zscore; else NULL */
+    uint64_t *hist;         /* at_least/of_last: bit k is the condition k steps ago; else NULL */
     /* unless_training: the run's guard metric's opening level (of its first open_n values) and
      * its smoothed level */
     double opening, smooth;
     int open_n;
-    int nsharp;              /* cells sharp now */
-    int ring_n, ring_pos;    /* shared by all cells: they advance together */
+    int nsharp;           /* cells sharp now */
+    int ring_n, ring_pos; /* shared by all cells: they advance together */
     int firing;
     int nfiring;
-    int npending;            /* cells whose condition holds but that do not fire yet */
+    int npending; /* cells whose condition holds but that do not fire yet */
     double starts_at;
     int64_t start_step;
-    struct alert_cell *last_cells;   /* what fired, for RESOLVED and UPDATE detection */
-    int nlast, last_cap;             /* last_cells grows with the cells firing: most never do */
-    double last_tr;          /* the feed's clock at the group's last transition */
-    int update_due;          /* the firing cells changed since the last transition, which was
+    struct alert_cell *last_cells; /* what fired, for RESOLVED and UPDATE detection */
+    int nlast, last_cap;           /* last_cells grows with the cells firing: most never do */
+    double last_tr;                /* the feed's clock at the group's last transition */
+    int update_due;                /* the firing cells changed since the last transition, which was
                                 under ALERT_UPDATE_MIN_S ago */
 };
 
@@ -78,11 +78,11 @@ struct run_state {
     char *name;
     int64_t layers, heads;
     int live;
-    int stale;               /* went stale (connection closed without end) */
-    int failed;              /* ended with status failed */
+    int stale;  /* went stale (connection closed without end) */
+    int failed; /* ended with status failed */
     double last_seen;
     int64_t last_step;
-    struct group *groups;    /* one per rule; cell state allocated on first use */
+    struct group *groups; /* one per rule; cell state allocated on first use */
     /* the verdict last reported (alert_verdict_changed), to report changes only */
     int vstate;
     int64_t vsince;
@@ -110,7 +110,7 @@ struct alert_engine {
     int verdict_changed;
     struct alert_verdict verdict;
     struct alert_cell vcells[ALERT_MAX_CELLS_LISTED]; /* the verdict's listed cells */
-    alert_resume_fn *resume;    /* may be NULL */
+    alert_resume_fn *resume;                          /* may be NULL */
     void *resume_ctx;
 };
 
@@ -147,7 +147,7 @@ static int op_windowed(int op) {
 /* Bytes of per-cell state a rule keeps (alert_rules.h's bound). */
 static uint64_t cell_bytes(const struct alert_rule *rule) {
     uint64_t b = sizeof(struct cell_state);
-    if (op_windowed(rule->op)) b += (uint64_t)(rule->window > 0 ? rule->window : 1) * sizeof(float);  /* at most */
+    if (op_windowed(rule->op)) b += (uint64_t)(rule->window > 0 ? rule->window : 1) * sizeof(float); /* at most */
     if (rule->op == ALERT_OP_DROP) b += sizeof(float);
     if (rule->op == ALERT_OP_ZSCORE) b += sizeof(struct cell_sums);
     if (rule->of_last) b += sizeof(uint64_t);
@@ -258,8 +258,9 @@ static uint64_t run_bytes(const struct alert_engine *e, const struct run_state *
         const struct group *g = &r->groups[k];
         const struct alert_rule *rule = &e->rules->rules[k];
         uint64_t window = op_windowed(rule->op) ? (uint64_t)(rule->window > 0 ? rule->window : 1) : 0;
-        b += (uint64_t)g->ncells * (cell_bytes(rule) - window * sizeof(float) + (uint64_t)g->ring_rows * sizeof(float)) +
-             (uint64_t)g->last_cap * sizeof *g->last_cells;
+        b +=
+            (uint64_t)g->ncells * (cell_bytes(rule) - window * sizeof(float) + (uint64_t)g->ring_rows * sizeof(float)) +
+            (uint64_t)g->last_cap * sizeof *g->last_cells;
     }
     return b;
 }
@@ -413,13 +414,21 @@ static struct alert_transition *tr_add(struct alert_engine *e, int state, const 
             if (v < worst) worst = v;
         } else if (v > worst) worst = v;
     }
-    *t = (struct alert_transition){.state = state, .rule = rule, .run_id = r->id, .run_name = r->name,
-                                   .fingerprint = h, .starts_at = g->starts_at, .at = time,
+    *t = (struct alert_transition){.state = state,
+                                   .rule = rule,
+                                   .run_id = r->id,
+                                   .run_name = r->name,
+                                   .fingerprint = h,
+                                   .starts_at = g->starts_at,
+                                   .at = time,
                                    /* a wall clock stepped back must not end an alert before it began
                                     * (Alertmanager refuses endsAt < startsAt) */
                                    .ends_at = state == ALERT_RESOLVED ? fmax(time, g->starts_at) : 0,
                                    .start_step = g->start_step,
-                                   .step = step, .ncells_total = g->nlast, .ncells = listed, .cells = cells,
+                                   .step = step,
+                                   .ncells_total = g->nlast,
+                                   .ncells = listed,
+                                   .cells = cells,
                                    .value = worst};
     e->stats.transitions++;
     return t;
@@ -459,8 +468,9 @@ static int group_settle(struct alert_engine *e, const struct alert_rule *rule, s
         int j = 0;
         for (int i = 0; i < g->ncells; i++) {
             if (!g->cells[i].firing) continue;
-            g->last_cells[j].layer = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(i / r->heads)
-                                     : rule->scope == ALERT_SCOPE_LAYER ? i : -1;
+            g->last_cells[j].layer = rule->scope == ALERT_SCOPE_HEAD    ? (int32_t)(i / r->heads)
+                                     : rule->scope == ALERT_SCOPE_LAYER ? i
+                                                                        : -1;
             g->last_cells[j].head = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(i % r->heads) : -1;
             g->last_cells[j].value = g->cells[i].last;
             j++;
@@ -772,25 +782,27 @@ static void run_verdict(struct alert_engine *e, const struct run_state *r) {
                     for (int c = 0; c < g->ncells; c++)
                         if (g->cells[c].sharp && (since < 0 || g->cells[c].pending_since < since))
                             since = g->cells[c].pending_since;
-                    sharp = (struct alert_verdict){.run_id = r->id, .state = ALERT_V_SHARP, .since_step = since,
-                                                   .rule = rule};
+                    sharp = (struct alert_verdict){
+                        .run_id = r->id, .state = ALERT_V_SHARP, .since_step = since, .rule = rule};
                     sharpg = g;
                 }
                 continue;
             }
             if (best.state == ALERT_V_HEALTHY || since < best.since_step) {
-                best = (struct alert_verdict){.run_id = r->id, .state = r->live ? ALERT_V_COLLAPSING : ALERT_V_COLLAPSED,
-                                              .since_step = since, .rule = rule};
+                best = (struct alert_verdict){.run_id = r->id,
+                                              .state = r->live ? ALERT_V_COLLAPSING : ALERT_V_COLLAPSED,
+                                              .since_step = since,
+                                              .rule = rule};
                 bestg = g;
                 pending_best = pending;
             }
         } else if (rule->verdict == ALERT_V_DIVERGED && g->firing) {
             if (div.state == ALERT_V_HEALTHY || g->start_step < div.since_step)
-                div = (struct alert_verdict){.run_id = r->id, .state = ALERT_V_DIVERGED, .since_step = g->start_step,
-                                             .rule = rule};
+                div = (struct alert_verdict){
+                    .run_id = r->id, .state = ALERT_V_DIVERGED, .since_step = g->start_step, .rule = rule};
         } else if (rule->verdict == ALERT_V_STALLED && g->firing && stall.state == ALERT_V_HEALTHY) {
-            stall = (struct alert_verdict){.run_id = r->id, .state = ALERT_V_STALLED, .since_step = g->start_step,
-                                           .rule = rule};
+            stall = (struct alert_verdict){
+                .run_id = r->id, .state = ALERT_V_STALLED, .since_step = g->start_step, .rule = rule};
         }
     }
     if (r->failed && div.state == ALERT_V_HEALTHY)
@@ -812,12 +824,14 @@ static void run_verdict(struct alert_engine *e, const struct run_state *r) {
         for (int c = 0; c < bestg->ncells; c++) {
             const struct cell_state *cs = &bestg->cells[c];
             int listed = best.state == ALERT_V_SHARP ? cs->sharp
-                         : pending_best            ? cs->pending_since >= 0 && !cs->firing
-                                                   : cs->firing;
+                         : pending_best              ? cs->pending_since >= 0 && !cs->firing
+                                                     : cs->firing;
             if (!listed) continue;
             total++;
             if (n == ALERT_MAX_CELLS_LISTED) continue;
-            int32_t layer = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c / r->heads) : rule->scope == ALERT_SCOPE_LAYER ? c : -1;
+            int32_t layer = rule->scope == ALERT_SCOPE_HEAD    ? (int32_t)(c / r->heads)
+                            : rule->scope == ALERT_SCOPE_LAYER ? c
+                                                               : -1;
             int32_t head = rule->scope == ALERT_SCOPE_HEAD ? (int32_t)(c % r->heads) : -1;
             e->vcells[n++] = (struct alert_cell){.layer = layer, .head = head, .value = cs->last};
         }
@@ -841,7 +855,8 @@ static void verdict_update(struct alert_engine *e, struct run_state *r, int forc
     const struct alert_verdict *v = &e->verdict;
     uint64_t h = 1469598103934665603ULL;
     for (int i = 0; i < v->ncells; i++)
-        h = (h ^ (uint64_t)(uint32_t)v->cells[i].layer ^ ((uint64_t)(uint32_t)v->cells[i].head << 32)) * 1099511628211ULL;
+        h = (h ^ (uint64_t)(uint32_t)v->cells[i].layer ^ ((uint64_t)(uint32_t)v->cells[i].head << 32)) *
+            1099511628211ULL;
     h ^= (uint64_t)v->ncells_total;
     if (!force && v->state == r->vstate && v->since_step == r->vsince && v->rule == r->vrule && h == r->vcells_hash)
         return;
@@ -881,7 +896,10 @@ int alert_feed(struct alert_engine *e, const struct writer_item *it, double now)
         const struct proto_msg *m = &it->msg;
         if (r->layers == 0) { /* no hello seen (engine started mid-run): learn the shape from the data */
             for (uint32_t i = 0; i < m->nmetrics; i++)
-                if (m->metrics[i].kind == PROTO_HEAD) { r->layers = m->metrics[i].rows; r->heads = m->metrics[i].cols; }
+                if (m->metrics[i].kind == PROTO_HEAD) {
+                    r->layers = m->metrics[i].rows;
+                    r->heads = m->metrics[i].cols;
+                }
         }
         if (r->last_step >= 0 && m->step <= r->last_step) {
             if ((t = run_rewind(e, r, m->step, time)) < 0) return -1;
@@ -992,9 +1010,12 @@ static void cells_text(const struct alert_transition *t, char *buf, size_t n) {
             return;
         }
         const struct alert_cell *c = &t->cells[i];
-        if (c->head >= 0) off += (size_t)snprintf(buf + off, n - off, "%slayer %d head %d", i ? ", " : "", c->layer, c->head);
+        if (c->head >= 0)
+            off += (size_t)snprintf(buf + off, n - off, "%slayer %d head %d", i ? ", " : "", c->layer, c->head);
         else if (c->layer >= 0) off += (size_t)snprintf(buf + off, n - off, "%slayer %d", i ? ", " : "", c->layer);
-        else off += (size_t)snprintf(buf + off, n - off, "%s%s", i ? ", " : "", t->rule->metric ? t->rule->metric : "run");
+        else
+            off +=
+                (size_t)snprintf(buf + off, n - off, "%s%s", i ? ", " : "", t->rule->metric ? t->rule->metric : "run");
     }
 }
 
@@ -1034,7 +1055,10 @@ char *alert_transition_json(const struct alert_transition *t) {
     if (!o) return NULL;
     char buf[64];
     cJSON_AddStringToObject(o, "status", t->state == ALERT_RESOLVED ? "resolved" : "firing");
-    cJSON_AddStringToObject(o, "transition", t->state == ALERT_FIRING ? "firing" : t->state == ALERT_RESOLVED ? "resolved" : "update");
+    cJSON_AddStringToObject(o, "transition",
+                            t->state == ALERT_FIRING     ? "firing"
+                            : t->state == ALERT_RESOLVED ? "resolved"
+                                                         : "update");
     cJSON *labels = cJSON_AddObjectToObject(o, "labels");
     cJSON_AddStringToObject(labels, "alertname", t->rule->name);
     cJSON_AddStringToObject(labels, "run", t->run_name);

@@ -62,20 +62,20 @@ struct alert_cell {
 /* A transition of an alert group. Owned by the engine until the next
  * alert_feed/alert_tick call; copy what must outlive it. */
 struct alert_transition {
-    int state;                    /* enum alert_state */
+    int state; /* enum alert_state */
     const struct alert_rule *rule;
     int64_t run_id;
     const char *run_name;
-    uint64_t fingerprint;         /* of {alertname, run, rule labels} */
-    double starts_at, ends_at;    /* Unix seconds, the daemon's clock; ends_at 0 while firing */
-    double at;                    /* when this transition happened (the daemon's clock) */
-    int64_t start_step, step;     /* step the episode began; step of this transition */
-    int ncells_total;             /* cells firing now (FIRING, UPDATE) or last (RESOLVED) */
-    int ncells;                   /* of them listed in cells: at most ALERT_MAX_CELLS_LISTED */
+    uint64_t fingerprint;      /* of {alertname, run, rule labels} */
+    double starts_at, ends_at; /* Unix seconds, the daemon's clock; ends_at 0 while firing */
+    double at;                 /* when this transition happened (the daemon's clock) */
+    int64_t start_step, step;  /* step the episode began; step of this transition */
+    int ncells_total;          /* cells firing now (FIRING, UPDATE) or last (RESOLVED) */
+    int ncells;                /* of them listed in cells: at most ALERT_MAX_CELLS_LISTED */
     const struct alert_cell *cells;
-    double value;                 /* the worst value among all ncells_total cells */
-    int reason;                   /* enum alert_reason: why a RESOLVED resolved */
-    int resumed;                  /* FIRING only: the episode an earlier daemon opened goes on
+    double value; /* the worst value among all ncells_total cells */
+    int reason;   /* enum alert_reason: why a RESOLVED resolved */
+    int resumed;  /* FIRING only: the episode an earlier daemon opened goes on
                                    * (alert_resume_fn): starts_at and start_step are its own */
 };
 
@@ -86,7 +86,7 @@ struct alert_transition {
  * the engine until the next feed or tick. */
 struct alert_verdict {
     int64_t run_id;
-    int state;                    /* enum alert_verdict_state */
+    int state; /* enum alert_verdict_state */
     int64_t since_step;
     const struct alert_rule *rule;
     int ncells, ncells_total;
@@ -151,7 +151,7 @@ char *alert_transition_json(const struct alert_transition *t);
 /* Evaluation counters, for /metrics and the benchmark. */
 struct alert_stats {
     uint64_t steps, evaluations, transitions;
-    double eval_ms;              /* CPU time spent evaluating steps */
+    double eval_ms; /* CPU time spent evaluating steps */
 };
 void alert_get_stats(const struct alert_engine *e, struct alert_stats *out);
 

@@ -11,8 +11,8 @@
 
 #include "embed.h"
 
-static const char *const verdict_names[ALERT_V_COUNT] = {"healthy", "collapsing", "collapsed", "diverged", "stalled",
-                                                         "sharp"};
+static const char *const verdict_names[ALERT_V_COUNT] = {"healthy",  "collapsing", "collapsed",
+                                                         "diverged", "stalled",    "sharp"};
 
 const char *alert_verdict_name(int v) { return v >= 0 && v < ALERT_V_COUNT ? verdict_names[v] : "healthy"; }
 
@@ -64,8 +64,14 @@ static void rule_free(struct alert_rule *r) {
     free(r->and_metric);
     free(r->unless_metric);
     free(r->severity);
-    for (int i = 0; i < r->nlabels; i++) { free(r->labels[i].key); free(r->labels[i].value); }
-    for (int i = 0; i < r->nannotations; i++) { free(r->annotations[i].key); free(r->annotations[i].value); }
+    for (int i = 0; i < r->nlabels; i++) {
+        free(r->labels[i].key);
+        free(r->labels[i].value);
+    }
+    for (int i = 0; i < r->nannotations; i++) {
+        free(r->annotations[i].key);
+        free(r->annotations[i].value);
+    }
 }
 
 void alert_rules_free(struct alert_rules *r) {
@@ -76,7 +82,8 @@ void alert_rules_free(struct alert_rules *r) {
 }
 
 static const char *const scope_names[] = {"head", "layer", "scalar", "run"};
-static const char *const op_names[] = {"below", "above", "drop", "growth", "zscore", "nonfinite", "near_bound", "stalled"};
+static const char *const op_names[] = {"below",  "above",     "drop",       "growth",
+                                       "zscore", "nonfinite", "near_bound", "stalled"};
 
 static int parse_kv(cJSON *obj, struct alert_kv *kv, int *n, char *why, size_t whylen, const char *what) {
     if (!obj) return 0;
@@ -95,8 +102,7 @@ static int parse_kv(cJSON *obj, struct alert_kv *kv, int *n, char *why, size_t w
             return -1;
         }
         struct alert_kv *e = &kv[(*n)++]; /* counted first: rule_free frees what was copied */
-        if (copy_str(&e->key, it->string, why, whylen) || copy_str(&e->value, it->valuestring, why, whylen))
-            return -1;
+        if (copy_str(&e->key, it->string, why, whylen) || copy_str(&e->value, it->valuestring, why, whylen)) return -1;
     }
     return 0;
 }
@@ -124,8 +130,9 @@ static int parse_and(cJSON *and, struct alert_rule *r, char *why, size_t whylen)
     cJSON *op = cJSON_GetObjectItemCaseSensitive(and, "op");
     if (r->op == ALERT_OP_STALLED || !cJSON_IsObject(and) || !cJSON_IsString(m) || !*m->valuestring ||
         !cJSON_IsString(op) || (strcmp(op->valuestring, "below") && strcmp(op->valuestring, "above"))) {
-        snprintf(why, whylen, "condition \"and\" must be {\"metric\": NAME, \"op\": \"below\" or \"above\", "
-                              "\"value\": NUMBER} (not with stalled)");
+        snprintf(why, whylen,
+                 "condition \"and\" must be {\"metric\": NAME, \"op\": \"below\" or \"above\", "
+                 "\"value\": NUMBER} (not with stalled)");
         return -1;
     }
     if (copy_str(&r->and_metric, m->valuestring, why, whylen)) return -1;
@@ -162,7 +169,8 @@ static int parse_verdict(cJSON *v, struct alert_rule *r, char *why, size_t whyle
 static int parse_condition(cJSON *cond, struct alert_rule *r, char *why, size_t whylen) {
     double w = 1;
     switch (r->op) {
-    case ALERT_OP_BELOW: case ALERT_OP_ABOVE:
+    case ALERT_OP_BELOW:
+    case ALERT_OP_ABOVE:
         if (num(cond, "value", &r->value, 1, -1e300, 1e300, why, whylen)) return -1;
         if (cJSON_GetObjectItemCaseSensitive(cond, "clear_value")) {
             if (num(cond, "clear_value", &r->clear_value, 1, -1e300, 1e300, why, whylen)) return -1;
@@ -175,20 +183,22 @@ static int parse_condition(cJSON *cond, struct alert_rule *r, char *why, size_t 
         }
         break;
     case ALERT_OP_DROP:
-        if (num(cond, "pct", &r->pct, 1, 0, 100, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen)) return -1;
+        if (num(cond, "pct", &r->pct, 1, 0, 100, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen))
+            return -1;
         break;
     case ALERT_OP_GROWTH:
         r->value = INFINITY;
         r->rate = INFINITY;
         if (num(cond, "value", &r->value, 0, -1e300, 1e300, why, whylen) ||
             num(cond, "rate", &r->rate, 0, -1e300, 1e300, why, whylen) ||
-            num(cond, "window", &w, 1, 1, 100000, why, whylen)) return -1;
+            num(cond, "window", &w, 1, 1, 100000, why, whylen))
+            return -1;
         break;
     case ALERT_OP_ZSCORE:
-        if (num(cond, "k", &r->k, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 2, 100000, why, whylen)) return -1;
+        if (num(cond, "k", &r->k, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 2, 100000, why, whylen))
+            return -1;
         break;
-    case ALERT_OP_NONFINITE:
-        break;
+    case ALERT_OP_NONFINITE: break;
     case ALERT_OP_NEAR_BOUND: {
         cJSON *b = cJSON_GetObjectItemCaseSensitive(cond, "bound_metric");
         cJSON *ri = cJSON_GetObjectItemCaseSensitive(cond, "rising_metric");
@@ -199,7 +209,8 @@ static int parse_condition(cJSON *cond, struct alert_rule *r, char *why, size_t 
         if (copy_str(&r->bound_metric, b->valuestring, why, whylen) ||
             copy_str(&r->rising_metric, ri->valuestring, why, whylen))
             return -1;
-        if (num(cond, "epsilon", &r->epsilon, 1, 0, 1e6, why, whylen) || num(cond, "window", &w, 1, 1, 100000, why, whylen))
+        if (num(cond, "epsilon", &r->epsilon, 1, 0, 1e6, why, whylen) ||
+            num(cond, "window", &w, 1, 1, 100000, why, whylen))
             return -1;
         break;
     }
@@ -212,7 +223,7 @@ static int parse_condition(cJSON *cond, struct alert_rule *r, char *why, size_t 
         return -1;
     }
     cJSON *and = cJSON_GetObjectItemCaseSensitive(cond, "and");
-    if (and && parse_and(and, r, why, whylen)) return -1;
+    if (and&&parse_and(and, r, why, whylen)) return -1;
     if (w != floor(w)) {
         snprintf(why, whylen, "\"window\" must be a whole number of steps");
         return -1;
@@ -243,8 +254,9 @@ static int parse_for(cJSON *o, struct alert_rule *r, char *why, size_t whylen) {
     cJSON *k = cJSON_GetObjectItemCaseSensitive(f, "at_least"), *n = cJSON_GetObjectItemCaseSensitive(f, "of_last");
     double kv = cJSON_IsNumber(k) ? k->valuedouble : -1, nv = cJSON_IsNumber(n) ? n->valuedouble : -1;
     if (cJSON_GetArraySize(f) != 2 || kv != floor(kv) || nv != floor(nv) || kv < 1 || nv > 64 || kv > nv) {
-        snprintf(why, whylen, "\"for\" must be a whole number of steps >= 0 or {\"at_least\": K, \"of_last\": N} "
-                              "with 1 <= K <= N <= 64");
+        snprintf(why, whylen,
+                 "\"for\" must be a whole number of steps >= 0 or {\"at_least\": K, \"of_last\": N} "
+                 "with 1 <= K <= N <= 64");
         return -1;
     }
     if (r->op == ALERT_OP_STALLED) {
@@ -262,8 +274,9 @@ static int parse_unless(cJSON *u, struct alert_rule *r, char *why, size_t whylen
     cJSON *m = cJSON_GetObjectItemCaseSensitive(u, "metric"), *b = cJSON_GetObjectItemCaseSensitive(u, "below");
     if (!cJSON_IsObject(u) || cJSON_GetArraySize(u) != 2 || !cJSON_IsString(m) || !*m->valuestring ||
         !cJSON_IsNumber(b) || !(b->valuedouble > 0 && b->valuedouble <= 1) || r->op == ALERT_OP_STALLED) {
-        snprintf(why, whylen, "\"unless_training\" must be {\"metric\": SCALAR, \"below\": R} with 0 < R <= 1 "
-                              "(not with stalled)");
+        snprintf(why, whylen,
+                 "\"unless_training\" must be {\"metric\": SCALAR, \"below\": R} with 0 < R <= 1 "
+                 "(not with stalled)");
         return -1;
     }
     r->unless_below = b->valuedouble;
@@ -295,8 +308,9 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
     for (int i = 0; op && cJSON_IsString(op) && i < 8; i++)
         if (!strcmp(op->valuestring, op_names[i])) r->op = i;
     if (!cJSON_IsObject(cond) || r->op < 0) {
-        snprintf(why, whylen, "\"condition\" must be an object whose \"op\" is one of below, above, drop, growth, "
-                              "zscore, nonfinite, near_bound, stalled");
+        snprintf(why, whylen,
+                 "\"condition\" must be an object whose \"op\" is one of below, above, drop, growth, "
+                 "zscore, nonfinite, near_bound, stalled");
         return -1;
     }
     if ((r->op == ALERT_OP_STALLED) != (r->scope == ALERT_SCOPE_RUN)) {
@@ -327,9 +341,9 @@ static int parse_rule(cJSON *o, struct alert_rule *r, char *why, size_t whylen) 
         return -1;
     if (parse_verdict(cJSON_GetObjectItemCaseSensitive(o, "verdict"), r, why, whylen)) return -1;
     cJSON *it;
-    static const char *const known[] = {"name", "metric", "scope", "condition", "for", "keep_firing_for",
-                                        "severity", "labels", "annotations", "description", "verdict",
-                                        "unless_training", NULL};
+    static const char *const known[] = {
+        "name",        "metric",      "scope",   "condition",       "for", "keep_firing_for", "severity", "labels",
+        "annotations", "description", "verdict", "unless_training", NULL};
     cJSON_ArrayForEach(it, o) {
         int ok = 0;
         for (int i = 0; known[i]; i++) ok |= !strcmp(it->string, known[i]);
@@ -371,16 +385,16 @@ struct alert_rules *alert_rules_parse(const char *json, size_t len, char *err, s
         if (parse_rule(o, &rs->rules[i], why, sizeof why)) {
             cJSON *nm = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "name") : NULL;
             const char *name = cJSON_IsString(nm) ? nm->valuestring : NULL;
-            snprintf(err, errlen, "line %d: rule %d%s%s%s: %s", rule_line(json, len, name, i), i + 1,
-                     name ? " (" : "", name ? name : "", name ? ")" : "", why);
+            snprintf(err, errlen, "line %d: rule %d%s%s%s: %s", rule_line(json, len, name, i), i + 1, name ? " (" : "",
+                     name ? name : "", name ? ")" : "", why);
             alert_rules_free(rs);
             rs = NULL;
             goto out;
         }
         for (int j = 0; j < i; j++)
             if (!strcmp(rs->rules[j].name, rs->rules[i].name)) {
-                snprintf(err, errlen, "line %d: rule %d: the name \"%s\" is used twice",
-                         rule_line(json, len, NULL, i), i + 1, rs->rules[i].name);
+                snprintf(err, errlen, "line %d: rule %d: the name \"%s\" is used twice", rule_line(json, len, NULL, i),
+                         i + 1, rs->rules[i].name);
                 alert_rules_free(rs);
                 rs = NULL;
                 goto out;
@@ -449,7 +463,8 @@ out:
  * 14 steps (short of 90% recall, 5% false alarms and a 50-step lead; the
  * false alarms are the growth rules firing on runs that go on training). */
 struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen) {
-    if (!path) return alert_rules_parse((const char *)default_rules[0].data, (size_t)default_rules[0].size, err, errlen);
+    if (!path)
+        return alert_rules_parse((const char *)default_rules[0].data, (size_t)default_rules[0].size, err, errlen);
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "cannot read rules file %s", path);
@@ -467,7 +482,12 @@ struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen)
                 return NULL;
             }
             char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); snprintf(err, errlen, "out of memory"); return NULL; }
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                snprintf(err, errlen, "out of memory");
+                return NULL;
+            }
             buf = nb;
         }
         size_t n = fread(buf + len, 1, cap - len, f);
@@ -481,4 +501,3 @@ struct alert_rules *alert_rules_load(const char *path, char *err, size_t errlen)
     free(buf);
     return r;
 }
-

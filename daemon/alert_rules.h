@@ -12,11 +12,11 @@
  * A rule stands for one of collapsed, diverged or stalled (or none). */
 enum alert_verdict_state {
     ALERT_V_HEALTHY = 0,
-    ALERT_V_COLLAPSING,   /* a collapse rule pending or firing on a live run */
-    ALERT_V_COLLAPSED,    /* a collapse rule firing when the run stopped (ended or went stale) */
-    ALERT_V_DIVERGED,     /* a divergence rule firing (NaN/Inf loss), or the run ended `failed` */
-    ALERT_V_STALLED,      /* a stalled rule firing, or the run went stale (trainer gone without end) */
-    ALERT_V_SHARP,        /* a collapse rule's entropy condition holds, but its unless_training guard
+    ALERT_V_COLLAPSING, /* a collapse rule pending or firing on a live run */
+    ALERT_V_COLLAPSED,  /* a collapse rule firing when the run stopped (ended or went stale) */
+    ALERT_V_DIVERGED,   /* a divergence rule firing (NaN/Inf loss), or the run ended `failed` */
+    ALERT_V_STALLED,    /* a stalled rule firing, or the run went stale (trainer gone without end) */
+    ALERT_V_SHARP,      /* a collapse rule's entropy condition holds, but its unless_training guard
                              says the loss trains: sharp heads, training not harmed */
     ALERT_V_COUNT
 };
@@ -27,14 +27,14 @@ const char *alert_verdict_name(int v);
 enum alert_scope { ALERT_SCOPE_HEAD = 0, ALERT_SCOPE_LAYER, ALERT_SCOPE_SCALAR, ALERT_SCOPE_RUN };
 
 enum alert_op {
-    ALERT_OP_BELOW = 0,   /* v < value */
-    ALERT_OP_ABOVE,       /* v > value */
-    ALERT_OP_DROP,        /* v < (1 - pct/100) * max of the last `window` values */
-    ALERT_OP_GROWTH,      /* v > value, or (v - v[window steps ago]) / window > rate */
-    ALERT_OP_ZSCORE,      /* v > mean + k * std of the previous `window` values */
-    ALERT_OP_NONFINITE,   /* v is NaN or infinite (null on the wire) */
-    ALERT_OP_NEAR_BOUND,  /* v - bound_metric < epsilon while rising_metric grew over `window` */
-    ALERT_OP_STALLED,     /* a live run sent nothing for `seconds` (scope run) */
+    ALERT_OP_BELOW = 0,  /* v < value */
+    ALERT_OP_ABOVE,      /* v > value */
+    ALERT_OP_DROP,       /* v < (1 - pct/100) * max of the last `window` values */
+    ALERT_OP_GROWTH,     /* v > value, or (v - v[window steps ago]) / window > rate */
+    ALERT_OP_ZSCORE,     /* v > mean + k * std of the previous `window` values */
+    ALERT_OP_NONFINITE,  /* v is NaN or infinite (null on the wire) */
+    ALERT_OP_NEAR_BOUND, /* v - bound_metric < epsilon while rising_metric grew over `window` */
+    ALERT_OP_STALLED,    /* a live run sent nothing for `seconds` (scope run) */
 };
 
 #define ALERT_MAX_LABELS 16
@@ -45,11 +45,11 @@ struct alert_kv {
 
 struct alert_rule {
     char *name;
-    char *metric;            /* NULL for stalled */
-    int scope;               /* enum alert_scope */
-    int op;                  /* enum alert_op */
+    char *metric; /* NULL for stalled */
+    int scope;    /* enum alert_scope */
+    int op;       /* enum alert_op */
     double value, pct, rate, k, epsilon, seconds;
-    int window;              /* steps, >= 1 where used */
+    int window; /* steps, >= 1 where used */
     char *bound_metric, *rising_metric;
     /* optional guard (condition "and"): the cell's and_metric (same scope)
      * must also be below (and_op ALERT_OP_BELOW) or above and_value;
@@ -76,7 +76,7 @@ struct alert_rule {
     char *unless_metric;
     double unless_below;
     char *severity;
-    int verdict;             /* enum alert_verdict_state this rule stands for when firing:
+    int verdict; /* enum alert_verdict_state this rule stands for when firing:
                               * "verdict" in the rule, or inferred (alert_rules_parse) */
     int nlabels, nannotations;
     struct alert_kv labels[ALERT_MAX_LABELS];

@@ -23,12 +23,12 @@
  * transaction (alerter_precommit). */
 struct pending_verdict {
     int64_t run_id;
-    const char *state;          /* alert_verdict_name: static */
+    const char *state; /* alert_verdict_name: static */
     int64_t since_step;
-    char *heads;                /* "[[l,h],...]", malloc'd */
-    char *evidence;             /* JSON object or NULL, malloc'd */
-    const char *rule;           /* the rule's name (the rules outlive the alerter's use) or NULL */
-    int in_txn;                 /* written into the transaction being committed */
+    char *heads;      /* "[[l,h],...]", malloc'd */
+    char *evidence;   /* JSON object or NULL, malloc'd */
+    const char *rule; /* the rule's name (the rules outlive the alerter's use) or NULL */
+    int in_txn;       /* written into the transaction being committed */
 };
 
 struct alerter {
@@ -38,8 +38,8 @@ struct alerter {
     struct store *store;
     struct stream *stream;
     struct writer *writer;
-    struct query_pool *pool;    /* may be NULL: no episode of an earlier daemon is resumed */
-    pthread_mutex_t mu;         /* guards stats */
+    struct query_pool *pool; /* may be NULL: no episode of an earlier daemon is resumed */
+    pthread_mutex_t mu;      /* guards stats */
     struct alerter_stats stats;
     /* Writer thread only: the verdicts steps changed since the last commit
      * that stored them, one per run (the newest). */
@@ -162,11 +162,19 @@ static void dispatch(struct alerter *m, const struct alert_transition *t, int in
         fprintf(stderr, "entropyd: out of memory formatting an alert\n");
         goto out;
     }
-    struct store_alert sa = {.run_id = t->run_id, .rule = t->rule->name, .severity = t->rule->severity,
-                             .fingerprint = fp, .transition = transition_name(t->state),
+    struct store_alert sa = {.run_id = t->run_id,
+                             .rule = t->rule->name,
+                             .severity = t->rule->severity,
+                             .fingerprint = fp,
+                             .transition = transition_name(t->state),
                              .time = t->at,
-                             .starts_at = t->starts_at, .ends_at = t->ends_at, .start_step = t->start_step,
-                             .step = t->step, .value = t->value, .cells_json = cells, .payload = json,
+                             .starts_at = t->starts_at,
+                             .ends_at = t->ends_at,
+                             .start_step = t->start_step,
+                             .step = t->step,
+                             .value = t->value,
+                             .cells_json = cells,
+                             .payload = json,
                              .reason = t->state == ALERT_RESOLVED ? alert_reason_name(t->reason) : NULL};
     int failed = 0;
     if (!in_txn) failed = store_begin(m->store);
@@ -200,15 +208,13 @@ static void dispatch(struct alerter *m, const struct alert_transition *t, int in
     } else {
         fprintf(stderr, "entropyd: out of memory formatting an alert\n");
     }
-    if (t->state != ALERT_UPDATE &&
-        notify_post(m->notify, sa.transition, t->rule->name, t->run_name, json, t->resumed))
+    if (t->state != ALERT_UPDATE && notify_post(m->notify, sa.transition, t->rule->name, t->run_name, json, t->resumed))
         fprintf(stderr, "entropyd: out of memory queueing a notification\n");
     pthread_mutex_lock(&m->mu);
     if (t->state == ALERT_FIRING) {
         m->stats.firing++;
         m->stats.resumed += (uint64_t)t->resumed;
-    }
-    else if (t->state == ALERT_RESOLVED && m->stats.firing > 0) m->stats.firing--;
+    } else if (t->state == ALERT_RESOLVED && m->stats.firing > 0) m->stats.firing--;
     pthread_mutex_unlock(&m->mu);
 out:
     free(json);
@@ -317,9 +323,12 @@ static void store_verdict(struct alerter *m, const struct alert_verdict *v, int 
         fprintf(stderr, "entropyd: out of memory storing the verdict of run %lld\n", (long long)v->run_id);
         return;
     }
-    struct pending_verdict p = {.run_id = v->run_id, .state = alert_verdict_name(v->state),
-                                .since_step = v->since_step, .heads = heads,
-                                .rule = v->rule ? v->rule->name : NULL, .evidence = verdict_evidence(v)};
+    struct pending_verdict p = {.run_id = v->run_id,
+                                .state = alert_verdict_name(v->state),
+                                .since_step = v->since_step,
+                                .heads = heads,
+                                .rule = v->rule ? v->rule->name : NULL,
+                                .evidence = verdict_evidence(v)};
     if (defer) {
         size_t i = 0;
         while (i < m->npv && m->pv[i].run_id != v->run_id) i++;
@@ -414,24 +423,27 @@ void alerter_get_stats(struct alerter *m, struct alerter_stats *out) {
 void alerter_metrics(struct alerter *m, struct strbuf *b) {
     struct alerter_stats as;
     alerter_get_stats(m, &as);
-    strbuf_prom(b, "entropyd_alert_steps_total", "counter", "Steps the alert rules evaluated.", (double)as.engine.steps);
+    strbuf_prom(b, "entropyd_alert_steps_total", "counter", "Steps the alert rules evaluated.",
+                (double)as.engine.steps);
     strbuf_prom(b, "entropyd_alert_evaluation_seconds_total", "counter", "CPU time spent evaluating alert rules.",
-         as.engine.eval_ms / 1e3);
+                as.engine.eval_ms / 1e3);
     strbuf_prom(b, "entropyd_alert_transitions_total", "counter", "Alert transitions (firing, resolved, update).",
-         (double)as.engine.transitions);
+                (double)as.engine.transitions);
     strbuf_prom(b, "entropyd_alert_groups_firing", "gauge", "Alert groups (run x rule) firing now.", (double)as.firing);
     strbuf_prom(b, "entropyd_alert_resumed_total", "counter",
-         "Firings that went on with an episode an earlier daemon opened (not paged again).", (double)as.resumed);
-    strbuf_prom(b, "entropyd_alert_state_runs", "gauge", "Runs whose alert state is held (live ones).", (double)as.state_runs);
+                "Firings that went on with an episode an earlier daemon opened (not paged again).", (double)as.resumed);
+    strbuf_prom(b, "entropyd_alert_state_runs", "gauge", "Runs whose alert state is held (live ones).",
+                (double)as.state_runs);
     strbuf_prom(b, "entropyd_alert_state_bytes", "gauge",
-         "Memory of the alert rules' per-cell state (docs/alerts.md: bytes per head and rule).", (double)as.state_bytes);
-    strbuf_prom(b, "entropyd_alert_store_errors_total", "counter", "Alert transitions or verdicts the database refused.",
-         (double)as.store_errors);
+                "Memory of the alert rules' per-cell state (docs/alerts.md: bytes per head and rule).",
+                (double)as.state_bytes);
+    strbuf_prom(b, "entropyd_alert_store_errors_total", "counter",
+                "Alert transitions or verdicts the database refused.", (double)as.store_errors);
     const struct notify_stats *ns = &as.notify;
     strbuf_prom(b, "entropyd_notifications_queued_total", "counter",
-         "Alert transitions handed to the notifier (firing and resolved).", (double)ns->queued);
+                "Alert transitions handed to the notifier (firing and resolved).", (double)ns->queued);
     strbuf_prom(b, "entropyd_alertmanager_firing", "gauge",
-         "Alerts in the firing set re-sent to Alertmanager (0: nothing is re-sent).", (double)ns->am_firing);
+                "Alerts in the firing set re-sent to Alertmanager (0: nothing is re-sent).", (double)ns->am_firing);
     /* one worker per receiver: each line is one sink's own figure */
     static const struct {
         const char *name, *type, *help;

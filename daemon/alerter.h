@@ -34,11 +34,11 @@ struct stream;
 struct query_pool;
 
 struct alerter_config {
-    const char *rules_path;     /* NULL: the default rules */
+    const char *rules_path; /* NULL: the default rules */
     struct notify_config notify;
-    struct store *store;        /* the writer's store: used only from the writer thread */
-    struct stream *stream;      /* may be NULL */
-    struct query_pool *pool;    /* borrowed, may be NULL: reads the episodes an earlier daemon left
+    struct store *store;     /* the writer's store: used only from the writer thread */
+    struct stream *stream;   /* may be NULL */
+    struct query_pool *pool; /* borrowed, may be NULL: reads the episodes an earlier daemon left
                                  * firing, which a new FIRING resumes (no second page) */
 };
 
@@ -62,8 +62,8 @@ void alerter_on_tick(struct alerter *m, double now);
 struct alerter_stats {
     struct alert_stats engine;
     struct notify_stats notify;
-    uint64_t firing;            /* groups firing now */
-    uint64_t resumed;           /* firings that resumed an earlier daemon's episode (not paged again) */
+    uint64_t firing;  /* groups firing now */
+    uint64_t resumed; /* firings that resumed an earlier daemon's episode (not paged again) */
     uint64_t store_errors;
     uint64_t state_runs, state_bytes; /* the engine's per-run state (alert_engine_usage) */
 };

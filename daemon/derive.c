@@ -35,8 +35,7 @@ int derive_step(struct proto_msg *m, int64_t seq_len, int noncausal) {
     memcpy(out->name, "entropy_norm", sizeof "entropy_norm");
     out->offset = m->nvalues;
     double max = derive_entropy_max(seq_len, noncausal);
-    for (uint32_t j = 0; j < n; j++)
-        values[out->offset + j] = max > 0 ? (float)(values[src.offset + j] / max) : NAN;
+    for (uint32_t j = 0; j < n; j++) values[out->offset + j] = max > 0 ? (float)(values[src.offset + j] / max) : NAN;
     m->nvalues += n;
     m->nmetrics++;
     return 1;

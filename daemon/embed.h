@@ -11,9 +11,9 @@ struct embed_file {
     const char *path;          /* relative to schema/ or web/ */
     const unsigned char *data; /* static, never freed */
     long size;
-    const unsigned char *gz;   /* webassets: the gzip of data when smaller, else NULL */
+    const unsigned char *gz; /* webassets: the gzip of data when smaller, else NULL */
     long gz_size;
-    const char *etag;          /* a strong entity tag of data, quoted ("\"0123abcd...\"") */
+    const char *etag; /* a strong entity tag of data, quoted ("\"0123abcd...\"") */
 };
 
 extern const struct embed_file migrations[];

@@ -15,11 +15,11 @@
 #include <string.h>
 #include <zstd.h>
 
-#define FORMAT_BYTE_PLANES 1   /* written before format 2; still read */
-#define FORMAT_BIT_PLANES 2    /* a whole block of bit-plane chunks (migration 6's rows); still read */
-#define FORMAT_CHUNK 3         /* one chunk of format 2, a row of its own (migration 8's rows): written now */
-#define ZSTD_LEVEL -1  /* zstd's fast mode: 15% of the writer's instructions less than level 3 for 1% more bytes */
-#define MAX_CHUNK 255   /* cells per chunk a blob can say (one byte) */
+#define FORMAT_BYTE_PLANES 1 /* written before format 2; still read */
+#define FORMAT_BIT_PLANES 2  /* a whole block of bit-plane chunks (migration 6's rows); still read */
+#define FORMAT_CHUNK 3       /* one chunk of format 2, a row of its own (migration 8's rows): written now */
+#define ZSTD_LEVEL -1 /* zstd's fast mode: 15% of the writer's instructions less than level 3 for 1% more bytes */
+#define MAX_CHUNK 255 /* cells per chunk a blob can say (one byte) */
 #define CHUNK_WORDS (MAX_CHUNK * FBLOCK_STEPS)
 
 struct fblock_codec {
@@ -27,7 +27,7 @@ struct fblock_codec {
     ZSTD_DCtx *dctx;
     unsigned char bytes[CHUNK_WORDS * 4];  /* a chunk's coded words as byte planes */
     unsigned char planes[CHUNK_WORDS * 4]; /* the same as bit planes, or zstd's output */
-    unsigned char *out;                   /* fblock_encode's blob, grown on demand */
+    unsigned char *out;                    /* fblock_encode's blob, grown on demand */
     size_t outcap;
 };
 

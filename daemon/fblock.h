@@ -17,8 +17,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define FBLOCK_STEPS 64   /* block b holds steps [b*64, b*64+63]: level 1 of the rollups */
-#define FBLOCK_CHUNK 16   /* cells per independently coded chunk (a reader of one cell decodes 16) */
+#define FBLOCK_STEPS 64 /* block b holds steps [b*64, b*64+63]: level 1 of the rollups */
+#define FBLOCK_CHUNK 16 /* cells per independently coded chunk (a reader of one cell decodes 16) */
 
 /* A codec's reusable state (zstd's contexts): one per thread at a time,
  * e.g. one per store or per read connection. fblock_codec_create returns
@@ -38,8 +38,8 @@ int fblock_encode(struct fblock_codec *c, const float *vals, uint32_t nframes, u
  * values into vals (frame-major, nframes x n; the other cells are left as
  * they were). Returns 0, or -1 for a blob that is not such a block
  * (corrupt or another shape): vals is then partly written. */
-int fblock_decode(struct fblock_codec *c, const unsigned char *blob, size_t len, uint32_t nframes, uint32_t n, uint32_t c0, uint32_t c1,
-                  float *vals);
+int fblock_decode(struct fblock_codec *c, const unsigned char *blob, size_t len, uint32_t nframes, uint32_t n,
+                  uint32_t c0, uint32_t c1, float *vals);
 
 /* One chunk a blob (the rows of migration 8, fblock_rows.h): chunk k
  * holds cells [k*FBLOCK_CHUNK, (k+1)*FBLOCK_CHUNK) of every frame, so a

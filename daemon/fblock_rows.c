@@ -14,14 +14,33 @@
 #define SERIES_MAX (INT64_C(1) << (62 - BLOCK_BITS)) /* ids stay below 2^62 */
 
 enum {
-    P_BASE, P_BASE_NEW, P_BASE_BUMP, P_FORGET, P_PUT, P_NEW_ASC, P_NEW_DESC, P_NEW_ONE, P_OLD_ASC, P_OLD_DESC,
-    P_NEW_FIRST, P_NEW_LAST, P_OLD_FIRST, P_OLD_LAST, P_DEL_OLD, P_DEL_NEW_ONE, P_OLD_BOUND, P_DEL_OLD_BELOW,
-    P_NEW_BOUND, P_DEL_NEW_BELOW, P_COUNT
+    P_BASE,
+    P_BASE_NEW,
+    P_BASE_BUMP,
+    P_FORGET,
+    P_PUT,
+    P_NEW_ASC,
+    P_NEW_DESC,
+    P_NEW_ONE,
+    P_OLD_ASC,
+    P_OLD_DESC,
+    P_NEW_FIRST,
+    P_NEW_LAST,
+    P_OLD_FIRST,
+    P_OLD_LAST,
+    P_DEL_OLD,
+    P_DEL_NEW_ONE,
+    P_OLD_BOUND,
+    P_DEL_OLD_BELOW,
+    P_NEW_BOUND,
+    P_DEL_NEW_BELOW,
+    P_COUNT
 };
 
 static const char *const p_sql[P_COUNT] = {
     [P_BASE] = "SELECT base, chunks FROM block_series WHERE metric_id = ?1",
-    [P_BASE_NEW] = "INSERT INTO block_series(metric_id, base, chunks) SELECT ?1, last, ?2 FROM id_seq WHERE name = 'block_series'",
+    [P_BASE_NEW] =
+        "INSERT INTO block_series(metric_id, base, chunks) SELECT ?1, last, ?2 FROM id_seq WHERE name = 'block_series'",
     [P_BASE_BUMP] = "UPDATE id_seq SET last = last + ?1 WHERE name = 'block_series'",
     [P_FORGET] = "DELETE FROM block_series WHERE metric_id = ?1",
     /* a plain INSERT: a block is sealed once (a rewind into it deletes it
@@ -58,7 +77,7 @@ struct fblock_rows {
     /* the walk */
     int64_t metric_id, b0, b1, base; /* base -1: the metric has no chunk rows */
     uint32_t n, c0, c1;
-    int desc, phase; /* phase 0: the first table of the walk's order, 1 the second, 2 done */
+    int desc, phase;   /* phase 0: the first table of the walk's order, 1 the second, 2 done */
     sqlite3_stmt *cur; /* the statement of the phase, once bound */
     /* reading a few cells of a migration-6 row through one blob handle:
      * only the header and the chunks of those cells */
@@ -191,7 +210,8 @@ static int new_decode(struct fblock_rows *r, sqlite3_stmt *s, int col, int64_t i
     if (sqlite3_column_type(s, col) != SQLITE_NULL &&
         sqlite3_column_int64(s, col) != integrity_stored(integrity_chunk_crc(id, mask, d, len)))
         return fault(r, block, k, "checksum mismatch");
-    if (fblock_decode_chunk(r->codec, d, len, nf, r->n, k, r->c0, r->c1, vals)) return fault(r, block, k, "does not decode");
+    if (fblock_decode_chunk(r->codec, d, len, nf, r->n, k, r->c0, r->c1, vals))
+        return fault(r, block, k, "does not decode");
     return 0;
 }
 
@@ -199,7 +219,8 @@ static int new_decode(struct fblock_rows *r, sqlite3_stmt *s, int col, int64_t i
  * long) into vals, reading only their chunks: 0 or an error. */
 static int old_decode(struct fblock_rows *r, int64_t id, size_t bytes, uint32_t nf, float *vals) {
     uint32_t n = r->n;
-    int rc = r->blob ? sqlite3_blob_reopen(r->blob, id) : sqlite3_blob_open(r->db, "main", "blocks", "data", id, 0, &r->blob);
+    int rc = r->blob ? sqlite3_blob_reopen(r->blob, id)
+                     : sqlite3_blob_open(r->db, "main", "blocks", "data", id, 0, &r->blob);
     if (rc != SQLITE_OK) return FBLOCK_EDB;
     if (bytes < 2) return FBLOCK_ECORRUPT;
     if (grow(&r->head, &r->headcap, 2)) return FBLOCK_ENOMEM;
@@ -322,7 +343,8 @@ void fblock_rows_end(struct fblock_rows *r) {
 /* One row of the edge statement s (bound but for the ranges: old tables
  * by metric, new by id range [lo, hi]): 1 with block and mask, 0, or
  * FBLOCK_EDB. */
-static int edge_row(sqlite3_stmt *s, int old, int64_t metric_id, int64_t lo, int64_t hi, int64_t *block, uint64_t *mask) {
+static int edge_row(sqlite3_stmt *s, int old, int64_t metric_id, int64_t lo, int64_t hi, int64_t *block,
+                    uint64_t *mask) {
     if (old) sqlite3_bind_int64(s, 1, metric_id);
     else {
         sqlite3_bind_int64(s, 1, lo);
@@ -392,7 +414,8 @@ int64_t fblock_rows_delete_below(struct fblock_rows *r, int64_t metric_id, int64
     int got = base_of(r, metric_id, &base, &chunks);
     if (got <= 0) return got < 0 ? got : done;
     int64_t cut = below < BLOCK_MASK ? below : BLOCK_MASK + 1;
-    if (bound(r->stmt[P_NEW_BOUND], row_id(base, 0, 0), row_id(base, 0, 0) + cut, limit - done, row_id(base, 0, cut), &b))
+    if (bound(r->stmt[P_NEW_BOUND], row_id(base, 0, 0), row_id(base, 0, 0) + cut, limit - done, row_id(base, 0, cut),
+              &b))
         return FBLOCK_EDB;
     int64_t n = new_delete_below(r, base, chunks, b - row_id(base, 0, 0));
     return n < 0 ? n : done + n;

@@ -54,7 +54,7 @@ enum MHD_Result http_respond(struct http *h, struct MHD_Connection *c, unsigned 
 
 /* Answers with the buffer's text (taken over and freed). */
 enum MHD_Result http_send_buf(struct http *h, struct MHD_Connection *c, unsigned status, const char *ctype,
-                                struct strbuf *b) {
+                              struct strbuf *b) {
     if (b->failed) {
         strbuf_free(b);
         static const char oom[] = "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
@@ -125,8 +125,8 @@ static enum MHD_Result send_query_error(struct http *h, struct MHD_Connection *c
 /* ---- parameters ------------------------------------------------------ */
 
 struct params {
-    const char *const *allowed;  /* NULL-terminated */
-    const char *unknown;         /* the first parameter not allowed */
+    const char *const *allowed; /* NULL-terminated */
+    const char *unknown;        /* the first parameter not allowed */
 };
 
 static enum MHD_Result param_check(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
@@ -183,10 +183,10 @@ static int int_param(struct MHD_Connection *c, const char *name, int64_t lo, int
 /* The accepted words of the series choices, indexed by their enum values
  * (enum query_agg, enum query_split; "" for a value that cannot be asked
  * for by name). */
-static const char *const agg_names[] = {[QUERY_AGG_MEAN] = "mean", [QUERY_AGG_MIN] = "min", [QUERY_AGG_MAX] = "max",
-                                        NULL};
-static const char *const split_names[] = {[QUERY_SPLIT_NONE] = "", [QUERY_SPLIT_HEAD] = "head",
-                                          [QUERY_SPLIT_LAYER] = "layer", NULL};
+static const char *const agg_names[] = {
+    [QUERY_AGG_MEAN] = "mean", [QUERY_AGG_MIN] = "min", [QUERY_AGG_MAX] = "max", NULL};
+static const char *const split_names[] = {
+    [QUERY_SPLIT_NONE] = "", [QUERY_SPLIT_HEAD] = "head", [QUERY_SPLIT_LAYER] = "layer", NULL};
 
 /* Reads optional parameter name, one of the non-empty words in names.
  * Returns its index, -2 if absent, -1 if not one of them. */
@@ -196,7 +196,7 @@ static int choice_param(struct MHD_Connection *c, const char *name, const char *
     return choice(v, names);
 }
 
-#define BAD_INT(name, lo, hi)                                                                                   \
+#define BAD_INT(name, lo, hi) \
     http_send_error(h, c, 400, "parameter %s must be an integer in %lld..%lld", name, (long long)(lo), (long long)(hi))
 
 
@@ -242,7 +242,7 @@ static enum MHD_Result answer_read(struct http *h, struct MHD_Connection *c, rea
 struct meta_filters {
     struct query_runs_req *req;
     char paths[QUERY_RUNS_MAX_META][96];
-    int bad;                     /* 1: too many; 2: a key that is not a path */
+    int bad; /* 1: too many; 2: a key that is not a path */
 };
 
 static enum MHD_Result meta_collect(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
@@ -302,7 +302,8 @@ static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t 
     if (req.verdict && choice(req.verdict, verdicts) < 0)
         return http_send_error(h, c, 400, "verdict must be healthy, collapsing, collapsed, diverged, stalled or sharp");
     req.search = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q");
-    if (req.search && strlen(req.search) > PROTO_MAX_RUN) return http_send_error(h, c, 400, "q is longer than a run name");
+    if (req.search && strlen(req.search) > PROTO_MAX_RUN)
+        return http_send_error(h, c, 400, "q is longer than a run name");
     if ((req.has_from = time_param(c, "created_from", &req.created_from)) < 0)
         return http_send_error(h, c, 400, "created_from must be Unix seconds");
     if ((req.has_to = time_param(c, "created_to", &req.created_to)) < 0)
@@ -313,8 +314,9 @@ static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t 
         for (int i = 0; i < QUERY_SORT_COUNT; i++)
             if (!strcmp(sort, query_runs_sort_name(i))) req.sort = i;
         if (req.sort < 0)
-            return http_send_error(h, c, 400, "sort must be id, name, created, updated, last_step, last_loss, "
-                                         "min_entropy_norm or verdict");
+            return http_send_error(h, c, 400,
+                                   "sort must be id, name, created, updated, last_step, last_loss, "
+                                   "min_entropy_norm or verdict");
     }
     int o = choice_param(c, "order", orders);
     if (o == -1) return http_send_error(h, c, 400, "order must be asc or desc");
@@ -326,7 +328,8 @@ static enum MHD_Result h_runs(struct http *h, struct MHD_Connection *c, int64_t 
     if (!lim && req.cursor) req.limit = 50;
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, meta_collect, &mf);
     if (mf.bad == 1) return http_send_error(h, c, 400, "at most %d meta.KEY filters", QUERY_RUNS_MAX_META);
-    if (mf.bad == 2) return http_send_error(h, c, 400, "a meta filter is meta.KEY or meta.KEY.SUBKEY (letters, digits, _ -)");
+    if (mf.bad == 2)
+        return http_send_error(h, c, 400, "a meta filter is meta.KEY or meta.KEY.SUBKEY (letters, digits, _ -)");
     return answer_read(h, c, read_runs, &req);
 }
 
@@ -386,9 +389,11 @@ static enum MHD_Result h_series(struct http *h, struct MHD_Connection *c, int64_
     if (int_param(c, "head", 0, 1 << 20, &r.head) < 0) return BAD_INT("head", 0, 1 << 20);
     enum MHD_Result bad;
     if (range_params(h, c, &r.has_from, &r.from, &r.has_to, &r.to, &r.points, &bad)) return bad;
-    if ((p = choice_param(c, "agg", agg_names)) == -1) return http_send_error(h, c, 400, "agg must be mean, min or max");
+    if ((p = choice_param(c, "agg", agg_names)) == -1)
+        return http_send_error(h, c, 400, "agg must be mean, min or max");
     if (p >= 0) r.agg = p;
-    if ((p = choice_param(c, "split", split_names)) == -1) return http_send_error(h, c, 400, "split must be head or layer");
+    if ((p = choice_param(c, "split", split_names)) == -1)
+        return http_send_error(h, c, 400, "split must be head or layer");
     if (p >= 0) r.split = p;
     return answer_read(h, c, read_series, &r);
 }
@@ -455,7 +460,8 @@ static enum MHD_Result h_events(struct http *h, struct MHD_Connection *c, int64_
     if (o == -1) return http_send_error(h, c, 400, "order must be asc or desc");
     /* before= pages towards older events, newest first; so does order=desc */
     int newest_first = has_before || o == 1;
-    if (has_after && newest_first) return http_send_error(h, c, 400, "after pages oldest first: not with before or order=desc");
+    if (has_after && newest_first)
+        return http_send_error(h, c, 400, "after pages oldest first: not with before or order=desc");
     if (has_before && o == 0) return http_send_error(h, c, 400, "before pages newest first: not with order=asc");
     struct events_req er = {id, after, before, newest_first, limit};
     return answer_read(h, c, read_events, &er);
@@ -537,13 +543,15 @@ static enum MHD_Result h_export(struct http *h, struct MHD_Connection *c, int64_
         free(e);
         return send_query_error(h, c, rc, err);
     }
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, export_read, e, export_free);
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, export_read, e, export_free);
     if (!r) {
         export_free(e);
         return MHD_NO;
     }
     char disp[96];
-    snprintf(disp, sizeof disp, "attachment; filename=\"run-%lld.%s\"", (long long)id, format == QUERY_CSV ? "csv" : "jsonl");
+    snprintf(disp, sizeof disp, "attachment; filename=\"run-%lld.%s\"", (long long)id,
+             format == QUERY_CSV ? "csv" : "jsonl");
     MHD_add_response_header(r, "Content-Type", format == QUERY_CSV ? "text/csv" : "application/x-ndjson");
     MHD_add_response_header(r, "Content-Disposition", disp);
     return http_respond(h, c, 200, r);
@@ -579,7 +587,8 @@ static enum MHD_Result h_stream(struct http *h, struct MHD_Connection *c, int64_
     char names[STREAM_MAX_CELLS * (PROTO_MAX_NAME + 1)];
     const char *cells = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cells");
     if (cells && *cells) {
-        if (strlen(cells) >= sizeof names) return http_send_error(h, c, 400, "cells names at most %d metrics", STREAM_MAX_CELLS);
+        if (strlen(cells) >= sizeof names)
+            return http_send_error(h, c, 400, "cells names at most %d metrics", STREAM_MAX_CELLS);
         memcpy(names, cells, strlen(cells) + 1);
         for (char *p = names, *save = NULL, *tok; (tok = strtok_r(p, ",", &save)); p = NULL) {
             if (sub.ncells == STREAM_MAX_CELLS || strlen(tok) > PROTO_MAX_NAME)
@@ -587,7 +596,8 @@ static enum MHD_Result h_stream(struct http *h, struct MHD_Connection *c, int64_
             sub.cells[sub.ncells++] = tok;
         }
     }
-    if ((sub.layers || sub.ncells) && !sub.ticks) return http_send_error(h, c, 400, "layers and cells come with ticks=1");
+    if ((sub.layers || sub.ncells) && !sub.ticks)
+        return http_send_error(h, c, 400, "layers and cells come with ticks=1");
     const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
     if (!last) last = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "last_event_id");
     struct stream_client *sc = stream_client_open(h->cfg.stream, run, last);
@@ -616,7 +626,7 @@ static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_
     if (rc) return send_query_error(h, c, rc, err);
     if (strcmp(status, "live") == 0)
         return http_send_error(h, c, 409, "run %lld is live: a trainer is connected to it; delete it once it has ended",
-                          (long long)id);
+                               (long long)id);
     struct writer_item *it = calloc(1, sizeof *it);
     if (!it) return http_send_error(h, c, 500, "out of memory");
     it->kind = WRITER_DELETE;
@@ -638,9 +648,11 @@ static enum MHD_Result h_delete(struct http *h, struct MHD_Connection *c, int64_
         rc = query_run_status(q, id, status, sizeof status, err, sizeof err);
         query_release(h->cfg.pool, q);
         if (rc == QUERY_OK && strcmp(status, "live") == 0)
-            return http_send_error(h, c, 409, "run %lld became live (a trainer resumed it) before it was deleted; it was kept",
-                              (long long)id);
-        if (rc == QUERY_OK) return http_send_error(h, c, 500, "run %lld could not be deleted (see the daemon's log)", (long long)id);
+            return http_send_error(h, c, 409,
+                                   "run %lld became live (a trainer resumed it) before it was deleted; it was kept",
+                                   (long long)id);
+        if (rc == QUERY_OK)
+            return http_send_error(h, c, 500, "run %lld could not be deleted (see the daemon's log)", (long long)id);
     }
     struct strbuf b = {0};
     strbuf_printf(&b, done ? "{\"deleted\":%lld}" : "{\"deleting\":%lld}", (long long)id);
@@ -657,7 +669,10 @@ static enum MHD_Result h_healthz(struct http *h, struct MHD_Connection *c, int64
      * (docs/reliability.md, "Damaged storage") */
     uint64_t bad = integrity_errors();
     strbuf_printf(&b, "{\"status\":\"%s\",\"db_failing\":%s,\"integrity_errors\":%llu",
-                  ws.wal_lost ? "wal_lost" : ws.failing ? "failing" : bad ? "db_corrupt" : "ok",
+                  ws.wal_lost  ? "wal_lost"
+                  : ws.failing ? "failing"
+                  : bad        ? "db_corrupt"
+                               : "ok",
                   ws.failing ? "true" : "false", (unsigned long long)bad);
     if (ws.wal_lost) { /* for good: docs/reliability.md, "A lost WAL" */
         strbuf_puts(&b, ",\"reason\":");
@@ -691,9 +706,10 @@ void http_metrics(struct http *h, struct strbuf *b) {
     strbuf_prom(b, "entropyd_http_connections_timed_out_total", "counter",
                 "HTTP connections closed for sending no request (or no complete headers) in --http-timeout-s.",
                 (double)http_slots_timed_out(h->slots));
-    strbuf_prom(b, "entropyd_http_connections_reserved_total", "counter",
-                "HTTP connections admitted into a slot reserved for /healthz and /metrics (every other slot served a request).",
-                (double)http_slots_reserved_total(h->slots));
+    strbuf_prom(
+        b, "entropyd_http_connections_reserved_total", "counter",
+        "HTTP connections admitted into a slot reserved for /healthz and /metrics (every other slot served a request).",
+        (double)http_slots_reserved_total(h->slots));
     strbuf_prom_head(b, "entropyd_http_responses_total", "counter", "HTTP responses by status class.");
     for (int k = 2; k <= 5; k++)
         strbuf_printf(b, "entropyd_http_responses_total{class=\"%dxx\"} %llu\n", k, (unsigned long long)resp[k]);
@@ -728,8 +744,8 @@ struct route {
 };
 
 static const char *const p_none[] = {NULL};
-static const char *const p_runs[] = {"status", "verdict", "q", "created_from", "created_to", "sort", "order",
-                                     "limit", "cursor", "meta.*", NULL};
+static const char *const p_runs[] = {"status", "verdict", "q",      "created_from", "created_to", "sort",
+                                     "order",  "limit",   "cursor", "meta.*",       NULL};
 static const char *const p_series[] = {"metric", "layer", "head", "from", "to", "points", "agg", "split", NULL};
 static const char *const p_frame[] = {"metric", "step", NULL};
 static const char *const p_timeline[] = {"metric", "layer", "rows", "from", "to", "points", NULL};
@@ -822,15 +838,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (r->had_body) return http_send_error(h, c, 413, "request bodies are not accepted");
     /* a reserved slot (http_slots.h) is a health check's, not a newcomer's */
     if (http_slots_reserved(c) && strcmp(url, "/healthz") != 0 && strcmp(url, "/metrics") != 0)
-        return http_send_error(h, c, 503, "every HTTP connection slot serves a request (--http-max-conns): "
+        return http_send_error(h, c, 503,
+                               "every HTTP connection slot serves a request (--http-max-conns): "
                                "only /healthz and /metrics are answered now");
     if (!http_host_allowed(h, c))
-        return http_send_error(h, c, 403, "Host %.200s is not this daemon's: use its address or localhost, or start it "
-                          "with --allow-host NAME", MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST));
+        return http_send_error(h, c, 403,
+                               "Host %.200s is not this daemon's: use its address or localhost, or start it "
+                               "with --allow-host NAME",
+                               MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST));
     if (r->bad_query) return http_send_error(h, c, 400, "%s", r->bad_query);
     if (!is_get && !(h->token && http_authorized(h, c) == 1) && !http_same_origin(c))
-        return http_send_error(h, c, 403, "a %s from another site's page: only the daemon's own pages (or a request with "
-                          "the token) may change data", method);
+        return http_send_error(h, c, 403,
+                               "a %s from another site's page: only the daemon's own pages (or a request with "
+                               "the token) may change data",
+                               method);
     if (!is_api) {
         if (!is_get) return http_send_error(h, c, 405, "method %s not allowed here", method);
         return http_static(h, c, url);
@@ -937,8 +958,8 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
      * the address given with MHD_OPTION_SOCK_ADDR is what is bound */
     uint16_t port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                              : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    h->d = MHD_start_daemon(flags, port, http_slots_admit, h->slots, on_request, h,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+    h->d = MHD_start_daemon(flags, port, http_slots_admit, h->slots, on_request, h, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&ss,
                             /* max_conns are held; the spare ones admit newcomers
                              * while the idle connections they pushed out close */
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns + HTTP_SLOTS_SPARE + HTTP_SLOTS_RESERVED,
@@ -946,15 +967,13 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
                             /* a client that stops reading (an export, a stream) is
                              * closed after this long without progress; one that
                              * sends no request this long, by http_tick */
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout_s,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
-                            MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_URI_LOG_CALLBACK, http_on_uri, h,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip,
-                            MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                            (size_t)(128 * 1024), MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_URI_LOG_CALLBACK, http_on_uri, h,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip, MHD_OPTION_END);
     if (!h->d) {
-        snprintf(err, errlen, "cannot serve HTTP on %s (address in use?)", cfg->listen ? cfg->listen : "127.0.0.1:8080");
+        snprintf(err, errlen, "cannot serve HTTP on %s (address in use?)",
+                 cfg->listen ? cfg->listen : "127.0.0.1:8080");
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);

@@ -19,19 +19,19 @@
 #include "writer.h"
 
 struct http_config {
-    const char *listen;        /* "HOST:PORT"; port 0 picks a free one */
-    const char *token;         /* when not NULL: /api and /metrics need it */
-    const char *web_root;      /* serve static files from this directory; NULL: embedded web/ */
-    int max_conns;             /* simultaneous connections (default 512); when all are
+    const char *listen;      /* "HOST:PORT"; port 0 picks a free one */
+    const char *token;       /* when not NULL: /api and /metrics need it */
+    const char *web_root;    /* serve static files from this directory; NULL: embedded web/ */
+    int max_conns;           /* simultaneous connections (default 512); when all are
                                 * taken, a newcomer pushes out the one idle longest, and
                                 * is refused only if each is serving a request
                                 * (http_slots.h) */
-    int timeout_s;             /* a connection without progress, or without a request,
+    int timeout_s;           /* a connection without progress, or without a request,
                                 * this long is closed (default 60; http_tick) */
-    struct query_pool *pool;   /* borrowed, as are the two below */
+    struct query_pool *pool; /* borrowed, as are the two below */
     struct stream *stream;
     struct writer *writer;
-    const char *rules_path;    /* the alert rules file (NULL: the built-in set), read at
+    const char *rules_path; /* the alert rules file (NULL: the built-in set), read at
                                 * create to list, per run, the rules it cannot run */
     /* Against DNS rebinding and cross-site requests (docs/reliability.md,
      * "Security"): a request's Host must be an IP address (the listening
@@ -39,7 +39,7 @@ struct http_config {
      * these names (borrowed). */
     const char *const *allow_hosts;
     int n_allow_hosts;
-    int max_conns_per_ip;      /* connections per client address (default max_conns / 4, at least 8) */
+    int max_conns_per_ip; /* connections per client address (default max_conns / 4, at least 8) */
     /* /metrics appends what this writes after http_metrics' figures (the
      * daemon's metrics_write); NULL: only those. Called from request
      * threads with metrics_ctx. Returns 0, or the HTTP status to answer

@@ -47,8 +47,8 @@ int http_authorized(struct http *h, struct MHD_Connection *c) {
  * (Origin equal to the Host, or Sec-Fetch-Site: same-origin); a request
  * with neither header is not from a page (curl, scripts). */
 
-#define HTTP_AUTH_DELAY_MS 250      /* each wrong token waits this long */
-#define HTTP_AUTH_LOG_MS 10000      /* wrong tokens are logged once per this */
+#define HTTP_AUTH_DELAY_MS 250 /* each wrong token waits this long */
+#define HTTP_AUTH_LOG_MS 10000 /* wrong tokens are logged once per this */
 #define HTTP_MAX_PARAMS 64
 
 /* The client's address as text, for the log. */
@@ -78,8 +78,9 @@ static void auth_failed(struct http *h, struct MHD_Connection *c) {
         h->auth_log_ms = now;
     }
     pthread_mutex_unlock(&h->mu);
-    if (n) fprintf(stderr, "entropyd: http: %llu request(s) with a wrong token (the last from %s)\n",
-                   (unsigned long long)n, ip);
+    if (n)
+        fprintf(stderr, "entropyd: http: %llu request(s) with a wrong token (the last from %s)\n",
+                (unsigned long long)n, ip);
     struct timespec d = {0, HTTP_AUTH_DELAY_MS * 1000000L};
     while (nanosleep(&d, &d) < 0 && errno == EINTR) {}
 }
@@ -142,8 +143,9 @@ int http_same_origin(struct MHD_Connection *c) {
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (!origin) return 1; /* browsers send Origin with every DELETE and POST */
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
-    const char *rest = strncasecmp(origin, "http://", 7) == 0 ? origin + 7
-                       : strncasecmp(origin, "https://", 8) == 0 ? origin + 8 : NULL;
+    const char *rest = strncasecmp(origin, "http://", 7) == 0    ? origin + 7
+                       : strncasecmp(origin, "https://", 8) == 0 ? origin + 8
+                                                                 : NULL;
     return rest && host && strcasecmp(rest, host) == 0;
 }
 

@@ -16,30 +16,30 @@
 struct http {
     struct http_config cfg;
     struct MHD_Daemon *d;
-    struct http_slots *slots;   /* who holds the connection slots (http_slots.h) */
+    struct http_slots *slots; /* who holds the connection slots (http_slots.h) */
     int port;
     char *token;
-    char *web_root;             /* realpath of cfg.web_root, or NULL */
-    struct alert_rules *rules;  /* cfg.rules_path's, for GET /api/runs/{id} */
+    char *web_root;            /* realpath of cfg.web_root, or NULL */
+    struct alert_rules *rules; /* cfg.rules_path's, for GET /api/runs/{id} */
 
-    pthread_mutex_t mu;         /* guards everything below */
-    pthread_cond_t cv;          /* a DELETE committed */
+    pthread_mutex_t mu; /* guards everything below */
+    pthread_cond_t cv;  /* a DELETE committed */
     uint64_t next_ticket, done_ticket;
-    uint64_t hist[HTTP_HIST_N + 1];  /* last: +Inf */
+    uint64_t hist[HTTP_HIST_N + 1]; /* last: +Inf */
     double hist_sum;
     uint64_t hist_count;
-    uint64_t responses[6];      /* by status class: [2]=2xx ... [5]=5xx */
-    uint64_t auth_failures;     /* wrong tokens, all time */
-    uint64_t auth_logged;       /* auth_failures when last logged */
-    double auth_log_ms;         /* monotonic time of that log line */
-    char listen_host[256];      /* the address part of cfg.listen */
-    int listen_any;             /* listening on every address (0.0.0.0, ::) */
+    uint64_t responses[6];  /* by status class: [2]=2xx ... [5]=5xx */
+    uint64_t auth_failures; /* wrong tokens, all time */
+    uint64_t auth_logged;   /* auth_failures when last logged */
+    double auth_log_ms;     /* monotonic time of that log line */
+    char listen_host[256];  /* the address part of cfg.listen */
+    int listen_any;         /* listening on every address (0.0.0.0, ::) */
 };
 
 struct req {
-    int seen;                   /* the first call (headers) is past */
+    int seen; /* the first call (headers) is past */
     int had_body;
-    const char *bad_query;      /* why the query string is refused (static text), or NULL */
+    const char *bad_query; /* why the query string is refused (static text), or NULL */
 };
 
 /* ---- answers (http.c) ------------------------------------------------ */

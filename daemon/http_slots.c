@@ -11,20 +11,20 @@
 /* One open connection. */
 struct slot {
     MHD_socket fd;
-    int busy;                /* a request is being handled */
-    int evicted;             /* shut down (to make room, or timed out); gone at its closed notification */
-    int reserved;            /* admitted into a reserved slot: /healthz and /metrics only, one request */
-    double since;            /* monotonic ms: accepted, or its last request ended */
+    int busy;                 /* a request is being handled */
+    int evicted;              /* shut down (to make room, or timed out); gone at its closed notification */
+    int reserved;             /* admitted into a reserved slot: /healthz and /metrics only, one request */
+    double since;             /* monotonic ms: accepted, or its last request ended */
     struct slot *prev, *next; /* in s's list: idle longest first (busy ones where they were) */
 };
 
 struct http_slots {
-    pthread_mutex_t mu;      /* guards everything below */
+    pthread_mutex_t mu; /* guards everything below */
     unsigned max;
     double idle_ms;
-    unsigned open;           /* slots in the list */
-    unsigned evicting;       /* of them, ordinary ones shut down and not closed yet */
-    unsigned reserved;       /* of them, reserved ones (HTTP_SLOTS_RESERVED at most) */
+    unsigned open;     /* slots in the list */
+    unsigned evicting; /* of them, ordinary ones shut down and not closed yet */
+    unsigned reserved; /* of them, reserved ones (HTTP_SLOTS_RESERVED at most) */
     uint64_t evicted, timed_out, reserved_total;
     struct slot *head, *tail;
 };
@@ -171,8 +171,8 @@ unsigned http_slots_sweep(struct http_slots *s, double now_ms) {
     /* not in order of since: a busy slot stays where it was */
     for (struct slot *x = s->head; x; x = x->next)
         if (!x->busy && !x->evicted &&
-            now_ms - x->since > (x->reserved && HTTP_SLOTS_RESERVED_IDLE_MS < s->idle_ms ? HTTP_SLOTS_RESERVED_IDLE_MS
-                                                                                        : s->idle_ms)) {
+            now_ms - x->since >
+                (x->reserved && HTTP_SLOTS_RESERVED_IDLE_MS < s->idle_ms ? HTTP_SLOTS_RESERVED_IDLE_MS : s->idle_ms)) {
             shut(s, x);
             n++;
         }

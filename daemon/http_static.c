@@ -15,12 +15,20 @@
 #include "embed.h"
 
 static const char *content_type(const char *path) {
-    static const struct { const char *ext, *type; } types[] = {
-        {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
-        {".mjs", "text/javascript; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
-        {".json", "application/json"}, {".svg", "image/svg+xml"}, {".png", "image/png"},
-        {".ico", "image/x-icon"}, {".txt", "text/plain; charset=utf-8"}, {".map", "application/json"},
-        {".woff2", "font/woff2"}, {".wasm", "application/wasm"}};
+    static const struct {
+        const char *ext, *type;
+    } types[] = {{".html", "text/html; charset=utf-8"},
+                 {".js", "text/javascript; charset=utf-8"},
+                 {".mjs", "text/javascript; charset=utf-8"},
+                 {".css", "text/css; charset=utf-8"},
+                 {".json", "application/json"},
+                 {".svg", "image/svg+xml"},
+                 {".png", "image/png"},
+                 {".ico", "image/x-icon"},
+                 {".txt", "text/plain; charset=utf-8"},
+                 {".map", "application/json"},
+                 {".woff2", "font/woff2"},
+                 {".wasm", "application/wasm"}};
     const char *dot = strrchr(path, '.');
     if (dot)
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
@@ -130,8 +138,8 @@ enum MHD_Result http_static(struct http *h, struct MHD_Connection *c, const char
     /* from disk (--web-root, for working on the page): the tag from size
      * and modification time, sent as is */
     char etag[80];
-    snprintf(etag, sizeof etag, "\"%llx-%llx-%lx\"", (unsigned long long)st.st_size, (unsigned long long)st.st_mtim.tv_sec,
-             (long)st.st_mtim.tv_nsec);
+    snprintf(etag, sizeof etag, "\"%llx-%llx-%lx\"", (unsigned long long)st.st_size,
+             (unsigned long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
     if (etag_matches(c, etag)) {
         close(fd);
         struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);

@@ -118,8 +118,7 @@ void ingest_send_error(struct ingest *ing, struct conn *c, int code, const char 
         c->closing = 1;
         return;
     }
-    if (code == PROTO_E_UNAUTHORIZED || code == PROTO_E_SUPERSEDED || code == PROTO_E_TOO_MANY_ERRORS)
-        c->closing = 1;
+    if (code == PROTO_E_UNAUTHORIZED || code == PROTO_E_SUPERSEDED || code == PROTO_E_TOO_MANY_ERRORS) c->closing = 1;
 }
 
 /* ---- runs ---- */
@@ -292,7 +291,7 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
     if (own) { /* the peer is at its limit: its own oldest idle stranger makes room */
         STAT_ADD(ing, conns_evicted, 1);
         ingest_conn_drop(ing, own, PROTO_E_NO_HELLO,
-                    "too many connections from this peer: closed to make room, as this one had not said hello");
+                         "too many connections from this peer: closed to make room, as this one had not said hello");
         peer = peers_acquire(ing->peers, key);
     }
     if (!peer) {
@@ -311,7 +310,7 @@ static struct peer *admit(struct ingest *ing, int fd, int tcp) {
         if (victim) {
             STAT_ADD(ing, conns_evicted, 1);
             ingest_conn_drop(ing, victim, PROTO_E_NO_HELLO,
-                        "too many connections: closed to make room, as this one had not said hello");
+                             "too many connections: closed to make room, as this one had not said hello");
         } else {
             STAT_ADD(ing, conns_rejected, 1);
             peers_release(ing->peers, peer);
@@ -360,7 +359,8 @@ static void accept_ready(struct ingest *ing, int lfd) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
             ratelog(&ing->accept_log, "accept: %s%s", strerror(errno),
-                    errno == EMFILE || errno == ENFILE ? " (listeners rest 100 ms; raise the file limit, ulimit -n)" : "");
+                    errno == EMFILE || errno == ENFILE ? " (listeners rest 100 ms; raise the file limit, ulimit -n)"
+                                                       : "");
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) accept_rest(ing);
             return;
         }
@@ -421,8 +421,8 @@ static int check_shapes(const struct proto_msg *m, const struct run *run, char *
             return -1;
         }
         if (pm->kind == PROTO_HEAD && (pm->rows != run->layers || pm->cols != run->heads)) {
-            snprintf(err, errlen, "head metric %s is %u x %u, the run is %lld layers x %lld heads", pm->name,
-                     pm->rows, pm->cols, (long long)run->layers, (long long)run->heads);
+            snprintf(err, errlen, "head metric %s is %u x %u, the run is %lld layers x %lld heads", pm->name, pm->rows,
+                     pm->cols, (long long)run->layers, (long long)run->heads);
             return -1;
         }
     }
@@ -468,8 +468,8 @@ static int hello_take(struct ingest *ing, struct conn *c, struct proto_msg *msg,
          * shape must not supersede (and so stop) the run's live trainer;
          * the writer would refuse it too, but only after that */
         free(it);
-        snprintf(err, errlen, "run %s has %lld layers x %lld heads, not %lld x %lld", r->name,
-                 (long long)r->layers, (long long)r->heads, (long long)msg->layers, (long long)msg->heads);
+        snprintf(err, errlen, "run %s has %lld layers x %lld heads, not %lld x %lld", r->name, (long long)r->layers,
+                 (long long)r->heads, (long long)msg->layers, (long long)msg->heads);
         return PROTO_E_SHAPE_MISMATCH;
     }
     if (r->owner && r->owner != c) {
@@ -600,8 +600,7 @@ static int process_input(struct ingest *ing, struct conn *c) {
         c->in_len -= off;
     }
     /* a stranger's unfinished line may not grow past INGEST_HELLO_MAX */
-    if (!c->welcomed && !c->waiting && !c->closing && c->in_len > INGEST_HELLO_MAX &&
-        !memchr(c->in, '\n', c->in_len)) {
+    if (!c->welcomed && !c->waiting && !c->closing && c->in_len > INGEST_HELLO_MAX && !memchr(c->in, '\n', c->in_len)) {
         if (lines) STAT_ADD(ing, lines, lines);
         ingest_conn_hold(ing, c, PROTO_E_LINE_TOO_LONG, "a line before the welcome is longer than 64 KiB");
         return -1;
@@ -609,8 +608,10 @@ static int process_input(struct ingest *ing, struct conn *c) {
     /* a partial line longer than the limit can never become valid */
     if (c->in_len > ing->line_max && !c->skipping) {
         char msg[160];
-        snprintf(msg, sizeof msg, "line longer than %zu bytes (this daemon's limit, for --max-cells-per-run %lld); "
-                 "skipped to its newline", ing->line_max, (long long)ing->cfg.max_cells_per_run);
+        snprintf(msg, sizeof msg,
+                 "line longer than %zu bytes (this daemon's limit, for --max-cells-per-run %lld); "
+                 "skipped to its newline",
+                 ing->line_max, (long long)ing->cfg.max_cells_per_run);
         ingest_send_error(ing, c, PROTO_E_LINE_TOO_LONG, msg, 0);
         c->skipping = 1;
         c->in_len = 0;
@@ -665,8 +666,7 @@ static void handle_replies(struct ingest *ing) {
             c = run ? run->owner : NULL;
             /* a line for a run with no connection (an alert while the
              * trainer is away) is dropped: it is stored and streamed anyway */
-            if (c && r->payload && (out_append(ing, c, r->payload, strlen(r->payload)) ||
-                                    out_append(ing, c, "\n", 1)))
+            if (c && r->payload && (out_append(ing, c, r->payload, strlen(r->payload)) || out_append(ing, c, "\n", 1)))
                 c->closing = 1;
         } else {
             c = ingest_conn_by_id(ing, r->conn);
@@ -828,9 +828,11 @@ struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *wri
     ing->line_max = proto_line_max(ing->cfg.max_cells_per_run);
     size_t need = (ing->line_max + 2 * READ_CHUNK) / 3 * 4 + 1;
     if (ing->cfg.max_input < need)
-        fprintf(stderr, "entropyd: warning: --input-mb %zu holds no step line of the largest run --max-cells-per-run "
-                "%lld admits (%zu MiB); give --input-mb %zu for them to pass\n", ing->cfg.max_input >> 20,
-                (long long)ing->cfg.max_cells_per_run, (ing->line_max + (1u << 20) - 1) >> 20, (need + (1u << 20) - 1) >> 20);
+        fprintf(stderr,
+                "entropyd: warning: --input-mb %zu holds no step line of the largest run --max-cells-per-run "
+                "%lld admits (%zu MiB); give --input-mb %zu for them to pass\n",
+                ing->cfg.max_input >> 20, (long long)ing->cfg.max_cells_per_run, (ing->line_max + (1u << 20) - 1) >> 20,
+                (need + (1u << 20) - 1) >> 20);
     ing->writer = writer;
     ing->notify_fd = notify_fd;
     ing->unix_fd = ing->tcp_fd = ing->stop_fd = ing->ep = ing->ctl_ep = -1;
@@ -849,9 +851,9 @@ struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *wri
     if (cfg->socket_path && (ing->unix_fd = listen_unix(ing, cfg->socket_path, err, errlen)) < 0) goto fail;
     if (cfg->tcp && (ing->tcp_fd = listen_tcp(ing, cfg->tcp, err, errlen)) < 0) goto fail;
     if ((ing->unix_fd >= 0 && ep_add(ing->ep, ing->unix_fd, EV_UNIX)) ||
-        (ing->tcp_fd >= 0 && ep_add(ing->ep, ing->tcp_fd, EV_TCP)) ||
-        ep_add(ing->ep, notify_fd, EV_NOTIFY) || ep_add(ing->ep, ing->stop_fd, EV_STOP) ||
-        ep_add(ing->ctl_ep, notify_fd, EV_NOTIFY) || ep_add(ing->ctl_ep, ing->stop_fd, EV_STOP)) {
+        (ing->tcp_fd >= 0 && ep_add(ing->ep, ing->tcp_fd, EV_TCP)) || ep_add(ing->ep, notify_fd, EV_NOTIFY) ||
+        ep_add(ing->ep, ing->stop_fd, EV_STOP) || ep_add(ing->ctl_ep, notify_fd, EV_NOTIFY) ||
+        ep_add(ing->ctl_ep, ing->stop_fd, EV_STOP)) {
         snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
         goto fail;
     }
@@ -957,9 +959,7 @@ int ingest_run(struct ingest *ing, int drain_ms) {
 void ingest_destroy(struct ingest *ing) {
     if (!ing) return;
     for (int fd = 0; fd < ing->conns_cap; fd++)
-        if (ing->conns[fd]) {
-            ingest_conn_close(ing, ing->conns[fd]); /* its run turns stale */
-        }
+        if (ing->conns[fd]) { ingest_conn_close(ing, ing->conns[fd]); /* its run turns stale */ }
     free(ing->conns);
     peers_destroy(ing->peers);
     for (size_t i = 0; i < ing->by_name.nb; i++)
@@ -1003,5 +1003,6 @@ void ingest_metrics(struct ingest *ing, struct strbuf *b) {
     ingest_guard_metrics(b, &is);
     strbuf_prom_head(b, "entropyd_errors_total", "counter", "Protocol errors sent to trainers, by code.");
     for (int e = 1; e < PROTO_E_COUNT; e++)
-        strbuf_printf(b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e), (unsigned long long)is.errors[e]);
+        strbuf_printf(b, "entropyd_errors_total{code=\"%s\"} %llu\n", proto_err_name(e),
+                      (unsigned long long)is.errors[e]);
 }

@@ -22,11 +22,11 @@
 struct strbuf;
 
 struct ingest_config {
-    const char *socket_path;   /* Unix socket to listen on; NULL for none */
-    const char *tcp;           /* "HOST:PORT" to listen on; NULL for none; port 0 picks one */
-    const char *token;         /* required in hello when not NULL */
-    int max_conns;             /* default 10000 */
-    size_t max_out;            /* per-connection unread error bytes before closing; default 4 MiB */
+    const char *socket_path; /* Unix socket to listen on; NULL for none */
+    const char *tcp;         /* "HOST:PORT" to listen on; NULL for none; port 0 picks one */
+    const char *token;       /* required in hello when not NULL */
+    int max_conns;           /* default 10000 */
+    size_t max_out;          /* per-connection unread error bytes before closing; default 4 MiB */
     /* Against strangers and careless clients (docs/reliability.md, "Security"): */
     int max_conns_per_peer;    /* connections per uid (Unix socket, SO_PEERCRED) or per address
                                 * (TCP); default half of max_conns, but all of
@@ -58,8 +58,8 @@ struct ingest;
 /* Binds the listeners. writer and notify_fd (the eventfd the writer
  * signals) are borrowed and must outlive the ingest. Returns NULL with a
  * message in err on failure (address in use, bad HOST:PORT...). */
-struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *writer, int notify_fd,
-                             char *err, size_t errlen);
+struct ingest *ingest_create(const struct ingest_config *cfg, struct writer *writer, int notify_fd, char *err,
+                             size_t errlen);
 
 /* Runs the loop until ingest_stop(); then stops accepting and reading,
  * waits (at most drain_ms) for the writer to commit what was accepted,
@@ -80,13 +80,13 @@ int ingest_tcp_port(const struct ingest *ing);
 struct ingest_stats {
     uint64_t conns_total, conns_open, conns_rejected;
     uint64_t lines, bytes, messages;
-    uint64_t errors[PROTO_E_COUNT];   /* by enum proto_err */
-    uint64_t paused_ms;               /* time spent not reading because the writer was full */
-    uint64_t conns_timed_out;         /* closed: no hello in time, or idle */
-    uint64_t conns_evicted;           /* closed before their hello to make room for a newcomer */
-    uint64_t conns_peer_rejected;     /* refused: their peer held --max-conns-per-peer */
-    uint64_t input_bytes;             /* memory held by input buffers now */
-    uint64_t input_refused;           /* connections closed because the input budget was spent */
+    uint64_t errors[PROTO_E_COUNT]; /* by enum proto_err */
+    uint64_t paused_ms;             /* time spent not reading because the writer was full */
+    uint64_t conns_timed_out;       /* closed: no hello in time, or idle */
+    uint64_t conns_evicted;         /* closed before their hello to make room for a newcomer */
+    uint64_t conns_peer_rejected;   /* refused: their peer held --max-conns-per-peer */
+    uint64_t input_bytes;           /* memory held by input buffers now */
+    uint64_t input_refused;         /* connections closed because the input budget was spent */
 };
 
 /* Copies the counters. Safe from any thread (values may be a moment old). */

@@ -180,8 +180,7 @@ void ingest_peer_key(int fd, int tcp, char *key, size_t cap) {
     socklen_t l = sizeof ss;
     char addr[INET6_ADDRSTRLEN] = "?";
     if (getpeername(fd, (struct sockaddr *)&ss, &l) == 0) {
-        if (ss.ss_family == AF_INET)
-            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr, sizeof addr);
+        if (ss.ss_family == AF_INET) inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr, sizeof addr);
         else if (ss.ss_family == AF_INET6)
             inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, addr, sizeof addr);
     }
@@ -197,8 +196,7 @@ void ingest_peer_key(int fd, int tcp, char *key, size_t cap) {
 struct conn *ingest_eviction_victim(struct ingest *ing, int newcomer_count) {
     for (int held = 1; held >= 0; held--)
         for (struct conn *c = ing->pend_head; c; c = c->pnext)
-            if (c->held == held && !c->waiting && !c->closing &&
-                (!c->peer || peers_count(c->peer) >= newcomer_count))
+            if (c->held == held && !c->waiting && !c->closing && (!c->peer || peers_count(c->peer) >= newcomer_count))
                 return c;
     return NULL;
 }
@@ -207,8 +205,7 @@ struct conn *ingest_eviction_victim(struct ingest *ing, int newcomer_count) {
  * (and is not waiting for its welcome), or NULL. */
 struct conn *ingest_peer_victim(struct ingest *ing, const char *key) {
     for (struct conn *c = ing->pend_head; c; c = c->pnext)
-        if (!c->waiting && !c->closing && c->peer && strncmp(peers_key(c->peer), key, PEERS_KEY_MAX - 1) == 0)
-            return c;
+        if (!c->waiting && !c->closing && c->peer && strncmp(peers_key(c->peer), key, PEERS_KEY_MAX - 1) == 0) return c;
     return NULL;
 }
 
@@ -226,9 +223,11 @@ static void tell_db_failing(struct ingest *ing) {
         if (!c || c->closing || c->told_db_failing == ws.failing) continue;
         c->told_db_failing = ws.failing;
         if (ws.failing) {
-            ingest_send_error(ing, c, PROTO_E_DB_FAILING,
-                       "the daemon cannot write its database (disk full or I/O error): nothing is acked until it "
-                       "can; keep what you sent, it is taken when the database recovers", 0);
+            ingest_send_error(
+                ing, c, PROTO_E_DB_FAILING,
+                "the daemon cannot write its database (disk full or I/O error): nothing is acked until it "
+                "can; keep what you sent, it is taken when the database recovers",
+                0);
             /* now: a trainer that waits for acks sends nothing that would
              * flush it (the line sat queued until the trainer's next line) */
             ingest_conn_flush(ing, c);
@@ -286,13 +285,13 @@ void ingest_guards_sweep(struct ingest *ing, double now) {
  * the input budget. */
 void ingest_guard_metrics(struct strbuf *b, const struct ingest_stats *is) {
     strbuf_prom(b, "entropyd_connections_timed_out_total", "counter",
-         "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
+                "Trainer connections closed for sending no hello in time, or for idling.", (double)is->conns_timed_out);
     strbuf_prom(b, "entropyd_connections_evicted_total", "counter",
-         "Connections without a hello closed to make room for a newcomer.", (double)is->conns_evicted);
+                "Connections without a hello closed to make room for a newcomer.", (double)is->conns_evicted);
     strbuf_prom(b, "entropyd_connections_peer_rejected_total", "counter",
-         "Trainer connections refused: their user or address held --max-conns-per-peer.",
-         (double)is->conns_peer_rejected);
+                "Trainer connections refused: their user or address held --max-conns-per-peer.",
+                (double)is->conns_peer_rejected);
     strbuf_prom(b, "entropyd_input_bytes", "gauge", "Memory held by unfinished input lines.", (double)is->input_bytes);
     strbuf_prom(b, "entropyd_input_refused_total", "counter", "Connections closed because --input-mb was spent.",
-         (double)is->input_refused);
+                (double)is->input_refused);
 }

@@ -19,15 +19,15 @@
 /* Ingest's view of a run: enough to validate lines without the database. */
 struct run {
     char name[PROTO_MAX_RUN + 1];
-    int64_t id;              /* 0 until the writer welcomed it */
+    int64_t id; /* 0 until the writer welcomed it */
     int64_t layers, heads;
-    int64_t seq_len;         /* its last hello's, with noncausal: what derive_step needs */
+    int64_t seq_len; /* its last hello's, with noncausal: what derive_step needs */
     int noncausal;
-    int64_t last_seq;        /* highest seq accepted (queued or committed) */
+    int64_t last_seq; /* highest seq accepted (queued or committed) */
     int ended;
-    struct conn *owner;      /* the connection that said hello last, or NULL */
-    struct run *name_next;   /* chain in the table by name */
-    struct run *id_next;     /* chain in the table by id, once welcomed */
+    struct conn *owner;    /* the connection that said hello last, or NULL */
+    struct run *name_next; /* chain in the table by name */
+    struct run *id_next;   /* chain in the table by id, once welcomed */
 };
 
 /* Runs with a connection, by name and by id: chained hash tables that
@@ -42,29 +42,29 @@ struct run_table {
 struct conn {
     int fd;
     uint64_t id;
-    int64_t ack_delay_ms;    /* its hello's: how long the writer may hold its steps' commit */
-    char *in;                /* buffered input not yet consumed */
+    int64_t ack_delay_ms; /* its hello's: how long the writer may hold its steps' commit */
+    char *in;             /* buffered input not yet consumed */
     size_t in_len, in_cap;
-    int skipping;            /* discarding the rest of an overlong line */
-    char *out;               /* pending output (welcome, errors) */
+    int skipping; /* discarding the rest of an overlong line */
+    char *out;    /* pending output (welcome, errors) */
     size_t out_off, out_len, out_cap;
     int64_t ack_pending, ack_sent;
     struct run *run;
-    int waiting;             /* hello sent to the writer, welcome not back yet */
-    int closing;             /* close once output is flushed */
-    int told_db_failing;     /* got db_failing in the database's current streak of refusals */
-    int eof;                 /* peer closed its side */
-    int want_out;            /* EPOLLOUT armed */
-    int reading;             /* EPOLLIN armed */
-    int held;                /* refused before its welcome: not read, closed at its deadline
+    int waiting;         /* hello sent to the writer, welcome not back yet */
+    int closing;         /* close once output is flushed */
+    int told_db_failing; /* got db_failing in the database's current streak of refusals */
+    int eof;             /* peer closed its side */
+    int want_out;        /* EPOLLOUT armed */
+    int reading;         /* EPOLLIN armed */
+    int held;            /* refused before its welcome: not read, closed at its deadline
                               * (see conn_hold) */
     /* budgets and timeouts (see "guards" below) */
-    int welcomed;            /* a hello of this connection was welcomed */
-    int starved;             /* not reading: the global input budget is spent */
+    int welcomed;                            /* a hello of this connection was welcomed */
+    int starved;                             /* not reading: the global input budget is spent */
     double accepted_ms, last_ms, starved_ms; /* monotonic */
-    struct peer *peer;       /* its uid or address, counted in ing->peers */
-    struct conn *pprev, *pnext; /* in ing's list of connections not welcomed yet, oldest first */
-    int pending;             /* on that list */
+    struct peer *peer;                       /* its uid or address, counted in ing->peers */
+    struct conn *pprev, *pnext;              /* in ing's list of connections not welcomed yet, oldest first */
+    int pending;                             /* on that list */
 };
 
 /* Marker values stored in epoll_event.data.u64 for non-connection fds. */
@@ -72,13 +72,13 @@ enum { EV_UNIX = 1, EV_TCP, EV_NOTIFY, EV_STOP, EV_CONN_BASE = 16 };
 
 struct ingest {
     struct ingest_config cfg;
-    size_t line_max;         /* a welcomed connection's line limit: proto_line_max(max_cells_per_run) */
+    size_t line_max; /* a welcomed connection's line limit: proto_line_max(max_cells_per_run) */
     struct writer *writer;
     int notify_fd, stop_fd;
-    int ep, ctl_ep;          /* all fds; control fds only (used while paused) */
+    int ep, ctl_ep; /* all fds; control fds only (used while paused) */
     int unix_fd, tcp_fd, tcp_port;
     char *unix_path;
-    struct conn **conns;     /* by fd */
+    struct conn **conns; /* by fd */
     int conns_cap;
     uint64_t next_id;
     struct run_table by_name, by_id;
@@ -86,18 +86,22 @@ struct ingest {
     double accept_resume_ms; /* > 0: listeners out of epoll until then (out of descriptors) */
     int db_failing;          /* the writer's failing state at the last sweep (tell_db_failing) */
     struct ratelog accept_log;
-    int wake_writer;         /* steps or events were submitted quietly: wake it (ingest_run) */
-    struct peers *peers;     /* open connections per uid / address */
+    int wake_writer;                    /* steps or events were submitted quietly: wake it (ingest_run) */
+    struct peers *peers;                /* open connections per uid / address */
     struct conn *pend_head, *pend_tail; /* not welcomed yet, in accept order */
-    size_t in_bytes;         /* sum of every connection's in_cap */
-    int starved;             /* connections waiting for input budget */
+    size_t in_bytes;                    /* sum of every connection's in_cap */
+    int starved;                        /* connections waiting for input budget */
     double last_sweep_ms;
     pthread_mutex_t stats_mu;
     struct ingest_stats stats;
 };
 
-#define STAT_ADD(ing, field, n) do { pthread_mutex_lock(&(ing)->stats_mu); (ing)->stats.field += (n); \
-                                     pthread_mutex_unlock(&(ing)->stats_mu); } while (0)
+#define STAT_ADD(ing, field, n)                 \
+    do {                                        \
+        pthread_mutex_lock(&(ing)->stats_mu);   \
+        (ing)->stats.field += (n);              \
+        pthread_mutex_unlock(&(ing)->stats_mu); \
+    } while (0)
 
 /* ---- connections and output (ingest.c) ------------------------------- */
 

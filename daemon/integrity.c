@@ -112,8 +112,7 @@ static void damaged(struct check *c, const struct metric *m, int64_t first, int6
     if (m)
         fprintf(c->out, "damaged: run %lld \"%s\" metric \"%s\" steps %lld..%lld: %s: %s\n", (long long)m->run_id,
                 m->run, m->name, (long long)first, (long long)last, what, why);
-    else
-        fprintf(c->out, "damaged: %s: %s\n", what, why);
+    else fprintf(c->out, "damaged: %s: %s\n", what, why);
 }
 
 /* A table that stopped being readable part way (SQLite's own error, e.g.
@@ -151,9 +150,8 @@ static int crc_ok(sqlite3_stmt *s, int col, uint32_t want) {
 }
 
 static const char *crc_why(sqlite3_stmt *s, int col, uint32_t want) {
-    return sqlite3_column_int64(s, col) == integrity_poisoned(want)
-               ? "pooled from a damaged row of the level below"
-               : "checksum mismatch";
+    return sqlite3_column_int64(s, col) == integrity_poisoned(want) ? "pooled from a damaged row of the level below"
+                                                                    : "checksum mismatch";
 }
 
 static int load_metrics(struct check *c) {
@@ -171,7 +169,9 @@ static int load_metrics(struct check *c) {
         }
         struct metric *m = &c->m[c->nm++];
         int64_t n = sqlite3_column_int64(s, 4);
-        *m = (struct metric){.id = sqlite3_column_int64(s, 0), .run_id = sqlite3_column_int64(s, 1), .base = -1,
+        *m = (struct metric){.id = sqlite3_column_int64(s, 0),
+                             .run_id = sqlite3_column_int64(s, 1),
+                             .base = -1,
                              .n = n > 0 && n <= PROTO_MAX_CELLS ? (uint32_t)n : 0,
                              .run = strdup((const char *)sqlite3_column_text(s, 2)),
                              .name = strdup((const char *)sqlite3_column_text(s, 3))};
@@ -253,17 +253,17 @@ static void check_old_blocks(struct check *c) {
 
 /* rollups (totals 0) or rollup_totals (totals 1) */
 static void check_rollups(struct check *c, int totals) {
-    const char *sql[2][2] = {
-        {"SELECT metric_id, level, chunk, block, nframes, data, crc FROM rollups",
-         "SELECT metric_id, level, chunk, block, nframes, data, NULL FROM rollups"},
-        {"SELECT metric_id, level, -1, block, nframes, data, crc FROM rollup_totals",
-         "SELECT metric_id, level, -1, block, nframes, data, NULL FROM rollup_totals"}};
+    const char *sql[2][2] = {{"SELECT metric_id, level, chunk, block, nframes, data, crc FROM rollups",
+                              "SELECT metric_id, level, chunk, block, nframes, data, NULL FROM rollups"},
+                             {"SELECT metric_id, level, -1, block, nframes, data, crc FROM rollup_totals",
+                              "SELECT metric_id, level, -1, block, nframes, data, NULL FROM rollup_totals"}};
     sqlite3_stmt *s = prep(c, sql[totals][0]);
     int rc;
     if (!s && !(s = prep(c, sql[totals][1]))) return;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         c->rows++;
-        int64_t mid = sqlite3_column_int64(s, 0), level = sqlite3_column_int64(s, 1), chunk = sqlite3_column_int64(s, 2);
+        int64_t mid = sqlite3_column_int64(s, 0), level = sqlite3_column_int64(s, 1),
+                chunk = sqlite3_column_int64(s, 2);
         int64_t block = sqlite3_column_int64(s, 3), nf = sqlite3_column_int64(s, 4);
         const unsigned char *d = sqlite3_column_blob(s, 5);
         size_t len = (size_t)sqlite3_column_bytes(s, 5);
@@ -287,7 +287,8 @@ static void check_rollups(struct check *c, int totals) {
             struct rollup_total t;
             bad = rollup_total_decode(d, len, m->n, (uint32_t)nf, &t) < 0;
         } else if (!bad) {
-            uint32_t rn = chunk >= 0 && (uint64_t)chunk < ROLLUP_CHUNKS(m->n) ? ROLLUP_CHUNK_LEN(m->n, (uint32_t)chunk) : 0;
+            uint32_t rn =
+                chunk >= 0 && (uint64_t)chunk < ROLLUP_CHUNKS(m->n) ? ROLLUP_CHUNK_LEN(m->n, (uint32_t)chunk) : 0;
             bad = !rn || !d || rollup_decode(d, len, rn, (uint32_t)nf, 0, rn, c->cells);
         }
         if (bad) damaged(c, m, block * size, (block + 1) * size - 1, what, "does not decode");

@@ -42,8 +42,7 @@ static struct ingest *g_ingest;
  * stale or write beside it.  Returns the lock's descriptor (kept open; the
  * kernel releases the lock when the process ends, however it ends), or -1
  * with a message in err. */
-static int lock_database(const char *db, char *err, size_t errlen)
-{
+static int lock_database(const char *db, char *err, size_t errlen) {
     char path[4200];
     snprintf(path, sizeof path, "%s.lock", db);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -65,15 +64,15 @@ static int lock_database(const char *db, char *err, size_t errlen)
     }
     char pid[32];
     int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)len, 0) != len) { /* the pid is a courtesy */ }
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)len, 0) != len) { /* the pid is a courtesy */
+    }
     return fd;
 }
 
 /* The database and its -wal and -shm files hold everything the trainers
  * sent: readable by their owner only, whatever the umask was when an
  * earlier version (or sqlite3 by hand) created them. */
-static void make_database_private(const char *db)
-{
+static void make_database_private(const char *db) {
     static const char *const suffix[] = {"", "-wal", "-shm", ".lock"};
     char path[4200];
     for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
@@ -139,13 +138,13 @@ struct options {
     const char *http_listen, *web_root;
     long http_conns, stream_events, keepalive_ms, http_timeout_s, am_resend_s;
     int http_explicit, metrics_heads, quiet_alerts, lossy_bf16;
-    long lossy_bits;         /* --lossy-bits, or 7 for --lossy-bf16; 0: exact */
+    long lossy_bits; /* --lossy-bits, or 7 for --lossy-bf16; 0: exact */
     double metrics_keep_s;
-    const char *retain_raw;  /* --retain-raw, parsed into retain_steps or retain_s */
+    const char *retain_raw; /* --retain-raw, parsed into retain_steps or retain_s */
     long retain_steps;
     double retain_s;
     const char *rules, *webhook, *on_alert, *alertmanager, *remote_write;
-    const char *check;       /* --check: verify this data directory (or database file) and exit */
+    const char *check; /* --check: verify this data directory (or database file) and exit */
     char dbpath[4096], sockpath[4096];
 };
 
@@ -162,7 +161,8 @@ static const flag FLAGS[] = {
         "verify the database of data directory DIR (or the database file DIR), read-only,\n"
         "list each damaged row (run, metric, steps) and exit: 0 clean, 1 damage found,\n"
         "2 cannot open it (docs/reliability.md); safe while a daemon runs on it"),
-    STR("--socket", O(sock), "PATH", "Unix socket for trainers (default DIR/entropyd.sock, mode 0600);\n'off' for none"),
+    STR("--socket", O(sock), "PATH",
+        "Unix socket for trainers (default DIR/entropyd.sock, mode 0600);\n'off' for none"),
     STR("--listen-tcp", O(tcp), "HOST:PORT",
         "also accept trainers over TCP (use loopback unless the\n"
         "network is trusted, and set --token); port 0 picks a free one"),
@@ -174,7 +174,8 @@ static const flag FLAGS[] = {
          "connections per user (Unix socket) or per address (TCP)\n"
          "at most (default half of --max-conns, or all while it is under 2048)"),
     LONG("--hello-timeout-s", O(hello_s), 1, 3600, "N", "close a connection not welcomed within N s (default 10)"),
-    LONG("--idle-timeout-s", O(idle_s), 0, 2000000, "N", "close a welcomed connection silent for N s (default 0: never)"),
+    LONG("--idle-timeout-s", O(idle_s), 0, 2000000, "N",
+         "close a welcomed connection silent for N s (default 0: never)"),
     LONG("--max-cells-per-run", O(max_cells), 1, PROTO_MAX_CELLS, "N",
          "layers x heads of a run at most (default 65536); a hello\n"
          "over it is refused (bad_field), so one trainer cannot\n"
@@ -186,7 +187,8 @@ static const flag FLAGS[] = {
         "keep a run's raw frames for its last KEEP steps (>= 64), or\n"
         "those of the last KEEP of time (N[s|m|h|d]); older ones are deleted,\n"
         "their exact rollups kept forever (default: keep all; docs/long-runs.md)"),
-    LONG("--queue-mb", O(queue_mb), 1, 65536, "N", "memory for accepted, uncommitted messages (default 64);\n"
+    LONG("--queue-mb", O(queue_mb), 1, 65536, "N",
+         "memory for accepted, uncommitted messages (default 64);\n"
          "when spent, trainers wait (their clients spool)"),
     LONG("--drain-ms", O(drain_ms), 0, 600000, "N", "at shutdown, wait this long to commit and ack (default 5000)"),
     LONG("--lossy-bits", O(lossy_bits), 1, 22, "N",
@@ -200,7 +202,8 @@ static const flag FLAGS[] = {
         "serve the HTTP API and dashboard (default 127.0.0.1:8080);\n"
         "port 0 picks a free one (printed as \"http port N\"); 'off' for none.\n"
         "With --token, /api and /metrics need Authorization: Bearer TOKEN"),
-    LONG("--http-max-conns", O(http_conns), 1, 100000, "N", "HTTP connections at most, stream clients included (default 512)"),
+    LONG("--http-max-conns", O(http_conns), 1, 100000, "N",
+         "HTTP connections at most, stream clients included (default 512)"),
     LONG("--http-max-conns-per-ip", O(http_per_ip), 1, 100000, "N",
          "HTTP connections per client address (default a quarter\nof --http-max-conns)"),
     FLAG_LIST_ROW("--allow-host", O(allow_hosts), "NAME",
@@ -217,7 +220,8 @@ static const flag FLAGS[] = {
     LONG("--http-timeout-s", O(http_timeout_s), 1, 86400, "N",
          "close an HTTP connection that makes no progress for N s,\n"
          "a client that stopped reading included (default 60)"),
-    LONG("--stream-events", O(stream_events), 1, 10000000, "N", "live events kept for Last-Event-ID resume (default 16384)"),
+    LONG("--stream-events", O(stream_events), 1, 10000000, "N",
+         "live events kept for Last-Event-ID resume (default 16384)"),
     LONG("--keepalive-ms", O(keepalive_ms), 10, 3600000, "N", "SSE keep-alive comment interval (default 15000)"),
     FLAG_SECTION_ROW("alerts and export:"),
     STR("--rules", O(rules), "FILE", "alert rules (JSON; default: the built-in set, see docs/alerts.md)"),
@@ -263,18 +267,31 @@ static int parse_retain(const char *s, long *steps, double *seconds) {
         *steps = n;
         return 0;
     }
-    fprintf(stderr, "entropyd: --retain-raw wants a number of steps (64 or more) or a duration like 12h or 7d, "
-                    "got \"%s\"\n", s);
+    fprintf(stderr,
+            "entropyd: --retain-raw wants a number of steps (64 or more) or a duration like 12h or 7d, "
+            "got \"%s\"\n",
+            s);
     return -1;
 }
 
 /* Fills o from the command line. Returns -1 to go on, or the exit status
  * (0 after --help or --version, 2 for a bad flag). */
 static int options_parse(struct options *o, int argc, char **argv) {
-    *o = (struct options){.data = "entropyd-data", .token = getenv("ENTROPYD_TOKEN"), .max_conns = 10000,
-                          .queue_mb = 64, .drain_ms = 5000, .hello_s = 10, .input_mb = 64, .max_cells = INGEST_MAX_CELLS,
-                          .http_listen = "127.0.0.1:8080", .http_conns = 512, .stream_events = 16384,
-                          .keepalive_ms = 15000, .http_timeout_s = 60, .am_resend_s = 60, .metrics_keep_s = 3600};
+    *o = (struct options){.data = "entropyd-data",
+                          .token = getenv("ENTROPYD_TOKEN"),
+                          .max_conns = 10000,
+                          .queue_mb = 64,
+                          .drain_ms = 5000,
+                          .hello_s = 10,
+                          .input_mb = 64,
+                          .max_cells = INGEST_MAX_CELLS,
+                          .http_listen = "127.0.0.1:8080",
+                          .http_conns = 512,
+                          .stream_events = 16384,
+                          .keepalive_ms = 15000,
+                          .http_timeout_s = 60,
+                          .am_resend_s = 60,
+                          .metrics_keep_s = 3600};
     char given[FLAG_COUNT(FLAGS)];
     switch (flags_parse(&TABLE, argc, argv, o, given)) {
     case FLAGS_HELP: usage(stdout); return 0;
@@ -367,9 +384,15 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
         d->hooks.stream = d->stream;
         snprintf(d->external, sizeof d->external, "http://%s", o->http_listen); /* the port bound comes later */
     }
-    struct alerter_config mcfg = {.rules_path = o->rules, .store = d->st, .stream = d->stream, .pool = d->pool,
-                                  .notify = {.webhook_url = o->webhook, .exec_cmd = o->on_alert, .log = !o->quiet_alerts,
-                                             .external_url = d->external, .alertmanager_url = o->alertmanager,
+    struct alerter_config mcfg = {.rules_path = o->rules,
+                                  .store = d->st,
+                                  .stream = d->stream,
+                                  .pool = d->pool,
+                                  .notify = {.webhook_url = o->webhook,
+                                             .exec_cmd = o->on_alert,
+                                             .log = !o->quiet_alerts,
+                                             .external_url = d->external,
+                                             .alertmanager_url = o->alertmanager,
                                              .am_resend_s = (int)o->am_resend_s}};
     if (!(d->alerter = alerter_create(&mcfg, err, sizeof err))) goto fail;
     d->hooks.alerter = d->alerter;
@@ -377,14 +400,23 @@ static int daemon_start_ingest(struct daemon *d, const struct options *o) {
         struct remote_write_config rcfg = {.url = o->remote_write, .db_path = o->db};
         if (!(d->hooks.remote_write = remote_write_create(&rcfg, err, sizeof err))) goto fail;
     }
-    struct writer_config wcfg = {.max_bytes = (size_t)o->queue_mb << 20, .on_commit = on_commit, .on_tick = on_tick,
-                                 .retain_steps = o->retain_steps, .retain_s = o->retain_s, .ctx = &d->hooks};
+    struct writer_config wcfg = {.max_bytes = (size_t)o->queue_mb << 20,
+                                 .on_commit = on_commit,
+                                 .on_tick = on_tick,
+                                 .retain_steps = o->retain_steps,
+                                 .retain_s = o->retain_s,
+                                 .ctx = &d->hooks};
     if (!(d->w = writer_create(d->st, d->efd, &wcfg, err, sizeof err))) goto fail;
     alerter_set_writer(d->alerter, d->w);
-    struct ingest_config icfg = {.socket_path = o->sock, .tcp = o->tcp, .token = o->token,
-                                 .max_conns = (int)o->max_conns, .max_conns_per_peer = (int)o->per_peer,
-                                 .hello_ms = (int)o->hello_s * 1000, .idle_ms = (int)o->idle_s * 1000,
-                                 .max_input = (size_t)o->input_mb << 20, .max_cells_per_run = o->max_cells};
+    struct ingest_config icfg = {.socket_path = o->sock,
+                                 .tcp = o->tcp,
+                                 .token = o->token,
+                                 .max_conns = (int)o->max_conns,
+                                 .max_conns_per_peer = (int)o->per_peer,
+                                 .hello_ms = (int)o->hello_s * 1000,
+                                 .idle_ms = (int)o->idle_s * 1000,
+                                 .max_input = (size_t)o->input_mb << 20,
+                                 .max_cells_per_run = o->max_cells};
     if (!(g_ingest = ingest_create(&icfg, d->w, d->efd, err, sizeof err))) goto fail;
     return 0;
 fail:
@@ -399,20 +431,33 @@ fail:
 static int daemon_start_http(struct daemon *d, const struct options *o) {
     if (!o->http_listen) return 0;
     char err[1024];
-    struct http_config hcfg = {.listen = o->http_listen, .token = o->token, .web_root = o->web_root,
-                               .max_conns = (int)o->http_conns, .timeout_s = (int)o->http_timeout_s,
-                               .pool = d->pool, .stream = d->stream, .writer = d->w, .rules_path = o->rules,
-                               .allow_hosts = o->allow_hosts.v, .n_allow_hosts = o->allow_hosts.n,
-                               .max_conns_per_ip = (int)o->http_per_ip, .metrics = metrics_write,
+    struct http_config hcfg = {.listen = o->http_listen,
+                               .token = o->token,
+                               .web_root = o->web_root,
+                               .max_conns = (int)o->http_conns,
+                               .timeout_s = (int)o->http_timeout_s,
+                               .pool = d->pool,
+                               .stream = d->stream,
+                               .writer = d->w,
+                               .rules_path = o->rules,
+                               .allow_hosts = o->allow_hosts.v,
+                               .n_allow_hosts = o->allow_hosts.n,
+                               .max_conns_per_ip = (int)o->http_per_ip,
+                               .metrics = metrics_write,
                                .metrics_ctx = &d->metrics};
-    d->metrics = (struct metrics_sources){.alerter = d->alerter, .ingest = g_ingest, .writer = d->w,
-                                          .stream = d->stream, .remote_write = d->hooks.remote_write,
-                                          .pool = d->pool, .heads = o->metrics_heads,
+    d->metrics = (struct metrics_sources){.alerter = d->alerter,
+                                          .ingest = g_ingest,
+                                          .writer = d->w,
+                                          .stream = d->stream,
+                                          .remote_write = d->hooks.remote_write,
+                                          .pool = d->pool,
+                                          .heads = o->metrics_heads,
                                           .keep_s = o->metrics_keep_s > 0 ? o->metrics_keep_s : -1};
     if (!(d->http = http_create(&hcfg, err, sizeof err))) {
         fprintf(stderr, "entropyd: %s%s\n", err,
-                o->http_explicit ? "" : " (the default --http 127.0.0.1:8080: choose another with --http HOST:PORT, "
-                                        "any free port with --http 127.0.0.1:0, or none with --http off)");
+                o->http_explicit ? ""
+                                 : " (the default --http 127.0.0.1:8080: choose another with --http HOST:PORT, "
+                                   "any free port with --http 127.0.0.1:0, or none with --http off)");
         return -1;
     }
     atomic_store(&d->hooks.http, d->http);
@@ -435,9 +480,9 @@ static void daemon_close(struct daemon *d) {
     http_destroy(d->http);
     ingest_destroy(g_ingest); /* marks still-connected runs stale through the writer */
     g_ingest = NULL;
-    writer_destroy(d->w);        /* commits everything queued */
+    writer_destroy(d->w);                        /* commits everything queued */
     remote_write_destroy(d->hooks.remote_write); /* after the writer: its commit hook wakes it */
-    alerter_destroy(d->alerter, 3000); /* gives pending webhooks a moment */
+    alerter_destroy(d->alerter, 3000);           /* gives pending webhooks a moment */
     stream_destroy(d->stream);
     query_pool_close(d->pool);
     store_close(d->st);
@@ -449,11 +494,15 @@ static void daemon_close(struct daemon *d) {
 static void warn_if_open(const struct options *o) {
     if (o->token) return;
     if (o->tcp && !loopback_address(o->tcp))
-        fprintf(stderr, "entropyd: warning: trainers are accepted on %s, not a loopback address, and no --token "
-                        "is set: anyone who can reach it can write runs\n", o->tcp);
+        fprintf(stderr,
+                "entropyd: warning: trainers are accepted on %s, not a loopback address, and no --token "
+                "is set: anyone who can reach it can write runs\n",
+                o->tcp);
     if (o->http_listen && !loopback_address(o->http_listen))
-        fprintf(stderr, "entropyd: warning: HTTP is served on %s, not a loopback address, and no --token is "
-                        "set: anyone who can reach it can read and delete runs\n", o->http_listen);
+        fprintf(stderr,
+                "entropyd: warning: HTTP is served on %s, not a loopback address, and no --token is "
+                "set: anyone who can reach it can read and delete runs\n",
+                o->http_listen);
 }
 
 /* The first lines on stdout, which scripts and tests read for the ports. */

@@ -25,8 +25,8 @@ struct metrics_sources {
     struct stream *stream;
     struct remote_write *remote_write;
     struct query_pool *pool;
-    int heads;                 /* also export per-head latest values */
-    double keep_s;             /* export ended runs this long after their end; 0: 3600, < 0: not at all */
+    int heads;     /* also export per-head latest values */
+    double keep_s; /* export ended runs this long after their end; 0: 3600, < 0: not at all */
 };
 
 /* http_config.metrics: appends the figures of sources (a struct

@@ -23,7 +23,7 @@
 /* A notification for the webhook or the exec hook. */
 struct note {
     char *status, *alertname, *run;
-    char *body;              /* the webhook payload */
+    char *body; /* the webhook payload */
     struct note *next;
 };
 
@@ -42,32 +42,32 @@ struct queue {
 /* An alert in Alertmanager's set, keyed by fingerprint. */
 struct am_alert {
     char fp[40];
-    cJSON *obj;              /* {labels, annotations, startsAt[, generatorURL][, endsAt when resolved]} */
-    int resolved;            /* 1: sent with its endsAt until a POST carrying it succeeds, then forgotten */
-    uint64_t gen;            /* am_gen when it last changed */
+    cJSON *obj;   /* {labels, annotations, startsAt[, generatorURL][, endsAt when resolved]} */
+    int resolved; /* 1: sent with its endsAt until a POST carrying it succeeds, then forgotten */
+    uint64_t gen; /* am_gen when it last changed */
     struct am_alert *next;
 };
 
 struct notify {
     struct notify_config cfg;
     char *webhook, *exec_cmd;
-    char *am;                /* Alertmanager's .../api/v2/alerts, or NULL */
+    char *am; /* Alertmanager's .../api/v2/alerts, or NULL */
     pthread_mutex_t mu;
     int stop;
-    double stop_deadline;    /* mono s: after it, workers give up what they hold */
-    char external[512];      /* the daemon's URL (set once HTTP listens) */
-    double log_window;       /* log lines: start (mono s) of the current window */
+    double stop_deadline; /* mono s: after it, workers give up what they hold */
+    char external[512];   /* the daemon's URL (set once HTTP listens) */
+    double log_window;    /* log lines: start (mono s) of the current window */
     uint64_t log_n, log_suppressed;
-    uint64_t queued;         /* transitions posted */
+    uint64_t queued; /* transitions posted */
     struct queue hook, exec;
     /* Alertmanager: the set and its worker */
     struct am_alert *am_set;
-    uint64_t am_gen;         /* bumped by every change of the set */
-    uint64_t am_sent_gen;    /* the generation the last successful POST carried */
+    uint64_t am_gen;      /* bumped by every change of the set */
+    uint64_t am_sent_gen; /* the generation the last successful POST carried */
     int am_nresolved, am_failing;
-    double am_next;          /* mono s: next POST (a re-send, or a retry after a failure) */
-    double am_last_post;     /* mono s: when the last POST began */
-    int am_delay_ms;         /* the next retry's backoff */
+    double am_next;      /* mono s: next POST (a re-send, or a retry after a failure) */
+    double am_last_post; /* mono s: when the last POST began */
+    int am_delay_ms;     /* the next retry's backoff */
     pthread_t am_th;
     int am_started;
     pthread_cond_t am_cv;
@@ -75,9 +75,7 @@ struct notify {
     uint64_t am_firing;
 };
 
-static double mono_s(void) {
-    return now_mono_ms() / 1e3;
-}
+static double mono_s(void) { return now_mono_ms() / 1e3; }
 
 /* Waits on cv (with n->mu held) until mono time `until` or a signal. */
 static void wait_until(struct notify *n, pthread_cond_t *cv, double until) {
@@ -95,9 +93,7 @@ static void wait_until(struct notify *n, pthread_cond_t *cv, double until) {
 }
 
 /* With n->mu held: 1 once shutdown's grace has run out. */
-static int past_deadline(const struct notify *n) {
-    return n->stop && mono_s() > n->stop_deadline;
-}
+static int past_deadline(const struct notify *n) { return n->stop && mono_s() > n->stop_deadline; }
 
 static void note_free(struct note *nt) {
     if (!nt) return;
@@ -250,8 +246,7 @@ static cJSON *am_object(struct notify *n, const char *alert_json, char *fp, size
     snprintf(fp, fplen, "%s", f ? f : "");
     cJSON *ends = cJSON_GetObjectItemCaseSensitive(a, "endsAt");
     const char *st = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(a, "status"));
-    if (st && !strcmp(st, "resolved") && cJSON_IsString(ends))
-        cJSON_AddStringToObject(o, "endsAt", ends->valuestring);
+    if (st && !strcmp(st, "resolved") && cJSON_IsString(ends)) cJSON_AddStringToObject(o, "endsAt", ends->valuestring);
     cJSON_Delete(a);
     return o;
 }
@@ -448,11 +443,12 @@ static void am_delivered(struct notify *n, uint64_t gen) {
  * and when they end, counted on /metrics between. */
 static void am_log_streak(struct notify *n, int ok, long code) {
     if (!ok && !n->am_failing)
-        fprintf(stderr, "entropyd: alertmanager %s refused the alerts (HTTP status %ld); retried with backoff "
-                        "(at most every %d s), failures counted in entropyd_notifications_failed_total{sink=\"alertmanager\"}\n",
-                n->am, code, n->cfg.am_resend_s);
-    else if (ok && n->am_failing)
-        fprintf(stderr, "entropyd: alertmanager %s takes the alerts again\n", n->am);
+        fprintf(
+            stderr,
+            "entropyd: alertmanager %s refused the alerts (HTTP status %ld); retried with backoff "
+            "(at most every %d s), failures counted in entropyd_notifications_failed_total{sink=\"alertmanager\"}\n",
+            n->am, code, n->cfg.am_resend_s);
+    else if (ok && n->am_failing) fprintf(stderr, "entropyd: alertmanager %s takes the alerts again\n", n->am);
     n->am_failing = !ok;
 }
 
@@ -514,7 +510,8 @@ static void log_note(struct notify *n, const char *status, const char *alertname
     double now = now_mono_ms() / 1e3;
     if (now - n->log_window >= NOTIFY_LOG_WINDOW_S) {
         if (n->log_suppressed)
-            fprintf(stderr, "entropyd: %llu more alert notification(s) in %.0f s not logged (GET /api/alerts has them)\n",
+            fprintf(stderr,
+                    "entropyd: %llu more alert notification(s) in %.0f s not logged (GET /api/alerts has them)\n",
                     (unsigned long long)n->log_suppressed, NOTIFY_LOG_WINDOW_S);
         n->log_window = now;
         n->log_n = n->log_suppressed = 0;
@@ -528,9 +525,7 @@ static void log_note(struct notify *n, const char *status, const char *alertname
 }
 
 
-static char *dupstr(const char *s) {
-    return s ? strdup(s) : NULL;
-}
+static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
 
 struct notify *notify_create(const struct notify_config *cfg, char *err, size_t errlen) {
     struct notify *n = calloc(1, sizeof *n);
@@ -609,7 +604,8 @@ void notify_destroy(struct notify *n, int wait_ms) {
 }
 
 /* The Alertmanager webhook payload for one alert group. */
-static char *payload(struct notify *n, const char *status, const char *alertname, const char *run, const char *alert_json) {
+static char *payload(struct notify *n, const char *status, const char *alertname, const char *run,
+                     const char *alert_json) {
     cJSON *alert = cJSON_Parse(alert_json);
     if (!alert) return NULL;
     cJSON *o = cJSON_CreateObject();

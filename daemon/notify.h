@@ -36,16 +36,16 @@
 #include <stdint.h>
 
 struct notify_config {
-    const char *webhook_url;   /* NULL: no webhook */
-    const char *exec_cmd;      /* NULL: no exec hook */
-    int log;                   /* 1: log each notification */
-    int max_queue;             /* default 1000 */
-    int retries;               /* attempts per webhook notification, default 6 */
-    int timeout_ms;            /* per HTTP request, default 5000 */
-    int backoff_ms;            /* first retry delay, doubled each time, default 500 */
-    const char *external_url;  /* the daemon's URL, for externalURL (may be NULL) */
+    const char *webhook_url;      /* NULL: no webhook */
+    const char *exec_cmd;         /* NULL: no exec hook */
+    int log;                      /* 1: log each notification */
+    int max_queue;                /* default 1000 */
+    int retries;                  /* attempts per webhook notification, default 6 */
+    int timeout_ms;               /* per HTTP request, default 5000 */
+    int backoff_ms;               /* first retry delay, doubled each time, default 500 */
+    const char *external_url;     /* the daemon's URL, for externalURL (may be NULL) */
     const char *alertmanager_url; /* Alertmanager base URL (http://host:9093) or NULL */
-    int am_resend_s;           /* re-send period of firing alerts, default 60 */
+    int am_resend_s;              /* re-send period of firing alerts, default 60 */
 };
 
 struct notify;
@@ -65,8 +65,8 @@ void notify_destroy(struct notify *n, int wait_ms);
  * episode goes on after a restart): it rejoins Alertmanager's firing set
  * and is logged, but the webhook and the hook are not called again.
  * Copies what it needs. Never blocks. Returns 0, or -1 out of memory. */
-int notify_post(struct notify *n, const char *status, const char *alertname, const char *run,
-                const char *alert_json, int resumed);
+int notify_post(struct notify *n, const char *status, const char *alertname, const char *run, const char *alert_json,
+                int resumed);
 
 /* The daemon's URL, for externalURL and each alert's generatorURL
  * (URL/?run=ID). Set once HTTP listens: with --http HOST:0 only then is the
@@ -78,13 +78,13 @@ void notify_set_external_url(struct notify *n, const char *url);
  * the transitions it took and the resolved alerts it had to forget. */
 struct notify_sink_stats {
     uint64_t queued, sent, failed, retries, dropped;
-    uint64_t pending;              /* notes queued now (alertmanager: alerts in its set not yet sent) */
+    uint64_t pending; /* notes queued now (alertmanager: alerts in its set not yet sent) */
 };
 
 struct notify_stats {
-    uint64_t queued;               /* transitions handed to notify_post */
+    uint64_t queued; /* transitions handed to notify_post */
     struct notify_sink_stats webhook, exec, alertmanager;
-    uint64_t am_firing;            /* alerts in the firing set Alertmanager is re-sent; while
+    uint64_t am_firing; /* alerts in the firing set Alertmanager is re-sent; while
                                       it is 0 the re-send timer is off */
 };
 void notify_get_stats(struct notify *n, struct notify_stats *out);

@@ -11,10 +11,10 @@
 
 #include <stddef.h>
 
-#define PEERS_KEY_MAX 64   /* key bytes, terminator included; longer keys are cut */
+#define PEERS_KEY_MAX 64 /* key bytes, terminator included; longer keys are cut */
 
 struct peers;
-struct peer;               /* one key's entry; valid while its count is > 0 */
+struct peer; /* one key's entry; valid while its count is > 0 */
 
 /* A table whose keys may each hold at most limit connections (limit >= 1).
  * Returns NULL when out of memory. */

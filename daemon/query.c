@@ -65,10 +65,10 @@ static cJSON *run_json(sqlite3_stmt *s) {
     return o;
 }
 
-#define RUN_SELECT                                                                                              \
-    "SELECT runs.id, runs.name, runs.status, runs.created, runs.updated, runs.last_step, runs.last_seq, "     \
-    "runs.layers, runs.heads, runs.seq_len, runs.meta, "                                                       \
-    "(SELECT count(*) FROM alerts a WHERE a.run_id = runs.id AND a.state = 'firing'), "                       \
+#define RUN_SELECT                                                                                        \
+    "SELECT runs.id, runs.name, runs.status, runs.created, runs.updated, runs.last_step, runs.last_seq, " \
+    "runs.layers, runs.heads, runs.seq_len, runs.meta, "                                                  \
+    "(SELECT count(*) FROM alerts a WHERE a.run_id = runs.id AND a.state = 'firing'), "                   \
     "s.verdict, s.since_step, s.heads, s.rule, s.last_loss, s.min_entropy, s.evidence"
 #define RUN_FROM " FROM runs LEFT JOIN run_summary s ON s.run_id = runs.id "
 
@@ -91,12 +91,11 @@ static int emit_json(cJSON *root, struct strbuf *out, char *err, size_t errlen) 
 #define RUNS_WHERE " WHERE (?2 IS NULL OR coalesce(s.verdict, 'healthy') = ?2) AND " RUNS_FILTERS
 /* The same without the verdict (for a count that needs no summary): ?2 unused. */
 #define RUNS_WHERE_NO_SUMMARY " WHERE ?2 IS NULL AND " RUNS_FILTERS
-#define RUNS_FILTERS                                                                                            \
-    "(?1 IS NULL OR runs.status = ?1) "                                                                         \
-    "AND (?3 IS NULL OR instr(lower(runs.name), lower(?3)) > 0) "                                              \
-    "AND (?4 IS NULL OR runs.created >= ?4) AND (?5 IS NULL OR runs.created <= ?5)"                           \
-    META_F(10, 11) META_F(12, 13) META_F(14, 15) META_F(16, 17) META_F(18, 19) META_F(20, 21) META_F(22, 23)  \
-    META_F(24, 25)
+#define RUNS_FILTERS                                                                                              \
+    "(?1 IS NULL OR runs.status = ?1) "                                                                           \
+    "AND (?3 IS NULL OR instr(lower(runs.name), lower(?3)) > 0) "                                                 \
+    "AND (?4 IS NULL OR runs.created >= ?4) AND (?5 IS NULL OR runs.created <= ?5)" META_F(10, 11) META_F(12, 13) \
+        META_F(14, 15) META_F(16, 17) META_F(18, 19) META_F(20, 21) META_F(22, 23) META_F(24, 25)
 
 /* One page: the filters, then (sort key, id) past the cursor (?6, ?7) as
  * a row value, in that order, at most ?8 rows (-1: all). Column 19 is the
@@ -104,8 +103,10 @@ static int emit_json(cJSON *root, struct strbuf *out, char *err, size_t errlen) 
 #define RUNS_PAGE(EXPR, CMP, DIR)                                                                               \
     RUN_SELECT ", " EXPR RUN_FROM RUNS_WHERE " AND (" EXPR ", runs.id) " CMP " (?6, ?7) ORDER BY " EXPR " " DIR \
                ", runs.id " DIR " LIMIT ?8"
-#define RUNS_SORT(NAME, EXPR, TEXT) \
-    {NAME, TEXT, {RUNS_PAGE(EXPR, ">", "ASC"), RUNS_PAGE(EXPR, "<", "DESC")}}
+#define RUNS_SORT(NAME, EXPR, TEXT)                                               \
+    {                                                                             \
+        NAME, TEXT, { RUNS_PAGE(EXPR, ">", "ASC"), RUNS_PAGE(EXPR, "<", "DESC") } \
+    }
 
 /* Sort keys of the runs list: the name a request uses and its statements
  * (ascending, descending). NULLs sort as a sentinel so that a cursor can
@@ -122,9 +123,11 @@ static const struct {
     [QUERY_SORT_LAST_STEP] = RUNS_SORT("last_step", "coalesce(runs.last_step, -1)", 0),
     [QUERY_SORT_LAST_LOSS] = RUNS_SORT("last_loss", "coalesce(s.last_loss, 1e308)", 0),
     [QUERY_SORT_MIN_ENTROPY] = RUNS_SORT("min_entropy_norm", "coalesce(s.min_entropy, 1e308)", 0),
-    [QUERY_SORT_VERDICT] = RUNS_SORT("verdict", "(CASE s.verdict WHEN 'collapsed' THEN 5 WHEN 'diverged' THEN 4 "
-                                                "WHEN 'collapsing' THEN 3 WHEN 'stalled' THEN 2 WHEN 'sharp' THEN 1 "
-                                                "ELSE 0 END)", 0),
+    [QUERY_SORT_VERDICT] = RUNS_SORT("verdict",
+                                     "(CASE s.verdict WHEN 'collapsed' THEN 5 WHEN 'diverged' THEN 4 "
+                                     "WHEN 'collapsing' THEN 3 WHEN 'stalled' THEN 2 WHEN 'sharp' THEN 1 "
+                                     "ELSE 0 END)",
+                                     0),
 };
 
 const char *query_runs_sort_name(int sort) {
@@ -160,8 +163,7 @@ static int cursor_parse(const char *c, int text, int64_t *id, double *num, const
     return end == k || *end ? -1 : 0;
 }
 
-int query_runs_page(struct query *q, const struct query_runs_req *req, struct strbuf *out, char *err,
-                    size_t errlen) {
+int query_runs_page(struct query *q, const struct query_runs_req *req, struct strbuf *out, char *err, size_t errlen) {
     sqlite3_stmt *s = NULL;
     cJSON *root = NULL, *arr = NULL;
     int ret = QUERY_ERR, rc;
@@ -236,11 +238,12 @@ int query_runs_page(struct query *q, const struct query_runs_req *req, struct st
      * without reading rows (0.01 ms at 10,000 runs; filtered, every run is
      * read: ~7 ms). The summary is joined only for a verdict filter (one row
      * per run at most: the count is the same, without a lookup per run). */
-    int filtered = req->status || req->verdict || (req->search && *req->search) || req->has_from || req->has_to ||
-                   req->nmeta;
-    if (sqlite3_prepare_v2(q->db, !filtered ? "SELECT count(*) FROM runs"
-                                  : req->verdict ? "SELECT count(*)" RUN_FROM RUNS_WHERE
-                                                 : "SELECT count(*) FROM runs" RUNS_WHERE_NO_SUMMARY,
+    int filtered =
+        req->status || req->verdict || (req->search && *req->search) || req->has_from || req->has_to || req->nmeta;
+    if (sqlite3_prepare_v2(q->db,
+                           !filtered      ? "SELECT count(*) FROM runs"
+                           : req->verdict ? "SELECT count(*)" RUN_FROM RUNS_WHERE
+                                          : "SELECT count(*) FROM runs" RUNS_WHERE_NO_SUMMARY,
                            -1, &s, NULL) != SQLITE_OK) {
         ret = query_db_fail(q, err, errlen, "counting runs");
         goto out;
@@ -329,8 +332,8 @@ int query_run(struct query *q, int64_t id, const struct alert_rules *rules, stru
     cJSON *m = cJSON_AddObjectToObject(o, "metrics");
     cJSON *kinds[3] = {cJSON_AddArrayToObject(m, "scalars"), cJSON_AddArrayToObject(m, "layers"),
                        cJSON_AddArrayToObject(m, "heads")};
-    if (sqlite3_prepare_v2(q->db, "SELECT name, kind FROM metrics WHERE run_id = ?1 ORDER BY name", -1, &s,
-                           NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(q->db, "SELECT name, kind FROM metrics WHERE run_id = ?1 ORDER BY name", -1, &s, NULL) !=
+        SQLITE_OK) {
         ret = query_db_fail(q, err, errlen, "listing metrics");
         goto out;
     }
@@ -467,11 +470,11 @@ int query_prometheus(struct query *q, int heads, double now, double keep_s, stru
     }
     sqlite3_bind_double(s, 1, since);
     strbuf_puts(out, "# HELP entropyd_run_last_step Highest stored step of a run.\n"
-                        "# TYPE entropyd_run_last_step gauge\n");
+                     "# TYPE entropyd_run_last_step gauge\n");
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (sqlite3_column_type(s, 2) == SQLITE_NULL) continue;
         strbuf_printf(out, "entropyd_run_last_step{run=\"%s\",status=\"%s\"} %lld\n", sqlite3_column_text(s, 0),
-                         sqlite3_column_text(s, 1), (long long)sqlite3_column_int64(s, 2));
+                      sqlite3_column_text(s, 1), (long long)sqlite3_column_int64(s, 2));
     }
     if (rc != SQLITE_DONE) {
         ret = query_db_fail(q, err, errlen, "listing runs");
@@ -523,7 +526,7 @@ int query_prometheus(struct query *q, int heads, double now, double keep_s, stru
                 strbuf_printf(out, "entropyd_layer{run=\"%s\",metric=\"%s\",layer=\"%d\"} %s\n", run, name, i, num);
             else
                 strbuf_printf(out, "entropyd_head{run=\"%s\",metric=\"%s\",layer=\"%lld\",head=\"%lld\"} %s\n", run,
-                                 name, (long long)(i / H), (long long)(i % H), num);
+                              name, (long long)(i / H), (long long)(i % H), num);
         }
     }
     if (rc != SQLITE_DONE) {
@@ -534,14 +537,16 @@ int query_prometheus(struct query *q, int heads, double now, double keep_s, stru
     s = NULL;
     /* One series per firing alert, value 1. Not named ALERTS: that is
      * Prometheus' own series for its rules, and ours would mix with them. */
-    if (sqlite3_prepare_v2(q->db, "SELECT a.rule, r.name, a.severity FROM alerts a JOIN runs r ON r.id = a.run_id "
-                                  "WHERE a.state = 'firing' AND " PROM_EXPORTED " ORDER BY a.id", -1, &s, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(q->db,
+                           "SELECT a.rule, r.name, a.severity FROM alerts a JOIN runs r ON r.id = a.run_id "
+                           "WHERE a.state = 'firing' AND " PROM_EXPORTED " ORDER BY a.id",
+                           -1, &s, NULL) != SQLITE_OK) {
         ret = query_db_fail(q, err, errlen, "reading alerts");
         goto out;
     }
     sqlite3_bind_double(s, 1, since);
     strbuf_puts(out, "# HELP entropyd_alerts_firing Alerts firing now, one series per run and rule.\n"
-                        "# TYPE entropyd_alerts_firing gauge\n");
+                     "# TYPE entropyd_alerts_firing gauge\n");
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         /* rule names come from the rules file: escape them as label values */
         strbuf_puts(out, "entropyd_alerts_firing{alertname=\"");
@@ -566,8 +571,8 @@ int64_t query_wal_bytes(struct query *q) { return store_wal_bytes_of(sqlite3_db_
 int64_t query_db_bytes(struct query *q) {
     sqlite3_stmt *s;
     int64_t v = -1;
-    if (sqlite3_prepare_v2(q->db, "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()", -1,
-                           &s, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(q->db, "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()", -1, &s,
+                           NULL) != SQLITE_OK)
         return -1;
     if (sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_int64(s, 0);
     sqlite3_finalize(s);
@@ -605,9 +610,12 @@ int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t lim
                            "a.ends_at, a.start_step, a.last_step, a.value, a.cells, a.payload, a.reason "
                            "FROM alerts a JOIN runs r ON r.id = a.run_id "
                            "WHERE (?1 IS NULL OR a.state = ?1) AND (?2 = 0 OR a.run_id = ?2) "
-                           "ORDER BY a.id DESC LIMIT ?3", -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(q->db, "SELECT time, step, transition, value FROM alert_transitions "
-                                  "WHERE alert_id = ?1 ORDER BY id", -1, &t, NULL) != SQLITE_OK) {
+                           "ORDER BY a.id DESC LIMIT ?3",
+                           -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(q->db,
+                           "SELECT time, step, transition, value FROM alert_transitions "
+                           "WHERE alert_id = ?1 ORDER BY id",
+                           -1, &t, NULL) != SQLITE_OK) {
         ret = query_db_fail(q, err, errlen, "reading alerts");
         goto out;
     }
@@ -619,7 +627,7 @@ int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t lim
     int first = 1;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         strbuf_printf(out, "%s{\"id\":%lld,\"run_id\":%lld,\"run\":", first ? "" : ",",
-                         (long long)sqlite3_column_int64(s, 0), (long long)sqlite3_column_int64(s, 1));
+                      (long long)sqlite3_column_int64(s, 0), (long long)sqlite3_column_int64(s, 1));
         first = 0;
         strbuf_json_str(out, (const char *)sqlite3_column_text(s, 2));
         strbuf_puts(out, ",\"rule\":");
@@ -638,7 +646,7 @@ int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t lim
         if (sqlite3_column_type(s, 8) == SQLITE_NULL) strbuf_puts(out, ",\"ends_at\":null");
         else strbuf_printf(out, ",\"ends_at\":%.3f", sqlite3_column_double(s, 8));
         strbuf_printf(out, ",\"start_step\":%lld,\"last_step\":%lld", (long long)sqlite3_column_int64(s, 9),
-                         (long long)sqlite3_column_int64(s, 10));
+                      (long long)sqlite3_column_int64(s, 10));
         if (sqlite3_column_type(s, 11) == SQLITE_NULL) strbuf_puts(out, ",\"value\":null");
         else strbuf_printf(out, ",\"value\":%.9g", sqlite3_column_double(s, 11));
         /* cells and payload are JSON the daemon itself wrote */
@@ -651,7 +659,7 @@ int query_alerts(struct query *q, const char *state, int64_t run_id, int64_t lim
         int tf = 1;
         while ((rc = sqlite3_step(t)) == SQLITE_ROW) {
             strbuf_printf(out, "%s{\"time\":%.3f,\"step\":%lld,\"transition\":", tf ? "" : ",",
-                             sqlite3_column_double(t, 0), (long long)sqlite3_column_int64(t, 1));
+                          sqlite3_column_double(t, 0), (long long)sqlite3_column_int64(t, 1));
             tf = 0;
             strbuf_json_str(out, (const char *)sqlite3_column_text(t, 2));
             if (sqlite3_column_type(t, 3) == SQLITE_NULL) strbuf_puts(out, ",\"value\":null}");

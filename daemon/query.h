@@ -50,8 +50,15 @@ void query_release(struct query_pool *p, struct query *q);
 
 /* Sort keys of the runs list (query_runs_page). */
 enum query_runs_sort {
-    QUERY_SORT_ID = 0, QUERY_SORT_NAME, QUERY_SORT_CREATED, QUERY_SORT_UPDATED, QUERY_SORT_LAST_STEP,
-    QUERY_SORT_LAST_LOSS, QUERY_SORT_MIN_ENTROPY, QUERY_SORT_VERDICT, QUERY_SORT_COUNT
+    QUERY_SORT_ID = 0,
+    QUERY_SORT_NAME,
+    QUERY_SORT_CREATED,
+    QUERY_SORT_UPDATED,
+    QUERY_SORT_LAST_STEP,
+    QUERY_SORT_LAST_LOSS,
+    QUERY_SORT_MIN_ENTROPY,
+    QUERY_SORT_VERDICT,
+    QUERY_SORT_COUNT
 };
 /* The request word of a sort key ("id", "name", "created", "updated",
  * "last_step", "last_loss", "min_entropy_norm", "verdict"), NULL if none. */
@@ -61,18 +68,18 @@ const char *query_runs_sort_name(int sort);
 
 /* A runs list request. Every string is borrowed and bound as a parameter. */
 struct query_runs_req {
-    const char *status;            /* NULL: any */
-    const char *verdict;           /* NULL: any ("healthy" also matches runs without a summary) */
-    const char *search;            /* case-insensitive substring of the name; NULL: any */
-    int has_from, has_to;          /* created time range, Unix seconds, inclusive */
+    const char *status;   /* NULL: any */
+    const char *verdict;  /* NULL: any ("healthy" also matches runs without a summary) */
+    const char *search;   /* case-insensitive substring of the name; NULL: any */
+    int has_from, has_to; /* created time range, Unix seconds, inclusive */
     double created_from, created_to;
-    int nmeta;                     /* meta filters: json_extract(meta, path) as text == value */
-    const char *meta_path[QUERY_RUNS_MAX_META];   /* "$.reparam", "$.model.layers" */
+    int nmeta;                                  /* meta filters: json_extract(meta, path) as text == value */
+    const char *meta_path[QUERY_RUNS_MAX_META]; /* "$.reparam", "$.model.layers" */
     const char *meta_value[QUERY_RUNS_MAX_META];
-    int sort;                      /* enum query_runs_sort */
+    int sort; /* enum query_runs_sort */
     int desc;
-    int64_t limit;                 /* runs per page; 0: every match as a bare array */
-    const char *cursor;            /* "next" of the previous page; NULL: the first page */
+    int64_t limit;      /* runs per page; 0: every match as a bare array */
+    const char *cursor; /* "next" of the previous page; NULL: the first page */
 };
 
 /* GET /api/runs: the runs that match req, each a run object (as
@@ -83,8 +90,7 @@ struct query_runs_req {
  * (null on the last), total the number of matches. Pages are keyset
  * cursors (no OFFSET): the next page starts past the last (key, id) seen.
  * QUERY_BAD for a cursor this daemon did not give out for this sort. */
-int query_runs_page(struct query *q, const struct query_runs_req *req, struct strbuf *out, char *err,
-                    size_t errlen);
+int query_runs_page(struct query *q, const struct query_runs_req *req, struct strbuf *out, char *err, size_t errlen);
 
 /* GET /api/runs/{id}: the run object plus its metric names by kind, its
  * first step and, once it has metrics, "rules_unavailable": the rules of
@@ -123,9 +129,9 @@ struct query_series_req {
     int64_t layer, head;
     int has_from, has_to;
     int64_t from, to;
-    int64_t points;   /* buckets at most, >= 1 */
-    int agg;          /* enum query_agg, used when a series pools more than one cell */
-    int split;        /* enum query_split */
+    int64_t points; /* buckets at most, >= 1 */
+    int agg;        /* enum query_agg, used when a series pools more than one cell */
+    int split;      /* enum query_split */
 };
 
 /* GET /api/runs/{id}/series: at most `points` buckets over [from, to],
@@ -152,18 +158,17 @@ struct query_series_req {
  * scalar, QUERY_SPLIT_HEAD of a layer metric or with a head, QUERY_SPLIT_LAYER
  * with a layer or head; and for more than QUERY_MAX_SERIES_BUCKETS series x
  * buckets. */
-int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err,
-                 size_t errlen);
+int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err, size_t errlen);
 
 /* A collapse timeline request (query_timeline); layer -1 when left out. */
 struct query_timeline_req {
     int64_t run_id;
-    const char *metric;  /* a head or layer metric */
-    int64_t layer;       /* rows=head: only this layer's heads */
-    int fold_layers;     /* a row per layer (min over its heads) instead of one per head */
+    const char *metric; /* a head or layer metric */
+    int64_t layer;      /* rows=head: only this layer's heads */
+    int fold_layers;    /* a row per layer (min over its heads) instead of one per head */
     int has_from, has_to;
     int64_t from, to;
-    int64_t points;      /* buckets at most, >= 1 */
+    int64_t points; /* buckets at most, >= 1 */
 };
 
 /* GET /api/runs/{id}/timeline: the bucket minimum of a head metric for
@@ -180,13 +185,12 @@ struct query_timeline_req {
  * (docs/http-api.md). QUERY_NOT_FOUND for an unknown run or metric;
  * QUERY_BAD for a scalar, a layer out of range, layer with fold_layers or
  * for a layer metric, and past QUERY_MAX_SERIES_BUCKETS rows x buckets. */
-int query_timeline(struct query *q, const struct query_timeline_req *req, struct strbuf *out, char *err,
-                   size_t errlen);
+int query_timeline(struct query *q, const struct query_timeline_req *req, struct strbuf *out, char *err, size_t errlen);
 
 /* GET /api/runs/{id}/frame: the metric's values at the last step <= step
  * (has_step 0: the latest). QUERY_NOT_FOUND when no run, metric or frame. */
-int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
-                struct strbuf *out, char *err, size_t errlen);
+int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step, struct strbuf *out,
+                char *err, size_t errlen);
 
 /* Calls fn(ctx, step, vals, n) for every stored frame of metric_id with
  * lo <= step <= hi, in step order; vals holds the frame's n values
@@ -220,8 +224,7 @@ enum query_format { QUERY_CSV = 0, QUERY_JSONL };
 struct query_export;
 /* Starts an export on q (which stays borrowed until query_export_end).
  * NULL with *rc set (QUERY_NOT_FOUND, QUERY_ERR) and a message on failure. */
-struct query_export *query_export_begin(struct query *q, int64_t run_id, int format, int *rc, char *err,
-                                        size_t errlen);
+struct query_export *query_export_begin(struct query *q, int64_t run_id, int format, int *rc, char *err, size_t errlen);
 /* Fills buf with up to max bytes of the export. Returns the bytes written,
  * 0 at the end, -1 if the database failed midway. */
 ssize_t query_export_read(struct query_export *x, char *buf, size_t max);
@@ -278,9 +281,9 @@ int query_rw_runs(struct query *q, struct query_rw_run **runs, size_t *n, char *
 struct query_rw_shape {
     char name[PROTO_MAX_RUN + 1];
     int64_t layers, heads;
-    int rewinding;       /* a rollback is being written: not to be read now */
-    int64_t new_branch;  /* the newest branch id > branch, 0 when none */
-    int64_t new_from;    /* the lowest first step of those branches */
+    int rewinding;      /* a rollback is being written: not to be read now */
+    int64_t new_branch; /* the newest branch id > branch, 0 when none */
+    int64_t new_from;   /* the lowest first step of those branches */
 };
 /* 1 with *out filled, 0 when there is no such run, QUERY_ERR with a
  * message. */

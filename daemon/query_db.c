@@ -190,7 +190,7 @@ int query_run_get(struct query *q, int64_t id, struct query_runinfo *ri, char *e
 }
 
 int query_metric_get(struct query *q, int64_t run_id, const char *name, int64_t *id, int *kind, char *err,
-                      size_t errlen) {
+                     size_t errlen) {
     sqlite3_stmt *s = q->stmt[Q_METRIC];
     sqlite3_bind_int64(s, 1, run_id);
     sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);

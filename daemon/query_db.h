@@ -36,9 +36,9 @@ struct query {
     sqlite3 *db;
     sqlite3_stmt *stmt[Q_COUNT];
     sqlite3_stmt *remote[QUERY_REMOTE_STMTS]; /* query_remote.c's, NULL until used */
-    struct fblock_codec *codec;  /* decodes blocks (fblock.h) */
-    struct fblock_rows *rows;    /* reads sealed blocks' rows (fblock_rows.h), with codec */
-    char fault[160];             /* why a read failed when SQLite did not (a stored row of the
+    struct fblock_codec *codec;               /* decodes blocks (fblock.h) */
+    struct fblock_rows *rows;                 /* reads sealed blocks' rows (fblock_rows.h), with codec */
+    char fault[160];                          /* why a read failed when SQLite did not (a stored row of the
                                     wrong size): query_db_fail reports it, then clears it */
     struct query *next;
 };
@@ -104,15 +104,15 @@ int query_raw_horizon(struct query *q, int64_t metric_id, int64_t first, int64_t
  * series' minimum kept: what the collapse timeline (query_timeline.c)
  * draws. Owned by the grid; query_grid_free releases them. */
 struct query_grid {
-    int kind;                /* the metric's kind: 1 layer, 2 head (0 scalar) */
-    int64_t L, H;            /* its shape (1 where it has no such axis) */
-    int64_t from, to;        /* the range asked for, as query_series answers it */
+    int kind;         /* the metric's kind: 1 layer, 2 head (0 scalar) */
+    int64_t L, H;     /* its shape (1 where it has no such axis) */
+    int64_t from, to; /* the range asked for, as query_series answers it */
     int64_t width, resolution, raw_from;
-    int64_t nb;              /* buckets listed (those holding a frame) */
-    int64_t *step, *end;     /* nb each: first and last step of each, clipped to the range */
-    uint32_t ngroups;        /* series, layer-major */
-    int64_t *layer, *head;   /* ngroups each; head -1 for a series of a whole layer */
-    float *min;              /* ngroups x nb, series-major; NaN where a bucket held no finite value */
+    int64_t nb;            /* buckets listed (those holding a frame) */
+    int64_t *step, *end;   /* nb each: first and last step of each, clipped to the range */
+    uint32_t ngroups;      /* series, layer-major */
+    int64_t *layer, *head; /* ngroups each; head -1 for a series of a whole layer */
+    float *min;            /* ngroups x nb, series-major; NaN where a bucket held no finite value */
 };
 
 /* Fills g for req as query_series answers it (same checks, same return

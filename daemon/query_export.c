@@ -25,10 +25,10 @@ struct query_export {
     int64_t run_id;
     int format;
     int64_t L, H;
-    int state;          /* 0: header, 1: next frame, 2: values of the frame, 3: done */
+    int state; /* 0: header, 1: next frame, 2: values of the frame, 3: done */
     struct export_metric *metrics;
     uint32_t nmetrics, mi; /* the metrics of the run, the one being read */
-    int64_t after;      /* the chunk after this step comes next (INT64_MIN at a metric's start) */
+    int64_t after;         /* the chunk after this step comes next (INT64_MIN at a metric's start) */
     /* the chunk: cn frames of n values each, ci the next to emit */
     int64_t *steps;
     double *times;
@@ -38,9 +38,9 @@ struct query_export {
     int kind;
     int64_t step;
     double time;
-    const float *vals;  /* the current frame, in the chunk */
-    uint32_t n, i;      /* values in the frame, next to emit */
-    char piece[512];    /* the text being handed out */
+    const float *vals; /* the current frame, in the chunk */
+    uint32_t n, i;     /* values in the frame, next to emit */
+    char piece[512];   /* the text being handed out */
     size_t plen, poff;
 };
 
@@ -107,7 +107,7 @@ fail:
 /* One frame into the chunk (a query_walk callback); stops it when full. */
 struct chunk_fill {
     struct query_export *x;
-    sqlite3_stmt *time;   /* the step's time */
+    sqlite3_stmt *time; /* the step's time */
     uint32_t want;
 };
 
@@ -152,8 +152,8 @@ static int export_chunk(struct query_export *x) {
         goto out;
     sqlite3_bind_int64(cf.time, 1, x->run_id);
     x->cn = x->ci = 0;
-    int r = query_walk(x->q, m->id, n, 0, n, x->after == INT64_MIN ? 0 : x->after + 1, INT64_MAX, chunk_add, &cf,
-                       &failed);
+    int r =
+        query_walk(x->q, m->id, n, 0, n, x->after == INT64_MIN ? 0 : x->after + 1, INT64_MAX, chunk_add, &cf, &failed);
     if (!failed && r >= 0) ret = (int)x->cn;
     else if (failed) {
         /* the answer's status is sent: the stream ends with an error
@@ -236,9 +236,10 @@ static int next_piece(struct query_export *x) {
             x->i = 0;
             x->state = 2;
             if (x->format == QUERY_JSONL) {
-                x->plen = (size_t)snprintf(x->piece, sizeof x->piece,
-                                           "{\"metric\":\"%s\",\"kind\":\"%s\",\"step\":%lld,\"time\":%.17g,\"values\":",
-                                           x->name, query_kind_name(x->kind), (long long)x->step, x->time);
+                x->plen = (size_t)snprintf(
+                    x->piece, sizeof x->piece,
+                    "{\"metric\":\"%s\",\"kind\":\"%s\",\"step\":%lld,\"time\":%.17g,\"values\":", x->name,
+                    query_kind_name(x->kind), (long long)x->step, x->time);
                 return 1;
             }
         } else if (x->state == 2) {

@@ -87,7 +87,8 @@ static int rows_fail(struct query *q, int64_t metric_id, int rc) {
                                 (long long)block, part, (long long)metric_id,
                                 strcmp(why, "checksum mismatch") == 0 ? "fails its checksum" : why);
     }
-    if (rc == FBLOCK_ENOMEM) return query_db_corrupt(q, "out of memory decoding a block of metric %lld", (long long)metric_id);
+    if (rc == FBLOCK_ENOMEM)
+        return query_db_corrupt(q, "out of memory decoding a block of metric %lld", (long long)metric_id);
     return -1; /* the database's own error */
 }
 
@@ -226,14 +227,15 @@ static int64_t frame_at(struct query *q, int64_t metric_id, uint32_t n, int64_t 
     return found;
 }
 
-int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step,
-                struct strbuf *out, char *err, size_t errlen) {
+int query_frame(struct query *q, int64_t run_id, const char *metric, int has_step, int64_t step, struct strbuf *out,
+                char *err, size_t errlen) {
     struct query_runinfo ri;
     int64_t mid;
     int kind, ret;
     float *vals = NULL;
     if (query_db_begin(q, err, errlen)) return QUERY_ERR;
-    if ((ret = query_run_get(q, run_id, &ri, err, errlen)) || (ret = query_metric_get(q, run_id, metric, &mid, &kind, err, errlen)))
+    if ((ret = query_run_get(q, run_id, &ri, err, errlen)) ||
+        (ret = query_metric_get(q, run_id, metric, &mid, &kind, err, errlen)))
         goto out;
     int64_t L = kind == 0 ? 1 : ri.layers, H = kind == 2 ? ri.heads : 1;
     if (!(vals = malloc((size_t)(L * H) * sizeof *vals))) {
@@ -245,8 +247,8 @@ int query_frame(struct query *q, int64_t run_id, const char *metric, int has_ste
     if (at >= 0) {
         strbuf_printf(out, "{\"run\":%lld,\"metric\":", (long long)run_id);
         strbuf_json_str(out, metric);
-        strbuf_printf(out, ",\"kind\":\"%s\",\"step\":%lld,\"layers\":%lld,\"heads\":%lld,\"values\":", query_kind_name(kind),
-                      (long long)at, (long long)L, (long long)H);
+        strbuf_printf(out, ",\"kind\":\"%s\",\"step\":%lld,\"layers\":%lld,\"heads\":%lld,\"values\":",
+                      query_kind_name(kind), (long long)at, (long long)L, (long long)H);
         emit_values(out, (const unsigned char *)vals, kind, L, H);
         strbuf_add(out, "}", 1);
         ret = QUERY_OK;

@@ -62,8 +62,8 @@ int query_rw_runs(struct query *q, struct query_rw_run **runs, size_t *n, char *
             }
             *runs = m;
         }
-        (*runs)[(*n)++] = (struct query_rw_run){sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1),
-                                                sqlite3_column_int64(s, 2)};
+        (*runs)[(*n)++] =
+            (struct query_rw_run){sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1), sqlite3_column_int64(s, 2)};
     }
     if (ret == QUERY_OK && rc != SQLITE_DONE) ret = query_db_fail(q, err, errlen, "listing runs for remote-write");
     sqlite3_reset(s);

@@ -32,24 +32,24 @@ struct group {
 struct series {
     struct query *q;
     int64_t metric_id;
-    uint32_t n;            /* values per frame */
-    uint32_t *cells;       /* selected value indices */
-    uint32_t *group;       /* the group of each selected cell */
+    uint32_t n;      /* values per frame */
+    uint32_t *cells; /* selected value indices */
+    uint32_t *group; /* the group of each selected cell */
     uint32_t ncells;
     struct group *groups;
     uint32_t ngroups;
-    int64_t a, w;          /* bucket i covers [a + i*w, a + (i+1)*w), clipped to the range */
-    int64_t last;          /* the metric's last stored step */
+    int64_t a, w; /* bucket i covers [a + i*w, a + (i+1)*w), clipped to the range */
+    int64_t last; /* the metric's last stored step */
     int64_t nb;
-    struct bucket *b;      /* b[i * ngroups + g]: bucket i of group g */
-    uint64_t *frames;      /* frames in bucket i (the same for every group) */
-    int64_t resolution;    /* 1, or 64 when steps before raw_from (rollups only) are in the range */
-    int64_t raw_from;      /* the first step with raw frames, -1 for none */
+    struct bucket *b;         /* b[i * ngroups + g]: bucket i of group g */
+    uint64_t *frames;         /* frames in bucket i (the same for every group) */
+    int64_t resolution;       /* 1, or 64 when steps before raw_from (rollups only) are in the range */
+    int64_t raw_from;         /* the first step with raw frames, -1 for none */
     struct rollup_cell *roll; /* a rollup row's selected cells, decoded (n, allocated on first use) */
-    int kind;              /* the metric's kind (0 scalar, 1 layer, 2 head) and shape */
+    int kind;                 /* the metric's kind (0 scalar, 1 layer, 2 head) and shape */
     int64_t L, H;
-    int64_t from, to;      /* the range asked for (the metric's first / last step where left out) */
-    int64_t lo, hi;        /* the part of it the metric holds */
+    int64_t from, to; /* the range asked for (the metric's first / last step where left out) */
+    int64_t lo, hi;   /* the part of it the metric holds */
 };
 
 static void series_free(struct series *sr) {
@@ -146,9 +146,10 @@ static void rrow_read(const struct series *sr, sqlite3_stmt *s, int level, int64
     r->d = sqlite3_column_blob(s, 2);
     r->len = sqlite3_column_bytes(s, 2);
     r->i = (r->block * STORE_LEVEL_SIZE(level) - sr->a) / sr->w;
-    r->crc_ok = sqlite3_column_type(s, 3) == SQLITE_NULL ||
-                sqlite3_column_int64(s, 3) == integrity_stored(integrity_rollup_crc(sr->metric_id, level, chunk, r->block,
-                                                                                    r->nframes, r->d, (size_t)r->len));
+    r->crc_ok =
+        sqlite3_column_type(s, 3) == SQLITE_NULL ||
+        sqlite3_column_int64(s, 3) == integrity_stored(integrity_rollup_crc(sr->metric_id, level, chunk, r->block,
+                                                                            r->nframes, r->d, (size_t)r->len));
 }
 
 /* Notes a damaged rollup row (chunk -1: a total's) for query_db_fail,
@@ -161,9 +162,11 @@ static int rollup_corrupt(struct series *sr, int level, const struct rrow *r, in
         return query_db_corrupt(sr->q, "steps %lld..%lld: the level-%d rollup%s (block %lld) fails its checksum",
                                 (long long)(r->block * size), (long long)((r->block + 1) * size - 1), level, part,
                                 (long long)r->block);
-    return query_db_corrupt(sr->q, "steps %lld..%lld: the level-%d rollup%s (block %lld, %lld frames, %d bytes) does "
-                            "not decode as %u values", (long long)(r->block * size), (long long)((r->block + 1) * size - 1),
-                            level, part, (long long)r->block, (long long)r->nframes, r->len, sr->n);
+    return query_db_corrupt(sr->q,
+                            "steps %lld..%lld: the level-%d rollup%s (block %lld, %lld frames, %d bytes) does "
+                            "not decode as %u values",
+                            (long long)(r->block * size), (long long)((r->block + 1) * size - 1), level, part,
+                            (long long)r->block, (long long)r->nframes, r->len, sr->n);
 }
 
 /* Level `level`'s rows of chunk `chunk` (cells [chunk * ROLLUP_CHUNK_CELLS,
@@ -212,9 +215,10 @@ static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, i
     }
     sqlite3_reset(s);
     if (rc == SQLITE_DONE && must && !seen)
-        rc = query_db_corrupt(sr->q, "steps %lld..%lld: the level-%d rollup of block %lld has a total's row but no row "
-                              "of chunk %u", (long long)(b0 * size), (long long)((b0 + 1) * size - 1), level,
-                              (long long)b0, chunk);
+        rc = query_db_corrupt(sr->q,
+                              "steps %lld..%lld: the level-%d rollup of block %lld has a total's row but no row "
+                              "of chunk %u",
+                              (long long)(b0 * size), (long long)((b0 + 1) * size - 1), level, (long long)b0, chunk);
     return rc == SQLITE_DONE ? 0 : -1;
 }
 
@@ -235,8 +239,9 @@ static int add_totals(struct series *sr, int level, int64_t b0, int64_t b1) {
         struct rrow r;
         rrow_read(sr, s, level, -1, &r);
         struct rollup_total t;
-        int has = !r.crc_ok || r.nframes < 0 || r.nframes > size ? -1
-                  : rollup_total_decode(r.d, (size_t)r.len, sr->n, (uint32_t)r.nframes, &t);
+        int has = !r.crc_ok || r.nframes < 0 || r.nframes > size
+                      ? -1
+                      : rollup_total_decode(r.d, (size_t)r.len, sr->n, (uint32_t)r.nframes, &t);
         if (has < 0) {
             rc = rollup_corrupt(sr, level, &r, -1);
             break;
@@ -246,7 +251,8 @@ static int add_totals(struct series *sr, int level, int64_t b0, int64_t b1) {
             continue;
         }
         int bad = 0;
-        for (uint32_t c = 0; c < ROLLUP_CHUNKS(sr->n) && !bad; c++) bad = add_chunk(sr, level, c, r.block, r.block, c == 0, 1);
+        for (uint32_t c = 0; c < ROLLUP_CHUNKS(sr->n) && !bad; c++)
+            bad = add_chunk(sr, level, c, r.block, r.block, c == 0, 1);
         if (bad) {
             rc = SQLITE_ERROR;
             break;
@@ -290,16 +296,14 @@ static int cover(struct series *sr, int64_t lo, int64_t hi, int k) {
 
 /* QUERY_BAD (with a message) when the request's layer, head and split do
  * not fit a metric of this kind with L x H cells. */
-static int series_check(const struct query_series_req *req, int kind, int64_t L, int64_t H, char *err,
-                        size_t errlen) {
+static int series_check(const struct query_series_req *req, int kind, int64_t L, int64_t H, char *err, size_t errlen) {
     const char *m = req->metric;
     if (req->agg < QUERY_AGG_MEAN || req->agg > QUERY_AGG_MAX || req->split < QUERY_SPLIT_NONE ||
         req->split > QUERY_SPLIT_LAYER)
         snprintf(err, errlen, "bad agg or split");
     else if (kind == 0 && (req->layer >= 0 || req->head >= 0))
         snprintf(err, errlen, "%s is a scalar: it has no layer or head", m);
-    else if (kind == 1 && req->head >= 0)
-        snprintf(err, errlen, "%s is a layer metric: it has no head", m);
+    else if (kind == 1 && req->head >= 0) snprintf(err, errlen, "%s is a layer metric: it has no head", m);
     else if (req->layer >= L || req->head >= H)
         snprintf(err, errlen, "%s has %lld layers x %lld heads; layer or head out of range", m, (long long)L,
                  (long long)H);
@@ -311,8 +315,7 @@ static int series_check(const struct query_series_req *req, int kind, int64_t L,
         snprintf(err, errlen, "split=layer needs a head or layer metric; %s is a scalar", m);
     else if (req->split == QUERY_SPLIT_LAYER && (req->layer >= 0 || req->head >= 0))
         snprintf(err, errlen, "split=layer gives one series per layer: leave out layer and head");
-    else
-        return QUERY_OK;
+    else return QUERY_OK;
     return QUERY_BAD;
 }
 
@@ -400,10 +403,10 @@ static void emit_stat(struct strbuf *out, const char *name, const struct series 
 /* Appends ,"min":[..],"max":..,"mean":..,"count":..,"nonfinite":.. of group
  * g, and ,"value":[..] (the agg statistic) when it pools several cells. */
 static void emit_group(struct strbuf *out, const struct series *sr, uint32_t g, int agg) {
-    static const char *const names[] = {[STAT_MIN] = "min", [STAT_MAX] = "max", [STAT_MEAN] = "mean",
-                                        [STAT_COUNT] = "count", [STAT_NONFINITE] = "nonfinite"};
-    static const int agg_stat[] = {[QUERY_AGG_MEAN] = STAT_MEAN, [QUERY_AGG_MIN] = STAT_MIN,
-                                   [QUERY_AGG_MAX] = STAT_MAX};
+    static const char *const names[] = {
+        [STAT_MIN] = "min", [STAT_MAX] = "max", [STAT_MEAN] = "mean", [STAT_COUNT] = "count", [STAT_NONFINITE] = "nonfinite"};
+    static const int agg_stat[] = {
+        [QUERY_AGG_MEAN] = STAT_MEAN, [QUERY_AGG_MIN] = STAT_MIN, [QUERY_AGG_MAX] = STAT_MAX};
     for (int what = STAT_MIN; what <= STAT_NONFINITE; what++) {
         strbuf_add(out, ",", 1);
         emit_stat(out, names[what], sr, g, what);
@@ -535,8 +538,7 @@ static int series_run(struct query *q, const struct query_series_req *req, struc
     return QUERY_OK;
 }
 
-int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err,
-                 size_t errlen) {
+int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err, size_t errlen) {
     struct series sr = {.q = q};
     if (query_db_begin(q, err, errlen)) return QUERY_ERR;
     int ret = series_run(q, req, &sr, err, errlen);
@@ -554,8 +556,16 @@ int query_series_grid(struct query *q, const struct query_series_req *req, struc
     if (ret) goto out;
     int64_t nb = 0;
     for (int64_t i = 0; i < sr.nb; i++) nb += sr.frames[i] != 0;
-    *g = (struct query_grid){.kind = sr.kind, .L = sr.L, .H = sr.H, .from = sr.from, .to = sr.to, .width = sr.w,
-                             .resolution = sr.resolution, .raw_from = sr.raw_from, .nb = nb, .ngroups = sr.ngroups};
+    *g = (struct query_grid){.kind = sr.kind,
+                             .L = sr.L,
+                             .H = sr.H,
+                             .from = sr.from,
+                             .to = sr.to,
+                             .width = sr.w,
+                             .resolution = sr.resolution,
+                             .raw_from = sr.raw_from,
+                             .nb = nb,
+                             .ngroups = sr.ngroups};
     g->step = malloc((size_t)(nb ? nb : 1) * sizeof *g->step);
     g->end = malloc((size_t)(nb ? nb : 1) * sizeof *g->end);
     g->layer = malloc(sr.ngroups * sizeof *g->layer);

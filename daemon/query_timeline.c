@@ -49,8 +49,8 @@ static void put_time(struct strbuf *out, sqlite3_stmt *s, int64_t run_id, int64_
 
 /* Appends "name":[times of the grid's bucket edges] (first: their first
  * steps, else their last). */
-static int put_times(struct strbuf *out, struct query *q, const char *name, const struct query_grid *g,
-                     int64_t run_id, int first) {
+static int put_times(struct strbuf *out, struct query *q, const char *name, const struct query_grid *g, int64_t run_id,
+                     int first) {
     static const char *const sql[] = {
         "SELECT time FROM steps WHERE run_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1",
         "SELECT time FROM steps WHERE run_id = ?1 AND step >= ?2 ORDER BY step LIMIT 1"};
@@ -134,19 +134,27 @@ int query_timeline(struct query *q, const struct query_timeline_req *req, struct
         goto out;
     }
     int per_head = kind == 2 && !req->fold_layers;
-    struct query_series_req sq = {.run_id = req->run_id, .metric = req->metric, .layer = per_head ? req->layer : -1,
-                                  .head = -1, .has_from = req->has_from, .has_to = req->has_to, .from = req->from,
-                                  .to = req->to, .points = req->points, .agg = QUERY_AGG_MIN,
+    struct query_series_req sq = {.run_id = req->run_id,
+                                  .metric = req->metric,
+                                  .layer = per_head ? req->layer : -1,
+                                  .head = -1,
+                                  .has_from = req->has_from,
+                                  .has_to = req->has_to,
+                                  .from = req->from,
+                                  .to = req->to,
+                                  .points = req->points,
+                                  .agg = QUERY_AGG_MIN,
                                   .split = per_head ? QUERY_SPLIT_HEAD : QUERY_SPLIT_LAYER};
     if ((ret = query_series_grid(q, &sq, &g, err, errlen))) goto out;
     strbuf_printf(out, "{\"run\":%lld,\"metric\":", (long long)req->run_id);
     strbuf_json_str(out, req->metric);
-    strbuf_printf(out, ",\"kind\":\"%s\",\"rows\":\"%s\",\"layer\":", query_kind_name(kind), per_head ? "head" : "layer");
+    strbuf_printf(out, ",\"kind\":\"%s\",\"rows\":\"%s\",\"layer\":", query_kind_name(kind),
+                  per_head ? "head" : "layer");
     if (per_head && req->layer >= 0) strbuf_i64(out, req->layer);
     else strbuf_puts(out, "null");
     strbuf_printf(out, ",\"layers\":%lld,\"heads\":%lld,\"from\":%lld,\"to\":%lld,\"width\":%lld,\"resolution\":%lld",
-                  (long long)ri.layers, (long long)ri.heads, (long long)g.from, (long long)g.to,
-                  (long long)g.width, (long long)g.resolution);
+                  (long long)ri.layers, (long long)ri.heads, (long long)g.from, (long long)g.to, (long long)g.width,
+                  (long long)g.resolution);
     put_steps(out, "step", g.step, g.nb);
     put_steps(out, "end", g.end, g.nb);
     ret = QUERY_ERR;

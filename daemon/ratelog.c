@@ -18,10 +18,9 @@ void ratelog(struct ratelog *r, const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     if (r->held)
-        fprintf(stderr, "entropyd: %s (and %llu more like it in the last %.0f s)\n", line,
-                (unsigned long long)r->held, (now - r->last_ms) / 1e3);
-    else
-        fprintf(stderr, "entropyd: %s\n", line);
+        fprintf(stderr, "entropyd: %s (and %llu more like it in the last %.0f s)\n", line, (unsigned long long)r->held,
+                (now - r->last_ms) / 1e3);
+    else fprintf(stderr, "entropyd: %s\n", line);
     r->last_ms = now;
     r->held = 0;
 }

@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 struct ratelog {
-    double last_ms;        /* monotonic ms of the last line printed; 0: none yet */
-    uint64_t held;         /* lines held back since */
+    double last_ms; /* monotonic ms of the last line printed; 0: none yet */
+    uint64_t held;  /* lines held back since */
 };
 
 /* Prints "entropyd: " and the formatted line (no newline in fmt) on stderr,

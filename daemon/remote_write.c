@@ -68,18 +68,18 @@ struct remote_write {
     int started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int dirty;               /* a step was committed since the last pass (mu) */
+    int dirty; /* a step was committed since the last pass (mu) */
     atomic_int stop;
-    struct rw_cursor *cur;   /* by run id (the thread's) */
+    struct rw_cursor *cur; /* by run id (the thread's) */
     size_t ncur, capcur;
-    struct strbuf pb;        /* the request being built */
-    char *z;                 /* its snappy form */
+    struct strbuf pb; /* the request being built */
+    char *z;          /* its snappy form */
     size_t zcap;
-    double log_at;           /* when a rejection was last logged */
+    double log_at; /* when a rejection was last logged */
     /* What the gauges read beside the thread, which may be stuck in a
      * request for its whole timeout: a copy of the cursor (mu) taken at
      * each change, and the start of the request in flight. */
-    struct rw_cursor *pub;   /* by run id */
+    struct rw_cursor *pub; /* by run id */
     size_t npub, cappub;
     _Atomic double post_since; /* monotonic ms; 0: no request in flight */
     pthread_mutex_t gauge_mu;  /* one scrape counts the pending samples at a time */
@@ -277,7 +277,8 @@ static int deliver(struct remote_write *rw) {
         int r = RW_POST(rw, msg, sizeof msg);
         atomic_store(&rw->post_since, 0.0);
         if (r >= 0) {
-            if (atomic_exchange(&rw->failing, 0)) fprintf(stderr, "entropyd: remote-write: the receiver answers again\n");
+            if (atomic_exchange(&rw->failing, 0))
+                fprintf(stderr, "entropyd: remote-write: the receiver answers again\n");
             if (r == RW_SENT) atomic_store(&rw->last_ok, now_wall());
             else if (now_mono_ms() - rw->log_at > 10000) {
                 rw->log_at = now_mono_ms();
@@ -648,7 +649,8 @@ static void *run_thread(void *arg) {
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += 1;
         pthread_mutex_lock(&rw->mu);
-        while (!rw->dirty && !atomic_load(&rw->stop) && pthread_cond_timedwait(&rw->cv, &rw->mu, &until) != ETIMEDOUT) {}
+        while (!rw->dirty && !atomic_load(&rw->stop) && pthread_cond_timedwait(&rw->cv, &rw->mu, &until) != ETIMEDOUT) {
+        }
         rw->dirty = 0;
         pthread_mutex_unlock(&rw->mu);
     }
@@ -660,7 +662,8 @@ static void *run_thread(void *arg) {
 struct remote_write *remote_write_create(const struct remote_write_config *cfg, char *err, size_t errlen) {
     if (!cfg->url || (strncmp(cfg->url, "http://", 7) && strncmp(cfg->url, "https://", 8)) ||
         strpbrk(cfg->url, " \t\r\n")) {
-        snprintf(err, errlen, "--remote-write wants an http:// or https:// URL, got \"%.200s\"", cfg->url ? cfg->url : "");
+        snprintf(err, errlen, "--remote-write wants an http:// or https:// URL, got \"%.200s\"",
+                 cfg->url ? cfg->url : "");
         return NULL;
     }
     struct remote_write *rw = calloc(1, sizeof *rw);
@@ -760,7 +763,8 @@ static uint64_t pending_samples(struct remote_write *rw) {
         struct query *q = query_acquire(rw->pool, err, sizeof err);
         struct query_rw_run *runs = NULL;
         size_t n = 0;
-        if (q && query_read_begin(q, err, sizeof err) == QUERY_OK && query_rw_runs(q, &runs, &n, err, sizeof err) == 0) {
+        if (q && query_read_begin(q, err, sizeof err) == QUERY_OK &&
+            query_rw_runs(q, &runs, &n, err, sizeof err) == 0) {
             uint64_t total = 0;
             int ok = 1;
             for (size_t i = 0; ok && i < n; i++) {
@@ -794,22 +798,25 @@ void remote_write_metrics(void *ctx, struct strbuf *b) {
         const char *name, *type, *help;
         double v;
     } m[] = {
-        {"entropyd_remote_write_samples_total", "counter", "Samples the remote-write receiver took.", (double)atomic_load(&rw->sent)},
-        {"entropyd_remote_write_samples_rejected_total", "counter", "Samples the receiver refused for good (out of order, too old): skipped.",
-         (double)atomic_load(&rw->rejected)},
-        {"entropyd_remote_write_pending_samples", "gauge", "Samples committed and not yet delivered.", (double)pending_samples(rw)},
-        {"entropyd_remote_write_requests_total", "counter", "Remote-write requests sent.", (double)atomic_load(&rw->requests)},
+        {"entropyd_remote_write_samples_total", "counter", "Samples the remote-write receiver took.",
+         (double)atomic_load(&rw->sent)},
+        {"entropyd_remote_write_samples_rejected_total", "counter",
+         "Samples the receiver refused for good (out of order, too old): skipped.", (double)atomic_load(&rw->rejected)},
+        {"entropyd_remote_write_pending_samples", "gauge", "Samples committed and not yet delivered.",
+         (double)pending_samples(rw)},
+        {"entropyd_remote_write_requests_total", "counter", "Remote-write requests sent.",
+         (double)atomic_load(&rw->requests)},
         {"entropyd_remote_write_requests_failed_total", "counter",
          "Remote-write requests that failed (receiver down, 5xx, 429, timeout) and were retried.",
          (double)atomic_load(&rw->failures)},
-        {"entropyd_remote_write_sent_bytes_total", "counter", "Compressed bytes the receiver took.", (double)atomic_load(&rw->bytes)},
-        {"entropyd_remote_write_failing", "gauge", "1 while the receiver fails or a request has waited a second for its answer.",
-         failing},
-        {"entropyd_remote_write_last_success_timestamp_seconds", "gauge", "Unix time of the last request the receiver took (0: none yet).",
-         atomic_load(&rw->last_ok)},
+        {"entropyd_remote_write_sent_bytes_total", "counter", "Compressed bytes the receiver took.",
+         (double)atomic_load(&rw->bytes)},
+        {"entropyd_remote_write_failing", "gauge",
+         "1 while the receiver fails or a request has waited a second for its answer.", failing},
+        {"entropyd_remote_write_last_success_timestamp_seconds", "gauge",
+         "Unix time of the last request the receiver took (0: none yet).", atomic_load(&rw->last_ok)},
     };
-    for (size_t i = 0; i < sizeof m / sizeof *m; i++)
-        strbuf_prom(b, m[i].name, m[i].type, m[i].help, m[i].v);
+    for (size_t i = 0; i < sizeof m / sizeof *m; i++) strbuf_prom(b, m[i].name, m[i].type, m[i].help, m[i].v);
 }
 
 void remote_write_destroy(struct remote_write *rw) {

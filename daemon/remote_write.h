@@ -34,9 +34,9 @@
 #define REMOTE_WRITE_BACKOFF_MAX_MS 30000
 
 struct remote_write_config {
-    const char *url;         /* http(s)://host:port/api/v1/write; copied */
-    const char *db_path;     /* the database (must exist); copied. The cursor is db_path + ".remote-write" */
-    int timeout_ms;          /* one request at most this long (default 30000) */
+    const char *url;     /* http(s)://host:port/api/v1/write; copied */
+    const char *db_path; /* the database (must exist); copied. The cursor is db_path + ".remote-write" */
+    int timeout_ms;      /* one request at most this long (default 30000) */
 };
 
 struct remote_write;

@@ -24,10 +24,10 @@
 enum {
     H_FORMAT = 0,
     H_FLAGS = 1,
-    H_W = 2,      /* 4 widths: min, max, sum, count */
-    H_T = 6,      /* 3 shifts: min, max, sum */
-    H_QE = 9,     /* i16: the fixed-point sum's exponent */
-    H_REF = 11,   /* u32 min, u32 max, u64 sum references */
+    H_W = 2,    /* 4 widths: min, max, sum, count */
+    H_T = 6,    /* 3 shifts: min, max, sum */
+    H_QE = 9,   /* i16: the fixed-point sum's exponent */
+    H_REF = 11, /* u32 min, u32 max, u64 sum references */
 };
 #define FLAG_MAX_ABS 1u   /* max coded alone, not as its distance from min */
 #define FLAG_SUM_FIXED 2u /* sum as an integer times 2^qe, not by its float bits */
@@ -152,9 +152,9 @@ struct plan {
     const struct rollup_cell *a;
     uint32_t n, nframes;
     unsigned flags;
-    int fixed;            /* C_SUMK is possible (fixed_ok) */
+    int fixed; /* C_SUMK is possible (fixed_ok) */
     int qe;
-    double down;          /* fixed_down(qe) */
+    double down; /* fixed_down(qe) */
     uint64_t ref[C_COUNT];
     unsigned w[C_COUNT], t[C_COUNT];
 };
@@ -171,8 +171,9 @@ static void candidates(const struct plan *p, uint32_t i, uint64_t *v) {
     v[C_DMX] = (uint32_t)(omx - omn) ^ 0x80000000u;
     v[C_MAXABS] = omx;
     v[C_SUMD] = (ord64(f64_bits(x->sum)) - ord64(f64_bits(sum_pred(x)))) ^ (UINT64_C(1) << 63);
-    v[C_SUMK] = p->fixed ? (uint64_t)(fixed_k(f64_bits(x->sum), p->qe) - fixed_pred(x, p->qe, p->down)) ^ (UINT64_C(1) << 63)
-                         : 0;
+    v[C_SUMK] = p->fixed
+                    ? (uint64_t)(fixed_k(f64_bits(x->sum), p->qe) - fixed_pred(x, p->qe, p->down)) ^ (UINT64_C(1) << 63)
+                    : 0;
     v[C_CNT] = (uint32_t)(p->nframes - x->count);
 }
 
@@ -286,8 +287,8 @@ static size_t encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
     for (uint32_t i = 0; i < n; i++) {
         if (a[i].count) continue;
         empty = 1;
-        canonical &= f32_bits(a[i].mn) == f32_bits(NAN) && f32_bits(a[i].mx) == f32_bits(NAN) &&
-                     f64_bits(a[i].sum) == 0;
+        canonical &=
+            f32_bits(a[i].mn) == f32_bits(NAN) && f32_bits(a[i].mx) == f32_bits(NAN) && f64_bits(a[i].sum) == 0;
     }
     if (empty && canonical) p.flags |= FLAG_EMPTY;
     p.fixed = fixed_ok(&p);

@@ -43,7 +43,7 @@ void rollup_merge(struct rollup_cell *e, const struct rollup_cell *x);
 void rollup_add(struct rollup_cell *e, float v);
 
 /* The largest row rollup_encode writes for n values. */
-#define ROLLUP_MAX_BYTES(n) ((size_t)(n) * ROLLUP_RAW_BYTES)
+#define ROLLUP_MAX_BYTES(n) ((size_t)(n)*ROLLUP_RAW_BYTES)
 
 /* Writes the row of n (>= 1) cells of a block of nframes frames into out
  * (room for ROLLUP_MAX_BYTES(n)): coded, or raw where coding would not be
@@ -62,7 +62,7 @@ size_t rollup_encode(const struct rollup_cell *a, uint32_t n, uint32_t nframes, 
 /* The cells of chunk c of a row of n: it starts at c * ROLLUP_CHUNK_CELLS
  * and holds this many (ROLLUP_CHUNK_CELLS, or fewer for the last). */
 #define ROLLUP_CHUNK_LEN(n, c) \
-    ((n) - (c) * ROLLUP_CHUNK_CELLS < ROLLUP_CHUNK_CELLS ? (n) - (c) * ROLLUP_CHUNK_CELLS : ROLLUP_CHUNK_CELLS)
+    ((n) - (c)*ROLLUP_CHUNK_CELLS < ROLLUP_CHUNK_CELLS ? (n) - (c)*ROLLUP_CHUNK_CELLS : ROLLUP_CHUNK_CELLS)
 
 /* rollup_encode without the total: a chunk of a metric of several. */
 size_t rollup_encode_chunk(const struct rollup_cell *a, uint32_t n, uint32_t nframes, unsigned char *out);

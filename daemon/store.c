@@ -37,30 +37,34 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_INSERT_STEP] = "INSERT OR REPLACE INTO steps(run_id, step, seq, time) VALUES (?1, ?2, ?3, ?4)",
     /* an id above every live one and every one still being purged: frames
      * of a deleted metric must never be taken for a new one's */
-    [S_INSERT_METRIC] = "INSERT INTO metrics(id, run_id, name, kind) VALUES (max(coalesce((SELECT max(id) FROM metrics), 0), "
-                        "coalesce((SELECT max(id) FROM purge WHERE kind = 0), 0)) + 1, ?1, ?2, ?3)",
+    [S_INSERT_METRIC] =
+        "INSERT INTO metrics(id, run_id, name, kind) VALUES (max(coalesce((SELECT max(id) FROM metrics), 0), "
+        "coalesce((SELECT max(id) FROM purge WHERE kind = 0), 0)) + 1, ?1, ?2, ?3)",
     /* crc: integrity.h (migration 11) */
     [S_INSERT_ROLLUP] = "INSERT OR REPLACE INTO rollups(metric_id, level, chunk, block, nframes, data, crc) "
                         "VALUES (?1, ?2, ?6, ?3, ?4, ?5, ?7)",
     [S_INSERT_TOTAL] = "INSERT OR REPLACE INTO rollup_totals(metric_id, level, block, nframes, data, crc) "
                        "VALUES (?1, ?2, ?3, ?4, ?5, ?7)",
-    [S_SEAL_FRAMES] = "SELECT step, data, crc FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3 ORDER BY step",
+    [S_SEAL_FRAMES] =
+        "SELECT step, data, crc FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3 ORDER BY step",
     [S_SEAL_DELETE] = "DELETE FROM frames WHERE metric_id = ?1 AND step >= ?2 AND step < ?3",
     [S_INSERT_ABANDONED] = "INSERT INTO abandoned_frames(branch_id, metric_id, step, data) VALUES (?1, ?2, ?3, ?4)",
     [S_LAST_FRAME] = "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step DESC LIMIT 1",
-    [S_SELECT_ROLLUPS] = "SELECT nframes, data, crc, block FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 "
-                         "AND block >= ?3 AND block < ?4",
+    [S_SELECT_ROLLUPS] =
+        "SELECT nframes, data, crc, block FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 "
+        "AND block >= ?3 AND block < ?4",
     [S_UPDATE_RUN] = "UPDATE runs SET last_seq = ?2, last_step = ?3, updated = ?4 WHERE id = ?1",
     [S_INSERT_EVENT] = "INSERT INTO events(run_id, seq, time, level, text) VALUES (?1, ?2, ?3, ?4, ?5)",
     [S_SELECT_RUN] = "SELECT layers, heads, last_seq, last_step, updated, "
                      "(SELECT count(*) FROM rewinds WHERE run_id = ?1) FROM runs WHERE id = ?1",
     /* the last step, or a step of the last block (which is all that
      * sealing needs, store.c rollup_advance), -1 for none */
-    [S_SELECT_METRICS] = "SELECT m.id, m.name, m.kind, max(coalesce((SELECT max(step) FROM frames f WHERE f.metric_id = m.id), -1), "
-                         "coalesce((SELECT max(block) FROM blocks b WHERE b.metric_id = m.id) * 64, -1), "
-                         "coalesce((SELECT (max(c.id) & 67108863) * 64 FROM block_series b, block_chunks c WHERE b.metric_id = m.id "
-                         "AND c.id BETWEEN b.base << 26 AND (b.base << 26) + 67108863), -1)) "
-                         "FROM metrics m WHERE m.run_id = ?1",
+    [S_SELECT_METRICS] =
+        "SELECT m.id, m.name, m.kind, max(coalesce((SELECT max(step) FROM frames f WHERE f.metric_id = m.id), -1), "
+        "coalesce((SELECT max(block) FROM blocks b WHERE b.metric_id = m.id) * 64, -1), "
+        "coalesce((SELECT (max(c.id) & 67108863) * 64 FROM block_series b, block_chunks c WHERE b.metric_id = m.id "
+        "AND c.id BETWEEN b.base << 26 AND (b.base << 26) + 67108863), -1)) "
+        "FROM metrics m WHERE m.run_id = ?1",
     [S_UPSERT_LATEST] = "INSERT INTO latest(metric_id, step, data) VALUES (?1, ?2, ?3) "
                         "ON CONFLICT(metric_id) DO UPDATE SET step = excluded.step, data = excluded.data",
     [S_SELECT_REWIND] = "SELECT branch_id, from_step FROM rewinds WHERE run_id = ?1",
@@ -75,8 +79,9 @@ static const char *const stmt_sql[S_COUNT] = {
                        "WHERE run_id = ?1 AND step >= ?2 ORDER BY step DESC LIMIT 1 OFFSET ?3), ?2)",
     /* rollups have no rowid (migration 7): the key within one metric, level
      * and chunk (migration 9) */
-    [S_REWIND_ROLLUPS] = "DELETE FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 AND block IN "
-                         "(SELECT block FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 AND block >= ?3 LIMIT ?4)",
+    [S_REWIND_ROLLUPS] =
+        "DELETE FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 AND block IN "
+        "(SELECT block FROM rollups WHERE metric_id = ?1 AND level = ?2 AND chunk = ?5 AND block >= ?3 LIMIT ?4)",
     [S_REWIND_TOTALS] = "DELETE FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 AND block IN (SELECT block "
                         "FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 AND block >= ?3 LIMIT ?4)",
     [S_PURGE_NEXT] = "SELECT kind, id FROM purge LIMIT 1",
@@ -85,11 +90,14 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_SAVEPOINT] = "SAVEPOINT item",
     [S_RELEASE] = "RELEASE item",
     [S_RUN_BY_NAME] = "SELECT id, layers, heads, last_seq FROM runs WHERE name = ?1",
-    [S_RUN_RESUME] = "UPDATE runs SET status = 'live', updated = ?2, seq_len = ?3, meta = coalesce(?4, meta) WHERE id = ?1",
+    [S_RUN_RESUME] =
+        "UPDATE runs SET status = 'live', updated = ?2, seq_len = ?3, meta = coalesce(?4, meta) WHERE id = ?1",
     /* ids come from id_seq (migration 3) so a deleted run's id is never reused */
-    [S_RUN_ID_NEXT] = "UPDATE id_seq SET last = max(last, (SELECT coalesce(max(id), 0) FROM runs)) + 1 WHERE name = 'runs'",
-    [S_RUN_CREATE] = "INSERT INTO runs(id, name, status, created, updated, seq_len, meta, layers, heads) "
-                     "VALUES ((SELECT last FROM id_seq WHERE name = 'runs'), ?1, 'live', ?2, ?2, ?3, coalesce(?4, '{}'), ?5, ?6)",
+    [S_RUN_ID_NEXT] =
+        "UPDATE id_seq SET last = max(last, (SELECT coalesce(max(id), 0) FROM runs)) + 1 WHERE name = 'runs'",
+    [S_RUN_CREATE] =
+        "INSERT INTO runs(id, name, status, created, updated, seq_len, meta, layers, heads) "
+        "VALUES ((SELECT last FROM id_seq WHERE name = 'runs'), ?1, 'live', ?2, ?2, ?3, coalesce(?4, '{}'), ?5, ?6)",
     [S_RUN_STATUS] = "UPDATE runs SET status = ?2, updated = ?3 WHERE id = ?1",
     [S_RUN_VERDICT] = "INSERT INTO run_summary(run_id, verdict, since_step, heads, rule, evidence) "
                       "SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1) "
@@ -119,7 +127,7 @@ int store_rows_err(struct store *st, int64_t rc, int64_t metric_id, int64_t bloc
     if (rc == FBLOCK_ENOMEM) return store_set_err(st, SQLITE_NOMEM, "%s: out of memory", what);
     if (rc == FBLOCK_ECORRUPT)
         return store_set_err(st, SQLITE_CORRUPT, "%s: a block of metric %lld%s does not decode", what,
-                       (long long)metric_id, block >= 0 ? " (or a chunk of it is missing)" : "");
+                             (long long)metric_id, block >= 0 ? " (or a chunk of it is missing)" : "");
     return store_db_err(st, what);
 }
 
@@ -162,19 +170,27 @@ static int migrate_rollup_chunks(struct store *st) {
     struct rollup_cell *cells = NULL;
     uint32_t cap = 0;
     int rc, ret = -1;
-    if (sqlite3_prepare_v2(st->db, "SELECT o.metric_id, o.level, o.block, o.nframes, o.data, "
+    if (sqlite3_prepare_v2(st->db,
+                           "SELECT o.metric_id, o.level, o.block, o.nframes, o.data, "
                            "CASE m.kind WHEN 2 THEN r.layers * r.heads WHEN 1 THEN r.layers ELSE 1 END "
                            "FROM rollups_v8 o JOIN metrics m ON m.id = o.metric_id JOIN runs r ON r.id = m.run_id "
-                           "ORDER BY o.metric_id, o.level, o.block", -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(st->db, "INSERT INTO rollups(metric_id, level, chunk, block, nframes, data) "
-                           "VALUES (?1, ?2, 0, ?3, ?4, ?5)", -1, &ins, NULL) != SQLITE_OK ||
+                           "ORDER BY o.metric_id, o.level, o.block",
+                           -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(st->db,
+                           "INSERT INTO rollups(metric_id, level, chunk, block, nframes, data) "
+                           "VALUES (?1, ?2, 0, ?3, ?4, ?5)",
+                           -1, &ins, NULL) != SQLITE_OK ||
         /* the tables as they are at migration 9, without migration 11's
          * crc (rollup_put's ?7 is left unbound: these rows get NULL, as
          * every row before migration 11) */
-        sqlite3_prepare_v3(st->db, "INSERT OR REPLACE INTO rollups(metric_id, level, chunk, block, nframes, data) "
-                           "VALUES (?1, ?2, ?6, ?3, ?4, ?5)", -1, 0, &st->stmt[S_INSERT_ROLLUP], NULL) != SQLITE_OK ||
-        sqlite3_prepare_v3(st->db, "INSERT OR REPLACE INTO rollup_totals(metric_id, level, block, nframes, data) "
-                           "VALUES (?1, ?2, ?3, ?4, ?5)", -1, 0, &st->stmt[S_INSERT_TOTAL], NULL) != SQLITE_OK) {
+        sqlite3_prepare_v3(st->db,
+                           "INSERT OR REPLACE INTO rollups(metric_id, level, chunk, block, nframes, data) "
+                           "VALUES (?1, ?2, ?6, ?3, ?4, ?5)",
+                           -1, 0, &st->stmt[S_INSERT_ROLLUP], NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(st->db,
+                           "INSERT OR REPLACE INTO rollup_totals(metric_id, level, block, nframes, data) "
+                           "VALUES (?1, ?2, ?3, ?4, ?5)",
+                           -1, 0, &st->stmt[S_INSERT_TOTAL], NULL) != SQLITE_OK) {
         store_db_err(st, "preparing the rollups' recoding");
         goto out;
     }
@@ -239,12 +255,14 @@ static int migrate(struct store *st) {
     if (have < 0) return store_db_err(st, "reading schema version");
     if (have > known)
         return store_set_err(st, SQLITE_ERROR,
-                       "database schema version %lld is newer than this entropyd knows (%d): "
-                       "use a newer entropyd or another --db", (long long)have, known);
+                             "database schema version %lld is newer than this entropyd knows (%d): "
+                             "use a newer entropyd or another --db",
+                             (long long)have, known);
     for (int i = (int)have; i < known; i++) {
         char sql[64];
         if (store_exec(st, "BEGIN IMMEDIATE")) return -1;
-        if (store_exec(st, (const char *)migrations[i].data) || (i < MIGRATION_CODE_N && migration_code[i] && migration_code[i](st))) {
+        if (store_exec(st, (const char *)migrations[i].data) ||
+            (i < MIGRATION_CODE_N && migration_code[i] && migration_code[i](st))) {
             char msg[sizeof st->err];
             snprintf(msg, sizeof msg, "%s", st->err);
             store_exec(st, "ROLLBACK");
@@ -293,8 +311,8 @@ int store_wal_check(const char *db_path, int64_t wal_bytes, struct store_wal_id 
     if (fd < 0) {
         if (errno != ENOENT) return -1;
         if (wal_bytes <= 0 && !id->known) return 0; /* no WAL yet */
-        snprintf(why, whylen, "the WAL file %s is gone while SQLite counts %lld bytes of committed frames in it",
-                 path, (long long)(wal_bytes > 0 ? wal_bytes : 0));
+        snprintf(why, whylen, "the WAL file %s is gone while SQLite counts %lld bytes of committed frames in it", path,
+                 (long long)(wal_bytes > 0 ? wal_bytes : 0));
         return 1;
     }
     int ret = -1;
@@ -309,9 +327,10 @@ int store_wal_check(const char *db_path, int64_t wal_bytes, struct store_wal_id 
     id->ino = sb.st_ino;
     id->known = 1;
     if (wal_bytes > 0 && sb.st_size < WAL_HEADER + wal_bytes) {
-        snprintf(why, whylen, "the WAL file %s is %lld bytes while SQLite counts %lld bytes of committed frames "
-                 "after its 32-byte header: it was truncated under the daemon", path, (long long)sb.st_size,
-                 (long long)wal_bytes);
+        snprintf(why, whylen,
+                 "the WAL file %s is %lld bytes while SQLite counts %lld bytes of committed frames "
+                 "after its 32-byte header: it was truncated under the daemon",
+                 path, (long long)sb.st_size, (long long)wal_bytes);
         ret = 1;
         goto out;
     }
@@ -319,8 +338,10 @@ int store_wal_check(const char *db_path, int64_t wal_bytes, struct store_wal_id 
         int h = wal_header_ok(fd);
         if (h < 0) goto out;
         if (!h) {
-            snprintf(why, whylen, "the WAL file %s has no WAL header (it was truncated or overwritten under the "
-                     "daemon, then written again)", path);
+            snprintf(why, whylen,
+                     "the WAL file %s has no WAL header (it was truncated or overwritten under the "
+                     "daemon, then written again)",
+                     path);
             ret = 1;
             goto out;
         }
@@ -370,8 +391,10 @@ static int wal_lost_at_open(const char *path, char *err, size_t errlen) {
     int bad = fstat(fd, &sb) == 0 && sb.st_size >= WAL_HEADER && wal_header_ok(fd) == 0;
     close(fd);
     if (!bad) return 0;
-    int n = snprintf(err, errlen, "database %s: its WAL file %s (%lld bytes) has no WAL header, so SQLite would drop "
-                     "what it holds", path, p, (long long)sb.st_size);
+    int n = snprintf(err, errlen,
+                     "database %s: its WAL file %s (%lld bytes) has no WAL header, so SQLite would drop "
+                     "what it holds",
+                     path, p, (long long)sb.st_size);
     if (n >= 0 && (size_t)n < errlen) snprintf(err + n, errlen - (size_t)n, what_to_do, path, path);
     return -1;
 }
@@ -383,23 +406,20 @@ struct store *store_open(const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+    if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL) !=
+        SQLITE_OK) {
         snprintf(err, errlen, "cannot open database %s: %s", path, st->db ? sqlite3_errmsg(st->db) : "out of memory");
         goto fail;
     }
     sqlite3_busy_timeout(st->db, 5000);
     /* page_size only takes effect before the first table exists. 16 KiB
      * pages pack the frame rows (~600 bytes for 12x12) with little waste. */
-    if (store_exec(st, "PRAGMA page_size = 16384") ||
-        store_exec(st, "PRAGMA journal_mode = WAL") ||
-        store_exec(st, "PRAGMA synchronous = NORMAL") ||
-        store_exec(st, "PRAGMA foreign_keys = ON") ||
-        store_exec(st, "PRAGMA secure_delete = " SECURE_DELETE) ||
-        store_exec(st, "PRAGMA cache_size = -65536") ||
+    if (store_exec(st, "PRAGMA page_size = 16384") || store_exec(st, "PRAGMA journal_mode = WAL") ||
+        store_exec(st, "PRAGMA synchronous = NORMAL") || store_exec(st, "PRAGMA foreign_keys = ON") ||
+        store_exec(st, "PRAGMA secure_delete = " SECURE_DELETE) || store_exec(st, "PRAGMA cache_size = -65536") ||
         /* the WAL file is cut back to this size whenever it restarts
          * (store_checkpoint, writer.h); see schema/storage.md "WAL" */
-        store_exec(st, "PRAGMA journal_size_limit = " STORE_WAL_LIMIT_STR) ||
-        migrate(st)) {
+        store_exec(st, "PRAGMA journal_size_limit = " STORE_WAL_LIMIT_STR) || migrate(st)) {
         snprintf(err, errlen, "database %s: %s", path, st->err);
         goto fail;
     }
@@ -508,7 +528,10 @@ struct run_cache *store_run_get(struct store *st, int64_t id) {
     for (uint32_t i = 0; i < st->nruns; i++)
         if (st->runs[i]->id == id) return st->runs[i];
     struct run_cache *r = calloc(1, sizeof *r);
-    if (!r) { store_set_err(st, SQLITE_NOMEM, "out of memory"); return NULL; }
+    if (!r) {
+        store_set_err(st, SQLITE_NOMEM, "out of memory");
+        return NULL;
+    }
     r->id = id;
     sqlite3_stmt *s = st->stmt[S_SELECT_RUN];
     sqlite3_bind_int64(s, 1, id);
@@ -534,7 +557,10 @@ struct run_cache *store_run_get(struct store *st, int64_t id) {
         if (r->nmetrics == r->cap) {
             uint32_t cap = r->cap ? r->cap * 2 : 16;
             struct metric_cache *m = realloc(r->metrics, cap * sizeof *m);
-            if (!m) { rc = SQLITE_NOMEM; break; }
+            if (!m) {
+                rc = SQLITE_NOMEM;
+                break;
+            }
             r->metrics = m;
             r->cap = cap;
         }
@@ -542,7 +568,9 @@ struct run_cache *store_run_get(struct store *st, int64_t id) {
         m->id = sqlite3_column_int64(s, 0);
         snprintf(m->name, sizeof m->name, "%s", (const char *)sqlite3_column_text(s, 1));
         m->kind = sqlite3_column_int(s, 2);
-        m->n = m->kind == PROTO_SCALAR ? 1 : m->kind == PROTO_LAYER ? (uint32_t)r->layers : (uint32_t)(r->layers * r->heads);
+        m->n = m->kind == PROTO_SCALAR  ? 1
+               : m->kind == PROTO_LAYER ? (uint32_t)r->layers
+                                        : (uint32_t)(r->layers * r->heads);
         m->last_step = sqlite3_column_int64(s, 3);
     }
     sqlite3_reset(s);
@@ -586,8 +614,8 @@ int store_mark_live_stale(struct store *st, double now) {
     return sqlite3_changes(st->db);
 }
 
-int store_run_open(struct store *st, const char *name, int64_t layers, int64_t heads, int64_t seq_len,
-                   const char *meta, double now, struct store_run_info *out) {
+int store_run_open(struct store *st, const char *name, int64_t layers, int64_t heads, int64_t seq_len, const char *meta,
+                   double now, struct store_run_info *out) {
     memset(out, 0, sizeof *out);
     sqlite3_stmt *s = st->stmt[S_RUN_BY_NAME];
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
@@ -604,7 +632,7 @@ int store_run_open(struct store *st, const char *name, int64_t layers, int64_t h
     if (rc == SQLITE_ROW) {
         if (out->layers != layers || out->heads != heads)
             return store_set_err(st, STORE_ESHAPE, "run %s has %lld layers x %lld heads, not %lld x %lld", name,
-                           (long long)out->layers, (long long)out->heads, (long long)layers, (long long)heads);
+                                 (long long)out->layers, (long long)out->heads, (long long)layers, (long long)heads);
         s = st->stmt[S_RUN_RESUME];
         sqlite3_bind_int64(s, 1, out->id);
     } else if (rc == SQLITE_DONE) {
@@ -727,7 +755,9 @@ int64_t store_wal_used(struct store *st) { return st->wal_frames * (st->page_siz
 int store_checkpoint(struct store *st, int restart, int busy_ms, int64_t *wal_bytes) {
     int log = 0, done = 0;
     sqlite3_busy_timeout(st->db, busy_ms);
-    int mode = restart > 1 ? SQLITE_CHECKPOINT_TRUNCATE : restart ? SQLITE_CHECKPOINT_RESTART : SQLITE_CHECKPOINT_PASSIVE;
+    int mode = restart > 1 ? SQLITE_CHECKPOINT_TRUNCATE
+               : restart   ? SQLITE_CHECKPOINT_RESTART
+                           : SQLITE_CHECKPOINT_PASSIVE;
     int rc = sqlite3_wal_checkpoint_v2(st->db, NULL, mode, &log, &done);
     sqlite3_busy_timeout(st->db, 5000);
     if (wal_bytes) *wal_bytes = store_wal_bytes(st);

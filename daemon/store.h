@@ -30,15 +30,15 @@ struct store;
 /* Rollup levels: level k (1..STORE_LEVELS) summarizes blocks of
  * STORE_LEVEL_SIZE(k) steps. */
 #define STORE_LEVELS 5
-#define STORE_LEVEL_SIZE(k) (INT64_C(64) << (3 * ((k) - 1)))   /* 64, 512, 4096, 32768, 262144 */
+#define STORE_LEVEL_SIZE(k) (INT64_C(64) << (3 * ((k)-1))) /* 64, 512, 4096, 32768, 262144 */
 /* (a rollup row's cells and their coding: rollup.h) */
 
 /* Result of store_run_open. */
 struct store_run_info {
     int64_t id;
-    int64_t last_seq;    /* highest committed seq, 0 for a new run */
+    int64_t last_seq; /* highest committed seq, 0 for a new run */
     int64_t layers, heads, seq_len;
-    int created;         /* 1 if the run did not exist */
+    int created; /* 1 if the run did not exist */
 };
 
 /* Opens (creating if needed) the database at path and brings its schema up
@@ -97,20 +97,19 @@ int store_mark_live_stale(struct store *st, double now);
 /* Creates run `name` or resumes it (status live, meta replaced when meta is
  * not NULL). A resumed run with other layers/heads fails with errcode
  * STORE_ESHAPE and a message; nothing is changed then. */
-int store_run_open(struct store *st, const char *name, int64_t layers, int64_t heads,
-                   int64_t seq_len, const char *meta, double now, struct store_run_info *out);
+int store_run_open(struct store *st, const char *name, int64_t layers, int64_t heads, int64_t seq_len, const char *meta,
+                   double now, struct store_run_info *out);
 
 /* Stores one step message of run run_id with sequence seq. The message's
  * shape must already be validated against the run (ingest does). A metric
  * whose name the run already uses with another kind is skipped; its name is
  * written into conflict (cap bytes) and 1 is returned (the rest is stored).
  * A step <= the run's last step rewrites history (schema/protocol.md). */
-int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto_msg *msg,
-               double time, char *conflict, size_t cap);
+int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto_msg *msg, double time, char *conflict,
+               size_t cap);
 
 /* Stores an event; seq 0 means written by the daemon itself (NULL in the db). */
-int store_event(struct store *st, int64_t run_id, int64_t seq, double time, int level,
-                const char *text);
+int store_event(struct store *st, int64_t run_id, int64_t seq, double time, int level, const char *text);
 
 /* Sets a run's status (enum proto_status); seq > 0 also advances last_seq. */
 int store_run_status(struct store *st, int64_t run_id, int status, int64_t seq, double now);
@@ -159,20 +158,19 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
  * past every metric done; returns 1 when the budget ran out (call again),
  * 0 once the pass passed the last metric (*cursor is 0 again), -1 on
  * failure. In the caller's transaction. */
-int store_retain_raw(struct store *st, int64_t keep_steps, double keep_s, double now, int64_t *cursor,
-                     int64_t budget);
+int store_retain_raw(struct store *st, int64_t keep_steps, double keep_s, double now, int64_t *cursor, int64_t budget);
 
 /* One alert transition (see alert.h), as stored. Strings are borrowed. */
 struct store_alert {
     int64_t run_id;
     const char *rule, *severity, *fingerprint;
-    const char *transition;       /* "firing", "update" or "resolved" */
+    const char *transition; /* "firing", "update" or "resolved" */
     double time, starts_at, ends_at;
     int64_t start_step, step;
-    double value;                 /* NaN stores NULL */
-    const char *cells_json;       /* JSON array */
-    const char *payload;          /* Alertmanager alert object (JSON) */
-    const char *reason;           /* resolved: NULL for a recovery, "run_ended", "run_deleted" */
+    double value;           /* NaN stores NULL */
+    const char *cells_json; /* JSON array */
+    const char *payload;    /* Alertmanager alert object (JSON) */
+    const char *reason;     /* resolved: NULL for a recovery, "run_ended", "run_deleted" */
 };
 
 /* Records a transition: "firing" opens an alerts row for (run, rule) unless
@@ -194,8 +192,8 @@ int store_alerts_close_run(struct store *st, int64_t run_id, double now);
  * pairs; rule NULL for none; evidence_json a JSON object (what the verdict
  * rests on beside its heads, schema/010_verdict_sharp.sql) or NULL. None
  * is copied. Runs in the caller's transaction. */
-int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
-                      const char *heads_json, const char *rule, const char *evidence_json);
+int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step, const char *heads_json,
+                      const char *rule, const char *evidence_json);
 
 /* Folds one stored step into the run's summary: the scalar `loss` becomes
  * last_loss (when the step has it) and the minimum of the finite
@@ -251,7 +249,7 @@ int64_t store_wal_bytes_of(const char *db_path);
 struct store_wal_id {
     dev_t dev;
     ino_t ino;
-    int known;                 /* 0 until the WAL was first seen */
+    int known; /* 0 until the WAL was first seen */
 };
 
 /* Checks the WAL of the database at db_path against wal_bytes, the bytes

@@ -16,8 +16,11 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
     int ret = -1;
     int64_t id = 0;
     /* the open episode of this group, if any (also one left by an earlier daemon) */
-    if (sqlite3_prepare_v2(st->db, "SELECT id FROM alerts WHERE run_id = ?1 AND rule = ?2 AND state = 'firing' "
-                           "ORDER BY id DESC LIMIT 1", -1, &s, NULL) != SQLITE_OK) goto dberr;
+    if (sqlite3_prepare_v2(st->db,
+                           "SELECT id FROM alerts WHERE run_id = ?1 AND rule = ?2 AND state = 'firing' "
+                           "ORDER BY id DESC LIMIT 1",
+                           -1, &s, NULL) != SQLITE_OK)
+        goto dberr;
     sqlite3_bind_int64(s, 1, a->run_id);
     sqlite3_bind_text(s, 2, a->rule, -1, SQLITE_STATIC);
     if (sqlite3_step(s) == SQLITE_ROW) id = sqlite3_column_int64(s, 0);
@@ -25,10 +28,17 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
     s = NULL;
     int resolved = strcmp(a->transition, "resolved") == 0;
     if (!id) {
-        if (resolved) { ret = 0; goto out; } /* nothing open: never a resolved without a firing */
-        if (sqlite3_prepare_v2(st->db, "INSERT INTO alerts(run_id, rule, severity, fingerprint, state, starts_at, "
-                               "start_step, last_step, value, cells, payload) VALUES (?1, ?2, ?3, ?4, 'firing', ?5, ?6, "
-                               "?7, ?8, ?9, ?10)", -1, &s, NULL) != SQLITE_OK) goto dberr;
+        if (resolved) {
+            ret = 0;
+            goto out;
+        } /* nothing open: never a resolved without a firing */
+        if (sqlite3_prepare_v2(
+                st->db,
+                "INSERT INTO alerts(run_id, rule, severity, fingerprint, state, starts_at, "
+                "start_step, last_step, value, cells, payload) VALUES (?1, ?2, ?3, ?4, 'firing', ?5, ?6, "
+                "?7, ?8, ?9, ?10)",
+                -1, &s, NULL) != SQLITE_OK)
+            goto dberr;
         sqlite3_bind_int64(s, 1, a->run_id);
         sqlite3_bind_text(s, 2, a->rule, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 3, a->severity, -1, SQLITE_STATIC);
@@ -43,8 +53,11 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
         if (sqlite3_step(s) != SQLITE_DONE) goto dberr;
         id = sqlite3_last_insert_rowid(st->db);
     } else {
-        if (sqlite3_prepare_v2(st->db, "UPDATE alerts SET state = ?2, ends_at = ?3, last_step = ?4, value = ?5, "
-                               "cells = ?6, payload = ?7, reason = ?8 WHERE id = ?1", -1, &s, NULL) != SQLITE_OK) goto dberr;
+        if (sqlite3_prepare_v2(st->db,
+                               "UPDATE alerts SET state = ?2, ends_at = ?3, last_step = ?4, value = ?5, "
+                               "cells = ?6, payload = ?7, reason = ?8 WHERE id = ?1",
+                               -1, &s, NULL) != SQLITE_OK)
+            goto dberr;
         sqlite3_bind_int64(s, 1, id);
         sqlite3_bind_text(s, 2, resolved ? "resolved" : "firing", -1, SQLITE_STATIC);
         if (resolved) sqlite3_bind_double(s, 3, a->ends_at);
@@ -60,8 +73,11 @@ int store_alert_transition(struct store *st, const struct store_alert *a, int64_
     }
     sqlite3_finalize(s);
     s = NULL;
-    if (sqlite3_prepare_v2(st->db, "INSERT INTO alert_transitions(alert_id, time, step, transition, value, cells) "
-                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)", -1, &s, NULL) != SQLITE_OK) goto dberr;
+    if (sqlite3_prepare_v2(st->db,
+                           "INSERT INTO alert_transitions(alert_id, time, step, transition, value, cells) "
+                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                           -1, &s, NULL) != SQLITE_OK)
+        goto dberr;
     sqlite3_bind_int64(s, 1, id);
     sqlite3_bind_double(s, 2, a->time);
     sqlite3_bind_int64(s, 3, a->step);
@@ -100,8 +116,8 @@ int store_run_is_live(struct store *st, int64_t run_id) {
 
 /* ---- run summary and verdict (schema/005_runs.sql) ---- */
 
-int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step,
-                      const char *heads_json, const char *rule, const char *evidence_json) {
+int store_run_verdict(struct store *st, int64_t run_id, const char *verdict, int64_t since_step, const char *heads_json,
+                      const char *rule, const char *evidence_json) {
     sqlite3_stmt *s = st->stmt[S_RUN_VERDICT];
     sqlite3_bind_int64(s, 1, run_id);
     sqlite3_bind_text(s, 2, verdict, -1, SQLITE_STATIC);
@@ -133,7 +149,8 @@ int store_run_summary_step(struct store *st, int64_t run_id, const struct proto_
     }
     if (!has_loss && isnan(ent)) return 0;
     if (!st->summary_stmt &&
-        sqlite3_prepare_v3(st->db, "INSERT INTO run_summary(run_id, last_loss, min_entropy) VALUES (?1, ?2, ?3) "
+        sqlite3_prepare_v3(st->db,
+                           "INSERT INTO run_summary(run_id, last_loss, min_entropy) VALUES (?1, ?2, ?3) "
                            "ON CONFLICT(run_id) DO UPDATE SET "
                            "last_loss = CASE WHEN ?4 THEN excluded.last_loss ELSE last_loss END, "
                            "min_entropy = CASE WHEN excluded.min_entropy IS NULL THEN min_entropy "

@@ -22,14 +22,43 @@ struct rollup_cell;
 
 /* The statements prepared once at store_open (the SQL is in store.c). */
 enum {
-    S_INSERT_FRAME, S_INSERT_STEP, S_INSERT_METRIC, S_INSERT_ROLLUP, S_INSERT_TOTAL, S_SEAL_FRAMES, S_SEAL_DELETE,
-    S_INSERT_ABANDONED, S_LAST_FRAME, S_SELECT_ROLLUPS, S_UPDATE_RUN, S_INSERT_EVENT, S_SELECT_RUN, S_SELECT_METRICS, S_UPSERT_LATEST,
-    S_SELECT_REWIND, S_REWIND_LOW, S_REWIND_MOVE, S_REWIND_DELETE, S_REWIND_STEPS, S_REWIND_ROLLUPS, S_REWIND_TOTALS, S_PURGE_NEXT,
+    S_INSERT_FRAME,
+    S_INSERT_STEP,
+    S_INSERT_METRIC,
+    S_INSERT_ROLLUP,
+    S_INSERT_TOTAL,
+    S_SEAL_FRAMES,
+    S_SEAL_DELETE,
+    S_INSERT_ABANDONED,
+    S_LAST_FRAME,
+    S_SELECT_ROLLUPS,
+    S_UPDATE_RUN,
+    S_INSERT_EVENT,
+    S_SELECT_RUN,
+    S_SELECT_METRICS,
+    S_UPSERT_LATEST,
+    S_SELECT_REWIND,
+    S_REWIND_LOW,
+    S_REWIND_MOVE,
+    S_REWIND_DELETE,
+    S_REWIND_STEPS,
+    S_REWIND_ROLLUPS,
+    S_REWIND_TOTALS,
+    S_PURGE_NEXT,
     /* the hello path and transaction control, prepared once: preparing them
      * at every hello was a third of the daemon's CPU per hello, and its
      * mallocs grew slower as the heap filled with 10,000 runs */
-    S_BEGIN, S_COMMIT, S_SAVEPOINT, S_RELEASE, S_RUN_BY_NAME, S_RUN_RESUME, S_RUN_ID_NEXT, S_RUN_CREATE,
-    S_RUN_STATUS, S_RUN_VERDICT, S_ALERTS_CLOSE_RUN,
+    S_BEGIN,
+    S_COMMIT,
+    S_SAVEPOINT,
+    S_RELEASE,
+    S_RUN_BY_NAME,
+    S_RUN_RESUME,
+    S_RUN_ID_NEXT,
+    S_RUN_CREATE,
+    S_RUN_STATUS,
+    S_RUN_VERDICT,
+    S_ALERTS_CLOSE_RUN,
     S_COUNT
 };
 
@@ -47,9 +76,9 @@ struct metric_cache {
  * to drop at any time (every change is written to the database at once). */
 struct run_cache {
     int64_t id, layers, heads;
-    int64_t last_seq, last_step;  /* last_step -1 when none */
+    int64_t last_seq, last_step; /* last_step -1 when none */
     double updated;
-    int rewinding;                /* a rewinds row exists: finish it before any new step */
+    int rewinding; /* a rewinds row exists: finish it before any new step */
     /* how far the rewind got (in this cache's life: a reloaded cache starts
      * over, which is correct as every phase is idempotent, only slower):
      * phase 0 rollups, 1 raw frames, 2 blocks, 3 steps; the metric index
@@ -63,15 +92,15 @@ struct run_cache {
 struct store {
     sqlite3 *db;
     sqlite3_stmt *stmt[S_COUNT];
-    sqlite3_stmt *summary_stmt;   /* store_run_summary_step's, prepared on first use */
+    sqlite3_stmt *summary_stmt; /* store_run_summary_step's, prepared on first use */
     char err[512];
     int errcode;
     int in_txn;
     uint32_t nruns, capruns;
     struct run_cache **runs;
-    int64_t wal_frames;   /* frames in the WAL after the last commit (wal hook) */
+    int64_t wal_frames; /* frames in the WAL after the last commit (wal hook) */
     int64_t page_size;
-    int autockpt;         /* checkpoint at 1000 frames as SQLite would (default on) */
+    int autockpt; /* checkpoint at 1000 frames as SQLite would (default on) */
     /* scratch for rollups, grown on demand (aggcap cells): the block being
      * pooled, a row of the level below decoded, and the coded row */
     struct rollup_cell *agg, *aggsrc;
@@ -79,15 +108,14 @@ struct store {
     size_t aggcap;
     /* the codec of blocks, and the frames of one block (FBLOCK_STEPS x n) */
     struct fblock_codec *codec;
-    struct fblock_rows *rows;     /* sealed blocks' rows (fblock_rows.h) */
+    struct fblock_rows *rows; /* sealed blocks' rows (fblock_rows.h) */
     float *blockvals;
     size_t blockcap;
-    int lossy_bits;       /* store_set_lossy_bits: 0 exact, else the mantissa bits kept */
+    int lossy_bits; /* store_set_lossy_bits: 0 exact, else the mantissa bits kept */
 };
 
 /* ---- errors: each sets st->err and st->errcode and returns -1 */
-__attribute__((format(printf, 3, 4)))
-int store_set_err(struct store *st, int code, const char *fmt, ...);
+__attribute__((format(printf, 3, 4))) int store_set_err(struct store *st, int code, const char *fmt, ...);
 /* SQLite's error of the last call on st->db, prefixed with what */
 int store_db_err(struct store *st, const char *what);
 /* An fblock_rows result (fblock_rows.h) as the store's error: 0 for a

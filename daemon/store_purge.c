@@ -38,7 +38,8 @@ static const char *const size_sql[] = {
  * none); -1 on error. */
 static int64_t row_units(struct store *st, int t, int64_t id, int64_t look) {
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(st->db, size_sql[t], -1, &s, NULL) != SQLITE_OK) return store_db_err(st, "sizing purged rows");
+    if (sqlite3_prepare_v2(st->db, size_sql[t], -1, &s, NULL) != SQLITE_OK)
+        return store_db_err(st, "sizing purged rows");
     sqlite3_bind_int64(s, 1, id);
     sqlite3_bind_int64(s, 2, look);
     int rc = sqlite3_step(s);
@@ -81,16 +82,22 @@ static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
     int r;
     if (kind == 0) {
         if ((rows = rows_for(st, PT_ROLLUPS, id, *left, &cost)) < 0) return -1;
-        snprintf(sql, sizeof sql, "DELETE FROM rollups WHERE metric_id = %lld AND (level, chunk, block) IN (SELECT level, "
-                 "chunk, block FROM rollups WHERE metric_id = %lld LIMIT %lld)", i, i, (long long)rows);
+        snprintf(sql, sizeof sql,
+                 "DELETE FROM rollups WHERE metric_id = %lld AND (level, chunk, block) IN (SELECT level, "
+                 "chunk, block FROM rollups WHERE metric_id = %lld LIMIT %lld)",
+                 i, i, (long long)rows);
         if ((r = purge_table(st, sql, rows, cost, 1, left))) return r < 0 ? -1 : 0;
         if ((rows = rows_for(st, PT_TOTALS, id, *left, &cost)) < 0) return -1;
-        snprintf(sql, sizeof sql, "DELETE FROM rollup_totals WHERE metric_id = %lld AND (level, block) IN (SELECT level, "
-                 "block FROM rollup_totals WHERE metric_id = %lld LIMIT %lld)", i, i, (long long)rows);
+        snprintf(sql, sizeof sql,
+                 "DELETE FROM rollup_totals WHERE metric_id = %lld AND (level, block) IN (SELECT level, "
+                 "block FROM rollup_totals WHERE metric_id = %lld LIMIT %lld)",
+                 i, i, (long long)rows);
         if ((r = purge_table(st, sql, rows, cost, 1, left))) return r < 0 ? -1 : 0;
         if ((rows = rows_for(st, PT_FRAMES, id, *left, &cost)) < 0) return -1;
-        snprintf(sql, sizeof sql, "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = %lld "
-                 "LIMIT %lld)", i, (long long)rows);
+        snprintf(sql, sizeof sql,
+                 "DELETE FROM frames WHERE id IN (SELECT id FROM frames WHERE metric_id = %lld "
+                 "LIMIT %lld)",
+                 i, (long long)rows);
         if ((r = purge_table(st, sql, rows, cost, 1, left))) return r < 0 ? -1 : 0;
         /* a block is about as much work as the 64 frames it codes (its
          * width unknown here: WRITER_JOB_BUDGET_MAX bounds it) */
@@ -108,14 +115,17 @@ static int purge_one(struct store *st, int kind, int64_t id, int64_t *left) {
         if (store_exec(st, sql)) return -1;
     } else if (kind == 1) {
         if ((rows = rows_for(st, PT_ABANDONED, id, *left, &cost)) < 0) return -1;
-        snprintf(sql, sizeof sql, "DELETE FROM abandoned_frames WHERE rowid IN (SELECT rowid FROM abandoned_frames "
-                 "WHERE branch_id = %lld LIMIT %lld)", i, (long long)rows);
+        snprintf(sql, sizeof sql,
+                 "DELETE FROM abandoned_frames WHERE rowid IN (SELECT rowid FROM abandoned_frames "
+                 "WHERE branch_id = %lld LIMIT %lld)",
+                 i, (long long)rows);
         if ((r = purge_table(st, sql, rows, cost, 1, left))) return r < 0 ? -1 : 0;
     } else {
         int64_t want = *left * 8; /* steps rows are small: 8 to a frame's worth */
-        snprintf(sql, sizeof sql, "DELETE FROM steps WHERE run_id = %lld AND step <= coalesce((SELECT step FROM steps "
-                 "WHERE run_id = %lld ORDER BY step LIMIT 1 OFFSET %lld), 9223372036854775807)", i, i,
-                 (long long)want - 1);
+        snprintf(sql, sizeof sql,
+                 "DELETE FROM steps WHERE run_id = %lld AND step <= coalesce((SELECT step FROM steps "
+                 "WHERE run_id = %lld ORDER BY step LIMIT 1 OFFSET %lld), 9223372036854775807)",
+                 i, i, (long long)want - 1);
         if ((r = purge_table(st, sql, want, 1, 8, left))) return r < 0 ? -1 : 0;
     }
     snprintf(sql, sizeof sql, "DELETE FROM purge WHERE kind = %d AND id = %lld", kind, i);
@@ -233,8 +243,7 @@ int store_retain_raw(struct store *st, int64_t keep_steps, double keep_s, double
             break;
         }
         run_id = (int64_t)rid;
-        if (run_id != run_seen &&
-            retain_cutoff(st, s[R_RUN], s[R_NEXT], run_id, keep_steps, keep_s, now, &cut))
+        if (run_id != run_seen && retain_cutoff(st, s[R_RUN], s[R_NEXT], run_id, keep_steps, keep_s, now, &cut))
             goto out;
         run_seen = run_id;
         left -= 4; /* looking costs a few seeks */

@@ -31,7 +31,10 @@ static struct metric_cache *metric_get(struct store *st, struct run_cache *r, co
     if (r->nmetrics == r->cap) {
         uint32_t cap = r->cap ? r->cap * 2 : 16;
         struct metric_cache *nm = realloc(r->metrics, cap * sizeof *nm);
-        if (!nm) { store_set_err(st, SQLITE_NOMEM, "out of memory"); return NULL; }
+        if (!nm) {
+            store_set_err(st, SQLITE_NOMEM, "out of memory");
+            return NULL;
+        }
         r->metrics = nm;
         r->cap = cap;
     }
@@ -80,7 +83,7 @@ static int scratch_grow(struct store *st, uint32_t n) {
 static int64_t row_crc(uint32_t c, int poisoned) { return poisoned ? integrity_poisoned(c) : integrity_stored(c); }
 
 int store_rollup_put(struct store *st, int64_t metric_id, const struct rollup_cell *a, uint32_t n, int level,
-                      int64_t block, int64_t nframes, int poisoned) {
+                     int64_t block, int64_t nframes, int poisoned) {
     uint32_t chunks = ROLLUP_CHUNKS(n);
     sqlite3_stmt *s = st->stmt[S_INSERT_ROLLUP];
     for (uint32_t c = 0; c < chunks; c++) {
@@ -93,7 +96,8 @@ int store_rollup_put(struct store *st, int64_t metric_id, const struct rollup_ce
         sqlite3_bind_int64(s, 4, nframes);
         sqlite3_bind_blob(s, 5, st->aggrow, (int)len, SQLITE_STATIC);
         sqlite3_bind_int(s, 6, (int)c);
-        sqlite3_bind_int64(s, 7, row_crc(integrity_rollup_crc(metric_id, level, c, block, nframes, st->aggrow, len), poisoned));
+        sqlite3_bind_int64(
+            s, 7, row_crc(integrity_rollup_crc(metric_id, level, c, block, nframes, st->aggrow, len), poisoned));
         if (store_step_done(st, s, "writing rollup")) return -1;
     }
     if (chunks == 1) return 0;
@@ -139,7 +143,8 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
             const void *d = sqlite3_column_blob(s, 1);
             size_t len = (size_t)sqlite3_column_bytes(s, 1);
             if ((sqlite3_column_type(s, 2) != SQLITE_NULL &&
-                 sqlite3_column_int64(s, 2) != integrity_stored(integrity_rollup_crc(m->id, level - 1, c, b, nf, d, len))) ||
+                 sqlite3_column_int64(s, 2) !=
+                     integrity_stored(integrity_rollup_crc(m->id, level - 1, c, b, nf, d, len))) ||
                 nf < 0 || nf > STORE_LEVEL_SIZE(level - 1) ||
                 rollup_decode(d, len, cn, (uint32_t)nf, 0, cn, st->aggsrc + c0)) {
                 if (bad_block < 0) bad_block = b;
@@ -153,7 +158,8 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
     if (rc != SQLITE_DONE) return store_db_err(st, "reading rollup source");
     if (bad_block >= 0) {
         integrity_note();
-        fprintf(stderr, "entropyd: store: damaged rollup row: metric %lld, level %d, block %lld (steps %lld..%lld) fails "
+        fprintf(stderr,
+                "entropyd: store: damaged rollup row: metric %lld, level %d, block %lld (steps %lld..%lld) fails "
                 "its checksum or does not decode; level %d block %lld, pooled from it, is marked damaged too\n",
                 (long long)m->id, level - 1, (long long)bad_block, (long long)(bad_block * STORE_LEVEL_SIZE(level - 1)),
                 (long long)((bad_block + 1) * STORE_LEVEL_SIZE(level - 1) - 1), level, (long long)block);
@@ -181,8 +187,8 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
         int64_t step = sqlite3_column_int64(s, 0);
         if ((uint32_t)sqlite3_column_bytes(s, 1) != m->n * 4) continue; /* cannot happen: shapes are fixed per run */
         if (sqlite3_column_type(s, 2) != SQLITE_NULL &&
-            sqlite3_column_int64(s, 2) != integrity_stored(integrity_frame_crc(m->id, step, sqlite3_column_blob(s, 1),
-                                                                               (size_t)m->n * 4)))
+            sqlite3_column_int64(s, 2) !=
+                integrity_stored(integrity_frame_crc(m->id, step, sqlite3_column_blob(s, 1), (size_t)m->n * 4)))
             bad = step;
         memcpy(st->blockvals + (size_t)nf * m->n, sqlite3_column_blob(s, 1), (size_t)m->n * 4);
         mask |= UINT64_C(1) << (step - lo);
@@ -198,9 +204,10 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
     }
     if (bad >= 0) {
         integrity_note();
-        fprintf(stderr, "entropyd: store: damaged raw frame: metric %lld, step %lld fails its checksum; its block "
-                "(steps %lld..%lld) is sealed marked damaged\n", (long long)m->id, (long long)bad, (long long)lo,
-                (long long)(lo + FBLOCK_STEPS - 1));
+        fprintf(stderr,
+                "entropyd: store: damaged raw frame: metric %lld, step %lld fails its checksum; its block "
+                "(steps %lld..%lld) is sealed marked damaged\n",
+                (long long)m->id, (long long)bad, (long long)lo, (long long)(lo + FBLOCK_STEPS - 1));
     }
     if (rollup_write(st, m, 1, block, nf, bad >= 0)) return -1;
     if (st->lossy_bits) fblock_round(st->blockvals, (size_t)nf * m->n, st->lossy_bits);
@@ -284,11 +291,12 @@ static int latest_reload(struct store *st, struct run_cache *r) {
 static int rewind_start(struct store *st, struct run_cache *r, int64_t step, double time) {
     char sql[700];
     long long id = (long long)r->id, from = (long long)step;
-    snprintf(sql, sizeof sql,
-             "INSERT INTO branches(id, run_id, from_step, to_step, time) VALUES (max(coalesce((SELECT max(id) FROM branches), 0), "
-             "coalesce((SELECT max(id) FROM purge WHERE kind = 1), 0)) + 1, %lld, %lld, %lld, %.6f);"
-             "INSERT INTO rewinds(run_id, branch_id, from_step) VALUES (%lld, last_insert_rowid(), %lld);",
-             id, from, (long long)r->last_step, time, id, from);
+    snprintf(
+        sql, sizeof sql,
+        "INSERT INTO branches(id, run_id, from_step, to_step, time) VALUES (max(coalesce((SELECT max(id) FROM branches), 0), "
+        "coalesce((SELECT max(id) FROM purge WHERE kind = 1), 0)) + 1, %lld, %lld, %lld, %.6f);"
+        "INSERT INTO rewinds(run_id, branch_id, from_step) VALUES (%lld, last_insert_rowid(), %lld);",
+        id, from, (long long)r->last_step, time, id, from);
     if (store_exec(st, sql)) return -1;
     char text[128];
     snprintf(text, sizeof text, "rollback to step %lld (was at step %lld; the abandoned steps are kept as a branch)",
@@ -304,7 +312,8 @@ int64_t store_run_changes(struct store *st, sqlite3_stmt *s, const char *what) {
 }
 
 /* Writes frame (metric_id, step) of n values into `frames`. */
-static int frame_insert(struct store *st, int64_t metric_id, int64_t step, const float *v, uint32_t n, const char *what) {
+static int frame_insert(struct store *st, int64_t metric_id, int64_t step, const float *v, uint32_t n,
+                        const char *what) {
     sqlite3_stmt *s = st->stmt[S_INSERT_FRAME];
     sqlite3_bind_int64(s, 1, metric_id);
     sqlite3_bind_int64(s, 2, step);
@@ -346,7 +355,8 @@ static int rewind_blocks(struct store *st, struct metric_cache *m, int64_t from,
             if (frame_put(st, step >= from ? branch : 0, m->id, step, st->blockvals + (size_t)f * m->n, m->n))
                 return -1;
         }
-        if (store_rows_err(st, fblock_rows_delete(st->rows, m->id, block), m->id, block, "deleting a rewound block")) return -1;
+        if (store_rows_err(st, fblock_rows_delete(st->rows, m->id, block), m->id, block, "deleting a rewound block"))
+            return -1;
         *left -= nf;
     }
     return 1;
@@ -366,8 +376,9 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
     int64_t branch = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
     int64_t from = rc == SQLITE_ROW ? sqlite3_column_int64(s, 1) : 0;
     sqlite3_reset(s);
-    if (rc != SQLITE_ROW) return rc == SQLITE_DONE ? store_set_err(st, SQLITE_CORRUPT, "rewind of run %lld lost", (long long)run_id)
-                                                   : store_db_err(st, "reading rewind");
+    if (rc != SQLITE_ROW)
+        return rc == SQLITE_DONE ? store_set_err(st, SQLITE_CORRUPT, "rewind of run %lld lost", (long long)run_id)
+                                 : store_db_err(st, "reading rewind");
     int64_t left = budget, n;
     char sql[256];
     /* 1. rollups from the block holding `from` on (few rows, of at most 64
@@ -465,8 +476,8 @@ int store_needs_rewind(struct store *st, int64_t run_id, int64_t step) {
     return r->rewinding || (r->last_step >= 0 && step <= r->last_step);
 }
 
-int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto_msg *msg, double time,
-               char *conflict, size_t cap) {
+int store_step(struct store *st, int64_t run_id, int64_t seq, const struct proto_msg *msg, double time, char *conflict,
+               size_t cap) {
     struct run_cache *r = store_run_get(st, run_id);
     int conflicts = 0;
     if (!r) return -1;

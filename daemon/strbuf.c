@@ -114,7 +114,8 @@ static int fmt_sig(char *out, double d, int nd) {
     uint64_t m = 0, lim = (uint64_t)p10[nd];
     for (int tries = 0; tries < 3; tries++) {
         int sh = nd - 1 - e;
-        double sc = sh >= 0 ? (sh <= 22 ? d * p10[sh] : d * pow(10, sh)) : (-sh <= 22 ? d / p10[-sh] : d / pow(10, -sh));
+        double sc =
+            sh >= 0 ? (sh <= 22 ? d * p10[sh] : d * pow(10, sh)) : (-sh <= 22 ? d / p10[-sh] : d / pow(10, -sh));
         m = (uint64_t)llround(sc);
         if (m >= lim) {
             if (sc >= (double)lim) { /* log10 was one low */

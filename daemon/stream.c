@@ -20,19 +20,19 @@ enum { EV_STEP = 1, EV_TICK = 2, EV_LAYERS = 4, EV_CELLS = 8, EV_OTHER = 16 };
 struct ev {
     uint64_t n;
     int64_t run;
-    unsigned cls;        /* EV_* */
-    const char *metric;  /* a cells event's metric (inside text's allocation), else "" */
-    char *text;          /* "id: ..\nevent: ..\ndata: ..\n\n" */
+    unsigned cls;       /* EV_* */
+    const char *metric; /* a cells event's metric (inside text's allocation), else "" */
+    char *text;         /* "id: ..\nevent: ..\ndata: ..\n\n" */
     size_t len;
 };
 
 /* One metric of a run's accumulator: its values are [off, off + rows*cols). */
 struct tick_metric {
     char name[PROTO_MAX_NAME + 1];
-    int kind;                 /* enum proto_kind */
+    int kind; /* enum proto_kind */
     uint32_t rows, cols, off;
-    int64_t step;             /* the last step that carried it in this tick */
-    int seen;                 /* carried by a step of this tick */
+    int64_t step; /* the last step that carried it in this tick */
+    int seen;     /* carried by a step of this tick */
 };
 
 /* A token bucket: an event may go when it holds a token; it holds
@@ -43,50 +43,50 @@ struct tick_metric {
  * or the writer's tick, once a token is back). */
 struct tick_bucket {
     double tokens;
-    double at_ms;             /* monotonic time tokens was counted */
+    double at_ms; /* monotonic time tokens was counted */
 };
 
 /* A live run's steps since its last tick (writer thread only). */
 struct tick_run {
     int64_t run;
     struct tick_bucket tick, rows; /* when the tick and the rows events may go */
-    int64_t first, last;      /* steps of this tick */
-    int64_t rows_first;       /* the first step of the rows events' figures */
+    int64_t first, last;           /* steps of this tick */
+    int64_t rows_first;            /* the first step of the rows events' figures */
     uint32_t rows_n;
-    int dirty;                /* got steps in the commit being published */
-    double time;              /* the last step's time */
-    uint32_t n;               /* steps in this tick */
+    int dirty;   /* got steps in the commit being published */
+    double time; /* the last step's time */
+    uint32_t n;  /* steps in this tick */
     struct tick_metric *m;
     uint32_t nm, capm;
-    float *mn, *mx, *lastv;   /* per value: min, max (finite values), last (NaN kept) */
+    float *mn, *mx, *lastv; /* per value: min, max (finite values), last (NaN kept) */
     double *sum;
-    uint32_t *cnt;            /* finite values summed */
+    uint32_t *cnt; /* finite values summed */
     uint32_t nv, capv;
 };
 
 struct stream {
     struct stream_config cfg;
-    uint64_t boot;            /* start time in ms: the id prefix */
+    uint64_t boot; /* start time in ms: the id prefix */
     pthread_mutex_t mu;
-    pthread_cond_t cv;        /* signalled on publish and shutdown */
-    struct ev *ring;          /* events first..last live at index n % max_events */
-    uint64_t first, last;     /* first > last when empty */
+    pthread_cond_t cv;    /* signalled on publish and shutdown */
+    struct ev *ring;      /* events first..last live at index n % max_events */
+    uint64_t first, last; /* first > last when empty */
     size_t bytes;
     int shutdown;
     struct stream_stats stats;
-    struct tick_run **tr;     /* the accumulators (writer thread only, no lock) */
+    struct tick_run **tr; /* the accumulators (writer thread only, no lock) */
     size_t ntr;
 };
 
 struct stream_client {
     struct stream *s;
     int64_t run;
-    uint64_t next;            /* the next event number to deliver */
-    unsigned want;            /* EV_* classes delivered */
+    uint64_t next; /* the next event number to deliver */
+    unsigned want; /* EV_* classes delivered */
     int ncells;
     char cells[STREAM_MAX_CELLS][PROTO_MAX_NAME + 1];
     int started;
-    char *pend;               /* text not yet handed out */
+    char *pend; /* text not yet handed out */
     size_t plen, poff;
     struct timespec deadline; /* when to send the next keep-alive */
     int (*gone)(void *);      /* see stream_client_watch; NULL: not asked */
@@ -174,8 +174,7 @@ static int publish_ev(struct stream *s, const char *kind, unsigned cls, const ch
     size_t tl = (size_t)hl + len + 2;
     char *mcopy = text + tl;
     memcpy(mcopy, metric ? metric : "", ml + 1);
-    while (s->first <= s->last &&
-           (s->last - s->first + 1 >= s->cfg.max_events || s->bytes + tl > s->cfg.max_bytes))
+    while (s->first <= s->last && (s->last - s->first + 1 >= s->cfg.max_events || s->bytes + tl > s->cfg.max_bytes))
         drop_oldest(s);
     struct ev *e = &s->ring[n % s->cfg.max_events];
     e->n = n;
@@ -206,7 +205,7 @@ static void step_event(struct stream *s, const struct writer_item *it, double ct
     const struct proto_msg *m = &it->msg;
     struct strbuf b = {0};
     strbuf_printf(&b, "{\"run\":%lld,\"step\":%lld,\"time\":%.17g,\"ct\":%.17g,\"scalars\":{", (long long)it->run_id,
-                     (long long)m->step, it->time, ct);
+                  (long long)m->step, it->time, ct);
     int first = 1;
     for (uint32_t i = 0; i < m->nmetrics; i++) {
         const struct proto_metric *pm = &m->metrics[i];
@@ -391,8 +390,8 @@ static void rows_emit(struct stream *s, struct tick_run *t) {
     struct strbuf b = {0};
     int first;
     {
-        strbuf_printf(&b, "{\"run\":%lld,\"step\":%lld,\"from\":%lld,\"layers\":{", (long long)t->run, (long long)t->last,
-                      (long long)t->rows_first);
+        strbuf_printf(&b, "{\"run\":%lld,\"step\":%lld,\"from\":%lld,\"layers\":{", (long long)t->run,
+                      (long long)t->last, (long long)t->rows_first);
         for (int pass = 0; pass < 2; pass++) {
             if (pass) strbuf_puts(&b, "},\"heads\":{");
             first = 1;
@@ -440,8 +439,10 @@ static void rows_emit(struct stream *s, struct tick_run *t) {
             const struct tick_metric *m = &t->m[i];
             if (!m->seen || m->kind != PROTO_HEAD) continue;
             b.len = 0;
-            strbuf_printf(&b, "{\"run\":%lld,\"metric\":\"%s\",\"kind\":\"head\",\"step\":%lld,\"layers\":%u,\"heads\":%u,"
-                          "\"values\":[", (long long)t->run, m->name, (long long)m->step, m->rows, m->cols);
+            strbuf_printf(&b,
+                          "{\"run\":%lld,\"metric\":\"%s\",\"kind\":\"head\",\"step\":%lld,\"layers\":%u,\"heads\":%u,"
+                          "\"values\":[",
+                          (long long)t->run, m->name, (long long)m->step, m->rows, m->cols);
             for (uint32_t l = 0; l < m->rows; l++) {
                 strbuf_add(&b, l ? ",[" : "[", l ? 2 : 1);
                 for (uint32_t hd = 0; hd < m->cols; hd++) {
@@ -557,7 +558,9 @@ void stream_on_tick(struct stream *s, double now) {
 static void run_event(struct stream *s, int64_t run_id, const char *name, const char *status) {
     char buf[512];
     int n;
-    if (name) n = snprintf(buf, sizeof buf, "{\"run\":%lld,\"name\":\"%s\",\"status\":\"%s\"}", (long long)run_id, name, status);
+    if (name)
+        n = snprintf(buf, sizeof buf, "{\"run\":%lld,\"name\":\"%s\",\"status\":\"%s\"}", (long long)run_id, name,
+                     status);
     else n = snprintf(buf, sizeof buf, "{\"run\":%lld,\"status\":\"%s\"}", (long long)run_id, status);
     stream_publish(s, "run", run_id, buf, (size_t)n);
 }
@@ -653,14 +656,10 @@ struct stream_client *stream_client_open(struct stream *s, int64_t run_filter, c
         int used = 0;
         if (sscanf(last_event_id, "%llu-%llu%n", &boot, &n, &used) != 2 || last_event_id[used])
             reason = "unreadable Last-Event-ID";
-        else if (boot != s->boot)
-            reason = "the daemon restarted since that event";
-        else if (n > s->last)
-            reason = "Last-Event-ID is ahead of the stream";
-        else if (n + 1 < s->first)
-            reason = "events after Last-Event-ID are no longer held";
-        else
-            c->next = n + 1;
+        else if (boot != s->boot) reason = "the daemon restarted since that event";
+        else if (n > s->last) reason = "Last-Event-ID is ahead of the stream";
+        else if (n + 1 < s->first) reason = "events after Last-Event-ID are no longer held";
+        else c->next = n + 1;
     }
     if (reason) s->stats.resets++;
     s->stats.clients++;
@@ -700,8 +699,8 @@ ssize_t stream_client_read(struct stream_client *c, char *buf, size_t max) {
             /* fell behind the ring while connected: same as resuming too late */
             s->stats.resets++;
             c->next = s->last + 1;
-            int n = snprintf(buf, max, "id: %" PRIu64 "-%" PRIu64 "\nevent: reset\ndata: {\"reason\":\"%s\"}\n\n", s->boot,
-                             s->last, "the client fell behind the stream");
+            int n = snprintf(buf, max, "id: %" PRIu64 "-%" PRIu64 "\nevent: reset\ndata: {\"reason\":\"%s\"}\n\n",
+                             s->boot, s->last, "the client fell behind the stream");
             pthread_mutex_unlock(&s->mu);
             deadline_from_now(c);
             return n < (int)max ? n : (ssize_t)max;
@@ -747,7 +746,8 @@ ssize_t stream_client_read(struct stream_client *c, char *buf, size_t max) {
                 wake.tv_sec++;
                 wake.tv_nsec -= 1000000000L;
             }
-            if (wake.tv_sec > c->deadline.tv_sec || (wake.tv_sec == c->deadline.tv_sec && wake.tv_nsec > c->deadline.tv_nsec))
+            if (wake.tv_sec > c->deadline.tv_sec ||
+                (wake.tv_sec == c->deadline.tv_sec && wake.tv_nsec > c->deadline.tv_nsec))
                 wake = c->deadline;
             pthread_cond_timedwait(&s->cv, &s->mu, &wake);
             if (c->next > s->last && c->gone(c->gone_ctx)) {

@@ -41,11 +41,11 @@
 struct strbuf;
 
 struct stream_config {
-    size_t max_events;     /* ring capacity in events (default 16384) */
-    size_t max_bytes;      /* ring capacity in bytes (default 32 MiB) */
-    int keepalive_ms;      /* comment sent to an idle client this often (default 15000) */
-    int tick_ms;           /* a live run's tick event this often (default 1000) */
-    int rows_ms;           /* its layers and cells events this often (default 1000) */
+    size_t max_events; /* ring capacity in events (default 16384) */
+    size_t max_bytes;  /* ring capacity in bytes (default 32 MiB) */
+    int keepalive_ms;  /* comment sent to an idle client this often (default 15000) */
+    int tick_ms;       /* a live run's tick event this often (default 1000) */
+    int rows_ms;       /* its layers and cells events this often (default 1000) */
 };
 
 struct stream;
@@ -115,9 +115,9 @@ ssize_t stream_client_read(struct stream_client *c, char *buf, size_t max);
 void stream_client_close(struct stream_client *c);
 
 struct stream_stats {
-    uint64_t published;     /* events published */
-    uint64_t resets;        /* clients that resumed from before the ring */
-    uint64_t clients;       /* clients open now */
+    uint64_t published; /* events published */
+    uint64_t resets;    /* clients that resumed from before the ring */
+    uint64_t clients;   /* clients open now */
     uint64_t ring_events, ring_bytes;
 };
 void stream_get_stats(struct stream *s, struct stream_stats *out);

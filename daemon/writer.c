@@ -26,12 +26,12 @@ struct writer {
     pthread_t thread;
     int started;
 
-    pthread_mutex_t mu;              /* guards everything below */
+    pthread_mutex_t mu; /* guards everything below */
     pthread_cond_t cv;
     struct writer_item *head, *tail; /* submitted, not yet taken */
     size_t bytes;                    /* held by queued and uncommitted items */
     int stop;
-    double stop_ms;                  /* monotonic ms writer_destroy asked the thread to stop */
+    double stop_ms; /* monotonic ms writer_destroy asked the thread to stop */
     /* writer thread only: at shutdown, the database refused and batches are given up unacked */
     int abandoning;
     uint64_t abandoned_steps;
@@ -39,8 +39,8 @@ struct writer {
     struct ratelog write_log, ck_log, job_log; /* ck_log: the checkpointer thread's */
     struct writer_reply *rhead, *rtail;
 
-    struct writer_stats stats;       /* written by the writer thread only */
-    writer_precommit_fn *precommit;  /* writer_set_precommit */
+    struct writer_stats stats;      /* written by the writer thread only */
+    writer_precommit_fn *precommit; /* writer_set_precommit */
     void *precommit_ctx;
 
     /* Writer thread only. Items held back behind a rollback: the first is
@@ -48,13 +48,13 @@ struct writer {
      * items of a run that has one deferred, and hellos (one could resume
      * such a run). They are counted in `bytes` until committed. */
     struct writer_item *dhead, *dtail;
-    int64_t *blocked;                /* runs with a deferred item */
+    int64_t *blocked; /* runs with a deferred item */
     size_t nblocked, capblocked;
-    int purge_pending;               /* store_purge has (or may have) work */
-    int64_t job_budget;              /* units per piece (store_purge.c), adapted to WRITER_JOB_PIECE_MS */
-    double job_backoff_until;        /* after a failed chunk (monotonic ms) */
-    int64_t retain_cursor;           /* store_retain_raw's place in its pass */
-    double retain_next;              /* when the next retention pass may start (monotonic ms) */
+    int purge_pending;        /* store_purge has (or may have) work */
+    int64_t job_budget;       /* units per piece (store_purge.c), adapted to WRITER_JOB_PIECE_MS */
+    double job_backoff_until; /* after a failed chunk (monotonic ms) */
+    int64_t retain_cursor;    /* store_retain_raw's place in its pass */
+    double retain_next;       /* when the next retention pass may start (monotonic ms) */
 
     /* The checkpointer: its own connection and thread; wal_used (bytes of
      * the WAL in use after the writer's last commit) and wal_checked (the
@@ -64,9 +64,9 @@ struct writer {
     int ckstarted;
     pthread_cond_t ckcv;
     int64_t wal_used, wal_checked;
-    int ckstop;                      /* after the writer thread ended */
-    int wal_reset_ok;                /* a RESTART succeeded since the WAL passed WRITER_WAL_RESTART */
-    double ck_last_ms;               /* when the checkpointer last began one (now_mono_ms) */
+    int ckstop;        /* after the writer thread ended */
+    int wal_reset_ok;  /* a RESTART succeeded since the WAL passed WRITER_WAL_RESTART */
+    double ck_last_ms; /* when the checkpointer last began one (now_mono_ms) */
 
     /* Writer thread only. Steps go without a savepoint (in WAL mode a
      * savepoint copies every page a step touches into SQLite's statement
@@ -81,7 +81,7 @@ struct writer {
     atomic_int wal_lost;
     char wal_lost_why[512];
     struct store_wal_id wal_id, ck_wal_id; /* the writer's / the checkpointer's */
-    double wal_check_ms;             /* writer thread: its last check */
+    double wal_check_ms;                   /* writer thread: its last check */
 };
 
 static void notify(struct writer *w) {
@@ -100,7 +100,7 @@ void writer_item_free(struct writer_item *it) {
 /* Replies produced while applying a batch; posted only after its commit. */
 struct replies {
     struct writer_reply *head, *tail;
-    uint64_t values;  /* of the applied steps: counted at commit, as they may be applied again */
+    uint64_t values; /* of the applied steps: counted at commit, as they may be applied again */
 };
 
 static void replies_clear(struct replies *r) {
@@ -136,9 +136,14 @@ static void reply_error(struct replies *r, uint64_t conn, int64_t seq, int code,
 
 static int retryable(int code) {
     switch (code) {
-    case SQLITE_FULL: case SQLITE_IOERR: case SQLITE_BUSY: case SQLITE_LOCKED:
-    case SQLITE_NOMEM: case SQLITE_CANTOPEN: case SQLITE_READONLY: case SQLITE_PROTOCOL:
-        return 1;
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_NOMEM:
+    case SQLITE_CANTOPEN:
+    case SQLITE_READONLY:
+    case SQLITE_PROTOCOL: return 1;
     }
     return 0;
 }
@@ -194,12 +199,8 @@ static int apply(struct writer *w, struct writer_item *it, struct replies *rep) 
     case WRITER_EVENT:
         r = store_event(st, it->run_id, it->seq, it->time, it->msg.level, it->msg.text ? it->msg.text : "");
         break;
-    case WRITER_END:
-        r = store_run_status(st, it->run_id, it->msg.status, it->seq, it->time);
-        break;
-    case WRITER_STALE:
-        r = store_run_status(st, it->run_id, PROTO_STALE, 0, it->time);
-        break;
+    case WRITER_END: r = store_run_status(st, it->run_id, it->msg.status, it->seq, it->time); break;
+    case WRITER_STALE: r = store_run_status(st, it->run_id, PROTO_STALE, 0, it->time); break;
     case WRITER_DELETE:
         /* h_delete saw the run not live, but a trainer's hello may have
          * been committed since: the check that counts is this one, in the
@@ -237,7 +238,10 @@ static void finish_batch(struct writer *w, struct writer_item *batch, struct rep
         if (it->seq <= 0 || it->kind == WRITER_HELLO || it->kind == WRITER_STALE || it->kind == WRITER_DELETE) continue;
         struct writer_reply *a = NULL;
         for (struct writer_reply *r = rep->head; r; r = r->next)
-            if (r->kind == WRITER_R_ACK && r->run_id == it->run_id) { a = r; break; }
+            if (r->kind == WRITER_R_ACK && r->run_id == it->run_id) {
+                a = r;
+                break;
+            }
         if (!a) a = reply_add(rep, WRITER_R_ACK, 0, it->run_id, it->seq);
         if (a && it->seq > a->seq) a->seq = it->seq;
     }
@@ -319,9 +323,11 @@ static void wal_lost(struct writer *w, const char *why) {
     pthread_mutex_unlock(&w->mu);
     if (!first) return;
     const char *db = store_path(w->st);
-    fprintf(stderr, "entropyd: writer: %s: the database takes no more writes (nothing more is acknowledged; "
+    fprintf(stderr,
+            "entropyd: writer: %s: the database takes no more writes (nothing more is acknowledged; "
             "/healthz says wal_lost). Stop this daemon and run `entropyd --check` on %s; the next start refuses "
-            "the database until %s-wal-lost is removed (docs/reliability.md, \"A lost WAL\")\n", why, db, db);
+            "the database until %s-wal-lost is removed (docs/reliability.md, \"A lost WAL\")\n",
+            why, db, db);
     if (store_wal_mark_lost(db, why))
         fprintf(stderr, "entropyd: writer: cannot write %s-wal-lost: %s\n", db, strerror(errno));
 }
@@ -771,8 +777,8 @@ static void *writer_main(void *arg) {
         pthread_mutex_lock(&w->mu);
         int empty = w->head == NULL;
         pthread_mutex_unlock(&w->mu);
-        if (in_txn && ((empty && !may_linger(w, nbatch, urgent, linger, txn_start)) || failed || nbatch >= WRITER_MAX_BATCH ||
-                       now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
+        if (in_txn && ((empty && !may_linger(w, nbatch, urgent, linger, txn_start)) || failed ||
+                       nbatch >= WRITER_MAX_BATCH || now_mono_ms() - txn_start >= WRITER_COMMIT_MS)) {
             if (batch) commit_batch(w, batch, &rep, failed);
             else store_rollback(w->st); /* everything taken was deferred */
             batch = btail = NULL;
@@ -859,8 +865,9 @@ void writer_destroy(struct writer *w) {
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->thread, NULL);
         if (w->abandoned_steps)
-            fprintf(stderr, "entropyd: writer: %llu step(s) stay unacked at shutdown: the database refused them (%s); "
-                            "their trainers still hold them and send them again to the next daemon\n",
+            fprintf(stderr,
+                    "entropyd: writer: %llu step(s) stay unacked at shutdown: the database refused them (%s); "
+                    "their trainers still hold them and send them again to the next daemon\n",
                     (unsigned long long)w->abandoned_steps, w->abandon_why);
     }
     if (w->ckstarted) {
@@ -895,13 +902,14 @@ void writer_destroy(struct writer *w) {
 }
 
 static int queue_item(struct writer *w, struct writer_item *it, int wake) {
-    if (!it->bytes) it->bytes = sizeof *it + it->msg.nvalues * sizeof(float) + it->msg.nmetrics * sizeof(struct proto_metric);
+    if (!it->bytes)
+        it->bytes = sizeof *it + it->msg.nvalues * sizeof(float) + it->msg.nmetrics * sizeof(struct proto_metric);
     if (it->time == 0) it->time = it->msg.has_time ? it->msg.time : now_wall();
     pthread_mutex_lock(&w->mu);
     /* control items are tiny and must never be refused: a lost STALE or
      * HELLO would leave a run in the wrong state */
-    int control = it->kind == WRITER_HELLO || it->kind == WRITER_STALE || it->kind == WRITER_END ||
-                  it->kind == WRITER_DELETE;
+    int control =
+        it->kind == WRITER_HELLO || it->kind == WRITER_STALE || it->kind == WRITER_END || it->kind == WRITER_DELETE;
     if (!control && w->bytes >= w->cfg.max_bytes) {
         pthread_mutex_unlock(&w->mu);
         return -1;
@@ -981,14 +989,17 @@ void writer_metrics(struct writer *w, struct strbuf *b) {
     strbuf_prom(b, "entropyd_commit_retries_total", "counter", "Batches retried after a database failure.",
                 (double)ws.retries);
     strbuf_prom(b, "entropyd_db_errors_total", "counter", "Database errors met by the writer.", (double)ws.db_errors);
-    strbuf_prom(b, "entropyd_wal_lost", "gauge", "1 once the WAL was found truncated, removed or replaced under the daemon "
-                "(no more writes; docs/reliability.md).", ws.wal_lost);
+    strbuf_prom(b, "entropyd_wal_lost", "gauge",
+                "1 once the WAL was found truncated, removed or replaced under the daemon "
+                "(no more writes; docs/reliability.md).",
+                ws.wal_lost);
     strbuf_prom(b, "entropyd_queue_bytes", "gauge", "Memory held by accepted, uncommitted messages.",
                 (double)ws.queue_bytes);
     strbuf_prom(b, "entropyd_db_failing", "gauge", "1 while the database refuses writes.", ws.failing);
     strbuf_prom(b, "entropyd_wal_peak_bytes", "gauge", "Largest WAL file seen after a checkpoint since start.",
                 (double)ws.wal_peak_bytes);
-    strbuf_prom(b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.", (double)ws.checkpoints);
+    strbuf_prom(b, "entropyd_checkpoints_total", "counter", "WAL checkpoints run by the writer.",
+                (double)ws.checkpoints);
     strbuf_prom(b, "entropyd_checkpoints_busy_total", "counter", "WAL restarts that readers kept from finishing.",
                 (double)ws.checkpoints_busy);
     strbuf_prom(b, "entropyd_checkpoints_writer_total", "counter",

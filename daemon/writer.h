@@ -58,11 +58,11 @@
 struct strbuf;
 
 #define WRITER_COMMIT_MS 100
-#define WRITER_LINGER_MS 40     /* group commit: what an ack may wait for later steps */
-#define WRITER_LINGER_ITEMS 64  /* a batch this large commits without waiting */
+#define WRITER_LINGER_MS 40    /* group commit: what an ack may wait for later steps */
+#define WRITER_LINGER_ITEMS 64 /* a batch this large commits without waiting */
 #define WRITER_MAX_BATCH 4096
 #define WRITER_JOB_MS 10
-#define WRITER_JOB_PIECE_MS 2  /* a chunk's pieces: a waiting item ends the chunk after one */
+#define WRITER_JOB_PIECE_MS 2 /* a chunk's pieces: a waiting item ends the chunk after one */
 /* units (about a 12 x 12 frame's bytes each, store_purge.c) a piece may
  * take on: 1 << 16 let one piece of a 32 x 32 run's blocks or frames write
  * 150-260 MiB to the WAL */
@@ -74,13 +74,13 @@ struct strbuf;
 #define WRITER_RETAIN_PASS_MS 10000
 
 enum writer_kind {
-    WRITER_HELLO,   /* msg is the hello; replies WELCOME (or ERROR) to conn;
+    WRITER_HELLO,  /* msg is the hello; replies WELCOME (or ERROR) to conn;
                        the writer fills run_id once the run is open */
-    WRITER_STEP,    /* run_id, seq, msg */
-    WRITER_EVENT,   /* run_id, seq, msg */
-    WRITER_END,     /* run_id, seq, msg.status */
-    WRITER_STALE,   /* run_id: its connection closed without end */
-    WRITER_DELETE,  /* run_id: delete the run and its data (HTTP DELETE). No reply;
+    WRITER_STEP,   /* run_id, seq, msg */
+    WRITER_EVENT,  /* run_id, seq, msg */
+    WRITER_END,    /* run_id, seq, msg.status */
+    WRITER_STALE,  /* run_id: its connection closed without end */
+    WRITER_DELETE, /* run_id: delete the run and its data (HTTP DELETE). No reply;
                      * conn is a ticket of the submitter's choosing, seen again by
                      * the commit hook. A run already gone is not an error. */
 };
@@ -88,15 +88,15 @@ enum writer_kind {
 /* One unit of work. Allocated by the submitter, owned by the writer from
  * writer_submit() on, freed by it after commit. */
 struct writer_item {
-    int kind;                /* enum writer_kind */
-    uint64_t conn;           /* ingest's connection id, for replies */
+    int kind;      /* enum writer_kind */
+    uint64_t conn; /* ingest's connection id, for replies */
     int64_t run_id;
     int64_t seq;
-    double time;             /* message time (daemon clock when the line had none) */
-    int64_t linger_ms;       /* steps, events: the ack_delay_ms of its connection's hello
+    double time;       /* message time (daemon clock when the line had none) */
+    int64_t linger_ms; /* steps, events: the ack_delay_ms of its connection's hello
                               * (0: commit without lingering) */
-    size_t bytes;            /* approximate memory held, for the queue bound */
-    int applied;             /* set by the writer: 1 if stored, 0 if rejected (the
+    size_t bytes;      /* approximate memory held, for the queue bound */
+    int applied;       /* set by the writer: 1 if stored, 0 if rejected (the
                                 commit hook sees rejected items too: skip them) */
     struct proto_msg msg;
     struct writer_item *next;
@@ -111,11 +111,11 @@ struct writer_reply {
     int kind;
     uint64_t conn;
     int64_t run_id;
-    int64_t seq;                  /* WELCOME: last_seq; ACK: acked seq; ERROR: the line's seq or 0 */
-    int64_t layers, heads, seq_len;  /* WELCOME */
-    int code;                     /* ERROR: enum proto_err */
+    int64_t seq;                    /* WELCOME: last_seq; ACK: acked seq; ERROR: the line's seq or 0 */
+    int64_t layers, heads, seq_len; /* WELCOME */
+    int code;                       /* ERROR: enum proto_err */
     char message[240];
-    char *payload;                /* LINE: malloc'd, no newline */
+    char *payload; /* LINE: malloc'd, no newline */
     struct writer_reply *next;
 };
 
@@ -139,7 +139,7 @@ typedef void writer_tick_fn(void *ctx, double now);
 typedef int writer_precommit_fn(void *ctx);
 
 struct writer_config {
-    size_t max_bytes;            /* queue bound (default 256 MiB) */
+    size_t max_bytes; /* queue bound (default 256 MiB) */
     /* --retain-raw: raw frames (sealed blocks) of a run are kept for its
      * last retain_steps steps, or (retain_steps 0) for the steps of the
      * last retain_s seconds; older ones are deleted by a background job
@@ -157,8 +157,8 @@ struct writer;
 /* Starts the writer thread on st (which it uses exclusively until
  * writer_destroy). notify_fd is an eventfd the writer signals when replies
  * are ready or queue space frees up. Returns NULL with a message on failure. */
-struct writer *writer_create(struct store *st, int notify_fd, const struct writer_config *cfg,
-                             char *err, size_t errlen);
+struct writer *writer_create(struct store *st, int notify_fd, const struct writer_config *cfg, char *err,
+                             size_t errlen);
 
 /* Stops the thread after committing everything submitted, then frees.
  * Accepts NULL. Replies not taken are freed. */
@@ -200,13 +200,13 @@ struct writer_stats {
     uint64_t commits, items, values, retries, db_errors, queue_bytes;
     double commit_ms_total, commit_ms_max;
     uint64_t checkpoints, checkpoints_busy; /* busy: readers kept a RESTART from finishing */
-    uint64_t checkpoints_writer; /* run by the writer itself at WRITER_WAL_HARD */
-    uint64_t wal_peak_bytes;     /* largest WAL file seen after a checkpoint */
-    uint64_t job_chunks;         /* rewind, purge and retention chunks committed */
+    uint64_t checkpoints_writer;            /* run by the writer itself at WRITER_WAL_HARD */
+    uint64_t wal_peak_bytes;                /* largest WAL file seen after a checkpoint */
+    uint64_t job_chunks;                    /* rewind, purge and retention chunks committed */
     double job_ms_max;
-    int failing;                 /* 1 while the database refuses writes */
-    int wal_lost;                /* 1 once the WAL was found lost (store_wal_check): for good */
-    char wal_lost_why[512];      /* what was found, when wal_lost */
+    int failing;            /* 1 while the database refuses writes */
+    int wal_lost;           /* 1 once the WAL was found lost (store_wal_check): for good */
+    char wal_lost_why[512]; /* what was found, when wal_lost */
 };
 void writer_get_stats(struct writer *w, struct writer_stats *out);
 

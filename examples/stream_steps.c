@@ -20,8 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s ADDRESS RUN [STEPS]\n", argv[0]);
         return 2;
@@ -49,7 +48,7 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int step = 0; step < steps; step++) {
-        float entropy[4] = { 2.0f, 1.5f, 1.0f - 0.1f * (float)step, step == 1 ? NAN : 0.5f };
+        float entropy[4] = {2.0f, 1.5f, 1.0f - 0.1f * (float)step, step == 1 ? NAN : 0.5f};
         telemetry_step *s = telemetry_step_begin(t, step, telemetry_now());
         if (!s) continue; /* queue full: dropped and counted, never blocks */
         telemetry_step_scalar(s, "loss", 3.0 / (step + 1));

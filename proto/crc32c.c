@@ -72,4 +72,3 @@ uint32_t proto_crc32c(uint32_t crc, const void *p, size_t n) {
 #endif
     return ~crc_soft(~crc, p, n);
 }
-

@@ -29,14 +29,14 @@
 #include <stdint.h>
 
 #define PROTO_VERSION 1
-#define PROTO_MAX_LINE (4u * 1024 * 1024)   /* bytes, newline excluded: the limit of a run of no cells */
-#define PROTO_MAX_NAME 64                   /* metric name bytes */
-#define PROTO_MAX_RUN 128                   /* run name bytes */
-#define PROTO_MAX_METRICS 256               /* per kind per step */
-#define PROTO_MAX_DIM 4096                  /* layers, heads */
-#define PROTO_MAX_CELLS (1u << 20)          /* layers * heads */
-#define PROTO_MAX_META (1u << 20)           /* meta JSON bytes */
-#define PROTO_MAX_TEXT (64u * 1024)         /* event text bytes */
+#define PROTO_MAX_LINE (4u * 1024 * 1024) /* bytes, newline excluded: the limit of a run of no cells */
+#define PROTO_MAX_NAME 64                 /* metric name bytes */
+#define PROTO_MAX_RUN 128                 /* run name bytes */
+#define PROTO_MAX_METRICS 256             /* per kind per step */
+#define PROTO_MAX_DIM 4096                /* layers, heads */
+#define PROTO_MAX_CELLS (1u << 20)        /* layers * heads */
+#define PROTO_MAX_META (1u << 20)         /* meta JSON bytes */
+#define PROTO_MAX_TEXT (64u * 1024)       /* event text bytes */
 
 enum proto_type { PROTO_NONE = 0, PROTO_HELLO, PROTO_STEP, PROTO_EVENT, PROTO_END };
 
@@ -62,7 +62,7 @@ enum proto_err {
     PROTO_E_SUPERSEDED,
     PROTO_E_TOO_MANY_ERRORS,
     PROTO_E_INTERNAL,
-    PROTO_E_DB_FAILING,   /* the daemon cannot write its database (full disk, I/O error): nothing is
+    PROTO_E_DB_FAILING, /* the daemon cannot write its database (full disk, I/O error): nothing is
                              acked until it can; sent once a streak to each connection */
     PROTO_E_COUNT
 };
@@ -74,27 +74,27 @@ enum proto_status { PROTO_LIVE = 0, PROTO_STALE, PROTO_FINISHED, PROTO_FAILED, P
 /* One metric of a step. values points into the message's value array. */
 struct proto_metric {
     char name[PROTO_MAX_NAME + 1];
-    int kind;          /* enum proto_kind */
-    uint32_t rows;     /* scalar: 1; layer: array length; head: outer length */
-    uint32_t cols;     /* scalar, layer: 1; head: inner length (all equal) */
-    uint32_t offset;   /* first value in proto_msg.values */
+    int kind;        /* enum proto_kind */
+    uint32_t rows;   /* scalar: 1; layer: array length; head: outer length */
+    uint32_t cols;   /* scalar, layer: 1; head: inner length (all equal) */
+    uint32_t offset; /* first value in proto_msg.values */
 };
 
 /* A parsed message. Every pointer is owned by the message and freed by
  * proto_msg_free(); a zeroed struct is a valid empty message. */
 struct proto_msg {
-    int type;                    /* enum proto_type */
+    int type; /* enum proto_type */
     int has_seq;
     int64_t seq;
     /* hello */
     char run[PROTO_MAX_RUN + 1];
     int64_t protocol, layers, heads, seq_len;
-    int noncausal;               /* "causal":false: every row attends all seq_len
+    int noncausal;        /* "causal":false: every row attends all seq_len
                                   * positions; 0 (also when absent): causal */
-    int64_t ack_delay_ms;        /* how late acks may come (0 when absent): the client
+    int64_t ack_delay_ms; /* how late acks may come (0 when absent): the client
                                   * sends without waiting for them (schema/protocol.md) */
-    char *meta;                  /* JSON object text, NUL-terminated; NULL if absent */
-    char *token;                 /* NULL if absent */
+    char *meta;           /* JSON object text, NUL-terminated; NULL if absent */
+    char *token;          /* NULL if absent */
     /* step */
     int64_t step;
     int has_time;
@@ -102,12 +102,12 @@ struct proto_msg {
     uint32_t nmetrics;
     struct proto_metric *metrics;
     uint32_t nvalues;
-    float *values;               /* NaN where the line had null */
+    float *values; /* NaN where the line had null */
     /* event */
-    int level;                   /* enum proto_level */
+    int level; /* enum proto_level */
     char *text;
     /* end */
-    int status;                  /* enum proto_status */
+    int status; /* enum proto_status */
 };
 
 /* ---- line limit --------------------------------------------------------- */
@@ -124,8 +124,9 @@ struct proto_msg {
  * takes lines up to the limit of its --max-cells-per-run. */
 #define PROTO_STEP_HEAD_METRICS 8
 #define PROTO_VALUE_MAX_BYTES 16
-size_t proto_line_max(int64_t cells);     /* cells clamped to 0..PROTO_MAX_CELLS */
-#define PROTO_MAX_LINE_ANY ((size_t)PROTO_MAX_LINE + (size_t)PROTO_MAX_CELLS * PROTO_STEP_HEAD_METRICS * PROTO_VALUE_MAX_BYTES)
+size_t proto_line_max(int64_t cells); /* cells clamped to 0..PROTO_MAX_CELLS */
+#define PROTO_MAX_LINE_ANY \
+    ((size_t)PROTO_MAX_LINE + (size_t)PROTO_MAX_CELLS * PROTO_STEP_HEAD_METRICS * PROTO_VALUE_MAX_BYTES)
 
 /* ---- parser, trainer -> daemon (proto_parse.c) */
 
@@ -134,13 +135,11 @@ size_t proto_line_max(int64_t cells);     /* cells clamped to 0..PROTO_MAX_CELLS
  * with a one-line explanation in err (always NUL-terminated). On error, msg
  * may hold partial results (seq, when it was read: has_seq) and must still be
  * passed to proto_msg_free(). Never reads outside [line, line+len). */
-int proto_parse(const char *line, size_t len, struct proto_msg *msg,
-                char *err, size_t errlen);
+int proto_parse(const char *line, size_t len, struct proto_msg *msg, char *err, size_t errlen);
 
 /* proto_parse with a line limit of max bytes (proto_line_max) instead of
  * PROTO_MAX_LINE; values are bounded by it too. */
-int proto_parse_max(const char *line, size_t len, size_t max, struct proto_msg *msg,
-                    char *err, size_t errlen);
+int proto_parse_max(const char *line, size_t len, size_t max, struct proto_msg *msg, char *err, size_t errlen);
 
 /* Frees what the message owns and zeroes it. Accepts a zeroed message. */
 void proto_msg_free(struct proto_msg *msg);
@@ -199,7 +198,7 @@ int proto_format_float(char *buf, float v);
  * spool renumbers lines by rewriting the prefix alone. The bodies end with
  * "}\n". Writers do not check their arguments (the caller validated names
  * and levels); the _max functions bound what they write. */
-#define PROTO_SEQ_PREFIX_MAX 32  /* {"seq":18446744073709551615, */
+#define PROTO_SEQ_PREFIX_MAX 32 /* {"seq":18446744073709551615, */
 size_t proto_write_seq_prefix(char *out, uint64_t seq);
 
 /* What this library's clients say in hello as ack_delay_ms: they send
@@ -214,15 +213,15 @@ size_t proto_write_seq_prefix(char *out, uint64_t seq);
  * or NULL; token or NULL. Returns the length, or 0 when it would not fit
  * in cap. *public_len (if not NULL) gets the length before the token, so
  * the hello can be stored without it. */
-size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int heads, int seq_len,
-                         int noncausal, const char *meta, const char *token, size_t *public_len);
+size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int heads, int seq_len, int noncausal,
+                         const char *meta, const char *token, size_t *public_len);
 
 /* A step: names are arrays of PROTO_MAX_NAME+1 chars (NUL-terminated),
  * values row-major: layers (n_layer, L), heads (n_head, L, H). */
 typedef char proto_name[PROTO_MAX_NAME + 1];
 struct proto_step_view {
     int64_t step;
-    double time;                 /* < 0: omitted (the daemon stamps it) */
+    double time; /* < 0: omitted (the daemon stamps it) */
     int L, H;
     int n_scalar, n_layer, n_head;
     const proto_name *scalar_names;
@@ -250,20 +249,20 @@ size_t proto_write_error(char *out, size_t cap, int code, const char *message, i
 enum proto_reply_type { PROTO_R_UNKNOWN = 0, PROTO_R_WELCOME, PROTO_R_ACK, PROTO_R_ERROR, PROTO_R_ALERT };
 
 struct proto_reply {
-    int type;                    /* enum proto_reply_type; UNKNOWN for other or bad lines */
-    char type_name[32];          /* the "type" field, truncated; "" when absent */
-    int64_t run_id;              /* welcome */
-    uint64_t last_seq;           /* welcome */
-    int has_seq;                 /* ack (always), error (when present) */
+    int type;           /* enum proto_reply_type; UNKNOWN for other or bad lines */
+    char type_name[32]; /* the "type" field, truncated; "" when absent */
+    int64_t run_id;     /* welcome */
+    uint64_t last_seq;  /* welcome */
+    int has_seq;        /* ack (always), error (when present) */
     uint64_t seq;
-    int code;                    /* error: enum proto_err, -1 for a code this side does not know */
-    char code_name[32];          /* error: the code as sent, truncated */
-    char message[256];           /* error: truncated */
-    char transition[16];         /* alert: firing|update|resolved */
-    char rule[64];               /* alert */
-    int64_t start_step, step;    /* alert */
+    int code;                 /* error: enum proto_err, -1 for a code this side does not know */
+    char code_name[32];       /* error: the code as sent, truncated */
+    char message[256];        /* error: truncated */
+    char transition[16];      /* alert: firing|update|resolved */
+    char rule[64];            /* alert */
+    int64_t start_step, step; /* alert */
     int has_step_time;
-    double step_time;            /* alert */
+    double step_time; /* alert */
 };
 
 /* Parses one daemon line (without newline). Returns 0 and fills *r, or -1

@@ -22,7 +22,7 @@ struct parser {
     size_t errlen;
     int code;
     uint32_t cap_values, cap_metrics;
-    size_t max;                  /* the line limit */
+    size_t max; /* the line limit */
 };
 
 static int fail(struct parser *ps, int code, const char *fmt, ...) {
@@ -33,14 +33,12 @@ static int fail(struct parser *ps, int code, const char *fmt, ...) {
     int n = vsnprintf(ps->err, ps->errlen, fmt, ap);
     va_end(ap);
     if (code == PROTO_E_BAD_JSON && n >= 0 && (size_t)n < ps->errlen)
-        snprintf(ps->err + n, ps->errlen - (size_t)n, " at byte %zu",
-                 (size_t)(ps->p - ps->start));
+        snprintf(ps->err + n, ps->errlen - (size_t)n, " at byte %zu", (size_t)(ps->p - ps->start));
     return -1;
 }
 
 static void skip_ws(struct parser *ps) {
-    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
-        ps->p++;
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) ps->p++;
 }
 
 static int expect(struct parser *ps, char c) {
@@ -51,14 +49,25 @@ static int expect(struct parser *ps, char c) {
 }
 
 static size_t put_utf8(char *o, unsigned cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F)); return 3;
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        return 1;
     }
-    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
+    if (cp < 0x800) {
+        o[0] = (char)(0xC0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | (cp >> 12));
+        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | (cp >> 18));
+    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
 }
 
@@ -92,7 +101,10 @@ static int parse_string(struct parser *ps, char *out, size_t cap, size_t *outlen
         unsigned char c = (unsigned char)*ps->p;
         const char *piece = ps->p;
         size_t plen;
-        if (c == '"') { ps->p++; break; }
+        if (c == '"') {
+            ps->p++;
+            break;
+        }
         if (c < 0x20) return fail(ps, PROTO_E_BAD_JSON, "control character in string");
         if (c == '\\') {
             if (ps->end - ps->p < 2) return fail(ps, PROTO_E_BAD_JSON, "bad escape");
@@ -140,13 +152,15 @@ static int parse_string(struct parser *ps, char *out, size_t cap, size_t *outlen
         }
         n += plen;
     }
-    if (out) { out[n] = 0; *outlen = n; }
+    if (out) {
+        out[n] = 0;
+        *outlen = n;
+    }
     return 0;
 }
 
-static const double pow10_tab[] = {
-    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
-    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+static const double pow10_tab[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                   1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
 /* Reads a JSON number. The common case (at most 19 significant digits, small
  * exponent) is computed exactly enough for float32 storage and double time
@@ -156,7 +170,10 @@ static int parse_number(struct parser *ps, double *out, int *is_int) {
     skip_ws(ps);
     const char *s = ps->p, *p = ps->p;
     int neg = 0;
-    if (p < ps->end && *p == '-') { neg = 1; p++; }
+    if (p < ps->end && *p == '-') {
+        neg = 1;
+        p++;
+    }
     if (p >= ps->end || *p < '0' || *p > '9') return fail(ps, PROTO_E_BAD_JSON, "expected value");
     uint64_t mant = 0;
     int digits = 0, exp10 = 0, slow = 0;
@@ -164,8 +181,13 @@ static int parse_number(struct parser *ps, double *out, int *is_int) {
         p++;
     } else {
         while (p < ps->end && *p >= '0' && *p <= '9') {
-            if (digits < 19) { mant = mant * 10 + (uint64_t)(*p - '0'); digits++; }
-            else { exp10++; slow = 1; }
+            if (digits < 19) {
+                mant = mant * 10 + (uint64_t)(*p - '0');
+                digits++;
+            } else {
+                exp10++;
+                slow = 1;
+            }
             p++;
         }
     }
@@ -175,9 +197,13 @@ static int parse_number(struct parser *ps, double *out, int *is_int) {
         p++;
         if (p >= ps->end || *p < '0' || *p > '9') return fail(ps, PROTO_E_BAD_JSON, "bad number");
         while (p < ps->end && *p >= '0' && *p <= '9') {
-            if (mant == 0 && *p == '0') { exp10--; }
-            else if (digits < 19) { mant = mant * 10 + (uint64_t)(*p - '0'); digits++; exp10--; }
-            else slow = 1;
+            if (mant == 0 && *p == '0') {
+                exp10--;
+            } else if (digits < 19) {
+                mant = mant * 10 + (uint64_t)(*p - '0');
+                digits++;
+                exp10--;
+            } else slow = 1;
             p++;
         }
     }
@@ -185,7 +211,10 @@ static int parse_number(struct parser *ps, double *out, int *is_int) {
         integer = 0;
         p++;
         int eneg = 0, e = 0;
-        if (p < ps->end && (*p == '+' || *p == '-')) { eneg = *p == '-'; p++; }
+        if (p < ps->end && (*p == '+' || *p == '-')) {
+            eneg = *p == '-';
+            p++;
+        }
         if (p >= ps->end || *p < '0' || *p > '9') return fail(ps, PROTO_E_BAD_JSON, "bad number");
         while (p < ps->end && *p >= '0' && *p <= '9') {
             if (e < 100000) e = e * 10 + (*p - '0');
@@ -222,7 +251,10 @@ static int parse_number(struct parser *ps, double *out, int *is_int) {
  * per-value cost of a head frame's 144 numbers. */
 static const char *fast_number(const char *p, const char *end, float *out) {
     int neg = 0;
-    if (p < end && *p == '-') { neg = 1; p++; }
+    if (p < end && *p == '-') {
+        neg = 1;
+        p++;
+    }
     if (p >= end || (unsigned)(*p - '0') > 9) return NULL;
     uint64_t mant = 0;
     int digits = 0, exp10 = 0;
@@ -248,7 +280,10 @@ static const char *fast_number(const char *p, const char *end, float *out) {
     if (p < end && (*p == 'e' || *p == 'E')) {
         p++;
         int eneg = 0, e = 0, ed = 0;
-        if (p < end && (*p == '+' || *p == '-')) { eneg = *p == '-'; p++; }
+        if (p < end && (*p == '+' || *p == '-')) {
+            eneg = *p == '-';
+            p++;
+        }
         for (; p < end && (unsigned)(*p - '0') <= 9; p++, ed++) {
             if (ed >= 4) return NULL;
             e = e * 10 + (*p - '0');
@@ -267,22 +302,32 @@ static int skip_value(struct parser *ps, int depth);
 static int skip_container(struct parser *ps, char close, int depth) {
     ps->p++; /* the opening bracket */
     skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == close) { ps->p++; return 0; }
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        return 0;
+    }
     while (1) {
         if (close == '}') {
             if (parse_string(ps, NULL, 0, NULL, "key") || expect(ps, ':')) return -1;
         }
         if (skip_value(ps, depth + 1)) return -1;
         skip_ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-        if (ps->p < ps->end && *ps->p == close) { ps->p++; return 0; }
+        if (ps->p < ps->end && *ps->p == ',') {
+            ps->p++;
+            continue;
+        }
+        if (ps->p < ps->end && *ps->p == close) {
+            ps->p++;
+            return 0;
+        }
         return fail(ps, PROTO_E_BAD_JSON, "expected ',' or '%c'", close);
     }
 }
 
 static int match_lit(struct parser *ps, const char *lit) {
     size_t n = strlen(lit);
-    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, lit, n) != 0) return fail(ps, PROTO_E_BAD_JSON, "expected value");
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, lit, n) != 0)
+        return fail(ps, PROTO_E_BAD_JSON, "expected value");
     ps->p += n;
     return 0;
 }
@@ -314,8 +359,16 @@ static char peek(struct parser *ps) {
 static int parse_bool_field(struct parser *ps, const char *name, int *out) {
     (void)peek(ps);
     size_t left = (size_t)(ps->end - ps->p);
-    if (left >= 4 && !memcmp(ps->p, "true", 4)) { ps->p += 4; *out = 1; return 0; }
-    if (left >= 5 && !memcmp(ps->p, "false", 5)) { ps->p += 5; *out = 0; return 0; }
+    if (left >= 4 && !memcmp(ps->p, "true", 4)) {
+        ps->p += 4;
+        *out = 1;
+        return 0;
+    }
+    if (left >= 5 && !memcmp(ps->p, "false", 5)) {
+        ps->p += 5;
+        *out = 0;
+        return 0;
+    }
     if (skip_value(ps, 1)) return -1;
     return fail(ps, PROTO_E_BAD_FIELD, "%s must be true or false", name);
 }
@@ -343,7 +396,8 @@ static int parse_int_field(struct parser *ps, const char *name, int64_t lo, int6
             v = strtoll(buf, NULL, 10);
         }
         if (l >= sizeof buf || errno || v < lo || v > hi)
-            return fail(ps, PROTO_E_BAD_FIELD, "%s must be an integer in %lld..%lld", name, (long long)lo, (long long)hi);
+            return fail(ps, PROTO_E_BAD_FIELD, "%s must be an integer in %lld..%lld", name, (long long)lo,
+                        (long long)hi);
         *out = v;
         return 0;
     }
@@ -389,7 +443,10 @@ static int parse_vector(struct parser *ps, const char *metric, uint32_t *n) {
     }
     ps->p++;
     *n = 0;
-    if (peek(ps) == ']') { ps->p++; return 0; }
+    if (peek(ps) == ']') {
+        ps->p++;
+        return 0;
+    }
     struct proto_msg *m = ps->msg;
     while (1) {
         float x;
@@ -402,8 +459,14 @@ static int parse_vector(struct parser *ps, const char *metric, uint32_t *n) {
         }
         (*n)++;
         char c = ps->p < ps->end && *ps->p == ',' ? ',' : peek(ps);
-        if (c == ',') { ps->p++; continue; }
-        if (c == ']') { ps->p++; return 0; }
+        if (c == ',') {
+            ps->p++;
+            continue;
+        }
+        if (c == ']') {
+            ps->p++;
+            return 0;
+        }
         return fail(ps, PROTO_E_BAD_JSON, "expected ',' or ']'");
     }
 }
@@ -417,7 +480,10 @@ static int parse_metrics(struct parser *ps, int kind, const char *field) {
         return fail(ps, PROTO_E_BAD_FIELD, "%s must be an object", field);
     }
     ps->p++;
-    if (peek(ps) == '}') { ps->p++; return 0; }
+    if (peek(ps) == '}') {
+        ps->p++;
+        return 0;
+    }
     int count = 0;
     while (1) {
         if (m->nmetrics == ps->cap_metrics) {
@@ -435,7 +501,8 @@ static int parse_metrics(struct parser *ps, int kind, const char *field) {
         for (uint32_t i = 0; i < m->nmetrics; i++)
             if (strcmp(m->metrics[i].name, mt->name) == 0)
                 return fail(ps, PROTO_E_BAD_FIELD, "metric %s appears twice", mt->name);
-        if (++count > PROTO_MAX_METRICS) return fail(ps, PROTO_E_BAD_FIELD, "more than %d metrics in %s", PROTO_MAX_METRICS, field);
+        if (++count > PROTO_MAX_METRICS)
+            return fail(ps, PROTO_E_BAD_FIELD, "more than %d metrics in %s", PROTO_MAX_METRICS, field);
         if (expect(ps, ':')) return -1;
         mt->kind = kind;
         mt->offset = m->nvalues;
@@ -452,22 +519,36 @@ static int parse_metrics(struct parser *ps, int kind, const char *field) {
             ps->p++;
             mt->rows = 0;
             if (peek(ps) == ']') ps->p++;
-            else while (1) {
-                uint32_t n;
-                if (parse_vector(ps, mt->name, &n)) return -1;
-                if (mt->rows == 0) mt->cols = n;
-                else if (n != mt->cols) return fail(ps, PROTO_E_BAD_SHAPE, "head metric %s has rows of different lengths", mt->name);
-                mt->rows++;
-                char c = peek(ps);
-                if (c == ',') { ps->p++; continue; }
-                if (c == ']') { ps->p++; break; }
-                return fail(ps, PROTO_E_BAD_JSON, "expected ',' or ']'");
-            }
+            else
+                while (1) {
+                    uint32_t n;
+                    if (parse_vector(ps, mt->name, &n)) return -1;
+                    if (mt->rows == 0) mt->cols = n;
+                    else if (n != mt->cols)
+                        return fail(ps, PROTO_E_BAD_SHAPE, "head metric %s has rows of different lengths", mt->name);
+                    mt->rows++;
+                    char c = peek(ps);
+                    if (c == ',') {
+                        ps->p++;
+                        continue;
+                    }
+                    if (c == ']') {
+                        ps->p++;
+                        break;
+                    }
+                    return fail(ps, PROTO_E_BAD_JSON, "expected ',' or ']'");
+                }
         }
         m->nmetrics++;
         char c = peek(ps);
-        if (c == ',') { ps->p++; continue; }
-        if (c == '}') { ps->p++; return 0; }
+        if (c == ',') {
+            ps->p++;
+            continue;
+        }
+        if (c == '}') {
+            ps->p++;
+            return 0;
+        }
         return fail(ps, PROTO_E_BAD_JSON, "expected ',' or '}'");
     }
 }
@@ -499,7 +580,10 @@ static int parse_enum(struct parser *ps, const char *name, int (*lookup)(const c
         return fail(ps, PROTO_E_BAD_FIELD, "%s must be a string", name);
     }
     if (parse_string(ps, buf, sizeof buf, &n, name)) {
-        if (ps->code == PROTO_E_BAD_FIELD) { ps->code = PROTO_OK; return fail(ps, PROTO_E_BAD_FIELD, "bad %s", name); }
+        if (ps->code == PROTO_E_BAD_FIELD) {
+            ps->code = PROTO_OK;
+            return fail(ps, PROTO_E_BAD_FIELD, "bad %s", name);
+        }
         return -1;
     }
     int v = strlen(buf) == n ? lookup(buf) : -1;
@@ -518,20 +602,31 @@ static int type_parse(const char *s) {
 
 /* Field presence bits, checked once the type is known. */
 enum {
-    F_TYPE = 1 << 0, F_SEQ = 1 << 1, F_STEP = 1 << 2, F_RUN = 1 << 3, F_PROTOCOL = 1 << 4,
-    F_LAYERS_N = 1 << 5, F_HEADS_N = 1 << 6, F_SEQLEN = 1 << 7, F_LEVEL = 1 << 8,
-    F_TEXT = 1 << 9, F_STATUS = 1 << 10, F_LAYERS_OBJ = 1 << 11, F_HEADS_OBJ = 1 << 12,
+    F_TYPE = 1 << 0,
+    F_SEQ = 1 << 1,
+    F_STEP = 1 << 2,
+    F_RUN = 1 << 3,
+    F_PROTOCOL = 1 << 4,
+    F_LAYERS_N = 1 << 5,
+    F_HEADS_N = 1 << 6,
+    F_SEQLEN = 1 << 7,
+    F_LEVEL = 1 << 8,
+    F_TEXT = 1 << 9,
+    F_STATUS = 1 << 10,
+    F_LAYERS_OBJ = 1 << 11,
+    F_HEADS_OBJ = 1 << 12,
 };
 
-static int key_is(const char *k, size_t n, const char *lit) {
-    return strlen(lit) == n && memcmp(k, lit, n) == 0;
-}
+static int key_is(const char *k, size_t n, const char *lit) { return strlen(lit) == n && memcmp(k, lit, n) == 0; }
 
 static int parse_top(struct parser *ps, unsigned *seen) {
     struct proto_msg *m = ps->msg;
     if (peek(ps) != '{') return fail(ps, PROTO_E_BAD_JSON, "a line must be one JSON object");
     ps->p++;
-    if (peek(ps) == '}') { ps->p++; return 0; }
+    if (peek(ps) == '}') {
+        ps->p++;
+        return 0;
+    }
     while (1) {
         char key[32];
         size_t kn;
@@ -563,7 +658,10 @@ static int parse_top(struct parser *ps, unsigned *seen) {
             *seen |= F_TYPE;
         } else if (key_is(key, kn, "seq")) {
             r = parse_int_field(ps, "seq", 1, INT64_C(1) << 53, &m->seq);
-            if (!r) { m->has_seq = 1; *seen |= F_SEQ; }
+            if (!r) {
+                m->has_seq = 1;
+                *seen |= F_SEQ;
+            }
         } else if (key_is(key, kn, "step")) {
             r = parse_int_field(ps, "step", 0, INT64_C(1) << 53, &m->step);
             *seen |= F_STEP;
@@ -574,7 +672,8 @@ static int parse_top(struct parser *ps, unsigned *seen) {
                 return fail(ps, PROTO_E_BAD_FIELD, "time must be a number");
             }
             r = parse_number(ps, &m->time, &isint);
-            if (!r && !(m->time >= 0 && m->time < 1e11)) return fail(ps, PROTO_E_BAD_FIELD, "time must be Unix seconds");
+            if (!r && !(m->time >= 0 && m->time < 1e11))
+                return fail(ps, PROTO_E_BAD_FIELD, "time must be Unix seconds");
             m->has_time = 1;
         } else if (key_is(key, kn, "run")) {
             size_t n;
@@ -598,11 +697,21 @@ static int parse_top(struct parser *ps, unsigned *seen) {
             r = parse_int_field(ps, "seq_len", 1, INT64_C(1) << 40, &m->seq_len);
             *seen |= F_SEQLEN;
         } else if (key_is(key, kn, "layers")) {
-            if (c == '{') { r = parse_metrics(ps, PROTO_LAYER, "layers"); *seen |= F_LAYERS_OBJ; }
-            else { r = parse_int_field(ps, "layers", 1, PROTO_MAX_DIM, &m->layers); *seen |= F_LAYERS_N; }
+            if (c == '{') {
+                r = parse_metrics(ps, PROTO_LAYER, "layers");
+                *seen |= F_LAYERS_OBJ;
+            } else {
+                r = parse_int_field(ps, "layers", 1, PROTO_MAX_DIM, &m->layers);
+                *seen |= F_LAYERS_N;
+            }
         } else if (key_is(key, kn, "heads")) {
-            if (c == '{') { r = parse_metrics(ps, PROTO_HEAD, "heads"); *seen |= F_HEADS_OBJ; }
-            else { r = parse_int_field(ps, "heads", 1, PROTO_MAX_DIM, &m->heads); *seen |= F_HEADS_N; }
+            if (c == '{') {
+                r = parse_metrics(ps, PROTO_HEAD, "heads");
+                *seen |= F_HEADS_OBJ;
+            } else {
+                r = parse_int_field(ps, "heads", 1, PROTO_MAX_DIM, &m->heads);
+                *seen |= F_HEADS_N;
+            }
         } else if (key_is(key, kn, "scalars")) {
             r = parse_metrics(ps, PROTO_SCALAR, "scalars");
         } else if (key_is(key, kn, "meta")) {
@@ -629,15 +738,22 @@ static int parse_top(struct parser *ps, unsigned *seen) {
             *seen |= F_TEXT;
         } else if (key_is(key, kn, "status")) {
             r = parse_enum(ps, "status", proto_status_parse, &m->status);
-            if (!r && m->status < PROTO_FINISHED) return fail(ps, PROTO_E_BAD_FIELD, "status must be finished, failed or aborted");
+            if (!r && m->status < PROTO_FINISHED)
+                return fail(ps, PROTO_E_BAD_FIELD, "status must be finished, failed or aborted");
             *seen |= F_STATUS;
         } else {
             r = skip_value(ps, 1);
         }
         if (r) return -1;
         c = peek(ps);
-        if (c == ',') { ps->p++; continue; }
-        if (c == '}') { ps->p++; return 0; }
+        if (c == ',') {
+            ps->p++;
+            continue;
+        }
+        if (c == '}') {
+            ps->p++;
+            return 0;
+        }
         return fail(ps, PROTO_E_BAD_JSON, "expected ',' or '}'");
     }
 }
@@ -652,19 +768,24 @@ static int check_fields(struct parser *ps, unsigned seen) {
     switch (m->type) {
     case PROTO_HELLO:
         NEED(F_PROTOCOL, "protocol");
-        if (m->protocol != PROTO_VERSION) return fail(ps, PROTO_E_BAD_PROTOCOL, "protocol %lld is not supported (this daemon speaks 1)", (long long)m->protocol);
+        if (m->protocol != PROTO_VERSION)
+            return fail(ps, PROTO_E_BAD_PROTOCOL, "protocol %lld is not supported (this daemon speaks 1)",
+                        (long long)m->protocol);
         NEED(F_RUN, "run");
         /* before NEED: an object there is a wrongly typed field, not a missing one */
-        if (seen & (F_LAYERS_OBJ | F_HEADS_OBJ)) return fail(ps, PROTO_E_BAD_FIELD, "hello's layers and heads must be integers");
+        if (seen & (F_LAYERS_OBJ | F_HEADS_OBJ))
+            return fail(ps, PROTO_E_BAD_FIELD, "hello's layers and heads must be integers");
         NEED(F_LAYERS_N, "layers");
         NEED(F_HEADS_N, "heads");
         NEED(F_SEQLEN, "seq_len");
-        if (m->layers * m->heads > (int64_t)PROTO_MAX_CELLS) return fail(ps, PROTO_E_BAD_FIELD, "layers * heads must be at most %u", PROTO_MAX_CELLS);
+        if (m->layers * m->heads > (int64_t)PROTO_MAX_CELLS)
+            return fail(ps, PROTO_E_BAD_FIELD, "layers * heads must be at most %u", PROTO_MAX_CELLS);
         break;
     case PROTO_STEP:
         NEED(F_SEQ, "seq");
         NEED(F_STEP, "step");
-        if (seen & (F_LAYERS_N | F_HEADS_N)) return fail(ps, PROTO_E_BAD_FIELD, "step's layers and heads must be objects");
+        if (seen & (F_LAYERS_N | F_HEADS_N))
+            return fail(ps, PROTO_E_BAD_FIELD, "step's layers and heads must be objects");
         break;
     case PROTO_EVENT:
         NEED(F_SEQ, "seq");
@@ -692,8 +813,14 @@ int proto_parse(const char *line, size_t len, struct proto_msg *msg, char *err, 
 
 int proto_parse_max(const char *line, size_t len, size_t max, struct proto_msg *msg, char *err, size_t errlen) {
     if (max > PROTO_MAX_LINE_ANY) max = PROTO_MAX_LINE_ANY;
-    struct parser ps = {.p = line, .end = line + len, .start = line, .msg = msg,
-                        .err = err, .errlen = errlen, .code = PROTO_OK, .max = max};
+    struct parser ps = {.p = line,
+                        .end = line + len,
+                        .start = line,
+                        .msg = msg,
+                        .err = err,
+                        .errlen = errlen,
+                        .code = PROTO_OK,
+                        .max = max};
     unsigned seen = 0;
     if (errlen) err[0] = 0;
     if (len > max) {

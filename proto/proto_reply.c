@@ -11,30 +11,26 @@
 #include <stdio.h>
 #include <string.h>
 
-static int get_u64(const cJSON *o, const char *k, uint64_t *out)
-{
+static int get_u64(const cJSON *o, const char *k, uint64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !(v->valuedouble < 18446744073709551616.0)) return 0;
     *out = (uint64_t)v->valuedouble;
     return 1;
 }
 
-static int get_i64(const cJSON *o, const char *k, int64_t *out)
-{
+static int get_i64(const cJSON *o, const char *k, int64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || fabs(v->valuedouble) > 9.2e18) return 0;
     *out = (int64_t)v->valuedouble;
     return 1;
 }
 
-static void get_str(const cJSON *o, const char *k, char *out, size_t cap)
-{
+static void get_str(const cJSON *o, const char *k, char *out, size_t cap) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     snprintf(out, cap, "%s", cJSON_IsString(v) ? v->valuestring : "");
 }
 
-int proto_parse_reply(const char *line, size_t len, struct proto_reply *r)
-{
+int proto_parse_reply(const char *line, size_t len, struct proto_reply *r) {
     memset(r, 0, sizeof *r);
     r->code = -1;
     cJSON *j = cJSON_ParseWithLength(line, len);
@@ -63,7 +59,10 @@ int proto_parse_reply(const char *line, size_t len, struct proto_reply *r)
         if (!get_i64(j, "start_step", &r->start_step)) r->start_step = -1;
         if (!get_i64(j, "step", &r->step)) r->step = -1;
         const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step_time");
-        if (cJSON_IsNumber(st)) { r->has_step_time = 1; r->step_time = st->valuedouble; }
+        if (cJSON_IsNumber(st)) {
+            r->has_step_time = 1;
+            r->step_time = st->valuedouble;
+        }
         r->type = PROTO_R_ALERT;
     }
     rc = 0;

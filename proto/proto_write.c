@@ -13,49 +13,67 @@
 /* ---------------------------------------------------------------- numbers */
 
 static const double P10[23] = {
-    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+    1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 };
 static const uint64_t U10[11] = {
-    1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
-    1000000000, 10000000000ull,
+    1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000, 10000000000ull,
 };
 
-static int utoa(char *p, uint64_t v)
-{
+static int utoa(char *p, uint64_t v) {
     char tmp[20];
     int n = 0;
-    do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
     for (int i = 0; i < n; i++) p[i] = tmp[n - 1 - i];
     return n;
 }
 
 /* Writes the ndig decimal digits of m (no trailing zeros required) with the
  * first digit at decimal exponent e10, in plain or exponent notation. */
-static int emit_decimal(char *p, uint64_t m, int ndig, int e10)
-{
+static int emit_decimal(char *p, uint64_t m, int ndig, int e10) {
     char d[10];
-    while (ndig > 1 && m % 10 == 0) { m /= 10; ndig--; }
-    for (int i = ndig - 1; i >= 0; i--) { d[i] = (char)('0' + m % 10); m /= 10; }
+    while (ndig > 1 && m % 10 == 0) {
+        m /= 10;
+        ndig--;
+    }
+    for (int i = ndig - 1; i >= 0; i--) {
+        d[i] = (char)('0' + m % 10);
+        m /= 10;
+    }
     char *s = p;
     if (e10 >= 0 && e10 < 16) {
         if (e10 + 1 >= ndig) {
-            memcpy(s, d, (size_t)ndig); s += ndig;
+            memcpy(s, d, (size_t)ndig);
+            s += ndig;
             for (int i = 0; i < e10 + 1 - ndig; i++) *s++ = '0';
         } else {
-            memcpy(s, d, (size_t)e10 + 1); s += e10 + 1;
+            memcpy(s, d, (size_t)e10 + 1);
+            s += e10 + 1;
             *s++ = '.';
-            memcpy(s, d + e10 + 1, (size_t)(ndig - e10 - 1)); s += ndig - e10 - 1;
+            memcpy(s, d + e10 + 1, (size_t)(ndig - e10 - 1));
+            s += ndig - e10 - 1;
         }
     } else if (e10 < 0 && e10 >= -5) {
-        *s++ = '0'; *s++ = '.';
+        *s++ = '0';
+        *s++ = '.';
         for (int i = 0; i < -e10 - 1; i++) *s++ = '0';
-        memcpy(s, d, (size_t)ndig); s += ndig;
+        memcpy(s, d, (size_t)ndig);
+        s += ndig;
     } else {
         *s++ = d[0];
-        if (ndig > 1) { *s++ = '.'; memcpy(s, d + 1, (size_t)ndig - 1); s += ndig - 1; }
+        if (ndig > 1) {
+            *s++ = '.';
+            memcpy(s, d + 1, (size_t)ndig - 1);
+            s += ndig - 1;
+        }
         *s++ = 'e';
-        if (e10 < 0) { *s++ = '-'; e10 = -e10; }
+        if (e10 < 0) {
+            *s++ = '-';
+            e10 = -e10;
+        }
         s += utoa(s, (uint64_t)e10);
     }
     return (int)(s - p);
@@ -68,14 +86,23 @@ static int emit_decimal(char *p, uint64_t m, int ndig, int e10)
  * correctly rounded double). Trailing zeros are then cut, so 0.5 is "0.5". Magnitudes whose scaling
  * needs a power of ten beyond 1e22 (|v| < ~1e-14 or > ~1e31) and subnormals
  * fall back to "%.9g". */
-int proto_format_float(char *buf, float v)
-{
+int proto_format_float(char *buf, float v) {
     char *p = buf;
-    if (!isfinite(v)) { memcpy(p, "null", 4); return 4; }
+    if (!isfinite(v)) {
+        memcpy(p, "null", 4);
+        return 4;
+    }
     uint32_t bits;
     memcpy(&bits, &v, sizeof bits);
-    if (bits >> 31) { *p++ = '-'; bits &= 0x7fffffffu; memcpy(&v, &bits, sizeof v); }
-    if (bits == 0) { *p++ = '0'; return (int)(p - buf); }
+    if (bits >> 31) {
+        *p++ = '-';
+        bits &= 0x7fffffffu;
+        memcpy(&v, &bits, sizeof v);
+    }
+    if (bits == 0) {
+        *p++ = '0';
+        return (int)(p - buf);
+    }
     int be = (int)(bits >> 23);
     if (be == 0) goto slow;
     int e2 = be - 127;
@@ -100,7 +127,10 @@ int proto_format_float(char *buf, float v)
         uint32_t div = (uint32_t)U10[9 - nd];
         uint32_t m = ((uint32_t)m9 + div / 2) / div;
         int ee = e10;
-        if (m >= U10[nd]) { m /= 10; ee++; }
+        if (m >= U10[nd]) {
+            m /= 10;
+            ee++;
+        }
         int kk = nd - 1 - ee; /* value = m / 10^kk */
         if (kk > 22 || kk < -22) break;
         double back = kk >= 0 ? (double)m / P10[kk] : (double)m * P10[-kk];
@@ -115,8 +145,7 @@ slow:
 }
 
 /* Unix seconds with microseconds, trailing zeros cut; p holds 40 bytes. */
-static int format_time(char *p, double t)
-{
+static int format_time(char *p, double t) {
     int n = snprintf(p, 40, "%.6f", t);
     while (n > 1 && p[n - 1] == '0') n--;
     if (p[n - 1] == '.') n--;
@@ -127,8 +156,7 @@ static int format_time(char *p, double t)
 
 #define PUT(str) (memcpy(p, str, sizeof(str) - 1), p += sizeof(str) - 1)
 
-size_t proto_write_seq_prefix(char *out, uint64_t seq)
-{
+size_t proto_write_seq_prefix(char *out, uint64_t seq) {
     char *p = out;
     PUT("{\"seq\":");
     p += utoa(p, seq);
@@ -136,9 +164,8 @@ size_t proto_write_seq_prefix(char *out, uint64_t seq)
     return (size_t)(p - out);
 }
 
-size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int heads, int seq_len,
-                         int noncausal, const char *meta, const char *token, size_t *public_len)
-{
+size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int heads, int seq_len, int noncausal,
+                         const char *meta, const char *token, size_t *public_len) {
     size_t tlen = token ? strlen(token) : 0;
     size_t need = 128 + strlen(run) + (meta ? strlen(meta) : 0) + 6 * tlen;
     if (need > cap) return 0;
@@ -159,27 +186,29 @@ size_t proto_write_hello(char *out, size_t cap, const char *run, int layers, int
     return (size_t)n;
 }
 
-size_t proto_step_body_max(int n_scalar, int n_layer, int n_head, int L, int H)
-{
+size_t proto_step_body_max(int n_scalar, int n_layer, int n_head, int L, int H) {
     /* a value: at most PROTO_FLOAT_MAX bytes and a comma; a name, quoted, and a colon */
     size_t v = PROTO_FLOAT_MAX + 1, nm = PROTO_MAX_NAME + 8;
     return 256 + (size_t)n_scalar * (nm + v) + (size_t)n_layer * (nm + 2 + (size_t)L * v) +
            (size_t)n_head * (nm + 2 + (size_t)L * (2 + (size_t)H * v));
 }
 
-size_t proto_write_step_body(char *out, const struct proto_step_view *s)
-{
+size_t proto_write_step_body(char *out, const struct proto_step_view *s) {
     char *p = out;
     PUT("\"type\":\"step\",\"step\":");
     p += utoa(p, (uint64_t)s->step);
-    if (s->time >= 0) { PUT(",\"time\":"); p += format_time(p, s->time); }
+    if (s->time >= 0) {
+        PUT(",\"time\":");
+        p += format_time(p, s->time);
+    }
     if (s->n_scalar) {
         PUT(",\"scalars\":{");
         for (int i = 0; i < s->n_scalar; i++) {
             if (i) *p++ = ',';
             *p++ = '"';
             p += strlen(strcpy(p, s->scalar_names[i]));
-            *p++ = '"'; *p++ = ':';
+            *p++ = '"';
+            *p++ = ':';
             p += proto_format_float(p, s->scalars[i]);
         }
         *p++ = '}';
@@ -192,7 +221,9 @@ size_t proto_write_step_body(char *out, const struct proto_step_view *s)
             if (i) *p++ = ',';
             *p++ = '"';
             p += strlen(strcpy(p, s->layer_names[i]));
-            *p++ = '"'; *p++ = ':'; *p++ = '[';
+            *p++ = '"';
+            *p++ = ':';
+            *p++ = '[';
             for (int l = 0; l < L; l++) {
                 if (l) *p++ = ',';
                 p += proto_format_float(p, v[l]);
@@ -208,7 +239,9 @@ size_t proto_write_step_body(char *out, const struct proto_step_view *s)
             if (i) *p++ = ',';
             *p++ = '"';
             p += strlen(strcpy(p, s->head_names[i]));
-            *p++ = '"'; *p++ = ':'; *p++ = '[';
+            *p++ = '"';
+            *p++ = ':';
+            *p++ = '[';
             for (int l = 0; l < L; l++) {
                 if (l) *p++ = ',';
                 *p++ = '[';
@@ -227,22 +260,23 @@ size_t proto_write_step_body(char *out, const struct proto_step_view *s)
     return (size_t)(p - out);
 }
 
-size_t proto_write_event_body(char *out, int level, const char *text, size_t tlen, double time)
-{
+size_t proto_write_event_body(char *out, int level, const char *text, size_t tlen, double time) {
     char *p = out;
     PUT("\"type\":\"event\",\"level\":\"");
     p += strlen(strcpy(p, proto_level_name(level)));
     PUT("\",\"text\":\"");
     p += proto_json_escape(p, text, tlen);
     *p++ = '"';
-    if (time >= 0) { PUT(",\"time\":"); p += format_time(p, time); }
+    if (time >= 0) {
+        PUT(",\"time\":");
+        p += format_time(p, time);
+    }
     *p++ = '}';
     *p++ = '\n';
     return (size_t)(p - out);
 }
 
-size_t proto_write_end_body(char *out, int status)
-{
+size_t proto_write_end_body(char *out, int status) {
     char *p = out;
     PUT("\"type\":\"end\",\"status\":\"");
     p += strlen(strcpy(p, proto_status_name(status)));
@@ -250,21 +284,18 @@ size_t proto_write_end_body(char *out, int status)
     return (size_t)(p - out);
 }
 
-size_t proto_write_welcome(char *out, size_t cap, int64_t run_id, uint64_t last_seq)
-{
-    int n = snprintf(out, cap, "{\"type\":\"welcome\",\"run_id\":%lld,\"last_seq\":%llu}\n",
-                     (long long)run_id, (unsigned long long)last_seq);
+size_t proto_write_welcome(char *out, size_t cap, int64_t run_id, uint64_t last_seq) {
+    int n = snprintf(out, cap, "{\"type\":\"welcome\",\"run_id\":%lld,\"last_seq\":%llu}\n", (long long)run_id,
+                     (unsigned long long)last_seq);
     return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
 
-size_t proto_write_ack(char *out, size_t cap, uint64_t seq)
-{
+size_t proto_write_ack(char *out, size_t cap, uint64_t seq) {
     int n = snprintf(out, cap, "{\"type\":\"ack\",\"seq\":%llu}\n", (unsigned long long)seq);
     return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
 
-size_t proto_write_error(char *out, size_t cap, int code, const char *message, int has_seq, int64_t seq)
-{
+size_t proto_write_error(char *out, size_t cap, int code, const char *message, int has_seq, int64_t seq) {
     size_t mlen = strlen(message);
     if (cap < 128 + 6 * mlen) return 0;
     char *p = out;

@@ -5,7 +5,8 @@
 # fails.  A profile asks only for what its goal uses:
 #   demo         build the two programs and run the demo
 #   experiments  demo + gnuplot (the sweep's plot)
-#   test         everything the suite uses: cmocka, clang (fuzzing), MPI,
+#   test         everything the suite uses: cmocka, clang (fuzzing), clang-format
+#                (the style check), MPI,
 #                the sqlite3 shell, curl and jq (tests/e2e_docs runs the docs' examples),
 #                Alertmanager (tests/e2e_alertmanager: the shipped routing, a real receiver),
 #                chromium + Node.js + playwright-core, numpy and PyTorch
@@ -22,7 +23,7 @@ browser=(chromium)
 # Node.js may come from elsewhere with npm inside it: ask for the commands.
 command -v node >/dev/null || browser+=(nodejs)
 command -v npm >/dev/null || browser+=(npm)
-suite=(libcmocka-dev clang libclang-rt-14-dev sqlite3 curl jq libopenmpi-dev openmpi-bin python3-numpy python3-torch
+suite=(libcmocka-dev clang clang-format libclang-rt-14-dev sqlite3 curl jq libopenmpi-dev openmpi-bin python3-numpy python3-torch
        prometheus prometheus-alertmanager "${browser[@]}")
 case $profile in
   demo)        pkgs=("${build[@]}") ;;

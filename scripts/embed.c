@@ -26,8 +26,10 @@ static unsigned char *slurp(const char *path, size_t *len) {
         n += r;
         if (n == cap) {
             unsigned char *q = realloc(p, cap *= 2);
-            if (!q) { free(p); p = NULL; }
-            else p = q;
+            if (!q) {
+                free(p);
+                p = NULL;
+            } else p = q;
         }
     }
     fclose(f);
@@ -41,7 +43,10 @@ static unsigned char *gzip_of(const unsigned char *src, size_t n, size_t *out) {
     if (deflateInit2(&z, 9, Z_DEFLATED, 15 + 16, 9, Z_DEFAULT_STRATEGY) != Z_OK) return NULL;
     size_t cap = deflateBound(&z, (uLong)n) + 32;
     unsigned char *dst = malloc(cap);
-    if (!dst) { deflateEnd(&z); return NULL; }
+    if (!dst) {
+        deflateEnd(&z);
+        return NULL;
+    }
     z.next_in = (unsigned char *)src;
     z.avail_in = (uInt)n;
     z.next_out = dst;
@@ -49,7 +54,10 @@ static unsigned char *gzip_of(const unsigned char *src, size_t n, size_t *out) {
     int rc = deflate(&z, Z_FINISH);
     *out = z.total_out;
     deflateEnd(&z);
-    if (rc != Z_STREAM_END) { free(dst); return NULL; }
+    if (rc != Z_STREAM_END) {
+        free(dst);
+        return NULL;
+    }
     return dst;
 }
 
@@ -73,17 +81,26 @@ int main(int argc, char **argv) {
     int nf = argc - 3;
     size_t *len = calloc((size_t)nf + 1, sizeof *len), *zlen = calloc((size_t)nf + 1, sizeof *zlen);
     uint64_t *tag = calloc((size_t)nf + 1, sizeof *tag);
-    if (!len || !zlen || !tag) { fprintf(stderr, "embed: out of memory\n"); return 1; }
+    if (!len || !zlen || !tag) {
+        fprintf(stderr, "embed: out of memory\n");
+        return 1;
+    }
     for (int i = 0; i < nf; i++) {
         unsigned char *p = slurp(argv[i + 3], &len[i]);
-        if (!p) { perror(argv[i + 3]); return 1; }
+        if (!p) {
+            perror(argv[i + 3]);
+            return 1;
+        }
         uint64_t h = 1469598103934665603ULL;
         for (size_t k = 0; k < len[i]; k++) h = (h ^ p[k]) * 1099511628211ULL;
         tag[i] = h;
         emit_bytes(name, i, "", p, len[i]);
         if (gz) {
             unsigned char *z = gzip_of(p, len[i], &zlen[i]);
-            if (!z) { fprintf(stderr, "embed: cannot gzip %s\n", argv[i + 3]); return 1; }
+            if (!z) {
+                fprintf(stderr, "embed: cannot gzip %s\n", argv[i + 3]);
+                return 1;
+            }
             if (zlen[i] < len[i]) emit_bytes(name, i, "_gz", z, zlen[i]);
             else zlen[i] = 0;
             free(z);

@@ -6,6 +6,7 @@
 #   e2e:     tests/e2e_*.py             (start the real programs; python3 stdlib)
 #   browser: tests/browser/*.test.mjs   (playwright-core + Debian chromium)
 #   fuzz:    tests/fuzz/fuzz_*.c         (libFuzzer, FUZZ_TEST_SECONDS each, default 30)
+#   format:  scripts/check-format.sh     (every C file against .clang-format)
 # ONLY=pattern runs the matching ones.
 set -u
 BUILD=${BUILD:-build}
@@ -29,6 +30,7 @@ run() { # name, timeout seconds, command...
     tail -n 60 "$logs/$name.log" | sed 's/^/    /'
   fi
 }
+run format 120 scripts/check-format.sh
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   case $t in *.o|*.d) continue;; esac

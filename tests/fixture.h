@@ -33,11 +33,11 @@ static inline void msleep(int ms) {
 /* Evaluates cond until it holds, for at most ms milliseconds, running the
  * statement idle between two tries (a sleep, or the work that lets cond come
  * true); fails the test, naming cond, if it never holds. */
-#define WAIT_UNTIL(cond, ms, idle)                                                          \
-    do {                                                                                    \
-        double wait_until_ = now_mono_ms() + (ms);                                          \
-        while (!(cond) && now_mono_ms() < wait_until_) { idle; }                            \
-        if (!(cond)) fail_msg("timed out after %d ms waiting for %s", (int)(ms), #cond);    \
+#define WAIT_UNTIL(cond, ms, idle)                                                       \
+    do {                                                                                 \
+        double wait_until_ = now_mono_ms() + (ms);                                       \
+        while (!(cond) && now_mono_ms() < wait_until_) { idle; }                         \
+        if (!(cond)) fail_msg("timed out after %d ms waiting for %s", (int)(ms), #cond); \
     } while (0)
 
 static inline int rmtree_entry_(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {

@@ -106,7 +106,8 @@ static inline char *qs(const char *path, const char *fmt, ...) {
     sqlite3_stmt *s = q_prepare(path, fmt, ap);
     va_end(ap);
     char *v = NULL;
-    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) v = strdup((const char *)sqlite3_column_text(s, 0));
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL)
+        v = strdup((const char *)sqlite3_column_text(s, 0));
     q_done(s);
     return v;
 }
@@ -116,7 +117,8 @@ static inline char *qs(const char *path, const char *fmt, ...) {
 /* Appends metric name (kind, rows x cols) with the values v to the message:
  * the metric array and the value array of m grow (realloc), and belong to m
  * (proto_msg_free releases them); v is copied. */
-static inline void msg_add(struct proto_msg *m, const char *name, int kind, uint32_t rows, uint32_t cols, const float *v) {
+static inline void msg_add(struct proto_msg *m, const char *name, int kind, uint32_t rows, uint32_t cols,
+                           const float *v) {
     m->metrics = realloc(m->metrics, (m->nmetrics + 1) * sizeof *m->metrics);
     assert_non_null(m->metrics);
     struct proto_metric *mt = &m->metrics[m->nmetrics++];

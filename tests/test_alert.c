@@ -114,7 +114,7 @@ static void test_below_for_and_keep_firing_for(void **state) {
         record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
     }
     assert_int_equal(lg.nfire, 1);
-    assert_int_equal(lg.fire_step[0], 15);   /* held from 10; for 5 steps -> fires at 15 */
+    assert_int_equal(lg.fire_step[0], 15); /* held from 10; for 5 steps -> fires at 15 */
     assert_int_equal(lg.start_step[0], 10);
     assert_int_equal(lg.fire_cells[0], 1);
     assert_int_equal(lg.nresolve, 1);
@@ -156,7 +156,7 @@ static void test_grouping_and_updates(void **state) {
         int n = feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H));
         if (n > 0 && s == 10) {
             const struct alert_transition *t = alert_transition_at(e, 0);
-            assert_int_equal(t->ncells, 2);           /* one alert lists both heads */
+            assert_int_equal(t->ncells, 2); /* one alert lists both heads */
             assert_int_equal(t->cells[0].layer, 0);
             assert_int_equal(t->cells[0].head, 0);
             assert_int_equal(t->cells[1].layer, 1);
@@ -176,7 +176,7 @@ static void test_grouping_and_updates(void **state) {
     }
     assert_int_equal(la.nfire, 1);
     assert_int_equal(la.fire_step[0], 10);
-    assert_int_equal(la.nupdate, 1);   /* head 2 joined at 25 */
+    assert_int_equal(la.nupdate, 1); /* head 2 joined at 25 */
     assert_int_equal(la.nresolve, 0);
     assert_int_equal(lb.nfire, 0);
     alert_engine_destroy(e);
@@ -225,9 +225,9 @@ static struct writer_item *mk_end(int64_t run, int status) {
  * without "verdict" still stands for a collapse. */
 static void test_verdict_collapse_outlives_the_run(void **state) {
     (void)state;
-    struct alert_rules *r = rules(
-        "{\"rules\":[{\"name\":\"entropy_collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
-        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3}]}");
+    struct alert_rules *r =
+        rules("{\"rules\":[{\"name\":\"entropy_collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+              "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3}]}");
     assert_int_equal(r->rules[0].verdict, ALERT_V_COLLAPSED);
     struct alert_engine *e = alert_engine_create(r);
     hello(e, 3, "run-v");
@@ -338,11 +338,14 @@ static void test_drop_growth_zscore_nonfinite(void **state) {
     int fired[4] = {-1, -1, -1, -1};
     for (int s = 0; s < 80; s++) {
         float ent[L * H], logit[L * H], loss;
-        for (int i = 0; i < L * H; i++) { ent[i] = 2.0f; logit[i] = 10.0f; }
-        if (s >= 30) ent[3] = 0.9f;              /* a fall of 55% from 2.0 */
+        for (int i = 0; i < L * H; i++) {
+            ent[i] = 2.0f;
+            logit[i] = 10.0f;
+        }
+        if (s >= 30) ent[3] = 0.9f;                             /* a fall of 55% from 2.0 */
         if (s >= 40) logit[5] = 10.0f + 3.0f * (float)(s - 40); /* +3 per step > rate 2 */
         loss = 2.0f + 0.01f * (float)(s % 3);
-        if (s == 60) loss = 9.0f;                 /* a spike */
+        if (s == 60) loss = 9.0f; /* a spike */
         if (s == 70) loss = NAN;
         struct writer_item *it = mk_step(1, s, "loss", PROTO_SCALAR, &loss, 1);
         add_metric(it, "ent", ent);
@@ -351,8 +354,10 @@ static void test_drop_growth_zscore_nonfinite(void **state) {
         for (int i = 0; i < n; i++) {
             const struct alert_transition *t = alert_transition_at(e, i);
             if (t->state != ALERT_FIRING) continue;
-            int k = !strcmp(t->rule->name, "drop") ? 0 : !strcmp(t->rule->name, "growth") ? 1
-                    : !strcmp(t->rule->name, "spike") ? 2 : 3;
+            int k = !strcmp(t->rule->name, "drop")     ? 0
+                    : !strcmp(t->rule->name, "growth") ? 1
+                    : !strcmp(t->rule->name, "spike")  ? 2
+                                                       : 3;
             if (fired[k] < 0) fired[k] = s;
         }
         writer_item_free(it);
@@ -367,20 +372,28 @@ static void test_drop_growth_zscore_nonfinite(void **state) {
 
 static void test_near_bound_and_stalled(void **state) {
     (void)state;
-    struct alert_rules *r = rules(
-        "{\"rules\":["
-        "{\"name\":\"sat\",\"metric\":\"entropy\",\"scope\":\"head\",\"condition\":{\"op\":\"near_bound\","
-        " \"bound_metric\":\"entropy_bound\",\"rising_metric\":\"sigma_qk\",\"epsilon\":0.05,\"window\":4},"
-        " \"for\":2,\"keep_firing_for\":0},"
-        "{\"name\":\"stall\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":30}}"
-        "]}");
+    struct alert_rules *r =
+        rules("{\"rules\":["
+              "{\"name\":\"sat\",\"metric\":\"entropy\",\"scope\":\"head\",\"condition\":{\"op\":\"near_bound\","
+              " \"bound_metric\":\"entropy_bound\",\"rising_metric\":\"sigma_qk\",\"epsilon\":0.05,\"window\":4},"
+              " \"for\":2,\"keep_firing_for\":0},"
+              "{\"name\":\"stall\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":30}}"
+              "]}");
     struct alert_engine *e = alert_engine_create(r);
     hello(e, 1, "r");
     int fired = -1;
     for (int s = 0; s < 30; s++) {
         float ent[L * H], bound[L * H], sig[L * H];
-        for (int i = 0; i < L * H; i++) { ent[i] = 1.5f; bound[i] = 0.5f; sig[i] = 1.0f; }
-        if (s >= 10) { sig[2] = 1.0f + 0.5f * (float)(s - 10); ent[2] = 0.52f; bound[2] = 0.50f; }
+        for (int i = 0; i < L * H; i++) {
+            ent[i] = 1.5f;
+            bound[i] = 0.5f;
+            sig[i] = 1.0f;
+        }
+        if (s >= 10) {
+            sig[2] = 1.0f + 0.5f * (float)(s - 10);
+            ent[2] = 0.52f;
+            bound[2] = 0.50f;
+        }
         struct writer_item *it = mk_step(1, s, "entropy", PROTO_HEAD, ent, L * H);
         add_metric(it, "entropy_bound", bound);
         add_metric(it, "sigma_qk", sig);
@@ -402,7 +415,8 @@ static void test_near_bound_and_stalled(void **state) {
     int n = alert_feed(e, it, it->time);
     int resolved = 0;
     for (int i = 0; i < n; i++)
-        if (alert_transition_at(e, i)->state == ALERT_RESOLVED && !strcmp(alert_transition_at(e, i)->rule->name, "stall"))
+        if (alert_transition_at(e, i)->state == ALERT_RESOLVED &&
+            !strcmp(alert_transition_at(e, i)->rule->name, "stall"))
             resolved = 1;
     assert_true(resolved);
     writer_item_free(it);
@@ -426,7 +440,10 @@ static void test_and_guard(void **state) {
     for (int s = 0; s < 40; s++) {
         float ent[L * H], bound[L * H], sig[L * H], norm[L * H];
         for (int i = 0; i < L * H; i++) { /* uniform: entropy = bound = log 64, sigma rising */
-            ent[i] = 4.1589f; bound[i] = 4.1580f; sig[i] = 0.001f * (float)(s + 1); norm[i] = 1.0f;
+            ent[i] = 4.1589f;
+            bound[i] = 4.1580f;
+            sig[i] = 0.001f * (float)(s + 1);
+            norm[i] = 1.0f;
         }
         if (s >= 20) { /* heads (0,1) and (1,1) concentrate; at step 20 (1,1)'s entropy_norm is still above 0.9 */
             ent[1] = ent[4] = 0.52f;
@@ -465,14 +482,19 @@ static void test_and_guard(void **state) {
     alert_engine_destroy(e);
     alert_rules_free(r);
     /* without the guard the uniform heads fire as soon as the window is full */
-    r = rules("{\"rules\":[{\"name\":\"sat\",\"metric\":\"entropy\",\"scope\":\"head\",\"condition\":{\"op\":\"near_bound\","
-              " \"bound_metric\":\"entropy_bound\",\"rising_metric\":\"sigma_qk\",\"epsilon\":0.05,\"window\":4},\"for\":2}]}");
+    r = rules(
+        "{\"rules\":[{\"name\":\"sat\",\"metric\":\"entropy\",\"scope\":\"head\",\"condition\":{\"op\":\"near_bound\","
+        " \"bound_metric\":\"entropy_bound\",\"rising_metric\":\"sigma_qk\",\"epsilon\":0.05,\"window\":4},\"for\":2}]}");
     e = alert_engine_create(r);
     hello(e, 1, "g");
     fired = -1;
     for (int s = 0; s < 10 && fired < 0; s++) {
         float ent[L * H], bound[L * H], sig[L * H];
-        for (int i = 0; i < L * H; i++) { ent[i] = 4.1589f; bound[i] = 4.1580f; sig[i] = 0.001f * (float)(s + 1); }
+        for (int i = 0; i < L * H; i++) {
+            ent[i] = 4.1589f;
+            bound[i] = 4.1580f;
+            sig[i] = 0.001f * (float)(s + 1);
+        }
         struct writer_item *it = mk_step(1, s, "entropy", PROTO_HEAD, ent, L * H);
         add_metric(it, "entropy_bound", bound);
         add_metric(it, "sigma_qk", sig);
@@ -484,8 +506,9 @@ static void test_and_guard(void **state) {
     alert_rules_free(r);
     /* a bad guard is refused with its reason */
     char err[512];
-    const char *bad = "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
-                      "\"condition\":{\"op\":\"below\",\"value\":1,\"and\":{\"metric\":\"n\",\"op\":\"drop\",\"value\":1}}}]}";
+    const char *bad =
+        "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
+        "\"condition\":{\"op\":\"below\",\"value\":1,\"and\":{\"metric\":\"n\",\"op\":\"drop\",\"value\":1}}}]}";
     assert_null(alert_rules_parse(bad, strlen(bad), err, sizeof err));
     assert_non_null(strstr(err, "\"and\""));
     const char *novalue = "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
@@ -500,21 +523,24 @@ static void test_bad_rules_name_their_line(void **state) {
     const char *bad_json = "{\"rules\": [\n  {\"name\": \"a\",\n   \"scope\": \"head\" \"metric\": \"x\"}\n]}";
     assert_null(alert_rules_parse(bad_json, strlen(bad_json), err, sizeof err));
     assert_non_null(strstr(err, "line 3"));
-    const char *bad_field = "{\"rules\": [\n {\"name\":\"ok\",\"scope\":\"scalar\",\"metric\":\"loss\",\"condition\":{\"op\":\"nonfinite\"}},\n"
-                            " {\"name\": \"second\", \"scope\": \"head\", \"metric\": \"e\",\n"
-                            "  \"condition\": {\"op\": \"below\", \"value\": 1}, \"for\": -3}\n]}";
+    const char *bad_field =
+        "{\"rules\": [\n {\"name\":\"ok\",\"scope\":\"scalar\",\"metric\":\"loss\",\"condition\":{\"op\":\"nonfinite\"}},\n"
+        " {\"name\": \"second\", \"scope\": \"head\", \"metric\": \"e\",\n"
+        "  \"condition\": {\"op\": \"below\", \"value\": 1}, \"for\": -3}\n]}";
     assert_null(alert_rules_parse(bad_field, strlen(bad_field), err, sizeof err));
     assert_non_null(strstr(err, "line 3"));
     assert_non_null(strstr(err, "second"));
     assert_non_null(strstr(err, "\"for\""));
-    const char *unknown_op = "{\"rules\":[{\"name\":\"u\",\"scope\":\"head\",\"metric\":\"e\",\"condition\":{\"op\":\"sideways\"}}]}";
+    const char *unknown_op =
+        "{\"rules\":[{\"name\":\"u\",\"scope\":\"head\",\"metric\":\"e\",\"condition\":{\"op\":\"sideways\"}}]}";
     assert_null(alert_rules_parse(unknown_op, strlen(unknown_op), err, sizeof err));
     assert_non_null(strstr(err, "op"));
     const char *dup = "{\"rules\":[{\"name\":\"u\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":1}},"
                       "{\"name\":\"u\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":1}}]}";
     assert_null(alert_rules_parse(dup, strlen(dup), err, sizeof err));
     assert_non_null(strstr(err, "twice"));
-    const char *field = "{\"rules\":[{\"name\":\"u\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":1},\"fro\":3}]}";
+    const char *field =
+        "{\"rules\":[{\"name\":\"u\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":1},\"fro\":3}]}";
     assert_null(alert_rules_parse(field, strlen(field), err, sizeof err));
     assert_non_null(strstr(err, "unknown field \"fro\""));
     /* the built-in set parses */
@@ -618,10 +644,10 @@ static void test_rollback_abandons_per_cell(void **state) {
  * nor a stall that fires between two steps sent 50 ms apart. */
 static void test_daemon_clock_not_trainer_clock(void **state) {
     (void)state;
-    struct alert_rules *r = rules(
-        "{\"rules\":[{\"name\":\"collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
-        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":2,\"keep_firing_for\":0},"
-        "{\"name\":\"stall\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":30}}]}");
+    struct alert_rules *r =
+        rules("{\"rules\":[{\"name\":\"collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+              "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":2,\"keep_firing_for\":0},"
+              "{\"name\":\"stall\",\"scope\":\"run\",\"condition\":{\"op\":\"stalled\",\"seconds\":30}}]}");
     struct alert_engine *e = alert_engine_create(r);
     hello(e, 1, "skewed");
     double now = 5000;
@@ -698,8 +724,7 @@ static void test_resume_earlier_episode(void **state) {
  * whose loss follows loss(s), `steps` steps, then an end. Returns the
  * final verdict's state; *fired gets the step entropy_collapse fired at
  * (-1 never), *last_live the verdict state just before the end. */
-static int run_builtin(int64_t id, int steps, float (*head)(int), float (*loss)(int), int64_t *fired,
-                       int *last_live) {
+static int run_builtin(int64_t id, int steps, float (*head)(int), float (*loss)(int), int64_t *fired, int *last_live) {
     char err[256];
     struct alert_rules *r = alert_rules_load(NULL, err, sizeof err);
     assert_non_null(r);
@@ -740,7 +765,10 @@ static float flicker_0003_002(int s) { return s % 2 ? 0.02f : 0.003f; }
  * 20 steps in a row, 22-23 of every 30 */
 static float flicker_3_of_4(int s) { return s < 10 ? 0.8f : s % 4 == 3 ? 0.3f : 0.003f; }
 static float sharp_003(int s) { return s < 100 ? 0.8f - 0.0077f * (float)s : 0.03f; }
-static float stuck_loss(int s) { (void)s; return 4.16f; } /* ln 64: a uniform guess */
+static float stuck_loss(int s) {
+    (void)s;
+    return 4.16f;
+} /* ln 64: a uniform guess */
 static float falling_loss(int s) { return 4.16f * expf(-(float)s / 150.0f) + 2.0f * (1 - expf(-(float)s / 150.0f)); }
 
 /* A head that flickers around the old 0.01 threshold (0.003 / 0.02, the
@@ -801,10 +829,10 @@ static void test_hysteresis_and_at_least_of_last(void **state) {
             if (t->state == ALERT_RESOLVED) *(is_h ? &res_h : &res_k) = s;
         }
     }
-    assert_int_equal(fire_k, 3);  /* steps 0, 2, 3: 3 of the last 5 */
-    assert_int_equal(fire_h, 4);  /* 2, 3, 4: "for" 2 counts steps after the first */
-    assert_int_equal(res_k, 7);   /* steps 3..7 hold 3 and 4 only: 2 of 5, not held (2..6 held 3) */
-    assert_int_equal(res_h, 7);   /* 0.2 at 5 and 6 is below clear_value: held; 0.4 clears */
+    assert_int_equal(fire_k, 3); /* steps 0, 2, 3: 3 of the last 5 */
+    assert_int_equal(fire_h, 4); /* 2, 3, 4: "for" 2 counts steps after the first */
+    assert_int_equal(res_k, 7);  /* steps 3..7 hold 3 and 4 only: 2 of 5, not held (2..6 held 3) */
+    assert_int_equal(res_h, 7);  /* 0.2 at 5 and 6 is below clear_value: held; 0.4 clears */
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
@@ -823,7 +851,8 @@ static void test_issue34_rules_refused(void **state) {
         char json[512];
         snprintf(json, sizeof json,
                  "{\"rules\":[{\"name\":\"x\",\"metric\":\"e\",\"scope\":\"head\","
-                 "\"condition\":{\"op\":\"below\",\"value\":0.1},%s}]}", bad[i][0]);
+                 "\"condition\":{\"op\":\"below\",\"value\":0.1},%s}]}",
+                 bad[i][0]);
         assert_null(alert_rules_parse(json, strlen(json), err, sizeof err));
         if (!strstr(err, bad[i][1])) fail_msg("%s: %s", bad[i][0], err);
     }
@@ -884,7 +913,7 @@ static void test_state_bytes_per_head(void **state) {
     printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
            (unsigned long long)((bytes - base - 32) / (L * H)));
     assert_int_equal(bytes - base, (uint64_t)L * H * per_head + 32); /* + run_stalled's one cell */
-    assert_int_equal(per_head, 724); /* the figure docs/alerts.md gives */
+    assert_int_equal(per_head, 724);                                 /* the figure docs/alerts.md gives */
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
@@ -920,10 +949,14 @@ static void test_builtin_collapse_risk(void **state) {
     int logit_cells = 0, sigma_cells = 0, ignored = 0;
     for (int s = 0; s < 200; s++) {
         float sq[L * H], en[L * H], ml[L * H], flat = 2.0f + 0.5f * (float)(s % 2);
-        for (int i = 0; i < L * H; i++) { sq[i] = 1.0f; en[i] = 0.8f; ml[i] = 3.0f; }
-        if (s >= 40) en[4] = 0.4f;               /* head 4 sharpening; head 5 not */
+        for (int i = 0; i < L * H; i++) {
+            sq[i] = 1.0f;
+            en[i] = 0.8f;
+            ml[i] = 3.0f;
+        }
+        if (s >= 40) en[4] = 0.4f; /* head 4 sharpening; head 5 not */
         if (s >= 50) sq[4] = sq[5] = 1.0f + 0.3f * (float)(s - 50);
-        if (s >= 50) ml[2] = 3.0f + 3.0f * (float)(s - 50);  /* head 2's logits take off */
+        if (s >= 50) ml[2] = 3.0f + 3.0f * (float)(s - 50); /* head 2's logits take off */
         struct writer_item *it = mk_step(1, s, "loss", PROTO_SCALAR, &flat, 1);
         add_metric(it, "sigma_qk", sq);
         add_metric(it, "entropy_norm", en);
@@ -935,7 +968,11 @@ static void test_builtin_collapse_risk(void **state) {
         writer_item_free(it);
         /* run 2: healthy heads, the loss flat then rising 0.08 per step from step 100 */
         float loss = s < 100 ? 2.0f : 2.0f + 0.08f * (float)(s - 100), sq2[L * H], en2[L * H], ml2[L * H];
-        for (int i = 0; i < L * H; i++) { sq2[i] = 1.0f; en2[i] = 0.8f; ml2[i] = 3.0f; }
+        for (int i = 0; i < L * H; i++) {
+            sq2[i] = 1.0f;
+            en2[i] = 0.8f;
+            ml2[i] = 3.0f;
+        }
         it = mk_step(2, s, "loss", PROTO_SCALAR, &loss, 1);
         add_metric(it, "sigma_qk", sq2);
         add_metric(it, "entropy_norm", en2);
@@ -951,8 +988,8 @@ static void test_builtin_collapse_risk(void **state) {
     assert_int_equal(logit_cells, 1);
     /* (v(t) - v(t-5)) / 5 = 0.06 (t - 50) > 0.1 from t = 52 (t - 50 > 1.67), for 0 */
     assert_int_equal(sigma_at, 52);
-    assert_int_equal(sigma_cells, 1);            /* head 5's entropy_norm is 0.8: not it */
-    assert_int_equal(head_loss_at, -1);          /* an oscillating loss is no growth */
+    assert_int_equal(sigma_cells, 1);   /* head 5's entropy_norm is 0.8: not it */
+    assert_int_equal(head_loss_at, -1); /* an oscillating loss is no growth */
     /* 0.08 (t - 100) / 20 > 0.05 from t = 113, for 0 */
     assert_int_equal(loss_at, 113);
     assert_int_equal(loss_head_at, -1);
@@ -987,9 +1024,16 @@ static void run_early(int64_t id, float (*head)(int), float (*loss)(int), int gr
     *risk = *drop = -1;
     for (int s = 0; s < 200; s++) {
         float en[L * H], sq[L * H], ml[L * H], l = loss(s);
-        for (int i = 0; i < L * H; i++) { en[i] = 0.9f; sq[i] = 1.0f; ml[i] = 3.0f; }
+        for (int i = 0; i < L * H; i++) {
+            en[i] = 0.9f;
+            sq[i] = 1.0f;
+            ml[i] = 3.0f;
+        }
         en[0] = head(s);
-        if (grow && s >= 3) { sq[0] = 1.0f + 4.0f * (float)(s - 2); ml[0] = 3.0f + 80.0f * (float)(s - 2); }
+        if (grow && s >= 3) {
+            sq[0] = 1.0f + 4.0f * (float)(s - 2);
+            ml[0] = 3.0f + 80.0f * (float)(s - 2);
+        }
         struct writer_item *it = mk_step(id, s, "entropy_norm", PROTO_HEAD, en, L * H);
         add_metric(it, "sigma_qk", sq);
         add_metric(it, "max_logit", ml);
@@ -1003,7 +1047,9 @@ static void run_early(int64_t id, float (*head)(int), float (*loss)(int), int gr
     alert_rules_free(r);
 }
 
-static float trained_loss(int s) { return s < 10 ? 4.16f : 4.16f * (s < 100 ? 1.0f - 0.004f * (float)(s - 10) : 0.64f); }
+static float trained_loss(int s) {
+    return s < 10 ? 4.16f : 4.16f * (s < 100 ? 1.0f - 0.004f * (float)(s - 10) : 0.64f);
+}
 
 /* Heads flickering across a threshold: head (0,0) fires throughout, head
  * (0,1) joins and leaves at every step, 100 steps a second. The group
@@ -1065,7 +1111,8 @@ static void test_builtin_early_collapse(void **state) {
     int64_t risk, drop;
     run_early(50, early_head, stuck_loss, 1, &risk, &drop);
     assert_true(drop >= 0);
-    if (risk < 0 || risk > drop) fail_msg("collapse_risk* at %lld, entropy_drop at %lld", (long long)risk, (long long)drop);
+    if (risk < 0 || risk > drop)
+        fail_msg("collapse_risk* at %lld, entropy_drop at %lld", (long long)risk, (long long)drop);
     assert_true(risk <= 13);
     run_early(51, late_sharp_head, trained_loss, 0, &risk, &drop);
     assert_int_equal(risk, -1);
@@ -1078,10 +1125,10 @@ static void test_builtin_early_collapse(void **state) {
 static void test_verdict_cells_capped(void **state) {
     (void)state;
     enum { VL = 32, VH = 32, N = VL * VH };
-    struct alert_rules *r = rules(
-        "{\"rules\":[{\"name\":\"entropy_collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
-        "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3,"
-        "\"annotations\":{\"description\":\"at {cells}\"}}]}");
+    struct alert_rules *r =
+        rules("{\"rules\":[{\"name\":\"entropy_collapse\",\"metric\":\"entropy_norm\",\"scope\":\"head\","
+              "\"condition\":{\"op\":\"below\",\"value\":0.1},\"for\":5,\"keep_firing_for\":3,"
+              "\"annotations\":{\"description\":\"at {cells}\"}}]}");
     struct alert_engine *e = alert_engine_create(r);
     struct writer_item *it = calloc(1, sizeof *it);
     it->kind = WRITER_HELLO;

@@ -11,8 +11,7 @@
 
 #include "blas.h"
 
-static void test_concurrent(void **state)
-{
+static void test_concurrent(void **state) {
     (void)state;
     for (int threads = 1; threads <= 2; threads++) {
         double cpu = -1.0, g = blas_sgemm_concurrent(threads, &cpu);
@@ -26,8 +25,7 @@ static void test_concurrent(void **state)
     assert_true(blas_sgemm_concurrent(257, &cpu) == 0.0);
 }
 
-static void test_peak(void **state)
-{
+static void test_peak(void **state) {
     (void)state;
     double multi = -1.0, conc = -1.0, g = blas_sgemm_peak(2, &multi, &conc);
     assert_true(multi > 0.0 && conc > 0.0);
@@ -37,8 +35,7 @@ static void test_peak(void **state)
     assert_true(multi == 0.0 && conc == 0.0);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_peak),

@@ -19,21 +19,18 @@
 
 static char err[256];
 
-static void parse(const char *line, struct proto_msg *m)
-{
+static void parse(const char *line, struct proto_msg *m) {
     memset(m, 0, sizeof *m);
     assert_int_equal(proto_parse(line, strlen(line), m, err, sizeof err), PROTO_OK);
 }
 
-static const struct proto_metric *find(const struct proto_msg *m, const char *name)
-{
+static const struct proto_metric *find(const struct proto_msg *m, const char *name) {
     for (uint32_t i = 0; i < m->nmetrics; i++)
         if (!strcmp(m->metrics[i].name, name)) return &m->metrics[i];
     return NULL;
 }
 
-static void test_divisor(void **state)
-{
+static void test_divisor(void **state) {
     (void)state;
     for (int T = 2; T <= 4096; T *= 2) {
         double causal = 0;
@@ -48,8 +45,7 @@ static void test_divisor(void **state)
 /* Rows with the same normalised entropy r: row i of a causal head spreads
  * over i + 1 positions with entropy r log(i + 1), so the mean entropy is
  * r * derive_entropy_max and the derived value is r, the probe's own. */
-static void test_equal_rows_give_the_probes_value(void **state)
-{
+static void test_equal_rows_give_the_probes_value(void **state) {
     (void)state;
     const int T = 128;
     const double r[4] = {0, 0.25, 0.5, 1};
@@ -88,8 +84,7 @@ static void test_equal_rows_give_the_probes_value(void **state)
     }
 }
 
-static void test_nothing_to_derive(void **state)
-{
+static void test_nothing_to_derive(void **state) {
     (void)state;
     struct proto_msg m;
     /* the probe's own entropy_norm is kept */
@@ -113,8 +108,7 @@ static void test_nothing_to_derive(void **state)
     proto_msg_free(&m);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_divisor),
         cmocka_unit_test(test_equal_rows_give_the_probes_value),

@@ -15,8 +15,7 @@
 
 #include "../trainer/dist.c"
 
-static void test_single_process_job(void **s)
-{
+static void test_single_process_job(void **s) {
     (void)s;
     char err[128] = "";
     int argc = 1;
@@ -51,8 +50,7 @@ static void test_single_process_job(void **s)
     dist_destroy(NULL, 1);
 }
 
-static void test_shards_cover_the_batch(void **s)
-{
+static void test_shards_cover_the_batch(void **s) {
     (void)s;
     for (int size = 1; size <= 9; size++)
         for (int B = size; B <= 40; B++) {
@@ -70,13 +68,12 @@ static void test_shards_cover_the_batch(void **s)
                 if (nb < lo) lo = nb;
                 if (nb > hi) hi = nb;
             }
-            assert_int_equal(next, B);  /* every row once */
-            assert_true(hi - lo <= 1);  /* even */
+            assert_int_equal(next, B); /* every row once */
+            assert_true(hi - lo <= 1); /* even */
         }
 }
 
-static void test_hash(void **s)
-{
+static void test_hash(void **s) {
     (void)s;
     float a[1000];
     for (int i = 0; i < 1000; i++) a[i] = (float)i * 0.37f - 100.0f;
@@ -98,8 +95,7 @@ static void test_hash(void **s)
     assert_true(dist_hash(a + 500, 2000, dist_hash(a, 2000, 7)) == dist_hash(a + 500, 2000, dist_hash(a, 2000, 7)));
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_process_job),
         cmocka_unit_test(test_shards_cover_the_batch),

@@ -61,9 +61,9 @@
 
 /* ------------------------------------------------------- malloc stand-in */
 
-static _Thread_local int fi_exempt;         /* the test's own threads */
-static atomic_long fi_countdown;            /* > 0: armed; the allocation that takes it to 0 fails */
-static atomic_long fi_seen;                 /* allocations counted while armed */
+static _Thread_local int fi_exempt; /* the test's own threads */
+static atomic_long fi_countdown;    /* > 0: armed; the allocation that takes it to 0 fails */
+static atomic_long fi_seen;         /* allocations counted while armed */
 static atomic_int fi_fired;
 
 static void *(*real_malloc)(size_t);
@@ -141,13 +141,13 @@ static void fi_disarm(void) { atomic_store(&fi_countdown, 0); }
 
 /* ------------------------------------------------------------ VFS shim */
 
-static atomic_int vfs_write_err;   /* SQLITE_IOERR_WRITE, SQLITE_FULL or 0 */
-static atomic_int vfs_busy;        /* 1: the WAL write lock cannot be had */
+static atomic_int vfs_write_err; /* SQLITE_IOERR_WRITE, SQLITE_FULL or 0 */
+static atomic_int vfs_busy;      /* 1: the WAL write lock cannot be had */
 static atomic_long vfs_injected;
 
 struct shim_file {
     sqlite3_file base;
-    sqlite3_file *real;            /* follows this struct in the same allocation */
+    sqlite3_file *real; /* follows this struct in the same allocation */
 };
 
 static sqlite3_vfs *real_vfs;
@@ -155,7 +155,9 @@ static sqlite3_vfs *real_vfs;
 #define REAL(f) (((struct shim_file *)(f))->real)
 
 static int shim_close(sqlite3_file *f) { return REAL(f)->pMethods->xClose(REAL(f)); }
-static int shim_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o) { return REAL(f)->pMethods->xRead(REAL(f), b, n, o); }
+static int shim_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o) {
+    return REAL(f)->pMethods->xRead(REAL(f), b, n, o);
+}
 static int shim_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 o) {
     int e = atomic_load(&vfs_write_err);
     if (e) {
@@ -196,13 +198,32 @@ static int shim_shmlock(sqlite3_file *f, int off, int n, int fl) {
 }
 static void shim_shmbarrier(sqlite3_file *f) { REAL(f)->pMethods->xShmBarrier(REAL(f)); }
 static int shim_shmunmap(sqlite3_file *f, int del) { return REAL(f)->pMethods->xShmUnmap(REAL(f), del); }
-static int shim_fetch(sqlite3_file *f, sqlite3_int64 o, int n, void **pp) { return REAL(f)->pMethods->xFetch(REAL(f), o, n, pp); }
-static int shim_unfetch(sqlite3_file *f, sqlite3_int64 o, void *p) { return REAL(f)->pMethods->xUnfetch(REAL(f), o, p); }
+static int shim_fetch(sqlite3_file *f, sqlite3_int64 o, int n, void **pp) {
+    return REAL(f)->pMethods->xFetch(REAL(f), o, n, pp);
+}
+static int shim_unfetch(sqlite3_file *f, sqlite3_int64 o, void *p) {
+    return REAL(f)->pMethods->xUnfetch(REAL(f), o, p);
+}
 
-static const sqlite3_io_methods shim_io = {
-    3, shim_close, shim_read, shim_write, shim_truncate, shim_sync, shim_size, shim_lock, shim_unlock, shim_check,
-    shim_fcntl, shim_sector, shim_devchar, shim_shmmap, shim_shmlock, shim_shmbarrier, shim_shmunmap, shim_fetch,
-    shim_unfetch};
+static const sqlite3_io_methods shim_io = {3,
+                                           shim_close,
+                                           shim_read,
+                                           shim_write,
+                                           shim_truncate,
+                                           shim_sync,
+                                           shim_size,
+                                           shim_lock,
+                                           shim_unlock,
+                                           shim_check,
+                                           shim_fcntl,
+                                           shim_sector,
+                                           shim_devchar,
+                                           shim_shmmap,
+                                           shim_shmlock,
+                                           shim_shmbarrier,
+                                           shim_shmunmap,
+                                           shim_fetch,
+                                           shim_unfetch};
 
 static int shim_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags, int *out) {
     struct shim_file *s = (struct shim_file *)f;
@@ -214,7 +235,9 @@ static int shim_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flag
 }
 static int shim_delete(sqlite3_vfs *v, const char *n, int d) { return real_vfs->xDelete(real_vfs, n, d); }
 static int shim_access(sqlite3_vfs *v, const char *n, int fl, int *o) { return real_vfs->xAccess(real_vfs, n, fl, o); }
-static int shim_fullpath(sqlite3_vfs *v, const char *n, int k, char *o) { return real_vfs->xFullPathname(real_vfs, n, k, o); }
+static int shim_fullpath(sqlite3_vfs *v, const char *n, int k, char *o) {
+    return real_vfs->xFullPathname(real_vfs, n, k, o);
+}
 static void *shim_dlopen(sqlite3_vfs *v, const char *n) { return real_vfs->xDlOpen(real_vfs, n); }
 static void shim_dlerror(sqlite3_vfs *v, int k, char *o) { real_vfs->xDlError(real_vfs, k, o); }
 static void (*shim_dlsym(sqlite3_vfs *v, void *h, const char *s))(void) { return real_vfs->xDlSym(real_vfs, h, s); }
@@ -231,12 +254,22 @@ static void shim_register(void) {
     if (real_vfs) return;
     real_vfs = sqlite3_vfs_find(NULL);
     assert_non_null(real_vfs);
-    shim_vfs = (sqlite3_vfs){.iVersion = 2, .szOsFile = (int)sizeof(struct shim_file) + real_vfs->szOsFile,
-                             .mxPathname = real_vfs->mxPathname, .zName = "faultshim", .xOpen = shim_open,
-                             .xDelete = shim_delete, .xAccess = shim_access, .xFullPathname = shim_fullpath,
-                             .xDlOpen = shim_dlopen, .xDlError = shim_dlerror, .xDlSym = shim_dlsym,
-                             .xDlClose = shim_dlclose, .xRandomness = shim_random, .xSleep = shim_sleep,
-                             .xCurrentTime = shim_time, .xGetLastError = shim_lasterr,
+    shim_vfs = (sqlite3_vfs){.iVersion = 2,
+                             .szOsFile = (int)sizeof(struct shim_file) + real_vfs->szOsFile,
+                             .mxPathname = real_vfs->mxPathname,
+                             .zName = "faultshim",
+                             .xOpen = shim_open,
+                             .xDelete = shim_delete,
+                             .xAccess = shim_access,
+                             .xFullPathname = shim_fullpath,
+                             .xDlOpen = shim_dlopen,
+                             .xDlError = shim_dlerror,
+                             .xDlSym = shim_dlsym,
+                             .xDlClose = shim_dlclose,
+                             .xRandomness = shim_random,
+                             .xSleep = shim_sleep,
+                             .xCurrentTime = shim_time,
+                             .xGetLastError = shim_lasterr,
                              .xCurrentTimeInt64 = shim_time64};
     assert_int_equal(sqlite3_vfs_register(&shim_vfs, 1), SQLITE_OK);
 }
@@ -331,7 +364,8 @@ static float value_of(int64_t step, int l, int h) { return (float)((step * 7 + l
 /* The line of message seq of a session of n messages: steps (step = 10*seq),
  * then an event, then end. */
 static int session_line(char *out, size_t cap, int64_t seq, int64_t n) {
-    if (seq == n) return snprintf(out, cap, "{\"type\":\"end\",\"seq\":%lld,\"status\":\"finished\"}\n", (long long)seq);
+    if (seq == n)
+        return snprintf(out, cap, "{\"type\":\"end\",\"seq\":%lld,\"status\":\"finished\"}\n", (long long)seq);
     if (seq == n - 1)
         return snprintf(out, cap, "{\"type\":\"event\",\"seq\":%lld,\"level\":\"warn\",\"text\":\"event %lld\"}\n",
                         (long long)seq, (long long)seq);
@@ -432,7 +466,8 @@ static int session(const char *sock, const char *run, int64_t n, int ms, double 
             continue;
         }
         int k = snprintf(out, sizeof out,
-                         "{\"type\":\"hello\",\"protocol\":1,\"run\":\"%s\",\"layers\":2,\"heads\":3,\"seq_len\":8}\n", run);
+                         "{\"type\":\"hello\",\"protocol\":1,\"run\":\"%s\",\"layers\":2,\"heads\":3,\"seq_len\":8}\n",
+                         run);
         if (send_all(c.fd, out, (size_t)k)) goto again;
         int64_t last = -1;
         for (;;) {
@@ -619,8 +654,9 @@ static void *streamer_main(void *arg) {
             usleep(20000);
             continue;
         }
-        int k = snprintf(out, sizeof out,
-                         "{\"type\":\"hello\",\"protocol\":1,\"run\":\"stream\",\"layers\":2,\"heads\":3,\"seq_len\":8}\n");
+        int k =
+            snprintf(out, sizeof out,
+                     "{\"type\":\"hello\",\"protocol\":1,\"run\":\"stream\",\"layers\":2,\"heads\":3,\"seq_len\":8}\n");
         if (send_all(c.fd, out, (size_t)k)) goto again;
         for (;;) {
             int r = conn_line(&c, line, sizeof line, 15000);
@@ -699,15 +735,17 @@ static void test_sqlite_errors(void **state) {
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_open_v2(D.db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
     shadow_frames(h);
-    assert_int_equal(sqlite3_prepare_v2(h,
-                                        "SELECT count(*), count(DISTINCT seq), min(seq), max(seq), sum(step = seq * 10) "
-                                        "FROM steps WHERE run_id = (SELECT id FROM runs WHERE name = 'stream')",
-                                        -1, &s, NULL),
-                     SQLITE_OK);
+    assert_int_equal(
+        sqlite3_prepare_v2(h,
+                           "SELECT count(*), count(DISTINCT seq), min(seq), max(seq), sum(step = seq * 10) "
+                           "FROM steps WHERE run_id = (SELECT id FROM runs WHERE name = 'stream')",
+                           -1, &s, NULL),
+        SQLITE_OK);
     assert_int_equal(sqlite3_step(s), SQLITE_ROW);
     for (int c = 0; c < 5; c++) {
         int64_t want = c == 2 ? 1 : t.sent;
-        if (sqlite3_column_int64(s, c) != want) fail_msg("steps column %d: %lld, want %lld", c, (long long)sqlite3_column_int64(s, c), (long long)want);
+        if (sqlite3_column_int64(s, c) != want)
+            fail_msg("steps column %d: %lld, want %lld", c, (long long)sqlite3_column_int64(s, c), (long long)want);
     }
     sqlite3_finalize(s);
     sqlite3_close(h);

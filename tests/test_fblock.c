@@ -31,8 +31,8 @@ static uint32_t next_u32(void) {
 /* nf frames of n values: a slow drift per cell, some random bits and the
  * special values. */
 static void fill(float *v, uint32_t nf, uint32_t n) {
-    static const uint32_t special[] = {0x7fc00000u, 0x7fa12345u, 0xffc00001u, 0x80000000u, 0x7f800000u,
-                                       0xff800000u, 0x00000001u, 0x00000000u};
+    static const uint32_t special[] = {0x7fc00000u, 0x7fa12345u, 0xffc00001u, 0x80000000u,
+                                       0x7f800000u, 0xff800000u, 0x00000001u, 0x00000000u};
     for (uint32_t f = 0; f < nf; f++)
         for (uint32_t c = 0; c < n; c++) {
             uint32_t u;
@@ -74,7 +74,9 @@ static void test_roundtrip(void **state) {
                     uint32_t got, want = 0xABABABABu;
                     memcpy(&got, &w[(size_t)f * n + k], 4);
                     if (k >= c0 && k < c1) memcpy(&want, &v[(size_t)f * n + k], 4);
-                    if (got != want) fail_msg("n %u frames %u cells [%u,%u): cell %u of frame %u is %08x, not %08x", n, nf, c0, c1, k, f, got, want);
+                    if (got != want)
+                        fail_msg("n %u frames %u cells [%u,%u): cell %u of frame %u is %08x, not %08x", n, nf, c0, c1,
+                                 k, f, got, want);
                 }
             /* every cell alone (a series of one head): its words of the
              * chunk's bit planes only, at any position in the chunk */
@@ -191,7 +193,8 @@ static void test_format(void **state) {
         for (uint32_t nf = 1; nf <= FBLOCK_STEPS; nf += 21) {
             uint32_t n = shapes[si];
             float *v = malloc((size_t)nf * n * 4), *w = malloc((size_t)nf * n * 4);
-            unsigned char *planes = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32), *raw = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32);
+            unsigned char *planes = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32),
+                          *raw = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32);
             assert_non_null(v);
             assert_non_null(w);
             fill(v, nf, n);
@@ -241,7 +244,8 @@ static void test_chunk_rows(void **state) {
             uint32_t n = shapes[si], nchunks = fblock_nchunks(n);
             assert_int_equal(nchunks, (n + FBLOCK_CHUNK - 1) / FBLOCK_CHUNK);
             float *v = malloc((size_t)nf * n * 4), *w = malloc((size_t)nf * n * 4);
-            unsigned char *planes = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32), *raw = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32);
+            unsigned char *planes = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32),
+                          *raw = malloc((size_t)FBLOCK_CHUNK * nf * 4 + 32);
             assert_non_null(v);
             assert_non_null(w);
             fill(v, nf, n);
@@ -270,7 +274,8 @@ static void test_chunk_rows(void **state) {
                         uint32_t got, exp = 0xABABABABu;
                         memcpy(&got, &x[(size_t)f * n + cc], 4);
                         if (cc == one) memcpy(&exp, &v[(size_t)f * n + cc], 4);
-                        if (got != exp) fail_msg("n %u chunk %u cell %u: cell %u of frame %u is %08x", n, k, one, cc, f, got);
+                        if (got != exp)
+                            fail_msg("n %u chunk %u cell %u: cell %u of frame %u is %08x", n, k, one, cc, f, got);
                     }
                 free(x);
                 assert_int_equal(fblock_decode_chunk(c, blob, len, nf, n, k, 0, n, w), 0);
@@ -305,12 +310,12 @@ static void test_chunk_rows(void **state) {
  * values stay what they are; it is what makes a lossy block small. */
 static void test_bf16(void **state) {
     (void)state;
-    static const uint32_t in[] = {0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0xbf808001u,
-                                  0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
-                                  0x00000001u, 0x80000000u};
-    static const uint32_t want[] = {0x3f800000u, 0x3f800000u, 0x3f820000u, 0x3f800000u, 0x3f810000u, 0xbf810000u,
-                                    0x7f7f0000u, 0xff7f0000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7fc00000u,
-                                    0x00000000u, 0x80000000u};
+    static const uint32_t in[] = {0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,
+                                  0xbf808001u, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,
+                                  0x7fc00000u, 0x7f800001u, 0x00000001u, 0x80000000u};
+    static const uint32_t want[] = {0x3f800000u, 0x3f800000u, 0x3f820000u, 0x3f800000u, 0x3f810000u,
+                                    0xbf810000u, 0x7f7f0000u, 0xff7f0000u, 0x7f800000u, 0xff800000u,
+                                    0x7fc00000u, 0x7fc00000u, 0x00000000u, 0x80000000u};
     float v[sizeof in / sizeof *in];
     memcpy(v, in, sizeof v);
     fblock_round(v, sizeof in / sizeof *in, FBLOCK_BITS_BF16);
@@ -360,7 +365,7 @@ static void test_round_bits(void **state) {
         for (int i = 0; i < 20000; i++) {
             uint32_t u = next_u32();
             if (i % 4 == 1) u = (u & ~((1u << (23 - bits)) - 1u)) | (1u << (22 - bits)); /* a tie */
-            if (i % 4 == 2) u |= 0x7f000000u;                                          /* near the top */
+            if (i % 4 == 2) u |= 0x7f000000u;                                            /* near the top */
             float x, got;
             memcpy(&x, &u, 4);
             if (!isfinite(x)) continue;
@@ -446,7 +451,8 @@ static void test_chunk_checksum(void **state) {
     uint32_t good = integrity_chunk_crc(id, mask, copy, len);
     for (size_t bit = 0; bit < len * 8; bit++) {
         copy[bit / 8] ^= (unsigned char)(1u << (bit % 8));
-        if (integrity_chunk_crc(id, mask, copy, len) == good) fail_msg("bit %zu of the chunk flipped: same checksum", bit);
+        if (integrity_chunk_crc(id, mask, copy, len) == good)
+            fail_msg("bit %zu of the chunk flipped: same checksum", bit);
         copy[bit / 8] ^= (unsigned char)(1u << (bit % 8));
     }
     for (int bit = 0; bit < 64; bit++) {
@@ -460,14 +466,9 @@ static void test_chunk_checksum(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip),
-        cmocka_unit_test(test_compresses),
-        cmocka_unit_test(test_format),
-        cmocka_unit_test(test_chunk_rows),
-        cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_round_bits),
-        cmocka_unit_test(test_steps),
-        cmocka_unit_test(test_chunk_checksum),
+        cmocka_unit_test(test_roundtrip),  cmocka_unit_test(test_compresses),     cmocka_unit_test(test_format),
+        cmocka_unit_test(test_chunk_rows), cmocka_unit_test(test_bf16),           cmocka_unit_test(test_round_bits),
+        cmocka_unit_test(test_steps),      cmocka_unit_test(test_chunk_checksum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

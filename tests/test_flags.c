@@ -58,9 +58,8 @@ static void test_values(void **state) {
     (void)state;
     opts o;
     char given[FLAG_COUNT(FLAGS)];
-    assert_int_equal(parse(&o, given, "--layers", "12", "--conns=2500000000", "--seed", "7", "--lr", "3e-4",
-                           "--keep", "2h", "--norm", "post", "--name=a=b", "--host", "x", "--host", "y", "--verbose",
-                           NULL),
+    assert_int_equal(parse(&o, given, "--layers", "12", "--conns=2500000000", "--seed", "7", "--lr", "3e-4", "--keep",
+                           "2h", "--norm", "post", "--name=a=b", "--host", "x", "--host", "y", "--verbose", NULL),
                      FLAGS_RUN);
     assert_int_equal(o.layers, 12);
     assert_true(o.conns == 2500000000L);
@@ -73,8 +72,8 @@ static void test_values(void **state) {
     assert_string_equal(o.hosts.v[1], "y");
     assert_int_equal(o.verbose, 1);
     for (int i = 0; i < TABLE.n; i++)
-        assert_int_equal(given[i], FLAGS[i].kind != FLAG_SECTION && FLAGS[i].kind != FLAG_HELP &&
-                                       FLAGS[i].kind != FLAG_VERSION);
+        assert_int_equal(given[i],
+                         FLAGS[i].kind != FLAG_SECTION && FLAGS[i].kind != FLAG_HELP && FLAGS[i].kind != FLAG_VERSION);
     /* defaults stay when not given */
     assert_int_equal(parse(&o, given, NULL), FLAGS_RUN);
     assert_int_equal(o.layers, 4);
@@ -106,12 +105,13 @@ static void test_help_version(void **state) {
 static void test_refused(void **state) {
     (void)state;
     const char *bad[][3] = {
-        {"--layers", "0", NULL}, {"--layers", "257", NULL}, {"--layers", "4x", NULL}, {"--layers", "", NULL},
-        {"--layers", NULL, NULL}, {"--seed", "-1", NULL}, {"--lr", "nan", NULL}, {"--lr", "-1", NULL},
-        {"--lr", "1e39", NULL}, {"--keep", "5x", NULL}, {"--keep", "1hh", NULL}, {"--keep", "-1", NULL},
+        {"--layers", "0", NULL},   {"--layers", "257", NULL},    {"--layers", "4x", NULL},
+        {"--layers", "", NULL},    {"--layers", NULL, NULL},     {"--seed", "-1", NULL},
+        {"--lr", "nan", NULL},     {"--lr", "-1", NULL},         {"--lr", "1e39", NULL},
+        {"--keep", "5x", NULL},    {"--keep", "1hh", NULL},      {"--keep", "-1", NULL},
         {"--keep", "1e10d", NULL}, {"--norm", "sideways", NULL}, {"--verbose=1", NULL, NULL},
-        {"--bogus", NULL, NULL}, {"--lay", "4", NULL}, {"layers", NULL, NULL}, {"-x", NULL, NULL},
-        {"--host", "", NULL}, {"--conns", "99999999999999999999", NULL},
+        {"--bogus", NULL, NULL},   {"--lay", "4", NULL},         {"layers", NULL, NULL},
+        {"-x", NULL, NULL},        {"--host", "", NULL},         {"--conns", "99999999999999999999", NULL},
     };
     opts o;
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -121,7 +121,10 @@ static void test_refused(void **state) {
     /* a repeatable flag's bound */
     char *argv[2 * FLAG_LIST_MAX + 4] = {"prog"};
     int argc = 1;
-    for (int i = 0; i <= FLAG_LIST_MAX; i++) { argv[argc++] = "--host"; argv[argc++] = "h"; }
+    for (int i = 0; i <= FLAG_LIST_MAX; i++) {
+        argv[argc++] = "--host";
+        argv[argc++] = "h";
+    }
     memset(&o, 0, sizeof o);
     assert_int_equal(flags_parse(&TABLE, argc, argv, &o, NULL), FLAGS_BAD);
     assert_int_equal(o.hosts.n, FLAG_LIST_MAX);

@@ -36,8 +36,8 @@ struct daemon {
     char dir[64];
 };
 
-static struct daemon D;      /* no token */
-static struct daemon DT;     /* with --token */
+static struct daemon D;  /* no token */
+static struct daemon DT; /* with --token */
 
 static int start_daemon(struct daemon *d, const char *const *extra) {
     snprintf(d->dir, sizeof d->dir, "/tmp/test_http.XXXXXX");
@@ -51,8 +51,8 @@ static int start_daemon(struct daemon *d, const char *const *extra) {
         dup2(p[1], 1);
         close(p[0]);
         close(p[1]);
-        const char *argv[32] = {bin, "--data", d->dir, "--http", "127.0.0.1:0", "--keepalive-ms", "300",
-                                "--stream-events", "64"};
+        const char *argv[32] = {bin,   "--data",          d->dir, "--http", "127.0.0.1:0", "--keepalive-ms",
+                                "300", "--stream-events", "64"};
         int n = 9;
         for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
         argv[n] = NULL;
@@ -143,8 +143,8 @@ static int tr_line(struct trainer *t, char *out, size_t cap) {
 static void tr_hello(struct trainer *t, const char *run, int L, int H, const char *token) {
     char tok[128] = "";
     if (token) snprintf(tok, sizeof tok, ",\"token\":\"%s\"", token);
-    tr_send(t, "{\"type\":\"hello\",\"protocol\":1,\"run\":\"%s\",\"layers\":%d,\"heads\":%d,\"seq_len\":16%s}", run, L, H,
-            tok);
+    tr_send(t, "{\"type\":\"hello\",\"protocol\":1,\"run\":\"%s\",\"layers\":%d,\"heads\":%d,\"seq_len\":16%s}", run, L,
+            H, tok);
     char line[1024];
     assert_int_equal(tr_line(t, line, sizeof line), 0);
     long long id, last;
@@ -380,7 +380,8 @@ static void check_buckets(const char *what, cJSON *step, cJSON *end, cJSON *obj,
         assert_int_equal((uint64_t)cJSON_GetArrayItem(count, i)->valuedouble, ec);
         assert_int_equal((uint64_t)cJSON_GetArrayItem(nonf, i)->valuedouble, enf);
         if (ec) {
-            if ((float)cJSON_GetArrayItem(mn, i)->valuedouble != emn || (float)cJSON_GetArrayItem(mx, i)->valuedouble != emx)
+            if ((float)cJSON_GetArrayItem(mn, i)->valuedouble != emn ||
+                (float)cJSON_GetArrayItem(mx, i)->valuedouble != emx)
                 fprintf(stderr, "%s bucket %d [%lld,%lld]: min %g/%g max %g/%g\n", what, i, (long long)s0,
                         (long long)s1, cJSON_GetArrayItem(mn, i)->valuedouble, emn,
                         cJSON_GetArrayItem(mx, i)->valuedouble, emx);
@@ -582,8 +583,11 @@ static void test_series_split(void **state) {
                          (long long)++t.seq, s);
         for (int l = 0; l < 16; l++)
             for (int h = 0; h < 32; h++)
-                n += snprintf(line + n, sizeof line - n, "%s%d%s", h ? "," : l ? ",[" : "[", (s + l + h) % 10,
-                              h == 31 ? "]" : "");
+                n += snprintf(line + n, sizeof line - n, "%s%d%s",
+                              h   ? ","
+                              : l ? ",["
+                                  : "[",
+                              (s + l + h) % 10, h == 31 ? "]" : "");
         snprintf(line + n, sizeof line - n, "]}}");
         tr_send(&t, "%s", line);
     }
@@ -628,7 +632,8 @@ static void test_series_split(void **state) {
     size_t cap = 64 + (size_t)1024 * 512 * 2 + 1024 * 4, n = 0;
     char *big = malloc(cap);
     assert_non_null(big);
-    n += (size_t)snprintf(big, cap, "{\"type\":\"step\",\"seq\":%lld,\"step\":0,\"heads\":{\"e\":[", (long long)++t.seq);
+    n +=
+        (size_t)snprintf(big, cap, "{\"type\":\"step\",\"seq\":%lld,\"step\":0,\"heads\":{\"e\":[", (long long)++t.seq);
     for (int l = 0; l < 1024; l++) {
         big[n++] = l ? ',' : ' ';
         big[n++] = '[';
@@ -703,8 +708,10 @@ static void check_timeline(const char *query, const char *series, int rows_want)
     double q = (hi - lo) / 65534;
     for (int r = 0; r < rows; r++) {
         cJSON *one = cJSON_GetArrayItem(sr, r), *c = cJSON_GetArrayItem(cells, r);
-        assert_int_equal((int)cJSON_GetArrayItem(c, 0)->valuedouble, (int)cJSON_GetObjectItem(one, "layer")->valuedouble);
-        cJSON *m = cJSON_GetObjectItem(one, "value") ? cJSON_GetObjectItem(one, "value") : cJSON_GetObjectItem(one, "min");
+        assert_int_equal((int)cJSON_GetArrayItem(c, 0)->valuedouble,
+                         (int)cJSON_GetObjectItem(one, "layer")->valuedouble);
+        cJSON *m =
+            cJSON_GetObjectItem(one, "value") ? cJSON_GetObjectItem(one, "value") : cJSON_GetObjectItem(one, "min");
         for (int i = 0; i < nb; i++) {
             unsigned code = tl_code(b64, (size_t)r * (size_t)nb + (size_t)i);
             cJSON *v = cJSON_GetArrayItem(m, i);
@@ -713,7 +720,8 @@ static void check_timeline(const char *query, const char *series, int rows_want)
                 continue;
             }
             double got = lo + code * q;
-            if (fabs(got - v->valuedouble) > q * 0.51 + 1e-9) fail_msg("%s row %d bucket %d: %g, series %g", query, r, i, got, v->valuedouble);
+            if (fabs(got - v->valuedouble) > q * 0.51 + 1e-9)
+                fail_msg("%s row %d bucket %d: %g, series %g", query, r, i, got, v->valuedouble);
         }
     }
     cJSON_Delete(s);
@@ -723,9 +731,11 @@ static void check_timeline(const char *query, const char *series, int rows_want)
 static void test_timeline(void **state) {
     (void)state;
     check_timeline("metric=entropy&points=9", "metric=entropy&points=9&split=head", L1 * H1);
-    check_timeline("metric=entropy&points=40&from=513&to=5555&layer=1", "metric=entropy&points=40&from=513&to=5555&split=head&layer=1", H1);
+    check_timeline("metric=entropy&points=40&from=513&to=5555&layer=1",
+                   "metric=entropy&points=40&from=513&to=5555&split=head&layer=1", H1);
     check_timeline("metric=entropy&points=30&rows=layer", "metric=entropy&points=30&split=layer&agg=min", L1);
-    check_timeline("metric=entropy&points=5000&from=2990&to=3200", "metric=entropy&points=5000&from=2990&to=3200&split=head", L1 * H1);
+    check_timeline("metric=entropy&points=5000&from=2990&to=3200",
+                   "metric=entropy&points=5000&from=2990&to=3200&split=head", L1 * H1);
     check_timeline("metric=rank_ratio&points=17", "metric=rank_ratio&points=17&split=layer", L1);
 #define TE(q, st, code) route_error("timeline", q, st, code)
     TE("", 400, "bad_request");
@@ -884,7 +894,8 @@ static void test_events(void **state) {
     snprintf(p, sizeof p, "/api/runs/%lld/events", (long long)R1);
     cJSON *j = get_json(&D, p, 200);
     cJSON *ev = cJSON_GetObjectItem(j, "events"), *e, *found = NULL;
-    cJSON_ArrayForEach(e, ev) if (strcmp(cJSON_GetObjectItem(e, "text")->valuestring, "hello \"events\"") == 0) found = e;
+    cJSON_ArrayForEach(e, ev) if (strcmp(cJSON_GetObjectItem(e, "text")->valuestring, "hello \"events\"") == 0) found =
+        e;
     assert_non_null(found);
     assert_string_equal(cJSON_GetObjectItem(found, "level")->valuestring, "warn");
     assert_int_equal((int64_t)cJSON_GetObjectItem(found, "seq")->valuedouble, T1.seq);
@@ -1051,8 +1062,9 @@ static void sse_open(struct sse *s, const struct daemon *d, const char *path, co
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     assert_int_equal(connect(s->fd, (struct sockaddr *)&a, sizeof a), 0);
     char rq[1024];
-    int n = snprintf(rq, sizeof rq, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s%s%s%s%s\r\n", path, last_id ? "Last-Event-ID: " : "",
-                     last_id ? last_id : "", last_id ? "\r\n" : "", auth ? auth : "", auth ? "\r\n" : "");
+    int n = snprintf(rq, sizeof rq, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s%s%s%s%s\r\n", path,
+                     last_id ? "Last-Event-ID: " : "", last_id ? last_id : "", last_id ? "\r\n" : "", auth ? auth : "",
+                     auth ? "\r\n" : "");
     assert_int_equal(write(s->fd, rq, (size_t)n), n);
 }
 
@@ -1108,8 +1120,10 @@ static void test_stream_resume(void **state) {
     sse_open(&s, &D, path, NULL, NULL);
     assert_non_null(sse_wait(&s, 0, "entropyd stream", 3000));
     for (int st = 0; st < 5; st++)
-        tr_send(&t, "{\"type\":\"step\",\"seq\":%lld,\"step\":%d,\"scalars\":{\"loss\":%d},\"heads\":{\"entropy\":[[1,2],[3,null]]}}",
-                (long long)++t.seq, st, st);
+        tr_send(
+            &t,
+            "{\"type\":\"step\",\"seq\":%lld,\"step\":%d,\"scalars\":{\"loss\":%d},\"heads\":{\"entropy\":[[1,2],[3,null]]}}",
+            (long long)++t.seq, st, st);
     tr_sync(&t);
     assert_non_null(sse_wait(&s, 0, "\"step\":4,", 3000));
     char ids[64][64];
@@ -1125,7 +1139,8 @@ static void test_stream_resume(void **state) {
 
     /* away: three more steps, then resume after the second one */
     for (int st = 5; st < 8; st++)
-        tr_send(&t, "{\"type\":\"step\",\"seq\":%lld,\"step\":%d,\"scalars\":{\"loss\":%d}}", (long long)++t.seq, st, st);
+        tr_send(&t, "{\"type\":\"step\",\"seq\":%lld,\"step\":%d,\"scalars\":{\"loss\":%d}}", (long long)++t.seq, st,
+                st);
     tr_sync(&t);
     sse_open(&s, &D, path, resume, NULL);
     assert_non_null(sse_wait(&s, 0, "\"step\":7,", 3000));
@@ -1251,10 +1266,19 @@ static void test_auth(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_series_exact), cmocka_unit_test(test_series_split), cmocka_unit_test(test_timeline), cmocka_unit_test(test_series_errors), cmocka_unit_test(test_runs),
-        cmocka_unit_test(test_frame),        cmocka_unit_test(test_events),        cmocka_unit_test(test_export),
-        cmocka_unit_test(test_metrics_healthz), cmocka_unit_test(test_delete),     cmocka_unit_test(test_static),
-        cmocka_unit_test(test_stream_resume), cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_series_exact),
+        cmocka_unit_test(test_series_split),
+        cmocka_unit_test(test_timeline),
+        cmocka_unit_test(test_series_errors),
+        cmocka_unit_test(test_runs),
+        cmocka_unit_test(test_frame),
+        cmocka_unit_test(test_events),
+        cmocka_unit_test(test_export),
+        cmocka_unit_test(test_metrics_healthz),
+        cmocka_unit_test(test_delete),
+        cmocka_unit_test(test_static),
+        cmocka_unit_test(test_stream_resume),
+        cmocka_unit_test(test_auth),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

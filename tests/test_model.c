@@ -21,14 +21,12 @@
 static uint64_t rng_state = 42;
 static double rnd(void) { return model_random_normal(&rng_state); }
 
-static float *frand(size_t n, double scale)
-{
+static float *frand(size_t n, double scale) {
     float *x = malloc(n * sizeof *x);
     for (size_t i = 0; i < n; i++) x[i] = (float)(rnd() * scale);
     return x;
 }
-static double *to_d(const float *x, size_t n)
-{
+static double *to_d(const float *x, size_t n) {
     double *d = malloc(n * sizeof *d);
     for (size_t i = 0; i < n; i++) d[i] = x[i];
     return d;
@@ -36,8 +34,7 @@ static double *to_d(const float *x, size_t n)
 
 /* ---------------------------------------------------- double reference */
 
-static void ref_layernorm(double *out, const double *x, const double *w, const double *b, int N, int C)
-{
+static void ref_layernorm(double *out, const double *x, const double *w, const double *b, int N, int C) {
     for (int n = 0; n < N; n++) {
         double m = 0, v = 0;
         for (int i = 0; i < C; i++) m += x[n * C + i];
@@ -49,9 +46,8 @@ static void ref_layernorm(double *out, const double *x, const double *w, const d
     }
 }
 
-static void ref_matmul(double *out, const double *x, const double *w, const double *b, double alpha,
-                       int N, int C, int OC)
-{
+static void ref_matmul(double *out, const double *x, const double *w, const double *b, double alpha, int N, int C,
+                       int OC) {
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             double s = 0;
@@ -60,8 +56,7 @@ static void ref_matmul(double *out, const double *x, const double *w, const doub
         }
 }
 
-static void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH)
-{
+static void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH) {
     int hs = C / NH;
     double *a = malloc(sizeof(double) * T);
     for (int b = 0; b < B; b++)
@@ -76,7 +71,10 @@ static void ref_attention(double *out, const double *qkv, int B, int T, int C, i
                     a[j] = d / sqrt((double)hs);
                     if (a[j] > mx) mx = a[j];
                 }
-                for (int j = 0; j <= i; j++) { a[j] = exp(a[j] - mx); s += a[j]; }
+                for (int j = 0; j <= i; j++) {
+                    a[j] = exp(a[j] - mx);
+                    s += a[j];
+                }
                 for (int e = 0; e < hs; e++) {
                     double y = 0;
                     for (int j = 0; j <= i; j++) y += a[j] / s * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + e];
@@ -86,17 +84,14 @@ static void ref_attention(double *out, const double *qkv, int B, int T, int C, i
     free(a);
 }
 
-static double ref_gelu1(double x)
-{
-    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
+static double ref_gelu1(double x) { return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
-static double ref_ce(const double *logits, const int *tg, int N, int V)
-{
+static double ref_ce(const double *logits, const int *tg, int N, int V) {
     double tot = 0;
     for (int n = 0; n < N; n++) {
         double mx = -1e300, s = 0;
-        for (int i = 0; i < V; i++) if (logits[n * V + i] > mx) mx = logits[n * V + i];
+        for (int i = 0; i < V; i++)
+            if (logits[n * V + i] > mx) mx = logits[n * V + i];
         for (int i = 0; i < V; i++) s += exp(logits[n * V + i] - mx);
         tot += log(s) + mx - logits[n * V + tg[n]];
     }
@@ -106,8 +101,7 @@ static double ref_ce(const double *logits, const int *tg, int N, int V)
 /* -------------------------------------------------------- comparison */
 
 /* Prints and returns max|a - n| / max|n| over n entries. */
-static double relerr(const char *what, const float *a, const double *num, size_t n)
-{
+static double relerr(const char *what, const float *a, const double *num, size_t n) {
     double md = 0, mn = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs(a[i] - num[i]);
@@ -121,13 +115,14 @@ static double relerr(const char *what, const float *a, const double *num, size_t
 
 /* Central difference of f with respect to x[0..n). */
 typedef double (*lossfn)(void *ctx);
-static void numgrad(double *g, double *x, size_t n, lossfn f, void *ctx)
-{
+static void numgrad(double *g, double *x, size_t n, lossfn f, void *ctx) {
     const double h = 1e-6;
     for (size_t i = 0; i < n; i++) {
         double s = x[i];
-        x[i] = s + h; double lp = f(ctx);
-        x[i] = s - h; double lm = f(ctx);
+        x[i] = s + h;
+        double lp = f(ctx);
+        x[i] = s - h;
+        double lm = f(ctx);
         x[i] = s;
         g[i] = (lp - lm) / (2 * h);
     }
@@ -137,9 +132,11 @@ static void numgrad(double *g, double *x, size_t n, lossfn f, void *ctx)
 
 /* ------------------------------------------------------- layer checks */
 
-typedef struct { int N, C, OC; double *x, *w, *b, *R, alpha; } mm_ctx;
-static double mm_loss(void *p)
-{
+typedef struct {
+    int N, C, OC;
+    double *x, *w, *b, *R, alpha;
+} mm_ctx;
+static double mm_loss(void *p) {
     mm_ctx *c = p;
     double *out = malloc(sizeof(double) * c->N * c->OC), L = 0;
     ref_matmul(out, c->x, c->w, c->b, c->alpha, c->N, c->C, c->OC);
@@ -148,8 +145,7 @@ static double mm_loss(void *p)
     return L;
 }
 
-static void test_matmul(void **state)
-{
+static void test_matmul(void **state) {
     (void)state;
     int N = 6, C = 5, OC = 7;
     float *x = frand(N * C, 1), *w = frand(OC * C, 1), *b = frand(OC, 1), *R = frand(N * OC, 1);
@@ -162,7 +158,8 @@ static void test_matmul(void **state)
     kernel_matmul_forward(half, x, w, 0.5f, b, NULL, N, C, OC);
     kernel_matmul_reference(nob, x, w, NULL, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(half[i] - 0.5f * nob[i] - b[i % OC]) < 1e-4f);
-    free(half); free(nob);
+    free(half);
+    free(nob);
     /* fused residual: out = x w^T + b + res */
     float *res = frand(N * OC, 1), *out2 = calloc(N * OC, 4);
     kernel_matmul_forward(out2, x, w, 1.0f, b, res, N, C, OC);
@@ -170,22 +167,40 @@ static void test_matmul(void **state)
     kernel_matmul_forward(out2, x, w, 1.0f, NULL, res, N, C, OC);
     kernel_matmul_reference(ref, x, w, NULL, N, C, OC);
     for (int i = 0; i < N * OC; i++) assert_true(fabsf(out2[i] - ref[i] - res[i]) < 1e-4f);
-    free(res); free(out2);
+    free(res);
+    free(out2);
     float *dx = calloc(N * C, 4), *dw = calloc(OC * C, 4), *db = calloc(OC, 4);
     kernel_matmul_backward(dx, dw, db, R, x, w, 0.7f, N, C, OC, 1.0f);
     mm_ctx c = {N, C, OC, to_d(x, N * C), to_d(w, OC * C), to_d(b, OC), to_d(R, N * OC), 0.7};
     double *g = malloc(sizeof(double) * OC * C);
     printf("matmul:\n");
-    numgrad(g, c.x, N * C, mm_loss, &c); assert_true(relerr("dinp", dx, g, N * C) < TOL);
-    numgrad(g, c.w, OC * C, mm_loss, &c); assert_true(relerr("dweight", dw, g, OC * C) < TOL);
-    numgrad(g, c.b, OC, mm_loss, &c); assert_true(relerr("dbias", db, g, OC) < TOL);
-    free(x); free(w); free(b); free(R); free(out); free(ref); free(dx); free(dw); free(db);
-    free(c.x); free(c.w); free(c.b); free(c.R); free(g);
+    numgrad(g, c.x, N * C, mm_loss, &c);
+    assert_true(relerr("dinp", dx, g, N * C) < TOL);
+    numgrad(g, c.w, OC * C, mm_loss, &c);
+    assert_true(relerr("dweight", dw, g, OC * C) < TOL);
+    numgrad(g, c.b, OC, mm_loss, &c);
+    assert_true(relerr("dbias", db, g, OC) < TOL);
+    free(x);
+    free(w);
+    free(b);
+    free(R);
+    free(out);
+    free(ref);
+    free(dx);
+    free(dw);
+    free(db);
+    free(c.x);
+    free(c.w);
+    free(c.b);
+    free(c.R);
+    free(g);
 }
 
-typedef struct { int N, C; double *x, *w, *b, *R; } ln_ctx;
-static double ln_loss(void *p)
-{
+typedef struct {
+    int N, C;
+    double *x, *w, *b, *R;
+} ln_ctx;
+static double ln_loss(void *p) {
     ln_ctx *c = p;
     double *out = malloc(sizeof(double) * c->N * c->C), L = 0;
     ref_layernorm(out, c->x, c->w, c->b, c->N, c->C);
@@ -194,8 +209,7 @@ static double ln_loss(void *p)
     return L;
 }
 
-static void test_layernorm(void **state)
-{
+static void test_layernorm(void **state) {
     (void)state;
     int N = 4, C = 37; /* two 16-lane blocks and a tail */
     float *x = frand(N * C, 1), *w = frand(C, 1), *b = frand(C, 1), *R = frand(N * C, 1);
@@ -208,16 +222,35 @@ static void test_layernorm(void **state)
     ref_layernorm(ro, c.x, c.w, c.b, N, C);
     for (int i = 0; i < N * C; i++) assert_true(fabs(out[i] - ro[i]) < 1e-5);
     printf("layernorm:\n");
-    numgrad(g, c.x, N * C, ln_loss, &c); assert_true(relerr("dinp", dx, g, N * C) < TOL);
-    numgrad(g, c.w, C, ln_loss, &c); assert_true(relerr("dweight", dw, g, C) < TOL);
-    numgrad(g, c.b, C, ln_loss, &c); assert_true(relerr("dbias", db, g, C) < TOL);
-    free(x); free(w); free(b); free(R); free(out); free(mean); free(rstd); free(dx); free(dw);
-    free(db); free(c.x); free(c.w); free(c.b); free(c.R); free(ro); free(g);
+    numgrad(g, c.x, N * C, ln_loss, &c);
+    assert_true(relerr("dinp", dx, g, N * C) < TOL);
+    numgrad(g, c.w, C, ln_loss, &c);
+    assert_true(relerr("dweight", dw, g, C) < TOL);
+    numgrad(g, c.b, C, ln_loss, &c);
+    assert_true(relerr("dbias", db, g, C) < TOL);
+    free(x);
+    free(w);
+    free(b);
+    free(R);
+    free(out);
+    free(mean);
+    free(rstd);
+    free(dx);
+    free(dw);
+    free(db);
+    free(c.x);
+    free(c.w);
+    free(c.b);
+    free(c.R);
+    free(ro);
+    free(g);
 }
 
-typedef struct { int B, T, C, NH; double *qkv, *R; } at_ctx;
-static double at_loss(void *p)
-{
+typedef struct {
+    int B, T, C, NH;
+    double *qkv, *R;
+} at_ctx;
+static double at_loss(void *p) {
     at_ctx *c = p;
     int n = c->B * c->T * c->C;
     double *out = malloc(sizeof(double) * n), L = 0;
@@ -227,8 +260,7 @@ static double at_loss(void *p)
     return L;
 }
 
-static void check_attention(int T)
-{
+static void check_attention(int T) {
     int B = 2, C = 8, NH = 2, n = B * T * C;
     float *qkv = frand(3 * n, 1), *R = frand(n, 1);
     float *out = calloc(n, 4), *att = calloc(B * NH * T * T, 4);
@@ -252,13 +284,20 @@ static void check_attention(int T)
     printf("attention T=%d block=%d:\n", T, kernel_att_block());
     numgrad(g, c.qkv, 3 * n, at_loss, &c);
     assert_true(relerr("dqkv", dqkv, g, 3 * n) < TOL);
-    free(qkv); free(R); free(out); free(att); free(c.qkv); free(c.R); free(ro); free(g);
-    free(dqkv); free(datt);
+    free(qkv);
+    free(R);
+    free(out);
+    free(att);
+    free(c.qkv);
+    free(c.R);
+    free(ro);
+    free(g);
+    free(dqkv);
+    free(datt);
 }
 
 /* T = 37: rows long enough for the 16-lane reductions, plus tails */
-static void test_attention(void **state)
-{
+static void test_attention(void **state) {
     (void)state;
     check_attention(5);
     check_attention(37);
@@ -269,22 +308,25 @@ static void test_attention(void **state)
     kernel_set_att_block(32);
 }
 
-typedef struct { int n; double *x, *R; } ge_ctx;
-static double ge_loss(void *p)
-{
+typedef struct {
+    int n;
+    double *x, *R;
+} ge_ctx;
+static double ge_loss(void *p) {
     ge_ctx *c = p;
     double L = 0;
     for (int i = 0; i < c->n; i++) L += ref_gelu1(c->x[i]) * c->R[i];
     return L;
 }
 
-static void test_gelu(void **state)
-{
+static void test_gelu(void **state) {
     (void)state;
     int N = 4, OC = 37, n = N * OC; /* lanes and tails */
     float *x = frand(n, 2), *R = frand(n, 1), *out = calloc(n, 4), *dx = calloc(n, 4);
     float *bias = frand(OC, 0.5), *xb = malloc(sizeof(float) * n);
-    x[0] = 12.0f; x[1] = -12.0f; x[2] = -bias[2]; /* saturated tails and the origin */
+    x[0] = 12.0f;
+    x[1] = -12.0f;
+    x[2] = -bias[2]; /* saturated tails and the origin */
     for (int i = 0; i < n; i++) xb[i] = x[i] + bias[i % OC];
     float *deriv = malloc(sizeof(float) * n);
     memcpy(deriv, x, sizeof(float) * n);
@@ -297,15 +339,29 @@ static void test_gelu(void **state)
     printf("gelu:\n");
     numgrad(g, c.x, n, ge_loss, &c);
     assert_true(relerr("dinp", dx, g, n) < TOL);
-    free(x); free(R); free(out); free(dx); free(bias); free(xb); free(deriv);
-    free(c.x); free(c.R); free(g);
+    free(x);
+    free(R);
+    free(out);
+    free(dx);
+    free(bias);
+    free(xb);
+    free(deriv);
+    free(c.x);
+    free(c.R);
+    free(g);
 }
 
-typedef struct { int N, V; double *z; const int *tg; } ce_ctx;
-static double ce_loss(void *p) { ce_ctx *c = p; return ref_ce(c->z, c->tg, c->N, c->V); }
+typedef struct {
+    int N, V;
+    double *z;
+    const int *tg;
+} ce_ctx;
+static double ce_loss(void *p) {
+    ce_ctx *c = p;
+    return ref_ce(c->z, c->tg, c->N, c->V);
+}
 
-static void test_crossentropy(void **state)
-{
+static void test_crossentropy(void **state) {
     (void)state;
     int N = 6, V = 11, tg[6] = {0, 3, 10, 5, 5, 7};
     float *z = frand(N * V, 3), *probs = malloc(sizeof(float) * N * V), *losses = calloc(N, 4);
@@ -324,12 +380,15 @@ static void test_crossentropy(void **state)
     int t1 = 1;
     kernel_softmax_crossentropy_forward(big, &l, &t1, 1, 3);
     assert_true(isfinite(l) && fabsf(l - 2000.0f) < 1e-2f);
-    free(z); free(probs); free(losses); free(c.z); free(g);
+    free(z);
+    free(probs);
+    free(losses);
+    free(c.z);
+    free(g);
 }
 
 /* The embedding layer: out = wte[token] + wpe[t]; its backward scatters. */
-static void test_encoder(void **state)
-{
+static void test_encoder(void **state) {
     (void)state;
     int B = 2, T = 3, C = 4, V = 5, inp[6] = {1, 4, 1, 0, 1, 3};
     float *wte = frand(V * C, 1), *wpe = frand(T * C, 1), *R = frand(B * T * C, 1);
@@ -348,11 +407,15 @@ static void test_encoder(void **state)
     printf("encoder:\n");
     assert_true(relerr("dwte", dwte, gte, V * C) < 1e-6);
     assert_true(relerr("dwpe", dwpe, gpe, T * C) < 1e-6);
-    free(wte); free(wpe); free(R); free(out); free(dwte); free(dwpe);
+    free(wte);
+    free(wpe);
+    free(R);
+    free(out);
+    free(dwte);
+    free(dwpe);
 }
 
-static void test_fast_exp(void **state)
-{
+static void test_fast_exp(void **state) {
     (void)state;
     double worst = 0;
     for (float x = -80.0f; x < 80.0f; x += 0.0137f) {
@@ -370,7 +433,7 @@ static void test_fast_exp(void **state)
 
 typedef struct {
     model *m;
-    double *P;        /* parameters, double copy of the flat buffer */
+    double *P; /* parameters, double copy of the flat buffer */
     int B, T;
     const int *in, *tg;
 } mdl_ctx;
@@ -379,8 +442,7 @@ typedef struct {
 
 /* The whole model in double: same parameter layout, u and v taken from the
  * float model as constants, sigma = v^T W u recomputed in double. */
-static double ref_model_loss(void *p)
-{
+static double ref_model_loss(void *p) {
     mdl_ctx *c = p;
     model *m = c->m;
     const model_config *cf = &m->cfg;
@@ -390,13 +452,15 @@ static double ref_model_loss(void *p)
     double *h = malloc(sizeof(double) * BT * 4 * C), *t = malloc(sizeof(double) * BT * C);
     double *logits = malloc(sizeof(double) * BT * V);
     for (int r = 0; r < BT; r++)
-        for (int i = 0; i < C; i++)
-            x[r * C + i] = PD(c, wte)[c->in[r] * C + i] + PD(c, wpe)[(r % T) * C + i];
+        for (int i = 0; i < C; i++) x[r * C + i] = PD(c, wte)[c->in[r] * C + i] + PD(c, wpe)[(r % T) * C + i];
     /* effective scale of linear i: gamma / (v^T W u) */
     double scale[1024];
     for (int i = 0; i < m->num_linear; i++) {
         const sreparam_linear *l = &m->lin[i];
-        if (cf->reparam == MODEL_REPARAM_NONE) { scale[i] = 1.0; continue; }
+        if (cf->reparam == MODEL_REPARAM_NONE) {
+            scale[i] = 1.0;
+            continue;
+        }
         const double *W = c->P + (l->w - m->params_memory);
         double s = 0;
         for (int o = 0; o < l->out; o++)
@@ -441,22 +505,33 @@ static double ref_model_loss(void *p)
     ref_matmul(logits, xf, W_OF(m->num_linear - 1), NULL, scale[m->num_linear - 1], BT, C, V);
 #undef W_OF
     double loss = ref_ce(logits, c->tg, BT, V);
-    free(x); free(ln); free(qkv); free(y); free(h); free(t); free(logits);
+    free(x);
+    free(ln);
+    free(qkv);
+    free(y);
+    free(h);
+    free(t);
+    free(logits);
     return loss;
 }
 
-static const char *const TENSOR_NAMES[MODEL_NUM_PARAMS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b",
-    "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lmw", "gamma"};
+static const char *const TENSOR_NAMES[MODEL_NUM_PARAMS] = {"wte",      "wpe",      "ln1w", "ln1b", "qkvw", "qkvb",
+                                                           "attprojw", "attprojb", "ln2w", "ln2b", "fcw",  "fcb",
+                                                           "fcprojw",  "fcprojb",  "lnfw", "lnfb", "lmw",  "gamma"};
 
 /* When >= 0, check_model sets this linear's gamma to 0 (W_hat = 0: its dW
  * is zero, its dgamma is not, and the <dX, X> / alpha route cannot be used). */
 static int zero_gamma_linear = -1;
 
-static void check_model(int reparam, int norm, int gamma_init, int threads)
-{
-    model_config cfg = {.vocab = 11, .max_seq = 6, .layers = 2, .heads = 2, .dim = 8,
-                        .norm = norm, .reparam = reparam, .gamma_init = gamma_init};
+static void check_model(int reparam, int norm, int gamma_init, int threads) {
+    model_config cfg = {.vocab = 11,
+                        .max_seq = 6,
+                        .layers = 2,
+                        .heads = 2,
+                        .dim = 8,
+                        .norm = norm,
+                        .reparam = reparam,
+                        .gamma_init = gamma_init};
     int B = 3, T = 5;
     model *m = model_create(&cfg, B, T, threads);
     assert_non_null(m);
@@ -470,16 +545,23 @@ static void check_model(int reparam, int norm, int gamma_init, int threads)
         if (reparam == MODEL_REPARAM_SIGMA) *m->lin[i].gamma = (float)(0.5 + fabs(rnd()));
     if (zero_gamma_linear >= 0) *m->lin[zero_gamma_linear].gamma = 0.0f;
     int in[15], tg[15];
-    for (int i = 0; i < B * T; i++) { in[i] = (int)(model_random_u32(&rng) % 11); tg[i] = (int)(model_random_u32(&rng) % 11); }
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int)(model_random_u32(&rng) % 11);
+        tg[i] = (int)(model_random_u32(&rng) % 11);
+    }
     float loss = model_forward(m, in, tg, B, T, 1);
     model_zero_grad(m);
     model_backward(m);
     mdl_ctx c = {m, to_d(m->params_memory, m->num_params), B, T, in, tg};
     double ref = ref_model_loss(&c);
     printf("model reparam=%s norm=%s gamma-init=%s threads=%d: loss %.7f ref %.7f\n",
-           reparam == 0 ? "none" : reparam == 1 ? "sigma" : "spectral",
-           norm == 0 ? "pre" : norm == 1 ? "post" : "none", gamma_init ? "one" : "sigma", threads,
-           loss, ref);
+           reparam == 0   ? "none"
+           : reparam == 1 ? "sigma"
+                          : "spectral",
+           norm == 0   ? "pre"
+           : norm == 1 ? "post"
+                       : "none",
+           gamma_init ? "one" : "sigma", threads, loss, ref);
     assert_true(fabs(loss - ref) < 1e-4 * (1 + fabs(ref)));
     double *g = malloc(sizeof(double) * m->num_params);
     numgrad(g, c.P, m->num_params, ref_model_loss, &c);
@@ -487,8 +569,8 @@ static void check_model(int reparam, int norm, int gamma_init, int threads)
     size_t off = 0;
     for (int t = 0; t < MODEL_NUM_PARAMS; t++) {
         size_t n = m->param_sizes[t];
-        int unused = (norm == MODEL_NORM_NONE && (t == MODEL_LN1W || t == MODEL_LN1B ||
-                      t == MODEL_LN2W || t == MODEL_LN2B || t == MODEL_LNFW || t == MODEL_LNFB)) ||
+        int unused = (norm == MODEL_NORM_NONE && (t == MODEL_LN1W || t == MODEL_LN1B || t == MODEL_LN2W ||
+                                                  t == MODEL_LN2B || t == MODEL_LNFW || t == MODEL_LNFB)) ||
                      (t == MODEL_GAMMA && reparam != MODEL_REPARAM_SIGMA);
         if (unused) {
             /* no gradient may appear where the model has no dependence */
@@ -506,25 +588,21 @@ static void check_model(int reparam, int norm, int gamma_init, int threads)
     model_destroy(m);
 }
 
-static void test_model_reparam_none(void **s)
-{
+static void test_model_reparam_none(void **s) {
     (void)s;
     for (int norm = 0; norm < 3; norm++) check_model(MODEL_REPARAM_NONE, norm, 0, 1);
 }
-static void test_model_reparam_sigma(void **s)
-{
+static void test_model_reparam_sigma(void **s) {
     (void)s;
     for (int norm = 0; norm < 3; norm++) check_model(MODEL_REPARAM_SIGMA, norm, 0, 1);
     check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, MODEL_GAMMA_ONE, 1);
 }
-static void test_model_reparam_spectral(void **s)
-{
+static void test_model_reparam_spectral(void **s) {
     (void)s;
     for (int norm = 0; norm < 3; norm++) check_model(MODEL_REPARAM_SPECTRAL, norm, 0, 1);
 }
 /* The data-parallel path (shards + gradient reduction) gives the same gradients. */
-static void test_model_threads(void **s)
-{
+static void test_model_threads(void **s) {
     (void)s;
     check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 2);
     check_model(MODEL_REPARAM_NONE, MODEL_NORM_POST, 0, 3);
@@ -534,8 +612,7 @@ static void test_model_threads(void **s)
 }
 
 /* <G, W> by activations only, then by weights only (gamma != 0). */
-static void test_model_gw_routes(void **s)
-{
+static void test_model_gw_routes(void **s) {
     (void)s;
     for (int r = 0; r < 2; r++) {
         model_set_gw_weights_below(r ? 0.0 : 1e30);
@@ -547,8 +624,7 @@ static void test_model_gw_routes(void **s)
 }
 
 /* gamma = 0 on one linear (its FC), with one and two threads. */
-static void test_model_zero_gamma(void **s)
-{
+static void test_model_zero_gamma(void **s) {
     (void)s;
     zero_gamma_linear = MODEL_LIN_FC;
     check_model(MODEL_REPARAM_SIGMA, MODEL_NORM_PRE, 0, 1);
@@ -558,11 +634,15 @@ static void test_model_zero_gamma(void **s)
 
 /* With gamma-init sigma the model starts with W_hat == W: gamma / sigma is
  * 1 for every linear, and the QKV weight a probe reads is W. */
-static void test_model_init_identity(void **s)
-{
+static void test_model_init_identity(void **s) {
     (void)s;
-    model_config cfg = {.vocab = 16, .max_seq = 8, .layers = 2, .heads = 2, .dim = 16,
-                        .norm = MODEL_NORM_PRE, .reparam = MODEL_REPARAM_SIGMA,
+    model_config cfg = {.vocab = 16,
+                        .max_seq = 8,
+                        .layers = 2,
+                        .heads = 2,
+                        .dim = 16,
+                        .norm = MODEL_NORM_PRE,
+                        .reparam = MODEL_REPARAM_SIGMA,
                         .gamma_init = MODEL_GAMMA_SIGMA};
     model *m = model_create(&cfg, 2, 8, 1);
     uint64_t rng = 3;
@@ -586,8 +666,7 @@ static void test_model_init_identity(void **s)
     model_destroy(m);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fast_exp),
         cmocka_unit_test(test_encoder),

@@ -27,8 +27,8 @@ static void test_split_good(void **state) {
 
 static void test_split_bad(void **state) {
     (void)state;
-    const char *bad[] = {"", "8080", ":8080", "host:", "host:65536", "host:-1", "host:80x", "host:0800000",
-                         "[]:80", "[::1:80", "::1]:80", "host: 80"};
+    const char *bad[] = {"",         "8080",         ":8080", "host:",   "host:65536", "host:-1",
+                         "host:80x", "host:0800000", "[]:80", "[::1:80", "::1]:80",    "host: 80"};
     char host[64];
     int port;
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

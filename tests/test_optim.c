@@ -12,8 +12,7 @@
 
 #include "optim.h"
 
-static void test_adamw_by_hand(void **s)
-{
+static void test_adamw_by_hand(void **s) {
     (void)s;
     optim *o = optim_create(OPTIM_ADAMW, 2, 0.9f, 0.95f, 1e-8f, 0.1f);
     assert_non_null(o);
@@ -34,8 +33,7 @@ static void test_adamw_by_hand(void **s)
     optim_destroy(o);
 }
 
-static void test_sgd_momentum_adam(void **s)
-{
+static void test_sgd_momentum_adam(void **s) {
     (void)s;
     optim_group grp = {0, 1, 1, 0};
     float p = 1.0f, g = 2.0f;
@@ -45,26 +43,28 @@ static void test_sgd_momentum_adam(void **s)
     optim_destroy(o);
     p = 1.0f;
     o = optim_create(OPTIM_MOMENTUM, 1, 0.9f, 0.95f, 1e-8f, 0.0f);
-    optim_step(o, &p, &g, &grp, 1, 0.1f);  /* m = 2 */
-    optim_step(o, &p, &g, &grp, 1, 0.1f);  /* m = 3.8 */
+    optim_step(o, &p, &g, &grp, 1, 0.1f); /* m = 2 */
+    optim_step(o, &p, &g, &grp, 1, 0.1f); /* m = 3.8 */
     assert_true(fabsf(p - (1.0f - 0.2f - 0.38f)) < 1e-6f);
     assert_int_equal(o->state_n, 1);
     optim_destroy(o);
     p = 1.0f;
     o = optim_create(OPTIM_ADAM, 1, 0.9f, 0.95f, 1e-8f, 0.0f);
-    optim_step(o, &p, &g, &grp, 1, 0.1f);  /* first Adam step moves by lr * sign */
+    optim_step(o, &p, &g, &grp, 1, 0.1f); /* first Adam step moves by lr * sign */
     assert_true(fabsf(p - 0.9f) < 1e-6f);
     assert_int_equal(o->state_n, 2);
     optim_destroy(o);
     assert_null(optim_create(7, 1, 0.9f, 0.95f, 1e-8f, 0.0f));
 }
 
-static void test_split_equals_whole_and_groups(void **s)
-{
+static void test_split_equals_whole_and_groups(void **s) {
     (void)s;
     enum { N = 1000 };
     static float p1[N], p2[N], g[N];
-    for (int i = 0; i < N; i++) { p1[i] = p2[i] = sinf(i); g[i] = cosf(i * 0.7f); }
+    for (int i = 0; i < N; i++) {
+        p1[i] = p2[i] = sinf(i);
+        g[i] = cosf(i * 0.7f);
+    }
     optim_group grp[3] = {{0, 300, 1, 0}, {300, 200, 0, 1}, {500, 500, 0, 0}};
     optim *a = optim_create(OPTIM_ADAMW, N, 0.9f, 0.95f, 1e-8f, 0.1f);
     optim *b = optim_create(OPTIM_ADAMW, N, 0.9f, 0.95f, 1e-8f, 0.1f);
@@ -81,8 +81,7 @@ static void test_split_equals_whole_and_groups(void **s)
     optim_destroy(b);
 }
 
-static void test_schedule_and_clip(void **s)
-{
+static void test_schedule_and_clip(void **s) {
     (void)s;
     assert_true(fabsf(optim_lr(1.0f, 0, 4, 100, OPTIM_SCHEDULE_COSINE) - 0.25f) < 1e-6f);
     assert_true(fabsf(optim_lr(1.0f, 3, 4, 100, OPTIM_SCHEDULE_COSINE) - 1.0f) < 1e-6f);
@@ -101,8 +100,7 @@ static void test_schedule_and_clip(void **s)
     assert_true(fabsf(g[0] - 0.6f) < 1e-6f && fabsf(g[1] - 0.8f) < 1e-6f);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_by_hand),
         cmocka_unit_test(test_sgd_momentum_adam),

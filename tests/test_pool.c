@@ -14,14 +14,13 @@
 #include "pool.h"
 
 typedef struct {
-    int runs[8];       /* per thread index: times run in this task */
+    int runs[8]; /* per thread index: times run in this task */
     int nthreads_seen[8];
     pthread_t who[8];
     long input, out[8];
 } task_state;
 
-static void count_task(void *ctx, int t, int n)
-{
+static void count_task(void *ctx, int t, int n) {
     task_state *s = ctx;
     s->runs[t]++;
     s->nthreads_seen[t] = n;
@@ -29,8 +28,7 @@ static void count_task(void *ctx, int t, int n)
     s->out[t] = s->input * (t + 1);
 }
 
-static void test_each_thread_once(void **state)
-{
+static void test_each_thread_once(void **state) {
     (void)state;
     for (int n = 1; n <= 4; n++) {
         pool *p = pool_create(n);
@@ -54,8 +52,7 @@ static void test_each_thread_once(void **state)
     pool_destroy(NULL);
 }
 
-static void test_zero_threads_is_one(void **state)
-{
+static void test_zero_threads_is_one(void **state) {
     (void)state;
     pool *p = pool_create(0);
     assert_non_null(p);
@@ -67,8 +64,7 @@ static void test_zero_threads_is_one(void **state)
     pool_destroy(p);
 }
 
-static void test_split(void **state)
-{
+static void test_split(void **state) {
     (void)state;
     size_t sizes[] = {0, 1, 7, 1000, 1001};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
@@ -85,8 +81,7 @@ static void test_split(void **state)
         }
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_thread_once),
         cmocka_unit_test(test_zero_threads_is_one),

@@ -27,10 +27,15 @@
 
 enum { TL = 2, TH = 4, TC = 32, TT = 24, TB = 3, TV = 32 };
 
-static model *make_model_threads(int reparam, uint64_t seed, int threads)
-{
-    model_config cfg = {.vocab = TV, .max_seq = TT, .layers = TL, .heads = TH, .dim = TC,
-                        .norm = MODEL_NORM_PRE, .reparam = reparam, .gamma_init = MODEL_GAMMA_SIGMA};
+static model *make_model_threads(int reparam, uint64_t seed, int threads) {
+    model_config cfg = {.vocab = TV,
+                        .max_seq = TT,
+                        .layers = TL,
+                        .heads = TH,
+                        .dim = TC,
+                        .norm = MODEL_NORM_PRE,
+                        .reparam = reparam,
+                        .gamma_init = MODEL_GAMMA_SIGMA};
     model *m = model_create(&cfg, TB, TT, threads);
     assert_non_null(m);
     uint64_t rng = seed;
@@ -40,16 +45,14 @@ static model *make_model_threads(int reparam, uint64_t seed, int threads)
 
 static model *make_model(int reparam, uint64_t seed) { return make_model_threads(reparam, seed, 1); }
 
-static void random_tokens(int *in, int *tg, int n, uint64_t *rng)
-{
+static void random_tokens(int *in, int *tg, int n, uint64_t *rng) {
     for (int i = 0; i < n; i++) {
         in[i] = (int)(model_random_u32(rng) % TV);
         tg[i] = (int)(model_random_u32(rng) % TV);
     }
 }
 
-static void forward(model *m, uint64_t seed)
-{
+static void forward(model *m, uint64_t seed) {
     static int in[TB * TT], tg[TB * TT];
     uint64_t rng = seed;
     random_tokens(in, tg, TB * TT, &rng);
@@ -59,17 +62,14 @@ static void forward(model *m, uint64_t seed)
 
 /* Scales the QKV weights (the parameters: --reparam none) and sets the q/k
  * biases to bias_std * N(0,1). */
-static void shape_qkv(model *m, float scale, float bias_std, uint64_t seed)
-{
+static void shape_qkv(model *m, float scale, float bias_std, uint64_t seed) {
     uint64_t rng = seed;
     size_t n = (size_t)TL * 3 * TC * TC;
     for (size_t i = 0; i < n; i++) m->params.qkvw[i] *= scale;
-    for (size_t i = 0; i < (size_t)TL * 3 * TC; i++)
-        m->params.qkvb[i] = bias_std * model_random_normal(&rng);
+    for (size_t i = 0; i < (size_t)TL * 3 * TC; i++) m->params.qkvb[i] = bias_std * model_random_normal(&rng);
 }
 
-static void test_bound_known_values(void **state)
-{
+static void test_bound_known_values(void **state) {
     (void)state;
     assert_float_equal(probe_entropy_bound(8, 3.0), 0.957457, 1e-6);
     double s[] = {0, 1, 2, 5, 10}, want[] = {5.283, 5.278, 5.242, 3.672, 0.095};
@@ -88,8 +88,7 @@ static void test_bound_known_values(void **state)
 /* entropy >= entropy_bound per head; returns the smallest entropy - bound
  * and how many heads have a bound of at least half their entropy (so the
  * check is not vacuous). */
-static void check_bound(const probe_metrics *r, const char *what, int *tight)
-{
+static void check_bound(const probe_metrics *r, const char *what, int *tight) {
     for (int k = 0; k < TL * TH; k++) {
         assert_true(isfinite(r->entropy[k]) && isfinite(r->entropy_bound[k]));
         if (r->entropy_bound[k] > r->entropy[k] + 1e-4f)
@@ -99,8 +98,7 @@ static void check_bound(const probe_metrics *r, const char *what, int *tight)
     }
 }
 
-static void test_bound_random(void **state)
-{
+static void test_bound_random(void **state) {
     (void)state;
     float scales[] = {0.3f, 1.0f, 3.0f, 10.0f, 30.0f};
     float biases[] = {0.0f, 0.05f, 0.5f};
@@ -117,8 +115,8 @@ static void test_bound_random(void **state)
             char what[64];
             snprintf(what, sizeof what, "scale %g bias %g", scales[si], biases[bi]);
             check_bound(r, what, &tight);
-            printf("%-22s entropy[0] %.4f bound[0] %.4f sigma_qk[0] %.4f max_logit[0] %.3f\n", what,
-                   r->entropy[0], r->entropy_bound[0], r->sigma_qk[0], r->max_logit[0]);
+            printf("%-22s entropy[0] %.4f bound[0] %.4f sigma_qk[0] %.4f max_logit[0] %.3f\n", what, r->entropy[0],
+                   r->entropy_bound[0], r->sigma_qk[0], r->max_logit[0]);
             cases++;
             probe_destroy(p);
             model_destroy(m);
@@ -130,8 +128,7 @@ static void test_bound_random(void **state)
 /* The trainer's settings (2 power steps per call): the first call, with cold
  * vectors, must already give a valid bound where it is tight, and so must
  * the following calls as the weights move. */
-static void test_bound_default_iters(void **state)
-{
+static void test_bound_default_iters(void **state) {
     (void)state;
     int tight = 0;
     for (int seed = 0; seed < 4; seed++) {
@@ -151,8 +148,7 @@ static void test_bound_default_iters(void **state)
     assert_true(tight > 0);
 }
 
-static void test_bound_trained(void **state)
-{
+static void test_bound_trained(void **state) {
     (void)state;
     int reparams[] = {MODEL_REPARAM_SIGMA, MODEL_REPARAM_NONE};
     for (int ri = 0; ri < 2; ri++) {
@@ -180,8 +176,8 @@ static void test_bound_trained(void **state)
         const probe_metrics *r = probe_compute(p, m);
         int tight = 0;
         check_bound(r, reparams[ri] == MODEL_REPARAM_SIGMA ? "trained sigma" : "trained none", &tight);
-        printf("trained reparam %d: entropy[0] %.4f bound[0] %.4f max_logit[0] %.3f\n", reparams[ri],
-               r->entropy[0], r->entropy_bound[0], r->max_logit[0]);
+        printf("trained reparam %d: entropy[0] %.4f bound[0] %.4f max_logit[0] %.3f\n", reparams[ri], r->entropy[0],
+               r->entropy_bound[0], r->max_logit[0]);
         probe_destroy(p);
         optim_destroy(o);
         model_destroy(m);
@@ -190,20 +186,19 @@ static void test_bound_trained(void **state)
 
 /* Overwrites every head's attention with uniform (kind 0) or one-hot on key
  * 0 (kind 1) rows. */
-static void set_attention(model *m, int kind)
-{
+static void set_attention(model *m, int kind) {
     for (int l = 0; l < TL; l++) {
         float *a = model_attention(m, l);
         for (int bh = 0; bh < TB * TH; bh++)
             for (int i = 0; i < TT; i++)
                 for (int j = 0; j < TT; j++)
-                    a[((size_t)bh * TT + i) * TT + j] =
-                        j > i ? 0.0f : kind == 0 ? 1.0f / (i + 1) : (j == 0 ? 1.0f : 0.0f);
+                    a[((size_t)bh * TT + i) * TT + j] = j > i       ? 0.0f
+                                                        : kind == 0 ? 1.0f / (i + 1)
+                                                                    : (j == 0 ? 1.0f : 0.0f);
     }
 }
 
-static void test_uniform_and_onehot(void **state)
-{
+static void test_uniform_and_onehot(void **state) {
     (void)state;
     model *m = make_model(MODEL_REPARAM_NONE, 9);
     forward(m, 1);
@@ -244,8 +239,7 @@ static void test_uniform_and_onehot(void **state)
 /* ---- exact references (double, LAPACK SVD / eigen-decomposition) ---------- */
 
 /* Largest singular value of the row-major m x n matrix a (copied). */
-static double exact_norm2(const double *a, int m, int n)
-{
+static double exact_norm2(const double *a, int m, int n) {
     double *c = malloc(sizeof(double) * m * n), *sv = malloc(sizeof(double) * (m < n ? m : n));
     assert_non_null(c);
     assert_non_null(sv);
@@ -262,8 +256,7 @@ static double exact_norm2(const double *a, int m, int n)
 
 /* ||W_Q^h W_K^h^T||_2 / sqrt(d) of layer l head h, formed as C x C, with the
  * query bias as an extra row when aug. */
-static double exact_sigma(model *m, int l, int h, int aug)
-{
+static double exact_sigma(model *m, int l, int h, int aug) {
     int d = TC / TH;
     const float *W = model_qkv_weight(m, l), *bq = m->params.qkvb + (size_t)l * 3 * TC + h * d;
     const float *Wq = W + (size_t)h * d * TC, *Wk = W + (size_t)TC * TC + (size_t)h * d * TC;
@@ -284,8 +277,7 @@ static double exact_sigma(model *m, int l, int h, int aug)
 /* The bound the probe should store for head (l, h), every norm exact: per
  * row s_i = ||x~_i|| ||P~||_2 / sqrt(d) ||X_b||_2 (probe.c), Theorem 3.1,
  * averaged over the nb examples and T rows.  *smax: the largest s_i. */
-static double exact_bound(model *m, int l, int h, int nb, double *smax)
-{
+static double exact_bound(model *m, int l, int h, int nb, double *smax) {
     const float *bias = m->params.qkvb + (size_t)l * 3 * TC;
     int aug = 0;
     for (int c = 0; c < TC; c++) aug |= bias[c] != 0.0f;
@@ -310,8 +302,7 @@ static double exact_bound(model *m, int l, int h, int nb, double *smax)
 }
 
 /* Largest centred L2 norm of a logit row of head (l, h), recomputed from q, k. */
-static double actual_logit_norm(model *m, int l, int h, int nb)
-{
+static double actual_logit_norm(model *m, int l, int h, int nb) {
     int d = TC / TH;
     const float *qkv = model_qkv(m, l);
     double best = 0, a[TT];
@@ -337,8 +328,7 @@ static double actual_logit_norm(model *m, int l, int h, int nb)
  * every head, and eig_var >= 0 when the call computed it.  Returns the
  * largest stored - exact bound; *sig_rel (when not NULL) is raised to the
  * largest relative sigma_qk error seen. */
-static double check_exact(model *m, const probe_metrics *r, const char *what, double *sig_rel)
-{
+static double check_exact(model *m, const probe_metrics *r, const char *what, double *sig_rel) {
     double worst = -1e9;
     for (int l = 0; l < TL; l++)
         for (int h = 0; h < TH; h++) {
@@ -352,8 +342,8 @@ static double check_exact(model *m, const probe_metrics *r, const char *what, do
             if (r->eig_fresh && !(r->eig_var[k] >= 0))
                 fail_msg("%s layer %d head %d: eig_var %.9g below 0", what, l, h, r->eig_var[k]);
             if (!(r->entropy_bound[k] <= eb + 1e-5))
-                fail_msg("%s layer %d head %d: stored bound %.7f above the exact %.7f", what, l, h,
-                         r->entropy_bound[k], eb);
+                fail_msg("%s layer %d head %d: stored bound %.7f above the exact %.7f", what, l, h, r->entropy_bound[k],
+                         eb);
             assert_true(r->entropy_bound[k] >= eb - 1e-4); /* certified, not loose */
             if (!(r->logit_scale[k] >= smax * (1 - 1e-7) && r->logit_scale[k] <= smax * (1 + 1e-3)))
                 fail_msg("%s layer %d head %d: logit_scale %.7g, exact %.7g", what, l, h, r->logit_scale[k], smax);
@@ -368,15 +358,17 @@ static double check_exact(model *m, const probe_metrics *r, const char *what, do
 /* W <- W (I - 2 v v^T) on the rows of the head's Q and K slices: a
  * reflection that turns their singular vectors (a persistent power
  * iteration loses track). */
-static void reflect_heads(model *m, uint64_t *rng)
-{
+static void reflect_heads(model *m, uint64_t *rng) {
     int d = TC / TH;
     double v[TC];
     for (int l = 0; l < TL; l++)
         for (int part = 0; part < 2; part++)
             for (int h = 0; h < TH; h++) {
                 double n = 0;
-                for (int c = 0; c < TC; c++) { v[c] = model_random_normal(rng); n += v[c] * v[c]; }
+                for (int c = 0; c < TC; c++) {
+                    v[c] = model_random_normal(rng);
+                    n += v[c] * v[c];
+                }
                 for (int c = 0; c < TC; c++) v[c] /= sqrt(n);
                 float *W = m->params.qkvw + (size_t)l * 3 * TC * TC + (size_t)part * TC * TC + (size_t)h * d * TC;
                 for (int r = 0; r < d; r++) {
@@ -393,8 +385,7 @@ static void reflect_heads(model *m, uint64_t *rng)
  * defaults (4 examples).  Every call: sigma_qk within 1e-6 of the exact
  * value (and never below it), the stored bound never above the exact one,
  * logit_scale above every row's actual centred logit norm. */
-static void test_bound_exact_rotating(void **state)
-{
+static void test_bound_exact_rotating(void **state) {
     (void)state;
     for (int bias = 0; bias < 2; bias++) {
         model *m = make_model(MODEL_REPARAM_NONE, 70 + bias);
@@ -434,8 +425,7 @@ static void test_bound_exact_rotating(void **state)
 /* Property: over random models (weight scales 0.1..30, with and without
  * biases, rotated between calls, 1-3 examples), the stored bound is never
  * above the exact one and sigma_qk is exact. */
-static void test_bound_property(void **state)
-{
+static void test_bound_property(void **state) {
     (void)state;
     uint64_t rng = 90;
     int cases = 0, informative = 0;
@@ -463,8 +453,7 @@ static void test_bound_property(void **state)
  * matrix W_Q^h W_K^h^T / sqrt(d) (its d largest-magnitude eigenvalues; the
  * other C - d are zero): on random heads, whose eigenvalues are complex, and
  * on heads made symmetric. */
-static void test_sigma_qk_and_eig(void **state)
-{
+static void test_sigma_qk_and_eig(void **state) {
     (void)state;
     model *m = make_model(MODEL_REPARAM_NONE, 21);
     shape_qkv(m, 5.0f, 0.1f, 4);
@@ -510,18 +499,24 @@ static void test_sigma_qk_and_eig(void **state)
             double mr = 0, mi = 0, er[TC], ei[TC], imag = 0;
             for (int t = 0; t < d; t++) {
                 int best = 0;
-                for (int a = 1; a < TC; a++) if (mag[a] > mag[best]) best = a;
-                er[t] = wr[best]; ei[t] = wi[best]; mag[best] = -1;
-                mr += er[t]; mi += ei[t];
+                for (int a = 1; a < TC; a++)
+                    if (mag[a] > mag[best]) best = a;
+                er[t] = wr[best];
+                ei[t] = wi[best];
+                mag[best] = -1;
+                mr += er[t];
+                mi += ei[t];
                 imag += fabs(ei[t]);
             }
-            mr /= d; mi /= d;
+            mr /= d;
+            mi /= d;
             double var = 0, scale2 = 0;
             for (int t = 0; t < d; t++) {
                 var += (er[t] - mr) * (er[t] - mr) + (ei[t] - mi) * (ei[t] - mi);
                 scale2 += er[t] * er[t] + ei[t] * ei[t];
             }
-            var /= d; scale2 /= d;
+            var /= d;
+            scale2 /= d;
             complex_heads += imag > 1e-3 * sqrt(scale2);
             printf("  eig mean %.6f (brute force %.6f) var %.6f (%.6f)%s\n", r->eig_mean[k], mr, r->eig_var[k], var,
                    imag > 1e-3 * sqrt(scale2) ? ", complex" : "");
@@ -539,8 +534,7 @@ static void test_sigma_qk_and_eig(void **state)
  * probabilities, on heads from near-uniform to peaked (T = 24: rows of
  * 1-16 entries are one 16-lane block, longer ones a block and a
  * zero-padded partial block). */
-static void test_entropy_brute_force(void **state)
-{
+static void test_entropy_brute_force(void **state) {
     (void)state;
     float scales[] = {1.0f, 8.0f, 40.0f};
     for (int si = 0; si < 3; si++) {
@@ -581,8 +575,7 @@ static void test_entropy_brute_force(void **state)
     }
 }
 
-static void test_max_logit(void **state)
-{
+static void test_max_logit(void **state) {
     (void)state;
     float scales[] = {1.0f, 60.0f}; /* the second underflows probabilities: the exact fallback */
     for (int si = 0; si < 2; si++) {
@@ -614,16 +607,14 @@ static void test_max_logit(void **state)
                 assert_true(fabs(got - best) <= 1e-4 * best + 1e-5);
             }
         }
-        printf("scale %g: max_logit[0] %.4f, probabilities below FLT_MIN: %d\n", scales[si],
-               r->max_logit[0], under);
+        printf("scale %g: max_logit[0] %.4f, probabilities below FLT_MIN: %d\n", scales[si], r->max_logit[0], under);
         if (si == 1) assert_true(under > 0);
         probe_destroy(p);
         model_destroy(m);
     }
 }
 
-static void test_rank_and_cos(void **state)
-{
+static void test_rank_and_cos(void **state) {
     (void)state;
     model *m = make_model(MODEL_REPARAM_NONE, 41);
     forward(m, 4);
@@ -635,8 +626,8 @@ static void test_rank_and_cos(void **state)
     for (int c = 0; c < TC; c++) row[c] = model_random_normal(&rng);
     for (int b = 0; b < TB; b++)
         for (int i = 0; i < TT; i++) {
-            memcpy(x0 + ((size_t)b * TT + i) * TC, row, sizeof row);        /* identical rows */
-            for (int c = 0; c < TC; c++)                                     /* orthogonal rows */
+            memcpy(x0 + ((size_t)b * TT + i) * TC, row, sizeof row); /* identical rows */
+            for (int c = 0; c < TC; c++)                             /* orthogonal rows */
                 x1[((size_t)b * TT + i) * TC + c] = c == i ? 2.0f + i : 0.0f;
         }
     const probe_metrics *r = probe_compute(p, m);
@@ -649,8 +640,7 @@ static void test_rank_and_cos(void **state)
     model_destroy(m);
 }
 
-static void test_linear_sigma(void **state)
-{
+static void test_linear_sigma(void **state) {
     (void)state;
     for (int mode = 0; mode < 2; mode++) {
         model *m = make_model(mode ? MODEL_REPARAM_SIGMA : MODEL_REPARAM_NONE, 51);
@@ -674,8 +664,7 @@ static void test_linear_sigma(void **state)
 }
 
 /* The probe borrows the model's worker threads: same metrics as on one thread. */
-static void test_threads_agree(void **state)
-{
+static void test_threads_agree(void **state) {
     (void)state;
     model *m1 = make_model_threads(MODEL_REPARAM_NONE, 61, 1), *m2 = make_model_threads(MODEL_REPARAM_NONE, 61, 2);
     shape_qkv(m1, 5.0f, 0.1f, 9);
@@ -685,8 +674,10 @@ static void test_threads_agree(void **state)
     probe_config pc = {.examples = 0, .iters = 3};
     probe *p1 = probe_create(m1, &pc), *p2 = probe_create(m2, &pc);
     const probe_metrics *a = probe_compute(p1, m1), *b = probe_compute(p2, m2);
-    const float *va[] = {a->entropy, a->entropy_norm, a->max_logit, a->sigma_qk, a->entropy_bound, a->eig_mean, a->eig_var};
-    const float *vb[] = {b->entropy, b->entropy_norm, b->max_logit, b->sigma_qk, b->entropy_bound, b->eig_mean, b->eig_var};
+    const float *va[] = {a->entropy,       a->entropy_norm, a->max_logit, a->sigma_qk,
+                         a->entropy_bound, a->eig_mean,     a->eig_var};
+    const float *vb[] = {b->entropy,       b->entropy_norm, b->max_logit, b->sigma_qk,
+                         b->entropy_bound, b->eig_mean,     b->eig_var};
     for (int k = 0; k < 7; k++)
         for (int i = 0; i < TL * TH; i++) assert_float_equal(va[k][i], vb[k][i], 1e-4 * (fabs(va[k][i]) + 1e-3));
     for (int l = 0; l < TL; l++) {
@@ -699,21 +690,14 @@ static void test_threads_agree(void **state)
     model_destroy(m2);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bound_known_values),
-        cmocka_unit_test(test_uniform_and_onehot),
-        cmocka_unit_test(test_bound_random),
-        cmocka_unit_test(test_bound_default_iters),
-        cmocka_unit_test(test_bound_trained),
-        cmocka_unit_test(test_sigma_qk_and_eig),
-        cmocka_unit_test(test_bound_exact_rotating),
-        cmocka_unit_test(test_bound_property),
-        cmocka_unit_test(test_entropy_brute_force),
-        cmocka_unit_test(test_max_logit),
-        cmocka_unit_test(test_rank_and_cos),
-        cmocka_unit_test(test_linear_sigma),
+        cmocka_unit_test(test_bound_known_values),   cmocka_unit_test(test_uniform_and_onehot),
+        cmocka_unit_test(test_bound_random),         cmocka_unit_test(test_bound_default_iters),
+        cmocka_unit_test(test_bound_trained),        cmocka_unit_test(test_sigma_qk_and_eig),
+        cmocka_unit_test(test_bound_exact_rotating), cmocka_unit_test(test_bound_property),
+        cmocka_unit_test(test_entropy_brute_force),  cmocka_unit_test(test_max_logit),
+        cmocka_unit_test(test_rank_and_cos),         cmocka_unit_test(test_linear_sigma),
         cmocka_unit_test(test_threads_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -54,7 +54,8 @@ static void check_code_at(const char *line, size_t len, int want, const char *fi
     if (got != want)
         fail_msg("%s:%d: line %.200s%s: got %s (%s), want %s", file, lineno, line, len > 200 ? "..." : "",
                  proto_err_name(got), errbuf, proto_err_name(want));
-    if (want != PROTO_OK && errbuf[0] == 0) fail_msg("%s:%d: error %s without a message", file, lineno, proto_err_name(got));
+    if (want != PROTO_OK && errbuf[0] == 0)
+        fail_msg("%s:%d: error %s without a message", file, lineno, proto_err_name(got));
     proto_msg_free(&m);
 }
 #define CHECK(line, code) check_code_at((line), strlen(line), (code), __FILE__, __LINE__)
@@ -141,25 +142,31 @@ static void test_hello_all_fields(void **state) {
     free(line);
 
     /* meta and token are optional; limits are inclusive */
-    assert_int_equal(parse("{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":4096,\"heads\":256,\"seq_len\":1}", &m),
-                     PROTO_OK);
+    assert_int_equal(
+        parse("{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":4096,\"heads\":256,\"seq_len\":1}", &m),
+        PROTO_OK);
     assert_null(m.meta);
     assert_null(m.token);
     assert_int_equal(m.layers, 4096);
     assert_int_equal(m.heads, 256);
     proto_msg_free(&m);
-    assert_int_equal(parse("{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1024,\"heads\":1024,\"seq_len\":1,\"meta\":{}}", &m),
-                     PROTO_OK);
+    assert_int_equal(
+        parse(
+            "{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1024,\"heads\":1024,\"seq_len\":1,\"meta\":{}}",
+            &m),
+        PROTO_OK);
     assert_string_equal(m.meta, "{}");
     assert_int_equal(m.ack_delay_ms, 0); /* absent: the client may wait for its acks */
     proto_msg_free(&m);
     /* ack_delay_ms: 0..PROTO_MAX_ACK_DELAY_MS; anything else is refused */
-    assert_int_equal(parse(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"ack_delay_ms\":40}", &m), PROTO_OK);
+    assert_int_equal(parse(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"ack_delay_ms\":40}", &m),
+                     PROTO_OK);
     assert_int_equal(m.ack_delay_ms, 40);
     proto_msg_free(&m);
     static const char *const bad_delay[] = {"-1", "60001", "1.5", "\"40\"", "null", "[40]", "1e300"};
     for (size_t i = 0; i < sizeof bad_delay / sizeof *bad_delay; i++) {
-        char *l = fmt_line(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"ack_delay_ms\":%s}", bad_delay[i]);
+        char *l = fmt_line(HELLO_PRE "\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"ack_delay_ms\":%s}",
+                           bad_delay[i]);
         assert_int_equal(parse(l, &m), PROTO_E_BAD_FIELD);
         proto_msg_free(&m);
         free(l);
@@ -169,11 +176,10 @@ static void test_hello_all_fields(void **state) {
 
 static void test_step_all_fields(void **state) {
     (void)state;
-    const char *line =
-        "{\"type\":\"step\",\"seq\":42,\"step\":1000,\"time\":1764500000.25,"
-        "\"scalars\":{\"loss\":2.31,\"lr\":0.001,\"bad\":null},"
-        "\"layers\":{\"rank_ratio\":[0.9,0.8,null],\"x\":[1,2,3]},"
-        "\"heads\":{\"entropy\":[[1.2,1.3],[0.4,null],[-5,6e2]],\"attn.max:1\":[[7,8],[9,10],[11,12]]}}";
+    const char *line = "{\"type\":\"step\",\"seq\":42,\"step\":1000,\"time\":1764500000.25,"
+                       "\"scalars\":{\"loss\":2.31,\"lr\":0.001,\"bad\":null},"
+                       "\"layers\":{\"rank_ratio\":[0.9,0.8,null],\"x\":[1,2,3]},"
+                       "\"heads\":{\"entropy\":[[1.2,1.3],[0.4,null],[-5,6e2]],\"attn.max:1\":[[7,8],[9,10],[11,12]]}}";
     struct proto_msg m;
     assert_int_equal(parse(line, &m), PROTO_OK);
     assert_int_equal(m.type, PROTO_STEP);
@@ -184,10 +190,14 @@ static void test_step_all_fields(void **state) {
     assert_true(m.time == 1764500000.25);
     assert_int_equal(m.nmetrics, 7);
     assert_int_equal(m.nvalues, 3 + 6 + 12);
-    static const struct { const char *name; int kind; uint32_t rows, cols, offset; } want[] = {
-        {"loss", PROTO_SCALAR, 1, 1, 0}, {"lr", PROTO_SCALAR, 1, 1, 1}, {"bad", PROTO_SCALAR, 1, 1, 2},
-        {"rank_ratio", PROTO_LAYER, 3, 1, 3}, {"x", PROTO_LAYER, 3, 1, 6},
-        {"entropy", PROTO_HEAD, 3, 2, 9}, {"attn.max:1", PROTO_HEAD, 3, 2, 15},
+    static const struct {
+        const char *name;
+        int kind;
+        uint32_t rows, cols, offset;
+    } want[] = {
+        {"loss", PROTO_SCALAR, 1, 1, 0},      {"lr", PROTO_SCALAR, 1, 1, 1}, {"bad", PROTO_SCALAR, 1, 1, 2},
+        {"rank_ratio", PROTO_LAYER, 3, 1, 3}, {"x", PROTO_LAYER, 3, 1, 6},   {"entropy", PROTO_HEAD, 3, 2, 9},
+        {"attn.max:1", PROTO_HEAD, 3, 2, 15},
     };
     for (int i = 0; i < 7; i++) {
         assert_string_equal(m.metrics[i].name, want[i].name);
@@ -212,8 +222,9 @@ static void test_step_all_fields(void **state) {
     assert_int_equal(m.nvalues, 0);
     assert_int_equal(m.step, 0);
     proto_msg_free(&m);
-    assert_int_equal(parse("{ \"step\" : 7 , \"scalars\" : { } , \"layers\":{}, \"heads\":{} ,\"seq\":3,\"type\":\"step\" }", &m),
-                     PROTO_OK);
+    assert_int_equal(
+        parse("{ \"step\" : 7 , \"scalars\" : { } , \"layers\":{}, \"heads\":{} ,\"seq\":3,\"type\":\"step\" }", &m),
+        PROTO_OK);
     assert_int_equal(m.step, 7);
     assert_int_equal(m.seq, 3);
     assert_int_equal(m.nmetrics, 0);
@@ -221,7 +232,9 @@ static void test_step_all_fields(void **state) {
 
     /* shapes are recorded as sent (ingest compares them with the run) */
     assert_int_equal(parse("{\"type\":\"step\",\"seq\":1,\"step\":0,\"layers\":{\"a\":[]},"
-                           "\"heads\":{\"b\":[[1,2,3,4]],\"c\":[[],[]]}}", &m), PROTO_OK);
+                           "\"heads\":{\"b\":[[1,2,3,4]],\"c\":[[],[]]}}",
+                           &m),
+                     PROTO_OK);
     assert_int_equal(m.nmetrics, 3);
     assert_int_equal(m.metrics[0].rows, 0);
     assert_int_equal(m.metrics[1].rows, 1);
@@ -267,8 +280,9 @@ static void test_event_and_end(void **state) {
     struct proto_msg m;
     static const char *const levels[] = {"info", "warn", "error"};
     for (int i = 0; i < 3; i++) {
-        char *line = fmt_line("{\"type\":\"event\",\"seq\":%d,\"level\":\"%s\",\"text\":\"hello\\nworld %d\",\"time\":12.5}",
-                              i + 1, levels[i], i);
+        char *line =
+            fmt_line("{\"type\":\"event\",\"seq\":%d,\"level\":\"%s\",\"text\":\"hello\\nworld %d\",\"time\":12.5}",
+                     i + 1, levels[i], i);
         assert_int_equal(parse(line, &m), PROTO_OK);
         assert_int_equal(m.type, PROTO_EVENT);
         assert_int_equal(m.seq, i + 1);
@@ -305,11 +319,10 @@ static void test_event_and_end(void **state) {
 static void test_unknown_fields_and_crlf(void **state) {
     (void)state;
     struct proto_msg m;
-    const char *line =
-        "{\"future\":{\"a\":[1,2,{\"b\":null}],\"c\":\"x\\u00e9\\n\"},\"type\":\"end\",\"f2\":-1.5e3,"
-        "\"f3\":true,\"f4\":false,\"f5\":null,\"f6\":[],\"f7\":{},"
-        "\"a_very_long_unknown_key_longer_than_thirty_two_bytes_for_sure\":[\"\\ud83d\\ude00\"],"
-        "\"seq\":5,\"status\":\"failed\",\"\":0}";
+    const char *line = "{\"future\":{\"a\":[1,2,{\"b\":null}],\"c\":\"x\\u00e9\\n\"},\"type\":\"end\",\"f2\":-1.5e3,"
+                       "\"f3\":true,\"f4\":false,\"f5\":null,\"f6\":[],\"f7\":{},"
+                       "\"a_very_long_unknown_key_longer_than_thirty_two_bytes_for_sure\":[\"\\ud83d\\ude00\"],"
+                       "\"seq\":5,\"status\":\"failed\",\"\":0}";
     assert_int_equal(parse(line, &m), PROTO_OK);
     assert_int_equal(m.type, PROTO_END);
     assert_int_equal(m.seq, 5);
@@ -362,30 +375,84 @@ static void check_literal(const char *lit) {
 static void test_number_fixed_literals(void **state) {
     (void)state;
     static const char *const lits[] = {
-        "0", "-0", "0.0", "-0.0", "-0e0", "0e-400", "1", "-1", "1e-45", "-1e-45", "7e-46", "1.4e-45",
-        "1.1754943e-38", "1.17549435e-38", "3.4e38", "3.4028234e38", "3.40282347e+38", "3.4028236e38",
-        "1e39", "-1e39", "1E400", "1e-400", "0.1", "0.2", "0.30000000000000004", "123456789",
-        "16777216", "16777217", "16777218", "9007199254740992", "9007199254740993", "18446744073709551615",
-        "18446744073709551616", "123456789012345678901234567890", "1.000000000000000000000000001",
-        "0.000000000000000000000000000000000000000000001234", "2.2250738585072014e-308", "4.9e-324",
-        "1.7976931348623157e308", "1e22", "1e23", "1e-22", "1e-23", "9999999999999999999", "1E+2", "1e+0",
-        "2.5E-3", "-123.456e-7", "1764500000.25", "99999999999.99", "0.5", "1.5", "2.5", "3.5",
-        "33554431", "33554433", "0.00000000000000000000000000000000000001",
-        "1.00000005960464477539062500", "1.00000005960464477539062499", "1.00000005960464477539062501",
-        "1.0000000596046447753906250000000000001", "4503599627370497.5",
+        "0",
+        "-0",
+        "0.0",
+        "-0.0",
+        "-0e0",
+        "0e-400",
+        "1",
+        "-1",
+        "1e-45",
+        "-1e-45",
+        "7e-46",
+        "1.4e-45",
+        "1.1754943e-38",
+        "1.17549435e-38",
+        "3.4e38",
+        "3.4028234e38",
+        "3.40282347e+38",
+        "3.4028236e38",
+        "1e39",
+        "-1e39",
+        "1E400",
+        "1e-400",
+        "0.1",
+        "0.2",
+        "0.30000000000000004",
+        "123456789",
+        "16777216",
+        "16777217",
+        "16777218",
+        "9007199254740992",
+        "9007199254740993",
+        "18446744073709551615",
+        "18446744073709551616",
+        "123456789012345678901234567890",
+        "1.000000000000000000000000001",
+        "0.000000000000000000000000000000000000000000001234",
+        "2.2250738585072014e-308",
+        "4.9e-324",
+        "1.7976931348623157e308",
+        "1e22",
+        "1e23",
+        "1e-22",
+        "1e-23",
+        "9999999999999999999",
+        "1E+2",
+        "1e+0",
+        "2.5E-3",
+        "-123.456e-7",
+        "1764500000.25",
+        "99999999999.99",
+        "0.5",
+        "1.5",
+        "2.5",
+        "3.5",
+        "33554431",
+        "33554433",
+        "0.00000000000000000000000000000000000001",
+        "1.00000005960464477539062500",
+        "1.00000005960464477539062499",
+        "1.00000005960464477539062501",
+        "1.0000000596046447753906250000000000001",
+        "4503599627370497.5",
     };
     for (size_t i = 0; i < sizeof lits / sizeof *lits; i++) check_literal(lits[i]);
 
     struct proto_msg m;
-    assert_int_equal(parse("{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":-0,\"b\":1e39,\"c\":-1e39,\"d\":1e-45}}", &m), PROTO_OK);
+    assert_int_equal(
+        parse("{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":-0,\"b\":1e39,\"c\":-1e39,\"d\":1e-45}}", &m),
+        PROTO_OK);
     assert_true(m.values[0] == 0 && signbit(m.values[0]));
     /* finite numbers beyond float32 saturate: finite, never Inf */
     assert_true(m.values[1] == FLT_MAX);
     assert_true(m.values[2] == -FLT_MAX);
     assert_true(m.values[3] == nextafterf(0, 1)); /* the smallest subnormal, not 0 */
     proto_msg_free(&m);
-    assert_int_equal(parse("{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":3.5e38,\"b\":-3.5e38,\"c\":1E400}}", &m),
-                     PROTO_OK);
+    assert_int_equal(
+        parse("{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":3.5e38,\"b\":-3.5e38,\"c\":1E400}}", &m),
+        PROTO_OK);
     for (int i = 0; i < 3; i++) assert_true(isfinite(m.values[i]));
     assert_true(m.values[0] == FLT_MAX && m.values[1] == -FLT_MAX && m.values[2] == FLT_MAX);
     proto_msg_free(&m);
@@ -438,9 +505,9 @@ static void test_number_random_literals(void **state) {
 
 static void test_number_syntax_errors(void **state) {
     (void)state;
-    static const char *const bad[] = {"01", "-01", "1.", ".5", "-", "+1", "1e", "1e+", "1e-", "1.e5", "--1",
-                                      "0x10", "NaN", "Infinity", "-Infinity", "1 2", "1,", "tru", "nul", "1.5.5",
-                                      "1e5e5"};
+    static const char *const bad[] = {"01",        "-01", "1.",   ".5",  "-",    "+1",    "1e",
+                                      "1e+",       "1e-", "1.e5", "--1", "0x10", "NaN",   "Infinity",
+                                      "-Infinity", "1 2", "1,",   "tru", "nul",  "1.5.5", "1e5e5"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char line[128];
         snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"x\":%s}}", bad[i]);
@@ -484,28 +551,31 @@ static void check_text_err(const char *src, size_t len, int want) {
     int code;
     char *got = decode_text(src, len, &code);
     free(got);
-    if (code != want) fail_msg("text \"%.*s\": got %s (%s), want %s", (int)len, src, proto_err_name(code), errbuf, proto_err_name(want));
+    if (code != want)
+        fail_msg("text \"%.*s\": got %s (%s), want %s", (int)len, src, proto_err_name(code), errbuf,
+                 proto_err_name(want));
 }
 #define TEXT_ERR(s, code) check_text_err((s), sizeof(s) - 1, (code))
 
 static void test_string_escapes(void **state) {
     (void)state;
     check_text("a\\\"b\\\\c\\/d\\be\\ff\\ng\\rh\\ti", "a\"b\\c/d\be\ff\ng\rh\ti");
-    check_text("\\u0041\\u00e9\\u00E9\\u20ac\\uFFFF\\u0001\\u001f\\u007f", "A\xc3\xa9\xc3\xa9\xe2\x82\xac\xef\xbf\xbf\x01\x1f\x7f");
-    check_text("\\ud83d\\ude00", "\xf0\x9f\x98\x80");                 /* U+1F600 */
-    check_text("\\uD800\\uDC00", "\xf0\x90\x80\x80");                 /* U+10000 */
-    check_text("\\udbff\\udfff", "\xf4\x8f\xbf\xbf");                 /* U+10FFFF */
+    check_text("\\u0041\\u00e9\\u00E9\\u20ac\\uFFFF\\u0001\\u001f\\u007f",
+               "A\xc3\xa9\xc3\xa9\xe2\x82\xac\xef\xbf\xbf\x01\x1f\x7f");
+    check_text("\\ud83d\\ude00", "\xf0\x9f\x98\x80"); /* U+1F600 */
+    check_text("\\uD800\\uDC00", "\xf0\x90\x80\x80"); /* U+10000 */
+    check_text("\\udbff\\udfff", "\xf4\x8f\xbf\xbf"); /* U+10FFFF */
     check_text("x\\ud83d\\ude00\\ud83d\\ude01y", "x\xf0\x9f\x98\x80\xf0\x9f\x98\x81y");
     check_text("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"); /* raw UTF-8 kept */
     check_text("\x7f", "\x7f");
 
-    TEXT_ERR("\\ud83d", PROTO_E_BAD_JSON);            /* lone high surrogate at the end */
+    TEXT_ERR("\\ud83d", PROTO_E_BAD_JSON); /* lone high surrogate at the end */
     TEXT_ERR("\\ud83dx", PROTO_E_BAD_JSON);
-    TEXT_ERR("\\ud83d\\u0041", PROTO_E_BAD_JSON);     /* high + non-low */
-    TEXT_ERR("\\ud83d\\ud83d", PROTO_E_BAD_JSON);     /* high + high */
+    TEXT_ERR("\\ud83d\\u0041", PROTO_E_BAD_JSON); /* high + non-low */
+    TEXT_ERR("\\ud83d\\ud83d", PROTO_E_BAD_JSON); /* high + high */
     TEXT_ERR("\\ud83d\\n", PROTO_E_BAD_JSON);
-    TEXT_ERR("\\ude00", PROTO_E_BAD_JSON);            /* lone low surrogate */
-    TEXT_ERR("\\ude00\\ud83d", PROTO_E_BAD_JSON);     /* reversed pair */
+    TEXT_ERR("\\ude00", PROTO_E_BAD_JSON);        /* lone low surrogate */
+    TEXT_ERR("\\ude00\\ud83d", PROTO_E_BAD_JSON); /* reversed pair */
     TEXT_ERR("\\u12", PROTO_E_BAD_JSON);
     TEXT_ERR("\\u12g4", PROTO_E_BAD_JSON);
     TEXT_ERR("\\uZZZZ", PROTO_E_BAD_JSON);
@@ -514,12 +584,12 @@ static void test_string_escapes(void **state) {
     TEXT_ERR("\\a", PROTO_E_BAD_JSON);
     TEXT_ERR("\\'", PROTO_E_BAD_JSON);
     TEXT_ERR("\\0", PROTO_E_BAD_JSON);
-    TEXT_ERR("a\tb", PROTO_E_BAD_JSON);               /* raw control characters */
+    TEXT_ERR("a\tb", PROTO_E_BAD_JSON); /* raw control characters */
     TEXT_ERR("a\nb", PROTO_E_BAD_JSON);
     TEXT_ERR("a\x01", PROTO_E_BAD_JSON);
     TEXT_ERR("a\x1f", PROTO_E_BAD_JSON);
-    TEXT_ERR("a\0b", PROTO_E_BAD_JSON);               /* a raw NUL byte */
-    TEXT_ERR("\\u0000", PROTO_E_BAD_FIELD);          /* NUL cannot live in a C string */
+    TEXT_ERR("a\0b", PROTO_E_BAD_JSON);     /* a raw NUL byte */
+    TEXT_ERR("\\u0000", PROTO_E_BAD_FIELD); /* NUL cannot live in a C string */
 
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"info\",\"text\":\"abc", PROTO_E_BAD_JSON);
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"info\",\"text\":\"abc\\\"}", PROTO_E_BAD_JSON);
@@ -532,25 +602,50 @@ static void test_string_escapes(void **state) {
 
 static void test_invalid_utf8(void **state) {
     (void)state;
-    static const struct { const char *s; int ok; } cases[] = {
-        {"\xc2\x80", 1}, {"\xdf\xbf", 1}, {"\xe0\xa0\x80", 1}, {"\xed\x9f\xbf", 1}, {"\xee\x80\x80", 1},
-        {"\xef\xbf\xbf", 1}, {"\xf0\x90\x80\x80", 1}, {"\xf4\x8f\xbf\xbf", 1},
-        {"\xc0\x80", 0}, {"\xc1\xbf", 0},                          /* overlong 2-byte */
-        {"\xe0\x80\xaf", 0}, {"\xe0\x9f\xbf", 0},                  /* overlong 3-byte */
-        {"\xf0\x80\x80\xaf", 0}, {"\xf0\x8f\xbf\xbf", 0},          /* overlong 4-byte */
-        {"\xed\xa0\x80", 0}, {"\xed\xbf\xbf", 0}, {"\xed\xa0\xbd\xed\xb8\x80", 0}, /* surrogates (CESU) */
-        {"\xf4\x90\x80\x80", 0}, {"\xf5\x80\x80\x80", 0}, {"\xf8\x88\x80\x80\x80", 0},
-        {"\xfe", 0}, {"\xff", 0}, {"\x80", 0}, {"\xbf", 0},       /* lone continuation */
-        {"\xc3", 0}, {"\xe2\x82", 0}, {"\xf0\x9f\x98", 0},         /* truncated before the closing quote */
-        {"\xc3x", 0}, {"\xe2\x82x", 0}, {"\xf0\x9f\x98x", 0},      /* truncated before ASCII */
-        {"\xc3\xc3\xa9", 0}, {"\xe2\x28\xa1", 0},
+    static const struct {
+        const char *s;
+        int ok;
+    } cases[] = {
+        {"\xc2\x80", 1},
+        {"\xdf\xbf", 1},
+        {"\xe0\xa0\x80", 1},
+        {"\xed\x9f\xbf", 1},
+        {"\xee\x80\x80", 1},
+        {"\xef\xbf\xbf", 1},
+        {"\xf0\x90\x80\x80", 1},
+        {"\xf4\x8f\xbf\xbf", 1},
+        {"\xc0\x80", 0},
+        {"\xc1\xbf", 0}, /* overlong 2-byte */
+        {"\xe0\x80\xaf", 0},
+        {"\xe0\x9f\xbf", 0}, /* overlong 3-byte */
+        {"\xf0\x80\x80\xaf", 0},
+        {"\xf0\x8f\xbf\xbf", 0}, /* overlong 4-byte */
+        {"\xed\xa0\x80", 0},
+        {"\xed\xbf\xbf", 0},
+        {"\xed\xa0\xbd\xed\xb8\x80", 0}, /* surrogates (CESU) */
+        {"\xf4\x90\x80\x80", 0},
+        {"\xf5\x80\x80\x80", 0},
+        {"\xf8\x88\x80\x80\x80", 0},
+        {"\xfe", 0},
+        {"\xff", 0},
+        {"\x80", 0},
+        {"\xbf", 0}, /* lone continuation */
+        {"\xc3", 0},
+        {"\xe2\x82", 0},
+        {"\xf0\x9f\x98", 0}, /* truncated before the closing quote */
+        {"\xc3x", 0},
+        {"\xe2\x82x", 0},
+        {"\xf0\x9f\x98x", 0}, /* truncated before ASCII */
+        {"\xc3\xc3\xa9", 0},
+        {"\xe2\x28\xa1", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const char *s = cases[i].s;
         int want = cases[i].ok ? PROTO_OK : PROTO_E_BAD_JSON;
         int code;
         char *got = decode_text(s, strlen(s), &code);
-        if (code != want) fail_msg("case %zu: got %s (%s), want %s", i, proto_err_name(code), errbuf, proto_err_name(want));
+        if (code != want)
+            fail_msg("case %zu: got %s (%s), want %s", i, proto_err_name(code), errbuf, proto_err_name(want));
         if (got) assert_string_equal(got, s);
         free(got);
         /* the same inside a skipped field, a key, meta and a run name */
@@ -560,10 +655,13 @@ static void test_invalid_utf8(void **state) {
         line = fmt_line("{\"type\":\"end\",\"seq\":1,\"status\":\"failed\",\"%s\":1}", s);
         CHECK(line, want);
         free(line);
-        line = fmt_line("{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"meta\":{\"k\":\"%s\"}}", s);
+        line = fmt_line(
+            "{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"meta\":{\"k\":\"%s\"}}",
+            s);
         CHECK(line, want);
         free(line);
-        line = fmt_line("{\"type\":\"hello\",\"protocol\":1,\"run\":\"r%s\",\"layers\":1,\"heads\":1,\"seq_len\":1}", s);
+        line =
+            fmt_line("{\"type\":\"hello\",\"protocol\":1,\"run\":\"r%s\",\"layers\":1,\"heads\":1,\"seq_len\":1}", s);
         CHECK(line, cases[i].ok ? PROTO_E_BAD_FIELD : PROTO_E_BAD_JSON); /* valid UTF-8 is still not a run name */
         free(line);
     }
@@ -584,16 +682,39 @@ static void test_invalid_utf8(void **state) {
 static void test_bad_json(void **state) {
     (void)state;
     static const char *const bad[] = {
-        "", " ", "\r", "[]", "null", "1", "\"s\"", "true", "{", "}", "{\"type\":\"end\"",
+        "",
+        " ",
+        "\r",
+        "[]",
+        "null",
+        "1",
+        "\"s\"",
+        "true",
+        "{",
+        "}",
+        "{\"type\":\"end\"",
         "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\"} x",
         "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\"}{}",
         "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\"},",
         "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\"}}",
         "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\",}",
-        "{\"type\":\"end\" \"seq\":1}", "{\"type\" \"end\"}", "{\"type\":}", "{,}", "{\"a\":1,,\"b\":2}",
-        "{type:\"end\"}", "{'type':'end'}", "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\"",
-        "{\"x\":[1,2}", "{\"x\":[1,2,]}", "{\"x\":{\"a\"}}", "{\"x\":{\"a\":}}", "{\"x\":{1:2}}",
-        "{\"x\":[}", "{\"x\":]}", "{\"x\":tRue}", "{\"x\":nulll}",
+        "{\"type\":\"end\" \"seq\":1}",
+        "{\"type\" \"end\"}",
+        "{\"type\":}",
+        "{,}",
+        "{\"a\":1,,\"b\":2}",
+        "{type:\"end\"}",
+        "{'type':'end'}",
+        "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\"",
+        "{\"x\":[1,2}",
+        "{\"x\":[1,2,]}",
+        "{\"x\":{\"a\"}}",
+        "{\"x\":{\"a\":}}",
+        "{\"x\":{1:2}}",
+        "{\"x\":[}",
+        "{\"x\":]}",
+        "{\"x\":tRue}",
+        "{\"x\":nulll}",
         "{\"type\":\"step\",\"seq\":1,\"step\":0,\"layers\":{\"a\":[1,2}}",
         "{\"type\":\"step\",\"seq\":1,\"step\":0,\"heads\":{\"a\":[[1,2],[3,4]}}",
         "{\"type\":\"step\",\"seq\":1,\"step\":0,\"heads\":{\"a\":[[1,2] [3,4]]}}",
@@ -653,7 +774,8 @@ static void test_nesting(void **state) {
     free(s);
     /* objects nest too, in meta */
     char *line = malloc(200000);
-    int n = sprintf(line, "{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"meta\":");
+    int n = sprintf(
+        line, "{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1,\"meta\":");
     for (int i = 0; i < 20000; i++) n += sprintf(line + n, "{\"a\":");
     n += sprintf(line + n, "1");
     for (int i = 0; i < 20000; i++) line[n++] = '}';
@@ -735,12 +857,14 @@ static void test_missing_field(void **state) {
 static void test_bad_field(void **state) {
     (void)state;
     /* seq and step */
-    static const char *const bad_seq[] = {"0", "-1", "1.5", "1.0", "1e2", "\"1\"", "null", "true", "[1]", "9007199254740993", "1e300"};
+    static const char *const bad_seq[] = {
+        "0", "-1", "1.5", "1.0", "1e2", "\"1\"", "null", "true", "[1]", "9007199254740993", "1e300"};
     for (size_t i = 0; i < sizeof bad_seq / sizeof *bad_seq; i++) {
         char line[160];
         snprintf(line, sizeof line, "{\"type\":\"end\",\"seq\":%s,\"status\":\"failed\"}", bad_seq[i]);
         CHECK(line, PROTO_E_BAD_FIELD);
-        snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":1,\"step\":%s}", bad_seq[i][0] == '0' ? "-1" : bad_seq[i]);
+        snprintf(line, sizeof line, "{\"type\":\"step\",\"seq\":1,\"step\":%s}",
+                 bad_seq[i][0] == '0' ? "-1" : bad_seq[i]);
         CHECK(line, PROTO_E_BAD_FIELD);
     }
     CHECK("{\"type\":\"end\",\"seq\":9007199254740992,\"status\":\"failed\"}", PROTO_OK);
@@ -751,7 +875,11 @@ static void test_bad_field(void **state) {
         assert_int_equal(parse("{\"type\":\"end\",\"seq\":9007199254740992,\"status\":\"failed\"}", &m), PROTO_OK);
         assert_int_equal(m.seq, INT64_C(9007199254740992));
         proto_msg_free(&m);
-        assert_int_equal(parse("{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1099511627776}", &m), PROTO_OK);
+        assert_int_equal(
+            parse(
+                "{\"type\":\"hello\",\"protocol\":1,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1099511627776}",
+                &m),
+            PROTO_OK);
         assert_int_equal(m.seq_len, INT64_C(1) << 40);
         proto_msg_free(&m);
     }
@@ -785,7 +913,8 @@ static void test_bad_field(void **state) {
 static void test_bad_field_names(void **state) {
     (void)state;
     /* run names */
-    static const char *const bad_runs[] = {"", "a b", "a/b", "a\\\\b", "a\\\"b", "caf\xc3\xa9", "a\\u0009", "a,b", "a#b", "[x]"};
+    static const char *const bad_runs[] = {"",         "a b", "a/b", "a\\\\b", "a\\\"b", "caf\xc3\xa9",
+                                           "a\\u0009", "a,b", "a#b", "[x]"};
     for (size_t i = 0; i < sizeof bad_runs / sizeof *bad_runs; i++) {
         char *line = fmt_line(HELLO_PRE "\"run\":\"%s\",\"layers\":1,\"heads\":1,\"seq_len\":1}", bad_runs[i]);
         CHECK(line, PROTO_E_BAD_FIELD);
@@ -868,7 +997,8 @@ static void test_bad_field_metrics(void **state) {
         static const char *const kinds[] = {"scalars", "layers", "heads"}, *const vals[] = {"1", "[1]", "[[1]]"};
         for (int k = 0; k < 3; k++) {
             n += sprintf(buf + n, "%s\"%s\":{", k ? "," : "", kinds[k]);
-            for (int i = 0; i < PROTO_MAX_METRICS; i++) n += sprintf(buf + n, "%s\"k%d_%d\":%s", i ? "," : "", k, i, vals[k]);
+            for (int i = 0; i < PROTO_MAX_METRICS; i++)
+                n += sprintf(buf + n, "%s\"k%d_%d\":%s", i ? "," : "", k, i, vals[k]);
             buf[n++] = '}';
         }
         strcpy(buf + n, "}");
@@ -907,7 +1037,8 @@ static void test_bad_field_events(void **state) {
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"debug\",\"text\":\"t\"}", PROTO_E_BAD_FIELD);
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"INFO\",\"text\":\"t\"}", PROTO_E_BAD_FIELD);
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":0,\"text\":\"t\"}", PROTO_E_BAD_FIELD);
-    CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"an-absurdly-long-level-name-beyond-any-buffer\",\"text\":\"t\"}", PROTO_E_BAD_FIELD);
+    CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"an-absurdly-long-level-name-beyond-any-buffer\",\"text\":\"t\"}",
+          PROTO_E_BAD_FIELD);
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"info\",\"text\":5}", PROTO_E_BAD_FIELD);
     CHECK("{\"type\":\"event\",\"seq\":1,\"level\":\"info\",\"text\":null}", PROTO_E_BAD_FIELD);
     CHECK("{\"type\":\"end\",\"seq\":1,\"status\":\"live\"}", PROTO_E_BAD_FIELD);
@@ -972,13 +1103,19 @@ static void test_bad_shape_and_protocol(void **state) {
     CHECK(STEP_PRE "\"heads\":{\"a\":[[],[null]]}}", PROTO_E_BAD_SHAPE);
     CHECK(STEP_PRE "\"heads\":{\"a\":[[1,2],[3,4]],\"b\":[[1],[2],[3]]}}", PROTO_OK); /* shapes may differ per metric */
     CHECK(HELLO_PRE "\"protocol\":2,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}", PROTO_E_BAD_PROTOCOL);
-    CHECK("{\"type\":\"hello\",\"protocol\":2,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}", PROTO_E_BAD_PROTOCOL);
-    CHECK("{\"type\":\"hello\",\"protocol\":0,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}", PROTO_E_BAD_PROTOCOL);
-    CHECK("{\"type\":\"hello\",\"protocol\":-1,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}", PROTO_E_BAD_PROTOCOL);
-    CHECK("{\"type\":\"hello\",\"protocol\":100000,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}", PROTO_E_BAD_PROTOCOL);
+    CHECK("{\"type\":\"hello\",\"protocol\":2,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}",
+          PROTO_E_BAD_PROTOCOL);
+    CHECK("{\"type\":\"hello\",\"protocol\":0,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}",
+          PROTO_E_BAD_PROTOCOL);
+    CHECK("{\"type\":\"hello\",\"protocol\":-1,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}",
+          PROTO_E_BAD_PROTOCOL);
+    CHECK("{\"type\":\"hello\",\"protocol\":100000,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}",
+          PROTO_E_BAD_PROTOCOL);
     CHECK("{\"type\":\"hello\",\"protocol\":2}", PROTO_E_BAD_PROTOCOL); /* the version is judged first */
-    CHECK("{\"type\":\"hello\",\"protocol\":\"1\",\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}", PROTO_E_BAD_FIELD);
-    CHECK("{\"type\":\"hello\",\"protocol\":1.5,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}", PROTO_E_BAD_FIELD);
+    CHECK("{\"type\":\"hello\",\"protocol\":\"1\",\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}",
+          PROTO_E_BAD_FIELD);
+    CHECK("{\"type\":\"hello\",\"protocol\":1.5,\"run\":\"r\",\"layers\":1,\"heads\":1,\"seq_len\":1}",
+          PROTO_E_BAD_FIELD);
 }
 
 static void test_seq_reported_on_error(void **state) {
@@ -997,10 +1134,12 @@ static void test_seq_reported_on_error(void **state) {
     assert_int_equal(parse("{\"type\":\"step\",\"seq\":12}", &m), PROTO_E_MISSING_FIELD);
     assert_true(m.has_seq && m.seq == 12);
     proto_msg_free(&m);
-    assert_int_equal(parse("{\"type\":\"step\",\"seq\":13,\"step\":1,\"heads\":{\"a\":[[1],[1,2]]}}", &m), PROTO_E_BAD_SHAPE);
+    assert_int_equal(parse("{\"type\":\"step\",\"seq\":13,\"step\":1,\"heads\":{\"a\":[[1],[1,2]]}}", &m),
+                     PROTO_E_BAD_SHAPE);
     assert_true(m.has_seq && m.seq == 13);
     proto_msg_free(&m);
-    assert_int_equal(parse("{\"type\":\"step\",\"seq\":14,\"step\":1,\"scalars\":{\"a\":1} garbage", &m), PROTO_E_BAD_JSON);
+    assert_int_equal(parse("{\"type\":\"step\",\"seq\":14,\"step\":1,\"scalars\":{\"a\":1} garbage", &m),
+                     PROTO_E_BAD_JSON);
     assert_true(m.has_seq && m.seq == 14);
     proto_msg_free(&m);
     assert_int_equal(parse("{\"type\":\"end\",\"seq\":15,\"status\":\"failed\"} x", &m), PROTO_E_BAD_JSON);
@@ -1040,10 +1179,10 @@ static void test_err_buffer(void **state) {
     assert_string_equal(errbuf, "");
     proto_msg_free(&m);
     /* error names */
-    static const char *const names[] = {"ok", "line_too_long", "bad_json", "bad_type", "missing_field", "bad_field",
-                                        "bad_shape", "bad_protocol", "no_hello", "shape_mismatch", "kind_conflict",
-                                        "seq_gap", "duplicate", "run_ended", "unauthorized", "superseded",
-                                        "too_many_errors", "internal", "db_failing"};
+    static const char *const names[] = {
+        "ok",           "line_too_long", "bad_json",        "bad_type",      "missing_field", "bad_field", "bad_shape",
+        "bad_protocol", "no_hello",      "shape_mismatch",  "kind_conflict", "seq_gap",       "duplicate", "run_ended",
+        "unauthorized", "superseded",    "too_many_errors", "internal",      "db_failing"};
     assert_int_equal(sizeof names / sizeof *names, PROTO_E_COUNT);
     for (int i = 0; i < PROTO_E_COUNT; i++) assert_string_equal(proto_err_name(i), names[i]);
     assert_string_equal(proto_err_name(-1), "internal");
@@ -1106,12 +1245,34 @@ static void test_guard_page(void **state) {
     }
     /* lines that end inside every kind of token */
     static const char *const ends[] = {
-        "{\"x\":\"\\", "{\"x\":\"\\u", "{\"x\":\"\\u0", "{\"x\":\"\\u00e", "{\"x\":\"\\ud83d", "{\"x\":\"\\ud83d\\",
-        "{\"x\":\"\\ud83d\\u", "{\"x\":\"\\ud83d\\ude0", "{\"x\":\"\xc3", "{\"x\":\"\xe2\x82", "{\"x\":\"\xf0\x9f\x98",
-        "{\"x\":t", "{\"x\":tru", "{\"x\":n", "{\"x\":fals", "{\"x\":-", "{\"x\":1.", "{\"x\":1e", "{\"x\":1e-",
-        "{\"x\":12345678901234567890123", "{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":nul",
-        "{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":1.5e", "{\"type\":\"step\",\"seq\":1,\"step\":0,\"heads\":{\"a\":[[1",
-        "\r", "{\r", "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\"", "{\"x\":[[[[[", "{\"x\":{\"a\":{\"b\"",
+        "{\"x\":\"\\",
+        "{\"x\":\"\\u",
+        "{\"x\":\"\\u0",
+        "{\"x\":\"\\u00e",
+        "{\"x\":\"\\ud83d",
+        "{\"x\":\"\\ud83d\\",
+        "{\"x\":\"\\ud83d\\u",
+        "{\"x\":\"\\ud83d\\ude0",
+        "{\"x\":\"\xc3",
+        "{\"x\":\"\xe2\x82",
+        "{\"x\":\"\xf0\x9f\x98",
+        "{\"x\":t",
+        "{\"x\":tru",
+        "{\"x\":n",
+        "{\"x\":fals",
+        "{\"x\":-",
+        "{\"x\":1.",
+        "{\"x\":1e",
+        "{\"x\":1e-",
+        "{\"x\":12345678901234567890123",
+        "{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":nul",
+        "{\"type\":\"step\",\"seq\":1,\"step\":0,\"scalars\":{\"a\":1.5e",
+        "{\"type\":\"step\",\"seq\":1,\"step\":0,\"heads\":{\"a\":[[1",
+        "\r",
+        "{\r",
+        "{\"type\":\"end\",\"seq\":1,\"status\":\"failed\"",
+        "{\"x\":[[[[[",
+        "{\"x\":{\"a\":{\"b\"",
     };
     for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
         size_t len = strlen(ends[i]);
@@ -1165,7 +1326,11 @@ static void test_json_string(void **state) {
     assert_string_equal(out, "\"\xc3\xa9/\x7f\"");
     /* bytes that are not UTF-8 become '?' (a lone continuation byte, a
      * truncated sequence, an overlong '/', a surrogate), valid ones stay */
-    assert_int_equal(proto_json_string(out, sizeof out, "a\x80" "b\xc3", 4), 6);
+    assert_int_equal(proto_json_string(out, sizeof out,
+                                       "a\x80"
+                                       "b\xc3",
+                                       4),
+                     6);
     assert_string_equal(out, "\"a?b?\"");
     assert_int_equal(proto_json_string(out, sizeof out, "\xc0\xaf\xed\xa0\x80\xf0\x9f\x98\x80", 9), 11);
     assert_string_equal(out, "\"?????\xf0\x9f\x98\x80\"");
@@ -1207,16 +1372,25 @@ static void test_json_string(void **state) {
             case 0: cp = 1 + rnd_below(0x1f); break;
             case 1: cp = 0x20 + rnd_below(0x60); break;
             case 2: cp = 0x80 + rnd_below(0x780); break;
-            case 3: cp = 0x800 + rnd_below(0xF800); if (cp >= 0xD800 && cp <= 0xDFFF) cp -= 0x800; break;
+            case 3:
+                cp = 0x800 + rnd_below(0xF800);
+                if (cp >= 0xD800 && cp <= 0xDFFF) cp -= 0x800;
+                break;
             default: cp = 0x10000 + rnd_below(0x100000); break;
             }
             if (cp < 0x80) s[n++] = (char)cp;
-            else if (cp < 0x800) { s[n++] = (char)(0xC0 | (cp >> 6)); s[n++] = (char)(0x80 | (cp & 0x3F)); }
-            else if (cp < 0x10000) {
-                s[n++] = (char)(0xE0 | (cp >> 12)); s[n++] = (char)(0x80 | ((cp >> 6) & 0x3F)); s[n++] = (char)(0x80 | (cp & 0x3F));
+            else if (cp < 0x800) {
+                s[n++] = (char)(0xC0 | (cp >> 6));
+                s[n++] = (char)(0x80 | (cp & 0x3F));
+            } else if (cp < 0x10000) {
+                s[n++] = (char)(0xE0 | (cp >> 12));
+                s[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                s[n++] = (char)(0x80 | (cp & 0x3F));
             } else {
-                s[n++] = (char)(0xF0 | (cp >> 18)); s[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-                s[n++] = (char)(0x80 | ((cp >> 6) & 0x3F)); s[n++] = (char)(0x80 | (cp & 0x3F));
+                s[n++] = (char)(0xF0 | (cp >> 18));
+                s[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+                s[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                s[n++] = (char)(0x80 | (cp & 0x3F));
             }
         }
         roundtrip(s, n);

@@ -22,8 +22,7 @@ static char line[1 << 20];
 static char err[256];
 
 /* prefix + body -> proto_parse */
-static int parse_seq_line(uint64_t seq, const char *body, size_t blen, struct proto_msg *m)
-{
+static int parse_seq_line(uint64_t seq, const char *body, size_t blen, struct proto_msg *m) {
     size_t n = proto_write_seq_prefix(line, seq);
     memcpy(line + n, body, blen);
     n += blen;
@@ -32,13 +31,12 @@ static int parse_seq_line(uint64_t seq, const char *body, size_t blen, struct pr
     return proto_parse(line, n - 1, m, err, sizeof err);
 }
 
-static void test_hello(void **state)
-{
+static void test_hello(void **state) {
     (void)state;
     const char *token = "s3cr\"et\\\n";
     size_t pub = 0;
-    size_t n = proto_write_hello(line, sizeof line, "run.1@x+y", 12, 8, 256, 0, "{\"lr\":0.001,\"a\":[1,2]}", token,
-                                 &pub);
+    size_t n =
+        proto_write_hello(line, sizeof line, "run.1@x+y", 12, 8, 256, 0, "{\"lr\":0.001,\"a\":[1,2]}", token, &pub);
     assert_true(n > 0 && pub < n);
     assert_int_equal(line[n - 1], '\n');
     struct proto_msg m = {0};
@@ -81,8 +79,7 @@ static void test_hello(void **state)
     assert_int_equal(proto_write_hello(line, 16, "r", 1, 1, 1, 0, NULL, NULL, NULL), 0);
 }
 
-static void test_step(void **state)
-{
+static void test_step(void **state) {
     (void)state;
     enum { L = 3, H = 5 };
     proto_name sn[3] = {"loss", "lr", "grad_norm"}, ln[2] = {"rank_ratio", "cos:sim"}, hn[2] = {"entropy", "max_logit"};
@@ -93,9 +90,19 @@ static void test_step(void **state)
     hv[7] = INFINITY;
     hv[8] = -INFINITY;
     for (int with_time = 0; with_time < 2; with_time++) {
-        struct proto_step_view v = {.step = 123456789012, .time = with_time ? 1764500000.25 : -1, .L = L, .H = H,
-                                    .n_scalar = 3, .n_layer = 2, .n_head = 2, .scalar_names = sn, .scalars = sv,
-                                    .layer_names = ln, .layers = lv, .head_names = hn, .heads = hv};
+        struct proto_step_view v = {.step = 123456789012,
+                                    .time = with_time ? 1764500000.25 : -1,
+                                    .L = L,
+                                    .H = H,
+                                    .n_scalar = 3,
+                                    .n_layer = 2,
+                                    .n_head = 2,
+                                    .scalar_names = sn,
+                                    .scalars = sv,
+                                    .layer_names = ln,
+                                    .layers = lv,
+                                    .head_names = hn,
+                                    .heads = hv};
         static char body[1 << 16];
         size_t n = proto_write_step_body(body, &v);
         assert_true(n <= proto_step_body_max(3, 2, 2, L, H));
@@ -113,15 +120,20 @@ static void test_step(void **state)
             const struct proto_metric *mt = &m.metrics[i];
             const float *want;
             uint32_t count;
-            if (mt->kind == PROTO_SCALAR) { want = sv + i; count = 1; assert_string_equal(mt->name, sn[i]); }
-            else if (mt->kind == PROTO_LAYER) {
+            if (mt->kind == PROTO_SCALAR) {
+                want = sv + i;
+                count = 1;
+                assert_string_equal(mt->name, sn[i]);
+            } else if (mt->kind == PROTO_LAYER) {
                 int k = (int)i - 3;
-                want = lv + k * L; count = L;
+                want = lv + k * L;
+                count = L;
                 assert_string_equal(mt->name, ln[k]);
                 assert_int_equal(mt->rows, L);
             } else {
                 int k = (int)i - 5;
-                want = hv + k * L * H; count = L * H;
+                want = hv + k * L * H;
+                count = L * H;
                 assert_string_equal(mt->name, hn[k]);
                 assert_int_equal(mt->rows, L);
                 assert_int_equal(mt->cols, H);
@@ -136,8 +148,7 @@ static void test_step(void **state)
     }
 }
 
-static void test_event_and_end(void **state)
-{
+static void test_event_and_end(void **state) {
     (void)state;
     /* quotes, backslash, control characters, UTF-8, and invalid bytes ('?') */
     const char text[] = "a \"q\" \\ \n\t\x01 caf\xc3\xa9 \xe2\x82\xac bad:\xff\xc3";
@@ -167,8 +178,7 @@ static void test_event_and_end(void **state)
     assert_int_equal(proto_status_parse(NULL), -1);
 }
 
-static void test_replies(void **state)
-{
+static void test_replies(void **state) {
     (void)state;
     struct proto_reply r;
     size_t n = proto_write_welcome(line, sizeof line, 42, 18446744073709549568ull);
@@ -210,14 +220,14 @@ static void test_replies(void **state)
 }
 
 static uint32_t rng = 12345;
-static uint32_t next_u32(void)
-{
-    rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5;
+static uint32_t next_u32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
     return rng;
 }
 
-static void test_floats(void **state)
-{
+static void test_floats(void **state) {
     (void)state;
     /* through the step parser: what the daemon stores is the float sent */
     enum { N = 4096 };
@@ -225,12 +235,14 @@ static void test_floats(void **state)
     static float hv[N];
     for (int i = 0; i < N; i++) {
         uint32_t b = next_u32();
-        if (i < 8) b = (uint32_t[]){0x00000001u, 0x007fffffu, 0x00800000u, 0x7f7fffffu, 0x80000000u, 0x3dcccccdu,
-                                    0xff7fffffu, 0x33d6bf95u}[i];
+        if (i < 8)
+            b = (uint32_t[]){0x00000001u, 0x007fffffu, 0x00800000u, 0x7f7fffffu,
+                             0x80000000u, 0x3dcccccdu, 0xff7fffffu, 0x33d6bf95u}[i];
         memcpy(&hv[i], &b, 4);
     }
     static char body[N * 32];
-    struct proto_step_view v = {.step = 0, .time = -1, .L = 64, .H = N / 64, .n_head = 1, .head_names = hn, .heads = hv};
+    struct proto_step_view v = {
+        .step = 0, .time = -1, .L = 64, .H = N / 64, .n_head = 1, .head_names = hn, .heads = hv};
     size_t n = proto_write_step_body(body, &v);
     struct proto_msg m;
     assert_int_equal(parse_seq_line(1, body, n, &m), PROTO_OK);
@@ -250,8 +262,7 @@ static void test_floats(void **state)
     assert_true(strtof(buf, NULL) == 1e15f);
 }
 
-static void test_names(void **state)
-{
+static void test_names(void **state) {
     (void)state;
     assert_true(proto_valid_name("a.b_c:d-E9", 10));
     assert_false(proto_valid_name("", 0));
@@ -266,10 +277,9 @@ static void test_names(void **state)
     assert_false(proto_valid_run(big, PROTO_MAX_RUN + 1));
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hello),  cmocka_unit_test(test_step),   cmocka_unit_test(test_event_and_end),
+        cmocka_unit_test(test_hello),   cmocka_unit_test(test_step),   cmocka_unit_test(test_event_and_end),
         cmocka_unit_test(test_replies), cmocka_unit_test(test_floats), cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

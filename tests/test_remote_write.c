@@ -35,8 +35,8 @@ static struct got {
 static size_t ngot, nposts;
 static int64_t bad_ts[8];
 static int nbad;
-static int count_only;              /* decode, count, keep nothing */
-static int fail_first;              /* answer this many requests like a receiver that is down */
+static int count_only; /* decode, count, keep nothing */
+static int fail_first; /* answer this many requests like a receiver that is down */
 static size_t req_samples, max_req_samples;
 
 static uint64_t rd_varint(const unsigned char **p, const unsigned char *end) {
@@ -337,10 +337,8 @@ static void test_cursor_file(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_encoding),
-        cmocka_unit_test(test_refusals_split),
-        cmocka_unit_test(test_failures_retried),
-        cmocka_unit_test(test_requests_bounded),
+        cmocka_unit_test(test_encoding),         cmocka_unit_test(test_refusals_split),
+        cmocka_unit_test(test_failures_retried), cmocka_unit_test(test_requests_bounded),
         cmocka_unit_test(test_cursor_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,10 +20,14 @@ typedef struct {
     ckpt_meta r;
 } run;
 
-static void setup_run(run *x)
-{
-    model_config cfg = {.vocab = 16, .max_seq = 8, .layers = 1, .heads = 2, .dim = 8,
-                        .norm = MODEL_NORM_PRE, .reparam = MODEL_REPARAM_SIGMA,
+static void setup_run(run *x) {
+    model_config cfg = {.vocab = 16,
+                        .max_seq = 8,
+                        .layers = 1,
+                        .heads = 2,
+                        .dim = 8,
+                        .norm = MODEL_NORM_PRE,
+                        .reparam = MODEL_REPARAM_SIGMA,
                         .gamma_init = MODEL_GAMMA_SIGMA};
     x->m = model_create(&cfg, 2, 8, 1);
     assert_non_null(x->m);
@@ -35,8 +39,7 @@ static void setup_run(run *x)
 }
 
 /* Changes every part of the state, as `step` training steps would. */
-static void advance(run *x, long step)
-{
+static void advance(run *x, long step) {
     for (size_t i = 0; i < x->m->num_params; i++) x->m->params_memory[i] += 0.001f * (float)step;
     for (size_t i = 0; i < x->o->state_n; i++) x->o->state[i] = (float)step + (float)i * 1e-3f;
     for (int i = 0; i < x->m->num_linear; i++) x->m->lin[i].sigma = (float)step;
@@ -48,16 +51,14 @@ static void advance(run *x, long step)
     x->r.data_pos = 64 * (uint64_t)step;
 }
 
-static float *copy_params(const run *x)
-{
+static float *copy_params(const run *x) {
     float *p = malloc(x->m->num_params * sizeof(float));
     assert_non_null(p);
     memcpy(p, x->m->params_memory, x->m->num_params * sizeof(float));
     return p;
 }
 
-static void test_restore_newest_before(void **s)
-{
+static void test_restore_newest_before(void **s) {
     (void)s;
     run x;
     setup_run(&x);
@@ -91,8 +92,7 @@ static void test_restore_newest_before(void **s)
     model_destroy(x.m);
 }
 
-static void test_keeps_the_newest(void **s)
-{
+static void test_keeps_the_newest(void **s) {
     (void)s;
     run x;
     setup_run(&x);
@@ -111,8 +111,7 @@ static void test_keeps_the_newest(void **s)
     model_destroy(x.m);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restore_newest_before),
         cmocka_unit_test(test_keeps_the_newest),

@@ -114,15 +114,15 @@ static void test_odd_values_round_trip(void **state) {
     n++;
     a[n++] = cell(-0.0f, 0.0f, -0.0, 3);
     a[n++] = cell(-0.0f, -0.0f, 0.0, 64);
-    a[n++] = cell(INFINITY, -INFINITY, f64(0x7ff8000000abcdefu), 5);  /* not what pooling makes: still kept */
+    a[n++] = cell(INFINITY, -INFINITY, f64(0x7ff8000000abcdefu), 5); /* not what pooling makes: still kept */
     a[n++] = cell(f32(0x7fc0beefu), f32(0xffc00001u), -INFINITY, 7); /* NaN payloads with a count */
     a[n++] = cell(f32(1), f32(0x007fffffu), f64(3), 64);             /* subnormals, a subnormal sum */
     a[n++] = cell(-f32(0x00000003u), f32(0x00400000u), -f64(0x000fffffffffffffu), 2);
     a[n++] = cell(-FLT_MAX, FLT_MAX, 1e300, 64);
-    a[n++] = cell(FLT_MIN, FLT_MIN, (double)FLT_MIN * 10, 10);       /* a count below the frame count */
+    a[n++] = cell(FLT_MIN, FLT_MIN, (double)FLT_MIN * 10, 10); /* a count below the frame count */
     a[n++] = cell(1.0f, 2.0f, 90.0, 60);
-    a[n++] = cell(NAN, NAN, 0.0, 0);                                 /* empty, as rollup_reset leaves it */
-    a[n++] = cell(1.0f, 1.0f, 1.0, 0);                               /* empty yet not like it: kept as it is */
+    a[n++] = cell(NAN, NAN, 0.0, 0);   /* empty, as rollup_reset leaves it */
+    a[n++] = cell(1.0f, 1.0f, 1.0, 0); /* empty yet not like it: kept as it is */
     a[n++] = cell(-1e-30f, 1e30f, 123.456, 64);
     a[n++] = cell(3.0f, 3.0f, 192.0, 64);
     round_trip(a, n, 64);
@@ -292,8 +292,8 @@ static void test_corrupt_rows_refused(void **state) {
     memcpy(bad, row, len);
     bad[len] = 0;
     assert_int_equal(rollup_decode(bad, len + 1, N, 64, 0, N, out), -1);
-    assert_int_equal(rollup_decode(row, len, N + 1, 64, 0, N, out), -1);     /* another shape */
-    assert_int_equal(rollup_decode(row, len, N, 64, 0, N + 1, out), -1);     /* cells out of range */
+    assert_int_equal(rollup_decode(row, len, N + 1, 64, 0, N, out), -1); /* another shape */
+    assert_int_equal(rollup_decode(row, len, N, 64, 0, N + 1, out), -1); /* cells out of range */
     assert_int_equal(rollup_decode(row, len, N, 64, 3, 2, out), -1);
     assert_int_equal(rollup_decode(row, 3, N, 64, 0, N, out), -1);
     assert_int_equal(rollup_decode(row, 0, N, 64, 0, N, out), -1);
@@ -336,7 +336,8 @@ static float series_value(uint32_t i, int64_t s) {
     case 1: /* subnormal early on (rows of those blocks have no total), then like the rest */
         if (s < 10000) return f32((uint32_t)(h % (1u << 20)));
         return 1.0f + (float)(h % 1024) / 1024;
-    case 2: return h % 23 == 0 ? NAN : h % 29 == 0 ? INFINITY : h % 31 == 0 ? -INFINITY : 0.5f + (float)(h % 1000) / 700;
+    case 2:
+        return h % 23 == 0 ? NAN : h % 29 == 0 ? INFINITY : h % 31 == 0 ? -INFINITY : 0.5f + (float)(h % 1000) / 700;
     case 3: return h % 3 == 0 ? -0.0f : h % 3 == 1 ? 0.0f : (float)(h % 50) - 25;
     case 4: return NAN;
     default: {
@@ -356,7 +357,8 @@ static void expect_cell(struct strbuf *out, uint32_t i, const cJSON *step, const
     struct strbuf mn = {0}, mx = {0}, mean = {0}, count = {0}, nonfinite = {0};
     int nb = cJSON_GetArraySize(step);
     for (int b = 0; b < nb; b++) {
-        int64_t lo = (int64_t)cJSON_GetArrayItem(step, b)->valuedouble, hi = (int64_t)cJSON_GetArrayItem(end, b)->valuedouble;
+        int64_t lo = (int64_t)cJSON_GetArrayItem(step, b)->valuedouble,
+                hi = (int64_t)cJSON_GetArrayItem(end, b)->valuedouble;
         float a = 0, z = 0;
         double sum = 0;
         int64_t c = 0, bad = 0;
@@ -390,9 +392,8 @@ static void expect_cell(struct strbuf *out, uint32_t i, const cJSON *step, const
         strbuf_i64(&count, c);
         strbuf_i64(&nonfinite, bad);
     }
-    strbuf_printf(out, "\"min\":[%s],\"max\":[%s],\"mean\":[%s],\"count\":[%s],\"nonfinite\":[%s]",
-                  mn.p ? mn.p : "", mx.p ? mx.p : "", mean.p ? mean.p : "", count.p ? count.p : "",
-                  nonfinite.p ? nonfinite.p : "");
+    strbuf_printf(out, "\"min\":[%s],\"max\":[%s],\"mean\":[%s],\"count\":[%s],\"nonfinite\":[%s]", mn.p ? mn.p : "",
+                  mx.p ? mx.p : "", mean.p ? mean.p : "", count.p ? count.p : "", nonfinite.p ? nonfinite.p : "");
     free(mn.p);
     free(mx.p);
     free(mean.p);
@@ -406,7 +407,7 @@ struct window {
 };
 
 static const struct window windows[] = {
-    {0, 0, 0, 0, 1000}, {0, 0, 0, 0, 37}, {0, 0, 0, 0, 1},       {1, 1, 12345, 400000, 100},
+    {0, 0, 0, 0, 1000},      {0, 0, 0, 0, 37},           {0, 0, 0, 0, 1},           {1, 1, 12345, 400000, 100},
     {1, 1, 100, 5000, 1000}, {1, 1, 19990, 20100, 1000}, {1, 1, 262144, 524287, 3}, {1, 0, 70000, 0, 64},
 };
 #define NWINDOWS (sizeof windows / sizeof *windows)
@@ -414,9 +415,16 @@ static const struct window windows[] = {
 /* The answer of query_series to window w, split and cell selection as
  * given; a malloc'ed string. */
 static char *series(struct query *q, int64_t run, const struct window *w, int split, int64_t layer, int64_t head) {
-    struct query_series_req req = {.run_id = run, .metric = "ent", .layer = layer, .head = head,
-                                   .has_from = w->has_from, .has_to = w->has_to, .from = w->from, .to = w->to,
-                                   .points = w->points, .split = split};
+    struct query_series_req req = {.run_id = run,
+                                   .metric = "ent",
+                                   .layer = layer,
+                                   .head = head,
+                                   .has_from = w->has_from,
+                                   .has_to = w->has_to,
+                                   .from = w->from,
+                                   .to = w->to,
+                                   .points = w->points,
+                                   .split = split};
     struct strbuf sb = {0};
     char err[256];
     if (query_series(q, &req, &sb, err, sizeof err) != QUERY_OK) fail_msg("series: %s", err);
@@ -433,10 +441,17 @@ static void rows_to_raw(const char *path) {
     sqlite3_stmt *s, *u;
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT r.metric_id, level, block, chunk, nframes, data, m.kind FROM rollups r "
-                                            "JOIN metrics m ON m.id = r.metric_id", -1, &s, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, "UPDATE rollups SET data = ?5, crc = NULL WHERE metric_id = ?1 AND level = ?2 AND block = ?3 "
-                                        "AND chunk = ?4", -1, &u, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "SELECT r.metric_id, level, block, chunk, nframes, data, m.kind FROM rollups r "
+                                        "JOIN metrics m ON m.id = r.metric_id",
+                                        -1, &s, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(
+                         db,
+                         "UPDATE rollups SET data = ?5, crc = NULL WHERE metric_id = ?1 AND level = ?2 AND block = ?3 "
+                         "AND chunk = ?4",
+                         -1, &u, NULL),
+                     SQLITE_OK);
     int coded = 0, totals = 0, missing = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
         uint32_t n = sqlite3_column_int(s, 6) == PROTO_HEAD ? SN : sqlite3_column_int(s, 6) == PROTO_LAYER ? SL : 1;
@@ -480,10 +495,11 @@ static void rows_to_raw(const char *path) {
             missing += !has;
         }
         sqlite3_finalize(s);
-        assert_int_equal(sqlite3_exec(db, "UPDATE rollup_totals SET data = x'', crc = NULL", NULL, NULL, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_exec(db, "UPDATE rollup_totals SET data = x'', crc = NULL", NULL, NULL, NULL),
+                         SQLITE_OK);
     }
     assert_true(coded > 0);
-    assert_true(totals > 0);  /* the series took both paths */
+    assert_true(totals > 0); /* the series took both paths */
     assert_true(missing > 0);
     assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
@@ -620,11 +636,11 @@ static int64_t as_rollbacks, as_beyond32;
 
 /* The values the run holds: after a rollback to S, no step >= S of before. */
 struct as_run {
-    uint32_t L, H, n;      /* the head metric "ent" is L x H = n */
+    uint32_t L, H, n; /* the head metric "ent" is L x H = n */
     int64_t nsteps;
     int64_t step[AS_MAX_STEPS];
     float loss[AS_MAX_STEPS];
-    float *ent;            /* n values per step */
+    float *ent; /* n values per step */
 };
 
 /* Cell value from a hash of h: a multiple of 1/8 in (-2^10, 2^10), or NaN
@@ -671,7 +687,9 @@ static int64_t as_gap(int bits) {
 static int64_t as_steps(int c, int64_t *out) {
     int64_t n = 0, s = 0;
     switch (c) {
-    case 0: for (; n < 1000; n++) out[n] = n * 1000; return n; /* a step logged every 1,000 */
+    case 0:
+        for (; n < 1000; n++) out[n] = n * 1000;
+        return n; /* a step logged every 1,000 */
     case 1: out[0] = 1, out[1] = 1000000; return 2;
     case 2: out[0] = 1, out[1] = 262208; return 2; /* 262208 = 4 level-5 blocks + 64 */
     case 3: out[0] = 0, out[1] = AS_TOP - 1, out[2] = AS_TOP; return 3;
@@ -772,12 +790,21 @@ struct as_req {
  * answer against the reference. */
 static void as_check(struct query *q, int64_t run, const struct as_run *r, const struct as_req *rq, const char *name) {
     int whole = rq->from > rq->to;
-    struct query_series_req req = {.run_id = run, .metric = rq->scalar ? "loss" : "ent", .layer = rq->layer,
-                                   .head = rq->head, .has_from = !whole, .has_to = !whole, .from = rq->from,
-                                   .to = rq->to, .points = rq->points, .agg = rq->agg, .split = rq->split};
+    struct query_series_req req = {.run_id = run,
+                                   .metric = rq->scalar ? "loss" : "ent",
+                                   .layer = rq->layer,
+                                   .head = rq->head,
+                                   .has_from = !whole,
+                                   .has_to = !whole,
+                                   .from = rq->from,
+                                   .to = rq->to,
+                                   .points = rq->points,
+                                   .agg = rq->agg,
+                                   .split = rq->split};
     char ctx[256], err[256];
-    snprintf(ctx, sizeof ctx, "%s (%lld steps %lld..%lld) %s from %lld to %lld points %lld layer %lld head %lld split %d",
-             name, (long long)r->nsteps, (long long)r->step[0], (long long)r->step[r->nsteps - 1], req.metric,
+    snprintf(ctx, sizeof ctx,
+             "%s (%lld steps %lld..%lld) %s from %lld to %lld points %lld layer %lld head %lld split %d", name,
+             (long long)r->nsteps, (long long)r->step[0], (long long)r->step[r->nsteps - 1], req.metric,
              whole ? -1LL : (long long)rq->from, whole ? -1LL : (long long)rq->to, (long long)rq->points,
              (long long)rq->layer, (long long)rq->head, rq->split);
     struct strbuf sb = {0};
@@ -797,17 +824,21 @@ static void as_check(struct query *q, int64_t run, const struct as_run *r, const
     uint32_t h0 = rq->head >= 0 ? (uint32_t)rq->head : 0, h1 = rq->head >= 0 ? h0 + 1 : H;
     const cJSON *list = cJSON_GetObjectItem(j, "series");
     uint32_t ng = rq->split == QUERY_SPLIT_HEAD ? (l1 - l0) * (h1 - h0) : rq->split == QUERY_SPLIT_LAYER ? l1 - l0 : 1;
-    if (rq->split && (uint32_t)cJSON_GetArraySize(list) != ng) fail_msg("%s: %d series, want %u", ctx, cJSON_GetArraySize(list), ng);
+    if (rq->split && (uint32_t)cJSON_GetArraySize(list) != ng)
+        fail_msg("%s: %d series, want %u", ctx, cJSON_GetArraySize(list), ng);
     for (int b = 0; b < nb; b++) {
-        int64_t s0 = (int64_t)cJSON_GetArrayItem(st, b)->valuedouble, s1 = (int64_t)cJSON_GetArrayItem(en, b)->valuedouble;
-        if (s0 <= prev || s1 < s0 || s1 > hi || s1 - s0 >= width) fail_msg("%s: bucket %d is %lld..%lld", ctx, b, (long long)s0, (long long)s1);
+        int64_t s0 = (int64_t)cJSON_GetArrayItem(st, b)->valuedouble,
+                s1 = (int64_t)cJSON_GetArrayItem(en, b)->valuedouble;
+        if (s0 <= prev || s1 < s0 || s1 > hi || s1 - s0 >= width)
+            fail_msg("%s: bucket %d is %lld..%lld", ctx, b, (long long)s0, (long long)s1);
         prev = s1;
         for (uint32_t g = 0; g < ng; g++) {
             const cJSON *o = rq->split ? cJSON_GetArrayItem(list, (int)g) : j;
             /* the cells of group g, pooled layer by layer (a head metric's
              * cells of one layer are contiguous) */
             struct as_pool p = {0};
-            uint32_t gl0 = rq->split == QUERY_SPLIT_NONE ? l0 : l0 + (rq->split == QUERY_SPLIT_HEAD ? g / (h1 - h0) : g);
+            uint32_t gl0 =
+                rq->split == QUERY_SPLIT_NONE ? l0 : l0 + (rq->split == QUERY_SPLIT_HEAD ? g / (h1 - h0) : g);
             uint32_t gl1 = rq->split == QUERY_SPLIT_NONE ? l1 : gl0 + 1;
             uint32_t gh0 = rq->split == QUERY_SPLIT_HEAD ? h0 + g % (h1 - h0) : h0;
             uint32_t gh1 = rq->split == QUERY_SPLIT_HEAD ? gh0 + 1 : h1;
@@ -820,7 +851,8 @@ static void as_check(struct query *q, int64_t run, const struct as_run *r, const
                 p.nonfinite += x.nonfinite;
                 p.frames = x.frames;
             }
-            if (!p.frames) fail_msg("%s: bucket %d (%lld..%lld) listed without a frame", ctx, b, (long long)s0, (long long)s1);
+            if (!p.frames)
+                fail_msg("%s: bucket %d (%lld..%lld) listed without a frame", ctx, b, (long long)s0, (long long)s1);
             if (!g) seen += p.frames;
             char gctx[300];
             snprintf(gctx, sizeof gctx, "%s series %u bucket %lld..%lld", ctx, g, (long long)s0, (long long)s1);
@@ -830,12 +862,17 @@ static void as_check(struct query *q, int64_t run, const struct as_run *r, const
             as_check_stat(o, b, &p, "count", gctx);
             as_check_stat(o, b, &p, "nonfinite", gctx);
             if (cJSON_GetObjectItem(o, "value"))
-                as_check_stat(o, b, &p, rq->agg == QUERY_AGG_MIN ? "min" : rq->agg == QUERY_AGG_MAX ? "max" : "mean", gctx);
+                as_check_stat(o, b, &p,
+                              rq->agg == QUERY_AGG_MIN   ? "min"
+                              : rq->agg == QUERY_AGG_MAX ? "max"
+                                                         : "mean",
+                              gctx);
         }
     }
     /* no frame of the range left out of the buckets */
     struct as_pool all = as_pool(r, 1, 0, 0, lo, hi);
-    if (seen != all.frames) fail_msg("%s: the buckets hold %lld frames, the range %lld", ctx, (long long)seen, (long long)all.frames);
+    if (seen != all.frames)
+        fail_msg("%s: the buckets hold %lld frames, the range %lld", ctx, (long long)seen, (long long)all.frames);
     cJSON_Delete(j);
     free(sb.p);
 }
@@ -891,11 +928,11 @@ static void test_series_any_step_numbering(void **state) {
             uint32_t l = (uint32_t)(rnd() % r.L), h = (uint32_t)(rnd() % r.H);
             rq.agg = (int)(rnd() % 3);
             const struct as_req sel[] = {
-                {.scalar = 1, .layer = -1, .head = -1},                         /* the loss */
-                {.layer = -1, .head = -1},                                      /* every value (the total's rows) */
-                {.layer = l, .head = h},                                        /* one head */
-                {.layer = l, .head = -1, .split = QUERY_SPLIT_HEAD},            /* each head of a layer */
-                {.layer = -1, .head = -1, .split = QUERY_SPLIT_LAYER},          /* each layer */
+                {.scalar = 1, .layer = -1, .head = -1},                /* the loss */
+                {.layer = -1, .head = -1},                             /* every value (the total's rows) */
+                {.layer = l, .head = h},                               /* one head */
+                {.layer = l, .head = -1, .split = QUERY_SPLIT_HEAD},   /* each head of a layer */
+                {.layer = -1, .head = -1, .split = QUERY_SPLIT_LAYER}, /* each layer */
             };
             for (size_t k = 0; k < sizeof sel / sizeof *sel; k++) {
                 struct as_req x = sel[k];
@@ -934,7 +971,8 @@ static void test_series_missing_chunk_row_reported(void **state) {
     assert_int_equal(store_commit(f.st), 0);
     int64_t ent = qi(f.path, "SELECT id FROM metrics WHERE name = 'ent'");
     char sql[200], err[256];
-    snprintf(sql, sizeof sql, "UPDATE rollup_totals SET data = x'', crc = NULL WHERE metric_id = %lld AND level = 2 AND block = 0",
+    snprintf(sql, sizeof sql,
+             "UPDATE rollup_totals SET data = x'', crc = NULL WHERE metric_id = %lld AND level = 2 AND block = 0",
              (long long)ent);
     sqlite3 *db;
     assert_int_equal(sqlite3_open(f.path, &db), SQLITE_OK);

@@ -19,10 +19,10 @@
 static uint64_t rng = 99;
 static float work[1024]; /* power-step scratch, >= the widest `in` below */
 
-static sreparam_linear make(int out, int in, float *gamma)
-{
+static sreparam_linear make(int out, int in, float *gamma) {
     sreparam_linear l = {0};
-    l.out = out; l.in = in;
+    l.out = out;
+    l.in = in;
     l.w = malloc(sizeof(float) * out * in);
     l.dw = calloc((size_t)out * in, sizeof(float));
     l.weff = malloc(sizeof(float) * out * in);
@@ -32,18 +32,24 @@ static sreparam_linear make(int out, int in, float *gamma)
     l.dgamma = calloc(1, sizeof(float));
     for (int i = 0; i < out * in; i++) l.w[i] = model_random_normal(&rng);
     double s = 0;
-    for (int i = 0; i < in; i++) { l.u[i] = model_random_normal(&rng); s += l.u[i] * l.u[i]; }
+    for (int i = 0; i < in; i++) {
+        l.u[i] = model_random_normal(&rng);
+        s += l.u[i] * l.u[i];
+    }
     for (int i = 0; i < in; i++) l.u[i] /= (float)sqrt(s);
     return l;
 }
 
-static void unmake(sreparam_linear *l)
-{
-    free(l->w); free(l->dw); free(l->weff); free(l->u); free(l->v); free(l->dgamma);
+static void unmake(sreparam_linear *l) {
+    free(l->w);
+    free(l->dw);
+    free(l->weff);
+    free(l->u);
+    free(l->v);
+    free(l->dgamma);
 }
 
-static void test_power_converges(void **state)
-{
+static void test_power_converges(void **state) {
     (void)state;
     int shapes[][2] = {{48, 16}, {16, 48}, {64, 64}, {384, 128}, {128, 512}, {3, 1}};
     float gamma = 1.0f;
@@ -62,8 +68,8 @@ static void test_power_converges(void **state)
         double rel = fabs(l.sigma - truth) / truth;
         /* the stored vectors give the same sigma without an update */
         double again = sreparam_sigma(&l);
-        printf("%4dx%-4d sigma %.6f  LAPACK %.6f  rel err %.2e  (v^T W u %.6f)\n", l.out,
-               l.in, l.sigma, truth, rel, again);
+        printf("%4dx%-4d sigma %.6f  LAPACK %.6f  rel err %.2e  (v^T W u %.6f)\n", l.out, l.in, l.sigma, truth, rel,
+               again);
         assert_true(rel < 1e-4);
         assert_true(fabs(again - truth) / truth < 1e-4);
         unmake(&l);
@@ -72,8 +78,7 @@ static void test_power_converges(void **state)
 
 /* The one-step-per-training-step scheme: with W changing slowly, the kept
  * vectors track the top singular value. */
-static void test_power_tracks_slow_change(void **state)
-{
+static void test_power_tracks_slow_change(void **state) {
     (void)state;
     float gamma = 1.0f;
     sreparam_linear l = make(96, 32, &gamma);
@@ -90,8 +95,7 @@ static void test_power_tracks_slow_change(void **state)
 
 /* One fused step against v = W u / ||W u||, u = W^T v / ||W^T v||,
  * sigma = ||W^T v||, in double. */
-static void test_power_step_reference(void **state)
-{
+static void test_power_step_reference(void **state) {
     (void)state;
     float gamma = 1.0f;
     sreparam_linear l = make(37, 21, &gamma);
@@ -120,8 +124,7 @@ static void test_power_step_reference(void **state)
     unmake(&l);
 }
 
-static void test_top_singular_vectors(void **state)
-{
+static void test_top_singular_vectors(void **state) {
     (void)state;
     float gamma = 1.0f;
     sreparam_linear l = make(20, 12, &gamma);
@@ -133,14 +136,13 @@ static void test_top_singular_vectors(void **state)
         for (int i = 0; i < 12; i++) y += l.w[o * 12 + i] * u[i];
         assert_true(fabs(y - s * v[o]) < 1e-4 * s);
     }
-    free(u); free(v);
+    free(u);
+    free(v);
     unmake(&l);
 }
 
 /* L(W, gamma) = <R, gamma W / (v^T W u)> with u, v constant, in double. */
-static double ref_loss(const double *W, double gamma, const float *u, const float *v,
-                       const float *R, int out, int in)
-{
+static double ref_loss(const double *W, double gamma, const float *u, const float *v, const float *R, int out, int in) {
     double s = 0, L = 0;
     for (int o = 0; o < out; o++)
         for (int i = 0; i < in; i++) s += v[o] * W[o * in + i] * u[i];
@@ -148,8 +150,7 @@ static double ref_loss(const double *W, double gamma, const float *u, const floa
     return L;
 }
 
-static void test_backward_fd(void **state)
-{
+static void test_backward_fd(void **state) {
     (void)state;
     for (int learn = 0; learn < 2; learn++) {
         float gamma = 1.7f, G[35];
@@ -166,8 +167,10 @@ static void test_backward_fd(void **state)
         for (int k = 0; k < 35; k++) W[k] = l.w[k];
         for (int k = 0; k < 35; k++) {
             double s = W[k];
-            W[k] = s + h; double lp = ref_loss(W, gamma, l.u, l.v, G, 7, 5);
-            W[k] = s - h; double lm = ref_loss(W, gamma, l.u, l.v, G, 7, 5);
+            W[k] = s + h;
+            double lp = ref_loss(W, gamma, l.u, l.v, G, 7, 5);
+            W[k] = s - h;
+            double lm = ref_loss(W, gamma, l.u, l.v, G, 7, 5);
             W[k] = s;
             double n = (lp - lm) / (2 * h);
             md = fmax(md, fabs(n - l.dw[k]));
@@ -176,8 +179,8 @@ static void test_backward_fd(void **state)
         double gp = ref_loss(W, gamma + h, l.u, l.v, G, 7, 5);
         double gm = ref_loss(W, gamma - h, l.u, l.v, G, 7, 5);
         double ng = (gp - gm) / (2 * h);
-        printf("sreparam backward: dW rel err %.3e, dgamma %.6f vs numeric %.6f (learn_gamma %d)\n",
-               md / mn, *l.dgamma, ng, learn);
+        printf("sreparam backward: dW rel err %.3e, dgamma %.6f vs numeric %.6f (learn_gamma %d)\n", md / mn, *l.dgamma,
+               ng, learn);
         assert_true(md / mn < 1e-4);
         if (learn) assert_true(fabs(*l.dgamma - ng) < 1e-4 * (1 + fabs(ng)));
         else assert_true(*l.dgamma == 0.0f);
@@ -185,13 +188,10 @@ static void test_backward_fd(void **state)
     }
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_power_converges),
-        cmocka_unit_test(test_power_tracks_slow_change),
-        cmocka_unit_test(test_power_step_reference),
-        cmocka_unit_test(test_top_singular_vectors),
+        cmocka_unit_test(test_power_converges),      cmocka_unit_test(test_power_tracks_slow_change),
+        cmocka_unit_test(test_power_step_reference), cmocka_unit_test(test_top_singular_vectors),
         cmocka_unit_test(test_backward_fd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

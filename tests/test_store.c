@@ -49,8 +49,8 @@ static int teardown(void **state) {
     return 0;
 }
 
-#define OK(call)                                                                                   \
-    do {                                                                                           \
+#define OK(call)                                                                                                \
+    do {                                                                                                        \
         if ((call) != 0) fail_msg("%s failed: %s (code %d)", #call, store_errmsg(f->st), store_errcode(f->st)); \
     } while (0)
 
@@ -58,8 +58,9 @@ static int teardown(void **state) {
 
 /* The sealed blocks of both layouts (schema/storage.md, "Blocks") as one
  * table of (metric_id, block) for count_rows. */
-#define SEALED "(SELECT metric_id, block FROM main.blocks UNION ALL SELECT s.metric_id, c.id & 67108863 AS block " \
-               "FROM main.block_chunks c JOIN main.block_series s ON c.id >> 26 = s.base)"
+#define SEALED                                                                                          \
+    "(SELECT metric_id, block FROM main.blocks UNION ALL SELECT s.metric_id, c.id & 67108863 AS block " \
+    "FROM main.block_chunks c JOIN main.block_series s ON c.id >> 26 = s.base)"
 
 /* ro_open, qi and qs: tests/fixture_store.h. */
 
@@ -96,7 +97,8 @@ static char *dump_db(const char *path) {
         assert_int_equal(sqlite3_prepare_v2(db, queries[q], -1, &s, NULL), SQLITE_OK);
         while (sqlite3_step(s) == SQLITE_ROW) {
             for (int c = 0; c < sqlite3_column_count(s); c++) {
-                const char *t = sqlite3_column_type(s, c) == SQLITE_NULL ? "NULL" : (const char *)sqlite3_column_text(s, c);
+                const char *t =
+                    sqlite3_column_type(s, c) == SQLITE_NULL ? "NULL" : (const char *)sqlite3_column_text(s, c);
                 size_t l = strlen(t);
                 while (n + l + 4 > cap) {
                     cap *= 2;
@@ -190,7 +192,8 @@ static void put_steps(struct tmp_db *f, int64_t run, int64_t *seq, const int64_t
     OK(store_commit(f->st));
 }
 
-static void put_range(struct tmp_db *f, int64_t run, int64_t *seq, int64_t from, int64_t to, int epoch, size_t commit_every) {
+static void put_range(struct tmp_db *f, int64_t run, int64_t *seq, int64_t from, int64_t to, int epoch,
+                      size_t commit_every) {
     size_t n = (size_t)(to - from + 1);
     int64_t *steps = malloc(n * sizeof *steps);
     for (size_t i = 0; i < n; i++) steps[i] = from + (int64_t)i;
@@ -209,7 +212,8 @@ static void rollup_row(const char *path, const char *where, uint32_t n, struct r
     assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_step(s), SQLITE_ROW);
     assert_int_equal(rollup_decode(sqlite3_column_blob(s, 1), (size_t)sqlite3_column_bytes(s, 1), n,
-                                   (uint32_t)sqlite3_column_int64(s, 0), 0, n, cells), 0);
+                                   (uint32_t)sqlite3_column_int64(s, 0), 0, n, cells),
+                     0);
     sqlite3_finalize(s);
     sqlite3_close(db);
 }
@@ -235,33 +239,42 @@ static void block_cells(sqlite3 *db, int64_t mid, int k, int64_t b, uint32_t n, 
                         struct rollup_cell *cells) {
     sqlite3_stmt *cs;
     uint32_t chunks = ROLLUP_CHUNKS(n);
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 "
-                                            "AND chunk = ?3 AND block = ?4", -1, &cs, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "SELECT nframes, data FROM rollups WHERE metric_id = ?1 AND level = ?2 "
+                                        "AND chunk = ?3 AND block = ?4",
+                                        -1, &cs, NULL),
+                     SQLITE_OK);
     for (uint32_t c = 0; c < chunks; c++) {
         uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = ROLLUP_CHUNK_LEN(n, c);
         sqlite3_bind_int64(cs, 1, mid);
         sqlite3_bind_int(cs, 2, k);
         sqlite3_bind_int(cs, 3, (int)c);
         sqlite3_bind_int64(cs, 4, b);
-        if (sqlite3_step(cs) != SQLITE_ROW) fail_msg("metric %lld level %d block %lld: no row of chunk %u", (long long)mid, k, (long long)b, c);
+        if (sqlite3_step(cs) != SQLITE_ROW)
+            fail_msg("metric %lld level %d block %lld: no row of chunk %u", (long long)mid, k, (long long)b, c);
         assert_int_equal(sqlite3_column_int64(cs, 0), nframes);
         assert_int_equal(rollup_decode(sqlite3_column_blob(cs, 1), (size_t)sqlite3_column_bytes(cs, 1), cn,
-                                       (uint32_t)nframes, 0, cn, cells + c0), 0);
+                                       (uint32_t)nframes, 0, cn, cells + c0),
+                         0);
         sqlite3_reset(cs);
     }
     sqlite3_finalize(cs);
     if (chunks == 1) return;
     char where[160];
     snprintf(where, sizeof where, "metric_id = %lld AND level = %d AND block = %lld", (long long)mid, k, (long long)b);
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT nframes, data FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 "
-                                            "AND block = ?3", -1, &cs, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "SELECT nframes, data FROM rollup_totals WHERE metric_id = ?1 AND level = ?2 "
+                                        "AND block = ?3",
+                                        -1, &cs, NULL),
+                     SQLITE_OK);
     sqlite3_bind_int64(cs, 1, mid);
     sqlite3_bind_int(cs, 2, k);
     sqlite3_bind_int64(cs, 3, b);
     if (sqlite3_step(cs) != SQLITE_ROW) fail_msg("rollup_totals: no row where %s", where);
     assert_int_equal(sqlite3_column_int64(cs, 0), nframes);
     struct rollup_total t;
-    int has = rollup_total_decode(sqlite3_column_blob(cs, 1), (size_t)sqlite3_column_bytes(cs, 1), n, (uint32_t)nframes, &t);
+    int has =
+        rollup_total_decode(sqlite3_column_blob(cs, 1), (size_t)sqlite3_column_bytes(cs, 1), n, (uint32_t)nframes, &t);
     assert_true(has >= 0);
     if (has) {
         /* what pooling the cells one by one gives */
@@ -291,7 +304,9 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
     int64_t layers = qi(path, "SELECT layers FROM runs WHERE id = %lld", (long long)run_id);
     int64_t heads = qi(path, "SELECT heads FROM runs WHERE id = %lld", (long long)run_id);
     sqlite3_stmt *ms;
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT id, kind, name FROM metrics WHERE run_id = ?1 ORDER BY id", -1, &ms, NULL), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_prepare_v2(db, "SELECT id, kind, name FROM metrics WHERE run_id = ?1 ORDER BY id", -1, &ms, NULL),
+        SQLITE_OK);
     sqlite3_bind_int64(ms, 1, run_id);
     while (sqlite3_step(ms) == SQLITE_ROW) {
         int64_t mid = sqlite3_column_int64(ms, 0);
@@ -305,7 +320,9 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
         int64_t *fstep = malloc(capf * sizeof *fstep);
         float *fval = malloc(capf * n * sizeof *fval);
         sqlite3_stmt *fs;
-        assert_int_equal(sqlite3_prepare_v2(db, "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step", -1, &fs, NULL), SQLITE_OK);
+        assert_int_equal(
+            sqlite3_prepare_v2(db, "SELECT step, data FROM frames WHERE metric_id = ?1 ORDER BY step", -1, &fs, NULL),
+            SQLITE_OK);
         sqlite3_bind_int64(fs, 1, mid);
         while (sqlite3_step(fs) == SQLITE_ROW) {
             if (nf == capf) {
@@ -324,8 +341,12 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
         for (int k = 1; k <= STORE_LEVELS; k++) {
             int64_t size = STORE_LEVEL_SIZE(k);
             sqlite3_stmt *rs;
-            assert_int_equal(sqlite3_prepare_v2(db, "SELECT block, nframes FROM rollups WHERE metric_id = ?1 AND level = ?2 "
-                                                "AND chunk = 0 ORDER BY block", -1, &rs, NULL), SQLITE_OK);
+            assert_int_equal(
+                sqlite3_prepare_v2(db,
+                                   "SELECT block, nframes FROM rollups WHERE metric_id = ?1 AND level = ?2 "
+                                   "AND chunk = 0 ORDER BY block",
+                                   -1, &rs, NULL),
+                SQLITE_OK);
             sqlite3_bind_int64(rs, 1, mid);
             sqlite3_bind_int(rs, 2, k);
             int rc = sqlite3_step(rs);
@@ -376,21 +397,25 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
                     nrows++;
                     rc = sqlite3_step(rs);
                 } else if (b < last / size) {
-                    fail_msg("metric %s level %d: no row for block %lld (has %lld frames) below W_k = %lld (last step %lld)",
-                             name, k, (long long)b, (long long)nframes, (long long)(last / size * size), (long long)last);
+                    fail_msg(
+                        "metric %s level %d: no row for block %lld (has %lld frames) below W_k = %lld (last step %lld)",
+                        name, k, (long long)b, (long long)nframes, (long long)(last / size * size), (long long)last);
                 }
                 free(a);
                 i = j;
             }
             if (rc == SQLITE_ROW)
-                fail_msg("metric %s level %d: row for block %lld, which has no frames", name, k, (long long)sqlite3_column_int64(rs, 0));
+                fail_msg("metric %s level %d: row for block %lld, which has no frames", name, k,
+                         (long long)sqlite3_column_int64(rs, 0));
             sqlite3_finalize(rs);
             /* no other chunk's row, nor total, without its chunk 0 */
             uint32_t chunks = ROLLUP_CHUNKS(n);
-            assert_int_equal(qi(path, "SELECT count(*) FROM rollups WHERE metric_id = %lld AND level = %d", (long long)mid, k),
-                             nrows * chunks);
-            assert_int_equal(qi(path, "SELECT count(*) FROM rollup_totals WHERE metric_id = %lld AND level = %d",
-                                (long long)mid, k), chunks > 1 ? nrows : 0);
+            assert_int_equal(
+                qi(path, "SELECT count(*) FROM rollups WHERE metric_id = %lld AND level = %d", (long long)mid, k),
+                nrows * chunks);
+            assert_int_equal(
+                qi(path, "SELECT count(*) FROM rollup_totals WHERE metric_id = %lld AND level = %d", (long long)mid, k),
+                chunks > 1 ? nrows : 0);
             if (rows_per_level) rows_per_level[k] += matched;
         }
         free(fstep);
@@ -413,10 +438,12 @@ static void test_migrations(void **state) {
     free(jm);
     static const char *const tables[] = {"runs", "metrics", "steps", "frames", "rollups", "events"};
     for (size_t i = 0; i < 6; i++)
-        assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = %Q", tables[i]), 1);
+        assert_int_equal(
+            qi(f->path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = %Q", tables[i]), 1);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'frames_metric_step'"), 1);
     /* rollups are keyed by (metric_id, level, block) itself (migration 7) */
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollups' AND sql LIKE '%%WITHOUT ROWID%%'"), 1);
+    assert_int_equal(
+        qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollups' AND sql LIKE '%%WITHOUT ROWID%%'"), 1);
     assert_true(store_db_bytes(f->st) > 0);
     assert_int_equal(store_db_bytes(f->st) % 16384, 0);
 
@@ -434,7 +461,8 @@ static void test_migrations(void **state) {
     snprintf(p2, sizeof p2, "%s/old.db", f->dir);
     sqlite3 *db;
     assert_int_equal(sqlite3_open(p2, &db), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, "CREATE TABLE unrelated(x); PRAGMA user_version = 0;", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE unrelated(x); PRAGMA user_version = 0;", NULL, NULL, NULL),
+                     SQLITE_OK);
     sqlite3_close(db);
     struct store *st2 = store_open(p2, err, sizeof err);
     if (!st2) fail_msg("store_open(old.db): %s", err);
@@ -487,7 +515,10 @@ static void test_run_open_resume_mismatch(void **state) {
     assert_int_equal(b.created, 1);
     assert_true(b.id != a.id);
     OK(store_commit(f->st));
-    char *s = qs(f->path, "SELECT status || ' ' || meta || ' ' || layers || 'x' || heads || ' ' || seq_len FROM runs WHERE id = %lld", (long long)a.id);
+    char *s =
+        qs(f->path,
+           "SELECT status || ' ' || meta || ' ' || layers || 'x' || heads || ' ' || seq_len FROM runs WHERE id = %lld",
+           (long long)a.id);
     assert_string_equal(s, "live {\"lr\": 0.1} 2x3 128");
     free(s);
     s = qs(f->path, "SELECT meta FROM runs WHERE id = %lld", (long long)b.id);
@@ -538,7 +569,8 @@ static void test_run_open_resume_mismatch(void **state) {
     assert_int_equal(store_run_open(f->st, "alpha", 2, 4, 256, NULL, 1500, &c), -1);
     assert_int_equal(store_errcode(f->st), STORE_ESHAPE);
     OK(store_commit(f->st));
-    s = qs(f->path, "SELECT status || ' ' || meta || ' ' || layers || 'x' || heads FROM runs WHERE id = %lld", (long long)a.id);
+    s = qs(f->path, "SELECT status || ' ' || meta || ' ' || layers || 'x' || heads FROM runs WHERE id = %lld",
+           (long long)a.id);
     assert_string_equal(s, "stale {\"v\":2} 2x3");
     free(s);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM runs"), 2);
@@ -565,12 +597,19 @@ static void test_step_frames(void **state) {
     assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'loss'"), 0);
     assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'rank'"), 1);
     assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'ent'"), 2);
-    const struct { const char *name; int n; const float *v; } want[] = {{"loss", 1, &loss}, {"rank", L, rank}, {"ent", L * H, ent}};
+    const struct {
+        const char *name;
+        int n;
+        const float *v;
+    } want[] = {{"loss", 1, &loss}, {"rank", L, rank}, {"ent", L * H, ent}};
     sqlite3 *db = ro_open(f->path);
     for (int i = 0; i < 3; i++) {
         sqlite3_stmt *s;
-        assert_int_equal(sqlite3_prepare_v2(db, "SELECT f.step, f.data FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = ?1",
-                                            -1, &s, NULL), SQLITE_OK);
+        assert_int_equal(
+            sqlite3_prepare_v2(
+                db, "SELECT f.step, f.data FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = ?1", -1,
+                &s, NULL),
+            SQLITE_OK);
         sqlite3_bind_text(s, 1, want[i].name, -1, SQLITE_STATIC);
         assert_int_equal(sqlite3_step(s), SQLITE_ROW);
         assert_int_equal(sqlite3_column_int64(s, 0), 17);
@@ -578,10 +617,12 @@ static void test_step_frames(void **state) {
         const unsigned char *d = sqlite3_column_blob(s, 1);
         for (int k = 0; k < want[i].n; k++) {
             /* little-endian float32, layer-major */
-            uint32_t bits = (uint32_t)d[4 * k] | (uint32_t)d[4 * k + 1] << 8 | (uint32_t)d[4 * k + 2] << 16 | (uint32_t)d[4 * k + 3] << 24;
+            uint32_t bits = (uint32_t)d[4 * k] | (uint32_t)d[4 * k + 1] << 8 | (uint32_t)d[4 * k + 2] << 16 |
+                            (uint32_t)d[4 * k + 3] << 24;
             float x;
             memcpy(&x, &bits, 4);
-            if (!same_float(x, want[i].v[k])) fail_msg("%s[%d]: %g, want %g", want[i].name, k, (double)x, (double)want[i].v[k]);
+            if (!same_float(x, want[i].v[k]))
+                fail_msg("%s[%d]: %g, want %g", want[i].name, k, (double)x, (double)want[i].v[k]);
             if (isnan(want[i].v[k])) assert_true(isnan(x)); /* NaN stays NaN: not dropped, not zero */
         }
         assert_int_equal(sqlite3_step(s), SQLITE_DONE);
@@ -655,9 +696,11 @@ static void lossy_bits_case(struct tmp_db *f, int bits) {
     assert_int_equal(rows, 70);
     sqlite3_finalize(s);
     /* the latest values (those /metrics serves) are the last step's, exact */
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT l.step, l.data FROM main.latest l JOIN main.metrics m "
-                                            "ON m.id = l.metric_id WHERE m.run_id = ?1 AND m.name = 'ent'",
-                                        -1, &s, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "SELECT l.step, l.data FROM main.latest l JOIN main.metrics m "
+                                        "ON m.id = l.metric_id WHERE m.run_id = ?1 AND m.name = 'ent'",
+                                        -1, &s, NULL),
+                     SQLITE_OK);
     sqlite3_bind_int64(s, 1, run);
     assert_int_equal(sqlite3_step(s), SQLITE_ROW);
     assert_int_equal(sqlite3_column_int(s, 0), 69);
@@ -689,13 +732,16 @@ static void test_lossy_rewind_reopens_rounded(void **state) {
     }
     assert_int_equal(qi(f->path, "SELECT count(*) FROM " SEALED), 1);
     for (int k = 0; k < L * H; k++) w[k] = 2.0f + 0.000987654f * (float)k;
-    put_ent(f, run, 71, 30, w); /* the trainer rolled back to step 30 */
+    put_ent(f, run, 71, 30, w);                                       /* the trainer rolled back to step 30 */
     assert_int_equal(qi(f->path, "SELECT count(*) FROM " SEALED), 0); /* block 0 is open again */
     sqlite3 *db = ro_open(f->path);
     sqlite3_stmt *s;
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT f.step, f.data FROM main.frames f JOIN main.metrics m "
-                                            "ON m.id = f.metric_id WHERE m.run_id = ?1 AND m.name = 'ent' "
-                                            "ORDER BY f.step", -1, &s, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "SELECT f.step, f.data FROM main.frames f JOIN main.metrics m "
+                                        "ON m.id = f.metric_id WHERE m.run_id = ?1 AND m.name = 'ent' "
+                                        "ORDER BY f.step",
+                                        -1, &s, NULL),
+                     SQLITE_OK);
     sqlite3_bind_int64(s, 1, run);
     int rows = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
@@ -732,22 +778,32 @@ static void test_rollups_brute_force(void **state) {
     assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), (int64_t)n);
     assert_int_equal(qi(f->path, "SELECT last_step FROM runs WHERE id = %lld", (long long)run), 2400000);
     /* the sparse metric has a frame only every 5th step */
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'sp'"),
-                     qi(f->path, "SELECT count(*) FROM steps WHERE step %% 5 = 0"));
+    assert_int_equal(
+        qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'sp'"),
+        qi(f->path, "SELECT count(*) FROM steps WHERE step %% 5 = 0"));
     int64_t rows[STORE_LEVELS + 1] = {0};
     verify_rollups(f->path, run, rows);
     for (int k = 1; k <= STORE_LEVELS; k++)
         if (rows[k] == 0) fail_msg("no rollup row of level %d was checked", k);
     /* level 1 of ent: blocks 0..92 of the dense part, 140, 625 (40000/64),
      * 4687 (300000..), 9375 (600000); 2400000 is the last and open */
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 1"),
-                     94 + 1 + 1 + 1 + 1);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 5"), 3);
-    assert_int_equal(qi(f->path, "SELECT nframes FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 5 AND block = 0"),
-                     4000 + 4);
+    assert_int_equal(
+        qi(f->path,
+           "SELECT count(*) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 1"),
+        94 + 1 + 1 + 1 + 1);
+    assert_int_equal(
+        qi(f->path,
+           "SELECT count(*) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 5"),
+        3);
+    assert_int_equal(
+        qi(f->path,
+           "SELECT nframes FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'ent' AND level = 5 AND block = 0"),
+        4000 + 4);
     /* early stopped at step 2999: its last block stays open, the others are complete */
-    assert_int_equal(qi(f->path, "SELECT max(block) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'early' AND level = 1"),
-                     2998 / 64 - 1);
+    assert_int_equal(
+        qi(f->path,
+           "SELECT max(block) FROM rollups r JOIN metrics m ON m.id = r.metric_id WHERE m.name = 'early' AND level = 1"),
+        2998 / 64 - 1);
 }
 
 static int64_t count_rows(struct tmp_db *f, int64_t run, const char *table, const char *where) {
@@ -765,8 +821,10 @@ static void test_history_rewrite(void **state) {
     char *before = NULL;
     {
         /* the bystander's rows, to check they are not touched */
-        before = qs(f->path, "SELECT group_concat(hex(data)) FROM (SELECT data FROM rollups WHERE metric_id IN "
-                             "(SELECT id FROM metrics WHERE run_id = %lld) ORDER BY metric_id, level, block)", (long long)other);
+        before = qs(f->path,
+                    "SELECT group_concat(hex(data)) FROM (SELECT data FROM rollups WHERE metric_id IN "
+                    "(SELECT id FROM metrics WHERE run_id = %lld) ORDER BY metric_id, level, block)",
+                    (long long)other);
     }
     assert_true(count_rows(f, run, "rollups", "level = 1 AND block >= 10") > 0);
     assert_true(count_rows(f, run, "rollups", "level = 2 AND block = 1") > 0);
@@ -778,20 +836,24 @@ static void test_history_rewrite(void **state) {
     assert_int_equal(count_rows(f, run, "frames", "step = 700"), 5); /* loss rank ent sp (700 % 5 == 0) early */
     assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 701);
     assert_int_equal(qi(f->path, "SELECT seq FROM steps WHERE run_id = %lld AND step = 700", (long long)run), seq);
-    assert_int_equal(count_rows(f, run, "rollups", "level = 1 AND block >= 10"), 0);  /* 700 / 64 = 10 */
-    assert_int_equal(count_rows(f, run, "rollups", "level = 2 AND block >= 1"), 0);   /* 700 / 512 = 1 */
-    assert_true(count_rows(f, run, "rollups", "level = 1 AND block = 9") > 0);        /* complete, kept */
+    assert_int_equal(count_rows(f, run, "rollups", "level = 1 AND block >= 10"), 0); /* 700 / 64 = 10 */
+    assert_int_equal(count_rows(f, run, "rollups", "level = 2 AND block >= 1"), 0);  /* 700 / 512 = 1 */
+    assert_true(count_rows(f, run, "rollups", "level = 1 AND block = 9") > 0);       /* complete, kept */
     assert_true(count_rows(f, run, "rollups", "level = 2 AND block = 0") > 0);
     assert_int_equal(qi(f->path, "SELECT last_step FROM runs WHERE id = %lld", (long long)run), 700);
     assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq);
-    char *ev = qs(f->path, "SELECT level || '|' || coalesce(seq, 'NULL') || '|' || text FROM events WHERE run_id = %lld", (long long)run);
+    char *ev =
+        qs(f->path, "SELECT level || '|' || coalesce(seq, 'NULL') || '|' || text FROM events WHERE run_id = %lld",
+           (long long)run);
     assert_non_null(ev);
     if (strncmp(ev, "warn|NULL|rollback to step 700", 30) != 0) fail_msg("event: %s", ev);
     free(ev);
     /* the frame at 700 holds the new values */
     float x;
-    char *hex = qs(f->path, "SELECT hex(data) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.run_id = %lld AND m.name = 'loss' AND step = 700",
-                   (long long)run);
+    char *hex = qs(
+        f->path,
+        "SELECT hex(data) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.run_id = %lld AND m.name = 'loss' AND step = 700",
+        (long long)run);
     uint32_t bits = 0;
     for (int i = 3; i >= 0; i--) {
         unsigned byte;
@@ -826,8 +888,8 @@ static void test_history_rewrite(void **state) {
         int64_t mixed[400];
         size_t n = 0;
         for (int64_t s = 1701; s <= 1900; s++) mixed[n++] = s;
-        for (int64_t s = 1750; s <= 1849; s++) mixed[n++] = s;  /* back to 1750 */
-        for (int64_t s = 1795; s <= 1894; s++) mixed[n++] = s;  /* and to 1795 */
+        for (int64_t s = 1750; s <= 1849; s++) mixed[n++] = s; /* back to 1750 */
+        for (int64_t s = 1795; s <= 1894; s++) mixed[n++] = s; /* and to 1795 */
         put_steps(f, run, &seq, mixed, n, 4, 100000);
     }
     assert_int_equal(count_rows(f, run, "frames", "step > 1894"), 0);
@@ -842,12 +904,16 @@ static void test_history_rewrite(void **state) {
     assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 1);
     put_range(f, run, &seq, 1, 700, 5, 97);
     verify_rollups(f->path, run, NULL);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld AND text LIKE 'rollback to step %%'", (long long)run), 6);
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld AND text LIKE 'rollback to step %%'",
+                        (long long)run),
+                     6);
     assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq);
 
     /* the other run is untouched */
-    char *after = qs(f->path, "SELECT group_concat(hex(data)) FROM (SELECT data FROM rollups WHERE metric_id IN "
-                              "(SELECT id FROM metrics WHERE run_id = %lld) ORDER BY metric_id, level, block)", (long long)other);
+    char *after = qs(f->path,
+                     "SELECT group_concat(hex(data)) FROM (SELECT data FROM rollups WHERE metric_id IN "
+                     "(SELECT id FROM metrics WHERE run_id = %lld) ORDER BY metric_id, level, block)",
+                     (long long)other);
     assert_string_equal(before, after);
     free(before);
     free(after);
@@ -903,10 +969,12 @@ static void test_rewind_chunked(void **state) {
         /* the budget, overrun by at most one sealed block (moved whole) */
         assert_true(qi(f->path, "SELECT count(*) FROM abandoned_frames") - before <= 50 + FBLOCK_STEPS - 1);
         /* highest steps first: the steps left of each metric have no gap at the top */
-        assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics m WHERE m.run_id = %lld AND (SELECT max(step) FROM frames "
-                                     "WHERE metric_id = m.id) - (SELECT min(step) FROM frames WHERE metric_id = m.id) + 1 "
-                                     "> (SELECT count(*) FROM frames WHERE metric_id = m.id) AND m.name IN ('loss','ent')",
-                            (long long)chunked), 0);
+        assert_int_equal(qi(f->path,
+                            "SELECT count(*) FROM metrics m WHERE m.run_id = %lld AND (SELECT max(step) FROM frames "
+                            "WHERE metric_id = m.id) - (SELECT min(step) FROM frames WHERE metric_id = m.id) + 1 "
+                            "> (SELECT count(*) FROM frames WHERE metric_id = m.id) AND m.name IN ('loss','ent')",
+                            (long long)chunked),
+                         0);
         chunks++;
     } while (more);
     assert_true(chunks > 20);
@@ -927,17 +995,26 @@ static void test_rewind_chunked(void **state) {
  * (rollup_encode), and no rollup_totals. */
 static void rollups_to_v8(sqlite3 *db) {
     sqlite3_stmt *rs, *ins;
-    assert_int_equal(sqlite3_exec(db, "CREATE TABLE rollups_old (metric_id INTEGER NOT NULL, level INTEGER NOT NULL, "
-                                      "block INTEGER NOT NULL, nframes INTEGER NOT NULL, data BLOB NOT NULL, "
-                                      "PRIMARY KEY (metric_id, level, block)) WITHOUT ROWID", NULL, NULL, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT o.metric_id, o.level, o.block, o.nframes, o.data, "
-                                            "coalesce((SELECT CASE m.kind WHEN 2 THEN r.layers * r.heads WHEN 1 THEN r.layers "
-                                            "ELSE 1 END FROM metrics m JOIN runs r ON r.id = m.run_id WHERE m.id = o.metric_id), 0) "
-                                            "FROM rollups o WHERE chunk = 0", -1, &rs, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO rollups_old VALUES (?1, ?2, ?3, ?4, ?5)", -1, &ins, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "CREATE TABLE rollups_old (metric_id INTEGER NOT NULL, level INTEGER NOT NULL, "
+                                  "block INTEGER NOT NULL, nframes INTEGER NOT NULL, data BLOB NOT NULL, "
+                                  "PRIMARY KEY (metric_id, level, block)) WITHOUT ROWID",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    assert_int_equal(
+        sqlite3_prepare_v2(db,
+                           "SELECT o.metric_id, o.level, o.block, o.nframes, o.data, "
+                           "coalesce((SELECT CASE m.kind WHEN 2 THEN r.layers * r.heads WHEN 1 THEN r.layers "
+                           "ELSE 1 END FROM metrics m JOIN runs r ON r.id = m.run_id WHERE m.id = o.metric_id), 0) "
+                           "FROM rollups o WHERE chunk = 0",
+                           -1, &rs, NULL),
+        SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO rollups_old VALUES (?1, ?2, ?3, ?4, ?5)", -1, &ins, NULL),
+                     SQLITE_OK);
     while (sqlite3_step(rs) == SQLITE_ROW) {
         uint32_t n = (uint32_t)sqlite3_column_int64(rs, 5);
-        int64_t mid = sqlite3_column_int64(rs, 0), block = sqlite3_column_int64(rs, 2), nf = sqlite3_column_int64(rs, 3);
+        int64_t mid = sqlite3_column_int64(rs, 0), block = sqlite3_column_int64(rs, 2),
+                nf = sqlite3_column_int64(rs, 3);
         int level = sqlite3_column_int(rs, 1);
         for (int k = 0; k < 4; k++) sqlite3_bind_value(ins, k + 1, sqlite3_column_value(rs, k));
         unsigned char *row = NULL;
@@ -957,9 +1034,12 @@ static void rollups_to_v8(sqlite3 *db) {
     }
     sqlite3_finalize(rs);
     sqlite3_finalize(ins);
-    assert_int_equal(sqlite3_exec(db, "DROP TABLE rollups; DROP TABLE rollup_totals; ALTER TABLE rollups_old RENAME TO rollups; "
-                                      "ALTER TABLE frames DROP COLUMN crc", /* migration 11's */
-                                  NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(db,
+                     "DROP TABLE rollups; DROP TABLE rollup_totals; ALTER TABLE rollups_old RENAME TO rollups; "
+                     "ALTER TABLE frames DROP COLUMN crc", /* migration 11's */
+                     NULL, NULL, NULL),
+        SQLITE_OK);
 }
 
 /* Turns the sealed blocks of the database at path back into raw frames
@@ -970,10 +1050,11 @@ static void downgrade_to_raw(const char *path) {
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
     rollups_to_v8(db);
     shadow_frames(db);
-    assert_int_equal(sqlite3_exec(db, "DELETE FROM main.frames; INSERT INTO main.frames(metric_id, step, data) "
-                                      "SELECT metric_id, step, data FROM temp.frames ORDER BY metric_id, step; "
-                                      "DROP TABLE main.blocks; DROP TABLE main.block_chunks; DROP TABLE main.block_series; "
-                                      "DELETE FROM main.id_seq WHERE name = 'block_series'; PRAGMA user_version = 5;",
+    assert_int_equal(sqlite3_exec(db,
+                                  "DELETE FROM main.frames; INSERT INTO main.frames(metric_id, step, data) "
+                                  "SELECT metric_id, step, data FROM temp.frames ORDER BY metric_id, step; "
+                                  "DROP TABLE main.blocks; DROP TABLE main.block_chunks; DROP TABLE main.block_series; "
+                                  "DELETE FROM main.id_seq WHERE name = 'block_series'; PRAGMA user_version = 5;",
                                   NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(db);
@@ -1031,7 +1112,10 @@ static void test_upgrade_from_raw(void **state) {
     assert_true(count_rows(f, old, SEALED, "block >= 4") > 0);
     assert_true(count_rows(f, ref, SEALED, "block < 4") > 0);
     char *a, *b;
-    static const struct { const char *name; uint32_t n; } ms[] = {{"loss", 1}, {"rank", L}, {"ent", L * H}, {"sp", 1}};
+    static const struct {
+        const char *name;
+        uint32_t n;
+    } ms[] = {{"loss", 1}, {"rank", L}, {"ent", L * H}, {"sp", 1}};
     for (size_t i = 0; i < 4; i++) {
         a = walk_metric(f->path, old, ms[i].name, ms[i].n);
         b = walk_metric(f->path, ref, ms[i].name, ms[i].n);
@@ -1164,12 +1248,15 @@ static void downgrade_to_7(const char *path) {
     struct fblock_codec *codec = fblock_codec_create();
     struct fblock_rows *r = fblock_rows_open(db, codec);
     sqlite3_stmt *ms, *ins;
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT s.metric_id, max(1, r.layers * (CASE m.kind WHEN 0 THEN 0 ELSE 1 END) * "
-                                            "(CASE m.kind WHEN 2 THEN r.heads ELSE 1 END)) FROM block_series s JOIN metrics m "
-                                            "ON m.id = s.metric_id JOIN runs r ON r.id = m.run_id", -1, &ms, NULL),
-                     SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO blocks(metric_id, block, mask, data) VALUES (?1, ?2, ?3, ?4)", -1,
-                                        &ins, NULL),
+    assert_int_equal(
+        sqlite3_prepare_v2(db,
+                           "SELECT s.metric_id, max(1, r.layers * (CASE m.kind WHEN 0 THEN 0 ELSE 1 END) * "
+                           "(CASE m.kind WHEN 2 THEN r.heads ELSE 1 END)) FROM block_series s JOIN metrics m "
+                           "ON m.id = s.metric_id JOIN runs r ON r.id = m.run_id",
+                           -1, &ms, NULL),
+        SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "INSERT INTO blocks(metric_id, block, mask, data) VALUES (?1, ?2, ?3, ?4)",
+                                        -1, &ins, NULL),
                      SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
     rollups_to_v8(db);
@@ -1198,8 +1285,10 @@ static void downgrade_to_7(const char *path) {
     sqlite3_finalize(ins);
     fblock_rows_close(r);
     fblock_codec_destroy(codec);
-    assert_int_equal(sqlite3_exec(db, "DROP TABLE block_chunks; DROP TABLE block_series; DELETE FROM id_seq "
-                                      "WHERE name = 'block_series'; COMMIT; PRAGMA user_version = 7;", NULL, NULL, NULL),
+    assert_int_equal(sqlite3_exec(db,
+                                  "DROP TABLE block_chunks; DROP TABLE block_series; DELETE FROM id_seq "
+                                  "WHERE name = 'block_series'; COMMIT; PRAGMA user_version = 7;",
+                                  NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(db);
 }
@@ -1228,7 +1317,7 @@ static void test_block_chunks(void **state) {
     if (!(f->st = store_open(f->path, err, sizeof err))) fail_msg("%s", err);
     assert_int_equal(qi(f->path, "PRAGMA user_version"), store_schema_version());
     for (int i = 0; i < 2; i++) wide_steps(f, runs[i], &seq[i], i + 1, 300, 700);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM blocks"), 8);            /* never rewritten */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM blocks"), 8);               /* never rewritten */
     assert_int_equal(qi(f->path, "SELECT count(*) FROM block_chunks"), 2 * 6 * 3); /* blocks 4..9 */
     wide_check_all(f->path, runs, 10);
     for (int i = 0; i < 2; i++) wide_frames_check(f->path, runs[i], i + 1, 700);
@@ -1323,8 +1412,10 @@ static void test_checksums_reported(void **state) {
     int64_t run = open_run(f, "crc", L, H), seq = 0;
     put_range(f, run, &seq, 0, 299, 0, 100); /* blocks 0..3 sealed, 256..299 raw */
     int64_t ent = qi(f->path, "SELECT id FROM metrics WHERE run_id = %lld AND name = 'ent'", (long long)run);
-    int64_t id1 = qi(f->path, "SELECT id FROM block_chunks WHERE id & 67108863 = 1 AND id >> 26 = "
-                              "(SELECT base FROM block_series WHERE metric_id = %lld)", (long long)ent);
+    int64_t id1 = qi(f->path,
+                     "SELECT id FROM block_chunks WHERE id & 67108863 = 1 AND id >> 26 = "
+                     "(SELECT base FROM block_series WHERE metric_id = %lld)",
+                     (long long)ent);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM block_chunks WHERE crc IS NULL"), 0);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM rollups WHERE crc IS NULL"), 0);
     char err[256], *text = NULL, where[128], rwhere[128];
@@ -1408,7 +1499,8 @@ static void test_checksums_reported(void **state) {
         flip_blob(f->path, "rollups", "data", rwhere, off, (off + 3) % 8);
         sb.len = 0;
         int rc = query_series(q, &req, &sb, err, sizeof err);
-        if (rc != QUERY_ERR) fail_msg("byte %d of the level-1 rollup of block 2 flipped: the series answered %d", off, rc);
+        if (rc != QUERY_ERR)
+            fail_msg("byte %d of the level-1 rollup of block 2 flipped: the series answered %d", off, rc);
         expect_named(err, run, "steps 128..191");
         flip_blob(f->path, "rollups", "data", rwhere, off, (off + 3) % 8);
     }
@@ -1457,7 +1549,8 @@ static void test_corrupt_frame_reported(void **state) {
     sqlite3 *db;
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
     char sql[200];
-    snprintf(sql, sizeof sql, "UPDATE frames SET data = substr(data, 1, 8), crc = NULL WHERE metric_id = %lld AND step = 70",
+    snprintf(sql, sizeof sql,
+             "UPDATE frames SET data = substr(data, 1, 8), crc = NULL WHERE metric_id = %lld AND step = 70",
              (long long)ent);
     assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_changes(db), 1);
@@ -1477,8 +1570,8 @@ static void test_corrupt_frame_reported(void **state) {
     assert_non_null(strstr(err, "at step 70 has 8 bytes"));
     /* frames before the bad one still read; a bad rollup is named too */
     assert_int_equal(query_frame(q, run, "ent", 1, 69, &sb, err, sizeof err), QUERY_OK);
-    snprintf(sql, sizeof sql, "UPDATE frames SET data = zeroblob(%d), crc = NULL WHERE metric_id = %lld AND step = 70", L * H * 4,
-             (long long)ent);
+    snprintf(sql, sizeof sql, "UPDATE frames SET data = zeroblob(%d), crc = NULL WHERE metric_id = %lld AND step = 70",
+             L * H * 4, (long long)ent);
     assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     snprintf(sql, sizeof sql, "UPDATE rollups SET data = x'00' WHERE metric_id = %lld AND level = 1 AND block = 0",
              (long long)ent);
@@ -1514,9 +1607,14 @@ static void test_kind_conflict(void **state) {
     assert_string_equal(conflict, "x"); /* the first one */
     proto_msg_free(&m);
     OK(store_commit(f->st));
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'x'"), 1);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'r'"), 1);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'y' AND step = 1"), 1);
+    assert_int_equal(
+        qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'x'"), 1);
+    assert_int_equal(
+        qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'r'"), 1);
+    assert_int_equal(
+        qi(f->path,
+           "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'y' AND step = 1"),
+        1);
     assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'x'"), 0);
     assert_int_equal(qi(f->path, "SELECT kind FROM metrics WHERE name = 'r'"), 1);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM metrics WHERE run_id = %lld", (long long)run), 3);
@@ -1533,7 +1631,8 @@ static void test_kind_conflict(void **state) {
     assert_int_equal(store_step(f->st, run, 3, &m, 12, NULL, 0), 1);
     OK(store_commit(f->st));
     proto_msg_free(&m);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'y'"), 1);
+    assert_int_equal(
+        qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'y'"), 1);
     assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 3);
     /* a layer metric with another length is refused the same way */
     float five[5] = {1, 2, 3, 4, 5};
@@ -1545,7 +1644,8 @@ static void test_kind_conflict(void **state) {
     assert_string_equal(conflict, "r");
     OK(store_commit(f->st));
     proto_msg_free(&m);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'r'"), 1);
+    assert_int_equal(
+        qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'r'"), 1);
     /* the same name in another run is independent */
     int64_t run2 = open_run(f, "kinds2", L, H);
     msg_step(&m, 0);
@@ -1566,9 +1666,12 @@ static void test_events_and_status(void **state) {
     OK(store_event(f->st, run, 0, 101, PROTO_INFO, "daemon note"));
     OK(store_event(f->st, run, 2, 102, PROTO_ERROR, ""));
     OK(store_commit(f->st));
-    char *s = qs(f->path, "SELECT group_concat(coalesce(seq,'NULL') || ',' || time || ',' || level || ',' || text, ';') FROM "
-                          "(SELECT * FROM events WHERE run_id = %lld ORDER BY id)", (long long)run);
-    assert_string_equal(s, "1,100.5,warn,lr spike: \"x\" \xe2\x82\xac\nnext line;NULL,101.0,info,daemon note;2,102.0,error,");
+    char *s = qs(f->path,
+                 "SELECT group_concat(coalesce(seq,'NULL') || ',' || time || ',' || level || ',' || text, ';') FROM "
+                 "(SELECT * FROM events WHERE run_id = %lld ORDER BY id)",
+                 (long long)run);
+    assert_string_equal(
+        s, "1,100.5,warn,lr spike: \"x\" \xe2\x82\xac\nnext line;NULL,101.0,info,daemon note;2,102.0,error,");
     free(s);
     assert_int_equal(store_run_last_seq(f->st, run), 2);
     assert_true(qd(f->path, "SELECT updated FROM runs WHERE name = %Q", "ev") == 102);
@@ -1583,7 +1686,9 @@ static void test_events_and_status(void **state) {
     OK(store_run_status(f->st, run, PROTO_FINISHED, 3, 200));
     OK(store_run_status(f->st, run2, PROTO_STALE, 0, 201));
     OK(store_commit(f->st));
-    s = qs(f->path, "SELECT group_concat(name || ':' || status || ':' || last_seq || ':' || updated, ' ') FROM (SELECT * FROM runs ORDER BY id)");
+    s = qs(
+        f->path,
+        "SELECT group_concat(name || ':' || status || ':' || last_seq || ':' || updated, ' ') FROM (SELECT * FROM runs ORDER BY id)");
     assert_string_equal(s, "ev:finished:3:200.0 ev2:stale:0:201.0 ev3:live:0:1000.0");
     free(s);
     static const int sts[] = {PROTO_FAILED, PROTO_ABORTED, PROTO_LIVE};
@@ -1664,7 +1769,8 @@ static void test_delete(void **state) {
     put_range(f, c, &sc, 0, 200, 1, 50);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)c), 201);
     assert_int_equal(qi(f->path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)c), 201);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld", (long long)c), 0); /* no rewrite event */
+    assert_int_equal(qi(f->path, "SELECT count(*) FROM events WHERE run_id = %lld", (long long)c),
+                     0); /* no rewrite event */
     verify_rollups(f->path, c, NULL);
     verify_rollups(f->path, b, NULL);
     /* deleting a run that is gone: errcode -3 */
@@ -1718,8 +1824,11 @@ static void test_retain_raw(void **state) {
     /* the runs go on: new blocks seal over what was cut */
     put_range(f, a, &sa, 701, 800, 0, 100);
     assert_true(count_rows(f, a, SEALED, "block = 10") > 0);
-    assert_int_equal(qi(f->path, "SELECT count(DISTINCT block) FROM rollups WHERE level = 1 AND metric_id IN "
-                                 "(SELECT id FROM metrics WHERE run_id = %lld)", (long long)a), 12);
+    assert_int_equal(qi(f->path,
+                        "SELECT count(DISTINCT block) FROM rollups WHERE level = 1 AND metric_id IN "
+                        "(SELECT id FROM metrics WHERE run_id = %lld)",
+                        (long long)a),
+                     12);
 }
 
 static void test_savepoint(void **state) {
@@ -1795,7 +1904,7 @@ static void rollback_batch(struct tmp_db *f, int64_t *run, int64_t *seq) {
     OK(store_run_open(f->st, "rb", L, H, 64, "{\"a\":1}", 5000, &info));
     *run = info.id;
     *seq = info.last_seq;
-    for (int64_t s = 200; s < 700; s++) {  /* 200..699 after 0..299: a rewrite to 200 first */
+    for (int64_t s = 200; s < 700; s++) { /* 200..699 after 0..299: a rewrite to 200 first */
         struct proto_msg m;
         build_step(&m, s, 1);
         int rc = store_step(f->st, *run, ++*seq, &m, 5000 + (double)s, NULL, 0);
@@ -1862,7 +1971,8 @@ static void test_upgrade_rollup_chunks(void **state) {
     for (int s = 0; s < 5000; s++) {
         struct proto_msg m;
         msg_step(&m, s);
-        for (int i = 0; i < UL * UH; i++) v[i] = (float)(1.0 + 0.001 * ((s * 7919 + i * 104729) % 1000)) * (i % 3 ? 1 : -1);
+        for (int i = 0; i < UL * UH; i++)
+            v[i] = (float)(1.0 + 0.001 * ((s * 7919 + i * 104729) % 1000)) * (i % 3 ? 1 : -1);
         if (s == 70) v[5] = NAN;
         msg_add(&m, "att", PROTO_HEAD, UL, UH, v);
         v[0] = (float)s;
@@ -1872,11 +1982,12 @@ static void test_upgrade_rollup_chunks(void **state) {
     }
     OK(store_commit(f->st));
     put_range(f, small, &sseq, 0, 700, 0, 100);
-    static const char *const dump = "SELECT (SELECT group_concat(x, ';') FROM (SELECT metric_id || ',' || level || ',' || chunk "
-                                    "|| ',' || block || ',' || nframes || ',' || hex(data) AS x FROM rollups ORDER BY "
-                                    "metric_id, level, chunk, block)) || '#' || (SELECT group_concat(x, ';') FROM (SELECT "
-                                    "metric_id || ',' || level || ',' || block || ',' || nframes || ',' || hex(data) AS x FROM "
-                                    "rollup_totals ORDER BY metric_id, level, block))";
+    static const char *const dump =
+        "SELECT (SELECT group_concat(x, ';') FROM (SELECT metric_id || ',' || level || ',' || chunk "
+        "|| ',' || block || ',' || nframes || ',' || hex(data) AS x FROM rollups ORDER BY "
+        "metric_id, level, chunk, block)) || '#' || (SELECT group_concat(x, ';') FROM (SELECT "
+        "metric_id || ',' || level || ',' || block || ',' || nframes || ',' || hex(data) AS x FROM "
+        "rollup_totals ORDER BY metric_id, level, block))";
     char *before = qs(f->path, "%s", dump);
     assert_true(qi(f->path, "SELECT count(DISTINCT chunk) FROM rollups") == 3);
     assert_true(qi(f->path, "SELECT count(*) FROM rollup_totals WHERE length(data) > 0") > 0);
@@ -1887,8 +1998,9 @@ static void test_upgrade_rollup_chunks(void **state) {
     assert_int_equal(sqlite3_exec(db, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
     rollups_to_v8(db);
     /* migration 8's block_chunks had no crc (migration 11) */
-    assert_int_equal(sqlite3_exec(db, "ALTER TABLE block_chunks DROP COLUMN crc; COMMIT; PRAGMA user_version = 8", NULL,
-                                  NULL, NULL), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(db, "ALTER TABLE block_chunks DROP COLUMN crc; COMMIT; PRAGMA user_version = 8", NULL, NULL, NULL),
+        SQLITE_OK);
     sqlite3_close(db);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM sqlite_master WHERE name = 'rollup_totals'"), 0);
 
@@ -1935,8 +2047,11 @@ static void test_upgrade_rollup_chunks(void **state) {
     proto_msg_free(&m);
     OK(store_commit(f->st));
     verify_rollups(f->path, wide, NULL);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM rollup_totals t JOIN metrics m ON m.id = t.metric_id "
-                                 "WHERE m.run_id = %lld AND t.level = 1 AND t.block >= 16", (long long)wide), 0);
+    assert_int_equal(qi(f->path,
+                        "SELECT count(*) FROM rollup_totals t JOIN metrics m ON m.id = t.metric_id "
+                        "WHERE m.run_id = %lld AND t.level = 1 AND t.block >= 16",
+                        (long long)wide),
+                     0);
     OK(store_begin(f->st));
     OK(store_run_delete(f->st, wide));
     OK(store_commit(f->st));
@@ -2022,13 +2137,19 @@ static void test_full_disk(void **state) {
     put_range(f, small, &sseq, 301, 399, 0, 1000);
     assert_int_equal(store_run_last_seq(f->st, big), 200);
     assert_int_equal(store_run_last_seq(f->st, small), 400);
-    assert_int_equal(qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.run_id = %lld", (long long)big), 200);
+    assert_int_equal(qi(f->path,
+                        "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.run_id = %lld",
+                        (long long)big),
+                     200);
     assert_int_equal(qi(f->path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)big), 200);
     /* frame 137 holds exactly its values */
     sqlite3 *db = ro_open(f->path);
     sqlite3_stmt *s;
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT data FROM frames WHERE step = 137 AND metric_id IN (SELECT id FROM metrics WHERE name = 'att')",
-                                        -1, &s, NULL), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_prepare_v2(
+            db, "SELECT data FROM frames WHERE step = 137 AND metric_id IN (SELECT id FROM metrics WHERE name = 'att')",
+            -1, &s, NULL),
+        SQLITE_OK);
     assert_int_equal(sqlite3_step(s), SQLITE_ROW);
     assert_int_equal(sqlite3_column_bytes(s, 0), BL * BH * 4);
     const float *d = sqlite3_column_blob(s, 0);

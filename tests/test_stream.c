@@ -171,7 +171,8 @@ static void test_step_event(void **state) {
     end.msg.status = PROTO_FINISHED;
     /* an item the store rejected is not announced */
     struct writer_item rej = {.kind = WRITER_STEP, .run_id = 3, .seq = 11, .time = 101, .applied = 0};
-    rej.msg = (struct proto_msg){.type = PROTO_STEP, .step = 77, .nmetrics = 3, .metrics = m, .nvalues = 9, .values = v};
+    rej.msg =
+        (struct proto_msg){.type = PROTO_STEP, .step = 77, .nmetrics = 3, .metrics = m, .nvalues = 9, .values = v};
     it.next = &end;
     end.next = &rej;
     stream_on_commit(s, &it);
@@ -234,11 +235,12 @@ static void test_ticks(void **state) {
     struct writer_item warm[STREAM_BURST];
     for (int k = 0; k < STREAM_BURST; k++) {
         warm[k] = (struct writer_item){.kind = WRITER_STEP, .run_id = 3, .time = 90 + k, .applied = 1};
-        warm[k].msg = (struct proto_msg){.type = PROTO_STEP, .step = 1 + k, .nmetrics = 4, .metrics = m, .nvalues = 15,
-                                         .values = v2};
+        warm[k].msg = (struct proto_msg){
+            .type = PROTO_STEP, .step = 1 + k, .nmetrics = 4, .metrics = m, .nvalues = 15, .values = v2};
     }
     struct writer_item a = {.kind = WRITER_STEP, .run_id = 3, .time = 100.5, .applied = 1};
-    a.msg = (struct proto_msg){.type = PROTO_STEP, .step = 10, .nmetrics = 4, .metrics = m, .nvalues = 15, .values = v1};
+    a.msg =
+        (struct proto_msg){.type = PROTO_STEP, .step = 10, .nmetrics = 4, .metrics = m, .nvalues = 15, .values = v1};
     struct writer_item b = a;
     b.time = 101.5;
     b.msg.step = 11;
@@ -264,8 +266,9 @@ static void test_ticks(void **state) {
     assert_non_null(strstr(buf, "\"scalars\":{\"loss\":[1.5,2,2.5,1.5]}}"));
     /* rank: mean per layer; entropy per layer over heads and both steps:
      * layer 0 {1,2,3,3,2,1}, layer 1 {4,5,8} */
-    assert_non_null(strstr(buf, "event: layers\ndata: {\"run\":3,\"step\":11,\"from\":10,\"layers\":{\"rank\":[0.6,0.5]},"
-                                "\"heads\":{\"entropy\":{\"min\":[1,4],\"mean\":[2,5.667],\"max\":[3,8]}"));
+    assert_non_null(strstr(buf,
+                           "event: layers\ndata: {\"run\":3,\"step\":11,\"from\":10,\"layers\":{\"rank\":[0.6,0.5]},"
+                           "\"heads\":{\"entropy\":{\"min\":[1,4],\"mean\":[2,5.667],\"max\":[3,8]}"));
     /* cells: the last step's values, shaped as a frame; only the metric asked for */
     assert_non_null(strstr(buf, "event: cells\ndata: {\"run\":3,\"metric\":\"entropy\",\"kind\":\"head\",\"step\":11,"
                                 "\"layers\":2,\"heads\":3,\"values\":[[3,2,1],[5,null,8]]}"));
@@ -301,7 +304,8 @@ static void test_tick_due(void **state) {
     struct writer_item it[N];
     for (int i = 0; i < N; i++) {
         it[i] = (struct writer_item){.kind = WRITER_STEP, .run_id = 5, .time = 1, .applied = 1};
-        it[i].msg = (struct proto_msg){.type = PROTO_STEP, .step = i + 1, .nmetrics = 1, .metrics = m, .nvalues = 1, .values = v};
+        it[i].msg = (struct proto_msg){
+            .type = PROTO_STEP, .step = i + 1, .nmetrics = 1, .metrics = m, .nvalues = 1, .values = v};
     }
     for (int i = 0; i < N; i++) stream_on_commit(s, &it[i]);
     drain_all(sub, buf, sizeof buf);

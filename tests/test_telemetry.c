@@ -52,8 +52,7 @@ typedef struct env {
     char spool[128];
 } env;
 
-static void env_init(env *e)
-{
+static void env_init(env *e) {
     snprintf(e->dir, sizeof e->dir, "/tmp/ttel-XXXXXX");
     assert_non_null(mkdtemp(e->dir));
     snprintf(e->sock, sizeof e->sock, "%s/d.sock", e->dir);
@@ -61,13 +60,9 @@ static void env_init(env *e)
     snprintf(e->spool, sizeof e->spool, "%s/spool", e->dir);
 }
 
-static void env_free(env *e)
-{
-    rmtree(e->dir);
-}
+static void env_free(env *e) { rmtree(e->dir); }
 
-static int count_segments(const char *dir)
-{
+static int count_segments(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return -1;
     int n = 0;
@@ -78,8 +73,7 @@ static int count_segments(const char *dir)
     return n;
 }
 
-static telemetry_stats stats(telemetry *t)
-{
+static telemetry_stats stats(telemetry *t) {
     telemetry_stats s;
     telemetry_get_stats(t, &s);
     return s;
@@ -114,8 +108,7 @@ typedef struct fake {
     long long first_data_seq[16]; /* first data seq of each connection */
 } fake;
 
-static void fake_record(fake *f, const char *line, size_t n)
-{
+static void fake_record(fake *f, const char *line, size_t n) {
     if (f->nlines == f->linecap) {
         f->linecap = f->linecap ? 2 * f->linecap : 64;
         f->lines = realloc(f->lines, (size_t)f->linecap * sizeof *f->lines);
@@ -123,8 +116,7 @@ static void fake_record(fake *f, const char *line, size_t n)
     f->lines[f->nlines++] = strndup(line, n);
 }
 
-static void fake_store(fake *f, long long seq)
-{
+static void fake_store(fake *f, long long seq) {
     if (f->nstored == f->storecap) {
         f->storecap = f->storecap ? 2 * f->storecap : 256;
         f->stored = realloc(f->stored, (size_t)f->storecap * sizeof *f->stored);
@@ -132,28 +124,26 @@ static void fake_store(fake *f, long long seq)
     f->stored[f->nstored++] = seq;
 }
 
-static void fake_send(int fd, const char *fmt, ...)
-{
+static void fake_send(int fd, const char *fmt, ...) {
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     buf[n++] = '\n';
-    if (send(fd, buf, (size_t)n, MSG_NOSIGNAL) < 0) { /* the client went away */ }
+    if (send(fd, buf, (size_t)n, MSG_NOSIGNAL) < 0) { /* the client went away */
+    }
 }
 
-static void fake_reply(int fd, const char *line, size_t n)
-{
-    if (send(fd, line, n, MSG_NOSIGNAL) < 0) { /* the client went away */ }
+static void fake_reply(int fd, const char *line, size_t n) {
+    if (send(fd, line, n, MSG_NOSIGNAL) < 0) { /* the client went away */
+    }
 }
 
 /* Handles one line; returns 1 to close the connection. The line is read by
  * the daemon's own parser (proto_parse): what it refuses counts as bad_json
  * and is answered with its error, as entropyd would. */
-static int fake_line(fake *f, int fd, int conn, int *data_lines, int *welcomed, const char *line,
-                     size_t n)
-{
+static int fake_line(fake *f, int fd, int conn, int *data_lines, int *welcomed, const char *line, size_t n) {
     pthread_mutex_lock(&f->mu);
     fake_record(f, line, n);
     struct proto_msg msg;
@@ -200,15 +190,17 @@ out:
     return close_it;
 }
 
-static void fake_serve(fake *f, int fd, int conn)
-{
+static void fake_serve(fake *f, int fd, int conn) {
     char *buf = malloc(8 << 20);
     size_t len = 0;
     int data_lines = 0, welcomed = 0;
     long long acked = -1;
     while (!atomic_load(&f->stop)) {
-        if (welcomed && atomic_load(&f->mode) == F_STALL) { msleep(5); continue; }
-        struct pollfd p = { fd, POLLIN, 0 };
+        if (welcomed && atomic_load(&f->mode) == F_STALL) {
+            msleep(5);
+            continue;
+        }
+        struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, 10) <= 0) continue;
         ssize_t r = recv(fd, buf + len, (8 << 20) - len, 0);
         if (r <= 0) break;
@@ -236,41 +228,42 @@ static void fake_serve(fake *f, int fd, int conn)
     close(fd);
 }
 
-static void *fake_main(void *arg)
-{
+static void *fake_main(void *arg) {
     fake *f = arg;
     int conn = 0;
     while (!atomic_load(&f->stop)) {
-        struct pollfd p = { f->lfd, POLLIN, 0 };
+        struct pollfd p = {f->lfd, POLLIN, 0};
         if (poll(&p, 1, 10) <= 0) continue;
         int fd = accept(f->lfd, NULL, NULL);
         if (fd < 0) continue;
         pthread_mutex_lock(&f->mu);
         f->connections++;
         pthread_mutex_unlock(&f->mu);
-        if (atomic_load(&f->mode) == F_REFUSE) { close(fd); continue; }
+        if (atomic_load(&f->mode) == F_REFUSE) {
+            close(fd);
+            continue;
+        }
         fake_serve(f, fd, conn++);
     }
     return NULL;
 }
 
 /* Starts a fake daemon on path (Unix) or, with path NULL, on 127.0.0.1:0. */
-static fake *fake_start(const char *path, long long last, int ack)
-{
+static fake *fake_start(const char *path, long long last, int ack) {
     fake *f = calloc(1, sizeof *f);
     pthread_mutex_init(&f->mu, NULL);
     f->last = last;
     f->ack = ack;
     f->forget_to = -1;
     if (path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
         snprintf(f->path, sizeof f->path, "%s", path);
         snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
         unlink(path);
         f->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
         assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
     } else {
-        struct sockaddr_in sa = { .sin_family = AF_INET };
+        struct sockaddr_in sa = {.sin_family = AF_INET};
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         f->tcp = 1;
         f->lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -284,8 +277,7 @@ static fake *fake_start(const char *path, long long last, int ack)
     return f;
 }
 
-static void fake_stop(fake *f)
-{
+static void fake_stop(fake *f) {
     if (!f) return;
     atomic_store(&f->stop, 1);
     pthread_join(f->th, NULL);
@@ -298,8 +290,7 @@ static void fake_stop(fake *f)
     free(f);
 }
 
-static int fake_get(fake *f, const int *field)
-{
+static int fake_get(fake *f, const int *field) {
     pthread_mutex_lock(&f->mu);
     int v = *field;
     pthread_mutex_unlock(&f->mu);
@@ -307,8 +298,7 @@ static int fake_get(fake *f, const int *field)
 }
 
 /* The stored seqs are exactly 1..n (or first..first+n-1), once each, in order. */
-static void assert_stored_exactly(fake *f, long long first, int n)
-{
+static void assert_stored_exactly(fake *f, long long first, int n) {
     pthread_mutex_lock(&f->mu);
     int got = f->nstored;
     int ok = got == n;
@@ -320,8 +310,7 @@ static void assert_stored_exactly(fake *f, long long first, int n)
 }
 
 /* The data line with this seq, parsed (caller deletes), or NULL. */
-static cJSON *fake_find(fake *f, long long seq)
-{
+static cJSON *fake_find(fake *f, long long seq) {
     cJSON *found = NULL;
     pthread_mutex_lock(&f->mu);
     for (int i = f->nlines - 1; i >= 0 && !found; i--) {
@@ -334,8 +323,7 @@ static cJSON *fake_find(fake *f, long long seq)
     return found;
 }
 
-static void base_config(telemetry_config *c, const env *e, const char *run, int L, int H)
-{
+static void base_config(telemetry_config *c, const env *e, const char *run, int L, int H) {
     telemetry_config_init(c);
     c->address = e->addr;
     c->run = run;
@@ -347,8 +335,7 @@ static void base_config(telemetry_config *c, const env *e, const char *run, int 
     c->backoff_max_ms = 50;
 }
 
-static telemetry *create_ok(const telemetry_config *c)
-{
+static telemetry *create_ok(const telemetry_config *c) {
     char err[256] = "";
     telemetry *t = telemetry_create(c, err, sizeof err);
     if (!t) fail_msg("telemetry_create: %s", err);
@@ -356,8 +343,7 @@ static telemetry *create_ok(const telemetry_config *c)
 }
 
 /* One step with a scalar, a layer vector and a head matrix, values from i. */
-static void put_step(telemetry *t, int64_t step, int L, int H)
-{
+static void put_step(telemetry *t, int64_t step, int L, int H) {
     float lv[64], hv[4096];
     for (int l = 0; l < L; l++) lv[l] = (float)step + 0.25f * (float)l;
     for (int k = 0; k < L * H; k++) hv[k] = 1.0f / (float)(k + 1) + (float)step;
@@ -371,13 +357,28 @@ static void put_step(telemetry *t, int64_t step, int L, int H)
 
 /* ---------------------------------------------------------------- tests */
 
-static void test_format_float(void **state)
-{
+static void test_format_float(void **state) {
     char b[32];
-    struct { float v; const char *s; } cases[] = {
-        { 0.0f, "0" }, { 0.5f, "0.5" }, { 1.0f, "1" }, { -2.5f, "-2.5" }, { 0.1f, "0.1" },
-        { 0.001f, "0.001" }, { 100.0f, "100" }, { 1e10f, "10000000000" }, { 1.5e-7f, "1.5e-7" },
-        { 123456.789f, "123456.79" }, { 16777216.0f, "16777216" }, { 3e-5f, "0.00003" }, { 1e-6f, "1e-6" }, { NAN, "null" }, { INFINITY, "null" }, { -INFINITY, "null" },
+    struct {
+        float v;
+        const char *s;
+    } cases[] = {
+        {0.0f, "0"},
+        {0.5f, "0.5"},
+        {1.0f, "1"},
+        {-2.5f, "-2.5"},
+        {0.1f, "0.1"},
+        {0.001f, "0.001"},
+        {100.0f, "100"},
+        {1e10f, "10000000000"},
+        {1.5e-7f, "1.5e-7"},
+        {123456.789f, "123456.79"},
+        {16777216.0f, "16777216"},
+        {3e-5f, "0.00003"},
+        {1e-6f, "1e-6"},
+        {NAN, "null"},
+        {INFINITY, "null"},
+        {-INFINITY, "null"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int n = telemetry_format_float(b, cases[i].v);
@@ -388,7 +389,9 @@ static void test_format_float(void **state)
      * every output must be a complete JSON number of at most 9 digits. */
     uint32_t x = 12345;
     for (int i = 0; i < 300000; i++) {
-        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
         uint32_t bits = i < 100 ? (uint32_t)i : x;
         float v;
         memcpy(&v, &bits, sizeof v);
@@ -415,8 +418,7 @@ static void test_format_float(void **state)
 /* telemetry_step_log: a whole step in one call sends what the per-metric
  * calls send (NaN as null, no time when negative); a bad name, too many
  * metrics or a negative step enqueue nothing. */
-static void test_step_log_one_call(void **state)
-{
+static void test_step_log_one_call(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -461,8 +463,7 @@ static void test_step_log_one_call(void **state)
     env_free(&e);
 }
 
-static void test_hello_and_every_line(void **state)
-{
+static void test_hello_and_every_line(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -532,8 +533,7 @@ static void test_hello_and_every_line(void **state)
 /* Paced (send_interval_ms): once connected and caught up the sender sleeps
  * a whole interval, so steps enqueued meanwhile wait in the spool; a flush
  * wakes it at once, and everything arrives exactly once. */
-static void test_paced_sender_waits_for_its_interval(void **state)
-{
+static void test_paced_sender_waits_for_its_interval(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -567,8 +567,7 @@ static void test_paced_sender_waits_for_its_interval(void **state)
 
 /* A paced sender asleep for a long interval is woken once the ring is half
  * full: a producer faster than the interval loses nothing. */
-static void test_paced_sender_woken_by_half_full_ring(void **state)
-{
+static void test_paced_sender_woken_by_half_full_ring(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -593,8 +592,7 @@ static void test_paced_sender_woken_by_half_full_ring(void **state)
     env_free(&e);
 }
 
-static void test_nan_becomes_null(void **state)
-{
+static void test_nan_becomes_null(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -604,7 +602,7 @@ static void test_nan_becomes_null(void **state)
     telemetry_step *s = telemetry_step_begin(t, 7, -1);
     assert_int_equal(telemetry_step_scalar(s, "loss", NAN), TELEMETRY_OK);
     assert_int_equal(telemetry_step_scalar(s, "lr", 1e-3), TELEMETRY_OK);
-    float lv[2] = { 1.0f, NAN }, hv[4] = { INFINITY, -INFINITY, 2.0f, -0.0f };
+    float lv[2] = {1.0f, NAN}, hv[4] = {INFINITY, -INFINITY, 2.0f, -0.0f};
     assert_int_equal(telemetry_step_layer(s, "cos_sim", lv), TELEMETRY_OK);
     assert_int_equal(telemetry_step_heads(s, "max_logit", hv), TELEMETRY_OK);
     assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
@@ -612,10 +610,14 @@ static void test_nan_becomes_null(void **state)
     s = telemetry_step_begin(t, 8, -1);
     float *b = telemetry_step_heads_buf(s, "sigma_qk");
     assert_non_null(b);
-    b[0] = 0.5f; b[1] = NAN; b[2] = 3.0f; b[3] = 4.0f;
+    b[0] = 0.5f;
+    b[1] = NAN;
+    b[2] = 3.0f;
+    b[3] = 4.0f;
     float *lb = telemetry_step_layer_buf(s, "gamma");
     assert_non_null(lb);
-    lb[0] = 7.0f; lb[1] = 8.0f;
+    lb[0] = 7.0f;
+    lb[1] = 8.0f;
     assert_null(telemetry_step_layer_buf(s, "bad name"));
     assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
     assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
@@ -651,8 +653,7 @@ static void test_nan_becomes_null(void **state)
 
 /* The daemon closes after 6 lines and forgets 4..6 (never committed): the
  * reconnected client must resend from the welcome's last_seq + 1. */
-static void test_resend_from_last_seq(void **state)
-{
+static void test_resend_from_last_seq(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 0);
@@ -688,8 +689,7 @@ static void test_resend_from_last_seq(void **state)
 
 /* The daemon forgets lines without closing: what follows is answered with
  * seq_gap; the client reconnects at once and resends from the welcome. */
-static void test_seq_gap_resends(void **state)
-{
+static void test_seq_gap_resends(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 0);
@@ -717,8 +717,7 @@ static void test_seq_gap_resends(void **state)
 
 /* No daemon: everything spools; a daemon that appears later receives it
  * exactly once, in order, and the acks trim the spool. */
-static void test_spool_upload_and_trim(void **state)
-{
+static void test_spool_upload_and_trim(void **state) {
     env e;
     env_init(&e);
     telemetry_config c;
@@ -756,8 +755,7 @@ static void test_spool_upload_and_trim(void **state)
 
 /* A full spool drops with a count (never blocks), numbering stays gapless,
  * and the loss is reported as an event once there is room. */
-static void test_spool_full_drops(void **state)
-{
+static void test_spool_full_drops(void **state) {
     env e;
     env_init(&e);
     telemetry_config c;
@@ -767,7 +765,8 @@ static void test_spool_full_drops(void **state)
     telemetry *t = create_ok(&c);
     for (int i = 0; i < 40; i++) put_step(t, i, 12, 12);
     WAIT_FOR(stats(t).spooled + stats(t).dropped_spool >= 40, 5000);
-    print_message("spooled %llu dropped %llu\n", (unsigned long long)stats(t).spooled, (unsigned long long)stats(t).dropped_spool);
+    print_message("spooled %llu dropped %llu\n", (unsigned long long)stats(t).spooled,
+                  (unsigned long long)stats(t).dropped_spool);
     telemetry_stats s = stats(t);
     assert_true(s.dropped_spool > 0);
     assert_true(s.spooled >= 5);
@@ -801,8 +800,7 @@ static void test_spool_full_drops(void **state)
 /* Spool writes that fail (here: RLIMIT_FSIZE, as a full disk would) drop the
  * messages with a count, cut the torn tail, and take their seqs back: what
  * the daemon finally receives is gapless and every line is whole. */
-static void test_spool_write_failure(void **state)
-{
+static void test_spool_write_failure(void **state) {
     env e;
     env_init(&e);
     telemetry_config c;
@@ -843,8 +841,7 @@ static void test_spool_write_failure(void **state)
 
 /* A daemon that welcomes and then never reads: the socket fills, the
  * producer never waits, the spool takes everything, destroy's wait is bounded. */
-static void test_stalled_daemon_never_blocks(void **state)
-{
+static void test_stalled_daemon_never_blocks(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -860,8 +857,8 @@ static void test_stalled_daemon_never_blocks(void **state)
     for (int k = 0; k < L * H; k++)
         for (int m = 0; m < 8; m++) hv[m][k] = (float)k * 0.37f + (float)m;
     for (int l = 0; l < L; l++) lv[l] = 0.5f + (float)l;
-    static const char *hn[8] = { "entropy", "entropy_norm", "max_logit", "sigma_qk",
-                                 "entropy_bound", "eig_mean", "eig_var", "extra" };
+    static const char *hn[8] = {"entropy",       "entropy_norm", "max_logit", "sigma_qk",
+                                "entropy_bound", "eig_mean",     "eig_var",   "extra"};
     uint64_t worst = 0;
     double t0 = now_mono_ms();
     int accepted = 0;
@@ -882,8 +879,8 @@ static void test_stalled_daemon_never_blocks(void **state)
         if (i % 8 == 0) msleep(1); /* a little breathing room, like a real step */
     }
     double elapsed = now_mono_ms() - t0;
-    print_message("stalled daemon: %d steps in %.0f ms, worst enqueue %llu us\n", N,
-                  elapsed, (unsigned long long)worst / 1000);
+    print_message("stalled daemon: %d steps in %.0f ms, worst enqueue %llu us\n", N, elapsed,
+                  (unsigned long long)worst / 1000);
     /* Each call copies ~40 KiB: a blocked call would take the welcome timeout. */
     assert_true(worst < 50u * 1000000u);
     telemetry_stats s = stats(t);
@@ -905,8 +902,7 @@ static void test_stalled_daemon_never_blocks(void **state)
 /* A new process (a new client) with the same run and spool directory picks
  * up the unsent spool and continues the numbering; a torn last line (crash
  * mid-write) is cut; a second live client on the same spool is refused. */
-static void test_restart_continues_seq(void **state)
-{
+static void test_restart_continues_seq(void **state) {
     env e;
     env_init(&e);
     telemetry_config c;
@@ -945,8 +941,7 @@ static void test_restart_continues_seq(void **state)
 
 /* A daemon that already holds more of the run than the spool knows: the
  * client continues after its last_seq and says so in the inbox. */
-static void test_daemon_ahead_resets_seq(void **state)
-{
+static void test_daemon_ahead_resets_seq(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 100, 1);
@@ -970,8 +965,7 @@ static void test_daemon_ahead_resets_seq(void **state)
 
 /* Over TCP: welcome, error and an unknown (alert) line reach the inbox in
  * order; errors are counted; acks are not delivered. */
-static void test_inbox_over_tcp(void **state)
-{
+static void test_inbox_over_tcp(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(NULL, 0, 1);
@@ -989,7 +983,7 @@ static void test_inbox_over_tcp(void **state)
     put_step(t, 0, 1, 2);
     assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
     WAIT_FOR(stats(t).errors == 1, 2000);
-    const char *want[] = { "welcome", "error", "alert" };
+    const char *want[] = {"welcome", "error", "alert"};
     for (int i = 0; i < 3; i++) {
         telemetry_msg m;
         assert_int_equal(telemetry_poll(t, &m), 1);
@@ -1008,8 +1002,7 @@ static void test_inbox_over_tcp(void **state)
 
 /* A daemon that accepts and closes at once: backoff, no crash, no block,
  * and the spool keeps everything. */
-static void test_refusing_daemon(void **state)
-{
+static void test_refusing_daemon(void **state) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -1032,8 +1025,7 @@ static void test_refusing_daemon(void **state)
 /* A step whose line would pass its run's line limit (4 MiB + 128 bytes a
  * cell, proto_line_max: 4.5 MiB for 64 x 64) is dropped and counted (the
  * daemon would refuse it), not sent; smaller steps go on. */
-static void test_oversize_step_dropped(void **state)
-{
+static void test_oversize_step_dropped(void **state) {
     env e;
     env_init(&e);
     telemetry_config c;
@@ -1075,8 +1067,7 @@ static void test_oversize_step_dropped(void **state)
  * the previous one was spooled: the sender's loop, which also makes the
  * connection attempts, demonstrably ran through many backoff periods (the
  * config's backoff is 1 ms). Returns the number of steps put. */
-static int sender_cycles(telemetry *t, int64_t first, int n, double min_ms)
-{
+static int sender_cycles(telemetry *t, int64_t first, int n, double min_ms) {
     double end = now_mono_ms() + min_ms;
     int i = 0;
     for (; i < n || now_mono_ms() < end; i++) {
@@ -1089,8 +1080,7 @@ static int sender_cycles(telemetry *t, int64_t first, int n, double min_ms)
 
 /* A client told `code` right after its welcome, then kept busy through many
  * backoff periods: how many connections the fake saw. */
-static int connections_after_error(const char *code, const char *run)
-{
+static int connections_after_error(const char *code, const char *run) {
     env e;
     env_init(&e);
     fake *f = fake_start(e.sock, 0, 1);
@@ -1117,8 +1107,7 @@ static int connections_after_error(const char *code, const char *run)
  * would only bounce the run between them) and keeps spooling. The control:
  * after seq_gap, the same procedure does see the client come back, so the
  * window is long enough to catch a reconnect. */
-static void test_superseded_stops_reconnecting(void **state)
-{
+static void test_superseded_stops_reconnecting(void **state) {
     assert_true(connections_after_error("seq_gap", "gap-control") >= 2);
     assert_int_equal(connections_after_error("superseded", "super-probe"), 1);
 
@@ -1150,8 +1139,7 @@ static void test_superseded_stops_reconnecting(void **state)
     env_free(&e);
 }
 
-static void test_api_errors(void **state)
-{
+static void test_api_errors(void **state) {
     env e;
     env_init(&e);
     telemetry_config c;
@@ -1176,7 +1164,7 @@ static void test_api_errors(void **state)
     base_config(&c, &e, "ok", 2, 2);
     c.meta_json = "[1]";
     assert_null(telemetry_create(&c, err, sizeof err));
-    assert_null(telemetry_create(&(telemetry_config){ .layers = 1 }, NULL, 0));
+    assert_null(telemetry_create(&(telemetry_config){.layers = 1}, NULL, 0));
 
     /* Generated run name, spool-only mode. */
     base_config(&c, &e, NULL, 2, 2);
@@ -1216,8 +1204,7 @@ static void test_api_errors(void **state)
  * client names it (inbox "spool_damage"), sends a warn event in its seq and
  * every intact record after it, all in one connection, with no gap the
  * daemon would refuse. */
-static void test_damaged_segment_record_skipped(void **state)
-{
+static void test_damaged_segment_record_skipped(void **state) {
     env e;
     env_init(&e);
     telemetry_config c;
@@ -1282,8 +1269,7 @@ static void test_damaged_segment_record_skipped(void **state)
 /* Whatever the daemon does (closing every connection at once, answering
  * seq_gap after every welcome), attempts stay >= CONNECT_SPACING_MS (250
  * ms) apart, even with a configured backoff of 1 ms. */
-static void test_reconnects_bounded(void **state)
-{
+static void test_reconnects_bounded(void **state) {
     for (int mode = 0; mode < 2; mode++) {
         env e;
         env_init(&e);
@@ -1310,8 +1296,7 @@ static void test_reconnects_bounded(void **state)
     }
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_format_float),
         cmocka_unit_test(test_step_log_one_call),

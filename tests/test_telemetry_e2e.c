@@ -38,8 +38,7 @@ typedef struct env {
     int starts;
 } env;
 
-static void env_init(env *e)
-{
+static void env_init(env *e) {
     memset(e, 0, sizeof *e);
     snprintf(e->dir, sizeof e->dir, "/tmp/ttel-e2e-XXXXXX");
     assert_non_null(mkdtemp(e->dir));
@@ -51,8 +50,7 @@ static void env_init(env *e)
 }
 
 /* Starts the daemon (a log file per start) and waits for its socket. */
-static void daemon_start(env *e)
-{
+static void daemon_start(env *e) {
     char log[128], err[2400];
     snprintf(log, sizeof log, "%s/daemon-%d.log", e->dir, e->starts++);
     e->pid = entropyd_start(e->data, e->sock, log, err, sizeof err);
@@ -62,22 +60,19 @@ static void daemon_start(env *e)
     }
 }
 
-static void daemon_kill(env *e, int sig)
-{
+static void daemon_kill(env *e, int sig) {
     if (e->pid <= 0) return;
     kill(e->pid, sig);
     waitpid(e->pid, NULL, 0);
     e->pid = 0;
 }
 
-static void env_free(env *e)
-{
+static void env_free(env *e) {
     daemon_kill(e, SIGKILL);
     rmtree(e->dir);
 }
 
-static telemetry *client(env *e, const char *run)
-{
+static telemetry *client(env *e, const char *run) {
     telemetry_config c;
     telemetry_config_init(&c);
     c.address = e->addr;
@@ -97,15 +92,13 @@ static telemetry *client(env *e, const char *run)
 }
 
 /* Head values of a step: k/(step+1), with a NaN at k == 5. */
-static void head_values(int step, float *v)
-{
+static void head_values(int step, float *v) {
     for (int k = 0; k < L * H; k++) v[k] = (float)k / (float)(step + 1);
     v[5] = NAN;
 }
 
-static void put(telemetry *t, int step)
-{
-    float hv[L * H], lv[L] = { 1, 2, 3, (float)step };
+static void put(telemetry *t, int step) {
+    float hv[L * H], lv[L] = {1, 2, 3, (float)step};
     head_values(step, hv);
     telemetry_step *s = telemetry_step_begin(t, step, telemetry_now());
     assert_non_null(s);
@@ -115,8 +108,7 @@ static void put(telemetry *t, int step)
     assert_int_equal(telemetry_step_commit(t, s), TELEMETRY_OK);
 }
 
-static long long q1(sqlite3 *db, const char *sql, const char *run)
-{
+static long long q1(sqlite3 *db, const char *sql, const char *run) {
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
     sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
@@ -127,8 +119,7 @@ static long long q1(sqlite3 *db, const char *sql, const char *run)
 
 /* Every step 0..n-1 stored once, seqs 1..n, and the head values of a few
  * steps exactly as sent. */
-static void check_db(env *e, const char *run, int n, const char *status)
-{
+static void check_db(env *e, const char *run, int n, const char *status) {
     sqlite3 *db;
     assert_int_equal(sqlite3_open_v2(e->db, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
     shadow_frames(db);
@@ -151,14 +142,14 @@ static void check_db(env *e, const char *run, int n, const char *status)
         assert_string_equal((const char *)sqlite3_column_text(st, 0), status);
         sqlite3_finalize(st);
     }
-    int probe[] = { 0, n / 3, n - 1 };
+    int probe[] = {0, n / 3, n - 1};
     for (int i = 0; i < 3; i++) {
         sqlite3_stmt *st;
         assert_int_equal(sqlite3_prepare_v2(db,
-                             "SELECT f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
-                             "JOIN runs r ON r.id = m.run_id "
-                             "WHERE r.name = ?1 AND m.name = 'entropy' AND f.step = ?2",
-                             -1, &st, NULL),
+                                            "SELECT f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
+                                            "JOIN runs r ON r.id = m.run_id "
+                                            "WHERE r.name = ?1 AND m.name = 'entropy' AND f.step = ?2",
+                                            -1, &st, NULL),
                          SQLITE_OK);
         sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
         sqlite3_bind_int(st, 2, probe[i]);
@@ -178,16 +169,15 @@ static void check_db(env *e, const char *run, int n, const char *status)
     sqlite3_close(db);
 }
 
-static int have_daemon(void)
-{
-    return access(entropyd_path(), X_OK) == 0;
-}
+static int have_daemon(void) { return access(entropyd_path(), X_OK) == 0; }
 
 /* The daemon is SIGKILLed twice while steps stream; after each restart the
  * client resumes from the daemon's last_seq. */
-static void test_daemon_killed_twice(void **state)
-{
-    if (!have_daemon()) { print_message("skipped: no %s\n", entropyd_path()); skip(); }
+static void test_daemon_killed_twice(void **state) {
+    if (!have_daemon()) {
+        print_message("skipped: no %s\n", entropyd_path());
+        skip();
+    }
     env e;
     env_init(&e);
     daemon_start(&e);
@@ -207,9 +197,11 @@ static void test_daemon_killed_twice(void **state)
 
 /* No daemon at all while the run trains; the next client process (same run,
  * same spool) finds the daemon up and uploads everything. */
-static void test_spool_uploaded_by_next_process(void **state)
-{
-    if (!have_daemon()) { print_message("skipped: no %s\n", entropyd_path()); skip(); }
+static void test_spool_uploaded_by_next_process(void **state) {
+    if (!have_daemon()) {
+        print_message("skipped: no %s\n", entropyd_path());
+        skip();
+    }
     env e;
     env_init(&e);
     telemetry *a = client(&e, "e2e-spool");
@@ -225,15 +217,19 @@ static void test_spool_uploaded_by_next_process(void **state)
 }
 
 /* The run's verdict (run_summary), kept by the daemon's alerter. */
-static int verdict_is(env *e, const char *run, const char *want)
-{
+static int verdict_is(env *e, const char *run, const char *want) {
     sqlite3 *db;
     int ok = 0;
-    if (sqlite3_open_v2(e->db, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) { sqlite3_close(db); return 0; }
+    if (sqlite3_open_v2(e->db, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        sqlite3_close(db);
+        return 0;
+    }
     sqlite3_busy_timeout(db, 5000);
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, "SELECT s.verdict FROM run_summary s JOIN runs r ON r.id = s.run_id "
-                               "WHERE r.name = ?1", -1, &st, NULL) == SQLITE_OK) {
+    if (sqlite3_prepare_v2(db,
+                           "SELECT s.verdict FROM run_summary s JOIN runs r ON r.id = s.run_id "
+                           "WHERE r.name = ?1",
+                           -1, &st, NULL) == SQLITE_OK) {
         sqlite3_bind_text(st, 1, run, -1, SQLITE_STATIC);
         ok = sqlite3_step(st) == SQLITE_ROW && !strcmp((const char *)sqlite3_column_text(st, 0), want);
         sqlite3_finalize(st);
@@ -248,9 +244,11 @@ static int verdict_is(env *e, const char *run, const char *want)
  * once the run has ended, the verdict is `collapsed`. The same run's first
  * ten steps at uniform attention (entropy at its causal maximum) keep it
  * healthy until then. */
-static void test_entropy_alone_gets_collapse_detection(void **state)
-{
-    if (!have_daemon()) { print_message("skipped: no %s\n", entropyd_path()); skip(); }
+static void test_entropy_alone_gets_collapse_detection(void **state) {
+    if (!have_daemon()) {
+        print_message("skipped: no %s\n", entropyd_path());
+        skip();
+    }
     env e;
     env_init(&e);
     daemon_start(&e);
@@ -290,10 +288,11 @@ static void test_entropy_alone_gets_collapse_detection(void **state)
     for (int step = 0; step < 60; step += 59) {
         sqlite3_stmt *st;
         assert_int_equal(sqlite3_prepare_v2(db,
-                             "SELECT f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
-                             "JOIN runs r ON r.id = m.run_id "
-                             "WHERE r.name = 'e2e-onehot' AND m.name = 'entropy_norm' AND f.step = ?1",
-                             -1, &st, NULL), SQLITE_OK);
+                                            "SELECT f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
+                                            "JOIN runs r ON r.id = m.run_id "
+                                            "WHERE r.name = 'e2e-onehot' AND m.name = 'entropy_norm' AND f.step = ?1",
+                                            -1, &st, NULL),
+                         SQLITE_OK);
         sqlite3_bind_int(st, 1, step);
         assert_int_equal(sqlite3_step(st), SQLITE_ROW);
         assert_int_equal(sqlite3_column_bytes(st, 0), L * H * 4);
@@ -310,9 +309,11 @@ static void test_entropy_alone_gets_collapse_detection(void **state)
 /* A run name reused with another shape while the first run streams: the
  * second client is refused at once with the daemon's message (not after
  * superseding the first), and the first run goes on and loses nothing. */
-static void test_reused_name_other_shape_is_refused(void **state)
-{
-    if (!have_daemon()) { print_message("skipped: no %s\n", entropyd_path()); skip(); }
+static void test_reused_name_other_shape_is_refused(void **state) {
+    if (!have_daemon()) {
+        print_message("skipped: no %s\n", entropyd_path());
+        skip();
+    }
     env e;
     env_init(&e);
     daemon_start(&e);
@@ -347,8 +348,7 @@ static void test_reused_name_other_shape_is_refused(void **state)
     env_free(&e);
 }
 
-int main(void)
-{
+int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_daemon_killed_twice),

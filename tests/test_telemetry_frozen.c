@@ -42,8 +42,8 @@
  * steps dropped (ring or spool) meanwhile. */
 static uint64_t run_phase(telemetry *t, int64_t *step, long n, long work_us) {
     static float heads[H * L], layer[L];
-    static const char *hnames[NHEAD] = {"entropy", "entropy_norm", "max_attn", "max_logit",
-                                        "sigma_qk", "entropy_bound", "rank", "sink"};
+    static const char *hnames[NHEAD] = {"entropy",  "entropy_norm",  "max_attn", "max_logit",
+                                        "sigma_qk", "entropy_bound", "rank",     "sink"};
     telemetry_stats s0, s1;
     telemetry_get_stats(t, &s0);
     for (long i = 0; i < n; i++) {
@@ -73,8 +73,7 @@ static void test_frozen_daemon_loses_nothing(void **state) {
     long steps = env_long("FROZEN_STEPS", 1500), work = env_long("FROZEN_WORK_US", 1000);
     char err[2400];
     struct daemon_client dc;
-    if (daemon_client_start(&dc, "/tmp/test_frozen.XXXXXX", "frozen", L, H, err, sizeof err) != 0)
-        fail_msg("%s", err);
+    if (daemon_client_start(&dc, "/tmp/test_frozen.XXXXXX", "frozen", L, H, err, sizeof err) != 0) fail_msg("%s", err);
     telemetry *t = dc.t;
     pid_t pid = dc.pid;
     int64_t step = 0;
@@ -100,9 +99,9 @@ static void test_frozen_daemon_loses_nothing(void **state) {
     sqlite3 *h;
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_open_v2(dc.db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(h, "SELECT count(*), count(DISTINCT step), min(step), max(step) FROM steps", -1,
-                                        &s, NULL),
-                     SQLITE_OK);
+    assert_int_equal(
+        sqlite3_prepare_v2(h, "SELECT count(*), count(DISTINCT step), min(step), max(step) FROM steps", -1, &s, NULL),
+        SQLITE_OK);
     assert_int_equal(sqlite3_step(s), SQLITE_ROW);
     assert_int_equal(sqlite3_column_int64(s, 0), step);
     assert_int_equal(sqlite3_column_int64(s, 1), step);

@@ -38,7 +38,7 @@ static void test_backoff(useconds_t us);
 
 /* ------------------------------------------------------------ environment */
 
-struct rec {                 /* one item as the commit hook saw it */
+struct rec { /* one item as the commit hook saw it */
     int kind;
     uint64_t conn;
     int64_t run_id, seq;
@@ -61,14 +61,14 @@ static struct {
     struct runseq expect_acks[20000]; /* per commit, per run: the highest seq */
     size_t nexpect;
     int hook_on_main;
-    int gate_closed, in_gate;    /* the hook waits while gate_closed (to let a queue build up) */
+    int gate_closed, in_gate; /* the hook waits while gate_closed (to let a queue build up) */
     pthread_cond_t gate_cv;
     /* replies taken so far (main thread only) */
     struct writer_reply replies[20000];
     size_t nreplies;
 } E;
 
-static atomic_int raise_cap;   /* set by the test; the backoff stand-in acts on it */
+static atomic_int raise_cap; /* set by the test; the backoff stand-in acts on it */
 static atomic_int backoffs;
 
 static void test_backoff(useconds_t us) {
@@ -236,8 +236,9 @@ static const struct writer_reply *find_reply(int kind, uint64_t conn, int64_t ru
 static const struct writer_reply *welcome(uint64_t conn) {
     const struct writer_reply *r = NULL;
     WAIT_FOR((r = find_reply(WRITER_R_WELCOME, conn, 0, 0)) || find_reply(WRITER_R_ERROR, conn, 0, 0), 5000);
-    if (!r) fail_msg("hello of conn %llu answered with an error: %s", (unsigned long long)conn,
-                     find_reply(WRITER_R_ERROR, conn, 0, 0)->message);
+    if (!r)
+        fail_msg("hello of conn %llu answered with an error: %s", (unsigned long long)conn,
+                 find_reply(WRITER_R_ERROR, conn, 0, 0)->message);
     return r;
 }
 
@@ -250,7 +251,8 @@ static void check_acks(void) {
         const struct writer_reply *r = &E.replies[i];
         if (r->kind != WRITER_R_ACK) continue;
         assert_int_equal(r->conn, 0);
-        if (k >= E.nexpect) fail_msg("ack %zu (run %lld seq %lld) not matched by a commit", k, (long long)r->run_id, (long long)r->seq);
+        if (k >= E.nexpect)
+            fail_msg("ack %zu (run %lld seq %lld) not matched by a commit", k, (long long)r->run_id, (long long)r->seq);
         if (r->run_id != E.expect_acks[k].run_id || r->seq != E.expect_acks[k].seq)
             fail_msg("ack %zu: run %lld seq %lld; the commit held run %lld up to seq %lld", k, (long long)r->run_id,
                      (long long)r->seq, (long long)E.expect_acks[k].run_id, (long long)E.expect_acks[k].seq);
@@ -268,8 +270,11 @@ static void check_acks(void) {
 static void check_frames(int64_t run_id, const char *name, int64_t nsteps, uint32_t n) {
     sqlite3 *db = ro_open(E.db.path);
     sqlite3_stmt *s;
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT f.step, f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
-                                        "WHERE m.run_id = ?1 AND m.name = ?2 ORDER BY f.step", -1, &s, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "SELECT f.step, f.data FROM frames f JOIN metrics m ON m.id = f.metric_id "
+                                        "WHERE m.run_id = ?1 AND m.name = ?2 ORDER BY f.step",
+                                        -1, &s, NULL),
+                     SQLITE_OK);
     sqlite3_bind_int64(s, 1, run_id);
     sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
     int64_t want = 0;
@@ -281,7 +286,8 @@ static void check_frames(int64_t run_id, const char *name, int64_t nsteps, uint3
         for (uint32_t i = 0; i < n; i++) {
             float x;
             memcpy(&x, d + 4 * i, 4);
-            if (x != val(stp + 1, i)) fail_msg("%s step %lld [%u]: %g, want %g", name, (long long)stp, i, (double)x, (double)val(stp + 1, i));
+            if (x != val(stp + 1, i))
+                fail_msg("%s step %lld [%u]: %g, want %g", name, (long long)stp, i, (double)x, (double)val(stp + 1, i));
         }
         want++;
     }
@@ -303,7 +309,8 @@ static void test_hello_steps_event_end(void **state) {
     assert_int_equal(wr->layers, L);
     assert_int_equal(wr->heads, H);
     assert_int_equal(wr->seq_len, 32);
-    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE name = 'alpha' AND status = 'live'"), 1); /* committed before the welcome */
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE name = 'alpha' AND status = 'live'"),
+                     1); /* committed before the welcome */
 
     for (int64_t seq = 1; seq <= 300; seq++) submit(step(7, run, seq));
     submit(event(7, run, 301, "lr spike"));
@@ -312,9 +319,13 @@ static void test_hello_steps_event_end(void **state) {
     /* the ack came after the commit: everything up to it is in the database */
     assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 302);
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), 300);
-    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run), 1);
-    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM events WHERE run_id = %lld AND seq = 301 AND text = 'lr spike' AND level = 'warn'",
-                        (long long)run), 1);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run),
+                     1);
+    assert_int_equal(
+        qi(E.db.path,
+           "SELECT count(*) FROM events WHERE run_id = %lld AND seq = 301 AND text = 'lr spike' AND level = 'warn'",
+           (long long)run),
+        1);
     check_frames(run, "loss", 300, 1);
     check_frames(run, "ent", 300, L * H);
     /* acks only grow, and match the commits one for one */
@@ -337,7 +348,8 @@ static void test_hello_steps_event_end(void **state) {
     /* stale: no ack, status changes */
     struct writer_item *it = item(WRITER_STALE, 8, run, 0);
     submit(it);
-    WAIT_FOR(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'stale'", (long long)run) == 1, 5000);
+    WAIT_FOR(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'stale'", (long long)run) == 1,
+             5000);
     pump(50);
     check_acks();
 
@@ -382,9 +394,10 @@ static void test_hook_order_and_coalescing(void **state) {
     for (size_t i = 0; i < nwant; i++) {
         const struct rec *g = &E.recs[base + i];
         if (g->kind != want[i].kind || g->conn != want[i].conn || g->run_id != want[i].run_id || g->seq != want[i].seq)
-            fail_msg("hook item %zu: kind %d conn %llu run %lld seq %lld; submitted kind %d conn %llu run %lld seq %lld", i,
-                     g->kind, (unsigned long long)g->conn, (long long)g->run_id, (long long)g->seq, want[i].kind,
-                     (unsigned long long)want[i].conn, (long long)want[i].run_id, (long long)want[i].seq);
+            fail_msg(
+                "hook item %zu: kind %d conn %llu run %lld seq %lld; submitted kind %d conn %llu run %lld seq %lld", i,
+                g->kind, (unsigned long long)g->conn, (long long)g->run_id, (long long)g->seq, want[i].kind,
+                (unsigned long long)want[i].conn, (long long)want[i].run_id, (long long)want[i].seq);
         if (i && g->commit < E.recs[base + i - 1].commit) fail_msg("commits out of order");
     }
     int many = 0; /* some commit held more than one item of a run (so coalescing was exercised) */
@@ -423,8 +436,10 @@ static void test_error_replies(void **state) {
     assert_int_equal(er->code, PROTO_E_KIND_CONFLICT);
     assert_int_equal(er->seq, 2);
     if (!strstr(er->message, "loss")) fail_msg("message does not name the metric: %s", er->message);
-    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'fresh'"), 1);
-    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'loss'"), 2);
+    assert_int_equal(
+        qi(E.db.path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'fresh'"), 1);
+    assert_int_equal(
+        qi(E.db.path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'loss'"), 2);
     assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), 3);
     check_acks();
 
@@ -513,7 +528,8 @@ static void test_full_disk_and_queue_bound(void **state) {
     WAIT_FOR(find_reply(WRITER_R_WELCOME, 10, 0, 0), 5000);
     assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)run), seq + 1);
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)run), seq);
-    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run), 1);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'finished'", (long long)run),
+                     1);
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE name = 'other'"), 1);
     /* every value of every step */
     sqlite3 *db = ro_open(E.db.path);
@@ -638,7 +654,8 @@ static void test_destroy_commits_everything(void **state) {
     E.w = NULL;
     assert_int_equal(qi(E.db.path, "SELECT last_seq FROM runs WHERE id = %lld", (long long)info.id), 5001);
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), 5000);
-    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'aborted'", (long long)info.id), 1);
+    assert_int_equal(
+        qi(E.db.path, "SELECT count(*) FROM runs WHERE id = %lld AND status = 'aborted'", (long long)info.id), 1);
     check_frames(info.id, "ent", 5000, L * H);
     /* the hook saw every item once; no commit held more than WRITER_MAX_BATCH */
     pthread_mutex_lock(&E.mu);
@@ -648,7 +665,8 @@ static void test_destroy_commits_everything(void **state) {
     for (size_t i = 0; i < E.nrecs; i++) {
         assert_int_equal(E.recs[i].seq, (int64_t)i + 1);
         in_commit = i && E.recs[i].commit == E.recs[i - 1].commit ? in_commit + 1 : 1;
-        if (in_commit > WRITER_MAX_BATCH) fail_msg("commit %zu holds more than %d items", E.recs[i].commit, WRITER_MAX_BATCH);
+        if (in_commit > WRITER_MAX_BATCH)
+            fail_msg("commit %zu holds more than %d items", E.recs[i].commit, WRITER_MAX_BATCH);
     }
     pthread_mutex_unlock(&E.mu);
     /* a writer destroyed with nothing submitted, and a NULL one */
@@ -672,8 +690,10 @@ static void test_failing_step_undone_alone(void **state) {
     char *msg = NULL;
     sqlite3 *db;
     assert_int_equal(sqlite3_open(E.db.path, &db), SQLITE_OK);
-    if (sqlite3_exec(db, "CREATE TRIGGER refuse BEFORE INSERT ON frames WHEN NEW.step = 2 "
-                         "BEGIN SELECT RAISE(ABORT, 'injected fault'); END", NULL, NULL, &msg) != SQLITE_OK)
+    if (sqlite3_exec(db,
+                     "CREATE TRIGGER refuse BEFORE INSERT ON frames WHEN NEW.step = 2 "
+                     "BEGIN SELECT RAISE(ABORT, 'injected fault'); END",
+                     NULL, NULL, &msg) != SQLITE_OK)
         fail_msg("trigger: %s", msg);
     sqlite3_close(db);
     E.w = start_writer(0);
@@ -689,7 +709,8 @@ static void test_failing_step_undone_alone(void **state) {
     assert_int_equal(er->seq, 3);
     check_acks();
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld", (long long)info.id), 4);
-    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld AND step = 2", (long long)info.id), 0);
+    assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps WHERE run_id = %lld AND step = 2", (long long)info.id),
+                     0);
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM frames WHERE step = 2"), 0);
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM frames"), 4 * 2);
     pthread_mutex_lock(&E.mu);
@@ -703,7 +724,7 @@ static void test_failing_step_undone_alone(void **state) {
     assert_int_equal(ws.db_errors, 1);
     assert_int_equal(ws.retries, 0);
     assert_int_equal(atomic_load(&backoffs), 0); /* the replay does not back off */
-    assert_int_equal(E.w->guarded, 0);        /* and the next batch goes unguarded again */
+    assert_int_equal(E.w->guarded, 0);           /* and the next batch goes unguarded again */
 }
 
 /* Group commit: a step whose client said ack_delay_ms waits in the open
@@ -768,7 +789,7 @@ static void test_group_commit(void **state) {
 static struct {
     int64_t run;
     int calls, outside_txn, failed;
-    int64_t since;            /* what it writes: the verdict's since_step */
+    int64_t since; /* what it writes: the verdict's since_step */
 } PC;
 
 static int precommit_hook(void *ctx) {

@@ -22,23 +22,19 @@ typedef struct {
     int bad;
 } io;
 
-static void put(io *w, const void *p, size_t n)
-{
+static void put(io *w, const void *p, size_t n) {
     if (!w->bad && n && fwrite(p, 1, n, w->f) != n) w->bad = 1;
 }
-static void get(io *r, void *p, size_t n)
-{
+static void get(io *r, void *p, size_t n) {
     if (!r->bad && n && fread(p, 1, n, r->f) != n) r->bad = 1;
 }
 
 /* The header, read or written by the same field list. */
-static void meta_io(io *s, ckpt_meta *m, void (*op)(io *, void *, size_t))
-{
-    int32_t *c[8] = {&m->cfg.vocab, &m->cfg.max_seq, &m->cfg.layers, &m->cfg.heads,
-                     &m->cfg.dim, &m->cfg.norm, &m->cfg.reparam, &m->cfg.gamma_init};
+static void meta_io(io *s, ckpt_meta *m, void (*op)(io *, void *, size_t)) {
+    int32_t *c[8] = {&m->cfg.vocab, &m->cfg.max_seq, &m->cfg.layers,  &m->cfg.heads,
+                     &m->cfg.dim,   &m->cfg.norm,    &m->cfg.reparam, &m->cfg.gamma_init};
     for (int i = 0; i < 8; i++) op(s, c[i], 4);
-    int32_t *r[7] = {&m->optimizer, &m->schedule, &m->batch, &m->seq_len, &m->warmup,
-                     &m->steps, &m->data_kind};
+    int32_t *r[7] = {&m->optimizer, &m->schedule, &m->batch, &m->seq_len, &m->warmup, &m->steps, &m->data_kind};
     for (int i = 0; i < 7; i++) op(s, r[i], 4);
     op(s, &m->seed, 8);
     float *fl[6] = {&m->lr, &m->weight_decay, &m->clip, &m->beta1, &m->beta2, &m->eps};
@@ -54,16 +50,17 @@ static void meta_io(io *s, ckpt_meta *m, void (*op)(io *, void *, size_t))
 
 static void put_v(io *w, void *p, size_t n) { put(w, p, n); }
 
-int ckpt_save(const char *path, const ckpt_meta *meta, const model *m, const optim *o,
-              char *err, size_t errlen)
-{
+int ckpt_save(const char *path, const ckpt_meta *meta, const model *m, const optim *o, char *err, size_t errlen) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
         snprintf(err, errlen, "%s: path too long", path);
         return -1;
     }
     io w = {fopen(tmp, "wb"), 0};
-    if (!w.f) { snprintf(err, errlen, "%s: %s", tmp, strerror(errno)); return -1; }
+    if (!w.f) {
+        snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
     uint32_t magic = CKPT_MAGIC, version = CKPT_VERSION;
     ckpt_meta mm = *meta;
     put(&w, &magic, 4);
@@ -99,11 +96,13 @@ int ckpt_save(const char *path, const ckpt_meta *meta, const model *m, const opt
 
 static void get_v(io *r, void *p, size_t n) { get(r, p, n); }
 
-static int open_meta(const char *path, io *r, ckpt_meta *meta, char *err, size_t errlen)
-{
+static int open_meta(const char *path, io *r, ckpt_meta *meta, char *err, size_t errlen) {
     r->f = fopen(path, "rb");
     r->bad = 0;
-    if (!r->f) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return -1; }
+    if (!r->f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
     uint32_t magic = 0, version = 0;
     get(r, &magic, 4);
     get(r, &version, 4);
@@ -112,44 +111,59 @@ static int open_meta(const char *path, io *r, ckpt_meta *meta, char *err, size_t
         return -1;
     }
     if (version != CKPT_VERSION) {
-        snprintf(err, errlen, "%s: checkpoint version %u, this build reads %u", path, version,
-                 CKPT_VERSION);
+        snprintf(err, errlen, "%s: checkpoint version %u, this build reads %u", path, version, CKPT_VERSION);
         return -1;
     }
     meta_io(r, meta, get_v);
-    if (r->bad) { snprintf(err, errlen, "%s: truncated header", path); return -1; }
+    if (r->bad) {
+        snprintf(err, errlen, "%s: truncated header", path);
+        return -1;
+    }
     return 0;
 }
 
-int ckpt_read_meta(const char *path, ckpt_meta *meta, char *err, size_t errlen)
-{
+int ckpt_read_meta(const char *path, ckpt_meta *meta, char *err, size_t errlen) {
     io r;
     int rc = open_meta(path, &r, meta, err, errlen);
     if (r.f) fclose(r.f);
     return rc;
 }
 
-int ckpt_load(const char *path, ckpt_meta *meta, model *m, optim *o, char *err, size_t errlen)
-{
+int ckpt_load(const char *path, ckpt_meta *meta, model *m, optim *o, char *err, size_t errlen) {
     io r;
     int rc = -1;
     if (open_meta(path, &r, meta, err, errlen) != 0) goto out;
     uint64_t n = 0, sn = 0, ps = 0;
     uint32_t nl = 0, magic = 0;
     get(&r, &n, 8);
-    if (r.bad || n != m->num_params) { snprintf(err, errlen, "%s: parameter count mismatch", path); goto out; }
+    if (r.bad || n != m->num_params) {
+        snprintf(err, errlen, "%s: parameter count mismatch", path);
+        goto out;
+    }
     get(&r, m->params_memory, n * sizeof(float));
     get(&r, &sn, 8);
-    if (r.bad || sn != (o ? o->state_n : 0)) { snprintf(err, errlen, "%s: optimizer state mismatch", path); goto out; }
+    if (r.bad || sn != (o ? o->state_n : 0)) {
+        snprintf(err, errlen, "%s: optimizer state mismatch", path);
+        goto out;
+    }
     if (sn) get(&r, o->state, sn * sizeof(float));
     get(&r, &nl, 4);
-    if (r.bad || (int)nl != m->num_linear) { snprintf(err, errlen, "%s: linear count mismatch", path); goto out; }
+    if (r.bad || (int)nl != m->num_linear) {
+        snprintf(err, errlen, "%s: linear count mismatch", path);
+        goto out;
+    }
     for (int i = 0; i < m->num_linear; i++) get(&r, &m->lin[i].sigma, 4);
     get(&r, &ps, 8);
-    if (r.bad || ps != m->pi_size) { snprintf(err, errlen, "%s: power-iteration size mismatch", path); goto out; }
+    if (r.bad || ps != m->pi_size) {
+        snprintf(err, errlen, "%s: power-iteration size mismatch", path);
+        goto out;
+    }
     get(&r, m->pi_memory, ps * sizeof(float));
     get(&r, &magic, 4);
-    if (r.bad || magic != CKPT_MAGIC) { snprintf(err, errlen, "%s: truncated", path); goto out; }
+    if (r.bad || magic != CKPT_MAGIC) {
+        snprintf(err, errlen, "%s: truncated", path);
+        goto out;
+    }
     if (o) o->t = meta->optim_t;
     rc = 0;
 out:
@@ -157,23 +171,20 @@ out:
     return rc;
 }
 
-void ckpt_path(char *out, size_t n, const char *pattern, long step)
-{
+void ckpt_path(char *out, size_t n, const char *pattern, long step) {
     const char *p = strstr(pattern, "{step}");
     if (!p) snprintf(out, n, "%s", pattern);
     else snprintf(out, n, "%.*s%ld%s", (int)(p - pattern), pattern, step, p + 6);
 }
 
 /* A float as the short decimal it was given as (0.001, not 0.0010000000474974513). */
-static double tidy(float x)
-{
+static double tidy(float x) {
     char b[32];
     snprintf(b, sizeof b, "%.7g", x);
     return strtod(b, NULL);
 }
 
-static void add_optimizer(cJSON *op, const ckpt_meta *r)
-{
+static void add_optimizer(cJSON *op, const ckpt_meta *r) {
     cJSON_AddStringToObject(op, "name", ckpt_optim_names[r->optimizer]);
     cJSON_AddNumberToObject(op, "lr", tidy(r->lr));
     cJSON_AddNumberToObject(op, "beta1", tidy(r->beta1));
@@ -188,8 +199,7 @@ static void add_optimizer(cJSON *op, const ckpt_meta *r)
 }
 
 /* host and start_time: where and when */
-static void add_where_when(cJSON *j)
-{
+static void add_where_when(cJSON *j) {
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
     cJSON_AddStringToObject(j, "host", host);
@@ -201,8 +211,7 @@ static void add_where_when(cJSON *j)
     cJSON_AddStringToObject(j, "start_time", when);
 }
 
-char *ckpt_meta_json(const ckpt_meta *r, const ckpt_run_facts *f)
-{
+char *ckpt_meta_json(const ckpt_meta *r, const ckpt_run_facts *f) {
     cJSON *j = cJSON_CreateObject(), *mo = cJSON_AddObjectToObject(j, "model"),
           *op = cJSON_AddObjectToObject(j, "optimizer"), *da = cJSON_AddObjectToObject(j, "data"),
           *pr = cJSON_AddObjectToObject(j, "probe");

@@ -39,8 +39,7 @@ typedef struct {
 } ckpt_meta;
 
 /* Writes a checkpoint.  Returns 0, or -1 with "path: reason" in err. */
-int ckpt_save(const char *path, const ckpt_meta *meta, const model *m, const optim *o,
-              char *err, size_t errlen);
+int ckpt_save(const char *path, const ckpt_meta *meta, const model *m, const optim *o, char *err, size_t errlen);
 
 /* Reads only the header (to size the model before ckpt_load). 0 / -1 + err. */
 int ckpt_read_meta(const char *path, ckpt_meta *meta, char *err, size_t errlen);

@@ -8,30 +8,40 @@
 
 #include "model.h" /* model_random_u32: one RNG for the whole trainer */
 
-enum { TOK_EOS = 0, TOK_COPY = 1, TOK_SEP = 2, TOK_KV = 3, TOK_QRY = 4,
-       TOK_DET = 5,   /* 5..7 */
-       TOK_ADJ = 8,   /* 8..15 */
-       TOK_NOUN = 16, /* 16..31, class = (tok - 16) / 4 */
-       TOK_VERB = 32, /* 32..47, class = (tok - 32) / 4 */
-       TOK_SYM = 48,  /* copy symbols 48..63 */
-       TOK_KEY = 16,  /* recall keys 16..23 */
-       TOK_VAL = 48 };/* recall values 48..63 */
+enum {
+    TOK_EOS = 0,
+    TOK_COPY = 1,
+    TOK_SEP = 2,
+    TOK_KV = 3,
+    TOK_QRY = 4,
+    TOK_DET = 5,   /* 5..7 */
+    TOK_ADJ = 8,   /* 8..15 */
+    TOK_NOUN = 16, /* 16..31, class = (tok - 16) / 4 */
+    TOK_VERB = 32, /* 32..47, class = (tok - 32) / 4 */
+    TOK_SYM = 48,  /* copy symbols 48..63 */
+    TOK_KEY = 16,  /* recall keys 16..23 */
+    TOK_VAL = 48
+}; /* recall values 48..63 */
 
 static uint32_t rnd(uint64_t *s, uint32_t n) { return model_random_u32(s) % n; }
 
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
     return h;
 }
 
-static data *data_new(size_t n, int vocab)
-{
+static data *data_new(size_t n, int vocab) {
     data *d = calloc(1, sizeof *d);
     if (!d) return NULL;
     d->tokens = malloc(n ? n : 1);
-    if (!d->tokens) { free(d); return NULL; }
+    if (!d->tokens) {
+        free(d);
+        return NULL;
+    }
     d->n = n;
     d->vocab = vocab;
     d->split = n - n / 10;
@@ -39,8 +49,7 @@ static data *data_new(size_t n, int vocab)
 }
 
 /* Appends one episode at out (room for at least 32 tokens); returns its length. */
-static int episode(uint8_t *out, uint64_t *s)
-{
+static int episode(uint8_t *out, uint64_t *s) {
     int n = 0;
     uint32_t kind = rnd(s, 10);
     if (kind < 3) {
@@ -85,8 +94,7 @@ static int episode(uint8_t *out, uint64_t *s)
     return n;
 }
 
-data *data_synthetic(uint64_t seed, size_t ntokens)
-{
+data *data_synthetic(uint64_t seed, size_t ntokens) {
     data *d = data_new(ntokens, DATA_SYNTH_VOCAB);
     if (!d) return NULL;
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull; /* never zero for xorshift */
@@ -103,11 +111,13 @@ data *data_synthetic(uint64_t seed, size_t ntokens)
     return d;
 }
 
-data *data_file(const char *path, char *err, size_t errlen)
-{
+data *data_file(const char *path, char *err, size_t errlen) {
     data *d = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return NULL; }
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
     if (fseek(f, 0, SEEK_END) != 0) goto ioerr;
     long len = ftell(f);
     if (len < 0 || fseek(f, 0, SEEK_SET) != 0) goto ioerr;
@@ -116,8 +126,15 @@ data *data_file(const char *path, char *err, size_t errlen)
         goto out;
     }
     d = data_new((size_t)len, 256);
-    if (!d) { snprintf(err, errlen, "%s: out of memory", path); goto out; }
-    if (fread(d->tokens, 1, d->n, f) != d->n) { data_destroy(d); d = NULL; goto ioerr; }
+    if (!d) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        goto out;
+    }
+    if (fread(d->tokens, 1, d->n, f) != d->n) {
+        data_destroy(d);
+        d = NULL;
+        goto ioerr;
+    }
     d->hash = fnv1a(d->tokens, d->n);
     goto out;
 ioerr:
@@ -127,43 +144,37 @@ out:
     return d;
 }
 
-void data_destroy(data *d)
-{
+void data_destroy(data *d) {
     if (!d) return;
     free(d->tokens);
     free(d);
 }
 
-int data_check(const data *d, int B, int T, char *err, size_t errlen)
-{
+int data_check(const data *d, int B, int T, char *err, size_t errlen) {
     size_t need = (size_t)B * T + 1;
     if (d->split < need || d->n - d->split < need) {
-        snprintf(err, errlen,
-                 "data too small: %zu train / %zu val tokens, a batch needs %zu",
-                 d->split, d->n - d->split, need);
+        snprintf(err, errlen, "data too small: %zu train / %zu val tokens, a batch needs %zu", d->split,
+                 d->n - d->split, need);
         return -1;
     }
     return 0;
 }
 
-static void fill(const uint8_t *tok, int *inputs, int *targets, int B, int T)
-{
+static void fill(const uint8_t *tok, int *inputs, int *targets, int B, int T) {
     for (long i = 0; i < (long)B * T; i++) {
         inputs[i] = tok[i];
         targets[i] = tok[i + 1];
     }
 }
 
-void data_next_train(data *d, int *inputs, int *targets, int B, int T)
-{
+void data_next_train(data *d, int *inputs, int *targets, int B, int T) {
     size_t bt = (size_t)B * T;
     if (d->pos + bt + 1 > d->split) d->pos = 0;
     fill(d->tokens + d->pos, inputs, targets, B, T);
     d->pos += bt;
 }
 
-void data_val_batch(const data *d, int k, int *inputs, int *targets, int B, int T)
-{
+void data_val_batch(const data *d, int k, int *inputs, int *targets, int B, int T) {
     size_t bt = (size_t)B * T, nval = d->n - d->split;
     size_t span = nval - bt; /* >= 1 by data_check */
     size_t off = ((size_t)k * bt) % span;

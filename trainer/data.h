@@ -14,12 +14,12 @@
 #define DATA_SYNTH_VOCAB 64
 
 typedef struct {
-    uint8_t *tokens;   /* (n) owned */
+    uint8_t *tokens; /* (n) owned */
     size_t n;
-    size_t split;      /* train = [0, split), val = [split, n) */
+    size_t split; /* train = [0, split), val = [split, n) */
     int vocab;
-    uint64_t pos;      /* train cursor, saved in checkpoints */
-    uint64_t hash;     /* FNV-1a of the tokens, to check a resumed run uses the same data */
+    uint64_t pos;  /* train cursor, saved in checkpoints */
+    uint64_t hash; /* FNV-1a of the tokens, to check a resumed run uses the same data */
 } data;
 
 /* The synthetic corpus of ntokens tokens, deterministic from seed.  A mix of

@@ -21,30 +21,30 @@
 
 struct dist {
     int rank, size;
-    size_t bucket;            /* floats per bucket, 0 = one call */
+    size_t bucket; /* floats per bucket, 0 = one call */
     double comm_seconds;
     long comm_calls;
     /* dist_rank_stats output (rank 0) */
     int nstats;
     char **names;
     float *values;
-    float *gathered;          /* (size, 3) */
+    float *gathered; /* (size, 3) */
 #ifdef DIST_MPI
     int mpi_inited;
     MPI_Request *reqs;
     size_t nreqs;
-    uint64_t *hashes;         /* (size) */
+    uint64_t *hashes; /* (size) */
     /* failure watcher: see dist_on_failure */
     pthread_t watcher;
     int watcher_started;
     pthread_mutex_t mu;
-    int busy;                 /* the training thread is inside an MPI call */
-    int stopping;             /* a stop signal arrived (its number) */
-    int taken;                /* the watcher is ending the run */
+    int busy;     /* the training thread is inside an MPI call */
+    int stopping; /* a stop signal arrived (its number) */
+    int taken;    /* the watcher is ending the run */
     void (*on_failure)(void *);
     void *failure_ctx;
     /* test-only fault injection, SIGMATRAIN_DIST_FAULT=RANK:CALL:die|skew */
-    int split_wait;           /* SIGMATRAIN_DIST_SPLIT_WAIT: barrier first, timed apart */
+    int split_wait; /* SIGMATRAIN_DIST_SPLIT_WAIT: barrier first, timed apart */
     double wait_seconds;
     int fault_rank;
     long fault_call;
@@ -56,8 +56,7 @@ struct dist {
 static double mono(void) { return now_mono_ms() / 1e3; }
 #endif
 
-uint64_t dist_hash(const void *p, size_t n, uint64_t h)
-{
+uint64_t dist_hash(const void *p, size_t n, uint64_t h) {
     const unsigned char *b = p;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -75,15 +74,13 @@ int dist_size(const dist *d) { return d ? d->size : 1; }
 double dist_comm_seconds(const dist *d) { return d ? d->comm_seconds : 0.0; }
 long dist_comm_calls(const dist *d) { return d ? d->comm_calls : 0; }
 
-void dist_shard(const dist *d, int B, int *b0, int *nb)
-{
+void dist_shard(const dist *d, int B, int *b0, int *nb) {
     int r = dist_rank(d), n = dist_size(d);
     *b0 = (int)((long)B * r / n);
     *nb = (int)((long)B * (r + 1) / n) - *b0;
 }
 
-static void free_stats(dist *d)
-{
+static void free_stats(dist *d) {
     if (d->names)
         for (int i = 0; i < d->nstats; i++) free(d->names[i]);
     free(d->names);
@@ -95,8 +92,7 @@ static void free_stats(dist *d)
 
 #ifdef DIST_MPI
 /* Names and value slots for 3 x size per-rank scalars (rank 0). */
-static int alloc_stats(dist *d, char *err, size_t errlen)
-{
+static int alloc_stats(dist *d, char *err, size_t errlen) {
     int n = 3 * d->size;
     d->names = calloc((size_t)n, sizeof(char *));
     d->values = calloc((size_t)n, sizeof(float));
@@ -122,56 +118,79 @@ oom:
 
 int dist_compiled_with_mpi(void) { return 0; }
 
-dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size_t errlen)
-{
-    (void)argc; (void)argv;
+dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size_t errlen) {
+    (void)argc;
+    (void)argv;
     dist *d = calloc(1, sizeof *d);
-    if (!d) { snprintf(err, errlen, "dist: out of memory"); return NULL; }
+    if (!d) {
+        snprintf(err, errlen, "dist: out of memory");
+        return NULL;
+    }
     d->size = 1;
     d->bucket = bucket_floats;
     return d;
 }
 
-void dist_destroy(dist *d, int failed)
-{
+void dist_destroy(dist *d, int failed) {
     (void)failed;
     if (!d) return;
     free_stats(d);
     free(d);
 }
 
-void dist_on_failure(dist *d, void (*fn)(void *), void *ctx) { (void)d; (void)fn; (void)ctx; }
+void dist_on_failure(dist *d, void (*fn)(void *), void *ctx) {
+    (void)d;
+    (void)fn;
+    (void)ctx;
+}
 
-int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, size_t errlen)
-{
-    (void)d; (void)g; (void)n; (void)weight; (void)err; (void)errlen;
+int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, size_t errlen) {
+    (void)d;
+    (void)g;
+    (void)n;
+    (void)weight;
+    (void)err;
+    (void)errlen;
     return 0; /* weight is 1 with one rank */
 }
 
-int dist_sum(dist *d, double *v, int n, double weight, char *err, size_t errlen)
-{
-    (void)d; (void)v; (void)n; (void)weight; (void)err; (void)errlen;
+int dist_sum(dist *d, double *v, int n, double weight, char *err, size_t errlen) {
+    (void)d;
+    (void)v;
+    (void)n;
+    (void)weight;
+    (void)err;
+    (void)errlen;
     return 0;
 }
 
-int dist_bcast_longs(dist *d, long *v, int n, char *err, size_t errlen)
-{
-    (void)d; (void)v; (void)n; (void)err; (void)errlen;
+int dist_bcast_longs(dist *d, long *v, int n, char *err, size_t errlen) {
+    (void)d;
+    (void)v;
+    (void)n;
+    (void)err;
+    (void)errlen;
     return 0;
 }
 
-int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int nbuf,
-                    char *err, size_t errlen)
-{
-    (void)d; (void)bufs; (void)bytes; (void)nbuf; (void)err; (void)errlen;
+int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int nbuf, char *err, size_t errlen) {
+    (void)d;
+    (void)bufs;
+    (void)bytes;
+    (void)nbuf;
+    (void)err;
+    (void)errlen;
     return 0;
 }
 
-int dist_rank_stats(dist *d, double tokens, double step_s, double comm_s,
-                    int *n, const char *const **names, const float **values,
-                    char *err, size_t errlen)
-{
-    (void)d; (void)tokens; (void)step_s; (void)comm_s; (void)err; (void)errlen;
+int dist_rank_stats(dist *d, double tokens, double step_s, double comm_s, int *n, const char *const **names,
+                    const float **values, char *err, size_t errlen) {
+    (void)d;
+    (void)tokens;
+    (void)step_s;
+    (void)comm_s;
+    (void)err;
+    (void)errlen;
     *n = 0;
     *names = NULL;
     *values = NULL;
@@ -183,8 +202,7 @@ int dist_rank_stats(dist *d, double tokens, double step_s, double comm_s,
 
 int dist_compiled_with_mpi(void) { return 1; }
 
-static void mpi_message(int rc, const char *what, char *err, size_t errlen)
-{
+static void mpi_message(int rc, const char *what, char *err, size_t errlen) {
     char s[MPI_MAX_ERROR_STRING];
     int len = 0;
     if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "error %d", rc);
@@ -194,8 +212,7 @@ static void mpi_message(int rc, const char *what, char *err, size_t errlen)
 /* Bracket every MPI call of the training thread: refuse to start one when a
  * stop signal came, and never come back from one during which the watcher
  * took over (it is ending the run and will exit the process). */
-static int enter(dist *d, char *err, size_t errlen)
-{
+static int enter(dist *d, char *err, size_t errlen) {
     pthread_mutex_lock(&d->mu);
     int sig = d->stopping;
     if (!sig) d->busy = 1;
@@ -204,8 +221,7 @@ static int enter(dist *d, char *err, size_t errlen)
     return sig ? -1 : 0;
 }
 
-static void leave(dist *d)
-{
+static void leave(dist *d) {
     pthread_mutex_lock(&d->mu);
     d->busy = 0;
     int taken = d->taken;
@@ -224,16 +240,14 @@ static int stop_pipe[2] = {-1, -1};
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static dist *watch_d;
 
-static void on_stop_signal(int sig)
-{
+static void on_stop_signal(int sig) {
     int e = errno;
     unsigned char b = (unsigned char)sig;
     if (write(stop_pipe[1], &b, 1) < 0) {} /* full pipe: one is enough */
     errno = e;
 }
 
-static void *watcher_main(void *arg)
-{
+static void *watcher_main(void *arg) {
     (void)arg;
     unsigned char b = 0;
     ssize_t r;
@@ -242,7 +256,10 @@ static void *watcher_main(void *arg)
     int sig = b;
     pthread_mutex_lock(&watch_mu);
     dist *d = watch_d;
-    if (!d) { pthread_mutex_unlock(&watch_mu); return NULL; }
+    if (!d) {
+        pthread_mutex_unlock(&watch_mu);
+        return NULL;
+    }
     pthread_mutex_lock(&d->mu);
     d->stopping = sig;
     int take = d->busy;
@@ -254,16 +271,20 @@ static void *watcher_main(void *arg)
         pthread_mutex_unlock(&watch_mu);
         return NULL;
     }
-    fprintf(stderr, "sigmatrain: rank %d: signal %d while waiting for the other ranks: "
-                    "a rank died or the job is being stopped; ending the run as failed\n", d->rank, sig);
+    fprintf(stderr,
+            "sigmatrain: rank %d: signal %d while waiting for the other ranks: "
+            "a rank died or the job is being stopped; ending the run as failed\n",
+            d->rank, sig);
     if (fn) fn(ctx);
     _exit(128 + sig);
 }
 
-dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size_t errlen)
-{
+dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size_t errlen) {
     dist *d = calloc(1, sizeof *d);
-    if (!d) { snprintf(err, errlen, "dist: out of memory"); return NULL; }
+    if (!d) {
+        snprintf(err, errlen, "dist: out of memory");
+        return NULL;
+    }
     pthread_mutex_init(&d->mu, NULL);
     d->bucket = bucket_floats;
     /* When mpirun tears a job down it closes the pipes that carry the ranks'
@@ -272,14 +293,20 @@ dist *dist_create(int *argc, char ***argv, size_t bucket_floats, char *err, size
     signal(SIGPIPE, SIG_IGN);
     int provided = 0;
     int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-    if (rc != MPI_SUCCESS) { snprintf(err, errlen, "MPI_Init_thread failed (%d)", rc); goto err; }
+    if (rc != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Init_thread failed (%d)", rc);
+        goto err;
+    }
     d->mpi_inited = 1;
     /* errors come back as return codes (then the job is aborted by us) */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
     d->hashes = calloc((size_t)d->size, sizeof(uint64_t));
-    if (!d->hashes) { snprintf(err, errlen, "dist: out of memory"); goto err; }
+    if (!d->hashes) {
+        snprintf(err, errlen, "dist: out of memory");
+        goto err;
+    }
     if (d->size == 1) return d; /* a singleton keeps the default signal handling */
     if (pipe2(stop_pipe, O_CLOEXEC) != 0) {
         snprintf(err, errlen, "dist: pipe: %s", strerror(errno));
@@ -314,8 +341,7 @@ err:
     return NULL;
 }
 
-void dist_destroy(dist *d, int failed)
-{
+void dist_destroy(dist *d, int failed) {
     if (!d) return;
     if (d->watcher_started) {
         pthread_mutex_lock(&watch_mu);
@@ -324,9 +350,11 @@ void dist_destroy(dist *d, int failed)
     }
     if (d->mpi_inited) {
         if (d->split_wait && d->rank == 0 && d->comm_calls)
-            fprintf(stderr, "dist: split timing: waiting for the other ranks %.3f ms/step, all-reduce itself "
-                            "%.3f ms/step (%ld calls)\n", 1e3 * d->wait_seconds / d->comm_calls,
-                    1e3 * (d->comm_seconds - d->wait_seconds) / d->comm_calls, d->comm_calls);
+            fprintf(stderr,
+                    "dist: split timing: waiting for the other ranks %.3f ms/step, all-reduce itself "
+                    "%.3f ms/step (%ld calls)\n",
+                    1e3 * d->wait_seconds / d->comm_calls, 1e3 * (d->comm_seconds - d->wait_seconds) / d->comm_calls,
+                    d->comm_calls);
         if (failed && d->size > 1) {
             fflush(stdout);
             fflush(stderr);
@@ -342,23 +370,22 @@ void dist_destroy(dist *d, int failed)
     free(d);
 }
 
-void dist_on_failure(dist *d, void (*fn)(void *), void *ctx)
-{
+void dist_on_failure(dist *d, void (*fn)(void *), void *ctx) {
     pthread_mutex_lock(&d->mu);
     d->on_failure = fn;
     d->failure_ctx = ctx;
     pthread_mutex_unlock(&d->mu);
 }
 
-int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, size_t errlen)
-{
+int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, size_t errlen) {
     if (d->size == 1) return 0;
     double t0 = mono();
     if (weight != 1.0f)
         for (size_t i = 0; i < n; i++) g[i] *= weight;
     int fault = d->rank == d->fault_rank && d->comm_calls + 1 == d->fault_call;
     if (fault && !strcmp(d->fault_kind, "die")) {
-        fprintf(stderr, "sigmatrain: rank %d: SIGMATRAIN_DIST_FAULT: dying at all-reduce %ld\n", d->rank, d->fault_call);
+        fprintf(stderr, "sigmatrain: rank %d: SIGMATRAIN_DIST_FAULT: dying at all-reduce %ld\n", d->rank,
+                d->fault_call);
         _exit(7);
     }
     if (enter(d, err, errlen) != 0) return -1;
@@ -376,14 +403,17 @@ int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, s
         size_t nb = (n + d->bucket - 1) / d->bucket;
         if (nb > d->nreqs) {
             MPI_Request *r = realloc(d->reqs, nb * sizeof *r);
-            if (!r) { leave(d); snprintf(err, errlen, "dist: out of memory"); return -1; }
+            if (!r) {
+                leave(d);
+                snprintf(err, errlen, "dist: out of memory");
+                return -1;
+            }
             d->reqs = r;
             d->nreqs = nb;
         }
         for (size_t b = 0; b < nb && rc == MPI_SUCCESS; b++) {
             size_t lo = b * d->bucket, len = n - lo < d->bucket ? n - lo : d->bucket;
-            rc = MPI_Iallreduce(MPI_IN_PLACE, g + lo, (int)len, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
-                                &d->reqs[b]);
+            rc = MPI_Iallreduce(MPI_IN_PLACE, g + lo, (int)len, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &d->reqs[b]);
             if (rc != MPI_SUCCESS) nb = b;
         }
         int rc2 = MPI_Waitall((int)nb, d->reqs, MPI_STATUSES_IGNORE);
@@ -393,41 +423,49 @@ int dist_allreduce_grads(dist *d, float *g, size_t n, float weight, char *err, s
     if (fault && !strcmp(d->fault_kind, "skew") && n > 0) g[0] += 1e-3f;
     d->comm_seconds += mono() - t0;
     d->comm_calls++;
-    if (rc != MPI_SUCCESS) { mpi_message(rc, "gradient all-reduce", err, errlen); return -1; }
+    if (rc != MPI_SUCCESS) {
+        mpi_message(rc, "gradient all-reduce", err, errlen);
+        return -1;
+    }
     return 0;
 }
 
-int dist_sum(dist *d, double *v, int n, double weight, char *err, size_t errlen)
-{
+int dist_sum(dist *d, double *v, int n, double weight, char *err, size_t errlen) {
     if (d->size == 1) return 0;
     for (int i = 0; i < n; i++) v[i] *= weight;
     if (enter(d, err, errlen) != 0) return -1;
     int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     leave(d);
-    if (rc != MPI_SUCCESS) { mpi_message(rc, "all-reduce", err, errlen); return -1; }
+    if (rc != MPI_SUCCESS) {
+        mpi_message(rc, "all-reduce", err, errlen);
+        return -1;
+    }
     return 0;
 }
 
-int dist_bcast_longs(dist *d, long *v, int n, char *err, size_t errlen)
-{
+int dist_bcast_longs(dist *d, long *v, int n, char *err, size_t errlen) {
     if (d->size == 1) return 0;
     if (enter(d, err, errlen) != 0) return -1;
     int rc = MPI_Bcast(v, n, MPI_LONG, 0, MPI_COMM_WORLD);
     leave(d);
-    if (rc != MPI_SUCCESS) { mpi_message(rc, "broadcast", err, errlen); return -1; }
+    if (rc != MPI_SUCCESS) {
+        mpi_message(rc, "broadcast", err, errlen);
+        return -1;
+    }
     return 0;
 }
 
-int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int nbuf,
-                    char *err, size_t errlen)
-{
+int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int nbuf, char *err, size_t errlen) {
     if (d->size == 1) return 0;
     uint64_t h = 0xCBF29CE484222325ull;
     for (int i = 0; i < nbuf; i++) h = dist_hash(bufs[i], bytes[i], h);
     if (enter(d, err, errlen) != 0) return -1;
     int rc = MPI_Allgather(&h, 1, MPI_UINT64_T, d->hashes, 1, MPI_UINT64_T, MPI_COMM_WORLD);
     leave(d);
-    if (rc != MPI_SUCCESS) { mpi_message(rc, "checksum all-gather", err, errlen); return -1; }
+    if (rc != MPI_SUCCESS) {
+        mpi_message(rc, "checksum all-gather", err, errlen);
+        return -1;
+    }
     size_t off = 0;
     int bad = 0;
     for (int r = 1; r < d->size; r++) {
@@ -438,27 +476,26 @@ int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int n
                                     (unsigned long long)d->hashes[0]);
         bad = 1;
         if (off < errlen)
-            off += (size_t)snprintf(err + off, errlen - off, " rank %d %016llx", r,
-                                    (unsigned long long)d->hashes[r]);
+            off += (size_t)snprintf(err + off, errlen - off, " rank %d %016llx", r, (unsigned long long)d->hashes[r]);
     }
     return bad;
 }
 
-int dist_rank_stats(dist *d, double tokens, double step_s, double comm_s,
-                    int *n, const char *const **names, const float **values,
-                    char *err, size_t errlen)
-{
+int dist_rank_stats(dist *d, double tokens, double step_s, double comm_s, int *n, const char *const **names,
+                    const float **values, char *err, size_t errlen) {
     *n = 0;
     *names = NULL;
     *values = NULL;
     if (d->size == 1) return 0;
     if (d->rank == 0 && !d->names && alloc_stats(d, err, errlen) != 0) return -1;
-    float mine[3] = {step_s > 0 ? (float)(tokens / step_s) : 0.0f, (float)(step_s * 1e3),
-                     (float)(comm_s * 1e3)};
+    float mine[3] = {step_s > 0 ? (float)(tokens / step_s) : 0.0f, (float)(step_s * 1e3), (float)(comm_s * 1e3)};
     if (enter(d, err, errlen) != 0) return -1;
     int rc = MPI_Gather(mine, 3, MPI_FLOAT, d->gathered, 3, MPI_FLOAT, 0, MPI_COMM_WORLD);
     leave(d);
-    if (rc != MPI_SUCCESS) { mpi_message(rc, "rank stats gather", err, errlen); return -1; }
+    if (rc != MPI_SUCCESS) {
+        mpi_message(rc, "rank stats gather", err, errlen);
+        return -1;
+    }
     if (d->rank != 0) return 0;
     memcpy(d->values, d->gathered, sizeof(float) * (size_t)d->nstats);
     *n = d->nstats;

@@ -80,8 +80,7 @@ int dist_bcast_longs(dist *d, long *v, int n, char *err, size_t errlen);
 /* Hash of buffers (bytes), compared across ranks.  Returns 0 when every
  * rank has the same hash, 1 on a mismatch (err names the ranks that differ
  * from rank 0 and both hashes), -1 on an MPI error. */
-int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int nbuf,
-                    char *err, size_t errlen);
+int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int nbuf, char *err, size_t errlen);
 
 /* Per-rank step figures, gathered to rank 0: tokens_per_s = tokens /
  * step_s, step_ms, comm_ms (time in the gradient all-reduce during the
@@ -89,9 +88,8 @@ int dist_check_same(dist *d, const void *const *bufs, const size_t *bytes, int n
  * *values (owned by d, valid until the next call) receive 3 x size
  * scalars "rank{R}_tokens_per_s", "rank{R}_step_ms", "rank{R}_comm_ms";
  * on other ranks *n is 0.  Size 1: nothing gathered, *n = 0.  0 / -1. */
-int dist_rank_stats(dist *d, double tokens, double step_s, double comm_s,
-                    int *n, const char *const **names, const float **values,
-                    char *err, size_t errlen);
+int dist_rank_stats(dist *d, double tokens, double step_s, double comm_s, int *n, const char *const **names,
+                    const float **values, char *err, size_t errlen);
 
 /* Seconds spent inside dist_allreduce_grads since dist_create, and the
  * number of such calls. */

@@ -27,16 +27,21 @@
  * the rounding sum itself, not by a float -> int conversion (undefined for a
  * NaN, so it needed one), in unsigned arithmetic, so a NaN's garbage
  * exponent is defined behaviour; the NaN itself is carried by p. */
-static inline float kernel_fast_expf(float x)
-{
+static inline float kernel_fast_expf(float x) {
     /* clamp to [-87, 88] by bit masks: GCC does not if-convert the two
      * float selects (trapping math), and a NaN compares false and stays */
-    union { float f; uint32_t u; } xb = {x}, lo = {-87.0f}, hi = {88.0f};
+    union {
+        float f;
+        uint32_t u;
+    } xb = {x}, lo = {-87.0f}, hi = {88.0f};
     uint32_t ml = -(uint32_t)(x < -87.0f), mh = -(uint32_t)(x > 88.0f);
     xb.u = (xb.u & ~ml) | (lo.u & ml);
     xb.u = (xb.u & ~mh) | (hi.u & mh);
     x = xb.f;
-    union { float f; uint32_t u; } t = {x * 1.44269504088896341f + 12582912.0f}, e;
+    union {
+        float f;
+        uint32_t u;
+    } t = {x * 1.44269504088896341f + 12582912.0f}, e;
     float r = t.f - 12582912.0f; /* round(x / ln 2), in [-126, 127] */
     float f = x - r * 0.693359375f - r * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -51,24 +56,20 @@ static inline float kernel_fast_expf(float x)
     return p * e.f;
 }
 
-static inline float kernel_fast_tanhf(float x)
-{
-    return 1.0f - 2.0f / (kernel_fast_expf(2.0f * x) + 1.0f);
-}
+static inline float kernel_fast_tanhf(float x) { return 1.0f - 2.0f / (kernel_fast_expf(2.0f * x) + 1.0f); }
 
 /* out (B, T, C) = wte[inp] + wpe[t]. */
 void kernel_encoder_forward(float *restrict out, const int *restrict inp, const float *restrict wte,
                             const float *restrict wpe, int B, int T, int C);
 
 /* Adds into dwte, dwpe. */
-void kernel_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T,
-                             int C);
+void kernel_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C);
 
 /* out (N, C) = layernorm(inp) * w + bias; saves mean and rstd (N) for the
  * backward. */
 void kernel_layernorm_forward(float *restrict out, float *restrict mean, float *restrict rstd,
-                              const float *restrict inp, const float *restrict w, const float *restrict bias,
-                              int N, int C);
+                              const float *restrict inp, const float *restrict w, const float *restrict bias, int N,
+                              int C);
 
 /* Adds into dinp, dw, dbias. */
 void kernel_layernorm_backward(float *restrict dinp, float *restrict dw, float *restrict dbias,
@@ -78,23 +79,22 @@ void kernel_layernorm_backward(float *restrict dinp, float *restrict dw, float *
 /* out (N, OC) = alpha inp (N, C) @ w^T + bias (may be NULL) + residual (may
  * be NULL, same shape as out: the residual add is fused into the bias pass).
  * alpha is σReparam's gamma / sigma (1 without it): W_hat is never formed. */
-void kernel_matmul_forward(float *restrict out, const float *restrict inp, const float *restrict w,
-                           float alpha, const float *restrict bias, const float *restrict residual, int N,
-                           int C, int OC);
+void kernel_matmul_forward(float *restrict out, const float *restrict inp, const float *restrict w, float alpha,
+                           const float *restrict bias, const float *restrict residual, int N, int C, int OC);
 
 /* Backward of matmul_forward with the same alpha: dinp (if not NULL) is
  * OVERWRITTEN with alpha dout @ w; dw = dw_beta dw + alpha dout^T inp; adds
  * into dbias (may be NULL). */
-void kernel_matmul_backward(float *restrict dinp, float *restrict dw, float *restrict dbias,
-                            const float *restrict dout, const float *restrict inp, const float *restrict w,
-                            float alpha, int N, int C, int OC, float dw_beta);
+void kernel_matmul_backward(float *restrict dinp, float *restrict dw, float *restrict dbias, const float *restrict dout,
+                            const float *restrict inp, const float *restrict w, float alpha, int N, int C, int OC,
+                            float dw_beta);
 
 /* qkv (B, T, 3C) -> att (B, NH, T, T), out (B, T, C). */
 void kernel_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 
 /* OVERWRITES dqkv (B, T, 3C); datt is (T, T) scratch. */
-void kernel_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                               int B, int T, int C, int NH);
+void kernel_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att, int B,
+                               int T, int C, int NH);
 
 /* out = gelu(x + bias) for x (N, OC); x is then OVERWRITTEN with
  * gelu'(x + bias), which is all the backward needs (the pre-activation itself

@@ -40,11 +40,11 @@
 #define EXIT_ALERT_ABORTED 5
 
 typedef struct {
-    ckpt_meta run;            /* everything that defines the run (saved in checkpoints) */
+    ckpt_meta run; /* everything that defines the run (saved in checkpoints) */
     const char *data_path, *save_path, *resume_path;
     int save_every, eval_every, eval_batches, print_every, threads;
     int continue_on_nan;
-    int sgemm_peak;           /* --sgemm-peak: measure and exit (for the benchmark) */
+    int sgemm_peak; /* --sgemm-peak: measure and exit (for the benchmark) */
     /* telemetry (none without --daemon) */
     const char *daemon, *run_name, *spool_dir, *token;
     int log_every, probe_examples, queue_slots, spool_max_mb, upload_spool, telemetry_ab, end_grace;
@@ -101,7 +101,8 @@ static const flag FLAGS[] = {
     STR("--data", O(data_path), "FILE", "train a byte-level model (vocab 256) on FILE; default: synthetic corpus"),
     BOOL("--continue-on-nan", O(continue_on_nan), "report a NaN/Inf step, skip its update and go on (default: exit 3)"),
     SECTION("output:"),
-    INT("--eval-every", O(eval_every), 0, BIG, 0, "N", "validation loss every N steps, 0 = only at the end (default 100)"),
+    INT("--eval-every", O(eval_every), 0, BIG, 0, "N",
+        "validation loss every N steps, 0 = only at the end (default 100)"),
     INT("--eval-batches", O(eval_batches), 1, 1 << 20, 0, "N", "validation batches per eval (default 8)"),
     INT("--print-every", O(print_every), 1, BIG, 0, "N", "progress line every N steps (default 10)"),
     STR("--save", O(save_path), "PATH",
@@ -120,9 +121,11 @@ static const flag FLAGS[] = {
         "on-disk spool (write-ahead log) for unacknowledged messages;\n"
         "default: a private temporary one, removed at exit"),
     INT("--log-every", O(log_every), 1, BIG, 0, "K", "probe and send every K steps (default 1)"),
-    INT("--probe-examples", O(probe_examples), 0, 1 << 20, 0, "N", "examples of the batch the probe reads (default 4, 0 = all)"),
+    INT("--probe-examples", O(probe_examples), 0, 1 << 20, 0, "N",
+        "examples of the batch the probe reads (default 4, 0 = all)"),
     INT("--telemetry-queue", O(queue_slots), 16, 1 << 20, 0, "N", "in-memory queue bound, messages (default 256)"),
-    INT("--spool-max-mb", O(spool_max_mb), 1, 1 << 20, 0, "N", "spool bound in MiB (default 256); beyond it, counted drops"),
+    INT("--spool-max-mb", O(spool_max_mb), 1, 1 << 20, 0, "N",
+        "spool bound in MiB (default 256); beyond it, counted drops"),
     STR("--token", O(token), "T", "daemon token (TCP)"),
     BOOL("--upload-spool", O(upload_spool),
          "send what --spool DIR holds for --run NAME (with the run's\n"
@@ -151,26 +154,30 @@ static const flag FLAGS[] = {
     INT("--dist-check-every", O(dist_check_every), 0, BIG, 0, "K",
         "compare a hash of parameters, power-iteration vectors and\n"
         "optimizer moments across ranks every K steps, 0 = never (default 100)"),
-    INT("--dist-bucket-kb", O(dist_bucket_kb), 0, 1 << 20, 0, "N", "gradient all-reduce bucket size, 0 = one call (default 0)"),
+    INT("--dist-bucket-kb", O(dist_bucket_kb), 0, 1 << 20, 0, "N",
+        "gradient all-reduce bucket size, 0 = one call (default 0)"),
     FLAG_VERSION_ROW("print the version and exit"),
     FLAG_HELP_ROW("this text (also -h)"),
 };
 #define NFLAGS FLAG_COUNT(FLAGS)
 static const flag_table TABLE = {"sigmatrain", FLAGS, NFLAGS};
 
-static void usage(FILE *f)
-{
+static void usage(FILE *f) {
     fprintf(f, "usage: sigmatrain [flags]\n"
                "Trains a GPT-style transformer (fp32, OpenBLAS) with or without sigmaReparam.\n");
     flags_usage(&TABLE, f);
 }
 
-static void set_defaults(options *o)
-{
+static void set_defaults(options *o) {
     ckpt_meta *r = &o->run;
     memset(o, 0, sizeof *o);
-    r->cfg = (model_config){.vocab = DATA_SYNTH_VOCAB, .max_seq = 128, .layers = 4, .heads = 4,
-                            .dim = 128, .norm = MODEL_NORM_PRE, .reparam = MODEL_REPARAM_SIGMA,
+    r->cfg = (model_config){.vocab = DATA_SYNTH_VOCAB,
+                            .max_seq = 128,
+                            .layers = 4,
+                            .heads = 4,
+                            .dim = 128,
+                            .norm = MODEL_NORM_PRE,
+                            .reparam = MODEL_REPARAM_SIGMA,
                             .gamma_init = MODEL_GAMMA_SIGMA};
     r->optimizer = OPTIM_ADAMW;
     r->schedule = OPTIM_SCHEDULE_COSINE;
@@ -198,14 +205,12 @@ static void set_defaults(options *o)
 }
 
 /* Combinations of flags that make no sense.  Returns 0 or -1 (printed). */
-static int check_args(options *o)
-{
+static int check_args(options *o) {
     ckpt_meta *r = &o->run;
     char bad[160] = "";
     if (r->cfg.dim % r->cfg.heads)
         snprintf(bad, sizeof bad, "--dim %d is not divisible by --heads %d", r->cfg.dim, r->cfg.heads);
-    else if (o->save_every && !o->save_path)
-        snprintf(bad, sizeof bad, "--save-every needs --save PATH");
+    else if (o->save_every && !o->save_path) snprintf(bad, sizeof bad, "--save-every needs --save PATH");
     else if (!o->daemon && (o->run_name || o->spool_dir || o->token || o->upload_spool || o->telemetry_ab))
         snprintf(bad, sizeof bad, "--run, --spool, --token, --upload-spool and --telemetry-ab need --daemon ADDR");
     else if (o->on_alert != RESPOND_ACT_WARN && !o->daemon)
@@ -223,8 +228,7 @@ static int check_args(options *o)
 
 /* Fills o from argv through FLAGS; given[i] is set when FLAGS[i] was given.
  * Returns 0 to run, 1 after --help or --version, -1 on a bad flag. */
-static int parse_args(int argc, char **argv, options *o, char given[NFLAGS])
-{
+static int parse_args(int argc, char **argv, options *o, char given[NFLAGS]) {
     set_defaults(o);
     switch (flags_parse(&TABLE, argc, argv, o, given)) {
     case FLAGS_HELP: usage(stdout); return 1;
@@ -237,8 +241,7 @@ static int parse_args(int argc, char **argv, options *o, char given[NFLAGS])
 /* --resume: the run's definition comes from the checkpoint's header; flags
  * that would change it are ignored with a warning, --steps extends the run.
  * Returns 0 or -1 (printed). */
-static int resume_definition(options *o, const char given[NFLAGS])
-{
+static int resume_definition(options *o, const char given[NFLAGS]) {
     char err[512];
     int steps = o->run.steps, steps_given = given[flags_find(&TABLE, "--steps") - FLAGS];
     if (ckpt_read_meta(o->resume_path, &o->run, err, sizeof err) != 0) {
@@ -273,24 +276,23 @@ typedef struct {
     double sumsq[256];
 } update_task;
 
-static void update_slice(void *ctx, int t, int nt)
-{
+static void update_slice(void *ctx, int t, int nt) {
     update_task *u = ctx;
     size_t n = u->m->num_params, lo = n * t / nt, hi = n * (t + 1) / nt;
     if (u->phase == 0) u->sumsq[t] = optim_sumsq(u->m->grads_memory, lo, hi);
-    else optim_update(u->opt, u->m->params_memory, u->m->grads_memory, u->scale, u->groups,
-                      MODEL_NUM_PARAMS, u->lr, lo, hi);
+    else
+        optim_update(u->opt, u->m->params_memory, u->m->grads_memory, u->scale, u->groups, MODEL_NUM_PARAMS, u->lr, lo,
+                     hi);
 }
 
-static void build_groups(const model *m, optim_group *g)
-{
+static void build_groups(const model *m, optim_group *g) {
     size_t off = 0;
     for (int i = 0; i < MODEL_NUM_PARAMS; i++) {
         g[i].offset = off;
         g[i].n = m->param_sizes[i];
         off += g[i].n;
-        g[i].decay = i == MODEL_WTE || i == MODEL_WPE || i == MODEL_QKVW || i == MODEL_ATTPROJW ||
-                     i == MODEL_FCW || i == MODEL_FCPROJW || i == MODEL_LMW;
+        g[i].decay = i == MODEL_WTE || i == MODEL_WPE || i == MODEL_QKVW || i == MODEL_ATTPROJW || i == MODEL_FCW ||
+                     i == MODEL_FCPROJW || i == MODEL_LMW;
         g[i].frozen = i == MODEL_GAMMA && m->cfg.reparam != MODEL_REPARAM_SIGMA;
     }
 }
@@ -298,19 +300,19 @@ static void build_groups(const model *m, optim_group *g)
 /* Everything one process's training run holds. */
 typedef struct {
     options *o;
-    ckpt_meta *r;             /* &o->run: the run's definition and progress */
+    ckpt_meta *r; /* &o->run: the run's definition and progress */
     dist *dd;
     data *d;
     model *m;
     optim *opt;
-    monitor *mon;             /* rank 0 with --daemon, else NULL */
+    monitor *mon; /* rank 0 with --daemon, else NULL */
     respond *rs;
-    int *in, *tg;             /* (B, T) the global batch */
-    int B, T, b0, nb;         /* this rank runs rows [b0, b0 + nb) */
+    int *in, *tg;     /* (B, T) the global batch */
+    int B, T, b0, nb; /* this rank runs rows [b0, b0 + nb) */
     optim_group groups[MODEL_NUM_PARAMS];
     update_task upd;
-    double flops;             /* useful matmul FLOPs of one step */
-    float loss, lr, gnorm;    /* of the last step */
+    double flops;                  /* useful matmul FLOPs of one step */
+    float loss, lr, gnorm;         /* of the last step */
     double step_start, comm_start; /* of the last step: clock and dist_comm_seconds */
     /* progress: t0 and tlast move forward by the time of evals and saves */
     double t0, tlast, loss_acc, reparam_eval;
@@ -324,8 +326,7 @@ static double now_s(void) { return now_mono_ms() / 1e3; }
 
 /* The training data (--data FILE or the synthetic corpus), checked against
  * the checkpoint's when resuming.  Returns 0 or -1 (printed). */
-static int open_data(trainer *tr)
-{
+static int open_data(trainer *tr) {
     ckpt_meta *r = tr->r;
     const char *path = tr->o->data_path;
     tr->d = path ? data_file(path, tr->err, sizeof tr->err) : data_synthetic(r->seed, SYNTH_TOKENS);
@@ -336,9 +337,11 @@ static int open_data(trainer *tr)
     r->data_kind = path != NULL;
     r->cfg.vocab = tr->d->vocab;
     if (tr->o->resume_path && (tr->d->hash != r->data_hash || tr->d->n != r->data_tokens)) {
-        fprintf(stderr, "sigmatrain: resume: the data differs from the checkpoint's (%zu tokens, hash %016llx vs %llu, %016llx)\n",
-                tr->d->n, (unsigned long long)tr->d->hash, (unsigned long long)r->data_tokens,
-                (unsigned long long)r->data_hash);
+        fprintf(
+            stderr,
+            "sigmatrain: resume: the data differs from the checkpoint's (%zu tokens, hash %016llx vs %llu, %016llx)\n",
+            tr->d->n, (unsigned long long)tr->d->hash, (unsigned long long)r->data_tokens,
+            (unsigned long long)r->data_hash);
         return -1;
     }
     r->data_tokens = tr->d->n;
@@ -353,8 +356,7 @@ static int open_data(trainer *tr)
 
 /* This rank's model shard and the optimizer, initialized or restored from
  * --resume.  Returns 0 or -1 (printed). */
-static int build_model(trainer *tr)
-{
+static int build_model(trainer *tr) {
     ckpt_meta *r = tr->r;
     tr->B = r->batch;
     tr->T = r->seq_len;
@@ -364,11 +366,13 @@ static int build_model(trainer *tr)
     }
     dist_shard(tr->dd, tr->B, &tr->b0, &tr->nb);
     tr->m = model_create(&r->cfg, tr->nb, tr->T, tr->o->threads);
-    tr->opt = tr->m ? optim_create(r->optimizer, tr->m->num_params, r->beta1, r->beta2, r->eps,
-                                   r->weight_decay) : NULL;
+    tr->opt = tr->m ? optim_create(r->optimizer, tr->m->num_params, r->beta1, r->beta2, r->eps, r->weight_decay) : NULL;
     tr->in = malloc(sizeof(int) * tr->B * tr->T);
     tr->tg = malloc(sizeof(int) * tr->B * tr->T);
-    if (!tr->m || !tr->opt || !tr->in || !tr->tg) { fprintf(stderr, "sigmatrain: out of memory\n"); return -1; }
+    if (!tr->m || !tr->opt || !tr->in || !tr->tg) {
+        fprintf(stderr, "sigmatrain: out of memory\n");
+        return -1;
+    }
     if (tr->o->resume_path) {
         int steps = r->steps; /* possibly extended by --steps */
         if (ckpt_load(tr->o->resume_path, r, tr->m, tr->opt, tr->err, sizeof tr->err) != 0) {
@@ -390,45 +394,47 @@ static int build_model(trainer *tr)
     return 0;
 }
 
-static void print_header(const trainer *tr)
-{
+static void print_header(const trainer *tr) {
     const ckpt_meta *r = tr->r;
     const options *o = tr->o;
     int n = dist_size(tr->dd);
     printf("sigmatrain: L=%d H=%d C=%d T=%d B=%d vocab=%d params=%zu | reparam=%s gamma-init=%s norm=%s | "
            "%s lr=%g warmup=%d schedule=%s wd=%g clip=%g | steps=%d seed=%llu threads=%d blas=%s | data=%s%s\n",
            r->cfg.layers, r->cfg.heads, r->cfg.dim, tr->T, tr->B, r->cfg.vocab, tr->m->num_params,
-           ckpt_reparam_names[r->cfg.reparam], ckpt_gamma_names[r->cfg.gamma_init],
-           ckpt_norm_names[r->cfg.norm], ckpt_optim_names[r->optimizer], r->lr, r->warmup,
-           ckpt_schedule_names[r->schedule], r->weight_decay, r->clip, r->steps,
-           (unsigned long long)r->seed, o->threads, blas_core_name(),
+           ckpt_reparam_names[r->cfg.reparam], ckpt_gamma_names[r->cfg.gamma_init], ckpt_norm_names[r->cfg.norm],
+           ckpt_optim_names[r->optimizer], r->lr, r->warmup, ckpt_schedule_names[r->schedule], r->weight_decay, r->clip,
+           r->steps, (unsigned long long)r->seed, o->threads, blas_core_name(),
            o->data_path ? o->data_path : "synthetic", o->resume_path ? " (resumed)" : "");
     if (o->resume_path) printf("resumed from %s at step %lld\n", o->resume_path, (long long)r->step);
     if (n > 1)
         printf("dist: %d ranks (MPI), %d-%d rows of each batch of %d per rank, all-reduce bucket %s, "
-               "checksum every %d steps\n", n, tr->B / n, (tr->B + n - 1) / n, tr->B,
-               o->dist_bucket_kb ? "set" : "whole buffer", o->dist_check_every);
+               "checksum every %d steps\n",
+               n, tr->B / n, (tr->B + n - 1) / n, tr->B, o->dist_bucket_kb ? "set" : "whole buffer",
+               o->dist_check_every);
 }
 
 /* dist_on_failure's callback (the watcher thread, while the training
  * thread is blocked in a collective): end the run as failed. */
-static void end_run_failed(void *mon)
-{
-    monitor_destroy(mon, "failed");
-}
+static void end_run_failed(void *mon) { monitor_destroy(mon, "failed"); }
 
 /* --daemon on rank 0 (one run: rank 0 streams).  Returns 0 or -1 (printed). */
-static int start_telemetry(trainer *tr)
-{
+static int start_telemetry(trainer *tr) {
     const options *o = tr->o;
     int ranks = dist_size(tr->dd);
     ckpt_run_facts facts = {.trainer_version = PROJECT_VERSION " (built " __DATE__ " " __TIME__ ")",
-                            .data_path = o->data_path, .resumed_from = o->resume_path,
-                            .params = tr->m->num_params, .threads = o->threads,
-                            .log_every = o->log_every, .probe_examples = o->probe_examples};
+                            .data_path = o->data_path,
+                            .resumed_from = o->resume_path,
+                            .params = tr->m->num_params,
+                            .threads = o->threads,
+                            .log_every = o->log_every,
+                            .probe_examples = o->probe_examples};
     char *meta = ckpt_meta_json(tr->r, &facts);
-    monitor_config mc = {.address = o->daemon, .run = o->run_name, .spool_dir = o->spool_dir,
-                         .token = o->token, .meta_json = meta, .log_every = o->log_every,
+    monitor_config mc = {.address = o->daemon,
+                         .run = o->run_name,
+                         .spool_dir = o->spool_dir,
+                         .token = o->token,
+                         .meta_json = meta,
+                         .log_every = o->log_every,
                          .end_grace_ms = o->end_grace ? o->end_grace * 1000 : -1,
                          .queue_slots = (size_t)o->queue_slots,
                          .spool_max_bytes = (size_t)o->spool_max_mb << 20,
@@ -444,9 +450,9 @@ static int start_telemetry(trainer *tr)
         return -1;
     }
     dist_on_failure(tr->dd, end_run_failed, tr->mon); /* a peer died while we waited on it */
-    printf("telemetry: run %s -> %s (spool %s, log every %d, probe on %d examples)\n",
-           monitor_run_name(tr->mon), o->daemon, o->spool_dir ? o->spool_dir : "private, temporary",
-           o->log_every, o->probe_examples && o->probe_examples < tr->B ? o->probe_examples : tr->B);
+    printf("telemetry: run %s -> %s (spool %s, log every %d, probe on %d examples)\n", monitor_run_name(tr->mon),
+           o->daemon, o->spool_dir ? o->spool_dir : "private, temporary", o->log_every,
+           o->probe_examples && o->probe_examples < tr->B ? o->probe_examples : tr->B);
     return 0;
 }
 
@@ -454,8 +460,7 @@ static int start_telemetry(trainer *tr)
  * all-reduce -> clip -> update.  A NaN/Inf loss or gradient norm skips the
  * update: STEP_SKIPPED with --continue-on-nan, else STEP_DIVERGED (both
  * printed); STEP_DIST_FAILED leaves the message in tr->err. */
-static step_status train_step(trainer *tr)
-{
+static step_status train_step(trainer *tr) {
     ckpt_meta *r = tr->r;
     model *m = tr->m;
     long step = (long)r->step;
@@ -473,8 +478,7 @@ static step_status train_step(trainer *tr)
     if (!bad) {
         model_zero_grad(m);
         model_backward(m);
-        if (dist_allreduce_grads(tr->dd, m->grads_memory, m->num_params, (float)nb / B, tr->err,
-                                 sizeof tr->err) != 0)
+        if (dist_allreduce_grads(tr->dd, m->grads_memory, m->num_params, (float)nb / B, tr->err, sizeof tr->err) != 0)
             return STEP_DIST_FAILED;
         tr->upd.phase = 0;
         model_parallel(m, update_slice, &tr->upd);
@@ -495,8 +499,8 @@ static step_status train_step(trainer *tr)
     if (!bad) return STEP_OK;
     r->nan_steps++;
     int loss_bad = !isfinite(tr->loss);
-    fprintf(stderr, "sigmatrain: step %ld: %s is %s (diverged)%s\n", step + 1,
-            loss_bad ? "loss" : "gradient norm", isnan(loss_bad ? tr->loss : tr->gnorm) ? "NaN" : "Inf",
+    fprintf(stderr, "sigmatrain: step %ld: %s is %s (diverged)%s\n", step + 1, loss_bad ? "loss" : "gradient norm",
+            isnan(loss_bad ? tr->loss : tr->gnorm) ? "NaN" : "Inf",
             tr->o->continue_on_nan ? "; skipping the update (--continue-on-nan)" : "");
     return tr->o->continue_on_nan ? STEP_SKIPPED : STEP_DIVERGED;
 }
@@ -504,8 +508,7 @@ static step_status train_step(trainer *tr)
 /* MPI: every --dist-check-every steps, are the ranks still identical?  And
  * with --daemon, this step's per-rank figures for the monitor.  Returns 0,
  * EXIT_RANKS_DIFFER (printed), or 1 with the message in tr->err. */
-static int check_ranks(trainer *tr)
-{
+static int check_ranks(trainer *tr) {
     const options *o = tr->o;
     ckpt_meta *r = tr->r;
     if (o->dist_check_every && r->step % o->dist_check_every == 0) {
@@ -532,19 +535,20 @@ static int check_ranks(trainer *tr)
     return 0;
 }
 
-static void fmt_eta(char *buf, size_t n, double secs)
-{
+static void fmt_eta(char *buf, size_t n, double secs) {
     long s = secs > 0 && secs < 1e9 ? (long)secs : 0;
     snprintf(buf, n, "%02ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
 }
 
 /* Counts the step and prints the progress line every --print-every steps. */
-static void progress(trainer *tr)
-{
+static void progress(trainer *tr) {
     const ckpt_meta *r = tr->r;
     tr->done_here++;
     tr->window++;
-    if (isfinite(tr->loss)) { tr->loss_acc += tr->loss; tr->finite_in_window++; }
+    if (isfinite(tr->loss)) {
+        tr->loss_acc += tr->loss;
+        tr->finite_in_window++;
+    }
     if (r->step % tr->o->print_every != 0 && r->step != r->steps) return;
     double t = now_s();
     double tps = (double)tr->window * tr->B * tr->T / (t - tr->tlast);
@@ -560,8 +564,7 @@ static void progress(trainer *tr)
 
 /* Each rank runs its rows of every validation batch; the mean is summed
  * across ranks (NaN if that fails: the next step's collective reports it). */
-static float evaluate(trainer *tr)
-{
+static float evaluate(trainer *tr) {
     double s = 0.0;
     char err[256];
     for (int k = 0; k < tr->o->eval_batches; k++) {
@@ -573,8 +576,7 @@ static float evaluate(trainer *tr)
 }
 
 /* A validation loss, printed and sent; its time is kept out of tokens/s. */
-static float eval_now(trainer *tr)
-{
+static float eval_now(trainer *tr) {
     double te = now_s(), re = tr->m->reparam_seconds;
     float val = evaluate(tr);
     tr->reparam_eval += tr->m->reparam_seconds - re;
@@ -587,8 +589,7 @@ static float eval_now(trainer *tr)
 
 /* A checkpoint at --save PATH (rank 0: the ranks are identical, checked).
  * Returns 0 or -1 (printed). */
-static int save_now(trainer *tr, int announce)
-{
+static int save_now(trainer *tr, int announce) {
     char path[4096];
     if (dist_rank(tr->dd) != 0) return 0;
     ckpt_path(path, sizeof path, tr->o->save_path, (long)tr->r->step);
@@ -603,13 +604,15 @@ static int save_now(trainer *tr, int announce)
 /* Everything after a completed step: rank checks, telemetry, progress,
  * eval, save, the answer to alerts.  Returns -1 to go on, else the exit
  * status (1 with a message in tr->err after a failed collective: *dist_err). */
-static int after_step(trainer *tr, int *dist_err)
-{
+static int after_step(trainer *tr, int *dist_err) {
     const options *o = tr->o;
     ckpt_meta *r = tr->r;
     int last = r->step == r->steps, eval_due = o->eval_every && r->step % o->eval_every == 0;
     int rc = check_ranks(tr);
-    if (rc) { *dist_err = rc == 1; return rc; }
+    if (rc) {
+        *dist_err = rc == 1;
+        return rc;
+    }
     monitor_step(tr->mon, (long)r->step, tr->loss, tr->lr, tr->gnorm, eval_due || last);
     progress(tr);
     if (eval_due && !last) eval_now(tr);
@@ -635,8 +638,7 @@ static int after_step(trainer *tr, int *dist_err)
 
 /* The end of training: the last eval, the checkpoint, the summary.
  * Returns the exit status. */
-static int finish(trainer *tr)
-{
+static int finish(trainer *tr) {
     const ckpt_meta *r = tr->r;
     double elapsed = now_s() - tr->t0;
     double reparam_train = tr->m->reparam_seconds - tr->reparam_eval;
@@ -651,17 +653,15 @@ static int finish(trainer *tr)
     if (dist_size(dd) > 1)
         printf("dist: gradient all-reduce %.2f ms/step, %.1f%% of training time (%ld calls, %zu floats each)\n",
                dist_comm_calls(dd) ? 1e3 * dist_comm_seconds(dd) / dist_comm_calls(dd) : 0.0,
-               elapsed > 0 ? 100.0 * dist_comm_seconds(dd) / elapsed : 0.0, dist_comm_calls(dd),
-               tr->m->num_params);
+               elapsed > 0 ? 100.0 * dist_comm_seconds(dd) / elapsed : 0.0, dist_comm_calls(dd), tr->m->num_params);
     return isfinite(val) ? 0 : EXIT_DIVERGED;
 }
 
-static int print_sgemm_peak(int threads)
-{
+static int print_sgemm_peak(int threads) {
     double multi, conc, peak = blas_sgemm_peak(threads, &multi, &conc);
     printf("sgemm_peak_gflops %.1f threads %d core %s (one call on %d OpenBLAS threads %.1f, "
-           "%d concurrent single-threaded calls %.1f)\n", peak, threads, blas_core_name(), threads,
-           multi, threads, conc);
+           "%d concurrent single-threaded calls %.1f)\n",
+           peak, threads, blas_core_name(), threads, multi, threads, conc);
     return peak > 0 ? 0 : 1;
 }
 
@@ -670,20 +670,19 @@ static int print_sgemm_peak(int threads)
  * spooled before hello.json existed is uploaded with the shape flags.
  * Exit status (docs/metrics.md): 0 everything delivered, 6 every intact
  * record delivered but some were damaged (named), 1 something left. */
-static int upload_spool(const options *o)
-{
+static int upload_spool(const options *o) {
     char err[512], hp[4096];
     snprintf(hp, sizeof hp, "%s/%s/hello.json", o->spool_dir, o->run_name ? o->run_name : "");
     if (o->run_name && access(hp, R_OK) != 0) {
-        monitor_config uc = {.address = o->daemon, .run = o->run_name, .spool_dir = o->spool_dir,
-                             .token = o->token, .log = stdout};
+        monitor_config uc = {
+            .address = o->daemon, .run = o->run_name, .spool_dir = o->spool_dir, .token = o->token, .log = stdout};
         int rc = monitor_upload(&uc, o->run.cfg.layers, o->run.cfg.heads, o->run.seq_len, 60000, err, sizeof err);
         if (rc < 0) fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
         return rc == 0 ? 0 : 1;
     }
     telemetry_upload_result res;
-    int left = telemetry_upload_spool(o->daemon, o->spool_dir, o->run_name, o->token, 60000, stdout, &res, err,
-                                      sizeof err);
+    int left =
+        telemetry_upload_spool(o->daemon, o->spool_dir, o->run_name, o->token, 60000, stdout, &res, err, sizeof err);
     if (left < 0) {
         fprintf(stderr, "sigmatrain: --upload-spool: %s\n", err);
         return 1;
@@ -699,15 +698,13 @@ static int upload_spool(const options *o)
  * 3-10x slower (26.3 s vs 4.0 s for 200 steps, same losses).  Flush them to
  * zero (FTZ | DAZ); the worker threads created later inherit this thread's
  * MXCSR. */
-static void flush_denormals(void)
-{
+static void flush_denormals(void) {
 #if defined(__SSE2__)
     _mm_setcsr(_mm_getcsr() | 0x8040);
 #endif
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     blas_fix_coretype(argv);
     flush_denormals();
     options o;
@@ -719,12 +716,19 @@ int main(int argc, char **argv)
     if (o.upload_spool) return upload_spool(&o);
 
     trainer *tr = calloc(1, sizeof *tr);
-    if (!tr) { fprintf(stderr, "sigmatrain: out of memory\n"); return 1; }
+    if (!tr) {
+        fprintf(stderr, "sigmatrain: out of memory\n");
+        return 1;
+    }
     tr->o = &o;
     tr->r = &o.run;
     /* MPI (build/sigmatrain-mpi) or a job of one; see dist.h */
     tr->dd = dist_create(&argc, &argv, (size_t)o.dist_bucket_kb * 256, tr->err, sizeof tr->err);
-    if (!tr->dd) { fprintf(stderr, "sigmatrain: %s\n", tr->err); free(tr); return 1; }
+    if (!tr->dd) {
+        fprintf(stderr, "sigmatrain: %s\n", tr->err);
+        free(tr);
+        return 1;
+    }
     if (dist_rank(tr->dd) > 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 prints progress */
         fprintf(stderr, "sigmatrain: /dev/null: %s\n", strerror(errno));
     status = 1;
@@ -733,18 +737,29 @@ int main(int argc, char **argv)
     if (open_data(tr) != 0 || build_model(tr) != 0) goto out;
     print_header(tr);
     if (o.daemon && dist_rank(tr->dd) == 0 && start_telemetry(tr) != 0) goto out;
-    respond_config rc = {.action = o.on_alert, .rules = o.on_alert_rules, .save_path = o.save_path,
-                         .spool_dir = o.spool_dir, .rollback_every = o.rollback_every,
-                         .rollback_keep = o.rollback_keep, .max_rollbacks = o.max_rollbacks,
+    respond_config rc = {.action = o.on_alert,
+                         .rules = o.on_alert_rules,
+                         .save_path = o.save_path,
+                         .spool_dir = o.spool_dir,
+                         .rollback_every = o.rollback_every,
+                         .rollback_keep = o.rollback_keep,
+                         .max_rollbacks = o.max_rollbacks,
                          .lr_scale = o.rollback_lr_scale};
     tr->rs = respond_create(&rc, tr->r, tr->m, tr->opt);
-    if (!tr->rs) { fprintf(stderr, "sigmatrain: out of memory\n"); goto out; }
+    if (!tr->rs) {
+        fprintf(stderr, "sigmatrain: out of memory\n");
+        goto out;
+    }
 
     tr->t0 = tr->tlast = now_s();
     status = -1;
     while (status < 0 && o.run.step < o.run.steps) {
         step_status s = train_step(tr);
-        if (s == STEP_DIST_FAILED) { status = 1; dist_err = 1; break; }
+        if (s == STEP_DIST_FAILED) {
+            status = 1;
+            dist_err = 1;
+            break;
+        }
         if (s == STEP_DIVERGED) {
             printf("summary: diverged at step %lld, loss %g\n", (long long)o.run.step, tr->loss);
             status = EXIT_DIVERGED;

@@ -62,9 +62,24 @@ typedef struct {
 
 /* Parameter tensors, in buffer order. */
 enum {
-    MODEL_WTE, MODEL_WPE, MODEL_LN1W, MODEL_LN1B, MODEL_QKVW, MODEL_QKVB,
-    MODEL_ATTPROJW, MODEL_ATTPROJB, MODEL_LN2W, MODEL_LN2B, MODEL_FCW, MODEL_FCB,
-    MODEL_FCPROJW, MODEL_FCPROJB, MODEL_LNFW, MODEL_LNFB, MODEL_LMW, MODEL_GAMMA,
+    MODEL_WTE,
+    MODEL_WPE,
+    MODEL_LN1W,
+    MODEL_LN1B,
+    MODEL_QKVW,
+    MODEL_QKVB,
+    MODEL_ATTPROJW,
+    MODEL_ATTPROJB,
+    MODEL_LN2W,
+    MODEL_LN2B,
+    MODEL_FCW,
+    MODEL_FCB,
+    MODEL_FCPROJW,
+    MODEL_FCPROJB,
+    MODEL_LNFW,
+    MODEL_LNFB,
+    MODEL_LMW,
+    MODEL_GAMMA,
     MODEL_NUM_PARAMS
 };
 
@@ -119,24 +134,24 @@ typedef pool_task model_task; /* see model_parallel */
 
 /* One worker's share of a batch: its own gradient buffers and scratch. */
 typedef struct {
-    float *grads_memory;  /* shard 0: the model's grads; others: private (num_params) */
-    model_params grads;   /* carved from grads_memory */
-    float *scratch;       /* one layer's backward scratch for this shard's examples;
+    float *grads_memory;    /* shard 0: the model's grads; others: private (num_params) */
+    model_params grads;     /* carved from grads_memory */
+    float *scratch;         /* one layer's backward scratch for this shard's examples;
                            * also the power steps' work vector (>= 4C floats) */
-    double *gw;           /* (num_linear) last backward: <dX, X> of each linear, which
+    double *gw;             /* (num_linear) last backward: <dX, X> of each linear, which
                            * is alpha <G, W> (see model.c: the gradient through sigma) */
-    double loss_sum;      /* last forward: sum of this shard's token losses */
+    double loss_sum;        /* last forward: sum of this shard's token losses */
     double reparam_seconds; /* last job: time in σReparam work */
-    int idle;             /* last job had no examples for this shard */
+    int idle;               /* last job had no examples for this shard */
 } model_shard;
 
 struct model {
     model_config cfg;
-    int B, T;                             /* activation capacity */
+    int B, T; /* activation capacity */
     size_t param_sizes[MODEL_NUM_PARAMS];
     size_t num_params;
-    float *params_memory;                 /* (num_params) */
-    float *grads_memory;                  /* (num_params) */
+    float *params_memory; /* (num_params) */
+    float *grads_memory;  /* (num_params) */
     model_params params, grads;
     float *acts_memory;
     model_acts acts;
@@ -145,10 +160,10 @@ struct model {
      * weights are materialized, on demand, for probes. */
     int num_linear;
     sreparam_linear *lin;
-    float *pi_memory;     /* u and v vectors of every linear, in linear order (u then v) */
+    float *pi_memory; /* u and v vectors of every linear, in linear order (u then v) */
     size_t pi_size;
-    float *qkv_eff;       /* (L, 3C, C) W_hat of the QKV linears (reparam modes), else NULL */
-    int *qkv_fresh;       /* (L) qkv_eff of the layer matches the last forward */
+    float *qkv_eff; /* (L, 3C, C) W_hat of the QKV linears (reparam modes), else NULL */
+    int *qkv_fresh; /* (L) qkv_eff of the layer matches the last forward */
     /* Data parallelism: nthreads shards of the batch's examples, shard 0 on
      * the calling thread.  Each shard calls OpenBLAS single-threaded: on these
      * small matrices OpenBLAS's own threads lose (measured 8.4k tokens/s with 2
@@ -156,11 +171,11 @@ struct model {
     int nthreads;
     model_shard *shards;
     pool *pool;
-    int job, train;       /* the job the pool is running (see run_shard) */
-    int *lin_owner;       /* (num_linear) thread doing each linear's σReparam work */
-    int *gw_route;        /* (num_linear) last backward: <G, W> by weights (1) or by
+    int job, train;  /* the job the pool is running (see run_shard) */
+    int *lin_owner;  /* (num_linear) thread doing each linear's σReparam work */
+    int *gw_route;   /* (num_linear) last backward: <G, W> by weights (1) or by
                            * activations (0), see model.c gw_by_weights */
-    int grads_clear;      /* model_zero_grad ran and no backward since */
+    int grads_clear; /* model_zero_grad ran and no backward since */
     /* wall time spent on σReparam work (power steps, the <dX, X> products
      * of the gradient through sigma; the rank-one term rides on the gradient
      * reduction, which the plain model does too): for the overhead figure */

@@ -20,15 +20,15 @@ struct monitor {
     FILE *log;
     int log_every;
     long tokens_per_step;
-    const probe_metrics *pm;  /* metrics of the probed step, or NULL */
+    const probe_metrics *pm; /* metrics of the probed step, or NULL */
     long probed_step;
-    telemetry_step *open;     /* a step kept open for its eval_loss */
+    telemetry_step *open; /* a step kept open for its eval_loss */
     long open_step;
     /* timing (CLOCK_MONOTONIC seconds) */
-    double last_logged;       /* time of the previous logged step (evals excluded) */
-    long steps_since;         /* training steps since then */
-    double first, last;       /* first and last monitor_step */
-    double hook_seconds;      /* probe + enqueue + poll, all steps */
+    double last_logged;  /* time of the previous logged step (evals excluded) */
+    long steps_since;    /* training steps since then */
+    double first, last;  /* first and last monitor_step */
+    double hook_seconds; /* probe + enqueue + poll, all steps */
     long logged, probed, steps;
     int connected_once;
     /* monitor_extra_scalars: added to the next logged step (not copied) */
@@ -44,16 +44,15 @@ struct monitor {
     /* firing alerts not yet taken by monitor_next_alert (oldest first) */
     monitor_alert alerts[MONITOR_ALERTS_MAX];
     int nalerts;
-    monitor_rewind rewind;    /* the last rollback (monitor_rolled_back) */
-    double last_stamp;        /* time of the last step sent: stamps only increase */
+    monitor_rewind rewind; /* the last rollback (monitor_rolled_back) */
+    double last_stamp;     /* time of the last step sent: stamps only increase */
     int end_grace_ms;
 };
 
 static double mono(void) { return now_mono_ms() / 1e3; }
 
-static telemetry *open_client(const monitor_config *cfg, int layers, int heads, int seq_len,
-                              const char *meta, char *err, size_t errlen)
-{
+static telemetry *open_client(const monitor_config *cfg, int layers, int heads, int seq_len, const char *meta,
+                              char *err, size_t errlen) {
     telemetry_config tc;
     telemetry_config_init(&tc);
     tc.address = cfg->address;
@@ -73,16 +72,21 @@ static telemetry *open_client(const monitor_config *cfg, int layers, int heads, 
     return telemetry_create(&tc, err, errlen);
 }
 
-monitor *monitor_create(const monitor_config *cfg, const model *m, char *err, size_t errlen)
-{
+monitor *monitor_create(const monitor_config *cfg, const model *m, char *err, size_t errlen) {
     monitor *mo = calloc(1, sizeof *mo);
-    if (!mo) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!mo) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     mo->log = cfg->log ? cfg->log : stderr;
     mo->log_every = cfg->log_every > 0 ? cfg->log_every : 1;
     mo->end_grace_ms = cfg->end_grace_ms;
     mo->tokens_per_step = cfg->tokens_per_step;
     mo->p = probe_create(m, &cfg->probe);
-    if (!mo->p) { snprintf(err, errlen, "probe: out of memory"); goto err; }
+    if (!mo->p) {
+        snprintf(err, errlen, "probe: out of memory");
+        goto err;
+    }
     mo->t = open_client(cfg, m->cfg.layers, m->cfg.heads, m->T, cfg->meta_json, err, errlen);
     if (!mo->t) goto err;
     snprintf(mo->run, sizeof mo->run, "%s", telemetry_run_name(mo->t));
@@ -93,7 +97,10 @@ monitor *monitor_create(const monitor_config *cfg, const model *m, char *err, si
         mo->ab_cap = cfg->ab_max_steps > 0 ? cfg->ab_max_steps : 1;
         mo->ab_t[0] = malloc(sizeof(double) * mo->ab_cap);
         mo->ab_t[1] = malloc(sizeof(double) * mo->ab_cap);
-        if (!mo->ab_t[0] || !mo->ab_t[1]) { snprintf(err, errlen, "out of memory"); goto err; }
+        if (!mo->ab_t[0] || !mo->ab_t[1]) {
+            snprintf(err, errlen, "out of memory");
+            goto err;
+        }
     }
     return mo;
 err:
@@ -108,18 +115,11 @@ err:
 const char *monitor_run_name(const monitor *mo) { return mo->run; }
 
 /* A/B mode: blocks of ab_block steps alternate, with telemetry first. */
-static int ab_off(const monitor *mo, long step)
-{
-    return mo->ab_block > 0 && ((step - 1) / mo->ab_block) % 2 == 1;
-}
+static int ab_off(const monitor *mo, long step) { return mo->ab_block > 0 && ((step - 1) / mo->ab_block) % 2 == 1; }
 
-int monitor_wants(const monitor *mo, long step)
-{
-    return mo && step % mo->log_every == 0 && !ab_off(mo, step);
-}
+int monitor_wants(const monitor *mo, long step) { return mo && step % mo->log_every == 0 && !ab_off(mo, step); }
 
-void monitor_probe(monitor *mo, model *m)
-{
+void monitor_probe(monitor *mo, model *m) {
     double t0 = mono();
     mo->pm = probe_compute(mo->p, m);
     mo->probed = 1;
@@ -128,8 +128,7 @@ void monitor_probe(monitor *mo, model *m)
 
 static void commit_open(monitor *mo);
 
-int monitor_alert_parse(const char *line, const monitor_rewind *rw, monitor_alert *out)
-{
+int monitor_alert_parse(const char *line, const monitor_rewind *rw, monitor_alert *out) {
     cJSON *j = cJSON_Parse(line);
     if (!j) return 0;
     const cJSON *tr = cJSON_GetObjectItemCaseSensitive(j, "transition");
@@ -137,8 +136,8 @@ int monitor_alert_parse(const char *line, const monitor_rewind *rw, monitor_aler
     const cJSON *ss = cJSON_GetObjectItemCaseSensitive(j, "start_step");
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step");
     const cJSON *at = cJSON_GetObjectItemCaseSensitive(j, "step_time");
-    int ok = cJSON_IsString(tr) && !strcmp(tr->valuestring, "firing") && cJSON_IsString(rule) &&
-             cJSON_IsNumber(ss) && cJSON_IsNumber(st);
+    int ok = cJSON_IsString(tr) && !strcmp(tr->valuestring, "firing") && cJSON_IsString(rule) && cJSON_IsNumber(ss) &&
+             cJSON_IsNumber(st);
     if (ok && rw && rw->at > 0 && cJSON_IsNumber(at) && at->valuedouble < rw->at && (long)ss->valuedouble > rw->to)
         ok = 0; /* evaluated before the rollback, on steps it abandoned */
     if (ok) {
@@ -152,8 +151,7 @@ int monitor_alert_parse(const char *line, const monitor_rewind *rw, monitor_aler
 
 /* Queues a firing alert line for monitor_next_alert (the oldest is
  * dropped when the queue is full). */
-static void keep_firing(monitor *mo, const char *line)
-{
+static void keep_firing(monitor *mo, const char *line) {
     monitor_alert al;
     if (!monitor_alert_parse(line, &mo->rewind, &al)) return;
     if (mo->nalerts == MONITOR_ALERTS_MAX) {
@@ -163,8 +161,7 @@ static void keep_firing(monitor *mo, const char *line)
     mo->alerts[mo->nalerts++] = al;
 }
 
-int monitor_next_alert(monitor *mo, monitor_alert *out)
-{
+int monitor_next_alert(monitor *mo, monitor_alert *out) {
     if (!mo || mo->nalerts == 0) return 0;
     *out = mo->alerts[0];
     memmove(mo->alerts, mo->alerts + 1, sizeof mo->alerts[0] * (size_t)(mo->nalerts - 1));
@@ -172,8 +169,7 @@ int monitor_next_alert(monitor *mo, monitor_alert *out)
     return 1;
 }
 
-void monitor_rolled_back(monitor *mo, long restored)
-{
+void monitor_rolled_back(monitor *mo, long restored) {
     if (!mo) return;
     int k = 0;
     for (int i = 0; i < mo->nalerts; i++) /* keep those about steps the run kept */
@@ -182,8 +178,7 @@ void monitor_rolled_back(monitor *mo, long restored)
     mo->rewind = monitor_rewind_after(mo->last_stamp, restored);
 }
 
-monitor_rewind monitor_rewind_after(double last_stamp, long restored)
-{
+monitor_rewind monitor_rewind_after(double last_stamp, long restored) {
     /* Every step sent so far is stamped at or before last_stamp, every later
      * one at least 2 us after it; the daemon sees the stamps rounded to 1 us
      * (the protocol's %.6f).  1 us past the rounded last stamp separates them. */
@@ -191,8 +186,7 @@ monitor_rewind monitor_rewind_after(double last_stamp, long restored)
     return rw;
 }
 
-void monitor_event(monitor *mo, const char *level, const char *text)
-{
+void monitor_event(monitor *mo, const char *level, const char *text) {
     if (!mo) return;
     commit_open(mo);
     telemetry_event(mo->t, level, text);
@@ -201,8 +195,7 @@ void monitor_event(monitor *mo, const char *level, const char *text)
 /* Prints the daemon's lines: errors (except `duplicate`, which only says
  * the data is already safe), alerts, the client's notes; the first welcome
  * and every reconnect. */
-static void poll_lines(monitor *mo)
-{
+static void poll_lines(monitor *mo) {
     telemetry_msg msg;
     while (telemetry_poll(mo->t, &msg)) {
         if (!strcmp(msg.type, "error")) {
@@ -220,8 +213,7 @@ static void poll_lines(monitor *mo)
     }
 }
 
-static void put_probe(telemetry_step *s, const probe_metrics *r)
-{
+static void put_probe(telemetry_step *s, const probe_metrics *r) {
     telemetry_step_heads(s, "entropy", r->entropy);
     telemetry_step_heads(s, "entropy_norm", r->entropy_norm);
     telemetry_step_heads(s, "max_logit", r->max_logit);
@@ -243,15 +235,13 @@ static void put_probe(telemetry_step *s, const probe_metrics *r)
     telemetry_step_scalar(s, "probe_ms", r->seconds * 1e3);
 }
 
-static void commit_open(monitor *mo)
-{
+static void commit_open(monitor *mo) {
     if (mo->open) telemetry_step_commit(mo->t, mo->open);
     mo->open = NULL;
     mo->open_step = -1;
 }
 
-void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm, int eval_follows)
-{
+void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm, int eval_follows) {
     if (!mo) return;
     double t0 = mono();
     if (mo->ab_block > 0) {
@@ -292,8 +282,7 @@ void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm,
                 mo->last_logged = t0;
                 mo->steps_since = 0;
                 if (mo->probed && mo->pm) put_probe(s, mo->pm);
-                for (int i = 0; i < mo->extra_n; i++)
-                    telemetry_step_scalar(s, mo->extra_names[i], mo->extra_values[i]);
+                for (int i = 0; i < mo->extra_n; i++) telemetry_step_scalar(s, mo->extra_names[i], mo->extra_values[i]);
                 mo->logged++;
             }
             if (eval_follows) {
@@ -310,16 +299,14 @@ void monitor_step(monitor *mo, long step, float loss, float lr, float grad_norm,
     mo->hook_seconds += mono() - t0;
 }
 
-void monitor_extra_scalars(monitor *mo, int n, const char *const *names, const float *values)
-{
+void monitor_extra_scalars(monitor *mo, int n, const char *const *names, const float *values) {
     if (!mo) return;
     mo->extra_n = n;
     mo->extra_names = names;
     mo->extra_values = values;
 }
 
-void monitor_eval(monitor *mo, long step, float eval_loss)
-{
+void monitor_eval(monitor *mo, long step, float eval_loss) {
     if (!mo) return;
     if (mo->open && mo->open_step == step) telemetry_step_scalar(mo->open, "eval_loss", eval_loss);
     commit_open(mo);
@@ -328,14 +315,12 @@ void monitor_eval(monitor *mo, long step, float eval_loss)
     mo->steps_since = 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
+static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-static void ab_report(monitor *mo)
-{
+static void ab_report(monitor *mo) {
     if (mo->ab_block <= 0 || mo->ab_n[0] < 3 || mo->ab_n[1] < 3) return;
     double mean[2], med[2];
     for (int k = 0; k < 2; k++) {
@@ -349,12 +334,11 @@ static void ab_report(monitor *mo)
     fprintf(mo->log,
             "telemetry A/B (blocks of %d steps, same run): with %ld steps median %.2f ms mean %.2f ms, "
             "without %ld steps median %.2f ms mean %.2f ms -> overhead median %.2f%% mean %.2f%%\n",
-            mo->ab_block, mo->ab_n[0], med[0] * 1e3, mean[0] * 1e3, mo->ab_n[1], med[1] * 1e3,
-            mean[1] * 1e3, 100.0 * (med[0] / med[1] - 1.0), 100.0 * (mean[0] / mean[1] - 1.0));
+            mo->ab_block, mo->ab_n[0], med[0] * 1e3, mean[0] * 1e3, mo->ab_n[1], med[1] * 1e3, mean[1] * 1e3,
+            100.0 * (med[0] / med[1] - 1.0), 100.0 * (mean[0] / mean[1] - 1.0));
 }
 
-static void summary(FILE *log, const char *run, telemetry *t, const char *extra)
-{
+static void summary(FILE *log, const char *run, telemetry *t, const char *extra) {
     telemetry_stats st;
     telemetry_get_stats(t, &st);
     uint64_t dropped = st.dropped_queue + st.dropped_spool + st.dropped_oversize;
@@ -362,17 +346,14 @@ static void summary(FILE *log, const char *run, telemetry *t, const char *extra)
             "telemetry: run %s | enqueued %llu | sent %llu | acked %llu of %llu | spooled %llu | "
             "unacked in spool %llu bytes | dropped %llu (queue %llu, spool %llu, oversize %llu) | "
             "connects %llu, reconnects %llu, failed connects %llu | daemon errors %llu%s\n",
-            run, (unsigned long long)st.enqueued, (unsigned long long)st.sent,
-            (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
-            (unsigned long long)st.spooled, (unsigned long long)st.spool_bytes,
-            (unsigned long long)dropped, (unsigned long long)st.dropped_queue,
-            (unsigned long long)st.dropped_spool, (unsigned long long)st.dropped_oversize,
-            (unsigned long long)st.connects, (unsigned long long)st.reconnects,
+            run, (unsigned long long)st.enqueued, (unsigned long long)st.sent, (unsigned long long)st.acked,
+            (unsigned long long)(st.next_seq - 1), (unsigned long long)st.spooled, (unsigned long long)st.spool_bytes,
+            (unsigned long long)dropped, (unsigned long long)st.dropped_queue, (unsigned long long)st.dropped_spool,
+            (unsigned long long)st.dropped_oversize, (unsigned long long)st.connects, (unsigned long long)st.reconnects,
             (unsigned long long)st.connect_failures, (unsigned long long)st.errors, extra);
 }
 
-int monitor_destroy(monitor *mo, const char *status)
-{
+int monitor_destroy(monitor *mo, const char *status) {
     if (!mo) return 0;
     commit_open(mo);
     if (status) {
@@ -388,9 +369,8 @@ int monitor_destroy(monitor *mo, const char *status)
     char extra[200];
     double span = mo->last - mo->first;
     snprintf(extra, sizeof extra,
-             " | %ld steps logged, telemetry hook (probe + enqueue) %.3f ms/step, %.2f%% of wall time",
-             mo->logged, mo->steps ? 1e3 * mo->hook_seconds / mo->steps : 0.0,
-             span > 0 ? 100.0 * mo->hook_seconds / span : 0.0);
+             " | %ld steps logged, telemetry hook (probe + enqueue) %.3f ms/step, %.2f%% of wall time", mo->logged,
+             mo->steps ? 1e3 * mo->hook_seconds / mo->steps : 0.0, span > 0 ? 100.0 * mo->hook_seconds / span : 0.0);
     summary(mo->log, mo->run, mo->t, extra);
     ab_report(mo);
     /* the end message; reconnects for the grace period if the daemon is away */
@@ -407,9 +387,8 @@ int monitor_destroy(monitor *mo, const char *status)
     return rc == TELEMETRY_OK && rc2 == TELEMETRY_OK ? 0 : 1;
 }
 
-int monitor_upload(const monitor_config *cfg, int layers, int heads, int seq_len, int timeout_ms,
-                   char *err, size_t errlen)
-{
+int monitor_upload(const monitor_config *cfg, int layers, int heads, int seq_len, int timeout_ms, char *err,
+                   size_t errlen) {
     if (!cfg->run || !cfg->spool_dir) {
         snprintf(err, errlen, "uploading needs the run name and the spool directory");
         return -1;

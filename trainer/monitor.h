@@ -33,23 +33,23 @@
 #include "probe.h"
 
 typedef struct {
-    const char *address;      /* "unix:PATH" | "tcp:HOST:PORT" (required) */
-    const char *run;          /* NULL: generated */
-    const char *spool_dir;    /* NULL: a private temporary spool */
-    const char *token;        /* or NULL */
-    const char *meta_json;    /* hello meta (a JSON object) or NULL */
-    int log_every;            /* >= 1 */
-    size_t queue_slots;       /* 0: telemetry's default */
-    size_t spool_max_bytes;   /* 0: telemetry's default */
+    const char *address;    /* "unix:PATH" | "tcp:HOST:PORT" (required) */
+    const char *run;        /* NULL: generated */
+    const char *spool_dir;  /* NULL: a private temporary spool */
+    const char *token;      /* or NULL */
+    const char *meta_json;  /* hello meta (a JSON object) or NULL */
+    int log_every;          /* >= 1 */
+    size_t queue_slots;     /* 0: telemetry's default */
+    size_t spool_max_bytes; /* 0: telemetry's default */
     probe_config probe;
-    long tokens_per_step;     /* B * T, for tokens_per_s */
-    FILE *log;                /* where daemon lines and the summary go (stderr if NULL) */
-    int ab_block;             /* benchmark: > 0 alternates blocks of ab_block steps with
+    long tokens_per_step; /* B * T, for tokens_per_s */
+    FILE *log;            /* where daemon lines and the summary go (stderr if NULL) */
+    int ab_block;         /* benchmark: > 0 alternates blocks of ab_block steps with
                                  telemetry (probe + enqueue) and without, and reports the
                                  step times of both in the summary; needs log_every 1 */
-    long ab_max_steps;        /* steps the A/B arrays are sized for */
-    int extra_scalars;        /* room for monitor_extra_scalars per step (0: none) */
-    int end_grace_ms;         /* monitor_destroy keeps reconnecting this long for the last
+    long ab_max_steps;    /* steps the A/B arrays are sized for */
+    int extra_scalars;    /* room for monitor_extra_scalars per step (0: none) */
+    int end_grace_ms;     /* monitor_destroy keeps reconnecting this long for the last
                                  acks (0: 30 s; negative: no wait) */
 } monitor_config;
 
@@ -83,8 +83,8 @@ void monitor_extra_scalars(monitor *mo, int n, const char *const *names, const f
  * trainer needs to act on it (sigmatrain --on-alert). */
 typedef struct {
     char rule[64];
-    long start_step;  /* the step at which the condition began to hold */
-    long step;        /* the step of the firing transition */
+    long start_step; /* the step at which the condition began to hold */
+    long step;       /* the step of the firing transition */
 } monitor_alert;
 
 /* Where the last rollback left the run: a FIRING the daemon evaluated on a
@@ -137,7 +137,7 @@ int monitor_destroy(monitor *mo, const char *status);
  * new and waits at most timeout_ms until the daemon acknowledged every
  * spooled message; prints the summary.  Returns 0 when all were
  * acknowledged, 1 on timeout, -1 on a bad config (message in err). */
-int monitor_upload(const monitor_config *cfg, int layers, int heads, int seq_len, int timeout_ms,
-                   char *err, size_t errlen);
+int monitor_upload(const monitor_config *cfg, int layers, int heads, int seq_len, int timeout_ms, char *err,
+                   size_t errlen);
 
 #endif

@@ -4,8 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-optim *optim_create(int kind, size_t n, float beta1, float beta2, float eps, float weight_decay)
-{
+optim *optim_create(int kind, size_t n, float beta1, float beta2, float eps, float weight_decay) {
     if (kind < OPTIM_SGD || kind > OPTIM_ADAMW) return NULL;
     optim *o = calloc(1, sizeof *o);
     if (!o) return NULL;
@@ -18,26 +17,24 @@ optim *optim_create(int kind, size_t n, float beta1, float beta2, float eps, flo
     o->state_n = kind == OPTIM_SGD ? 0 : kind == OPTIM_MOMENTUM ? n : 2 * n;
     if (o->state_n) {
         o->state = calloc(o->state_n, sizeof(float));
-        if (!o->state) { free(o); return NULL; }
+        if (!o->state) {
+            free(o);
+            return NULL;
+        }
     }
     return o;
 }
 
-void optim_destroy(optim *o)
-{
+void optim_destroy(optim *o) {
     if (!o) return;
     free(o->state);
     free(o);
 }
 
-void optim_begin_step(optim *o)
-{
-    o->t++;
-}
+void optim_begin_step(optim *o) { o->t++; }
 
-void optim_update(optim *o, float *params, const float *grads, float grad_scale,
-                  const optim_group *groups, int ngroups, float lr, size_t lo, size_t hi)
-{
+void optim_update(optim *o, float *params, const float *grads, float grad_scale, const optim_group *groups, int ngroups,
+                  float lr, size_t lo, size_t hi) {
     float b1 = o->beta1, b2 = o->beta2, eps = o->eps, k = grad_scale;
     float c1 = 1.0f - powf(b1, (float)o->t), c2 = 1.0f - powf(b2, (float)o->t);
     for (int gi = 0; gi < ngroups; gi++) {
@@ -81,15 +78,12 @@ void optim_update(optim *o, float *params, const float *grads, float grad_scale,
     }
 }
 
-void optim_step(optim *o, float *params, const float *grads, const optim_group *groups,
-                int ngroups, float lr)
-{
+void optim_step(optim *o, float *params, const float *grads, const optim_group *groups, int ngroups, float lr) {
     optim_begin_step(o);
     optim_update(o, params, grads, 1.0f, groups, ngroups, lr, 0, o->n);
 }
 
-double optim_sumsq(const float *grads, size_t lo, size_t hi)
-{
+double optim_sumsq(const float *grads, size_t lo, size_t hi) {
     /* 8 partial sums so the loop vectorizes; double so 1e6 terms stay exact enough */
     double acc[8] = {0};
     size_t i = lo;
@@ -101,16 +95,14 @@ double optim_sumsq(const float *grads, size_t lo, size_t hi)
     return s;
 }
 
-float optim_clip_scale(double sumsq, float max_norm, float *norm)
-{
+float optim_clip_scale(double sumsq, float max_norm, float *norm) {
     *norm = (float)sqrt(sumsq);
     if (!isfinite(*norm)) return 1.0f;
     if (max_norm > 0.0f && *norm > max_norm) return max_norm / *norm;
     return 1.0f;
 }
 
-float optim_clip(float *grads, size_t n, float max_norm)
-{
+float optim_clip(float *grads, size_t n, float max_norm) {
     float norm;
     float k = optim_clip_scale(optim_sumsq(grads, 0, n), max_norm, &norm);
     if (k != 1.0f)
@@ -118,8 +110,7 @@ float optim_clip(float *grads, size_t n, float max_norm)
     return norm;
 }
 
-float optim_lr(float lr, int step, int warmup, int total, int schedule)
-{
+float optim_lr(float lr, int step, int warmup, int total, int schedule) {
     if (warmup > 0 && step < warmup) return lr * (float)(step + 1) / (float)warmup;
     if (schedule == OPTIM_SCHEDULE_CONSTANT) return lr;
     int span = total - warmup - 1;

@@ -13,19 +13,19 @@ typedef enum { OPTIM_SCHEDULE_CONSTANT = 0, OPTIM_SCHEDULE_COSINE = 1 } optim_sc
 /* A contiguous range of the flat buffer with its own treatment. */
 typedef struct {
     size_t offset, n;
-    int decay;   /* weight decay applies (matrices and embeddings) */
-    int frozen;  /* not updated at all (e.g. gamma without σReparam) */
+    int decay;  /* weight decay applies (matrices and embeddings) */
+    int frozen; /* not updated at all (e.g. gamma without σReparam) */
 } optim_group;
 
 typedef struct {
-    int kind;            /* optim_kind */
-    float beta1, beta2;  /* Adam moments; beta1 is the momentum of --optimizer momentum */
+    int kind;           /* optim_kind */
+    float beta1, beta2; /* Adam moments; beta1 is the momentum of --optimizer momentum */
     float eps;
-    float weight_decay;  /* L2 added to the gradient, except AdamW: decoupled */
-    size_t n;            /* parameters */
-    int64_t t;           /* updates done (Adam bias correction) */
-    size_t state_n;      /* floats in state: 0 (sgd), n (momentum), 2n (adam) */
-    float *state;        /* m then v; owned */
+    float weight_decay; /* L2 added to the gradient, except AdamW: decoupled */
+    size_t n;           /* parameters */
+    int64_t t;          /* updates done (Adam bias correction) */
+    size_t state_n;     /* floats in state: 0 (sgd), n (momentum), 2n (adam) */
+    float *state;       /* m then v; owned */
 } optim;
 
 /* Returns NULL on bad kind or out of memory.  Moments start at zero. */
@@ -34,8 +34,7 @@ void optim_destroy(optim *o);
 
 /* One whole update of params with grads at learning rate lr:
  * optim_begin_step() then optim_update() over everything with scale 1. */
-void optim_step(optim *o, float *params, const float *grads, const optim_group *groups,
-                int ngroups, float lr);
+void optim_step(optim *o, float *params, const float *grads, const optim_group *groups, int ngroups, float lr);
 
 /* For updates split over threads: optim_begin_step() once (advances the
  * Adam step count t), then optim_update() on disjoint flat ranges [lo, hi),
@@ -43,8 +42,8 @@ void optim_step(optim *o, float *params, const float *grads, const optim_group *
  * clipping factor) and is not modified.  Groups must cover the ranges to
  * update; params outside every group, or in frozen groups, are left alone. */
 void optim_begin_step(optim *o);
-void optim_update(optim *o, float *params, const float *grads, float grad_scale,
-                  const optim_group *groups, int ngroups, float lr, size_t lo, size_t hi);
+void optim_update(optim *o, float *params, const float *grads, float grad_scale, const optim_group *groups, int ngroups,
+                  float lr, size_t lo, size_t hi);
 
 /* Sum of squares of grads[lo, hi) in double. */
 double optim_sumsq(const float *grads, size_t lo, size_t hi);

@@ -11,13 +11,13 @@ typedef struct {
 } pool_worker;
 
 struct pool {
-    int n;                   /* threads, the caller included */
-    pool_worker *workers;    /* (n) entry 0 unused: the caller */
-    int started;             /* workers running: 1..started */
+    int n;                /* threads, the caller included */
+    pool_worker *workers; /* (n) entry 0 unused: the caller */
+    int started;          /* workers running: 1..started */
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    unsigned gen;            /* bumped for each task */
-    int pending;             /* workers still running the current task */
+    unsigned gen; /* bumped for each task */
+    int pending;  /* workers still running the current task */
     int quit;
     pool_task fn;
     void *ctx;
@@ -25,15 +25,13 @@ struct pool {
 
 #define SPIN 4000 /* pause instructions, ~0.1-0.5 ms */
 
-static void relax(void)
-{
+static void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
 }
 
-static void *worker_main(void *arg)
-{
+static void *worker_main(void *arg) {
     pool_worker *w = arg;
     pool *p = w->p;
     unsigned seen = 0;
@@ -41,7 +39,10 @@ static void *worker_main(void *arg)
         for (int i = 0; i < SPIN && __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) == seen; i++) relax();
         pthread_mutex_lock(&p->mu);
         while (p->gen == seen && !p->quit) pthread_cond_wait(&p->go, &p->mu);
-        if (p->quit) { pthread_mutex_unlock(&p->mu); return NULL; }
+        if (p->quit) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
         seen = p->gen;
         pool_task fn = p->fn;
         void *ctx = p->ctx;
@@ -53,13 +54,15 @@ static void *worker_main(void *arg)
     }
 }
 
-pool *pool_create(int threads)
-{
+pool *pool_create(int threads) {
     pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n = threads < 1 ? 1 : threads;
     p->workers = calloc((size_t)p->n, sizeof *p->workers);
-    if (!p->workers) { free(p); return NULL; }
+    if (!p->workers) {
+        free(p);
+        return NULL;
+    }
     if (pthread_mutex_init(&p->mu, NULL) != 0) goto err_mu;
     if (pthread_cond_init(&p->go, NULL) != 0) goto err_go;
     if (pthread_cond_init(&p->done, NULL) != 0) goto err_done;
@@ -82,8 +85,7 @@ err_mu:
     return NULL;
 }
 
-void pool_destroy(pool *p)
-{
+void pool_destroy(pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     p->quit = 1;
@@ -97,8 +99,7 @@ void pool_destroy(pool *p)
     free(p);
 }
 
-void pool_run(pool *p, pool_task fn, void *ctx)
-{
+void pool_run(pool *p, pool_task fn, void *ctx) {
     if (p->n > 1) {
         pthread_mutex_lock(&p->mu);
         p->fn = fn;
@@ -117,8 +118,7 @@ void pool_run(pool *p, pool_task fn, void *ctx)
     }
 }
 
-void pool_split(int t, int nthreads, size_t n, size_t *lo, size_t *hi)
-{
+void pool_split(int t, int nthreads, size_t n, size_t *lo, size_t *hi) {
     *lo = n * (size_t)t / (size_t)nthreads;
     *hi = n * (size_t)(t + 1) / (size_t)nthreads;
 }

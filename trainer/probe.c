@@ -64,10 +64,10 @@
 #include <string.h>
 #include <time.h>
 
-const char *const probe_lin_sigma_names[MODEL_LIN_PER_LAYER] = {"sigma_qkv", "sigma_attproj",
-                                                                "sigma_fc", "sigma_fcproj"};
-const char *const probe_lin_gamma_names[MODEL_LIN_PER_LAYER] = {"gamma_qkv", "gamma_attproj",
-                                                                "gamma_fc", "gamma_fcproj"};
+const char *const probe_lin_sigma_names[MODEL_LIN_PER_LAYER] = {"sigma_qkv", "sigma_attproj", "sigma_fc",
+                                                                "sigma_fcproj"};
+const char *const probe_lin_gamma_names[MODEL_LIN_PER_LAYER] = {"gamma_qkv", "gamma_attproj", "gamma_fc",
+                                                                "gamma_fcproj"};
 
 /* Lanczos steps at most per certified eigenvalue (top_eig_upper). */
 #ifndef PROBE_DIRECT_MAX
@@ -77,18 +77,18 @@ const char *const probe_lin_gamma_names[MODEL_LIN_PER_LAYER] = {"gamma_qkv", "ga
 
 /* One thread's scratch. */
 typedef struct {
-    float *xn;       /* (T) ||x_i|| */
-    float *tmp_c;    /* (C) */
-    float *scores;   /* (T*T) one example's q.k of a head, for rows whose probabilities underflow */
+    float *xn;     /* (T) ||x_i|| */
+    float *tmp_c;  /* (C) */
+    float *scores; /* (T*T) one example's q.k of a head, for rows whose probabilities underflow */
     /* double precision, for the certified norms and the eigenspectrum */
-    double *wq, *wk; /* (d*C) a head's W_Q^h^T, W_K^h^T rows */
+    double *wq, *wk;               /* (d*C) a head's W_Q^h^T, W_K^h^T rows */
     double *gq, *lk, *s, *t1, *mm; /* (d*d) */
-    float *gf;       /* (nx*nx) an example's Gram matrix in float */
-    double *g, *a;   /* (nx*nx) its Gram matrix, the Cholesky test's matrix */
-    double *v1, *v2; /* (max(nx, d)) */
-    double *q;       /* ((PROBE_LANCZOS_MAX + 1) * max(nx, d)) Lanczos basis */
-    double *work;    /* LAPACK workspace (lwork) */
-    int *iwork;      /* (10*nx) */
+    float *gf;                     /* (nx*nx) an example's Gram matrix in float */
+    double *g, *a;                 /* (nx*nx) its Gram matrix, the Cholesky test's matrix */
+    double *v1, *v2;               /* (max(nx, d)) */
+    double *q;                     /* ((PROBE_LANCZOS_MAX + 1) * max(nx, d)) Lanczos basis */
+    double *work;                  /* LAPACK workspace (lwork) */
+    int *iwork;                    /* (10*nx) */
 } probe_scratch;
 
 
@@ -97,17 +97,17 @@ struct probe {
     int L, H, C, d, B, T, nlin;
     probe_metrics out;
     float *metric_mem;
-    int nx;          /* min(T, C): the largest Gram matrix of an example's input */
-    int lwork;       /* doubles in probe_scratch.work */
-    double *v_qk;    /* (L*H, d) warm starts of the top eigenvector of S (sigma_qk) */
-    double *v_aug;   /* (L*H, d) and of the b_Q-augmented S~ (the bound's sigma) */
-    double *v_x;     /* (L, nx) and of an example's Gram matrix (shared by the examples) */
-    int *n_x;        /* (L) dimension v_x was last used with */
-    float *sig_b;    /* (L*H) the bound's sigma of each head, rounded up */
-    float *rn;       /* (L, B, T) ||x~_i|| of each row of the examples used */
-    float *xs;       /* (L, B) ||X_b||_2, rounded up */
-    int *aug;        /* (L) layer has a non-zero query bias */
-    int nscratch;    /* threads the scratch below is sized for */
+    int nx;        /* min(T, C): the largest Gram matrix of an example's input */
+    int lwork;     /* doubles in probe_scratch.work */
+    double *v_qk;  /* (L*H, d) warm starts of the top eigenvector of S (sigma_qk) */
+    double *v_aug; /* (L*H, d) and of the b_Q-augmented S~ (the bound's sigma) */
+    double *v_x;   /* (L, nx) and of an example's Gram matrix (shared by the examples) */
+    int *n_x;      /* (L) dimension v_x was last used with */
+    float *sig_b;  /* (L*H) the bound's sigma of each head, rounded up */
+    float *rn;     /* (L, B, T) ||x~_i|| of each row of the examples used */
+    float *xs;     /* (L, B) ||X_b||_2, rounded up */
+    int *aug;      /* (L) layer has a non-zero query bias */
+    int nscratch;  /* threads the scratch below is sized for */
     probe_scratch *scr;
     /* the current call, for the worker threads */
     model *m;
@@ -123,23 +123,23 @@ struct probe {
 
 static double now_s(void) { return now_mono_ms() / 1e3; }
 
-static void random_unit(float *v, int n, uint64_t *rng)
-{
+static void random_unit(float *v, int n, uint64_t *rng) {
     double s = 0.0;
-    for (int i = 0; i < n; i++) { v[i] = model_random_normal(rng); s += (double)v[i] * v[i]; }
+    for (int i = 0; i < n; i++) {
+        v[i] = model_random_normal(rng);
+        s += (double)v[i] * v[i];
+    }
     float k = s > 0 ? (float)(1.0 / sqrt(s)) : 0.0f;
     for (int i = 0; i < n; i++) v[i] *= k;
 }
 
 /* Fills v (n) with the unit vector (1, ..., 1) / sqrt(n): a deterministic
  * warm start; the certification below does not depend on it. */
-static void flat_unit(double *v, int n)
-{
+static void flat_unit(double *v, int n) {
     for (int i = 0; i < n; i++) v[i] = 1.0 / sqrt((double)n);
 }
 
-probe *probe_create(const model *m, const probe_config *cfg)
-{
+probe *probe_create(const model *m, const probe_config *cfg) {
     probe *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->cfg.examples = cfg && cfg->examples >= 0 ? cfg->examples : PROBE_DEFAULT_EXAMPLES;
@@ -194,8 +194,8 @@ probe *probe_create(const model *m, const probe_config *cfg)
         sc->q = malloc(sizeof(double) * (PROBE_LANCZOS_MAX + 1) * nv);
         sc->work = malloc(sizeof(double) * p->lwork);
         sc->iwork = malloc(sizeof(int) * 10 * nv);
-        if (!sc->xn || !sc->tmp_c || !sc->scores || !sc->wq || !sc->wk || !sc->gq || !sc->lk || !sc->s ||
-            !sc->t1 || !sc->mm || !sc->gf || !sc->g || !sc->a || !sc->v1 || !sc->v2 || !sc->q || !sc->work || !sc->iwork)
+        if (!sc->xn || !sc->tmp_c || !sc->scores || !sc->wq || !sc->wk || !sc->gq || !sc->lk || !sc->s || !sc->t1 ||
+            !sc->mm || !sc->gf || !sc->g || !sc->a || !sc->v1 || !sc->v2 || !sc->q || !sc->work || !sc->iwork)
             goto err;
     }
     p->inv_log = malloc(sizeof(float) * (T + 1));
@@ -203,16 +203,19 @@ probe *probe_create(const model *m, const probe_config *cfg)
     p->sq_prod = malloc(sizeof(float) * (T + 1));
     p->lin_off_u = malloc(sizeof(size_t) * (p->nlin + 1));
     p->lin_off_v = malloc(sizeof(size_t) * (p->nlin + 1));
-    if (!p->metric_mem || !p->v_qk || !p->v_aug || !p->v_x || !p->n_x || !p->sig_b || !p->rn || !p->xs ||
-        !p->aug || !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
+    if (!p->metric_mem || !p->v_qk || !p->v_aug || !p->v_x || !p->n_x || !p->sig_b || !p->rn || !p->xs || !p->aug ||
+        !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
         goto err;
     size_t su = 0, sv = 0;
     for (int i = 0; i < p->nlin; i++) {
         const sreparam_linear *l = model_linear(m, i);
-        p->lin_off_u[i] = su; p->lin_off_v[i] = sv;
-        su += (size_t)l->in; sv += (size_t)l->out;
+        p->lin_off_u[i] = su;
+        p->lin_off_v[i] = sv;
+        su += (size_t)l->in;
+        sv += (size_t)l->out;
     }
-    p->lin_off_u[p->nlin] = su; p->lin_off_v[p->nlin] = sv;
+    p->lin_off_u[p->nlin] = su;
+    p->lin_off_v[p->nlin] = sv;
     if (m->cfg.reparam == MODEL_REPARAM_NONE) {
         p->lin_u = malloc(sizeof(float) * su);
         p->lin_v = calloc(sv, sizeof(float));
@@ -224,8 +227,7 @@ probe *probe_create(const model *m, const probe_config *cfg)
         flat_unit(p->v_aug + k * d, d);
     }
     if (p->lin_u)
-        for (int i = 0; i < p->nlin; i++)
-            random_unit(p->lin_u + p->lin_off_u[i], model_linear(m, i)->in, &rng);
+        for (int i = 0; i < p->nlin; i++) random_unit(p->lin_u + p->lin_off_u[i], model_linear(m, i)->in, &rng);
     p->inv_log[0] = p->inv_log[1] = 0.0f;
     p->sq_ratio[0] = p->sq_ratio[1] = p->sq_prod[0] = p->sq_prod[1] = 0.0f;
     for (int i = 2; i <= T; i++) {
@@ -236,20 +238,33 @@ probe *probe_create(const model *m, const probe_config *cfg)
 
     probe_metrics *o = &p->out;
     float *f = p->metric_mem;
-    o->layers = L; o->heads = H;
-    o->entropy = f; f += LH;
-    o->entropy_norm = f; f += LH;
-    o->max_logit = f; f += LH;
-    o->sigma_qk = f; f += LH;
-    o->entropy_bound = f; f += LH;
-    o->logit_scale = f; f += LH;
-    o->eig_mean = f; f += LH;
-    o->eig_var = f; f += LH;
-    o->rank_ratio = f; f += L;
-    o->cos_sim = f; f += L;
+    o->layers = L;
+    o->heads = H;
+    o->entropy = f;
+    f += LH;
+    o->entropy_norm = f;
+    f += LH;
+    o->max_logit = f;
+    f += LH;
+    o->sigma_qk = f;
+    f += LH;
+    o->entropy_bound = f;
+    f += LH;
+    o->logit_scale = f;
+    f += LH;
+    o->eig_mean = f;
+    f += LH;
+    o->eig_var = f;
+    f += LH;
+    o->rank_ratio = f;
+    f += L;
+    o->cos_sim = f;
+    f += L;
     for (int k = 0; k < MODEL_LIN_PER_LAYER; k++) {
-        o->lin_sigma[k] = f; f += L;
-        o->lin_gamma[k] = f; f += L;
+        o->lin_sigma[k] = f;
+        f += L;
+        o->lin_gamma[k] = f;
+        f += L;
     }
     return p;
 err:
@@ -257,23 +272,50 @@ err:
     return NULL;
 }
 
-void probe_destroy(probe *p)
-{
+void probe_destroy(probe *p) {
     if (!p) return;
-    free(p->metric_mem); free(p->v_qk); free(p->v_aug); free(p->v_x); free(p->n_x); free(p->sig_b);
+    free(p->metric_mem);
+    free(p->v_qk);
+    free(p->v_aug);
+    free(p->v_x);
+    free(p->n_x);
+    free(p->sig_b);
     for (int t = 0; p->scr && t < p->nscratch; t++) {
         probe_scratch *sc = &p->scr[t];
-        free(sc->xn); free(sc->tmp_c); free(sc->scores);
-        free(sc->wq); free(sc->wk); free(sc->gq); free(sc->lk); free(sc->s); free(sc->t1); free(sc->mm);
-        free(sc->gf); free(sc->g); free(sc->a); free(sc->v1); free(sc->v2); free(sc->q); free(sc->work); free(sc->iwork);
+        free(sc->xn);
+        free(sc->tmp_c);
+        free(sc->scores);
+        free(sc->wq);
+        free(sc->wk);
+        free(sc->gq);
+        free(sc->lk);
+        free(sc->s);
+        free(sc->t1);
+        free(sc->mm);
+        free(sc->gf);
+        free(sc->g);
+        free(sc->a);
+        free(sc->v1);
+        free(sc->v2);
+        free(sc->q);
+        free(sc->work);
+        free(sc->iwork);
     }
-    free(p->scr); free(p->rn); free(p->xs); free(p->aug); free(p->inv_log); free(p->sq_ratio); free(p->sq_prod);
-    free(p->lin_u); free(p->lin_v); free(p->lin_off_u); free(p->lin_off_v);
+    free(p->scr);
+    free(p->rn);
+    free(p->xs);
+    free(p->aug);
+    free(p->inv_log);
+    free(p->sq_ratio);
+    free(p->sq_prod);
+    free(p->lin_u);
+    free(p->lin_v);
+    free(p->lin_off_u);
+    free(p->lin_off_v);
     free(p);
 }
 
-double probe_entropy_bound(int T, double s)
-{
+double probe_entropy_bound(int T, double s) {
     if (T <= 1) return 0.0;
     if (!(s > 0.0)) return log((double)T);
     double r = s * sqrt((double)T / (T - 1));
@@ -289,8 +331,7 @@ double probe_entropy_bound(int T, double s)
 #define LANES 16
 
 /* probe_entropy_bound in float with tables, for the per-row hot path. */
-static inline float bound_f(const probe *p, int T, float s)
-{
+static inline float bound_f(const probe *p, int T, float s) {
     if (T <= 1) return 0.0f;
     float r = s * p->sq_ratio[T];
     if (!(r <= 60.0f)) return r > 60.0f ? 0.0f : NAN;
@@ -311,32 +352,38 @@ typedef int32_t probe_v8i __attribute__((vector_size(32)));
  * harmless, they are multiplied by themselves (so 0 log 0 = 0 without a
  * select).  Below sqrt(1/2) the mantissa is doubled and the exponent
  * lowered, branch-free. */
-static inline probe_v8f log_bits_v(probe_v8i bits)
-{
-    probe_v8i e = (bits >> 23) - 126;               /* bits >= 0: non-negative floats */
+static inline probe_v8f log_bits_v(probe_v8i bits) {
+    probe_v8i e = (bits >> 23) - 126; /* bits >= 0: non-negative floats */
     probe_v8i mb = (bits & 0x007fffff) | 0x3f000000;
     probe_v8f mf = (probe_v8f)mb;
     probe_v8f lt = __builtin_convertvector(-(probe_v8i)(mf < 0.70710678f), probe_v8f);
     probe_v8f x = mf - 1.0f + lt * mf;
     probe_v8f fe = __builtin_convertvector(e, probe_v8f) - lt;
     probe_v8f z = x * x;
-    probe_v8f y = ((((((((7.0376836292E-2f * x - 1.1514610310E-1f) * x + 1.1676998740E-1f) * x
-                        - 1.2420140846E-1f) * x + 1.4249322787E-1f) * x - 1.6668057665E-1f) * x
-                     + 2.0000714765E-1f) * x - 2.4999993993E-1f) * x + 3.3333331174E-1f) * x * z;
+    probe_v8f y = ((((((((7.0376836292E-2f * x - 1.1514610310E-1f) * x + 1.1676998740E-1f) * x - 1.2420140846E-1f) * x +
+                       1.4249322787E-1f) *
+                          x -
+                      1.6668057665E-1f) *
+                         x +
+                     2.0000714765E-1f) *
+                        x -
+                    2.4999993993E-1f) *
+                       x +
+                   3.3333331174E-1f) *
+                  x * z;
     y += -2.12194440e-4f * fe;
     y += -0.5f * z;
     return x + y + 0.693359375f * fe;
 }
 
 /* One 16-lane block of row_entropy: entries j + k < n count. */
-static inline void entropy_block(const float *a, int j, int n, probe_v8f *acc, probe_v8i *hi, probe_v8i *lo)
-{
+static inline void entropy_block(const float *a, int j, int n, probe_v8f *acc, probe_v8i *hi, probe_v8i *lo) {
     const probe_v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
     for (int half = 0; half < 2; half++) {
         probe_v8i b;
         memcpy(&b, a + j + 8 * half, sizeof b);
-        probe_v8i v = lane + (j + 8 * half) < n;       /* all ones inside the row, else 0 */
-        probe_v8i m = (b & v) | (INT32_MAX & ~v);      /* outside: never the minimum */
+        probe_v8i v = lane + (j + 8 * half) < n;  /* all ones inside the row, else 0 */
+        probe_v8i m = (b & v) | (INT32_MAX & ~v); /* outside: never the minimum */
         probe_v8i g = b > *hi, l = m < *lo;
         *hi = (b & g) | (*hi & ~g);
         *lo = (m & l) | (*lo & ~l);
@@ -351,8 +398,8 @@ static inline void entropy_block(const float *a, int j, int n, probe_v8f *acc, p
  * kept out of the minimum.  A last partial block (nread not a multiple of
  * 16) is copied into a zero-padded block.  Probabilities are non-negative,
  * so their bit patterns order like the floats as signed integers too. */
-__attribute__((noinline)) static float row_entropy(const float *a, int n, int nread, uint32_t *hi_out, uint32_t *lo_out)
-{
+__attribute__((noinline)) static float row_entropy(const float *a, int n, int nread, uint32_t *hi_out,
+                                                   uint32_t *lo_out) {
     probe_v8f acc[2] = {{0}, {0}};
     probe_v8i hi = {0}, lo = hi + INT32_MAX;
     int j = 0;
@@ -375,8 +422,7 @@ __attribute__((noinline)) static float row_entropy(const float *a, int n, int nr
 }
 
 /* 8 partial sums: vectorizable without -ffast-math */
-static inline float dot(const float *a, const float *b, int n)
-{
+static inline float dot(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -394,8 +440,7 @@ static inline float dot(const float *a, const float *b, int n)
  * every pivot was positive (A is positive definite up to rounding), -1 at
  * the first pivot that is not (or not finite).  4 partial sums so the inner
  * products vectorize without -ffast-math. */
-static int chol(double *A, int n)
-{
+static int chol(double *A, int n) {
     for (int j = 0; j < n; j++) {
         double *aj = A + (size_t)j * n;
         for (int i = j; i < n; i++) {
@@ -422,8 +467,7 @@ static int chol(double *A, int n)
  * inverse iteration with the shift rho (1 + 1e-10) + tiny: the shifted
  * matrix is negative definite, so elimination without pivoting is stable.
  * c (k) scratch.  Only a warm start: accuracy is not critical. */
-static void ritz_vector(const double *alpha, const double *beta, int k, double rho, double *z, double *c)
-{
+static void ritz_vector(const double *alpha, const double *beta, int k, double rho, double *z, double *c) {
     double sigma = rho + 1e-10 * fabs(rho) + 1e-300;
     for (int i = 0; i < k; i++) z[i] = 1.0;
     for (int it = 0; it < 2; it++) {
@@ -438,7 +482,10 @@ static void ritz_vector(const double *alpha, const double *beta, int k, double r
         }
         for (int i = k - 2; i >= 0; i--) z[i] -= c[i] * z[i + 1];
         double nz = cblas_dnrm2(k, z, 1);
-        if (!(nz > 0.0) || !isfinite(nz)) { for (int i = 0; i < k; i++) z[i] = i == 0; return; }
+        if (!(nz > 0.0) || !isfinite(nz)) {
+            for (int i = 0; i < k; i++) z[i] = i == 0;
+            return;
+        }
         for (int i = 0; i < k; i++) z[i] /= nz;
     }
 }
@@ -448,13 +495,13 @@ static void ritz_vector(const double *alpha, const double *beta, int k, double r
  * absolute error is ~n u ||G|| and tr >= ||G|| for a PSD G, so the result
  * is never below lambda_max at the sizes here (n <= 1024).  a (n*n) scratch;
  * work/iwork as for top_eig_upper.  NaN when LAPACK fails. */
-static double top_eig_direct(const double *G, int n, double tr, double *a, double *work, int lwork, int *iwork)
-{
+static double top_eig_direct(const double *G, int n, double tr, double *a, double *work, int lwork, int *iwork) {
     memcpy(a, G, sizeof(double) * (size_t)n * n);
     int found = 0, isuppz[2];
     double ev = NAN;
-    if (LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'N', 'I', 'U', n, a, n, 0.0, 0.0, n, n, 0.0, &found, &ev, NULL, 1,
-                            isuppz, work, lwork, iwork, 10 * n) != 0 || found != 1)
+    if (LAPACKE_dsyevr_work(LAPACK_COL_MAJOR, 'N', 'I', 'U', n, a, n, 0.0, 0.0, n, n, 0.0, &found, &ev, NULL, 1, isuppz,
+                            work, lwork, iwork, 10 * n) != 0 ||
+        found != 1)
         return NAN;
     return ev + 1e-9 * tr;
 }
@@ -478,15 +525,17 @@ static double top_eig_direct(const double *G, int n, double tr, double *a, doubl
  * workspaces (lwork >= 26 n + 4 PROBE_LANCZOS_MAX^2, liwork >= 10 n).
  * NaN when G is not finite. */
 static double top_eig_upper(const double *G, int n, double *v, double *q, double *a, double *work, int lwork,
-                            int *iwork)
-{
+                            int *iwork) {
     double tr = 0.0;
     for (int i = 0; i < n; i++) tr += G[(size_t)i * n + i];
     if (!isfinite(tr)) return NAN;
     if (!(tr > 0.0)) return 0.0; /* PSD with zero trace: G = 0 */
     if (n <= PROBE_DIRECT_MAX) return top_eig_direct(G, n, tr, a, work, lwork, iwork);
     double vn = cblas_dnrm2(n, v, 1);
-    if (!(vn > 0.0) || !isfinite(vn)) { flat_unit(v, n); vn = 1.0; }
+    if (!(vn > 0.0) || !isfinite(vn)) {
+        flat_unit(v, n);
+        vn = 1.0;
+    }
     for (int i = 0; i < n; i++) q[i] = v[i] / vn;
     /* Lanczos with full reorthogonalization: basis q_0..q_k (rows of q) */
     int kmax = n < PROBE_LANCZOS_MAX ? n : PROBE_LANCZOS_MAX, k = 0;
@@ -545,16 +594,14 @@ static double top_eig_upper(const double *G, int n, double *v, double *q, double
 }
 
 /* x rounded up to a float (never below x). */
-static float up_f(double x)
-{
+static float up_f(double x) {
     float f = (float)x;
     return (double)f < x ? nextafterf(f, INFINITY) : f;
 }
 
 /* The Gram matrix G = A A^T (n x n, both triangles) of the row-major n x k
  * matrix A. */
-static void gram(const double *A, int n, int k, double *G)
-{
+static void gram(const double *A, int n, int k, double *G) {
     cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, n, k, 1.0, A, k, 0.0, G, n);
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) G[(size_t)i * n + j] = G[(size_t)j * n + i];
@@ -562,8 +609,7 @@ static void gram(const double *A, int n, int k, double *G)
 
 /* One power step on a linear layer's W with the probe's own vectors (used
  * with --reparam none, where the model keeps no sigma). */
-static float lin_power(const sreparam_linear *l, float *u, float *v)
-{
+static float lin_power(const sreparam_linear *l, float *u, float *v) {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, l->out, l->in, 1.0f, l->w, l->in, u, 1, 0.0f, v, 1);
     float nv = cblas_snrm2(l->out, v, 1);
     if (!(nv > 0.0f) || !isfinite(nv)) return isfinite(nv) ? 0.0f : NAN;
@@ -576,16 +622,14 @@ static float lin_power(const sreparam_linear *l, float *u, float *v)
 
 /* ---- the driver ------------------------------------------------------------ */
 
-static int any_nonzero(const float *x, int n)
-{
+static int any_nonzero(const float *x, int n) {
     for (int i = 0; i < n; i++)
         if (x[i] != 0.0f) return 1;
     return 0;
 }
 
 /* In place: x = (x + x^T) / 2 for the n x n row-major x. */
-static void symmetrize(double *x, int n)
-{
+static void symmetrize(double *x, int n) {
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
             double m = 0.5 * (x[(size_t)i * n + j] + x[(size_t)j * n + i]);
@@ -595,8 +639,7 @@ static void symmetrize(double *x, int n)
 
 /* Per-head weight metrics of layer l: sigma_qk, the bound's sigma, eig_mean,
  * eig_var (see the file comment). */
-static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
-{
+static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc) {
     int H = p->H, C = p->C, d = p->d;
     const float *W = model_qkv_weight(m, l);
     const float *bias = m->params.qkvb + (size_t)l * 3 * C;
@@ -604,7 +647,10 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
     for (int h = 0; h < H; h++) {
         size_t k = (size_t)l * H + h;
         const float *Wq = W + (size_t)h * d * C, *Wk = W + (size_t)C * C + (size_t)h * d * C;
-        for (size_t i = 0; i < (size_t)d * C; i++) { sc->wq[i] = Wq[i]; sc->wk[i] = Wk[i]; }
+        for (size_t i = 0; i < (size_t)d * C; i++) {
+            sc->wq[i] = Wq[i];
+            sc->wk[i] = Wk[i];
+        }
         gram(sc->wq, d, C, sc->gq);
         gram(sc->wk, d, C, sc->lk);
         /* Gk = Lk Lk^T; a singular Gk gets a jitter eps I, which can only
@@ -613,7 +659,7 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
         for (int a = 0; a < d; a++) trk += sc->lk[a * d + a];
         double sig = NAN, sigb = NAN;
         if (trk == 0.0) {
-            sig = sigb = 0.0;               /* W_K^h = 0: every logit is row-constant */
+            sig = sigb = 0.0; /* W_K^h = 0: every logit is row-constant */
         } else if (isfinite(trk)) {
             memcpy(sc->t1, sc->lk, sizeof(double) * d * d);
             int ok = chol(sc->lk, d) == 0;
@@ -626,13 +672,11 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
                 for (int a = 0; a < d; a++)
                     for (int b = a + 1; b < d; b++) sc->lk[a * d + b] = 0.0;
                 /* S = Lk^T Gq Lk has the squared singular values of W_Q^h W_K^h^T */
-                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d, d, d, 1.0, sc->gq, d, sc->lk, d, 0.0,
-                            sc->t1, d);
-                cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, d, 1.0, sc->lk, d, sc->t1, d, 0.0,
-                            sc->s, d);
+                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d, d, d, 1.0, sc->gq, d, sc->lk, d, 0.0, sc->t1,
+                            d);
+                cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, d, 1.0, sc->lk, d, sc->t1, d, 0.0, sc->s, d);
                 symmetrize(sc->s, d);
-                double mu = top_eig_upper(sc->s, d, p->v_qk + k * d, sc->q, sc->g, sc->work, p->lwork,
-                                          sc->iwork);
+                double mu = top_eig_upper(sc->s, d, p->v_qk + k * d, sc->q, sc->g, sc->work, p->lwork, sc->iwork);
                 sig = sqrt(mu / d);
                 sigb = sig;
                 if (aug) {
@@ -645,8 +689,8 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
                     }
                     for (int a = 0; a < d; a++)
                         for (int b = 0; b < d; b++) sc->t1[a * d + b] = sc->s[a * d + b] + sc->v2[a] * sc->v2[b];
-                    double mub = top_eig_upper(sc->t1, d, p->v_aug + k * d, sc->q, sc->g, sc->work, p->lwork,
-                                               sc->iwork);
+                    double mub =
+                        top_eig_upper(sc->t1, d, p->v_aug + k * d, sc->q, sc->g, sc->work, p->lwork, sc->iwork);
                     sigb = sqrt(mub / d);
                 }
             }
@@ -662,11 +706,15 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
         if (LAPACKE_dgeev_work(LAPACK_COL_MAJOR, 'N', 'N', d, sc->mm, d, wr, wi, NULL, 1, NULL, 1, sc->work,
                                p->lwork) == 0) {
             double mr = 0.0, mi = 0.0;
-            for (int a = 0; a < d; a++) { mr += wr[a]; mi += wi[a]; }
-            mr /= d; mi /= d;
+            for (int a = 0; a < d; a++) {
+                mr += wr[a];
+                mi += wi[a];
+            }
+            mr /= d;
+            mi /= d;
             double v = 0.0;
             for (int a = 0; a < d; a++) v += (wr[a] - mr) * (wr[a] - mr) + (wi[a] - mi) * (wi[a] - mi);
-            mean = mr;  /* the imaginary parts come in conjugate pairs: mi is rounding */
+            mean = mr; /* the imaginary parts come in conjugate pairs: mi is rounding */
             var = v / d;
         }
         p->out.eig_mean[k] = (float)mean;
@@ -680,8 +728,7 @@ static void head_weights(probe *p, model *m, int l, int aug, probe_scratch *sc)
  * ||E||_2 <= gamma_k ||X||_F^2 (k the inner dimension, gamma_k = k u / (1 - k u),
  * u = 2^-24, any summation order) and added; then top_eig_upper.  fro2 is
  * ||X_b||_F^2 (any over-estimate will do). */
-static double x_norm2(probe *p, int l, const float *Xb, int T, double fro2, probe_scratch *sc)
-{
+static double x_norm2(probe *p, int l, const float *Xb, int T, double fro2, probe_scratch *sc) {
     int C = p->C, n = T < C ? T : C, k = T < C ? C : T, nv = p->nx > p->d ? p->nx : p->d;
     float *gf = sc->gf;
     if (n == T) cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, T, C, 1.0f, Xb, C, 0.0f, gf, T);
@@ -690,13 +737,15 @@ static double x_norm2(probe *p, int l, const float *Xb, int T, double fro2, prob
         for (int j = 0; j <= i; j++) sc->g[(size_t)i * n + j] = sc->g[(size_t)j * n + i] = gf[(size_t)i * n + j];
     double u = FLT_EPSILON / 2, gamma = k * u / (1.0 - k * u);
     double *v = p->v_x + (size_t)l * nv;
-    if (p->n_x[l] != n) { flat_unit(v, n); p->n_x[l] = n; }
+    if (p->n_x[l] != n) {
+        flat_unit(v, n);
+        p->n_x[l] = n;
+    }
     return top_eig_upper(sc->g, n, v, sc->q, sc->a, sc->work, p->lwork, sc->iwork) + gamma * fro2 * (1.0 + 1e-6);
 }
 
 /* One layer: weight metrics, row norms, rank_ratio, cos_sim, ||X_b||_2. */
-static void layer_pass(probe *p, int l, probe_scratch *sc)
-{
+static void layer_pass(probe *p, int l, probe_scratch *sc) {
     model *m = p->m;
     int C = p->C, T = m->cur_T, nb = p->nb;
     const float *bias = m->params.qkvb + (size_t)l * 3 * C;
@@ -719,7 +768,10 @@ static void layer_pass(probe *p, int l, probe_scratch *sc)
             rn[i] = sqrtf(n2 + (float)aug);
             for (int c = 0; c < C; c++) mean[c] += x[c];
         }
-        for (int c = 0; c < C; c++) { double mc = mean[c] / T; mu2 += mc * mc; }
+        for (int c = 0; c < C; c++) {
+            double mc = mean[c] / T;
+            mu2 += mc * mc;
+        }
         /* mean of the unit rows */
         memset(mean, 0, sizeof(float) * C);
         for (int i = 0; i < T; i++) {
@@ -727,7 +779,10 @@ static void layer_pass(probe *p, int l, probe_scratch *sc)
             float k = xn[i] > 0.0f ? 1.0f / xn[i] : 0.0f;
             for (int c = 0; c < C; c++) mean[c] += x[c] * k;
         }
-        for (int c = 0; c < C; c++) { double mc = mean[c] / T; um2 += mc * mc; }
+        for (int c = 0; c < C; c++) {
+            double mc = mean[c] / T;
+            um2 += mc * mc;
+        }
         double res2 = fro2 - T * mu2;
         rank_sum += fro2 > 0 ? sqrt(res2 > 0 ? res2 / fro2 : 0.0) : 0.0;
         cos_sum += T > 1 ? (T * um2 - 1.0) / (T - 1) : 1.0;
@@ -738,8 +793,7 @@ static void layer_pass(probe *p, int l, probe_scratch *sc)
 }
 
 /* One head (after its layer's layer_pass): the pass over its attention rows. */
-static void head_pass(probe *p, int l, int h, probe_scratch *sc)
-{
+static void head_pass(probe *p, int l, int h, probe_scratch *sc) {
     model *m = p->m;
     int H = p->H, C = p->C, d = p->d, T = m->cur_T, nb = p->nb;
     size_t k = (size_t)l * H + h;
@@ -765,7 +819,7 @@ static void head_pass(probe *p, int l, int h, probe_scratch *sc)
             en_sum += e * p->inv_log[i + 1];
             float si = up_f(sx * rn[i]);
             b_sum += bound_f(p, i + 1, si);
-            if (!(si <= smax)) smax = si;   /* NaN propagates */
+            if (!(si <= smax)) smax = si; /* NaN propagates */
             /* logits at the row's extremes (see the file comment), anchored
              * on the diagonal a_ii when its probability is usable, else on
              * the argmax */
@@ -792,8 +846,8 @@ static void head_pass(probe *p, int l, int h, probe_scratch *sc)
                  * come here, so the whole example's Q K^T at once (one sgemm,
                  * rows of qkv are 3C apart) beats a dot product per logit */
                 if (!have_scores) {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, d, 1.0f, qb, 3 * C, kb, 3 * C,
-                                0.0f, sc->scores, T);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, d, 1.0f, qb, 3 * C, kb, 3 * C, 0.0f,
+                                sc->scores, T);
                     have_scores = 1;
                 }
                 const float *srow = sc->scores + (size_t)i * T;
@@ -804,7 +858,7 @@ static void head_pass(probe *p, int l, int h, probe_scratch *sc)
                 }
             }
             float am = fabsf(amax) > fabsf(amin) ? fabsf(amax) : fabsf(amin);
-            if (!(am <= ml)) ml = am;   /* NaN propagates */
+            if (!(am <= ml)) ml = am; /* NaN propagates */
         }
     }
     p->out.entropy[k] = (float)(e_sum / ((double)nb * T));
@@ -817,8 +871,7 @@ static void head_pass(probe *p, int l, int h, probe_scratch *sc)
 /* model_parallel task: whole layers round-robin over the threads, so one
  * hand-off covers everything (each hand-off to a worker can cost a scheduler
  * slice on a busy machine). */
-static void probe_task(void *ctx, int t, int nt)
-{
+static void probe_task(void *ctx, int t, int nt) {
     probe *p = ctx;
     for (int l = t; l < p->L; l += nt) {
         layer_pass(p, l, &p->scr[t]);
@@ -826,8 +879,7 @@ static void probe_task(void *ctx, int t, int nt)
     }
 }
 
-const probe_metrics *probe_compute(probe *p, model *m)
-{
+const probe_metrics *probe_compute(probe *p, model *m) {
     double t0 = now_s();
     probe_metrics *o = &p->out;
     int B = m->cur_B;

@@ -46,12 +46,12 @@
 #define PROBE_DEFAULT_EIG_EVERY 8
 
 typedef struct {
-    int examples;    /* examples of the batch used (first ones); 0 = all;
+    int examples;  /* examples of the batch used (first ones); 0 = all;
                         default (negative) PROBE_DEFAULT_EXAMPLES */
-    int iters;       /* unused since the norms behind sigma_qk and the bound
+    int iters;     /* unused since the norms behind sigma_qk and the bound
                         are certified (kept for callers' configs); <= 0:
                         PROBE_DEFAULT_ITERS */
-    int eig_every;   /* eig_mean/eig_var on every eig_every-th call (the first
+    int eig_every; /* eig_mean/eig_var on every eig_every-th call (the first
                         included): a dgeev per head costs about as much as
                         all the rest of the probe at d = 32; <= 0:
                         PROBE_DEFAULT_EIG_EVERY */
@@ -61,29 +61,29 @@ typedef struct {
  * [layer][head]; layer arrays (L).  Owned by the probe. */
 typedef struct {
     int layers, heads;
-    float *entropy;       /* mean over examples and rows of Ent(A_i), nats */
-    float *entropy_norm;  /* mean over examples and rows i >= 1 of Ent(A_i)/log(i+1) */
-    float *max_logit;     /* max |a_ij| over examples and unmasked (i, j), scaled logits */
-    float *sigma_qk;      /* ||W_Q^h W_K^h^T||_2 / sqrt(d), certified: never below the
+    float *entropy;                        /* mean over examples and rows of Ent(A_i), nats */
+    float *entropy_norm;                   /* mean over examples and rows i >= 1 of Ent(A_i)/log(i+1) */
+    float *max_logit;                      /* max |a_ij| over examples and unmasked (i, j), scaled logits */
+    float *sigma_qk;                       /* ||W_Q^h W_K^h^T||_2 / sqrt(d), certified: never below the
                              exact value, at most ~1e-7 relative above it */
-    float *entropy_bound; /* Theorem 3.1 per row (T_i keys, argument s_i below),
+    float *entropy_bound;                  /* Theorem 3.1 per row (T_i keys, argument s_i below),
                              averaged like entropy; never above the exact bound */
-    float *logit_scale;   /* max over examples and rows of s_i = ||[W_Q^h|b_Q^h]^T W_K^h||_2
+    float *logit_scale;                    /* max over examples and rows of s_i = ||[W_Q^h|b_Q^h]^T W_K^h||_2
                              / sqrt(d) * ||[x_i; 1]|| * ||X_b||_2: a certified upper bound
                              on the centred L2 norm of every logit row */
-    float *eig_mean;      /* mean of the d eigenvalues of M = W_K^h^T W_Q^h / sqrt(d)
+    float *eig_mean;                       /* mean of the d eigenvalues of M = W_K^h^T W_Q^h / sqrt(d)
                              (real: the trace is) */
-    float *eig_var;       /* mean over those d of |lambda - eig_mean|^2 (complex
+    float *eig_var;                        /* mean over those d of |lambda - eig_mean|^2 (complex
                              lambda from LAPACK dgeev): >= 0 */
-    float *rank_ratio;    /* ||X - 1 mean(X)||_F / ||X||_F of the attention input */
-    float *cos_sim;       /* mean pairwise cosine similarity of its rows */
+    float *rank_ratio;                     /* ||X - 1 mean(X)||_F / ||X||_F of the attention input */
+    float *cos_sim;                        /* mean pairwise cosine similarity of its rows */
     float *lin_sigma[MODEL_LIN_PER_LAYER]; /* sigma(W) per layer: qkv, attproj, fc, fcproj */
     float *lin_gamma[MODEL_LIN_PER_LAYER]; /* gamma per layer (1 with --reparam none) */
     float lm_sigma, lm_gamma;              /* the LM head */
-    int eig_fresh;        /* eig_mean/eig_var were computed by the last call
+    int eig_fresh;                         /* eig_mean/eig_var were computed by the last call
                              (else they hold an earlier call's values) */
-    int examples_used;    /* nb of the last compute */
-    double seconds;       /* wall time of the last probe_compute */
+    int examples_used;                     /* nb of the last compute */
+    double seconds;                        /* wall time of the last probe_compute */
 } probe_metrics;
 
 /* Names of lin_sigma[k] / lin_gamma[k] as telemetry metrics:

@@ -24,15 +24,15 @@ enum { RESPOND_ACT_WARN, RESPOND_ACT_CHECKPOINT, RESPOND_ACT_ROLLBACK, RESPOND_A
 extern const char *const respond_action_names[4];
 
 typedef struct {
-    int action;               /* RESPOND_ACT_* */
-    const char *rules;        /* comma-separated rule names to act on; NULL: any */
-    const char *save_path;    /* where checkpoint/stop save ("{step}" replaced); NULL:
+    int action;            /* RESPOND_ACT_* */
+    const char *rules;     /* comma-separated rule names to act on; NULL: any */
+    const char *save_path; /* where checkpoint/stop save ("{step}" replaced); NULL:
                                  SPOOL_DIR/RUN-step{step}.ckpt, "." without a spool */
-    const char *spool_dir;    /* or NULL */
-    int rollback_every;       /* snapshot every N steps (rollback), >= 1 */
-    int rollback_keep;        /* snapshots kept (rollback), >= 1 */
-    int max_rollbacks;        /* a firing alert after this many rollbacks stops the run */
-    float lr_scale;           /* the learning rate is multiplied by it at each rollback */
+    const char *spool_dir; /* or NULL */
+    int rollback_every;    /* snapshot every N steps (rollback), >= 1 */
+    int rollback_keep;     /* snapshots kept (rollback), >= 1 */
+    int max_rollbacks;     /* a firing alert after this many rollbacks stops the run */
+    float lr_scale;        /* the learning rate is multiplied by it at each rollback */
 } respond_config;
 
 /* What the run does after respond_after_step. */
@@ -51,8 +51,7 @@ typedef struct respond respond;
 /* Strings in c are not copied: they must outlive the respond.  With
  * RESPOND_ACT_ROLLBACK takes the first snapshot of the run's state now.
  * Returns NULL when out of memory. */
-respond *respond_create(const respond_config *c, const ckpt_meta *r, const model *m,
-                        const optim *opt);
+respond *respond_create(const respond_config *c, const ckpt_meta *r, const model *m, const optim *opt);
 /* Accepts NULL. */
 void respond_destroy(respond *rs);
 
@@ -61,7 +60,7 @@ void respond_destroy(respond *rs);
  * NULL on ranks other than 0: they hear nothing and follow rank 0) and
  * that began at or before r->step.  Prints what it does and sends it to
  * the daemon as an event. */
-respond_result respond_after_step(respond *rs, monitor *mon, dist *dd, ckpt_meta *r, model *m,
-                                  optim *opt, char *err, size_t errlen);
+respond_result respond_after_step(respond *rs, monitor *mon, dist *dd, ckpt_meta *r, model *m, optim *opt, char *err,
+                                  size_t errlen);
 
 #endif

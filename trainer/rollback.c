@@ -16,19 +16,20 @@ struct rollback {
     snapshot *s;
 };
 
-rollback *rollback_create(int keep)
-{
+rollback *rollback_create(int keep) {
     if (keep < 1) keep = 1;
     rollback *rb = calloc(1, sizeof *rb);
     if (!rb) return NULL;
     rb->keep = keep;
     rb->s = calloc((size_t)keep, sizeof *rb->s);
-    if (!rb->s) { free(rb); return NULL; }
+    if (!rb->s) {
+        free(rb);
+        return NULL;
+    }
     return rb;
 }
 
-void rollback_destroy(rollback *rb)
-{
+void rollback_destroy(rollback *rb) {
     if (!rb) return;
     for (int i = 0; i < rb->keep; i++) {
         free(rb->s[i].params);
@@ -40,8 +41,7 @@ void rollback_destroy(rollback *rb)
     free(rb);
 }
 
-static int copy_in(float **dst, size_t *have, const float *src, size_t n)
-{
+static int copy_in(float **dst, size_t *have, const float *src, size_t n) {
     if (*have != n || (!*dst && n)) {
         free(*dst);
         *dst = n ? malloc(n * sizeof(float)) : NULL;
@@ -53,8 +53,7 @@ static int copy_in(float **dst, size_t *have, const float *src, size_t n)
     return 0;
 }
 
-int rollback_take(rollback *rb, const ckpt_meta *r, const model *m, const optim *o)
-{
+int rollback_take(rollback *rb, const ckpt_meta *r, const model *m, const optim *o) {
     snapshot *s = NULL;
     for (int i = 0; i < rb->keep && !s; i++)
         if (!rb->s[i].used) s = &rb->s[i];
@@ -83,8 +82,7 @@ int rollback_take(rollback *rb, const ckpt_meta *r, const model *m, const optim 
     return 0;
 }
 
-long rollback_restore(rollback *rb, long before_step, ckpt_meta *r, model *m, optim *o)
-{
+long rollback_restore(rollback *rb, long before_step, ckpt_meta *r, model *m, optim *o) {
     snapshot *best = NULL;
     for (int i = 0; i < rb->keep; i++) {
         snapshot *s = &rb->s[i];

@@ -20,15 +20,15 @@
 #include <stdint.h>
 
 typedef struct {
-    int out, in;     /* shape of W */
-    float *w;        /* (out, in) trained weight; not owned */
-    float *dw;       /* (out, in) its gradient (added into); not owned */
-    float *gamma;    /* scalar learnable gain; not owned */
-    float *dgamma;   /* its gradient (added into); not owned */
-    float *weff;     /* (out, in) W_hat, written by sreparam_forward; not owned; may be NULL */
-    float *u;        /* (in)  right singular vector estimate, unit norm; not owned */
-    float *v;        /* (out) left singular vector estimate, unit norm; not owned */
-    float sigma;     /* current estimate of sigma(W) = v^T W u */
+    int out, in;   /* shape of W */
+    float *w;      /* (out, in) trained weight; not owned */
+    float *dw;     /* (out, in) its gradient (added into); not owned */
+    float *gamma;  /* scalar learnable gain; not owned */
+    float *dgamma; /* its gradient (added into); not owned */
+    float *weff;   /* (out, in) W_hat, written by sreparam_forward; not owned; may be NULL */
+    float *u;      /* (in)  right singular vector estimate, unit norm; not owned */
+    float *v;      /* (out) left singular vector estimate, unit norm; not owned */
+    float sigma;   /* current estimate of sigma(W) = v^T W u */
 } sreparam_linear;
 
 /* One power-iteration step on the current W: v <- normalize(W u),

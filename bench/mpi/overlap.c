@@ -19,8 +19,7 @@
 static double work_sink;
 
 /* About `units` x 64k multiply-adds on a 64 KiB array (stays in L2). */
-static void compute(long units, int test_every, MPI_Request *req)
-{
+static void compute(long units, int test_every, MPI_Request *req) {
     static float a[16384];
     float acc = 0.0f;
     for (long u = 0; u < units; u++) {
@@ -36,20 +35,17 @@ static void compute(long units, int test_every, MPI_Request *req)
     work_sink += acc;
 }
 
-static int cmp(const void *x, const void *y)
-{
+static int cmp(const void *x, const void *y) {
     double a = *(const double *)x, b = *(const double *)y;
     return a < b ? -1 : a > b;
 }
 
-static double median(double *v, int n)
-{
+static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -103,8 +99,8 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("overlap: %ld floats, medians of %d: all-reduce %.2f ms, compute %.2f ms, "
                "overlapped %.2f ms (hidden %.0f%% of the all-reduce), with MPI_Test %.2f ms (hidden %.0f%%)\n",
-               n, reps, 1e3 * m[0], 1e3 * m[1], 1e3 * m[2], 100.0 * (m[0] + m[1] - m[2]) / m[0],
-               1e3 * m[3], 100.0 * (m[0] + m[1] - m[3]) / m[0]);
+               n, reps, 1e3 * m[0], 1e3 * m[1], 1e3 * m[2], 100.0 * (m[0] + m[1] - m[2]) / m[0], 1e3 * m[3],
+               100.0 * (m[0] + m[1] - m[3]) / m[0]);
     for (int k = 0; k < 4; k++) free(t[k]);
     free(g);
     MPI_Finalize();

@@ -29,8 +29,7 @@ static float value_at(const uint8_t *d, size_t n, size_t i) {
 
 /* One step carrying every metric the rules name, each with the kind its
  * rule's scope wants (a name used under two scopes gets the first). */
-static void feed_step(struct alert_engine *e, const struct alert_rules *rs, int64_t step, const uint8_t *d,
-                      size_t n) {
+static void feed_step(struct alert_engine *e, const struct alert_rules *rs, int64_t step, const uint8_t *d, size_t n) {
     struct writer_item it = {.kind = WRITER_STEP, .run_id = 1, .seq = step + 1, .time = 1764500000.0 + step};
     struct proto_msg *m = &it.msg;
     m->type = PROTO_STEP;
@@ -51,7 +50,7 @@ static void feed_step(struct alert_engine *e, const struct alert_rules *rs, int6
             struct proto_metric *x = &metrics[nm++];
             memset(x, 0, sizeof *x);
             strcpy(x->name, names[k]);
-            x->kind = k == 4                         ? PROTO_SCALAR /* unless_training reads a scalar */
+            x->kind = k == 4                          ? PROTO_SCALAR /* unless_training reads a scalar */
                       : r->scope == ALERT_SCOPE_HEAD  ? PROTO_HEAD
                       : r->scope == ALERT_SCOPE_LAYER ? PROTO_LAYER
                                                       : PROTO_SCALAR;

@@ -51,9 +51,9 @@ static void check_static_path(const char *path) {
 static const struct {
     const char *name;
     int64_t lo, hi;
-} ints[] = {{"layer", 0, 1 << 20},  {"head", 0, 1 << 20},         {"from", 0, INT64_MAX / 2},
+} ints[] = {{"layer", 0, 1 << 20},    {"head", 0, 1 << 20},           {"from", 0, INT64_MAX / 2},
             {"to", 0, INT64_MAX / 2}, {"points", 1, HTTP_MAX_POINTS}, {"step", 0, INT64_MAX},
-            {"after", 0, INT64_MAX},  {"limit", 1, HTTP_MAX_EVENTS}, {"run", 1, INT64_MAX}};
+            {"after", 0, INT64_MAX},  {"limit", 1, HTTP_MAX_EVENTS},  {"run", 1, INT64_MAX}};
 
 /* The word-valued parameters and their words (http.c's tables). */
 static const struct {
@@ -114,8 +114,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int m = match(rt->path, target, &id, name, sizeof name);
         check(m >= -1 && m <= 2, "match returns -1, 0, 1 or 2");
         if (m == 1 && strstr(rt->path, "{id}")) check(id >= 1, "a matched run id is positive");
-        if (m == 2) check(strstr(rt->path, "{id}") && name[0] && strlen(name) < sizeof name && !strchr(name, '/'),
-                          "a matched run name is one non-empty path segment");
+        if (m == 2)
+            check(strstr(rt->path, "{id}") && name[0] && strlen(name) < sizeof name && !strchr(name, '/'),
+                  "a matched run name is one non-empty path segment");
     }
     check_static_path(target);
     for (char *kv = q; kv && *kv;) {

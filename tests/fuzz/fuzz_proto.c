@@ -30,11 +30,20 @@ static void check(int cond, const char *what) {
 static int utf8_valid(const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned c = s[i], cp, k;
-        if (c < 0x80) { i++; continue; }
-        if ((c & 0xe0) == 0xc0) { k = 2; cp = c & 0x1f; }
-        else if ((c & 0xf0) == 0xe0) { k = 3; cp = c & 0x0f; }
-        else if ((c & 0xf8) == 0xf0) { k = 4; cp = c & 0x07; }
-        else return 0;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if ((c & 0xe0) == 0xc0) {
+            k = 2;
+            cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            k = 3;
+            cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            k = 4;
+            cp = c & 0x07;
+        } else return 0;
         if (i + k > n) return 0;
         for (unsigned j = 1; j < k; j++) {
             if ((s[i + j] & 0xc0) != 0x80) return 0;
@@ -102,7 +111,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check(n < cap, "literal fits 6x + quotes");
             char *ev = malloc(n + 64);
             if (ev) {
-                int k = snprintf(ev, n + 64, "{\"type\":\"event\",\"seq\":1,\"level\":\"info\",\"text\":%.*s}", (int)n, lit);
+                int k = snprintf(ev, n + 64, "{\"type\":\"event\",\"seq\":1,\"level\":\"info\",\"text\":%.*s}", (int)n,
+                                 lit);
                 struct proto_msg e = {0};
                 int r2 = proto_parse(ev, (size_t)k, &e, err, sizeof err);
                 if (size <= PROTO_MAX_TEXT && memchr(line, 0, size) == NULL) {
