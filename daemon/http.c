@@ -352,14 +352,13 @@ static enum MHD_Result h_run(struct http *h, struct MHD_Connection *c, int64_t i
  * that does not fit the data (400, as from > to is), not an empty answer. */
 static int read_series(struct query *q, const void *arg, struct strbuf *b, char *err, size_t errlen) {
     const struct query_series_req *r = arg;
-    int rc = query_series(q, r, b, err, errlen);
+    struct query_series_range range;
+    int rc = query_series(q, r, b, &range, err, errlen);
     if (rc || !r->has_from || r->has_to) return rc;
-    /* the answer's "to" is the last step when none was asked for; names in
-     * it are JSON strings, where a quote is escaped: this is the field */
-    const char *to = b->p ? strstr(b->p, ",\"to\":") : NULL;
-    long long last;
-    if (to && sscanf(to + 6, "%lld", &last) == 1 && r->from > last) {
-        snprintf(err, errlen, "from %lld is past the last step of %s (%lld)", (long long)r->from, r->metric, last);
+    /* with no to asked for, the answer's to is the metric's last step */
+    if (r->from > range.to) {
+        snprintf(err, errlen, "from %lld is past the last step of %s (%lld)", (long long)r->from, r->metric,
+                 (long long)range.to);
         return QUERY_BAD;
     }
     return rc;
@@ -818,7 +817,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)upload_data;
     struct http *h = cls;
     struct req *r = *req_cls;
-    if (!r) { /* on_uri found no memory */
+    if (!r) { /* http_on_uri found no memory */
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         *req_cls = r;
     }

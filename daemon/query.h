@@ -157,8 +157,17 @@ struct query_series_req {
  * out of range or given for a metric without that axis; for a split of a
  * scalar, QUERY_SPLIT_HEAD of a layer metric or with a head, QUERY_SPLIT_LAYER
  * with a layer or head; and for more than QUERY_MAX_SERIES_BUCKETS series x
- * buckets. */
-int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err, size_t errlen);
+ * buckets.
+ *
+ * range, when not NULL, receives the answer's from and to (the metric's
+ * first / last step where the request left them out; to is 0 for a metric
+ * with no step), so that a caller may judge the range without reading the
+ * JSON back. Set on QUERY_OK only. */
+struct query_series_range {
+    int64_t from, to;
+};
+int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out,
+                 struct query_series_range *range, char *err, size_t errlen);
 
 /* A collapse timeline request (query_timeline); layer -1 when left out. */
 struct query_timeline_req {
@@ -241,7 +250,7 @@ void query_export_end(struct query_export *x);
 int query_prometheus(struct query *q, int heads, double now, double keep_s, struct strbuf *out, char *err,
                      size_t errlen);
 
-/* Alerts (README "Alerts"): a JSON array of alert episodes, newest first,
+/* Alerts (docs/alerts.md, "Querying alerts"): a JSON array of alert episodes, newest first,
  * each with its transitions. state is NULL, "firing" or "resolved" (else
  * QUERY_BAD); run_id 0 means every run (else QUERY_NOT_FOUND when no such
  * run); at most limit episodes. */

@@ -538,11 +538,13 @@ static int series_run(struct query *q, const struct query_series_req *req, struc
     return QUERY_OK;
 }
 
-int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out, char *err, size_t errlen) {
+int query_series(struct query *q, const struct query_series_req *req, struct strbuf *out,
+                 struct query_series_range *range, char *err, size_t errlen) {
     struct series sr = {.q = q};
     if (query_db_begin(q, err, errlen)) return QUERY_ERR;
     int ret = series_run(q, req, &sr, err, errlen);
     if (ret == QUERY_OK) series_emit(out, &sr, req, sr.kind, sr.from, sr.to, sr.lo, sr.hi);
+    if (ret == QUERY_OK && range) *range = (struct query_series_range){sr.from, sr.to};
     series_free(&sr);
     query_db_end(q);
     return ret;

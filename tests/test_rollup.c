@@ -427,7 +427,7 @@ static char *series(struct query *q, int64_t run, const struct window *w, int sp
                                    .split = split};
     struct strbuf sb = {0};
     char err[256];
-    if (query_series(q, &req, &sb, err, sizeof err) != QUERY_OK) fail_msg("series: %s", err);
+    if (query_series(q, &req, &sb, NULL, err, sizeof err) != QUERY_OK) fail_msg("series: %s", err);
     assert_false(sb.failed);
     return sb.p;
 }
@@ -808,7 +808,7 @@ static void as_check(struct query *q, int64_t run, const struct as_run *r, const
              whole ? -1LL : (long long)rq->from, whole ? -1LL : (long long)rq->to, (long long)rq->points,
              (long long)rq->layer, (long long)rq->head, rq->split);
     struct strbuf sb = {0};
-    if (query_series(q, &req, &sb, err, sizeof err) != QUERY_OK) fail_msg("%s: %s", ctx, err);
+    if (query_series(q, &req, &sb, NULL, err, sizeof err) != QUERY_OK) fail_msg("%s: %s", ctx, err);
     assert_false(sb.failed);
     cJSON *j = cJSON_Parse(sb.p);
     assert_non_null(j);
@@ -990,7 +990,7 @@ static void test_series_missing_chunk_row_reported(void **state) {
     assert_int_equal(sqlite3_changes(db), 1);
     struct query_series_req req = {.run_id = info.id, .metric = "ent", .layer = -1, .head = -1, .points = 1};
     struct strbuf sb = {0};
-    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_ERR);
+    assert_int_equal(query_series(q, &req, &sb, NULL, err, sizeof err), QUERY_ERR);
     if (!strstr(err, "run 1, metric \"ent\": steps 0..511: the level-2 rollup of block 0 has a total's row but no row "
                      "of chunk 0"))
         fail_msg("%s", err);

@@ -1431,7 +1431,7 @@ static void test_checksums_reported(void **state) {
     assert_non_null(q);
     struct strbuf clean = {0}, sb = {0};
     struct query_series_req req = {.run_id = run, .metric = "ent", .layer = -1, .head = -1, .points = 4};
-    assert_int_equal(query_series(q, &req, &clean, err, sizeof err), QUERY_OK);
+    assert_int_equal(query_series(q, &req, &clean, NULL, err, sizeof err), QUERY_OK);
     uint64_t errors0 = integrity_errors();
 
     /* every bit of the chunk's blob, one at a time (a bit per byte cycled) */
@@ -1498,7 +1498,7 @@ static void test_checksums_reported(void **state) {
     for (int off = 0; off < len; off++) {
         flip_blob(f->path, "rollups", "data", rwhere, off, (off + 3) % 8);
         sb.len = 0;
-        int rc = query_series(q, &req, &sb, err, sizeof err);
+        int rc = query_series(q, &req, &sb, NULL, err, sizeof err);
         if (rc != QUERY_ERR)
             fail_msg("byte %d of the level-1 rollup of block 2 flipped: the series answered %d", off, rc);
         expect_named(err, run, "steps 128..191");
@@ -1508,7 +1508,7 @@ static void test_checksums_reported(void **state) {
     snprintf(sql, sizeof sql, "UPDATE rollups SET crc = NULL WHERE %s", rwhere);
     assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     sb.len = 0;
-    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_OK);
+    assert_int_equal(query_series(q, &req, &sb, NULL, err, sizeof err), QUERY_OK);
     assert_true(sb.len == clean.len && memcmp(sb.p, clean.p, clean.len) == 0);
     assert_int_equal(check_report(f->path, &text), 0);
     free(text);
@@ -1522,7 +1522,7 @@ static void test_checksums_reported(void **state) {
     put_range(f, run, &seq, 300, 600, 0, 100);
     req.points = 1;
     sb.len = 0;
-    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_ERR);
+    assert_int_equal(query_series(q, &req, &sb, NULL, err, sizeof err), QUERY_ERR);
     expect_named(err, run, "steps 0..511");
     assert_int_equal(check_report(f->path, &text), 1);
     if (!strstr(text, "steps 128..191: level-1 rollup, chunk 0: checksum mismatch") ||
@@ -1566,7 +1566,7 @@ static void test_corrupt_frame_reported(void **state) {
     assert_int_equal(query_frame(q, run, "ent", 1, 70, &sb, err, sizeof err), QUERY_ERR);
     assert_non_null(strstr(err, "at step 70 has 8 bytes"));
     struct query_series_req req = {.run_id = run, .metric = "ent", .layer = -1, .head = -1, .points = 1000};
-    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_ERR);
+    assert_int_equal(query_series(q, &req, &sb, NULL, err, sizeof err), QUERY_ERR);
     assert_non_null(strstr(err, "at step 70 has 8 bytes"));
     /* frames before the bad one still read; a bad rollup is named too */
     assert_int_equal(query_frame(q, run, "ent", 1, 69, &sb, err, sizeof err), QUERY_OK);
@@ -1578,7 +1578,7 @@ static void test_corrupt_frame_reported(void **state) {
     assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_changes(db), 1);
     req.points = 1;
-    assert_int_equal(query_series(q, &req, &sb, err, sizeof err), QUERY_ERR);
+    assert_int_equal(query_series(q, &req, &sb, NULL, err, sizeof err), QUERY_ERR);
     assert_non_null(strstr(err, "level-1 rollup"));
     free(sb.p);
     sqlite3_close(db);
