@@ -46,7 +46,7 @@ CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
-# MPI (issue 10): build/sigmatrain-mpi, the same trainer with trainer/dist.c
+# MPI: build/sigmatrain-mpi, the same trainer with trainer/dist.c
 # compiled by mpicc with -DDIST_MPI.  Built when mpicc exists (MPI=1 demands
 # it, MPI=0 turns it off); build/sigmatrain itself never links MPI.
 MPICC ?= $(if $(BUILD_GOALS),$(shell command -v mpicc 2>/dev/null))
@@ -129,7 +129,7 @@ $(BUILD)/libdaemon.a: $(DAEMON_OBJ)
 $(BUILD)/libtrainer.a: $(TRAINER_OBJ)
 	@rm -f $@; ar rcs $@ $(if $^,$^,)
 
-# The client library (client/, issue 17): what any program links to stream
+# The client library (client/): what any program links to stream
 # to entropyd.  Static, shared (position-independent objects of their own)
 # and a pkg-config file; `make install PREFIX=...` puts them, the header and
 # the Python package under PREFIX.  Its only dependencies: libcjson, pthread.
@@ -190,7 +190,7 @@ $(BUILD)/mpi/trainer/dist.o: trainer/dist.c
 $(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(CLI_OBJ)
 	$(MPICC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# Every test and benchmark links both module libraries; the linker keeps only
+# Every test and benchmark links all the module libraries; the linker keeps only
 # the objects it needs.
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(CLI_OBJ)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
@@ -222,7 +222,7 @@ experiments:
 clean:
 	rm -rf build
 
-# Fuzzing (issue 9): libFuzzer harnesses tests/fuzz/fuzz_*.c, each linked with
+# Fuzzing: libFuzzer harnesses tests/fuzz/fuzz_*.c, each linked with
 # every daemon module (a harness that #includes a module's .c, like
 # fuzz_http_params with http.c, leaves it out). `make fuzz` runs each for
 # FUZZ_SECONDS (default 60) on its corpus tests/fuzz/corpus/NAME/.

@@ -1,7 +1,7 @@
 /* flags.h: the command-line flag table both programs (entropyd, sigmatrain)
  * parse with.  A program describes its flags once, as an array of `flag`
  * rows; that one table drives parsing, --help and, in sigmatrain, the
- * --resume check (flag_given tells which rows the user gave).
+ * --resume check (flags_parse's given array tells which rows the user gave).
  *
  *   static const flag FLAGS[] = {
  *       FLAG_SECTION_ROW("model:"),

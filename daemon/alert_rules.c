@@ -408,7 +408,7 @@ out:
 
 /* Reads and parses a rules file, or, without a path, the built-in rules
  * (schema/default_rules.json, embedded at build), whose thresholds are:
- * Thresholds are tuned on sigmatrain runs (README, "Alerts").
+ * Thresholds are tuned on sigmatrain runs (docs/alerts.md, "How the built-in rules were tuned").
  * entropy_collapse ("below V for F steps") fires on a head iff some F + 1
  * consecutive entropy_norm values of it are all below V (alert.c's
  * cell_step: `for` is a span of steps, step - pending_since >= F), i.e. iff
@@ -434,7 +434,7 @@ out:
  * 90% fired on 20 runs, all failures (the 16 that collapsed, 3 that
  * diverged, one whose loss stalled: pre-LN SGD lr 1), 0-141 steps before
  * entropy_collapse began, on no healthy run, and on none of 4 runs of
- * 2000-3000 steps whose heads sharpen slowly to 0.002-0.02 (README, "Alerts").
+ * 2000-3000 steps whose heads sharpen slowly to 0.002-0.02 (docs/alerts.md).
  * low_entropy_sigma_rising (called bound_saturation until the bound was
  * made exact): entropy within 0.05 nats of the Theorem 3.1 bound while
  * sigma_qk rises.  With every norm exact the bound is below 1e-6 nats on
@@ -445,7 +445,7 @@ out:
  * bound" holds trivially. Without its guard
  * (entropy_norm below 0.9) the rule fired on low-lr sigmaReparam runs at
  * steps 76-96 with every head at entropy_norm 1.000; with it, on 11 runs of
- * 300 steps (README, "Alerts") it fired on the two that collapsed only
+ * 300 steps (docs/alerts.md) it fired on the two that collapsed only
  * (pending from steps 21 and 103, the latter 62 steps before
  * entropy_collapse began at 165).
  * collapse_risk, collapse_risk_sigma_qk and collapse_risk_loss: one model,

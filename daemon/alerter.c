@@ -20,7 +20,7 @@
 #define ALERTER_RELEASE_BYTES (16u << 20)
 
 /* A verdict a step changed, waiting to ride in the writer's next
- * transaction (alerter_precommit). */
+ * transaction (precommit, the writer's hook). */
 struct pending_verdict {
     int64_t run_id;
     const char *state; /* alert_verdict_name: static */

@@ -3,9 +3,9 @@
  *
  * libmicrohttpd refuses a connection once --http-max-conns are open, and
  * its per-address limit does not stop one local user: every address of
- * 127.0.0.0/8 is loopback, so 512 idle sockets from nine of them took
- * every slot and /healthz was closed unanswered for as long as they
- * stayed. This module keeps the open connections in order of
+ * 127.0.0.0/8 is loopback, so 512 idle sockets from nine of them take
+ * every slot and /healthz is closed unanswered for as long as they
+ * stay. This module keeps the open connections in order of
  * idleness; when a newcomer finds every slot taken, the connection idle
  * longest (no request in progress: it never sent its headers, or waits
  * between keep-alive requests) is shut down to make room, as ingest does

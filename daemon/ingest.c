@@ -392,7 +392,7 @@ static void accept_ready(struct ingest *ing, int lfd) {
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
         c->fd = fd;
-        c->id = (++ing->next_id << 32) | (uint32_t)fd; /* unique, and names its fd: see conn_by_id */
+        c->id = (++ing->next_id << 32) | (uint32_t)fd; /* unique, and names its fd: see ingest_conn_by_id */
         c->reading = 1;
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_CONN_BASE + (uint64_t)fd};
         if (epoll_ctl(ing->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {

@@ -71,11 +71,11 @@ static void conn_refuse(struct ingest *ing, struct conn *c, int code, const char
  * input while the global budget is spent) without closing it: it is told
  * why, is no longer read, gives its input buffer back and shrinks its
  * kernel receive buffer, and is closed at its hello deadline or sooner
- * when its slot is wanted (conn_drop). Closing at once handed a flooding
- * client a loop as fast as it could reconnect: 60 TCP floods reconnected
- * without pause, and their CPU delayed /healthz and trainers' welcomes
- * past their bounds on a loaded 2-core machine. Held, their
- * sends block and cost neither side anything but a slot. c may be closed
+ * when its slot is wanted (ingest_conn_drop). Closing at once would hand
+ * a flooding client a loop as fast as it can reconnect: 60 TCP floods
+ * reconnecting without pause take enough CPU to delay /healthz and
+ * trainers' welcomes past their bounds on a loaded 2-core machine. Held,
+ * their sends block and cost neither side anything but a slot. c may be closed
  * when this returns (its peer was gone). */
 void ingest_conn_hold(struct ingest *ing, struct conn *c, int code, const char *msg) {
     ingest_send_error(ing, c, code, msg, 0);

@@ -1,8 +1,10 @@
 /* query_db.h: what the query families (query.c, query_series.c,
- * query_export.c) share inside the query module: a read connection with
- * its prepared statements, its read transactions, and the lookups every
- * family starts with. Not for use outside the query module: query.h is
- * the module's contract. */
+ * query_frames.c, query_timeline.c, query_export.c, query_remote.c) share
+ * inside the query module: a read connection with its prepared statements,
+ * its read transactions, and the lookups every family starts with. Only
+ * the query module's files include it (remote_write.c reads through
+ * query_remote.c's functions in query.h): query.h is the module's
+ * contract. */
 #ifndef QUERY_DB_H
 #define QUERY_DB_H
 

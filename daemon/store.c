@@ -162,7 +162,7 @@ static int64_t pragma_int(struct store *st, const char *sql) {
 /* Migration 9's part in C (schema/009_rollup_chunks.sql): the rollup rows
  * of metrics wider than a chunk, left in rollups_v8, decoded and written
  * again as chunk rows and a total's row each (what the writer writes now,
- * rollup_put); then rollups_v8 goes. A row that does not decode as its
+ * store_rollup_put); then rollups_v8 goes. A row that does not decode as its
  * metric's values is kept as it is in chunk 0, where a reader reports it
  * as corrupt (schema/storage.md), as it would have before. */
 static int migrate_rollup_chunks(struct store *st) {
@@ -181,7 +181,7 @@ static int migrate_rollup_chunks(struct store *st) {
                            "VALUES (?1, ?2, 0, ?3, ?4, ?5)",
                            -1, &ins, NULL) != SQLITE_OK ||
         /* the tables as they are at migration 9, without migration 11's
-         * crc (rollup_put's ?7 is left unbound: these rows get NULL, as
+         * crc (store_rollup_put's ?7 is left unbound: these rows get NULL, as
          * every row before migration 11) */
         sqlite3_prepare_v3(st->db,
                            "INSERT OR REPLACE INTO rollups(metric_id, level, chunk, block, nframes, data) "

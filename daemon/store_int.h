@@ -46,8 +46,8 @@ enum {
     S_REWIND_TOTALS,
     S_PURGE_NEXT,
     /* the hello path and transaction control, prepared once: preparing them
-     * at every hello was a third of the daemon's CPU per hello, and its
-     * mallocs grew slower as the heap filled with 10,000 runs */
+     * at every hello costs a third of the daemon's CPU per hello, and its
+     * mallocs grow slower as the heap fills (10,000 runs) */
     S_BEGIN,
     S_COMMIT,
     S_SAVEPOINT,

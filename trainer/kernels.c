@@ -162,7 +162,7 @@ double kernel_dot_double(const float *restrict x, const float *restrict y, long 
     return s;
 }
 
-/* Backward of matmul_forward with the same alpha: dinp (if not NULL) is
+/* Backward of kernel_matmul_forward with the same alpha: dinp (if not NULL) is
  * OVERWRITTEN with alpha dout @ w; dw = dw_beta dw + alpha dout^T inp; adds
  * into dbias (may be NULL). */
 KERNEL void kernel_matmul_backward(float *restrict dinp, float *restrict dw, float *restrict dbias,
@@ -309,7 +309,7 @@ KERNEL void kernel_gelu_forward(float *restrict out, float *restrict x, const fl
     }
 }
 
-/* d *= deriv (deriv from gelu_forward): the gradient through GELU, in place. */
+/* d *= deriv (deriv from kernel_gelu_forward): the gradient through GELU, in place. */
 KERNEL void kernel_gelu_backward(float *restrict d, const float *restrict deriv, long n) {
     for (long i = 0; i < n; i++) d[i] *= deriv[i];
 }

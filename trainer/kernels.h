@@ -9,7 +9,7 @@
  * kernel_X_backward(d-inputs..., d-outputs, saved inputs..., sizes).
  * Gradients of PARAMETERS are always added into. Gradients of ACTIVATIONS
  * are overwritten by matmul/attention backward, scaled in place by
- * gelu/crossentropy backward and added into by layernorm_backward; each
+ * gelu/crossentropy backward and added into by kernel_layernorm_backward; each
  * comment says which. Why not "always add" as in llm.c: that needs the
  * activation-gradient buffers zeroed every step, several MB of memset that
  * costs more than the σReparam bookkeeping we try to keep under 3%.
@@ -82,7 +82,7 @@ void kernel_layernorm_backward(float *restrict dinp, float *restrict dw, float *
 void kernel_matmul_forward(float *restrict out, const float *restrict inp, const float *restrict w, float alpha,
                            const float *restrict bias, const float *restrict residual, int N, int C, int OC);
 
-/* Backward of matmul_forward with the same alpha: dinp (if not NULL) is
+/* Backward of kernel_matmul_forward with the same alpha: dinp (if not NULL) is
  * OVERWRITTEN with alpha dout @ w; dw = dw_beta dw + alpha dout^T inp; adds
  * into dbias (may be NULL). */
 void kernel_matmul_backward(float *restrict dinp, float *restrict dw, float *restrict dbias, const float *restrict dout,
@@ -101,7 +101,7 @@ void kernel_attention_backward(float *dqkv, float *datt, const float *dout, cons
  * is not used again), so the backward does not recompute tanh. */
 void kernel_gelu_forward(float *restrict out, float *restrict x, const float *restrict bias, int N, int OC);
 
-/* d *= deriv (deriv from gelu_forward): the gradient through GELU, in place. */
+/* d *= deriv (deriv from kernel_gelu_forward): the gradient through GELU, in place. */
 void kernel_gelu_backward(float *restrict d, const float *restrict deriv, long n);
 
 /* probs (N, V) holds logits on entry and softmax on return; losses[n] gets

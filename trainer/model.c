@@ -505,7 +505,7 @@ static void grad_dot(model *m, model_shard *sh, int i, float *dinp, const float 
     sh->reparam_seconds += now_seconds() - t0;
 }
 
-/* Backward of linear i: matmul_backward into this shard's dW (shard 0 adds
+/* Backward of linear i: kernel_matmul_backward into this shard's dW (shard 0 adds
  * into the model's gradient, the others overwrite their private copy),
  * then its share of <G, W>. */
 static void linear_backward(model *m, model_shard *sh, int i, float *dinp, float *dbias, const float *dout,

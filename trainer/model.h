@@ -119,7 +119,7 @@ typedef struct {
     float *ln2;       /* (L, B, T, C) LN2 output (pre: of r2; post: of r3) */
     float *ln2_mean;  /* (L, B, T) */
     float *ln2_rstd;  /* (L, B, T) */
-    float *fch;       /* (L, B, T, 4C) gelu'(fc pre-activation), see gelu_forward */
+    float *fch;       /* (L, B, T, 4C) gelu'(fc pre-activation), see kernel_gelu_forward */
     float *fch_gelu;  /* (L, B, T, 4C) */
     float *residual3; /* (L, B, T, C) */
     float *lnf;       /* (B, T, C) */
