@@ -139,103 +139,65 @@ static void flat_unit(double *v, int n) {
     for (int i = 0; i < n; i++) v[i] = 1.0 / sqrt((double)n);
 }
 
-probe *probe_create(const model *m, const probe_config *cfg) {
-    probe *p = calloc(1, sizeof *p);
-    if (!p) return NULL;
-    p->cfg.examples = cfg && cfg->examples >= 0 ? cfg->examples : PROBE_DEFAULT_EXAMPLES;
-    p->cfg.iters = cfg && cfg->iters > 0 ? cfg->iters : PROBE_DEFAULT_ITERS;
-    p->cfg.eig_every = cfg && cfg->eig_every > 0 ? cfg->eig_every : PROBE_DEFAULT_EIG_EVERY;
-    int L = p->L = m->cfg.layers, H = p->H = m->cfg.heads, C = p->C = m->cfg.dim;
-    int d = p->d = C / H, T = p->T = m->T;
-    p->B = m->B;
-    p->nlin = m->num_linear;
-    int nx = p->nx = T < C ? T : C, nv = nx > d ? nx : d;
-    size_t LH = (size_t)L * H;
-    /* LAPACK workspaces: dgeev (no vectors) on d x d, dsyevr on nx x nx */
-    {
-        double q = 0.0, dummy = 0.0, wr = 0.0, wi = 0.0;
-        int lw = 0;
-        if (LAPACKE_dgeev_work(LAPACK_COL_MAJOR, 'N', 'N', d, &dummy, d, &wr, &wi, NULL, 1, NULL, 1, &q, -1) == 0)
-            lw = (int)q;
-        p->lwork = lw > 4 * d ? lw : 4 * d;
-        if (p->lwork < 26 * nv + 4 * PROBE_LANCZOS_MAX * PROBE_LANCZOS_MAX)
-            p->lwork = 26 * nv + 4 * PROBE_LANCZOS_MAX * PROBE_LANCZOS_MAX;
-    }
-    /* 8 head metrics, 2 + 2*4 layer metrics */
-    p->metric_mem = calloc(8 * LH + 10 * (size_t)L, sizeof(float));
-    p->v_qk = malloc(sizeof(double) * LH * d);
-    p->v_aug = malloc(sizeof(double) * LH * d);
-    p->v_x = malloc(sizeof(double) * L * nv);
-    p->n_x = calloc(L, sizeof(int));
-    p->sig_b = malloc(sizeof(float) * LH);
-    p->rn = malloc(sizeof(float) * L * p->B * T);
-    p->xs = malloc(sizeof(float) * L * p->B);
-    p->aug = malloc(sizeof(int) * L);
-    p->nscratch = m->nthreads > 0 ? m->nthreads : 1;
-    p->scr = calloc(p->nscratch, sizeof *p->scr);
-    if (!p->scr) goto err;
-    for (int t = 0; t < p->nscratch; t++) {
-        probe_scratch *sc = &p->scr[t];
-        sc->xn = malloc(sizeof(float) * T);
-        sc->tmp_c = malloc(sizeof(float) * C);
-        sc->scores = malloc(sizeof(float) * T * T);
-        sc->wq = malloc(sizeof(double) * d * C);
-        sc->wk = malloc(sizeof(double) * d * C);
-        sc->gq = malloc(sizeof(double) * d * d);
-        sc->lk = malloc(sizeof(double) * d * d);
-        sc->s = malloc(sizeof(double) * d * d);
-        sc->t1 = malloc(sizeof(double) * d * d);
-        sc->mm = malloc(sizeof(double) * d * d);
-        sc->gf = malloc(sizeof(float) * (size_t)nx * nx);
-        sc->g = malloc(sizeof(double) * (size_t)nv * nv);
-        sc->a = malloc(sizeof(double) * (size_t)nv * nv);
-        sc->v1 = malloc(sizeof(double) * nv);
-        sc->v2 = malloc(sizeof(double) * nv);
-        sc->q = malloc(sizeof(double) * (PROBE_LANCZOS_MAX + 1) * nv);
-        sc->work = malloc(sizeof(double) * p->lwork);
-        sc->iwork = malloc(sizeof(int) * 10 * nv);
-        if (!sc->xn || !sc->tmp_c || !sc->scores || !sc->wq || !sc->wk || !sc->gq || !sc->lk || !sc->s || !sc->t1 ||
-            !sc->mm || !sc->gf || !sc->g || !sc->a || !sc->v1 || !sc->v2 || !sc->q || !sc->work || !sc->iwork)
-            goto err;
-    }
-    p->inv_log = malloc(sizeof(float) * (T + 1));
-    p->sq_ratio = malloc(sizeof(float) * (T + 1));
-    p->sq_prod = malloc(sizeof(float) * (T + 1));
-    p->lin_off_u = malloc(sizeof(size_t) * (p->nlin + 1));
-    p->lin_off_v = malloc(sizeof(size_t) * (p->nlin + 1));
-    if (!p->metric_mem || !p->v_qk || !p->v_aug || !p->v_x || !p->n_x || !p->sig_b || !p->rn || !p->xs || !p->aug ||
-        !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
-        goto err;
-    size_t su = 0, sv = 0;
-    for (int i = 0; i < p->nlin; i++) {
-        const sreparam_linear *l = model_linear(m, i);
-        p->lin_off_u[i] = su;
-        p->lin_off_v[i] = sv;
-        su += (size_t)l->in;
-        sv += (size_t)l->out;
-    }
-    p->lin_off_u[p->nlin] = su;
-    p->lin_off_v[p->nlin] = sv;
-    if (m->cfg.reparam == MODEL_REPARAM_NONE) {
-        p->lin_u = malloc(sizeof(float) * su);
-        p->lin_v = calloc(sv, sizeof(float));
-        if (!p->lin_u || !p->lin_v) goto err;
-    }
-    uint64_t rng = 0x5eed5eedULL;
-    for (size_t k = 0; k < LH; k++) {
-        flat_unit(p->v_qk + k * d, d);
-        flat_unit(p->v_aug + k * d, d);
-    }
-    if (p->lin_u)
-        for (int i = 0; i < p->nlin; i++) random_unit(p->lin_u + p->lin_off_u[i], model_linear(m, i)->in, &rng);
+/* Doubles of LAPACK workspace, enough for each use: dgeev (no vectors) on
+ * d x d, dsyevr on at most nv x nv (26 nv), with room for the Lanczos
+ * tridiagonal (4 PROBE_LANCZOS_MAX^2). */
+static int lapack_lwork(int d, int nv) {
+    double q = 0.0, dummy = 0.0, wr = 0.0, wi = 0.0;
+    int lw = 0;
+    if (LAPACKE_dgeev_work(LAPACK_COL_MAJOR, 'N', 'N', d, &dummy, d, &wr, &wi, NULL, 1, NULL, 1, &q, -1) == 0)
+        lw = (int)q;
+    int n = lw > 4 * d ? lw : 4 * d;
+    int lanczos = 26 * nv + 4 * PROBE_LANCZOS_MAX * PROBE_LANCZOS_MAX;
+    return n < lanczos ? lanczos : n;
+}
+
+/* One worker thread's scratch, sized from p (T, C, d, nx, lwork) and nv =
+ * max(nx, d). Returns -1 out of memory; what was allocated is freed by
+ * probe_destroy. */
+static int scratch_alloc(probe_scratch *sc, const probe *p, int nv) {
+    int T = p->T, C = p->C, d = p->d, nx = p->nx;
+    sc->xn = malloc(sizeof(float) * T);
+    sc->tmp_c = malloc(sizeof(float) * C);
+    sc->scores = malloc(sizeof(float) * T * T);
+    sc->wq = malloc(sizeof(double) * d * C);
+    sc->wk = malloc(sizeof(double) * d * C);
+    sc->gq = malloc(sizeof(double) * d * d);
+    sc->lk = malloc(sizeof(double) * d * d);
+    sc->s = malloc(sizeof(double) * d * d);
+    sc->t1 = malloc(sizeof(double) * d * d);
+    sc->mm = malloc(sizeof(double) * d * d);
+    sc->gf = malloc(sizeof(float) * (size_t)nx * nx);
+    sc->g = malloc(sizeof(double) * (size_t)nv * nv);
+    sc->a = malloc(sizeof(double) * (size_t)nv * nv);
+    sc->v1 = malloc(sizeof(double) * nv);
+    sc->v2 = malloc(sizeof(double) * nv);
+    sc->q = malloc(sizeof(double) * (PROBE_LANCZOS_MAX + 1) * nv);
+    sc->work = malloc(sizeof(double) * p->lwork);
+    sc->iwork = malloc(sizeof(int) * 10 * nv);
+    if (!sc->xn || !sc->tmp_c || !sc->scores || !sc->wq || !sc->wk || !sc->gq || !sc->lk || !sc->s || !sc->t1 ||
+        !sc->mm || !sc->gf || !sc->g || !sc->a || !sc->v1 || !sc->v2 || !sc->q || !sc->work || !sc->iwork)
+        return -1;
+    return 0;
+}
+
+/* The per-row-length constants of the entropy pass, for rows of 0..T
+ * keys (rows of 0 and 1 key have no entropy: 0). */
+static void row_tables_fill(probe *p) {
     p->inv_log[0] = p->inv_log[1] = 0.0f;
     p->sq_ratio[0] = p->sq_ratio[1] = p->sq_prod[0] = p->sq_prod[1] = 0.0f;
-    for (int i = 2; i <= T; i++) {
+    for (int i = 2; i <= p->T; i++) {
         p->inv_log[i] = (float)(1.0 / log((double)i));
         p->sq_ratio[i] = (float)sqrt((double)i / (i - 1));
         p->sq_prod[i] = (float)sqrt((double)i * (i - 1));
     }
+}
 
+/* Points the output's arrays into the one metric_mem buffer: 8 head
+ * metrics (L*H each), then 2 + 2 * MODEL_LIN_PER_LAYER layer metrics. */
+static void metrics_carve(probe *p) {
+    int L = p->L, H = p->H;
+    size_t LH = (size_t)L * H;
     probe_metrics *o = &p->out;
     float *f = p->metric_mem;
     o->layers = L;
@@ -266,6 +228,68 @@ probe *probe_create(const model *m, const probe_config *cfg) {
         o->lin_gamma[k] = f;
         f += L;
     }
+}
+
+probe *probe_create(const model *m, const probe_config *cfg) {
+    probe *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->cfg.examples = cfg && cfg->examples >= 0 ? cfg->examples : PROBE_DEFAULT_EXAMPLES;
+    p->cfg.iters = cfg && cfg->iters > 0 ? cfg->iters : PROBE_DEFAULT_ITERS;
+    p->cfg.eig_every = cfg && cfg->eig_every > 0 ? cfg->eig_every : PROBE_DEFAULT_EIG_EVERY;
+    int L = p->L = m->cfg.layers, H = p->H = m->cfg.heads, C = p->C = m->cfg.dim;
+    int d = p->d = C / H, T = p->T = m->T;
+    p->B = m->B;
+    p->nlin = m->num_linear;
+    int nx = p->nx = T < C ? T : C, nv = nx > d ? nx : d;
+    size_t LH = (size_t)L * H;
+    p->lwork = lapack_lwork(d, nv);
+    /* 8 head metrics, 2 + 2*4 layer metrics */
+    p->metric_mem = calloc(8 * LH + 10 * (size_t)L, sizeof(float));
+    p->v_qk = malloc(sizeof(double) * LH * d);
+    p->v_aug = malloc(sizeof(double) * LH * d);
+    p->v_x = malloc(sizeof(double) * L * nv);
+    p->n_x = calloc(L, sizeof(int));
+    p->sig_b = malloc(sizeof(float) * LH);
+    p->rn = malloc(sizeof(float) * L * p->B * T);
+    p->xs = malloc(sizeof(float) * L * p->B);
+    p->aug = malloc(sizeof(int) * L);
+    p->nscratch = m->nthreads > 0 ? m->nthreads : 1;
+    p->scr = calloc(p->nscratch, sizeof *p->scr);
+    if (!p->scr) goto err;
+    for (int t = 0; t < p->nscratch; t++)
+        if (scratch_alloc(&p->scr[t], p, nv)) goto err;
+    p->inv_log = malloc(sizeof(float) * (T + 1));
+    p->sq_ratio = malloc(sizeof(float) * (T + 1));
+    p->sq_prod = malloc(sizeof(float) * (T + 1));
+    p->lin_off_u = malloc(sizeof(size_t) * (p->nlin + 1));
+    p->lin_off_v = malloc(sizeof(size_t) * (p->nlin + 1));
+    if (!p->metric_mem || !p->v_qk || !p->v_aug || !p->v_x || !p->n_x || !p->sig_b || !p->rn || !p->xs || !p->aug ||
+        !p->inv_log || !p->sq_ratio || !p->sq_prod || !p->lin_off_u || !p->lin_off_v)
+        goto err;
+    size_t su = 0, sv = 0;
+    for (int i = 0; i < p->nlin; i++) {
+        const sreparam_linear *l = model_linear(m, i);
+        p->lin_off_u[i] = su;
+        p->lin_off_v[i] = sv;
+        su += (size_t)l->in;
+        sv += (size_t)l->out;
+    }
+    p->lin_off_u[p->nlin] = su;
+    p->lin_off_v[p->nlin] = sv;
+    if (m->cfg.reparam == MODEL_REPARAM_NONE) {
+        p->lin_u = malloc(sizeof(float) * su);
+        p->lin_v = calloc(sv, sizeof(float));
+        if (!p->lin_u || !p->lin_v) goto err;
+    }
+    uint64_t rng = 0x5eed5eedULL;
+    for (size_t k = 0; k < LH; k++) {
+        flat_unit(p->v_qk + k * d, d);
+        flat_unit(p->v_aug + k * d, d);
+    }
+    if (p->lin_u)
+        for (int i = 0; i < p->nlin; i++) random_unit(p->lin_u + p->lin_off_u[i], model_linear(m, i)->in, &rng);
+    row_tables_fill(p);
+    metrics_carve(p);
     return p;
 err:
     probe_destroy(p);
