@@ -619,8 +619,162 @@ enum {
 
 static int key_is(const char *k, size_t n, const char *lit) { return strlen(lit) == n && memcmp(k, lit, n) == 0; }
 
-static int parse_top(struct parser *ps, unsigned *seen) {
+/* Reads an object key into key (cap bytes). A key too long for key is no
+ * field of ours: it is validated, skipped, and answered as the empty key
+ * (*kn 0), whose value is skipped like any unknown field's. */
+static int parse_key(struct parser *ps, char *key, size_t cap, size_t *kn) {
+    const char *kstart = ps->p;
+    if (!parse_string(ps, key, cap, kn, "key")) return 0;
+    if (ps->code != PROTO_E_BAD_FIELD) return -1;
+    ps->code = PROTO_OK;
+    ps->err[0] = 0;
+    ps->p = kstart;
+    if (parse_string(ps, NULL, 0, NULL, "key")) return -1;
+    *kn = 0;
+    key[0] = 0;
+    return 0;
+}
+
+/* "type": one of type_names; anything else is PROTO_E_BAD_TYPE. */
+static int parse_type_field(struct parser *ps) {
+    int t;
+    if (peek(ps) != '"') {
+        if (skip_value(ps, 1)) return -1;
+        return fail(ps, PROTO_E_BAD_TYPE, "type must be a string");
+    }
+    if (parse_enum(ps, "type", type_parse, &t)) {
+        if (ps->code == PROTO_E_BAD_FIELD) ps->code = PROTO_E_BAD_TYPE;
+        return -1;
+    }
+    ps->msg->type = t;
+    return 0;
+}
+
+/* "time": Unix seconds, a number in [0, 1e11). */
+static int parse_time_field(struct parser *ps) {
     struct proto_msg *m = ps->msg;
+    char c = peek(ps);
+    int isint;
+    if (c != '-' && (c < '0' || c > '9')) {
+        if (skip_value(ps, 1)) return -1;
+        return fail(ps, PROTO_E_BAD_FIELD, "time must be a number");
+    }
+    int r = parse_number(ps, &m->time, &isint);
+    if (!r && !(m->time >= 0 && m->time < 1e11)) return fail(ps, PROTO_E_BAD_FIELD, "time must be Unix seconds");
+    m->has_time = 1;
+    return r;
+}
+
+/* "run": a run name (proto_valid_run). */
+static int parse_run_field(struct parser *ps) {
+    struct proto_msg *m = ps->msg;
+    size_t n;
+    if (peek(ps) != '"') {
+        if (skip_value(ps, 1)) return -1;
+        return fail(ps, PROTO_E_BAD_FIELD, "run must be a string");
+    }
+    int r = parse_string(ps, m->run, sizeof m->run, &n, "run");
+    if (!r && !proto_valid_run(m->run, n))
+        return fail(ps, PROTO_E_BAD_FIELD, "run must be 1-128 bytes of [A-Za-z0-9._:@+-]");
+    return r;
+}
+
+/* "meta": any JSON object of at most PROTO_MAX_META bytes, kept as its
+ * text (malloc'd into m->meta). */
+static int parse_meta_field(struct parser *ps) {
+    struct proto_msg *m = ps->msg;
+    if (peek(ps) != '{') {
+        if (skip_value(ps, 1)) return -1;
+        return fail(ps, PROTO_E_BAD_FIELD, "meta must be an object");
+    }
+    const char *s = ps->p;
+    if (skip_value(ps, 1)) return -1;
+    size_t n = (size_t)(ps->p - s);
+    if (n > PROTO_MAX_META) return fail(ps, PROTO_E_BAD_FIELD, "meta is larger than 1 MiB");
+    free(m->meta);
+    m->meta = malloc(n + 1);
+    if (!m->meta) return fail(ps, PROTO_E_INTERNAL, "out of memory");
+    memcpy(m->meta, s, n);
+    m->meta[n] = 0;
+    return 0;
+}
+
+/* The value of field key (kn bytes) into the message, its presence into
+ * *seen; an unknown field's value is skipped. 0, or -1 with the error. */
+static int parse_field(struct parser *ps, const char *key, size_t kn, unsigned *seen) {
+    struct proto_msg *m = ps->msg;
+    int r = 0;
+    char c = peek(ps);
+    if (key_is(key, kn, "type")) {
+        r = parse_type_field(ps);
+        if (!r) *seen |= F_TYPE;
+    } else if (key_is(key, kn, "seq")) {
+        r = parse_int_field(ps, "seq", 1, INT64_C(1) << 53, &m->seq);
+        if (!r) {
+            m->has_seq = 1;
+            *seen |= F_SEQ;
+        }
+    } else if (key_is(key, kn, "step")) {
+        r = parse_int_field(ps, "step", 0, INT64_C(1) << 53, &m->step);
+        *seen |= F_STEP;
+    } else if (key_is(key, kn, "time")) {
+        r = parse_time_field(ps);
+    } else if (key_is(key, kn, "run")) {
+        r = parse_run_field(ps);
+        *seen |= F_RUN;
+    } else if (key_is(key, kn, "protocol")) {
+        r = parse_int_field(ps, "protocol", INT64_MIN / 2, INT64_MAX / 2, &m->protocol);
+        *seen |= F_PROTOCOL;
+    } else if (key_is(key, kn, "ack_delay_ms")) {
+        r = parse_int_field(ps, "ack_delay_ms", 0, PROTO_MAX_ACK_DELAY_MS, &m->ack_delay_ms);
+    } else if (key_is(key, kn, "causal")) {
+        r = parse_bool_field(ps, "causal", &m->noncausal);
+        m->noncausal = !m->noncausal;
+    } else if (key_is(key, kn, "seq_len")) {
+        r = parse_int_field(ps, "seq_len", 1, INT64_C(1) << 40, &m->seq_len);
+        *seen |= F_SEQLEN;
+    } else if (key_is(key, kn, "layers")) {
+        if (c == '{') {
+            r = parse_metrics(ps, PROTO_LAYER, "layers");
+            *seen |= F_LAYERS_OBJ;
+        } else {
+            r = parse_int_field(ps, "layers", 1, PROTO_MAX_DIM, &m->layers);
+            *seen |= F_LAYERS_N;
+        }
+    } else if (key_is(key, kn, "heads")) {
+        if (c == '{') {
+            r = parse_metrics(ps, PROTO_HEAD, "heads");
+            *seen |= F_HEADS_OBJ;
+        } else {
+            r = parse_int_field(ps, "heads", 1, PROTO_MAX_DIM, &m->heads);
+            *seen |= F_HEADS_N;
+        }
+    } else if (key_is(key, kn, "scalars")) {
+        r = parse_metrics(ps, PROTO_SCALAR, "scalars");
+    } else if (key_is(key, kn, "meta")) {
+        r = parse_meta_field(ps);
+    } else if (key_is(key, kn, "token")) {
+        r = parse_owned_string(ps, "token", 256, &m->token);
+    } else if (key_is(key, kn, "level")) {
+        r = parse_enum(ps, "level", proto_level_parse, &m->level);
+        *seen |= F_LEVEL;
+    } else if (key_is(key, kn, "text")) {
+        r = parse_owned_string(ps, "text", PROTO_MAX_TEXT, &m->text);
+        *seen |= F_TEXT;
+    } else if (key_is(key, kn, "status")) {
+        r = parse_enum(ps, "status", proto_status_parse, &m->status);
+        if (!r && m->status < PROTO_FINISHED)
+            return fail(ps, PROTO_E_BAD_FIELD, "status must be finished, failed or aborted");
+        *seen |= F_STATUS;
+    } else {
+        r = skip_value(ps, 1);
+    }
+    return r ? -1 : 0;
+}
+
+/* The line's one object, field by field (parse_field), the fields seen
+ * into *seen for check_fields. */
+static int parse_top(struct parser *ps, unsigned *seen) {
     if (peek(ps) != '{') return fail(ps, PROTO_E_BAD_JSON, "a line must be one JSON object");
     ps->p++;
     if (peek(ps) == '}') {
@@ -630,122 +784,8 @@ static int parse_top(struct parser *ps, unsigned *seen) {
     while (1) {
         char key[32];
         size_t kn;
-        const char *kstart = ps->p;
-        if (parse_string(ps, key, sizeof key, &kn, "key")) {
-            if (ps->code != PROTO_E_BAD_FIELD) return -1;
-            /* a long unknown key: validate and skip it */
-            ps->code = PROTO_OK;
-            ps->err[0] = 0;
-            ps->p = kstart;
-            if (parse_string(ps, NULL, 0, NULL, "key")) return -1;
-            kn = 0;
-            key[0] = 0;
-        }
-        if (expect(ps, ':')) return -1;
-        int r = 0;
+        if (parse_key(ps, key, sizeof key, &kn) || expect(ps, ':') || parse_field(ps, key, kn, seen)) return -1;
         char c = peek(ps);
-        if (key_is(key, kn, "type")) {
-            int t;
-            if (c != '"') {
-                if (skip_value(ps, 1)) return -1;
-                return fail(ps, PROTO_E_BAD_TYPE, "type must be a string");
-            }
-            if (parse_enum(ps, "type", type_parse, &t)) {
-                if (ps->code == PROTO_E_BAD_FIELD) ps->code = PROTO_E_BAD_TYPE;
-                return -1;
-            }
-            m->type = t;
-            *seen |= F_TYPE;
-        } else if (key_is(key, kn, "seq")) {
-            r = parse_int_field(ps, "seq", 1, INT64_C(1) << 53, &m->seq);
-            if (!r) {
-                m->has_seq = 1;
-                *seen |= F_SEQ;
-            }
-        } else if (key_is(key, kn, "step")) {
-            r = parse_int_field(ps, "step", 0, INT64_C(1) << 53, &m->step);
-            *seen |= F_STEP;
-        } else if (key_is(key, kn, "time")) {
-            int isint;
-            if (c != '-' && (c < '0' || c > '9')) {
-                if (skip_value(ps, 1)) return -1;
-                return fail(ps, PROTO_E_BAD_FIELD, "time must be a number");
-            }
-            r = parse_number(ps, &m->time, &isint);
-            if (!r && !(m->time >= 0 && m->time < 1e11))
-                return fail(ps, PROTO_E_BAD_FIELD, "time must be Unix seconds");
-            m->has_time = 1;
-        } else if (key_is(key, kn, "run")) {
-            size_t n;
-            if (c != '"') {
-                if (skip_value(ps, 1)) return -1;
-                return fail(ps, PROTO_E_BAD_FIELD, "run must be a string");
-            }
-            r = parse_string(ps, m->run, sizeof m->run, &n, "run");
-            if (!r && !proto_valid_run(m->run, n))
-                return fail(ps, PROTO_E_BAD_FIELD, "run must be 1-128 bytes of [A-Za-z0-9._:@+-]");
-            *seen |= F_RUN;
-        } else if (key_is(key, kn, "protocol")) {
-            r = parse_int_field(ps, "protocol", INT64_MIN / 2, INT64_MAX / 2, &m->protocol);
-            *seen |= F_PROTOCOL;
-        } else if (key_is(key, kn, "ack_delay_ms")) {
-            r = parse_int_field(ps, "ack_delay_ms", 0, PROTO_MAX_ACK_DELAY_MS, &m->ack_delay_ms);
-        } else if (key_is(key, kn, "causal")) {
-            r = parse_bool_field(ps, "causal", &m->noncausal);
-            m->noncausal = !m->noncausal;
-        } else if (key_is(key, kn, "seq_len")) {
-            r = parse_int_field(ps, "seq_len", 1, INT64_C(1) << 40, &m->seq_len);
-            *seen |= F_SEQLEN;
-        } else if (key_is(key, kn, "layers")) {
-            if (c == '{') {
-                r = parse_metrics(ps, PROTO_LAYER, "layers");
-                *seen |= F_LAYERS_OBJ;
-            } else {
-                r = parse_int_field(ps, "layers", 1, PROTO_MAX_DIM, &m->layers);
-                *seen |= F_LAYERS_N;
-            }
-        } else if (key_is(key, kn, "heads")) {
-            if (c == '{') {
-                r = parse_metrics(ps, PROTO_HEAD, "heads");
-                *seen |= F_HEADS_OBJ;
-            } else {
-                r = parse_int_field(ps, "heads", 1, PROTO_MAX_DIM, &m->heads);
-                *seen |= F_HEADS_N;
-            }
-        } else if (key_is(key, kn, "scalars")) {
-            r = parse_metrics(ps, PROTO_SCALAR, "scalars");
-        } else if (key_is(key, kn, "meta")) {
-            if (c != '{') {
-                if (skip_value(ps, 1)) return -1;
-                return fail(ps, PROTO_E_BAD_FIELD, "meta must be an object");
-            }
-            const char *s = ps->p;
-            if (skip_value(ps, 1)) return -1;
-            size_t n = (size_t)(ps->p - s);
-            if (n > PROTO_MAX_META) return fail(ps, PROTO_E_BAD_FIELD, "meta is larger than 1 MiB");
-            free(m->meta);
-            m->meta = malloc(n + 1);
-            if (!m->meta) return fail(ps, PROTO_E_INTERNAL, "out of memory");
-            memcpy(m->meta, s, n);
-            m->meta[n] = 0;
-        } else if (key_is(key, kn, "token")) {
-            r = parse_owned_string(ps, "token", 256, &m->token);
-        } else if (key_is(key, kn, "level")) {
-            r = parse_enum(ps, "level", proto_level_parse, &m->level);
-            *seen |= F_LEVEL;
-        } else if (key_is(key, kn, "text")) {
-            r = parse_owned_string(ps, "text", PROTO_MAX_TEXT, &m->text);
-            *seen |= F_TEXT;
-        } else if (key_is(key, kn, "status")) {
-            r = parse_enum(ps, "status", proto_status_parse, &m->status);
-            if (!r && m->status < PROTO_FINISHED)
-                return fail(ps, PROTO_E_BAD_FIELD, "status must be finished, failed or aborted");
-            *seen |= F_STATUS;
-        } else {
-            r = skip_value(ps, 1);
-        }
-        if (r) return -1;
-        c = peek(ps);
         if (c == ',') {
             ps->p++;
             continue;
