@@ -171,6 +171,14 @@ class CellCapLineTest(unittest.TestCase):
             c.send_raw(wide_step(2, 1, 1, 256, 256, "0.5"))
             c.wait_ack(2, timeout=60)
             c.close()
+        finally:
+            d.cleanup()
+
+    @unittest.skipIf(os.environ.get("SANITIZE"), "ctypes cannot load a sanitizer-instrumented client library "
+                     "(the unsanitized suite runs this part)")
+    def test_the_python_clients_step_of_the_largest_run_fits(self):
+        d = Daemon(http=True).start()
+        try:
             # the client library's own step of 8 head metrics of random
             # float32s (it dropped every one before: over 4 MiB)
             use_python_client()
