@@ -203,7 +203,7 @@ class CellCapLineTest(unittest.TestCase):
 # docs/reliability.md, "The memory bound": the terms of the formula (MiB)
 # and the alert state per head of the built-in rules (docs/alerts.md#memory)
 MEM_BASE, MEM_PAGE_CACHE, MEM_RING, MEM_READER, MEM_ALLOCATOR = 20, 64, 32, 16, 80
-ALERT_BYTES_PER_HEAD = 724
+ALERT_BYTES_PER_HEAD = 614
 RULE_METRICS = {"entropy_norm": "0.8123457", "entropy": "3.1234567", "entropy_bound": "0.5123457",
                 "sigma_qk": "1.2345678", "max_logit": "7.1234567"}
 
@@ -235,7 +235,7 @@ class MemoryBoundTest(unittest.TestCase):
             st, m = raw(d.http_port, "GET", "/metrics")
             alert = float(m.split("\nentropyd_alert_state_bytes ")[1].split()[0])
             cells = runs * layers * heads
-            # the formula's alert term: 724 bytes a head, plus a run's own
+            # the formula's alert term: 614 bytes a head, plus a run's own
             # record (~2 KB) and 12 bytes per firing cell (none fire here)
             self.assertGreaterEqual(alert, cells * ALERT_BYTES_PER_HEAD)
             self.assertLessEqual(alert, cells * ALERT_BYTES_PER_HEAD + runs * 4096)

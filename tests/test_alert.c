@@ -123,6 +123,38 @@ static void test_below_for_and_keep_firing_for(void **state) {
     alert_rules_free(r);
 }
 
+/* Steps far apart (2^31 and more from the first a rule saw, past the
+ * 32 bits the cell state keeps them in) fire, start and resolve at the
+ * exact steps, and the state then holds 12 bytes a cell more. */
+static void test_steps_past_32_bits(void **state) {
+    (void)state;
+    struct alert_rules *r = rules(below_rule);
+    struct alert_engine *e = alert_engine_create(r);
+    hello(e, 1, "run-far");
+    struct log lg = {0};
+    const int64_t far = 7 + 3 * ((int64_t)1 << 31) + 5;
+    float v[L * H];
+    for (int i = 0; i < L * H; i++) v[i] = 0.8f;
+    record(e, feed(e, mk_step(1, 7, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+    uint64_t runs, near_bytes, far_bytes;
+    alert_engine_usage(e, &runs, &near_bytes);
+    for (int64_t s = far; s < far + 10; s++) {
+        v[1 * H + 2] = s < far + 6 ? 0.01f : 0.8f;
+        record(e, feed(e, mk_step(1, s, "entropy_norm", PROTO_HEAD, v, L * H)), &lg);
+        if (s == far) { /* before a cell fires (its listed cells cost 12 bytes each) */
+            alert_engine_usage(e, &runs, &far_bytes);
+            assert_int_equal(far_bytes - near_bytes, (uint64_t)L * H * 12);
+        }
+    }
+    assert_int_equal(lg.nfire, 1);
+    assert_int_equal(lg.start_step[0], far);
+    assert_int_equal(lg.fire_step[0], far + 5);
+    assert_int_equal(lg.nresolve, 1);
+    assert_int_equal(lg.resolve_step[0], far + 9); /* clear from far + 6; keep 3 */
+    alert_engine_destroy(e);
+    alert_rules_free(r);
+}
+
 static void test_blip_shorter_than_for_does_not_fire(void **state) {
     (void)state;
     struct alert_rules *r = rules(below_rule);
@@ -867,13 +899,16 @@ static void test_issue34_rules_refused(void **state) {
 }
 
 /* The memory bound of docs/alerts.md: per head and head rule the engine
- * holds 32 bytes of cell state, 4 bytes per window step (per step seen, up
- * to the window) for the rules that read a window (and 4 for drop's max, 24 for zscore's sums, 8 for
- * an at_least/of_last history), plus 12 bytes per cell that fires; the
- * built-in rules, with every metric they read, hold 724 bytes a head
- * (earlier rule sets: 692 with one collapse-risk head rule, 684 before
- * entropy_collapse counted 20 of 30 steps, 724 while collapse_risk read a
- * 20-step window, 844 when every rule kept every summary and a window). */
+ * holds 13 bytes of cell state (three steps in 32 bits, a flag byte), 4
+ * for the cell's latest value unless the rule's window holds it (below,
+ * above, nonfinite, near_bound), 4 bytes per window step (per step seen, up
+ * to the window) for the rules that read a window (and 4 for drop's max,
+ * 24 for zscore's sums, 4 for an at_least/of_last history of up to 32
+ * steps), plus 12 bytes per cell that fires; the built-in rules, with every
+ * metric they read, hold 614 bytes a head (724 with 32 bytes of cell state
+ * a rule and a 64-bit history; earlier rule sets: 692 with one
+ * collapse-risk head rule, 684 before entropy_collapse counted 20 of 30
+ * steps, 844 when every rule kept every summary and a window). */
 static void test_state_bytes_per_head(void **state) {
     (void)state;
     char err[256];
@@ -892,9 +927,10 @@ static void test_state_bytes_per_head(void **state) {
         writer_item_free(it);
         alert_engine_usage(e, &runs, &bytes);
         assert_int_equal(runs, 1);
-        /* per head: 32 a rule, drop's max 4, and a window row of 4 per step
-         * so far in each of the five windowed rules */
-        if (s == 1) assert_int_equal(bytes - base, (uint64_t)L * H * (6 * 32 + 8 + 4 + 5 * 4) + 32);
+        /* per head: 13 a rule, the latest value of entropy_collapse and
+         * near_bound 4 each, the history 4, drop's max 4, and a window row
+         * of 4 per step so far in each of the five windowed rules */
+        if (s == 1) assert_int_equal(bytes - base, (uint64_t)L * H * (6 * 13 + 2 * 4 + 4 + 4 + 5 * 4) + 17);
     }
     /* with the windows full, the documented bound, from the rules' windows */
     uint64_t per_head = 0;
@@ -903,17 +939,18 @@ static void test_state_bytes_per_head(void **state) {
         const struct alert_rule *rule = &r->rules[k];
         if (rule->scope != ALERT_SCOPE_HEAD) continue;
         nhead++;
-        per_head += 32;
+        per_head += 13;
         if (rule->op == ALERT_OP_DROP || rule->op == ALERT_OP_GROWTH || rule->op == ALERT_OP_NEAR_BOUND)
             per_head += 4 * (uint64_t)rule->window;
+        if (rule->op != ALERT_OP_DROP && rule->op != ALERT_OP_GROWTH) per_head += 4; /* the latest value */
         if (rule->op == ALERT_OP_DROP) per_head += 4;
-        if (rule->of_last) per_head += 8; /* entropy_collapse's history word */
+        if (rule->of_last) per_head += 4; /* entropy_collapse's history of 30 steps */
     }
     assert_int_equal(nhead, 6);
     printf("alert state: %llu bytes a head (built-in rules, no cell firing)\n",
-           (unsigned long long)((bytes - base - 32) / (L * H)));
-    assert_int_equal(bytes - base, (uint64_t)L * H * per_head + 32); /* + run_stalled's one cell */
-    assert_int_equal(per_head, 724);                                 /* the figure docs/alerts.md gives */
+           (unsigned long long)((bytes - base - 17) / (L * H)));
+    assert_int_equal(bytes - base, (uint64_t)L * H * per_head + 17); /* + run_stalled's one cell */
+    assert_int_equal(per_head, 614);                                 /* the figure docs/alerts.md gives */
     alert_engine_destroy(e);
     alert_rules_free(r);
 }
@@ -1190,6 +1227,7 @@ static void test_verdict_cells_capped(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_below_for_and_keep_firing_for),
+        cmocka_unit_test(test_steps_past_32_bits),
         cmocka_unit_test(test_blip_shorter_than_for_does_not_fire),
         cmocka_unit_test(test_grouping_and_updates),
         cmocka_unit_test(test_end_resolves_and_json_resolved),
