@@ -15,7 +15,9 @@ Expected: `--upload-spool` exits 6 (every intact record delivered, some
 damaged), or 0 when nothing was lost; a step whose record was damaged is
 absent, never stored with other numbers (each stored loss is checked). A
 live sigmatrain whose spool directory holds a damaged run uploads it in the
-background the same way.
+background the same way, and `python3 -m entropyd upload` exits with the
+same statuses and names the damage the same way (skipped under SANITIZE:
+ctypes cannot load the instrumented library).
 
 Env: ENTROPYD, SIGMATRAIN, BUILD.  python3 standard library only."""
 import json
@@ -29,11 +31,12 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import BUILD, Daemon  # noqa: E402
+from daemon_harness import BUILD, ROOT, Daemon  # noqa: E402
 
 SIGMATRAIN = os.environ.get("SIGMATRAIN") or os.path.join(BUILD, "sigmatrain")
 STEPS = 300
 MAX_CONNECTIONS = 10
+SANITIZE = os.environ.get("SANITIZE", "")
 MAGIC = b"entropyd-spool 2\n"
 
 TINY = ["--layers", "2", "--heads", "2", "--dim", "16", "--seq-len", "16", "--batch", "2", "--threads", "1",
@@ -113,12 +116,19 @@ class SpoolDamage(unittest.TestCase):
                 got[s] = c
         return got
 
-    def upload(self, name, root, want_rc, lost, named):
-        """Uploads run name from root; checks exit status, the steps stored,
-        the damage named and the connections made."""
+    def upload(self, name, root, want_rc, lost, named, python=False):
+        """Uploads run name from root (python: with `python3 -m entropyd
+        upload`, else sigmatrain --upload-spool); checks exit status, the
+        steps stored, the damage named and the connections made."""
         c0 = self.connections()
-        u = subprocess.run([SIGMATRAIN, "--upload-spool", "--daemon", "unix:" + self.d.sock, "--run", name,
-                            "--spool", root], capture_output=True, text=True, timeout=120)
+        if python:
+            u = subprocess.run([sys.executable, "-m", "entropyd", "upload", root, "--run", name,
+                                "--daemon", "unix:" + self.d.sock], capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"),
+                                        ENTROPYD_CLIENT_LIB=os.path.join(BUILD, "libentropyd_client.so")))
+        else:
+            u = subprocess.run([SIGMATRAIN, "--upload-spool", "--daemon", "unix:" + self.d.sock, "--run", name,
+                                "--spool", root], capture_output=True, text=True, timeout=120)
         out = u.stdout + u.stderr
         self.assertEqual(u.returncode, want_rc, out)
         conns = self.connections() - c0
@@ -200,6 +210,29 @@ class SpoolDamage(unittest.TestCase):
             f.seek(off + k)
             f.write(digit)
         self.upload("digit", root, 6, {150}, [("bad checksum", off)])
+
+    @unittest.skipIf(SANITIZE, "ctypes cannot load a sanitizer-instrumented library")
+    def test_python_upload_exits_6_naming_the_damage(self):
+        # python3 -m entropyd upload: the same status and lines as sigmatrain
+        # --upload-spool for a garbage line (nothing lost) and a changed digit
+        root, off = self.with_line("py-garbage", 100, b"garbage\n")
+        out = self.upload("py-garbage", root, 6, set(), [("garbage", off)], python=True)
+        self.assertIn("entropyd upload: every run acknowledged; 1 damaged spool record(s) skipped", out)
+        root, seg = self.spool_copy("py-digit")
+        i = self.at_step(150)
+        off, line, _ = self.recs[i]
+        k = line.index(b".", line.index(b'"loss":')) + 1
+        with open(seg, "rb+") as f:
+            f.seek(off + k)
+            f.write(b"%d" % ((line[k] - 48 + 1) % 10))
+        self.upload("py-digit", root, 6, {150}, [("bad checksum", off)], python=True)
+
+    @unittest.skipIf(SANITIZE, "ctypes cannot load a sanitizer-instrumented library")
+    def test_python_upload_clean_exits_0(self):
+        root, _ = self.spool_copy("py-clean")
+        out = self.upload("py-clean", root, 0, set(), [], python=True)
+        self.assertNotIn("damaged", out)
+        self.assertIn("entropyd upload: every run acknowledged", out)
 
     def test_unframed_version_1(self):
         # a spool as clients before the framing wrote it: bare lines, no version line

@@ -37,7 +37,7 @@ try:
 except ImportError:  # lists and numbers still work
     _np = None
 
-__all__ = ["init", "Run", "upload_spool", "EntropydError", "RunRefused"]
+__all__ = ["init", "Run", "upload_spool", "upload_spool_report", "EntropydError", "RunRefused"]
 
 _C, _LIBPATH = _lib.load()
 _LIBC, _STDERR = _lib.declare(_C)
@@ -451,11 +451,27 @@ def init(name=None, layers=None, heads=None, seq_len=None, config=None, daemon=N
 
 def upload_spool(spool_dir, daemon=None, token=None, timeout=60.0, verbose=True):
     """Uploads every run in spool_dir left unacknowledged.  Returns the number
-    of runs still not fully acknowledged (0: all uploaded)."""
+    of runs still not fully acknowledged (0: all uploaded; damaged records
+    skipped do not count: upload_spool_report says how many there were)."""
+    return upload_spool_report(spool_dir, daemon=daemon, token=token, timeout=timeout, verbose=verbose)["runs_left"]
+
+
+def upload_spool_report(spool_dir, daemon=None, token=None, timeout=60.0, verbose=True, run=None):
+    """Uploads every run in spool_dir left unacknowledged (run: that one
+    alone), each waiting at most `timeout` seconds for its acks.  A damaged
+    spool record does not stop it: every intact record is delivered once,
+    and each damaged one is skipped and named on stderr when verbose
+    ("entropyd upload: damaged: run R: FILE byte N: WHAT", docs/client.md).
+    Returns {"runs_uploaded", "runs_left", "damaged"}: runs whose every intact
+    record is acknowledged, runs still holding unacknowledged records, and
+    the damaged records skipped.  Raises EntropydError when spool_dir cannot
+    be read."""
     addr = daemon if daemon is not None else os.environ.get("ENTROPYD_DAEMON", DEFAULT_DAEMON)
     err = ctypes.create_string_buffer(512)
-    n = _C.telemetry_upload_all(addr.encode(), spool_dir.encode(), token.encode() if token else None,
-                                int(timeout * 1000), _STDERR if verbose else None, err, len(err))
+    res = _lib.UploadResult()
+    n = _C.telemetry_upload_spool(addr.encode(), spool_dir.encode(), run.encode() if run else None,
+                                  token.encode() if token else None, int(timeout * 1000),
+                                  _STDERR if verbose else None, ctypes.byref(res), err, len(err))
     if n < 0:
         raise EntropydError("entropyd.upload_spool: " + err.value.decode(errors="replace"))
-    return n
+    return {"runs_uploaded": res.runs_uploaded, "runs_left": res.runs_left, "damaged": res.damaged}

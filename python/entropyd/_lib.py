@@ -69,6 +69,11 @@ class Stats(ctypes.Structure):
     _fields_ = [(n, _U64) for n in STATS_FIELDS] + [("connected", ctypes.c_int)]
 
 
+class UploadResult(ctypes.Structure):
+    """telemetry_upload_result (client/telemetry.h)."""
+    _fields_ = [("runs_uploaded", ctypes.c_int), ("runs_left", ctypes.c_int), ("damaged", _U64)]
+
+
 class Msg(ctypes.Structure):
     _fields_ = [("type", ctypes.c_char * 32), ("line", ctypes.c_void_p)]
 
@@ -95,6 +100,8 @@ def declare(lib):
         "telemetry_get_stats": (None, [P, ctypes.POINTER(Stats)]),
         "telemetry_flush": (I, [P, I]),
         "telemetry_upload_all": (I, [S, S, S, I, P, ctypes.c_char_p, ctypes.c_size_t]),
+        "telemetry_upload_spool": (I, [S, S, S, S, I, P, ctypes.POINTER(UploadResult), ctypes.c_char_p,
+                                       ctypes.c_size_t]),
         "telemetry_now": (D, []),
     }
     for name, (res, args) in sig.items():
