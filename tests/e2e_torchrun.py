@@ -9,7 +9,10 @@ against the real entropyd:
 - ranks="min", nn.TransformerEncoder, every=3: one run, every step exactly
   once, head metrics on steps 0, 3, 6, ... only, and both ranks probed the
   same number of steps (the agreed schedule: a rank that probed alone would
-  hang in the all_reduce, which the timeout turns into a failure).
+  hang in the all_reduce, which the timeout turns into a failure);
+- ranks="mean", the same model, seed and data as a ranks="min" run in the
+  same daemon: every stored head at or above the min run's, and above it
+  somewhere (a reduction that did nothing, or took the min, fails).
 
 torchrun of Debian's torch 1.13 under Python 3.11 cannot parse its own
 default --redirects/--tee ("0": IntFlag iteration skips the zero member);
@@ -23,7 +26,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from daemon_harness import BUILD, Daemon, ROOT  # noqa: E402
+from daemon_harness import BUILD, Daemon, ROOT, floats  # noqa: E402
 
 SANITIZE = os.environ.get("SANITIZE", "")
 PY = "/usr/bin/python3"
@@ -77,6 +80,31 @@ class Torchrun(unittest.TestCase):
         self.assertEqual(self.head_steps("ddp-min"), [0, 3, 6, 9])
         self.assertIn("4 probed (ranks=min)", out)
         self.assertIn("rank 1 done, 4 probed", out)
+
+    def head_values(self, run):
+        """{(step, cell): entropy_norm} of run's probed steps (frames of L x H float32s)."""
+        out = {}
+        for step, data in self.d.query(
+                "SELECT f.step, f.data FROM frames f JOIN metrics m ON m.id = f.metric_id JOIN runs r "
+                "ON r.id = m.run_id WHERE r.name = ? AND m.name = 'entropy_norm'", (run,)):
+            for cell, v in enumerate(floats(data)):
+                out[(step, cell)] = v
+        return out
+
+    def test_mean_over_ranks_lies_above_the_minimum(self):
+        # the same model, seed and data launched twice: under ranks=mean each
+        # stored head is the mean of the two ranks' values, under min their
+        # minimum, so mean >= min everywhere and > where the ranks differ
+        self.launch("ddp-min", "--ranks", "min", "--model", "encoder", "--every", "3")
+        out = self.launch("ddp-mean", "--ranks", "mean", "--model", "encoder", "--every", "3")
+        self.assertEqual(self.steps("ddp-mean"), list(range(12)))
+        self.assertEqual(self.head_steps("ddp-mean"), [0, 3, 6, 9])
+        self.assertIn("4 probed (ranks=mean)", out)
+        self.assertIn("rank 1 done, 4 probed", out)
+        lo, mean = self.head_values("ddp-min"), self.head_values("ddp-mean")
+        self.assertEqual(sorted(lo), sorted(mean))
+        self.assertTrue(all(mean[k] >= lo[k] - 1e-6 for k in lo), [(k, lo[k], mean[k]) for k in lo if mean[k] < lo[k]])
+        self.assertTrue(any(mean[k] > lo[k] + 1e-6 for k in lo), "mean equals min on every cell: not reduced")
 
 
 if __name__ == "__main__":
