@@ -1,6 +1,6 @@
-/* http_int.h: what the HTTP server's files share (http.c, http_guard.c,
- * http_static.c): the server's state and the functions that answer. Not
- * for use outside them: the server's contract is http.h. */
+/* http_int.h: what the HTTP server's files share (http.c, http_api.c,
+ * http_guard.c, http_static.c): the server's state and the functions that
+ * answer. Not for use outside them: the server's contract is http.h. */
 #ifndef HTTP_INT_H
 #define HTTP_INT_H
 
@@ -88,6 +88,13 @@ void *http_on_uri(void *cls, const char *uri, struct MHD_Connection *c);
 /* Sets h->listen_host and h->listen_any from the HOST:PORT being served
  * (left empty when it does not parse: http_create reports that). */
 void http_guard_listen(struct http *h, const char *listen);
+
+/* ---- the API's routes (http_api.c) ---------------------------------- */
+
+/* Answers a request for /api/..., /metrics or /healthz once it passed the
+ * server's checks: the route's handler, or 401 (a route that needs the
+ * token), 400 (a bad run id, an unknown parameter), 405, 404. */
+enum MHD_Result http_api_answer(struct http *h, struct MHD_Connection *c, const char *url, const char *method);
 
 /* ---- the dashboard's files (http_static.c) --------------------------- */
 

@@ -1,13 +1,14 @@
 /* fuzz_http_params: libFuzzer harness for the parsing entropyd does on an
- * HTTP request target (daemon/http.c, daemon/stream.c). Built and run by
+ * HTTP request target (daemon/http_api.c, http_guard.c, http_static.c,
+ * daemon/stream.c). Built and run by
  * `make fuzz` and scripts/run-fuzz.sh; not a unit test.
  *
- * http.c's parsers are static, so this file includes http.c, http_guard.c
- * and http_static.c (the cmocka habit, house style) rather than widening
- * their header. libmicrohttpd splits
+ * The parsers are static, so this file includes http.c, http_api.c,
+ * http_guard.c and http_static.c (the cmocka habit, house style) rather
+ * than widening their header. libmicrohttpd splits
  * the target at '?', splits the query at '&' and '=', and percent-decodes
  * each piece with MHD_http_unescape; this harness does the same with that
- * very function, then runs everything http.c does with the pieces before a
+ * very function, then runs everything the server does with the pieces before a
  * database is touched: route matching and run ids (match), the allowed-
  * parameter check of every route (param_check), integer parameters with
  * each route's bounds (parse_i64), word parameters (agg, split: choice),
@@ -19,6 +20,7 @@
  * Input: the request target, e.g. "/api/runs/3/series?metric=e&layer=1".
  * If those files rename one of these static functions this file must follow. */
 #include "../../daemon/http.c"
+#include "../../daemon/http_api.c"
 #include "../../daemon/http_guard.c"
 #include "../../daemon/http_static.c"
 
@@ -55,7 +57,7 @@ static const struct {
             {"to", 0, INT64_MAX / 2}, {"points", 1, HTTP_MAX_POINTS}, {"step", 0, INT64_MAX},
             {"after", 0, INT64_MAX},  {"limit", 1, HTTP_MAX_EVENTS},  {"run", 1, INT64_MAX}};
 
-/* The word-valued parameters and their words (http.c's tables). */
+/* The word-valued parameters and their words (http_api.c's tables). */
 static const struct {
     const char *name;
     const char *const *words;
