@@ -1,7 +1,7 @@
-/* ingest_int.h: what ingest.c and ingest_guard.c share: ingest's state
- * (runs, connections, budgets) and the functions each calls in the other.
- * Not for use outside them: ingest's contract is ingest.h. Event loop
- * thread only, except the stats under stats_mu. */
+/* ingest_int.h: what ingest.c, ingest_lines.c and ingest_guard.c share:
+ * ingest's state (runs, connections, budgets) and the functions each calls
+ * in another. Not for use outside them: ingest's contract is ingest.h.
+ * Event loop thread only, except the stats under stats_mu. */
 #ifndef INGEST_INT_H
 #define INGEST_INT_H
 
@@ -103,7 +103,7 @@ struct ingest {
         pthread_mutex_unlock(&(ing)->stats_mu); \
     } while (0)
 
-/* ---- connections and output (ingest.c) ------------------------------- */
+/* ---- connections, output and runs (ingest.c) ------------------------- */
 
 /* Arms epoll for what c waits for now (input, output, its peer hanging up). */
 void ingest_conn_arm(struct ingest *ing, struct conn *c);
@@ -122,6 +122,25 @@ void ingest_conn_close(struct ingest *ing, struct conn *c);
 
 /* The open connection with that id, or NULL. */
 struct conn *ingest_conn_by_id(struct ingest *ing, uint64_t id);
+
+/* The run named name in the table, or NULL. */
+struct run *ingest_run_by_name(struct ingest *ing, const char *name);
+
+/* Adds a new run (id 0, not in the table yet) by its name. -1 out of
+ * memory (r is not added; the caller still owns it). */
+int ingest_run_add(struct ingest *ing, struct run *r);
+
+/* Detaches c from its run; the run turns stale unless it ended, and
+ * leaves the table (nothing more comes for it until its next hello). */
+void ingest_conn_detach(struct ingest *ing, struct conn *c);
+
+/* ---- lines (ingest_lines.c) ------------------------------------------ */
+
+/* Handles the complete lines in c's input buffer, stopping at a hello
+ * (the rest waits for the welcome) or when the writer is full (ing->paused
+ * set). Returns 0, or -1 when c was refused (a stranger's overlong line:
+ * held, or closed). */
+int ingest_process_input(struct ingest *ing, struct conn *c);
 
 /* ---- guards (ingest_guard.c) ----------------------------------------- */
 
