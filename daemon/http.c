@@ -136,10 +136,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                  strcmp(url, "/healthz") == 0;
     if (r->had_body) return http_send_error(h, c, 413, "request bodies are not accepted");
     /* a reserved slot (http_slots.h) is a health check's, not a newcomer's */
-    if (http_slots_reserved(c) && strcmp(url, "/healthz") != 0 && strcmp(url, "/metrics") != 0)
-        return http_send_error(h, c, 503,
-                               "every HTTP connection slot serves a request (--http-max-conns): "
-                               "only /healthz and /metrics are answered now");
+    int slot = http_slots_reserved(c);
+    if (slot && strcmp(url, "/healthz") != 0 && strcmp(url, "/metrics") != 0)
+        return http_send_error(h, c, 503, "%s: only /healthz and /metrics are answered now",
+                               slot == HTTP_SLOTS_FOR_ADDR
+                                   ? "this address holds its share of HTTP connections (--http-max-conns-per-ip)"
+                                   : "every HTTP connection slot serves a request (--http-max-conns)");
     if (!http_host_allowed(h, c))
         return http_send_error(h, c, 403,
                                "Host %.200s is not this daemon's: use its address or localhost, or start it "
@@ -257,7 +259,7 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
     int max_conns = cfg->max_conns > 0 ? cfg->max_conns : 512;
     int per_ip = cfg->max_conns_per_ip > 0 ? cfg->max_conns_per_ip : max_conns / 4 < 8 ? 8 : max_conns / 4;
     int timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 60;
-    if (!(h->slots = http_slots_create((unsigned)max_conns, timeout_s * 1e3))) {
+    if (!(h->slots = http_slots_create((unsigned)max_conns, (unsigned)per_ip, timeout_s * 1e3))) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -279,7 +281,9 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                             (size_t)(128 * 1024), MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_URI_LOG_CALLBACK, http_on_uri, h,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip, MHD_OPTION_END);
+                            /* the slots apply per_ip (a health check over it gets a
+                             * reserved slot): this bound only backs them up */
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)per_ip + HTTP_SLOTS_RESERVED, MHD_OPTION_END);
     if (!h->d) {
         snprintf(err, errlen, "cannot serve HTTP on %s (address in use?)",
                  cfg->listen ? cfg->listen : "127.0.0.1:8080");

@@ -20,6 +20,14 @@
  * cannot hold them for long; only when they too are taken is the newcomer
  * refused.
  *
+ * The per-address limit is this module's too (libmicrohttpd's own refuses
+ * at accept, before the request says what it asks for): an address that
+ * holds its per_addr ordinary slots gets a reserved slot for its
+ * newcomer, or nothing when they are taken, so a monitoring probe from an
+ * address whose streams hold its share is still answered /healthz and
+ * /metrics, and the address still holds no more than per_addr slots that
+ * serve anything else.
+ *
  * It also times idle connections out: libmicrohttpd's own timeout starts
  * again at every byte, so a client that sends its headers one byte at a
  * time (slowloris) kept its thread and slot for ever. http_slots_sweep
@@ -42,9 +50,12 @@ struct http_slots;
 
 /* max: the slots that may be held (libmicrohttpd's own limit must leave
  * HTTP_SLOTS_SPARE over it for newcomers admitted while their victims
- * close); idle_ms: how long a connection may go without a request in
- * progress (http_slots_sweep). Returns NULL when out of memory. */
-struct http_slots *http_slots_create(unsigned max, double idle_ms);
+ * close); per_addr: the ordinary slots one client address may hold (0: no
+ * limit; libmicrohttpd's per-address limit, if set, must leave
+ * HTTP_SLOTS_RESERVED over it); idle_ms: how long a connection may go
+ * without a request in progress (http_slots_sweep). Returns NULL when out
+ * of memory. */
+struct http_slots *http_slots_create(unsigned max, unsigned per_addr, double idle_ms);
 
 /* Frees. Accepts NULL. Call after the server stopped. */
 void http_slots_destroy(struct http_slots *s);
@@ -65,7 +76,8 @@ void http_slots_notify(void *cls, struct MHD_Connection *c, void **socket_contex
 
 /* For MHD_start_daemon's accept policy (cls = the slots): MHD_YES with a
  * slot free or made free, or a reserved one free; MHD_NO when every slot,
- * reserved ones included, is taken. */
+ * reserved ones included, is taken. A newcomer from an address that holds
+ * its per_addr ordinary slots is admitted only into a reserved one. */
 enum MHD_Result http_slots_admit(void *cls, const struct sockaddr *addr, socklen_t addrlen);
 
 /* A request of c is being handled (its headers are in) / is done. A
@@ -73,8 +85,11 @@ enum MHD_Result http_slots_admit(void *cls, const struct sockaddr *addr, socklen
 void http_slots_busy(struct http_slots *s, struct MHD_Connection *c);
 void http_slots_idle(struct http_slots *s, struct MHD_Connection *c);
 
-/* 1 when c holds a reserved slot: it may be answered /healthz or /metrics
- * only (anything else: 503, every ordinary slot is busy). */
+/* What slot c holds: an ordinary one, or a reserved one, given because
+ * every ordinary slot serves a request or because c's address holds its
+ * per_addr share. In a reserved slot it may be answered /healthz or
+ * /metrics only (anything else: 503 saying which). */
+enum http_slots_kind { HTTP_SLOTS_ORDINARY = 0, HTTP_SLOTS_FOR_ALL_BUSY, HTTP_SLOTS_FOR_ADDR };
 int http_slots_reserved(struct MHD_Connection *c);
 
 /* Shuts down the connections idle (no request in progress) for longer

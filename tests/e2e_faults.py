@@ -83,6 +83,64 @@ class ReservedSlotTest(unittest.TestCase):
             d.cleanup()
 
 
+class PerAddressReservedTest(unittest.TestCase):
+    """A monitoring probe from an address that holds its share of the slots
+    (--http-max-conns-per-ip) in streams gets a reserved slot: /healthz and
+    /metrics answered, anything else 503 naming the limit; still bounded by
+    the 8 reserved slots."""
+
+    def test_healthz_from_an_address_holding_its_share(self):
+        per_ip = 16
+        d = Daemon(http=True, args=["--http-max-conns-per-ip", str(per_ip)]).start()
+        socks, idle = [], []
+        reserved = lambda: int(raw(port, "GET", "/metrics", src="127.0.0.3")[1].split(  # noqa: E731
+            "\nentropyd_http_connections_reserved_total ")[1].split()[0])
+        try:
+            port = d.http_port
+            socks = open_streams(port, per_ip)  # all from 127.0.0.2: its share
+            wait_for(lambda: "\nentropyd_stream_clients %d\n" % per_ip in raw(port, "GET", "/metrics",
+                                                                                src="127.0.0.3")[1],
+                     what="%d stream clients" % per_ip)
+            for path in ("/healthz", "/metrics"):
+                st, body = raw(port, "GET", path, src="127.0.0.2")
+                self.assertEqual(st, 200, "%s from an address holding its share: %r" % (path, body[:200]))
+            st, body = raw(port, "GET", "/api/runs", src="127.0.0.2")
+            self.assertEqual(st, 503, body)
+            self.assertIn("--http-max-conns-per-ip", body)
+            self.assertIn("only /healthz and /metrics", body)
+            self.assertEqual(raw(port, "GET", "/api/runs", src="127.0.0.3")[0], 200)  # other addresses as before
+            # bounded by the reserved slots: idle sockets from it take all 8
+            # (until they time out, 2 s), and a probe then finds none
+            r0 = reserved()
+            for _ in range(8):
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.connect(("127.0.0.1", port))
+                idle.append(s)
+            wait_for(lambda: reserved() >= r0 + 8, what="8 reserved slots taken")
+            st, body = raw(port, "GET", "/healthz", src="127.0.0.2", timeout=5)
+            if st is not None:  # admitted only if a reserved slot was freed meanwhile (timed out)
+                freed = 0
+                for s in idle:
+                    s.setblocking(False)
+                    try:
+                        freed += s.recv(1) == b""
+                    except BlockingIOError:
+                        pass
+                self.assertGreater(freed, 0, "a ninth reserved slot for one address: %r" % body[:200])
+            print("per-address share held: /healthz and /metrics 200, /api/runs 503; with the 8 reserved slots "
+                  "taken a probe was %s" % ("refused" if st is None else "answered after one timed out"),
+                  file=sys.stderr)
+            # the idle ones time out: a probe is answered again
+            wait_for(lambda: raw(port, "GET", "/healthz", src="127.0.0.2")[0] == 200, timeout=20,
+                     what="/healthz once the idle reserved slots timed out")
+            self.assertTrue(d.alive())
+        finally:
+            for s in socks + idle:
+                s.close()
+            d.cleanup()
+
+
 class LostWalTest(unittest.TestCase):
     def test_a_wal_truncated_under_the_daemon_is_noticed_and_refused_at_restart(self):
         d = Daemon(http=True, args=["--drain-ms", "300"]).start()
