@@ -32,7 +32,7 @@ endif
 endif
 
 CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
-           -D_GNU_SOURCE -pthread -MMD -MP -Idaemon -Itrainer -Iclient -Iproto -Icli -I$(BUILD)/gen $(PKG_CFLAGS)
+           -D_GNU_SOURCE -pthread -MMD -MP $(PKG_CFLAGS)
 # libsnappy (remote write) ships no pkg-config file
 LDLIBS  += $(PKG_LIBS) -lsnappy -llapacke -lpthread -lm
 # The trainer's elementwise kernels want vectorization for this CPU; without
@@ -59,20 +59,26 @@ MPI_BIN := $(BUILD)/sigmatrain-mpi
 endif
 
 DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-# proto/: the protocol's one home, compiled into the daemon and the client library
+# proto/: the protocol's one home, libproto.a: linked by the daemon and the
+# trainer, and carried inside the client library (an installed
+# libentropyd_client.a must stand alone)
 PROTO_SRC   := $(wildcard proto/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(wildcard trainer/*.c))
-# cli/: what both programs' mains share (the flag table), not in the library
-CLI_SRC     := $(wildcard cli/*.c)
+# common/: below the protocol, shared by every layer: the clocks (now.h),
+# HOST:PORT parsing and resolving (net.c, also in the client library) and
+# the flag table both programs' mains parse with (flags.c, not in the library)
+COMMON_SRC  := $(wildcard common/*.c)
+COMMON_NET  := common/net.c
 TEST_SRC    := $(wildcard tests/test_*.c)
 BENCH_SRC   := $(wildcard bench/*.c)
 WEB_FILES   := $(shell find web -type f 2>/dev/null | sort)
 
-DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(PROTO_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o \
+DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)/gen/webassets.o \
               $(BUILD)/gen/default_rules.o
+PROTO_OBJ   := $(PROTO_SRC:%.c=$(BUILD)/%.o)
 TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
-CLI_OBJ     := $(CLI_SRC:%.c=$(BUILD)/%.o)
-CLIENT_SRC  := $(wildcard client/*.c) $(PROTO_SRC)
+COMMON_OBJ  := $(COMMON_SRC:%.c=$(BUILD)/%.o)
+CLIENT_SRC  := $(wildcard client/*.c) $(PROTO_SRC) $(COMMON_NET)
 CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(BUILD)/%.o)
 CLIENT_PIC  := $(CLIENT_SRC:%.c=$(BUILD)/pic/%.o)
 CLIENT_LIB  := $(BUILD)/libentropyd_client.a $(BUILD)/libentropyd_client.so
@@ -98,6 +104,26 @@ define deps_then_make
 	@$(MAKE) --no-print-directory $(2)
 endef
 
+# Each layer sees only the headers it may include (the -I list of the
+# folder a file is in): common/ itself; proto/ itself and common/; client/
+# itself, proto/ and common/; the trainer the client library's public header
+# alone (the copy under $(BUILD)/include), proto/ and common/; the daemon
+# itself, proto/ and common/. Tests and benchmarks see every folder.
+INC_common   := -Icommon
+INC_proto    := -Iproto -Icommon
+INC_client   := -Iclient -Iproto -Icommon
+INC_trainer  := -Itrainer -I$(BUILD)/include/entropyd -Iproto -Icommon
+INC_daemon   := -Idaemon -Iproto -Icommon
+INC_gen      := -Idaemon
+INC_tests    := -Idaemon -Itrainer -Iclient -Iproto -Icommon
+INC_bench    := $(INC_tests)
+INC_examples := -I$(BUILD)/include
+# the folder of the file an object is built from: build/pic/proto/x.o -> proto
+layer = $(firstword $(subst /, ,$(patsubst $(BUILD)/%,%,$(patsubst $(BUILD)/pic/%,%,$(patsubst $(BUILD)/mpi/%,%,$(1))))))
+INC = $(INC_$(call layer,$@))
+TRAINER_ALL_OBJ := $(TRAINER_OBJ) $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o
+$(TRAINER_ALL_OBJ): | $(BUILD)/include/entropyd/telemetry.h
+
 # One version for both programs: the VERSION file, compiled into their mains.
 VERSION := $(shell cat VERSION)
 $(BUILD)/daemon/main.o $(BUILD)/trainer/main.o: CFLAGS += -DPROJECT_VERSION='"$(VERSION)"'
@@ -105,7 +131,7 @@ $(BUILD)/daemon/main.o $(BUILD)/trainer/main.o: VERSION
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(INC) -c $< -o $@
 
 # Build-time embedding: SQL migrations and the web page become C arrays, so the
 # daemon is one self-contained binary.
@@ -122,12 +148,16 @@ $(BUILD)/gen/default_rules.c: $(BUILD)/tools/embed schema/default_rules.json
 	@mkdir -p $(dir $@)
 	$(BUILD)/tools/embed default_rules schema schema/default_rules.json > $@
 $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
-	$(CC) $(CFLAGS) -Wno-overlength-strings -c $< -o $@
+	$(CC) $(CFLAGS) $(INC_gen) -Wno-overlength-strings -c $< -o $@
 
 $(BUILD)/libdaemon.a: $(DAEMON_OBJ)
 	@rm -f $@; ar rcs $@ $^
 $(BUILD)/libtrainer.a: $(TRAINER_OBJ)
 	@rm -f $@; ar rcs $@ $(if $^,$^,)
+$(BUILD)/libproto.a: $(PROTO_OBJ)
+	@rm -f $@; ar rcs $@ $^
+$(BUILD)/libcommon.a: $(COMMON_OBJ)
+	@rm -f $@; ar rcs $@ $^
 
 # The client library (client/): what any program links to stream
 # to entropyd.  Static, shared (position-independent objects of their own)
@@ -137,11 +167,16 @@ CLIENT_VERSION := $(VERSION)
 CLIENT_LIBS    := $(shell $(PKG_CONFIG) --libs libcjson 2>/dev/null) -lpthread -lm
 $(BUILD)/pic/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+	$(CC) $(CFLAGS) $(INC) -fPIC -c $< -o $@
 $(BUILD)/libentropyd_client.a: $(CLIENT_OBJ)
 	@rm -f $@; ar rcs $@ $^
-$(BUILD)/libentropyd_client.so: $(CLIENT_PIC)
-	$(CC) $(LDFLAGS) -shared -Wl,-soname,libentropyd_client.so.1 -Wl,--no-undefined $^ $(CLIENT_LIBS) -o $@
+# The shared library exports telemetry.h's functions and nothing else
+# (client/libentropyd_client.map): proto_* and net_* stay out of the
+# programs that load it (tests/e2e_exports.py checks with nm -D).
+CLIENT_MAP := client/libentropyd_client.map
+$(BUILD)/libentropyd_client.so: $(CLIENT_PIC) $(CLIENT_MAP)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libentropyd_client.so.1 -Wl,--no-undefined -Wl,--version-script=$(CLIENT_MAP) \
+		$(CLIENT_PIC) $(CLIENT_LIBS) -o $@
 # The example, built here against the tree (the tests also build it from an
 # install prefix through pkg-config, as a program outside the repo would).
 $(BUILD)/include/entropyd/telemetry.h: client/telemetry.h
@@ -149,7 +184,7 @@ $(BUILD)/include/entropyd/telemetry.h: client/telemetry.h
 	cp $< $@
 $(BUILD)/examples/stream_steps: examples/stream_steps.c $(BUILD)/libentropyd_client.a $(BUILD)/include/entropyd/telemetry.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(BUILD)/include $< $(BUILD)/libentropyd_client.a $(CLIENT_LIBS) -o $@
+	$(CC) $(CFLAGS) $(INC_examples) $< $(BUILD)/libentropyd_client.a $(CLIENT_LIBS) -o $@
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -177,24 +212,27 @@ install: $(CLIENT_LIB)
 	@echo "entropyd: C library in $(PREFIX)/lib (programs linked with pkg-config entropyd_client find it through their rpath)"
 	@$(PYTHON) scripts/python_site.py --say '$(PYTHON_SITE)'
 
-$(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a $(CLI_OBJ)
+$(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a $(BUILD)/libproto.a $(BUILD)/libcommon.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
-$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(CLI_OBJ)
+$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(BUILD)/libproto.a \
+                     $(BUILD)/libcommon.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # The MPI variant: dist.c again, by mpicc; linked before libtrainer.a so the
 # archive's single-process dist.o is never pulled in.
 $(BUILD)/mpi/trainer/dist.o: trainer/dist.c
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CFLAGS) $(TRAINER_OPT) -DDIST_MPI -c $< -o $@
-$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(CLI_OBJ)
+	$(MPICC) $(CFLAGS) $(INC) $(TRAINER_OPT) -DDIST_MPI -c $< -o $@
+$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a \
+                         $(BUILD)/libproto.a $(BUILD)/libcommon.a
 	$(MPICC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# Every test and benchmark links all the module libraries; the linker keeps only
-# the objects it needs.
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(CLI_OBJ)
+# Every test and benchmark links every library (daemon, trainer, client,
+# proto, common); the linker keeps only the objects it needs.
+ALL_LIBS := $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(BUILD)/libproto.a $(BUILD)/libcommon.a
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(ALL_LIBS)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
-$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 test:
@@ -231,8 +269,9 @@ FUZZ_SECONDS ?= 60
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZERS      := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 FUZZ_CFLAGS  := -std=c11 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread \
-                -Idaemon -Iproto -Ibuild/gen $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) $(PROTO_SRC:%.c=build/fuzz/obj/%.o) build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o \
+                -Idaemon -Iproto -Icommon $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_OBJ     := $(DAEMON_SRC:%.c=build/fuzz/obj/%.o) $(PROTO_SRC:%.c=build/fuzz/obj/%.o) $(COMMON_NET:%.c=build/fuzz/obj/%.o) \
+                build/fuzz/obj/gen/migrations.o build/fuzz/obj/gen/webassets.o \
                 build/fuzz/obj/gen/default_rules.o
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)

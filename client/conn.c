@@ -3,8 +3,8 @@
  * streams the spool from the welcome's last_seq + 1 and reads the daemon's
  * lines (acks trim the spool; errors and alerts go to the inbox). */
 #include "telemetry_int.h"
+#include "net.h"
 
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -75,20 +75,16 @@ static void start_connect(telemetry *t) {
         if (fd < 0) goto fail;
         rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
     } else {
-        /* getaddrinfo may block on DNS; it runs in the sender thread only. */
-        struct addrinfo hints, *ai = NULL;
-        memset(&hints, 0, sizeof hints);
-        hints.ai_socktype = SOCK_STREAM;
-        if (getaddrinfo(t->host, t->port, &hints, &ai) || !ai) goto fail;
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            freeaddrinfo(ai);
-            goto fail;
-        }
+        /* resolving may block on DNS; it runs in the sender thread only,
+         * and at every attempt, so a name that moves is followed */
+        struct net_addr addr;
+        char why[160];
+        if (net_resolve(t->tcp_addr, "tcp", &addr, why, sizeof why)) goto fail;
+        fd = socket(addr.ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) goto fail;
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-        freeaddrinfo(ai);
+        rc = connect(fd, (struct sockaddr *)&addr.ss, addr.len);
     }
     t->fd = fd;
     if (rc == 0) {

@@ -188,13 +188,11 @@ static int parse_address(telemetry *t, const char *a, char *err, size_t errlen) 
         return t->unix_path ? 0 : -1;
     }
     if (!strncmp(a, "tcp:", 4)) {
-        char host[256], port[12];
+        char host[256];
         int pn;
         if (net_split_hostport(a + 4, host, sizeof host, &pn) != 0 || pn < 1) goto bad;
-        snprintf(port, sizeof port, "%d", pn);
-        t->host = strdup(host);
-        t->port = strdup(port);
-        return t->host && t->port ? 0 : -1;
+        t->tcp_addr = strdup(a + 4);
+        return t->tcp_addr ? 0 : -1;
     }
 bad:
     tm_set_err(err, errlen, "address %s: expected unix:PATH or tcp:HOST:PORT", a);
@@ -483,8 +481,7 @@ static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *
     free(t->address);
     free(t->token);
     if (t->in_lock_init) pthread_mutex_destroy(&t->in_lock);
-    free(t->host);
-    free(t->port);
+    free(t->tcp_addr);
     free(t->root);
     free(t->dir);
     free(t);

@@ -141,7 +141,7 @@ struct telemetry {
     int L, H;
     int max_s, max_l, max_h;
     int has_address, is_unix;
-    char *unix_path, *host, *port;
+    char *unix_path, *tcp_addr; /* tcp_addr: "HOST:PORT", resolved at each connect */
     char *hello;
     size_t hello_len;
     size_t hello_public_len; /* the hello's bytes before its token */

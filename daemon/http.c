@@ -17,7 +17,6 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -203,26 +202,6 @@ void http_metrics(struct http *h, struct strbuf *b) {
 
 /* ---- lifecycle ------------------------------------------------------- */
 
-static int resolve(const char *listen, struct sockaddr_storage *ss, socklen_t *len, char *err, size_t errlen) {
-    char h[256], port_text[8];
-    int port;
-    if (net_split_hostport(listen, h, sizeof h, &port)) {
-        snprintf(err, errlen, "--http wants HOST:PORT (port 0..65535), got \"%s\"", listen);
-        return -1;
-    }
-    snprintf(port_text, sizeof port_text, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai;
-    int rc = getaddrinfo(h, port_text, &hints, &ai);
-    if (rc) {
-        snprintf(err, errlen, "--http: cannot resolve \"%s\": %s", h, gai_strerror(rc));
-        return -1;
-    }
-    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
-    *len = ai->ai_addrlen;
-    freeaddrinfo(ai);
-    return 0;
-}
-
 struct http *http_create(const struct http_config *cfg, char *err, size_t errlen) {
     struct http *h = calloc(1, sizeof *h);
     if (!h) {
@@ -252,9 +231,9 @@ struct http *http_create(const struct http_config *cfg, char *err, size_t errlen
             goto fail;
         }
     }
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    if (resolve(cfg->listen ? cfg->listen : "127.0.0.1:8080", &ss, &sl, err, errlen)) goto fail;
+    struct net_addr addr;
+    if (net_resolve(cfg->listen ? cfg->listen : "127.0.0.1:8080", "--http", &addr, err, errlen)) goto fail;
+    struct sockaddr_storage ss = addr.ss;
     http_guard_listen(h, cfg->listen ? cfg->listen : "127.0.0.1:8080");
     int max_conns = cfg->max_conns > 0 ? cfg->max_conns : 512;
     int per_ip = cfg->max_conns_per_ip > 0 ? cfg->max_conns_per_ip : max_conns / 4 < 8 ? 8 : max_conns / 4;

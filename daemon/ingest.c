@@ -14,7 +14,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -557,29 +556,16 @@ static int listen_unix(struct ingest *ing, const char *path, char *err, size_t e
 }
 
 static int listen_tcp(struct ingest *ing, const char *spec, char *err, size_t errlen) {
-    char host[256], port_text[8];
-    int port;
-    if (net_split_hostport(spec, host, sizeof host, &port)) {
-        snprintf(err, errlen, "--listen-tcp wants HOST:PORT, got \"%s\"", spec);
-        return -1;
-    }
-    snprintf(port_text, sizeof port_text, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
-    int gai = getaddrinfo(host, port_text, &hints, &res);
-    if (gai) {
-        snprintf(err, errlen, "--listen-tcp %s: %s", spec, gai_strerror(gai));
-        return -1;
-    }
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct net_addr addr;
+    if (net_resolve(spec, "--listen-tcp", &addr, err, errlen)) return -1;
+    int fd = socket(addr.ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, 1024) < 0) {
+    if (fd < 0 || bind(fd, (struct sockaddr *)&addr.ss, addr.len) < 0 || listen(fd, 1024) < 0) {
         snprintf(err, errlen, "cannot listen on %s: %s", spec, strerror(errno));
         if (fd >= 0) close(fd);
-        freeaddrinfo(res);
         return -1;
     }
-    freeaddrinfo(res);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     getsockname(fd, (struct sockaddr *)&ss, &sl);

@@ -1,8 +1,9 @@
 /* proto.h: protocol v1 (schema/protocol.md), the one home of its limits,
  * names, escaping, number formatting, and a writer and a parser for every
- * message in both directions. Compiled into the daemon (libdaemon.a) and the
- * client library (libentropyd_client). Pure: no I/O, no globals, no
- * knowledge of runs, databases or sockets.
+ * message in both directions. Built once (libproto.a), linked into the
+ * daemon and the trainer and carried inside the client library
+ * (libentropyd_client). Pure: no I/O, no globals, no knowledge of runs,
+ * databases or sockets.
  *
  *   trainer -> daemon: proto_write_hello / _step_body / _event_body /
  *       _end_body write, proto_parse (proto_parse.c) reads;

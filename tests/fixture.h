@@ -5,7 +5,7 @@
  * a test includes it as "fixture.h" (from tests/), anything else as
  * "../tests/fixture.h". The functions do not need cmocka; the WAIT_UNTIL
  * macro does where it is used (fail_msg). Monotonic time is the daemon's
- * clock, now_mono_ms() from proto/now.h. */
+ * clock, now_mono_ms() from common/now.h. */
 #ifndef FIXTURE_H
 #define FIXTURE_H
 

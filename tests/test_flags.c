@@ -1,4 +1,4 @@
-/* test_flags.c: unit tests of cli/flags.c, the flag table both programs
+/* test_flags.c: unit tests of common/flags.c, the flag table both programs
  * parse with: every kind's value read and bounded, the two value forms,
  * the rows given, --help/--version, and every malformed command line
  * refused (with stderr, not an exit). */

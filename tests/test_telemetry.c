@@ -1151,7 +1151,7 @@ static void test_api_errors(void **state) {
     base_config(&c, &e, "ok", 2, 2);
     c.address = "http://x";
     assert_null(telemetry_create(&c, err, sizeof err));
-    /* tcp: addresses go through proto/net.h's parser; port 0 is not one to connect to */
+    /* tcp: addresses go through common/net.h's parser; port 0 is not one to connect to */
     const char *bad_tcp[] = {"tcp:localhost", "tcp::80", "tcp:h:0", "tcp:h:65536", "tcp:h:8x"};
     for (size_t i = 0; i < sizeof bad_tcp / sizeof bad_tcp[0]; i++) {
         c.address = bad_tcp[i];

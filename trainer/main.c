@@ -57,7 +57,7 @@ typedef struct {
 } options;
 
 /* ---- THE FLAG TABLE --------------------------------------------------------
- * One row a flag (cli/flags.h) drives parsing, --help and the --resume
+ * One row a flag (common/flags.h) drives parsing, --help and the --resume
  * check: a flag marked DEFINES names part of the run's definition, which a
  * checkpoint carries (given with --resume it is ignored, with a warning). */
 enum { DEFINES = 1 };
