@@ -302,7 +302,10 @@ class MemoryBoundTest(unittest.TestCase):
             rss = d.rss_kb() / 1024
             print("memory bound: %d live %dx%d runs: RSS %.1f MiB, alert state %.1f MiB, formula %.1f MiB"
                   % (runs, layers, heads, rss, alert / 2**20, bound), file=sys.stderr)
-            self.assertLessEqual(rss, bound)
+            # under the sanitizers RSS is mostly theirs (shadow memory, freed
+            # blocks held in quarantine: 481 MiB here), not the daemon's
+            if not os.environ.get("SANITIZE"):
+                self.assertLessEqual(rss, bound)
             for c in cs:
                 c.close()
         finally:
