@@ -345,6 +345,25 @@ static void wal_watch(struct writer *w, int force) {
     if (store_wal_check(store_path(w->st), store_wal_used(w->st), &w->wal_id, why, sizeof why) == 1) wal_lost(w, why);
 }
 
+static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, double ms);
+
+/* The pause between two attempts at a batch the database refused: ms, or
+ * less once the writer is asked to stop (writer_destroy signals cv): then
+ * only what is left of WRITER_STOP_GRACE_MS, so a refusing database cannot
+ * hold shutdown behind a sleep of up to 2 s begun before the stop. */
+static void backoff_wait(struct writer *w, double ms) {
+    double until = now_mono_ms() + ms;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        double grace_end = w->stop_ms + WRITER_STOP_GRACE_MS;
+        double end = w->stop && grace_end < until ? grace_end : until;
+        double left = end - now_mono_ms();
+        if (left <= 0) break;
+        cond_wait_ms(&w->cv, &w->mu, left);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void commit_batch(struct writer *w, struct writer_item *batch, struct replies *rep, int failed) {
     double backoff = 50;
     int attempt = 0;
@@ -410,7 +429,7 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
             w->guarded = 0;
             return;
         }
-        usleep((useconds_t)(backoff * 1000));
+        backoff_wait(w, backoff);
         if (backoff < 2000) backoff *= 2;
         attempt++;
         failed = batch_apply(w, batch, rep);
@@ -772,6 +791,9 @@ static void *writer_main(void *arg) {
             else batch = it;
             btail = it;
             nbatch++;
+            /* giving up at shutdown (commit_batch): what is left is not
+             * applied only to be refused, it goes unacked at once */
+            if (!failed && w->abandoning) failed = BATCH_RETRY;
             if (!failed) failed = batch_status(apply(w, it, &rep));
         }
         pthread_mutex_lock(&w->mu);
