@@ -48,32 +48,50 @@ export const getSmoothing = () => smoothing;
  * a time mode the charts' x values are the steps' times (interpolated
  * between known pairs, never decreasing), so a stall is a gap and a
  * slowdown a stretch; zooming and markers convert back to steps. */
-const clock = {steps: [], times: [], t0: null};
+/** The times of one run's steps: (step, time) pairs, interpolated between
+ * (never decreasing), and the time its relative axis counts from. */
+export class StepClock {
+  constructor() { this.steps = []; this.times = []; this.t0 = null; }
+  /** Adds (step, time) pairs (any order; null times skipped). */
+  add(steps, times) {
+    const m = new Map(this.steps.map((s, i) => [s, this.times[i]]));
+    steps.forEach((s, i) => { if (Number.isFinite(times[i])) m.set(s, times[i]); });
+    const ks = [...m.keys()].sort((a, b) => a - b);
+    let run = -Infinity;
+    this.steps = ks;
+    this.times = ks.map((k) => (run = Math.max(run, m.get(k))));
+    if (this.t0 === null && this.times.length) this.t0 = this.times[0];
+  }
+  get known() { return this.steps.length >= 1; }
+  /** The time of a step (seconds: Unix time, or since t0 for 'rel'). */
+  time(step, mode) {
+    const t = interp(this.steps, this.times, step);
+    return mode === 'rel' ? t - (this.t0 ?? 0) : t;
+  }
+  /** The step at a time of mode (the inverse of time). */
+  step(x, mode) { return interp(this.times, this.steps, mode === 'rel' ? x + (this.t0 ?? 0) : x); }
+}
+// the run page's clock (one run; the compare view keeps one per run)
+let clock = new StepClock();
 let xMode = 'step';
 export const X_MODES = ['step', 'wall', 'rel'];
+/** The words of each mode in the x axis menus (run page and compare). */
+export const X_NAMES = {step: 'step', wall: 'wall time', rel: 'relative time'};
 export function setXMode(m) {
   m = X_MODES.includes(m) ? m : 'step';
   if (m === xMode) return;
   xMode = m;
-  for (const c of charts) if (c.u) c.build();
+  for (const c of charts) if (c.u && !c.o.x) c.build();
 }
 export const getXMode = () => xMode;
 /** Forgets every step's time and the origin (a view showing another run). */
-export function resetClock() { clock.steps = []; clock.times = []; clock.t0 = null; }
+export function resetClock() { clock = new StepClock(); }
 /** The time "relative time" counts from (the run's first step's). */
 export function setClockOrigin(t) { if (Number.isFinite(t)) clock.t0 = t; }
 /** Adds (step, time) pairs (any order; null times skipped). */
-export function addClock(steps, times) {
-  const m = new Map(clock.steps.map((s, i) => [s, clock.times[i]]));
-  steps.forEach((s, i) => { if (Number.isFinite(times[i])) m.set(s, times[i]); });
-  const ks = [...m.keys()].sort((a, b) => a - b);
-  let run = -Infinity;
-  clock.steps = ks;
-  clock.times = ks.map((k) => (run = Math.max(run, m.get(k))));
-  if (clock.t0 === null && clock.times.length) clock.t0 = clock.times[0];
-}
+export function addClock(steps, times) { clock.add(steps, times); }
 /** Whether the times of steps are known (a time axis can be drawn). */
-export const hasClock = () => clock.steps.length >= 1;
+export const hasClock = () => clock.known;
 function interp(xs, ys, x) {
   const n = xs.length;
   if (!n) return NaN;
@@ -85,18 +103,12 @@ function interp(xs, ys, x) {
   return dx ? ys[lo] + ((ys[hi] - ys[lo]) * (x - xs[lo])) / dx : ys[lo];
 }
 /** The time of a step (seconds: Unix time, or since the start for 'rel'). */
-export function timeOf(step, mode = xMode) {
-  const t = interp(clock.steps, clock.times, step);
-  return mode === 'rel' ? t - (clock.t0 ?? 0) : t;
-}
+export function timeOf(step, mode = xMode) { return clock.time(step, mode); }
 /** The step at a time of the current mode (the inverse of timeOf). */
-export function stepOf(x) {
-  const t = xMode === 'rel' ? x + (clock.t0 ?? 0) : x;
-  return interp(clock.times, clock.steps, t);
-}
+export function stepOf(x) { return clock.step(x, xMode); }
 const pad2 = (v) => String(v).padStart(2, '0');
 /** A wall-clock time as HH:MM:SS (with the date when the span is days). */
-function wallLabel(t, span) {
+export function wallLabel(t, span) {
   const d = new Date(t * 1000);
   const hm = `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
   if (span > 2 * 86400) return `${d.getMonth() + 1}/${d.getDate()} ${hm}`;
@@ -213,7 +225,12 @@ export function pooled(answers) {
 export class TimeChart {
   /** parent: element; o: {title, unit, height, onZoom(from, to), onReset(),
    *  markers(): [{step, color, label}], compact, log (start on a log y
-   *  axis), sync (crosshair group key), file (download file name base)} */
+   *  axis), sync (crosshair group key), file (download file name base),
+   *  x: {mode() -> 'step'|'wall'|'rel', label(x) -> legend text,
+   *  toSteps(a, b) -> [from, to]}: the owner's x axis, whose tables
+   *  already hold that mode's x values and whose markers may carry their
+   *  own x (the compare view: each run on its own clock); without it,
+   *  steps, mapped to times by the run page's clock in a time mode} */
   constructor(parent, o) {
     this.o = o;
     this.log = !!o.log;
@@ -242,7 +259,8 @@ export class TimeChart {
    * once; the drawing is queued (one chart per task, so many charts arriving
    * together never make one long task). Resolves once drawn. */
   setData(defs, table) {
-    const key = JSON.stringify([this.o.unit, this.o.title, defs.map((d) => [d.label, d.color, !!d.band, d.dash, d.width])]);
+    const key = JSON.stringify([this.o.unit, this.o.title, defs.map((d) => [d.label, d.color, !!d.band, d.dash, d.width]),
+                                this.o.x ? this.o.x.mode() : null]);
     this.data = table;
     this.fetched = table[0] ? table[0].length : 0;
     // data flows again: an earlier "could not load" goes
@@ -281,10 +299,14 @@ export class TimeChart {
   build() {
     if (this.u) this.u.destroy();
     const o = this.o, defs = this.defs, th = themeColors();
-    const timed = xMode !== 'step' && hasClock();
+    // o.x: the owner draws its own x values (the compare view: each run on
+    // its own clock); else the run page's clock maps steps to times here
+    const mode = o.x ? o.x.mode() : xMode;
+    const timed = o.x ? mode !== 'step' : xMode !== 'step' && hasClock();
     this.timed = timed;
+    const xLabel = (v) => (o.x ? o.x.label(v) : `${xAxis().label(stepOf(v))} (step ${fmtStep(stepOf(v))})`);
     const series = [{label: timed ? 'time' : 'step',
-                     value: (u, v) => (v === null || v === undefined ? '' : timed ? `${xAxis().label(stepOf(v))} (step ${fmtStep(stepOf(v))})` : fmtStep(v))}];
+                     value: (u, v) => (v === null || v === undefined ? '' : timed ? xLabel(v) : fmtStep(v))}];
     const bands = [];
     for (const d of defs) {
       const i = series.length;
@@ -311,8 +333,8 @@ export class TimeChart {
       scales: {x: {time: false}, y},
       axes: [
         timed
-          ? {...axis, label: X_TITLE[xMode], labelSize: 18, size: 36, incrs: TIME_INCRS, space: 70,
-             values: (u, vals) => vals.map((v) => (xMode === 'wall' ? wallLabel(v, u.scales.x.max - u.scales.x.min) : durLabel(v)))}
+          ? {...axis, label: X_TITLE[mode], labelSize: 18, size: 36, incrs: TIME_INCRS, space: 70,
+             values: (u, vals) => vals.map((v) => (mode === 'wall' ? wallLabel(v, u.scales.x.max - u.scales.x.min) : durLabel(v)))}
           : {...axis, label: 'step', labelSize: 18, size: 36, incrs: STEP_INCRS, values: (u, vals) => vals.map((v) => compactStep(v))},
         {...axis, label: o.unit || 'value', labelSize: 18, size: 58,
          splits: this.log ? logSplits : ySplits, values: this.log ? logTicks : linTicks,
@@ -328,14 +350,15 @@ export class TimeChart {
       // default would show eval_loss "at" a step where no eval ran).
       // sync: one crosshair across the page's charts, by step.
       cursor: {drag: {x: true, y: false, setScale: false}, focus: {prox: 16}, points: {show: defs.length <= 6},
-               dataIdx: (u, si, idx) => idx,
+               dataIdx: (u, si, idx) => (o.x && timed ? nearestDefined(u, si, idx) : idx),
                sync: o.sync ? {key: o.sync, setSeries: false} : undefined},
       focus: {alpha: 0.35},
       hooks: {
         setSelect: [(u) => {
           if (u.select.width < 4) return;
           let a = u.posToVal(u.select.left, 'x'), b = u.posToVal(u.select.left + u.select.width, 'x');
-          if (this.timed) { a = stepOf(a); b = stepOf(b); }
+          if (this.timed && o.x) [a, b] = o.x.toSteps(a, b);
+          else if (this.timed) { a = stepOf(a); b = stepOf(b); }
           u.setSelect({left: 0, width: 0, top: 0, height: 0}, false);
           if (o.onZoom) o.onZoom(Math.max(0, Math.floor(a)), Math.ceil(b));
         }],
@@ -361,7 +384,7 @@ export class TimeChart {
    * gaps (they have no place on it). this.data stays the raw data. */
   shown() {
     const t = this.data, defs = this.defs || this.pendingDefs;
-    const timed = xMode !== 'step' && hasClock();
+    const timed = !this.o.x && xMode !== 'step' && hasClock();
     if (!t || !defs || (!smoothing && !this.log && !timed)) return t;
     const out = [timed ? t[0].map((st) => timeOf(st)) : t[0]];
     let c = 1;
@@ -389,7 +412,8 @@ export class TimeChart {
   csv() {
     const t = this.data, defs = this.defs;
     if (!t || !defs) return '';
-    const head = ['step'], cols = [];
+    // an owner's time axis holds times, not steps, in the first column
+    const head = [this.o.x && this.timed ? (this.o.x.mode() === 'wall' ? 'time' : 'seconds_since_start') : 'step'], cols = [];
     let c = 1;
     const sm = smoothing ? this.shown() : null;
     for (const d of defs) {
@@ -441,11 +465,14 @@ export class TimeChart {
     if (!ms.length && !nf.length) return;
     const ctx = u.ctx, top = u.bbox.top, hgt = u.bbox.height, dpr = devicePixelRatio;
     const [x0, x1] = [u.scales.x.min, u.scales.x.max];
-    const xv = (st) => (this.timed ? timeOf(st) : st);
+    // a marker's x: the owner's (m.x, on its own x axis) or its step's
+    const xv = (st) => (this.timed ? (this.o.x ? NaN : timeOf(st)) : st);
+    const mx = (m) => (this.o.x && m.x !== undefined ? m.x : xv(m.step));
     ctx.save();
     ctx.fillStyle = '#d62728';
     for (const st of nf) {
       const v = xv(st);
+      if (!Number.isFinite(v)) continue;
       if (v < x0 || v > x1) continue;
       const x = Math.round(u.valToPos(v, 'x', true));
       ctx.fillRect(x - 1.5 * dpr, top + hgt - 9 * dpr, 3 * dpr, 9 * dpr);
@@ -456,15 +483,15 @@ export class TimeChart {
     ctx.textAlign = 'left';
     const rows = [[], [], []], bg = themeColors().bg;
     const right = u.bbox.left + u.bbox.width;
-    const shown = ms.filter((m) => { const v = xv(m.step); return v >= x0 && v <= x1; });
+    const shown = ms.filter((m) => { const v = mx(m); return v >= x0 && v <= x1; });
     for (const m of shown) {
-      const x = Math.round(u.valToPos(xv(m.step), 'x', true));
+      const x = Math.round(u.valToPos(mx(m), 'x', true));
       ctx.strokeStyle = m.color || '#d62728';
       ctx.setLineDash([4 * dpr, 3 * dpr]);
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + hgt); ctx.stroke();
     }
     ctx.setLineDash([]);
-    const groups = foldMarkers(shown, (m) => Math.round(u.valToPos(xv(m.step), 'x', true)), 14 * dpr);
+    const groups = foldMarkers(shown, (m) => Math.round(u.valToPos(mx(m), 'x', true)), 14 * dpr);
     this.markerGroups = groups.map((g) => ({...g, x: g.x / dpr}));
     // labels are placed most important group first, then by step
     const order = [...groups].sort((a, b) => (b.items[0].prio || 0) - (a.items[0].prio || 0) || a.step - b.step);
@@ -566,6 +593,23 @@ export class TimeChart {
     if (this.u) this.u.destroy();
     this.el.remove();
   }
+}
+
+/** On an owner's time axis each run's points sit at its own times, so
+ * the index under the cursor rarely holds every run's value: the legend
+ * takes series si's nearest point within 12 px instead (none beyond). */
+function nearestDefined(u, si, idx) {
+  const ys = u.data[si], xs = u.data[0];
+  if (!ys || ys[idx] !== undefined) return idx;
+  const px = (i) => u.valToPos(xs[i], 'x');
+  const at = px(idx);
+  for (let d = 1; d < 400; d++) {
+    const a = idx - d, b = idx + d, pa = a >= 0 ? Math.abs(px(a) - at) : Infinity, pb = b < xs.length ? Math.abs(px(b) - at) : Infinity;
+    if (pa > 12 && pb > 12) break;
+    if (pa <= 12 && ys[a] !== undefined) return a;
+    if (pb <= 12 && ys[b] !== undefined) return b;
+  }
+  return idx;
 }
 
 /** Steps are integers: no tick between two steps. */

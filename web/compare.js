@@ -14,15 +14,21 @@
 // with 10 runs stored as with 10,000. The URL holds the runs and every
 // setting; a change of runs or of a chart setting is a history entry, so
 // Back undoes it (the picker's own search and filters replace the entry).
+// The x axis (?x=wall|rel, the run page's key) is steps, the trainer's
+// clock or the time since each run's first step: each run on its own
+// clock, from its timeline answer's bucket edges (one request per run,
+// made only when a time axis is chosen) and its live ticks.
 // Not the run page: no heatmap, no per-head view.
-import {api, reparamOf} from './api.js';
-import {TimeChart, logByDefault, pointsFor, setSmoothing, getSmoothing} from './charts.js';
+import {api, getJSON, reparamOf} from './api.js';
+import {StepClock, TimeChart, X_MODES, X_NAMES, durLabel, logByDefault, pointsFor, setSmoothing, getSmoothing, wallLabel} from './charts.js';
 import {subscribe, want} from './live.js';
 import {color, fmtStep, h, unitOf, urlState, whenVisible} from './util.js';
 import {normAlert} from './verdict.js';
 import {MAX_RUNS, flatKeys, metaAt, metaFilters} from './meta.js';
 
 const PICK_PAGE = 20;
+/** Buckets of a run's clock request (the times of its steps at their edges). */
+const CLOCK_POINTS = 400;
 const int = (v) => (v === undefined || v === null || v === '' || Number.isNaN(+v) ? null : Math.max(0, Math.round(+v)));
 
 /** The run ids of a URL's runs= (positive integers, first MAX_RUNS, no repeats). */
@@ -43,12 +49,14 @@ export class CompareView {
     this.ids = idsOf(s.runs);
     this.st = {metric: s.metric || '', layer: int(s.layer), from: int(s.from), to: int(s.to),
                agg: ['mean', 'min', 'max'].includes(s.agg) ? s.agg : 'mean', group: s.group || '',
-               smooth: Math.min(0.99, Math.max(0, +s.smooth || 0))};
+               smooth: Math.min(0.99, Math.max(0, +s.smooth || 0)), x: X_MODES.includes(s.x) ? s.x : 'step'};
     this.pick = {q: s.pq || '', status: s.pstatus || '', verdict: s.pverdict || '', meta: s.pmeta || '', cursors: [null]};
     setSmoothing(this.st.smooth);
     this.charts = [];
     this.runs = [];
     this.alerts = new Map();   // run id -> [normAlert]
+    this.clocks = new Map();   // run id -> StepClock (time axes)
+    this.clockAsked = new Map();   // run id + range -> Promise of its clock request
     this.pending = 0;
     want({ticks: 1});
     this.unsub = subscribe((t, d) => this.onLive(t, d));
@@ -86,7 +94,7 @@ export class CompareView {
       h('div', {class: 'pager'}, this.pickPrev, this.pickNext));
     this.root.append(h('section', {class: 'card'},
       h('div', {class: 'card-head'}, h('h1', {}, 'Compare runs'),
-        h('span', {class: 'muted'}, 'the same step axis for all; every metric, each run in its colour')),
+        h('span', {class: 'muted'}, 'every metric, each run in its colour, on steps or each run’s own clock')),
       this.chips, this.picker));
     this.body = h('div', {id: 'compare-body'});
     this.root.append(this.body);
@@ -254,10 +262,15 @@ export class CompareView {
     const sm = h('input', {type: 'range', id: 'cmp-smooth', min: 0, max: 0.99, step: 0.01, value: this.st.smooth, 'aria-label': 'smoothing',
       oninput: (e) => { setSmoothing(+e.target.value); smVal.textContent = +e.target.value ? e.target.value : 'off'; },
       onchange: (e) => { this.st.smooth = getSmoothing(); push({smooth: this.st.smooth || undefined}); }});
+    const xSel = h('select', {id: 'x-axis', 'aria-label': 'x axis', onchange: (e) => this.setSt({x: e.target.value})},
+      ...X_MODES.map((m) => h('option', {value: m, selected: m === this.st.x}, X_NAMES[m])));
+    const xCtl = h('label', {class: 'muted', title: 'what the charts’ x axis counts: training steps, the trainer’s clock, or the time since each run began'},
+      'x axis ', xSel);
+    this.xNote = h('span', {class: 'muted small', id: 'cmp-x-note'});
     this.rangeEl = h('span', {class: 'range-txt'});
     const reset = h('button', {class: 'btn light', onclick: () => this.setRange(null, null)}, 'Zoom out');
-    this.body.append(h('div', {class: 'rangebar'}, mSel, lSel, aSel, gSel, h('label', {class: 'muted'}, 'smoothing ', sm, ' ', smVal),
-      h('span', {class: 'spacer'}), this.rangeEl, reset));
+    this.body.append(h('div', {class: 'rangebar'}, mSel, lSel, aSel, gSel, xCtl, h('label', {class: 'muted'}, 'smoothing ', sm, ' ', smVal),
+      this.xNote, h('span', {class: 'spacer'}), this.rangeEl, reset));
     this.showRange();
     const grid = h('div', {class: 'grid2 card', id: 'cmp-charts'});
     this.body.append(grid);
@@ -272,7 +285,9 @@ export class CompareView {
   setSt(patch) {
     Object.assign(this.st, patch);
     const u = {};
-    for (const k of Object.keys(patch)) u[k] = patch[k] === null || patch[k] === '' || (k === 'agg' && patch[k] === 'mean') ? undefined : patch[k];
+    for (const k of Object.keys(patch)) {
+      u[k] = patch[k] === null || patch[k] === '' || (k === 'agg' && patch[k] === 'mean') || (k === 'x' && patch[k] === 'step') ? undefined : patch[k];
+    }
     push(u);
     window.__render.complete = false;
     this.build();
@@ -300,7 +315,7 @@ export class CompareView {
     const cell = h('div', {class: 'cell'});
     grid.append(cell);
     const chart = new TimeChart(cell, {title, unit: unitOf(metric), height: 240, sync: 'compare', file: `compare-${metric}`,
-      log: logByDefault(metric), autoLog: true, markers: () => this.markers(),
+      log: logByDefault(metric), autoLog: true, markers: () => this.markers(), x: this.xAxis(),
       onZoom: (a, b) => this.setRange(a, b), onReset: () => this.setRange(null, null)});
     chart.el.dataset.metric = metric;
     const c = {chart, loaded: false};
@@ -316,20 +331,23 @@ export class CompareView {
           if (kind !== 'scalars') { q.agg = this.st.agg; if (layer !== null && layer < r.layers) q.layer = layer; }
           return (r.metrics && (r.metrics[kind] || []).includes(metric)) ? api.series(r.id, q).catch(() => null) : null;
         }));
+        if (this.st.x !== 'step') await this.ensureClocks();
         if (this.dead || chart.dead) return;
         const by = new Map(runs.map((r, i) => [r.id, res[i]]));
+        const xOf = (r) => this.xOfRun(r.id);
         let defs, table;
         if (groups) {
           defs = groups.map((g) => ({label: g.label, color: g.color, band: true, width: 2}));
-          table = groupTable(groups.map((g) => g.runs.map((r) => by.get(r.id))));
+          table = joinLines(groups.map((g) => groupLine(g.runs.map((r) => [by.get(r.id), xOf(r)]))));
         } else {
           defs = runs.map((r) => ({label: `${r.name}` + (reparamOf(r.meta) === 'sigma' ? ' (σReparam)' : ''),
                                    color: this.colorOf(r.id), band: true, width: 1.8}));
-          table = runTable(res);
+          table = joinLines(runs.map((r, i) => runLine(res[i], xOf(r))));
         }
         await chart.setData(defs, table);
         chart.el.dataset.runs = runs.map((r) => r.id).join(',');
         chart.el.dataset.groups = groups ? groups.length : '';
+        chart.el.dataset.x = this.st.x;
       } finally {
         this.pending--;
         this.done();
@@ -345,13 +363,88 @@ export class CompareView {
     const groups = this.groups();
     const colOf = (id) => (groups ? groups.find((g) => g.runs.some((r) => r.id === id)).color : this.colorOf(id));
     const out = [];
-    for (const r of this.runs) for (const a of this.alerts.get(r.id) || [])
-      out.push({step: a.step, color: colOf(r.id) + (a.state === 'resolved' ? '99' : ''), label: a.rule,
-                prio: a.state === 'firing' ? 1 : 0, run: r.id});
+    for (const r of this.runs) {
+      const xOf = this.xOfRun(r.id);
+      for (const a of this.alerts.get(r.id) || [])
+        out.push({step: a.step, x: xOf(a.step), color: colOf(r.id) + (a.state === 'resolved' ? '99' : ''), label: a.rule,
+                  prio: a.state === 'firing' ? 1 : 0, run: r.id});
+    }
     return out;
   }
 
+  /* ---- the x axis: steps, or each run's own clock ----------------------- */
+
+  /** The charts' x axis (TimeChart's o.x): the mode in force, its legend
+   * text, and a zoom's x range back to steps. */
+  xAxis() {
+    return {
+      mode: () => this.st.x,
+      label: (v) => (this.st.x === 'wall' ? wallLabel(v, 0) : durLabel(v)),
+      toSteps: (a, b) => this.stepsIn(a, b),
+    };
+  }
+
+  /** step -> x of run id on the axis in force (NaN when its steps' times
+   * are not known). */
+  xOfRun(id) {
+    const mode = this.st.x, c = this.clocks.get(id);
+    if (mode === 'step') return (st) => st;
+    if (!c || !c.known) return () => NaN;
+    return (st) => c.time(st, mode);
+  }
+
+  /** The steps a zoom over times a..b of the axis covers: from the lowest
+   * to the highest step any run spent in that window (every run is then
+   * asked for those steps, as a step zoom asks all for the same range). */
+  stepsIn(a, b) {
+    let lo = Infinity, hi = -Infinity;
+    for (const r of this.runs) {
+      const c = this.clocks.get(r.id);
+      if (!c || !c.known) continue;
+      const first = r.first_step ?? 0, last = Math.max(first, r.last_step ?? first);
+      const ta = c.time(first, this.st.x), tb = c.time(last, this.st.x);
+      if (tb < a || ta > b) continue;
+      lo = Math.min(lo, Math.max(first, c.step(Math.max(a, ta), this.st.x)));
+      hi = Math.max(hi, Math.min(last, c.step(Math.min(b, tb), this.st.x)));
+    }
+    return lo <= hi ? [lo, hi] : [NaN, NaN];
+  }
+
+  /** The clocks the charts need: each run's whole run (its origin, for
+   * relative time) and, when zoomed, the steps shown at finer resolution:
+   * one timeline request each (rows=layer: the smallest answer), made once.
+   * A run with neither a head nor a layer metric has no clock and is left
+   * off a time axis (said beside the menu). */
+  async ensureClocks() {
+    const asks = [];
+    for (const r of this.runs) {
+      const m = r.metrics || {}, head = (m.heads || [])[0], layer = (m.layers || [])[0];
+      if (!head && !layer) continue;
+      const zoomed = this.st.from !== null || this.st.to !== null;
+      for (const range of zoomed ? [null, this.span()] : [null]) {
+        const key = `${r.id}:${range ? range.join('-') : 'all'}`;
+        if (!this.clockAsked.has(key)) {
+          const q = new URLSearchParams({metric: head || layer, points: CLOCK_POINTS});
+          if (head) q.set('rows', 'layer');
+          if (range) { q.set('from', range[0]); q.set('to', range[1]); }
+          this.clockAsked.set(key, getJSON(`/api/runs/${r.id}/timeline?${q}`, {prio: 1}).then((ans) => {
+            if (!this.clocks.has(r.id)) this.clocks.set(r.id, new StepClock());
+            const c = this.clocks.get(r.id);
+            c.add([...ans.step, ...ans.end], [...ans.time, ...ans.end_time]);
+            // the whole run's first bucket starts at its first step: the origin of relative time
+            if (!range && ans.time.length) c.t0 = ans.time[0];
+          }, () => { this.clockAsked.delete(key); }));
+        }
+        asks.push(this.clockAsked.get(key));
+      }
+    }
+    await Promise.all(asks);
+    const none = this.runs.filter((r) => !(this.clocks.get(r.id) || {}).known).map((r) => r.name);
+    this.xNote.textContent = this.st.x !== 'step' && none.length ? `no step times for ${none.join(', ')}: not drawn on this axis` : '';
+  }
+
   setRange(from, to) {
+    if ((from !== null && !Number.isFinite(from)) || (to !== null && !Number.isFinite(to))) return;   // a time window no run was in
     this.st.from = from; this.st.to = to;
     push({from: from ?? undefined, to: to ?? undefined});
     this.showRange();
@@ -378,7 +471,11 @@ export class CompareView {
       this.redrawMarkers();
       return;
     }
-    if ((type !== 'step' && type !== 'tick') || !r || this.st.to !== null) return;
+    if ((type !== 'step' && type !== 'tick') || !r) return;
+    // a live run's clock grows with its ticks (the step's trainer time)
+    const c = this.clocks.get(r.id);
+    if (c && Number.isFinite(d.step) && Number.isFinite(d.time)) c.add([d.step], [d.time]);
+    if (this.st.to !== null) return;
     r.last_step = Math.max(r.last_step ?? 0, d.step);
     // live runs redraw at most every 2 s: a compare view is for reading, not for every step
     if (this.liveTimer) return;
@@ -407,52 +504,57 @@ export class CompareView {
  * metrics) or the bucket mean (scalars). */
 const lineOf = (res) => (res.value || res.mean);
 
-/** One table for uPlot from the runs' answers, a line and its band (max,
- * min) per run, by step (buckets line up: the same range and points). */
-function runTable(answers) {
-  const steps = new Set();
-  for (const r of answers) if (r && r.step) for (const s of r.step) steps.add(s);
-  const xs = [...steps].sort((a, b) => a - b), at = new Map(xs.map((s, i) => [s, i]));
+/** A run's line from its series answer: [x, line, max, min] per bucket
+ * that holds values (an empty bucket past the run's end is nothing, not a
+ * gap), x = xOf(step); buckets without an x (no known time) are left out. */
+function runLine(r, xOf) {
+  const out = [];
+  if (!r || !r.step) return out;
+  const line = lineOf(r);
+  r.step.forEach((s, i) => {
+    if (!r.count[i] && !r.nonfinite[i]) return;
+    const x = xOf(s);
+    if (Number.isFinite(x)) out.push([x, line[i], r.max[i], r.min[i]]);
+  });
+  return out;
+}
+
+/** A group's line: per step (the runs' buckets line up: the same range and
+ * points) the mean of its runs' lines (those with a finite value there),
+ * their min and max as the band, at the mean of those runs' x of the step
+ * (on a time axis each run's own time of it). members: [[answer, xOf]]. */
+function groupLine(members) {
+  const at = new Map();   // step -> [sum, n, hi, lo, xsum, xn]
+  for (const [r, xOf] of members) {
+    if (!r || !r.step) continue;
+    const line = lineOf(r);
+    r.step.forEach((s, i) => {
+      const v = line[i];
+      if (!r.count[i] || v === null || !Number.isFinite(v)) return;
+      const x = xOf(s);
+      let a = at.get(s);
+      if (!a) at.set(s, (a = [0, 0, -Infinity, Infinity, 0, 0]));
+      a[0] += v; a[1]++;
+      if (v > a[2]) a[2] = v;
+      if (v < a[3]) a[3] = v;
+      if (Number.isFinite(x)) { a[4] += x; a[5]++; }
+    });
+  }
+  const out = [];
+  for (const [, a] of [...at.entries()].sort((p, q) => p[0] - q[0])) if (a[5]) out.push([a[4] / a[5], a[0] / a[1], a[2], a[3]]);
+  return out;
+}
+
+/** One table for uPlot from lines of [x, y, max, min]: the union of their
+ * x values, and per line its y and band (undefined where it has no point:
+ * spanned, not a gap). */
+function joinLines(lines) {
+  const xs = [...new Set(lines.flatMap((l) => l.map((p) => p[0])))].sort((a, b) => a - b), at = new Map(xs.map((x, i) => [x, i]));
   const cols = [];
-  for (const r of answers) {
+  for (const l of lines) {
     const y = new Array(xs.length).fill(undefined), hi = new Array(xs.length).fill(undefined), lo = new Array(xs.length).fill(undefined);
-    if (r && r.step) {
-      const line = lineOf(r);
-      r.step.forEach((s, i) => {
-        if (!r.count[i] && !r.nonfinite[i]) return;   // an empty bucket past the run's end: nothing, not a gap
-        const k = at.get(s);
-        y[k] = line[i]; hi[k] = r.max[i]; lo[k] = r.min[i];
-      });
-    }
+    for (const [x, v, a, b] of l) { const k = at.get(x); y[k] = v; hi[k] = a; lo[k] = b; }
     cols.push(y, hi, lo);
   }
   return [xs, ...cols];
 }
-
-/** The grouped table: per group, per step, the mean of its runs' lines
- * (the runs that have the step) and their min and max. */
-function groupTable(groups) {
-  const steps = new Set();
-  for (const g of groups) for (const r of g) if (r && r.step) r.step.forEach((s, i) => { if (r.count[i]) steps.add(s); });
-  const xs = [...steps].sort((a, b) => a - b), at = new Map(xs.map((s, i) => [s, i]));
-  const cols = [];
-  for (const g of groups) {
-    const sum = new Array(xs.length).fill(0), n = new Array(xs.length).fill(0);
-    const hi = new Array(xs.length).fill(undefined), lo = new Array(xs.length).fill(undefined);
-    for (const r of g) {
-      if (!r || !r.step) continue;
-      const line = lineOf(r);
-      r.step.forEach((s, i) => {
-        const v = line[i];
-        if (!r.count[i] || v === null || !Number.isFinite(v)) return;
-        const k = at.get(s);
-        sum[k] += v; n[k]++;
-        if (hi[k] === undefined || v > hi[k]) hi[k] = v;
-        if (lo[k] === undefined || v < lo[k]) lo[k] = v;
-      });
-    }
-    cols.push(sum.map((x, k) => (n[k] ? x / n[k] : undefined)), hi, lo);
-  }
-  return [xs, ...cols];
-}
-

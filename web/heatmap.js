@@ -2,20 +2,23 @@
 // canvas (one putImageData of L x H pixels scaled up, so 32 x 32 or 64 x 64
 // heads cost the same as 12 x 12). Rows are layers (0 at the top), columns
 // heads. Non-finite values are drawn as hatched grey, never as a colour.
-// The colours are viridis on a mid-grey plate (PLATE): a card is white or
-// near-black, and one end of viridis vanishes into either (yellow on white
-// 1.3:1, the collapsed purple on the dark card 1.1:1); against the plate
-// both ends are at least 3.3:1 and the plate is at least 3.6:1 against
-// both cards, so no extreme cell blends into what is around it. Arrow keys
+// The colours are viridis re-lit for the theme's card (util.js scaleFor):
+// viridis' own ends vanish into one card each (yellow on white 1.3:1, the
+// collapsed purple on the dark card 1.1:1), so the scale's lightness is
+// moved until both ends are at least 3.3:1 against the card the cells sit
+// on, in either theme; the lines between cells are the card's colour. Arrow keys
 // move a cell cursor, Enter follows its head. The values drawn are exposed
 // as window.__heatmap for tests.
-import {VIRIDIS_LUT, fmt, fmtStep, h, themeColors} from './util.js';
+import {cssRGB, fmt, fmtStep, h, scaleFor, themeColors} from './util.js';
 
-/** What the cells are drawn on, and the lines between them (see above;
- * docs/dashboard.md "The heatmap's colours"). */
-export const PLATE = '#777777';
-/** 256 colours (r, g, b) of the colour scale. */
-export const scaleLUT = () => VIRIDIS_LUT;
+let lutOf = {theme: null, lut: null};
+/** 256 colours (r, g, b) of the colour scale in the theme shown (its ends
+ * at least 3.3:1 against the card; docs/dashboard.md "The heatmap's colours"). */
+export function scaleLUT() {
+  const theme = document.documentElement.dataset.theme || '';
+  if (lutOf.theme !== theme || !lutOf.lut) lutOf = {theme, lut: scaleFor(cssRGB(themeColors().bg))};
+  return lutOf.lut;
+}
 
 // On a log colour scale, values at or below this fraction of the top of the
 // scale take the darkest colour (entropy_norm: 1e-4, so 0.005 and 0.1 are
@@ -145,8 +148,6 @@ export class Heatmap {
       this.off.width = H; this.off.height = L;
     }
     this.off.getContext('2d').putImageData(img, 0, 0);
-    ctx.fillStyle = PLATE;
-    ctx.fillRect(padL - 2, padT - 2, cw * H + 4, ch * L + 4);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(this.off, padL, padT, cw * H, ch * L);
     // hatching over non-finite cells
@@ -158,7 +159,7 @@ export class Heatmap {
     }
     // grid lines when cells are big enough to separate
     if (cw >= 10 && ch >= 10) {
-      ctx.strokeStyle = PLATE; ctx.lineWidth = 1;
+      ctx.strokeStyle = themeColors().bg; ctx.lineWidth = 1;
       ctx.beginPath();
       for (let k = 1; k < H; k++) { ctx.moveTo(padL + k * cw + 0.5, padT); ctx.lineTo(padL + k * cw + 0.5, padT + ch * L); }
       for (let l = 1; l < L; l++) { ctx.moveTo(padL, padT + l * ch + 0.5); ctx.lineTo(padL + cw * H, padT + l * ch + 0.5); }

@@ -13,7 +13,7 @@
 // run page hands it answers (set, setLayer) and live cells (addCells).
 // What it shows is exposed as window.__timeline for tests.
 import {foldMarkers, xAxis} from './charts.js';
-import {PLATE, scaleLUT} from './heatmap.js';
+import {scaleLUT} from './heatmap.js';
 import {fmt, fmtStep, h, themeColors} from './util.js';
 
 /** More rows than this fold per layer (issue 33: 32 x 32 draws unfolded). */
@@ -22,8 +22,9 @@ export const FOLD_ROWS = 2048;
  * rule's threshold, schema/default_rules.json), drawn in reds. */
 export const COLLAPSE_BELOW = 0.05;
 // the collapse region's reds, darkest at 0: a hue viridis never takes, at
-// least 3:1 against the card in the light and the dark theme
-const RED0 = [208, 28, 52], RED1 = [240, 80, 110];
+// least 3.4:1 against the card in the light and the dark theme (white: 4.8
+// and 3.5, #1c2027: 3.4 and 4.7)
+const RED0 = [220, 40, 60], RED1 = [240, 80, 110];
 const NAN_CODE = 320;
 const PAD_L = 46, PAD_T = 18, PAD_B = 22, PAD_R = 8;
 
@@ -237,9 +238,6 @@ export class Timeline {
       this.off.width = pw; this.off.height = rows.length;
     }
     this.off.getContext('2d').putImageData(img, 0, 0);
-    // the heatmap's plate behind the rows (and between layers)
-    ctx.fillStyle = PLATE;
-    ctx.fillRect(PAD_L - 1, PAD_T - 1, pw + 2, g.y[rows.length] - PAD_T + 2);
     ctx.imageSmoothingEnabled = false;
     // one blit per layer run (rows of a layer are contiguous; layers have a gap)
     for (let r = 0; r < rows.length;) {

@@ -89,6 +89,80 @@ export const VIRIDIS_LUT = (() => {
   return lut;
 })();
 
+/* ---- contrast and the theme's colour scale ------------------------------
+ * WCAG 2 relative luminance and contrast ratio, and viridis re-lit for a
+ * card colour: viridis itself runs from a purple that vanishes into a dark
+ * card (1.1:1 on #1c2027) to a yellow that vanishes into a white one
+ * (1.3:1). The scale keeps viridis' hues and order and moves its OKLab
+ * lightness into the band where both ends stand at least SCALE_CONTRAST
+ * against the card: on a light card the upper end darkens (yellow becomes
+ * a dark gold), on a dark card the lower end lightens (the purple becomes
+ * a violet). Lightness stays linear along the scale, as viridis' is. */
+export const SCALE_CONTRAST = 3.3;
+const srgbLin = (c) => { c /= 255; return c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+const linSrgb = (x) => 255 * (x <= 0.0031308 ? 12.92 * x : 1.055 * x ** (1 / 2.4) - 0.055);
+/** Relative luminance of [r, g, b] (0..255), WCAG 2. */
+export function luminance([r, g, b]) { return 0.2126 * srgbLin(r) + 0.7152 * srgbLin(g) + 0.0722 * srgbLin(b); }
+/** Contrast ratio of two colours, 1..21 (WCAG 2). */
+export function contrast(a, b) {
+  const x = luminance(a), y = luminance(b);
+  return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05);
+}
+/** A CSS colour as [r, g, b] (through the browser's parser). */
+export function cssRGB(css) {
+  const m = /^#([0-9a-f]{6})$/i.exec(css.trim());
+  if (m) return [0, 2, 4].map((k) => parseInt(m[1].slice(k, k + 2), 16));
+  const d = document.createElement('div');
+  d.style.color = css;
+  document.body.append(d);
+  const v = getComputedStyle(d).color.match(/[\d.]+/g).map(Number).slice(0, 3);
+  d.remove();
+  return v;
+}
+function oklab([r, g, b]) {
+  const [R, G, B] = [r, g, b].map(srgbLin);
+  const l = Math.cbrt(0.4122214708 * R + 0.5363325363 * G + 0.0514459929 * B);
+  const m = Math.cbrt(0.2119034982 * R + 0.6806995451 * G + 0.1073969566 * B);
+  const s = Math.cbrt(0.0883024619 * R + 0.2817188376 * G + 0.6299787005 * B);
+  return [0.2104542553 * l + 0.793617785 * m - 0.0040720468 * s, 1.9779984951 * l - 2.428592205 * m + 0.4505937099 * s,
+          0.0259040371 * l + 0.7827717662 * m - 0.808675766 * s];
+}
+/** Linear sRGB of an OKLab colour (may be out of gamut). */
+function oklabLin([L, a, b]) {
+  const l = (L + 0.3963377774 * a + 0.2158037573 * b) ** 3, m = (L - 0.1055613458 * a - 0.0638541728 * b) ** 3,
+        s = (L - 0.0894841775 * a - 1.291485548 * b) ** 3;
+  return [4.0767416621 * l - 3.3077115913 * m + 0.2309699292 * s, -1.2684380046 * l + 2.6097574011 * m - 0.3413193965 * s,
+          -0.0041960863 * l - 0.7034186147 * m + 1.707614701 * s];
+}
+/** OKLab to [r, g, b], chroma reduced (hue and lightness kept) until in gamut. */
+function fromOklab([L, a, b]) {
+  const inGamut = (k) => oklabLin([L, a * k, b * k]).every((x) => x >= -1e-4 && x <= 1 + 1e-4);
+  let k = 1;
+  if (!inGamut(1)) { let lo = 0, hi = 1; for (let i = 0; i < 16; i++) { const m = (lo + hi) / 2; if (inGamut(m)) lo = m; else hi = m; } k = lo; }
+  return oklabLin([L, a * k, b * k]).map((x) => Math.round(Math.min(255, Math.max(0, linSrgb(Math.min(1, Math.max(0, x)))))));
+}
+const VIRIDIS_LAB = Array.from({length: 256}, (_, i) => oklab(viridis(i / 255)));
+const scaleCache = new Map();
+/** The colour scale (256 x [r, g, b], low to high) for a card colour:
+ * viridis with its lightness moved so that both ends are at least
+ * SCALE_CONTRAST:1 against the card (see above). Cached per card. */
+export function scaleFor(card) {
+  const key = card.join(',');
+  if (scaleCache.has(key)) return scaleCache.get(key);
+  const L0 = VIRIDIS_LAB[0][0], L1 = VIRIDIS_LAB[255][0];
+  const at = (lo, hi, i) => { const c = VIRIDIS_LAB[i]; return fromOklab([lo + ((c[0] - L0) * (hi - lo)) / (L1 - L0), c[1], c[2]]); };
+  const ok = (rgb) => contrast(rgb, card) >= SCALE_CONTRAST;
+  let lo = L0, hi = L1;
+  const darkCard = luminance(card) < 0.18;
+  // move the one end that fails, as little as it takes (bisection on its lightness)
+  if (darkCard && !ok(at(lo, hi, 0))) { let a = L0, b = L1; for (let i = 0; i < 24; i++) { const m = (a + b) / 2; if (ok(at(m, hi, 0))) b = m; else a = m; } lo = b; }
+  if (!darkCard && !ok(at(lo, hi, 255))) { let a = L0, b = L1; for (let i = 0; i < 24; i++) { const m = (a + b) / 2; if (ok(at(lo, m, 255))) a = m; else b = m; } hi = a; }
+  const lut = new Uint8ClampedArray(256 * 3);
+  for (let i = 0; i < 256; i++) lut.set(at(lo, hi, i), i * 3);
+  scaleCache.set(key, lut);
+  return lut;
+}
+
 /** Calls fn at most once per animation frame with the latest arguments. */
 export function rafThrottle(fn) {
   let queued = false, last;

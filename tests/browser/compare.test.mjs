@@ -13,12 +13,16 @@
 // - every setting round-trips through the URL (a reload shows the same),
 //   and Back undoes a change of runs, of a chart setting, of a runs-list
 //   filter, column or page;
+// - the x axis: steps, wall time (each run on its own clock) and relative
+//   time (since each run's first step), alert markers at their run's
+//   times, the axis kept in the URL (x=, as on the run page) through a
+//   reload, undone by Back; nothing overlaps at 1280x800;
 // - the runs list's meta columns and meta filters.
 import {execFileSync} from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import {check, launch, newPage, rendered, repo, run, screenshot, seedRun, startDaemon} from './harness.mjs';
+import {Trainer, check, launch, newPage, rendered, repo, run, screenshot, seedRun, startDaemon, stepMsg} from './harness.mjs';
 
 const BUILD = process.env.BUILD || 'build';
 
@@ -209,4 +213,88 @@ run(async (ctx) => {
   await list.waitForFunction(() => document.querySelectorAll('#runs-table thead th.meta-col').length === 1);
   check(true, 'Back undoes the page, each filter and each column in turn');
   check(list.errors.length === 0, 'no errors on the runs list', list.errors.join('; '));
-}, {timeoutMs: 90000});
+  /* ---- the x axis: step, wall time, relative time ------------------------ */
+  // two runs on known clocks: A from T0 at 1 s a step (collapsing: alerts),
+  // B an hour later at 2 s a step
+  const T0 = Math.floor(Date.now() / 1000) - 7200;
+  const clocked = async (name, t0, dt, collapse) => {
+    const t = await Trainer.connect(d.sock);
+    const w = await t.hello(name, 2, 4, {sweep: 'clock'});
+    t.send(Array.from({length: 200}, (_, s) => ({...stepMsg(s, 2, 4, {collapse, collapseAt: 20}), time: t0 + s * dt})));
+    t.send([{type: 'end', status: 'finished'}]);
+    await t.synced();
+    t.close();
+    return w.run_id;
+  };
+  const ta = await clocked('clock-a', T0, 1, true), tb = await clocked('clock-b', T0 + 3600, 2, false);
+  const xp = await newPage(browser, {width: 1440, height: 900});
+  const LOSS = '#compare-body .chart[data-metric="loss"]';
+  // the loss chart's x values per run (where its line has a point), the axis title, its markers
+  const xsOf = (mode) => xp.waitForFunction(([sel, m]) => { const e = document.querySelector(sel); return e && e.dataset.x === m && e.__chart.u && e.__chart.u.data[0].length; },
+    [LOSS, mode], {timeout: 10000}).then(() => xp.$eval(LOSS, (el) => {
+    const u = el.__chart.u, xs = u.data[0];
+    const ofCol = (c) => xs.filter((_, i) => u.data[c][i] !== undefined);
+    const a = ofCol(1), b = ofCol(4);
+    return {a: [a[0], a.at(-1), a.length], b: [b[0], b.at(-1), b.length], label: u.axes[0].label, markers: el.__chart.o.markers(),
+            select: document.querySelector('#x-axis').value, legend: u.series[0].label};
+  }));
+  await xp.goto(`${d.base}/?view=compare&runs=${ta},${tb}&x=wall`);
+  await rendered(xp);
+  const wx = await xsOf('wall');
+  const mk = wx.markers.filter((m) => m.run === ta);
+  check(wx.select === 'wall' && /wall time/.test(wx.label) && Math.abs(wx.a[0] - T0) < 1e-3 && Math.abs(wx.a[1] - (T0 + 199)) < 2 &&
+    Math.abs(wx.b[0] - (T0 + 3600)) < 1e-3 && Math.abs(wx.b[1] - (T0 + 3600 + 398)) < 4,
+    `x=wall: each run at its own trainer times (A ${wx.a[0] - T0}..${(wx.a[1] - T0).toFixed(0)} s after T0, B ${wx.b[0] - T0}..${(wx.b[1] - T0).toFixed(0)}), axis "${wx.label}"`);
+  check(mk.length > 0 && mk.every((m) => Math.abs(m.x - (T0 + m.step)) < 1e-3) && wx.markers.every((m) => m.run !== tb),
+    `x=wall: run A's ${mk.length} alert marker(s) at A's time of their step (step ${mk[0] && mk[0].step} at T0 + ${mk[0] && (mk[0].x - T0).toFixed(1)} s)`);
+  await xp.selectOption('#x-axis', 'rel');
+  const rx = await xsOf('rel');
+  check(new URL(xp.url()).searchParams.get('x') === 'rel' && rx.a[0] === 0 && rx.b[0] === 0 && Math.abs(rx.a[1] - 199) < 2 && Math.abs(rx.b[1] - 398) < 4 &&
+    /since/.test(rx.label) && mk.length && rx.markers.filter((m) => m.run === ta).every((m) => Math.abs(m.x - m.step) < 1e-3),
+    `x=rel: both runs from 0 s at their first step, A to ${rx.a[1].toFixed(0)} s, B (twice as slow) to ${rx.b[1].toFixed(0)} s; markers at A's seconds; x=rel in the URL`);
+  await xp.reload();
+  await rendered(xp);
+  const rr = await xsOf('rel');
+  check(rr.select === 'rel' && JSON.stringify([rr.a, rr.b]) === JSON.stringify([rx.a, rx.b]),
+    `a reload of x=rel shows the same relative axis (menu "${rr.select}", the same points)`);
+  await xp.selectOption('#x-axis', 'step');
+  const sx = await xsOf('step');
+  check(!new URL(xp.url()).searchParams.has('x') && sx.a[0] === 0 && sx.a[1] === 199 && sx.b[1] === 199 && /step/.test(sx.label) &&
+    sx.markers.filter((m) => m.run === ta).every((m) => m.x === m.step),
+    `x=step: both runs on steps 0..${sx.a[1]} again, x gone from the URL`);
+  await xp.goBack();
+  const back = await xsOf('rel');
+  check(back.select === 'rel' && new URL(xp.url()).searchParams.get('x') === 'rel', 'Back undoes the change of axis (relative time again)');
+  // a drag over A's first 50 s zooms every chart to the steps spent there
+  const zoom = await xp.$eval(LOSS, (el) => {
+    const u = el.__chart.u, l = u.valToPos(0, 'x'), rgt = u.valToPos(50, 'x');
+    u.setSelect({left: l, width: rgt - l, top: 0, height: u.bbox.height / devicePixelRatio});
+    return [l, rgt];
+  });
+  const zq = await xp.waitForFunction(() => new URL(location.href).searchParams.get('to'), null, {timeout: 5000}).then(() => new URL(xp.url()).searchParams);
+  check(+zq.get('from') === 0 && Math.abs(+zq.get('to') - 50) <= 1, `a drag over 0..50 s on the relative axis zooms to steps ${zq.get('from')}..${zq.get('to')} (A's; B spent them in 0..25)`,
+    JSON.stringify(zoom));
+  // nothing overlaps at 1280x800 with the axis menu in the bar
+  await xp.setViewportSize({width: 1280, height: 800});
+  await xp.evaluate(() => new Promise((res) => requestAnimationFrame(() => requestAnimationFrame(res))));
+  const ov = await xp.evaluate(() => {
+    const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+    const bad = [];
+    for (const ch of document.querySelectorAll('#compare-body .chart')) {
+      const t = ch.querySelector('.u-title'), tools = ch.querySelector('.chart-tools');
+      if (!t || !tools || !t.textContent) continue;
+      const rg = document.createRange();
+      rg.selectNodeContents(t);
+      if (hit(rg.getBoundingClientRect(), tools.getBoundingClientRect())) bad.push(t.textContent);
+    }
+    const kids = [...document.querySelector('#compare-body .rangebar').children].filter((e) => e.offsetParent).map((e) => e.getBoundingClientRect());
+    for (let i = 0; i < kids.length; i++) for (let j = i + 1; j < kids.length; j++) if (hit(kids[i], kids[j])) bad.push('rangebar ' + i + '/' + j);
+    return {bad, scroll: document.documentElement.scrollWidth - window.innerWidth};
+  });
+  check(!ov.bad.length && ov.scroll <= 0, 'compare at 1280x800: no chart title under its tools, no control of the bar over another, no horizontal scroll',
+    JSON.stringify(ov));
+  await screenshot(xp, 'compare-x-rel', {fullPage: false});
+  check(xp.errors.length === 0, 'no errors on the compare page with time axes', xp.errors.join('; '));
+  await xp.close();
+
+}, {timeoutMs: 150000});

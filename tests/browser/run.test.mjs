@@ -128,32 +128,46 @@ await run(async (ctx) => {
   check(hk && roles.every(([t, r, a]) => t === 0 && r === 'application' && a),
     'heatmap keyboard: arrows from the followed head (L0 h2) and Enter followed L1 h4; both canvases are tab stops with a role and a label', JSON.stringify(roles));
 
-  // 1c. contrast (item 9): the heatmap's extremes against the plate they sit
-  // on, and the plate against the card, in both themes; dark-mode pills
+  // 1c. contrast (item 9): both ends of the heatmap's and the timeline's
+  // colour scales against the card they are drawn on, in both themes, all
+  // read from the page as drawn (the card's computed background, the
+  // legends' first and last pixels, the collapse region's swatch), and
+  // WCAG's ratio computed here; dark-mode pills
   const contrast = await page.evaluate(async () => {
-    const {PLATE, scaleLUT} = await import('./heatmap.js');
+    const {setTheme, themeChoice} = await import('./util.js');
     const lin = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
     const lum = ([r, g, b]) => 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
     const cr = (a, b) => { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); };
-    const rgb = (css) => { const d = document.createElement('div'); d.style.color = css; document.body.append(d);
-      const m = getComputedStyle(d).color.match(/\d+/g).map(Number); d.remove(); return m.slice(0, 3); };
-    const lut = scaleLUT(), lo = [lut[0], lut[1], lut[2]], hi = [lut[765], lut[766], lut[767]], plate = rgb(PLATE);
-    const out = {};
-    const was = document.documentElement.dataset.theme;
+    const nums = (css) => css.match(/[\d.]+/g).map(Number).slice(0, 3);
+    const bgOf = (el) => { for (let e = el; e; e = e.parentElement) { const c = getComputedStyle(e).backgroundColor; if (!/rgba\(0, 0, 0, 0\)|transparent/.test(c)) return nums(c); } return null; };
+    const ends = (cv) => { const d = cv.getContext('2d').getImageData(0, cv.height >> 1, cv.width, 1).data, w = cv.width;
+      return [[d[0], d[1], d[2]], [d[4 * (w - 1)], d[4 * (w - 1) + 1], d[4 * (w - 1) + 2]]]; };
+    const frame = () => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+    const was = themeChoice(), out = {};
     for (const th of ['light', 'dark']) {
-      document.documentElement.dataset.theme = th;
-      const card = rgb(getComputedStyle(document.documentElement).getPropertyValue('--card').trim());
+      setTheme(th);
+      await frame();
+      const hm = document.querySelector('.hm-canvas'), tl = document.querySelector('.tl-canvas');
+      const hmCard = bgOf(hm), tlCard = bgOf(tl);
+      const [hlo, hhi] = ends(document.querySelector('.heatmap .hm-scale'));
+      const [tlo, thi] = ends(document.querySelector('#tl-legend canvas'));
+      const sw = document.querySelector('#tl-legend .tl-collapse i'), red = sw ? nums(getComputedStyle(sw).backgroundColor) : null;
       const pill = document.querySelector('#run-reparam');
       const ps = pill && getComputedStyle(pill);
-      out[th] = {lo: cr(lo, plate), hi: cr(hi, plate), plate: cr(plate, card),
-                 pill: ps ? [lum(ps.backgroundColor.match(/\d+/g).map(Number)), cr(ps.color.match(/\d+/g).map(Number), ps.backgroundColor.match(/\d+/g).map(Number))] : null};
+      out[th] = {card: hmCard, tlCard, heatmap: [hlo, hhi], timeline: [tlo, thi], red,
+                 ratios: {heatmapLow: cr(hlo, hmCard), heatmapHigh: cr(hhi, hmCard), timelineLow: cr(tlo, tlCard), timelineHigh: cr(thi, tlCard),
+                          collapseRegion: red && cr(red, tlCard)},
+                 // the collapse region stays apart from the scale's low end (a hue of its own, or lighter/darker)
+                 redApart: red && Math.max(...red.map((v, k) => Math.abs(v - hlo[k]))),
+                 pill: ps ? [lum(nums(ps.backgroundColor)), cr(nums(ps.color), nums(ps.backgroundColor))] : null};
     }
-    document.documentElement.dataset.theme = was;
+    setTheme(was);
     return out;
   });
-  const cok = ['light', 'dark'].every((t) => contrast[t].lo >= 3 && contrast[t].hi >= 3 && contrast[t].plate >= 3);
-  check(cok, `heatmap extremes against the plate and the plate against the card >= 3:1: ${['light', 'dark'].map((t) =>
-    `${t} ${contrast[t].lo.toFixed(1)}/${contrast[t].hi.toFixed(1)}/${contrast[t].plate.toFixed(1)}`).join(', ')}`);
+  const cok = ['light', 'dark'].every((t) => contrast[t].red && Object.values(contrast[t].ratios).every((r) => r >= 3) && contrast[t].redApart >= 60);
+  check(cok, `both ends of the heatmap's and the timeline's colour scales (and the collapse region) >= 3:1 against the card: ${['light', 'dark'].map((t) =>
+    `${t} (card ${contrast[t].card}) ${Object.entries(contrast[t].ratios).map(([k, r]) => `${k} ${r && r.toFixed(2)}`).join(', ')}`).join('; ')}`,
+    JSON.stringify(contrast));
   check(contrast.dark.pill && contrast.dark.pill[0] < 0.1 && contrast.dark.pill[1] >= 4.5 && contrast.light.pill[1] >= 4.5,
     `the reparam pill is dark in dark mode (background luminance ${contrast.dark.pill && contrast.dark.pill[0].toFixed(3)}, text ${contrast.dark.pill && contrast.dark.pill[1].toFixed(1)}:1)`);
   // nothing overlaps at 1280x800: the chart tools and the titles, the range bar's controls
