@@ -5,8 +5,9 @@
 # 12x12x9 run (median of 5 fresh contexts, 1440x900) and the compare view's
 # first render with 10,000 runs stored. The two databases are seeded through
 # the store API (bench_dashboard_seed, bench_many_runs_seed) and cached under
-# $BUILD/bench-data/ (FRESH=1 re-seeds). LIVE_WINDOW_MS (60000), TABS (20),
-# LOADS (5) as in live.mjs. CPU heavy: nice it on a shared machine.
+# $BUILD/bench-data/ (FRESH=1 re-seeds). LIVE_WINDOW_MS (60000, at least
+# 10000) and LOADS (5, at least 5) as in live.mjs; the 20 pages are fixed.
+# CPU heavy: nice it on a shared machine.
 set -euo pipefail
 BUILD=${BUILD:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
