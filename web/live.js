@@ -21,15 +21,23 @@
 // once does not flash it); subscribers get ('open', {after}) each time the
 // stream comes back (after: ms it was down) to clear their error overlays
 // and refetch what failed meanwhile.
+//
+// A tab hidden for HIDE_MS gives its connection back (state 'paused', no
+// banner) and reopens the stream from the last event id when shown again:
+// the daemon replays what it missed, or sends reset. A browser holds at
+// most 6 HTTP/1.1 connections to a host and every open page's stream keeps
+// one, so with five dashboard tabs of one daemon streaming, a sixth never
+// finished loading; now only the tabs on screen hold one.
 import {withToken} from './api.js';
 
 const subs = new Set();
 let es = null, lastId = '', retryMs = 500, timer = null, state = 'connecting', wish = '', openedWish = null;
-let downSince = null, bannerTimer = null;
+let downSince = null, bannerTimer = null, hideTimer = null, paused = false;
 // ticks: the last 100 ticks' {run, from, step}, for tests
 export const liveStats = {events: 0, resets: 0, reconnects: 0, opens: 0, lastStep: {}, bytes: 0, query: '', ticks: []};
 
 const BANNER_MS = 1000;
+let HIDE_MS = 5000;
 
 function banner(show) {
   let el = document.getElementById('conn-banner');
@@ -53,14 +61,14 @@ function setState(s) {
   if (el) {
     el.dataset.state = s;
     el.title = {open: 'live: connected to the event stream', connecting: 'connecting to the event stream…',
-                down: 'event stream lost: reconnecting…'}[s] || s;
-    el.querySelector('.txt').textContent = {open: 'live', connecting: 'connecting', down: 'reconnecting'}[s] || s;
+                down: 'event stream lost: reconnecting…', paused: 'tab hidden: the stream resumes when it is shown'}[s] || s;
+    el.querySelector('.txt').textContent = {open: 'live', connecting: 'connecting', down: 'reconnecting', paused: 'paused'}[s] || s;
   }
   document.documentElement.dataset.stream = s;
   if (s === 'down' && downSince === null) {
     downSince = performance.now();
     clearTimeout(bannerTimer);
-    bannerTimer = setTimeout(() => { if (state !== 'open') banner(true); }, BANNER_MS);
+    bannerTimer = setTimeout(() => { if (state === 'down' || state === 'connecting') banner(true); }, BANNER_MS);
   }
   if (s === 'open') {
     clearTimeout(bannerTimer);
@@ -82,7 +90,8 @@ function dispatch(type, data) {
 function open() {
   clearTimeout(timer);
   if (es) es.close();
-  if (state === 'open') setState('connecting');
+  paused = false;
+  if (state === 'open' || state === 'paused') setState('connecting');
   const q = new URLSearchParams(wish);
   if (lastId) q.set('last_event_id', lastId);
   openedWish = wish;
@@ -141,8 +150,26 @@ export function want(params) {
   queueMicrotask(() => { if (es && wish !== openedWish) open(); });
 }
 
-/** 'open', 'connecting' or 'down'. */
+/** Closes the stream of a hidden tab (see above); shown again, open() resumes it. */
+function pause() {
+  if (!es || document.visibilityState !== 'hidden') return;
+  clearTimeout(timer);
+  clearTimeout(bannerTimer);
+  es.close();
+  es = null;
+  paused = true;
+  downSince = null;
+  banner(false);
+  setState('paused');
+}
+document.addEventListener('visibilitychange', () => {
+  clearTimeout(hideTimer);
+  if (document.visibilityState === 'hidden') hideTimer = setTimeout(pause, HIDE_MS);
+  else if (paused) open();
+});
+
+/** 'open', 'connecting', 'down' or 'paused' (a hidden tab's). */
 export function streamState() { return state; }
 
 /** For tests: drops the connection as a daemon restart would. */
-window.__live = {stats: liveStats, reconnect: () => open(), get state() { return state; }};
+window.__live = {stats: liveStats, reconnect: () => open(), get state() { return state; }, set hideMs(ms) { HIDE_MS = ms; }};

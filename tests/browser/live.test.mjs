@@ -6,6 +6,8 @@
 //   its header, curves and heatmap keep moving;
 // - a reconnect (the stream dropped and reopened) resumes from
 //   Last-Event-ID: the ticks seen are contiguous, no reset;
+// - hidden tabs close their streams, so a sixth tab of one browser loads
+//   (6 connections a host), and one shown again resumes with no gap;
 // - the runs list during a collapse patches the rows the alerts name (GET
 //   /api/runs/{id}) and never reloads its page;
 // - the daemon stopped: a banner says so within 3 s and the badge stops
@@ -80,6 +82,47 @@ run(async (ctx) => {
     `after a reconnect the ticks go on from Last-Event-ID with no gap (${tk.ticks.length} ticks, ${gaps.length} gaps, resets ${r0} -> ${tk.resets})`,
     JSON.stringify(gaps.slice(0, 3)));
   check(page.errors.length === 0, 'no errors on the live run page', page.errors.join('; '));
+
+  // 2b. hidden tabs give their connection back: a browser holds 6
+  // connections to a host and each page's stream keeps one, so with five
+  // pages of one browser streaming a sixth never finished loading. Hidden,
+  // the five close their streams ("paused", no banner), a sixth loads, and
+  // one shown again resumes from Last-Event-ID with no gap.
+  const five = await browser.newContext({viewport: {width: 1280, height: 800}});
+  ctx.cleanups.push(() => five.close());
+  const tabErrors = [];
+  const hide = (pg, hidden) => pg.evaluate((hd) => {
+    window.__live.hideMs = 200;
+    Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => (hd ? 'hidden' : 'visible')});
+    document.dispatchEvent(new Event('visibilitychange'));
+  }, hidden);
+  const open = async () => {
+    const t = await five.newPage();
+    t.on('pageerror', (e) => tabErrors.push(String(e)));
+    await t.goto(`${d.base}/?run=${id}`, {timeout: 10000});
+    await t.waitForFunction(() => window.__render && window.__render.complete && window.__live.state === 'open', null, {timeout: 10000});
+    return t;
+  };
+  const tabs = [];
+  for (let i = 0; i < 5; i++) tabs.push(await open());
+  for (const t of tabs) await hide(t, true);
+  const paused = await Promise.all(tabs.map((t) => t.waitForFunction(() => window.__live.state === 'paused' &&
+    !(document.querySelector('#conn-banner') && !document.querySelector('#conn-banner').hidden), null, {timeout: 5000}).then(() => true, () => false)));
+  const t6 = Date.now();
+  const sixth = await open().then(() => true, (e) => String(e).slice(0, 200));
+  check(paused.every(Boolean) && sixth === true, `five hidden tabs of one browser paused their streams (no banner) and a sixth loaded and streams (${Date.now() - t6} ms)`,
+    JSON.stringify({paused, sixth}));
+  const was = await tabs[0].evaluate((id) => ({n: window.__live.stats.ticks.filter((t) => t.run === id).length, resets: window.__live.stats.resets}), id);
+  await hide(tabs[0], false);
+  await tabs[0].waitForFunction((n) => window.__live.state === 'open' && window.__live.stats.ticks.length > n + 3, was.n, {timeout: 8000}).catch(() => {});
+  const tk0 = await tabs[0].evaluate((id) => ({ticks: window.__live.stats.ticks.filter((t) => t.run === id), resets: window.__live.stats.resets,
+                                               query: window.__live.stats.query}), id);
+  const gaps0 = tk0.ticks.slice(1).filter((t, i) => t.from !== tk0.ticks[i].step + 1);
+  check(tk0.ticks.length > was.n && gaps0.length === 0 && tk0.resets === was.resets,
+    `shown again, the tab resumed from Last-Event-ID: ${tk0.ticks.length - was.n} more ticks, ${gaps0.length} gaps over the pause, no reset`,
+    JSON.stringify(gaps0.slice(0, 3)));
+  check(tabErrors.length === 0, 'no errors on the six tabs', tabErrors.join('; '));
+  await five.close();
   p.stop();
 
   // 3. the runs list during a collapse: patched rows, no page reload
