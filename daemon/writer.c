@@ -1,5 +1,9 @@
-/* writer.c: the writer thread. See writer.h for the contract. */
-#include "writer.h"
+/* writer.c: the writer thread: its queue, the batches it applies and
+ * commits (retried while the database refuses them), the replies it
+ * posts after a commit, the items held back behind a rollback and the
+ * background work done in chunks between batches. The contract is
+ * writer.h. Not here: the checkpointer and the WAL watch (writer_wal.c). */
+#include "writer_int.h"
 #include "strbuf.h"
 #include "now.h"
 #include "ratelog.h"
@@ -18,71 +22,6 @@
 /* At shutdown, how long a batch the database refuses is retried before it,
  * and every batch after it, is given up unacked (commit_batch). */
 #define WRITER_STOP_GRACE_MS 2000.0
-
-struct writer {
-    struct store *st;
-    int notify_fd;
-    struct writer_config cfg;
-    pthread_t thread;
-    int started;
-
-    pthread_mutex_t mu; /* guards everything below */
-    pthread_cond_t cv;
-    struct writer_item *head, *tail; /* submitted, not yet taken */
-    size_t bytes;                    /* held by queued and uncommitted items */
-    int stop;
-    double stop_ms; /* monotonic ms writer_destroy asked the thread to stop */
-    /* writer thread only: at shutdown, the database refused and batches are given up unacked */
-    int abandoning;
-    uint64_t abandoned_steps;
-    char abandon_why[256];
-    struct ratelog write_log, ck_log, job_log; /* ck_log: the checkpointer thread's */
-    struct writer_reply *rhead, *rtail;
-
-    struct writer_stats stats;      /* written by the writer thread only */
-    writer_precommit_fn *precommit; /* writer_set_precommit */
-    void *precommit_ctx;
-
-    /* Writer thread only. Items held back behind a rollback: the first is
-     * a step that needs a rewind (store_needs_rewind), the rest are later
-     * items of a run that has one deferred, and hellos (one could resume
-     * such a run). They are counted in `bytes` until committed. */
-    struct writer_item *dhead, *dtail;
-    int64_t *blocked; /* runs with a deferred item */
-    size_t nblocked, capblocked;
-    int purge_pending;        /* store_purge has (or may have) work */
-    int64_t job_budget;       /* units per piece (store_purge.c), adapted to WRITER_JOB_PIECE_MS */
-    double job_backoff_until; /* after a failed chunk (monotonic ms) */
-    int64_t retain_cursor;    /* store_retain_raw's place in its pass */
-    double retain_next;       /* when the next retention pass may start (monotonic ms) */
-
-    /* The checkpointer: its own connection and thread; wal_used (bytes of
-     * the WAL in use after the writer's last commit) and wal_checked (the
-     * figure it last acted on) are guarded by mu. */
-    struct store *ck;
-    pthread_t ckthread;
-    int ckstarted;
-    pthread_cond_t ckcv;
-    int64_t wal_used, wal_checked;
-    int ckstop;        /* after the writer thread ended */
-    int wal_reset_ok;  /* a RESTART succeeded since the WAL passed WRITER_WAL_RESTART */
-    double ck_last_ms; /* when the checkpointer last began one (now_mono_ms) */
-
-    /* Writer thread only. Steps go without a savepoint (in WAL mode a
-     * savepoint copies every page a step touches into SQLite's statement
-     * journal: ~110 KB per 12x12 step, more than the step itself wrote);
-     * when one fails for a reason of its own, the batch is rolled back and
-     * applied again with this set, every item under its savepoint, so that
-     * the failing step is undone alone. */
-    int guarded;
-
-    /* The WAL watch (store_wal_check): lost is set once, by either thread,
-     * and never cleared; why is written before lost is set. */
-    atomic_int wal_lost;
-    char wal_lost_why[512];
-    struct store_wal_id wal_id, ck_wal_id; /* the writer's / the checkpointer's */
-    double wal_check_ms;                   /* writer thread: its last check */
-};
 
 static void notify(struct writer *w) {
     uint64_t one = 1;
@@ -300,53 +239,6 @@ static int run_precommit(struct writer *w) {
     return fn && fn(ctx) && retryable(store_errcode(w->st));
 }
 
-/* Commits the open transaction holding batch. When the commit (or, with
- * failed BATCH_RETRY, an earlier write) failed, rolls back and re-applies the
- * whole batch with backoff until the database takes it; with BATCH_GUARD, at
- * once and guarded. Only when the daemon is stopping and the database still
- * refuses is the batch dropped unacked: the trainers resend it to the next
- * daemon from their last ack. */
-/* The WAL was lost (why): from now on nothing is committed, so nothing
- * more is acked (the trainers keep what they sent and are told db_failing),
- * no checkpoint copies it into the database, and the database is marked so
- * that the next daemon refuses it (store.h). Either thread, once. */
-static void wal_lost(struct writer *w, const char *why) {
-    pthread_mutex_lock(&w->mu);
-    int first = !atomic_load(&w->wal_lost);
-    if (first) {
-        snprintf(w->wal_lost_why, sizeof w->wal_lost_why, "%s", why);
-        snprintf(w->stats.wal_lost_why, sizeof w->stats.wal_lost_why, "%s", why);
-        w->stats.wal_lost = 1;
-        w->stats.failing = 1;
-        atomic_store(&w->wal_lost, 1);
-    }
-    pthread_mutex_unlock(&w->mu);
-    if (!first) return;
-    const char *db = store_path(w->st);
-    fprintf(stderr,
-            "entropyd: writer: %s: the database takes no more writes (nothing more is acknowledged; "
-            "/healthz says wal_lost). Stop this daemon and run `entropyd --check` on %s; the next start refuses "
-            "the database until %s-wal-lost is removed (docs/reliability.md, \"A lost WAL\")\n",
-            why, db, db);
-    if (store_wal_mark_lost(db, why))
-        fprintf(stderr, "entropyd: writer: cannot write %s-wal-lost: %s\n", db, strerror(errno));
-}
-
-/* Writer thread: checks the WAL against the frames SQLite counts in it
- * (an open, a stat and a 4-byte read: ~5 us): before every commit, so that
- * nothing committed into a lost WAL is acked, and (idle) at most every
- * WRITER_WAL_WATCH_MS unless force. */
-#define WRITER_WAL_WATCH_MS 1000.0
-static void wal_watch(struct writer *w, int force) {
-    double now = now_mono_ms();
-    if (atomic_load(&w->wal_lost) || (!force && now - w->wal_check_ms < WRITER_WAL_WATCH_MS)) return;
-    w->wal_check_ms = now;
-    char why[400];
-    if (store_wal_check(store_path(w->st), store_wal_used(w->st), &w->wal_id, why, sizeof why) == 1) wal_lost(w, why);
-}
-
-static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, double ms);
-
 /* The pause between two attempts at a batch the database refused: ms, or
  * less once the writer is asked to stop (writer_destroy signals cv): then
  * only what is left of WRITER_STOP_GRACE_MS, so a refusing database cannot
@@ -359,11 +251,17 @@ static void backoff_wait(struct writer *w, double ms) {
         double end = w->stop && grace_end < until ? grace_end : until;
         double left = end - now_mono_ms();
         if (left <= 0) break;
-        cond_wait_ms(&w->cv, &w->mu, left);
+        writer_cond_wait_ms(&w->cv, &w->mu, left);
     }
     pthread_mutex_unlock(&w->mu);
 }
 
+/* Commits the open transaction holding batch. When the commit (or, with
+ * failed BATCH_RETRY, an earlier write) failed, rolls back and re-applies the
+ * whole batch with backoff until the database takes it; with BATCH_GUARD, at
+ * once and guarded. Only when the daemon is stopping and the database still
+ * refuses is the batch dropped unacked: the trainers resend it to the next
+ * daemon from their last ack. */
 static void commit_batch(struct writer *w, struct writer_item *batch, struct replies *rep, int failed) {
     double backoff = 50;
     int attempt = 0;
@@ -375,7 +273,7 @@ static void commit_batch(struct writer *w, struct writer_item *batch, struct rep
             continue;
         }
         if (!failed && run_precommit(w)) failed = BATCH_RETRY;
-        if (!failed) wal_watch(w, 1);
+        if (!failed) writer_wal_watch(w, 1);
         if (!failed && atomic_load(&w->wal_lost)) failed = BATCH_RETRY;
         if (!failed) {
             double t0 = now_mono_ms();
@@ -486,11 +384,6 @@ static void release_deferred(struct writer *w) {
     w->nblocked = 0;
 }
 
-/* Background work yields to the checkpointer: none while the WAL is past
- * WRITER_WAL_RESTART and not restarted since, so that a big delete or
- * rollback goes at the pace the disk checkpoints instead of making the
- * writer wait at WRITER_WAL_HARD (trainers' acks would wait with it).
- * Called with mu held or from the writer thread. */
 /* Raw retention is on (writer_config), and its pass is under way or due. */
 static int retain_on(const struct writer *w) { return w->cfg.retain_steps > 0 || w->cfg.retain_s > 0; }
 
@@ -498,6 +391,11 @@ static int retain_due(const struct writer *w) {
     return retain_on(w) && (w->retain_cursor > 0 || now_mono_ms() >= w->retain_next);
 }
 
+/* Background work yields to the checkpointer: none while the WAL is past
+ * WRITER_WAL_RESTART and not restarted since, so that a big delete or
+ * rollback goes at the pace the disk checkpoints instead of making the
+ * writer wait at WRITER_WAL_HARD (trainers' acks would wait with it).
+ * Called with mu held or from the writer thread. */
 static int jobs_pending(const struct writer *w) {
     if (!w->dhead && !w->purge_pending && !retain_due(w)) return 0;
     if (w->ckstarted && w->wal_used >= WRITER_WAL_RESTART && !w->wal_reset_ok) return 0;
@@ -511,107 +409,14 @@ static int jobs_ready(struct writer *w) {
     return r;
 }
 
-/* Whether the checkpointer has work (mu held): the WAL holds
- * WRITER_WAL_PASSIVE bytes that no checkpoint has seen (after a RESTART it
- * started over: all of it is new), or it is past WRITER_WAL_RESTART and
- * has grown since the last attempt, or no restart has succeeded yet and
- * WRITER_CK_RETRY_MS have passed (a RESTART kept busy by a reader, or by
- * the writer's own checkpoint, is tried again even if nothing is committed
- * meanwhile: background work waits for it and commits nothing until then,
- * and an idle daemon's purge stopped for good with a 153 MiB WAL). Not at
- * every commit past WRITER_WAL_PASSIVE: at a training loop's pace that was
- * a checkpoint, and its fdatasync, per commit. */
-static int checkpoint_due(const struct writer *w) {
-    if (atomic_load(&w->wal_lost)) return 0; /* it would copy what is left of the WAL into the database */
-    if (w->wal_used >= WRITER_WAL_RESTART)
-        return w->wal_used != w->wal_checked ||
-               (!w->wal_reset_ok && now_mono_ms() - w->ck_last_ms >= WRITER_CK_RETRY_MS);
-    int64_t fresh = w->wal_used >= w->wal_checked ? w->wal_used - w->wal_checked : w->wal_used;
-    return fresh >= WRITER_WAL_PASSIVE;
-}
-
-/* After a commit: tells the checkpointer how much of the WAL is in use. */
-static void checkpoint_policy(struct writer *w) {
-    int64_t used = store_wal_used(w->st), wal = -1;
-    pthread_mutex_lock(&w->mu);
-    w->wal_used = used;
-    if (used >= WRITER_WAL_RESTART) w->wal_reset_ok = 0; /* this commit did not start the log over */
-    if (checkpoint_due(w)) pthread_cond_signal(&w->ckcv);
-    pthread_mutex_unlock(&w->mu);
-    if (used < WRITER_WAL_HARD || atomic_load(&w->wal_lost)) return;
-    /* the checkpointer fell behind (or readers held the log): the writer
-     * checkpoints itself before taking more, which is back-pressure */
-    int r;
-    double t0 = now_mono_ms();
-    /* busy: the checkpointer is copying (checkpoints exclude each other,
-     * without a busy wait) or a reader holds the old log; try again, for at
-     * most 5 s, so that the WAL cannot outgrow the disk's checkpoint pace */
-    while ((r = store_checkpoint(w->st, 1, 250, &wal)) == 1 && now_mono_ms() - t0 < 5000) usleep(10 * 1000);
-    pthread_mutex_lock(&w->mu);
-    if (r == 0) { /* the log starts over at the next commit: background work may go on */
-        w->wal_used = store_wal_used(w->st);
-        w->wal_reset_ok = 1;
-    }
-    w->stats.checkpoints++;
-    w->stats.checkpoints_writer++;
-    if (r == 1) w->stats.checkpoints_busy++;
-    if (r < 0) w->stats.db_errors++;
-    if (wal > (int64_t)w->stats.wal_peak_bytes) w->stats.wal_peak_bytes = (uint64_t)wal;
-    pthread_mutex_unlock(&w->mu);
-}
-
 /* Waits on cv (mu held) for at most ms milliseconds (none if ms <= 0). */
-static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, double ms) {
+void writer_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, double ms) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     long long ns = ts.tv_nsec + (long long)(ms > 0 ? ms * 1e6 : 0);
     ts.tv_sec += (time_t)(ns / 1000000000LL);
     ts.tv_nsec = (long)(ns % 1000000000LL);
     pthread_cond_timedwait(cv, mu, &ts);
-}
-
-/* The checkpointer thread, on its own connection: a PASSIVE checkpoint
- * copies the WAL into the database (and syncs it) without ever blocking
- * the writer; once the WAL holds WRITER_WAL_RESTART, a RESTART (which only
- * waits, briefly, for readers of the old log, the copying being done) lets
- * the writer's next commit start the log over (writer.h). */
-static void *checkpointer_main(void *arg) {
-    struct writer *w = arg;
-    pthread_mutex_lock(&w->mu);
-    while (!w->ckstop) {
-        if (!checkpoint_due(w)) {
-            int retrying = w->wal_used >= WRITER_WAL_RESTART && !w->wal_reset_ok;
-            cond_wait_ms(&w->ckcv, &w->mu, retrying ? WRITER_CK_RETRY_MS : 1000);
-            continue;
-        }
-        int64_t used = w->wal_checked = w->wal_used, wal = -1;
-        w->ck_last_ms = now_mono_ms();
-        pthread_mutex_unlock(&w->mu);
-        /* a WAL that regrew after a truncation reads as zeros: never copy
-         * them into the database (its size is the writer's to check: a
-         * commit may cut the file back to STORE_WAL_LIMIT meanwhile) */
-        char why[400];
-        if (store_wal_check(store_path(w->ck), -1, &w->ck_wal_id, why, sizeof why) == 1) {
-            wal_lost(w, why);
-            pthread_mutex_lock(&w->mu);
-            continue;
-        }
-        int r = store_checkpoint(w->ck, 0, 0, &wal);
-        if (r == 0 && used >= WRITER_WAL_RESTART)
-            r = store_checkpoint(w->ck, 1, used >= 3 * WRITER_WAL_RESTART ? 250 : 20, &wal);
-        if (r < 0) ratelog(&w->ck_log, "writer: %s", store_errmsg(w->ck));
-        pthread_mutex_lock(&w->mu);
-        w->stats.checkpoints++;
-        if (r == 1) w->stats.checkpoints_busy++;
-        if (r < 0) w->stats.db_errors++;
-        if (r == 0 && used >= WRITER_WAL_RESTART) {
-            w->wal_reset_ok = 1;
-            pthread_cond_signal(&w->cv); /* background work may go on */
-        }
-        if (wal > (int64_t)w->stats.wal_peak_bytes) w->stats.wal_peak_bytes = (uint64_t)wal;
-    }
-    pthread_mutex_unlock(&w->mu);
-    return NULL;
 }
 
 /* 1 when items wait in the queue: a chunk stops between two pieces. */
@@ -659,7 +464,7 @@ static int job_piece(struct writer *w, int *retain, int64_t *cursor) {
  * piece). */
 static void job_chunk(struct writer *w) {
     struct store *st = w->st;
-    wal_watch(w, 1);
+    writer_wal_watch(w, 1);
     if (atomic_load(&w->wal_lost)) { /* nothing is committed any more */
         w->job_backoff_until = now_mono_ms() + 1000;
         return;
@@ -692,7 +497,7 @@ static void job_chunk(struct writer *w) {
             malloc_trim(0);
         }
     }
-    checkpoint_policy(w);
+    writer_checkpoint_policy(w);
     return;
 fail:
     ratelog(&w->job_log, "writer: background chunk failed: %s (retrying)", store_errmsg(st));
@@ -723,7 +528,7 @@ static void *writer_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&w->mu);
         if (in_txn && !w->head && may_linger(w, nbatch, urgent, linger, txn_start))
-            cond_wait_ms(&w->cv, &w->mu, txn_start + linger - now_mono_ms());
+            writer_cond_wait_ms(&w->cv, &w->mu, txn_start + linger - now_mono_ms());
         while (!w->head && !w->stop && !in_txn && !jobs_pending(w)) {
             if (!w->cfg.on_tick && !w->dhead && !w->purge_pending && !retain_on(w)) {
                 pthread_cond_wait(&w->cv, &w->mu);
@@ -734,11 +539,11 @@ static void *writer_main(void *arg) {
                 pthread_mutex_unlock(&w->mu);
                 w->cfg.on_tick(w->cfg.ctx, t);
                 last_tick = t;
-                wal_watch(w, 0); /* an idle daemon notices a lost WAL too */
+                writer_wal_watch(w, 0); /* an idle daemon notices a lost WAL too */
                 pthread_mutex_lock(&w->mu);
                 continue;
             }
-            cond_wait_ms(&w->cv, &w->mu, 200); /* also the retry of a failed background chunk */
+            writer_cond_wait_ms(&w->cv, &w->mu, 200); /* also the retry of a failed background chunk */
         }
         /* at the end, deferred items are still applied (their rewinds done);
          * a purge is left for the next start */
@@ -808,7 +613,7 @@ static void *writer_main(void *arg) {
             in_txn = 0;
             failed = urgent = 0;
             linger = WRITER_LINGER_MS;
-            checkpoint_policy(w);
+            writer_checkpoint_policy(w);
             /* between two batches, at most one chunk of background work:
              * no trainer's ack waits behind more than that */
             if (jobs_ready(w)) job_chunk(w);
@@ -859,7 +664,7 @@ struct writer *writer_create(struct store *st, int notify_fd, const struct write
             writer_destroy(w);
             return NULL;
         }
-        int rc = pthread_create(&w->ckthread, NULL, checkpointer_main, w);
+        int rc = pthread_create(&w->ckthread, NULL, writer_checkpointer_main, w);
         if (rc) {
             snprintf(err, errlen, "cannot start checkpointer thread: %s", strerror(rc));
             writer_destroy(w);

@@ -11,8 +11,9 @@
  * disk (no acks, nothing lost, recovery when space returns) and
  * writer_destroy committing everything.
  *
- * writer.c is included here rather than linked so that its backoff sleep
- * (usleep in the retry loop) can be stood in for: the stand-in runs on the
+ * writer.c and writer_wal.c are included here rather than linked so that
+ * the backoff sleep (usleep in the retry loop) can be stood in for, and
+ * the checkpointer's rule (checkpoint_due) called: the stand-in runs on the
  * writer thread between two attempts, the one moment the test may touch the
  * writer's store (to raise the page cap), and shortens the backoff. */
 #include <stdarg.h>
@@ -26,6 +27,7 @@ static void test_backoff(useconds_t us);
 #define usleep(us) test_backoff(us)
 #define UNIT_TESTING 1
 #include "../daemon/writer.c"
+#include "../daemon/writer_wal.c"
 #undef usleep
 
 #include <math.h>
