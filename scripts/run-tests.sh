@@ -7,6 +7,7 @@
 #   browser: tests/browser/*.test.mjs   (playwright-core + Debian chromium)
 #   fuzz:    tests/fuzz/fuzz_*.c         (libFuzzer, FUZZ_TEST_SECONDS each, default 30)
 #   format:  scripts/check-format.sh     (every C file against .clang-format)
+#   house:   scripts/check-house.sh      (no file over 1,000 lines, no function over 120, no "issue N")
 # ONLY=pattern runs the matching ones.
 set -u
 BUILD=${BUILD:-build}
@@ -31,6 +32,7 @@ run() { # name, timeout seconds, command...
   fi
 }
 run format 120 scripts/check-format.sh
+run house 60 scripts/check-house.sh
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   case $t in *.o|*.d) continue;; esac
