@@ -243,8 +243,11 @@ static int run_precommit(struct writer *w) {
  * less once the writer is asked to stop (writer_destroy signals cv): then
  * only what is left of WRITER_STOP_GRACE_MS, so a refusing database cannot
  * hold shutdown behind a sleep of up to 2 s begun before the stop. */
+#ifndef WRITER_BACKOFF_HOOK /* tests/test_writer.c stands in: it acts between two attempts, on this thread */
+#define WRITER_BACKOFF_HOOK(ms) (ms)
+#endif
 static void backoff_wait(struct writer *w, double ms) {
-    double until = now_mono_ms() + ms;
+    double until = now_mono_ms() + WRITER_BACKOFF_HOOK(ms);
     pthread_mutex_lock(&w->mu);
     for (;;) {
         double grace_end = w->stop_ms + WRITER_STOP_GRACE_MS;

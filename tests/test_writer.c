@@ -12,7 +12,7 @@
  * writer_destroy committing everything.
  *
  * writer.c and writer_wal.c are included here rather than linked so that
- * the backoff sleep (usleep in the retry loop) can be stood in for, and
+ * the backoff between attempts (WRITER_BACKOFF_HOOK) can be stood in for, and
  * the checkpointer's rule (checkpoint_due) called: the stand-in runs on the
  * writer thread between two attempts, the one moment the test may touch the
  * writer's store (to raise the page cap), and shortens the backoff. */
@@ -21,14 +21,11 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <unistd.h> /* before the macro below, so its usleep declaration is untouched */
-
-static void test_backoff(useconds_t us);
-#define usleep(us) test_backoff(us)
+static double test_backoff(double ms);
+#define WRITER_BACKOFF_HOOK(ms) test_backoff(ms)
 #define UNIT_TESTING 1
 #include "../daemon/writer.c"
 #include "../daemon/writer_wal.c"
-#undef usleep
 
 #include <math.h>
 #include <poll.h>
@@ -73,12 +70,12 @@ static struct {
 static atomic_int raise_cap; /* set by the test; the backoff stand-in acts on it */
 static atomic_int backoffs;
 
-static void test_backoff(useconds_t us) {
+static double test_backoff(double ms) {
     atomic_fetch_add(&backoffs, 1);
     if (atomic_exchange(&raise_cap, 0)) {
         if (store_set_max_pages(E.db.st, 0)) fprintf(stderr, "raising the cap: %s\n", store_errmsg(E.db.st));
     }
-    usleep(us / 10 + 1000); /* a tenth of the real backoff keeps the test short */
+    return ms / 10 + 1; /* a tenth of the real backoff keeps the test short */
 }
 
 static void on_commit(void *ctx, const struct writer_item *items, double commit_ms) {
