@@ -11,6 +11,7 @@
 #include <malloc.h>
 
 #include "now.h"
+#include "proto.h"
 #include "query.h"
 #include "strbuf.h"
 #include "stream.h"
@@ -188,19 +189,16 @@ static void dispatch(struct alerter *m, const struct alert_transition *t, int in
         m->stats.store_errors++;
         pthread_mutex_unlock(&m->mu);
     }
-    /* {"type":"alert","transition":..,"rule":..,"severity":..,"start_step":..,"step":..[,"step_time":..],
-     *  "alert":{..}} (schema/protocol.md); names escaped as JSON strings */
-    cJSON *o = cJSON_CreateObject();
-    char *line = NULL;
-    if (o && cJSON_AddStringToObject(o, "type", "alert") && cJSON_AddStringToObject(o, "transition", sa.transition) &&
-        cJSON_AddStringToObject(o, "rule", t->rule->name) &&
-        cJSON_AddStringToObject(o, "severity", t->rule->severity) &&
-        cJSON_AddNumberToObject(o, "start_step", (double)t->start_step) &&
-        cJSON_AddNumberToObject(o, "step", (double)t->step) &&
-        (!isfinite(step_time) || cJSON_AddNumberToObject(o, "step_time", step_time)) &&
-        cJSON_AddRawToObject(o, "alert", json))
-        line = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
+    /* the run's trainer and the event stream get the protocol's alert line (proto.h) */
+    struct proto_alert_view av = {.transition = sa.transition,
+                                  .rule = t->rule->name,
+                                  .severity = t->rule->severity,
+                                  .start_step = t->start_step,
+                                  .step = t->step,
+                                  .step_time = step_time,
+                                  .alert = json};
+    char *line = malloc(proto_alert_max(&av));
+    if (line) proto_write_alert(line, &av);
     if (line) {
         if (m->stream) stream_publish(m->stream, "alert", t->run_id, line, strlen(line));
         if (m->writer) writer_post_line(m->writer, t->run_id, line);

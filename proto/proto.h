@@ -7,9 +7,9 @@
  *
  *   trainer -> daemon: proto_write_hello / _step_body / _event_body /
  *       _end_body write, proto_parse (proto_parse.c) reads;
- *   daemon -> trainer: proto_write_welcome / _ack / _error write,
- *       proto_parse_reply (proto_reply.c) reads (alert lines too: they are
- *       built by the daemon's alerter with cJSON, here only recognized).
+ *   daemon -> trainer: proto_write_welcome / _ack / _error / _alert write,
+ *       proto_parse_reply (proto_reply.c) reads; proto_parse_alert reads an
+ *       alert line's fields for a trainer that acts on it.
  * tests/test_proto_roundtrip.c writes and parses every message type.
  *
  * The files: proto.c the vocabulary (names, escaping, the float32 rule),
@@ -245,9 +245,49 @@ size_t proto_write_welcome(char *out, size_t cap, int64_t run_id, uint64_t last_
 size_t proto_write_ack(char *out, size_t cap, uint64_t seq);
 size_t proto_write_error(char *out, size_t cap, int code, const char *message, int has_seq, int64_t seq);
 
+/* An alert transition as the daemon sends it to the run's trainer:
+ * {"type":"alert","transition":T,"rule":R,"severity":S,"start_step":N,
+ *  "step":N[,"step_time":X],"alert":{...}} (schema/protocol.md). Nothing is
+ * copied: the strings must outlive the write. */
+struct proto_alert_view {
+    const char *transition; /* firing|update|resolved */
+    const char *rule, *severity;
+    int64_t start_step, step;
+    double step_time;  /* not finite: omitted (a clock-driven rule, a step without time) */
+    const char *alert; /* the alert object: JSON text on one line, written as it is */
+};
+/* The bytes proto_write_alert needs for v, its NUL included. */
+size_t proto_alert_max(const struct proto_alert_view *v);
+/* Writes v's line WITHOUT a newline (the daemon posts it to the run's
+ * connection and to its event stream, which add their own framing) and a
+ * NUL, into out of proto_alert_max(v) bytes. Returns the length. Numbers
+ * are written as cJSON writes them (an integer as one; step_time in the
+ * fewest of 15 or 17 significant digits that read back exactly). */
+size_t proto_write_alert(char *out, const struct proto_alert_view *v);
+
 /* ---- parser, daemon -> trainer (proto_reply.c) */
 
 enum proto_reply_type { PROTO_R_UNKNOWN = 0, PROTO_R_WELCOME, PROTO_R_ACK, PROTO_R_ERROR, PROTO_R_ALERT };
+
+#define PROTO_MAX_RULE 128 /* rule name bytes (the daemon's rules file) */
+
+/* An alert line's fields (the "alert" object itself is not read: a trainer
+ * acts on the transition, not on its labels). Strings longer than their
+ * array are truncated. */
+struct proto_alert {
+    char transition[16]; /* firing|update|resolved */
+    char rule[PROTO_MAX_RULE + 1];
+    char severity[64];        /* "" when absent */
+    int64_t start_step, step; /* the step the condition began at; this transition's */
+    int has_step_time;
+    double step_time; /* when has_step_time: the trainer's "time" of the step evaluated */
+};
+
+/* Reads an alert line (without newline). Returns 0 and fills *a, or -1 when
+ * the line is not JSON, not of type "alert", or lacks "transition", "rule"
+ * (strings), "start_step" or "step" (integers). Never reads outside
+ * [line, line+len). */
+int proto_parse_alert(const char *line, size_t len, struct proto_alert *a);
 
 struct proto_reply {
     int type;           /* enum proto_reply_type; UNKNOWN for other or bad lines */
@@ -259,16 +299,13 @@ struct proto_reply {
     int code;                 /* error: enum proto_err, -1 for a code this side does not know */
     char code_name[32];       /* error: the code as sent, truncated */
     char message[256];        /* error: truncated */
-    char transition[16];      /* alert: firing|update|resolved */
-    char rule[64];            /* alert */
-    int64_t start_step, step; /* alert */
-    int has_step_time;
-    double step_time; /* alert */
+    struct proto_alert alert; /* alert (proto_parse_alert's fields) */
 };
 
 /* Parses one daemon line (without newline). Returns 0 and fills *r, or -1
  * (r->type UNKNOWN) when the line is not a JSON object or a known type
- * lacks a required field. Never reads outside [line, line+len). */
+ * lacks a required field (an alert: proto_parse_alert's). Never reads
+ * outside [line, line+len). */
 int proto_parse_reply(const char *line, size_t len, struct proto_reply *r);
 
 #endif

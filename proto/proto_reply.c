@@ -1,5 +1,6 @@
 /* proto_reply.c: the parser of what the daemon sends a trainer (welcome,
- * ack, error, alert; schema/protocol.md "Daemon to trainer"). These lines
+ * ack, error, alert; schema/protocol.md "Daemon to trainer"), and of an
+ * alert line's fields on their own (proto_parse_alert). These lines
  * are rare and small (an ack per commit), so cJSON does: the hot direction,
  * trainer -> daemon, has its own reader (proto_parse.c).
  *
@@ -30,6 +31,33 @@ static void get_str(const cJSON *o, const char *k, char *out, size_t cap) {
     snprintf(out, cap, "%s", cJSON_IsString(v) ? v->valuestring : "");
 }
 
+/* The fields of the alert object j; 0 when a required one is missing. */
+static int alert_fields(const cJSON *j, struct proto_alert *a) {
+    const cJSON *tr = cJSON_GetObjectItemCaseSensitive(j, "transition");
+    const cJSON *rule = cJSON_GetObjectItemCaseSensitive(j, "rule");
+    if (!cJSON_IsString(tr) || !cJSON_IsString(rule)) return 0;
+    if (!get_i64(j, "start_step", &a->start_step) || !get_i64(j, "step", &a->step)) return 0;
+    snprintf(a->transition, sizeof a->transition, "%s", tr->valuestring);
+    snprintf(a->rule, sizeof a->rule, "%s", rule->valuestring);
+    get_str(j, "severity", a->severity, sizeof a->severity);
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step_time");
+    if (cJSON_IsNumber(st)) {
+        a->has_step_time = 1;
+        a->step_time = st->valuedouble;
+    }
+    return 1;
+}
+
+int proto_parse_alert(const char *line, size_t len, struct proto_alert *a) {
+    memset(a, 0, sizeof *a);
+    cJSON *j = cJSON_ParseWithLength(line, len);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
+    int ok = cJSON_IsObject(j) && cJSON_IsString(t) && !strcmp(t->valuestring, "alert") && alert_fields(j, a);
+    cJSON_Delete(j);
+    if (!ok) memset(a, 0, sizeof *a);
+    return ok ? 0 : -1;
+}
+
 int proto_parse_reply(const char *line, size_t len, struct proto_reply *r) {
     memset(r, 0, sizeof *r);
     r->code = -1;
@@ -54,15 +82,7 @@ int proto_parse_reply(const char *line, size_t len, struct proto_reply *r) {
         r->has_seq = get_u64(j, "seq", &r->seq);
         r->type = PROTO_R_ERROR;
     } else if (!strcmp(t, "alert")) {
-        get_str(j, "transition", r->transition, sizeof r->transition);
-        get_str(j, "rule", r->rule, sizeof r->rule);
-        if (!get_i64(j, "start_step", &r->start_step)) r->start_step = -1;
-        if (!get_i64(j, "step", &r->step)) r->step = -1;
-        const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step_time");
-        if (cJSON_IsNumber(st)) {
-            r->has_step_time = 1;
-            r->step_time = st->valuedouble;
-        }
+        if (!alert_fields(j, &r->alert)) goto out;
         r->type = PROTO_R_ALERT;
     }
     rc = 0;

@@ -1,6 +1,7 @@
 /* proto_write.c: protocol v1's float formatting and the writer of every
  * message (see proto.h). Pure: writes into the caller's buffer, allocates
- * nothing, no locale, no printf on the hot path (steps).
+ * nothing, no locale on the trainer's side, no printf on the hot path
+ * (steps).
  *
  * Not here: names and escaping (proto.c), the trainer->daemon parser
  * (proto_parse.c), the daemon->trainer parser (proto_reply.c). */
@@ -8,6 +9,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- numbers */
@@ -307,6 +309,63 @@ size_t proto_write_error(char *out, size_t cap, int code, const char *message, i
     if (has_seq) p += snprintf(p, 32, ",\"seq\":%lld", (long long)seq);
     *p++ = '}';
     *p++ = '\n';
+    return (size_t)(p - out);
+}
+
+/* ---------------------------------------------------------- alert lines */
+
+/* The JSON strings of an alert line, quotes and escapes at their longest. */
+static size_t alert_strings_max(const struct proto_alert_view *v) {
+    return 6 * (strlen(v->transition) + strlen(v->rule) + strlen(v->severity)) + 6;
+}
+
+size_t proto_alert_max(const struct proto_alert_view *v) {
+    /* the keys and punctuation (< 128), two integers (20 bytes each) and
+     * step_time (%.17g: at most 24) */
+    return alert_strings_max(v) + strlen(v->alert) + 128 + 2 * 21 + 32;
+}
+
+/* A string field: ,"key": and the value as a JSON literal. */
+static char *put_string(char *p, const char *key, const char *value) {
+    p += sprintf(p, "\"%s\":", key);
+    size_t len = strlen(value);
+    *p++ = '"';
+    p += proto_json_escape(p, value, len);
+    *p++ = '"';
+    return p;
+}
+
+size_t proto_write_alert(char *out, const struct proto_alert_view *v) {
+    char *p = out;
+    PUT("{\"type\":\"alert\",");
+    p = put_string(p, "transition", v->transition);
+    *p++ = ',';
+    p = put_string(p, "rule", v->rule);
+    *p++ = ',';
+    p = put_string(p, "severity", v->severity);
+    p += sprintf(p, ",\"start_step\":%lld,\"step\":%lld", (long long)v->start_step, (long long)v->step);
+    if (isfinite(v->step_time)) {
+        /* as cJSON prints a double: an integer in int's range as one, else
+         * 15 significant digits when they read back as the same double, else
+         * 17 (cJSON accepts a 15-digit form within an epsilon; an exact
+         * read-back keeps the stamp the trainer compares with its own).
+         * %g follows LC_NUMERIC, which the daemon leaves at "C". */
+        double d = v->step_time;
+        char num[32];
+        if (fabs(d) <= 2147483647.0 && d == (double)(int)d) {
+            snprintf(num, sizeof num, "%d", (int)d);
+        } else {
+            snprintf(num, sizeof num, "%1.15g", d);
+            if (strtod(num, NULL) != d) snprintf(num, sizeof num, "%1.17g", d);
+        }
+        p += sprintf(p, ",\"step_time\":%s", num);
+    }
+    PUT(",\"alert\":");
+    size_t alen = strlen(v->alert);
+    memcpy(p, v->alert, alen);
+    p += alen;
+    *p++ = '}';
+    *p = 0;
     return (size_t)(p - out);
 }
 #undef PUT

@@ -205,11 +205,11 @@ static void test_replies(void **state) {
                         "\"alert\":{\"labels\":{}}}";
     assert_int_equal(proto_parse_reply(alert, strlen(alert), &r), 0);
     assert_int_equal(r.type, PROTO_R_ALERT);
-    assert_string_equal(r.transition, "firing");
-    assert_string_equal(r.rule, "entropy_collapse");
-    assert_int_equal(r.start_step, 80);
-    assert_int_equal(r.step, 100);
-    assert_true(r.has_step_time && r.step_time == 1764500000.5);
+    assert_string_equal(r.alert.transition, "firing");
+    assert_string_equal(r.alert.rule, "entropy_collapse");
+    assert_int_equal(r.alert.start_step, 80);
+    assert_int_equal(r.alert.step, 100);
+    assert_true(r.alert.has_step_time && r.alert.step_time == 1764500000.5);
     /* not JSON, no type, a welcome without last_seq: unknown, and no crash */
     assert_int_equal(proto_parse_reply("{\"type\":", 8, &r), -1);
     assert_int_equal(r.type, PROTO_R_UNKNOWN);

@@ -3,14 +3,15 @@
 #include "monitor.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "now.h"
+#include "proto.h"
 #include "telemetry.h"
 
-#include <cJSON.h>
 
 #define MONITOR_ALERTS_MAX 16
 
@@ -129,24 +130,14 @@ void monitor_probe(monitor *mo, model *m) {
 static void commit_open(monitor *mo);
 
 int monitor_alert_parse(const char *line, const monitor_rewind *rw, monitor_alert *out) {
-    cJSON *j = cJSON_Parse(line);
-    if (!j) return 0;
-    const cJSON *tr = cJSON_GetObjectItemCaseSensitive(j, "transition");
-    const cJSON *rule = cJSON_GetObjectItemCaseSensitive(j, "rule");
-    const cJSON *ss = cJSON_GetObjectItemCaseSensitive(j, "start_step");
-    const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step");
-    const cJSON *at = cJSON_GetObjectItemCaseSensitive(j, "step_time");
-    int ok = cJSON_IsString(tr) && !strcmp(tr->valuestring, "firing") && cJSON_IsString(rule) && cJSON_IsNumber(ss) &&
-             cJSON_IsNumber(st);
-    if (ok && rw && rw->at > 0 && cJSON_IsNumber(at) && at->valuedouble < rw->at && (long)ss->valuedouble > rw->to)
-        ok = 0; /* evaluated before the rollback, on steps it abandoned */
-    if (ok) {
-        snprintf(out->rule, sizeof out->rule, "%s", rule->valuestring);
-        out->start_step = (long)ss->valuedouble;
-        out->step = (long)st->valuedouble;
-    }
-    cJSON_Delete(j);
-    return ok;
+    struct proto_alert a;
+    if (proto_parse_alert(line, strlen(line), &a) || strcmp(a.transition, "firing")) return 0;
+    if (rw && rw->at > 0 && a.has_step_time && a.step_time < rw->at && (long)a.start_step > rw->to)
+        return 0; /* evaluated before the rollback, on steps it abandoned */
+    snprintf(out->rule, sizeof out->rule, "%s", a.rule);
+    out->start_step = (long)a.start_step;
+    out->step = (long)a.step;
+    return 1;
 }
 
 /* Queues a firing alert line for monitor_next_alert (the oldest is

@@ -82,7 +82,7 @@ void monitor_extra_scalars(monitor *mo, int n, const char *const *names, const f
 /* A firing alert line received from the daemon (any rule): what the
  * trainer needs to act on it (sigmatrain --on-alert). */
 typedef struct {
-    char rule[64];
+    char rule[129];  /* 1..128 bytes (a rules file's names: proto.h's PROTO_MAX_RULE) */
     long start_step; /* the step at which the condition began to hold */
     long step;       /* the step of the firing transition */
 } monitor_alert;
@@ -101,7 +101,7 @@ typedef struct {
  * daemon echoes stamps rounded to 1 us). */
 monitor_rewind monitor_rewind_after(double last_stamp, long restored);
 
-/* Reads one alert line of the daemon (schema/protocol.md).  Returns 1 and
+/* Reads one alert line of the daemon (schema/protocol.md, proto_parse_alert).  Returns 1 and
  * fills *out when it is a FIRING transition to act on; 0 for any other
  * transition, a malformed line, or a FIRING about abandoned steps (rw; its
  * "step_time" is the stamp of the step it was evaluated on).  A FIRING that
