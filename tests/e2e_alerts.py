@@ -254,6 +254,10 @@ class AlertClocksAndDelivery(unittest.TestCase):
             # restart, the resolution at the recovery, not the episode's start
             self.assertGreater(tr[1]["time"], ep["starts_at"] + 1)
             self.assertGreaterEqual(tr[2]["time"], t_rec - 1)
+            # the receiver holds the POST before the notifier has its answer
+            # and counts it sent: wait for the count, then check it is one
+            wait_for(lambda: metric(d.get("/metrics")[1], 'entropyd_notifications_sent_total{sink="webhook"}') >= 1,
+                     what="the resolved note counted sent")
             text = d.get("/metrics")[1]
             self.assertEqual(metric(text, 'entropyd_notifications_sent_total{sink="webhook"}'), 1)  # since the restart
             self.assertEqual(metric(text, 'entropyd_notifications_failed_total{sink="webhook"}'), 0)
