@@ -9,8 +9,10 @@ flipping each pair of blocks; each pair gives the ratio of the two
 blocks' mean step times, and the figure is the median of those ratios
 with their quartiles (machine load drifts between blocks, not within a
 pair).  Printed for wall time (the bar) and the process's CPU time (all
-threads: the client's sender included), which a loaded machine disturbs
-less; also what the watch says it spent (watch.cost over the watched
+threads: the client's sender included, and OpenBLAS's spinning pool), and
+the training thread's own CPU time (with one thread, torch's and
+OpenBLAS's, every op of the step and the probe runs on it: the figure a
+loaded machine disturbs least); also what the watch says it spent (watch.cost over the watched
 blocks' time), its interval and examples.
 Configs "d_model x layers x heads": 128x4x4 and 256x6x8, each with one
 intra-op thread and with every core.  The watch's steps are numbered
@@ -91,7 +93,7 @@ def bench(C, L, H, threads, pairs, block, sock):
         nonlocal ws
         if watched:
             hook(w, model)
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(block):
             loss = step()
             if watched:
@@ -100,9 +102,10 @@ def bench(C, L, H, threads, pairs, block, sock):
             else:
                 float(loss)                        # what a loop prints or checks anyway
         dt, dc = (time.perf_counter() - t0) / block, (time.process_time() - c0) / block
+        dm = (time.thread_time() - m0) / block
         if watched:
             w.remove()
-        return dt, dc
+        return dt, dc, dm
 
     for watched in (True, False, True):            # warm-up: the allocator, the watch's first probes
         block_of(watched)
@@ -111,7 +114,7 @@ def bench(C, L, H, threads, pairs, block, sock):
     # pairs' ratios is the cost of a block with a probe, not the mean cost.
     block = max(block, 3 * w.interval)
     cost0, probes0 = w.cost, w.probes
-    wall, cpu, watched_time = [], [], 0.0
+    wall, cpu, main, watched_time = [], [], [], 0.0
     for p in range(pairs):
         order = (False, True) if p % 2 == 0 else (True, False)
         r = {}
@@ -120,14 +123,17 @@ def bench(C, L, H, threads, pairs, block, sock):
         watched_time += r[True][0] * block
         wall.append(r[True][0] / r[False][0] - 1)
         cpu.append(r[True][1] / r[False][1] - 1)
+        main.append(r[True][2] / r[False][2] - 1)
         base_ms = r[False][0] * 1e3
     run.finish("finished", grace=10, quiet=True)
     lo, md, hi = quart(wall)
     clo, cmd, chi = quart(cpu)
+    mlo, mmd, mhi = quart(main)
     print("  %3dx%dx%d, %s thread%s: step %.0f ms; watch vs none: wall %+.2f%% (quartiles %+.2f .. %+.2f%%), "
-          "cpu %+.2f%% (%+.2f .. %+.2f%%); the watch's own count %.2f%% (%d probes in %d steps, interval %d, "
+          "cpu %+.2f%% (%+.2f .. %+.2f%%), the training thread's cpu %+.2f%% (%+.2f .. %+.2f%%); the watch's own count %.2f%% (%d probes in %d steps, interval %d, "
           "%d examples, blocks of %d; load %s)" % (C, L, H, threads, "" if threads == 1 else "s", base_ms, 100 * md, 100 * lo,
-                                      100 * hi, 100 * cmd, 100 * clo, 100 * chi, 100 * (w.cost - cost0) / watched_time,
+                                      100 * hi, 100 * cmd, 100 * clo, 100 * chi, 100 * mmd, 100 * mlo, 100 * mhi,
+                                      100 * (w.cost - cost0) / watched_time,
                                       w.probes - probes0, pairs * block, w.interval, w.examples, block,
                                       open("/proc/loadavg").read().split()[0]), flush=True)
     return md, hi - lo
