@@ -14,7 +14,6 @@
 #include "fblock.h"
 #include "proto.h"
 #include "rollup.h"
-#include "store.h"
 
 /* ---- CRC32C: proto/crc32c.c, shared with the client's spool */
 
@@ -272,8 +271,8 @@ static void check_rollups(struct check *c, int totals) {
             c->orphans++;
             continue;
         }
-        int ok_level = level >= 1 && level <= STORE_LEVELS;
-        int64_t size = ok_level ? STORE_LEVEL_SIZE(level) : 0;
+        int ok_level = level >= 1 && level <= ROLLUP_LEVELS;
+        int64_t size = ok_level ? ROLLUP_LEVEL_SIZE(level) : 0;
         char what[96];
         if (totals) snprintf(what, sizeof what, "level-%lld rollup total", (long long)level);
         else snprintf(what, sizeof what, "level-%lld rollup, chunk %lld", (long long)level, (long long)chunk);

@@ -10,6 +10,7 @@
 #include "fblock.h"
 #include "integrity.h"
 #include "query_db.h"
+#include "rollup.h"
 #include "store.h"
 
 /* Values of one frame as JSON: a number for a scalar, [L] for a layer
@@ -176,8 +177,8 @@ int query_raw_horizon(struct query *q, int64_t metric_id, int64_t first, int64_t
     int rc = sqlite3_step(s), ret = rc == SQLITE_ROW ? 0 : -1;
     if (rc == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL) {
         int64_t b = sqlite3_column_int64(s, 0);
-        *rolled = b * STORE_LEVEL_SIZE(1);
-        ret = b < first / STORE_LEVEL_SIZE(1);
+        *rolled = b * ROLLUP_LEVEL_SIZE(1);
+        ret = b < first / ROLLUP_LEVEL_SIZE(1);
     }
     sqlite3_reset(s);
     return ret;

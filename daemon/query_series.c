@@ -145,7 +145,7 @@ static void rrow_read(const struct series *sr, sqlite3_stmt *s, int level, int64
     r->nframes = sqlite3_column_int64(s, 1);
     r->d = sqlite3_column_blob(s, 2);
     r->len = sqlite3_column_bytes(s, 2);
-    r->i = (r->block * STORE_LEVEL_SIZE(level) - sr->a) / sr->w;
+    r->i = (r->block * ROLLUP_LEVEL_SIZE(level) - sr->a) / sr->w;
     r->crc_ok =
         sqlite3_column_type(s, 3) == SQLITE_NULL ||
         sqlite3_column_int64(s, 3) == integrity_stored(integrity_rollup_crc(sr->metric_id, level, chunk, r->block,
@@ -155,7 +155,7 @@ static void rrow_read(const struct series *sr, sqlite3_stmt *s, int level, int64
 /* Notes a damaged rollup row (chunk -1: a total's) for query_db_fail,
  * naming its steps; returns -1. */
 static int rollup_corrupt(struct series *sr, int level, const struct rrow *r, int64_t chunk) {
-    int64_t size = STORE_LEVEL_SIZE(level);
+    int64_t size = ROLLUP_LEVEL_SIZE(level);
     char part[32] = " total";
     if (chunk >= 0) snprintf(part, sizeof part, ", chunk %lld", (long long)chunk);
     if (!r->crc_ok)
@@ -183,7 +183,7 @@ static int rollup_corrupt(struct series *sr, int level, const struct rrow *r, in
  * block's row has to be there. */
 static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, int64_t b1, int frames, int must) {
     sqlite3_stmt *s = sr->q->stmt[Q_ROLLUPS];
-    int64_t size = STORE_LEVEL_SIZE(level);
+    int64_t size = ROLLUP_LEVEL_SIZE(level);
     uint32_t r0 = chunk * ROLLUP_CHUNK_CELLS, rn = ROLLUP_CHUNK_LEN(sr->n, chunk);
     uint32_t k0, k1;
     chunk_cells(sr, r0, rn, &k0, &k1);
@@ -229,7 +229,7 @@ static int add_chunk(struct series *sr, int level, uint32_t chunk, int64_t b0, i
  * whole-run one reads ~2,000 rows of 19 bytes, not the 144 values of each). */
 static int add_totals(struct series *sr, int level, int64_t b0, int64_t b1) {
     sqlite3_stmt *s = sr->q->stmt[Q_TOTALS];
-    int64_t size = STORE_LEVEL_SIZE(level);
+    int64_t size = ROLLUP_LEVEL_SIZE(level);
     int rc;
     sqlite3_bind_int64(s, 1, sr->metric_id);
     sqlite3_bind_int(s, 2, level);
@@ -284,7 +284,7 @@ static int add_rollups(struct series *sr, int level, int64_t b0, int64_t b1) {
 static int cover(struct series *sr, int64_t lo, int64_t hi, int k) {
     if (lo > hi) return 0;
     if (k == 0) return add_raw(sr, lo, hi);
-    int64_t size = STORE_LEVEL_SIZE(k);
+    int64_t size = ROLLUP_LEVEL_SIZE(k);
     int64_t complete = sr->last / size * size; /* level k has every block below this */
     int64_t top = hi < complete - 1 ? hi : complete - 1;
     int64_t b0 = (lo + size - 1) / size, b1 = (top + 1) / size - 1;
@@ -360,15 +360,15 @@ static int series_plan(struct series *sr, int64_t lo, int64_t hi, int64_t points
     uint64_t span = (uint64_t)(hi - lo) + 1;
     uint64_t w0 = (span + (uint64_t)points - 1) / (uint64_t)points;
     int k = 0;
-    while (k < STORE_LEVELS && (uint64_t)STORE_LEVEL_SIZE(k + 1) <= w0) k++;
+    while (k < ROLLUP_LEVELS && (uint64_t)ROLLUP_LEVEL_SIZE(k + 1) <= w0) k++;
     /* A bucket at least half a level-(k+1) block wide takes that block
      * whole: at most half the resolution (never fewer than points/2
      * buckets), and it reads one row a bucket instead of up to 8 of level
      * k (or up to 64 raw frames), so no window reads more than ~4 rows a
      * point. */
-    if (k < STORE_LEVELS && 2 * w0 >= (uint64_t)STORE_LEVEL_SIZE(k + 1)) k++;
+    if (k < ROLLUP_LEVELS && 2 * w0 >= (uint64_t)ROLLUP_LEVEL_SIZE(k + 1)) k++;
     if (k < min_k) k = min_k;
-    int64_t size = k ? STORE_LEVEL_SIZE(k) : 1;
+    int64_t size = k ? ROLLUP_LEVEL_SIZE(k) : 1;
     sr->a = lo / size * size;
     uint64_t reach = (uint64_t)(hi - sr->a) + 1;
     uint64_t w = (reach + (uint64_t)points - 1) / (uint64_t)points;
@@ -506,14 +506,14 @@ static int series_run(struct query *q, const struct query_series_req *req, struc
     int64_t from = req->has_from ? req->from : first, to = req->has_to ? req->to : sr->last;
     int64_t lo = from > first ? from : first, hi = to < sr->last ? to : sr->last;
     int coarse = cut && lo < raw_from;
-    if (coarse) lo = lo / STORE_LEVEL_SIZE(1) * STORE_LEVEL_SIZE(1);
+    if (coarse) lo = lo / ROLLUP_LEVEL_SIZE(1) * ROLLUP_LEVEL_SIZE(1);
     sr->from = from;
     sr->to = to;
     sr->lo = lo;
     sr->hi = hi;
     sr->w = 1;
     int k = !empty && lo <= hi ? series_plan(sr, lo, hi, req->points, coarse) : 0;
-    sr->resolution = coarse ? STORE_LEVEL_SIZE(1) : 1;
+    sr->resolution = coarse ? ROLLUP_LEVEL_SIZE(1) : 1;
     sr->raw_from = empty ? -1 : raw_from;
     /* the bound holds for an empty range too: each series is still listed */
     if ((uint64_t)(sr->nb ? sr->nb : 1) * sr->ngroups > QUERY_MAX_SERIES_BUCKETS) {

@@ -23,6 +23,12 @@
 #define ROLLUP_FORMAT_CODED 1 /* byte 0 of a coded row */
 #define ROLLUP_HEAD_BYTES 27  /* the coded row's header */
 
+/* Rollup levels: level k (1..ROLLUP_LEVELS) summarizes blocks of
+ * ROLLUP_LEVEL_SIZE(k) steps (the store writes every level, the series
+ * query and the integrity check read them). */
+#define ROLLUP_LEVELS 5
+#define ROLLUP_LEVEL_SIZE(k) (INT64_C(64) << (3 * ((k)-1))) /* 64, 512, 4096, 32768, 262144 */
+
 /* One value's summary. count is the number of finite values pooled; with
  * count 0, min and max are NaN and sum 0 (rollup_reset). */
 struct rollup_cell {

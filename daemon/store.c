@@ -150,6 +150,48 @@ int store_exec(struct store *st, const char *sql) {
     return 0;
 }
 
+/* ---- rollup rows: the rollup migration recodes them, store_step.c
+ * writes the blocks it seals */
+
+/* The crc of a row (integrity.h): its checksum, inverted when poisoned
+ * (the row was pooled from a damaged one: it must read as damaged). */
+static int64_t row_crc(uint32_t c, int poisoned) { return poisoned ? integrity_poisoned(c) : integrity_stored(c); }
+
+/* Writes the n cells at a as rollup block `block` of level `level` of
+ * metric `metric_id`, coded (rollup.h): a row per chunk of cells, and the
+ * total's row for a metric of several chunks. st->aggrow is the scratch
+ * (room for ROLLUP_MAX_BYTES(n)). */
+int store_rollup_put(struct store *st, int64_t metric_id, const struct rollup_cell *a, uint32_t n, int level,
+                     int64_t block, int64_t nframes, int poisoned) {
+    uint32_t chunks = ROLLUP_CHUNKS(n);
+    sqlite3_stmt *s = st->stmt[S_INSERT_ROLLUP];
+    for (uint32_t c = 0; c < chunks; c++) {
+        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = ROLLUP_CHUNK_LEN(n, c);
+        size_t len = chunks == 1 ? rollup_encode(a, n, (uint32_t)nframes, st->aggrow)
+                                 : rollup_encode_chunk(a + c0, cn, (uint32_t)nframes, st->aggrow);
+        sqlite3_bind_int64(s, 1, metric_id);
+        sqlite3_bind_int(s, 2, level);
+        sqlite3_bind_int64(s, 3, block);
+        sqlite3_bind_int64(s, 4, nframes);
+        sqlite3_bind_blob(s, 5, st->aggrow, (int)len, SQLITE_STATIC);
+        sqlite3_bind_int(s, 6, (int)c);
+        sqlite3_bind_int64(
+            s, 7, row_crc(integrity_rollup_crc(metric_id, level, c, block, nframes, st->aggrow, len), poisoned));
+        if (store_step_done(st, s, "writing rollup")) return -1;
+    }
+    if (chunks == 1) return 0;
+    unsigned char tot[ROLLUP_TOTAL_BYTES];
+    size_t len = rollup_total_encode(a, n, (uint32_t)nframes, tot);
+    s = st->stmt[S_INSERT_TOTAL];
+    sqlite3_bind_int64(s, 1, metric_id);
+    sqlite3_bind_int(s, 2, level);
+    sqlite3_bind_int64(s, 3, block);
+    sqlite3_bind_int64(s, 4, nframes);
+    sqlite3_bind_blob(s, 5, tot, (int)len, SQLITE_STATIC); /* an empty blob: no total */
+    sqlite3_bind_int64(s, 7, row_crc(integrity_rollup_crc(metric_id, level, -1, block, nframes, tot, len), poisoned));
+    return store_step_done(st, s, "writing rollup total");
+}
+
 static int64_t pragma_int(struct store *st, const char *sql) {
     sqlite3_stmt *s;
     int64_t v = -1;
@@ -212,7 +254,7 @@ static int migrate_rollup_chunks(struct store *st) {
             st->aggrow = row;
             cap = n;
         }
-        if (n && level >= 1 && level <= STORE_LEVELS && nf >= 0 && nf <= STORE_LEVEL_SIZE(level) && d &&
+        if (n && level >= 1 && level <= ROLLUP_LEVELS && nf >= 0 && nf <= ROLLUP_LEVEL_SIZE(level) && d &&
             !rollup_decode(d, len, n, (uint32_t)nf, 0, n, cells)) {
             if (store_rollup_put(st, mid, cells, n, level, block, nf, 0)) goto out;
             continue;

@@ -27,11 +27,7 @@
 
 struct store;
 
-/* Rollup levels: level k (1..STORE_LEVELS) summarizes blocks of
- * STORE_LEVEL_SIZE(k) steps. */
-#define STORE_LEVELS 5
-#define STORE_LEVEL_SIZE(k) (INT64_C(64) << (3 * ((k)-1))) /* 64, 512, 4096, 32768, 262144 */
-/* (a rollup row's cells and their coding: rollup.h) */
+/* (a rollup row's levels, cells and their coding: rollup.h) */
 
 /* Result of store_run_open. */
 struct store_run_info {

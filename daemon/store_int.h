@@ -1,7 +1,7 @@
 /* store_int.h: the inside of the store, shared by its files and nobody
  * else (the contract is store.h):
  *   store.c        opening and migrating, transactions, the run cache,
- *                  runs, events, the WAL
+ *                  runs, events, the WAL, writing a rollup row
  *   store_step.c   steps: frames, blocks and rollups, rewinds
  *   store_alerts.c alert episodes, the run's verdict and summary
  *   store_purge.c  taking data away in bounded chunks: the purge of deleted
@@ -143,7 +143,8 @@ void store_run_forget(struct store *st, int64_t id);
 /* Writes the run's bookkeeping columns (last_seq, last_step, updated). */
 int store_run_save(struct store *st, struct run_cache *r);
 
-/* ---- rollups (store_step.c) */
+/* ---- rollups (store.c: the rollup migration recodes rows with it, and
+ * store_step.c writes the blocks it seals) */
 /* Writes a rollup row of metric_id at level and block from n pooled cells
  * (chunk rows and the total's row); poisoned marks its crc as damaged
  * input. 0, or -1 with the error set. */

@@ -74,45 +74,6 @@ static int scratch_grow(struct store *st, uint32_t n) {
     return 0;
 }
 
-/* Writes the n cells at a as rollup block `block` of level `level` of
- * metric `metric_id`, coded (rollup.h): a row per chunk of cells, and the
- * total's row for a metric of several chunks. st->aggrow is the scratch
- * (room for ROLLUP_MAX_BYTES(n)). */
-/* The crc of a row (integrity.h): its checksum, inverted when poisoned
- * (the row was pooled from a damaged one: it must read as damaged). */
-static int64_t row_crc(uint32_t c, int poisoned) { return poisoned ? integrity_poisoned(c) : integrity_stored(c); }
-
-int store_rollup_put(struct store *st, int64_t metric_id, const struct rollup_cell *a, uint32_t n, int level,
-                     int64_t block, int64_t nframes, int poisoned) {
-    uint32_t chunks = ROLLUP_CHUNKS(n);
-    sqlite3_stmt *s = st->stmt[S_INSERT_ROLLUP];
-    for (uint32_t c = 0; c < chunks; c++) {
-        uint32_t c0 = c * ROLLUP_CHUNK_CELLS, cn = ROLLUP_CHUNK_LEN(n, c);
-        size_t len = chunks == 1 ? rollup_encode(a, n, (uint32_t)nframes, st->aggrow)
-                                 : rollup_encode_chunk(a + c0, cn, (uint32_t)nframes, st->aggrow);
-        sqlite3_bind_int64(s, 1, metric_id);
-        sqlite3_bind_int(s, 2, level);
-        sqlite3_bind_int64(s, 3, block);
-        sqlite3_bind_int64(s, 4, nframes);
-        sqlite3_bind_blob(s, 5, st->aggrow, (int)len, SQLITE_STATIC);
-        sqlite3_bind_int(s, 6, (int)c);
-        sqlite3_bind_int64(
-            s, 7, row_crc(integrity_rollup_crc(metric_id, level, c, block, nframes, st->aggrow, len), poisoned));
-        if (store_step_done(st, s, "writing rollup")) return -1;
-    }
-    if (chunks == 1) return 0;
-    unsigned char tot[ROLLUP_TOTAL_BYTES];
-    size_t len = rollup_total_encode(a, n, (uint32_t)nframes, tot);
-    s = st->stmt[S_INSERT_TOTAL];
-    sqlite3_bind_int64(s, 1, metric_id);
-    sqlite3_bind_int(s, 2, level);
-    sqlite3_bind_int64(s, 3, block);
-    sqlite3_bind_int64(s, 4, nframes);
-    sqlite3_bind_blob(s, 5, tot, (int)len, SQLITE_STATIC); /* an empty blob: no total */
-    sqlite3_bind_int64(s, 7, row_crc(integrity_rollup_crc(metric_id, level, -1, block, nframes, tot, len), poisoned));
-    return store_step_done(st, s, "writing rollup total");
-}
-
 /* Writes st->agg as rollup block `block` of level `level` of metric m. */
 static int rollup_write(struct store *st, struct metric_cache *m, int level, int64_t block, int64_t nframes,
                         int poisoned) {
@@ -145,7 +106,7 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
             if ((sqlite3_column_type(s, 2) != SQLITE_NULL &&
                  sqlite3_column_int64(s, 2) !=
                      integrity_stored(integrity_rollup_crc(m->id, level - 1, c, b, nf, d, len))) ||
-                nf < 0 || nf > STORE_LEVEL_SIZE(level - 1) ||
+                nf < 0 || nf > ROLLUP_LEVEL_SIZE(level - 1) ||
                 rollup_decode(d, len, cn, (uint32_t)nf, 0, cn, st->aggsrc + c0)) {
                 if (bad_block < 0) bad_block = b;
                 continue;
@@ -161,8 +122,9 @@ static int rollup_block(struct store *st, struct metric_cache *m, int level, int
         fprintf(stderr,
                 "entropyd: store: damaged rollup row: metric %lld, level %d, block %lld (steps %lld..%lld) fails "
                 "its checksum or does not decode; level %d block %lld, pooled from it, is marked damaged too\n",
-                (long long)m->id, level - 1, (long long)bad_block, (long long)(bad_block * STORE_LEVEL_SIZE(level - 1)),
-                (long long)((bad_block + 1) * STORE_LEVEL_SIZE(level - 1) - 1), level, (long long)block);
+                (long long)m->id, level - 1, (long long)bad_block,
+                (long long)(bad_block * ROLLUP_LEVEL_SIZE(level - 1)),
+                (long long)((bad_block + 1) * ROLLUP_LEVEL_SIZE(level - 1) - 1), level, (long long)block);
         if (!nframes) nframes = 1; /* a row must be there, for readers to find the damage */
     }
     return nframes ? rollup_write(st, m, level, block, nframes, bad_block >= 0) : 0;
@@ -226,8 +188,8 @@ static int block_seal(struct store *st, struct metric_cache *m, int64_t block) {
  * frames itself (sealed), higher levels roll up the level below. */
 static int rollup_advance(struct store *st, struct metric_cache *m, int64_t step) {
     if (m->last_step < 0) return 0;
-    for (int k = 1; k <= STORE_LEVELS; k++) {
-        int64_t size = STORE_LEVEL_SIZE(k);
+    for (int k = 1; k <= ROLLUP_LEVELS; k++) {
+        int64_t size = ROLLUP_LEVEL_SIZE(k);
         int64_t pb = m->last_step / size;
         if (step / size <= pb) break; /* higher levels cannot complete either */
         if (k == 1 ? block_seal(st, m, pb) : rollup_block(st, m, k, pb)) return -1;
@@ -388,14 +350,14 @@ int store_rewind(struct store *st, int64_t run_id, int64_t step, double time, in
     for (; r->rewind_phase == 0 && r->rewind_metric < r->nmetrics && left > 0; r->rewind_metric++) {
         const struct metric_cache *m = &r->metrics[r->rewind_metric];
         uint32_t chunks = ROLLUP_CHUNKS(m->n);
-        for (int k = 1; k <= STORE_LEVELS && left > 0; k++) {
+        for (int k = 1; k <= ROLLUP_LEVELS && left > 0; k++) {
             /* the chunks' rows, then (c == chunks) the totals' */
             for (uint32_t c = 0; c <= chunks && left > 0; c++) {
                 if (c == chunks && chunks == 1) break;
                 s = st->stmt[c < chunks ? S_REWIND_ROLLUPS : S_REWIND_TOTALS];
                 sqlite3_bind_int64(s, 1, m->id);
                 sqlite3_bind_int(s, 2, k);
-                sqlite3_bind_int64(s, 3, from / STORE_LEVEL_SIZE(k));
+                sqlite3_bind_int64(s, 3, from / ROLLUP_LEVEL_SIZE(k));
                 sqlite3_bind_int64(s, 4, (left + 3) / 4);
                 if (c < chunks) sqlite3_bind_int(s, 5, (int)c);
                 if ((n = store_run_changes(st, s, "deleting rewound rollups")) < 0) return -1;

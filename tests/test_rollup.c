@@ -711,7 +711,7 @@ static int64_t as_steps(int c, int64_t *out) {
     }
     /* half the sets end at the last step of a block of some level: that
      * block is complete, yet not rolled up until a step past it comes */
-    int64_t size = STORE_LEVEL_SIZE(1 + (int)(rnd() % STORE_LEVELS)), end = (s / size + 1) * size - 1;
+    int64_t size = ROLLUP_LEVEL_SIZE(1 + (int)(rnd() % ROLLUP_LEVELS)), end = (s / size + 1) * size - 1;
     if (rnd() % 2 && n < AS_MAX_STEPS / 2 + 2 && end <= AS_TOP) out[n++] = end;
     return n;
 }

@@ -338,8 +338,8 @@ static void verify_rollups(const char *path, int64_t run_id, int64_t *rows_per_l
         sqlite3_finalize(fs);
         int64_t last = nf ? fstep[nf - 1] : -1;
 
-        for (int k = 1; k <= STORE_LEVELS; k++) {
-            int64_t size = STORE_LEVEL_SIZE(k);
+        for (int k = 1; k <= ROLLUP_LEVELS; k++) {
+            int64_t size = ROLLUP_LEVEL_SIZE(k);
             sqlite3_stmt *rs;
             assert_int_equal(
                 sqlite3_prepare_v2(db,
@@ -781,9 +781,9 @@ static void test_rollups_brute_force(void **state) {
     assert_int_equal(
         qi(f->path, "SELECT count(*) FROM frames f JOIN metrics m ON m.id = f.metric_id WHERE m.name = 'sp'"),
         qi(f->path, "SELECT count(*) FROM steps WHERE step %% 5 = 0"));
-    int64_t rows[STORE_LEVELS + 1] = {0};
+    int64_t rows[ROLLUP_LEVELS + 1] = {0};
     verify_rollups(f->path, run, rows);
-    for (int k = 1; k <= STORE_LEVELS; k++)
+    for (int k = 1; k <= ROLLUP_LEVELS; k++)
         if (rows[k] == 0) fail_msg("no rollup row of level %d was checked", k);
     /* level 1 of ent: blocks 0..92 of the dense part, 140, 625 (40000/64),
      * 4687 (300000..), 9375 (600000); 2400000 is the last and open */
