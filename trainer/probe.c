@@ -202,32 +202,15 @@ static void metrics_carve(probe *p) {
     float *f = p->metric_mem;
     o->layers = L;
     o->heads = H;
-    o->entropy = f;
-    f += LH;
-    o->entropy_norm = f;
-    f += LH;
-    o->max_logit = f;
-    f += LH;
-    o->sigma_qk = f;
-    f += LH;
-    o->entropy_bound = f;
-    f += LH;
-    o->logit_scale = f;
-    f += LH;
-    o->eig_mean = f;
-    f += LH;
-    o->eig_var = f;
-    f += LH;
-    o->rank_ratio = f;
-    f += L;
-    o->cos_sim = f;
-    f += L;
+    float **head[] = {&o->entropy,       &o->entropy_norm, &o->max_logit, &o->sigma_qk,
+                      &o->entropy_bound, &o->logit_scale,  &o->eig_mean,  &o->eig_var};
+    for (size_t i = 0; i < sizeof head / sizeof *head; i++, f += LH) *head[i] = f;
+    float **layer[2 + 2 * MODEL_LIN_PER_LAYER] = {&o->rank_ratio, &o->cos_sim};
     for (int k = 0; k < MODEL_LIN_PER_LAYER; k++) {
-        o->lin_sigma[k] = f;
-        f += L;
-        o->lin_gamma[k] = f;
-        f += L;
+        layer[2 + 2 * k] = &o->lin_sigma[k];
+        layer[3 + 2 * k] = &o->lin_gamma[k];
     }
+    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++, f += L) *layer[i] = f;
 }
 
 probe *probe_create(const model *m, const probe_config *cfg) {
