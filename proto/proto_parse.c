@@ -48,6 +48,15 @@ static int expect(struct parser *ps, char c) {
     return 0;
 }
 
+/* Past a member of an object or an element of an array: 1 after a ','
+ * (another one follows), 0 after close (the container ends), -1 with
+ * bad_json otherwise. */
+static int next_or_close(struct parser *ps, char close) {
+    skip_ws(ps);
+    if (ps->p < ps->end && (*ps->p == ',' || *ps->p == close)) return *ps->p++ == ',';
+    return fail(ps, PROTO_E_BAD_JSON, "expected ',' or '%c'", close);
+}
+
 static size_t put_utf8(char *o, unsigned cp) {
     if (cp < 0x80) {
         o[0] = (char)cp;
@@ -311,16 +320,8 @@ static int skip_container(struct parser *ps, char close, int depth) {
             if (parse_string(ps, NULL, 0, NULL, "key") || expect(ps, ':')) return -1;
         }
         if (skip_value(ps, depth + 1)) return -1;
-        skip_ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') {
-            ps->p++;
-            continue;
-        }
-        if (ps->p < ps->end && *ps->p == close) {
-            ps->p++;
-            return 0;
-        }
-        return fail(ps, PROTO_E_BAD_JSON, "expected ',' or '%c'", close);
+        int more = next_or_close(ps, close);
+        if (more <= 0) return more;
     }
 }
 
@@ -458,16 +459,8 @@ static int parse_vector(struct parser *ps, const char *metric, uint32_t *n) {
             return -1;
         }
         (*n)++;
-        char c = ps->p < ps->end && *ps->p == ',' ? ',' : peek(ps);
-        if (c == ',') {
-            ps->p++;
-            continue;
-        }
-        if (c == ']') {
-            ps->p++;
-            return 0;
-        }
-        return fail(ps, PROTO_E_BAD_JSON, "expected ',' or ']'");
+        int more = next_or_close(ps, ']');
+        if (more <= 0) return more;
     }
 }
 
@@ -527,29 +520,14 @@ static int parse_metrics(struct parser *ps, int kind, const char *field) {
                     else if (n != mt->cols)
                         return fail(ps, PROTO_E_BAD_SHAPE, "head metric %s has rows of different lengths", mt->name);
                     mt->rows++;
-                    char c = peek(ps);
-                    if (c == ',') {
-                        ps->p++;
-                        continue;
-                    }
-                    if (c == ']') {
-                        ps->p++;
-                        break;
-                    }
-                    return fail(ps, PROTO_E_BAD_JSON, "expected ',' or ']'");
+                    int more = next_or_close(ps, ']');
+                    if (more < 0) return -1;
+                    if (!more) break;
                 }
         }
         m->nmetrics++;
-        char c = peek(ps);
-        if (c == ',') {
-            ps->p++;
-            continue;
-        }
-        if (c == '}') {
-            ps->p++;
-            return 0;
-        }
-        return fail(ps, PROTO_E_BAD_JSON, "expected ',' or '}'");
+        int more = next_or_close(ps, '}');
+        if (more <= 0) return more;
     }
 }
 
@@ -785,16 +763,8 @@ static int parse_top(struct parser *ps, unsigned *seen) {
         char key[32];
         size_t kn;
         if (parse_key(ps, key, sizeof key, &kn) || expect(ps, ':') || parse_field(ps, key, kn, seen)) return -1;
-        char c = peek(ps);
-        if (c == ',') {
-            ps->p++;
-            continue;
-        }
-        if (c == '}') {
-            ps->p++;
-            return 0;
-        }
-        return fail(ps, PROTO_E_BAD_JSON, "expected ',' or '}'");
+        int more = next_or_close(ps, '}');
+        if (more <= 0) return more;
     }
 }
 
