@@ -89,6 +89,15 @@ static struct metric *metric_find(struct check *c, int64_t id) {
     return bsearch(&key, c->m, c->nm, sizeof *c->m, by_id);
 }
 
+/* The metric of a row under check whose column 0 is its metric_id, or
+ * NULL: counts the row, and an orphan where its metric is gone. */
+static struct metric *row_metric(struct check *c, sqlite3_stmt *s) {
+    c->rows++;
+    struct metric *m = metric_find(c, sqlite3_column_int64(s, 0));
+    if (!m) c->orphans++;
+    return m;
+}
+
 /* The metric whose chunk series holds `series`, or NULL. */
 static struct metric *metric_of_series(struct check *c, int64_t series, int64_t *chunk) {
     size_t lo = 0, hi = c->nb;
@@ -232,12 +241,8 @@ static void check_old_blocks(struct check *c) {
     int rc;
     if (!s) return;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        c->rows++;
-        struct metric *m = metric_find(c, sqlite3_column_int64(s, 0));
-        if (!m) {
-            c->orphans++;
-            continue;
-        }
+        struct metric *m = row_metric(c, s);
+        if (!m) continue;
         int64_t block = sqlite3_column_int64(s, 1);
         uint32_t nf = fblock_count((uint64_t)sqlite3_column_int64(s, 2));
         if (!nf || !m->n || vals_grow(c, m->n) ||
@@ -260,17 +265,12 @@ static void check_rollups(struct check *c, int totals) {
     int rc;
     if (!s && !(s = prep(c, sql[totals][1]))) return;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        c->rows++;
-        int64_t mid = sqlite3_column_int64(s, 0), level = sqlite3_column_int64(s, 1),
-                chunk = sqlite3_column_int64(s, 2);
+        struct metric *m = row_metric(c, s);
+        if (!m) continue;
+        int64_t mid = m->id, level = sqlite3_column_int64(s, 1), chunk = sqlite3_column_int64(s, 2);
         int64_t block = sqlite3_column_int64(s, 3), nf = sqlite3_column_int64(s, 4);
         const unsigned char *d = sqlite3_column_blob(s, 5);
         size_t len = (size_t)sqlite3_column_bytes(s, 5);
-        struct metric *m = metric_find(c, mid);
-        if (!m) {
-            c->orphans++;
-            continue;
-        }
         int ok_level = level >= 1 && level <= ROLLUP_LEVELS;
         int64_t size = ok_level ? ROLLUP_LEVEL_SIZE(level) : 0;
         char what[96];
@@ -301,12 +301,8 @@ static void check_frames(struct check *c) {
     int rc;
     if (!s && !(s = prep(c, "SELECT metric_id, step, data, NULL FROM frames"))) return;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        c->rows++;
-        struct metric *m = metric_find(c, sqlite3_column_int64(s, 0));
-        if (!m) {
-            c->orphans++;
-            continue;
-        }
+        struct metric *m = row_metric(c, s);
+        if (!m) continue;
         int64_t step = sqlite3_column_int64(s, 1);
         const void *d = sqlite3_column_blob(s, 2);
         size_t len = (size_t)sqlite3_column_bytes(s, 2);
