@@ -517,6 +517,18 @@ static void linear_backward(model *m, model_shard *sh, int i, float *dinp, float
     grad_dot(m, sh, i, dinp, dout, inp, N);
 }
 
+/* Post-norm's backward through out = LN(inp), the stream's gradient in
+ * *dx: d(inp) goes into *dtmp (cleared first: the kernel adds into it),
+ * and the two swap, so that *dx holds d(inp). */
+static void post_norm_backward(float **dx, float **dtmp, float *dw, float *db, const float *inp, const float *w,
+                               const float *mean, const float *rstd, int BT, int C) {
+    memset(*dtmp, 0, sizeof(float) * (size_t)BT * C);
+    kernel_layernorm_backward(*dtmp, dw, db, *dx, inp, w, mean, rstd, BT, C);
+    float *t = *dx;
+    *dx = *dtmp;
+    *dtmp = t;
+}
+
 /* Backward of one block (layer l) of examples [b0, b0 + B): dx holds
  * d(block output) on entry and d(block input) on return; dtmp, da, datty,
  * dqkv, dfch_gelu, datt are scratch (see backward_shard).  Returns the
@@ -527,20 +539,15 @@ static float *block_backward(model *m, model_shard *sh, int l, int b0, int B, fl
     long BTC = (long)BT * C;
     model_params *p = &m->params, *g = &sh->grads;
     float *da = s + 2 * BTC, *datty = s + 3 * BTC, *dqkv = s + 4 * BTC, *dfch_gelu = s + 7 * BTC;
-    float *datt = s + 11 * BTC, *tmp;
+    float *datt = s + 11 * BTC;
     layer_acts a = layer_at(m, l, b0);
     int li = l * MODEL_LIN_PER_LAYER;
     float *xin = block_input(m, l, b0);
     float *min = c->norm == MODEL_NORM_PRE ? a.ln2 : c->norm == MODEL_NORM_POST ? a.ln1 : a.residual2;
     float *ain = c->norm == MODEL_NORM_PRE ? a.ln1 : xin;
-    if (c->norm == MODEL_NORM_POST) { /* out = LN2(r3) */
-        memset(dtmp, 0, sizeof(float) * BTC);
-        kernel_layernorm_backward(dtmp, g->ln2w + l * C, g->ln2b + l * C, dx, a.residual3, p->ln2w + l * C, a.ln2_mean,
-                                  a.ln2_rstd, BT, C);
-        tmp = dx;
-        dx = dtmp;
-        dtmp = tmp;
-    }
+    if (c->norm == MODEL_NORM_POST) /* out = LN2(r3) */
+        post_norm_backward(&dx, &dtmp, g->ln2w + l * C, g->ln2b + l * C, a.residual3, p->ln2w + l * C, a.ln2_mean,
+                           a.ln2_rstd, BT, C);
     /* dx = d(residual3); MLP branch */
     linear_backward(m, sh, li + MODEL_LIN_FCPROJ, dfch_gelu, g->fcprojb + l * C, dx, a.fch_gelu, BT);
     kernel_gelu_backward(dfch_gelu, a.fch, (long)BT * 4 * C); /* now d(fc pre-activation) */
@@ -550,12 +557,8 @@ static float *block_backward(model *m, model_shard *sh, int l, int b0, int B, fl
                                   a.ln2_rstd, BT, C);
     } else if (c->norm == MODEL_NORM_POST) { /* n = LN1(r2) feeds both skip and MLP */
         kernel_add_into(dx, da, BTC);
-        memset(dtmp, 0, sizeof(float) * BTC);
-        kernel_layernorm_backward(dtmp, g->ln1w + l * C, g->ln1b + l * C, dx, a.residual2, p->ln1w + l * C, a.ln1_mean,
-                                  a.ln1_rstd, BT, C);
-        tmp = dx;
-        dx = dtmp;
-        dtmp = tmp;
+        post_norm_backward(&dx, &dtmp, g->ln1w + l * C, g->ln1b + l * C, a.residual2, p->ln1w + l * C, a.ln1_mean,
+                           a.ln1_rstd, BT, C);
     } else {
         kernel_add_into(dx, da, BTC);
     }
