@@ -1,6 +1,6 @@
 /* http_int.h: what the HTTP server's files share (http.c, http_api.c,
- * http_guard.c, http_static.c): the server's state and the functions that
- * answer. Not for use outside them: the server's contract is http.h. */
+ * http_guard.c, http_static.c, http_reply.c): the server's state and the
+ * functions that answer. Not for use outside them: the server's contract is http.h. */
 #ifndef HTTP_INT_H
 #define HTTP_INT_H
 
@@ -11,7 +11,7 @@
 #include "http.h"
 #include "http_slots.h"
 
-#define HTTP_HIST_N 13 /* commit latency buckets, +Inf apart (http.c) */
+#define HTTP_HIST_N 13 /* commit latency buckets, +Inf apart (http_reply.c) */
 
 struct http {
     struct http_config cfg;
@@ -42,7 +42,7 @@ struct req {
     const char *bad_query; /* why the query string is refused (static text), or NULL */
 };
 
-/* ---- answers (http.c) ------------------------------------------------ */
+/* ---- answers (http_reply.c) ------------------------------------------ */
 
 /* Queues r (NULL: MHD_NO) with status, counts the status class, and
  * releases the caller's reference to r. */
