@@ -61,7 +61,7 @@ endif
 DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 # proto/: the protocol's one home, libproto.a: linked by the daemon and the
 # trainer, and carried inside the client library (an installed
-# libentropyd_client.a must stand alone)
+# libentropyd_telemetry.a must stand alone)
 PROTO_SRC   := $(wildcard proto/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(wildcard trainer/*.c))
 # common/: below the protocol, shared by every layer: the clocks (now.h),
@@ -78,18 +78,18 @@ DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/migrations.o $(BUILD)
 PROTO_OBJ   := $(PROTO_SRC:%.c=$(BUILD)/%.o)
 TRAINER_OBJ := $(TRAINER_SRC:%.c=$(BUILD)/%.o)
 COMMON_OBJ  := $(COMMON_SRC:%.c=$(BUILD)/%.o)
-CLIENT_SRC  := $(wildcard client/*.c) $(PROTO_SRC) $(COMMON_NET)
-CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(BUILD)/%.o)
-CLIENT_PIC  := $(CLIENT_SRC:%.c=$(BUILD)/pic/%.o)
-CLIENT_LIB  := $(BUILD)/libentropyd_client.a $(BUILD)/libentropyd_client.so
+TELEMETRY_SRC := $(wildcard telemetry/*.c) $(PROTO_SRC) $(COMMON_NET)
+TELEMETRY_OBJ := $(TELEMETRY_SRC:%.c=$(BUILD)/%.o)
+TELEMETRY_PIC := $(TELEMETRY_SRC:%.c=$(BUILD)/pic/%.o)
+TELEMETRY_LIB := $(BUILD)/libentropyd_telemetry.a $(BUILD)/libentropyd_telemetry.so
 TESTS       := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCHES     := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all programs install deps test bench demo clean experiments fuzz fuzz-build stress format
 .SECONDARY:
 PROGRAMS := $(BUILD)/entropyd $(BUILD)/sigmatrain $(MPI_BIN)
-all: $(PROGRAMS) $(CLIENT_LIB) $(BUILD)/examples/stream_steps $(TESTS) $(BENCHES)
-programs: $(PROGRAMS) $(CLIENT_LIB)
+all: $(PROGRAMS) $(TELEMETRY_LIB) $(BUILD)/examples/stream_steps $(TESTS) $(BENCHES)
+programs: $(PROGRAMS) $(TELEMETRY_LIB)
 
 # `make deps` installs everything any goal needs; each goal below installs
 # only what it needs (scripts/deps.sh PROFILE), then builds by a second make.
@@ -105,19 +105,19 @@ define deps_then_make
 endef
 
 # Each layer sees only the headers it may include (the -I list of the
-# folder a file is in): common/ itself; proto/ itself and common/; client/
+# folder a file is in): common/ itself; proto/ itself and common/; telemetry/
 # itself, proto/ and common/; the trainer the client library's public header
 # alone (the copy under $(BUILD)/include), proto/ and common/; the daemon
 # itself, proto/ and common/. Tests and benchmarks see every folder.
-INC_common   := -Icommon
-INC_proto    := -Iproto -Icommon
-INC_client   := -Iclient -Iproto -Icommon
-INC_trainer  := -Itrainer -I$(BUILD)/include/entropyd -Iproto -Icommon
-INC_daemon   := -Idaemon -Iproto -Icommon
-INC_gen      := -Idaemon
-INC_tests    := -Idaemon -Itrainer -Iclient -Iproto -Icommon
-INC_bench    := $(INC_tests)
-INC_examples := -I$(BUILD)/include
+INC_common    := -Icommon
+INC_proto     := -Iproto -Icommon
+INC_telemetry := -Itelemetry -Iproto -Icommon
+INC_trainer   := -Itrainer -I$(BUILD)/include/entropyd -Iproto -Icommon
+INC_daemon    := -Idaemon -Iproto -Icommon
+INC_gen       := -Idaemon
+INC_tests     := -Idaemon -Itrainer -Itelemetry -Iproto -Icommon
+INC_bench     := $(INC_tests)
+INC_examples  := -I$(BUILD)/include
 # the folder of the file an object is built from: build/pic/proto/x.o -> proto
 layer = $(firstword $(subst /, ,$(patsubst $(BUILD)/%,%,$(patsubst $(BUILD)/pic/%,%,$(patsubst $(BUILD)/mpi/%,%,$(1))))))
 INC = $(INC_$(call layer,$@))
@@ -159,32 +159,32 @@ $(BUILD)/libproto.a: $(PROTO_OBJ)
 $(BUILD)/libcommon.a: $(COMMON_OBJ)
 	@rm -f $@; ar rcs $@ $^
 
-# The client library (client/): what any program links to stream
+# The client library (telemetry/): what any program links to stream
 # to entropyd.  Static, shared (position-independent objects of their own)
 # and a pkg-config file; `make install PREFIX=...` puts them, the header and
 # the Python package under PREFIX.  Its only dependencies: libcjson, pthread.
-CLIENT_VERSION := $(VERSION)
-CLIENT_LIBS    := $(shell $(PKG_CONFIG) --libs libcjson 2>/dev/null) -lpthread -lm
+TELEMETRY_VERSION := $(VERSION)
+TELEMETRY_LIBS    := $(shell $(PKG_CONFIG) --libs libcjson 2>/dev/null) -lpthread -lm
 $(BUILD)/pic/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC) -fPIC -c $< -o $@
-$(BUILD)/libentropyd_client.a: $(CLIENT_OBJ)
+$(BUILD)/libentropyd_telemetry.a: $(TELEMETRY_OBJ)
 	@rm -f $@; ar rcs $@ $^
 # The shared library exports telemetry.h's functions and nothing else
-# (client/libentropyd_client.map): proto_* and net_* stay out of the
+# (telemetry/libentropyd_telemetry.map): proto_* and net_* stay out of the
 # programs that load it (tests/e2e_exports.py checks with nm -D).
-CLIENT_MAP := client/libentropyd_client.map
-$(BUILD)/libentropyd_client.so: $(CLIENT_PIC) $(CLIENT_MAP)
-	$(CC) $(LDFLAGS) -shared -Wl,-soname,libentropyd_client.so.1 -Wl,--no-undefined -Wl,--version-script=$(CLIENT_MAP) \
-		$(CLIENT_PIC) $(CLIENT_LIBS) -o $@
+TELEMETRY_MAP := telemetry/libentropyd_telemetry.map
+$(BUILD)/libentropyd_telemetry.so: $(TELEMETRY_PIC) $(TELEMETRY_MAP)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libentropyd_telemetry.so.1 -Wl,--no-undefined -Wl,--version-script=$(TELEMETRY_MAP) \
+		$(TELEMETRY_PIC) $(TELEMETRY_LIBS) -o $@
 # The example, built here against the tree (the tests also build it from an
 # install prefix through pkg-config, as a program outside the repo would).
-$(BUILD)/include/entropyd/telemetry.h: client/telemetry.h
+$(BUILD)/include/entropyd/telemetry.h: telemetry/telemetry.h
 	@mkdir -p $(dir $@)
 	cp $< $@
-$(BUILD)/examples/stream_steps: examples/stream_steps.c $(BUILD)/libentropyd_client.a $(BUILD)/include/entropyd/telemetry.h
+$(BUILD)/examples/stream_steps: examples/stream_steps.c $(BUILD)/libentropyd_telemetry.a $(BUILD)/include/entropyd/telemetry.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(INC_examples) $< $(BUILD)/libentropyd_client.a $(CLIENT_LIBS) -o $@
+	$(CC) $(CFLAGS) $(INC_examples) $< $(BUILD)/libentropyd_telemetry.a $(TELEMETRY_LIBS) -o $@
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -196,25 +196,25 @@ DESTDIR ?=
 # (scripts/python_site.py; the last line of `make install` says which).
 PYTHON ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
 PYTHON_SITE ?= $(shell $(PYTHON) scripts/python_site.py '$(PREFIX)')
-install: $(CLIENT_LIB)
+install: $(TELEMETRY_LIB)
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/entropyd $(DESTDIR)$(PREFIX)/bin
-	install -m 644 $(BUILD)/libentropyd_client.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(BUILD)/libentropyd_client.so $(DESTDIR)$(PREFIX)/lib/libentropyd_client.so.1
-	ln -sf libentropyd_client.so.1 $(DESTDIR)$(PREFIX)/lib/libentropyd_client.so
-	install -m 644 client/telemetry.h $(DESTDIR)$(PREFIX)/include/entropyd/telemetry.h
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(CLIENT_VERSION)|' client/entropyd_client.pc.in \
-		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/entropyd_client.pc
+	install -m 644 $(BUILD)/libentropyd_telemetry.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BUILD)/libentropyd_telemetry.so $(DESTDIR)$(PREFIX)/lib/libentropyd_telemetry.so.1
+	ln -sf libentropyd_telemetry.so.1 $(DESTDIR)$(PREFIX)/lib/libentropyd_telemetry.so
+	install -m 644 telemetry/telemetry.h $(DESTDIR)$(PREFIX)/include/entropyd/telemetry.h
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(TELEMETRY_VERSION)|' telemetry/entropyd_telemetry.pc.in \
+		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/entropyd_telemetry.pc
 	install -d $(DESTDIR)$(PYTHON_SITE)/entropyd
 	install -m 644 python/entropyd/*.py $(DESTDIR)$(PYTHON_SITE)/entropyd/
-	printf 'LIBRARY = "%s"\n' '$(PREFIX)/lib/libentropyd_client.so.1' > $(DESTDIR)$(PYTHON_SITE)/entropyd/_installed.py
+	printf 'LIBRARY = "%s"\n' '$(PREFIX)/lib/libentropyd_telemetry.so.1' > $(DESTDIR)$(PYTHON_SITE)/entropyd/_installed.py
 	$(if $(wildcard $(BUILD)/entropyd),install -m 755 $(BUILD)/entropyd $(DESTDIR)$(PREFIX)/bin/)
 	$(if $(wildcard $(BUILD)/sigmatrain),install -m 755 $(BUILD)/sigmatrain $(DESTDIR)$(PREFIX)/bin/)
-	@echo "entropyd: C library in $(PREFIX)/lib (programs linked with pkg-config entropyd_client find it through their rpath)"
+	@echo "entropyd: C library in $(PREFIX)/lib (programs linked with pkg-config entropyd_telemetry find it through their rpath)"
 	@$(PYTHON) scripts/python_site.py --say '$(PYTHON_SITE)'
 
 $(BUILD)/entropyd: $(BUILD)/daemon/main.o $(BUILD)/libdaemon.a $(BUILD)/libproto.a $(BUILD)/libcommon.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
-$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(BUILD)/libproto.a \
+$(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_telemetry.a $(BUILD)/libproto.a \
                      $(BUILD)/libcommon.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
@@ -223,13 +223,13 @@ $(BUILD)/sigmatrain: $(BUILD)/trainer/main.o $(BUILD)/libtrainer.a $(BUILD)/libe
 $(BUILD)/mpi/trainer/dist.o: trainer/dist.c
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(INC) $(TRAINER_OPT) -DDIST_MPI -c $< -o $@
-$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a \
+$(BUILD)/sigmatrain-mpi: $(BUILD)/trainer/main.o $(BUILD)/mpi/trainer/dist.o $(BUILD)/libtrainer.a $(BUILD)/libentropyd_telemetry.a \
                          $(BUILD)/libproto.a $(BUILD)/libcommon.a
 	$(MPICC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # Every test and benchmark links every library (daemon, trainer, client,
 # proto, common); the linker keeps only the objects it needs.
-ALL_LIBS := $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_client.a $(BUILD)/libproto.a $(BUILD)/libcommon.a
+ALL_LIBS := $(BUILD)/libdaemon.a $(BUILD)/libtrainer.a $(BUILD)/libentropyd_telemetry.a $(BUILD)/libproto.a $(BUILD)/libcommon.a
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(ALL_LIBS)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)

@@ -8,7 +8,7 @@
 # telemetry, logging every step (scalars only: the probe runs never), and
 # probing + logging every step (what the probe itself costs).
 #   BENCH_STEPS (default 20000), AB_BLOCK (20), AB_REPS (40), LM_STEPS (80),
-#   BUILD (build): the build directory whose entropyd and libentropyd_client.so
+#   BUILD (build): the build directory whose entropyd and libentropyd_telemetry.so
 #   are measured (for an A/B of two builds, run this alternately with each)
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -16,7 +16,7 @@ BUILD=${BUILD:-build}
 PY=python3
 python3 -c 'import numpy' 2>/dev/null || PY=/usr/bin/python3
 /usr/bin/python3 -c 'import numpy, torch' 2>/dev/null && PY=/usr/bin/python3
-export ENTROPYD_CLIENT_LIB=$PWD/$BUILD/libentropyd_client.so
+export ENTROPYD_TELEMETRY_LIB=$PWD/$BUILD/libentropyd_telemetry.so
 dir=$(mktemp -d /tmp/python-bench.XXXXXX)
 "$BUILD/entropyd" --data "$dir" --http off >"$dir/log" 2>&1 &
 pid=$!

@@ -8,7 +8,7 @@ set -euo pipefail
 BUILD=${BUILD:-build}
 PY=/usr/bin/python3
 if ! $PY -c 'import torch' 2>/dev/null; then echo "torch_probe: no torch at $PY, skipped"; exit 0; fi
-export ENTROPYD_CLIENT_LIB=$PWD/$BUILD/libentropyd_client.so
+export ENTROPYD_TELEMETRY_LIB=$PWD/$BUILD/libentropyd_telemetry.so
 dir=$(mktemp -d /tmp/torch-bench.XXXXXX)
 "$BUILD/entropyd" --data "$dir" --http off >"$dir/log" 2>&1 &
 pid=$!

@@ -3,7 +3,7 @@
  *   stream_steps ADDRESS RUN [STEPS]     e.g. stream_steps unix:/tmp/d/entropyd.sock demo 5
  *
  * Built from outside the tree with
- *   cc stream_steps.c $(pkg-config --cflags --libs entropyd_client) -o stream_steps
+ *   cc stream_steps.c $(pkg-config --cflags --libs entropyd_telemetry) -o stream_steps
  * It opens a run of 2 layers x 2 heads, logs STEPS steps (a loss scalar and
  * the per-head entropy, one of them NaN to show how a non-finite value
  * travels: as null, stored as NaN), ends the run and waits (at most 30 s,

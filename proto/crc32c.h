@@ -1,7 +1,7 @@
 /* crc32c.h: CRC32C (Castagnoli), the one checksum of both programs (the
  * proto_ prefix: the client library exports it with the rest of proto/): the
  * daemon's stored rows (daemon/integrity.h) and the client's spool records
- * (client/spool_frame.c). Pure: no I/O; a table built once per process. */
+ * (telemetry/spool.c, spool_read.c). Pure: no I/O; a table built once per process. */
 #ifndef CRC32C_H
 #define CRC32C_H
 

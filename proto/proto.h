@@ -2,7 +2,7 @@
  * names, escaping, number formatting, and a writer and a parser for every
  * message in both directions. Built once (libproto.a), linked into the
  * daemon and the trainer and carried inside the client library
- * (libentropyd_client). Pure: no I/O, no globals, no knowledge of runs,
+ * (libentropyd_telemetry). Pure: no I/O, no globals, no knowledge of runs,
  * databases or sockets.
  *
  *   trainer -> daemon: proto_write_hello / _step_body / _event_body /

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null || { echo "check-format: clang-format not found (make deps installs it)" >&2; exit 1; }
-mapfile -t files < <(git ls-files '*.c' '*.h' 2>/dev/null || find daemon trainer client proto cli tests bench examples scripts -name '*.[ch]')
+mapfile -t files < <(git ls-files '*.c' '*.h' 2>/dev/null || find daemon trainer telemetry proto cli tests bench examples scripts -name '*.[ch]')
 [ ${#files[@]} -gt 0 ] || { echo "check-format: no C files found" >&2; exit 1; }
 if [ "${1:-}" = --fix ]; then
   clang-format -i "${files[@]}"

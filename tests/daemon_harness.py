@@ -26,9 +26,9 @@ BUILD = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
 
 def use_python_client():
     """Makes `import entropyd` load this checkout's python/entropyd and the
-    client library of BUILD (unless ENTROPYD_CLIENT_LIB names another)."""
+    client library of BUILD (unless ENTROPYD_TELEMETRY_LIB names another)."""
     import sys
-    os.environ.setdefault("ENTROPYD_CLIENT_LIB", os.path.join(BUILD, "libentropyd_client.so"))
+    os.environ.setdefault("ENTROPYD_TELEMETRY_LIB", os.path.join(BUILD, "libentropyd_telemetry.so"))
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 # The demo's unstable config (docs/demo.md: post-LN, Adam lr 0.1, no warmup or clip,

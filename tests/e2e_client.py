@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""End-to-end tests of libentropyd_client (client/) as a program outside
+"""End-to-end tests of libentropyd_telemetry (telemetry/) as a program outside
 the repository uses it, and of the two faults issue 17 fixed.
 
 1. `make install PREFIX=tmp`, then examples/stream_steps.c compiled by `cc`
-   with nothing but `pkg-config entropyd_client` from that prefix, run
+   with nothing but `pkg-config entropyd_telemetry` from that prefix, run
    against a real entropyd with no LD_LIBRARY_PATH (the .pc's rpath): its
    steps are stored, the NaN as NaN; linked statically too.  The Python
    package imports from a fresh shell (env -i) with the environment make
@@ -55,7 +55,7 @@ class ClientLibraryTest(unittest.TestCase):
         os.makedirs(os.path.dirname(src))
         shutil.copy(os.path.join(ROOT, "examples", "stream_steps.c"), src)
         env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(cls.prefix, "lib", "pkgconfig"))
-        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "entropyd_client"], env=env,
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "entropyd_telemetry"], env=env,
                                capture_output=True, text=True)
         assert flags.returncode == 0, "pkg-config: " + flags.stderr
         assert cls.prefix in flags.stdout, flags.stdout
@@ -69,7 +69,7 @@ class ClientLibraryTest(unittest.TestCase):
         cls.static_exe = os.path.join(cls.tmp, "outside", "stream_steps_static")
         cjson = subprocess.run(["pkg-config", "--libs", "libcjson"], capture_output=True, text=True).stdout.split()
         cc = subprocess.run(["cc", "-std=c11", src, "-I" + os.path.join(cls.prefix, "include"),
-                             os.path.join(cls.prefix, "lib", "libentropyd_client.a"), "-o", cls.static_exe]
+                             os.path.join(cls.prefix, "lib", "libentropyd_telemetry.a"), "-o", cls.static_exe]
                             + san + cjson + ["-lpthread", "-lm"], capture_output=True, text=True)
         assert cc.returncode == 0, "cc (static): " + cc.stderr
 
@@ -78,16 +78,16 @@ class ClientLibraryTest(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_installed_files(self):
-        for f in ("lib/libentropyd_client.a", "lib/libentropyd_client.so", "lib/libentropyd_client.so.1",
-                  "include/entropyd/telemetry.h", "lib/pkgconfig/entropyd_client.pc"):
+        for f in ("lib/libentropyd_telemetry.a", "lib/libentropyd_telemetry.so", "lib/libentropyd_telemetry.so.1",
+                  "include/entropyd/telemetry.h", "lib/pkgconfig/entropyd_telemetry.pc"):
             self.assertTrue(os.path.exists(os.path.join(self.prefix, f)), f)
         # the program is dynamically linked to the installed library
         ldd = subprocess.run(["ldd", self.exe], env=self.env, capture_output=True, text=True).stdout
-        self.assertIn(os.path.join(self.prefix, "lib", "libentropyd_client.so.1"), ldd)
+        self.assertIn(os.path.join(self.prefix, "lib", "libentropyd_telemetry.so.1"), ldd)
 
     def test_static_link_needs_no_shared_library(self):
         ldd = subprocess.run(["ldd", self.static_exe], env=self.env, capture_output=True, text=True).stdout
-        self.assertNotIn("libentropyd_client", ldd)
+        self.assertNotIn("libentropyd_telemetry", ldd)
         d = Daemon().start()
         try:
             r = subprocess.run([self.static_exe, "unix:" + d.sock, "static-run", "3"], env=self.env,
@@ -117,7 +117,7 @@ class ClientLibraryTest(unittest.TestCase):
                                 "/usr/bin/python3", "-c", code], cwd=self.tmp, capture_output=True, text=True,
                                timeout=60)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            self.assertEqual(r.stdout.split()[0], os.path.join(self.prefix, "lib", "libentropyd_client.so.1"))
+            self.assertEqual(r.stdout.split()[0], os.path.join(self.prefix, "lib", "libentropyd_telemetry.so.1"))
             self.assertEqual(steps_of(d, "fresh-shell"), [0])
             # and without PYTHONPATH the package is not found: the message is needed
             r = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", "import entropyd"],

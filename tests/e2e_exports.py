@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """The shared client library exports its public API and nothing else.
 
-`nm -D --defined-only BUILD/libentropyd_client.so` must list exactly the
-functions client/telemetry.h declares: a proto_*, net_* or tm_* symbol
-exported would bind to (or be overridden by) a program's own function of
-that name. The Python binding (python/entropyd/_lib.py) looks its functions
+`nm -D --defined-only BUILD/libentropyd_telemetry.so` must list exactly the
+functions telemetry/telemetry.h declares: a proto_* or net_* symbol, or one
+of the library's internal telemetry_* functions (telemetry_int.h, which
+share the public prefix), exported would bind to (or be overridden by) a
+program's own function of that name. The Python binding (python/entropyd/_lib.py) looks its functions
 up by name: each must be among them."""
 import ctypes
 import os
@@ -17,7 +18,7 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD", "build")
 BUILD = BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD)
-LIB = os.path.join(BUILD, "libentropyd_client.so")
+LIB = os.path.join(BUILD, "libentropyd_telemetry.so")
 
 
 def strip_comments(text):
@@ -25,9 +26,9 @@ def strip_comments(text):
 
 
 def declared():
-    """The function names client/telemetry.h declares (a name followed by
+    """The function names telemetry/telemetry.h declares (a name followed by
     its parameter list, outside comments)."""
-    with open(os.path.join(ROOT, "client", "telemetry.h")) as f:
+    with open(os.path.join(ROOT, "telemetry", "telemetry.h")) as f:
         code = strip_comments(f.read())
     return set(re.findall(r"\b(telemetry_\w+)\s*\(", code)) - set(re.findall(r"\(\s*\*\s*(telemetry_\w+)\s*\)", code))
 
@@ -49,8 +50,8 @@ class ExportsTest(unittest.TestCase):
     def test_only_the_public_api(self):
         api, syms = declared(), exported()
         self.assertGreater(len(api), 10, "telemetry.h's declarations were not found: %s" % sorted(api))
-        self.assertEqual(sorted(syms - api), [], "exported but not declared in client/telemetry.h")
-        self.assertEqual(sorted(api - syms), [], "declared in client/telemetry.h but not exported")
+        self.assertEqual(sorted(syms - api), [], "exported but not declared in telemetry/telemetry.h")
+        self.assertEqual(sorted(api - syms), [], "declared in telemetry/telemetry.h but not exported")
 
     def test_python_binding_finds_its_functions(self):
         with open(os.path.join(ROOT, "python", "entropyd", "_lib.py")) as f:

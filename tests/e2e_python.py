@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end tests of the Python package python/entropyd (a ctypes binding
-over build/libentropyd_client.so) and entropyd.torch, against the real
+over build/libentropyd_telemetry.so) and entropyd.torch, against the real
 entropyd:
 
 - NaN / Inf values (scalars, layer and head arrays, meta) are stored as

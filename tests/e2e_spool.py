@@ -125,7 +125,7 @@ class SpoolDamage(unittest.TestCase):
             u = subprocess.run([sys.executable, "-m", "entropyd", "upload", root, "--run", name,
                                 "--daemon", "unix:" + self.d.sock], capture_output=True, text=True, timeout=120,
                                env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"),
-                                        ENTROPYD_CLIENT_LIB=os.path.join(BUILD, "libentropyd_client.so")))
+                                        ENTROPYD_TELEMETRY_LIB=os.path.join(BUILD, "libentropyd_telemetry.so")))
         else:
             u = subprocess.run([SIGMATRAIN, "--upload-spool", "--daemon", "unix:" + self.d.sock, "--run", name,
                                 "--spool", root], capture_output=True, text=True, timeout=120)

@@ -46,7 +46,7 @@ class Torchrun(unittest.TestCase):
         self.d.cleanup()
 
     def launch(self, run, *extra):
-        env = dict(os.environ, ENTROPYD_CLIENT_LIB=os.path.join(BUILD, "libentropyd_client.so"),
+        env = dict(os.environ, ENTROPYD_TELEMETRY_LIB=os.path.join(BUILD, "libentropyd_telemetry.so"),
                    OMP_NUM_THREADS="1")
         r = subprocess.run(TORCHRUN + [os.path.join(ROOT, "examples", "torch_ddp.py"), "--daemon",
                                        "unix:" + self.d.sock, "--run", run, "--steps", "12"] + list(extra),

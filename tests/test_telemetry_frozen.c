@@ -4,7 +4,7 @@
  * Starts $ENTROPYD (default build/entropyd) on a temporary directory and
  * runs a simulated trainer: each step spins for FROZEN_WORK_US of "compute"
  * (default 1000 µs), then reports a 12 x 12 model's step through
- * client/telemetry.h (8 head metrics, 2 layer metrics, 4 scalars, ~12 KB
+ * telemetry/telemetry.h (8 head metrics, 2 layer metrics, 4 scalars, ~12 KB
  * of JSON). Three phases of FROZEN_STEPS steps each (default 1500): daemon
  * running, daemon stopped with SIGSTOP (its socket buffer fills, the client
  * spools), daemon running again. Checked: no step is dropped from the ring

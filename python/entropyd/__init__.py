@@ -8,7 +8,7 @@
         run.log(step, scalars={"loss": loss}, heads={"entropy": ent})  # (L, H) array or tensor
     run.finish("finished")
 
-A thin ctypes binding over libentropyd_client (client/telemetry.h): the C
+A thin ctypes binding over libentropyd_telemetry (telemetry/telemetry.h): the C
 library's sender thread formats, spools (a write-ahead log on disk), sends,
 reconnects and resumes exactly once, without the GIL; `log` only copies
 floats into a preallocated queue slot.  Non-finite values (NaN, +-Inf) are

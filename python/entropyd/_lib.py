@@ -1,4 +1,4 @@
-"""ctypes declarations of libentropyd_client (client/telemetry.h), and where
+"""ctypes declarations of libentropyd_telemetry (telemetry/telemetry.h), and where
 the library is found.  Nothing here runs on a training step.
 
 Why ctypes over the C library (and not a Python sender): the library's
@@ -16,7 +16,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _candidates():
-    env = os.environ.get("ENTROPYD_CLIENT_LIB")
+    # ENTROPYD_CLIENT_LIB: the older name of the variable, still honoured
+    env = os.environ.get("ENTROPYD_TELEMETRY_LIB") or os.environ.get("ENTROPYD_CLIENT_LIB")
     if env:
         yield env
     try:  # written by `make install`
@@ -25,8 +26,8 @@ def _candidates():
     except ImportError:
         pass
     repo = os.path.dirname(os.path.dirname(_HERE))  # python/entropyd -> repo
-    yield os.path.join(repo, "build", "libentropyd_client.so")
-    found = ctypes.util.find_library("entropyd_client")
+    yield os.path.join(repo, "build", "libentropyd_telemetry.so")
+    found = ctypes.util.find_library("entropyd_telemetry")
     if found:
         yield found
 
@@ -38,8 +39,8 @@ def load():
             return ctypes.CDLL(path), path
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
-    raise ImportError("entropyd: libentropyd_client.so not found; run `make` in the repository or "
-                      "`make install`, or set ENTROPYD_CLIENT_LIB. Tried: " + "; ".join(tried))
+    raise ImportError("entropyd: libentropyd_telemetry.so not found; run `make` in the repository or "
+                      "`make install`, or set ENTROPYD_TELEMETRY_LIB. Tried: " + "; ".join(tried))
 
 
 # telemetry.h's return codes
@@ -70,7 +71,7 @@ class Stats(ctypes.Structure):
 
 
 class UploadResult(ctypes.Structure):
-    """telemetry_upload_result (client/telemetry.h)."""
+    """telemetry_upload_result (telemetry/telemetry.h)."""
     _fields_ = [("runs_uploaded", ctypes.c_int), ("runs_left", ctypes.c_int), ("damaged", _U64)]
 
 

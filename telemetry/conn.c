@@ -21,7 +21,7 @@
  * reconnect jitter, so that clients dropped together do not come back in
  * step. */
 static uint64_t jitter(telemetry *t, uint64_t lo, uint64_t hi) {
-    if (!t->rng) t->rng = tm_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)t;
+    if (!t->rng) t->rng = telemetry_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)t;
     t->rng ^= t->rng >> 12;
     t->rng ^= t->rng << 25;
     t->rng ^= t->rng >> 27;
@@ -40,11 +40,11 @@ static void disconnect(telemetry *t, int failed_connect) {
     t->fd = -1;
     t->olen = t->ooff = t->ilen = 0;
     t->iskip = 0;
-    tm_rd_close(&t->rd);
+    telemetry_rd_close(&t->rd);
     t->rd_opened = t->rd_have = t->rd_ready = 0;
     if (failed_connect) ST_ADD(t, st_connect_failures, 1);
     atomic_store_explicit(&t->st_connected, 0, memory_order_relaxed);
-    uint64_t now = tm_now_ns();
+    uint64_t now = telemetry_now_ns();
     if (t->cstate == C_STREAMING && now - t->up_since >= (uint64_t)CONNECT_STABLE_MS * 1000000u)
         t->backoff = t->backoff_min;
     if (t->cstate != C_STOPPED) t->cstate = C_DOWN;
@@ -56,7 +56,7 @@ static void disconnect(telemetry *t, int failed_connect) {
 
 static void connected(telemetry *t) {
     t->cstate = C_HELLO;
-    t->deadline = tm_now_ns() + (uint64_t)WELCOME_TIMEOUT_MS * 1000000u;
+    t->deadline = telemetry_now_ns() + (uint64_t)WELCOME_TIMEOUT_MS * 1000000u;
     memcpy(t->obuf, t->hello, t->hello_len);
     t->olen = t->hello_len;
     t->ooff = 0;
@@ -65,7 +65,7 @@ static void connected(telemetry *t) {
 
 static void start_connect(telemetry *t) {
     int fd = -1, rc;
-    t->last_attempt = tm_now_ns();
+    t->last_attempt = telemetry_now_ns();
     if (t->is_unix) {
         struct sockaddr_un sa;
         memset(&sa, 0, sizeof sa);
@@ -93,7 +93,7 @@ static void start_connect(telemetry *t) {
     }
     if (errno == EINPROGRESS) {
         t->cstate = C_CONNECTING;
-        t->deadline = tm_now_ns() + (uint64_t)CONNECT_TIMEOUT_MS * 1000000u;
+        t->deadline = telemetry_now_ns() + (uint64_t)CONNECT_TIMEOUT_MS * 1000000u;
         return;
     }
     disconnect(t, 1);
@@ -106,38 +106,38 @@ fail:
 static void on_welcome(telemetry *t, uint64_t last) {
     if (last >= t->next_seq) {
         uint64_t was = t->next_seq - 1;
-        long n = tm_spool_renumber(t, last + 1);
+        long n = telemetry_spool_renumber(t, last + 1);
         if (n >= 0) {
-            tm_inbox_note(t, "seq_reset",
-                          "daemon has seq %llu, spool was at %llu; %ld unsent messages renumbered from %llu",
-                          (unsigned long long)last, (unsigned long long)was, n, (unsigned long long)last + 1);
+            telemetry_inbox_note(t, "seq_reset",
+                                 "daemon has seq %llu, spool was at %llu; %ld unsent messages renumbered from %llu",
+                                 (unsigned long long)last, (unsigned long long)was, n, (unsigned long long)last + 1);
         } else {
             /* Cannot rewrite: continue after the daemon, losing the spool. */
-            for (size_t i = 0; i < t->nsegs; i++) tm_spool_unlink(t, t->segs[i].first);
+            for (size_t i = 0; i < t->nsegs; i++) telemetry_spool_unlink(t, t->segs[i].first);
             t->nsegs = 0;
             t->spool_total = 0;
             t->next_seq = last + 1;
             ST_SET(t, st_next_seq, t->next_seq);
-            tm_spool_rotate(t);
-            tm_inbox_note(t, "spool_error", "renumbering the spool failed (%s); unsent messages dropped",
-                          strerror(errno));
+            telemetry_spool_rotate(t);
+            telemetry_inbox_note(t, "spool_error", "renumbering the spool failed (%s); unsent messages dropped",
+                                 strerror(errno));
         }
     } else if (t->nsegs && last + 1 < t->segs[0].first) {
         /* Messages the daemon never committed are gone from the spool (the
          * daemon lost data it had acknowledged): it would answer seq_gap to
          * everything. Stop; the spool keeps the rest. */
-        tm_inbox_note(t, "seq_lost", "daemon expects seq %llu but the spool starts at %llu; stopped",
-                      (unsigned long long)last + 1, (unsigned long long)t->segs[0].first);
+        telemetry_inbox_note(t, "seq_lost", "daemon expects seq %llu but the spool starts at %llu; stopped",
+                             (unsigned long long)last + 1, (unsigned long long)t->segs[0].first);
         t->cstate = C_STOPPED;
         disconnect(t, 0);
         return;
     }
     if (last > t->acked) t->acked = last;
     ST_SET(t, st_acked, t->acked);
-    tm_spool_trim(t);
-    tm_spool_seek(t, last + 1);
+    telemetry_spool_trim(t);
+    telemetry_spool_seek(t, last + 1);
     t->cstate = C_STREAMING;
-    t->up_since = tm_now_ns();
+    t->up_since = telemetry_now_ns();
     ST_ADD(t, st_connects, 1);
     atomic_store_explicit(&t->st_connected, 1, memory_order_relaxed);
 }
@@ -161,7 +161,7 @@ static void handle_line(telemetry *t, const char *line, size_t len) {
     proto_parse_reply(line, len, &r);
     if (r.type == PROTO_R_WELCOME) {
         if (t->cstate == C_HELLO) {
-            tm_inbox_push(t, line, len);
+            telemetry_inbox_push(t, line, len);
             on_welcome(t, r.last_seq);
         }
     } else if (r.type == PROTO_R_ACK) {
@@ -169,11 +169,11 @@ static void handle_line(telemetry *t, const char *line, size_t len) {
             t->backoff = t->backoff_min; /* this connection is useful */
             t->acked = r.seq;
             ST_SET(t, st_acked, t->acked);
-            tm_spool_trim(t);
+            telemetry_spool_trim(t);
         }
     } else if (strcmp(r.type_name, "ack") && strcmp(r.type_name, "welcome")) {
         if (r.type == PROTO_R_ERROR) ST_ADD(t, st_errors, 1);
-        tm_inbox_push(t, line, len);
+        telemetry_inbox_push(t, line, len);
         if (refused_content(r.code) && r.has_seq && r.seq > t->acked && r.seq < t->rd_expect &&
             t->cstate == C_STREAMING) { /* (a seq it was sent) */
             /* The daemon will not take this record, however often it is
@@ -267,8 +267,8 @@ static void do_write(telemetry *t) {
  * it (up to a protocol line). */
 static void fill_obuf(telemetry *t) {
     if (t->ooff == t->olen) t->olen = t->ooff = 0;
-    tm_record r;
-    while (tm_spool_peek(t, &r)) {
+    telemetry_record r;
+    while (telemetry_spool_peek(t, &r)) {
         if (t->olen + r.len + 1 > t->obuf_cap) {
             if (t->olen) return; /* what is in it goes first */
             char *nb = realloc(t->obuf, r.len + 1);
@@ -279,7 +279,7 @@ static void fill_obuf(telemetry *t) {
         memcpy(t->obuf + t->olen, r.line, r.len);
         t->obuf[t->olen + r.len] = '\n';
         t->olen += r.len + 1;
-        tm_spool_take(t);
+        telemetry_spool_take(t);
     }
 }
 
@@ -324,7 +324,7 @@ static int paced_wait(telemetry *t) {
     return 1;
 }
 
-void *tm_sender_main(void *arg) {
+void *telemetry_sender_main(void *arg) {
     telemetry *t = arg;
     int idle = 1;
     while (!atomic_load_explicit(&t->stop, memory_order_acquire)) {
@@ -337,10 +337,10 @@ void *tm_sender_main(void *arg) {
          * ~60 times a second and a busy one sees new messages within a
          * millisecond or two. */
         if (atomic_load_explicit(&t->woken, memory_order_acquire)) clear_wake(t);
-        int busy = tm_ring_drain(t);
+        int busy = telemetry_ring_drain(t);
         int timeout = busy ? 0 : idle;
         idle = busy ? 1 : (idle * 2 > TICK_MAX_MS ? TICK_MAX_MS : idle * 2);
-        uint64_t now = tm_now_ns();
+        uint64_t now = telemetry_now_ns();
         if (t->has_address) {
             if (t->cstate == C_DOWN && now >= t->next_attempt) start_connect(t);
             if ((t->cstate == C_HELLO || t->cstate == C_CONNECTING) && now > t->deadline)
@@ -351,7 +351,7 @@ void *tm_sender_main(void *arg) {
             continue;
         if (t->has_address && t->cstate == C_STREAMING) fill_obuf(t);
         if (t->fd < 0) {
-            if (timeout) tm_sleep_ms(timeout);
+            if (timeout) telemetry_sleep_ms(timeout);
             continue;
         }
         struct pollfd pf = {t->fd, POLLIN, 0};
@@ -369,6 +369,6 @@ void *tm_sender_main(void *arg) {
         if (t->fd >= 0 && (pf.revents & POLLOUT)) do_write(t);
     }
     /* Whatever is still in the ring goes to the spool for a later client. */
-    while (tm_ring_drain(t)) {}
+    while (telemetry_ring_drain(t)) {}
     return NULL;
 }

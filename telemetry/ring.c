@@ -86,7 +86,7 @@ static void publish(telemetry *t) {
      * a fast loop is not dropped while it sleeps. */
     if (t->interval_ms && h + 1 - atomic_load_explicit(&t->tail, memory_order_relaxed) >= t->cap / 2 &&
         !atomic_exchange_explicit(&t->kicked, 1, memory_order_relaxed))
-        tm_wake(t);
+        telemetry_wake(t);
 }
 
 int telemetry_step_commit(telemetry *t, telemetry_step *s) {
@@ -130,10 +130,10 @@ int telemetry_step_log(telemetry *t, int64_t step, double time, int n_scalar, co
 static int valid_level(const char *l) { return proto_level_parse(l) >= 0; }
 
 /* What an end may say (live and stale are the daemon's). */
-int tm_valid_status(const char *s) { return proto_status_parse(s) >= PROTO_FINISHED; }
+int telemetry_valid_status(const char *s) { return proto_status_parse(s) >= PROTO_FINISHED; }
 
 /* A non-step message into the ring. text (may be NULL) is taken over. */
-int tm_ring_put(telemetry *t, int kind, const char *level, char *text) {
+int telemetry_ring_put(telemetry *t, int kind, const char *level, char *text) {
     size_t h = atomic_load_explicit(&t->head, memory_order_relaxed);
     size_t tl = atomic_load_explicit(&t->tail, memory_order_acquire);
     if (h - tl >= t->cap) {
@@ -157,11 +157,11 @@ int telemetry_event(telemetry *t, const char *level, const char *text) {
     if (!copy) return TELEMETRY_EFULL;
     memcpy(copy, text, n);
     copy[n] = 0;
-    return tm_ring_put(t, MSG_EVENT, level, copy);
+    return telemetry_ring_put(t, MSG_EVENT, level, copy);
 }
 
 /* Carves every slot's arrays out of one allocation. */
-int tm_ring_alloc(telemetry *t) {
+int telemetry_ring_alloc(telemetry *t) {
     size_t L = (size_t)t->L, LH = L * (size_t)t->H;
     size_t per = (size_t)t->max_s * (sizeof(name_t) + sizeof(float)) +
                  (size_t)t->max_l * (sizeof(name_t) + L * sizeof(float)) +
@@ -235,11 +235,11 @@ static void report_drops(telemetry *t) {
                  (unsigned long long)(q + s + o), (unsigned long long)q, (unsigned long long)s, (unsigned long long)o);
     char *b = t->fmt + BODY_AT;
     size_t n = proto_write_event_body(b, PROTO_WARN, text, (size_t)tn, now_wall());
-    if (tm_spool_add(t, b, n) == 0) t->reported_drops = q + s + o;
+    if (telemetry_spool_add(t, b, n) == 0) t->reported_drops = q + s + o;
 }
 
 /* Moves up to DRAIN_BATCH messages from the ring into the spool. */
-int tm_ring_drain(telemetry *t) {
+int telemetry_ring_drain(telemetry *t) {
     size_t tl = atomic_load_explicit(&t->tail, memory_order_relaxed);
     size_t h = atomic_load_explicit(&t->head, memory_order_acquire);
     int n = 0;
@@ -253,10 +253,10 @@ int tm_ring_drain(telemetry *t) {
         atomic_store_explicit(&t->tail, ++tl, memory_order_release);
         /* over its run's line limit (proto.h): the daemon would refuse it */
         if (blen + SEQ_PREFIX_MAX > proto_line_max((int64_t)t->L * t->H)) ST_ADD(t, st_dropped_oversize, 1);
-        else tm_spool_add(t, t->fmt + BODY_AT, blen);
+        else telemetry_spool_add(t, t->fmt + BODY_AT, blen);
         n++;
     }
-    tm_spool_flush(t);
+    telemetry_spool_flush(t);
     if (n) atomic_fetch_add_explicit(&t->done, (uint64_t)n, memory_order_release);
     return n;
 }

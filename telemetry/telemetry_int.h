@@ -5,7 +5,7 @@
  * The parts (one job a file):
  *   lifecycle.c  configuration, create / destroy / finish, counters, flush
  *   ring.c       the producer's ring of preallocated slots (telemetry_step_*,
- *                telemetry_event) and the sender's end of it (tm_ring_drain)
+ *                telemetry_event) and the sender's end of it (telemetry_ring_drain)
  *   spool.c      the on-disk write-ahead log: segments, framing, recovery,
  *                trimming, renumbering, hello.json
  *   spool_read.c reading it back record by record, naming and skipping
@@ -102,7 +102,7 @@ enum {
 };
 
 /* Reads one segment line by line; buf holds its bytes from base on. */
-typedef struct tm_rd {
+typedef struct telemetry_rd {
     int fd;
     uint64_t first, size; /* the segment; size: bytes that may be read */
     uint64_t off;         /* the next line's offset */
@@ -111,10 +111,10 @@ typedef struct tm_rd {
     char *buf;
     size_t cap, len;
     uint64_t base;
-} tm_rd;
+} telemetry_rd;
 
 /* One line: views into the reader's buffer, valid until its next line. */
-typedef struct tm_line {
+typedef struct telemetry_line {
     uint64_t off;        /* its offset in the segment */
     size_t n;            /* its bytes, newline included */
     int kind;            /* TM_INTACT, TM_MAGIC or DMG_* */
@@ -123,15 +123,15 @@ typedef struct tm_line {
     const char *payload; /* intact: the protocol line, without newline */
     size_t plen;
     char why[128]; /* damage: details, or "" */
-} tm_line;
+} telemetry_line;
 
 /* What the stream sends next: a record's payload, or a placeholder. */
-typedef struct tm_record {
+typedef struct telemetry_record {
     const char *line; /* without newline */
     size_t len;
     uint64_t seq;
     int placeholder;
-} tm_record;
+} telemetry_record;
 
 #define REFUSED_MAX 16
 
@@ -218,11 +218,11 @@ struct telemetry {
      * intact record at or below it is a duplicate); rd_line is the line
      * read and not yet used (rd_have), rd_rec what peek returned
      * (rd_ready); rd_why the last damage met, for placeholders. */
-    tm_rd rd;
+    telemetry_rd rd;
     int rd_opened, rd_have, rd_ready;
     uint64_t rd_expect, rd_maxseen;
-    tm_line rd_line;
-    tm_record rd_rec;
+    telemetry_line rd_line;
+    telemetry_record rd_rec;
     char rd_why[400];
     char *ph_buf; /* a placeholder line (PH_CAP) */
     /* Damage is named once: the furthest place named (segment, offset). */
@@ -250,18 +250,19 @@ struct telemetry {
 #define ST_GET(t, f) atomic_load_explicit(&(t)->f, memory_order_relaxed)
 
 /* Monotonic nanoseconds (deadlines, backoff). */
-static inline uint64_t tm_now_ns(void) { return (uint64_t)(now_mono_ms() * 1e6); }
+static inline uint64_t telemetry_now_ns(void) { return (uint64_t)(now_mono_ms() * 1e6); }
 
 /* ---- small helpers every part uses (here, so that no part calls back
  * into lifecycle.c, which stands above them all) */
 
-static inline void tm_sleep_ms(int ms) {
+static inline void telemetry_sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
 }
 
 /* Formats into err[0..errlen) when err is not NULL. */
-__attribute__((format(printf, 3, 4))) static inline void tm_set_err(char *err, size_t errlen, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static inline void telemetry_set_err(char *err, size_t errlen, const char *fmt,
+                                                                           ...) {
     if (!err || !errlen) return;
     va_list ap;
     va_start(ap, fmt);
@@ -270,13 +271,13 @@ __attribute__((format(printf, 3, 4))) static inline void tm_set_err(char *err, s
 }
 
 /* A run name is also a directory name: not "." or "..". */
-static inline int tm_valid_run(const char *r) {
+static inline int telemetry_valid_run(const char *r) {
     return proto_valid_run(r, strnlen(r, TELEMETRY_RUN_MAX + 1)) && strcmp(r, ".") && strcmp(r, "..");
 }
 
 /* Everything enqueued has been processed by the sender and, with an
  * address, acknowledged. */
-static inline int tm_settled(telemetry *t) {
+static inline int telemetry_settled(telemetry *t) {
     uint64_t done = atomic_load_explicit(&t->done, memory_order_acquire);
     if (done != atomic_load_explicit(&t->head, memory_order_relaxed)) return 0;
     if (!t->has_address) return 1;
@@ -284,67 +285,68 @@ static inline int tm_settled(telemetry *t) {
 }
 
 /* Wakes the sender out of its sleep (one eventfd write). Any thread. */
-static inline void tm_wake(telemetry *t) {
+static inline void telemetry_wake(telemetry *t) {
     uint64_t one = 1;
     if (t->wake_fd < 0) return;
     atomic_store_explicit(&t->woken, 1, memory_order_release);
     while (write(t->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {}
 }
 
-/* Library-internal: hidden from libentropyd_client.so's exported symbols. */
+/* Library-internal: hidden from libentropyd_telemetry.so's exported symbols
+ * (and left out of its version script, which names the public functions). */
 #pragma GCC visibility push(hidden)
 
 /* ring.c */
 /* What an end may say (live and stale are the daemon's). */
-int tm_valid_status(const char *s);
+int telemetry_valid_status(const char *s);
 /* A non-step message (MSG_EVENT, MSG_END) into the ring; text (may be NULL)
  * is taken over.  TELEMETRY_OK or TELEMETRY_EFULL (counted). */
-int tm_ring_put(telemetry *t, int kind, const char *level, char *text);
+int telemetry_ring_put(telemetry *t, int kind, const char *level, char *text);
 /* Allocates and touches the slots (t->cap 0: a default size).  0 / -1. */
-int tm_ring_alloc(telemetry *t);
+int telemetry_ring_alloc(telemetry *t);
 /* The sender: moves up to DRAIN_BATCH messages from the ring into the
  * spool; returns how many. */
-int tm_ring_drain(telemetry *t);
+int telemetry_ring_drain(telemetry *t);
 
 /* inbox.c: producers are the sender and the uploader (under in_lock) */
-void tm_inbox_push(telemetry *t, const char *line, size_t len);
+void telemetry_inbox_push(telemetry *t, const char *line, size_t len);
 /* A note from the client itself, type "client" with a code. */
-void tm_inbox_note(telemetry *t, const char *code, const char *fmt, ...);
+void telemetry_inbox_note(telemetry *t, const char *code, const char *fmt, ...);
 
-/* spool.c: every function but tm_spool_open and tm_spool_write_hello runs
+/* spool.c: every function but telemetry_spool_open and telemetry_spool_write_hello runs
  * on the sender thread (or after it stopped) */
-char *tm_seg_path(const telemetry *t, uint64_t first); /* malloc()ed or NULL */
-int tm_spool_open(telemetry *t, char *err, size_t errlen);
-int tm_spool_write_hello(telemetry *t);
-int tm_spool_rotate(telemetry *t);
-void tm_spool_unlink(telemetry *t, uint64_t first);
-void tm_spool_trim(telemetry *t);
-int tm_spool_add(telemetry *t, char *body, size_t blen);
-void tm_spool_flush(telemetry *t);
+char *telemetry_seg_path(const telemetry *t, uint64_t first); /* malloc()ed or NULL */
+int telemetry_spool_open(telemetry *t, char *err, size_t errlen);
+int telemetry_spool_write_hello(telemetry *t);
+int telemetry_spool_rotate(telemetry *t);
+void telemetry_spool_unlink(telemetry *t, uint64_t first);
+void telemetry_spool_trim(telemetry *t);
+int telemetry_spool_add(telemetry *t, char *body, size_t blen);
+void telemetry_spool_flush(telemetry *t);
 /* spool_read.c */
 #define PH_CAP 8192
-const char *tm_dmg_name(int kind);
+const char *telemetry_dmg_name(int kind);
 /* Opens segment `first` (size bytes readable) for reading from off. 0 / -1. */
-int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint64_t off);
+int telemetry_rd_open(telemetry_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint64_t off);
 /* The next line: 1 with *l filled, 0 at the end of what may be read. */
-int tm_rd_line(tm_rd *r, tm_line *l);
-void tm_rd_close(tm_rd *r); /* keeps the buffer */
-void tm_rd_free(tm_rd *r);  /* closes and frees; fd must be -1 or open */
+int telemetry_rd_line(telemetry_rd *r, telemetry_line *l);
+void telemetry_rd_close(telemetry_rd *r); /* keeps the buffer */
+void telemetry_rd_free(telemetry_rd *r);  /* closes and frees; fd must be -1 or open */
 /* Names damage (an inbox note "spool_damage", st_damaged); once: not
  * again, nor anything before it, until the spool is rewritten. */
-void tm_spool_damage(telemetry *t, uint64_t first, uint64_t off, int kind, const char *why, int once);
+void telemetry_spool_damage(telemetry *t, uint64_t first, uint64_t off, int kind, const char *why, int once);
 /* The stream: seek to seq; peek the next record to send (1, or 0 when
  * there is none now), valid until take, which consumes it. */
-void tm_spool_seek(telemetry *t, uint64_t seq);
-int tm_spool_peek(telemetry *t, tm_record *out);
-void tm_spool_take(telemetry *t);
-long tm_spool_renumber(telemetry *t, uint64_t from);
-void tm_spool_compact(telemetry *t);
-void tm_spool_remove(telemetry *t);
+void telemetry_spool_seek(telemetry *t, uint64_t seq);
+int telemetry_spool_peek(telemetry *t, telemetry_record *out);
+void telemetry_spool_take(telemetry *t);
+long telemetry_spool_renumber(telemetry *t, uint64_t from);
+void telemetry_spool_compact(telemetry *t);
+void telemetry_spool_remove(telemetry *t);
 
 /* conn.c, upload.c: the threads' bodies (arg: the telemetry) */
-void *tm_sender_main(void *arg);
-void *tm_uploader_main(void *arg);
+void *telemetry_sender_main(void *arg);
+void *telemetry_uploader_main(void *arg);
 
 #pragma GCC visibility pop
 

@@ -26,7 +26,7 @@
 
 #include "crc32c.h"
 
-char *tm_seg_path(const telemetry *t, uint64_t first) {
+char *telemetry_seg_path(const telemetry *t, uint64_t first) {
     size_t n = strlen(t->dir) + 40;
     char *p = malloc(n);
     if (p) snprintf(p, n, "%s/seg-%020llu.log", t->dir, (unsigned long long)first);
@@ -46,10 +46,10 @@ static int seg_push(telemetry *t, uint64_t first, uint64_t size) {
 }
 
 /* Opens a new, empty newest segment named after next_seq. */
-int tm_spool_rotate(telemetry *t) {
+int telemetry_spool_rotate(telemetry *t) {
     if (t->wfd >= 0) close(t->wfd);
     t->wfd = -1;
-    char *p = tm_seg_path(t, t->next_seq);
+    char *p = telemetry_seg_path(t, t->next_seq);
     if (!p) return -1;
     t->wfd = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     free(p);
@@ -58,17 +58,17 @@ int tm_spool_rotate(telemetry *t) {
     return seg_push(t, t->next_seq, 0);
 }
 
-void tm_spool_unlink(telemetry *t, uint64_t first) {
-    char *p = tm_seg_path(t, first);
+void telemetry_spool_unlink(telemetry *t, uint64_t first) {
+    char *p = telemetry_seg_path(t, first);
     if (p) unlink(p);
     free(p);
 }
 
 /* Deletes the segments whose every line is acknowledged (never the newest). */
-void tm_spool_trim(telemetry *t) {
+void telemetry_spool_trim(telemetry *t) {
     size_t k = 0;
     while (k + 1 < t->nsegs && t->segs[k + 1].first - 1 <= t->acked) {
-        tm_spool_unlink(t, t->segs[k].first);
+        telemetry_spool_unlink(t, t->segs[k].first);
         t->spool_total -= t->segs[k].size;
         k++;
     }
@@ -107,9 +107,9 @@ static int mkdir_p(const char *path) {
  * streams records it wrote completely) is named and cut, and next_seq
  * follows its last intact record. A newest segment of the older,
  * unframed format is not appended to: framed records go to a new one. */
-int tm_spool_open(telemetry *t, char *err, size_t errlen) {
+int telemetry_spool_open(telemetry *t, char *err, size_t errlen) {
     if (mkdir_p(t->dir)) {
-        tm_set_err(err, errlen, "spool: mkdir %s: %s", t->dir, strerror(errno));
+        telemetry_set_err(err, errlen, "spool: mkdir %s: %s", t->dir, strerror(errno));
         return -1;
     }
     size_t n = strlen(t->dir) + 8;
@@ -119,16 +119,16 @@ int tm_spool_open(telemetry *t, char *err, size_t errlen) {
     t->lock_fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     free(lp);
     if (t->lock_fd < 0) {
-        tm_set_err(err, errlen, "spool: open lock in %s: %s", t->dir, strerror(errno));
+        telemetry_set_err(err, errlen, "spool: open lock in %s: %s", t->dir, strerror(errno));
         return -1;
     }
     if (flock(t->lock_fd, LOCK_EX | LOCK_NB)) {
-        tm_set_err(err, errlen, "spool: %s is in use by another client: %s", t->dir, strerror(errno));
+        telemetry_set_err(err, errlen, "spool: %s is in use by another client: %s", t->dir, strerror(errno));
         return -1;
     }
     DIR *d = opendir(t->dir);
     if (!d) {
-        tm_set_err(err, errlen, "spool: opendir %s: %s", t->dir, strerror(errno));
+        telemetry_set_err(err, errlen, "spool: opendir %s: %s", t->dir, strerror(errno));
         return -1;
     }
     struct dirent *e;
@@ -139,7 +139,7 @@ int tm_spool_open(telemetry *t, char *err, size_t errlen) {
             first == 0)
             continue;
         struct stat st;
-        char *p = tm_seg_path(t, first);
+        char *p = telemetry_seg_path(t, first);
         int ok = p && stat(p, &st) == 0;
         free(p);
         if (!ok || seg_push(t, first, (uint64_t)st.st_size)) {
@@ -150,28 +150,28 @@ int tm_spool_open(telemetry *t, char *err, size_t errlen) {
     closedir(d);
     if (t->nsegs == 0) {
         t->next_seq = 1;
-        if (tm_spool_rotate(t)) goto fail;
+        if (telemetry_spool_rotate(t)) goto fail;
         return 0;
     }
     qsort(t->segs, t->nsegs, sizeof *t->segs, cmp_seg);
     segment *last = &t->segs[t->nsegs - 1];
-    tm_rd r = {.fd = -1};
-    tm_line l;
+    telemetry_rd r = {.fd = -1};
+    telemetry_line l;
     uint64_t good = 0, maxseq = 0;
     int ver = 0, torn = 0;
-    if (tm_rd_open(&r, t, last->first, last->size, 0)) goto fail;
-    while (tm_rd_line(&r, &l)) {
+    if (telemetry_rd_open(&r, t, last->first, last->size, 0)) goto fail;
+    while (telemetry_rd_line(&r, &l)) {
         if (l.kind == TM_INTACT && l.seq > maxseq) maxseq = l.seq;
         if (l.off + l.n < r.size || l.raw[l.n - 1] == '\n') good = l.off + l.n;
         else torn = 1;
     }
     ver = r.ver;
-    tm_rd_free(&r);
+    telemetry_rd_free(&r);
     if (torn) {
         char why[96];
         snprintf(why, sizeof why, "%llu bytes without a newline, cut", (unsigned long long)(last->size - good));
-        tm_spool_damage(t, last->first, good, DMG_TORN, why, 0);
-        char *p = tm_seg_path(t, last->first);
+        telemetry_spool_damage(t, last->first, good, DMG_TORN, why, 0);
+        char *p = telemetry_seg_path(t, last->first);
         int fd = p ? open(p, O_RDWR | O_CLOEXEC) : -1;
         free(p);
         if (fd < 0 || ftruncate(fd, (off_t)good)) {
@@ -187,19 +187,19 @@ int tm_spool_open(telemetry *t, char *err, size_t errlen) {
         /* framed records go to a segment of their own; when nothing in the
          * old one was intact, its first seq goes out as a placeholder */
         if (t->next_seq == last->first) t->next_seq++;
-        if (tm_spool_rotate(t)) goto fail;
+        if (telemetry_spool_rotate(t)) goto fail;
         return 0;
     }
     /* Append to the newest segment again (next_seq names a new one only
      * when rotating). */
     uint64_t keep = t->next_seq;
     t->next_seq = last->first;
-    int rc = tm_spool_rotate(t);
+    int rc = telemetry_spool_rotate(t);
     t->next_seq = keep;
     if (rc) goto fail;
     return 0;
 fail:
-    tm_set_err(err, errlen, "spool: recovering %s: %s", t->dir, strerror(errno));
+    telemetry_set_err(err, errlen, "spool: recovering %s: %s", t->dir, strerror(errno));
     return -1;
 }
 
@@ -234,7 +234,7 @@ static int spool_write(telemetry *t, const char *buf, size_t len, unsigned n) {
         ST_ADD(t, st_dropped_spool, n);
         /* A torn tail that cannot be cut must not be followed by more
          * appends: continue in a new segment. */
-        if (torn) tm_spool_rotate(t);
+        if (torn) telemetry_spool_rotate(t);
         return -1;
     }
     s->size += m + len;
@@ -253,7 +253,7 @@ static size_t frame_header(char *hdr, const char *payload, size_t plen) {
     return (size_t)n;
 }
 
-void tm_spool_flush(telemetry *t) {
+void telemetry_spool_flush(telemetry *t) {
     if (t->wlen) spool_write(t, t->wbuf, t->wlen, t->wbuf_n);
     t->wlen = 0;
     t->wbuf_n = 0;
@@ -263,7 +263,7 @@ void tm_spool_flush(telemetry *t) {
  * at body with BODY_AT free bytes before it) the next seq and its frame and
  * appends it, or drops it when the spool bound would be exceeded. Returns 0 when
  * spooled (or buffered for writing), -1 when dropped. */
-int tm_spool_add(telemetry *t, char *body, size_t blen) {
+int telemetry_spool_add(telemetry *t, char *body, size_t blen) {
     for (;;) {
         char pre[SEQ_PREFIX_MAX];
         size_t plen = proto_write_seq_prefix(pre, t->next_seq);
@@ -275,16 +275,16 @@ int tm_spool_add(telemetry *t, char *body, size_t blen) {
         segment *s = &t->segs[t->nsegs - 1];
         if (s->size + t->wlen + len > t->seg_bytes && s->size + t->wlen > 0) {
             /* A failed flush takes its seqs back, hence the loop: the line
-             * is numbered only once everything before it is tm_settled. */
-            tm_spool_flush(t);
-            if (t->segs[t->nsegs - 1].size > 0 && tm_spool_rotate(t)) {
+             * is numbered only once everything before it is telemetry_settled. */
+            telemetry_spool_flush(t);
+            if (t->segs[t->nsegs - 1].size > 0 && telemetry_spool_rotate(t)) {
                 ST_ADD(t, st_dropped_spool, 1);
                 return -1;
             }
             continue;
         }
         if (t->wlen && t->wlen + len > WBUF_CAP) {
-            tm_spool_flush(t);
+            telemetry_spool_flush(t);
             continue;
         }
         memcpy(body - plen, pre, plen);
@@ -311,11 +311,11 @@ int tm_spool_add(telemetry *t, char *body, size_t blen) {
  * stored (the daemon took them for duplicates), so they get new numbers
  * instead of being lost. Returns the number of records renumbered, -1 on
  * I/O failure. */
-long tm_spool_renumber(telemetry *t, uint64_t from) {
+long telemetry_spool_renumber(telemetry *t, uint64_t from) {
     size_t pn = strlen(t->dir) + 20;
     char *tmp = malloc(pn), *rec = malloc(FRAME_HDR_MAX + proto_line_max((int64_t)t->L * t->H) + 1);
-    tm_rd r = {.fd = -1};
-    tm_line l;
+    telemetry_rd r = {.fd = -1};
+    telemetry_line l;
     uint64_t seq = from, size = 0, maxseen = 0;
     long n = 0;
     int out = -1;
@@ -326,10 +326,10 @@ long tm_spool_renumber(telemetry *t, uint64_t from) {
     if (out < 0) goto fail;
     for (size_t i = 0; i < t->nsegs; i++) {
         segment *sg = &t->segs[i];
-        if (tm_rd_open(&r, t, sg->first, sg->size, 0)) goto fail;
-        while (tm_rd_line(&r, &l)) {
+        if (telemetry_rd_open(&r, t, sg->first, sg->size, 0)) goto fail;
+        while (telemetry_rd_line(&r, &l)) {
             if (l.kind != TM_INTACT) {
-                if (l.kind != TM_MAGIC) tm_spool_damage(t, sg->first, l.off, l.kind, l.why, 1);
+                if (l.kind != TM_MAGIC) telemetry_spool_damage(t, sg->first, l.off, l.kind, l.why, 1);
                 continue;
             }
             const char *body = memchr(l.payload, ',', l.plen);
@@ -356,7 +356,7 @@ long tm_spool_renumber(telemetry *t, uint64_t from) {
             n++;
         }
     }
-    tm_rd_free(&r);
+    telemetry_rd_free(&r);
     free(rec);
     rec = NULL;
     if (close(out)) {
@@ -364,7 +364,7 @@ long tm_spool_renumber(telemetry *t, uint64_t from) {
         goto fail;
     }
     out = -1;
-    char *dst = tm_seg_path(t, from);
+    char *dst = telemetry_seg_path(t, from);
     if (!dst || rename(tmp, dst)) {
         free(dst);
         goto fail;
@@ -372,7 +372,7 @@ long tm_spool_renumber(telemetry *t, uint64_t from) {
     free(dst);
     free(tmp);
     for (size_t i = 0; i < t->nsegs; i++)
-        if (t->segs[i].first != from) tm_spool_unlink(t, t->segs[i].first);
+        if (t->segs[i].first != from) telemetry_spool_unlink(t, t->segs[i].first);
     t->nsegs = 0;
     seg_push(t, from, size); /* capacity exists: nsegs was >= 1 */
     t->dmg_any = 0;          /* a new file: its places are new */
@@ -382,11 +382,11 @@ long tm_spool_renumber(telemetry *t, uint64_t from) {
     ST_SET(t, st_spool_bytes, t->spool_total);
     if (t->wfd >= 0) close(t->wfd);
     t->next_seq = from;
-    tm_spool_rotate(t); /* reopens seg-FROM for appending */
+    telemetry_spool_rotate(t); /* reopens seg-FROM for appending */
     t->next_seq = seq;
     return n;
 fail:
-    tm_rd_free(&r);
+    telemetry_rd_free(&r);
     if (out >= 0) close(out);
     if (tmp) unlink(tmp);
     free(tmp);
@@ -395,7 +395,7 @@ fail:
 }
 
 /* SPOOL_DIR/RUN/hello.json: the hello without token, replaced atomically. */
-int tm_spool_write_hello(telemetry *t) {
+int telemetry_spool_write_hello(telemetry *t) {
     size_t n = strlen(t->dir) + 24;
     char *tmp = malloc(n), *fin = malloc(n);
     int rc = -1, fd = -1;
@@ -423,7 +423,7 @@ out:
 /* After the sender stopped: when the daemon acknowledged everything, the
  * segments go and one empty segment named after next_seq keeps the
  * numbering, so the directory says "nothing to upload". */
-void tm_spool_compact(telemetry *t) {
+void telemetry_spool_compact(telemetry *t) {
     if (!t->has_address || t->acked + 1 < t->next_seq || !t->nsegs) return;
     if (t->nsegs == 1 && t->segs[0].first == t->next_seq && t->segs[0].size == 0) return;
     size_t n = t->nsegs;
@@ -432,14 +432,14 @@ void tm_spool_compact(telemetry *t) {
     memcpy(old, t->segs, n * sizeof *old);
     t->nsegs = 0;
     t->spool_total = 0;
-    if (tm_spool_rotate(t) == 0)
+    if (telemetry_spool_rotate(t) == 0)
         for (size_t i = 0; i < n; i++)
-            if (old[i].first != t->next_seq) tm_spool_unlink(t, old[i].first);
+            if (old[i].first != t->next_seq) telemetry_spool_unlink(t, old[i].first);
     free(old);
 }
 
-void tm_spool_remove(telemetry *t) {
-    for (size_t i = 0; i < t->nsegs; i++) tm_spool_unlink(t, t->segs[i].first);
+void telemetry_spool_remove(telemetry *t) {
+    for (size_t i = 0; i < t->nsegs; i++) telemetry_spool_unlink(t, t->segs[i].first);
     size_t n = strlen(t->dir) + 8;
     char *p = malloc(n);
     if (p) {

@@ -37,7 +37,7 @@ static void inbox_push_locked(telemetry *t, const char *line, size_t len) {
 
 /* Two producers (sender, uploader): the lock is theirs only; the consumer
  * (telemetry_poll) stays lock-free. */
-void tm_inbox_push(telemetry *t, const char *line, size_t len) {
+void telemetry_inbox_push(telemetry *t, const char *line, size_t len) {
     pthread_mutex_lock(&t->in_lock);
     inbox_push_locked(t, line, len);
     pthread_mutex_unlock(&t->in_lock);
@@ -45,14 +45,14 @@ void tm_inbox_push(telemetry *t, const char *line, size_t len) {
 
 /* A message from the client itself, e.g. when the spool cannot serve the
  * daemon's last_seq. Same shape as a daemon error, type "client". */
-void tm_inbox_note(telemetry *t, const char *code, const char *fmt, ...) {
+void telemetry_inbox_note(telemetry *t, const char *code, const char *fmt, ...) {
     char msg[256], line[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     int n = snprintf(line, sizeof line, "{\"type\":\"client\",\"code\":\"%s\",\"message\":\"%s\"}", code, msg);
-    tm_inbox_push(t, line, (size_t)n);
+    telemetry_inbox_push(t, line, (size_t)n);
 }
 
 int telemetry_poll(telemetry *t, telemetry_msg *out) {

@@ -55,7 +55,7 @@ static void pass_notes(telemetry *c, const note_sink *to) {
     telemetry_msg m;
     while (telemetry_poll(c, &m)) {
         if (!strcmp(m.type, "client") && strstr(m.line, "\"spool_damage\"")) {
-            if (to->inbox) tm_inbox_push(to->inbox, m.line, strlen(m.line));
+            if (to->inbox) telemetry_inbox_push(to->inbox, m.line, strlen(m.line));
             if (to->log) {
                 cJSON *j = cJSON_Parse(m.line);
                 const cJSON *msg = cJSON_GetObjectItemCaseSensitive(j, "message");
@@ -126,17 +126,17 @@ static int upload_run(const char *address, const char *root, const char *run, co
         rc = busy ? UP_BUSY : UP_LEFT;
         goto out;
     }
-    uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
-    while (!tm_settled(c) && tm_now_ns() < end && !(stop && atomic_load(stop))) {
+    uint64_t end = telemetry_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+    while (!telemetry_settled(c) && telemetry_now_ns() < end && !(stop && atomic_load(stop))) {
         pass_notes(c, sink);
-        tm_sleep_ms(10);
+        telemetry_sleep_ms(10);
     }
     pass_notes(c, sink);
     telemetry_stats st;
     telemetry_get_stats(c, &st);
     uint64_t dmg = ST_GET(c, st_damaged);
     *damaged += dmg;
-    rc = tm_settled(c) ? UP_DONE : UP_LEFT;
+    rc = telemetry_settled(c) ? UP_DONE : UP_LEFT;
     if (rc == UP_DONE && dmg)
         snprintf(msg, msglen,
                  "run %s: every intact record uploaded, acknowledged up to seq %llu; "
@@ -166,7 +166,7 @@ static int for_each_run(const char *root, const char *skip, int (*fn)(void *, co
     int stop = 0;
     for (int i = 0; i < n; i++) {
         const char *r = names[i]->d_name;
-        if (!stop && tm_valid_run(r) && strcmp(r, ".") && strcmp(r, "..") && !(skip && !strcmp(r, skip)) &&
+        if (!stop && telemetry_valid_run(r) && strcmp(r, ".") && strcmp(r, "..") && !(skip && !strcmp(r, skip)) &&
             names[i]->d_type == DT_DIR)
             stop = fn(arg, r);
         free(names[i]);
@@ -183,12 +183,12 @@ static int uploader_one(void *arg, const char *run) {
     uint64_t damaged = 0;
     int rc =
         upload_run(t->address, t->root, run, t->token, 24 * 3600 * 1000, &t->up_stop, &sink, &damaged, msg, sizeof msg);
-    if (rc == UP_DONE) tm_inbox_note(t, "uploaded", "%s", msg);
-    else if (rc == UP_LEFT) tm_inbox_note(t, "upload_failed", "%s", msg);
+    if (rc == UP_DONE) telemetry_inbox_note(t, "uploaded", "%s", msg);
+    else if (rc == UP_LEFT) telemetry_inbox_note(t, "upload_failed", "%s", msg);
     return atomic_load(&t->up_stop);
 }
 
-void *tm_uploader_main(void *arg) {
+void *telemetry_uploader_main(void *arg) {
     telemetry *t = arg;
     for_each_run(t->root, t->run, uploader_one, t);
     atomic_store(&t->up_done, 1);
@@ -219,12 +219,12 @@ int telemetry_upload_spool(const char *address, const char *spool_dir, const cha
                            int timeout_ms, FILE *log, telemetry_upload_result *out, char *err, size_t errlen) {
     if (out) memset(out, 0, sizeof *out);
     if (!address || !spool_dir) {
-        tm_set_err(err, errlen, "uploading needs an address and a spool directory");
+        telemetry_set_err(err, errlen, "uploading needs an address and a spool directory");
         return -1;
     }
     upload_all_ctx u = {address, spool_dir, token, run, timeout_ms, log, {0, 0, 0}};
     if (for_each_run(spool_dir, NULL, upload_all_one, &u)) {
-        tm_set_err(err, errlen, "spool %s: %s", spool_dir, strerror(errno));
+        telemetry_set_err(err, errlen, "spool %s: %s", spool_dir, strerror(errno));
         return -1;
     }
     if (out) *out = u.res;

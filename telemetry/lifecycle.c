@@ -63,7 +63,7 @@ void telemetry_get_stats(const telemetry *tc, telemetry_stats *o) {
  * is woken now. Calls nest; each hurry_on needs a hurry_off. */
 static void hurry_on(telemetry *t) {
     atomic_fetch_add_explicit(&t->hurry, 1, memory_order_release);
-    tm_wake(t);
+    telemetry_wake(t);
 }
 
 static void hurry_off(telemetry *t) { atomic_fetch_sub_explicit(&t->hurry, 1, memory_order_release); }
@@ -71,47 +71,47 @@ static void hurry_off(telemetry *t) { atomic_fetch_sub_explicit(&t->hurry, 1, me
 static int refused(const telemetry *t) { return atomic_load_explicit(&t->refused, memory_order_acquire); }
 
 int telemetry_flush(telemetry *t, int timeout_ms) {
-    uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+    uint64_t end = telemetry_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
     int rc = TELEMETRY_OK;
-    if (tm_settled(t)) return rc;
+    if (telemetry_settled(t)) return rc;
     hurry_on(t);
-    while (!tm_settled(t)) {
+    while (!telemetry_settled(t)) {
         if (refused(t)) {
             rc = TELEMETRY_EREFUSED;
             break;
         }
-        if (tm_now_ns() >= end) {
+        if (telemetry_now_ns() >= end) {
             rc = TELEMETRY_ETIMEDOUT;
             break;
         }
-        tm_sleep_ms(1);
+        telemetry_sleep_ms(1);
     }
     hurry_off(t);
     return rc;
 }
 
 int telemetry_wait_welcome(telemetry *t, int timeout_ms, char *err, size_t errlen) {
-    uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+    uint64_t end = telemetry_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
     if (!t->has_address) return TELEMETRY_OK;
     for (;;) {
         if (ST_GET(t, st_connects)) return TELEMETRY_OK;
         if (refused(t)) {
-            tm_set_err(err, errlen, "the daemon refused run %s: %s", t->run, t->refusal);
+            telemetry_set_err(err, errlen, "the daemon refused run %s: %s", t->run, t->refusal);
             return TELEMETRY_EREFUSED;
         }
         if (ST_GET(t, st_connect_failures)) {
-            tm_set_err(err, errlen,
-                       "run %s: could not connect to %s (the client goes on trying, the spool "
-                       "keeps the steps)",
-                       t->run, t->address);
+            telemetry_set_err(err, errlen,
+                              "run %s: could not connect to %s (the client goes on trying, the spool "
+                              "keeps the steps)",
+                              t->run, t->address);
             return TELEMETRY_ETIMEDOUT;
         }
-        if (tm_now_ns() >= end) {
-            tm_set_err(err, errlen, "run %s: no welcome from %s within %d ms (the client goes on trying)", t->run,
-                       t->address, timeout_ms);
+        if (telemetry_now_ns() >= end) {
+            telemetry_set_err(err, errlen, "run %s: no welcome from %s within %d ms (the client goes on trying)",
+                              t->run, t->address, timeout_ms);
             return TELEMETRY_ETIMEDOUT;
         }
-        tm_sleep_ms(1);
+        telemetry_sleep_ms(1);
     }
 }
 
@@ -124,22 +124,22 @@ int telemetry_finish(telemetry *t, const char *status, int grace_ms, FILE *progr
 int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE *progress, telemetry_stats *out) {
     if (out) memset(out, 0, sizeof *out);
     if (!t) return TELEMETRY_OK;
-    if (status && !tm_valid_status(status)) return TELEMETRY_EINVAL;
+    if (status && !telemetry_valid_status(status)) return TELEMETRY_EINVAL;
     if (grace_ms < 0) grace_ms = 30000;
-    uint64_t start = tm_now_ns(), end = start + (uint64_t)grace_ms * 1000000u;
+    uint64_t start = telemetry_now_ns(), end = start + (uint64_t)grace_ms * 1000000u;
     if (status && t->thread_started) {
-        while (tm_ring_put(t, MSG_END, status, NULL) == TELEMETRY_EFULL && tm_now_ns() < end) {
+        while (telemetry_ring_put(t, MSG_END, status, NULL) == TELEMETRY_EFULL && telemetry_now_ns() < end) {
             atomic_fetch_sub_explicit(&t->st_dropped_queue, 1, memory_order_relaxed);
-            tm_sleep_ms(1);
+            telemetry_sleep_ms(1);
         }
     }
     uint64_t next_line = start + 1000000000u;
     if (t->thread_started) hurry_on(t); /* the sender stops pacing: the end goes at once */
     /* the background uploads of other runs get the same grace period */
-    while (t->thread_started && (!tm_settled(t) || (t->up_started && !atomic_load(&t->up_done))) &&
-           !(refused(t) && !tm_settled(t)) && tm_now_ns() < end) {
-        tm_sleep_ms(5);
-        uint64_t now = tm_now_ns();
+    while (t->thread_started && (!telemetry_settled(t) || (t->up_started && !atomic_load(&t->up_done))) &&
+           !(refused(t) && !telemetry_settled(t)) && telemetry_now_ns() < end) {
+        telemetry_sleep_ms(5);
+        uint64_t now = telemetry_now_ns();
         /* the sleep may end past the deadline: no line saying "up to
          * (end - now)" then, which, unsigned, would be ~2^64 ns */
         if (progress && now >= next_line && now < end) {
@@ -150,7 +150,7 @@ int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE 
                     "waiting up to %.0f s more for the daemon\n",
                     t->run, (unsigned long long)st.acked, (unsigned long long)(st.next_seq - 1),
                     st.connected ? "connected" : "reconnecting",
-                    tm_settled(t) ? ", uploading other runs of the spool" : "", (double)(end - now) / 1e9);
+                    telemetry_settled(t) ? ", uploading other runs of the spool" : "", (double)(end - now) / 1e9);
             fflush(progress);
             next_line = now + 1000000000u;
         }
@@ -164,7 +164,7 @@ int telemetry_finish_stats(telemetry *t, const char *status, int grace_ms, FILE 
         if (!strcmp(m.type, "client")) fprintf(progress, "entropyd client: %s\n", m.line);
         telemetry_msg_free(&m);
     }
-    int rc = tm_settled(t) ? TELEMETRY_OK : refused(t) ? TELEMETRY_EREFUSED : TELEMETRY_ETIMEDOUT;
+    int rc = telemetry_settled(t) ? TELEMETRY_OK : refused(t) ? TELEMETRY_EREFUSED : TELEMETRY_ETIMEDOUT;
     if (progress && rc == TELEMETRY_EREFUSED)
         fprintf(progress, "entropyd client: the daemon refused run %s (%s); ", t->run, t->refusal);
     else if (progress && rc != TELEMETRY_OK)
@@ -180,7 +180,7 @@ static int parse_address(telemetry *t, const char *a, char *err, size_t errlen) 
     if (!strncmp(a, "unix:", 5)) {
         size_t n = strlen(a + 5);
         if (n == 0 || n >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
-            tm_set_err(err, errlen, "address %s: bad unix socket path length", a);
+            telemetry_set_err(err, errlen, "address %s: bad unix socket path length", a);
             return -1;
         }
         t->is_unix = 1;
@@ -195,7 +195,7 @@ static int parse_address(telemetry *t, const char *a, char *err, size_t errlen) 
         return t->tcp_addr ? 0 : -1;
     }
 bad:
-    tm_set_err(err, errlen, "address %s: expected unix:PATH or tcp:HOST:PORT", a);
+    telemetry_set_err(err, errlen, "address %s: expected unix:PATH or tcp:HOST:PORT", a);
     return -1;
 }
 
@@ -205,7 +205,7 @@ static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_
         cJSON *m = cJSON_Parse(c->meta_json);
         if (!cJSON_IsObject(m)) {
             cJSON_Delete(m);
-            tm_set_err(err, errlen, "meta_json is not a JSON object");
+            telemetry_set_err(err, errlen, "meta_json is not a JSON object");
             return -1;
         }
         meta = cJSON_PrintUnformatted(m); /* one line, whatever the input */
@@ -222,7 +222,7 @@ static int build_hello(telemetry *t, const telemetry_config *c, char *err, size_
                                      &t->hello_public_len);
     free(meta);
     if (t->hello_len == 0 || t->hello_len > OBUF_CAP) {
-        tm_set_err(err, errlen, "hello too long (meta over %d bytes)", OBUF_CAP);
+        telemetry_set_err(err, errlen, "hello too long (meta over %d bytes)", OBUF_CAP);
         return -1;
     }
     return 0;
@@ -235,8 +235,8 @@ static size_t step_body_max(const telemetry *t) {
 /* The given run name, checked, or a generated one. */
 static int name_run(telemetry *t, const char *run, char *err, size_t errlen) {
     if (run) {
-        if (!tm_valid_run(run)) {
-            tm_set_err(err, errlen, "bad run name \"%s\": 1..128 of [A-Za-z0-9._:@+-]", run);
+        if (!telemetry_valid_run(run)) {
+            telemetry_set_err(err, errlen, "bad run name \"%s\": 1..128 of [A-Za-z0-9._:@+-]", run);
             return -1;
         }
         snprintf(t->run, sizeof t->run, "%s", run);
@@ -244,7 +244,7 @@ static int name_run(telemetry *t, const char *run, char *err, size_t errlen) {
         time_t now = time(NULL);
         struct tm tm;
         gmtime_r(&now, &tm);
-        unsigned rnd = (unsigned)(tm_now_ns() ^ ((uint64_t)getpid() << 16)) & 0xffffu;
+        unsigned rnd = (unsigned)(telemetry_now_ns() ^ ((uint64_t)getpid() << 16)) & 0xffffu;
         snprintf(t->run, sizeof t->run, "run-%04d%02d%02d-%02d%02d%02d-%d-%04x", tm.tm_year + 1900, tm.tm_mon + 1,
                  tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), rnd);
     }
@@ -263,26 +263,26 @@ static int open_spool(telemetry *t, const char *spool_dir, char *err, size_t err
         if (t->root) {
             snprintf(t->root, n, "%s/telemetry-XXXXXX", tmp ? tmp : "/tmp");
             if (!mkdtemp(t->root)) {
-                tm_set_err(err, errlen, "mkdtemp %s: %s", t->root, strerror(errno));
+                telemetry_set_err(err, errlen, "mkdtemp %s: %s", t->root, strerror(errno));
                 return -1;
             }
             t->root_is_tmp = 1;
         }
     }
     if (!t->root) {
-        tm_set_err(err, errlen, "out of memory");
+        telemetry_set_err(err, errlen, "out of memory");
         return -1;
     }
     size_t dn = strlen(t->root) + strlen(t->run) + 2;
     t->dir = malloc(dn);
     if (!t->dir) {
-        tm_set_err(err, errlen, "out of memory");
+        telemetry_set_err(err, errlen, "out of memory");
         return -1;
     }
     snprintf(t->dir, dn, "%s/%s", t->root, t->run);
-    if (tm_spool_open(t, err, errlen)) return -1;
-    if (!t->root_is_tmp && tm_spool_write_hello(t)) {
-        tm_set_err(err, errlen, "spool: writing %s/hello.json: %s", t->dir, strerror(errno));
+    if (telemetry_spool_open(t, err, errlen)) return -1;
+    if (!t->root_is_tmp && telemetry_spool_write_hello(t)) {
+        telemetry_set_err(err, errlen, "spool: writing %s/hello.json: %s", t->dir, strerror(errno));
         return -1;
     }
     ST_SET(t, st_next_seq, t->next_seq);
@@ -305,7 +305,7 @@ static int start_thread(telemetry *t, pthread_t *th, void *(*fn)(void *), const 
     int rc = pthread_create(th, NULL, fn, t);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc) {
-        tm_set_err(err, errlen, "pthread_create: %s", strerror(rc));
+        telemetry_set_err(err, errlen, "pthread_create: %s", strerror(rc));
         return -1;
     }
     pthread_setname_np(*th, name);
@@ -314,10 +314,10 @@ static int start_thread(telemetry *t, pthread_t *th, void *(*fn)(void *), const 
 
 /* The sender and, when asked and useful, the background uploader. */
 static int start_threads(telemetry *t, int upload_others, char *err, size_t errlen) {
-    if (start_thread(t, &t->thread, tm_sender_main, "entropyd-send", err, errlen)) return -1;
+    if (start_thread(t, &t->thread, telemetry_sender_main, "entropyd-send", err, errlen)) return -1;
     t->thread_started = 1;
     if (t->has_address && !t->root_is_tmp && upload_others) {
-        if (start_thread(t, &t->up_thread, tm_uploader_main, "entropyd-upload", err, errlen)) return -1;
+        if (start_thread(t, &t->up_thread, telemetry_uploader_main, "entropyd-upload", err, errlen)) return -1;
         t->up_started = 1;
     }
     return 0;
@@ -326,19 +326,19 @@ static int start_threads(telemetry *t, int upload_others, char *err, size_t errl
 telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen) {
     telemetry *t = calloc(1, sizeof *t);
     if (!t) {
-        tm_set_err(err, errlen, "out of memory");
+        telemetry_set_err(err, errlen, "out of memory");
         return NULL;
     }
     t->lock_fd = t->wfd = t->fd = t->rd.fd = t->wake_fd = -1;
     if (pthread_mutex_init(&t->in_lock, NULL)) {
         free(t);
-        tm_set_err(err, errlen, "mutex");
+        telemetry_set_err(err, errlen, "mutex");
         return NULL;
     }
     t->in_lock_init = 1;
     if (c->layers < 1 || c->layers > 4096 || c->heads < 1 || c->heads > 4096 || (long)c->layers * c->heads > 1048576 ||
         c->seq_len < 1) {
-        tm_set_err(err, errlen, "bad shape: layers %d heads %d seq_len %d", c->layers, c->heads, c->seq_len);
+        telemetry_set_err(err, errlen, "bad shape: layers %d heads %d seq_len %d", c->layers, c->heads, c->seq_len);
         goto err;
     }
     t->L = c->layers;
@@ -347,10 +347,10 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     t->max_l = c->max_layer_metrics > 0 ? c->max_layer_metrics : 32;
     t->max_h = c->max_head_metrics > 0 ? c->max_head_metrics : 16;
     if (t->max_s > METRICS_MAX || t->max_l > METRICS_MAX || t->max_h > METRICS_MAX) {
-        tm_set_err(err, errlen, "at most %d metrics of a kind per step (protocol v1)", METRICS_MAX);
+        telemetry_set_err(err, errlen, "at most %d metrics of a kind per step (protocol v1)", METRICS_MAX);
         goto err;
     }
-    t->cap = c->queue_slots; /* 0: sized by tm_ring_alloc */
+    t->cap = c->queue_slots; /* 0: sized by telemetry_ring_alloc */
     t->spool_max = c->spool_max_bytes ? c->spool_max_bytes : (uint64_t)256 << 20;
     t->seg_bytes = t->spool_max / 8;
     if (t->seg_bytes < 4096) t->seg_bytes = 4096;
@@ -367,12 +367,12 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
         if (parse_address(t, c->address, err, errlen)) goto err;
         t->address = strdup(c->address);
         if (!t->address) {
-            tm_set_err(err, errlen, "out of memory");
+            telemetry_set_err(err, errlen, "out of memory");
             goto err;
         }
     }
     if (c->token && !(t->token = strdup(c->token))) {
-        tm_set_err(err, errlen, "out of memory");
+        telemetry_set_err(err, errlen, "out of memory");
         goto err;
     }
     if (build_hello(t, c, err, errlen)) goto err;
@@ -387,14 +387,14 @@ telemetry *telemetry_create(const telemetry_config *c, char *err, size_t errlen)
     t->obuf_cap = OBUF_CAP;
     t->ibuf = malloc(IBUF_CAP);
     t->ph_buf = malloc(PH_CAP);
-    if (!t->fmt || !t->wbuf || !t->obuf || !t->ibuf || !t->ph_buf || tm_ring_alloc(t)) {
-        tm_set_err(err, errlen, "out of memory");
+    if (!t->fmt || !t->wbuf || !t->obuf || !t->ibuf || !t->ph_buf || telemetry_ring_alloc(t)) {
+        telemetry_set_err(err, errlen, "out of memory");
         goto err;
     }
 
     t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (t->wake_fd < 0) {
-        tm_set_err(err, errlen, "eventfd: %s", strerror(errno));
+        telemetry_set_err(err, errlen, "eventfd: %s", strerror(errno));
         goto err;
     }
     if (start_threads(t, !c->no_spool_upload, err, errlen)) goto err;
@@ -413,18 +413,18 @@ int telemetry_destroy(telemetry *t, const char *status, int timeout_ms) {
  * once the sender has stopped. */
 static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *progress, telemetry_stats *out) {
     if (!t) return TELEMETRY_OK;
-    if (status && !tm_valid_status(status)) return TELEMETRY_EINVAL;
+    if (status && !telemetry_valid_status(status)) return TELEMETRY_EINVAL;
     int rc = TELEMETRY_OK;
     if (t->thread_started) {
-        uint64_t end = tm_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+        uint64_t end = telemetry_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
         if (status) {
             /* The end must not be lost to a momentarily full ring. */
-            while (tm_ring_put(t, MSG_END, status, NULL) == TELEMETRY_EFULL && tm_now_ns() < end) {
+            while (telemetry_ring_put(t, MSG_END, status, NULL) == TELEMETRY_EFULL && telemetry_now_ns() < end) {
                 atomic_fetch_sub_explicit(&t->st_dropped_queue, 1, memory_order_relaxed);
-                tm_sleep_ms(1);
+                telemetry_sleep_ms(1);
             }
         }
-        uint64_t left = tm_now_ns() < end ? (end - tm_now_ns()) / 1000000u : 0;
+        uint64_t left = telemetry_now_ns() < end ? (end - telemetry_now_ns()) / 1000000u : 0;
         rc = telemetry_flush(t, (int)left);
     }
     if (t->up_started) {
@@ -433,14 +433,15 @@ static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *
     }
     if (t->thread_started) {
         atomic_store_explicit(&t->stop, 1, memory_order_release);
-        tm_wake(t); /* out of a paced sleep */
+        telemetry_wake(t); /* out of a paced sleep */
         pthread_join(t->thread, NULL);
-        if (!t->root_is_tmp && tm_settled(t)) tm_spool_compact(t);
+        if (!t->root_is_tmp && telemetry_settled(t)) telemetry_spool_compact(t);
     }
     /* A private spool holding what the daemon never acknowledged is kept,
      * not removed: removing it would lose the messages (the daemon away
      * for the whole grace period, or refusing the run). */
-    int keep = t->root_is_tmp && t->dir && t->thread_started && !tm_settled(t) && tm_spool_write_hello(t) == 0;
+    int keep =
+        t->root_is_tmp && t->dir && t->thread_started && !telemetry_settled(t) && telemetry_spool_write_hello(t) == 0;
     if (progress && t->thread_started) {
         telemetry_stats st;
         telemetry_get_stats(t, &st);
@@ -463,9 +464,9 @@ static int destroy_impl(telemetry *t, const char *status, int timeout_ms, FILE *
     while (t->thread_started && telemetry_poll(t, &m)) telemetry_msg_free(&m);
     if (t->fd >= 0) close(t->fd);
     if (t->wake_fd >= 0) close(t->wake_fd);
-    tm_rd_free(&t->rd);
+    telemetry_rd_free(&t->rd);
     if (t->wfd >= 0) close(t->wfd);
-    if (t->root_is_tmp && t->dir && !keep) tm_spool_remove(t);
+    if (t->root_is_tmp && t->dir && !keep) telemetry_spool_remove(t);
     if (t->lock_fd >= 0) close(t->lock_fd);
     for (size_t i = 0; t->slots && i < t->cap; i++) free(t->slots[i].text);
     free(t->slots);

@@ -1,7 +1,7 @@
 /* telemetry.h -- protocol v1 client for entropyd (schema/protocol.md).
  *
- * The whole contract of libentropyd_client (client/, `pkg-config
- * entropyd_client`, installed as <entropyd/telemetry.h>): any C program, and
+ * The whole contract of libentropyd_telemetry (telemetry/, `pkg-config
+ * entropyd_telemetry`, installed as <entropyd/telemetry.h>): any C program, and
  * the Python package python/entropyd through ctypes, reports per-step
  * metrics with it. It knows nothing of models or trainers; it moves named
  * floats.

@@ -1,7 +1,7 @@
 /* spool_read.c -- reading the spool back, record by record, surviving its
  * damage: the sender's stream from the welcome's last_seq + 1
- * (tm_spool_seek, tm_spool_peek, tm_spool_take), and the reader that
- * spool.c's recovery and renumbering use (tm_rd_*).
+ * (telemetry_spool_seek, telemetry_spool_peek, telemetry_spool_take), and the reader that
+ * spool.c's recovery and renumbering use (telemetry_rd_*).
  *
  * Formats (docs/client.md, "The spool"): a version-2 segment starts with
  * the line TM_SPOOL_MAGIC and holds records "#LEN CRC PAYLOAD\n" (LEN the
@@ -45,27 +45,27 @@ static const char *const dmg_names[DMG_COUNT] = {
     [DMG_MISSING] = "missing seqs",
 };
 
-const char *tm_dmg_name(int kind) { return kind >= 0 && kind < DMG_COUNT ? dmg_names[kind] : "damage"; }
+const char *telemetry_dmg_name(int kind) { return kind >= 0 && kind < DMG_COUNT ? dmg_names[kind] : "damage"; }
 
 /* ---- the reader of one segment */
 
-void tm_rd_close(tm_rd *r) {
+void telemetry_rd_close(telemetry_rd *r) {
     if (r->fd >= 0) close(r->fd);
     r->fd = -1;
     r->len = 0;
     r->base = 0;
 }
 
-void tm_rd_free(tm_rd *r) {
-    tm_rd_close(r);
+void telemetry_rd_free(telemetry_rd *r) {
+    telemetry_rd_close(r);
     free(r->buf);
     r->buf = NULL;
     r->cap = 0;
 }
 
-int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint64_t off) {
-    tm_rd_close(r);
-    char *p = tm_seg_path(t, first);
+int telemetry_rd_open(telemetry_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint64_t off) {
+    telemetry_rd_close(r);
+    char *p = telemetry_seg_path(t, first);
     r->fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
     free(p);
     r->first = first;
@@ -79,7 +79,7 @@ int tm_rd_open(tm_rd *r, const telemetry *t, uint64_t first, uint64_t size, uint
 
 /* Makes buf hold the segment's bytes from r->off on, at least want of them
  * (or to the segment's end). 0, or -1 on a read error or no memory. */
-static int rd_fill(tm_rd *r, size_t want) {
+static int rd_fill(telemetry_rd *r, size_t want) {
     if (r->off < r->base || r->off > r->base + r->len) {
         r->base = r->off;
         r->len = 0;
@@ -136,7 +136,7 @@ static uint64_t payload_seq(const char *p, size_t n) {
 }
 
 /* Classifies a version-2 line (without its newline; nl: it had one). */
-static void classify_v2(const char *s, size_t n, int nl, tm_line *l) {
+static void classify_v2(const char *s, size_t n, int nl, telemetry_line *l) {
     char *end;
     if (n < 2 || s[0] != '#' || s[1] < '0' || s[1] > '9') {
         l->kind = valid_utf8(s, n) ? DMG_GARBAGE : DMG_UTF8;
@@ -182,7 +182,7 @@ static void classify_v2(const char *s, size_t n, int nl, tm_line *l) {
 }
 
 /* Classifies a version-1 line: the daemon's own parser says. */
-static void classify_v1(const char *s, size_t n, int nl, size_t max, tm_line *l) {
+static void classify_v1(const char *s, size_t n, int nl, size_t max, telemetry_line *l) {
     if (!nl) {
         l->kind = DMG_TORN;
         return;
@@ -205,7 +205,7 @@ static void classify_v1(const char *s, size_t n, int nl, size_t max, tm_line *l)
     proto_msg_free(&m);
 }
 
-int tm_rd_line(tm_rd *r, tm_line *l) {
+int telemetry_rd_line(telemetry_rd *r, telemetry_line *l) {
     memset(l, 0, sizeof *l);
     if (r->fd < 0 || r->off >= r->size) return 0;
     l->off = r->off;
@@ -251,11 +251,11 @@ int tm_rd_line(tm_rd *r, tm_line *l) {
 
 /* ---- naming damage */
 
-void tm_spool_damage(telemetry *t, uint64_t first, uint64_t off, int kind, const char *why, int once) {
+void telemetry_spool_damage(telemetry *t, uint64_t first, uint64_t off, int kind, const char *why, int once) {
     char text[400], esc[6 * 200];
-    char *p = tm_seg_path(t, first);
+    char *p = telemetry_seg_path(t, first);
     snprintf(text, sizeof text, "run %s: %s byte %llu: %s%s%s", t->run, p ? p : "?", (unsigned long long)off,
-             tm_dmg_name(kind), why && *why ? ": " : "", why ? why : "");
+             telemetry_dmg_name(kind), why && *why ? ": " : "", why ? why : "");
     free(p);
     snprintf(t->rd_why, sizeof t->rd_why, "%s", text); /* for the placeholders, even when not named again */
     /* named once: a reconnect reads the same damage again */
@@ -270,13 +270,13 @@ name:
     if (tl > 200) tl = 200;
     size_t en = proto_json_escape(esc, text, tl);
     esc[en] = 0;
-    tm_inbox_note(t, "spool_damage", "%s", esc);
+    telemetry_inbox_note(t, "spool_damage", "%s", esc);
 }
 
 /* ---- the sender's stream */
 
-void tm_spool_seek(telemetry *t, uint64_t seq) {
-    tm_rd_close(&t->rd);
+void telemetry_spool_seek(telemetry *t, uint64_t seq) {
+    telemetry_rd_close(&t->rd);
     t->rd_have = 0;
     t->rd_ready = 0;
     t->rd_expect = seq;
@@ -321,7 +321,7 @@ static long rd_segment(telemetry *t) {
     while (i < t->nsegs && t->segs[i].first < t->rd.first) i++;
     if (i == t->nsegs) return -1;
     if (t->segs[i].first != t->rd.first) { /* ours was trimmed: the next one from its start */
-        tm_rd_close(&t->rd);
+        telemetry_rd_close(&t->rd);
         t->rd.first = t->segs[i].first;
         t->rd.off = 0;
         t->rd_opened = 0;
@@ -330,13 +330,13 @@ static long rd_segment(telemetry *t) {
     return (long)i;
 }
 
-int tm_spool_peek(telemetry *t, tm_record *out) {
+int telemetry_spool_peek(telemetry *t, telemetry_record *out) {
     while (!t->rd_ready) {
         long i = rd_segment(t);
         if (i < 0) return 0;
         segment *s = &t->segs[i];
         if (!t->rd_opened) {
-            if (tm_rd_open(&t->rd, t, s->first, s->size, t->rd.off)) {
+            if (telemetry_rd_open(&t->rd, t, s->first, s->size, t->rd.off)) {
                 /* a segment that cannot be opened: its seqs come out as missing */
                 if ((size_t)i + 1 == t->nsegs) return 0;
                 t->rd.first = t->segs[i + 1].first;
@@ -347,9 +347,9 @@ int tm_spool_peek(telemetry *t, tm_record *out) {
         }
         t->rd.size = s->size; /* the newest one grows */
         if (!t->rd_have) {
-            if (!tm_rd_line(&t->rd, &t->rd_line)) {
+            if (!telemetry_rd_line(&t->rd, &t->rd_line)) {
                 if ((size_t)i + 1 == t->nsegs) return 0;
-                tm_rd_close(&t->rd);
+                telemetry_rd_close(&t->rd);
                 t->rd_opened = 0;
                 t->rd.first = t->segs[i + 1].first;
                 t->rd.off = 0;
@@ -357,20 +357,20 @@ int tm_spool_peek(telemetry *t, tm_record *out) {
             }
             t->rd_have = 1;
         }
-        tm_line *l = &t->rd_line;
+        telemetry_line *l = &t->rd_line;
         if (l->kind == TM_MAGIC) {
             t->rd_have = 0;
             continue;
         }
         if (l->kind != TM_INTACT) {
-            tm_spool_damage(t, t->rd.first, l->off, l->kind, l->why, 1);
+            telemetry_spool_damage(t, t->rd.first, l->off, l->kind, l->why, 1);
             t->rd_have = 0;
             continue;
         }
         if (l->seq <= t->rd_maxseen) {
             char why[64];
             snprintf(why, sizeof why, "seq %llu again", (unsigned long long)l->seq);
-            tm_spool_damage(t, t->rd.first, l->off, DMG_DUPLICATE, why, 1);
+            telemetry_spool_damage(t, t->rd.first, l->off, DMG_DUPLICATE, why, 1);
             t->rd_have = 0;
             continue;
         }
@@ -384,16 +384,16 @@ int tm_spool_peek(telemetry *t, tm_record *out) {
                 char why[96];
                 snprintf(why, sizeof why, "no record of seqs %llu..%llu before this one",
                          (unsigned long long)t->rd_expect, (unsigned long long)l->seq - 1);
-                tm_spool_damage(t, t->rd.first, l->off, DMG_MISSING, why, 1);
+                telemetry_spool_damage(t, t->rd.first, l->off, DMG_MISSING, why, 1);
             }
             placeholder(t, t->rd_why);
         } else if (refused_seq(t, l->seq)) {
             char why[64];
             snprintf(why, sizeof why, "seq %llu", (unsigned long long)l->seq);
-            tm_spool_damage(t, t->rd.first, l->off, DMG_REFUSED, why, 1);
+            telemetry_spool_damage(t, t->rd.first, l->off, DMG_REFUSED, why, 1);
             placeholder(t, t->rd_why);
         } else {
-            t->rd_rec = (tm_record){l->payload, l->plen, l->seq, 0};
+            t->rd_rec = (telemetry_record){l->payload, l->plen, l->seq, 0};
         }
         t->rd_ready = 1;
     }
@@ -401,7 +401,7 @@ int tm_spool_peek(telemetry *t, tm_record *out) {
     return 1;
 }
 
-void tm_spool_take(telemetry *t) {
+void telemetry_spool_take(telemetry *t) {
     if (!t->rd_ready) return;
     t->rd_ready = 0;
     if (!t->rd_rec.placeholder || t->rd_line.seq == t->rd_expect) {
