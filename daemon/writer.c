@@ -412,16 +412,6 @@ static int jobs_ready(struct writer *w) {
     return r;
 }
 
-/* Waits on cv (mu held) for at most ms milliseconds (none if ms <= 0). */
-void writer_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, double ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long long ns = ts.tv_nsec + (long long)(ms > 0 ? ms * 1e6 : 0);
-    ts.tv_sec += (time_t)(ns / 1000000000LL);
-    ts.tv_nsec = (long)(ns % 1000000000LL);
-    pthread_cond_timedwait(cv, mu, &ts);
-}
-
 /* 1 when items wait in the queue: a chunk stops between two pieces. */
 static int queue_waiting(struct writer *w) {
     pthread_mutex_lock(&w->mu);

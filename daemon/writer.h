@@ -46,7 +46,8 @@
  * stays under WRITER_WAL_HARD plus one batch (64 MiB is the documented
  * bound). Readers keep their transactions short (query.h), so a restart
  * seldom waits; one that did not succeed is tried again every
- * WRITER_CK_RETRY_MS, as background work waits for it. */
+ * WRITER_CK_RETRY_MS, as background work waits for it. (The WAL's bounds
+ * are the writer's inside: writer_int.h.) */
 #ifndef WRITER_H
 #define WRITER_H
 
@@ -67,10 +68,6 @@ struct strbuf;
  * take on: 1 << 16 let one piece of a 32 x 32 run's blocks or frames write
  * 150-260 MiB to the WAL */
 #define WRITER_JOB_BUDGET_MAX (INT64_C(1) << 12)
-#define WRITER_WAL_PASSIVE (INT64_C(2) << 20)
-#define WRITER_WAL_RESTART (INT64_C(8) << 20)
-#define WRITER_WAL_HARD (INT64_C(32) << 20)
-#define WRITER_CK_RETRY_MS 100 /* a RESTART that did not succeed is tried again this often */
 #define WRITER_RETAIN_PASS_MS 10000
 
 enum writer_kind {

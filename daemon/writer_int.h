@@ -8,10 +8,17 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "ratelog.h"
 #include "store.h"
 #include "writer.h"
+
+/* The WAL's bounds (writer.h's head says what each one does). */
+#define WRITER_WAL_PASSIVE (INT64_C(2) << 20)
+#define WRITER_WAL_RESTART (INT64_C(8) << 20)
+#define WRITER_WAL_HARD (INT64_C(32) << 20)
+#define WRITER_CK_RETRY_MS 100 /* a RESTART that did not succeed is tried again this often */
 
 struct writer {
     struct store *st;
@@ -78,10 +85,16 @@ struct writer {
     double wal_check_ms;                   /* writer thread: its last check */
 };
 
-/* ---- the thread and its queue (writer.c) ---------------------------- */
-
-/* Waits on cv (mu held) for at most ms milliseconds (none if ms <= 0). */
-void writer_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, double ms);
+/* Waits on cv (mu held) for at most ms milliseconds (none if ms <= 0):
+ * the writer thread's waits and the checkpointer's. */
+static inline void writer_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, double ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + (long long)(ms > 0 ? ms * 1e6 : 0);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_cond_timedwait(cv, mu, &ts);
+}
 
 /* ---- the WAL (writer_wal.c) ----------------------------------------- */
 
