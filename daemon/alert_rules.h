@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A run's verdict (README "Alerts", docs): what the run is, or ended, as.
+/* A run's verdict (docs/alerts.md, "Verdicts"): what the run is, or ended, as.
  * A rule stands for one of collapsed, diverged or stalled (or none). */
 enum alert_verdict_state {
     ALERT_V_HEALTHY = 0,

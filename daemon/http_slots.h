@@ -12,13 +12,13 @@
  * with strangers. A request being answered (a stream included) is never
  * pushed out; when every slot has one, the newcomer gets one of
  * HTTP_SLOTS_RESERVED reserved slots, which serve /healthz and /metrics
- * only (the caller answers anything else 503, http_slots_reserved): 512
- * open streams took every slot and left /healthz and /metrics unanswered,
- * and a health check needs a slot of its own. A reserved slot serves one
- * request and is shut down (no keep-alive), and is timed out after
- * HTTP_SLOTS_RESERVED_IDLE_MS without a request, so that idle sockets
- * cannot hold them for long; only when they too are taken is the newcomer
- * refused.
+ * only (the caller answers anything else 503, http_slots_reserved): a
+ * health check needs a slot of its own, or 512 open streams would take
+ * every slot and leave /healthz and /metrics unanswered. A reserved slot
+ * serves one request and is shut down (no keep-alive), and is timed out
+ * after HTTP_SLOTS_RESERVED_IDLE_MS without a request, so that idle
+ * sockets cannot hold them for long; only when they too are taken is the
+ * newcomer refused.
  *
  * The per-address limit is this module's too (libmicrohttpd's own refuses
  * at accept, before the request says what it asks for): an address that
@@ -30,7 +30,7 @@
  *
  * It also times idle connections out: libmicrohttpd's own timeout starts
  * again at every byte, so a client that sends its headers one byte at a
- * time (slowloris) kept its thread and slot for ever. http_slots_sweep
+ * time (slowloris) would keep its thread and slot for ever. http_slots_sweep
  * shuts down every connection idle (no request in progress) for longer
  * than idle_ms, counted from its accept or the end of its last request,
  * whatever it trickled meanwhile.
