@@ -36,7 +36,7 @@ import plot
 SIGNALS = ("entropy_norm", "max_logit", "sigma_qk")
 SCALARS = ("loss", "grad_norm")
 LATE_AFTER = 200     # a "late" collapse begins after this step
-EARLY_BY = 20        # an "early" collapse begins at or before this step (item 3: steps 3-13)
+EARLY_BY = 20        # an "early" collapse begins at or before this step
 TARGETS = dict(recall=0.90, false_alarms=0.05, median_lead=50)
 BOOT = 2000          # bootstrap resamples (of configurations)
 
@@ -363,7 +363,7 @@ def model_fire(r, names):
 
 def early_ok(r, f):
     """An early collapse (beginning by step EARLY_BY) is caught no later than
-    entropy_drop catches it (item 3); True where it does not apply."""
+    entropy_drop catches it; True where it does not apply."""
     if not r["collapsed"] or r["collapse_step"] > EARLY_BY:
         return True
     d = fires(r["alerts"]).get("entropy_drop")
@@ -642,4 +642,4 @@ def summary_markdown(p):
              "plot and every run: [collapse-risk.md](collapse-risk.md). The sweep took %.1f min." % (
                  "%d held-out runs" % (res[0][1]["collapsed"] + res[0][1]["healthy"] + res[0][1]["other"]),
                  " OR ".join("`%s`" % x["name"] for x in p["chosen"]), p["seconds"] / 60), ""] +
-            figure_table(res) + ["", "Against the targets of issue 34 item 5:", ""] + p["verdict"] + [""])
+            figure_table(res) + ["", "Against the targets:", ""] + p["verdict"] + [""])

@@ -318,7 +318,7 @@ def write_markdown(rows, path, cmd, seconds, machine, counts=None, predict=None)
            "daemon's `entropy_collapse` alert began (its pending start; `-` = never fired). "
            "`min ent_norm` / `min ent`: the lowest head entropy_norm / entropy (nats) "
            "of any head at any step; `20-step floor`: the lowest 20-step running maximum of "
-           "any head's entropy_norm (the rule before issue 34, below 0.01 for 20 steps, fired iff "
+           "any head's entropy_norm (the earlier rule, below 0.01 for 20 steps, fired iff "
            "0.01 is above this); `max logit`: the largest attention logit." % (
                " ".join(MODEL), STEPS, VOCAB_LOSS), "",
            "### Summary", "",
@@ -677,8 +677,7 @@ def write_risk_report(path, rows, res, ctx):
            "alarm*: a run that trains fine where it fired at all. Intervals: 95%%, percentile bootstrap over "
            "configurations (%d resamples; a configuration brings its three seeds)." % collapse_risk.BOOT, "",
            "## Held-out figures", "", "![held-out collapses: when the model fires, when entropy_drop fires, when "
-           "the collapse begins](collapse-risk.png)", ""] + ctx["table"] + ["", "Against the targets (issue 34 "
-                                                                         "item 5):", ""] + ctx["verdict"] + [
+           "the collapse begins](collapse-risk.png)", ""] + ctx["table"] + ["", "Against the targets:", ""] + ctx["verdict"] + [
            "", "Of the %d held-out collapses, %d begin before step %d (at steps %s): no detector can lead those "
            "by %d steps, so a median lead of %d needs the rest to be led by more. Recall by LayerNorm "
            "placement: %s; by optimizer: %s; σReparam: %s." % (

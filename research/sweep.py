@@ -1,4 +1,4 @@
-"""The broad sweep of the collapse-risk study (issue 34 item 4): which runs
+"""The broad sweep of the collapse-risk study: which runs
 `make experiments` trains, and which half of them tuning may look at.
 
 Configurations are drawn once, from a fixed random generator, across
