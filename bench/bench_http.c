@@ -364,7 +364,7 @@ int main(int argc, char **argv) {
     }
     curl_global_init(CURL_GLOBAL_ALL);
     int fails = 0;
-    /* the issue's targets: a 1000-point series over a 1M-step head, a frame;
+    /* the targets: a 1000-point series over a 1M-step head, a frame;
      * the other lines are figures without one (target 0) */
     fails += latency("series 1000 points, whole run (1M steps)", 0, 10);
     fails += latency("series 1000 points, random windows", 1, 0);

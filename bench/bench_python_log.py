@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Cost to the training loop of one entropyd Python run.log (issue 17's
-bar: <= 50 us for a 12x12 step with 9 head metrics), against baselines
+"""Cost to the training loop of one entropyd Python run.log (the
+target: <= 50 us for a 12x12 step with 9 head metrics), against baselines
 measured in the same run:
   - json.dumps of the same step: what a stdlib client pays only to format
     the line (before any socket write, on the training thread, under the GIL);

@@ -1,5 +1,5 @@
 /* bench_step.c -- where a sigmatrain training step goes, and its share of
- * the sgemm ceiling measured beside it (issue 21).
+ * the sgemm ceiling measured beside it.
  *
  * Trains the model of the command line on random tokens, the step as the
  * trainer runs it (forward with its power steps, zero_grad, backward with

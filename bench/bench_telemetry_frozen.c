@@ -1,4 +1,4 @@
-/* bench_telemetry_frozen.c: what a frozen daemon costs a trainer (issue 9),
+/* bench_telemetry_frozen.c: what a frozen daemon costs a trainer,
  * the timing half of tests/test_telemetry_frozen.c (which checks that
  * nothing is lost).
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch probe's cost to the training step (issue 32's bar: the
+"""The PyTorch probe's cost to the training step (the target: the
 default entropyd.torch.watch within 2% of no watch), interleaved in one
 process: a pre-LN nn.TransformerEncoder LM (AdamW, batch 16, seq 128,
 causal mask) alternates blocks of steps with the default watch (budget

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# /healthz with every HTTP slot taken (issue 36, items 5 and 9): latency of
+# /healthz with every HTTP slot taken: latency of
 # /healthz and /metrics with 512 open /api/stream clients (every ordinary
 # slot; the answers come through a reserved one) beside the same probes
 # with no stream open. Bar: /healthz p99 <= 100 ms, none unanswered.

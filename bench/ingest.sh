@@ -11,8 +11,8 @@
 # measured in the same run. REAL=0 skips the real stream. Then the daemon's
 # CPU per step at a training loop's pace (PACE_TRAINERS=1 trainer sending a
 # step every PACE_MS=15 ms for PACE_SECONDS=6 s, on a fresh daemon), where a
-# transaction's fixed costs count, not only the per-value ones (issue 17's
-# loop-overhead bar); PACE_SECONDS=0 skips it.
+# transaction's fixed costs count, not only the per-value ones (the
+# loop-overhead bar of docs/benchmarks.md); PACE_SECONDS=0 skips it.
 #   TRAINERS=4 SECONDS_RUN=10 REAL_STEPS=400 REPLAY_STEPS=20000 bench/ingest.sh
 set -euo pipefail
 BUILD=${BUILD:-build}

@@ -1,4 +1,4 @@
-// live.mjs: the browser bench of issue 33 (run by bench/live.sh), against
+// live.mjs: the browser bench of the live pages (run by bench/live.sh), against
 // real entropyd daemons and Debian's chromium:
 // 1. one run page left open on a live 12x12x9 run (12 layers, 12 heads, 9
 //    head metrics) logging 10 steps/s: HTTP requests beside its event

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Browser bench of issue 33 (bench/live.mjs): requests and bytes per minute
+# Browser bench of the live pages (bench/live.mjs): requests and bytes per minute
 # of one live 12x12x9 run page and of the runs list during a collapse, the
 # daemon's CPU with 20 such pages open, the cold first render of a 100k-step
 # 12x12x9 run (median of 5 fresh contexts, 1440x900) and the compare view's

@@ -1,4 +1,4 @@
-"""Many-runs benchmark (issue 15), run by bench/many_runs.sh.
+"""Many-runs benchmark, run by bench/many_runs.sh.
 
 Two daemons side by side: one with 10 runs stored, one with 10,000 (seeded
 over the protocol: hello, one step, end). Every figure alternates between
@@ -13,7 +13,7 @@ them, so that other load on the machine weighs on both alike:
   - daemon RSS per idle stored run: RSS growth while seeding 9,990 runs.
 Then a 1024 x 1024-head run (3 steps of entropy_norm; BIG_STEPS=N for
 more: its alert windows fill up to 50 steps) is sent, ended and deleted: RSS before, at its peak and after, and the same for a second one.
-Prints the two cases side by side with their ratio (issue 15's targets:
+Prints the two cases side by side with their ratio (the targets:
 <= 1.5 for hello latency, first page and first render; first render
 <= 1 s with 10,000 runs; RSS back within 10% after the big run).
 Standard library only (plus node + chromium for the render)."""

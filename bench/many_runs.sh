@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Many-runs benchmark (issue 15): hello latency, ingest rate, /api/runs first
+# Many-runs benchmark: hello latency, ingest rate, /api/runs first
 # page and the runs page's first render with 10 and with 10,000 stored runs,
 # side by side; daemon RSS per idle stored run; RSS after a 1024 x 1024-head
 # run ends and is deleted. MANY_RUNS=N changes 10,000; LOADS=N the page loads;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel sigmatrain on MPI (issue 10): scaling from 1 to 2 ranks on
+# Data-parallel sigmatrain on MPI: scaling from 1 to 2 ranks on
 # this machine, 1 thread per rank, same global batch (L=4 H=4 C=128 T=128,
 # batch 16, AdamW, σReparam: bench/sigmatrain.sh's model), and the share of
 # step time spent in the gradient all-reduce, split into waiting for the

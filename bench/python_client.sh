@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Python client benchmark (issue 17): what entropyd's run.log costs the
+# Python client benchmark: what entropyd's run.log costs the
 # training thread for a 12x12 step with 9 head metrics (target <= 50 us),
 # beside a stdlib json.dumps client's formatting alone, against a real
 # entropyd; a PyTorch training loop with and without logging every step in

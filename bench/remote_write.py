@@ -1,4 +1,4 @@
-"""Remote-write benchmark (issue 14), run by bench/remote_write.sh.
+"""Remote-write benchmark, run by bench/remote_write.sh.
 
 One daemon holds a backlog (RW_STEPS steps, default 2,000, of a 12 x 12 run:
 3 head metrics, 1 layer metric, loss: 446 series, 892,000 samples) committed

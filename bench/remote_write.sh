@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Remote-write benchmark (issue 14): the push rate of a committed backlog to
+# Remote-write benchmark: the push rate of a committed backlog to
 # a receiver that decodes nothing (the pusher's own cost) and to Debian's
 # Prometheus 2.42, side by side, with the daemon's CPU per million samples.
 set -euo pipefail

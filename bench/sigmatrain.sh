@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# sigmatrain training benchmark (issues 4 and 21): tokens/s, GFLOP/s, the
+# sigmatrain training benchmark: tokens/s, GFLOP/s, the
 # share of the OpenBLAS sgemm ceiling and σReparam's share of the step, at
 # four widths, with the --reparam none, sigma and spectral arms interleaved
-# (so that the load of a shared machine hits all three alike), each issue 21
-# bar printed beside its figure.
+# (so that the load of a shared machine hits all three alike), each target
+# of docs/benchmarks.md printed beside its figure.
 #
 # The figures come from build/bench/bench_step, which runs the trainer's
 # step (forward with its power steps, zero_grad, backward with the gradient
@@ -83,7 +83,7 @@ for name in $CONFIGS; do
       "$(echo ${R[$k/cshare]} | median)" "$rps" "${rbar:--}" "$e2e" "$(echo ${R[$k/util]} | median)" "${LOADS[$name]}"
   done
 done
-echo "  (medians of $REPS run(s) per arm; shapes L H C T B: C128 ${SHAPE[C128]}, C384 ${SHAPE[C384]}, C768 ${SHAPE[C768]}, deep ${SHAPE[deep]}; C128 and deep: issue 21 asks no regression, see docs/trainer.md for the last figures)"
+echo "  (medians of $REPS run(s) per arm; shapes L H C T B: C128 ${SHAPE[C128]}, C384 ${SHAPE[C384]}, C768 ${SHAPE[C768]}, deep ${SHAPE[deep]}; C128 and deep: the target is no regression, see docs/trainer.md for the last figures)"
 echo "  where the step goes (last run of each config's sigma arm, % of step wall time):"
 for name in $CONFIGS; do
   [ -n "${R[$name/sigma/phases]:-}" ] && echo "    $name: ${R[$name/sigma/phases]}"
@@ -147,7 +147,7 @@ done
 echo "  (σR in-step: power steps and the gradient through sigma timed inside the step; σR e2e: 1 - tok/s(arm) / tok/s(none), noisy on a shared machine; ${REPS} run(s) per arm, best kept)"
 fi
 
-# PyTorch on the C = 128 model (issue 4's anchor), when /usr/bin/python3 has
+# PyTorch on the C = 128 model (the comparison the first benchmark made), when /usr/bin/python3 has
 # torch (the deps never install it).
 if [ -n "${tps_none}" ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   core=$("$BIN" --sgemm-peak --threads 1 | awk '{print $6}')

@@ -1,5 +1,5 @@
-"""How far lossless coding could take a real sigmatrain stream (issue 14's
-2.5 bytes/value bar), metric by metric, against what the blocks cost today.
+"""How far lossless coding could take a real sigmatrain stream (the
+2.5 bytes/value target), metric by metric, against what the blocks cost today.
 
     python3 bench/storage_floor.py DB [LONG_DB]
 

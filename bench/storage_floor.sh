@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Storage floor (issue 14's 2.5 bytes/value bar): records a real sigmatrain
+# Storage floor (the 2.5 bytes/value target): records a real sigmatrain
 # stream (REAL_STEPS steps, 12x12; REPLAY=DB reads an earlier recording, any
 # entropyd database, its longest run) and prints, metric by metric, what its
 # sealed blocks cost against what an ideal coder would reach with four

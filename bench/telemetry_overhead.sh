@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Telemetry overhead on the training step (issue 5): sigmatrain on the bench
+# Telemetry overhead on the training step: sigmatrain on the bench
 # config (L=4 H=4 C=128 T=128, batch 16, AdamW, 2 threads, σReparam),
 # --log-every 1, in the same run: --telemetry-ab N alternates blocks of N
 # steps with telemetry (probe + enqueue, sender thread busy) and without, and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The PyTorch probe's cost (issue 32): step time of a PyTorch loop with the
+# The PyTorch probe's cost: step time of a PyTorch loop with the
 # default entropyd.torch.watch against no watch, interleaved in one run
 # (bench/bench_torch_probe.py), against a real entropyd.  Needs torch at
 # /usr/bin/python3 (Debian's python3-torch); skipped without it.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make stress: the long reliability runs of issue 9, then one table.
+# make stress: the long reliability runs, then one table.
 #   1. tests/e2e_reliability.py with STRESS=1: 20 kill -9 rounds of a
 #      streaming load, 200 trainers + 100 SSE clients for 60 s, the
 #      security checks;
@@ -9,12 +9,12 @@
 #      whose daemon runs / is frozen (SIGSTOP) / resumes loses nothing (its
 #      timings are in make bench: bench/telemetry_frozen.sh);
 #   4. the fuzzers, FUZZ_SECONDS each (default 60);
-#   5. tests/stress_attacks.py: the hostile loads of issue 16 (floods of
+#   5. tests/stress_attacks.py: the hostile loads (floods of
 #      unfinished lines, connection churn, idle sockets, DNS rebinding and
 #      cross-site DELETE, stream churn, idle HTTP sockets), ATTACK_SECONDS
 #      each (default 20), while a real trainer streams: a table per attack,
 #      each figure beside its bound with pass or FAIL;
-#   6. tests/stress_faults.py: one fault script per family of issue 36
+#   6. tests/stress_faults.py: one fault script per family
 #      (spool damage, bit flips, sparse steps, hung receivers, full disk,
 #      fd exhaustion, WAL truncation, every HTTP slot taken, wide runs),
 #      a line per family with its result.

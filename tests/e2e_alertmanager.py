@@ -1,4 +1,4 @@
-"""entropyd --alertmanager URL against a fake Alertmanager (issue 10): a
+"""entropyd --alertmanager URL against a fake Alertmanager: a
 collapse fires; Alertmanager's API receives `POST /api/v2/alerts` with an
 array of {labels, annotations, startsAt, endsAt, generatorURL}, endsAt in
 the future (now + 4 re-send periods) while firing; the firing alert is
@@ -131,7 +131,7 @@ class AlertmanagerE2E(unittest.TestCase):
             tmp.cleanup()
 
     def test_hung_webhook_delays_only_itself(self):
-        """Issue 36 item 1: a webhook that accepts and never answers (each
+        """A webhook that accepts and never answers (each
         note costs it 6 attempts of 5 s) beside a healthy Alertmanager.
         1,600 flapping transitions (8 runs, loss NaN at every other step)
         overflow the webhook's queue; Alertmanager still ends with every

@@ -169,7 +169,7 @@ def metric(text, name):
 
 
 class AlertClocksAndDelivery(unittest.TestCase):
-    """Issue 16: alert times on the daemon's clock, whatever the trainer's
+    """Alert times on the daemon's clock, whatever the trainer's
     says; the real port in generatorURL/externalURL with --http HOST:0; a
     restart during an episode goes on with it (no second page, the old
     startsAt); transitions[].time is the transition's; delivery counters."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end tests of libentropyd_telemetry (telemetry/) as a program outside
-the repository uses it, and of the two faults issue 17 fixed.
+the repository uses it, and of two faults it once had (2 and 3).
 
 1. `make install PREFIX=tmp`, then examples/stream_steps.c compiled by `cc`
    with nothing but `pkg-config entropyd_telemetry` from that prefix, run

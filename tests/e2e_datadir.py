@@ -1,4 +1,4 @@
-"""The data directory belongs to one daemon and to its owner (issue 16):
+"""The data directory belongs to one daemon and to its owner:
 - a second entropyd on the same database refuses to start, naming the first
   one's pid, and changes nothing: the first one's live run stays live and
   keeps streaming;

@@ -1,4 +1,4 @@
-"""End-to-end test of `make demo` (issue 8): runs scripts/demo.sh shortened
+"""End-to-end test of `make demo`: runs scripts/demo.sh shortened
 (the real entropyd and two real sigmatrain runs, 80 steps), then
 checks through the HTTP API that both runs were stored and finished, that
 the unstable baseline's entropy_collapse alert fired and that the
@@ -111,9 +111,9 @@ def test_short_demo(tmp):
         print("alerts read through %s: baseline %s; sigmareparam %s" % (how, ab, asig))
         collapse = [s for rule, s in ab if rule == "entropy_collapse"]
         assert collapse, "the baseline's entropy_collapse alert did not fire: %s" % ab
-        # issue 6's bar: the same config with sigmaReparam fires nothing (no rule of the default set)
+        # the demo's point: the same config with sigmaReparam fires nothing (no rule of the default set)
         assert not asig, "sigmaReparam fired alerts: %s" % asig
-        # issue 15's bar: after both runs finished, the baseline's verdict is
+        # after both runs finished, the baseline's verdict is
         # collapsed from the step its entropy_collapse alert began, in the run
         # and in the runs list (the list read before, from a fresh daemon);
         # the sigmaReparam twin is healthy.

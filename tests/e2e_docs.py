@@ -1,4 +1,4 @@
-"""The documentation tells the truth (issue 13):
+"""The documentation tells the truth:
 - README.md stays short (at most 300 lines) and shows the screenshot;
 - no link in README.md or docs/ points outside the repository, and every
   relative link names a file that exists;

@@ -1,11 +1,11 @@
-"""End-to-end test of `make experiments --quick` (issue 34's bar): runs
+"""End-to-end test of `make experiments --quick`: runs
 research/experiments.py --part predict --quick (the real entropyd with its
 built-in rules and four short real sigmatrain runs, research/sweep.py
 QUICK: two that collapse in their first steps, two that train fine) into a
 scratch directory, then checks the daemon's own alerts as the driver
 recorded them (quick.json): on every run that collapses a collapse_risk*
 rule fired before entropy_collapse fired, and no later than entropy_drop
-(the early collapses of issue 34 item 3); on the runs that train fine no
+(the early collapses); on the runs that train fine no
 collapse_risk* rule fired at all. Standard library only."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""Faults nobody chose (issue 36, items 5, 6, 9, 10) against the real daemon:
+"""Faults nobody chose against the real daemon:
 512 event streams holding every HTTP slot while /healthz and /metrics are
 asked for; a WAL truncated to 0 bytes under the running daemon, and what a
 restart then does.
@@ -268,7 +268,7 @@ RULE_METRICS = {"entropy_norm": "0.8123457", "entropy": "3.1234567", "entropy_bo
 
 class MemoryBoundTest(unittest.TestCase):
     """The daemon's RSS for a configuration stays within the documented
-    formula, alert state included (issue 36: 8 live 256 x 256 runs reached
+    formula, alert state included (8 live 256 x 256 runs once reached
     254 MB, 198 MB of it alert state, which the formula left out)."""
 
     def test_rss_within_the_formula_with_live_runs_alert_state(self):

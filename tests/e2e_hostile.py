@@ -1,9 +1,9 @@
-"""Strangers and careless clients against the real entropyd (issue 16),
+"""Strangers and careless clients against the real entropyd,
 the trainer side: what a connection may cost before its hello is welcomed,
 the global input budget, hello timeout, per-peer limits, a full house of
 idle sockets, and a --socket path that is not a socket.
 
-Each test states a bound the daemon held before this issue did not:
+Each test states a bound the daemon once did not hold:
 60 TCP connections sending `{` + 4 MiB of spaces took it from 2 MB to
 242 MB; 20 idle sockets with --max-conns 20 locked every trainer out.
 python3 stdlib only."""

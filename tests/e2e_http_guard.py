@@ -1,4 +1,4 @@
-"""Strangers against entropyd's HTTP side (issue 16): DNS rebinding (a Host
+"""Strangers against entropyd's HTTP side: DNS rebinding (a Host
 that is not the daemon's), cross-site DELETE, event-stream clients that go
 away, one client address taking every slot, wrong tokens, and query strings
 that are ambiguous (repeated parameters, %00, 9,000 parameters); a DELETE
@@ -71,8 +71,8 @@ class HttpGuard(unittest.TestCase):
 
     def test_a_delete_racing_a_resuming_trainer_never_loses_its_steps(self):
         # h_delete checks the run is not live; a trainer's hello may commit
-        # before the writer deletes: before issue 16 the run then vanished
-        # under the trainer (5 times in 40). Here DELETE and hello start
+        # before the writer deletes: without the writer's own check the run
+        # vanished under the trainer (5 times in 40). Here DELETE and hello start
         # together; whichever wins, every acked step must be stored.
         port = self.start()
         names = ["race-%d" % i for i in range(40)]

@@ -1,4 +1,4 @@
-"""e2e_http_static: the dashboard's files over real HTTP (issue 33 item 2):
+"""e2e_http_static: the dashboard's files over real HTTP:
 strong ETags, 304 on If-None-Match, the build-time gzip sent only when
 Accept-Encoding takes it (and equal, unzipped, to the plain file), Vary and
 Cache-Control, and the first screen's files' total transfer."""

@@ -487,7 +487,7 @@ class FullDiskTest(unittest.TestCase):
 
 
     def test_sigterm_on_a_full_disk_exits_within_the_drain(self):
-        """Issue 36 item 5: with the disk full and ~2,000 steps queued, SIGTERM
+        """With the disk full and ~2,000 steps queued, SIGTERM
         exits within --drain-ms + 5 s, saying how many steps stay unacked
         (their trainer still holds them), and the log while full grows by at
         most about a line a second."""
@@ -526,7 +526,7 @@ class FullDiskTest(unittest.TestCase):
             os.rmdir(mnt)
 
 class OutOfDescriptorsTest(unittest.TestCase):
-    """Issue 36 item 5: a daemon out of file descriptors (RLIMIT_NOFILE 96,
+    """A daemon out of file descriptors (RLIMIT_NOFILE 96,
     150 idle connections waiting) neither spins nor floods its log: the
     listeners rest 100 ms after each EMFILE, the error is logged at most once
     a second; once descriptors free, a trainer is welcomed again."""

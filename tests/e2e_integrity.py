@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bit flips in the stored database (issue 36, item 4): the real daemon
+"""Bit flips in the stored database: the real daemon
 writes a run, stops; bytes of the SQLite file are flipped (a block chunk's
 payload, a rollup row's payload, 32 random bytes mid-file); the daemon
 restarts. Property: no HTTP 200 answer carries other data than before the

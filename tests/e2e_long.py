@@ -18,7 +18,7 @@ daemon, its real SQLite file, runs seeded straight through the store API
   64-step resolution and says so, the window's steps stay raw.
 - A series over sparse and huge steps (every 1,000; {1, 10^6}; {1, 262208};
   up to 2^53; rollbacks) answers, bucket by bucket, what the values sent
-  give, whole run and windowed (issue 36, item 2).
+  give, whole run and windowed.
 - --lossy-bits N rounds the sealed blocks' values to N mantissa bits (the
   open block's stay exact, and so do the rollups); a precision out of
   range, or one that --lossy-bf16 contradicts, is refused at start.
@@ -415,7 +415,7 @@ class LongRunsTest(unittest.TestCase):
         self.assertEqual(sum(sr["count"]), 1000)
         c.close()
     def test_series_over_sparse_and_huge_steps_is_exact(self):
-        """Issue 36, item 2: steps every 1,000, {1, 10^6}, {1, 262208} and a
+        """Steps every 1,000, {1, 10^6}, {1, 262208} and a
         random set (gaps up to 2^45, steps up to 2^53, rollbacks), each
         series over HTTP bucket by bucket what the values sent give. The
         values are multiples of 1/8 (or null): their sums are exact in a

@@ -1,4 +1,4 @@
-"""End-to-end test of data-parallel sigmatrain on MPI (issue 10).
+"""End-to-end test of data-parallel sigmatrain on MPI.
 
 Runs the real build/sigmatrain-mpi under `mpirun -np 2` (1 thread per rank)
 and the plain single-process build/sigmatrain on the same global batch, and

@@ -1,4 +1,4 @@
-"""Reliability and security of entropyd (issue 9), end to end: the real
+"""Reliability and security of entropyd, end to end: the real
 daemon, real sockets, the real SQLite file. tests/e2e_ingest.py already
 covers each bad protocol input, three kill -9s of one trainer, the socket's
 mode 0600, TCP + token, a full tmpfs; tests/test_http.c covers the HTTP

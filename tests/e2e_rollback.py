@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""sigmatrain --on-alert against the real entropyd (issue 6, "the trainer's
-response").
+"""sigmatrain --on-alert against the real entropyd: the trainer's
+response to an alert.
 
 1. rollback: the documented unstable config (docs/demo.md:
    post-LN, Adam, lr 0.1, no clip, --reparam none) collapses; entropyd, with

@@ -1,4 +1,4 @@
-"""End-to-end tests of many runs (issue 15) against the real daemon, default
+"""End-to-end tests of many runs against the real daemon, default
 alert rules: each run's verdict (collapsing while a live run's heads are
 below the collapse threshold, collapsed after it ends with the collapse
 firing, from the step the condition began, with its heads; diverged on a NaN
@@ -97,7 +97,7 @@ class RunsE2E(unittest.TestCase):
             e.step(s, [(0, 0)] if 5 <= s < 30 else [])
         e.end()
         # f: head (0,0) flickers 0.003 / 0.02 (never 20 steps below 0.01 in a row) with the
-        # loss stuck at a uniform guess (issue 34): collapsed
+        # loss stuck at a uniform guess: collapsed
         f = Trainer(d, "sweep-f", {"reparam": "none"})
         for s in range(60):
             f.send({"type": "step", "step": s, "time": T0 + s, "scalars": {"loss": 4.16},
@@ -119,7 +119,7 @@ class RunsE2E(unittest.TestCase):
         deadline = time.time() + 10
         while verdict(d, st.id)["state"] != "stalled" and time.time() < deadline:
             time.sleep(0.05)
-        # 1,500 events (issue 15's bar: the newest one can be shown)
+        # 1,500 events (the newest one can be shown)
         ev = Trainer(d, "events-run")
         for i in range(1500):
             ev.seq += 1
@@ -176,7 +176,7 @@ class RunsE2E(unittest.TestCase):
         self.assertIsNone(verdict(d, ids["b"], evidence=True)["evidence"])
 
     def test_flicker_collapses_and_sharp_heads_do_not(self):
-        """Issue 34's bar: the stuck-with-flicker pattern is collapsed; a head
+        """The stuck-with-flicker pattern is collapsed; a head
         sharp at 0.03 while the loss trains is `sharp`, and no
         entropy_collapse fires on it."""
         ids, d = self.ids, self.d

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end test of a damaged spool (issue 36, item 3): for each kind of
+"""End-to-end test of a damaged spool: for each kind of
 damage, `sigmatrain --upload-spool` and a live client's background uploader
 deliver every intact step exactly once (read back over the daemon's HTTP
 API), name the damage (file, byte offset, what) and make at most 10

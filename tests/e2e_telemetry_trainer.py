@@ -149,8 +149,8 @@ def test_spool_then_upload(tmp):
                         # what this test checks is the spool, not ring overflow (test_telemetry does)
                         "--telemetry-queue", "4096"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 0, "no-daemon run failed (%d):\n%s%s" % (r.returncode, r.stdout, r.stderr))
-    # the grace period's progress lines never promise more than the grace left (issue 36
-    # item 11: the last one said "waiting up to 18446744074 s more", an unsigned underflow)
+    # the grace period's progress lines never promise more than the grace left (the
+    # last one once said "waiting up to 18446744074 s more", an unsigned underflow)
     waits = [int(w) for w in re.findall(r"waiting up to (\d+) s more", r.stdout + r.stderr)]
     check(all(w <= 1 for w in waits), "progress lines promise more than --end-grace 1: %r" % waits)
     enq, sent, acked, total, spooled, dropped = summary_line(r.stdout + r.stderr)

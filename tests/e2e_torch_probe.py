@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end tests of entropyd.torch's budgeted probe (issue 32), against
+"""End-to-end tests of entropyd.torch's budgeted probe, against
 the real entropyd:
 
 - the budgeted probe (certified power iterations, the default) and the

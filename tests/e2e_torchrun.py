@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end test of entropyd.torch under torch.distributed (issue 32):
+"""End-to-end test of entropyd.torch under torch.distributed:
 examples/torch_ddp.py launched by torchrun with 2 ranks (DDP, gloo on CPU)
 against the real entropyd:
 

@@ -1,5 +1,5 @@
-"""make stress, part "attacks" (issue 16): each hostile load of the issue run
-for ATTACK_SECONDS (default 20) against the release build with default flags
+"""make stress, part "attacks": each hostile load (the attack_* functions)
+run for ATTACK_SECONDS (default 20) against the release build with default flags
 (--max-conns 20 for the idle lock-out), while a real trainer streams steps
 over the Unix socket and reconnects every second. For each attack it
 records the daemon's RSS peak, the slowest trainer welcome, /healthz

@@ -1,4 +1,4 @@
-"""make stress, part "families" (issue 36, item 7): one fault script per
+"""make stress, part "families": one fault script per
 family of faults nobody chose, each the project's own test of it, run
 against the release build; prints a line per family with its result and
 time, writes FAULTS_JSON (a list of {family, result, seconds, test}) and

@@ -250,7 +250,7 @@ static struct writer_item *mk_end(int64_t run, int status) {
     return it;
 }
 
-/* The verdict (issue 15): collapsing while the condition holds on a live
+/* The verdict: collapsing while the condition holds on a live
  * run (pending, then firing), collapsed from the step it began once the run
  * ends with it firing; the end's RESOLVED says run_ended; the engine holds
  * nothing of an ended run. A rule named entropy_collapse in a rules file
@@ -750,7 +750,7 @@ static void test_resume_earlier_episode(void **state) {
     alert_rules_free(r);
 }
 
-/* ---- flicker, hysteresis and training harm (issue 34) ---- */
+/* ---- flicker, hysteresis and training harm ---- */
 
 /* The built-in rules on a run whose head 0 of layer 0 follows head(s) and
  * whose loss follows loss(s), `steps` steps, then an end. Returns the
@@ -804,7 +804,7 @@ static float stuck_loss(int s) {
 static float falling_loss(int s) { return 4.16f * expf(-(float)s / 150.0f) + 2.0f * (1 - expf(-(float)s / 150.0f)); }
 
 /* A head that flickers around the old 0.01 threshold (0.003 / 0.02, the
- * PyTorch baseline issue 34 saw end "healthy") with the loss stuck at a
+ * PyTorch baseline that ended "healthy" under the old rule) with the loss stuck at a
  * uniform guess is collapsed; so is one that leaves the collapse one step
  * in four, which no run of 20 consecutive steps would catch. */
 static void test_flicker_with_stuck_loss_collapses(void **state) {
@@ -1034,7 +1034,7 @@ static void test_builtin_collapse_risk(void **state) {
     alert_rules_free(r);
 }
 
-/* Early collapse (issue 34 item 3): the built-in predictor needs no long
+/* Early collapse: the built-in predictor needs no long
  * history. A head whose entropy_norm falls from 0.9 to 0.004 between steps
  * 3 and 6 of a run whose loss stays at a uniform guess (with sigma_qk and
  * max_logit jumping with it, as at a high learning rate) is flagged by a

@@ -1,4 +1,4 @@
-/* test_faults.c: fault injection into the daemon's ingest path (issue 9).
+/* test_faults.c: fault injection into the daemon's ingest path.
  *
  * The daemon's modules run in this process as main.c wires them (store,
  * writer, ingest loop on a Unix socket, alert monitor, SSE ring; no HTTP),

@@ -1349,7 +1349,7 @@ static void test_block_chunks(void **state) {
     wide_frames_check(f->path, runs[1], 2, 700);
 }
 
-/* ------------------------------------------------------------ checksums (issue 36, item 4) */
+/* ------------------------------------------------------------ checksums */
 
 /* Flips bit `bit` of byte `off` of the blob column `col` of the one row of
  * `table` that `where` selects, through SQLite (as a bit flip on disk

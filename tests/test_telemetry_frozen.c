@@ -1,5 +1,4 @@
-/* test_telemetry_frozen.c: a trainer whose daemon is frozen loses nothing
- * (issue 9).
+/* test_telemetry_frozen.c: a trainer whose daemon is frozen loses nothing.
  *
  * Starts $ENTROPYD (default build/entropyd) on a temporary directory and
  * runs a simulated trainer: each step spins for FROZEN_WORK_US of "compute"

@@ -1,5 +1,5 @@
 // compare.test.mjs: compare and the runs list with 10,000 runs stored
-// (issue 33 items 4, 6, 10), against a real entropyd and Debian's chromium.
+// against a real entropyd and Debian's chromium.
 // The runs are written straight into the database by
 // build/bench/bench_many_runs_seed (a second or two), then two runs are
 // streamed over the protocol, one of them collapsing, for alert markers.

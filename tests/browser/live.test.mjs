@@ -1,5 +1,5 @@
-// live.test.mjs: the live pages' cost and their connection state (issue 33
-// items 1 and 8), against a real entropyd and Debian's chromium.
+// live.test.mjs: the live pages' cost and their connection state,
+// against a real entropyd and Debian's chromium.
 // - a run page left open on a 12x12 run logging 10 steps/s makes at most
 //   one request per 10 s beside its one stream and receives at most
 //   200 KB/min in all (every byte counted by the DevTools protocol), while

@@ -8,10 +8,10 @@
 //   in the page equals the daemon's pooled answer; a collapse-signal chart
 //   asks once (split=layer) and its lines equal the per-layer answers;
 // - after a daemon restart the page reconnects by itself and shows new steps;
-// - the collapse timeline (issue 33 item 3): a row per head, its colours
+// - the collapse timeline: a row per head, its colours
 //   the bucket minima of GET .../series?split=head, the stored alerts
 //   marked on top, hover naming the cell, a click and Enter following the
-//   head; the heatmap's keyboard cursor (item 9);
+//   head; the heatmap's keyboard cursor;
 // - the x axis (step, wall time, relative time) and a log toggle kept in
 //   the URL, a reload keeps them, Back undoes a view change (items 5, 10).
 import {check, launch, newPage, rendered, run, screenshot, seedRun, sleep, startDaemon, stepMsg, Trainer} from './harness.mjs';
@@ -128,7 +128,7 @@ await run(async (ctx) => {
   check(hk && roles.every(([t, r, a]) => t === 0 && r === 'application' && a),
     'heatmap keyboard: arrows from the followed head (L0 h2) and Enter followed L1 h4; both canvases are tab stops with a role and a label', JSON.stringify(roles));
 
-  // 1c. contrast (item 9): both ends of the heatmap's and the timeline's
+  // 1c. contrast: both ends of the heatmap's and the timeline's
   // colour scales against the card they are drawn on, in both themes, all
   // read from the page as drawn (the card's computed background, the
   // legends' first and last pixels, the collapse region's swatch), and
@@ -277,7 +277,7 @@ await run(async (ctx) => {
     document.querySelector('.range-txt').dataset.zoomed === '1', from, {timeout: 10000}).then(() => true, () => false);
   check(fwd, 'Forward zoomed again');
 
-  // 5c. the three x axes (item 5), in the URL; a log toggle kept in the URL (item 10)
+  // 5c. the three x axes, in the URL; a log toggle kept in the URL
   const px = await newPage(browser);
   await px.goto(`${d.base}/?run=${id}&x=wall`);
   await rendered(px);

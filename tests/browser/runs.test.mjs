@@ -36,7 +36,7 @@ await run(async (ctx) => {
     'σReparam column from the run meta (sigma / none / unknown)');
   check(by[base.id].step === '299', 'last step of a finished run');
   await page.waitForFunction((id) => document.querySelector(`tr[data-run="${id}"] .loss`).textContent !== '—', sig.id);
-  // the verdict column (issue 15): the daemon's verdict, coloured by it; the
+  // the verdict column: the daemon's verdict, coloured by it; the
   // run that ended failed is diverged
   const verdicts = await page.$$eval('#runs-table tbody tr', (trs) => trs.map((tr) => ({
     id: +tr.dataset.run, v: tr.dataset.verdict, cls: tr.querySelector('.verdict-cell .badge').className})));

@@ -8,13 +8,13 @@
 // first screen is saved as build/test-artifacts/screenshot-run.png; with
 // UPDATE_SCREENSHOT=1 it also replaces docs/screenshot-run.png (the README's).
 //
-// Also the gallery of docs/dashboard.md (issue 33's bar): the run page's
+// Also the gallery of docs/dashboard.md: the run page's
 // first screen (1440x900, JPEG) of the collapsed 2x4 demo baseline, a
 // healthy 12x12 and a 32x32 run, each light and dark, into
 // build/test-artifacts/gallery-*.jpg (and .png) and, with UPDATE_SCREENSHOT=1,
 // docs/screenshots/. Each is checked before it is saved: the timeline drew
 // every row, the heatmap its cells. And the baseline's overlapping alert
-// markers fold into one with a count, listed on hover (item 7).
+// markers fold into one with a count, listed on hover.
 import {spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
