@@ -15,7 +15,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import ENTROPYD, Client, Daemon, step_msg  # noqa: E402
+from daemon_harness import ENTROPYD, Client, Daemon, step_msg, wait_for  # noqa: E402
 import subprocess  # noqa: E402
 
 
@@ -84,7 +84,7 @@ class HostileIngest(unittest.TestCase):
         def sample():
             while not done.is_set():
                 peak[0] = max(peak[0], d.rss_kb())
-                time.sleep(0.01)
+                time.sleep(0.01)  # not a wait: the RSS sampling interval
         t = threading.Thread(target=sample)
         t.start()
         threads = [threading.Thread(target=flood, args=(s, 4 << 20)) for s in socks]
@@ -147,7 +147,7 @@ class HostileIngest(unittest.TestCase):
         loops = [threading.Thread(target=loop) for _ in range(4)]
         for t in loops:
             t.start()
-        time.sleep(2)
+        time.sleep(2)  # not a wait: the loops' 2 s whose connections are counted
         stop.set()
         for t in loops:
             t.join()
@@ -160,13 +160,14 @@ class HostileIngest(unittest.TestCase):
         self.assertLess(trainer_connects(d, "after-loops"), 1.0)
 
     def test_idle_sockets_holding_every_slot_do_not_lock_a_trainer_out(self):
-        self.d = d = Daemon(args=["--max-conns", "20"]).start()
+        self.d = d = Daemon(args=["--max-conns", "20"], http=True).start()
         idle = []
         for _ in range(20):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(d.sock)
             idle.append(s)
-        time.sleep(0.2)  # let the daemon accept them all
+        # the trainer must find every slot held, not a backlog the daemon has yet to accept
+        wait_for(lambda: "\nentropyd_connections_open 20\n" in d.get("/metrics")[1], what="20 idle sockets accepted")
         took = trainer_connects(d, "not-locked-out")
         print("20 idle sockets, --max-conns 20: trainer welcomed in %.3f s" % took)
         self.assertLess(took, 1.0)
@@ -200,7 +201,7 @@ class HostileIngest(unittest.TestCase):
         # a trainer that says hello is not timed out later
         c = Client(d.sock)
         self.assertEqual(c.hello("in-time")["type"], "welcome")
-        time.sleep(1.5)
+        time.sleep(1.5)  # not a wait: past the 1 s hello timeout, which must not apply any more
         c.send(step_msg(1, 1))
         c.wait_ack(1)
 

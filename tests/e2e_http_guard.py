@@ -230,7 +230,7 @@ class HttpGuard(unittest.TestCase):
             s.close()
             if raw(port, "GET", "/healthz")[0] != 200:
                 fails += 1
-            time.sleep(0.05)
+            time.sleep(0.05)  # not a wait: paces the churn at 20 streams a second
         self.assertEqual(fails, 0)
 
     def test_idle_and_slow_clients_are_timed_out_streams_are_not(self):
@@ -265,7 +265,7 @@ class HttpGuard(unittest.TestCase):
                         closed[name] = time.time() - t0
                     s.setblocking(True)
                 sent += 1
-                time.sleep(0.2)
+                time.sleep(0.2)  # not a wait: the slow client's pace, one byte every 0.2 s
             print("--http-timeout-s 2: silent closed after %s s, one byte every 0.2 s closed after %s s"
                   % (closed.get("silent"), closed.get("slow")))
             self.assertIn("slow", closed, "a client trickling its headers was never timed out")

@@ -380,7 +380,7 @@ class Trainer(threading.Thread):
                 c.close()
             except (OSError, EOFError, ValueError):
                 self.reconnects += 1
-                time.sleep(0.05)
+                time.sleep(0.05)  # not a wait: a reconnecting trainer's pause
 
 
 class CrashTest(unittest.TestCase):
@@ -509,7 +509,7 @@ class FullDiskTest(unittest.TestCase):
             self.assertTrue(told, "the trainer was never told the database fails")
             self.assertLess(last_ack, seq - 2000, "~2,000 steps queued unacked")
             log_before = len(d.log().splitlines())
-            time.sleep(3)  # full, the writer retrying: its lines are rate-limited
+            time.sleep(3)  # not a wait: 3 s of a full disk, the writer retrying, whose log lines are counted
             grown = len(d.log().splitlines()) - log_before
             self.assertLessEqual(grown, 3 * 3 + 2, "log lines in 3 s of a full disk:\n" + "\n".join(d.log().splitlines()[-grown:]))
             t0 = time.time()
@@ -558,7 +558,7 @@ class OutOfDescriptorsTest(unittest.TestCase):
                 return sum(1 for l in f.read().decode(errors="replace").splitlines() if "accept:" in l)
         wait_for(lambda: accept_lines() > 0, what="an accept error logged")
         c0, l0, t0 = cpu_s(), accept_lines(), time.time()
-        time.sleep(3)
+        time.sleep(3)  # not a wait: 3 s out of descriptors, whose CPU and log lines are counted
         cpu, lines, span = cpu_s() - c0, accept_lines() - l0, time.time() - t0
         self.assertLess(cpu / span, 0.25, "daemon CPU while out of descriptors: %.0f%% of a core" % (100 * cpu / span))
         self.assertLessEqual(lines, span + 1, "accept error lines in %.1f s: %d" % (span, lines))

@@ -94,7 +94,7 @@ class Streamer(threading.Thread):
                 self.c.wait_ack(self.seq, timeout=30)
                 self.acks.append((time.monotonic(), time.monotonic() - t))
                 step += 1
-                time.sleep(0.002)
+                time.sleep(0.002)  # not a wait: paces the bystander
         except Exception as e:  # noqa: BLE001 - reported by the test
             self.error = e
 
@@ -189,8 +189,7 @@ class LongRunsTest(unittest.TestCase):
         self.assertEqual(frames, 6000 * 14)
         s = Streamer(d, "bystander")
         s.start()
-        while len(s.acks) < 20:
-            time.sleep(0.01)
+        wait_for(lambda: len(s.acks) >= 20 or s.error, what="the bystander's first 20 acks")
         chunks0 = metric_value(d.get("/metrics")[1], "entropyd_background_chunks_total")
         t0 = time.monotonic()
         self.assertEqual(http_delete(d, "/api/runs/%d" % big), 200)
@@ -205,7 +204,7 @@ class LongRunsTest(unittest.TestCase):
             time.sleep(0.02)
         t_purged = time.monotonic()
         n_acks = len(s.acks)
-        time.sleep(0.1)
+        wait_for(lambda: len(s.acks) > n_acks or s.error, what="a bystander ack after it")
         s.finish()
         self.assertEqual(d.query("SELECT count(*) FROM purge")[0][0], 0)
         for table, col, parent in (("frames", "metric_id", "metrics"), ("rollups", "metric_id", "metrics"),
@@ -233,8 +232,7 @@ class LongRunsTest(unittest.TestCase):
         rid = d.query("SELECT id FROM runs WHERE name = 'rewound'")[0][0]
         s = Streamer(d, "bystander")
         s.start()
-        while len(s.acks) < 20:
-            time.sleep(0.01)
+        wait_for(lambda: len(s.acks) >= 20 or s.error, what="the bystander's first 20 acks")
         r = Client(d.sock)
         w = r.hello("rewound", layers=12, heads=12)
         self.assertEqual(w["type"], "welcome")
@@ -260,7 +258,7 @@ class LongRunsTest(unittest.TestCase):
         # acked only once the rewind is complete and the step stored
         self.assertEqual(d.query("SELECT count(*) FROM rewinds")[0][0], 0)
         n_acks = len(s.acks)
-        time.sleep(0.1)
+        wait_for(lambda: len(s.acks) > n_acks or s.error, what="a bystander ack after it")
         s.finish()
         r.close()
         chunks = metric_value(d.get("/metrics")[1], "entropyd_background_chunks_total") - chunks0
@@ -307,7 +305,7 @@ class LongRunsTest(unittest.TestCase):
             got += len(data)
             if os.path.exists(wal):
                 peak = max(peak, os.path.getsize(wal))
-            time.sleep(0.02)
+            time.sleep(0.02)  # not a wait: the slow reader's pace
         out = ingest.stdout.read().decode()
         sk.close()
         self.assertEqual(ingest.returncode, 0, out)

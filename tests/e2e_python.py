@@ -127,7 +127,7 @@ class PythonClientTest(unittest.TestCase):
                     self.d.kill9()
                 if s == 150:
                     self.d.start()
-                time.sleep(0.002)
+                time.sleep(0.002)  # not a wait: paces the run, so the daemon is down for some of its steps
             self.assertTrue(run.finish("finished", grace=60))
             st = run.stats()
             self.assertGreaterEqual(st["reconnects"], 1)

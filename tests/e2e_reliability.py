@@ -35,7 +35,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon_harness import (ENTROPYD, ROOT, Client, Daemon, floats,  # noqa: E402
-                            head_value, step_msg)
+                            head_value, step_msg, wait_for)
 
 STRESS = os.environ.get("STRESS") == "1"
 KILL_ROUNDS = int(os.environ.get("KILL_ROUNDS", 20 if STRESS else 4))
@@ -135,7 +135,7 @@ class AckedTrainer(threading.Thread):
             except (OSError, EOFError, ValueError, RuntimeError) as e:
                 self.last_exc = "%s: %s" % (type(e).__name__, e)
                 self.reconnects += 1
-                time.sleep(0.02)
+                time.sleep(0.02)  # not a wait: a reconnecting trainer's pause
 
 
 class KillTest(unittest.TestCase):
@@ -149,10 +149,10 @@ class KillTest(unittest.TestCase):
             t0 = time.time()
             kills = 0
             for _ in range(KILL_ROUNDS):
-                time.sleep(rnd.uniform(0.05, 1.2))
+                time.sleep(rnd.uniform(0.05, 1.2))  # not a wait: a random point to kill at
                 d.kill9()
                 kills += 1
-                time.sleep(rnd.uniform(0, 0.3))  # trainers find no daemon for a moment
+                time.sleep(rnd.uniform(0, 0.3))  # not a wait: trainers find no daemon for a moment
                 d.start()
             for t in trainers:  # finish with what each has sent
                 t.n = t.seq
@@ -236,7 +236,7 @@ class FrozenDaemonTest(unittest.TestCase):
                 if kind == "frozen" and not control:
                     d.proc.send_signal(signal.SIGSTOP)
                 ta = time.time()
-                time.sleep(block)
+                time.sleep(block)  # not a wait: the block whose steps are counted
                 blocks[kind].append((ta, time.time()))
                 if kind == "frozen":
                     d.proc.send_signal(signal.SIGCONT)
@@ -599,7 +599,7 @@ class SecurityTest(unittest.TestCase):
             d.cleanup()
 
     def test_trainer_connection_limit(self):
-        d = Daemon(args=["--max-conns", "5"]).start()
+        d = Daemon(args=["--max-conns", "5"], http=True).start()
         try:
             cs = [Client(d.sock) for _ in range(5)]
             for i, c in enumerate(cs):
@@ -611,7 +611,8 @@ class SecurityTest(unittest.TestCase):
             with self.assertRaises((EOFError, ConnectionResetError)):
                 extra.recv(timeout=5)
             cs[0].close()
-            time.sleep(0.2)
+            # a hello before the daemon has seen the close would be refused, rightly
+            wait_for(lambda: "\nentropyd_connections_open 4\n" in d.get("/metrics")[1], what="the closed slot freed")
             again = Client(d.sock)
             self.assertEqual(again.hello("conn-again")["type"], "welcome")
         finally:

@@ -115,7 +115,7 @@ def test_kill_restart(tmp):
         # the second kill waits until the trainer has reconnected after the first
         if m and kills < 2 and int(m.group(1)) >= steps * (kills + 1) // 3 and back >= kills:
             d.kill9()
-            time.sleep(0.2)   # the trainer spools meanwhile
+            time.sleep(0.2)  # not a wait: the daemon stays down while the trainer spools
             d.start()
             kills += 1
     rc = p.wait(60)

@@ -44,7 +44,7 @@ def probe_health(port, stop, out):
         except OSError:
             st = None
         out.append(time.time() - t0 if st == 200 else None)
-        time.sleep(0.05)
+        time.sleep(0.05)  # not a wait: the probe's interval
 
 
 def probe_main(http_port, stop, results):
@@ -74,7 +74,7 @@ def watch_main(sock, token, pid, stop, results):
                             rss[0] = max(rss[0], int(line.split()[1]))
             except OSError:
                 pass
-            time.sleep(0.05)
+            time.sleep(0.05)  # not a wait: the RSS sampling interval
 
     def trainer():
         seq = 0
@@ -93,13 +93,13 @@ def watch_main(sock, token, pid, stop, results):
                     c.send(step_msg(seq, seq))
                     c.wait_ack(seq, timeout=5)
                     acked[0] = seq
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # not a wait: paces the trainer
                 c.close()
             except (OSError, RuntimeError, EOFError, TimeoutError, ValueError) as e:
                 fails[0] += 1
                 if len(why) < 3:
                     why.append(repr(e)[:200])
-                time.sleep(0.1)
+                time.sleep(0.1)  # not a wait: a reconnecting trainer's pause
 
     ts = [threading.Thread(target=f, daemon=True) for f in (sample_rss, trainer)]
     for t in ts:
@@ -184,7 +184,7 @@ def flood_loop(addr, deadline, stop):
             s.sendall(b"{")
             for _ in range(16):
                 s.sendall(chunk)
-            time.sleep(0.5)  # hold what was accepted
+            time.sleep(0.5)  # not a wait: the attacker holds what was accepted
         except OSError:
             pass
         finally:
@@ -258,7 +258,7 @@ def attack_idle(d):
             except OSError:
                 s.close()
                 break
-        time.sleep(0.2)
+        time.sleep(0.2)  # not a wait: the attacker's pace between refills
         alive = []
         for s in held:
             s.setblocking(False)
@@ -290,7 +290,7 @@ def attack_rebinding(d):
                     headers={"Origin": "http://attacker.example"})[0])
         got.add(raw(port, "DELETE", "/api/runs/%d" % rid, headers={"Origin": "http://attacker.example"})[0])
         got.add(raw(port, "GET", "/api/runs", host="attacker.example")[0])
-        time.sleep(0.01)
+        time.sleep(0.01)  # not a wait: the attacker's pace
     kept = d.query("SELECT count(*) FROM runs WHERE id = ?", (rid,))[0][0] == 1
     return "answered %s; run kept: %s" % (sorted(x for x in got if x), kept), all(x and 400 <= x < 500 for x in got) and kept
 
@@ -306,7 +306,7 @@ def attack_sse_churn(d):
             n += 1
         except OSError:
             pass
-        time.sleep(1 / 90)
+        time.sleep(1 / 90)  # not a wait: paces the churn at ~90 streams a second
     return "%d streams opened and closed (%.0f/s)" % (n, n / SECONDS)
 
 
@@ -320,7 +320,7 @@ def attack_http_idle(d):
         for i in range(len(held), 576):
             held.append(idle_http(port, "127.0.0.%d" % (2 + i // 64)))
         held = [s for s in held if s]
-        time.sleep(0.2)
+        time.sleep(0.2)  # not a wait: the attacker's pace between refills
     for s in held:
         s.close()
     return "576 idle sockets from 9 addresses, refilled as closed; %s pushed out" % evicted(d)
@@ -385,7 +385,7 @@ def run(name, args, attack, token=None):
         stop, quiet = threading.Event(), []
         t = threading.Thread(target=probe_health, args=(d.http_port, stop, quiet))
         t.start()
-        time.sleep(QUIET_SECONDS)
+        time.sleep(QUIET_SECONDS)  # not a wait: the quiet baseline's span
         stop.set()
         t.join()
         base = d.rss_kb()

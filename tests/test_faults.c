@@ -462,7 +462,7 @@ static int session(const char *sock, const char *run, int64_t n, int ms, double 
         conn_close(&c);
         if (conn_open(&c, sock)) {
             ss->reconnects++;
-            usleep(20000);
+            usleep(20000); /* not a wait: a reconnecting trainer's pause */
             continue;
         }
         int k = snprintf(out, sizeof out,
@@ -651,7 +651,7 @@ static void *streamer_main(void *arg) {
     while (!atomic_load(&t->stop) || t->acked < t->sent) {
         conn_close(&c);
         if (conn_open(&c, t->sock)) {
-            usleep(20000);
+            usleep(20000); /* not a wait: a reconnecting trainer's pause */
             continue;
         }
         int k =
@@ -697,7 +697,8 @@ static void test_sqlite_errors(void **state) {
     struct streamer t = {.sock = D.sock};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, streamer_main, &t), 0);
-    usleep(300000);
+    /* each phase must find steps flowing: the streamer welcomed and acked */
+    WAIT_UNTIL(atomic_load(&t.acked) > 0, 30000, usleep(10000));
     struct {
         const char *name;
         int write_err, busy;
@@ -711,7 +712,7 @@ static void test_sqlite_errors(void **state) {
         int64_t acked_before = t.acked;
         atomic_store(&vfs_write_err, phases[i].write_err);
         atomic_store(&vfs_busy, phases[i].busy);
-        usleep((useconds_t)phases[i].ms * 1000);
+        usleep((useconds_t)phases[i].ms * 1000); /* not a wait: how long the fault lasts */
         atomic_store(&vfs_write_err, 0);
         atomic_store(&vfs_busy, 0);
         /* wait for what was sent during the phase to commit */

@@ -315,6 +315,7 @@ static void test_tick_due(void **state) {
     snprintf(want, sizeof want, "\"step\":%d,", N);
     assert_null(strstr(buf, want));
     stream_on_tick(s, 0); /* too early: no token yet */
+    /* not a wait: the time that earns the next token */
     struct timespec d = {0, 120000000};
     nanosleep(&d, NULL);
     stream_on_tick(s, 0);

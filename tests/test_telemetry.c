@@ -197,7 +197,7 @@ static void fake_serve(fake *f, int fd, int conn) {
     long long acked = -1;
     while (!atomic_load(&f->stop)) {
         if (welcomed && atomic_load(&f->mode) == F_STALL) {
-            msleep(5);
+            msleep(5); /* not a wait: a stalled daemon reads nothing */
             continue;
         }
         struct pollfd p = {fd, POLLIN, 0};
@@ -552,7 +552,7 @@ static void test_paced_sender_waits_for_its_interval(void **state) {
     double t0 = now_mono_ms();
     while (now_mono_ms() - t0 < 300) {
         assert_int_equal(stats(t).sent, 1);
-        msleep(10);
+        msleep(10); /* not a wait: 300 ms in which nothing may be sent */
     }
     /* they wait in the ring, not yet in the spool: the sender drains the
      * ring at its wake-up too */
@@ -583,7 +583,7 @@ static void test_paced_sender_woken_by_half_full_ring(void **state) {
      * through them would drop most of them */
     for (int i = 1; i <= 200; i++) {
         put_step(t, i, 2, 3);
-        msleep(2);
+        msleep(2); /* not a wait: paces the steps */
     }
     assert_int_equal(stats(t).dropped_queue, 0);
     assert_int_equal(telemetry_destroy(t, "finished", 5000), TELEMETRY_OK);
@@ -703,7 +703,7 @@ static void test_seq_gap_resends(void **state) {
     telemetry *t = create_ok(&c);
     for (int i = 0; i < 12; i++) {
         put_step(t, i, 2, 1);
-        msleep(1);
+        msleep(1); /* not a wait: paces the steps */
     }
     assert_int_equal(telemetry_flush(t, 5000), TELEMETRY_OK);
     assert_stored_exactly(f, 1, 12);

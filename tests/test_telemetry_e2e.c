@@ -187,7 +187,7 @@ static void test_daemon_killed_twice(void **state) {
         put(t, i);
         if (i == 300 || i == 800) daemon_kill(&e, SIGKILL);
         if (i == 500 || i == 950) daemon_start(&e);
-        msleep(2);
+        msleep(2); /* not a wait: paces the steps, so the daemon is down for some of them */
     }
     assert_int_equal(telemetry_destroy(t, "finished", 20000), TELEMETRY_OK);
     check_db(&e, "e2e-kill", N, "finished");

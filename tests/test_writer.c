@@ -384,7 +384,7 @@ static void test_hook_order_and_coalescing(void **state) {
             want[nwant++] = (struct rec){it->kind, it->conn, run, seq, 0};
             submit(it);
         }
-        if (burst % 5 == 4) usleep(20000); /* let some commits happen in between */
+        if (burst % 5 == 4) usleep(20000); /* not a wait: lets some commits fall between bursts */
     }
     WAIT_FOR(find_reply(WRITER_R_ACK, 0, r1, s1) && find_reply(WRITER_R_ACK, 0, r2, s2), 10000);
     pump(20);
@@ -618,7 +618,7 @@ static void test_retry_counts_once(void **state) {
     submit(it);
     release_hook();
     wait_failing();
-    while (atomic_load(&backoffs) < 4) usleep(1000); /* several attempts at the same batch */
+    WAIT_UNTIL(atomic_load(&backoffs) >= 4, 10000, usleep(1000)); /* several attempts at the same batch */
     pump(100);
     assert_null(find_reply(WRITER_R_ACK, 0, small.id, 1)); /* the small steps wait with the big one */
     assert_int_equal(qi(E.db.path, "SELECT count(*) FROM steps"), 0);
