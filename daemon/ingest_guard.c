@@ -1,5 +1,6 @@
 /* ingest_guard.c: what a trainer connection may cost: budgets, timeouts,
- * per-peer limits. Not the event loop or the protocol (ingest.c).
+ * per-peer limits. Not the event loop (ingest_loop.c) or the protocol
+ * (ingest_lines.c).
  *
  * What a connection may cost before it is welcomed is small (INGEST_HELLO_MAX
  * of input and of output, hello_ms of time); all input buffers together stay
@@ -19,31 +20,6 @@
 
 #include "now.h"
 #include "strbuf.h"
-
-void ingest_pending_add(struct ingest *ing, struct conn *c) {
-    c->pprev = ing->pend_tail;
-    c->pnext = NULL;
-    if (ing->pend_tail) ing->pend_tail->pnext = c;
-    else ing->pend_head = c;
-    ing->pend_tail = c;
-    c->pending = 1;
-}
-
-void ingest_pending_remove(struct ingest *ing, struct conn *c) {
-    if (!c->pending) return;
-    if (c->pprev) c->pprev->pnext = c->pnext;
-    else ing->pend_head = c->pnext;
-    if (c->pnext) c->pnext->pprev = c->pprev;
-    else ing->pend_tail = c->pprev;
-    c->pprev = c->pnext = NULL;
-    c->pending = 0;
-}
-
-void ingest_input_stat(struct ingest *ing) {
-    pthread_mutex_lock(&ing->stats_mu);
-    ing->stats.input_bytes = ing->in_bytes;
-    pthread_mutex_unlock(&ing->stats_mu);
-}
 
 /* Gives c's input buffer cap bytes (cap >= c->in_len), keeping
  * ing->in_bytes the sum of every buffer. Returns 0, or -1 (out of memory). */

@@ -1,6 +1,7 @@
-/* ingest_int.h: what ingest.c, ingest_lines.c and ingest_guard.c share:
- * ingest's state (runs, connections, budgets) and the functions each calls
- * in another. Not for use outside them: ingest's contract is ingest.h.
+/* ingest_int.h: what ingest.c, ingest_guard.c, ingest_lines.c and
+ * ingest_loop.c share: ingest's state (runs, connections, budgets) and the
+ * functions each calls in another. Not for use outside them: ingest's
+ * contract is ingest.h.
  * Event loop thread only, except the stats under stats_mu. */
 #ifndef INGEST_INT_H
 #define INGEST_INT_H
@@ -105,12 +106,25 @@ struct ingest {
 
 /* ---- connections, output and runs (ingest.c) ------------------------- */
 
+/* The list of connections not welcomed yet, oldest first. */
+void ingest_pending_add(struct ingest *ing, struct conn *c);
+void ingest_pending_remove(struct ingest *ing, struct conn *c); /* c not on it: nothing */
+
+/* Publishes ing->in_bytes to the stats. */
+void ingest_input_stat(struct ingest *ing);
+
+
 /* Arms epoll for what c waits for now (input, output, its peer hanging up). */
 void ingest_conn_arm(struct ingest *ing, struct conn *c);
 
 /* Writes what can be written now without blocking; closes c when its peer
  * is gone or c is done. c may be freed when this returns. */
 void ingest_conn_flush(struct ingest *ing, struct conn *c);
+
+/* Appends n bytes at s to c's output. -1 when the client has let more
+ * than it may pile up unread (cfg.max_out, INGEST_HELLO_MAX before its
+ * welcome) or out of memory: nothing is appended. */
+int ingest_out_append(struct ingest *ing, struct conn *c, const char *s, size_t n);
 
 /* Queues an error line (seq > 0: the line names it). Closing codes, and a
  * client that does not read its errors, end the connection once the
@@ -125,6 +139,16 @@ struct conn *ingest_conn_by_id(struct ingest *ing, uint64_t id);
 
 /* The run named name in the table, or NULL. */
 struct run *ingest_run_by_name(struct ingest *ing, const char *name);
+
+/* The run with that id in the table, or NULL. */
+struct run *ingest_run_by_id(struct ingest *ing, int64_t id);
+
+/* Gives a welcomed run its id (and its place by id). -1 out of memory
+ * (the run keeps id 0). */
+int ingest_run_set_id(struct ingest *ing, struct run *run, int64_t id);
+
+/* Takes run out of the table and frees it. */
+void ingest_run_remove(struct ingest *ing, struct run *run);
 
 /* Adds a new run (id 0, not in the table yet) by its name. -1 out of
  * memory (r is not added; the caller still owns it). */
@@ -143,13 +167,6 @@ void ingest_conn_detach(struct ingest *ing, struct conn *c);
 int ingest_process_input(struct ingest *ing, struct conn *c);
 
 /* ---- guards (ingest_guard.c) ----------------------------------------- */
-
-/* The list of connections not welcomed yet, oldest first. */
-void ingest_pending_add(struct ingest *ing, struct conn *c);
-void ingest_pending_remove(struct ingest *ing, struct conn *c); /* c not on it: nothing */
-
-/* Publishes ing->in_bytes to the stats. */
-void ingest_input_stat(struct ingest *ing);
 
 /* Refuses a stranger without closing it: told why, no longer read, its
  * input buffer given back; closed at its hello deadline or when its slot

@@ -4,9 +4,9 @@
  * other line checked against its run (hello first, not ended, the next
  * seq, the run's shapes) and queued for the writer; what fails is
  * answered with an error line. The wire format is schema/protocol.md; the
- * calls are in ingest_int.h. Not here: reading the socket, the run table
- * and the writer's replies (ingest.c), what a connection may cost
- * (ingest_guard.c). */
+ * calls are in ingest_int.h. Not here: reading the socket and the
+ * writer's replies (ingest_loop.c), the run table (ingest.c), what a
+ * connection may cost (ingest_guard.c). */
 #include "ingest_int.h"
 
 #include <stdio.h>
