@@ -219,7 +219,8 @@ static void handle_replies(struct ingest *ing) {
             c = run ? run->owner : NULL;
             /* a line for a run with no connection (an alert while the
              * trainer is away) is dropped: it is stored and streamed anyway */
-            if (c && r->payload && (ingest_out_append(ing, c, r->payload, strlen(r->payload)) || ingest_out_append(ing, c, "\n", 1)))
+            if (c && r->payload &&
+                (ingest_out_append(ing, c, r->payload, strlen(r->payload)) || ingest_out_append(ing, c, "\n", 1)))
                 c->closing = 1;
         } else {
             c = ingest_conn_by_id(ing, r->conn);

@@ -356,6 +356,20 @@ static char peek(struct parser *ps) {
     return ps->p < ps->end ? *ps->p : 0;
 }
 
+/* At a value that must be an array (open '[') or an object ('{'): 1 past
+ * the opening bracket with a member to come, 0 past an empty one, -1 with
+ * bad_field (fmt names it with name) and the value skipped otherwise. */
+static int open_container(struct parser *ps, char open, const char *fmt, const char *name) {
+    if (peek(ps) != open) {
+        if (skip_value(ps, 1)) return -1;
+        return fail(ps, PROTO_E_BAD_FIELD, fmt, name);
+    }
+    ps->p++;
+    if (peek(ps) != (open == '[' ? ']' : '}')) return 1;
+    ps->p++;
+    return 0;
+}
+
 /* true or false into *out (1 / 0); anything else is bad_field. */
 static int parse_bool_field(struct parser *ps, const char *name, int *out) {
     (void)peek(ps);
@@ -438,16 +452,9 @@ static int push_value(struct parser *ps) {
 
 /* Reads an array of values; returns its length in *n. */
 static int parse_vector(struct parser *ps, const char *metric, uint32_t *n) {
-    if (peek(ps) != '[') {
-        if (skip_value(ps, 1)) return -1;
-        return fail(ps, PROTO_E_BAD_FIELD, "metric %s must be an array", metric);
-    }
-    ps->p++;
     *n = 0;
-    if (peek(ps) == ']') {
-        ps->p++;
-        return 0;
-    }
+    int any = open_container(ps, '[', "metric %s must be an array", metric);
+    if (any <= 0) return any;
     struct proto_msg *m = ps->msg;
     while (1) {
         float x;
@@ -468,15 +475,8 @@ static int parse_vector(struct parser *ps, const char *metric, uint32_t *n) {
 /* Reads one of "scalars", "layers", "heads": an object of metrics. */
 static int parse_metrics(struct parser *ps, int kind, const char *field) {
     struct proto_msg *m = ps->msg;
-    if (peek(ps) != '{') {
-        if (skip_value(ps, 1)) return -1;
-        return fail(ps, PROTO_E_BAD_FIELD, "%s must be an object", field);
-    }
-    ps->p++;
-    if (peek(ps) == '}') {
-        ps->p++;
-        return 0;
-    }
+    int any = open_container(ps, '{', "%s must be an object", field);
+    if (any <= 0) return any;
     int count = 0;
     while (1) {
         if (m->nmetrics == ps->cap_metrics) {
@@ -505,25 +505,18 @@ static int parse_metrics(struct parser *ps, int kind, const char *field) {
         } else if (kind == PROTO_LAYER) {
             if (parse_vector(ps, mt->name, &mt->rows)) return -1;
         } else {
-            if (peek(ps) != '[') {
-                if (skip_value(ps, 1)) return -1;
-                return fail(ps, PROTO_E_BAD_FIELD, "head metric %s must be an array of arrays", mt->name);
-            }
-            ps->p++;
+            int rows = open_container(ps, '[', "head metric %s must be an array of arrays", mt->name);
             mt->rows = 0;
-            if (peek(ps) == ']') ps->p++;
-            else
-                while (1) {
-                    uint32_t n;
-                    if (parse_vector(ps, mt->name, &n)) return -1;
-                    if (mt->rows == 0) mt->cols = n;
-                    else if (n != mt->cols)
-                        return fail(ps, PROTO_E_BAD_SHAPE, "head metric %s has rows of different lengths", mt->name);
-                    mt->rows++;
-                    int more = next_or_close(ps, ']');
-                    if (more < 0) return -1;
-                    if (!more) break;
-                }
+            while (rows > 0) {
+                uint32_t n;
+                if (parse_vector(ps, mt->name, &n)) return -1;
+                if (mt->rows == 0) mt->cols = n;
+                else if (n != mt->cols)
+                    return fail(ps, PROTO_E_BAD_SHAPE, "head metric %s has rows of different lengths", mt->name);
+                mt->rows++;
+                rows = next_or_close(ps, ']');
+            }
+            if (rows < 0) return -1;
         }
         m->nmetrics++;
         int more = next_or_close(ps, '}');
