@@ -584,14 +584,19 @@ class SecurityTest(unittest.TestCase):
                 s.sendall(b"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 self.assertIn(b" 200 ", s.recv(4096))
                 held.append(s)
+            # every ordinary slot serves a stream: a newcomer gets one of the
+            # reserved slots (daemon/http_slots.h), which answer a health
+            # check and refuse anything else, naming the limit
             st, _ = http_get(port, "/healthz", timeout=5)
-            self.assertIsNone(st, "a connection over --http-max-conns busy ones must be closed unanswered")
+            self.assertEqual(st, 200, "a health check over --http-max-conns busy slots gets a reserved slot")
+            st, body = http_get(port, "/api/runs", timeout=5)
+            self.assertEqual(st, 503, body[:300])
+            self.assertIn(b"--http-max-conns", body)
             for s in held:
                 s.close()
             held = []
-            deadline = time.time() + 5
-            while time.time() < deadline and http_get(port, "/healthz")[0] != 200:
-                time.sleep(0.1)
+            # once the server has seen the streams close, their slots serve anything again
+            wait_for(lambda: http_get(port, "/api/runs")[0] == 200, timeout=10, what="the streams' slots freed")
             self.assertEqual(http_get(port, "/healthz")[0], 200)
         finally:
             for s in held:
