@@ -5,6 +5,7 @@
  * listeners and lifecycle (ingest_loop.c), what each line does
  * (ingest_lines.c), what a connection may cost (budgets, timeouts,
  * per-peer limits: ingest_guard.c). */
+#include "ingest.h"
 #include "ingest_int.h"
 #include "strbuf.h"
 #include "net.h"

@@ -9,6 +9,7 @@
  * holds at most max_conns_per_peer connections; and when every slot is
  * taken, a newcomer takes the slot of the oldest connection that has not
  * said hello yet, so idle sockets cannot lock trainers out. */
+#include "ingest.h"
 #include "ingest_int.h"
 
 #include <arpa/inet.h>

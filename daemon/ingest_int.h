@@ -10,9 +10,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ingest.h"
 #include "peers.h"
 #include "ratelog.h"
+
+/* Uses ingest.h's types (struct ingest_config, struct ingest_stats) but
+ * does not include it: each file of the module includes ingest.h, then
+ * this header (as store.c does with store.h and store_int.h), so that no
+ * include runs from the inside back to the contract. */
 
 #define READ_CHUNK (256 * 1024)
 #define IN_INITIAL (16 * 1024)

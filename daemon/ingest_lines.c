@@ -7,6 +7,7 @@
  * calls are in ingest_int.h. Not here: reading the socket and the
  * writer's replies (ingest_loop.c), the run table (ingest.c), what a
  * connection may cost (ingest_guard.c). */
+#include "ingest.h"
 #include "ingest_int.h"
 
 #include <stdio.h>

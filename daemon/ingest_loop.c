@@ -4,6 +4,7 @@
  * Not here: a connection's output, the run table and closing
  * (ingest.c), what each line does (ingest_lines.c), what a connection may
  * cost (ingest_guard.c). */
+#include "ingest.h"
 #include "ingest_int.h"
 #include "strbuf.h"
 #include "net.h"
