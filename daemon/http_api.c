@@ -4,9 +4,10 @@
  * the query pool (query.h), the live stream (stream.h) or the writer (a
  * DELETE). The routes and their parameters are documented in
  * docs/http-api.md. Not here: the checks every request passes before its
- * route is looked up, the answers' helpers and the server's lifecycle
- * (http.c, http_guard.c), the dashboard's files (http_static.c), the
+ * route is looked up (http_server.c, http_guard.c), the answers' helpers
+ * (http.c), the server's lifecycle (http_server.c), the dashboard's files (http_static.c), the
  * figures of /metrics (metrics.c). The contract is in http_int.h. */
+#include "http.h"
 #include "http_int.h"
 
 #include <errno.h>

@@ -1,8 +1,10 @@
 /* http_guard.c: what a request must pass before a handler sees it: the
  * token, the Host and Origin checks against DNS rebinding and cross-site
- * pages, and the query string's shape. Not the routes or the answers
- * (http.c), nor the connection slots (http_slots.c). The contract is in
+ * pages, and the query string's shape. Not the routes (http_api.c), the
+ * answers (http.c), the order of the checks (http_server.c), nor the
+ * connection slots (http_slots.c). The contract is in
  * http_int.h. */
+#include "http.h"
 #include "http_int.h"
 
 #include <arpa/inet.h>

@@ -1,5 +1,5 @@
 /* http_int.h: what the HTTP server's files share (http.c, http_api.c,
- * http_guard.c, http_static.c, http_reply.c): the server's state and the
+ * http_guard.c, http_static.c, http_server.c): the server's state and the
  * functions that answer. Not for use outside them: the server's contract is http.h. */
 #ifndef HTTP_INT_H
 #define HTTP_INT_H
@@ -8,10 +8,14 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "http.h"
 #include "http_slots.h"
 
-#define HTTP_HIST_N 13 /* commit latency buckets, +Inf apart (http_reply.c) */
+/* Uses http.h's types (struct http_config) but does not include it: each
+ * file of the server includes http.h, then this header (as store.c does
+ * with store.h and store_int.h), so that no include runs from the inside
+ * back to the contract. */
+
+#define HTTP_HIST_N 13 /* commit latency buckets, +Inf apart (http.c) */
 
 struct http {
     struct http_config cfg;
@@ -42,7 +46,7 @@ struct req {
     const char *bad_query; /* why the query string is refused (static text), or NULL */
 };
 
-/* ---- answers (http_reply.c) ------------------------------------------ */
+/* ---- answers (http.c) ------------------------------------------------ */
 
 /* Queues r (NULL: MHD_NO) with status, counts the status class, and
  * releases the caller's reference to r. */

@@ -1,7 +1,8 @@
 /* http_static.c: the dashboard's files: the web/ directory embedded at
  * build time (gzip when the client takes it), or a directory on disk with
- * --web-root, with ETags for revalidation. Not the API (http.c). The
+ * --web-root, with ETags for revalidation. Not the API (http_api.c). The
  * contract is in http_int.h. */
+#include "http.h"
 #include "http_int.h"
 
 #include <fcntl.h>

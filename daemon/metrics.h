@@ -2,7 +2,7 @@
  * own figures: each module's counters (its X_metrics, beside its stats),
  * the database's size, and the runs' latest values (query_prometheus).
  * It gathers; it keeps no state and counts nothing itself. Not the route
- * (http.c). */
+ * (http_api.c). */
 #ifndef METRICS_H
 #define METRICS_H
 
