@@ -2,13 +2,13 @@
 """The PyTorch probe's cost to the training step (the target: the
 default entropyd.torch.watch within 2% of no watch), interleaved in one
 process: a pre-LN nn.TransformerEncoder LM (AdamW, batch 16, seq 128,
-causal mask) alternates blocks of steps with the default watch (budget
-2%, watch.log every step: scalars, and the probe when the watch chooses)
-and blocks with no watch at all (the hooks removed, no log), the order
-flipping each pair of blocks; each pair gives the ratio of the two
-blocks' mean step times, and the figure is the median of those ratios
-with their quartiles (machine load drifts between blocks, not within a
-pair).  Printed for wall time (the bar) and the process's CPU time (all
+causal mask) alternates steps with the default watch (budget 2%,
+watch.log every step: scalars, and the probe when the watch chooses) and
+steps with no watch at all (the hooks removed, no log), W N N W W N N W
+..., so that the load of a shared machine, which drifts over seconds, is
+the same for both kinds; a block of such steps gives the ratio of the
+two kinds' mean step times, and the figure is the median of the blocks'
+ratios with their quartiles.  Printed for wall time (the bar) and the process's CPU time (all
 threads: the client's sender included, and OpenBLAS's spinning pool), and
 the training thread's own CPU time (with one thread, torch's and
 OpenBLAS's, every op of the step and the probe runs on it: the figure a
@@ -16,11 +16,12 @@ loaded machine disturbs least); also what the watch says it spent (watch.cost ov
 blocks' time), its interval and examples.
 Configs "d_model x layers x heads": 128x4x4 and 256x6x8, each with one
 intra-op thread and with every core.  The watch's steps are numbered
-consecutively across its blocks (one run), so its schedule sees only
-watched steps.  Env: TORCH_BENCH_CONFIGS (default "128x4x4,256x6x8"),
+consecutively (one run), and the time of the unwatched step between two
+of them is taken out of what the watch measures as its step, so its
+schedule sees only watched steps.  Env: TORCH_BENCH_CONFIGS (default "128x4x4,256x6x8"),
 TORCH_BENCH_THREADS ("1,all": torch's threads and OpenBLAS's pool alike),
-TORCH_BENCH_PAIRS (4; blocks of TORCH_BENCH_BLOCK steps, default 12, and at
-least 3 probe intervals), ENTROPYD_SOCK (a daemon; else spool only)."""
+TORCH_BENCH_PAIRS (4: the blocks; each of TORCH_BENCH_BLOCK watched steps,
+default 12 and at least 3 probe intervals, and as many unwatched), ENTROPYD_SOCK (a daemon; else spool only)."""
 import os
 import statistics
 import sys
@@ -89,42 +90,55 @@ def bench(C, L, H, threads, pairs, block, sock):
     w.remove()
     ws = 0                                         # the watch's steps, consecutive
 
-    def block_of(watched):
+    def one_step(watched):
+        """One training step, watched (hooks on, log) or not; returns its
+        (wall, process cpu, this thread's cpu) seconds."""
         nonlocal ws
         if watched:
             hook(w, model)
         t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
-        for _ in range(block):
-            loss = step()
-            if watched:
-                w.log(ws, loss=loss)
-                ws += 1
-            else:
-                float(loss)                        # what a loop prints or checks anyway
-        dt, dc = (time.perf_counter() - t0) / block, (time.process_time() - c0) / block
-        dm = (time.thread_time() - m0) / block
+        loss = step()
+        if watched:
+            w.log(ws, loss=loss)
+            ws += 1
+        else:
+            float(loss)                            # what a loop prints or checks anyway
+        out = (time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - m0)
         if watched:
             w.remove()
-        return dt, dc, dm
+        else:
+            # the watch times the step from one log() to the next: the
+            # unwatched step between two of its steps is not its step
+            if w._t_log is not None:
+                w._t_log += out[0]
+        return out
 
-    for watched in (True, False, True):            # warm-up: the allocator, the watch's first probes
-        block_of(watched)
-    # A block must hold several probe intervals: with blocks shorter than
+    def block_of():
+        """`block` watched and `block` unwatched steps, alternating (the
+        order flips each step): a ratio of their mean times."""
+        acc = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}
+        for i in range(2 * block):
+            watched = (i % 4) in (0, 3)            # W N N W W N N W ...: each kind first half the time
+            for k, v in enumerate(one_step(watched)):
+                acc[watched][k] += v
+        return [acc[True][k] / acc[False][k] - 1 for k in range(3)], acc[True][0], acc[False][0] / block
+
+    for _ in range(3):                             # warm-up: the allocator, the watch's first probes
+        one_step(True)
+        one_step(False)
+    # A block must hold several probe intervals: in a block shorter than
     # the interval, some hold a probe and some none, and the median of the
-    # pairs' ratios is the cost of a block with a probe, not the mean cost.
+    # blocks' ratios is the cost of a block with a probe, not the mean cost.
     block = max(block, 3 * w.interval)
     cost0, probes0 = w.cost, w.probes
     wall, cpu, main, watched_time = [], [], [], 0.0
     for p in range(pairs):
-        order = (False, True) if p % 2 == 0 else (True, False)
-        r = {}
-        for watched in order:
-            r[watched] = block_of(watched)
-        watched_time += r[True][0] * block
-        wall.append(r[True][0] / r[False][0] - 1)
-        cpu.append(r[True][1] / r[False][1] - 1)
-        main.append(r[True][2] / r[False][2] - 1)
-        base_ms = r[False][0] * 1e3
+        r, wt, base = block_of()
+        watched_time += wt
+        wall.append(r[0])
+        cpu.append(r[1])
+        main.append(r[2])
+        base_ms = base * 1e3
     run.finish("finished", grace=10, quiet=True)
     lo, md, hi = quart(wall)
     clo, cmd, chi = quart(cpu)
@@ -169,7 +183,7 @@ def main():
     threads = [os.cpu_count() if t == "all" else int(t) for t in os.environ.get("TORCH_BENCH_THREADS", "1,all").split(",")]
     pairs = int(os.environ.get("TORCH_BENCH_PAIRS", 4))
     sock = os.environ.get("ENTROPYD_SOCK")
-    print("torch probe A/B: nn.TransformerEncoder LM, batch %d, seq %d, %d pairs of blocks, load %s" % (
+    print("torch probe A/B: nn.TransformerEncoder LM, batch %d, seq %d, %d blocks of interleaved steps, load %s" % (
         B, T, pairs, open("/proc/loadavg").read().split()[0]), flush=True)
     for C, L, H in configs:
         probe_alone(C, H)
@@ -186,7 +200,7 @@ def main():
     if spread > 0.08:
         verdict += " (not settled: interquartile range up to %.1f points; rerun quieter or with more pairs)" % (
             100 * spread)
-    print("  bar: the default watch within 2%% of none (median of interleaved pairs): worst %+.2f%% -> %s"
+    print("  bar: the default watch within 2%% of none (median of the blocks of interleaved steps): worst %+.2f%% -> %s"
           % (100 * worst, verdict), flush=True)
 
 
