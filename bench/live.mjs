@@ -45,6 +45,13 @@ function pace(trainer, from, opts = {}) {
   return {stop: () => clearInterval(timer), get step() { return step; }};
 }
 
+/** "path x count, ..." of a list of URLs (their query strings dropped). */
+function summarize(urls) {
+  const n = new Map();
+  for (const u of urls) { const k = new URL(u).pathname; n.set(k, (n.get(k) || 0) + 1); }
+  return [...n].map(([k, c]) => `${k} x${c}`).join(', ') || 'none';
+}
+
 /** Counts a page's requests (its event stream aside) and every byte it
  * receives, encoded, headers and the stream included (CDP). */
 async function meter(page) {
@@ -117,7 +124,9 @@ try {
   m.on = false;
   let secs = (Date.now() - t0) / 1000;
   out(`one live run page (12x12x9, 10 steps/s) over ${secs.toFixed(0)} s: ${(m.requests.length * 60 / secs).toFixed(1)} requests/min ` +
-      `beside its stream (target <= 6), ${(m.bytes * 60 / secs / 1024).toFixed(1)} KB/min received in all (target <= 200)`);
+      `beside its stream (target <= 6), ${(m.requests.length * 10 / secs).toFixed(1)} per 10 s (target <= 1), ` +
+      `${(m.bytes * 60 / secs / 1024).toFixed(1)} KB/min received in all (target <= 200)`);
+  out(`  its requests: ${summarize(m.requests)}`);
   await tab.close();
 
   const list = await browser.newPage({viewport: {width: 1440, height: 900}});
