@@ -547,7 +547,8 @@ export class TimeChart {
     const busy = !this.data || !this.data[0] || this.reloading || (!this.u && !this.pendingDefs);
     const xs = busy ? null : this.data[0];
     // a live run would grow the chart by a point per step forever: once the
-    // appended points outnumber the fetched buckets, refetch (downsampled)
+    // appended points outnumber the fetched buckets, refetch (downsampled;
+    // reload() asks the page's request budget, budget.js, for a slot)
     const full = xs && xs.length > 2 * Math.max(this.fetched || 0, 500) && this.reload;
     if (busy || full) {
       if (!this.backlog) this.backlog = [];

@@ -11,8 +11,11 @@
 // training curves, layers and cells events (as often) to the layer,
 // signal and small-multiple charts, the heatmap, the head chart and the
 // collapse timeline (timeline.js). A live page makes no request per step:
-// only a verdict check every 30 s, and a chart's (or the timeline's)
-// refetch once its appended points outnumber its buckets.
+// only a verdict check (after alerts, and every 30 s), the head chart's
+// refetch when the worst heads change, and a chart's (or the timeline's)
+// refetch once its appended points outnumber its buckets; all of them go
+// through the page's budget (budget.js: at most one started per 10 s),
+// what the user asks for (a zoom, a metric) goes at once.
 //
 // View state lives in the URL (metric, tl, x, logs, from/to, smooth, ...):
 // a view change (zoom, a metric, the x axis, a log toggle) pushes a history
@@ -23,6 +26,7 @@ import {TimeChart, X_MODES, addClock, resetClock, getSmoothing, hasClock, logByD
 import {Heatmap} from './heatmap.js';
 import {COLLAPSE_BELOW, FOLD_ROWS, Timeline} from './timeline.js';
 import {streamState, subscribe, want} from './live.js';
+import {ask, forget, served} from './budget.js';
 import {color, describe, fmt, fmtAgo, fmtStep, h, unitOf, urlState, whenVisible} from './util.js';
 import {normAlert, verdictOf} from './verdict.js';
 
@@ -42,6 +46,7 @@ const TRAINING_ORDER = ['loss', 'lr', 'grad_norm', 'tokens_per_s'];
 const HM_LOG = new Set(['entropy_norm']);
 // the side chart shows this many of the worst heads of the step shown
 const WORST_K = 4;
+let viewCount = 0;   // budget keys per view: a view's asks go with it
 const VERDICT_TEXT = {healthy: 'Healthy', collapsing: 'Collapsing', collapsed: 'Collapsed', diverged: 'Diverged', stalled: 'Stalled',
                       sharp: 'Sharp heads, training'};
 /** Timeline of the first render, for the benchmark (window.__render.marks). */
@@ -334,8 +339,9 @@ export class RunView {
   /** Registers a chart: load() fetches and draws it; it runs when the chart
    * is first scrolled near, and again on every range change once loaded. */
   addChart(chart, load, kind, eager = false) {
-    const c = {chart, loaded: false, kind};
+    const c = {chart, loaded: false, kind, key: this.bkey('chart:' + this.charts.length)};
     c.load = async () => {
+      served(c.key);   // a waiting refetch of this chart is served by this load
       this.pending++;
       c.loaded = true;
       chart.reloading = true;   // live steps wait in the chart's backlog until the new data is in
@@ -346,7 +352,12 @@ export class RunView {
       }
     };
     this.charts.push(c);
-    chart.reload = () => { if (!c.reloading) { c.reloading = true; c.load().finally(() => { c.reloading = false; chart.reloading = false; }); } };
+    // the chart outgrew its buckets: refetched in the budget's next free slot
+    chart.reload = () => ask(c.key, () => {
+      if (this.dead || c.reloading) return;
+      c.reloading = true;
+      c.load().finally(() => { c.reloading = false; chart.reloading = false; });
+    });
     if (eager) c.load(); else whenVisible(chart.el, c.load);
     return c;
   }
@@ -441,6 +452,8 @@ export class RunView {
     this.headChart.el.id = 'head-chart';
     this.headEntry = {chart: this.headChart, loaded: false, kind: 'head'};
     this.headEntry.load = async () => {
+      served(this.bkey('head'));
+      this.headPend = null;   // a live refetch of new worst heads under way: this load serves it
       const sel = this.hm.sel;
       if (!sel) return;
       this.headEntry.loaded = true;
@@ -533,6 +546,7 @@ export class RunView {
 
   async loadTimeline() {
     if (!this.tl) return;
+    served(this.bkey('timeline'));
     const gen = (this.tlGen = (this.tlGen || 0) + 1);
     this.pending++;
     try {
@@ -669,7 +683,7 @@ export class RunView {
 
   /** A live frame while the head chart already shows this metric: its
    * heads' values are appended (no request); when the worst heads changed,
-   * the chart is refetched for the new ones at most every 30 s. */
+   * the chart is refetched for the new ones (headChain). */
   liveHead(f, moved) {
     const hc = this.headChart, L = f.values;
     const at = (l, hd) => (L[l] && L[l][hd] !== undefined ? L[l][hd] : undefined);
@@ -677,8 +691,43 @@ export class RunView {
     const vals = heads.map(([l, hd]) => at(l, hd));
     if (hc.defs && hc.defs.length > vals.length) vals.push(undefined);   // the entropy bound: not on the stream here
     if (this.st.to === null) hc.append(f.step, vals);
-    const now = performance.now();
-    if (moved && !(this.headReloadAt > now - 30000)) { this.headReloadAt = now; this.headEntry.load(); }
+    const p = this.headPend;
+    if (p && f.step > p.to) { p.buf.push([f.step, p.heads.map(([l, hd]) => at(l, hd))]); if (p.buf.length > 2000) p.buf.shift(); }
+    if (moved && this.autoPick && this.worst && this.worst.length) this.headChain();
+    else if (moved) ask(this.bkey('head'), () => { if (!this.dead) this.headEntry.load(); });
+  }
+
+  /** The worst heads moved on a live page: their history, one series a
+   * budget slot (one request per 10 s, not one per head at once), each up to
+   * the step of the move, and the live frames since then kept aside, so the
+   * chart changes to the new heads all at once, with no gap. The old heads'
+   * lines go on meanwhile; a move during the chain starts another after it. */
+  headChain() {
+    if (this.headPend) { this.headPend.again = true; return; }
+    const metric = this.st.metric, pts = this.points(this.headChart.el), to = this.lastStep ?? undefined;
+    const p = (this.headPend = {heads: this.worst, metric, res: [], buf: [], to: to ?? -Infinity, again: false});
+    const next = () => ask(this.bkey('head'), async () => {
+      if (this.dead || this.headPend !== p) return;
+      const [l, hd] = p.heads[p.res.length];
+      try { p.res.push(await api.series(this.id, this.q({metric, layer: l, head: hd, points: pts, to}), {prio: 1})); } catch (e) {
+        if (this.headPend === p) this.headPend = null;   // the next move asks again
+        return;
+      }
+      if (this.headPend !== p || this.dead) return;
+      if (p.res.length < p.heads.length) { next(); return; }
+      this.headPend = null;
+      if (metric !== this.st.metric || !this.autoPick) return;
+      const hc = this.headChart;
+      this.headWorst = p.heads;
+      hc.o.title = `${metric} of the ${p.heads.length} worst heads at the step shown`;
+      hc.o.file = `${this.run.name}-${metric}-worst-heads`;
+      const defs = p.heads.map(([l, hd], i) => ({label: `L${l} h${hd}`, color: color(i), band: i === 0, width: i === 0 ? 2 : 1.4}));
+      hc.nonfinite = nonfiniteSteps(p.res);
+      await hc.setData(defs, tableOf(p.res.map((r, i) => ({res: r, y: 'mean', band: i === 0}))));
+      if (this.st.to === null) for (const [st, vals] of p.buf) hc.append(st, vals);
+      if (p.again) this.headChain();
+    });
+    next();
   }
 
   /** Colour range of a head metric: fixed where the metric has one
@@ -1065,9 +1114,8 @@ export class RunView {
    * latest step), the head chart and the small multiples. */
   liveCells(d) {
     if (this.tl && d.metric === this.st.tl && this.st.to === null && this.tlLoaded && !this.tl.addCells(d)) {
-      // the live columns outnumber the fetched ones: refetch, wider buckets (at most every 30 s)
-      const now = performance.now();
-      if (!(this.tlReloadAt > now - 30000)) { this.tlReloadAt = now; this.loadTimeline(); }
+      // the live columns outnumber the fetched ones: refetch, wider buckets, in the budget's next slot
+      ask(this.bkey('timeline'), () => { if (!this.dead) this.loadTimeline(); });
     }
     if (d.metric === this.st.metric && this.hm && this.follow && !this.playing && !this.frameBusy) {
       this.showFrame(d, {step: null, metric: d.metric, live: true});
@@ -1102,26 +1150,33 @@ export class RunView {
   }
 
   /** The daemon's verdict changes with alerts and the run's end: ask again
-   * (a second after the event, at most every 5 s: a collapse fires many
-   * alerts at once); a derived verdict follows the alerts. */
-  refreshVerdict() {
+   * a second after the event (a collapse fires many alerts at once: one
+   * ask), first in the budget's next slot (at most one request per 10 s);
+   * a derived verdict follows the alerts. */
+  refreshVerdict(urgent = true) {
     this.renderVerdict();
     if (!this.run.verdict || this.verdictTimer) return;
-    const since = this.verdictAt === undefined ? Infinity : performance.now() - this.verdictAt;
-    this.verdictTimer = setTimeout(async () => {
+    this.verdictTimer = setTimeout(() => {
       this.verdictTimer = null;
-      this.verdictAt = performance.now();
-      try { const r = await api.run(this.id); if (!this.dead && r) { this.run.verdict = r.verdict; this.renderVerdict(); } } catch { /* next event */ }
-    }, Math.max(1000, 5000 - since));
+      ask(this.bkey('verdict'), async () => {
+        this.verdictAt = performance.now();
+        if (this.dead) return;
+        try { const r = await api.run(this.id); if (!this.dead && r) { this.run.verdict = r.verdict; this.renderVerdict(); } } catch { /* next event */ }
+      }, {urgent});
+    }, 1000);
   }
 
   /** The daemon's verdict can turn (collapsing while a rule is pending)
-   * without an alert event: on a live run, asked at most every 30 s. */
+   * without an alert event: on a live run, asked every 30 s (in the budget,
+   * behind the asks before it). */
   verdictPoll() {
     const now = performance.now();
     if (this.verdictAt === undefined) this.verdictAt = now;
-    if (now - this.verdictAt >= 30000) this.refreshVerdict();
+    if (now - this.verdictAt >= 30000) { this.verdictAt = now; this.refreshVerdict(false); }
   }
+
+  /** A budget key of this view (budget.js). */
+  bkey(k) { return `run${this.id}.${this.viewNo ??= ++viewCount}:${k}`; }
 
   async refreshAll() {
     try {
@@ -1153,6 +1208,7 @@ export class RunView {
     this.dead = true;
     this.stopPlay();
     clearTimeout(this.verdictTimer);
+    forget(this.bkey(''));
     clearTimeout(this.urlTimer);
     clearInterval(this.agoTimer);
     this.unsub();

@@ -4,6 +4,10 @@
 //   one request per 10 s beside its one stream and receives at most
 //   200 KB/min in all (every byte counted by the DevTools protocol), while
 //   its header, curves and heatmap keep moving;
+// - the page's request budget (web/budget.js): on a small run collapsing
+//   live, the background refetches — the verdict after an alert, the
+//   timeline outgrowing its buckets, the worst heads' chart — all happen,
+//   and no two requests start less than 9.5 s apart;
 // - a reconnect (the stream dropped and reopened) resumes from
 //   Last-Event-ID: the ticks seen are contiguous, no reset;
 // - hidden tabs close their streams, so a sixth tab of one browser loads
@@ -25,8 +29,10 @@ const L = 12, H = 12;
 async function meter(page) {
   const cdp = await page.context().newCDPSession(page);
   await cdp.send('Network.enable');
-  const m = {requests: [], bytes: 0, on: false};
-  cdp.on('Network.requestWillBeSent', (e) => { if (m.on && !/\/api\/stream/.test(e.request.url)) m.requests.push(e.request.url); });
+  const m = {requests: [], at: [], bytes: 0, on: false};
+  cdp.on('Network.requestWillBeSent', (e) => {
+    if (m.on && !/\/api\/stream/.test(e.request.url)) { m.requests.push(e.request.url); m.at.push([Date.now(), e.request.url]); }
+  });
   cdp.on('Network.dataReceived', (e) => { if (m.on) m.bytes += e.encodedDataLength || e.dataLength; });
   cdp.on('Network.responseReceived', (e) => { if (m.on) m.bytes += (e.response.encodedDataLength || 0); });
   return m;
@@ -70,6 +76,59 @@ run(async (ctx) => {
   check(perMin(m.bytes) <= 200 * 1024, `at most 200 KB/min per tab: ${(perMin(m.bytes) / 1024).toFixed(1)} KB/min`);
   check(s1.last - s0.last >= secs * 10 * 0.7 && s1.hm > s0.hm,
     `the page kept up meanwhile: header step ${s0.last} -> ${s1.last}, heatmap ${s0.hm} -> ${s1.hm}`);
+
+  // 1b. the request budget: a run of 32 steps collapsing from its start,
+  // live at 10 steps/s. Its timeline (32 columns) outgrows its buckets at
+  // 64 live columns (one a second), the entropy_collapse alert fires after
+  // some 20 s, and the worst heads move as layer 0 sinks: every kind of
+  // background refetch wants to go within the window, and they must go one
+  // per 10 s.
+  {
+    const b = await seedRun(d.sock, 'budget-12x12', {L, H, steps: 32, status: 'live', collapse: true, collapseAt: 0});
+    ctx.cleanups.push(() => b.trainer.close());
+    const bp = await newPage(browser, {width: 1440, height: 900});
+    const bm = await meter(bp);
+    bm.on = true;
+    await bp.goto(`${d.base}/?run=${b.id}`);
+    await rendered(bp);
+    const bpace = pace(b.trainer, 32, {collapse: true, collapseAt: 0});
+    await bp.waitForFunction(() => window.__live.state === 'open' && window.__timeline, null, {timeout: 10000});
+    // the page's first loads are done once nothing is pending: measure from there
+    await bp.waitForFunction(() => window.__render && window.__render.complete, null, {timeout: 10000});
+    const n0 = bm.requests.length;
+    const v0 = await bp.$eval('#verdict', (e) => e.dataset.state);
+    const bt0 = Date.now();
+    // the window: until the verdict moved after an alert and the timeline
+    // refetched (the condition), at least 30 s, at most 80 s
+    const done = () => bp.evaluate(() => {
+      const ks = window.__budget.stats.starts.map((x) => x.key.replace(/^run\d+\.\d+:/, ''));
+      return ks.includes('timeline') && ks.includes('verdict') && document.querySelector('#verdict').dataset.state !== 'healthy';
+    });
+    while (Date.now() - bt0 < 80000 && (Date.now() - bt0 < 30000 || !(await done()))) await sleep(250);
+    bm.on = false;
+    const at = bm.at.slice(n0);   // [ms, url] of every request but the stream
+    bpace.stop();
+    const bsecs = (Date.now() - bt0) / 1000;
+    const st = await bp.evaluate(() => ({starts: window.__budget.stats.starts.map((x) => ({key: x.key.replace(/^run\d+\.\d+:/, ''), at: x.at})),
+      merged: window.__budget.stats.merged, verdict: document.querySelector('#verdict').dataset.state,
+      source: document.querySelector('#verdict').dataset.source, alerts: document.querySelectorAll('#alerts li, .alerts-list li').length}));
+    const gaps = at.slice(1).map(([t], i) => (t - at[i][0]) / 1000);
+    const kinds = [...new Set(st.starts.map((x) => x.key.replace(/:\d+$/, '')))];
+    const sgaps = st.starts.slice(1).map((x, i) => (x.at - st.starts[i].at) / 1000);
+    const path = (u) => (new URL(u).pathname.replace(/^\/api\/runs\/\d+/, '') || '/run') + (/head=/.test(u) ? '(head)' : '');
+    console.log(`request budget (12x12, 32 steps, collapsing live): ${at.length} requests over ${bsecs.toFixed(1)} s ` +
+                `(${(at.length * 60 / bsecs).toFixed(1)}/min; kinds ${kinds.join(', ')}; ${st.merged} asks merged; gaps ${gaps.map((g) => g.toFixed(1)).join(' ')} s: ` +
+                `${at.map(([, u]) => path(u)).join(' ')})`);
+    check(at.length >= 2 && gaps.every((g) => g >= 9.5) && sgaps.every((g) => g >= 9.5),
+      `no two background refetches started less than 9.5 s apart (${at.length} in ${bsecs.toFixed(1)} s; gaps ${gaps.map((g) => g.toFixed(1)).join(', ')} s)`,
+      JSON.stringify(at.map(([t, u]) => [t - bt0, path(u)])));
+    check(at.some(([, u]) => new RegExp(`/api/runs/${b.id}$`).test(u)) && v0 !== st.verdict && st.source === 'daemon',
+      `the verdict was asked again after the alerts and moved: ${v0} -> ${st.verdict} (${st.source})`);
+    check(at.some(([, u]) => /\/timeline\?/.test(u)) && kinds.includes('timeline'), 'the timeline refetched once it outgrew its buckets',
+      JSON.stringify(kinds));
+    check(bp.errors.length === 0, 'no errors on the collapsing run page', bp.errors.join('; '));
+    await bp.close();
+  }
 
   // 2. a dropped stream resumes from Last-Event-ID: contiguous ticks, no reset
   const r0 = await page.evaluate(() => window.__live.stats.resets);
@@ -184,4 +243,4 @@ run(async (ctx) => {
   await page.waitForFunction(() => document.querySelector('#last-step').dataset.step === '5000', null, {timeout: 5000}).catch(() => {});
   const after = await page.evaluate(() => ({badge: document.querySelector('#run-status').textContent, step: document.querySelector('#last-step').dataset.step}));
   check(after.badge === 'live' && after.step === '5000', `live again: badge "${after.badge}", step ${after.step} shown`);
-});
+}, {timeoutMs: 180000});
