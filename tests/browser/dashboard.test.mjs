@@ -74,7 +74,7 @@ await run(async (ctx) => {
   const alerts = await d.api(`/api/runs/${id}/alerts`);
   const col = alerts.filter((a) => a.rule === 'entropy_collapse');
   check(col.length > 0 && col[0].state === 'firing', `the live run's entropy_collapse alert fires (start step ${col[0] && col[0].start_step})`);
-  await page.waitForFunction(() => document.querySelector('#verdict').dataset.state === 'collapsing', null, {timeout: 5000}).catch(() => {});
+  await page.waitForFunction(() => document.querySelector('#verdict').dataset.state === 'collapsing', null, {timeout: 12000}).catch(() => {});
   const v1 = await page.$eval('#verdict', (e) => ({state: e.dataset.state, since: e.dataset.since, text: e.textContent}));
   check(v1.state === 'collapsing' && col[0] && v1.since === String(col[0].start_step) && v1.text.includes(`Collapsing since step ${col[0].start_step}`),
     `verdict on the live run: "${v1.text.slice(0, 60)}"`);
@@ -152,10 +152,11 @@ await run(async (ctx) => {
   const synced = await again.$eval(LR, (el) => ({left: el.__chart.u.cursor.left, idx: el.__chart.u.cursor.idx, step: el.querySelector('.u-legend .u-series .u-value').textContent}));
   check(synced.left > 0 && synced.step === '80', `the lr chart's crosshair follows the loss chart's (step ${synced.step})`);
 
-  // the run ends: collapsed at the alert's start step
+  // the run ends: collapsed at the alert's start step (the verdict is asked again in the page's
+  // next background request slot: within 10 s of the previous, web/budget.js)
   t.send([{type: 'end', status: 'finished'}]);
   await t.synced();
-  await page.waitForFunction(() => document.querySelector('#verdict').dataset.state === 'collapsed', null, {timeout: 5000}).catch(() => {});
+  await page.waitForFunction(() => document.querySelector('#verdict').dataset.state === 'collapsed', null, {timeout: 12000}).catch(() => {});
   const v2 = await page.$eval('#verdict', (e) => ({state: e.dataset.state, text: e.querySelector('#verdict-state').textContent}));
   check(v2.state === 'collapsed' && col[0] && v2.text === `Collapsed at step ${col[0].start_step}`, `verdict once the run ended: "${v2.text}"`);
 
